@@ -1,0 +1,16 @@
+# Warnings, -Werror and sanitizers for every Strata target.
+add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:-Wall> $<$<COMPILE_LANGUAGE:CXX,C>:-Wextra>)
+if(STRATA_WERROR)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:-Werror>)
+endif()
+if(STRATA_SANITIZE)
+  string(REPLACE "," ";" _san "${STRATA_SANITIZE}")
+  foreach(s IN LISTS _san)
+    if(NOT s MATCHES "^(address|undefined|thread|leak)$")
+      message(FATAL_ERROR "STRATA_SANITIZE: unknown sanitizer '${s}' (address, undefined, thread, leak)")
+    endif()
+  endforeach()
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=${STRATA_SANITIZE}>
+                      $<$<COMPILE_LANGUAGE:CXX,C>:-fno-omit-frame-pointer>)
+  add_link_options(-fsanitize=${STRATA_SANITIZE})
+endif()

@@ -1,0 +1,128 @@
+// base/: Status, byte sizes, dtype conversions, alignment.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "base/align.h"
+#include "base/dtype.h"
+#include "base/sizes.h"
+#include "base/status.h"
+
+namespace strata {
+namespace {
+
+TEST(Status, OkIsCheapAndErrorsCarryMessages) {
+  Status ok;
+  EXPECT_TRUE(ok.ok());
+  EXPECT_EQ(sizeof(Status), sizeof(void*));
+  Status e = PosixError("pread", "/tmp/x.swap", 4096, 512, EIO);
+  EXPECT_EQ(e.code(), Code::kIo);
+  EXPECT_NE(e.message().find("/tmp/x.swap"), std::string::npos);
+  EXPECT_NE(e.message().find("offset 4096"), std::string::npos);
+  EXPECT_NE(e.message().find("length 512"), std::string::npos);
+  EXPECT_NE(e.message().find("errno 5"), std::string::npos);
+  EXPECT_EQ(PosixError("write", "/f", ENOSPC).code(), Code::kNoSpace);
+  EXPECT_EQ(PosixError("write", "/f", EFBIG).code(), Code::kNoSpace);
+  Status copy = e;
+  EXPECT_EQ(copy.ToString(), e.ToString());
+  EXPECT_EQ(e.WithContext("swap").message().rfind("swap: ", 0), 0u);
+}
+
+Result<int> Half(int x) {
+  if (x % 2) return InvalidError("odd " + std::to_string(x));
+  return x / 2;
+}
+Status UseHalf(int x, int* out) {
+  STRATA_ASSIGN_OR_RETURN(*out, Half(x));
+  return Status::Ok();
+}
+
+TEST(Status, ResultAndMacros) {
+  int v = 0;
+  EXPECT_TRUE(UseHalf(8, &v).ok());
+  EXPECT_EQ(v, 4);
+  Status s = UseHalf(7, &v);
+  EXPECT_EQ(s.code(), Code::kInvalid);
+  EXPECT_EQ(s.message(), "odd 7");
+}
+
+TEST(Sizes, Parses) {
+  EXPECT_EQ(*ParseByteSize("64MiB"), 64ull << 20);
+  EXPECT_EQ(*ParseByteSize("2GB"), 2000000000ull);
+  EXPECT_EQ(*ParseByteSize("1e8"), 100000000ull);
+  EXPECT_EQ(*ParseByteSize("4096"), 4096ull);
+  EXPECT_EQ(*ParseByteSize("1.5 GiB"), 3ull << 29);
+  EXPECT_EQ(*ParseByteSize("8gib"), 8ull << 30);
+  EXPECT_EQ(*ParseByteSize("0"), 0ull);
+}
+
+TEST(Sizes, RefusesWithTheText) {
+  for (const char* bad : {"", "abc", "-1", "12XB", "0.5", "1e30", "nan"}) {
+    auto r = ParseByteSize(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), Code::kInvalid);
+    EXPECT_NE(r.status().message().find(std::string("'") + bad + "'"), std::string::npos)
+        << r.status().message();
+  }
+  EXPECT_EQ(FormatBytes(512), "512 B");
+  EXPECT_EQ(FormatBytes(3ull << 29), "1.50 GiB");
+}
+
+TEST(Align, Helpers) {
+  EXPECT_EQ(AlignUp(4097, 4096), 8192u);
+  EXPECT_EQ(AlignDown(4097, 4096), 4096u);
+  EXPECT_EQ(RoundUpTo(53, 4), 56u);
+  EXPECT_EQ(Lcm(64, 4096), 4096u);
+  EXPECT_EQ(Lcm(6, 4), 12u);
+  EXPECT_TRUE(IsPowerOfTwo(4096));
+  EXPECT_FALSE(IsPowerOfTwo(4095));
+}
+
+// Reference rounding through double: nearest even in the target's grid.
+TEST(DType, BF16RoundsToNearestEven) {
+  EXPECT_EQ(F32ToBF16(1.0f), 0x3f80);
+  EXPECT_EQ(F32ToBF16(BitsF32(0x3f808000u)), 0x3f80);  // tie, even stays
+  EXPECT_EQ(F32ToBF16(BitsF32(0x3f818000u)), 0x3f82);  // tie, odd rounds up
+  EXPECT_EQ(F32ToBF16(BitsF32(0x3f808001u)), 0x3f81);
+  EXPECT_EQ(F32ToBF16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(F32ToBF16(BitsF32(0x7f7fffffu)), 0x7f80);  // max float rounds to inf
+  const uint16_t n = F32ToBF16(BitsF32(0x7f800001u));  // NaN with low payload only
+  EXPECT_TRUE(std::isnan(BF16ToF32(n)));
+  EXPECT_TRUE(std::isnan(BF16ToF32(F32ToBF16(-std::nanf("")))));
+  EXPECT_EQ(BF16ToF32(0x3f80), 1.0f);
+}
+
+TEST(DType, F16MatchesExhaustiveRoundTripAndRounding) {
+  // Every half converts to float and back exactly.
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = F16ToF32(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(F16ToF32(F32ToF16(f))));
+      continue;
+    }
+    ASSERT_EQ(F32ToF16(f), h) << h;
+  }
+  // Midpoints between neighbouring halves round to the even one.
+  for (uint32_t h = 0; h < 0x7bff; ++h) {
+    const double lo = F16ToF32(static_cast<uint16_t>(h)), hi = F16ToF32(static_cast<uint16_t>(h + 1));
+    const float mid = static_cast<float>((lo + hi) / 2);
+    ASSERT_EQ(F32ToF16(mid), (h % 2 == 0) ? h : h + 1) << h;
+    ASSERT_EQ(F32ToF16(std::nextafter(mid, 0.0f)), h) << h;
+    ASSERT_EQ(F32ToF16(std::nextafter(mid, 1e9f)), h + 1) << h;
+  }
+  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);
+  EXPECT_EQ(F32ToF16(65519.0f), 0x7bff);
+  EXPECT_EQ(F32ToF16(1e-10f), 0);
+  EXPECT_EQ(F32ToF16(-0.0f), 0x8000);
+}
+
+TEST(DType, Names) {
+  EXPECT_EQ(*ParseDType("bf16"), DType::kBF16);
+  EXPECT_EQ(*ParseDType("fp16"), DType::kF16);
+  EXPECT_FALSE(ParseDType("int8").ok());
+  EXPECT_EQ(DTypeSize(DType::kF32), 4u);
+}
+
+}  // namespace
+}  // namespace strata
