@@ -1,0 +1,93 @@
+// O_DIRECT opening, alignment discovery and space reservation.
+#include "io/direct_file.h"
+
+#include <fcntl.h>
+#include <linux/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+
+#include "base/log.h"
+#include "base/sizes.h"
+
+namespace strata {
+
+uint64_t DirectIoAlignment(int fd) {
+  struct statx stx {};
+  const long rc = syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx);
+  if (rc == 0 && (stx.stx_mask & STATX_DIOALIGN) && stx.stx_dio_offset_align > 0) {
+    return std::max<uint64_t>(stx.stx_dio_mem_align, stx.stx_dio_offset_align);
+  }
+  return 4096;
+}
+
+static int OpenFlags(OpenMode mode) {
+  switch (mode) {
+    case OpenMode::kReadOnly: return O_RDONLY | O_CLOEXEC;
+    case OpenMode::kReadWrite: return O_RDWR | O_CLOEXEC;
+    case OpenMode::kCreate: return O_RDWR | O_CREAT | O_CLOEXEC;
+  }
+  return O_RDWR | O_CLOEXEC;
+}
+
+Status OpenDirectFile(const std::string& path, OpenMode mode, FileInfo* info, bool try_direct) {
+  const int flags = OpenFlags(mode);
+  int fd = try_direct ? ::open(path.c_str(), flags | O_DIRECT, 0644) : -1;
+  bool direct = true;
+  if (!try_direct || (fd < 0 && errno == EINVAL)) {  // the file system has no O_DIRECT
+    fd = ::open(path.c_str(), flags, 0644);
+    direct = false;
+    if (fd >= 0) {
+      WarnOnce("no-odirect:" + path.substr(0, path.rfind('/')),
+               "the file system holding " + path +
+                   " does not support O_DIRECT (tmpfs?); using buffered I/O there");
+    }
+  }
+  if (fd < 0) return PosixError("open", path, errno);
+  info->path = path;
+  info->fd = fd;
+  info->direct = direct;
+  info->align = direct ? DirectIoAlignment(fd) : 1;
+  return Status::Ok();
+}
+
+uint64_t FreeBytesAt(const std::string& path) {
+  struct statvfs vfs {};
+  if (::statvfs(path.c_str(), &vfs) != 0) return 0;
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+// Past RLIMIT_FSIZE the kernel sends SIGXFSZ, which kills by default; we
+// want the EFBIG result instead, so ignore the signal unless someone handles it.
+static void IgnoreSigxfszOnce() {
+  static const bool done = [] {
+    struct sigaction old {};
+    if (::sigaction(SIGXFSZ, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGXFSZ, SIG_IGN);
+    return true;
+  }();
+  (void)done;
+}
+
+Status ReserveFileSpace(int fd, const std::string& path, uint64_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  IgnoreSigxfszOnce();
+  int rc;
+  do {
+    rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  } while (rc == EINTR);
+  if (rc == 0) return Status::Ok();
+  const std::string dir = path.substr(0, path.rfind('/'));
+  if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT) {
+    return NoSpaceError("reserving " + FormatBytes(bytes) + " (" + std::to_string(bytes) +
+                        " bytes) for " + path + " failed: " + std::strerror(rc) + "; " +
+                        FormatBytes(FreeBytesAt(dir)) + " free in " + dir +
+                        (rc == EFBIG ? " (the file size limit, RLIMIT_FSIZE, may be lower)" : ""));
+  }
+  return PosixError("fallocate", path, 0, bytes, rc);
+}
+
+}  // namespace strata

@@ -1,0 +1,196 @@
+// UringStorage: the batch bookkeeping, files and buffers tables.
+#include "io/uring_storage.h"
+
+#include <unistd.h>
+
+#include "base/check.h"
+#include "base/log.h"
+#include "io/direct_file.h"
+#include "io/uring_ring.h"
+
+namespace strata {
+
+void IoBatch::Fail(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status_.ok()) status_ = std::move(s);
+}
+
+void IoBatch::PartDone() {
+  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    std::lock_guard<std::mutex> lock(mu_);  // pairs with the waiter's check
+    cv_.notify_all();
+  }
+}
+
+Status IoBatch::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return remaining_.load(std::memory_order_acquire) == 0; });
+  return status_;
+}
+
+static IoTicket FailedTicket(Status s) {
+  auto t = std::make_shared<IoBatch>(1);
+  t->Fail(std::move(s));
+  t->PartDone();
+  return t;
+}
+
+UringStorage::UringStorage(const UringOptions& options) : options_(options) {}
+
+Result<std::unique_ptr<UringStorage>> UringStorage::Create(const UringOptions& options) {
+  if (options.rings < 1 || options.rings > 64)
+    return InvalidError("io rings " + std::to_string(options.rings) + " is not in 1..64");
+  if (options.queue_depth < 1 || options.queue_depth > 4096)
+    return InvalidError("io queue depth " + std::to_string(options.queue_depth) + " is not in 1..4096");
+  if (options.block_size < 4096 || options.block_size > (1u << 30) || options.block_size % 4096)
+    return InvalidError("io block size " + std::to_string(options.block_size) +
+                        " must be a multiple of 4096 between 4 KiB and 1 GiB");
+  std::unique_ptr<UringStorage> s(new UringStorage(options));
+  s->files_.reserve(UringRing::kMaxFiles);  // Info() hands out references: never reallocate
+  for (int i = 0; i < options.rings; ++i) {
+    auto ring = std::make_unique<UringRing>(s.get(), i, options.queue_depth);
+    STRATA_RETURN_IF_ERROR(ring->Init(options.register_files, options.register_buffers));
+    s->fixed_buffers_ok_ = s->fixed_buffers_ok_ && ring->fixed_buffers();
+    s->rings_.push_back(std::move(ring));
+  }
+  for (int i = UringRing::kMaxBuffers - 1; i >= 0; --i) s->free_buffer_slots_.push_back(i);
+  for (auto& r : s->rings_) r->Start();
+  return s;
+}
+
+UringStorage::~UringStorage() {
+  for (auto& r : rings_) r->Stop();
+  rings_.clear();
+  for (auto& f : files_)
+    if (f.fd >= 0) ::close(f.fd);
+}
+
+Result<FileId> UringStorage::Open(const std::string& path, OpenMode mode) {
+  FileInfo info;
+  STRATA_RETURN_IF_ERROR(OpenDirectFile(path, mode, &info, options_.direct));
+  std::unique_lock<std::shared_mutex> lock(files_mu_);
+  FileId id = -1;
+  for (size_t i = 0; i < files_.size(); ++i)
+    if (files_[i].fd < 0) { id = static_cast<FileId>(i); break; }
+  if (id < 0) {
+    if (files_.size() >= UringRing::kMaxFiles) {
+      ::close(info.fd);
+      return InvalidError("open " + path + ": more than " + std::to_string(UringRing::kMaxFiles) +
+                          " files open in one storage");
+    }
+    id = static_cast<FileId>(files_.size());
+    files_.push_back({});
+  }
+  for (auto& r : rings_) {
+    Status st = r->SetFile(id, info.fd);
+    if (!st.ok()) { ::close(info.fd); return st.WithContext("register " + path); }
+  }
+  files_[id] = info;
+  return id;
+}
+
+Status UringStorage::Close(FileId file) {
+  std::unique_lock<std::shared_mutex> lock(files_mu_);
+  if (file < 0 || static_cast<size_t>(file) >= files_.size() || files_[file].fd < 0)
+    return InvalidError("close: file id " + std::to_string(file) + " is not open");
+  for (auto& r : rings_) r->SetFile(file, -1).IgnoreError();  // best effort: the fd closes anyway
+  const int rc = ::close(files_[file].fd);
+  const std::string path = files_[file].path;
+  files_[file] = FileInfo{};
+  if (rc != 0) return PosixError("close", path, errno);
+  return Status::Ok();
+}
+
+const FileInfo& UringStorage::Info(FileId file) const {
+  std::shared_lock<std::shared_mutex> lock(files_mu_);
+  STRATA_CHECK_MSG(file >= 0 && static_cast<size_t>(file) < files_.size(), "unknown file id");
+  return files_[file];
+}
+
+Status UringStorage::ValidateOp(const IoOp& op) const {
+  std::shared_lock<std::shared_mutex> lock(files_mu_);
+  if (op.file < 0 || static_cast<size_t>(op.file) >= files_.size() || files_[op.file].fd < 0)
+    return InvalidError("I/O on file id " + std::to_string(op.file) + ", which is not open");
+  const FileInfo& f = files_[op.file];
+  if (op.buf == nullptr && op.len > 0) return InvalidError("I/O on " + f.path + " with a null buffer");
+  const uint64_t a = f.align;
+  if (f.direct && (op.offset % a || op.len % a || reinterpret_cast<uintptr_t>(op.buf) % a)) {
+    return InvalidError(std::string(op.kind == IoOp::kRead ? "read" : "write") + " " + f.path +
+                        " offset " + std::to_string(op.offset) + " length " + std::to_string(op.len) +
+                        ": offset, length and buffer must be aligned to " + std::to_string(a) +
+                        " bytes for O_DIRECT");
+  }
+  return Status::Ok();
+}
+
+IoTicket UringStorage::Submit(std::span<const IoOp> ops) {
+  int64_t parts = 0;
+  for (const IoOp& op : ops) {
+    Status st = ValidateOp(op);
+    if (!st.ok()) return FailedTicket(std::move(st));
+    parts += static_cast<int64_t>((op.len + options_.block_size - 1) / options_.block_size);
+  }
+  auto ticket = std::make_shared<IoBatch>(parts);
+  if (parts == 0) {
+    auto t = std::make_shared<IoBatch>(1);
+    t->PartDone();
+    return t;
+  }
+  std::vector<std::vector<IoChunk*>> per_ring(rings_.size());
+  for (const IoOp& op : ops) {
+    const FileInfo& f = Info(op.file);
+    for (uint64_t done = 0; done < op.len; done += options_.block_size) {
+      auto* c = new IoChunk;
+      c->batch = ticket;
+      c->op = op;
+      c->op.offset = op.offset + done;
+      c->op.buf = static_cast<char*>(op.buf) + done;
+      c->op.len = std::min<uint64_t>(options_.block_size, op.len - done);
+      c->fd = f.fd;
+      c->align = f.direct ? f.align : 1;
+      per_ring[next_ring_.fetch_add(1) % rings_.size()].push_back(c);
+    }
+  }
+  for (size_t i = 0; i < rings_.size(); ++i)
+    if (!per_ring[i].empty()) rings_[i]->Enqueue(per_ring[i]);
+  return ticket;
+}
+
+int UringStorage::FixedBufferIndex(const void* p, uint64_t len) const {
+  std::shared_lock<std::shared_mutex> lock(buffers_mu_);
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  auto it = buffers_.upper_bound(addr);
+  if (it == buffers_.begin()) return -1;
+  --it;
+  if (addr + len > it->first + it->second.len) return -1;
+  return it->second.index;
+}
+
+void UringStorage::RegisterBuffer(void* p, uint64_t len) {
+  if (!fixed_buffers_ok_ || len == 0 || len > (1ull << 30)) return;  // kernel limit: 1 GiB
+  std::unique_lock<std::shared_mutex> lock(buffers_mu_);
+  if (free_buffer_slots_.empty()) return;
+  const int slot = free_buffer_slots_.back();
+  for (auto& r : rings_) {
+    Status st = r->SetBuffer(slot, p, len);
+    if (!st.ok()) {
+      WarnOnce("register-buffer", "could not register an I/O buffer with io_uring (" + st.message() +
+                                      "); using unregistered buffers");
+      for (auto& r2 : rings_) r2->SetBuffer(slot, nullptr, 0).IgnoreError();
+      return;
+    }
+  }
+  free_buffer_slots_.pop_back();
+  buffers_[reinterpret_cast<uintptr_t>(p)] = BufferSlot{len, slot};
+}
+
+void UringStorage::UnregisterBuffer(void* p) {
+  std::unique_lock<std::shared_mutex> lock(buffers_mu_);
+  auto it = buffers_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == buffers_.end()) return;
+  for (auto& r : rings_) r->SetBuffer(it->second.index, nullptr, 0).IgnoreError();
+  free_buffer_slots_.push_back(it->second.index);
+  buffers_.erase(it);
+}
+
+}  // namespace strata

@@ -1,0 +1,72 @@
+// UringStorage: Storage on io_uring. One ring per worker thread; requests are
+// cut into `block_size` chunks, spread over the rings and kept `queue_depth`
+// deep; registered files and (sparse) registered buffers; every completion's
+// result is checked: short transfers continue from the aligned offset below
+// what was done, EINTR and EAGAIN are retried, anything else fails the batch
+// with an error naming the file, offset, length and errno.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <map>
+#include <vector>
+
+#include "io/fault.h"
+#include "io/storage.h"
+
+namespace strata {
+
+struct UringOptions {
+  int rings = 1;                  // worker threads, one ring each
+  uint32_t queue_depth = 32;      // in-flight requests per ring
+  uint64_t block_size = 1 << 20;  // largest single request
+  bool register_buffers = true;
+  bool register_files = true;
+  bool direct = true;  // false: buffered I/O everywhere (as where O_DIRECT is refused)
+  std::shared_ptr<FaultPlan> faults;  // tests only
+};
+
+class UringRing;  // one worker: its ring, thread and queue
+
+class UringStorage final : public Storage {
+ public:
+  // Sets up the rings and starts their threads. Errors name the io_uring call.
+  static Result<std::unique_ptr<UringStorage>> Create(const UringOptions& options);
+  ~UringStorage() override;
+
+  Result<FileId> Open(const std::string& path, OpenMode mode) override;
+  Status Close(FileId file) override;
+  const FileInfo& Info(FileId file) const override;
+  IoTicket Submit(std::span<const IoOp> ops) override;
+  void RegisterBuffer(void* p, uint64_t len) override;
+  void UnregisterBuffer(void* p) override;
+
+  const UringOptions& options() const { return options_; }
+  // Operations submitted so far (SQEs, retries included).
+  uint64_t ops_submitted() const { return next_seq_.load(); }
+
+  // Used by the rings.
+  struct BufferSlot { uint64_t len; int index; };
+  int FixedBufferIndex(const void* p, uint64_t len) const;
+  uint64_t NextSeq() { return next_seq_.fetch_add(1); }
+
+ private:
+  explicit UringStorage(const UringOptions& options);
+  Status ValidateOp(const IoOp& op) const;
+
+  UringOptions options_;
+  std::vector<std::unique_ptr<UringRing>> rings_;
+  std::atomic<uint64_t> next_seq_{0};
+  std::atomic<uint64_t> next_ring_{0};
+
+  mutable std::shared_mutex files_mu_;  // guards files_ (the table, not the I/O)
+  std::vector<FileInfo> files_;         // index = FileId; fd -1 = closed slot
+
+  mutable std::shared_mutex buffers_mu_;  // guards buffers_ and free_buffer_slots_
+  std::map<uintptr_t, BufferSlot> buffers_;  // start address -> slot
+  std::vector<int> free_buffer_slots_;
+  bool fixed_buffers_ok_ = true;
+};
+
+}  // namespace strata

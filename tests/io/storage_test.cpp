@@ -1,0 +1,217 @@
+// io/: UringStorage on a real file with a real io_uring, and injected faults.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+#include "io/direct_file.h"
+#include "io/uring_storage.h"
+#include "tests/util/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using testing::AlignedAlloc;
+using testing::AlignedFree;
+using testing::CheckPattern;
+using testing::FillPattern;
+using testing::TempDir;
+
+std::unique_ptr<UringStorage> MakeStorage(UringOptions o = {}) {
+  auto r = UringStorage::Create(o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+struct Buf {
+  explicit Buf(uint64_t n) : len(n), p(AlignedAlloc(n)) {}
+  uint64_t len;
+  std::unique_ptr<void, AlignedFree> p;
+  void* get() const { return p.get(); }
+};
+
+// Writes `len` bytes at `off`, reads them back into a fresh buffer, checks.
+void RoundTrip(Storage& s, FileId f, uint64_t off, uint64_t len, uint64_t seed) {
+  Buf w(len), r(len);
+  FillPattern(w.get(), len, off, seed);
+  IoOp wop{IoOp::kWrite, f, off, w.get(), len};
+  ASSERT_TRUE(s.Run({&wop, 1}).ok());
+  std::memset(r.get(), 0, len);
+  IoOp rop{IoOp::kRead, f, off, r.get(), len};
+  Status st = s.Run({&rop, 1});
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_EQ(CheckPattern(r.get(), len, off, seed), -1) << "len " << len;
+}
+
+TEST(Storage, RoundTripsAlignedSizesDirect) {
+  TempDir dir;
+  auto s = MakeStorage();
+  auto f = s->Open(dir.path() + "/a.swap", OpenMode::kCreate);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  const uint64_t a = s->Info(*f).align;
+  EXPECT_GE(a, 512u);
+  for (uint64_t n : {1ull, 511ull, 512ull, 4095ull, 4096ull, 4097ull, (1ull << 20) + 1}) {
+    RoundTrip(*s, *f, 3 * 4096, (n + a - 1) / a * a, n);
+  }
+}
+
+TEST(Storage, BufferedFallbackOnTmpfsTakesAnySize) {
+  struct stat st {};
+  if (::stat("/dev/shm", &st) != 0) GTEST_SKIP() << "no /dev/shm";
+  TempDir dir("/dev/shm");
+  ASSERT_TRUE(dir.ok());
+  // Recent kernels give tmpfs O_DIRECT; where it does, refuse it ourselves,
+  // which takes the same fallback path.
+  FileInfo probe;
+  ASSERT_TRUE(OpenDirectFile(dir.path() + "/probe", OpenMode::kCreate, &probe).ok());
+  ::close(probe.fd);
+  UringOptions o;
+  o.direct = !probe.direct;
+  auto s = MakeStorage(o);
+  auto f = s->Open(dir.path() + "/b.swap", OpenMode::kCreate);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_FALSE(s->Info(*f).direct);
+  EXPECT_EQ(s->Info(*f).align, 1u);
+  for (uint64_t n : {1ull, 511ull, 512ull, 4095ull, 4096ull, 4097ull, (1ull << 20) + 1})
+    RoundTrip(*s, *f, 7, n, n);
+}
+
+TEST(Storage, ManyChunksOverManyRingsBeyondQueueDepth) {
+  TempDir dir;
+  UringOptions o;
+  o.rings = 3;
+  o.queue_depth = 4;
+  o.block_size = 64 << 10;
+  auto s = MakeStorage(o);
+  auto f = s->Open(dir.path() + "/c.swap", OpenMode::kCreate);
+  ASSERT_TRUE(f.ok());
+  const uint64_t len = 8 << 20;  // 128 chunks over 3 rings of depth 4
+  Buf w(len);
+  s->RegisterBuffer(w.get(), len);
+  RoundTrip(*s, *f, 0, len, 42);
+  s->UnregisterBuffer(w.get());
+  EXPECT_GE(s->ops_submitted(), 256u);
+}
+
+TEST(Storage, MisalignedDirectIoIsRefusedBeforeSubmission) {
+  TempDir dir;
+  auto s = MakeStorage();
+  auto f = s->Open(dir.path() + "/d.swap", OpenMode::kCreate);
+  ASSERT_TRUE(f.ok());
+  Buf b(8192);
+  IoOp op{IoOp::kWrite, *f, 100, b.get(), 4096};
+  const uint64_t before = s->ops_submitted();
+  Status st = s->Run({&op, 1});
+  EXPECT_EQ(st.code(), Code::kInvalid);
+  EXPECT_NE(st.message().find("d.swap"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("offset 100"), std::string::npos) << st.message();
+  EXPECT_EQ(s->ops_submitted(), before);
+  IoOp bad_file{IoOp::kRead, 99, 0, b.get(), 4096};
+  EXPECT_EQ(s->Run({&bad_file, 1}).code(), Code::kInvalid);
+}
+
+TEST(Storage, OpenNamesThePath) {
+  auto s = MakeStorage();
+  auto f = s->Open("/nonexistent-dir/x.swap", OpenMode::kCreate);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("/nonexistent-dir/x.swap"), std::string::npos);
+  EXPECT_NE(f.status().message().find("errno 2"), std::string::npos);
+}
+
+TEST(Storage, TruncatedFileReadIsCorrupt) {
+  TempDir dir;
+  auto s = MakeStorage();
+  const std::string path = dir.path() + "/t.swap";
+  auto f = s->Open(path, OpenMode::kCreate);
+  ASSERT_TRUE(f.ok());
+  RoundTrip(*s, *f, 0, 1 << 20, 1);
+  ASSERT_EQ(::truncate(path.c_str(), 4096), 0);
+  Buf r(1 << 20);
+  IoOp op{IoOp::kRead, *f, 0, r.get(), 1 << 20};
+  Status st = s->Run({&op, 1});
+  EXPECT_EQ(st.code(), Code::kCorrupt) << st.ToString();
+  EXPECT_NE(st.message().find("t.swap"), std::string::npos);
+  EXPECT_NE(st.message().find("offset 4096"), std::string::npos) << st.message();
+}
+
+// Faults: retried ones leave the data exact; hard ones fail with a message.
+struct FaultCase {
+  const char* name;
+  Fault::Kind kind;
+  int err;
+  bool hard;
+};
+
+class StorageFault : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(StorageFault, AtEveryOpOfAWriteAndARead) {
+  const FaultCase fc = GetParam();
+  TempDir dir;
+  const uint64_t len = 256 << 10;  // 4 chunks of 64 KiB
+  for (uint64_t k = 0; k < 8; ++k) {  // ops 0..3 are the write, 4..7 the read
+    UringOptions o;
+    o.block_size = 64 << 10;
+    o.queue_depth = 2;
+    o.faults = std::make_shared<FaultPlan>(std::vector<Fault>{{k, fc.kind, fc.err}});
+    auto s = MakeStorage(o);
+    auto f = s->Open(dir.path() + "/f" + std::to_string(k), OpenMode::kCreate);
+    ASSERT_TRUE(f.ok());
+    Buf w(len), r(len);
+    FillPattern(w.get(), len, 0, k);
+    std::memset(r.get(), 0xEE, len);
+    IoOp wop{IoOp::kWrite, *f, 0, w.get(), len};
+    Status ws = s->Run({&wop, 1});
+    IoOp rop{IoOp::kRead, *f, 0, r.get(), len};
+    Status rs = ws.ok() ? s->Run({&rop, 1}) : Status::Ok();
+    EXPECT_EQ(o.faults->fired(), 1) << fc.name << " op " << k;
+    if (!fc.hard) {
+      ASSERT_TRUE(ws.ok() && rs.ok()) << fc.name << " op " << k << ": " << ws.ToString() << rs.ToString();
+      EXPECT_EQ(CheckPattern(r.get(), len, 0, k), -1) << fc.name << " op " << k;
+      continue;
+    }
+    Status failed = ws.ok() ? rs : ws;
+    ASSERT_FALSE(failed.ok()) << fc.name << " op " << k;
+    EXPECT_NE(failed.message().find("/f" + std::to_string(k)), std::string::npos) << failed.message();
+    EXPECT_NE(failed.message().find("errno " + std::to_string(fc.err)), std::string::npos);
+    EXPECT_NE(failed.message().find("offset "), std::string::npos);
+    EXPECT_EQ(ws.ok(), k >= 4) << "the failure belongs to the op it hit";
+    const Code want = (fc.err == ENOSPC || fc.err == EFBIG) ? Code::kNoSpace : Code::kIo;
+    EXPECT_EQ(failed.code(), want) << failed.ToString();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, StorageFault,
+    ::testing::Values(FaultCase{"short", Fault::kShort, 0, false},
+                      FaultCase{"EAGAIN", Fault::kErrno, EAGAIN, false},
+                      FaultCase{"EINTR", Fault::kErrno, EINTR, false},
+                      FaultCase{"EIO", Fault::kErrno, EIO, true},
+                      FaultCase{"ENOSPC", Fault::kErrno, ENOSPC, true},
+                      FaultCase{"EFBIG", Fault::kErrno, EFBIG, true}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Storage, RefusesBadOptions) {
+  UringOptions o;
+  o.queue_depth = 0;
+  EXPECT_EQ(UringStorage::Create(o).status().code(), Code::kInvalid);
+  o = {};
+  o.block_size = 1000;
+  auto r = UringStorage::Create(o);
+  EXPECT_NE(r.status().message().find("block size 1000"), std::string::npos);
+}
+
+TEST(Storage, AlignmentFromStatx) {
+  TempDir dir;
+  FileInfo info;
+  ASSERT_TRUE(OpenDirectFile(dir.path() + "/s", OpenMode::kCreate, &info).ok());
+  EXPECT_TRUE(info.direct);
+  EXPECT_TRUE(info.align == 512 || info.align == 4096 || info.align == 1024 || info.align == 2048)
+      << info.align;
+  ::close(info.fd);
+}
+
+}  // namespace
+}  // namespace strata
