@@ -1,0 +1,395 @@
+// ParseConfig: DeepSpeed's ds_config.json schema plus the "strata" section,
+// section by section; LoadConfigFile; ConfigToJson.
+#include "engine/config.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "base/log.h"
+#include "engine/config_reader.h"
+
+namespace strata {
+
+// Parse-time cross checks, shared with ValidateConfig (config_validate.cpp).
+Status CheckConfigConsistency(const Config& c);
+
+namespace {
+
+using config_internal::Json;
+using config_internal::ObjectReader;
+
+Status ReadDevice(ObjectReader& r, OffloadDevice* out) {
+  std::string name = OffloadDeviceName(*out);
+  STRATA_RETURN_IF_ERROR(r.Choice("device", &name, {"none", "cpu", "nvme"}));
+  *out = name == "nvme" ? OffloadDevice::kNvme : name == "cpu" ? OffloadDevice::kCpu : OffloadDevice::kNone;
+  return Status::Ok();
+}
+
+Status ReadOffloadParam(ObjectReader r, OffloadParamConfig* p) {
+  STRATA_RETURN_IF_ERROR(ReadDevice(r, &p->device));
+  STRATA_RETURN_IF_ERROR(r.String("nvme_path", &p->nvme_path));
+  STRATA_RETURN_IF_ERROR(r.Bool("pin_memory", &p->pin_memory));
+  STRATA_RETURN_IF_ERROR(r.Uint("buffer_count", &p->buffer_count, 1));
+  STRATA_RETURN_IF_ERROR(r.Uint("buffer_size", &p->buffer_size, 1));
+  STRATA_RETURN_IF_ERROR(r.Uint("max_in_cpu", &p->max_in_cpu));
+  return r.CheckUnknownKeys();
+}
+
+Status ReadOffloadOptimizer(ObjectReader r, OffloadOptimizerConfig* o, std::vector<std::string>* warnings) {
+  STRATA_RETURN_IF_ERROR(ReadDevice(r, &o->device));
+  STRATA_RETURN_IF_ERROR(r.String("nvme_path", &o->nvme_path));
+  STRATA_RETURN_IF_ERROR(r.Bool("pin_memory", &o->pin_memory));
+  STRATA_RETURN_IF_ERROR(r.Uint("buffer_count", &o->buffer_count, 1));
+  STRATA_RETURN_IF_ERROR(r.Bool("pipeline_read", &o->pipeline_read));
+  STRATA_RETURN_IF_ERROR(r.Bool("pipeline_write", &o->pipeline_write));
+  STRATA_RETURN_IF_ERROR(r.Double("ratio", &o->ratio, 0, 1));
+  r.Unimplemented({"fast_init", "pipeline"}, warnings);
+  return r.CheckUnknownKeys();
+}
+
+// Reads `names` (a stage3_ spelling and the bare one) into *out.
+Status ReadAliasedUint(ObjectReader& r, std::initializer_list<std::string_view> names, uint64_t* out) {
+  STRATA_ASSIGN_OR_RETURN(std::string key, r.Alias(names));
+  return r.Uint(key, out);
+}
+
+// DeepSpeed's deprecated booleans: cpu_offload, cpu_offload_param, cpu_offload_use_pin_memory.
+Status ReadDeprecatedOffload(ObjectReader& r, Config* c) {
+  bool cpu_offload = false, cpu_offload_param = false, pin = false;
+  STRATA_RETURN_IF_ERROR(r.Bool("cpu_offload", &cpu_offload));
+  STRATA_RETURN_IF_ERROR(r.Bool("cpu_offload_param", &cpu_offload_param));
+  STRATA_RETURN_IF_ERROR(r.Bool("cpu_offload_use_pin_memory", &pin));
+  ZeroConfig& z = c->zero;
+  if (cpu_offload && z.offload_optimizer.device == OffloadDevice::kNone) {
+    z.offload_optimizer.device = OffloadDevice::kCpu;
+    z.offload_optimizer.pin_memory |= pin;
+  }
+  if (cpu_offload_param && z.offload_param.device == OffloadDevice::kNone) {
+    z.offload_param.device = OffloadDevice::kCpu;
+    z.offload_param.pin_memory |= pin;
+  }
+  for (const char* key : {"cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory"}) {
+    if (r.Find(key) != nullptr)
+      c->warnings.push_back(r.KeyPath(key) + ": deprecated in DeepSpeed; read as offload_optimizer/offload_param");
+  }
+  return Status::Ok();
+}
+
+Status ReadZero(ObjectReader& top, Config* c) {
+  const Json* legacy = top.Find("zero_optimization");
+  if (legacy != nullptr && legacy->is_boolean()) {  // DeepSpeed's old form: true = stage 1
+    c->zero.stage = legacy->get<bool>() ? 1 : 0;
+    c->warnings.push_back("zero_optimization: a boolean is deprecated in DeepSpeed; read as stage " +
+                          std::to_string(c->zero.stage));
+    return Status::Ok();
+  }
+  STRATA_ASSIGN_OR_RETURN(ObjectReader r, top.Object("zero_optimization"));
+  ZeroConfig& z = c->zero;
+  STRATA_RETURN_IF_ERROR(r.IntChoice("stage", &z.stage, {0, 1, 2, 3}));
+  STRATA_ASSIGN_OR_RETURN(ObjectReader param, r.Object("offload_param"));
+  STRATA_RETURN_IF_ERROR(ReadOffloadParam(param, &z.offload_param));
+  STRATA_ASSIGN_OR_RETURN(ObjectReader opt, r.Object("offload_optimizer"));
+  STRATA_RETURN_IF_ERROR(ReadOffloadOptimizer(opt, &z.offload_optimizer, &c->warnings));
+  STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"stage3_prefetch_bucket_size", "prefetch_bucket_size"}, &z.prefetch_bucket_size));
+  STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"stage3_max_live_parameters", "max_live_parameters"}, &z.max_live_parameters));
+  STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"stage3_max_reuse_distance", "max_reuse_distance"}, &z.max_reuse_distance));
+  STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"stage3_param_persistence_threshold", "param_persistence_threshold"},
+                                         &z.param_persistence_threshold));
+  STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"stage3_sub_group_size", "sub_group_size"}, &z.sub_group_size));
+  if (z.sub_group_size == 0) return ConfigError(r.KeyPath("sub_group_size") + ": 0 is out of range; allowed: at least 1");
+  STRATA_RETURN_IF_ERROR(ReadDeprecatedOffload(r, c));
+  r.Unimplemented({"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
+                   "allgather_partitions", "allgather_bucket_size", "use_multi_rank_bucket_allreduce",
+                   "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
+                   "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                   "elastic_checkpoint", "ignore_unused_parameters", "load_from_fp32_weights",
+                   "legacy_stage1", "stage3_model_persistence_threshold", "model_persistence_threshold",
+                   "stage3_module_granularity_threshold", "module_granularity_threshold",
+                   "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
+                   "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
+                   "zero_quantized_gradients", "zeropp_loco_param", "mics_shard_size",
+                   "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
+                   "override_module_apply", "log_trace_cache_warnings", "offload_optimizer_config"},
+                  &c->warnings);
+  return r.CheckUnknownKeys();
+}
+
+Status ReadAio(ObjectReader r, AioConfig* a, std::vector<std::string>* warnings) {
+  STRATA_RETURN_IF_ERROR(r.Uint("block_size", &a->block_size, 4096));
+  if (a->block_size % 4096 != 0)
+    return ConfigError(r.KeyPath("block_size") + ": " + std::to_string(a->block_size) +
+                       " is not a multiple of 4096 (O_DIRECT alignment)");
+  STRATA_RETURN_IF_ERROR(r.Uint("queue_depth", &a->queue_depth, 1, 65536));
+  STRATA_ASSIGN_OR_RETURN(std::string threads, r.Alias({"intra_op_parallelism", "thread_count"}));
+  STRATA_RETURN_IF_ERROR(r.Uint(threads, &a->thread_count, 1, 1024));
+  STRATA_RETURN_IF_ERROR(r.Bool("single_submit", &a->single_submit));
+  STRATA_RETURN_IF_ERROR(r.Bool("overlap_events", &a->overlap_events));
+  r.Unimplemented({"use_gds"}, warnings);
+  return r.CheckUnknownKeys();
+}
+
+Status ReadFp16(ObjectReader r, Fp16Config* f, std::vector<std::string>* warnings) {
+  STRATA_RETURN_IF_ERROR(r.Bool("enabled", &f->enabled));
+  STRATA_RETURN_IF_ERROR(r.Double("loss_scale", &f->loss_scale, 0, std::numeric_limits<double>::max()));
+  STRATA_RETURN_IF_ERROR(r.Int("initial_scale_power", &f->initial_scale_power, 0, 64));
+  STRATA_RETURN_IF_ERROR(r.Uint("loss_scale_window", &f->loss_scale_window, 1));
+  STRATA_RETURN_IF_ERROR(r.Int("hysteresis", &f->hysteresis, 1, 1 << 30));
+  STRATA_RETURN_IF_ERROR(r.Double("min_loss_scale", &f->min_loss_scale, 0, std::numeric_limits<double>::max()));
+  r.Unimplemented({"auto_cast", "consecutive_hysteresis", "fp16_master_weights_and_grads"}, warnings);
+  return r.CheckUnknownKeys();
+}
+
+Status ReadBf16(ObjectReader& top, Config* c) {
+  STRATA_ASSIGN_OR_RETURN(std::string key, top.Alias({"bf16", "bfloat16"}));
+  STRATA_ASSIGN_OR_RETURN(ObjectReader r, top.Object(key));
+  STRATA_RETURN_IF_ERROR(r.Bool("enabled", &c->bf16));
+  r.Unimplemented({"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads",
+                   "bf16_optimizer_states"},
+                  &c->warnings);
+  return r.CheckUnknownKeys();
+}
+
+// Defaults of DeepSpeed's CPU optimizers, by type.
+void SetOptimizerDefaults(OptimizerConfig* o) {
+  const std::string type = o->type;
+  *o = OptimizerConfig{};
+  o->type = type;
+  if (type == "adagrad") o->lr = 1e-2, o->eps = 1e-10;
+}
+
+Status ReadBetas(ObjectReader& r, OptimizerConfig* o) {
+  const Json* v = r.Find("betas");
+  if (v == nullptr) return Status::Ok();
+  const std::string path = r.KeyPath("betas");
+  if (!v->is_array() || v->size() != 2 || !(*v)[0].is_number() || !(*v)[1].is_number())
+    return ConfigError(path + ": expected a list of two numbers, got " + config_internal::DescribeJson(*v));
+  const double b1 = (*v)[0].get<double>(), b2 = (*v)[1].get<double>();
+  if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1))
+    return ConfigError(path + ": " + v->dump() + " is out of range; allowed: each in [0, 1)");
+  o->beta1 = b1, o->beta2 = b2;
+  return Status::Ok();
+}
+
+Status ReadOptimizerParams(ObjectReader r, OptimizerConfig* o, std::vector<std::string>* warnings) {
+  constexpr double kMax = std::numeric_limits<double>::max();
+  STRATA_RETURN_IF_ERROR(r.Double("lr", &o->lr, 0, kMax));
+  STRATA_RETURN_IF_ERROR(ReadBetas(r, o));
+  STRATA_RETURN_IF_ERROR(r.Double("eps", &o->eps, 0, kMax));
+  STRATA_RETURN_IF_ERROR(r.Double("weight_decay", &o->weight_decay, 0, kMax));
+  STRATA_RETURN_IF_ERROR(r.Bool("adam_w_mode", &o->adam_w_mode));
+  if (o->type == "adamw") o->adam_w_mode = true;  // as in DeepSpeed: AdamW is always decoupled
+  STRATA_RETURN_IF_ERROR(r.Bool("bias_correction", &o->bias_correction));
+  bool flag = false;
+  STRATA_RETURN_IF_ERROR(r.Bool("amsgrad", &flag));
+  if (flag) return ConfigError(r.KeyPath("amsgrad") + ": true is not supported; allowed: false");
+  STRATA_RETURN_IF_ERROR(r.Bool("torch_adam", &flag));
+  if (flag) warnings->push_back(r.KeyPath("torch_adam") + ": ignored; Strata always steps with its own CPU optimizer");
+  return r.CheckUnknownKeys();
+}
+
+Status ReadOptimizer(ObjectReader r, OptimizerConfig* o, std::vector<std::string>* warnings) {
+  const Json* type = r.Find("type");
+  if (type != nullptr && type->is_string()) {
+    static const std::set<std::string> kDeepSpeedOnly = {"lamb", "onebitadam", "zerooneadam", "onebitlamb",
+                                                         "muadam", "muadamw", "musgd"};
+    std::string lower = type->get<std::string>();
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (kDeepSpeedOnly.count(lower))
+      return ConfigError(r.KeyPath("type") + ": \"" + type->get<std::string>() +
+                         "\" is a DeepSpeed optimizer that Strata does not implement; allowed: Adam, AdamW, Lion, Adagrad");
+  }
+  STRATA_RETURN_IF_ERROR(r.Choice("type", &o->type, {"adam", "adamw", "lion", "adagrad"}));
+  SetOptimizerDefaults(o);
+  STRATA_ASSIGN_OR_RETURN(ObjectReader params, r.Object("params"));
+  STRATA_RETURN_IF_ERROR(ReadOptimizerParams(params, o, warnings));
+  r.Unimplemented({"legacy_fusion"}, warnings);
+  return r.CheckUnknownKeys();
+}
+
+Status ReadStrata(ObjectReader r, StrataConfig* s) {
+  STRATA_RETURN_IF_ERROR(r.ByteSize("device_budget", &s->device_budget, 1));
+  STRATA_RETURN_IF_ERROR(r.ByteSize("host_budget", &s->host_budget, 1));
+  STRATA_RETURN_IF_ERROR(r.StringList("nvme_paths", &s->nvme_paths));
+  STRATA_RETURN_IF_ERROR(r.String("trace_path", &s->trace_path));
+  STRATA_RETURN_IF_ERROR(r.Bool("checksums", &s->checksums));
+  STRATA_RETURN_IF_ERROR(r.Double("timeout", &s->timeout_s, 0.001, 1e7));
+  STRATA_RETURN_IF_ERROR(r.Int("io_rings", &s->io_rings, 1, 64));
+  return r.CheckUnknownKeys();
+}
+
+Status ReadTop(ObjectReader& top, Config* c) {
+  STRATA_RETURN_IF_ERROR(ReadZero(top, c));
+  STRATA_ASSIGN_OR_RETURN(ObjectReader aio, top.Object("aio"));
+  STRATA_RETURN_IF_ERROR(ReadAio(aio, &c->aio, &c->warnings));
+  STRATA_RETURN_IF_ERROR(ReadBf16(top, c));
+  STRATA_ASSIGN_OR_RETURN(ObjectReader fp16, top.Object("fp16"));
+  STRATA_RETURN_IF_ERROR(ReadFp16(fp16, &c->fp16, &c->warnings));
+  STRATA_RETURN_IF_ERROR(top.Double("gradient_clipping", &c->gradient_clipping, 0, std::numeric_limits<double>::max()));
+  STRATA_ASSIGN_OR_RETURN(ObjectReader opt, top.Object("optimizer"));
+  STRATA_RETURN_IF_ERROR(ReadOptimizer(opt, &c->optimizer, &c->warnings));
+  STRATA_ASSIGN_OR_RETURN(ObjectReader strata, top.Object("strata"));
+  STRATA_RETURN_IF_ERROR(ReadStrata(strata, &c->strata));
+  top.Noted({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "scheduler",
+             "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "dump_state",
+             "prescale_gradients", "gradient_predivide_factor", "activation_checkpointing", "flops_profiler",
+             "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "seed", "dataloader_drop_last",
+             "data_efficiency", "curriculum_learning", "sparse_gradients", "autotuning", "elasticity",
+             "timers", "monitor_config"},
+            &c->notes);
+  top.Unimplemented({"amp", "zero_force_ds_cpu_optimizer", "memory_breakdown", "fp32_allreduce",
+                     "disable_allgather", "data_types", "communication_data_type",
+                     "seq_parallel_communication_data_type", "sparse_attention", "pipeline", "checkpoint",
+                     "compression_training", "quantize_training", "eigenvalue", "progressive_layer_drop",
+                     "hybrid_engine", "nebula", "weight_quantization", "compile", "graph_harvesting",
+                     "torch_autocast", "use_data_before_expert_parallelism"},
+                    &c->warnings);
+  return top.CheckUnknownKeys();
+}
+
+// Logs each note and warning once per process (a trainer re-reads its config
+// on every rank and restart; one line each is enough).
+void LogDiagnostics(const Config& c) {
+  static std::mutex mu;  // guards `noted`
+  static std::set<std::string> noted;
+  for (const auto& note : c.notes) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (noted.insert(note).second) STRATA_LOG_INFO("config: {}: left to the trainer", note);
+  }
+  for (const auto& warning : c.warnings) WarnOnce("config " + warning, "config: " + warning);
+}
+
+std::string PositionOf(std::string_view text, size_t byte) {
+  size_t line = 1, column = 1;
+  for (size_t i = 0; i < byte && i < text.size(); ++i) {
+    if (text[i] == '\n') ++line, column = 1;
+    else ++column;
+  }
+  return "line " + std::to_string(line) + ", column " + std::to_string(column);
+}
+
+// The JSON parser reports errors by exception; they stop here.
+Result<Json> ParseJson(std::string_view text) {
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::parse_error& e) {
+    std::string what = e.what();
+    const size_t colon = what.find(": ");  // drop "[json.exception...] parse error at ...: "
+    if (colon != std::string::npos) what = what.substr(colon + 2);
+    const size_t byte = e.byte > 0 ? e.byte - 1 : 0;
+    return ConfigError("invalid JSON at " + PositionOf(text, byte) + " (byte " + std::to_string(byte) +
+                       "): " + what);
+  }
+}
+
+}  // namespace
+
+const char* OffloadDeviceName(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kCpu: return "cpu";
+    case OffloadDevice::kNvme: return "nvme";
+    case OffloadDevice::kNone: break;
+  }
+  return "none";
+}
+
+DType Config::compute_dtype() const {
+  if (fp16.enabled) return DType::kF16;
+  return bf16 ? DType::kBF16 : DType::kF32;
+}
+
+std::vector<std::string> Config::ParamSwapPaths() const {
+  if (zero.offload_param.device != OffloadDevice::kNvme) return {};
+  if (!strata.nvme_paths.empty()) return strata.nvme_paths;
+  return {zero.offload_param.nvme_path};
+}
+
+std::vector<std::string> Config::OptimizerSwapPaths() const {
+  if (zero.offload_optimizer.device != OffloadDevice::kNvme) return {};
+  if (!strata.nvme_paths.empty()) return strata.nvme_paths;
+  return {zero.offload_optimizer.nvme_path};
+}
+
+bool Config::any_pinned() const {
+  return (zero.offload_param.device != OffloadDevice::kNone && zero.offload_param.pin_memory) ||
+         (zero.offload_optimizer.device != OffloadDevice::kNone && zero.offload_optimizer.pin_memory);
+}
+
+bool Config::operator==(const Config& o) const {
+  return zero == o.zero && aio == o.aio && bf16 == o.bf16 && fp16 == o.fp16 &&
+         gradient_clipping == o.gradient_clipping && optimizer == o.optimizer && strata == o.strata;
+}
+
+Result<Config> ParseConfig(std::string_view json_text) {
+  STRATA_ASSIGN_OR_RETURN(Json doc, ParseJson(json_text));
+  if (!doc.is_object())
+    return ConfigError("config: the top level must be a JSON object, got " + config_internal::DescribeJson(doc));
+  Config config;
+  ObjectReader top(&doc, "");
+  STRATA_RETURN_IF_ERROR(ReadTop(top, &config));
+  STRATA_RETURN_IF_ERROR(CheckConfigConsistency(config));
+  LogDiagnostics(config);
+  return config;
+}
+
+Result<Config> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    return ConfigError("config file " + path + ": cannot open: " + std::strerror(err));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return ConfigError("config file " + path + ": read failed");
+  Result<Config> config = ParseConfig(text.str());
+  if (!config.ok()) return config.status().WithContext("config file " + path);
+  return config;
+}
+
+std::string ConfigToJson(const Config& c) {
+  const auto& p = c.zero.offload_param;
+  const auto& o = c.zero.offload_optimizer;
+  const auto budget = [](uint64_t b) { return b == 0 ? Json("auto") : Json(b); };
+  Json doc = {
+      {"zero_optimization",
+       {{"stage", c.zero.stage},
+        {"offload_param",
+         {{"device", OffloadDeviceName(p.device)}, {"nvme_path", p.nvme_path}, {"pin_memory", p.pin_memory},
+          {"buffer_count", p.buffer_count}, {"buffer_size", p.buffer_size}, {"max_in_cpu", p.max_in_cpu}}},
+        {"offload_optimizer",
+         {{"device", OffloadDeviceName(o.device)}, {"nvme_path", o.nvme_path}, {"pin_memory", o.pin_memory},
+          {"buffer_count", o.buffer_count}, {"pipeline_read", o.pipeline_read},
+          {"pipeline_write", o.pipeline_write}, {"ratio", o.ratio}}},
+        {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
+        {"stage3_max_live_parameters", c.zero.max_live_parameters},
+        {"stage3_max_reuse_distance", c.zero.max_reuse_distance},
+        {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},
+        {"sub_group_size", c.zero.sub_group_size}}},
+      {"aio",
+       {{"block_size", c.aio.block_size}, {"queue_depth", c.aio.queue_depth},
+        {"intra_op_parallelism", c.aio.thread_count}, {"single_submit", c.aio.single_submit},
+        {"overlap_events", c.aio.overlap_events}}},
+      {"bf16", {{"enabled", c.bf16}}},
+      {"fp16",
+       {{"enabled", c.fp16.enabled}, {"loss_scale", c.fp16.loss_scale},
+        {"initial_scale_power", c.fp16.initial_scale_power}, {"loss_scale_window", c.fp16.loss_scale_window},
+        {"hysteresis", c.fp16.hysteresis}, {"min_loss_scale", c.fp16.min_loss_scale}}},
+      {"gradient_clipping", c.gradient_clipping},
+      {"optimizer",
+       {{"type", c.optimizer.type},
+        {"params",
+         {{"lr", c.optimizer.lr}, {"betas", {c.optimizer.beta1, c.optimizer.beta2}}, {"eps", c.optimizer.eps},
+          {"weight_decay", c.optimizer.weight_decay}, {"adam_w_mode", c.optimizer.adam_w_mode},
+          {"bias_correction", c.optimizer.bias_correction}}}}},
+      {"strata",
+       {{"device_budget", budget(c.strata.device_budget)}, {"host_budget", budget(c.strata.host_budget)},
+        {"nvme_paths", c.strata.nvme_paths}, {"trace_path", c.strata.trace_path},
+        {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s}, {"io_rings", c.strata.io_rings}}},
+  };
+  return doc.dump(2);
+}
+
+}  // namespace strata

@@ -1,0 +1,178 @@
+// The engine's configuration: one JSON document in DeepSpeed's dialect (an
+// existing ds_config.json works unchanged, with DeepSpeed's defaults) plus
+// Strata's own keys under "strata". Parsing refuses bad keys and values up
+// front; ValidateConfig refuses what needs facts known at engine creation.
+//
+// Example:
+//   STRATA_ASSIGN_OR_RETURN(Config cfg, LoadConfigFile("ds_config.json"));
+//   ConfigFacts facts = ProbeMachineFacts();
+//   facts.largest_group_numel = registry.LargestGroupNumel();
+//   facts.has_gpu = DeviceCount() > 0;
+//   STRATA_RETURN_IF_ERROR(ValidateConfig(cfg, facts));
+//
+// Thread safety: all functions are pure (apart from logging) and may be called
+// from any thread. Errors have code kConfig and name the full key path, e.g.
+// "zero_optimization.offload_optimizer.devce: unknown key; did you mean 'device'?".
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+
+namespace strata {
+
+enum class OffloadDevice : uint8_t { kNone, kCpu, kNvme };
+const char* OffloadDeviceName(OffloadDevice d);  // "none", "cpu", "nvme"
+
+// zero_optimization.offload_param
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;  // "" = unset
+  bool pin_memory = false;
+  uint64_t buffer_count = 5;
+  uint64_t buffer_size = 100'000'000;  // ELEMENTS per swap buffer (DeepSpeed's unit)
+  uint64_t max_in_cpu = 1'000'000'000;  // elements kept in host memory when device is nvme
+  bool operator==(const OffloadParamConfig&) const = default;
+};
+
+// zero_optimization.offload_optimizer
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;
+  bool pin_memory = false;
+  uint64_t buffer_count = 4;
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+  double ratio = 1.0;  // fraction of optimizer work done on the CPU, in [0, 1]
+  bool operator==(const OffloadOptimizerConfig&) const = default;
+};
+
+// zero_optimization. The stage3_* keys and their bare names are both read.
+struct ZeroConfig {
+  int stage = 0;  // 0..3
+  OffloadParamConfig offload_param;
+  OffloadOptimizerConfig offload_optimizer;
+  uint64_t prefetch_bucket_size = 50'000'000;       // elements
+  uint64_t max_live_parameters = 1'000'000'000;     // elements
+  uint64_t max_reuse_distance = 1'000'000'000;      // elements
+  uint64_t param_persistence_threshold = 100'000;   // elements
+  uint64_t sub_group_size = 1'000'000'000;          // elements
+  bool operator==(const ZeroConfig&) const = default;
+};
+
+// aio: the NVMe swap I/O.
+struct AioConfig {
+  uint64_t block_size = 1'048'576;  // bytes; a multiple of 4096 (O_DIRECT)
+  uint64_t queue_depth = 8;
+  uint64_t thread_count = 1;  // "intra_op_parallelism" or the older "thread_count"
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool operator==(const AioConfig&) const = default;
+};
+
+// fp16: loss_scale 0 means dynamic loss scaling.
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;
+  int initial_scale_power = 16;
+  uint64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1;
+  bool operator==(const Fp16Config&) const = default;
+};
+
+// optimizer: {"type": ..., "params": {...}}. Defaults depend on the type
+// (those of DeepSpeed's CPU optimizers); with no "optimizer" key, AdamW.
+struct OptimizerConfig {
+  std::string type = "adamw";  // lower-cased: "adam", "adamw", "lion", "adagrad"
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  bool adam_w_mode = true;  // decoupled weight decay; DeepSpeed's "Adam" defaults to it too
+  bool bias_correction = true;
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+// strata: Strata's own keys.
+struct StrataConfig {
+  uint64_t device_budget = 0;  // bytes; 0 = "auto" (all of the device, resolved by the engine)
+  uint64_t host_budget = 0;    // bytes; 0 = "auto" (resolved by the engine)
+  std::vector<std::string> nvme_paths;  // swap folders, striped; empty = offload_*.nvme_path
+  std::string trace_path;               // "" = no trace
+  bool checksums = true;                // checksum swap blocks, verify on read
+  double timeout_s = 300;               // collectives and store waits
+  int io_rings = 1;                     // io_uring worker rings
+  bool operator==(const StrataConfig&) const = default;
+};
+
+struct Config {
+  ZeroConfig zero;
+  AioConfig aio;
+  bool bf16 = false;  // bf16.enabled (or "bfloat16")
+  Fp16Config fp16;
+  double gradient_clipping = 0;  // 0 = off
+  OptimizerConfig optimizer;
+  StrataConfig strata;
+  // Diagnostics of the parse, not configuration (ignored by operator==):
+  std::vector<std::string> notes;     // trainer keys seen ("train_batch_size", ...)
+  std::vector<std::string> warnings;  // DeepSpeed keys Strata does not implement
+
+  // The dtype of P (parameters as the model computes with them): f16 when
+  // fp16.enabled, bf16 when bf16.enabled, f32 when neither (as in DeepSpeed).
+  DType compute_dtype() const;
+  // Swap folders for parameters / optimizer state: strata.nvme_paths when
+  // given, else the section's nvme_path; empty when that tier is not nvme.
+  std::vector<std::string> ParamSwapPaths() const;
+  std::vector<std::string> OptimizerSwapPaths() const;
+  bool any_pinned() const;  // pin_memory on an offload that is in use
+
+  bool operator==(const Config& o) const;
+};
+
+// Parses a JSON document. Unknown keys, bad types, bad values and
+// contradictions that need no machine facts are errors (code kConfig);
+// trainer keys go to `notes`, unimplemented DeepSpeed keys to `warnings`,
+// each logged once per process.
+Result<Config> ParseConfig(std::string_view json_text);
+// Reads and parses a file; errors name the path.
+Result<Config> LoadConfigFile(const std::string& path);
+
+// Facts known only when the engine is created. Zero means unknown and skips
+// the checks that need it.
+struct ConfigFacts {
+  uint64_t largest_group_numel = 0;  // elements of the largest parameter group
+  uint32_t world_size = 1;           // ranks sharing each group (stage >= 1 shards state)
+  uint64_t host_ram_bytes = 0;
+  uint64_t memlock_limit_bytes = std::numeric_limits<uint64_t>::max();  // max = unlimited
+  bool has_gpu = false;  // without one the device tier is a host arena
+};
+
+// Refuses contradictions between the config and the machine or the model:
+// an nvme offload without a path, a param swap buffer smaller than the largest
+// group, a host budget above RAM or (when pinned) the memlock limit, and a
+// device or host budget too small for the largest group. Also re-checks what
+// ParseConfig checks, so that a Config built in code is held to the same rules.
+Status ValidateConfig(const Config& config, const ConfigFacts& facts);
+
+// Least host memory the engine needs for the largest group: the pinned param
+// swap buffers (nvme), one gathered group of P (cpu) and one shard's fp32
+// W, M, V, G when the optimizer is offloaded. A lower bound, not a plan.
+uint64_t MinHostBytes(const Config& config, const ConfigFacts& facts);
+
+// Host RAM (sysconf) and the memlock limit (getrlimit). Leaves
+// largest_group_numel, world_size and has_gpu for the engine to fill in.
+ConfigFacts ProbeMachineFacts();
+
+// The fully resolved config as JSON (DeepSpeed's key names, stage3_* spelling,
+// budgets in bytes or "auto"), for logs and checkpoints. ParseConfig of the
+// result gives back an equal Config.
+std::string ConfigToJson(const Config& config);
+
+}  // namespace strata

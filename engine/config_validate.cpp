@@ -1,0 +1,147 @@
+// The config's cross checks: contradictions inside the document (at parse
+// time) and between the document, the model and the machine (at engine
+// creation), each refused with a message that names the keys involved.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "base/sizes.h"
+#include "engine/config.h"
+
+namespace strata {
+
+Status CheckConfigConsistency(const Config& c);  // also used by ParseConfig
+
+namespace {
+
+constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+
+uint64_t SaturatingMul(uint64_t a, uint64_t b) { return (b != 0 && a > kMax / b) ? kMax : a * b; }
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) { return a > kMax - b ? kMax : a + b; }
+
+std::string LimitText(uint64_t bytes) { return bytes == kMax ? "unlimited" : FormatBytes(bytes); }
+
+Status CheckNvmePath(const Config& c, OffloadDevice device, const std::string& nvme_path,
+                     const std::string& section) {
+  if (device != OffloadDevice::kNvme || !nvme_path.empty() || !c.strata.nvme_paths.empty())
+    return Status::Ok();
+  return ConfigError("zero_optimization." + section + ".nvme_path: required when zero_optimization." +
+                     section + ".device is \"nvme\" (or list swap folders in strata.nvme_paths)");
+}
+
+// buffer_size counts elements (DeepSpeed's unit); a swap buffer holds one whole group.
+Status CheckParamBuffer(const Config& c, const ConfigFacts& f) {
+  const auto& p = c.zero.offload_param;
+  if (p.device != OffloadDevice::kNvme || f.largest_group_numel == 0 || p.buffer_size >= f.largest_group_numel)
+    return Status::Ok();
+  return ConfigError("zero_optimization.offload_param.buffer_size: " + std::to_string(p.buffer_size) +
+                     " elements is smaller than the largest parameter group (" +
+                     std::to_string(f.largest_group_numel) + " elements); set it to at least " +
+                     std::to_string(f.largest_group_numel));
+}
+
+// The device receives one whole gathered group of P at a time.
+Status CheckDeviceBudget(const Config& c, const ConfigFacts& f) {
+  const uint64_t need = SaturatingMul(f.largest_group_numel, DTypeSize(c.compute_dtype()));
+  if (c.strata.device_budget == 0 || c.strata.device_budget >= need) return Status::Ok();
+  return ConfigError("strata.device_budget: " + FormatBytes(c.strata.device_budget) +
+                     " is too small for the largest parameter group: its " +
+                     std::to_string(f.largest_group_numel) + " " + DTypeName(c.compute_dtype()) +
+                     " parameters need " + FormatBytes(need) + " on the device");
+}
+
+Status CheckHostBudget(const Config& c, const ConfigFacts& f) {
+  const uint64_t budget = c.strata.host_budget;
+  if (budget == 0) return Status::Ok();
+  if (f.host_ram_bytes != 0 && budget > f.host_ram_bytes)
+    return ConfigError("strata.host_budget: " + FormatBytes(budget) + " is above this machine's RAM (" +
+                       FormatBytes(f.host_ram_bytes) + ")");
+  const uint64_t need = MinHostBytes(c, f);
+  if (budget < need)
+    return ConfigError("strata.host_budget: " + FormatBytes(budget) +
+                       " is too small for the largest parameter group: it needs at least " +
+                       FormatBytes(need) + " of host memory (swap buffers, P, and fp32 W, M, V, G of a shard)");
+  return Status::Ok();
+}
+
+// Pinned host memory counts against RLIMIT_MEMLOCK (mlock, io_uring buffers).
+Status CheckMemlock(const Config& c, const ConfigFacts& f) {
+  if (!c.any_pinned()) return Status::Ok();
+  const bool budgeted = c.strata.host_budget != 0;
+  const uint64_t pinned = budgeted ? c.strata.host_budget : MinHostBytes(c, f);
+  if (pinned <= f.memlock_limit_bytes) return Status::Ok();
+  return ConfigError(std::string(budgeted ? "strata.host_budget: " : "pin_memory: the host memory needed, ") +
+                     FormatBytes(pinned) +
+                     " of pinned memory (offload pin_memory is true) is above the memlock limit (" +
+                     LimitText(f.memlock_limit_bytes) +
+                     "); raise it (ulimit -l, /etc/security/limits.conf) or set pin_memory to false");
+}
+
+// Without a GPU the device tier is an arena in host memory.
+Status CheckNoGpuArena(const Config& c, const ConfigFacts& f) {
+  if (f.has_gpu || f.host_ram_bytes == 0 || c.strata.device_budget == 0) return Status::Ok();
+  const uint64_t total = SaturatingAdd(c.strata.device_budget, c.strata.host_budget);
+  if (total <= f.host_ram_bytes) return Status::Ok();
+  return ConfigError("strata.device_budget + strata.host_budget: " + FormatBytes(total) +
+                     " is above this machine's RAM (" + FormatBytes(f.host_ram_bytes) +
+                     "); without a GPU the device tier lives in host memory");
+}
+
+}  // namespace
+
+Status CheckConfigConsistency(const Config& c) {
+  if (c.bf16 && c.fp16.enabled)
+    return ConfigError("bf16.enabled and fp16.enabled: both true; enable at most one");
+  const auto& z = c.zero;
+  STRATA_RETURN_IF_ERROR(CheckNvmePath(c, z.offload_param.device, z.offload_param.nvme_path, "offload_param"));
+  STRATA_RETURN_IF_ERROR(
+      CheckNvmePath(c, z.offload_optimizer.device, z.offload_optimizer.nvme_path, "offload_optimizer"));
+  if (z.stage < 0 || z.stage > 3)
+    return ConfigError("zero_optimization.stage: " + std::to_string(z.stage) + " is not one of 0, 1, 2, 3");
+  if (z.offload_param.buffer_count == 0 || z.offload_optimizer.buffer_count == 0)
+    return ConfigError("zero_optimization.offload_*.buffer_count: 0 is out of range; allowed: at least 1");
+  if (c.aio.block_size == 0 || c.aio.block_size % 4096 != 0)
+    return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) +
+                       " is not a multiple of 4096 (O_DIRECT alignment)");
+  return Status::Ok();
+}
+
+uint64_t MinHostBytes(const Config& c, const ConfigFacts& f) {
+  const uint64_t numel = f.largest_group_numel;
+  const uint64_t p_size = DTypeSize(c.compute_dtype());
+  const uint64_t world = std::max<uint32_t>(f.world_size, 1);
+  const uint64_t shard = c.zero.stage >= 1 ? (numel + world - 1) / world : numel;
+  uint64_t need = 0;
+  const auto& p = c.zero.offload_param;
+  if (p.device == OffloadDevice::kNvme)
+    need = SaturatingMul(SaturatingMul(p.buffer_count, std::max(p.buffer_size, numel)), p_size);
+  else if (p.device == OffloadDevice::kCpu)
+    need = SaturatingMul(numel, p_size);
+  if (c.zero.offload_optimizer.device != OffloadDevice::kNone)
+    need = SaturatingAdd(need, SaturatingMul(shard, 16));  // fp32 W, M, V, G
+  return need;
+}
+
+Status ValidateConfig(const Config& config, const ConfigFacts& facts) {
+  STRATA_RETURN_IF_ERROR(CheckConfigConsistency(config));
+  STRATA_RETURN_IF_ERROR(CheckParamBuffer(config, facts));
+  STRATA_RETURN_IF_ERROR(CheckDeviceBudget(config, facts));
+  STRATA_RETURN_IF_ERROR(CheckHostBudget(config, facts));
+  STRATA_RETURN_IF_ERROR(CheckMemlock(config, facts));
+  return CheckNoGpuArena(config, facts);
+}
+
+ConfigFacts ProbeMachineFacts() {
+  ConfigFacts facts;
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page_size > 0)
+    facts.host_ram_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    facts.memlock_limit_bytes = static_cast<uint64_t>(limit.rlim_cur);
+  return facts;
+}
+
+}  // namespace strata

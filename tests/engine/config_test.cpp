@@ -1,0 +1,473 @@
+// engine/config: DeepSpeed defaults, a real ZeRO-Infinity ds_config.json,
+// the leniencies ("auto", 1e8, stage3_ names) and every refusal's message.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "engine/config.h"
+#include "engine/config_reader.h"
+
+namespace strata {
+namespace {
+
+constexpr uint64_t kGiB = 1ull << 30;
+
+Config MustParse(const std::string& text) {
+  Result<Config> c = ParseConfig(text);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : Config{};
+}
+
+// The refusal's message, which must have code kConfig.
+std::string Refusal(const std::string& text) {
+  Result<Config> c = ParseConfig(text);
+  if (c.ok()) return "(accepted)";
+  EXPECT_EQ(c.status().code(), Code::kConfig);
+  return c.status().message();
+}
+
+std::string Refusal(const Status& s) {
+  if (s.ok()) return "(accepted)";
+  EXPECT_EQ(s.code(), Code::kConfig);
+  return s.message();
+}
+
+bool Contains(const std::vector<std::string>& list, const std::string& prefix) {
+  for (const auto& s : list) if (s.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
+TEST(Config, EmptyDocumentHasDeepSpeedDefaults) {
+  const Config c = MustParse("{}");
+  EXPECT_EQ(c.zero.stage, 0);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
+  EXPECT_EQ(c.zero.offload_param.nvme_path, "");
+  EXPECT_FALSE(c.zero.offload_param.pin_memory);
+  EXPECT_EQ(c.zero.offload_param.buffer_count, 5u);
+  EXPECT_EQ(c.zero.offload_param.buffer_size, 100000000u);
+  EXPECT_EQ(c.zero.offload_param.max_in_cpu, 1000000000u);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNone);
+  EXPECT_FALSE(c.zero.offload_optimizer.pin_memory);
+  EXPECT_EQ(c.zero.offload_optimizer.buffer_count, 4u);
+  EXPECT_FALSE(c.zero.offload_optimizer.pipeline_read);
+  EXPECT_FALSE(c.zero.offload_optimizer.pipeline_write);
+  EXPECT_EQ(c.zero.offload_optimizer.ratio, 1.0);
+  EXPECT_EQ(c.zero.prefetch_bucket_size, 50000000u);
+  EXPECT_EQ(c.zero.max_live_parameters, 1000000000u);
+  EXPECT_EQ(c.zero.max_reuse_distance, 1000000000u);
+  EXPECT_EQ(c.zero.param_persistence_threshold, 100000u);
+  EXPECT_EQ(c.zero.sub_group_size, 1000000000u);
+  EXPECT_EQ(c.aio.block_size, 1048576u);
+  EXPECT_EQ(c.aio.queue_depth, 8u);
+  EXPECT_EQ(c.aio.thread_count, 1u);
+  EXPECT_FALSE(c.aio.single_submit);
+  EXPECT_TRUE(c.aio.overlap_events);
+  EXPECT_FALSE(c.bf16);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.loss_scale, 0.0);
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000u);
+  EXPECT_EQ(c.fp16.hysteresis, 2);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1.0);
+  EXPECT_EQ(c.gradient_clipping, 0.0);
+  EXPECT_EQ(c.optimizer.type, "adamw");
+  EXPECT_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+  EXPECT_TRUE(c.optimizer.adam_w_mode);
+  EXPECT_TRUE(c.optimizer.bias_correction);
+  EXPECT_EQ(c.strata.device_budget, 0u);
+  EXPECT_EQ(c.strata.host_budget, 0u);
+  EXPECT_TRUE(c.strata.nvme_paths.empty());
+  EXPECT_EQ(c.strata.trace_path, "");
+  EXPECT_TRUE(c.strata.checksums);
+  EXPECT_EQ(c.strata.timeout_s, 300.0);
+  EXPECT_EQ(c.strata.io_rings, 1);
+  EXPECT_EQ(c.compute_dtype(), DType::kF32);
+  EXPECT_TRUE(c.notes.empty());
+  EXPECT_TRUE(c.warnings.empty());
+  EXPECT_EQ(c, Config{});
+}
+
+// A ZeRO-Infinity config as DeepSpeed's tutorials and HF examples write them.
+const char* kInfinityConfig = R"({
+  "train_batch_size": 64,
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 16,
+  "steps_per_print": 10,
+  "wall_clock_breakdown": false,
+  "gradient_clipping": 1.0,
+  "bf16": {"enabled": true},
+  "optimizer": {
+    "type": "AdamW",
+    "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+  },
+  "scheduler": {
+    "type": "WarmupLR",
+    "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-4, "warmup_num_steps": 1000}
+  },
+  "zero_optimization": {
+    "stage": 3,
+    "contiguous_gradients": true,
+    "overlap_comm": true,
+    "reduce_bucket_size": 5e8,
+    "stage3_prefetch_bucket_size": 5e7,
+    "stage3_param_persistence_threshold": 1e5,
+    "stage3_max_live_parameters": 1e9,
+    "stage3_max_reuse_distance": 1e9,
+    "sub_group_size": 1e8,
+    "stage3_gather_16bit_weights_on_model_save": true,
+    "offload_param": {
+      "device": "nvme", "nvme_path": "/local_nvme", "pin_memory": true,
+      "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e9
+    },
+    "offload_optimizer": {
+      "device": "nvme", "nvme_path": "/local_nvme", "pin_memory": true,
+      "buffer_count": 4, "pipeline_read": false, "pipeline_write": false, "fast_init": false
+    }
+  },
+  "aio": {
+    "block_size": 1048576, "queue_depth": 16, "thread_count": 2,
+    "single_submit": false, "overlap_events": true
+  },
+  "strata": {"host_budget": "64GiB", "nvme_paths": ["/nvme0/swap", "/nvme1/swap"], "io_rings": 2}
+})";
+
+TEST(Config, ZeroInfinityDsConfigParses) {
+  const Config c = MustParse(kInfinityConfig);
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_param.nvme_path, "/local_nvme");
+  EXPECT_TRUE(c.zero.offload_param.pin_memory);
+  EXPECT_EQ(c.zero.offload_param.buffer_size, 100000000u);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.sub_group_size, 100000000u);
+  EXPECT_EQ(c.aio.queue_depth, 16u);
+  EXPECT_EQ(c.aio.thread_count, 2u);
+  EXPECT_TRUE(c.bf16);
+  EXPECT_EQ(c.compute_dtype(), DType::kBF16);
+  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.optimizer.type, "adamw");
+  EXPECT_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(c.strata.host_budget, 64 * kGiB);
+  EXPECT_EQ(c.strata.io_rings, 2);
+  EXPECT_EQ(c.ParamSwapPaths(), (std::vector<std::string>{"/nvme0/swap", "/nvme1/swap"}));
+  EXPECT_EQ(c.OptimizerSwapPaths(), c.ParamSwapPaths());
+  EXPECT_EQ(c.notes, (std::vector<std::string>{"train_batch_size", "train_micro_batch_size_per_gpu",
+                                               "gradient_accumulation_steps", "scheduler", "steps_per_print",
+                                               "wall_clock_breakdown"}));
+  EXPECT_TRUE(Contains(c.warnings, "zero_optimization.overlap_comm: a DeepSpeed key that Strata does not implement"));
+  EXPECT_TRUE(Contains(c.warnings, "zero_optimization.offload_optimizer.fast_init"));
+  EXPECT_TRUE(Contains(c.warnings, "zero_optimization.stage3_gather_16bit_weights_on_model_save"));
+}
+
+TEST(Config, UnimplementedDeepSpeedKeyIsAWarningNotAnError) {
+  const Config c = MustParse(R"({"zero_optimization": {"round_robin_gradients": true}, "amp": {"enabled": false}})");
+  ASSERT_EQ(c.warnings.size(), 2u);
+  EXPECT_EQ(c.warnings[0],
+            "zero_optimization.round_robin_gradients: a DeepSpeed key that Strata does not implement; ignored");
+  EXPECT_EQ(c.warnings[1], "amp: a DeepSpeed key that Strata does not implement; ignored");
+}
+
+TEST(Config, Stage3AndBareNamesBothWork) {
+  const Config a = MustParse(R"({"zero_optimization": {"stage3_max_live_parameters": 123,
+      "stage3_prefetch_bucket_size": 7, "stage3_max_reuse_distance": 8, "stage3_param_persistence_threshold": 9}})");
+  const Config b = MustParse(R"({"zero_optimization": {"max_live_parameters": 123,
+      "prefetch_bucket_size": 7, "max_reuse_distance": 8, "param_persistence_threshold": 9}})");
+  EXPECT_EQ(a.zero.max_live_parameters, 123u);
+  EXPECT_EQ(a.zero.prefetch_bucket_size, 7u);
+  EXPECT_EQ(a.zero.max_reuse_distance, 8u);
+  EXPECT_EQ(a.zero.param_persistence_threshold, 9u);
+  EXPECT_EQ(a, b);
+  // Both spellings with one value are fine; with two values they contradict.
+  EXPECT_EQ(MustParse(R"({"zero_optimization": {"max_live_parameters": 5, "stage3_max_live_parameters": 5}})")
+                .zero.max_live_parameters, 5u);
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"stage3_max_live_parameters": 5, "max_live_parameters": 6}})"),
+            "zero_optimization.max_live_parameters: 6 contradicts zero_optimization.stage3_max_live_parameters: "
+            "5 (two spellings of one key; give one)");
+  EXPECT_EQ(MustParse(R"({"aio": {"intra_op_parallelism": 4}})").aio.thread_count, 4u);
+}
+
+TEST(Config, AutoAndNullMeanTheDefault) {
+  const Config c = MustParse(R"({"zero_optimization": {"stage": "auto", "offload_param": "auto",
+      "stage3_prefetch_bucket_size": "auto", "offload_optimizer": {"device": "auto"}},
+      "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto", "loss_scale": null},
+      "gradient_clipping": "auto", "train_batch_size": "auto",
+      "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "weight_decay": "auto"}},
+      "strata": {"device_budget": "auto", "host_budget": "auto", "timeout": "auto"}})");
+  Config expected;
+  EXPECT_EQ(c, expected);
+  EXPECT_TRUE(c.notes.empty());  // an "auto" trainer key says nothing
+}
+
+TEST(Config, ExponentNumbersAreIntegersWhenWhole) {
+  const Config c = MustParse(R"({"zero_optimization": {"offload_param": {"buffer_size": 2.5e8,
+      "max_in_cpu": 1e10}, "sub_group_size": 1E9}, "aio": {"block_size": 2.62144e5}})");
+  EXPECT_EQ(c.zero.offload_param.buffer_size, 250000000u);
+  EXPECT_EQ(c.zero.offload_param.max_in_cpu, 10000000000u);
+  EXPECT_EQ(c.zero.sub_group_size, 1000000000u);
+  EXPECT_EQ(c.aio.block_size, 262144u);
+}
+
+TEST(Config, StrataBudgetsTakeSizesOrNumbers) {
+  const Config c = MustParse(R"({"strata": {"device_budget": "8GiB", "host_budget": 1e9,
+      "trace_path": "/tmp/t.json", "checksums": false, "timeout": 2.5}})");
+  EXPECT_EQ(c.strata.device_budget, 8 * kGiB);
+  EXPECT_EQ(c.strata.host_budget, 1000000000u);
+  EXPECT_EQ(c.strata.trace_path, "/tmp/t.json");
+  EXPECT_FALSE(c.strata.checksums);
+  EXPECT_EQ(c.strata.timeout_s, 2.5);
+}
+
+TEST(Config, OptimizerTypesAndDeepSpeedAdamSemantics) {
+  EXPECT_EQ(MustParse(R"({"optimizer": {"type": "Adam"}})").optimizer.adam_w_mode, true);
+  const Config adam_l2 = MustParse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false,
+      "torch_adam": false, "bias_correction": false}}})");
+  EXPECT_EQ(adam_l2.optimizer.type, "adam");
+  EXPECT_FALSE(adam_l2.optimizer.adam_w_mode);
+  EXPECT_FALSE(adam_l2.optimizer.bias_correction);
+  EXPECT_TRUE(MustParse(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})")
+                  .optimizer.adam_w_mode);
+  const Config adagrad = MustParse(R"({"optimizer": {"type": "Adagrad"}})");
+  EXPECT_EQ(adagrad.optimizer.lr, 1e-2);
+  EXPECT_EQ(adagrad.optimizer.eps, 1e-10);
+  EXPECT_EQ(MustParse(R"({"optimizer": {"type": "lion"}})").optimizer.type, "lion");
+  EXPECT_EQ(Refusal(R"({"optimizer": {"type": "Lamb"}})"),
+            "optimizer.type: \"Lamb\" is a DeepSpeed optimizer that Strata does not implement; "
+            "allowed: Adam, AdamW, Lion, Adagrad");
+  EXPECT_EQ(Refusal(R"({"optimizer": {"type": "sgdd"}})"),
+            "optimizer.type: \"sgdd\" is not one of adam, adamw, lion, adagrad");
+  EXPECT_EQ(Refusal(R"({"optimizer": {"params": {"betas": [0.9]}}})"),
+            "optimizer.params.betas: expected a list of two numbers, got array [0.9]");
+  EXPECT_EQ(Refusal(R"({"optimizer": {"params": {"amsgrad": true}}})"),
+            "optimizer.params.amsgrad: true is not supported; allowed: false");
+}
+
+TEST(Config, DeprecatedDeepSpeedFormsAreRead) {
+  const Config c = MustParse(R"({"zero_optimization": {"stage": 2, "cpu_offload": true}})");
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_FALSE(c.warnings.empty());
+  EXPECT_EQ(MustParse(R"({"zero_optimization": true})").zero.stage, 1);
+  EXPECT_TRUE(MustParse(R"({"bfloat16": {"enabled": true}})").bf16);
+}
+
+TEST(Config, ToJsonRoundTrips) {
+  Config c = MustParse(kInfinityConfig);
+  const Config back = MustParse(ConfigToJson(c));
+  EXPECT_EQ(back, c);
+  EXPECT_EQ(MustParse(ConfigToJson(Config{})), Config{});
+}
+
+// ---- Refusals at parse time ----
+
+TEST(ConfigRefusal, UnknownKeyNamesTheNearestValidKey) {
+  EXPECT_EQ(Refusal(R"({"zero_optimisation": {}})"), "zero_optimisation: unknown key; did you mean 'zero_optimization'?");
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"offload_optimizer": {"devce": "cpu"}}})"),
+            "zero_optimization.offload_optimizer.devce: unknown key; did you mean 'device'?");
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"stage3_max_live_params": 1}})"),
+            "zero_optimization.stage3_max_live_params: unknown key; did you mean 'stage3_max_live_parameters'?");
+  EXPECT_EQ(Refusal(R"({"strata": {"host_budgit": "1GiB"}})"),
+            "strata.host_budgit: unknown key; did you mean 'host_budget'?");
+  EXPECT_EQ(Refusal(R"({"aio": {"queue_dept": 8}})"), "aio.queue_dept: unknown key; did you mean 'queue_depth'?");
+}
+
+TEST(ConfigRefusal, BadEnumNamesWhatIsAllowed) {
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"stage": 5}})"), "zero_optimization.stage: 5 is not one of 0, 1, 2, 3");
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"offload_param": {"device": "disk"}}})"),
+            "zero_optimization.offload_param.device: \"disk\" is not one of none, cpu, nvme");
+}
+
+TEST(ConfigRefusal, BadTypeNamesTheKeyAndTheType) {
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"offload_param": {"pin_memory": "yes"}}})"),
+            "zero_optimization.offload_param.pin_memory: expected true or false, got string \"yes\"");
+  EXPECT_EQ(Refusal(R"({"bf16": {"enabled": 1}})"), "bf16.enabled: expected true or false, got number 1");
+  EXPECT_EQ(Refusal(R"({"aio": {"queue_depth": "8"}})"),
+            "aio.queue_depth: expected a non-negative integer, got string \"8\"");
+  EXPECT_EQ(Refusal(R"({"aio": []})"), "aio: expected an object, got array []");
+  EXPECT_EQ(Refusal(R"({"strata": {"nvme_paths": "/nvme"}})"),
+            "strata.nvme_paths: expected a list of strings, got string \"/nvme\"");
+  EXPECT_EQ(Refusal(R"({"strata": {"nvme_paths": ["/a", 3]}})"),
+            "strata.nvme_paths[1]: expected a non-empty string, got number 3");
+  EXPECT_EQ(Refusal("[1, 2]"), "config: the top level must be a JSON object, got array [1,2]");
+}
+
+TEST(ConfigRefusal, NegativeAndFractionalIntegers) {
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"offload_param": {"buffer_count": -1}}})"),
+            "zero_optimization.offload_param.buffer_count: -1 is negative; expected a non-negative integer");
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"offload_param": {"buffer_size": 2.5}}})"),
+            "zero_optimization.offload_param.buffer_size: 2.5 is not a whole number; expected a non-negative integer");
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"offload_param": {"buffer_count": 0}}})"),
+            "zero_optimization.offload_param.buffer_count: 0 is out of range; allowed: at least 1");
+  EXPECT_EQ(Refusal(R"({"gradient_clipping": -1.0})"),
+            "gradient_clipping: -1.0 is out of range; allowed: at least 0.0");
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"offload_optimizer": {"ratio": 1.5}}})"),
+            "zero_optimization.offload_optimizer.ratio: 1.5 is out of range; allowed: from 0.0 to 1.0");
+  EXPECT_EQ(Refusal(R"({"aio": {"block_size": 1000000}})"),
+            "aio.block_size: 1000000 is not a multiple of 4096 (O_DIRECT alignment)");
+}
+
+TEST(ConfigRefusal, NvmeWithoutPath) {
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})"),
+            "zero_optimization.offload_param.nvme_path: required when zero_optimization.offload_param.device "
+            "is \"nvme\" (or list swap folders in strata.nvme_paths)");
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ""}}})"),
+            "zero_optimization.offload_optimizer.nvme_path: required when zero_optimization.offload_optimizer.device "
+            "is \"nvme\" (or list swap folders in strata.nvme_paths)");
+  // strata.nvme_paths stands in for the per-section path.
+  const Config c = MustParse(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme"}},
+      "strata": {"nvme_paths": ["/nvme0"]}})");
+  EXPECT_EQ(c.OptimizerSwapPaths(), std::vector<std::string>{"/nvme0"});
+}
+
+TEST(ConfigRefusal, BadByteSizeString) {
+  EXPECT_EQ(Refusal(R"({"strata": {"host_budget": "8 gigs"}})"),
+            "strata.host_budget: byte size '8 gigs' has an unknown unit 'gigs' (use B, KB, KiB, MB, MiB, GB, GiB, TB, TiB)");
+  EXPECT_EQ(Refusal(R"({"strata": {"device_budget": 0}})"),
+            "strata.device_budget: 0 is too small; allowed: at least 1 bytes, or \"auto\"");
+  EXPECT_EQ(Refusal(R"({"strata": {"device_budget": true}})"),
+            "strata.device_budget: expected a byte size (a number of bytes or a string like \"8GiB\") or \"auto\", "
+            "got boolean true");
+}
+
+TEST(ConfigRefusal, Bf16AndFp16Together) {
+  EXPECT_EQ(Refusal(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
+            "bf16.enabled and fp16.enabled: both true; enable at most one");
+}
+
+TEST(ConfigRefusal, InvalidJsonNamesThePosition) {
+  const std::string message = Refusal("{\n  \"zero_optimization\": {\"stage\": 3,}\n}");
+  EXPECT_EQ(message.rfind("invalid JSON at line 2, column 36 (byte 37): ", 0), 0u) << message;
+  EXPECT_NE(message.find("syntax error"), std::string::npos) << message;
+}
+
+TEST(ConfigRefusal, FileNotFoundNamesThePath) {
+  Result<Config> c = LoadConfigFile("/nonexistent/strata/ds_config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Code::kConfig);
+  EXPECT_EQ(c.status().message(),
+            "config file /nonexistent/strata/ds_config.json: cannot open: No such file or directory");
+}
+
+TEST(Config, LoadConfigFileReadsAndNamesThePathOnErrors) {
+  const std::string path = ::testing::TempDir() + "/strata_config_test.json";
+  {
+    std::ofstream out(path);
+    out << kInfinityConfig;
+  }
+  Result<Config> good = LoadConfigFile(path);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(good->zero.stage, 3);
+  {
+    std::ofstream out(path);
+    out << R"({"zero_optimization": {"stage": 7}})";
+  }
+  Result<Config> bad = LoadConfigFile(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "config file " + path + ": zero_optimization.stage: 7 is not one of 0, 1, 2, 3");
+  std::remove(path.c_str());
+}
+
+// ---- Refusals at engine creation ----
+
+ConfigFacts Facts(uint64_t numel) {
+  ConfigFacts f;
+  f.largest_group_numel = numel;
+  f.host_ram_bytes = 128 * kGiB;
+  f.memlock_limit_bytes = std::numeric_limits<uint64_t>::max();
+  f.has_gpu = true;
+  return f;
+}
+
+TEST(ConfigValidate, ZeroInfinityConfigPassesOnABigMachine) {
+  const Config c = MustParse(kInfinityConfig);
+  EXPECT_TRUE(ValidateConfig(c, Facts(50'000'000)).ok());
+}
+
+TEST(ConfigValidate, ParamBufferSmallerThanLargestGroup) {
+  const Config c = MustParse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+      "nvme_path": "/nvme", "buffer_size": 1000}}})");
+  EXPECT_TRUE(ValidateConfig(c, Facts(1000)).ok());
+  EXPECT_EQ(Refusal(ValidateConfig(c, Facts(5000))),
+            "zero_optimization.offload_param.buffer_size: 1000 elements is smaller than the largest parameter "
+            "group (5000 elements); set it to at least 5000");
+}
+
+TEST(ConfigValidate, HostBudgetAboveRam) {
+  const Config c = MustParse(R"({"strata": {"host_budget": "256GiB"}})");
+  EXPECT_EQ(Refusal(ValidateConfig(c, Facts(1000))),
+            "strata.host_budget: 256.00 GiB is above this machine's RAM (128.00 GiB)");
+}
+
+TEST(ConfigValidate, PinnedHostBudgetAboveMemlock) {
+  const std::string text = R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": %s}},
+      "strata": {"host_budget": "8GiB"}})";
+  char pinned[512], unpinned[512];
+  std::snprintf(pinned, sizeof pinned, text.c_str(), "true");
+  std::snprintf(unpinned, sizeof unpinned, text.c_str(), "false");
+  ConfigFacts f = Facts(1000);
+  f.memlock_limit_bytes = 64ull << 20;
+  EXPECT_TRUE(ValidateConfig(MustParse(unpinned), f).ok());
+  EXPECT_EQ(Refusal(ValidateConfig(MustParse(pinned), f)),
+            "strata.host_budget: 8.00 GiB of pinned memory (offload pin_memory is true) is above the memlock "
+            "limit (64.00 MiB); raise it (ulimit -l, /etc/security/limits.conf) or set pin_memory to false");
+}
+
+TEST(ConfigValidate, DeviceBudgetTooSmallForLargestGroup) {
+  const Config c = MustParse(R"({"bf16": {"enabled": true}, "strata": {"device_budget": "1MiB"}})");
+  EXPECT_TRUE(ValidateConfig(c, Facts(1 << 19)).ok());  // 1 MiB of bf16
+  EXPECT_EQ(Refusal(ValidateConfig(c, Facts(1 << 20))),
+            "strata.device_budget: 1.00 MiB is too small for the largest parameter group: its 1048576 bf16 "
+            "parameters need 2.00 MiB on the device");
+}
+
+TEST(ConfigValidate, HostBudgetTooSmallForLargestGroup) {
+  const Config c = MustParse(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}},
+      "strata": {"host_budget": "16MiB"}})");
+  ConfigFacts f = Facts(1 << 20);  // W, M, V, G of a 1 Mi-element shard: 16 MiB
+  EXPECT_TRUE(ValidateConfig(c, f).ok());
+  f.largest_group_numel = 2 << 20;
+  EXPECT_EQ(Refusal(ValidateConfig(c, f)),
+            "strata.host_budget: 16.00 MiB is too small for the largest parameter group: it needs at least "
+            "32.00 MiB of host memory (swap buffers, P, and fp32 W, M, V, G of a shard)");
+  f.world_size = 2;  // each rank steps half the group
+  EXPECT_TRUE(ValidateConfig(c, f).ok());
+}
+
+TEST(ConfigValidate, NoGpuArenaMustFitInRam) {
+  const Config c = MustParse(R"({"strata": {"device_budget": "100GiB", "host_budget": "100GiB"}})");
+  ConfigFacts f = Facts(1000);
+  EXPECT_TRUE(ValidateConfig(c, f).ok());
+  f.has_gpu = false;
+  EXPECT_EQ(Refusal(ValidateConfig(c, f)),
+            "strata.device_budget + strata.host_budget: 200.00 GiB is above this machine's RAM (128.00 GiB); "
+            "without a GPU the device tier lives in host memory");
+}
+
+TEST(ConfigValidate, ConfigBuiltInCodeIsHeldToTheParseRules) {
+  Config c;
+  c.zero.offload_param.device = OffloadDevice::kNvme;
+  EXPECT_EQ(Refusal(ValidateConfig(c, Facts(0))).rfind("zero_optimization.offload_param.nvme_path: required", 0), 0u);
+}
+
+TEST(ConfigValidate, ProbeMachineFactsSeesRam) {
+  const ConfigFacts f = ProbeMachineFacts();
+  EXPECT_GT(f.host_ram_bytes, 0u);
+  EXPECT_GT(f.memlock_limit_bytes, 0u);
+}
+
+TEST(ConfigReader, EditDistance) {
+  using config_internal::EditDistance;
+  EXPECT_EQ(EditDistance("devce", "device"), 1u);
+  EXPECT_EQ(EditDistance("kitten", "sitting"), 3u);
+  EXPECT_EQ(EditDistance("", "abc"), 3u);
+  EXPECT_EQ(EditDistance("Stage", "stage"), 0u);
+}
+
+}  // namespace
+}  // namespace strata
