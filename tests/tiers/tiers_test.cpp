@@ -1,0 +1,261 @@
+// tiers/: budgets, host pinning and alignment, the device tier's host arena,
+// and the NVMe tier's swap files, striping, checksums and refusals.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "base/align.h"
+#include "io/uring_storage.h"
+#include "tests/util/temp_dir.h"
+#include "tiers/device_tier.h"
+#include "tiers/host_tier.h"
+#include "tiers/nvme_tier.h"
+
+namespace strata {
+namespace {
+
+using testing::CheckPattern;
+using testing::FillPattern;
+using testing::TempDir;
+
+std::unique_ptr<UringStorage> MakeStorage(std::shared_ptr<FaultPlan> faults = nullptr) {
+  UringOptions o;
+  o.faults = std::move(faults);
+  auto r = UringStorage::Create(o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return std::move(r).value();
+}
+
+TEST(HostTier, AlignedPinnedAndExact) {
+  auto storage = MakeStorage();
+  HostTier host({.budget = 64 * kMiB, .storage = storage.get()});
+  auto a = host.Allocate(5 * kMiB + 1);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_TRUE(IsAligned(a->ptr, kHugePage));
+  EXPECT_EQ(a->charged, 5 * kMiB + 4096) << "exact to the page, not a power of two";
+  EXPECT_EQ(host.used(), 5 * kMiB + 4096);
+  std::memset(a->ptr, 0xAB, a->bytes);  // the whole range is usable
+  auto too_big = host.Allocate(60 * kMiB);
+  ASSERT_FALSE(too_big.ok());
+  EXPECT_EQ(too_big.status().code(), Code::kNoMem);
+  EXPECT_NE(too_big.status().message().find("host tier budget exceeded"), std::string::npos);
+  EXPECT_NE(too_big.status().message().find("64.00 MiB"), std::string::npos) << too_big.status().message();
+  host.Free(*a);
+  EXPECT_EQ(host.used(), 0u);
+  EXPECT_EQ(host.peak(), 5 * kMiB + 4096);
+}
+
+TEST(DeviceTier, HostArenaCopiesInOrder) {
+  auto t = DeviceTier::Create({.budget = 16 * kMiB, .force_host_arena = true});
+  ASSERT_TRUE(t.ok());
+  DeviceTier& dev = **t;
+  EXPECT_FALSE(dev.on_gpu());
+  auto d = dev.Allocate(kMiB);
+  ASSERT_TRUE(d.ok());
+  std::vector<uint8_t> src(kMiB), back(kMiB);
+  FillPattern(src.data(), kMiB, 0, 9);
+  auto in = dev.CopyIn(d->ptr, src.data(), kMiB);
+  ASSERT_TRUE(in.ok());
+  // The two directions are independent queues (like two streams): order
+  // across them is the caller's, so wait for `in` before copying out.
+  ASSERT_TRUE((*in)->Wait().ok());
+  EXPECT_TRUE((*in)->Done());
+  auto out = dev.CopyOut(back.data(), d->ptr, kMiB);
+  ASSERT_TRUE((*out)->Wait().ok());
+  EXPECT_EQ(CheckPattern(back.data(), kMiB, 0, 9), -1);
+  EXPECT_FALSE(dev.Allocate(16 * kMiB).ok());
+  dev.Free(*d);
+}
+
+// Random allocate/free on every tier: the peak never passes the budget.
+TEST(Tiers, RandomAllocFreeNeverExceedsBudget) {
+  TempDir dir;
+  auto storage = MakeStorage();
+  HostTier host({.budget = 8 * kMiB, .pin = false, .storage = storage.get()});
+  auto dev = DeviceTier::Create({.budget = 8 * kMiB, .force_host_arena = true});
+  auto nvme = NvmeTier::Create({.dirs = {dir.path()}, .budget = 8 * kMiB, .storage = storage.get()});
+  ASSERT_TRUE(nvme.ok()) << nvme.status().ToString();
+  std::vector<Tier*> tiers = {&host, dev->get(), nvme->get()};
+  for (Tier* t : tiers) {
+    std::mt19937_64 rng(7);
+    std::vector<Allocation> live;
+    int refused = 0;
+    for (int i = 0; i < 2000; ++i) {
+      if (live.empty() || rng() % 3) {
+        auto a = t->Allocate(1 + rng() % (2 * kMiB));
+        if (a.ok()) live.push_back(*a);
+        else ++refused;
+      } else {
+        const size_t k = rng() % live.size();
+        t->Free(live[k]);
+        live.erase(live.begin() + static_cast<long>(k));
+      }
+      ASSERT_LE(t->used(), t->budget()) << t->name();
+    }
+    EXPECT_LE(t->peak(), t->budget()) << t->name();
+    EXPECT_GT(t->peak(), t->budget() / 2) << t->name() << ": the test should fill the tier";
+    EXPECT_GT(refused, 0) << t->name();
+    for (auto& a : live) t->Free(a);
+    EXPECT_EQ(t->used(), 0u) << t->name();
+  }
+}
+
+class NvmeRoundTrip : public ::testing::TestWithParam<int> {};
+
+TEST_P(NvmeRoundTrip, ByteSizesWithOffsetStampedPattern) {
+  const int ndirs = GetParam();
+  TempDir d0, d1;
+  std::vector<std::string> dirs = {d0.path()};
+  if (ndirs == 2) dirs.push_back(d1.path());
+  auto storage = MakeStorage();
+  auto t = NvmeTier::Create({.dirs = dirs, .budget = 16 * kMiB, .storage = storage.get()});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  NvmeTier& nvme = **t;
+  ASSERT_EQ(nvme.paths().size(), static_cast<size_t>(ndirs));
+  EXPECT_NE(nvme.paths()[0].find("strata-swap.r0.s0.bin"), std::string::npos);
+  std::vector<Allocation> blocks;
+  const std::vector<uint64_t> sizes = {1, 511, 512, 4095, 4096, 4097, kMiB + 1};
+  for (uint64_t n : sizes) {
+    auto a = nvme.Allocate(n);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    void* buf = testing::AlignedAlloc(nvme.PaddedSize(n), nvme.align());
+    FillPattern(buf, n, a->id * 1000003, n);
+    ASSERT_TRUE(nvme.Write(*a, buf).ok());
+    std::free(buf);
+    blocks.push_back(*a);
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    void* buf = testing::AlignedAlloc(nvme.PaddedSize(sizes[i]), nvme.align());
+    Status st = nvme.Read(blocks[i], buf);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(CheckPattern(buf, sizes[i], blocks[i].id * 1000003, sizes[i]), -1) << sizes[i];
+    std::free(buf);
+  }
+  for (auto& a : blocks) nvme.Free(a);
+  EXPECT_EQ(nvme.used(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dirs, NvmeRoundTrip, ::testing::Values(1, 2));
+
+struct Fixture {
+  TempDir dir;
+  std::unique_ptr<UringStorage> storage;
+  std::unique_ptr<NvmeTier> nvme;
+  Allocation block;
+  void* buf = nullptr;
+  uint64_t n = 300000;
+  explicit Fixture(std::shared_ptr<FaultPlan> faults = nullptr) {
+    storage = MakeStorage(std::move(faults));
+    nvme = std::move(NvmeTier::Create({.dirs = {dir.path()}, .budget = 4 * kMiB, .storage = storage.get()})).value();
+    block = *nvme->Allocate(n);
+    buf = testing::AlignedAlloc(nvme->PaddedSize(n), nvme->align());
+    FillPattern(buf, n, 0, 5);
+  }
+  ~Fixture() { std::free(buf); }
+  void Poke(uint64_t offset) {
+    int fd = ::open(nvme->paths()[0].c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    uint8_t b;
+    ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(offset)), 1);
+    b ^= 0x10;
+    ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(offset)), 1);
+    ::close(fd);
+  }
+};
+
+TEST(NvmeTier, FlippedByteIsCorruptNamingFileAndOffset) {
+  Fixture f;
+  ASSERT_TRUE(f.nvme->Write(f.block, f.buf).ok());
+  f.Poke(123456);
+  Status st = f.nvme->Read(f.block, f.buf);
+  ASSERT_EQ(st.code(), Code::kCorrupt) << st.ToString();
+  EXPECT_NE(st.message().find(f.nvme->paths()[0]), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("offset 0"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("checksum mismatch"), std::string::npos);
+}
+
+TEST(NvmeTier, TruncatedSwapFileIsDetected) {
+  Fixture f;
+  ASSERT_TRUE(f.nvme->Write(f.block, f.buf).ok());
+  ASSERT_EQ(::truncate(f.nvme->paths()[0].c_str(), 8192), 0);
+  Status st = f.nvme->Read(f.block, f.buf);
+  EXPECT_EQ(st.code(), Code::kCorrupt) << st.ToString();
+  EXPECT_NE(st.message().find("strata-swap"), std::string::npos) << st.message();
+}
+
+TEST(NvmeTier, FailedWriteIsNeverServedAndCanBeRedone) {
+  // Op 0 is the first write; op 1 the retry write.
+  auto faults = std::make_shared<FaultPlan>(std::vector<Fault>{{0, Fault::kErrno, EIO}});
+  Fixture f(faults);
+  Status st = f.nvme->Write(f.block, f.buf);
+  ASSERT_EQ(st.code(), Code::kIo);
+  EXPECT_NE(st.message().find("strata-swap"), std::string::npos);
+  EXPECT_EQ(testing::CheckPattern(f.buf, f.n, 0, 5), -1) << "the caller's data is untouched";
+  void* back = testing::AlignedAlloc(f.nvme->PaddedSize(f.n), f.nvme->align());
+  Status rs = f.nvme->Read(f.block, back);
+  EXPECT_EQ(rs.code(), Code::kState) << rs.ToString();
+  ASSERT_TRUE(f.nvme->Write(f.block, f.buf).ok());
+  ASSERT_TRUE(f.nvme->Read(f.block, back).ok());
+  EXPECT_EQ(testing::CheckPattern(back, f.n, 0, 5), -1);
+  std::free(back);
+}
+
+TEST(NvmeTier, ReservationBeyondFreeSpaceNamesDirAndSizes) {
+  TempDir dir;
+  auto storage = MakeStorage();
+  auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 1ull << 50, .storage = storage.get()});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), Code::kNoSpace);
+  EXPECT_NE(t.status().message().find(dir.path()), std::string::npos) << t.status().message();
+  EXPECT_NE(t.status().message().find("1125899906842624 bytes"), std::string::npos) << t.status().message();
+  EXPECT_NE(t.status().message().find("free"), std::string::npos);
+}
+
+TEST(NvmeTier, ReservationUnderFileSizeLimitIsRefused) {
+  TempDir dir;
+  auto storage = MakeStorage();
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = kMiB;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 64 * kMiB, .storage = storage.get()});
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), Code::kNoSpace) << t.status().ToString();
+  EXPECT_NE(t.status().message().find("strata-swap.r0.s0.bin"), std::string::npos) << t.status().message();
+  EXPECT_NE(t.status().message().find("67108864 bytes"), std::string::npos) << t.status().message();
+}
+
+TEST(NvmeTier, RefusesBadDirectories) {
+  auto storage = MakeStorage();
+  auto t = NvmeTier::Create({.dirs = {"/nonexistent/strata"}, .budget = kMiB, .storage = storage.get()});
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("/nonexistent/strata"), std::string::npos);
+  auto t2 = NvmeTier::Create({.dirs = {"/etc/hostname"}, .budget = kMiB, .storage = storage.get()});
+  ASSERT_FALSE(t2.ok());
+  EXPECT_NE(t2.status().message().find("not a directory"), std::string::npos);
+}
+
+TEST(NvmeTier, WorksOnTmpfs) {
+  TempDir dir("/dev/shm");
+  if (!dir.ok()) GTEST_SKIP() << "no /dev/shm";
+  auto storage = MakeStorage();
+  auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 4 * kMiB, .storage = storage.get()});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto a = (*t)->Allocate(4097);
+  ASSERT_TRUE(a.ok());
+  void* buf = testing::AlignedAlloc((*t)->PaddedSize(4097), (*t)->align());
+  FillPattern(buf, 4097, 0, 3);
+  ASSERT_TRUE((*t)->Write(*a, buf).ok());
+  std::memset(buf, 0, 4097);
+  ASSERT_TRUE((*t)->Read(*a, buf).ok());
+  EXPECT_EQ(CheckPattern(buf, 4097, 0, 3), -1);
+  std::free(buf);
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,193 @@
+// DeviceTier: CUDA allocations and streams, or the host arena and its copy
+// threads.
+#include "tiers/device_tier.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "base/align.h"
+#include "base/check.h"
+#include "base/sizes.h"
+
+namespace strata {
+
+namespace {
+
+// A fence that a copy thread signals.
+class ThreadFence final : public CopyFence {
+ public:
+  Status Wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return Status::Ok();
+  }
+  bool Done() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  void Signal() {
+    std::lock_guard<std::mutex> lock(mu_);  // guards done_
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
+
+// A fence on a CUDA event.
+class EventFence final : public CopyFence {
+ public:
+  explicit EventFence(gpu::Event e) : event_(e) {}
+  ~EventFence() override {
+    if (event_) gpu::EventSynchronize(event_).IgnoreError();
+  }
+  Status Wait() override {
+    std::lock_guard<std::mutex> lock(mu_);  // the event is destroyed once
+    if (!event_) return status_;
+    status_ = gpu::EventSynchronize(event_);
+    event_ = nullptr;
+    return status_;
+  }
+  bool Done() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !event_ || gpu::EventQuery(event_);
+  }
+
+ private:
+  std::mutex mu_;
+  gpu::Event event_;
+  Status status_;
+};
+
+}  // namespace
+
+// One direction of copies without a GPU: a thread running memcpy in order.
+class DeviceTier::CopyQueue {
+ public:
+  CopyQueue() : thread_([this] { Loop(); }) {}
+  ~CopyQueue() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  CopyTicket Push(void* dst, const void* src, uint64_t n) {
+    auto fence = std::make_shared<ThreadFence>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back({dst, src, n, fence});
+    }
+    cv_.notify_one();
+    return fence;
+  }
+
+ private:
+  struct Job { void* dst; const void* src; uint64_t n; std::shared_ptr<ThreadFence> fence; };
+  void Loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = jobs_.front();
+        jobs_.pop_front();
+      }
+      std::memcpy(job.dst, job.src, job.n);
+      job.fence->Signal();
+    }
+  }
+  std::mutex mu_;  // guards jobs_ and stop_
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+DeviceTier::DeviceTier(const DeviceTierOptions& options)
+    : Tier(TierKind::kDevice, options.budget), options_(options) {}
+
+Result<std::unique_ptr<DeviceTier>> DeviceTier::Create(const DeviceTierOptions& options) {
+  std::unique_ptr<DeviceTier> t(new DeviceTier(options));
+  t->on_gpu_ = !options.force_host_arena && gpu::Available();
+  if (t->on_gpu_) {
+    STRATA_ASSIGN_OR_RETURN(t->in_stream_, gpu::StreamCreate());
+    STRATA_ASSIGN_OR_RETURN(t->out_stream_, gpu::StreamCreate());
+  } else {
+    t->in_queue_ = std::make_unique<CopyQueue>();
+    t->out_queue_ = std::make_unique<CopyQueue>();
+  }
+  return t;
+}
+
+DeviceTier::~DeviceTier() {
+  in_queue_.reset();
+  out_queue_.reset();
+  for (auto& [p, n] : sizes_) {
+    if (on_gpu_) gpu::Free(p).IgnoreError();
+    else std::free(p);
+  }
+  if (in_stream_) gpu::StreamDestroy(in_stream_).IgnoreError();
+  if (out_stream_) gpu::StreamDestroy(out_stream_).IgnoreError();
+}
+
+Result<Allocation> DeviceTier::Allocate(uint64_t bytes) {
+  if (bytes == 0) return InvalidError("device tier: allocation of 0 bytes");
+  const uint64_t len = AlignUp(bytes, 256);  // cudaMalloc's granularity
+  STRATA_RETURN_IF_ERROR(Charge(len));
+  void* p = nullptr;
+  if (on_gpu_) {
+    auto r = gpu::Malloc(len);
+    if (!r.ok()) {
+      Uncharge(len);
+      return r.status().WithContext("device tier");
+    }
+    p = *r;
+  } else {
+    p = std::aligned_alloc(kSimdBytes, AlignUp(len, kSimdBytes));
+    if (!p) {
+      Uncharge(len);
+      return NoMemError("device tier (host arena): cannot allocate " + FormatBytes(len));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  sizes_[p] = len;
+  return Allocation{p, 0, bytes, len};
+}
+
+void DeviceTier::Free(const Allocation& a) {
+  uint64_t len;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sizes_.find(a.ptr);
+    STRATA_CHECK_MSG(it != sizes_.end(), "device tier: freeing a pointer it did not allocate");
+    len = it->second;
+    sizes_.erase(it);
+  }
+  if (on_gpu_) gpu::Free(a.ptr).IgnoreError();  // cudaFree fails only on a broken context
+  else std::free(a.ptr);
+  Uncharge(len);
+}
+
+Result<CopyTicket> DeviceTier::Copy(void* dst, const void* src, uint64_t bytes, bool to_device) {
+  if (!on_gpu_) return (to_device ? in_queue_ : out_queue_)->Push(dst, src, bytes);
+  gpu::Stream s = to_device ? in_stream_ : out_stream_;
+  STRATA_RETURN_IF_ERROR(gpu::MemcpyAsync(dst, src, bytes, to_device, s));
+  STRATA_ASSIGN_OR_RETURN(gpu::Event e, gpu::EventRecord(s));
+  return CopyTicket(std::make_shared<EventFence>(e));
+}
+
+Result<CopyTicket> DeviceTier::CopyIn(void* device_dst, const void* host_src, uint64_t bytes) {
+  return Copy(device_dst, host_src, bytes, true);
+}
+
+Result<CopyTicket> DeviceTier::CopyOut(void* host_dst, const void* device_src, uint64_t bytes) {
+  return Copy(host_dst, device_src, bytes, false);
+}
+
+}  // namespace strata

@@ -1,0 +1,57 @@
+// First-fit extent allocation with coalescing.
+#include "tiers/extent_allocator.h"
+
+#include <algorithm>
+
+#include "base/align.h"
+#include "base/check.h"
+
+namespace strata {
+
+ExtentAllocator::ExtentAllocator(uint64_t capacity, uint64_t align)
+    : capacity_(AlignDown(capacity, align)), align_(align), free_bytes_(capacity_) {
+  if (capacity_ > 0) free_[0] = capacity_;
+}
+
+uint64_t ExtentAllocator::Allocate(uint64_t len) {
+  len = RoundUpTo(len, align_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < len) continue;
+    const uint64_t off = it->first, rest = it->second - len;
+    free_.erase(it);
+    if (rest) free_[off + len] = rest;
+    free_bytes_ -= len;
+    return off;
+  }
+  return UINT64_MAX;
+}
+
+void ExtentAllocator::Free(uint64_t offset, uint64_t len) {
+  len = RoundUpTo(len, align_);
+  STRATA_CHECK(offset + len <= capacity_);
+  auto next = free_.lower_bound(offset);
+  STRATA_CHECK_MSG(next == free_.end() || next->first >= offset + len, "double free of an extent");
+  uint64_t start = offset, end = offset + len;
+  if (next != free_.end() && next->first == end) {
+    end += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    STRATA_CHECK_MSG(prev->first + prev->second <= offset, "double free of an extent");
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      free_.erase(prev);
+    }
+  }
+  free_[start] = end - start;
+  free_bytes_ += len;
+}
+
+uint64_t ExtentAllocator::largest_free() const {
+  uint64_t best = 0;
+  for (const auto& [off, len] : free_) best = std::max(best, len);
+  return best;
+}
+
+}  // namespace strata

@@ -1,0 +1,28 @@
+// ExtentAllocator: first-fit ranges inside a swap file's reserved space, with
+// coalescing on free. Not thread-safe (NvmeTier holds the lock).
+#pragma once
+
+#include <cstdint>
+#include <map>
+
+namespace strata {
+
+class ExtentAllocator {
+ public:
+  ExtentAllocator(uint64_t capacity, uint64_t align);
+  // Returns the offset of `len` bytes (rounded up to the alignment), or
+  // UINT64_MAX when no free range is large enough.
+  uint64_t Allocate(uint64_t len);
+  // REQUIRES: [offset, offset+len) was allocated with this len.
+  void Free(uint64_t offset, uint64_t len);
+  uint64_t free_bytes() const { return free_bytes_; }
+  uint64_t largest_free() const;
+  uint64_t capacity() const { return capacity_; }
+  uint64_t align() const { return align_; }
+
+ private:
+  uint64_t capacity_, align_, free_bytes_;
+  std::map<uint64_t, uint64_t> free_;  // offset -> length, disjoint, never adjacent
+};
+
+}  // namespace strata

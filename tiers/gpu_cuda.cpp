@@ -1,0 +1,100 @@
+// gpu.h on the CUDA runtime. Every result is checked and named.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "tiers/gpu.h"
+
+namespace strata::gpu {
+
+static Status CudaError(const char* call, cudaError_t e) {
+  return Status(e == cudaErrorMemoryAllocation ? Code::kNoMem : Code::kInternal,
+                std::string(call) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+#define STRATA_CUDA_RETURN(call)                             \
+  do {                                                       \
+    cudaError_t e_ = (call);                                 \
+    if (e_ != cudaSuccess) return CudaError(#call, e_);      \
+  } while (0)
+
+int DeviceCount(std::string* why) {
+  static int count = -1;
+  static std::string reason;
+  if (count < 0) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+      n = 0;
+      cudaGetLastError();  // clear the sticky error
+    } else if (n == 0) {
+      reason = "no CUDA device";
+    }
+    count = n;
+  }
+  if (why) *why = reason;
+  return count;
+}
+bool Available() { return DeviceCount() > 0; }
+bool CompiledWithCuda() { return true; }
+
+Result<void*> Malloc(uint64_t bytes) {
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) return CudaError("cudaMalloc", e).WithContext(std::to_string(bytes) + " bytes");
+  return p;
+}
+Status Free(void* p) { STRATA_CUDA_RETURN(cudaFree(p)); return Status::Ok(); }
+Status HostRegister(void* p, uint64_t bytes) {
+  STRATA_CUDA_RETURN(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+  return Status::Ok();
+}
+Status HostUnregister(void* p) { STRATA_CUDA_RETURN(cudaHostUnregister(p)); return Status::Ok(); }
+
+int NumaNodeOfDevice(int device) {
+  char bus[32] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) != cudaSuccess) return -1;
+  std::string id(bus);
+  for (auto& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::ifstream f("/sys/bus/pci/devices/" + id + "/numa_node");
+  int node = -1;
+  if (f >> node) return node;
+  return -1;
+}
+
+Result<Stream> StreamCreate() {
+  cudaStream_t s;
+  STRATA_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return static_cast<Stream>(s);
+}
+Status StreamDestroy(Stream s) {
+  STRATA_CUDA_RETURN(cudaStreamDestroy(static_cast<cudaStream_t>(s)));
+  return Status::Ok();
+}
+Status MemcpyAsync(void* dst, const void* src, uint64_t bytes, bool to_device, Stream s) {
+  STRATA_CUDA_RETURN(cudaMemcpyAsync(dst, src, bytes,
+                                     to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                                     static_cast<cudaStream_t>(s)));
+  return Status::Ok();
+}
+Result<Event> EventRecord(Stream s) {
+  cudaEvent_t e;
+  STRATA_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  cudaError_t r = cudaEventRecord(e, static_cast<cudaStream_t>(s));
+  if (r != cudaSuccess) {
+    cudaEventDestroy(e);
+    return CudaError("cudaEventRecord", r);
+  }
+  return static_cast<Event>(e);
+}
+Status EventSynchronize(Event ev) {
+  auto e = static_cast<cudaEvent_t>(ev);
+  cudaError_t r = cudaEventSynchronize(e);
+  cudaEventDestroy(e);
+  if (r != cudaSuccess) return CudaError("cudaEventSynchronize", r);
+  return Status::Ok();
+}
+bool EventQuery(Event ev) { return cudaEventQuery(static_cast<cudaEvent_t>(ev)) != cudaErrorNotReady; }
+
+}  // namespace strata::gpu

@@ -1,0 +1,49 @@
+// HostTier: pinned, NUMA-local host memory for staging and host-homed state.
+// Each allocation is its own mapping: 2 MiB-aligned, on transparent huge
+// pages (MAP_HUGETLB where huge pages are reserved), bound with hwloc to the
+// NUMA node nearest the GPU (else the node this process runs on), locked
+// (mlock, or cudaHostRegister with a GPU) and registered with the storage so
+// the disk reads into it with fixed buffers. Counted exactly (to the 4 KiB
+// page), never rounded to a power of two. Thread-safe.
+#pragma once
+
+#include <map>
+#include <mutex>
+
+#include "io/storage.h"
+#include "tiers/tier.h"
+
+namespace strata {
+
+struct HostTierOptions {
+  uint64_t budget = 0;
+  bool pin = true;              // mlock / cudaHostRegister; failure warns once
+  bool huge_pages = true;       // 2 MiB alignment + MADV_HUGEPAGE
+  int numa_node = -1;           // -1: nearest the GPU, else where we run
+  Storage* storage = nullptr;   // registers buffers with it when set
+};
+
+class HostTier final : public Tier {
+ public:
+  explicit HostTier(const HostTierOptions& options);
+  ~HostTier() override;
+  Result<Allocation> Allocate(uint64_t bytes) override;
+  void Free(const Allocation& a) override;
+
+  int numa_node() const { return node_; }  // -1 when unbound
+  bool pinned() const { return pinned_ok_; }
+
+ private:
+  struct Mapping { uint64_t len; bool locked; bool cuda_registered; };
+  void Bind(void* p, uint64_t len);
+  void Lock(void* p, uint64_t len, Mapping* m);
+
+  HostTierOptions options_;
+  int node_ = -1;
+  void* topology_ = nullptr;  // hwloc_topology_t
+  bool pinned_ok_ = true;
+  std::mutex mu_;  // guards maps_
+  std::map<void*, Mapping> maps_;
+};
+
+}  // namespace strata

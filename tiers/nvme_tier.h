@@ -1,0 +1,81 @@
+// NvmeTier: swap files under one or more directories (one per drive), space
+// reserved up front with fallocate, blocks striped across the files, an
+// extent allocator inside them, and an XXH3 checksum per block kept in
+// memory and verified on every read. Names are stable across runs:
+// <dir>/strata-swap.r<rank>.s<stripe>.bin. Thread-safe.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "io/storage.h"
+#include "tiers/extent_allocator.h"
+#include "tiers/tier.h"
+
+namespace strata {
+
+struct NvmeTierOptions {
+  std::vector<std::string> dirs;  // one swap file per directory
+  uint64_t budget = 0;            // bytes of swap in all, split over the dirs
+  int rank = 0;
+  bool checksums = true;
+  Storage* storage = nullptr;     // REQUIRED, outlives the tier
+};
+
+// An I/O in flight on one block; finish it with NvmeTier::Finish.
+struct NvmePending {
+  IoTicket ticket;
+  uint64_t id = 0;
+  void* buf = nullptr;
+  uint64_t bytes = 0;
+  uint64_t checksum = 0;
+  bool is_read = false;
+};
+
+class NvmeTier final : public Tier {
+ public:
+  // Creates the swap files and reserves the space; a full disk is an error
+  // naming the directory, the bytes wanted and the bytes free.
+  static Result<std::unique_ptr<NvmeTier>> Create(const NvmeTierOptions& options);
+  ~NvmeTier() override;
+  Result<Allocation> Allocate(uint64_t bytes) override;
+  void Free(const Allocation& a) override;
+
+  // Alignment that buffers handed to Start* must have; they must also be
+  // at least PaddedSize(bytes) long (the padding is written, not checked).
+  uint64_t align() const { return align_; }
+  uint64_t PaddedSize(uint64_t bytes) const;
+
+  // Writes `bytes` of `src` as the block's new contents. Until Finish
+  // succeeds the block holds no valid data; after a failed write, reads
+  // refuse it (nothing half-applied is ever served).
+  Result<NvmePending> StartWrite(const Allocation& a, const void* src);
+  Result<NvmePending> StartRead(const Allocation& a, void* dst);
+  // Waits; for a read, verifies the checksum (CORRUPT names file and offset).
+  Status Finish(NvmePending& p);
+  Status Write(const Allocation& a, const void* src);
+  Status Read(const Allocation& a, void* dst);
+
+  const std::vector<std::string>& paths() const { return paths_; }
+
+ private:
+  struct Block { uint64_t offset, per_file, bytes, checksum; bool valid; };
+  explicit NvmeTier(const NvmeTierOptions& options);
+  Status Open();
+  std::vector<IoOp> Ops(const Block& b, void* buf, IoOp::Kind kind) const;
+
+  NvmeTierOptions options_;
+  std::vector<std::string> paths_;
+  std::vector<FileId> files_;
+  uint64_t align_ = 4096;
+  uint64_t per_file_capacity_ = 0;
+  std::mutex mu_;  // guards extents_, blocks_, next_id_
+  std::unique_ptr<ExtentAllocator> extents_;
+  std::unordered_map<uint64_t, Block> blocks_;
+  uint64_t next_id_ = 1;
+};
+
+}  // namespace strata
