@@ -14,9 +14,6 @@
 
 namespace strata {
 
-// Parse-time cross checks, shared with ValidateConfig (config_validate.cpp).
-Status CheckConfigConsistency(const Config& c);
-
 namespace {
 
 using config_internal::Json;
@@ -99,7 +96,7 @@ Status ReadZero(ObjectReader& top, Config* c) {
   STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"stage3_max_reuse_distance", "max_reuse_distance"}, &z.max_reuse_distance));
   STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"stage3_param_persistence_threshold", "param_persistence_threshold"},
                                          &z.param_persistence_threshold));
-  STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"stage3_sub_group_size", "sub_group_size"}, &z.sub_group_size));
+  STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"sub_group_size"}, &z.sub_group_size));
   if (z.sub_group_size == 0) return ConfigError(r.KeyPath("sub_group_size") + ": 0 is out of range; allowed: at least 1");
   STRATA_RETURN_IF_ERROR(ReadDeprecatedOffload(r, c));
   r.Unimplemented({"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
@@ -330,7 +327,7 @@ Result<Config> ParseConfig(std::string_view json_text) {
   Config config;
   ObjectReader top(&doc, "");
   STRATA_RETURN_IF_ERROR(ReadTop(top, &config));
-  STRATA_RETURN_IF_ERROR(CheckConfigConsistency(config));
+  STRATA_RETURN_IF_ERROR(config_internal::CheckConfigConsistency(config));
   LogDiagnostics(config);
   return config;
 }

@@ -15,9 +15,17 @@
 
 #include "base/status.h"
 
+namespace strata {
+struct Config;
+}
+
 namespace strata::config_internal {
 
 using Json = nlohmann::json;
+
+// Contradictions inside one document (bf16 with fp16, nvme without a path,
+// ...): run by ParseConfig and again by ValidateConfig (config_validate.cpp).
+Status CheckConfigConsistency(const Config& c);
 
 // Levenshtein distance, case-insensitive.
 size_t EditDistance(std::string_view a, std::string_view b);

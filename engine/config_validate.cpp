@@ -8,11 +8,9 @@
 
 #include "base/sizes.h"
 #include "engine/config.h"
+#include "engine/config_reader.h"
 
 namespace strata {
-
-Status CheckConfigConsistency(const Config& c);  // also used by ParseConfig
-
 namespace {
 
 constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
@@ -71,9 +69,9 @@ Status CheckMemlock(const Config& c, const ConfigFacts& f) {
   const bool budgeted = c.strata.host_budget != 0;
   const uint64_t pinned = budgeted ? c.strata.host_budget : MinHostBytes(c, f);
   if (pinned <= f.memlock_limit_bytes) return Status::Ok();
-  return ConfigError(std::string(budgeted ? "strata.host_budget: " : "pin_memory: the host memory needed, ") +
-                     FormatBytes(pinned) +
-                     " of pinned memory (offload pin_memory is true) is above the memlock limit (" +
+  const std::string what = budgeted ? "strata.host_budget: " + FormatBytes(pinned)
+                                    : "zero_optimization.offload_*.pin_memory: at least " + FormatBytes(pinned);
+  return ConfigError(what + " of pinned memory (offload pin_memory is true) is above the memlock limit (" +
                      LimitText(f.memlock_limit_bytes) +
                      "); raise it (ulimit -l, /etc/security/limits.conf) or set pin_memory to false");
 }
@@ -90,7 +88,7 @@ Status CheckNoGpuArena(const Config& c, const ConfigFacts& f) {
 
 }  // namespace
 
-Status CheckConfigConsistency(const Config& c) {
+Status config_internal::CheckConfigConsistency(const Config& c) {
   if (c.bf16 && c.fp16.enabled)
     return ConfigError("bf16.enabled and fp16.enabled: both true; enable at most one");
   const auto& z = c.zero;
@@ -124,7 +122,7 @@ uint64_t MinHostBytes(const Config& c, const ConfigFacts& f) {
 }
 
 Status ValidateConfig(const Config& config, const ConfigFacts& facts) {
-  STRATA_RETURN_IF_ERROR(CheckConfigConsistency(config));
+  STRATA_RETURN_IF_ERROR(config_internal::CheckConfigConsistency(config));
   STRATA_RETURN_IF_ERROR(CheckParamBuffer(config, facts));
   STRATA_RETURN_IF_ERROR(CheckDeviceBudget(config, facts));
   STRATA_RETURN_IF_ERROR(CheckHostBudget(config, facts));

@@ -418,6 +418,18 @@ TEST(ConfigValidate, PinnedHostBudgetAboveMemlock) {
             "limit (64.00 MiB); raise it (ulimit -l, /etc/security/limits.conf) or set pin_memory to false");
 }
 
+TEST(ConfigValidate, PinnedSwapBuffersAboveMemlockWithAutoBudget) {
+  // 5 buffers of 1e8 bf16 elements are pinned: 1e9 bytes.
+  const Config c = MustParse(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": true}}})");
+  ConfigFacts f = Facts(1000);
+  f.memlock_limit_bytes = 64ull << 20;
+  EXPECT_EQ(Refusal(ValidateConfig(c, f)),
+            "zero_optimization.offload_*.pin_memory: at least 953.67 MiB of pinned memory (offload pin_memory is "
+            "true) is above the memlock limit (64.00 MiB); raise it (ulimit -l, /etc/security/limits.conf) or set "
+            "pin_memory to false");
+}
+
 TEST(ConfigValidate, DeviceBudgetTooSmallForLargestGroup) {
   const Config c = MustParse(R"({"bf16": {"enabled": true}, "strata": {"device_budget": "1MiB"}})");
   EXPECT_TRUE(ValidateConfig(c, Facts(1 << 19)).ok());  // 1 MiB of bf16
