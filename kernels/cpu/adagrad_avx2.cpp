@@ -1,0 +1,56 @@
+// AVX2 + FMA path of Adagrad, bitwise equal to adagrad_scalar.cpp.
+#include "kernels/cpu/range_kernels.h"
+#include "kernels/cpu/simd_avx2.h"
+#include "kernels/cpu/tail_buffers.h"
+#include "kernels/cpu/variant_select.h"
+
+namespace strata::kernels::internal {
+namespace {
+
+struct AdagradConstsx8 {
+  explicit AdagradConstsx8(const AdagradStepScalars& s)
+      : grad_scale(_mm256_set1_ps(s.grad_scale)), weight_decay(_mm256_set1_ps(s.weight_decay)),
+        eps(_mm256_set1_ps(s.eps)), neg_clr(_mm256_set1_ps(s.neg_clr)) {}
+  __m256 grad_scale, weight_decay, eps, neg_clr;
+};
+
+template <DType G, CopyOut C, bool kL2>
+struct AdagradAvx2 {
+  static void Block(const AdagradConstsx8& k, const AdagradArrays& a, size_t i) {
+    __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, i), k.grad_scale);
+    __m256 p = _mm256_loadu_ps(a.param + i);
+    if constexpr (kL2) g = _mm256_fmadd_ps(p, k.weight_decay, g);
+    const __m256 sum = _mm256_fmadd_ps(g, g, _mm256_loadu_ps(a.state_sum + i));
+    const __m256 denom = _mm256_add_ps(_mm256_sqrt_ps(sum), k.eps);
+    p = _mm256_fmadd_ps(k.neg_clr, _mm256_div_ps(g, denom), p);
+    _mm256_storeu_ps(a.param + i, p);
+    _mm256_storeu_ps(a.state_sum + i, sum);
+    StoreCopyx8<C>(a.param_copy, i, p);
+  }
+
+  static void Run(const AdagradStepScalars& s, const AdagradArrays& a, size_t begin,
+                  size_t end) {
+    const AdagradConstsx8 k(s);
+    size_t i = begin;
+    for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, a, i);
+    if (i == end) return;
+    using T = TailBuffers<kAvx2Lanes>;
+    T t;
+    const size_t r = end - i;
+    T::Take(t.f[0], a.param, i, r, 4);
+    T::Take(t.f[1], a.state_sum, i, r, 4);
+    T::Take(t.in, a.grad, i, r, DTypeSize(G));
+    Block(k, AdagradArrays{t.f[0], t.f[1], t.in, t.out}, 0);
+    T::Give(a.param, t.f[0], i, r, 4);
+    T::Give(a.state_sum, t.f[1], i, r, 4);
+    if constexpr (C != CopyOut::kNone) T::Give(a.param_copy, t.out, i, r, 2);
+  }
+};
+
+}  // namespace
+
+AdagradRangeFn SelectAdagradAvx2(DType grad, CopyOut copy, bool l2) {
+  return PickVariant<AdagradAvx2>(grad, copy, l2);
+}
+
+}  // namespace strata::kernels::internal

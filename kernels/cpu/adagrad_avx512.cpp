@@ -1,0 +1,62 @@
+// AVX-512 path of Adagrad, bitwise equal to adagrad_scalar.cpp.
+#include "kernels/cpu/range_kernels.h"
+#include "kernels/cpu/simd_avx512.h"
+#include "kernels/cpu/tail_buffers.h"
+#include "kernels/cpu/variant_select.h"
+
+namespace strata::kernels::internal {
+namespace {
+
+struct AdagradConstsx16 {
+  explicit AdagradConstsx16(const AdagradStepScalars& s)
+      : grad_scale(_mm512_set1_ps(s.grad_scale)), weight_decay(_mm512_set1_ps(s.weight_decay)),
+        eps(_mm512_set1_ps(s.eps)), neg_clr(_mm512_set1_ps(s.neg_clr)) {}
+  __m512 grad_scale, weight_decay, eps, neg_clr;
+};
+
+template <DType G, CopyOut C, bool kL2, bool kBf16Insn>
+struct AdagradAvx512 {
+  static void Block(const AdagradConstsx16& k, const AdagradArrays& a, size_t i) {
+    __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, i), k.grad_scale);
+    __m512 p = _mm512_loadu_ps(a.param + i);
+    if constexpr (kL2) g = _mm512_fmadd_ps(p, k.weight_decay, g);
+    const __m512 sum = _mm512_fmadd_ps(g, g, _mm512_loadu_ps(a.state_sum + i));
+    const __m512 denom = _mm512_add_ps(_mm512_sqrt_ps(sum), k.eps);
+    p = _mm512_fmadd_ps(k.neg_clr, _mm512_div_ps(g, denom), p);
+    _mm512_storeu_ps(a.param + i, p);
+    _mm512_storeu_ps(a.state_sum + i, sum);
+    StoreCopyx16<C, kBf16Insn>(a.param_copy, i, p);
+  }
+
+  static void Run(const AdagradStepScalars& s, const AdagradArrays& a, size_t begin,
+                  size_t end) {
+    const AdagradConstsx16 k(s);
+    size_t i = begin;
+    for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) Block(k, a, i);
+    if (i == end) return;
+    using T = TailBuffers<kAvx512Lanes>;
+    T t;
+    const size_t r = end - i;
+    T::Take(t.f[0], a.param, i, r, 4);
+    T::Take(t.f[1], a.state_sum, i, r, 4);
+    T::Take(t.in, a.grad, i, r, DTypeSize(G));
+    Block(k, AdagradArrays{t.f[0], t.f[1], t.in, t.out}, 0);
+    T::Give(a.param, t.f[0], i, r, 4);
+    T::Give(a.state_sum, t.f[1], i, r, 4);
+    if constexpr (C != CopyOut::kNone) T::Give(a.param_copy, t.out, i, r, 2);
+  }
+};
+
+template <DType G, CopyOut C, bool kL2>
+using AdagradAvx512Int = AdagradAvx512<G, C, kL2, false>;
+template <DType G, CopyOut C, bool kL2>
+using AdagradAvx512Bf16 = AdagradAvx512<G, C, kL2, true>;
+
+}  // namespace
+
+AdagradRangeFn SelectAdagradAvx512(DType grad, CopyOut copy, bool l2, bool bf16_insn) {
+  if (bf16_insn && copy == CopyOut::kBF16) return PickVariant<AdagradAvx512Bf16>(grad, copy, l2);
+  return PickVariant<AdagradAvx512Int>(grad, copy, l2);
+}
+
+}  // namespace strata::kernels::internal

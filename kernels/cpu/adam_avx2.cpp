@@ -1,0 +1,70 @@
+// AVX2 + FMA path of Adam/AdamW: 8 lanes, the scalar reference's operations in
+// the same order with the same FMAs, so results are bitwise equal.
+#include "kernels/cpu/range_kernels.h"
+#include "kernels/cpu/simd_avx2.h"
+#include "kernels/cpu/tail_buffers.h"
+#include "kernels/cpu/variant_select.h"
+
+namespace strata::kernels::internal {
+namespace {
+
+struct AdamConstsx8 {
+  explicit AdamConstsx8(const AdamStepScalars& s)
+      : grad_scale(_mm256_set1_ps(s.grad_scale)), l2(_mm256_set1_ps(s.l2)),
+        decay(_mm256_set1_ps(s.decay)), beta1(_mm256_set1_ps(s.beta1)),
+        one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)), beta2(_mm256_set1_ps(s.beta2)),
+        one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
+        rsqrt_bc2(_mm256_set1_ps(s.rsqrt_bc2)), eps(_mm256_set1_ps(s.eps)),
+        neg_step_size(_mm256_set1_ps(s.neg_step_size)) {}
+  __m256 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, rsqrt_bc2, eps,
+      neg_step_size;
+};
+
+template <DType G, CopyOut C, bool kL2>
+struct AdamAvx2 {
+  static void Block(const AdamConstsx8& k, const AdamArrays& a, size_t i) {
+    __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, i), k.grad_scale);
+    __m256 p = _mm256_loadu_ps(a.param + i);
+    if constexpr (kL2) g = _mm256_fmadd_ps(p, k.l2, g);
+    p = _mm256_mul_ps(p, k.decay);
+    const __m256 m = _mm256_fmadd_ps(k.one_minus_beta1, g,
+                                     _mm256_mul_ps(_mm256_loadu_ps(a.exp_avg + i), k.beta1));
+    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(k.one_minus_beta2, g), g,
+                                     _mm256_mul_ps(_mm256_loadu_ps(a.exp_avg_sq + i), k.beta2));
+    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), k.rsqrt_bc2, k.eps);
+    p = _mm256_fmadd_ps(k.neg_step_size, _mm256_div_ps(m, denom), p);
+    _mm256_storeu_ps(a.param + i, p);
+    _mm256_storeu_ps(a.exp_avg + i, m);
+    _mm256_storeu_ps(a.exp_avg_sq + i, v);
+    StoreCopyx8<C>(a.param_copy, i, p);
+  }
+
+  static void Run(const AdamStepScalars& s, const AdamArrays& a, size_t begin, size_t end) {
+    const AdamConstsx8 k(s);
+    size_t i = begin;
+    for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, a, i);
+    if (i < end) Tail(k, a, i, end - i);
+  }
+
+  static void Tail(const AdamConstsx8& k, const AdamArrays& a, size_t i, size_t r) {
+    using T = TailBuffers<kAvx2Lanes>;
+    T t;
+    T::Take(t.f[0], a.param, i, r, 4);
+    T::Take(t.f[1], a.exp_avg, i, r, 4);
+    T::Take(t.f[2], a.exp_avg_sq, i, r, 4);
+    T::Take(t.in, a.grad, i, r, DTypeSize(G));
+    Block(k, AdamArrays{t.f[0], t.f[1], t.f[2], t.in, t.out}, 0);
+    T::Give(a.param, t.f[0], i, r, 4);
+    T::Give(a.exp_avg, t.f[1], i, r, 4);
+    T::Give(a.exp_avg_sq, t.f[2], i, r, 4);
+    if constexpr (C != CopyOut::kNone) T::Give(a.param_copy, t.out, i, r, 2);
+  }
+};
+
+}  // namespace
+
+AdamRangeFn SelectAdamAvx2(DType grad, CopyOut copy, bool l2) {
+  return PickVariant<AdamAvx2>(grad, copy, l2);
+}
+
+}  // namespace strata::kernels::internal

@@ -1,0 +1,74 @@
+// AVX-512 path of Adam/AdamW: 16 lanes, the scalar reference's operations in
+// the same order with the same FMAs, so results are bitwise equal.
+#include "kernels/cpu/range_kernels.h"
+#include "kernels/cpu/simd_avx512.h"
+#include "kernels/cpu/tail_buffers.h"
+#include "kernels/cpu/variant_select.h"
+
+namespace strata::kernels::internal {
+namespace {
+
+struct AdamConstsx16 {
+  explicit AdamConstsx16(const AdamStepScalars& s)
+      : grad_scale(_mm512_set1_ps(s.grad_scale)), l2(_mm512_set1_ps(s.l2)),
+        decay(_mm512_set1_ps(s.decay)), beta1(_mm512_set1_ps(s.beta1)),
+        one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)), beta2(_mm512_set1_ps(s.beta2)),
+        one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
+        rsqrt_bc2(_mm512_set1_ps(s.rsqrt_bc2)), eps(_mm512_set1_ps(s.eps)),
+        neg_step_size(_mm512_set1_ps(s.neg_step_size)) {}
+  __m512 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, rsqrt_bc2, eps,
+      neg_step_size;
+};
+
+template <DType G, CopyOut C, bool kL2, bool kBf16Insn>
+struct AdamAvx512 {
+  static void Block(const AdamConstsx16& k, const AdamArrays& a, size_t i) {
+    __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, i), k.grad_scale);
+    __m512 p = _mm512_loadu_ps(a.param + i);
+    if constexpr (kL2) g = _mm512_fmadd_ps(p, k.l2, g);
+    p = _mm512_mul_ps(p, k.decay);
+    const __m512 m = _mm512_fmadd_ps(k.one_minus_beta1, g,
+                                     _mm512_mul_ps(_mm512_loadu_ps(a.exp_avg + i), k.beta1));
+    const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(k.one_minus_beta2, g), g,
+                                     _mm512_mul_ps(_mm512_loadu_ps(a.exp_avg_sq + i), k.beta2));
+    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.rsqrt_bc2, k.eps);
+    p = _mm512_fmadd_ps(k.neg_step_size, _mm512_div_ps(m, denom), p);
+    _mm512_storeu_ps(a.param + i, p);
+    _mm512_storeu_ps(a.exp_avg + i, m);
+    _mm512_storeu_ps(a.exp_avg_sq + i, v);
+    StoreCopyx16<C, kBf16Insn>(a.param_copy, i, p);
+  }
+
+  static void Run(const AdamStepScalars& s, const AdamArrays& a, size_t begin, size_t end) {
+    const AdamConstsx16 k(s);
+    size_t i = begin;
+    for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) Block(k, a, i);
+    if (i == end) return;
+    using T = TailBuffers<kAvx512Lanes>;
+    T t;
+    const size_t r = end - i;
+    T::Take(t.f[0], a.param, i, r, 4);
+    T::Take(t.f[1], a.exp_avg, i, r, 4);
+    T::Take(t.f[2], a.exp_avg_sq, i, r, 4);
+    T::Take(t.in, a.grad, i, r, DTypeSize(G));
+    Block(k, AdamArrays{t.f[0], t.f[1], t.f[2], t.in, t.out}, 0);
+    T::Give(a.param, t.f[0], i, r, 4);
+    T::Give(a.exp_avg, t.f[1], i, r, 4);
+    T::Give(a.exp_avg_sq, t.f[2], i, r, 4);
+    if constexpr (C != CopyOut::kNone) T::Give(a.param_copy, t.out, i, r, 2);
+  }
+};
+
+template <DType G, CopyOut C, bool kL2>
+using AdamAvx512Int = AdamAvx512<G, C, kL2, false>;
+template <DType G, CopyOut C, bool kL2>
+using AdamAvx512Bf16 = AdamAvx512<G, C, kL2, true>;
+
+}  // namespace
+
+AdamRangeFn SelectAdamAvx512(DType grad, CopyOut copy, bool l2, bool bf16_insn) {
+  if (bf16_insn && copy == CopyOut::kBF16) return PickVariant<AdamAvx512Bf16>(grad, copy, l2);
+  return PickVariant<AdamAvx512Int>(grad, copy, l2);
+}
+
+}  // namespace strata::kernels::internal

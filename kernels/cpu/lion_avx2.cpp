@@ -1,0 +1,64 @@
+// AVX2 + FMA path of Lion, bitwise equal to lion_scalar.cpp.
+#include "kernels/cpu/range_kernels.h"
+#include "kernels/cpu/simd_avx2.h"
+#include "kernels/cpu/tail_buffers.h"
+#include "kernels/cpu/variant_select.h"
+
+namespace strata::kernels::internal {
+namespace {
+
+struct LionConstsx8 {
+  explicit LionConstsx8(const LionStepScalars& s)
+      : grad_scale(_mm256_set1_ps(s.grad_scale)), decay(_mm256_set1_ps(s.decay)),
+        beta1(_mm256_set1_ps(s.beta1)), one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)),
+        beta2(_mm256_set1_ps(s.beta2)), one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
+        neg_lr(_mm256_set1_ps(s.neg_lr)) {}
+  __m256 grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
+};
+
+// +1, -1, +0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
+inline __m256 Sign(__m256 c) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 s = _mm256_blendv_ps(c, zero, _mm256_cmp_ps(c, zero, _CMP_EQ_OQ));
+  s = _mm256_blendv_ps(s, _mm256_set1_ps(1.0f), _mm256_cmp_ps(c, zero, _CMP_GT_OQ));
+  return _mm256_blendv_ps(s, _mm256_set1_ps(-1.0f), _mm256_cmp_ps(c, zero, _CMP_LT_OQ));
+}
+
+template <DType G, CopyOut C, bool>
+struct LionAvx2 {
+  static void Block(const LionConstsx8& k, const LionArrays& a, size_t i) {
+    const __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, i), k.grad_scale);
+    const __m256 m = _mm256_loadu_ps(a.exp_avg + i);
+    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(a.param + i), k.decay);
+    const __m256 c = _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(m, k.beta1));
+    p = _mm256_fmadd_ps(k.neg_lr, Sign(c), p);
+    _mm256_storeu_ps(a.param + i, p);
+    _mm256_storeu_ps(a.exp_avg + i, _mm256_fmadd_ps(k.one_minus_beta2, g, _mm256_mul_ps(m, k.beta2)));
+    StoreCopyx8<C>(a.param_copy, i, p);
+  }
+
+  static void Run(const LionStepScalars& s, const LionArrays& a, size_t begin, size_t end) {
+    const LionConstsx8 k(s);
+    size_t i = begin;
+    for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, a, i);
+    if (i == end) return;
+    using T = TailBuffers<kAvx2Lanes>;
+    T t;
+    const size_t r = end - i;
+    T::Take(t.f[0], a.param, i, r, 4);
+    T::Take(t.f[1], a.exp_avg, i, r, 4);
+    T::Take(t.in, a.grad, i, r, DTypeSize(G));
+    Block(k, LionArrays{t.f[0], t.f[1], t.in, t.out}, 0);
+    T::Give(a.param, t.f[0], i, r, 4);
+    T::Give(a.exp_avg, t.f[1], i, r, 4);
+    if constexpr (C != CopyOut::kNone) T::Give(a.param_copy, t.out, i, r, 2);
+  }
+};
+
+}  // namespace
+
+LionRangeFn SelectLionAvx2(DType grad, CopyOut copy) {
+  return PickVariant<LionAvx2>(grad, copy, false);
+}
+
+}  // namespace strata::kernels::internal

@@ -1,0 +1,64 @@
+// AVX-512 path of Lion, bitwise equal to lion_scalar.cpp.
+#include "kernels/cpu/range_kernels.h"
+#include "kernels/cpu/simd_avx512.h"
+#include "kernels/cpu/tail_buffers.h"
+#include "kernels/cpu/variant_select.h"
+
+namespace strata::kernels::internal {
+namespace {
+
+struct LionConstsx16 {
+  explicit LionConstsx16(const LionStepScalars& s)
+      : grad_scale(_mm512_set1_ps(s.grad_scale)), decay(_mm512_set1_ps(s.decay)),
+        beta1(_mm512_set1_ps(s.beta1)), one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)),
+        beta2(_mm512_set1_ps(s.beta2)), one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
+        neg_lr(_mm512_set1_ps(s.neg_lr)) {}
+  __m512 grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
+};
+
+// +1, -1, +0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
+inline __m512 Sign(__m512 c) {
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 s = _mm512_mask_mov_ps(c, _mm512_cmp_ps_mask(c, zero, _CMP_EQ_OQ), zero);
+  s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(c, zero, _CMP_GT_OQ), _mm512_set1_ps(1.0f));
+  return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(c, zero, _CMP_LT_OQ), _mm512_set1_ps(-1.0f));
+}
+
+template <DType G, CopyOut C, bool kBf16Insn>
+struct LionAvx512 {
+  static void Block(const LionConstsx16& k, const LionArrays& a, size_t i) {
+    const __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, i), k.grad_scale);
+    const __m512 m = _mm512_loadu_ps(a.exp_avg + i);
+    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(a.param + i), k.decay);
+    const __m512 c = _mm512_fmadd_ps(k.one_minus_beta1, g, _mm512_mul_ps(m, k.beta1));
+    p = _mm512_fmadd_ps(k.neg_lr, Sign(c), p);
+    _mm512_storeu_ps(a.param + i, p);
+    _mm512_storeu_ps(a.exp_avg + i, _mm512_fmadd_ps(k.one_minus_beta2, g, _mm512_mul_ps(m, k.beta2)));
+    StoreCopyx16<C, kBf16Insn>(a.param_copy, i, p);
+  }
+
+  static void Run(const LionStepScalars& s, const LionArrays& a, size_t begin, size_t end) {
+    const LionConstsx16 k(s);
+    size_t i = begin;
+    for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) Block(k, a, i);
+    if (i == end) return;
+    using T = TailBuffers<kAvx512Lanes>;
+    T t;
+    const size_t r = end - i;
+    T::Take(t.f[0], a.param, i, r, 4);
+    T::Take(t.f[1], a.exp_avg, i, r, 4);
+    T::Take(t.in, a.grad, i, r, DTypeSize(G));
+    Block(k, LionArrays{t.f[0], t.f[1], t.in, t.out}, 0);
+    T::Give(a.param, t.f[0], i, r, 4);
+    T::Give(a.exp_avg, t.f[1], i, r, 4);
+    if constexpr (C != CopyOut::kNone) T::Give(a.param_copy, t.out, i, r, 2);
+  }
+};
+
+}  // namespace
+
+LionRangeFn SelectLionAvx512(DType grad, CopyOut copy, bool bf16_insn) {
+  return PickVariant<LionAvx512>(grad, copy, bf16_insn && copy == CopyOut::kBF16);
+}
+
+}  // namespace strata::kernels::internal

@@ -1,0 +1,28 @@
+// Sum of squares of a gradient with fp64 accumulation, fused with the
+// non-finite check: the input of global-norm clipping and of fp16 overflow
+// detection (skip the step when !all_finite).
+#pragma once
+
+#include <cstddef>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "kernels/cpu/isa.h"
+
+namespace strata::kernels {
+
+struct SquaresSum {
+  double sum_squares = 0;  // sum of x*x in fp64 (x*x of a float is exact in fp64)
+  bool all_finite = true;  // false when any element is NaN or ±Inf
+};
+
+// x: n elements of `dtype`. Deterministic: fixed tiles of kReduceTile elements,
+// each summed in 16 interleaved fp64 lanes (element i into lane i % 16, lanes
+// joined as a fixed tree), tile partials added in tile order, whatever the
+// thread count or path. Squares of finite floats are < 2^256, so the fp64 sum
+// of any n < 2^64 of them stays finite: the sum is finite iff all inputs are,
+// which makes the non-finite check free.
+Status SumSquares(DType dtype, const void* x, size_t n, SquaresSum* out);
+Status SumSquaresOn(CpuIsa isa, DType dtype, const void* x, size_t n, SquaresSum* out);
+
+}  // namespace strata::kernels

@@ -1,0 +1,30 @@
+// Runs the CPU kernels over fixed, cache-sized tiles in one oneTBB arena whose
+// size is the number of CPUs this process may run on (sched_getaffinity), not
+// OMP_NUM_THREADS. Tiles are fixed by the element count alone, so results never
+// depend on the thread count.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+namespace strata::kernels {
+
+// Elements per tile of the element-wise kernels: a multiple of 64 so that only
+// the last tile has a SIMD tail; 16K elements × 28 bytes of Adam state fit L2.
+inline constexpr size_t kElementTile = 16384;
+// Elements per tile of reductions (one fp64 partial per tile).
+inline constexpr size_t kReduceTile = 65536;
+
+// CPUs in this process's affinity mask (at least 1).
+int AffinityCpuCount();
+// Threads the kernels use: AffinityCpuCount() unless SetCpuKernelThreads set it.
+int CpuKernelThreads();
+// 0 restores the default. For tests and benchmarks; REQUIRES: no kernel is
+// running in another thread at the time.
+void SetCpuKernelThreads(int threads);
+
+// Calls fn(begin, end) once per tile [k*tile, min(n, (k+1)*tile)), tiles in
+// parallel. REQUIRES: tile is a multiple of 64. Runs inline when n <= tile.
+void ParallelForTiles(size_t n, size_t tile, const std::function<void(size_t, size_t)>& fn);
+
+}  // namespace strata::kernels

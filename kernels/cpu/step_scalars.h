@@ -1,0 +1,52 @@
+// Per-step scalars of the optimizers, derived once per call in double and
+// rounded once to float, so that every path (scalar, AVX2, AVX-512, CUDA) uses
+// the very same values. Plain structs: the CUDA kernels take them by value.
+#pragma once
+
+#include "kernels/cpu/adagrad.h"
+#include "kernels/cpu/adam.h"
+#include "kernels/cpu/lion.h"
+
+namespace strata::kernels {
+
+// Per element (every path, this order, no other rounding):
+//   g = g_in*grad_scale;  g = fma(p, l2, g) if Adam with wd != 0
+//   p = p*decay;  m = fma(1-b1, g, m*b1);  v = fma((1-b2)*g, g, v*b2)
+//   p = fma(neg_step_size, m / fma(sqrt(v), rsqrt_bc2, eps), p)
+struct AdamStepScalars {
+  float grad_scale;
+  float l2;               // Adam: weight_decay; AdamW: 0
+  float decay;            // AdamW: 1 - lr*wd; Adam: 1
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float rsqrt_bc2;        // 1 / sqrt(1 - beta2^step)
+  float eps;
+  float neg_step_size;    // -lr / (1 - beta1^step)
+};
+Status ValidateAdamOptions(const AdamOptions& opt);
+AdamStepScalars MakeAdamStepScalars(const AdamOptions& opt);  // REQUIRES: valid opt
+
+// Per element: g = g_in*grad_scale; p = p*decay; c = fma(1-b1, g, m*b1);
+//   p = fma(neg_lr, sign(c), p); m = fma(1-b2, g, m*b2)
+struct LionStepScalars {
+  float grad_scale;
+  float decay;  // 1 - lr*wd
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float neg_lr;
+};
+Status ValidateLionOptions(const LionOptions& opt);
+LionStepScalars MakeLionStepScalars(const LionOptions& opt);
+
+// Per element: g = g_in*grad_scale; g = fma(p, wd, g) if wd != 0;
+//   s = fma(g, g, s); p = fma(neg_clr, g / (sqrt(s) + eps), p)
+struct AdagradStepScalars {
+  float grad_scale;
+  float weight_decay;
+  float eps;
+  float neg_clr;  // -lr / (1 + (step-1)*lr_decay)
+};
+Status ValidateAdagradOptions(const AdagradOptions& opt);
+AdagradStepScalars MakeAdagradStepScalars(const AdagradOptions& opt);
+
+}  // namespace strata::kernels
