@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The two commands of the README's quick start:
+#   ./dev.sh run    install what is missing, build, run the main job
+#   ./dev.sh test   install what is missing, build, run every test
+# Options after the verb: --sanitize=address,undefined | --sanitize=thread
+# (a separate build folder), --label=L (only tests labelled L).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")" && pwd)
+VERB=${1:-}
+shift || true
+SANITIZE="" LABEL=""
+for a in "$@"; do
+  case "$a" in
+    --sanitize=*) SANITIZE=${a#--sanitize=} ;;
+    --label=*) LABEL=${a#--label=} ;;
+    *) echo "dev.sh: unknown option '$a'" >&2; exit 2 ;;
+  esac
+done
+BUILD=$ROOT/build${SANITIZE:+-${SANITIZE//,/-}}
+JOBS=$(nproc)
+
+build() {
+  "$ROOT/tools/install-deps.sh"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTRATA_WERROR=ON \
+    -DSTRATA_SANITIZE="$SANITIZE" >/dev/null
+  cmake --build "$BUILD" -j"$JOBS"
+}
+
+case "$VERB" in
+  run)
+    build
+    DIR=$(mktemp -d /var/tmp/strata-run-XXXXXX)
+    trap 'rm -rf "$DIR"' EXIT
+    "$BUILD/tools/strata-iobench" --dir "$DIR" --file-size 1GiB --modes write,read,randread
+    ;;
+  test)
+    build
+    cd "$BUILD"
+    ctest --output-on-failure -j"$JOBS" ${LABEL:+-L "$LABEL"}
+    ;;
+  *)
+    echo "usage: ./dev.sh run|test [--sanitize=address,undefined|thread] [--label=L]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what Strata needs from Debian 12's packages, and only what is
+# missing (idempotent). The CUDA toolkit with NCCL is optional and not
+# installed here: the build finds it where it is (/usr/local/cuda).
+set -euo pipefail
+PKGS=(
+  build-essential cmake ninja-build pkg-config git
+  liburing-dev libtbb-dev libhwloc-dev libboost-dev nlohmann-json3-dev libspdlog-dev
+  libxxhash-dev libcli11-dev googletest libgtest-dev libbenchmark-dev libgloo-dev
+  libopenblas-dev fio python3 python3-numpy python3-torch python3-pytest
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+echo "install-deps: installing ${missing[*]}" >&2
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
