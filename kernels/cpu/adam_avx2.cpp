@@ -42,7 +42,10 @@ struct AdamAvx2 {
   static void Run(const AdamStepScalars& s, const AdamArrays& a, size_t begin, size_t end) {
     const AdamConstsx8 k(s);
     size_t i = begin;
-    for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, a, i);
+    // Local copies: the compiler cannot prove that stores through the float
+    // arrays leave `a` unchanged, and would reload every pointer per block.
+    const AdamArrays local = a;
+    for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, local, i);
     if (i < end) Tail(k, a, i, end - i);
   }
 

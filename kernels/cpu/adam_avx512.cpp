@@ -42,7 +42,10 @@ struct AdamAvx512 {
   static void Run(const AdamStepScalars& s, const AdamArrays& a, size_t begin, size_t end) {
     const AdamConstsx16 k(s);
     size_t i = begin;
-    for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) Block(k, a, i);
+    // Local copies: the compiler cannot prove that stores through the float
+    // arrays leave `a` unchanged, and would reload every pointer per block.
+    const AdamArrays local = a;
+    for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) Block(k, local, i);
     if (i == end) return;
     using T = TailBuffers<kAvx512Lanes>;
     T t;

@@ -1,0 +1,38 @@
+// Plain C++ loops of the memory bound, for CPUs without AVX2.
+#include <cstring>
+
+#include "bench/kernels/memory_bound.h"
+
+namespace strata::bench {
+namespace {
+
+template <bool kBf16Grad, bool kCopy>
+void BoundPlain(const BoundArrays& a, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    float g;
+    if constexpr (kBf16Grad) {
+      const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(a.grad)[i]) << 16;
+      std::memcpy(&g, &bits, 4);
+    } else {
+      g = static_cast<const float*>(a.grad)[i];
+    }
+    const float p = a.param[i] + g;
+    a.param[i] = p;
+    a.exp_avg[i] += g;
+    a.exp_avg_sq[i] += g;
+    if constexpr (kCopy) {
+      uint32_t bits;
+      std::memcpy(&bits, &p, 4);
+      a.param_copy[i] = static_cast<uint16_t>(bits >> 16);
+    }
+  }
+}
+
+}  // namespace
+
+BoundRangeFn SelectBoundPlain(bool bf16_grad, bool copy) {
+  if (bf16_grad) return copy ? &BoundPlain<true, true> : &BoundPlain<true, false>;
+  return copy ? &BoundPlain<false, true> : &BoundPlain<false, false>;
+}
+
+}  // namespace strata::bench
