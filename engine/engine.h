@@ -1,0 +1,114 @@
+// Engine: Strata's core. It owns the tiers and the storage, lays parameter
+// groups out as sharded state blocks (P, W, M, V, G), keeps each block in its
+// home tier, caches P on the device, prefetches from a recorded trace, and
+// runs the optimizer over every shard as a pipeline over the tiers.
+//
+// The per-step protocol (what the C API wraps):
+//   auto e = Engine::Create(config, {});            // config: engine/config.h
+//   e->AddParam(group, "blk0.w", n, init);           // ... for every tensor
+//   e->Build();
+//   for each step:
+//     for each group g in forward/backward order:
+//       void* p = e->Fetch(g);                       // full group, compute dtype
+//       ... compute ...; e->Release(g);
+//       e->Grads(g, grads, DType::kF32);             // accumulated into G
+//     StepResult r = e->Step(opts);                  // optimizer over all shards
+//
+// Thread safety: one caller thread drives an Engine; internally it uses the
+// storage's I/O threads, the device tier's copy threads and a prefetch thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "engine/config.h"
+
+namespace strata {
+
+struct EngineOptions {
+  int rank = 0;
+  int world_size = 1;
+  int grad_accumulation_steps = 1;  // Grads calls per group per step (for the overlapped step)
+  bool force_no_gpu = false;        // tests: the device tier is a host arena even with a GPU
+};
+
+// Options that may change every step. Zero/negative means "from the config".
+struct StepOptions {
+  double lr = -1;
+  double beta1 = -1, beta2 = -1;
+  double eps = -1;
+  double weight_decay = -1;
+};
+
+struct StepResult {
+  double grad_norm = 0;  // global L2 norm of the (unscaled) gradients
+  bool skipped = false;  // fp16 overflow: nothing was updated
+  double loss_scale = 1;  // the scale to multiply the next loss by (fp16), else 1
+};
+
+// Per-tier and per-step figures.
+struct TierStats {
+  uint64_t budget = 0, used = 0, peak = 0;
+};
+struct EngineStats {
+  TierStats device, host, nvme;
+  // Bytes moved between tiers, cumulative.
+  uint64_t nvme_to_host = 0, host_to_nvme = 0, host_to_device = 0, device_to_host = 0;
+  uint64_t fetches = 0, prefetch_hits = 0;  // fetches after the trace exists
+  uint64_t fetch_stalls = 0;
+  double fetch_stall_s = 0;
+  // Busy seconds of each resource in the last step, and its wall time.
+  double disk_busy_s = 0, copy_busy_s = 0, cpu_optimizer_s = 0, step_wall_s = 0;
+  double prefetch_hit_rate() const { return fetches ? double(prefetch_hits) / double(fetches) : 0; }
+  double overlap_efficiency = 0;  // largest busy time / wall time, last step
+  uint64_t steps = 0, skipped_steps = 0;
+};
+
+class Engine {
+ public:
+  // Resolves budgets, creates the storage and the device and host tiers.
+  // Errors: kConfig for contradictions, kUnsupported for features not built.
+  static Result<std::unique_ptr<Engine>> Create(const Config& config, const EngineOptions& options);
+  ~Engine();
+
+  // Registers `numel` parameters named `name` in `group` (groups are numbered
+  // from 0, in any order, without gaps at Build). `init` (may be null = zeros)
+  // holds numel fp32 values and is copied. Returns the offset, in elements,
+  // of the tensor inside its group. REQUIRES: before Build.
+  Result<uint64_t> AddParam(int group, const std::string& name, uint64_t numel, const float* init);
+  // Lays out and shards the groups, allocates every block in its home tier,
+  // reserves swap space and writes the initial state. Budget contradictions
+  // (a group larger than a budget) are refused here.
+  Status Build();
+
+  // Device pointer to the group's full parameters in the compute dtype,
+  // valid until Release. Waits only for this group's move.
+  Result<void*> Fetch(int group);
+  Status Release(int group);
+  // Adds the group's full gradients (`dtype` elements, on the device) to its
+  // G accumulator. The first call of a step overwrites.
+  Status Grads(int group, const void* grads, DType dtype);
+  // Runs the optimizer over every shard: global norm, clipping, fp16 loss
+  // scaling (skip on overflow), update of W, M, V, new P to its home.
+  Result<StepResult> Step(const StepOptions& options);
+
+  // The fp32 master weights of a group, without padding (tests, export).
+  Status ReadMaster(int group, float* out);
+  EngineStats stats() const;
+  int num_groups() const;
+  uint64_t group_numel(int group) const;  // without padding
+  DType compute_dtype() const;
+  const Config& config() const;
+
+  class Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata
