@@ -1,0 +1,1 @@
+# The shared library libstrata.so and its install rules (C API).
