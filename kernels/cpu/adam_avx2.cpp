@@ -14,11 +14,21 @@ struct AdamConstsx8 {
         decay(_mm256_set1_ps(s.decay)), beta1(_mm256_set1_ps(s.beta1)),
         one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)), beta2(_mm256_set1_ps(s.beta2)),
         one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
-        rsqrt_bc2(_mm256_set1_ps(s.rsqrt_bc2)), eps(_mm256_set1_ps(s.eps)),
+        sqrt_bc2(_mm256_set1_ps(s.sqrt_bc2)), inv_sqrt_bc2(_mm256_set1_ps(s.inv_sqrt_bc2)), eps(_mm256_set1_ps(s.eps)),
         neg_step_size(_mm256_set1_ps(s.neg_step_size)) {}
-  __m256 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, rsqrt_bc2, eps,
+  __m256 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
       neg_step_size;
 };
+
+// x / sqrt_bc2 correctly rounded without vdivps (see step_scalars.h). x is
+// sqrt(v) >= 0 or NaN; x = inf keeps q0 = inf (the FMA residual would be NaN).
+inline __m256 DivideBySqrtBc2(const AdamConstsx8& k, __m256 x) {
+  const __m256 q0 = _mm256_mul_ps(x, k.inv_sqrt_bc2);
+  const __m256 r = _mm256_fnmadd_ps(q0, k.sqrt_bc2, x);  // x - q0*c, exact
+  const __m256 q1 = _mm256_fmadd_ps(r, k.inv_sqrt_bc2, q0);
+  const __m256 inf = _mm256_set1_ps(__builtin_inff());
+  return _mm256_blendv_ps(q1, q0, _mm256_cmp_ps(x, inf, _CMP_EQ_OQ));
+}
 
 template <DType G, CopyOut C, bool kL2>
 struct AdamAvx2 {
@@ -31,8 +41,8 @@ struct AdamAvx2 {
                                      _mm256_mul_ps(_mm256_loadu_ps(a.exp_avg + i), k.beta1));
     const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(k.one_minus_beta2, g), g,
                                      _mm256_mul_ps(_mm256_loadu_ps(a.exp_avg_sq + i), k.beta2));
-    const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(v), k.rsqrt_bc2, k.eps);
-    p = _mm256_fmadd_ps(k.neg_step_size, _mm256_div_ps(m, denom), p);
+    const __m256 denom = _mm256_add_ps(DivideBySqrtBc2(k, _mm256_sqrt_ps(v)), k.eps);
+    p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(k.neg_step_size, m), denom));
     _mm256_storeu_ps(a.param + i, p);
     _mm256_storeu_ps(a.exp_avg + i, m);
     _mm256_storeu_ps(a.exp_avg_sq + i, v);

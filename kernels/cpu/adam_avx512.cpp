@@ -14,11 +14,21 @@ struct AdamConstsx16 {
         decay(_mm512_set1_ps(s.decay)), beta1(_mm512_set1_ps(s.beta1)),
         one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)), beta2(_mm512_set1_ps(s.beta2)),
         one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
-        rsqrt_bc2(_mm512_set1_ps(s.rsqrt_bc2)), eps(_mm512_set1_ps(s.eps)),
+        sqrt_bc2(_mm512_set1_ps(s.sqrt_bc2)), inv_sqrt_bc2(_mm512_set1_ps(s.inv_sqrt_bc2)), eps(_mm512_set1_ps(s.eps)),
         neg_step_size(_mm512_set1_ps(s.neg_step_size)) {}
-  __m512 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, rsqrt_bc2, eps,
+  __m512 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
       neg_step_size;
 };
+
+// x / sqrt_bc2 correctly rounded without vdivps (see step_scalars.h). x is
+// sqrt(v) >= 0 or NaN; x = inf keeps q0 = inf (the FMA residual would be NaN).
+inline __m512 DivideBySqrtBc2(const AdamConstsx16& k, __m512 x) {
+  const __m512 q0 = _mm512_mul_ps(x, k.inv_sqrt_bc2);
+  const __m512 r = _mm512_fnmadd_ps(q0, k.sqrt_bc2, x);  // x - q0*c, exact
+  const __m512 q1 = _mm512_fmadd_ps(r, k.inv_sqrt_bc2, q0);
+  const __mmask16 inf = _mm512_cmp_ps_mask(x, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ);
+  return _mm512_mask_mov_ps(q1, inf, q0);
+}
 
 template <DType G, CopyOut C, bool kL2, bool kBf16Insn>
 struct AdamAvx512 {
@@ -31,8 +41,8 @@ struct AdamAvx512 {
                                      _mm512_mul_ps(_mm512_loadu_ps(a.exp_avg + i), k.beta1));
     const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(k.one_minus_beta2, g), g,
                                      _mm512_mul_ps(_mm512_loadu_ps(a.exp_avg_sq + i), k.beta2));
-    const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.rsqrt_bc2, k.eps);
-    p = _mm512_fmadd_ps(k.neg_step_size, _mm512_div_ps(m, denom), p);
+    const __m512 denom = _mm512_add_ps(DivideBySqrtBc2(k, _mm512_sqrt_ps(v)), k.eps);
+    p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(k.neg_step_size, m), denom));
     _mm512_storeu_ps(a.param + i, p);
     _mm512_storeu_ps(a.exp_avg + i, m);
     _mm512_storeu_ps(a.exp_avg_sq + i, v);

@@ -19,8 +19,8 @@ struct AdamScalar {
       p = p * s.decay;
       const float m = std::fma(s.one_minus_beta1, g, a.exp_avg[i] * s.beta1);
       const float v = std::fma(s.one_minus_beta2 * g, g, a.exp_avg_sq[i] * s.beta2);
-      const float denom = std::fma(std::sqrt(v), s.rsqrt_bc2, s.eps);
-      p = std::fma(s.neg_step_size, m / denom, p);
+      const float denom = std::sqrt(v) / s.sqrt_bc2 + s.eps;
+      p = p + (s.neg_step_size * m) / denom;  // torch addcdiv_ order
       a.param[i] = p;
       a.exp_avg[i] = m;
       a.exp_avg_sq[i] = v;

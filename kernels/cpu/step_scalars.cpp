@@ -34,6 +34,10 @@ Status ValidateAdamOptions(const AdamOptions& o) {
   if (!(o.weight_decay >= 0)) return InvalidError("Adam: weight_decay must be >= 0");
   if (o.mode != AdamMode::kAdam && o.mode != AdamMode::kAdamW)
     return InvalidError("Adam: unknown mode");
+  // sqrt(v) <= 2^64 for any float v: keep sqrt(v)/sqrt_bc2 finite and normal.
+  const double sqrt_bc2 = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(o.step)));
+  if (static_cast<float>(sqrt_bc2) < 0x1p-60f)
+    return InvalidError("Adam: beta2 too close to 1 (sqrt(1 - beta2^step) < 2^-60)");
   return Status::Ok();
 }
 
@@ -50,7 +54,8 @@ AdamStepScalars MakeAdamStepScalars(const AdamOptions& o) {
   s.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
   s.beta2 = static_cast<float>(o.beta2);
   s.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-  s.rsqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  s.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  s.inv_sqrt_bc2 = 1.0f / s.sqrt_bc2;
   s.eps = static_cast<float>(o.eps);
   s.neg_step_size = static_cast<float>(-o.lr / bc1);
   return s;

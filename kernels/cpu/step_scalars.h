@@ -12,14 +12,23 @@ namespace strata::kernels {
 // Per element (every path, this order, no other rounding):
 //   g = g_in*grad_scale;  g = fma(p, l2, g) if Adam with wd != 0
 //   p = p*decay;  m = fma(1-b1, g, m*b1);  v = fma((1-b2)*g, g, v*b2)
-//   p = fma(neg_step_size, m / fma(sqrt(v), rsqrt_bc2, eps), p)
+//   p = p + (neg_step_size*m) / (sqrt(v)/sqrt_bc2 + eps)
+// which is torch 1.13's CPU arithmetic rounding for rounding (its add_ with
+// alpha is an FMA, its tensor/scalar a true division), so that we agree with
+// torch.optim to the last bit, not just to 1e-6.
+// The SIMD paths divide by sqrt_bc2 without the divider: q = x*inv_sqrt_bc2,
+// corrected once by an FMA. With inv_sqrt_bc2 = RN(1/sqrt_bc2) and x/sqrt_bc2
+// normal, that is the correctly rounded quotient (Markstein's theorem; checked
+// for 1.2e10 quotients, and by the path tests), so all paths stay bitwise
+// equal while the divider only serves sqrt(v) and the last division.
 struct AdamStepScalars {
   float grad_scale;
   float l2;               // Adam: weight_decay; AdamW: 0
   float decay;            // AdamW: 1 - lr*wd; Adam: 1
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
-  float rsqrt_bc2;        // 1 / sqrt(1 - beta2^step)
+  float sqrt_bc2;         // sqrt(1 - beta2^step)
+  float inv_sqrt_bc2;     // 1.0f / sqrt_bc2, rounded to nearest (see DivideBySqrtBc2)
   float eps;
   float neg_step_size;    // -lr / (1 - beta1^step)
 };

@@ -4,6 +4,7 @@
 // bf16/f16 copy-out equal to base's rounding of the fp32 master. Bitwise.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 
 #include "kernels/cpu/adam.h"
@@ -147,6 +148,34 @@ TEST(AdamPaths, ResultDoesNotDependOnThreadCount) {
   ASSERT_TRUE(AdamStep(opt, n, many.p.as<float>(), many.m.as<float>(), many.v.as<float>(),
                        many.g.data(), nullptr).ok());
   EXPECT_EQ(FirstDiff(one.p.as<float>(), many.p.as<float>(), n), -1);
+}
+
+// The SIMD paths divide sqrt(v) by sqrt(1 - beta2^t) with a reciprocal and an
+// FMA correction (step_scalars.h). With g = 0 and eps = 0 the update exposes
+// that quotient directly; sweep v over every mantissa of two binades (so
+// sqrt(v) covers every mantissa) and several bias corrections.
+TEST(AdamPaths, DivisionByBiasCorrectionMatchesReference) {
+  const size_t n = size_t{1} << 24;
+  std::vector<float> v0(n), zero(n, 0.0f);
+  for (size_t i = 0; i < n; ++i) v0[i] = BitsF32(0x3f000000u + static_cast<uint32_t>(i));
+  v0[0] = std::numeric_limits<float>::infinity();
+  v0[1] = 0.0f;
+  for (CpuIsa isa : SimdPathsHere())
+    for (int64_t t : {1, 2, 3, 10, 100, 1000})
+      for (double beta2 : {0.999, 0.95}) {
+        AdamOptions opt;
+        opt.eps = 0.0;
+        opt.beta2 = beta2;
+        opt.step = t;
+        std::vector<float> p[2] = {std::vector<float>(n, 1.0f), std::vector<float>(n, 1.0f)};
+        std::vector<float> m[2] = {std::vector<float>(n, 1.0f), std::vector<float>(n, 1.0f)};
+        std::vector<float> v[2] = {v0, v0};
+        for (int k = 0; k < 2; ++k)
+          ASSERT_TRUE(AdamStepOn(k ? isa : CpuIsa::kScalar, opt, n, p[k].data(), m[k].data(),
+                                 v[k].data(), zero.data(), nullptr).ok());
+        ASSERT_EQ(FirstDiff(p[0].data(), p[1].data(), n), -1)
+            << CpuIsaName(isa) << " step " << t << " beta2 " << beta2;
+      }
 }
 
 TEST(AdamOptions, BadOptionsAreRefused) {
