@@ -149,7 +149,8 @@ Result<Allocation> DeviceTier::Allocate(uint64_t bytes) {
     }
     p = *r;
   } else {
-    p = std::aligned_alloc(kSimdBytes, AlignUp(len, kSimdBytes));
+    // 4 KiB-aligned so the disk can read straight into it (O_DIRECT).
+    p = std::aligned_alloc(4096, AlignUp(len, 4096));
     if (!p) {
       Uncharge(len);
       return NoMemError("device tier (host arena): cannot allocate " + FormatBytes(len));

@@ -15,6 +15,8 @@ namespace strata::gpu {
 int DeviceCount(std::string* why = nullptr);
 bool Available();
 bool CompiledWithCuda();
+// Total memory of GPU `device` in bytes, 0 when unknown.
+uint64_t DeviceMemoryBytes(int device);
 
 Result<void*> Malloc(uint64_t bytes);
 Status Free(void* p);

@@ -38,6 +38,11 @@ int DeviceCount(std::string* why) {
 }
 bool Available() { return DeviceCount() > 0; }
 bool CompiledWithCuda() { return true; }
+uint64_t DeviceMemoryBytes(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return 0;
+  return prop.totalGlobalMem;
+}
 
 Result<void*> Malloc(uint64_t bytes) {
   void* p = nullptr;

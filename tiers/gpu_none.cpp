@@ -11,6 +11,7 @@ int DeviceCount(std::string* why) {
 }
 bool Available() { return false; }
 bool CompiledWithCuda() { return false; }
+uint64_t DeviceMemoryBytes(int) { return 0; }
 Result<void*> Malloc(uint64_t) { return NoCuda(); }
 Status Free(void*) { return NoCuda(); }
 Status HostRegister(void*, uint64_t) { return NoCuda(); }

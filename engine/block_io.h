@@ -1,0 +1,64 @@
+// BlockIo: moves one state block between its home tier and host memory,
+// asynchronously: NVMe reads and writes through the NvmeTier (checksummed),
+// device copies through the DeviceTier's streams (or copy threads). Blocks
+// whose home the CPU can address (host, or the device tier's host arena)
+// need no move at all: Direct() says so and DirectPtr() gives the memory.
+#pragma once
+
+#include "engine/stats.h"
+#include "tiers/device_tier.h"
+#include "tiers/host_tier.h"
+#include "tiers/nvme_tier.h"
+
+namespace strata {
+
+enum class StateKind : int { kP = 0, kW = 1, kM = 2, kV = 3, kG = 4 };
+inline constexpr int kNumStates = 5;
+const char* StateName(StateKind s);
+
+// One (group, shard, state) block in its home tier.
+struct StateBlock {
+  TierKind home = TierKind::kHost;
+  Allocation alloc;
+  uint64_t bytes = 0;  // of the shard, padding included
+};
+
+// An asynchronous move in flight (or nothing).
+struct BlockMove {
+  enum Kind : uint8_t { kNone, kNvme, kCopy } kind = kNone;
+  NvmePending nvme;
+  CopyTicket copy;
+  double start = 0;
+  uint64_t bytes = 0;
+  const char* name = "";
+};
+
+class BlockIo {
+ public:
+  BlockIo(DeviceTier* device, HostTier* host, NvmeTier* nvme, StatsRecorder* stats)
+      : device_(device), host_(host), nvme_(nvme), stats_(stats) {}
+
+  Result<StateBlock> Allocate(TierKind home, uint64_t bytes);
+  void Free(StateBlock& b);
+  bool Direct(const StateBlock& b) const;
+  void* DirectPtr(const StateBlock& b) const { return b.alloc.ptr; }
+
+  // home -> dst (host memory, NVMe-aligned, at least PaddedSize bytes).
+  Result<BlockMove> StartLoad(const StateBlock& b, void* dst);
+  // src -> home.
+  Result<BlockMove> StartStore(const StateBlock& b, const void* src);
+  Status Finish(BlockMove& m);
+  Status Load(const StateBlock& b, void* dst);
+  Status Store(const StateBlock& b, const void* src);
+
+  DeviceTier* device() const { return device_; }
+  uint64_t NvmePadded(uint64_t bytes) const { return nvme_ ? nvme_->PaddedSize(bytes) : bytes; }
+
+ private:
+  DeviceTier* device_;
+  HostTier* host_;
+  NvmeTier* nvme_;
+  StatsRecorder* stats_;
+};
+
+}  // namespace strata

@@ -1,0 +1,337 @@
+// Engine: creation, registration, build (layout, homes, staging, initial
+// state), gradients and the step's arithmetic (norm, clipping, loss scale).
+#include "engine/engine_impl.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "base/align.h"
+#include "base/log.h"
+#include "base/sizes.h"
+#include "kernels/cpu/cast.h"
+#include "kernels/cpu/norm.h"
+#include "tiers/gpu.h"
+
+namespace strata {
+
+static TierKind HomeOf(OffloadDevice d) {
+  return d == OffloadDevice::kNone ? TierKind::kDevice : d == OffloadDevice::kCpu ? TierKind::kHost : TierKind::kNvme;
+}
+
+Engine::Impl::Impl(const Config& config, const EngineOptions& options) : config_(config), options_(options) {}
+
+Engine::Impl::~Impl() {
+  StopPrefetcher();
+  for (auto& g : groups_) {
+    if (g.dev.alloc.charged) device_->Free(g.dev.alloc);
+    for (auto& b : g.blocks) io_->Free(b);
+  }
+  if (stats_) stats_->WriteTrace().IgnoreError();
+}
+
+Status Engine::Impl::Init() {
+  if (options_.world_size != 1 || options_.rank != 0)
+    return UnsupportedError("world size " + std::to_string(options_.world_size) +
+                            ": this build of the engine runs one rank (many ranks come with the communicators)");
+  if (options_.grad_accumulation_steps < 1)
+    return InvalidError("grad_accumulation_steps must be at least 1");
+  const std::string& opt = config_.optimizer.type;
+  if (opt != "adam" && opt != "adamw" && opt != "lion" && opt != "adagrad")
+    return ConfigError("optimizer.type: '" + opt + "' is not one of Adam, AdamW, Lion, Adagrad");
+  dtype_ = config_.compute_dtype();
+  stats_ = std::make_unique<StatsRecorder>(options_.rank, config_.strata.trace_path);
+  UringOptions uo;
+  uo.rings = config_.strata.io_rings;
+  uo.queue_depth = static_cast<uint32_t>(std::max<uint64_t>(config_.aio.queue_depth, 1));
+  uo.block_size = config_.aio.block_size;
+  STRATA_ASSIGN_OR_RETURN(storage_, UringStorage::Create(uo));
+  const bool gpu = !options_.force_no_gpu && gpu::Available();
+  const ConfigFacts facts = ProbeMachineFacts();
+  uint64_t device_budget = config_.strata.device_budget;
+  if (device_budget == 0) device_budget = gpu ? gpu::DeviceMemoryBytes(0) / 10 * 9 : facts.host_ram_bytes / 4;
+  uint64_t host_budget = config_.strata.host_budget;
+  if (host_budget == 0) host_budget = facts.host_ram_bytes / 2;
+  STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget, .force_host_arena = !gpu}));
+  host_ = std::make_unique<HostTier>(HostTierOptions{
+      .budget = host_budget, .pin = config_.any_pinned() || gpu, .storage = storage_.get()});
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, const EngineOptions& options) {
+  auto impl = std::make_unique<Impl>(config, options);
+  STRATA_RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t numel, const float* init) {
+  Impl& m = *impl_;
+  STRATA_ASSIGN_OR_RETURN(uint64_t off, m.part_.Add(group, name, numel));
+  if (static_cast<size_t>(group) >= m.init_.size()) m.init_.resize(static_cast<size_t>(group) + 1);
+  auto& v = m.init_[static_cast<size_t>(group)];
+  v.resize(off + numel, 0.0f);
+  if (init) std::memcpy(v.data() + off, init, numel * sizeof(float));
+  return off;
+}
+
+// Fills a block through `fill(ptr)`: in place when addressable, else through
+// a staging slot.
+static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::function<void(void*)>& fill) {
+  if (m.io_->Direct(b)) {
+    fill(m.io_->DirectPtr(b));
+    return Status::Ok();
+  }
+  void* buf = m.opt_staging_.Acquire();
+  fill(buf);
+  Status st = m.io_->Store(b, buf);
+  m.opt_staging_.Release(buf);
+  return st;
+}
+
+Status Engine::Impl::Build() {
+  if (built_) return StateError("build: already built");
+  STRATA_RETURN_IF_ERROR(part_.Finalize(options_.world_size));
+  ConfigFacts facts = ProbeMachineFacts();
+  facts.largest_group_numel = part_.largest_group_numel();
+  facts.world_size = static_cast<uint32_t>(options_.world_size);
+  facts.has_gpu = device_->on_gpu();
+  STRATA_RETURN_IF_ERROR(ValidateConfig(config_, facts));
+
+  const bool adam = config_.optimizer.type == "adam" || config_.optimizer.type == "adamw";
+  home_[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
+  const TierKind opt_home = HomeOf(config_.zero.offload_optimizer.device);
+  home_[int(StateKind::kW)] = home_[int(StateKind::kM)] = home_[int(StateKind::kV)] = opt_home;
+  home_[int(StateKind::kG)] = opt_home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost;
+  const int ngroups = part_.num_groups();
+  const uint64_t shard = part_.largest_shard_numel();
+  auto state_bytes = [&](int s, uint64_t n) { return n * (s == int(StateKind::kP) ? DTypeSize(dtype_) : 4); };
+  auto used = [&](int s) { return adam || s != int(StateKind::kV); };
+
+  // The NVMe tier holds exactly the blocks homed there.
+  std::vector<std::string> dirs = config_.OptimizerSwapPaths();
+  for (const auto& d : config_.ParamSwapPaths())
+    if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  uint64_t nvme_bytes = 0;
+  for (int s = 0; s < kNumStates; ++s)
+    if (used(s) && home_[s] == TierKind::kNvme)
+      for (int g = 0; g < ngroups; ++g)
+        nvme_bytes += state_bytes(s, part_.group(g).shard_numel) + dirs.size() * 64 * kKiB;
+  if (nvme_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .rank = options_.rank,
+                                                     .checksums = config_.strata.checksums, .storage = storage_.get()}));
+  }
+  io_ = std::make_unique<BlockIo>(device_.get(), host_.get(), nvme_.get(), stats_.get());
+
+  // Home blocks first: they are the model; staging comes out of what is left.
+  groups_.resize(static_cast<size_t>(ngroups));
+  for (int g = 0; g < ngroups; ++g)
+    for (int s = 0; s < kNumStates; ++s) {
+      if (!used(s)) continue;
+      auto b = io_->Allocate(home_[s], state_bytes(s, part_.group(g).shard_numel));
+      if (!b.ok())
+        return b.status().WithContext(std::string("build: state ") + StateName(StateKind(s)) + " of group " +
+                                      std::to_string(g) + " in its home tier");
+      groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)] = *b;
+    }
+  // The step's slots: every state that the CPU cannot address in place.
+  uint64_t off = 0;
+  bool any_staged = false;
+  const StateBlock& probe_p = groups_[0].blocks[0];
+  for (int s = 0; s < kNumStates; ++s) {
+    opt_slot_offsets_[s] = off;
+    StateBlock probe{home_[s], {}, 0};
+    const bool staged = used(s) && !io_->Direct(s == 0 ? probe_p : probe);
+    if (staged) {
+      off += AlignUp(io_->NvmePadded(state_bytes(s, shard)), 64 * kKiB);
+      any_staged = true;
+    }
+  }
+  opt_slot_offsets_[kNumStates] = off;
+  if (any_staged) STRATA_RETURN_IF_ERROR(opt_staging_.Init(host_.get(), 3, off));
+  if (home_[0] == TierKind::kNvme && device_->on_gpu()) {
+    const int n = static_cast<int>(std::clamp<uint64_t>(config_.zero.offload_param.buffer_count, 1, 4));
+    STRATA_RETURN_IF_ERROR(param_staging_.Init(host_.get(), n, io_->NvmePadded(state_bytes(0, shard))));
+  }
+  uint64_t grad_bytes = 0;
+  if (home_[int(StateKind::kG)] == TierKind::kNvme) grad_bytes = io_->NvmePadded(shard * 4);
+  if (device_->on_gpu()) grad_bytes = std::max(grad_bytes, part_.largest_group_numel() * 4);
+  if (grad_bytes) STRATA_RETURN_IF_ERROR(grad_staging_.Init(host_.get(), device_->on_gpu() ? 2 : 1, grad_bytes));
+
+  // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
+  for (int g = 0; g < ngroups; ++g) {
+    GroupState& gs = groups_[static_cast<size_t>(g)];
+    const GroupLayout& L = part_.group(g);
+    const std::vector<float>& w0 = init_[static_cast<size_t>(g)];
+    auto fill_w = [&](void* p) {
+      std::memset(p, 0, L.shard_numel * 4);
+      std::memcpy(p, w0.data(), L.numel * 4);
+    };
+    auto fill_p = [&](void* p) {
+      std::memset(p, 0, L.shard_numel * DTypeSize(dtype_));
+      kernels::Cast(DType::kF32, w0.data(), dtype_, p, L.numel).IgnoreError();  // valid dtypes: cannot fail
+    };
+    auto zero = [&](void* p) { std::memset(p, 0, L.shard_numel * 4); };
+    STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kW)], fill_w));
+    STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kP)], fill_p));
+    for (int s : {int(StateKind::kM), int(StateKind::kV), int(StateKind::kG)})
+      if (used(s)) STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[static_cast<size_t>(s)], zero));
+  }
+  init_.clear();
+  init_.shrink_to_fit();
+  scaler_.Init(config_.fp16);
+  StartPrefetcher();
+  built_ = true;
+  STRATA_LOG_DEBUG("built {} groups, {} parameters; P on {}, W/M/V on {}, G on {}", ngroups, part_.total_numel(),
+                   TierName(home_[0]), TierName(opt_home), TierName(home_[int(StateKind::kG)]));
+  return Status::Ok();
+}
+
+static Status CheckGroup(const Engine::Impl& m, int group, const char* call) {
+  if (!m.built_) return StateError(std::string(call) + ": the engine is not built");
+  if (group < 0 || group >= m.part_.num_groups())
+    return InvalidError(std::string(call) + ": group " + std::to_string(group) + " is not in 0.." +
+                        std::to_string(m.part_.num_groups() - 1));
+  return Status::Ok();
+}
+
+Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
+  STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "grads"));
+  if (!grads) return InvalidError("grads: null gradient pointer for group " + std::to_string(group));
+  GroupState& gs = groups_[static_cast<size_t>(group)];
+  const GroupLayout& L = part_.group(group);
+  const uint64_t lo = static_cast<uint64_t>(options_.rank) * L.shard_numel;
+  const uint64_t real = L.RealInShard(options_.rank);
+  const char* src = static_cast<const char*>(grads) + lo * DTypeSize(dtype);
+  void* src_buf = nullptr;
+  if (device_->on_gpu()) {  // bring the gradients to the host first
+    src_buf = grad_staging_.Acquire();
+    auto t = device_->CopyOut(src_buf, src, real * DTypeSize(dtype));
+    Status st = t.ok() ? (*t)->Wait() : t.status();
+    if (!st.ok()) { grad_staging_.Release(src_buf); return st.WithContext("grads: group " + std::to_string(group)); }
+    stats_->AddMoved(TierKind::kDevice, TierKind::kHost, real * DTypeSize(dtype));
+    src = static_cast<const char*>(src_buf);
+  }
+  const StateBlock& gb = gs.blocks[int(StateKind::kG)];
+  const bool direct = io_->Direct(gb);
+  float* G = direct ? static_cast<float*>(io_->DirectPtr(gb)) : static_cast<float*>(grad_staging_.Acquire());
+  Status st;
+  if (gs.grad_calls == 0) {
+    st = kernels::Cast(dtype, src, DType::kF32, G, real);
+    std::memset(G + real, 0, (L.shard_numel - real) * 4);
+  } else {
+    if (!direct) st = io_->Load(gb, G);
+    for (uint64_t i = 0; st.ok() && i < real; ++i) {
+      const float x = dtype == DType::kF32 ? reinterpret_cast<const float*>(src)[i]
+                      : dtype == DType::kBF16 ? BF16ToF32(reinterpret_cast<const uint16_t*>(src)[i])
+                                              : F16ToF32(reinterpret_cast<const uint16_t*>(src)[i]);
+      G[i] += x;
+    }
+  }
+  kernels::SquaresSum sq;
+  if (st.ok()) st = kernels::SumSquares(DType::kF32, G, L.shard_numel, &sq);
+  if (st.ok() && !direct) st = io_->Store(gb, G);
+  if (!direct) grad_staging_.Release(G);
+  if (src_buf) grad_staging_.Release(src_buf);
+  if (!st.ok()) return st.WithContext("grads: group " + std::to_string(group));
+  gs.sum_squares = sq.sum_squares;
+  gs.finite = sq.all_finite;
+  ++gs.grad_calls;
+  return Status::Ok();
+}
+
+Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
+  if (!built_) return StateError("step: the engine is not built");
+  for (int g = 0; g < part_.num_groups(); ++g)
+    if (groups_[static_cast<size_t>(g)].dev.pins > 0)
+      return StateError("step: group " + std::to_string(g) + " is fetched and not released");
+  WaitPrefetchIdle();
+  stats_->StepBegin();
+  double sum = 0;
+  bool finite = true;
+  for (const auto& gs : groups_) {
+    if (gs.grad_calls == 0) continue;
+    sum += gs.sum_squares;
+    finite = finite && gs.finite;
+  }
+  StepResult r;
+  const double scale = scaler_.scale();
+  r.grad_norm = std::sqrt(sum) / scale;
+  Status st;
+  if (config_.fp16.enabled && !finite) {
+    r.skipped = true;
+    r.grad_norm = INFINITY;
+    scaler_.Update(true);
+  } else {
+    const double clip = config_.gradient_clipping;
+    const double coef = (clip > 0 && r.grad_norm > clip) ? clip / (r.grad_norm + 1e-6) : 1.0;
+    st = RunOptimizer(coef / scale, so, step_count_ + 1);
+    if (st.ok()) ++step_count_;
+    scaler_.Update(false);
+  }
+  r.loss_scale = scaler_.scale();
+  for (auto& gs : groups_) gs.grad_calls = 0;
+  DropDeviceCopies();
+  std::vector<int> ahead;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    schedule_.OnStep();
+    const uint64_t window = config_.zero.prefetch_bucket_size * DTypeSize(dtype_);
+    ahead = schedule_.Ahead(window, [&](int g) { return PBytes(g); });
+  }
+  stats_->StepEnd(r.skipped);
+  if (!st.ok()) return st;
+  EnqueuePrefetch(ahead);
+  return r;
+}
+
+Status Engine::Impl::ReadMaster(int group, float* out) {
+  STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "read_master"));
+  const StateBlock& w = groups_[static_cast<size_t>(group)].blocks[int(StateKind::kW)];
+  const uint64_t n = part_.group(group).numel;
+  if (io_->Direct(w)) {
+    std::memcpy(out, io_->DirectPtr(w), n * 4);
+    return Status::Ok();
+  }
+  void* buf = opt_staging_.Acquire();
+  Status st = io_->Load(w, static_cast<char*>(buf) + opt_slot_offsets_[int(StateKind::kW)]);
+  if (st.ok()) std::memcpy(out, static_cast<char*>(buf) + opt_slot_offsets_[int(StateKind::kW)], n * 4);
+  opt_staging_.Release(buf);
+  return st;
+}
+
+EngineStats Engine::Impl::Stats() const {
+  EngineStats s = stats_->Snapshot();
+  s.device = {device_->budget(), device_->used(), device_->peak()};
+  s.host = {host_->budget(), host_->used(), host_->peak()};
+  if (nvme_) s.nvme = {nvme_->budget(), nvme_->used(), nvme_->peak()};
+  return s;
+}
+
+// The public face: thin forwards.
+Status Engine::Build() { return impl_->Build(); }
+Result<void*> Engine::Fetch(int group) {
+  STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "fetch"));
+  return impl_->Fetch(group);
+}
+Status Engine::Release(int group) {
+  STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "release"));
+  return impl_->Release(group);
+}
+Status Engine::Grads(int group, const void* grads, DType dtype) { return impl_->Grads(group, grads, dtype); }
+Result<StepResult> Engine::Step(const StepOptions& options) { return impl_->Step(options); }
+Status Engine::ReadMaster(int group, float* out) { return impl_->ReadMaster(group, out); }
+EngineStats Engine::stats() const { return impl_->Stats(); }
+int Engine::num_groups() const { return impl_->part_.num_groups(); }
+uint64_t Engine::group_numel(int group) const {
+  return group >= 0 && group < impl_->part_.num_groups() ? impl_->part_.group(group).numel : 0;
+}
+DType Engine::compute_dtype() const { return impl_->dtype_; }
+const Config& Engine::config() const { return impl_->config_; }
+
+}  // namespace strata

@@ -1,0 +1,107 @@
+// Engine::Impl: the engine's state, shared by engine.cpp (registration,
+// build, fetch, grads), residency.cpp (the device cache of P and its
+// prefetch thread) and optimizer_driver.cpp (the pipelined step).
+#pragma once
+
+#include <array>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "engine/block_io.h"
+#include "engine/engine.h"
+#include "engine/loss_scaler.h"
+#include "engine/partition.h"
+#include "engine/prefetch.h"
+#include "engine/staging.h"
+#include "engine/stats.h"
+#include "io/uring_storage.h"
+
+namespace strata {
+
+// The device copy of one group's parameters (compute dtype), when P's home
+// is not the device. Guarded by Impl::mu_.
+struct DeviceCopy {
+  enum State : uint8_t { kAbsent, kLoading, kResident } state = kAbsent;
+  Allocation alloc;
+  int pins = 0;           // Fetch without Release
+  uint64_t last_use = 0;  // fetch counter, for LRU before a trace exists
+  bool prefetched = false;
+};
+
+struct GroupState {
+  std::array<StateBlock, kNumStates> blocks;  // this rank's shard of each state
+  DeviceCopy dev;
+  int grad_calls = 0;     // Grads calls in this step
+  double sum_squares = 0;  // of G, after the last Grads call
+  bool finite = true;
+};
+
+class Engine::Impl {
+ public:
+  Impl(const Config& config, const EngineOptions& options);
+  ~Impl();
+  Status Init();
+  Status Build();
+  Result<void*> Fetch(int group);
+  Status Release(int group);
+  Status Grads(int group, const void* grads, DType dtype);
+  Result<StepResult> Step(const StepOptions& options);
+  Status ReadMaster(int group, float* out);
+  EngineStats Stats() const;
+
+  // residency.cpp
+  void StartPrefetcher();
+  void StopPrefetcher();
+  void EnqueuePrefetch(const std::vector<int>& groups);
+  // Loads group g's P into a device copy. REQUIRES: state was set to kLoading
+  // by the caller, with alloc made.
+  Status LoadDeviceCopy(int g);
+  // Allocates device memory for g's copy, evicting farther-used copies.
+  // Called with mu_ held (lock passed to allow waiting). `demand`: a fetch
+  // waits; a prefetch gives up when only nearer-used copies could go.
+  Status AllocateDeviceCopy(int g, std::unique_lock<std::mutex>& lock, bool demand);
+  void DropDeviceCopies();  // after a step: P changed. REQUIRES: no pins, no loads.
+  void WaitPrefetchIdle();
+
+  // optimizer_driver.cpp
+  Status RunOptimizer(double grad_scale, const StepOptions& so, int64_t step);
+
+  uint64_t PBytes(int g) const { return part_.group(g).shard_numel * DTypeSize(dtype_); }
+
+  Config config_;
+  EngineOptions options_;
+  DType dtype_ = DType::kF32;
+  Partition part_;
+  std::vector<std::vector<float>> init_;  // per group, until Build
+  bool built_ = false;
+  std::vector<GroupState> groups_;
+  TierKind home_[kNumStates] = {};
+
+  std::unique_ptr<StatsRecorder> stats_;
+  std::unique_ptr<UringStorage> storage_;
+  std::unique_ptr<DeviceTier> device_;
+  std::unique_ptr<HostTier> host_;
+  std::unique_ptr<NvmeTier> nvme_;
+  std::unique_ptr<BlockIo> io_;
+  StagingPool param_staging_;  // P: nvme -> host -> device
+  StagingPool opt_staging_;    // W, M, V, G (and P) slots of the step pipeline
+  StagingPool grad_staging_;   // G when not addressable in place, grads off the GPU
+  uint64_t opt_slot_offsets_[kNumStates + 1] = {};
+
+  LossScaler scaler_;
+  int64_t step_count_ = 0;  // optimizer updates applied
+  uint64_t fetch_counter_ = 0;
+
+  std::mutex mu_;  // guards groups_[*].dev, schedule_, prefetch_queue_, stop_
+  std::condition_variable cv_;
+  PrefetchSchedule schedule_;
+  std::deque<int> prefetch_queue_;
+  int loads_in_flight_ = 0;
+  bool stop_ = false;
+  Status prefetch_error_;
+  std::thread prefetcher_;
+};
+
+}  // namespace strata

@@ -1,0 +1,51 @@
+// LossScaler: fp16 dynamic loss scaling as DeepSpeed does it. On overflow
+// the step is skipped and, once `hysteresis` overflows have been seen, the
+// scale halves (not below min_loss_scale); after `window` clean steps it
+// doubles. A static scale (loss_scale > 0) never changes; without fp16 the
+// scale is 1.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "engine/config.h"
+
+namespace strata {
+
+class LossScaler {
+ public:
+  void Init(const Fp16Config& c) {
+    cfg_ = c;
+    dynamic_ = c.enabled && c.loss_scale == 0;
+    scale_ = !c.enabled ? 1.0 : dynamic_ ? std::ldexp(1.0, c.initial_scale_power) : c.loss_scale;
+    hysteresis_left_ = c.hysteresis;
+    clean_steps_ = 0;
+  }
+  double scale() const { return scale_; }
+  // Records the outcome of a step.
+  void Update(bool overflow) {
+    if (!dynamic_) return;
+    if (overflow) {
+      clean_steps_ = 0;
+      if (--hysteresis_left_ <= 0) {
+        scale_ = std::max(scale_ / 2, cfg_.min_loss_scale);
+        hysteresis_left_ = cfg_.hysteresis;
+      }
+      return;
+    }
+    if (++clean_steps_ >= static_cast<int64_t>(cfg_.loss_scale_window)) {
+      scale_ *= 2;
+      clean_steps_ = 0;
+      hysteresis_left_ = cfg_.hysteresis;
+    }
+  }
+
+ private:
+  Fp16Config cfg_;
+  bool dynamic_ = false;
+  double scale_ = 1;
+  int hysteresis_left_ = 2;
+  int64_t clean_steps_ = 0;
+};
+
+}  // namespace strata

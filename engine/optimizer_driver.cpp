@@ -1,0 +1,115 @@
+// The optimizer step as a pipeline over shards: while shard i is updated on
+// the CPU, shard i+1's W, M, V, G are read and shard i-1's are written, each
+// in a slot of its own (three slots). States the CPU addresses in place
+// (host-homed, or the device tier's host arena) are not moved at all.
+#include <cstring>
+
+#include "engine/engine_impl.h"
+#include "kernels/cpu/adagrad.h"
+#include "kernels/cpu/adam.h"
+#include "kernels/cpu/lion.h"
+
+namespace strata {
+
+namespace {
+
+struct Job {
+  int group = -1;
+  void* slot = nullptr;
+  float* ptr[kNumStates] = {};  // where each state is during the update
+  std::vector<BlockMove> loads, stores;
+};
+
+}  // namespace
+
+Status Engine::Impl::RunOptimizer(double grad_scale, const StepOptions& so, int64_t step) {
+  const int n = part_.num_groups();
+  const OptimizerConfig& oc = config_.optimizer;
+  auto pick = [](double v, double dflt) { return v >= 0 ? v : dflt; };
+  const double lr = pick(so.lr, oc.lr), b1 = pick(so.beta1, oc.beta1), b2 = pick(so.beta2, oc.beta2);
+  const double eps = pick(so.eps, oc.eps), wd = pick(so.weight_decay, oc.weight_decay);
+  std::vector<Job> jobs(static_cast<size_t>(n));
+  Status first_error;
+  auto keep = [&](Status s) { if (first_error.ok() && !s.ok()) first_error = std::move(s); };
+
+  auto finish_stores = [&](Job& j) {
+    for (auto& m : j.stores) keep(io_->Finish(m));
+    j.stores.clear();
+    if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }
+  };
+  auto start_loads = [&](int i) {
+    Job& j = jobs[static_cast<size_t>(i)];
+    j.group = i;
+    GroupState& gs = groups_[static_cast<size_t>(i)];
+    const bool has_grads = gs.grad_calls > 0;
+    for (int s = 0; s < kNumStates; ++s) {
+      StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+      if (b.alloc.charged == 0) continue;  // state unused by this optimizer
+      if (io_->Direct(b)) { j.ptr[s] = static_cast<float*>(io_->DirectPtr(b)); continue; }
+      if (!j.slot) j.slot = opt_staging_.Acquire();  // blocks until a slot's writes are done
+      j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + opt_slot_offsets_[s]);
+      if (s == int(StateKind::kP) || (s == int(StateKind::kG) && !has_grads)) continue;  // written, not read
+      auto m = io_->StartLoad(b, j.ptr[s]);
+      if (m.ok()) j.loads.push_back(std::move(m).value());
+      else keep(m.status());
+    }
+  };
+
+  if (n > 0) start_loads(0);
+  for (int i = 0; i < n && first_error.ok(); ++i) {
+    // Slot reuse: job i+1 takes the slot job i-2 used, once its writes finish.
+    if (i >= 2) finish_stores(jobs[static_cast<size_t>(i - 2)]);
+    if (i + 1 < n) start_loads(i + 1);
+    Job& j = jobs[static_cast<size_t>(i)];
+    for (auto& m : j.loads) keep(io_->Finish(m));
+    j.loads.clear();
+    if (!first_error.ok()) break;
+    GroupState& gs = groups_[static_cast<size_t>(i)];
+    const uint64_t len = part_.group(i).shard_numel;
+    if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * 4);
+    float* W = j.ptr[int(StateKind::kW)];
+    void* P = j.ptr[int(StateKind::kP)];
+    const bool copy_f32 = dtype_ == DType::kF32;
+    stats_->Begin(Resource::kCpuOptimizer);
+    const double t0 = stats_->Now();
+    Status st;
+    if (oc.type == "lion") {
+      kernels::LionOptions o{lr, b1, b2, wd, grad_scale, DType::kF32, copy_f32 ? DType::kBF16 : dtype_};
+      st = kernels::LionStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
+    } else if (oc.type == "adagrad") {
+      kernels::AdagradOptions o;
+      o.lr = lr; o.weight_decay = wd; o.eps = eps; o.step = step; o.grad_scale = grad_scale;
+      o.param_copy_dtype = copy_f32 ? DType::kBF16 : dtype_;
+      st = kernels::AdagradStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
+    } else {
+      kernels::AdamOptions o;
+      o.lr = lr; o.beta1 = b1; o.beta2 = b2; o.eps = eps; o.weight_decay = wd; o.step = step;
+      o.mode = (oc.type == "adamw" || oc.adam_w_mode) ? kernels::AdamMode::kAdamW : kernels::AdamMode::kAdam;
+      o.grad_scale = grad_scale;
+      o.param_copy_dtype = copy_f32 ? DType::kBF16 : dtype_;
+      st = kernels::AdamStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)],
+                             j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
+    }
+    if (copy_f32) std::memcpy(P, W, len * 4);
+    stats_->End(Resource::kCpuOptimizer);
+    stats_->Span(Resource::kCpuOptimizer, "update", t0, stats_->Now(), len);
+    keep(st);
+    if (!first_error.ok()) break;
+    for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
+      StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+      if (b.alloc.charged == 0 || io_->Direct(b)) continue;
+      auto m = io_->StartStore(b, j.ptr[s]);
+      if (m.ok()) j.stores.push_back(std::move(m).value());
+      else keep(m.status());
+    }
+  }
+  // Drain: every load and store in flight finishes before the slots return.
+  for (auto& j : jobs) {
+    for (auto& m : j.loads) keep(io_->Finish(m));
+    j.loads.clear();
+    finish_stores(j);
+  }
+  return first_error.WithContext("step");
+}
+
+}  // namespace strata

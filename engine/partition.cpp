@@ -1,0 +1,65 @@
+// Group layout and shard arithmetic.
+#include "engine/partition.h"
+
+#include <algorithm>
+
+#include "base/align.h"
+
+namespace strata {
+
+uint64_t GroupLayout::RealInShard(int rank) const {
+  const uint64_t lo = static_cast<uint64_t>(rank) * shard_numel;
+  if (lo >= numel) return 0;
+  return std::min(shard_numel, numel - lo);
+}
+
+Result<uint64_t> Partition::Add(int group, const std::string& name, uint64_t numel) {
+  if (finalized_) return StateError("add_param '" + name + "': the engine is already built");
+  if (group < 0 || group > 1'000'000)
+    return InvalidError("add_param '" + name + "': group " + std::to_string(group) + " is not in 0..1000000");
+  if (numel == 0) return InvalidError("add_param '" + name + "': zero elements");
+  if (numel > (1ull << 40)) return InvalidError("add_param '" + name + "': " + std::to_string(numel) + " elements is too many");
+  if (static_cast<size_t>(group) >= groups_.size()) groups_.resize(static_cast<size_t>(group) + 1);
+  GroupLayout& g = groups_[static_cast<size_t>(group)];
+  for (const auto& t : g.tensors)
+    if (t.name == name) return InvalidError("add_param '" + name + "': name already used in group " + std::to_string(group));
+  const uint64_t offset = g.numel;
+  g.tensors.push_back({name, offset, numel});
+  g.numel += numel;
+  return offset;
+}
+
+Status Partition::Finalize(int world_size) {
+  if (world_size < 1) return InvalidError("world size " + std::to_string(world_size) + " must be at least 1");
+  if (groups_.empty()) return StateError("build: no parameters were added");
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (groups_[i].numel == 0)
+      return StateError("build: group " + std::to_string(i) + " has no parameters (groups are numbered 0..n-1 without gaps)");
+  const uint64_t unit = kShardAlign * static_cast<uint64_t>(world_size);
+  for (auto& g : groups_) {
+    g.padded = RoundUpTo(g.numel, unit);
+    g.shard_numel = g.padded / static_cast<uint64_t>(world_size);
+  }
+  finalized_ = true;
+  return Status::Ok();
+}
+
+uint64_t Partition::largest_group_numel() const {
+  uint64_t m = 0;
+  for (const auto& g : groups_) m = std::max(m, g.numel);
+  return m;
+}
+
+uint64_t Partition::largest_shard_numel() const {
+  uint64_t m = 0;
+  for (const auto& g : groups_) m = std::max(m, g.shard_numel);
+  return m;
+}
+
+uint64_t Partition::total_numel() const {
+  uint64_t s = 0;
+  for (const auto& g : groups_) s += g.numel;
+  return s;
+}
+
+}  // namespace strata

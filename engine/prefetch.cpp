@@ -1,0 +1,53 @@
+// Trace recording and look-ahead.
+#include "engine/prefetch.h"
+
+#include "base/log.h"
+
+namespace strata {
+
+bool PrefetchSchedule::OnFetch(int group) {
+  current_.push_back(group);
+  if (recording_) return true;
+  if (pos_ < trace_.size() && trace_[pos_] == group) {
+    ++pos_;
+    return true;
+  }
+  WarnOnce("trace-departure",
+           "this step fetches in another order than the recorded trace; prefetch restarts from a new "
+           "recording (numerics are unaffected)");
+  recording_ = true;
+  return false;
+}
+
+void PrefetchSchedule::OnStep() {
+  if (recording_ || current_.size() != trace_.size()) {
+    trace_ = current_;
+    recording_ = trace_.empty();
+  }
+  current_.clear();
+  pos_ = 0;
+}
+
+std::vector<int> PrefetchSchedule::Ahead(uint64_t window, const std::function<uint64_t(int)>& bytes_of) const {
+  std::vector<int> out;
+  if (!has_trace()) return out;
+  uint64_t total = 0;
+  for (size_t i = pos_; i < trace_.size(); ++i) {
+    const uint64_t b = bytes_of(trace_[i]);
+    if (!out.empty() && total + b > window) break;
+    total += b;
+    out.push_back(trace_[i]);
+  }
+  return out;
+}
+
+uint64_t PrefetchSchedule::NextUse(int group) const {
+  if (!has_trace()) return UINT64_MAX / 2;
+  for (size_t i = pos_; i < trace_.size(); ++i)
+    if (trace_[i] == group) return i - pos_;
+  for (size_t i = 0; i < pos_; ++i)  // next step
+    if (trace_[i] == group) return trace_.size() - pos_ + i;
+  return UINT64_MAX / 2;
+}
+
+}  // namespace strata

@@ -1,0 +1,36 @@
+// PrefetchSchedule: the order of fetches in one training step, recorded in
+// the first step and replayed afterwards. It answers "what comes next within
+// this many bytes" (for prefetch) and "when is this group next used" (for
+// eviction: the block used farthest in the future goes first). A step that
+// departs from the trace drops it, with one warning, and records anew.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace strata {
+
+class PrefetchSchedule {
+ public:
+  // Called on every fetch; returns false when the fetch departs from the trace.
+  bool OnFetch(int group);
+  // Called at the end of a step: a recorded or re-recorded trace takes effect.
+  void OnStep();
+
+  bool has_trace() const { return !trace_.empty() && !recording_; }
+  // The next groups, in order, from the current position, whose sizes (from
+  // `bytes_of`) add up to at most `window` bytes (always at least one).
+  std::vector<int> Ahead(uint64_t window, const std::function<uint64_t(int)>& bytes_of) const;
+  // How many fetches from now `group` is next used; large when never.
+  uint64_t NextUse(int group) const;
+  const std::vector<int>& trace() const { return trace_; }
+
+ private:
+  std::vector<int> trace_;    // the replayed step
+  std::vector<int> current_;  // fetches of the step in progress
+  size_t pos_ = 0;            // position in trace_ of the next expected fetch
+  bool recording_ = true;
+};
+
+}  // namespace strata

@@ -1,0 +1,218 @@
+// The device copies of P: fetch and release, the prefetch thread that loads
+// them ahead on the trace, and eviction of the copy used farthest ahead
+// (least recently used before a trace exists). Budgets are never exceeded:
+// a copy is allocated from the device tier or not at all.
+#include <algorithm>
+#include <chrono>
+
+#include "base/log.h"
+#include "base/sizes.h"
+#include "engine/engine_impl.h"
+
+namespace strata {
+
+void Engine::Impl::StartPrefetcher() {
+  prefetcher_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !prefetch_queue_.empty(); });
+      if (stop_) return;
+      const int g = prefetch_queue_.front();
+      prefetch_queue_.pop_front();
+      DeviceCopy& d = groups_[static_cast<size_t>(g)].dev;
+      if (d.state != DeviceCopy::kAbsent) continue;
+      if (!AllocateDeviceCopy(g, lock, /*demand=*/false).ok()) continue;  // no room now: a fetch will load it
+      d.state = DeviceCopy::kLoading;
+      d.prefetched = true;
+      ++loads_in_flight_;
+      lock.unlock();
+      Status st = LoadDeviceCopy(g);
+      lock.lock();
+      --loads_in_flight_;
+      if (st.ok()) {
+        d.state = DeviceCopy::kResident;
+      } else {
+        if (prefetch_error_.ok()) prefetch_error_ = st;
+        device_->Free(d.alloc);
+        d.alloc = {};
+        d.state = DeviceCopy::kAbsent;
+      }
+      cv_.notify_all();
+    }
+  });
+}
+
+void Engine::Impl::StopPrefetcher() {
+  if (!prefetcher_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  prefetcher_.join();
+}
+
+void Engine::Impl::EnqueuePrefetch(const std::vector<int>& groups) {
+  if (home_[0] == TierKind::kDevice) return;  // P lives there: nothing to fetch
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int g : groups)
+      if (groups_[static_cast<size_t>(g)].dev.state == DeviceCopy::kAbsent &&
+          std::find(prefetch_queue_.begin(), prefetch_queue_.end(), g) == prefetch_queue_.end())
+        prefetch_queue_.push_back(g);
+  }
+  cv_.notify_all();
+}
+
+void Engine::Impl::WaitPrefetchIdle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  prefetch_queue_.clear();
+  cv_.wait(lock, [&] { return loads_in_flight_ == 0; });
+}
+
+Status Engine::Impl::LoadDeviceCopy(int g) {
+  GroupState& gs = groups_[static_cast<size_t>(g)];
+  const StateBlock& p = gs.blocks[int(StateKind::kP)];
+  void* dst = gs.dev.alloc.ptr;
+  const uint64_t bytes = PBytes(g);
+  if (!device_->on_gpu()) {
+    // The device tier is host memory: read or copy straight into it.
+    if (p.home == TierKind::kNvme) return io_->Load(p, dst);
+    stats_->Begin(Resource::kCopy);
+    std::memcpy(dst, io_->DirectPtr(p), bytes);
+    stats_->End(Resource::kCopy);
+    stats_->AddMoved(TierKind::kHost, TierKind::kDevice, bytes);
+    return Status::Ok();
+  }
+  void* src = p.home == TierKind::kHost ? io_->DirectPtr(p) : nullptr;
+  if (!src) {
+    src = param_staging_.Acquire();
+    Status st = io_->Load(p, src);
+    if (!st.ok()) { param_staging_.Release(src); return st; }
+  }
+  stats_->Begin(Resource::kCopy);
+  auto t = device_->CopyIn(dst, src, bytes);
+  Status st = t.ok() ? (*t)->Wait() : t.status();
+  stats_->End(Resource::kCopy);
+  stats_->AddMoved(TierKind::kHost, TierKind::kDevice, bytes);
+  if (p.home != TierKind::kHost) param_staging_.Release(src);
+  return st;
+}
+
+Status Engine::Impl::AllocateDeviceCopy(int g, std::unique_lock<std::mutex>& lock, bool demand) {
+  DeviceCopy& d = groups_[static_cast<size_t>(g)].dev;
+  const uint64_t bytes = PBytes(g);
+  for (;;) {
+    auto a = device_->Allocate(bytes);
+    if (a.ok()) {
+      d.alloc = *a;
+      return Status::Ok();
+    }
+    // Victim: an unpinned resident copy, the one used farthest ahead (or least recently).
+    int victim = -1;
+    uint64_t best = 0;
+    const uint64_t mine = schedule_.NextUse(g);
+    for (int h = 0; h < part_.num_groups(); ++h) {
+      const DeviceCopy& c = groups_[static_cast<size_t>(h)].dev;
+      if (h == g || c.state != DeviceCopy::kResident || c.pins > 0) continue;
+      const uint64_t score = schedule_.has_trace() ? schedule_.NextUse(h) : UINT64_MAX - c.last_use;
+      if (victim < 0 || score > best) { victim = h; best = score; }
+    }
+    if (victim >= 0 && (demand || !schedule_.has_trace() || best > mine)) {
+      DeviceCopy& v = groups_[static_cast<size_t>(victim)].dev;
+      device_->Free(v.alloc);
+      v.alloc = {};
+      v.state = DeviceCopy::kAbsent;
+      continue;
+    }
+    if (!demand) return a.status();
+    if (loads_in_flight_ > 0) {  // a prefetch will finish and become evictable
+      cv_.wait(lock);
+      if (d.state != DeviceCopy::kAbsent) return Status::Ok();  // someone loaded it meanwhile
+      continue;
+    }
+    int pinned = 0;
+    for (const auto& gs : groups_) pinned += gs.dev.pins > 0;
+    return NoMemError("fetch of group " + std::to_string(g) + " (" + FormatBytes(bytes) + "): device tier budget " +
+                      FormatBytes(device_->budget()) + " is full: " + FormatBytes(device_->used()) + " in use, " +
+                      std::to_string(pinned) + " groups fetched and not released; nothing can be evicted");
+  }
+}
+
+void Engine::Impl::DropDeviceCopies() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& gs : groups_) {
+    if (gs.dev.state == DeviceCopy::kResident) device_->Free(gs.dev.alloc);
+    gs.dev.alloc = {};
+    gs.dev.state = DeviceCopy::kAbsent;
+  }
+}
+
+Result<void*> Engine::Impl::Fetch(int g) {
+  GroupState& gs = groups_[static_cast<size_t>(g)];
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool counted = schedule_.has_trace();
+  schedule_.OnFetch(g);
+  if (home_[0] == TierKind::kDevice) {
+    ++gs.dev.pins;
+    lock.unlock();
+    stats_->OnFetch(counted, true, 0);
+    return io_->DirectPtr(gs.blocks[int(StateKind::kP)]);
+  }
+  DeviceCopy& d = gs.dev;
+  // A hit: the schedule foresaw this fetch and issued its load (resident,
+  // loading, or queued). Whether the load was done in time shows in stalls.
+  auto queued = std::find(prefetch_queue_.begin(), prefetch_queue_.end(), g);
+  const bool hit = d.state != DeviceCopy::kAbsent || queued != prefetch_queue_.end();
+  if (queued != prefetch_queue_.end()) prefetch_queue_.erase(queued);  // loaded below, now
+  const auto t0 = std::chrono::steady_clock::now();
+  bool stalled = false;
+  for (;;) {
+    if (d.state == DeviceCopy::kResident) break;
+    if (d.state == DeviceCopy::kLoading) {
+      stalled = true;
+      cv_.wait(lock);
+      continue;
+    }
+    // Absent: load it now, in this thread.
+    stalled = true;
+    STRATA_RETURN_IF_ERROR(AllocateDeviceCopy(g, lock, /*demand=*/true));
+    if (d.state != DeviceCopy::kAbsent) continue;
+    d.state = DeviceCopy::kLoading;
+    d.prefetched = false;
+    ++loads_in_flight_;
+    lock.unlock();
+    Status st = LoadDeviceCopy(g);
+    lock.lock();
+    --loads_in_flight_;
+    if (!st.ok()) {
+      device_->Free(d.alloc);
+      d.alloc = {};
+      d.state = DeviceCopy::kAbsent;
+      cv_.notify_all();
+      return st.WithContext("fetch: group " + std::to_string(g));
+    }
+    d.state = DeviceCopy::kResident;
+    cv_.notify_all();
+  }
+  ++d.pins;
+  d.last_use = ++fetch_counter_;
+  void* ptr = d.alloc.ptr;
+  const uint64_t window = config_.zero.prefetch_bucket_size * DTypeSize(dtype_);
+  std::vector<int> ahead = schedule_.Ahead(window, [&](int h) { return PBytes(h); });
+  lock.unlock();
+  const double stall = stalled ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : 0;
+  stats_->OnFetch(counted, hit, stall);
+  EnqueuePrefetch(ahead);
+  return ptr;
+}
+
+Status Engine::Impl::Release(int g) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceCopy& d = groups_[static_cast<size_t>(g)].dev;
+  if (d.pins == 0) return StateError("release: group " + std::to_string(g) + " is not fetched");
+  --d.pins;
+  return Status::Ok();
+}
+
+}  // namespace strata

@@ -1,0 +1,62 @@
+// StagingPool: a fixed set of equal host buffers taken from the HostTier at
+// build time (so budgets are settled before training), handed out and
+// returned without allocating. Acquire blocks while all are in use.
+#pragma once
+
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+#include "tiers/host_tier.h"
+
+namespace strata {
+
+class StagingPool {
+ public:
+  StagingPool() = default;
+  ~StagingPool() { Reset(); }
+  // Allocates `count` buffers of `bytes` each from `host`.
+  Status Init(HostTier* host, int count, uint64_t bytes) {
+    Reset();
+    host_ = host;
+    bytes_ = bytes;
+    for (int i = 0; i < count; ++i) {
+      auto a = host->Allocate(bytes);
+      if (!a.ok()) return a.status().WithContext("staging buffers (" + std::to_string(count) + " x " + std::to_string(bytes) + " bytes)");
+      all_.push_back(*a);
+      free_.push_back(a->ptr);
+    }
+    return Status::Ok();
+  }
+  void* Acquire() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !free_.empty(); });
+    void* p = free_.back();
+    free_.pop_back();
+    return p;
+  }
+  void Release(void* p) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.push_back(p);
+    }
+    cv_.notify_one();
+  }
+  uint64_t bytes() const { return bytes_; }
+  int count() const { return static_cast<int>(all_.size()); }
+
+ private:
+  void Reset() {
+    for (auto& a : all_) host_->Free(a);
+    all_.clear();
+    free_.clear();
+  }
+  HostTier* host_ = nullptr;
+  uint64_t bytes_ = 0;
+  std::vector<Allocation> all_;
+  std::mutex mu_;  // guards free_
+  std::condition_variable cv_;
+  std::vector<void*> free_;
+};
+
+}  // namespace strata

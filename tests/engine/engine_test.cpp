@@ -1,0 +1,277 @@
+// engine/: placement never changes numerics, budgets hold under random
+// schedules, the trace-driven prefetch hits, and refusals name what's wrong.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "base/align.h"
+#include "engine/engine.h"
+#include "tests/engine/tiny_mlp.h"
+#include "tests/util/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using testing::TempDir;
+using testing::TinyMlp;
+
+Config MustParse(const std::string& json) {
+  auto c = ParseConfig(json);
+  EXPECT_TRUE(c.ok()) << c.status().ToString() << "\n" << json;
+  return c.ok() ? *c : Config{};
+}
+
+// Placement configs; {dir} is replaced by the swap directory.
+std::string PlacementJson(const std::string& name, const std::string& dir, const std::string& extra = "") {
+  std::string opt = "none", par = "none", budgets = R"("device_budget": "64MiB", "host_budget": "64MiB")";
+  if (name == "host") opt = "cpu";
+  if (name == "nvme_opt") opt = "nvme";
+  if (name == "nvme_all") {
+    opt = par = "nvme";
+    // Tight: the device holds 2 of the 4 groups' P, the host little more than the staging slots.
+    budgets = R"("device_budget": 20000, "host_budget": "2MiB")";
+  }
+  return R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5000,
+      "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": ")" + dir + R"("},
+      "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + dir + R"(", "buffer_size": 1e4}},
+    "strata": {)" + budgets + extra + "}}";
+}
+
+struct RunResult {
+  std::vector<std::vector<float>> master;
+  std::vector<double> losses;
+  EngineStats stats;
+};
+
+RunResult Train(const std::string& json, int steps, const TinyMlp& model, bool permute_step_5 = false) {
+  RunResult out;
+  auto e = Engine::Create(MustParse(json), {});
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (!e.ok()) return out;
+  Engine& eng = **e;
+  EXPECT_TRUE(model.Register(eng).ok());
+  Status b = eng.Build();
+  EXPECT_TRUE(b.ok()) << b.ToString();
+  if (!b.ok()) return out;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int> extra = {2, 0, 3};
+    auto loss = model.TrainStep(eng, (permute_step_5 && s == 5) ? &extra : nullptr);
+    EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+    if (!loss.ok()) return out;
+    out.losses.push_back(*loss);
+    StepOptions so;
+    so.lr = 0.01 * (1.0 + 0.1 * s);  // changes every step
+    auto r = eng.Step(so);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_FALSE(r->skipped);
+  }
+  for (int g = 0; g < eng.num_groups(); ++g) {
+    out.master.emplace_back(eng.group_numel(g));
+    EXPECT_TRUE(eng.ReadMaster(g, out.master.back().data()).ok());
+  }
+  out.stats = eng.stats();
+  return out;
+}
+
+void ExpectBitwiseEqual(const RunResult& a, const RunResult& b, const std::string& what) {
+  ASSERT_EQ(a.master.size(), b.master.size()) << what;
+  for (size_t g = 0; g < a.master.size(); ++g)
+    ASSERT_EQ(0, std::memcmp(a.master[g].data(), b.master[g].data(), a.master[g].size() * 4))
+        << what << ": group " << g << " differs";
+  ASSERT_EQ(a.losses, b.losses) << what;
+}
+
+void ExpectWithinBudgets(const EngineStats& s, const std::string& what) {
+  EXPECT_LE(s.device.peak, s.device.budget) << what;
+  EXPECT_LE(s.host.peak, s.host.budget) << what;
+  EXPECT_LE(s.nvme.peak, s.nvme.budget) << what;
+}
+
+TEST(Engine, PlacementNeverChangesNumerics) {
+  TempDir dir;
+  TinyMlp model;
+  const RunResult device = Train(PlacementJson("device", dir.path()), 20, model);
+  ASSERT_EQ(device.losses.size(), 20u);
+  EXPECT_LT(device.losses.back(), device.losses.front()) << "the model should learn";
+  for (const char* p : {"host", "nvme_opt", "nvme_all"}) {
+    const RunResult r = Train(PlacementJson(p, dir.path()), 20, model);
+    ExpectBitwiseEqual(device, r, p);
+    ExpectWithinBudgets(r.stats, p);
+    if (std::string(p) != "host") {
+      EXPECT_GT(r.stats.host_to_nvme, 0u) << p;
+    }
+  }
+}
+
+TEST(Engine, TightBudgetsHoldAndPrefetchHits) {
+  TempDir dir;
+  TinyMlp model;
+  const RunResult r = Train(PlacementJson("nvme_all", dir.path()), 12, model);
+  ExpectWithinBudgets(r.stats, "nvme_all");
+  EXPECT_GT(r.stats.nvme_to_host, 0u);
+  ASSERT_GT(r.stats.fetches, 0u);
+  EXPECT_GE(r.stats.prefetch_hit_rate(), 0.95) << r.stats.prefetch_hits << " of " << r.stats.fetches;
+}
+
+TEST(Engine, AStepInAnotherOrderStaysCorrect) {
+  TempDir dir;
+  TinyMlp model;
+  const RunResult plain = Train(PlacementJson("nvme_all", dir.path()), 8, model);
+  const RunResult permuted = Train(PlacementJson("nvme_all", dir.path()), 8, model, /*permute_step_5=*/true);
+  ExpectBitwiseEqual(plain, permuted, "permuted fetch order in step 5");
+}
+
+// Random fetch/release/grads/step schedules: budgets hold, nothing breaks.
+TEST(Engine, BudgetsHoldUnderRandomSchedules) {
+  TempDir dir;
+  TinyMlp model(6, 40);
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    auto e = Engine::Create(MustParse(PlacementJson("nvme_all", dir.path())), {});
+    ASSERT_TRUE(e.ok());
+    Engine& eng = **e;
+    ASSERT_TRUE(model.Register(eng).ok());
+    ASSERT_TRUE(eng.Build().ok());
+    std::mt19937_64 rng(seed);
+    std::vector<int> pinned;
+    std::vector<float> grads(40 * 40 + 40, 1e-3f);
+    for (int op = 0; op < 150; ++op) {
+      const int g = static_cast<int>(rng() % 6);
+      switch (rng() % 5) {
+        case 0: case 1:
+          if (pinned.size() < 2) {  // the device holds two groups
+            auto p = eng.Fetch(g);
+            ASSERT_TRUE(p.ok()) << "seed " << seed << ": " << p.status().ToString();
+            pinned.push_back(g);
+          }
+          break;
+        case 2:
+          if (!pinned.empty()) {
+            ASSERT_TRUE(eng.Release(pinned.back()).ok());
+            pinned.pop_back();
+          }
+          break;
+        case 3: ASSERT_TRUE(eng.Grads(g, grads.data(), DType::kF32).ok()); break;
+        case 4: {
+          auto r = eng.Step({});
+          if (pinned.empty()) {
+            ASSERT_TRUE(r.ok()) << r.status().ToString();
+          } else {
+            EXPECT_EQ(r.status().code(), Code::kState) << "step with a fetched group must refuse";
+          }
+          break;
+        }
+      }
+      const EngineStats s = eng.stats();
+      ASSERT_LE(s.device.used, s.device.budget);
+      ASSERT_LE(s.host.used, s.host.budget);
+    }
+    ExpectWithinBudgets(eng.stats(), "seed " + std::to_string(seed));
+  }
+}
+
+TEST(Engine, GroupLargerThanDeviceBudgetIsRefusedAtBuild) {
+  TempDir dir;
+  TinyMlp model;
+  auto e = Engine::Create(MustParse(PlacementJson("nvme_all", dir.path()).replace(
+                              PlacementJson("nvme_all", dir.path()).find("20000"), 5, "4000")),
+                          {});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE(model.Register(**e).ok());
+  Status st = (*e)->Build();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("device"), std::string::npos) << st.ToString();
+}
+
+TEST(Engine, CallsOutOfOrderAreRefused) {
+  auto e = Engine::Create(MustParse("{}"), {});
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ((*e)->Fetch(0).status().code(), Code::kState);
+  EXPECT_EQ((*e)->Step({}).status().code(), Code::kState);
+  EXPECT_EQ((*e)->Build().code(), Code::kState) << "no parameters";
+  ASSERT_TRUE((*e)->AddParam(0, "a", 10, nullptr).ok());
+  EXPECT_EQ((*e)->AddParam(0, "a", 10, nullptr).status().code(), Code::kInvalid);
+  EXPECT_EQ((*e)->AddParam(2, "b", 10, nullptr).status().code(), Code::kOk);
+  EXPECT_EQ((*e)->Build().code(), Code::kState) << "group 1 is missing";
+}
+
+TEST(Engine, Fp16OverflowSkipsTheStepAndLowersTheScale) {
+  TempDir dir;
+  TinyMlp model(2, 16);
+  auto e = Engine::Create(MustParse(R"({"fp16": {"enabled": true, "hysteresis": 1},
+      "zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},
+      "strata": {"device_budget": "16MiB", "host_budget": "16MiB"}})"),
+                          {});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& eng = **e;
+  ASSERT_TRUE(model.Register(eng).ok());
+  ASSERT_TRUE(eng.Build().ok());
+  std::vector<float> before(eng.group_numel(0)), after(before.size());
+  ASSERT_TRUE(eng.ReadMaster(0, before.data()).ok());
+  ASSERT_TRUE(model.TrainStep(eng, nullptr, 65536.0).ok());
+  std::vector<float> inf_grads(eng.group_numel(1), INFINITY);
+  ASSERT_TRUE(eng.Grads(1, inf_grads.data(), DType::kF32).ok());  // accumulates: now non-finite
+  auto r = eng.Step({});
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->skipped);
+  EXPECT_EQ(r->loss_scale, 32768.0);
+  ASSERT_TRUE(eng.ReadMaster(0, after.data()).ok());
+  EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.size() * 4)) << "a skipped step changes nothing";
+  ASSERT_TRUE(model.TrainStep(eng, nullptr, 32768.0).ok());
+  r = eng.Step({});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->skipped);
+  EXPECT_TRUE(std::isfinite(r->grad_norm));
+  ASSERT_TRUE(eng.ReadMaster(0, after.data()).ok());
+  EXPECT_NE(0, std::memcmp(before.data(), after.data(), before.size() * 4));
+}
+
+// Clipping to a norm far below eps makes the update far smaller than without.
+TEST(Engine, ClippingBoundsTheUpdate) {
+  TinyMlp model(2, 16);
+  auto change = [&](const char* clip, double* norm) {
+    auto e = Engine::Create(MustParse(std::string(R"({"gradient_clipping": )") + clip + "}"), {});
+    EXPECT_TRUE(e.ok());
+    EXPECT_TRUE(model.Register(**e).ok());
+    EXPECT_TRUE((*e)->Build().ok());
+    std::vector<float> w0((*e)->group_numel(0)), w1(w0.size());
+    EXPECT_TRUE((*e)->ReadMaster(0, w0.data()).ok());
+    EXPECT_TRUE(model.TrainStep(**e).ok());
+    auto r = (*e)->Step({});
+    EXPECT_TRUE(r.ok());
+    *norm = r->grad_norm;
+    EXPECT_TRUE((*e)->ReadMaster(0, w1.data()).ok());
+    double d = 0;
+    for (size_t i = 0; i < w0.size(); ++i) d += std::fabs(w1[i] - w0[i]);
+    return d;
+  };
+  double n1 = 0, n2 = 0;
+  const double free_change = change("0", &n1);
+  const double clipped_change = change("1e-10", &n2);
+  EXPECT_EQ(n1, n2) << "the reported norm is the unclipped one";
+  EXPECT_GT(n1, 1e-6);
+  EXPECT_LT(clipped_change, 0.1 * free_change);
+}
+
+TEST(Engine, WritesAChromeTrace) {
+  TempDir dir;
+  TinyMlp model(2, 16);
+  const std::string trace = dir.path() + "/trace.json";
+  {
+    const RunResult r = Train(PlacementJson("nvme_opt", dir.path(), R"(, "trace_path": ")" + trace + "\""), 2, model);
+    ASSERT_EQ(r.losses.size(), 2u);
+    EXPECT_GT(r.stats.step_wall_s, 0);
+    EXPECT_GT(r.stats.disk_busy_s, 0);
+  }
+  std::FILE* f = std::fopen(trace.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string text(1 << 20, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), f));
+  std::fclose(f);
+  EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(text.find("cpu optimizer"), std::string::npos);
+  EXPECT_NE(text.find("\"ph\":\"b\""), std::string::npos) << "async I/O events";
+}
+
+}  // namespace
+}  // namespace strata
