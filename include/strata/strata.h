@@ -1,0 +1,274 @@
+/* strata.h: Strata's public C API, the one stable contract. A trainer embeds
+ * the engine through it: register parameters in groups, fetch each group
+ * before it computes, hand its gradients back, and step the optimizer whose
+ * fp32 state lives in the device / host / NVMe tiers. C99 and C++.
+ *
+ * Example (errors: every call returns a strata_status_t):
+ *
+ *   strata_engine_t* e = NULL;
+ *   if (strata_engine_create(json, NULL, &e) != STRATA_OK)
+ *     fprintf(stderr, "%s\n", strata_last_error());
+ *   uint64_t off;
+ *   strata_engine_add_param(e, 0, "blk0.w", n, w_init, &off);  // ... every tensor
+ *   strata_engine_build(e);
+ *   for (int step = 0; step < steps; ++step) {
+ *     void* p;
+ *     strata_engine_fetch(e, 0, stream, &p);   // group 0 in the compute dtype
+ *     ... forward and backward with p ...
+ *     strata_engine_release(e, 0, stream);
+ *     strata_engine_grads(e, 0, grads, STRATA_DTYPE_F32, stream);
+ *     strata_step_options_t opt = STRATA_STEP_OPTIONS_INIT;
+ *     opt.lr = lr_at(step);
+ *     strata_step_result_t res = STRATA_STEP_RESULT_INIT;
+ *     strata_engine_step(e, &opt, &res);
+ *   }
+ *   strata_engine_destroy(e);
+ *
+ * Conventions, for every function below:
+ *   - No exception and no abort crosses this boundary for bad input; a call
+ *     returns a status and strata_last_error() gives the detailed message.
+ *   - Pointers named out* are written only on STRATA_OK.
+ *   - After an internal error (STRATA_INTERNAL, or a failure the engine cannot
+ *     recover from) an engine is broken: every later call on it returns
+ *     STRATA_STATE and says why; only strata_engine_destroy still works.
+ *   - One thread at a time drives an engine (the caller serializes); distinct
+ *     engines may be driven from distinct threads. The engine runs its own I/O,
+ *     copy and prefetch threads internally.
+ *   - Option and result structs start with struct_size, which the caller sets
+ *     (the _INIT macros do): the library reads and writes only the fields that
+ *     struct_size covers, so programs built against an older header keep
+ *     working; fields are only ever appended.
+ */
+#ifndef STRATA_STRATA_H_
+#define STRATA_STRATA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(STRATA_BUILDING_LIBRARY) && defined(__GNUC__)
+#define STRATA_API __attribute__((visibility("default")))
+#else
+#define STRATA_API
+#endif
+
+/* ---- Version ------------------------------------------------------------ */
+
+#define STRATA_VERSION_MAJOR 0
+#define STRATA_VERSION_MINOR 1
+#define STRATA_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, as strata_version() returns it. */
+#define STRATA_VERSION_CODE \
+  (STRATA_VERSION_MAJOR * 10000 + STRATA_VERSION_MINOR * 100 + STRATA_VERSION_PATCH)
+
+/* The version of the library loaded at run time, coded as STRATA_VERSION_CODE.
+ * Thread-safe. */
+STRATA_API int strata_version(void);
+
+/* ---- Status ------------------------------------------------------------- */
+
+typedef enum strata_status {
+  STRATA_OK = 0,
+  STRATA_INVALID = 1,      /* bad argument (null pointer, unknown group, size) */
+  STRATA_CONFIG = 2,       /* bad configuration key or value */
+  STRATA_NOMEM = 3,        /* a budget or the OS refused memory */
+  STRATA_IO = 4,           /* an I/O call failed */
+  STRATA_NOSPACE = 5,      /* disk full or file too large */
+  STRATA_CORRUPT = 6,      /* checksum mismatch, truncated file */
+  STRATA_COMM = 7,         /* a collective or the rendezvous store failed */
+  STRATA_TIMEOUT = 8,      /* a wait ran past its limit */
+  STRATA_UNSUPPORTED = 9,  /* not available in this build or on this machine */
+  STRATA_STATE = 10,       /* call out of order, or the engine is broken */
+  STRATA_INTERNAL = 11     /* a bug in Strata */
+} strata_status_t;
+
+/* "OK", "INVALID", ... ; "UNKNOWN" for a value outside the enum. The string
+ * is static. Thread-safe. */
+STRATA_API const char* strata_status_name(strata_status_t status);
+
+/* The message of the latest call on THIS thread that did not return
+ * STRATA_OK ("" when none has failed yet); successful calls leave it as it
+ * is. Owned by the library, valid until the next strata_* call on the same
+ * thread. Never NULL. */
+STRATA_API const char* strata_last_error(void);
+
+/* ---- Element types ------------------------------------------------------ */
+
+typedef enum strata_dtype {
+  STRATA_DTYPE_F32 = 0,
+  STRATA_DTYPE_BF16 = 1,
+  STRATA_DTYPE_F16 = 2
+} strata_dtype_t;
+
+/* ---- Engine ------------------------------------------------------------- */
+
+/* Opaque. Created by strata_engine_create, freed by strata_engine_destroy. */
+typedef struct strata_engine strata_engine_t;
+
+typedef struct strata_engine_options {
+  size_t struct_size;
+  int rank;                    /* this process's rank, 0-based */
+  int world_size;              /* ranks sharing the model */
+  int grad_accumulation_steps; /* strata_engine_grads calls per group per step */
+  int force_no_gpu;            /* nonzero: the device tier is a host arena even with a GPU */
+} strata_engine_options_t;
+#define STRATA_ENGINE_OPTIONS_INIT {sizeof(strata_engine_options_t), 0, 1, 1, 0}
+
+/* Creates an engine from a JSON config (DeepSpeed dialect plus a "strata"
+ * section). `options` may be NULL (rank 0 of 1). On STRATA_OK *out owns the
+ * engine; the caller frees it with strata_engine_destroy. `json` is read
+ * only during the call.
+ * Errors: INVALID (null json/out, bad options), CONFIG (a bad key or value,
+ * named in the message), UNSUPPORTED (a feature this build lacks), NOMEM, IO.
+ * Thread-safe. */
+STRATA_API strata_status_t strata_engine_create(const char* json,
+                                                const strata_engine_options_t* options,
+                                                strata_engine_t** out);
+
+/* Frees the engine, its memory and its swap files. NULL is a no-op. The
+ * engine must not be in use by another thread. Always returns STRATA_OK. */
+STRATA_API strata_status_t strata_engine_destroy(strata_engine_t* engine);
+
+/* Registers `numel` parameters named `name` in `group` (0-based; groups must
+ * have no gaps at build). `init` holds numel fp32 values, or is NULL for
+ * zeros; it is copied during the call. On STRATA_OK, *offset_out (may be
+ * NULL) receives the tensor's offset, in elements, inside its group's buffer.
+ * REQUIRES: before strata_engine_build. Errors: INVALID, STATE. */
+STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int group,
+                                                   const char* name, uint64_t numel,
+                                                   const float* init, uint64_t* offset_out);
+
+/* Lays the groups out, allocates every block in its home tier, reserves swap
+ * space and writes the initial state. Errors: STATE (twice, or no params),
+ * CONFIG/NOMEM (a group larger than a budget), NOSPACE, IO. */
+STRATA_API strata_status_t strata_engine_build(strata_engine_t* engine);
+
+/* Brings the group's full parameters, in the compute dtype
+ * (strata_engine_compute_dtype), to the device and sets *device_ptr to
+ * them. The buffer is owned by the engine and valid until
+ * strata_engine_release of the group. The data is complete before the call
+ * returns, so work on `cuda_stream` (a cudaStream_t; NULL = the default
+ * stream) may read it at once. Without a GPU the pointer is host memory and
+ * the stream is ignored. REQUIRES: after build. Errors: INVALID, STATE, IO,
+ * CORRUPT, NOMEM, TIMEOUT. */
+STRATA_API strata_status_t strata_engine_fetch(strata_engine_t* engine, int group,
+                                               void* cuda_stream, void** device_ptr);
+
+/* Gives the group's fetched buffer back. Work already queued on
+ * `cuda_stream` that reads the buffer is waited for first. Errors: INVALID,
+ * STATE (not fetched). */
+STRATA_API strata_status_t strata_engine_release(strata_engine_t* engine, int group,
+                                                 void* cuda_stream);
+
+/* Adds the group's full gradients (group numel elements of `dtype`, on the
+ * device; host memory without a GPU) to its fp32 accumulator; the first call
+ * of a step overwrites. Work queued on `cuda_stream` that writes `grads` is
+ * waited for first; `grads` stays owned by the caller and may be reused when
+ * the call returns. Errors: INVALID, STATE, IO, NOMEM, COMM. */
+STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int group,
+                                               const void* grads, strata_dtype_t dtype,
+                                               void* cuda_stream);
+
+/* Options that may change every step. Negative = the config's value (the
+ * _INIT macro sets every field so); zero is a value like any other. */
+typedef struct strata_step_options {
+  size_t struct_size;
+  double lr;
+  double beta1, beta2;
+  double eps;
+  double weight_decay;
+} strata_step_options_t;
+#define STRATA_STEP_OPTIONS_INIT {sizeof(strata_step_options_t), -1.0, -1.0, -1.0, -1.0, -1.0}
+
+typedef struct strata_step_result {
+  size_t struct_size;
+  double grad_norm;  /* global L2 norm of the unscaled gradients */
+  int skipped;       /* nonzero: fp16 overflow, nothing was updated */
+  double loss_scale; /* the scale for the next loss (fp16), else 1 */
+} strata_step_result_t;
+#define STRATA_STEP_RESULT_INIT {sizeof(strata_step_result_t), 0.0, 0, 1.0}
+
+/* Runs the optimizer over every shard (norm, clipping, loss scaling, update)
+ * and writes the new parameters to their home tier. `options` may be NULL
+ * (all from the config); `result` may be NULL. Errors: INVALID, STATE, IO,
+ * CORRUPT, NOSPACE, COMM, TIMEOUT. */
+STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine,
+                                              const strata_step_options_t* options,
+                                              strata_step_result_t* result);
+
+/* Copies the group's fp32 master weights, without padding, into `out`
+ * (strata_engine_group_numel floats, caller-owned host memory).
+ * REQUIRES: after build. Errors: INVALID, STATE, IO, CORRUPT. */
+STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, int group,
+                                                     float* out);
+
+/* Shape queries. REQUIRES for group_numel: after build. Errors: INVALID. */
+STRATA_API strata_status_t strata_engine_num_groups(strata_engine_t* engine, int* out);
+STRATA_API strata_status_t strata_engine_group_numel(strata_engine_t* engine, int group,
+                                                     uint64_t* out);
+STRATA_API strata_status_t strata_engine_compute_dtype(strata_engine_t* engine,
+                                                       strata_dtype_t* out);
+
+typedef struct strata_tier_stats {
+  uint64_t budget, used, peak; /* bytes */
+} strata_tier_stats_t;
+
+typedef struct strata_stats {
+  size_t struct_size;
+  strata_tier_stats_t device, host, nvme;
+  /* Bytes moved between tiers, cumulative. */
+  uint64_t nvme_to_host, host_to_nvme, host_to_device, device_to_host;
+  uint64_t fetches, prefetch_hits, fetch_stalls;
+  double fetch_stall_s;
+  /* Busy seconds of each resource in the last step, and its wall time. */
+  double disk_busy_s, copy_busy_s, cpu_optimizer_s, step_wall_s;
+  double overlap_efficiency; /* largest busy time / wall time, last step */
+  uint64_t steps, skipped_steps;
+} strata_stats_t;
+#define STRATA_STATS_INIT                                                                   \
+  {sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, \
+   0.0, 0.0, 0.0, 0, 0}
+
+/* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */
+STRATA_API strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* stats);
+
+/* ---- The optimizer alone ------------------------------------------------ */
+
+typedef enum strata_adam_mode {
+  STRATA_ADAM_MODE_ADAMW = 0, /* decoupled weight decay (torch.optim.AdamW) */
+  STRATA_ADAM_MODE_ADAM = 1   /* L2 penalty in the gradient (torch.optim.Adam) */
+} strata_adam_mode_t;
+
+typedef struct strata_adam_options {
+  size_t struct_size;
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;                    /* 1-based number of this update (bias correction) */
+  strata_adam_mode_t mode;
+  double grad_scale;               /* multiplies the gradient first: clip / loss_scale */
+  strata_dtype_t grad_dtype;       /* element type of grad */
+  strata_dtype_t param_copy_dtype; /* element type of param_copy: BF16 or F16 */
+} strata_adam_options_t;
+#define STRATA_ADAM_OPTIONS_INIT                                                           \
+  {sizeof(strata_adam_options_t), 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, STRATA_ADAM_MODE_ADAMW, \
+   1.0, STRATA_DTYPE_F32, STRATA_DTYPE_BF16}
+
+/* One Adam/AdamW step over n elements of caller-owned host arrays, in place,
+ * on the fastest SIMD path of this CPU, in parallel:
+ *   param, exp_avg, exp_avg_sq: n floats each (read and written)
+ *   grad: n elements of options->grad_dtype (read)
+ *   param_copy: NULL, or n elements of options->param_copy_dtype that receive
+ *     the updated param rounded to nearest even.
+ * REQUIRES: the arrays do not overlap. Thread-safe for disjoint arrays.
+ * Errors: INVALID (null array with n > 0, bad options). */
+STRATA_API strata_status_t strata_adam_step(const strata_adam_options_t* options, size_t n,
+                                            float* param, float* exp_avg, float* exp_avg_sq,
+                                            const void* grad, void* param_copy);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* STRATA_STRATA_H_ */
