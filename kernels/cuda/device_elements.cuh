@@ -1,0 +1,50 @@
+// Device loads, stores and conversions shared by the CUDA kernels; bit for bit
+// the reference conversions of base/dtype.h (round to nearest even, NaN kept).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "base/dtype.h"
+
+namespace strata::kernels::cuda_detail {
+
+template <DType D>
+__device__ __forceinline__ float LoadAsF32(const void* x, size_t i) {
+  if constexpr (D == DType::kF32) {
+    return static_cast<const float*>(x)[i];
+  } else if constexpr (D == DType::kBF16) {
+    return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i]) << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<const uint16_t*>(x)[i]));
+  }
+}
+
+__device__ __forceinline__ uint16_t ToBF16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+__device__ __forceinline__ uint16_t ToF16(float f) {
+  const uint32_t u = __float_as_uint(f);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u)  // NaN: quiet, top payload bits kept, as base F32ToF16
+    return static_cast<uint16_t>(((u >> 16) & 0x8000u) | 0x7e00u | ((abs >> 13) & 0x3ffu));
+  return __half_as_ushort(__float2half_rn(f));
+}
+
+template <DType D>
+__device__ __forceinline__ void StoreFromF32(void* x, size_t i, float f) {
+  if constexpr (D == DType::kF32) {
+    static_cast<float*>(x)[i] = f;
+  } else if constexpr (D == DType::kBF16) {
+    static_cast<uint16_t*>(x)[i] = ToBF16(f);
+  } else {
+    static_cast<uint16_t*>(x)[i] = ToF16(f);
+  }
+}
+
+}  // namespace strata::kernels::cuda_detail
