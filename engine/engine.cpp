@@ -153,7 +153,9 @@ Status Engine::Impl::Build() {
     }
   }
   opt_slot_offsets_[kNumStates] = off;
-  if (any_staged) STRATA_RETURN_IF_ERROR(opt_staging_.Init(host_.get(), 3, off));
+  // Slots: offload_optimizer.buffer_count (at least 3: read ahead, update, write behind).
+  const int slots = static_cast<int>(std::clamp<uint64_t>(config_.zero.offload_optimizer.buffer_count, 3, 16));
+  if (any_staged) STRATA_RETURN_IF_ERROR(opt_staging_.Init(host_.get(), slots, off));
   if (home_[0] == TierKind::kNvme && device_->on_gpu()) {
     const int n = static_cast<int>(std::clamp<uint64_t>(config_.zero.offload_param.buffer_count, 1, 4));
     STRATA_RETURN_IF_ERROR(param_staging_.Init(host_.get(), n, io_->NvmePadded(state_bytes(0, shard))));

@@ -2,6 +2,7 @@
 // the CPU, shard i+1's W, M, V, G are read and shard i-1's are written, each
 // in a slot of its own (three slots). States the CPU addresses in place
 // (host-homed, or the device tier's host arena) are not moved at all.
+#include <algorithm>
 #include <cstring>
 
 #include "engine/engine_impl.h"
@@ -57,9 +58,12 @@ Status Engine::Impl::RunOptimizer(double grad_scale, const StepOptions& so, int6
 
   if (n > 0) start_loads(0);
   for (int i = 0; i < n && first_error.ok(); ++i) {
-    // Slot reuse: job i+1 takes the slot job i-2 used, once its writes finish.
-    if (i >= 2) finish_stores(jobs[static_cast<size_t>(i - 2)]);
-    if (i + 1 < n) start_loads(i + 1);
+    // Slot reuse: with K slots, job i+1 takes the slot of job i+1-K, once its
+    // writes finish; reads run up to K-2 shards ahead of the update.
+    const int k = std::max(opt_staging_.count(), 3);
+    if (i + 2 - k >= 0) finish_stores(jobs[static_cast<size_t>(i + 2 - k)]);
+    for (int a = i + 1; a <= std::min(i + k - 2, n - 1); ++a)
+      if (jobs[static_cast<size_t>(a)].group < 0) start_loads(a);
     Job& j = jobs[static_cast<size_t>(i)];
     for (auto& m : j.loads) keep(io_->Finish(m));
     j.loads.clear();
