@@ -288,6 +288,14 @@ strata_status_t strata_engine_compute_dtype(strata_engine_t* engine, strata_dtyp
   });
 }
 
+strata_status_t strata_engine_device_is_gpu(strata_engine_t* engine, int* out) {
+  return OnEngine("strata_engine_device_is_gpu", engine, [&]() -> Status {
+    if (out == nullptr) return strata::InvalidError("out must not be NULL");
+    *out = engine->gpu ? 1 : 0;
+    return Status::Ok();
+  });
+}
+
 strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* stats) {
   return OnEngine("strata_engine_stats", engine, [&]() -> Status {
     if (stats == nullptr) return strata::InvalidError("stats must not be NULL");

@@ -128,8 +128,9 @@ STRATA_API strata_status_t strata_engine_create(const char* json,
                                                 const strata_engine_options_t* options,
                                                 strata_engine_t** out);
 
-/* Frees the engine, its memory and its swap files. NULL is a no-op. The
- * engine must not be in use by another thread. Always returns STRATA_OK. */
+/* Frees the engine and its memory, and closes its swap files (which stay in
+ * their folder). NULL is a no-op. The engine must not be in use by another
+ * thread. Always returns STRATA_OK. */
 STRATA_API strata_status_t strata_engine_destroy(strata_engine_t* engine);
 
 /* Registers `numel` parameters named `name` in `group` (0-based; groups must
@@ -211,6 +212,9 @@ STRATA_API strata_status_t strata_engine_group_numel(strata_engine_t* engine, in
                                                      uint64_t* out);
 STRATA_API strata_status_t strata_engine_compute_dtype(strata_engine_t* engine,
                                                        strata_dtype_t* out);
+/* *out = 1 when fetched buffers and gradients are CUDA device memory, 0 when
+ * they are host memory (no GPU, or force_no_gpu). Errors: INVALID. */
+STRATA_API strata_status_t strata_engine_device_is_gpu(strata_engine_t* engine, int* out);
 
 typedef struct strata_tier_stats {
   uint64_t budget, used, peak; /* bytes */

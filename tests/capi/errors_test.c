@@ -95,6 +95,7 @@ static void null_engine(void) {
   EXPECT(STRATA_INVALID, "strata_engine_group_numel: engine is NULL", strata_engine_group_numel(NULL, 0, &u));
   EXPECT(STRATA_INVALID, "strata_engine_compute_dtype: engine is NULL", strata_engine_compute_dtype(NULL, &t));
   EXPECT(STRATA_INVALID, "strata_engine_stats: engine is NULL", strata_engine_stats(NULL, &s));
+  EXPECT(STRATA_INVALID, "strata_engine_device_is_gpu: engine is NULL", strata_engine_device_is_gpu(NULL, &n));
 }
 
 static void engine_errors(void) {
@@ -132,6 +133,10 @@ static void engine_errors(void) {
   EXPECT(STRATA_INVALID, "out must not be NULL", strata_engine_group_numel(e, 0, NULL));
   EXPECT(STRATA_INVALID, "out must not be NULL", strata_engine_compute_dtype(e, NULL));
   EXPECT(STRATA_INVALID, "stats must not be NULL", strata_engine_stats(e, NULL));
+  EXPECT(STRATA_INVALID, "strata_engine_device_is_gpu: out must not be NULL", strata_engine_device_is_gpu(e, NULL));
+  int is_gpu = 7;
+  OK(strata_engine_device_is_gpu(e, &is_gpu));
+  if (is_gpu != 0) fprintf(stderr, "force_no_gpu engine says it is on a GPU\n"), ++failures;
   /* Releasing a group that is not fetched is the engine's to refuse. */
   strata_status_t st = strata_engine_release(e, 0, NULL);
   if (st == STRATA_OK || strstr(strata_last_error(), "strata_engine_release") == NULL)

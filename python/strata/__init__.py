@@ -1,0 +1,374 @@
+"""Strata from Python: a ctypes binding over the C API (include/strata/strata.h).
+
+    import strata
+    with strata.Engine({"zero_optimization": {"stage": 1}}) as e:
+        e.add_param(0, "w", 1024, init=torch.randn(1024))
+        e.build()
+        ...
+
+The library is found through $STRATA_LIBRARY, else as libstrata.so.0 on the
+loader's path. No compile step. strata.torch holds the PyTorch integration
+(OffloadAdam, offload_module).
+"""
+
+import ctypes
+import ctypes.util
+import json
+import os
+
+__all__ = ["Engine", "Error", "STATUS_NAMES", "adam_step", "version"]
+
+# strata_status_t, in order.
+STATUS_NAMES = ("OK", "INVALID", "CONFIG", "NOMEM", "IO", "NOSPACE", "CORRUPT", "COMM", "TIMEOUT",
+                "UNSUPPORTED", "STATE", "INTERNAL")
+(OK, INVALID, CONFIG, NOMEM, IO, NOSPACE, CORRUPT, COMM, TIMEOUT, UNSUPPORTED, STATE,
+ INTERNAL) = range(len(STATUS_NAMES))
+
+# strata_dtype_t
+DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2
+_DTYPE_NAMES = {DTYPE_F32: "f32", DTYPE_BF16: "bf16", DTYPE_F16: "f16"}
+
+
+class Error(RuntimeError):
+    """A failed Strata call: `status` (an int, e.g. strata.CONFIG), `status_name`
+    ("CONFIG") and the library's detailed `message`."""
+
+    def __init__(self, status, message):
+        self.status = status
+        self.status_name = STATUS_NAMES[status] if 0 <= status < len(STATUS_NAMES) else "UNKNOWN"
+        self.message = message
+        super().__init__(f"{self.status_name}: {message}")
+
+
+# ---- The C structs (the fields of strata.h, in order) -----------------------
+
+class _EngineOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("rank", ctypes.c_int), ("world_size", ctypes.c_int),
+                ("grad_accumulation_steps", ctypes.c_int), ("force_no_gpu", ctypes.c_int)]
+
+
+class _StepOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("lr", ctypes.c_double), ("beta1", ctypes.c_double),
+                ("beta2", ctypes.c_double), ("eps", ctypes.c_double), ("weight_decay", ctypes.c_double)]
+
+
+class _StepResult(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("grad_norm", ctypes.c_double), ("skipped", ctypes.c_int),
+                ("loss_scale", ctypes.c_double)]
+
+
+class _TierStats(ctypes.Structure):
+    _fields_ = [("budget", ctypes.c_uint64), ("used", ctypes.c_uint64), ("peak", ctypes.c_uint64)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = ([("struct_size", ctypes.c_size_t)] +
+                [(t, _TierStats) for t in ("device", "host", "nvme")] +
+                [(n, ctypes.c_uint64) for n in ("nvme_to_host", "host_to_nvme", "host_to_device",
+                                                "device_to_host", "fetches", "prefetch_hits", "fetch_stalls")] +
+                [(n, ctypes.c_double) for n in ("fetch_stall_s", "disk_busy_s", "copy_busy_s", "cpu_optimizer_s",
+                                                "step_wall_s", "overlap_efficiency")] +
+                [(n, ctypes.c_uint64) for n in ("steps", "skipped_steps")])
+
+
+class _AdamOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("lr", ctypes.c_double), ("beta1", ctypes.c_double),
+                ("beta2", ctypes.c_double), ("eps", ctypes.c_double), ("weight_decay", ctypes.c_double),
+                ("step", ctypes.c_int64), ("mode", ctypes.c_int), ("grad_scale", ctypes.c_double),
+                ("grad_dtype", ctypes.c_int), ("param_copy_dtype", ctypes.c_int)]
+
+
+# ---- The library ------------------------------------------------------------
+
+_lib = None
+
+
+def _load():
+    global _lib
+    if _lib is not None:
+        return _lib
+    path = os.environ.get("STRATA_LIBRARY") or ctypes.util.find_library("strata") or "libstrata.so.0"
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise Error(UNSUPPORTED, f"cannot load the Strata library {path!r} ({e}); "
+                    "set STRATA_LIBRARY to the path of libstrata.so") from None
+    P, I, U64, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int
+    sigs = {
+        "strata_version": ([], ctypes.c_int),
+        "strata_status_name": ([S], ctypes.c_char_p),
+        "strata_last_error": ([], ctypes.c_char_p),
+        "strata_engine_create": ([ctypes.c_char_p, ctypes.POINTER(_EngineOptions), ctypes.POINTER(P)], S),
+        "strata_engine_destroy": ([P], S),
+        "strata_engine_add_param": ([P, I, ctypes.c_char_p, U64, P, ctypes.POINTER(U64)], S),
+        "strata_engine_build": ([P], S),
+        "strata_engine_fetch": ([P, I, P, ctypes.POINTER(P)], S),
+        "strata_engine_release": ([P, I, P], S),
+        "strata_engine_grads": ([P, I, P, I, P], S),
+        "strata_engine_step": ([P, ctypes.POINTER(_StepOptions), ctypes.POINTER(_StepResult)], S),
+        "strata_engine_read_master": ([P, I, P], S),
+        "strata_engine_num_groups": ([P, ctypes.POINTER(I)], S),
+        "strata_engine_group_numel": ([P, I, ctypes.POINTER(U64)], S),
+        "strata_engine_compute_dtype": ([P, ctypes.POINTER(I)], S),
+        "strata_engine_device_is_gpu": ([P, ctypes.POINTER(I)], S),
+        "strata_engine_stats": ([P, ctypes.POINTER(_Stats)], S),
+        "strata_adam_step": ([ctypes.POINTER(_AdamOptions), ctypes.c_size_t, P, P, P, P, P], S),
+    }
+    for name, (args, res) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    _lib = lib
+    return lib
+
+
+def _check(status):
+    if status != 0:
+        raise Error(status, _load().strata_last_error().decode("utf-8", "replace"))
+
+
+def version():
+    """The loaded library's version as (major, minor, patch)."""
+    v = _load().strata_version()
+    return (v // 10000, v // 100 % 100, v % 100)
+
+
+def _sized(cls, **fields):
+    s = cls(**fields)
+    s.struct_size = ctypes.sizeof(cls)
+    return s
+
+
+def _address(x):
+    """The address of a buffer: a torch tensor (contiguous), a numpy array or an int."""
+    if x is None:
+        return None
+    if isinstance(x, int):
+        return x
+    if hasattr(x, "data_ptr"):  # torch.Tensor
+        if not x.is_contiguous():
+            raise Error(INVALID, "the tensor must be contiguous")
+        return x.data_ptr()
+    if hasattr(x, "ctypes"):  # numpy.ndarray
+        if not x.flags["C_CONTIGUOUS"]:
+            raise Error(INVALID, "the array must be contiguous")
+        return x.ctypes.data
+    raise TypeError(f"expected a tensor, an array or an address, not {type(x).__name__}")
+
+
+def _dtype_of(x):
+    name = str(getattr(x, "dtype", ""))
+    for key, code in (("bfloat16", DTYPE_BF16), ("float16", DTYPE_F16), ("half", DTYPE_F16),
+                      ("float32", DTYPE_F32)):
+        if name.endswith(key):
+            return code
+    raise TypeError(f"gradients must be float32, bfloat16 or float16, not {name or type(x).__name__}")
+
+
+def _stream_handle(stream):
+    if stream is None or isinstance(stream, int):
+        return stream
+    return getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
+
+
+def _numel(x):
+    if isinstance(x, int):
+        return x
+    return int(x.numel()) if callable(getattr(x, "numel", None)) else int(x.size)
+
+
+class Engine:
+    """One Strata engine: parameter groups whose fp32 master weights and
+    optimizer state live in the device / host / NVMe tiers.
+
+    `config` is the JSON config (a dict or a string). Every failure raises
+    strata.Error. Use it as a context manager, or call close(). One thread at
+    a time drives an engine.
+    """
+
+    def __init__(self, config, rank=0, world_size=1, grad_accumulation_steps=1, force_no_gpu=False):
+        self._lib = _load()
+        self._h = None
+        text = config if isinstance(config, str) else json.dumps(config)
+        opts = _sized(_EngineOptions, rank=rank, world_size=world_size,
+                      grad_accumulation_steps=grad_accumulation_steps, force_no_gpu=1 if force_no_gpu else 0)
+        h = ctypes.c_void_p()
+        _check(self._lib.strata_engine_create(text.encode(), ctypes.byref(opts), ctypes.byref(h)))
+        self._h = h
+
+    # -- lifetime
+    def close(self):
+        """Frees the engine and its swap files. Idempotent."""
+        if self._h is not None:
+            self._lib.strata_engine_destroy(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    @property
+    def handle(self):
+        if self._h is None:
+            raise Error(STATE, "the engine is closed")
+        return self._h
+
+    # -- registration
+    def add_param(self, group, name, tensor_or_numel, init=None):
+        """Registers a tensor in `group`; returns its offset (elements) in the
+        group's buffer. `tensor_or_numel`: a tensor (its values are the initial
+        ones unless `init` is given) or an element count (zeros unless `init`)."""
+        numel = _numel(tensor_or_numel)
+        if init is None and not isinstance(tensor_or_numel, int):
+            init = tensor_or_numel
+        keep = None
+        if init is not None:
+            keep = _as_f32_host(init)
+            if _numel(keep) != numel:
+                raise Error(INVALID, f"{name}: init has {_numel(keep)} elements, not {numel}")
+        off = ctypes.c_uint64()
+        _check(self._lib.strata_engine_add_param(self.handle, group, name.encode(), numel, _address(keep),
+                                                 ctypes.byref(off)))
+        return off.value
+
+    def build(self):
+        _check(self._lib.strata_engine_build(self.handle))
+
+    # -- the step protocol
+    def fetch(self, group, stream=None):
+        """The group's full parameters in the compute dtype: a device address
+        (an int; host memory without a GPU), valid until release(group)."""
+        p = ctypes.c_void_p()
+        _check(self._lib.strata_engine_fetch(self.handle, group, _stream_handle(stream), ctypes.byref(p)))
+        return p.value
+
+    def fetch_tensor(self, group, stream=None):
+        """fetch() as a torch tensor (1-D, group_numel elements, compute dtype)
+        that views the engine's buffer: valid until release(group)."""
+        return self.as_tensor(self.fetch(group, stream), self.group_numel(group))
+
+    def release(self, group, stream=None):
+        _check(self._lib.strata_engine_release(self.handle, group, _stream_handle(stream)))
+
+    def grads(self, group, grads, dtype=None, stream=None):
+        """Hands the group's full gradients (a contiguous tensor of group_numel
+        elements, float32/bfloat16/float16, on the engine's device; or an
+        address with `dtype` one of "f32", "bf16", "f16")."""
+        code = _dtype_of(grads) if dtype is None else {v: k for k, v in _DTYPE_NAMES.items()}[dtype]
+        if not isinstance(grads, int) and _numel(grads) != self.group_numel(group):
+            raise Error(INVALID, f"group {group} has {self.group_numel(group)} elements; "
+                        f"grads has {_numel(grads)}")
+        _check(self._lib.strata_engine_grads(self.handle, group, _address(grads), code, _stream_handle(stream)))
+
+    def step(self, lr=None, betas=None, eps=None, weight_decay=None):
+        """One optimizer step; None takes the config's value. Returns
+        (grad_norm, skipped)."""
+        def v(x):
+            return -1.0 if x is None else float(x)
+        b1, b2 = (None, None) if betas is None else betas
+        opts = _sized(_StepOptions, lr=v(lr), beta1=v(b1), beta2=v(b2), eps=v(eps), weight_decay=v(weight_decay))
+        res = _sized(_StepResult)
+        _check(self._lib.strata_engine_step(self.handle, ctypes.byref(opts), ctypes.byref(res)))
+        self.last_loss_scale = res.loss_scale
+        return res.grad_norm, bool(res.skipped)
+
+    # -- queries
+    def read_master(self, group):
+        """The group's fp32 master weights as a new 1-D torch tensor (host)."""
+        import torch
+        out = torch.empty(self.group_numel(group), dtype=torch.float32)
+        _check(self._lib.strata_engine_read_master(self.handle, group, out.data_ptr()))
+        return out
+
+    @property
+    def num_groups(self):
+        n = ctypes.c_int()
+        _check(self._lib.strata_engine_num_groups(self.handle, ctypes.byref(n)))
+        return n.value
+
+    def group_numel(self, group):
+        n = ctypes.c_uint64()
+        _check(self._lib.strata_engine_group_numel(self.handle, group, ctypes.byref(n)))
+        return n.value
+
+    @property
+    def compute_dtype(self):
+        """"f32", "bf16" or "f16": the dtype of fetched parameters."""
+        d = ctypes.c_int()
+        _check(self._lib.strata_engine_compute_dtype(self.handle, ctypes.byref(d)))
+        return _DTYPE_NAMES[d.value]
+
+    @property
+    def on_gpu(self):
+        """True when fetched buffers and gradients are CUDA device memory."""
+        g = ctypes.c_int()
+        _check(self._lib.strata_engine_device_is_gpu(self.handle, ctypes.byref(g)))
+        return bool(g.value)
+
+    def stats(self):
+        """Tier use, bytes moved and timings, as a dict."""
+        s = _sized(_Stats)
+        _check(self._lib.strata_engine_stats(self.handle, ctypes.byref(s)))
+        out = {}
+        for name, _ in _Stats._fields_[1:]:
+            v = getattr(s, name)
+            out[name] = ({"budget": v.budget, "used": v.used, "peak": v.peak}
+                         if isinstance(v, _TierStats) else v)
+        return out
+
+    def as_tensor(self, address, numel):
+        """A torch tensor of `numel` compute-dtype elements viewing `address`
+        (device memory when on_gpu, else host memory). It does not own it."""
+        import torch
+        dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[self.compute_dtype]
+        if numel == 0:
+            return torch.empty(0, dtype=dtype, device="cuda" if self.on_gpu else "cpu")
+        if self.on_gpu:
+            raw = torch.as_tensor(_CudaArray(address, numel, "<f4" if dtype == torch.float32 else "<i2"),
+                                  device="cuda")
+        else:
+            import numpy as np
+            ctype = ctypes.c_float if dtype == torch.float32 else ctypes.c_int16
+            raw = torch.from_numpy(np.ctypeslib.as_array((ctype * numel).from_address(address)))
+        return raw if dtype == torch.float32 else raw.view(dtype)
+
+
+class _CudaArray:
+    """A device buffer described by __cuda_array_interface__ (for torch.as_tensor)."""
+
+    def __init__(self, address, numel, typestr):
+        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": typestr, "data": (address, False),
+                                         "version": 2, "strides": None}
+
+
+def _as_f32_host(x):
+    """x as a contiguous float32 host buffer (torch tensor or numpy array)."""
+    if hasattr(x, "detach"):  # torch
+        import torch
+        return x.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    import numpy as np
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+              weight_decay=0.0, adamw=True, grad_scale=1.0, param_copy=None):
+    """The optimizer alone: one Adam/AdamW step, in place, over contiguous host
+    float32 tensors or arrays (grad may be bf16/f16; param_copy receives the
+    new param as bf16/f16)."""
+    n = _numel(param)
+    for name, a in (("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        if _numel(a) != n:
+            raise Error(INVALID, f"{name} has {_numel(a)} elements, param {n}")
+    opts = _sized(_AdamOptions, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=weight_decay,
+                  step=step, mode=0 if adamw else 1, grad_scale=grad_scale, grad_dtype=_dtype_of(grad),
+                  param_copy_dtype=DTYPE_BF16 if param_copy is None else _dtype_of(param_copy))
+    _check(_load().strata_adam_step(ctypes.byref(opts), n, _address(param), _address(exp_avg),
+                                    _address(exp_avg_sq), _address(grad), _address(param_copy)))

@@ -1,0 +1,233 @@
+"""The Python binding: strata.Engine over the C API, and the PyTorch
+integration (OffloadAdam, offload_module) against torch.optim.AdamW."""
+import copy
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import strata  # noqa: E402
+import strata.torch as st  # noqa: E402
+
+STEPS = 50
+RTOL = 1e-5
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 4))
+
+
+def make_data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(64, 8, generator=g), torch.randn(64, 4, generator=g)
+
+
+def param_groups(model):
+    # Two groups with different weight decay: one engine each in OffloadAdam.
+    named = list(model.named_parameters())
+    return [{"params": [p for n, p in named if n.endswith("weight")]},
+            {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
+
+
+def loss_of(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+def nvme_config(path, params_too=False):
+    zero = {"stage": 3 if params_too else 1, "offload_optimizer": {"device": "nvme", "nvme_path": str(path)}}
+    if params_too:
+        zero["offload_param"] = {"device": "nvme", "nvme_path": str(path)}
+    return {"zero_optimization": zero}
+
+
+def reference_run(model, x, y, groups):
+    """torch.optim.AdamW with the LR schedule, the oracle: the model after STEPS steps."""
+    opt = torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+        sched.step()
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def lr_factor(step):
+    return 1.0 - step / (2 * STEPS)  # a linear decay: the LR changes every step
+
+
+def assert_close(actual, expected):
+    for name, a in actual.items():
+        e = expected[name]
+        rel = ((a - e).abs().max() / e.abs().max()).item()
+        assert rel <= RTOL, f"{name}: relative difference {rel}"
+        assert torch.allclose(a, e, rtol=RTOL, atol=1e-7), name
+
+
+def test_engine_protocol():
+    with strata.Engine({"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}, force_no_gpu=True) as e:
+        assert e.add_param(0, "w", torch.arange(5.0)) == 0
+        assert e.add_param(0, "b", 3) == 5
+        e.add_param(1, "v", 4, init=torch.ones(4))
+        e.build()
+        assert (e.num_groups, e.group_numel(0), e.group_numel(1), e.compute_dtype, e.on_gpu) == (2, 8, 4, "f32", False)
+        p = e.fetch_tensor(0)
+        assert p.tolist() == [0, 1, 2, 3, 4, 0, 0, 0]
+        e.release(0)
+        e.grads(0, torch.ones(8))
+        e.grads(1, torch.ones(4, dtype=torch.bfloat16))
+        norm, skipped = e.step(lr=0.1, weight_decay=0.0)
+        assert norm == pytest.approx(12 ** 0.5) and not skipped
+        assert torch.allclose(e.read_master(0), torch.tensor([0, 1, 2, 3, 4, 0, 0, 0.0]) - 0.1)
+        s = e.stats()
+        assert s["steps"] == 1 and s["host"]["peak"] <= s["host"]["budget"]
+        with pytest.raises(strata.Error) as err:
+            e.fetch(7)
+        assert err.value.status == strata.INVALID and "group 7 out of range" in err.value.message
+    with pytest.raises(strata.Error) as err:
+        e.build()  # closed
+    assert err.value.status == strata.STATE
+
+
+def test_bad_config_raises_with_the_engines_message(tmp_path):
+    bad = {"zero_optimization": {"stagee": 1}}
+    for make in (lambda: strata.Engine(bad),
+                 lambda: st.OffloadAdam(make_model().parameters(), config=bad),
+                 lambda: st.offload_module(make_model(), bad)):
+        with pytest.raises(strata.Error) as err:
+            make()
+        assert err.value.status == strata.CONFIG and err.value.status_name == "CONFIG"
+        assert "zero_optimization.stagee: unknown key; did you mean 'stage'?" in err.value.message
+        assert "CONFIG" in str(err.value)
+    with pytest.raises(strata.Error, match="invalid JSON"):
+        strata.Engine("{oops")
+
+
+def test_adam_step_alone_equals_torch():
+    torch.manual_seed(3)
+    w, g = torch.randn(1000), torch.randn(1000)
+    ref = w.clone().requires_grad_()
+    opt = torch.optim.AdamW([ref], lr=1e-2, weight_decay=0.1)
+    ref.grad = g.clone()
+    opt.step()
+    m, v = torch.zeros(1000), torch.zeros(1000)
+    strata.adam_step(w, g, m, v, step=1, lr=1e-2, weight_decay=0.1)
+    assert torch.allclose(w, ref.detach(), rtol=RTOL, atol=0)
+    with pytest.raises(strata.Error) as err:
+        strata.adam_step(w, g, m, v, step=0)
+    assert err.value.status == strata.INVALID
+
+
+def test_offload_adam_on_nvme_equals_adamw(tmp_path):
+    x, y = make_data()
+    ref = make_model()
+    expected = reference_run(ref, x, y, param_groups(ref))
+    model = make_model()
+    opt = st.OffloadAdam(param_groups(model), lr=1e-2, weight_decay=0.01, config=nvme_config(tmp_path),
+                         force_no_gpu=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    assert any(os.scandir(tmp_path)), "no swap files on the NVMe path"
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        loss = loss_of(model, x, y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    assert_close(dict(model.named_parameters()), expected)
+    stats = opt._engines[0].engine.stats()
+    assert stats["steps"] == STEPS and stats["nvme_to_host"] > 0, stats
+    opt.close()
+    assert not any(os.scandir(tmp_path)), "swap folders left behind"
+
+
+def test_offload_adam_state_dict_round_trip(tmp_path):
+    x, y = make_data()
+    model = make_model()
+    opt = st.OffloadAdam(param_groups(model), lr=1e-2, config=nvme_config(tmp_path), force_no_gpu=True)
+    for _ in range(3):
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+    sd = opt.state_dict()
+    assert set(sd["state"]) == {0, 1, 2, 3, 4, 5}
+    assert all(float(s["step"]) == 3 and s["master_param"].dtype == torch.float32 for s in sd["state"].values())
+    assert [g["weight_decay"] for g in sd["param_groups"]] == [0.01, 0.0]
+
+    fresh = make_model()
+    opt2 = st.OffloadAdam(param_groups(fresh), lr=5e-3, config=nvme_config(tmp_path), force_no_gpu=True)
+    with pytest.warns(RuntimeWarning, match="moments restart"):
+        opt2.load_state_dict(sd)
+    sd2 = opt2.state_dict()
+    assert sd2["param_groups"] == sd["param_groups"]
+    for k, s in sd["state"].items():
+        assert float(sd2["state"][k]["step"]) == 3
+        assert torch.equal(sd2["state"][k]["master_param"], s["master_param"])
+    for a, b in zip(fresh.parameters(), model.parameters()):
+        assert torch.equal(a, b)
+    opt2.zero_grad()
+    loss_of(fresh, x, y).backward()
+    opt2.step()  # trains on from the loaded weights
+    opt.close()
+    opt2.close()
+
+
+def test_offload_module_equals_adamw(tmp_path):
+    x, y = make_data()
+    ref = make_model()
+    expected = reference_run(ref, x, y, ref.parameters())
+    model = make_model()
+    cfg = nvme_config(tmp_path, params_too=True)
+    cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}
+    off = st.offload_module(model, cfg, force_no_gpu=True)
+    # Between steps the parameters hold no memory of their own.
+    assert all(p.stride() == (0,) * p.dim() for p in model.parameters())
+    assert set(off.master_parameters()) == set(expected)
+    released_while_later_layers_run = []
+    model[4].register_forward_pre_hook(
+        lambda m, inp: released_while_later_layers_run.append(model[0].weight.stride() == (0, 0)))
+    for step in range(STEPS):
+        loss_of(model, x, y).backward()
+        assert all(p.grad is None for p in model.parameters()), "gradients stayed in .grad"
+        off.step(lr=1e-2 * lr_factor(step))
+    assert_close(off.master_parameters(), expected)
+    stats = off.engine.stats()
+    assert all(released_while_later_layers_run) and len(released_while_later_layers_run) == STEPS
+    # 3 fetches in forward, and 2 in backward (layers 2 and 3 saved their
+    # weights; layer 1 did not, as its input needs no gradient).
+    assert stats["steps"] == STEPS and stats["fetches"] >= 4 * STEPS and stats["nvme_to_host"] > 0, stats
+    off.close()  # the module gets ordinary parameters holding the master weights
+    assert_close(dict(model.named_parameters()), expected)
+    assert all(p.is_contiguous() for p in model.parameters())
+    assert not any(os.scandir(tmp_path)), "swap folders left behind"
+
+
+def test_offload_module_unused_parameters_and_eval(tmp_path):
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(4, 4)
+            self.a = torch.nn.Linear(4, 2)
+            self.b = torch.nn.Linear(4, 2)  # unused in training
+
+        def forward(self, x, head="a"):
+            return getattr(self, head)(self.body(x))
+
+    torch.manual_seed(0)
+    model = TwoHeads()
+    before_b = model.b.weight.detach().clone()
+    off = st.offload_module(model, {"optimizer": {"type": "AdamW", "params": {"weight_decay": 0.0}}},
+                            force_no_gpu=True)
+    x = torch.randn(8, 4)
+    for _ in range(3):
+        model(x).sum().backward()
+        off.step(lr=1e-2)
+    with torch.no_grad():
+        out = model(x, head="b")
+    assert out.shape == (8, 2)
+    assert torch.equal(off.master_parameters()["b.weight"], before_b)  # zero gradients, no decay
+    off.close()
