@@ -25,6 +25,7 @@ static TierKind HomeOf(OffloadDevice d) {
 Engine::Impl::Impl(const Config& config, const EngineOptions& options) : config_(config), options_(options) {}
 
 Engine::Impl::~Impl() {
+  StopOverlap();
   StopPrefetcher();
   for (auto& g : groups_) {
     if (g.dev.alloc.charged) device_->Free(g.dev.alloc);
@@ -188,6 +189,12 @@ Status Engine::Impl::Build() {
   init_.shrink_to_fit();
   scaler_.Init(config_.fp16);
   StartPrefetcher();
+  if (options_.overlap_step) {
+    overlap_ = config_.gradient_clipping == 0 && !config_.fp16.enabled;
+    if (overlap_) StartOverlap();
+    else WarnOnce("overlap-off", "overlap_step needs gradient_clipping 0 and no fp16 (the update depends on "
+                                 "every gradient); stepping after backward instead");
+  }
   built_ = true;
   STRATA_LOG_DEBUG("built {} groups, {} parameters; P on {}, W/M/V on {}, G on {}", ngroups, part_.total_numel(),
                    TierName(home_[0]), TierName(opt_home), TierName(home_[int(StateKind::kG)]));
@@ -244,6 +251,19 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   gs.sum_squares = sq.sum_squares;
   gs.finite = sq.all_finite;
   ++gs.grad_calls;
+  if (overlap_ && prepared_ && gs.grad_calls == options_.grad_accumulation_steps) {
+    gs.updated = true;
+    EnqueueUpdate(group);
+  }
+  return Status::Ok();
+}
+
+Status Engine::Impl::PrepareStep(const StepOptions& so) {
+  if (!built_) return StateError("prepare_step: the engine is not built");
+  for (const auto& gs : groups_)
+    if (gs.grad_calls > 0) return StateError("prepare_step: gradients of this step have already arrived");
+  prepared_ = true;
+  prepared_opts_ = so;
   return Status::Ok();
 }
 
@@ -253,6 +273,13 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     if (groups_[static_cast<size_t>(g)].dev.pins > 0)
       return StateError("step: group " + std::to_string(g) + " is fetched and not released");
   WaitPrefetchIdle();
+  if (overlap_ && prepared_) {
+    const StepOptions& p = prepared_opts_;
+    if (p.lr != so.lr || p.beta1 != so.beta1 || p.beta2 != so.beta2 || p.eps != so.eps ||
+        p.weight_decay != so.weight_decay)
+      return InvalidError("step: options differ from those given to prepare_step, which the overlapped "
+                          "updates already used");
+  }
   stats_->StepBegin();
   double sum = 0;
   bool finite = true;
@@ -272,12 +299,20 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   } else {
     const double clip = config_.gradient_clipping;
     const double coef = (clip > 0 && r.grad_norm > clip) ? clip / (r.grad_norm + 1e-6) : 1.0;
-    st = RunOptimizer(coef / scale, so, step_count_ + 1);
+    st = overlap_ ? WaitOverlapIdle() : Status::Ok();
+    std::vector<int> rest;
+    for (int g = 0; g < part_.num_groups(); ++g)
+      if (!groups_[static_cast<size_t>(g)].updated) rest.push_back(g);
+    if (st.ok()) st = RunOptimizer(rest, coef / scale, so, step_count_ + 1);
     if (st.ok()) ++step_count_;
     scaler_.Update(false);
   }
   r.loss_scale = scaler_.scale();
-  for (auto& gs : groups_) gs.grad_calls = 0;
+  prepared_ = false;
+  for (auto& gs : groups_) {
+    gs.grad_calls = 0;
+    gs.updated = false;
+  }
   DropDeviceCopies();
   std::vector<int> ahead;
   {
@@ -327,6 +362,7 @@ Status Engine::Release(int group) {
 }
 Status Engine::Grads(int group, const void* grads, DType dtype) { return impl_->Grads(group, grads, dtype); }
 Result<StepResult> Engine::Step(const StepOptions& options) { return impl_->Step(options); }
+Status Engine::PrepareStep(const StepOptions& options) { return impl_->PrepareStep(options); }
 Status Engine::ReadMaster(int group, float* out) { return impl_->ReadMaster(group, out); }
 EngineStats Engine::stats() const { return impl_->Stats(); }
 int Engine::num_groups() const { return impl_->part_.num_groups(); }

@@ -34,6 +34,11 @@ struct EngineOptions {
   int world_size = 1;
   int grad_accumulation_steps = 1;  // Grads calls per group per step (for the overlapped step)
   bool force_no_gpu = false;        // tests: the device tier is a host arena even with a GPU
+  // Update each group as soon as its gradients are complete (after
+  // grad_accumulation_steps Grads calls), overlapping the rest of backward.
+  // Needs gradient_clipping 0 and no fp16 (else it is off, with a warning),
+  // and PrepareStep before the step's first Grads. Bitwise the same result.
+  bool overlap_step = false;
 };
 
 // Options that may change every step. Zero/negative means "from the config".
@@ -92,6 +97,9 @@ class Engine {
   // Adds the group's full gradients (`dtype` elements, on the device) to its
   // G accumulator. The first call of a step overwrites.
   Status Grads(int group, const void* grads, DType dtype);
+  // With overlap_step: the options of the coming Step, before its first
+  // Grads; Step must then be called with the same options.
+  Status PrepareStep(const StepOptions& options);
   // Runs the optimizer over every shard: global norm, clipping, fp16 loss
   // scaling (skip on overflow), update of W, M, V, new P to its home.
   Result<StepResult> Step(const StepOptions& options);

@@ -36,6 +36,7 @@ struct GroupState {
   int grad_calls = 0;     // Grads calls in this step
   double sum_squares = 0;  // of G, after the last Grads call
   bool finite = true;
+  bool updated = false;   // overlap: updated (or queued) in this step
 };
 
 class Engine::Impl {
@@ -66,7 +67,13 @@ class Engine::Impl {
   void WaitPrefetchIdle();
 
   // optimizer_driver.cpp
-  Status RunOptimizer(double grad_scale, const StepOptions& so, int64_t step);
+  Status RunOptimizer(const std::vector<int>& groups, double grad_scale, const StepOptions& so, int64_t step);
+  // The overlapped step's thread: updates groups whose gradients are complete.
+  void StartOverlap();
+  void StopOverlap();
+  void EnqueueUpdate(int group);
+  Status WaitOverlapIdle();
+  Status PrepareStep(const StepOptions& so);
 
   uint64_t PBytes(int g) const { return part_.group(g).shard_numel * DTypeSize(dtype_); }
 
@@ -102,6 +109,16 @@ class Engine::Impl {
   bool stop_ = false;
   Status prefetch_error_;
   std::thread prefetcher_;
+
+  bool overlap_ = false;
+  bool prepared_ = false;
+  StepOptions prepared_opts_;
+  std::mutex overlap_mu_;  // guards overlap_queue_, overlap_busy_, overlap_error_, overlap_stop_
+  std::condition_variable overlap_cv_;
+  std::deque<int> overlap_queue_;
+  bool overlap_busy_ = false, overlap_stop_ = false;
+  Status overlap_error_;
+  std::thread overlap_thread_;
 };
 
 }  // namespace strata

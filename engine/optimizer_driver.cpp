@@ -23,8 +23,9 @@ struct Job {
 
 }  // namespace
 
-Status Engine::Impl::RunOptimizer(double grad_scale, const StepOptions& so, int64_t step) {
-  const int n = part_.num_groups();
+Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_scale, const StepOptions& so,
+                                  int64_t step) {
+  const int n = static_cast<int>(order.size());
   const OptimizerConfig& oc = config_.optimizer;
   auto pick = [](double v, double dflt) { return v >= 0 ? v : dflt; };
   const double lr = pick(so.lr, oc.lr), b1 = pick(so.beta1, oc.beta1), b2 = pick(so.beta2, oc.beta2);
@@ -40,8 +41,8 @@ Status Engine::Impl::RunOptimizer(double grad_scale, const StepOptions& so, int6
   };
   auto start_loads = [&](int i) {
     Job& j = jobs[static_cast<size_t>(i)];
-    j.group = i;
-    GroupState& gs = groups_[static_cast<size_t>(i)];
+    j.group = order[static_cast<size_t>(i)];
+    GroupState& gs = groups_[static_cast<size_t>(j.group)];
     const bool has_grads = gs.grad_calls > 0;
     for (int s = 0; s < kNumStates; ++s) {
       StateBlock& b = gs.blocks[static_cast<size_t>(s)];
@@ -68,8 +69,8 @@ Status Engine::Impl::RunOptimizer(double grad_scale, const StepOptions& so, int6
     for (auto& m : j.loads) keep(io_->Finish(m));
     j.loads.clear();
     if (!first_error.ok()) break;
-    GroupState& gs = groups_[static_cast<size_t>(i)];
-    const uint64_t len = part_.group(i).shard_numel;
+    GroupState& gs = groups_[static_cast<size_t>(j.group)];
+    const uint64_t len = part_.group(j.group).shard_numel;
     if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * 4);
     float* W = j.ptr[int(StateKind::kW)];
     void* P = j.ptr[int(StateKind::kP)];
@@ -114,6 +115,51 @@ Status Engine::Impl::RunOptimizer(double grad_scale, const StepOptions& so, int6
     finish_stores(j);
   }
   return first_error.WithContext("step");
+}
+
+void Engine::Impl::StartOverlap() {
+  overlap_thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(overlap_mu_);
+    for (;;) {
+      overlap_cv_.wait(lock, [&] { return overlap_stop_ || !overlap_queue_.empty(); });
+      if (overlap_stop_) return;
+      const int g = overlap_queue_.front();
+      overlap_queue_.pop_front();
+      overlap_busy_ = true;
+      lock.unlock();
+      Status st = RunOptimizer({g}, 1.0, prepared_opts_, step_count_ + 1);
+      lock.lock();
+      overlap_busy_ = false;
+      if (!st.ok() && overlap_error_.ok()) overlap_error_ = st;
+      overlap_cv_.notify_all();
+    }
+  });
+}
+
+void Engine::Impl::StopOverlap() {
+  if (!overlap_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(overlap_mu_);
+    overlap_stop_ = true;
+  }
+  overlap_cv_.notify_all();
+  overlap_thread_.join();
+}
+
+void Engine::Impl::EnqueueUpdate(int group) {
+  {
+    std::lock_guard<std::mutex> lock(overlap_mu_);
+    overlap_queue_.push_back(group);
+  }
+  overlap_cv_.notify_all();
+}
+
+Status Engine::Impl::WaitOverlapIdle() {
+  std::unique_lock<std::mutex> lock(overlap_mu_);
+  overlap_cv_.wait(lock, [&] { return overlap_queue_.empty() && !overlap_busy_; });
+  Status st = overlap_error_;
+  overlap_error_ = Status::Ok();
+  return st;
 }
 
 }  // namespace strata

@@ -150,6 +150,9 @@ void Engine::Impl::DropDeviceCopies() {
 
 Result<void*> Engine::Impl::Fetch(int g) {
   GroupState& gs = groups_[static_cast<size_t>(g)];
+  if (gs.updated)
+    return StateError("fetch: group " + std::to_string(g) + " was already updated by the overlapped step; "
+                      "with overlap_step a group is not fetched after its gradients are complete");
   std::unique_lock<std::mutex> lock(mu_);
   const bool counted = schedule_.has_trace();
   schedule_.OnFetch(g);

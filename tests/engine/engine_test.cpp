@@ -44,9 +44,12 @@ struct RunResult {
   EngineStats stats;
 };
 
-RunResult Train(const std::string& json, int steps, const TinyMlp& model, bool permute_step_5 = false) {
+RunResult Train(const std::string& json, int steps, const TinyMlp& model, bool permute_step_5 = false,
+                bool overlap = false) {
   RunResult out;
-  auto e = Engine::Create(MustParse(json), {});
+  EngineOptions eo;
+  eo.overlap_step = overlap;
+  auto e = Engine::Create(MustParse(json), eo);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   if (!e.ok()) return out;
   Engine& eng = **e;
@@ -55,13 +58,16 @@ RunResult Train(const std::string& json, int steps, const TinyMlp& model, bool p
   EXPECT_TRUE(b.ok()) << b.ToString();
   if (!b.ok()) return out;
   for (int s = 0; s < steps; ++s) {
+    StepOptions so;
+    so.lr = 0.01 * (1.0 + 0.1 * s);  // changes every step
+    if (overlap) {
+      EXPECT_TRUE(eng.PrepareStep(so).ok());
+    }
     std::vector<int> extra = {2, 0, 3};
     auto loss = model.TrainStep(eng, (permute_step_5 && s == 5) ? &extra : nullptr);
     EXPECT_TRUE(loss.ok()) << loss.status().ToString();
     if (!loss.ok()) return out;
     out.losses.push_back(*loss);
-    StepOptions so;
-    so.lr = 0.01 * (1.0 + 0.1 * s);  // changes every step
     auto r = eng.Step(so);
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_FALSE(r->skipped);
@@ -102,6 +108,33 @@ TEST(Engine, PlacementNeverChangesNumerics) {
       EXPECT_GT(r.stats.host_to_nvme, 0u) << p;
     }
   }
+  // The overlapped step: each group updated as its gradients complete.
+  for (const char* p : {"device", "nvme_all"}) {
+    const RunResult r = Train(PlacementJson(p, dir.path()), 20, model, false, /*overlap=*/true);
+    ExpectBitwiseEqual(device, r, std::string("overlapped ") + p);
+    ExpectWithinBudgets(r.stats, std::string("overlapped ") + p);
+  }
+}
+
+TEST(Engine, OverlapRefusesLateFetchesAndChangedOptions) {
+  TinyMlp model(2, 16);
+  EngineOptions eo;
+  eo.overlap_step = true;
+  auto e = Engine::Create(MustParse("{}"), eo);
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(model.Register(**e).ok());
+  ASSERT_TRUE((*e)->Build().ok());
+  StepOptions so;
+  so.lr = 0.5;
+  ASSERT_TRUE((*e)->PrepareStep(so).ok());
+  ASSERT_TRUE(model.TrainStep(**e).ok());
+  EXPECT_EQ((*e)->Fetch(0).status().code(), Code::kState);
+  StepOptions other = so;
+  other.lr = 0.25;
+  auto r = (*e)->Step(other);
+  EXPECT_EQ(r.status().code(), Code::kInvalid);
+  EXPECT_NE(r.status().message().find("prepare_step"), std::string::npos);
+  EXPECT_TRUE((*e)->Step(so).ok());
 }
 
 TEST(Engine, TightBudgetsHoldAndPrefetchHits) {
