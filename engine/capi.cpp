@@ -12,15 +12,13 @@
 #include <utility>
 
 #define STRATA_BUILDING_LIBRARY 1
-#include "strata/strata.h"
-
-#include "engine/capi_testing.h"
-
 #include "base/dtype.h"
 #include "base/status.h"
+#include "engine/capi_testing.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "kernels/cpu/adam.h"
+#include "strata/strata.h"
 #include "tiers/gpu.h"
 
 using strata::Code;
@@ -106,7 +104,8 @@ Status CheckGroup(const strata_engine_t* e, int group) {
   if (!e->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
   const int n = e->rep->num_groups();
   if (group < 0 || group >= n)
-    return strata::InvalidError("group " + std::to_string(group) + " out of range [0, " + std::to_string(n) + ")");
+    return strata::InvalidError("group " + std::to_string(group) + " out of range [0, " + std::to_string(n) +
+                                ")");
   return Status::Ok();
 }
 
@@ -201,7 +200,8 @@ strata_status_t strata_engine_build(strata_engine_t* engine) {
   });
 }
 
-strata_status_t strata_engine_fetch(strata_engine_t* engine, int group, void* cuda_stream, void** device_ptr) {
+strata_status_t strata_engine_fetch(strata_engine_t* engine, int group, void* cuda_stream,
+                                    void** device_ptr) {
   (void)cuda_stream;  // Fetch returns once the data is on the device: any stream may read it
   return OnEngine("strata_engine_fetch", engine, [&]() -> Status {
     if (device_ptr == nullptr) return strata::InvalidError("device_ptr must not be NULL");
@@ -220,8 +220,8 @@ strata_status_t strata_engine_release(strata_engine_t* engine, int group, void* 
   });
 }
 
-strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const void* grads, strata_dtype_t dtype,
-                                    void* cuda_stream) {
+strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const void* grads,
+                                    strata_dtype_t dtype, void* cuda_stream) {
   return OnEngine("strata_engine_grads", engine, [&]() -> Status {
     if (grads == nullptr) return strata::InvalidError("grads must not be NULL");
     STRATA_RETURN_IF_ERROR(CheckDType(dtype, "grads"));
@@ -342,7 +342,8 @@ strata_status_t strata_adam_step(const strata_adam_options_t* options, size_t n,
     k.eps = o.eps;
     k.weight_decay = o.weight_decay;
     k.step = o.step;
-    k.mode = o.mode == STRATA_ADAM_MODE_ADAM ? strata::kernels::AdamMode::kAdam : strata::kernels::AdamMode::kAdamW;
+    k.mode = o.mode == STRATA_ADAM_MODE_ADAM ? strata::kernels::AdamMode::kAdam
+                                             : strata::kernels::AdamMode::kAdamW;
     k.grad_scale = o.grad_scale;
     k.grad_dtype = static_cast<strata::DType>(o.grad_dtype);
     k.param_copy_dtype = static_cast<strata::DType>(o.param_copy_dtype);

@@ -61,8 +61,7 @@ extern "C" {
 #define STRATA_VERSION_MINOR 1
 #define STRATA_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, as strata_version() returns it. */
-#define STRATA_VERSION_CODE \
-  (STRATA_VERSION_MAJOR * 10000 + STRATA_VERSION_MINOR * 100 + STRATA_VERSION_PATCH)
+#define STRATA_VERSION_CODE (STRATA_VERSION_MAJOR * 10000 + STRATA_VERSION_MINOR * 100 + STRATA_VERSION_PATCH)
 
 /* The version of the library loaded at run time, coded as STRATA_VERSION_CODE.
  * Thread-safe. */
@@ -72,17 +71,17 @@ STRATA_API int strata_version(void);
 
 typedef enum strata_status {
   STRATA_OK = 0,
-  STRATA_INVALID = 1,      /* bad argument (null pointer, unknown group, size) */
-  STRATA_CONFIG = 2,       /* bad configuration key or value */
-  STRATA_NOMEM = 3,        /* a budget or the OS refused memory */
-  STRATA_IO = 4,           /* an I/O call failed */
-  STRATA_NOSPACE = 5,      /* disk full or file too large */
-  STRATA_CORRUPT = 6,      /* checksum mismatch, truncated file */
-  STRATA_COMM = 7,         /* a collective or the rendezvous store failed */
-  STRATA_TIMEOUT = 8,      /* a wait ran past its limit */
-  STRATA_UNSUPPORTED = 9,  /* not available in this build or on this machine */
-  STRATA_STATE = 10,       /* call out of order, or the engine is broken */
-  STRATA_INTERNAL = 11     /* a bug in Strata */
+  STRATA_INVALID = 1,     /* bad argument (null pointer, unknown group, size) */
+  STRATA_CONFIG = 2,      /* bad configuration key or value */
+  STRATA_NOMEM = 3,       /* a budget or the OS refused memory */
+  STRATA_IO = 4,          /* an I/O call failed */
+  STRATA_NOSPACE = 5,     /* disk full or file too large */
+  STRATA_CORRUPT = 6,     /* checksum mismatch, truncated file */
+  STRATA_COMM = 7,        /* a collective or the rendezvous store failed */
+  STRATA_TIMEOUT = 8,     /* a wait ran past its limit */
+  STRATA_UNSUPPORTED = 9, /* not available in this build or on this machine */
+  STRATA_STATE = 10,      /* call out of order, or the engine is broken */
+  STRATA_INTERNAL = 11    /* a bug in Strata */
 } strata_status_t;
 
 /* "OK", "INVALID", ... ; "UNKNOWN" for a value outside the enum. The string
@@ -115,7 +114,8 @@ typedef struct strata_engine_options {
   int grad_accumulation_steps; /* strata_engine_grads calls per group per step */
   int force_no_gpu;            /* nonzero: the device tier is a host arena even with a GPU */
 } strata_engine_options_t;
-#define STRATA_ENGINE_OPTIONS_INIT {sizeof(strata_engine_options_t), 0, 1, 1, 0}
+#define STRATA_ENGINE_OPTIONS_INIT \
+  { sizeof(strata_engine_options_t), 0, 1, 1, 0 }
 
 /* Creates an engine from a JSON config (DeepSpeed dialect plus a "strata"
  * section). `options` may be NULL (rank 0 of 1). On STRATA_OK *out owns the
@@ -124,8 +124,7 @@ typedef struct strata_engine_options {
  * Errors: INVALID (null json/out, bad options), CONFIG (a bad key or value,
  * named in the message), UNSUPPORTED (a feature this build lacks), NOMEM, IO.
  * Thread-safe. */
-STRATA_API strata_status_t strata_engine_create(const char* json,
-                                                const strata_engine_options_t* options,
+STRATA_API strata_status_t strata_engine_create(const char* json, const strata_engine_options_t* options,
                                                 strata_engine_t** out);
 
 /* Frees the engine and its memory, and closes its swap files (which stay in
@@ -138,9 +137,8 @@ STRATA_API strata_status_t strata_engine_destroy(strata_engine_t* engine);
  * zeros; it is copied during the call. On STRATA_OK, *offset_out (may be
  * NULL) receives the tensor's offset, in elements, inside its group's buffer.
  * REQUIRES: before strata_engine_build. Errors: INVALID, STATE. */
-STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int group,
-                                                   const char* name, uint64_t numel,
-                                                   const float* init, uint64_t* offset_out);
+STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int group, const char* name,
+                                                   uint64_t numel, const float* init, uint64_t* offset_out);
 
 /* Lays the groups out, allocates every block in its home tier, reserves swap
  * space and writes the initial state. Errors: STATE (twice, or no params),
@@ -155,23 +153,21 @@ STRATA_API strata_status_t strata_engine_build(strata_engine_t* engine);
  * stream) may read it at once. Without a GPU the pointer is host memory and
  * the stream is ignored. REQUIRES: after build. Errors: INVALID, STATE, IO,
  * CORRUPT, NOMEM, TIMEOUT. */
-STRATA_API strata_status_t strata_engine_fetch(strata_engine_t* engine, int group,
-                                               void* cuda_stream, void** device_ptr);
+STRATA_API strata_status_t strata_engine_fetch(strata_engine_t* engine, int group, void* cuda_stream,
+                                               void** device_ptr);
 
 /* Gives the group's fetched buffer back. Work already queued on
  * `cuda_stream` that reads the buffer is waited for first. Errors: INVALID,
  * STATE (not fetched). */
-STRATA_API strata_status_t strata_engine_release(strata_engine_t* engine, int group,
-                                                 void* cuda_stream);
+STRATA_API strata_status_t strata_engine_release(strata_engine_t* engine, int group, void* cuda_stream);
 
 /* Adds the group's full gradients (group numel elements of `dtype`, on the
  * device; host memory without a GPU) to its fp32 accumulator; the first call
  * of a step overwrites. Work queued on `cuda_stream` that writes `grads` is
  * waited for first; `grads` stays owned by the caller and may be reused when
  * the call returns. Errors: INVALID, STATE, IO, NOMEM, COMM. */
-STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int group,
-                                               const void* grads, strata_dtype_t dtype,
-                                               void* cuda_stream);
+STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const void* grads,
+                                               strata_dtype_t dtype, void* cuda_stream);
 
 /* Options that may change every step. Negative = the config's value (the
  * _INIT macro sets every field so); zero is a value like any other. */
@@ -182,7 +178,8 @@ typedef struct strata_step_options {
   double eps;
   double weight_decay;
 } strata_step_options_t;
-#define STRATA_STEP_OPTIONS_INIT {sizeof(strata_step_options_t), -1.0, -1.0, -1.0, -1.0, -1.0}
+#define STRATA_STEP_OPTIONS_INIT \
+  { sizeof(strata_step_options_t), -1.0, -1.0, -1.0, -1.0, -1.0 }
 
 typedef struct strata_step_result {
   size_t struct_size;
@@ -190,28 +187,25 @@ typedef struct strata_step_result {
   int skipped;       /* nonzero: fp16 overflow, nothing was updated */
   double loss_scale; /* the scale for the next loss (fp16), else 1 */
 } strata_step_result_t;
-#define STRATA_STEP_RESULT_INIT {sizeof(strata_step_result_t), 0.0, 0, 1.0}
+#define STRATA_STEP_RESULT_INIT \
+  { sizeof(strata_step_result_t), 0.0, 0, 1.0 }
 
 /* Runs the optimizer over every shard (norm, clipping, loss scaling, update)
  * and writes the new parameters to their home tier. `options` may be NULL
  * (all from the config); `result` may be NULL. Errors: INVALID, STATE, IO,
  * CORRUPT, NOSPACE, COMM, TIMEOUT. */
-STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine,
-                                              const strata_step_options_t* options,
+STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_options_t* options,
                                               strata_step_result_t* result);
 
 /* Copies the group's fp32 master weights, without padding, into `out`
  * (strata_engine_group_numel floats, caller-owned host memory).
  * REQUIRES: after build. Errors: INVALID, STATE, IO, CORRUPT. */
-STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, int group,
-                                                     float* out);
+STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, int group, float* out);
 
 /* Shape queries. REQUIRES for group_numel: after build. Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_num_groups(strata_engine_t* engine, int* out);
-STRATA_API strata_status_t strata_engine_group_numel(strata_engine_t* engine, int group,
-                                                     uint64_t* out);
-STRATA_API strata_status_t strata_engine_compute_dtype(strata_engine_t* engine,
-                                                       strata_dtype_t* out);
+STRATA_API strata_status_t strata_engine_group_numel(strata_engine_t* engine, int group, uint64_t* out);
+STRATA_API strata_status_t strata_engine_compute_dtype(strata_engine_t* engine, strata_dtype_t* out);
 /* *out = 1 when fetched buffers and gradients are CUDA device memory, 0 when
  * they are host memory (no GPU, or force_no_gpu). Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_device_is_gpu(strata_engine_t* engine, int* out);
@@ -232,9 +226,11 @@ typedef struct strata_stats {
   double overlap_efficiency; /* largest busy time / wall time, last step */
   uint64_t steps, skipped_steps;
 } strata_stats_t;
-#define STRATA_STATS_INIT                                                                   \
-  {sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, \
-   0.0, 0.0, 0.0, 0, 0}
+#define STRATA_STATS_INIT                                                                                  \
+  {                                                                                                        \
+    sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
+        0.0, 0, 0                                                                                          \
+  }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* stats);
@@ -249,15 +245,17 @@ typedef enum strata_adam_mode {
 typedef struct strata_adam_options {
   size_t struct_size;
   double lr, beta1, beta2, eps, weight_decay;
-  int64_t step;                    /* 1-based number of this update (bias correction) */
+  int64_t step; /* 1-based number of this update (bias correction) */
   strata_adam_mode_t mode;
   double grad_scale;               /* multiplies the gradient first: clip / loss_scale */
   strata_dtype_t grad_dtype;       /* element type of grad */
   strata_dtype_t param_copy_dtype; /* element type of param_copy: BF16 or F16 */
 } strata_adam_options_t;
-#define STRATA_ADAM_OPTIONS_INIT                                                           \
-  {sizeof(strata_adam_options_t), 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, STRATA_ADAM_MODE_ADAMW, \
-   1.0, STRATA_DTYPE_F32, STRATA_DTYPE_BF16}
+#define STRATA_ADAM_OPTIONS_INIT                                                                \
+  {                                                                                             \
+    sizeof(strata_adam_options_t), 1e-3, 0.9, 0.999, 1e-8, 0.0, 1, STRATA_ADAM_MODE_ADAMW, 1.0, \
+        STRATA_DTYPE_F32, STRATA_DTYPE_BF16                                                     \
+  }
 
 /* One Adam/AdamW step over n elements of caller-owned host arrays, in place,
  * on the fastest SIMD path of this CPU, in parallel:
@@ -267,9 +265,9 @@ typedef struct strata_adam_options {
  *     the updated param rounded to nearest even.
  * REQUIRES: the arrays do not overlap. Thread-safe for disjoint arrays.
  * Errors: INVALID (null array with n > 0, bad options). */
-STRATA_API strata_status_t strata_adam_step(const strata_adam_options_t* options, size_t n,
-                                            float* param, float* exp_avg, float* exp_avg_sq,
-                                            const void* grad, void* param_copy);
+STRATA_API strata_status_t strata_adam_step(const strata_adam_options_t* options, size_t n, float* param,
+                                            float* exp_avg, float* exp_avg_sq, const void* grad,
+                                            void* param_copy);
 
 #ifdef __cplusplus
 } /* extern "C" */

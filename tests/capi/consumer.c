@@ -2,7 +2,6 @@
  * find_package(strata)): the header compiles as C99, the library links and
  * the optimizer-alone call runs. */
 #include <stdio.h>
-
 #include <strata/strata.h>
 
 int main(void) {

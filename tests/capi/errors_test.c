@@ -12,24 +12,24 @@
 static int failures = 0;
 
 /* `call` must return `want` and leave a message containing `needle`. */
-#define EXPECT(want, needle, call)                                                                        \
-  do {                                                                                                    \
-    strata_status_t got_ = (call);                                                                        \
-    const char* msg_ = strata_last_error();                                                               \
-    if (got_ != (want) || strstr(msg_, (needle)) == NULL) {                                               \
-      fprintf(stderr, "%s:%d: %s -> %s \"%s\"; want %s with \"%s\"\n", __FILE__, __LINE__, #call,        \
-              strata_status_name(got_), msg_, strata_status_name(want), (needle));                        \
-      ++failures;                                                                                         \
-    }                                                                                                     \
+#define EXPECT(want, needle, call)                                                                \
+  do {                                                                                            \
+    strata_status_t got_ = (call);                                                                \
+    const char* msg_ = strata_last_error();                                                       \
+    if (got_ != (want) || strstr(msg_, (needle)) == NULL) {                                       \
+      fprintf(stderr, "%s:%d: %s -> %s \"%s\"; want %s with \"%s\"\n", __FILE__, __LINE__, #call, \
+              strata_status_name(got_), msg_, strata_status_name(want), (needle));                \
+      ++failures;                                                                                 \
+    }                                                                                             \
   } while (0)
-#define OK(call)                                                                                            \
-  do {                                                                                                      \
-    strata_status_t st_ = (call);                                                                           \
-    if (st_ != STRATA_OK) {                                                                                 \
-      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, strata_status_name(st_),         \
-              strata_last_error());                                                                         \
-      exit(1);                                                                                              \
-    }                                                                                                       \
+#define OK(call)                                                                                   \
+  do {                                                                                             \
+    strata_status_t st_ = (call);                                                                  \
+    if (st_ != STRATA_OK) {                                                                        \
+      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, strata_status_name(st_), \
+              strata_last_error());                                                                \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 static const char* kConfig = "{\"optimizer\": {\"type\": \"AdamW\"}}";
@@ -52,8 +52,10 @@ static void create_errors(void) {
   EXPECT(STRATA_INVALID, "must not be NULL", strata_engine_create(kConfig, NULL, NULL));
   EXPECT(STRATA_CONFIG, "strata_engine_create", strata_engine_create("{not json", NULL, &e));
   EXPECT(STRATA_CONFIG, "zero_optimization.offload_optimizer.devce",
-         strata_engine_create("{\"zero_optimization\": {\"offload_optimizer\": {\"devce\": \"cpu\"}}}", NULL, &e));
-  EXPECT(STRATA_CONFIG, "zero_optimization.stage", strata_engine_create("{\"zero_optimization\": {\"stage\": 7}}", NULL, &e));
+         strata_engine_create("{\"zero_optimization\": {\"offload_optimizer\": {\"devce\": \"cpu\"}}}", NULL,
+                              &e));
+  EXPECT(STRATA_CONFIG, "zero_optimization.stage",
+         strata_engine_create("{\"zero_optimization\": {\"stage\": 7}}", NULL, &e));
   strata_engine_options_t o = STRATA_ENGINE_OPTIONS_INIT;
   o.struct_size = 0;
   EXPECT(STRATA_INVALID, "options.struct_size", strata_engine_create(kConfig, &o, &e));
@@ -84,18 +86,22 @@ static void null_engine(void) {
   uint64_t u;
   strata_dtype_t t;
   strata_stats_t s = STRATA_STATS_INIT;
-  EXPECT(STRATA_INVALID, "strata_engine_add_param: engine is NULL", strata_engine_add_param(NULL, 0, "x", 1, NULL, NULL));
+  EXPECT(STRATA_INVALID, "strata_engine_add_param: engine is NULL",
+         strata_engine_add_param(NULL, 0, "x", 1, NULL, NULL));
   EXPECT(STRATA_INVALID, "strata_engine_build: engine is NULL", strata_engine_build(NULL));
   EXPECT(STRATA_INVALID, "strata_engine_fetch: engine is NULL", strata_engine_fetch(NULL, 0, NULL, &p));
   EXPECT(STRATA_INVALID, "strata_engine_release: engine is NULL", strata_engine_release(NULL, 0, NULL));
-  EXPECT(STRATA_INVALID, "strata_engine_grads: engine is NULL", strata_engine_grads(NULL, 0, &f, STRATA_DTYPE_F32, NULL));
+  EXPECT(STRATA_INVALID, "strata_engine_grads: engine is NULL",
+         strata_engine_grads(NULL, 0, &f, STRATA_DTYPE_F32, NULL));
   EXPECT(STRATA_INVALID, "strata_engine_step: engine is NULL", strata_engine_step(NULL, NULL, NULL));
   EXPECT(STRATA_INVALID, "strata_engine_read_master: engine is NULL", strata_engine_read_master(NULL, 0, &f));
   EXPECT(STRATA_INVALID, "strata_engine_num_groups: engine is NULL", strata_engine_num_groups(NULL, &n));
   EXPECT(STRATA_INVALID, "strata_engine_group_numel: engine is NULL", strata_engine_group_numel(NULL, 0, &u));
-  EXPECT(STRATA_INVALID, "strata_engine_compute_dtype: engine is NULL", strata_engine_compute_dtype(NULL, &t));
+  EXPECT(STRATA_INVALID, "strata_engine_compute_dtype: engine is NULL",
+         strata_engine_compute_dtype(NULL, &t));
   EXPECT(STRATA_INVALID, "strata_engine_stats: engine is NULL", strata_engine_stats(NULL, &s));
-  EXPECT(STRATA_INVALID, "strata_engine_device_is_gpu: engine is NULL", strata_engine_device_is_gpu(NULL, &n));
+  EXPECT(STRATA_INVALID, "strata_engine_device_is_gpu: engine is NULL",
+         strata_engine_device_is_gpu(NULL, &n));
 }
 
 static void engine_errors(void) {
@@ -119,7 +125,8 @@ static void engine_errors(void) {
   EXPECT(STRATA_STATE, "strata_engine_build: the engine is already built", strata_engine_build(e));
   EXPECT(STRATA_STATE, "add_param after build", strata_engine_add_param(e, 0, "w2", 4, init, NULL));
 
-  EXPECT(STRATA_INVALID, "strata_engine_fetch: group 1 out of range [0, 1)", strata_engine_fetch(e, 1, NULL, &p));
+  EXPECT(STRATA_INVALID, "strata_engine_fetch: group 1 out of range [0, 1)",
+         strata_engine_fetch(e, 1, NULL, &p));
   EXPECT(STRATA_INVALID, "group -3 out of range", strata_engine_fetch(e, -3, NULL, &p));
   EXPECT(STRATA_INVALID, "device_ptr must not be NULL", strata_engine_fetch(e, 0, NULL, NULL));
   EXPECT(STRATA_INVALID, "strata_engine_release: group 5 out of range", strata_engine_release(e, 5, NULL));
@@ -127,20 +134,23 @@ static void engine_errors(void) {
          strata_engine_grads(e, 0, NULL, STRATA_DTYPE_F32, NULL));
   EXPECT(STRATA_INVALID, "grads: unknown dtype 9", strata_engine_grads(e, 0, grads, (strata_dtype_t)9, NULL));
   EXPECT(STRATA_INVALID, "group 2 out of range", strata_engine_grads(e, 2, grads, STRATA_DTYPE_F32, NULL));
-  EXPECT(STRATA_INVALID, "strata_engine_read_master: out must not be NULL", strata_engine_read_master(e, 0, NULL));
+  EXPECT(STRATA_INVALID, "strata_engine_read_master: out must not be NULL",
+         strata_engine_read_master(e, 0, NULL));
   EXPECT(STRATA_INVALID, "group 1 out of range", strata_engine_read_master(e, 1, out));
   EXPECT(STRATA_INVALID, "out must not be NULL", strata_engine_num_groups(e, NULL));
   EXPECT(STRATA_INVALID, "out must not be NULL", strata_engine_group_numel(e, 0, NULL));
   EXPECT(STRATA_INVALID, "out must not be NULL", strata_engine_compute_dtype(e, NULL));
   EXPECT(STRATA_INVALID, "stats must not be NULL", strata_engine_stats(e, NULL));
-  EXPECT(STRATA_INVALID, "strata_engine_device_is_gpu: out must not be NULL", strata_engine_device_is_gpu(e, NULL));
+  EXPECT(STRATA_INVALID, "strata_engine_device_is_gpu: out must not be NULL",
+         strata_engine_device_is_gpu(e, NULL));
   int is_gpu = 7;
   OK(strata_engine_device_is_gpu(e, &is_gpu));
   if (is_gpu != 0) fprintf(stderr, "force_no_gpu engine says it is on a GPU\n"), ++failures;
   /* Releasing a group that is not fetched is the engine's to refuse. */
   strata_status_t st = strata_engine_release(e, 0, NULL);
   if (st == STRATA_OK || strstr(strata_last_error(), "strata_engine_release") == NULL)
-    fprintf(stderr, "release of an unfetched group: %s %s\n", strata_status_name(st), strata_last_error()), ++failures;
+    fprintf(stderr, "release of an unfetched group: %s %s\n", strata_status_name(st), strata_last_error()),
+        ++failures;
 
   strata_step_options_t so = STRATA_STEP_OPTIONS_INIT;
   so.struct_size = 0;
@@ -163,13 +173,15 @@ static void engine_errors(void) {
   old.skipped = 12345;
   old.loss_scale = -7;
   OK(strata_engine_step(e, NULL, &old));
-  if (old.skipped != 12345 || old.loss_scale != -7 || old.struct_size != offsetof(strata_step_result_t, skipped))
+  if (old.skipped != 12345 || old.loss_scale != -7 ||
+      old.struct_size != offsetof(strata_step_result_t, skipped))
     fprintf(stderr, "step wrote past the caller's struct_size\n"), ++failures;
   strata_stats_t short_stats;
   memset(&short_stats, 0xab, sizeof short_stats);
   short_stats.struct_size = offsetof(strata_stats_t, host);
   OK(strata_engine_stats(e, &short_stats));
-  if (short_stats.host.budget != 0xababababababababull || short_stats.struct_size != offsetof(strata_stats_t, host))
+  if (short_stats.host.budget != 0xababababababababull ||
+      short_stats.struct_size != offsetof(strata_stats_t, host))
     fprintf(stderr, "stats wrote past the caller's struct_size\n"), ++failures;
 
   /* A broken engine refuses everything with STATE and says why; destroy works. */
@@ -185,7 +197,8 @@ static void engine_errors(void) {
 static void adam_errors(void) {
   float w[4] = {1, 2, 3, 4}, m[4] = {0}, v[4] = {0}, g[4] = {1, 1, 1, 1};
   strata_adam_options_t o = STRATA_ADAM_OPTIONS_INIT;
-  EXPECT(STRATA_INVALID, "strata_adam_step: options must not be NULL", strata_adam_step(NULL, 4, w, m, v, g, NULL));
+  EXPECT(STRATA_INVALID, "strata_adam_step: options must not be NULL",
+         strata_adam_step(NULL, 4, w, m, v, g, NULL));
   EXPECT(STRATA_INVALID, "param, exp_avg, exp_avg_sq and grad", strata_adam_step(&o, 4, NULL, m, v, g, NULL));
   EXPECT(STRATA_INVALID, "param, exp_avg, exp_avg_sq and grad", strata_adam_step(&o, 4, w, m, v, NULL, NULL));
   OK(strata_adam_step(&o, 0, NULL, NULL, NULL, NULL, NULL)); /* nothing to do */
@@ -214,7 +227,9 @@ int main(void) {
   null_engine();
   engine_errors();
   adam_errors();
-  if (failures) fprintf(stderr, "%d checks failed\n", failures);
-  else printf("all error paths return their status and message\n");
+  if (failures)
+    fprintf(stderr, "%d checks failed\n", failures);
+  else
+    printf("all error paths return their status and message\n");
   return failures ? 1 : 0;
 }

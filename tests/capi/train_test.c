@@ -17,23 +17,23 @@ enum { IN = 8, HID = 4, SAMPLES = 16, STEPS = 40 };
 enum { N0 = HID * IN + HID, N1 = HID + 1 }; /* group 0: W1 (HID, IN), b1 (HID); group 1: w2 (HID), b2 */
 
 static int failures = 0;
-#define CHECK(cond, ...)                                            \
-  do {                                                              \
-    if (!(cond)) {                                                  \
+#define CHECK(cond, ...)                                                       \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                 \
-      fprintf(stderr, "\n");                                        \
-      ++failures;                                                   \
-    }                                                               \
+      fprintf(stderr, __VA_ARGS__);                                            \
+      fprintf(stderr, "\n");                                                   \
+      ++failures;                                                              \
+    }                                                                          \
   } while (0)
-#define OK(call)                                                                                    \
-  do {                                                                                              \
-    strata_status_t st_ = (call);                                                                   \
-    if (st_ != STRATA_OK) {                                                                         \
+#define OK(call)                                                                                   \
+  do {                                                                                             \
+    strata_status_t st_ = (call);                                                                  \
+    if (st_ != STRATA_OK) {                                                                        \
       fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, strata_status_name(st_), \
-              strata_last_error());                                                                 \
-      exit(1);                                                                                      \
-    }                                                                                               \
+              strata_last_error());                                                                \
+      exit(1);                                                                                     \
+    }                                                                                              \
   } while (0)
 
 static float xs[SAMPLES][IN], ts[SAMPLES];
@@ -133,8 +133,8 @@ int main(void) {
   OK(strata_engine_group_numel(e, 0, &n0));
   OK(strata_engine_group_numel(e, 1, &n1));
   OK(strata_engine_compute_dtype(e, &dt));
-  CHECK(groups == 2 && n0 == N0 && n1 == N1 && dt == STRATA_DTYPE_F32, "groups %d numel %llu %llu dtype %d", groups,
-        (unsigned long long)n0, (unsigned long long)n1, (int)dt);
+  CHECK(groups == 2 && n0 == N0 && n1 == N1 && dt == STRATA_DTYPE_F32, "groups %d numel %llu %llu dtype %d",
+        groups, (unsigned long long)n0, (unsigned long long)n1, (int)dt);
 
   /* The reference: the same model and AdamW on arrays of our own. */
   float r0[N0], r1[N1], m0[N0] = {0}, v0[N0] = {0}, m1[N1] = {0}, v1[N1] = {0};
