@@ -125,6 +125,18 @@ Status WaitCallerStream(const strata_engine_t* e, void* stream) {
 // all round to what zero gives).
 double StepValue(double v) { return v < 0 ? -1 : std::max(v, DBL_TRUE_MIN); }
 
+strata::Result<strata::StepOptions> ToStepOptions(const strata_step_options_t* options) {
+  strata_step_options_t o = STRATA_STEP_OPTIONS_INIT;
+  if (options) STRATA_RETURN_IF_ERROR(ReadSized(options, "options", &o));
+  strata::StepOptions so;
+  so.lr = StepValue(o.lr);
+  so.beta1 = StepValue(o.beta1);
+  so.beta2 = StepValue(o.beta2);
+  so.eps = StepValue(o.eps);
+  so.weight_decay = StepValue(o.weight_decay);
+  return so;
+}
+
 }  // namespace
 
 extern "C" {
@@ -159,6 +171,7 @@ strata_status_t strata_engine_create(const char* json, const strata_engine_optio
     eo.world_size = o.world_size;
     eo.grad_accumulation_steps = o.grad_accumulation_steps;
     eo.force_no_gpu = o.force_no_gpu != 0;
+    eo.overlap_step = o.overlap_step != 0;
     e = std::make_unique<strata_engine_t>();
     STRATA_ASSIGN_OR_RETURN(e->rep, strata::Engine::Create(config, eo));
     e->gpu = !eo.force_no_gpu && strata::gpu::Available();
@@ -231,20 +244,21 @@ strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const vo
   });
 }
 
+strata_status_t strata_engine_prepare_step(strata_engine_t* engine, const strata_step_options_t* options) {
+  return OnEngine("strata_engine_prepare_step", engine, [&]() -> Status {
+    if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
+    STRATA_ASSIGN_OR_RETURN(const strata::StepOptions so, ToStepOptions(options));
+    return engine->rep->PrepareStep(so);
+  });
+}
+
 strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_options_t* options,
                                    strata_step_result_t* result) {
   return OnEngine("strata_engine_step", engine, [&]() -> Status {
     if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
-    strata_step_options_t o = STRATA_STEP_OPTIONS_INIT;
-    if (options) STRATA_RETURN_IF_ERROR(ReadSized(options, "options", &o));
     if (result && result->struct_size < sizeof(size_t))
       return strata::InvalidError("result.struct_size is " + std::to_string(result->struct_size));
-    strata::StepOptions so;
-    so.lr = StepValue(o.lr);
-    so.beta1 = StepValue(o.beta1);
-    so.beta2 = StepValue(o.beta2);
-    so.eps = StepValue(o.eps);
-    so.weight_decay = StepValue(o.weight_decay);
+    STRATA_ASSIGN_OR_RETURN(const strata::StepOptions so, ToStepOptions(options));
     STRATA_ASSIGN_OR_RETURN(strata::StepResult r, engine->rep->Step(so));
     if (result == nullptr) return Status::Ok();
     strata_step_result_t full = STRATA_STEP_RESULT_INIT;

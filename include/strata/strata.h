@@ -113,9 +113,14 @@ typedef struct strata_engine_options {
   int world_size;              /* ranks sharing the model */
   int grad_accumulation_steps; /* strata_engine_grads calls per group per step */
   int force_no_gpu;            /* nonzero: the device tier is a host arena even with a GPU */
+  /* Nonzero: each group is updated as soon as its gradients are complete,
+   * overlapping the rest of backward (bitwise the same result). Needs
+   * gradient_clipping 0 and no fp16 (else it is off, with a warning), and
+   * strata_engine_prepare_step before each step's first strata_engine_grads. */
+  int overlap_step;
 } strata_engine_options_t;
 #define STRATA_ENGINE_OPTIONS_INIT \
-  { sizeof(strata_engine_options_t), 0, 1, 1, 0 }
+  { sizeof(strata_engine_options_t), 0, 1, 1, 0, 0 }
 
 /* Creates an engine from a JSON config (DeepSpeed dialect plus a "strata"
  * section). `options` may be NULL (rank 0 of 1). On STRATA_OK *out owns the
@@ -189,6 +194,14 @@ typedef struct strata_step_result {
 } strata_step_result_t;
 #define STRATA_STEP_RESULT_INIT \
   { sizeof(strata_step_result_t), 0.0, 0, 1.0 }
+
+/* With overlap_step: announces the options of the coming step, before its
+ * first strata_engine_grads; strata_engine_step must then get the same
+ * options (without overlap_step the call only records them). `options` may
+ * be NULL (all from the config). Errors: INVALID, STATE (after this step's
+ * first grads). */
+STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
+                                                      const strata_step_options_t* options);
 
 /* Runs the optimizer over every shard (norm, clipping, loss scaling, update)
  * and writes the new parameters to their home tier. `options` may be NULL

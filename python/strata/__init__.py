@@ -44,7 +44,8 @@ class Error(RuntimeError):
 
 class _EngineOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("rank", ctypes.c_int), ("world_size", ctypes.c_int),
-                ("grad_accumulation_steps", ctypes.c_int), ("force_no_gpu", ctypes.c_int)]
+                ("grad_accumulation_steps", ctypes.c_int), ("force_no_gpu", ctypes.c_int),
+                ("overlap_step", ctypes.c_int)]
 
 
 class _StepOptions(ctypes.Structure):
@@ -105,6 +106,7 @@ def _load():
         "strata_engine_fetch": ([P, I, P, ctypes.POINTER(P)], S),
         "strata_engine_release": ([P, I, P], S),
         "strata_engine_grads": ([P, I, P, I, P], S),
+        "strata_engine_prepare_step": ([P, ctypes.POINTER(_StepOptions)], S),
         "strata_engine_step": ([P, ctypes.POINTER(_StepOptions), ctypes.POINTER(_StepResult)], S),
         "strata_engine_read_master": ([P, I, P], S),
         "strata_engine_num_groups": ([P, ctypes.POINTER(I)], S),
@@ -185,12 +187,14 @@ class Engine:
     a time drives an engine.
     """
 
-    def __init__(self, config, rank=0, world_size=1, grad_accumulation_steps=1, force_no_gpu=False):
+    def __init__(self, config, rank=0, world_size=1, grad_accumulation_steps=1, force_no_gpu=False,
+                 overlap_step=False):
         self._lib = _load()
         self._h = None
         text = config if isinstance(config, str) else json.dumps(config)
         opts = _sized(_EngineOptions, rank=rank, world_size=world_size,
-                      grad_accumulation_steps=grad_accumulation_steps, force_no_gpu=1 if force_no_gpu else 0)
+                      grad_accumulation_steps=grad_accumulation_steps, force_no_gpu=1 if force_no_gpu else 0,
+                      overlap_step=1 if overlap_step else 0)
         h = ctypes.c_void_p()
         _check(self._lib.strata_engine_create(text.encode(), ctypes.byref(opts), ctypes.byref(h)))
         self._h = h
@@ -268,13 +272,16 @@ class Engine:
                         f"grads has {_numel(grads)}")
         _check(self._lib.strata_engine_grads(self.handle, group, _address(grads), code, _stream_handle(stream)))
 
+    def prepare_step(self, lr=None, betas=None, eps=None, weight_decay=None):
+        """With overlap_step: the coming step's options, before its first
+        grads(); step() must then get the same ones."""
+        opts = _step_options(lr, betas, eps, weight_decay)
+        _check(self._lib.strata_engine_prepare_step(self.handle, ctypes.byref(opts)))
+
     def step(self, lr=None, betas=None, eps=None, weight_decay=None):
         """One optimizer step; None takes the config's value. Returns
         (grad_norm, skipped)."""
-        def v(x):
-            return -1.0 if x is None else float(x)
-        b1, b2 = (None, None) if betas is None else betas
-        opts = _sized(_StepOptions, lr=v(lr), beta1=v(b1), beta2=v(b2), eps=v(eps), weight_decay=v(weight_decay))
+        opts = _step_options(lr, betas, eps, weight_decay)
         res = _sized(_StepResult)
         _check(self._lib.strata_engine_step(self.handle, ctypes.byref(opts), ctypes.byref(res)))
         self.last_loss_scale = res.loss_scale
@@ -339,6 +346,13 @@ class Engine:
             ctype = ctypes.c_float if dtype == torch.float32 else ctypes.c_int16
             raw = torch.from_numpy(np.ctypeslib.as_array((ctype * numel).from_address(address)))
         return raw if dtype == torch.float32 else raw.view(dtype)
+
+
+def _step_options(lr, betas, eps, weight_decay):
+    def v(x):
+        return -1.0 if x is None else float(x)
+    b1, b2 = (None, None) if betas is None else betas
+    return _sized(_StepOptions, lr=v(lr), beta1=v(b1), beta2=v(b2), eps=v(eps), weight_decay=v(weight_decay))
 
 
 class _CudaArray:

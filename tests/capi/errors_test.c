@@ -94,6 +94,8 @@ static void null_engine(void) {
   EXPECT(STRATA_INVALID, "strata_engine_grads: engine is NULL",
          strata_engine_grads(NULL, 0, &f, STRATA_DTYPE_F32, NULL));
   EXPECT(STRATA_INVALID, "strata_engine_step: engine is NULL", strata_engine_step(NULL, NULL, NULL));
+  EXPECT(STRATA_INVALID, "strata_engine_prepare_step: engine is NULL",
+         strata_engine_prepare_step(NULL, NULL));
   EXPECT(STRATA_INVALID, "strata_engine_read_master: engine is NULL", strata_engine_read_master(NULL, 0, &f));
   EXPECT(STRATA_INVALID, "strata_engine_num_groups: engine is NULL", strata_engine_num_groups(NULL, &n));
   EXPECT(STRATA_INVALID, "strata_engine_group_numel: engine is NULL", strata_engine_group_numel(NULL, 0, &u));
@@ -118,6 +120,8 @@ static void engine_errors(void) {
   EXPECT(STRATA_STATE, "not built", strata_engine_release(e, 0, NULL));
   EXPECT(STRATA_STATE, "not built", strata_engine_grads(e, 0, grads, STRATA_DTYPE_F32, NULL));
   EXPECT(STRATA_STATE, "strata_engine_step: the engine is not built", strata_engine_step(e, NULL, NULL));
+  EXPECT(STRATA_STATE, "strata_engine_prepare_step: the engine is not built",
+         strata_engine_prepare_step(e, NULL));
   EXPECT(STRATA_STATE, "not built", strata_engine_read_master(e, 0, out));
   EXPECT(STRATA_STATE, "not built", strata_engine_group_numel(e, 0, &u));
   OK(strata_engine_add_param(e, 0, "w", 4, init, NULL));
@@ -183,6 +187,30 @@ static void engine_errors(void) {
   if (short_stats.host.budget != 0xababababababababull ||
       short_stats.struct_size != offsetof(strata_stats_t, host))
     fprintf(stderr, "stats wrote past the caller's struct_size\n"), ++failures;
+
+  /* Overlapped step: options announced after gradients, or changed at the step. */
+  strata_engine_options_t ov = STRATA_ENGINE_OPTIONS_INIT;
+  ov.force_no_gpu = 1;
+  ov.overlap_step = 1;
+  strata_engine_t* e2 = NULL;
+  OK(strata_engine_create(kConfig, &ov, &e2));
+  OK(strata_engine_add_param(e2, 0, "w", 4, init, NULL));
+  OK(strata_engine_build(e2));
+  so = (strata_step_options_t)STRATA_STEP_OPTIONS_INIT;
+  so.lr = 0.1;
+  OK(strata_engine_prepare_step(e2, &so));
+  OK(strata_engine_grads(e2, 0, grads, STRATA_DTYPE_F32, NULL));
+  EXPECT(STRATA_STATE,
+         "strata_engine_prepare_step: prepare_step: gradients of this step have already arrived",
+         strata_engine_prepare_step(e2, &so));
+  so.lr = 0.2;
+  EXPECT(STRATA_INVALID, "options differ from those given to prepare_step",
+         strata_engine_step(e2, &so, NULL));
+  so.lr = 0.1;
+  OK(strata_engine_step(e2, &so, NULL));
+  so.struct_size = 0;
+  EXPECT(STRATA_INVALID, "options.struct_size is 0", strata_engine_prepare_step(e2, &so));
+  OK(strata_engine_destroy(e2));
 
   /* A broken engine refuses everything with STATE and says why; destroy works. */
   strata_internal_break_engine(e, "injected fault");

@@ -91,6 +91,18 @@ def test_engine_protocol():
     assert err.value.status == strata.STATE
 
 
+def test_engine_overlap_step():
+    with strata.Engine({}, force_no_gpu=True, overlap_step=True) as e:
+        e.add_param(0, "w", torch.ones(16))
+        e.build()
+        e.prepare_step(lr=0.1)
+        e.grads(0, torch.ones(16))
+        with pytest.raises(strata.Error, match="options differ"):
+            e.step(lr=0.2)
+        e.step(lr=0.1)
+        assert torch.allclose(e.read_master(0), torch.full((16,), 0.9))
+
+
 def test_bad_config_raises_with_the_engines_message(tmp_path):
     bad = {"zero_optimization": {"stagee": 1}}
     for make in (lambda: strata.Engine(bad),
