@@ -278,7 +278,6 @@ class OffloadedModule:
         self.dtype = _torch_dtype(self.engine.compute_dtype)
         self._fetched = {}  # group index -> (flat tensor, first byte address, end address)
         self._saved_hooks = []  # saved_tensors_hooks contexts entered by forward pre-hooks
-        self._handed = set()  # groups whose gradients went to the engine since the last step
         self._callback_queued = False
         for g in self._groups:
             g.install()
@@ -346,7 +345,6 @@ class OffloadedModule:
 
     def _hand(self, g):
         self.engine.grads(g.index, g.take_staged(), stream=_current_stream(self.device.type))
-        self._handed.add(g.index)
         self.release(g)
 
     def _end_of_backward(self):
@@ -361,13 +359,10 @@ class OffloadedModule:
     # -- the optimizer
     def step(self, lr=None, betas=None, eps=None, weight_decay=None):
         """One optimizer step over every group; None takes the config's
-        value. Groups that got no gradient since the last step step with
-        zeros. Returns (grad_norm, skipped)."""
+        value. A group that got no gradient since the last step steps with
+        zeros (the engine's rule). Returns (grad_norm, skipped)."""
         for g in self._groups:
-            if g.index not in self._handed:
-                self.engine.grads(g.index, torch.zeros(g.numel, dtype=self.dtype, device=self.device),
-                                  stream=_current_stream(self.device.type))
-        self._handed = set()
+            self.release(g)  # e.g. fetched by a backward that produced no gradient for it
         return self.engine.step(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
     def zero_grad(self, set_to_none=True):
@@ -431,13 +426,15 @@ class _ModuleGroup:
         # the parameter, still sees the right shape.
         one = torch.zeros(1, dtype=o.dtype, device=o.device)
         self.placeholders = {p: one.expand(self.shapes[p]) for p in self.params}
-        for i, p in enumerate(self.params):
+        for p in self.params:
+            # The compute dtype first: changing a parameter's dtype gives it a
+            # new AccumulateGrad node, which would not have our hook.
+            p.data = self.placeholders[p]
             # The AccumulateGrad node of p: its hook runs once p.grad holds
             # this backward's gradient.
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             acc.register_hook(lambda *_, p=p: o.grad_ready(self, p))
             self.grad_accs.append(acc)
-            p.data = self.placeholders[p]
         o._handles.append(self.module.register_forward_pre_hook(lambda m, inp: o._before_forward(self)))
         o._handles.append(self.module.register_forward_hook(lambda m, inp, out: o._after_forward(self)))
 
