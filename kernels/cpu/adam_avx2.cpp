@@ -44,6 +44,11 @@ struct AdamAvx2 {
   }
 
   static void Block(const AdamConstsx8& k, const AdamArrays& a, size_t i) {
+    StoreCopyx8<C>(a.param_copy, i, Update(k, a, i));
+  }
+
+  // Updates param, exp_avg, exp_avg_sq at [i, i+8); returns the new param.
+  static __m256 Update(const AdamConstsx8& k, const AdamArrays& a, size_t i) {
     __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, i), k.grad_scale);
     __m256 p = _mm256_loadu_ps(a.param + i);
     if constexpr (kL2) g = _mm256_fmadd_ps(p, k.l2, g);
@@ -57,7 +62,7 @@ struct AdamAvx2 {
     _mm256_storeu_ps(a.param + i, p);
     _mm256_storeu_ps(a.exp_avg + i, m);
     _mm256_storeu_ps(a.exp_avg_sq + i, v);
-    StoreCopyx8<C>(a.param_copy, i, p);
+    return p;
   }
 
   static void Run(const AdamStepScalars& s, const AdamArrays& a, size_t begin, size_t end) {
@@ -68,8 +73,9 @@ struct AdamAvx2 {
     const AdamArrays local = a;
     for (; i + 2 * kAvx2Lanes <= end; i += 2 * kAvx2Lanes) {
       Prefetch(local, i + kPrefetchAhead);
-      Block(k, local, i);
-      Block(k, local, i + kAvx2Lanes);
+      const __m256 p0 = Update(k, local, i);
+      const __m256 p1 = Update(k, local, i + kAvx2Lanes);
+      StoreCopyx16<C>(local.param_copy, i, p0, p1);
     }
     for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, local, i);
     if (i < end) Tail(k, a, i, end - i);
