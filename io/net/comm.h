@@ -1,0 +1,99 @@
+// Communicators: one interface for the collectives ZeRO needs, with three
+// backends — NCCL (CUDA device buffers), Gloo (host buffers, the CPU path) and
+// self (one rank). Every collective has a sequence number and a timeout; a
+// failure names the backend, the collective, its number and the rank:
+//   "gloo all_reduce #17 (4096 floats) on rank 1 of 4: timed out after 5 s"
+//
+//   auto info = RankInfoFromEnv().value();
+//   auto store = RendezvousStore::Open(info, std::chrono::seconds(30)).value();
+//   CommOptions o; o.rank = info; o.timeout_s = 30; o.store = &store->client();
+//   auto comm = MakeCommunicator(o).value();
+//   STRATA_RETURN_IF_ERROR(comm->AllReduce(grads, n));
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "io/net/launch_env.h"
+#include "io/net/store.h"
+
+namespace strata::net {
+
+struct CommOptions {
+  RankInfo rank;
+  // "auto": NCCL when a GPU is present and NCCL was built, else self for one
+  // rank, else Gloo. "self" needs world_size 1.
+  std::string backend = "auto";
+  double timeout_s = 300;  // strata.timeout: bound on every collective and store wait
+  // Required when world_size > 1; must outlive MakeCommunicator (not the
+  // communicator: creation ends with a barrier, after which the store is unused).
+  StoreClient* store = nullptr;
+  // Key namespace in the store; give each communicator of a job its own.
+  std::string prefix = "strata";
+  // Gloo: the local address to listen on; empty = the address this host uses
+  // to reach rank.master_addr (127.0.0.1 for a loopback master).
+  std::string local_addr;
+};
+
+// Collectives must be called in the same order with the same sizes on every
+// rank. Not thread-safe: one caller at a time. Buffers live in the backend's
+// memory (device_buffers()). After any failure the communicator is broken:
+// every later call returns the first error (kComm) without communicating.
+// Errors: kTimeout when a peer did not answer within timeout_s, kComm when a
+// peer closed its connection or the backend failed, kInvalid for bad arguments.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual const char* backend() const = 0;  // "self", "gloo", "nccl"
+  // true: buffers are CUDA device pointers (NCCL); false: host memory.
+  virtual bool device_buffers() const = 0;
+
+  // buf[n] := sum over ranks of buf[n], in place. fp32 sums are bitwise equal
+  // on every rank; the summation order depends on the world size.
+  Status AllReduce(float* buf, size_t n);
+  // out[n] := sum over ranks of in[rank*n .. rank*n+n); `in` holds
+  // n*world_size floats. In place when out == in + rank*n. Sizes not divisible
+  // by the world size are the caller's to pad.
+  Status ReduceScatter(const float* in, float* out, size_t n_per_rank);
+  // out[r*bytes .. (r+1)*bytes) := rank r's in[bytes]; `out` holds
+  // bytes*world_size. In place when in == out + rank*bytes.
+  Status AllGather(const void* in, void* out, size_t bytes_per_rank);
+  // buf[bytes] := root's buf[bytes].
+  Status Broadcast(void* buf, size_t bytes, int root);
+  Status Barrier();
+
+  uint64_t collectives_issued() const { return seq_; }
+
+ protected:
+  // Backends implement these; they return errors without the collective's
+  // name (the wrappers add "backend op #seq (size) on rank r of w: ").
+  virtual Status DoAllReduce(float* buf, size_t n) = 0;
+  virtual Status DoReduceScatter(const float* in, float* out, size_t n_per_rank) = 0;
+  virtual Status DoAllGather(const void* in, void* out, size_t bytes_per_rank) = 0;
+  virtual Status DoBroadcast(void* buf, size_t bytes, int root) = 0;
+  virtual Status DoBarrier() = 0;
+  uint64_t current_seq() const { return seq_; }  // number of the collective in progress
+
+ private:
+  template <typename Fn>
+  Status Run(const char* op, const std::string& size, Fn&& fn);
+
+  uint64_t seq_ = 0;
+  std::unique_ptr<Status> broken_;  // the first failure, once there is one
+};
+
+// Creates the communicator and rendezvouses with the other ranks (bounded by
+// timeout_s). kUnsupported for "nccl" without a GPU or without NCCL in this
+// build; kInvalid for an unknown backend, "self" with world_size > 1, or no
+// store with world_size > 1.
+Result<std::unique_ptr<Communicator>> MakeCommunicator(const CommOptions& options);
+
+// True when this build has NCCL and a GPU is usable at run time.
+bool NcclAvailable();
+
+}  // namespace strata::net

@@ -1,0 +1,51 @@
+// Which rank am I? Reads the variables a launcher sets: torchrun's, else
+// OpenMPI's, else Slurm's; none of them means one rank. A partial or
+// inconsistent set is an error that names the variables.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "base/status.h"
+
+namespace strata::net {
+
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";  // where rank 0 serves the store
+  int master_port = 29500;                 // MASTER_PORT as the launcher gave it
+  // The port the rendezvous store listens on. Usually master_port; under
+  // torchrun (TORCHELASTIC_USE_AGENT_STORE=True) torchrun's own TCPStore
+  // holds master_port, so ours takes master_port + 1. STRATA_STORE_PORT
+  // overrides both.
+  int store_port = 29500;
+  std::string source = "none";  // "torchrun", "openmpi", "slurm" or "none"
+
+  std::string ToString() const;  // "rank 1 of 4 (local 1 of 4) via torchrun, store 127.0.0.1:29500"
+};
+
+using GetEnvFn = std::function<const char*(const char*)>;
+
+// Reads the launch variables through `getenv` (injectable for tests).
+//   torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+//             MASTER_PORT (the last two may be absent when WORLD_SIZE is 1).
+//   OpenMPI:  OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE;
+//             MASTER_ADDR (needed unless every rank is local), MASTER_PORT
+//             (default 29500).
+//   Slurm:    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST
+//             (its first host is the master unless MASTER_ADDR is set);
+//             local world from SLURM_NTASKS_PER_NODE, else the leading count
+//             of SLURM_TASKS_PER_NODE; MASTER_PORT default 29500.
+// A family is chosen when any of its rank variables is set (torchrun first);
+// then all of its required variables must be present, be integers, and agree
+// (0 <= rank < world, 0 <= local_rank < local_world <= world). Errors are
+// kInvalid and name the variables.
+Result<RankInfo> RankInfoFromEnv(const GetEnvFn& getenv = ::getenv);
+
+// First host of a Slurm hostlist: "gpu[03-05,09],cpu1" -> "gpu03".
+Result<std::string> FirstSlurmHost(const std::string& nodelist);
+
+}  // namespace strata::net
