@@ -112,12 +112,18 @@ uint64_t MinHostBytes(const Config& c, const ConfigFacts& f) {
   const uint64_t shard = c.zero.stage >= 1 ? (numel + world - 1) / world : numel;
   uint64_t need = 0;
   const auto& p = c.zero.offload_param;
-  if (p.device == OffloadDevice::kNvme)
-    need = SaturatingMul(SaturatingMul(p.buffer_count, std::max(p.buffer_size, numel)), p_size);
+  // What the engine allocates: with a GPU, NVMe-homed P passes through up to
+  // four pinned buffers of a group (without one the disk reads straight into
+  // the device tier's host arena); host-homed P is one group at least.
+  if (p.device == OffloadDevice::kNvme && f.has_gpu)
+    need = SaturatingMul(SaturatingMul(std::min<uint64_t>(p.buffer_count, 4), numel), p_size);
   else if (p.device == OffloadDevice::kCpu)
     need = SaturatingMul(numel, p_size);
-  if (c.zero.offload_optimizer.device != OffloadDevice::kNone)
-    need = SaturatingAdd(need, SaturatingMul(shard, 16));  // fp32 W, M, V, G
+  // The optimizer: NVMe-homed W, M, V, G stream through at least three slots
+  // of a shard (read ahead, update, write behind); host-homed ones are a shard.
+  const auto od = c.zero.offload_optimizer.device;
+  if (od == OffloadDevice::kNvme) need = SaturatingAdd(need, SaturatingMul(shard, 3 * 16));
+  else if (od == OffloadDevice::kCpu) need = SaturatingAdd(need, SaturatingMul(shard, 16));
   return need;
 }
 

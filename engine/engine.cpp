@@ -363,9 +363,17 @@ Status Engine::Release(int group) {
 Status Engine::Grads(int group, const void* grads, DType dtype) { return impl_->Grads(group, grads, dtype); }
 Result<StepResult> Engine::Step(const StepOptions& options) { return impl_->Step(options); }
 Status Engine::PrepareStep(const StepOptions& options) { return impl_->PrepareStep(options); }
+Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes) {
+  return impl_->SaveCheckpoint(dir, tag, blob, blob_bytes);
+}
+Status Engine::LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
+  return impl_->LoadCheckpoint(dir, tag, blob);
+}
 Status Engine::ReadMaster(int group, float* out) { return impl_->ReadMaster(group, out); }
 EngineStats Engine::stats() const { return impl_->Stats(); }
 int Engine::num_groups() const { return impl_->part_.num_groups(); }
+double Engine::loss_scale() const { return impl_->scaler_.scale(); }
+int64_t Engine::steps_applied() const { return impl_->step_count_; }
 uint64_t Engine::group_numel(int group) const {
   return group >= 0 && group < impl_->part_.num_groups() ? impl_->part_.group(group).numel : 0;
 }

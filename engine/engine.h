@@ -104,9 +104,24 @@ class Engine {
   // scaling (skip on overflow), update of W, M, V, new P to its home.
   Result<StepResult> Step(const StepOptions& options);
 
+  // Checkpoints (engine/checkpoint.cpp). Save writes this rank's W, M, V,
+  // the step count, the loss scaler and `blob` (the trainer's own state) to
+  // DIR/TAG, a new folder (an existing TAG is refused), then points
+  // DIR/latest at it; every file is fsynced and renamed into place, so a
+  // crash leaves the previous or the new checkpoint whole, never a mix.
+  // Load (TAG "" = latest) verifies the manifest and every checksum before
+  // changing anything: a corrupt, truncated or incomplete checkpoint is a
+  // CORRUPT error naming the file, and the engine is as it was.
+  // REQUIRES: between steps (no fetched group, no gradients pending).
+  Status SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
+  Status LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
+
   // The fp32 master weights of a group, without padding (tests, export).
   Status ReadMaster(int group, float* out);
   EngineStats stats() const;
+  // The scale the trainer multiplies the next loss by (fp16), else 1.
+  double loss_scale() const;
+  int64_t steps_applied() const;  // optimizer updates so far (skipped steps excluded)
   int num_groups() const;
   uint64_t group_numel(int group) const;  // without padding
   DType compute_dtype() const;

@@ -66,6 +66,12 @@ class Engine::Impl {
   void DropDeviceCopies();  // after a step: P changed. REQUIRES: no pins, no loads.
   void WaitPrefetchIdle();
 
+  // checkpoint.cpp
+  Status SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
+  Status LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
+  Status LoadCheckpointChecked(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
+  Status CheckBetweenSteps(const char* call);
+
   // optimizer_driver.cpp
   Status RunOptimizer(const std::vector<int>& groups, double grad_scale, const StepOptions& so, int64_t step);
   // The overlapped step's thread: updates groups whose gradients are complete.

@@ -22,6 +22,14 @@ class LossScaler {
     clean_steps_ = 0;
   }
   double scale() const { return scale_; }
+  // For checkpoints: the whole dynamic state.
+  struct State { double scale; int hysteresis_left; int64_t clean_steps; };
+  State state() const { return {scale_, hysteresis_left_, clean_steps_}; }
+  void set_state(const State& s) {
+    scale_ = s.scale;
+    hysteresis_left_ = s.hysteresis_left;
+    clean_steps_ = s.clean_steps;
+  }
   // Records the outcome of a step.
   void Update(bool overflow) {
     if (!dynamic_) return;

@@ -419,13 +419,14 @@ TEST(ConfigValidate, PinnedHostBudgetAboveMemlock) {
 }
 
 TEST(ConfigValidate, PinnedSwapBuffersAboveMemlockWithAutoBudget) {
-  // 5 buffers of 1e8 bf16 elements are pinned: 1e9 bytes.
   const Config c = MustParse(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
-      "offload_param": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": true}}})");
-  ConfigFacts f = Facts(1000);
+      "offload_param": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": true, "buffer_size": 2e8}}})");
+  // With a GPU, NVMe-homed P passes through min(buffer_count, 4) pinned buffers of the largest group.
+  ConfigFacts f = Facts(200'000'000);
+  f.has_gpu = true;
   f.memlock_limit_bytes = 64ull << 20;
   EXPECT_EQ(Refusal(ValidateConfig(c, f)),
-            "zero_optimization.offload_*.pin_memory: at least 953.67 MiB of pinned memory (offload pin_memory is "
+            "zero_optimization.offload_*.pin_memory: at least 1.49 GiB of pinned memory (offload pin_memory is "
             "true) is above the memlock limit (64.00 MiB); raise it (ulimit -l, /etc/security/limits.conf) or set "
             "pin_memory to false");
 }
