@@ -1,0 +1,164 @@
+// The NCCL communicator: CUDA device buffers, one stream of its own. The
+// unique id travels through the store; the communicator is non-blocking
+// (ncclConfig_t.blocking = 0) so that every wait polls with a deadline and a
+// stuck or failed peer ends in ncclCommAbort and an error instead of a hang.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "io/net/comm_backends.h"
+#include "io/net/deadline.h"
+
+namespace strata::net {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Status CudaStatus(const char* what, cudaError_t e) {
+  if (e == cudaSuccess) return Status::Ok();
+  return CommError(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+class NcclComm final : public Communicator {
+ public:
+  NcclComm(int rank, int world, Millis timeout) : rank_(rank), world_(world), timeout_(timeout) {}
+  ~NcclComm() override {
+    // A comm that failed was aborted already; a healthy one is finalized.
+    if (comm_) ncclCommDestroy(comm_);
+    if (scratch_) cudaFree(scratch_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  const char* backend() const override { return "nccl"; }
+  bool device_buffers() const override { return true; }
+
+  Status Init(int device, const ncclUniqueId& id) {
+    STRATA_RETURN_IF_ERROR(CudaStatus("cudaSetDevice", cudaSetDevice(device)));
+    STRATA_RETURN_IF_ERROR(CudaStatus("cudaStreamCreate", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
+    STRATA_RETURN_IF_ERROR(CudaStatus("cudaMalloc", cudaMalloc(&scratch_, sizeof(float))));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t rc = ncclCommInitRankConfig(&comm_, world_, id, rank_, &config);
+    STRATA_RETURN_IF_ERROR(Check("ncclCommInitRankConfig", rc));
+    return Await("ncclCommInitRankConfig", /*stream=*/false);
+  }
+
+  Status FirstBarrier() { return Launch("barrier", [&] { return Allreduce1(); }); }
+
+ protected:
+  Status DoAllReduce(float* buf, size_t n) override {
+    return Launch("ncclAllReduce", [&] { return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm_, stream_); });
+  }
+  Status DoReduceScatter(const float* in, float* out, size_t n) override {
+    return Launch("ncclReduceScatter",
+                  [&] { return ncclReduceScatter(in, out, n, ncclFloat, ncclSum, comm_, stream_); });
+  }
+  Status DoAllGather(const void* in, void* out, size_t bytes) override {
+    return Launch("ncclAllGather", [&] { return ncclAllGather(in, out, bytes, ncclUint8, comm_, stream_); });
+  }
+  Status DoBroadcast(void* buf, size_t bytes, int root) override {
+    return Launch("ncclBroadcast",
+                  [&] { return ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_); });
+  }
+  Status DoBarrier() override { return Launch("barrier", [&] { return Allreduce1(); }); }
+
+ private:
+  ncclResult_t Allreduce1() { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_); }
+
+  template <typename Fn>
+  Status Launch(const char* what, Fn&& fn) {
+    STRATA_RETURN_IF_ERROR(Check(what, fn()));
+    return Await(what, /*stream=*/true);
+  }
+
+  Status Check(const char* what, ncclResult_t rc) {
+    if (rc == ncclSuccess || rc == ncclInProgress) return Status::Ok();
+    return Fail(what, rc);
+  }
+
+  Status Fail(const char* what, ncclResult_t rc) {
+    std::string msg = std::string(what) + ": " + ncclGetErrorString(rc);
+    const char* last = ncclGetLastError(comm_);
+    if (last && *last) msg += " (" + std::string(last) + ")";
+    Abort();
+    return CommError(msg);
+  }
+
+  void Abort() {
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  // Polls until NCCL has no pending work on the comm and (if `stream`) the
+  // stream has drained; aborts the comm on an async error or the deadline.
+  Status Await(const char* what, bool stream) {
+    const auto deadline = Clock::now() + timeout_;
+    for (;;) {
+      ncclResult_t async = ncclSuccess;
+      ncclResult_t rc = ncclCommGetAsyncError(comm_, &async);
+      if (rc != ncclSuccess) return Fail("ncclCommGetAsyncError", rc);
+      if (async != ncclSuccess && async != ncclInProgress) return Fail(what, async);
+      if (async == ncclSuccess) {
+        cudaError_t e = stream ? cudaStreamQuery(stream_) : cudaSuccess;
+        if (e == cudaSuccess) return Status::Ok();
+        if (e != cudaErrorNotReady) {
+          Abort();
+          return CudaStatus(what, e);
+        }
+      }
+      if (Clock::now() > deadline) {
+        Abort();
+        return TimeoutError("timed out after " + FormatSeconds(timeout_) + " in " + what);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  int rank_, world_;
+  Millis timeout_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  float* scratch_ = nullptr;  // (1): the barrier's all-reduce operand
+};
+
+}  // namespace
+
+bool NcclGpuPresent() {
+  int count = 0;
+  // A failure ("driver version is insufficient", no device) counts as no GPU.
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+Result<std::unique_ptr<Communicator>> MakeNcclComm(const CommOptions& o) {
+  const RankInfo& r = o.rank;
+  const Millis timeout = SecondsToMillis(o.timeout_s);
+  const std::string where = "nccl rendezvous on rank " + std::to_string(r.rank) + " of " +
+                            std::to_string(r.world_size);
+  int count = 0;
+  STRATA_RETURN_IF_ERROR(CudaStatus("cudaGetDeviceCount", cudaGetDeviceCount(&count)).WithContext(where));
+  ncclUniqueId id;
+  const std::string key = o.prefix + "/nccl/unique_id";
+  if (r.rank == 0) {
+    ncclResult_t rc = ncclGetUniqueId(&id);
+    if (rc != ncclSuccess) return CommError(where + ": ncclGetUniqueId: " + ncclGetErrorString(rc));
+    if (o.store) {
+      auto* p = reinterpret_cast<const uint8_t*>(&id);
+      STRATA_RETURN_IF_ERROR(o.store->Set(key, Bytes(p, p + sizeof id)).WithContext(where));
+    }
+  } else {
+    STRATA_ASSIGN_OR_RETURN(Bytes b, o.store->Get(key, timeout));
+    if (b.size() != sizeof id) return CommError(where + ": malformed NCCL unique id in the store");
+    std::memcpy(&id, b.data(), sizeof id);
+  }
+  auto comm = std::make_unique<NcclComm>(r.rank, r.world_size, timeout);
+  STRATA_RETURN_IF_ERROR(comm->Init(r.local_rank % count, id).WithContext(where));
+  STRATA_RETURN_IF_ERROR(comm->FirstBarrier().WithContext(where + ": first barrier"));
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+}  // namespace strata::net

@@ -1,0 +1,202 @@
+// Reads torchrun's, OpenMPI's or Slurm's launch variables into a RankInfo.
+#include "io/net/launch_env.h"
+
+#include <charconv>
+#include <vector>
+
+namespace strata::net {
+namespace {
+
+// The variables of one launcher family, by role.
+struct Family {
+  const char* source;
+  const char* rank;
+  const char* world;
+  const char* local_rank;
+  const char* local_world;  // nullptr: derived elsewhere
+};
+
+constexpr Family kTorchrun{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+constexpr Family kOpenMpi{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+constexpr Family kSlurm{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr};
+
+class Env {
+ public:
+  explicit Env(const GetEnvFn& getenv) : getenv_(getenv) {}
+  bool Has(const char* name) const {
+    const char* v = getenv_(name);
+    return v != nullptr && *v != '\0';
+  }
+  std::string Get(const char* name) const { return Has(name) ? getenv_(name) : ""; }
+  Result<int> Int(const char* name) const {
+    std::string v = Get(name);
+    int out = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+    if (ec != std::errc() || end != v.data() + v.size())
+      return InvalidError(std::string(name) + "='" + v + "' is not an integer");
+    return out;
+  }
+
+ private:
+  const GetEnvFn& getenv_;
+};
+
+std::string Join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// Every name present, or an error listing which are set and which are missing.
+Status RequireAll(const Env& env, const char* source, const std::vector<const char*>& names) {
+  std::vector<std::string> set, missing;
+  for (const char* n : names) (env.Has(n) ? set : missing).push_back(n);
+  if (missing.empty()) return Status::Ok();
+  return InvalidError(std::string(source) + " launch variables incomplete: " + Join(set) +
+                      " set but " + Join(missing) + " missing");
+}
+
+Status CheckRanks(const RankInfo& r, const Family& f) {
+  std::string lw = f.local_world ? f.local_world : "local world size";
+  auto bad = [&](const std::string& what) {
+    return InvalidError(std::string(f.source) + " launch variables inconsistent: " + what + " (" +
+                        r.ToString() + ")");
+  };
+  if (r.world_size < 1) return bad(std::string(f.world) + " must be >= 1");
+  if (r.rank < 0 || r.rank >= r.world_size)
+    return bad(std::string(f.rank) + " must be in [0, " + f.world + ")");
+  if (r.local_world_size < 1 || r.local_world_size > r.world_size)
+    return bad(lw + " must be in [1, " + f.world + "]");
+  if (r.local_rank < 0 || r.local_rank >= r.local_world_size)
+    return bad(std::string(f.local_rank) + " must be in [0, " + lw + ")");
+  return Status::Ok();
+}
+
+Result<int> Port(const Env& env, const char* name, int fallback) {
+  if (!env.Has(name)) return fallback;
+  STRATA_ASSIGN_OR_RETURN(int p, env.Int(name));
+  if (p < 1 || p > 65535) return InvalidError(std::string(name) + "=" + std::to_string(p) + " is not a TCP port");
+  return p;
+}
+
+// Master address and ports shared by all families; torchrun's own store
+// holds MASTER_PORT, so ours moves one up (see RankInfo::store_port).
+Status ReadMaster(const Env& env, RankInfo* r) {
+  if (env.Has("MASTER_ADDR")) r->master_addr = env.Get("MASTER_ADDR");
+  STRATA_ASSIGN_OR_RETURN(r->master_port, Port(env, "MASTER_PORT", 29500));
+  bool agent_store = env.Get("TORCHELASTIC_USE_AGENT_STORE") == "True";
+  int store_default = r->master_port + (agent_store ? 1 : 0);
+  if (store_default > 65535) store_default = r->master_port - 1;
+  STRATA_ASSIGN_OR_RETURN(r->store_port, Port(env, "STRATA_STORE_PORT", store_default));
+  return Status::Ok();
+}
+
+Status ReadRanks(const Env& env, const Family& f, RankInfo* r) {
+  STRATA_ASSIGN_OR_RETURN(r->rank, env.Int(f.rank));
+  STRATA_ASSIGN_OR_RETURN(r->world_size, env.Int(f.world));
+  STRATA_ASSIGN_OR_RETURN(r->local_rank, env.Int(f.local_rank));
+  if (f.local_world) {
+    STRATA_ASSIGN_OR_RETURN(r->local_world_size, env.Int(f.local_world));
+  }
+  r->source = f.source;
+  return Status::Ok();
+}
+
+Result<RankInfo> FromTorchrun(const Env& env) {
+  RankInfo r;
+  STRATA_RETURN_IF_ERROR(
+      RequireAll(env, "torchrun", {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}));
+  STRATA_RETURN_IF_ERROR(ReadRanks(env, kTorchrun, &r));
+  if (r.world_size > 1)
+    STRATA_RETURN_IF_ERROR(RequireAll(env, "torchrun", {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}));
+  STRATA_RETURN_IF_ERROR(ReadMaster(env, &r));
+  STRATA_RETURN_IF_ERROR(CheckRanks(r, kTorchrun));
+  return r;
+}
+
+Result<RankInfo> FromOpenMpi(const Env& env) {
+  RankInfo r;
+  STRATA_RETURN_IF_ERROR(RequireAll(env, "openmpi",
+                                    {kOpenMpi.rank, kOpenMpi.world, kOpenMpi.local_rank, kOpenMpi.local_world}));
+  STRATA_RETURN_IF_ERROR(ReadRanks(env, kOpenMpi, &r));
+  if (r.local_world_size != r.world_size && !env.Has("MASTER_ADDR"))
+    return InvalidError("openmpi launch variables incomplete: ranks span several hosts (" +
+                        std::string(kOpenMpi.local_world) + " < " + kOpenMpi.world +
+                        ") but MASTER_ADDR (rank 0's host) is missing");
+  STRATA_RETURN_IF_ERROR(ReadMaster(env, &r));
+  STRATA_RETURN_IF_ERROR(CheckRanks(r, kOpenMpi));
+  return r;
+}
+
+// Slurm's per-node task count: SLURM_NTASKS_PER_NODE, else the leading count
+// of SLURM_TASKS_PER_NODE ("4(x2),3" -> 4), else every task on one node.
+int SlurmLocalWorld(const Env& env, int world) {
+  for (const char* name : {"SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    std::string v = env.Get(name);
+    int n = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (ec == std::errc() && end != v.data() && n >= 1) return n;
+  }
+  return world;
+}
+
+Result<RankInfo> FromSlurm(const Env& env) {
+  RankInfo r;
+  STRATA_RETURN_IF_ERROR(
+      RequireAll(env, "slurm", {kSlurm.rank, kSlurm.world, kSlurm.local_rank, "SLURM_JOB_NODELIST"}));
+  STRATA_RETURN_IF_ERROR(ReadRanks(env, kSlurm, &r));
+  r.local_world_size = SlurmLocalWorld(env, r.world_size);
+  STRATA_ASSIGN_OR_RETURN(r.master_addr, FirstSlurmHost(env.Get("SLURM_JOB_NODELIST")));
+  STRATA_RETURN_IF_ERROR(ReadMaster(env, &r));
+  STRATA_RETURN_IF_ERROR(CheckRanks(r, kSlurm));
+  return r;
+}
+
+bool AnySet(const Env& env, const Family& f) {
+  return env.Has(f.rank) || env.Has(f.world) || env.Has(f.local_rank) ||
+         (f.local_world && env.Has(f.local_world));
+}
+
+}  // namespace
+
+std::string RankInfo::ToString() const {
+  return "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " (local " +
+         std::to_string(local_rank) + " of " + std::to_string(local_world_size) + ") via " + source +
+         ", store " + master_addr + ":" + std::to_string(store_port);
+}
+
+Result<std::string> FirstSlurmHost(const std::string& nodelist) {
+  // Copy up to the first top-level comma; inside brackets keep only the first
+  // element of the first range ("[03-05,09]" -> "03").
+  std::string host;
+  bool in_bracket = false, skipping = false;
+  for (char c : nodelist) {
+    if (!in_bracket && c == ',') break;
+    if (c == '[') {
+      in_bracket = true;
+      skipping = false;
+    } else if (c == ']') {
+      in_bracket = false;
+    } else if (in_bracket && (c == '-' || c == ',')) {
+      skipping = true;
+    } else if (!skipping || !in_bracket) {
+      host += c;
+    }
+  }
+  if (host.empty() || in_bracket)
+    return InvalidError("SLURM_JOB_NODELIST='" + nodelist + "' has no first host");
+  return host;
+}
+
+Result<RankInfo> RankInfoFromEnv(const GetEnvFn& getenv) {
+  Env env(getenv);
+  if (AnySet(env, kTorchrun)) return FromTorchrun(env);
+  if (AnySet(env, kOpenMpi)) return FromOpenMpi(env);
+  if (AnySet(env, kSlurm)) return FromSlurm(env);
+  RankInfo r;
+  STRATA_RETURN_IF_ERROR(ReadMaster(env, &r));
+  return r;
+}
+
+}  // namespace strata::net
