@@ -41,7 +41,7 @@ struct EngineOptions {
   bool overlap_step = false;
 };
 
-// Options that may change every step. Zero/negative means "from the config".
+// Options that may change every step. Negative means "from the config"; zero is zero.
 struct StepOptions {
   double lr = -1;
   double beta1 = -1, beta2 = -1;

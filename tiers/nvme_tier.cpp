@@ -1,12 +1,14 @@
 // NvmeTier: swap files, striping, checksums.
 #include "tiers/nvme_tier.h"
 
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 #include "base/align.h"
 #include "base/check.h"
@@ -19,7 +21,9 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options)
     : Tier(TierKind::kNvme, options.budget), options_(options) {}
 
 NvmeTier::~NvmeTier() {
+  // Swap is scratch: nothing in it outlives the tier (checkpoints do that).
   for (FileId f : files_) options_.storage->Close(f).IgnoreError();
+  for (const auto& p : paths_) ::unlink(p.c_str());
 }
 
 static Status CheckDir(const std::string& dir) {
@@ -57,8 +61,13 @@ Status NvmeTier::Open() {
                              std::to_string(i) + ".bin";
     STRATA_ASSIGN_OR_RETURN(FileId f, options_.storage->Open(path, OpenMode::kCreate));
     files_.push_back(f);
-    paths_.push_back(path);
     const FileInfo& info = options_.storage->Info(f);
+    // One engine per swap file: a second one (same folder, same rank) is
+    // refused instead of silently sharing the file.
+    if (::flock(info.fd, LOCK_EX | LOCK_NB) != 0)
+      return InvalidError("nvme tier: " + path + " is in use by another Strata engine (" + std::strerror(errno) +
+                          "); give each engine its own nvme_path or rank");
+    paths_.push_back(path);
     align_ = std::max<uint64_t>(align_, info.align);
     if (::ftruncate(info.fd, 0) != 0) return PosixError("ftruncate", path, errno);
     STRATA_RETURN_IF_ERROR(ReserveFileSpace(info.fd, path, per_file_capacity_));

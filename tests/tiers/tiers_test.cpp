@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <random>
 
 #include "base/align.h"
@@ -238,6 +239,24 @@ TEST(NvmeTier, RefusesBadDirectories) {
   auto t2 = NvmeTier::Create({.dirs = {"/etc/hostname"}, .budget = kMiB, .storage = storage.get()});
   ASSERT_FALSE(t2.ok());
   EXPECT_NE(t2.status().message().find("not a directory"), std::string::npos);
+}
+
+TEST(NvmeTier, OneEnginePerSwapFileAndNoLeftovers) {
+  TempDir dir;
+  auto storage = MakeStorage();
+  std::string path;
+  {
+    auto a = NvmeTier::Create({.dirs = {dir.path()}, .budget = kMiB, .storage = storage.get()});
+    ASSERT_TRUE(a.ok());
+    path = (*a)->paths()[0];
+    auto b = NvmeTier::Create({.dirs = {dir.path()}, .budget = kMiB, .storage = storage.get()});
+    ASSERT_FALSE(b.ok());
+    EXPECT_NE(b.status().message().find("in use by another"), std::string::npos) << b.status().message();
+    EXPECT_TRUE(std::filesystem::exists(path));
+    auto c = NvmeTier::Create({.dirs = {dir.path()}, .budget = kMiB, .rank = 1, .storage = storage.get()});
+    EXPECT_TRUE(c.ok()) << "another rank has its own file";
+  }
+  EXPECT_FALSE(std::filesystem::exists(path)) << "swap files are removed with the tier";
 }
 
 TEST(NvmeTier, WorksOnTmpfs) {
