@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstring>
+#include <vector>
 #include <exception>
 #include <memory>
 #include <new>
@@ -274,6 +275,36 @@ strata_status_t strata_engine_read_master(strata_engine_t* engine, int group, fl
     if (out == nullptr) return strata::InvalidError("out must not be NULL");
     STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
     return engine->rep->ReadMaster(group, out);
+  });
+}
+
+strata_status_t strata_checkpoint_save(strata_engine_t* engine, const char* dir, const char* tag, const void* blob,
+                                       uint64_t blob_bytes) {
+  return OnEngine("strata_checkpoint_save", engine, [&]() -> Status {
+    if (dir == nullptr || tag == nullptr) return strata::InvalidError("dir and tag must not be NULL");
+    if (blob == nullptr && blob_bytes > 0) return strata::InvalidError("blob is NULL with blob_bytes > 0");
+    return engine->rep->SaveCheckpoint(dir, tag, blob, blob_bytes);
+  });
+}
+
+strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir, const char* tag, void* blob,
+                                       uint64_t* blob_bytes) {
+  return OnEngine("strata_checkpoint_load", engine, [&]() -> Status {
+    if (dir == nullptr || blob_bytes == nullptr) return strata::InvalidError("dir and blob_bytes must not be NULL");
+    if (blob == nullptr && *blob_bytes > 0) return strata::InvalidError("blob is NULL with *blob_bytes > 0");
+    std::vector<uint8_t> got;
+    STRATA_RETURN_IF_ERROR(engine->rep->LoadCheckpoint(dir, tag ? tag : "", &got));
+    if (got.size() > *blob_bytes) {
+      // The state is loaded; only the blob did not fit. Say how much is needed.
+      const uint64_t have = *blob_bytes;
+      *blob_bytes = got.size();
+      return strata::InvalidError("the checkpoint's blob is " + std::to_string(got.size()) +
+                                  " bytes; the buffer holds " + std::to_string(have) +
+                                  " (the state was loaded; call again with a larger buffer)");
+    }
+    if (!got.empty()) std::memcpy(blob, got.data(), got.size());
+    *blob_bytes = got.size();
+    return Status::Ok();
   });
 }
 

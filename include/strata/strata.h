@@ -215,6 +215,24 @@ STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const str
  * REQUIRES: after build. Errors: INVALID, STATE, IO, CORRUPT. */
 STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, int group, float* out);
 
+/* Checkpoints. Save writes this rank's master weights and moments (from
+ * whatever tier they live in), the step count, the loss scaler and the
+ * caller's opaque `blob` (its data position, RNG, scheduler: `blob_bytes`
+ * bytes, may be 0) to DIR/TAG — a new folder; an existing TAG is refused —
+ * then points DIR/latest at it. Files are fsynced and renamed into place:
+ * a crash leaves the previous or the new checkpoint whole.
+ * Load (tag NULL or "" = DIR/latest) checks the manifest and every checksum
+ * before changing anything: CORRUPT names the file, and the engine is as it
+ * was. Its blob is copied into `blob` (capacity `*blob_bytes` in, length
+ * out). When the blob does not fit, the state is still loaded and the call
+ * returns INVALID with the needed length in *blob_bytes.
+ * REQUIRES: after build, between steps (nothing fetched, no gradients
+ * pending). Errors: INVALID, STATE, IO, NOSPACE, CORRUPT, UNSUPPORTED. */
+STRATA_API strata_status_t strata_checkpoint_save(strata_engine_t* engine, const char* dir, const char* tag,
+                                                  const void* blob, uint64_t blob_bytes);
+STRATA_API strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir, const char* tag,
+                                                  void* blob, uint64_t* blob_bytes);
+
 /* Shape queries. REQUIRES for group_numel: after build. Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_num_groups(strata_engine_t* engine, int* out);
 STRATA_API strata_status_t strata_engine_group_numel(strata_engine_t* engine, int group, uint64_t* out);

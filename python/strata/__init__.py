@@ -115,6 +115,8 @@ def _load():
         "strata_engine_device_is_gpu": ([P, ctypes.POINTER(I)], S),
         "strata_engine_stats": ([P, ctypes.POINTER(_Stats)], S),
         "strata_adam_step": ([ctypes.POINTER(_AdamOptions), ctypes.c_size_t, P, P, P, P, P], S),
+        "strata_checkpoint_save": ([P, ctypes.c_char_p, ctypes.c_char_p, P, U64], S),
+        "strata_checkpoint_load": ([P, ctypes.c_char_p, ctypes.c_char_p, P, ctypes.POINTER(U64)], S),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -286,6 +288,29 @@ class Engine:
         _check(self._lib.strata_engine_step(self.handle, ctypes.byref(opts), ctypes.byref(res)))
         self.last_loss_scale = res.loss_scale
         return res.grad_norm, bool(res.skipped)
+
+    # -- checkpoints
+    def save_checkpoint(self, directory, tag, blob=b""):
+        """Saves this rank's state and `blob` (bytes: the trainer's own state)
+        to directory/tag and points directory/latest at it."""
+        blob = bytes(blob)
+        buf = ctypes.create_string_buffer(blob, len(blob)) if blob else None
+        _check(self._lib.strata_checkpoint_save(self.handle, os.fsencode(directory), os.fsencode(tag),
+                                                buf, len(blob)))
+
+    def load_checkpoint(self, directory, tag=None):
+        """Loads directory/tag (None: directory/latest); returns the saved blob."""
+        size = ctypes.c_uint64(1 << 16)
+        while True:
+            buf = ctypes.create_string_buffer(size.value)
+            want = ctypes.c_uint64(size.value)
+            status = self._lib.strata_checkpoint_load(self.handle, os.fsencode(directory),
+                                                      os.fsencode(tag) if tag else None, buf, ctypes.byref(want))
+            if status != OK and want.value > size.value:
+                size = want  # the state is loaded; only the blob needs a larger buffer
+                continue
+            _check(status)
+            return buf.raw[:want.value]
 
     # -- queries
     def read_master(self, group):

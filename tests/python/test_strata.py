@@ -275,3 +275,31 @@ def test_offload_module_bf16_compute():
     assert all(m.dtype == torch.float32 for m in off.master_parameters().values())
     off.close()
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_checkpoint_round_trip_and_corruption(tmp_path):
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}},
+           "zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)}}}
+    with strata.Engine(cfg, force_no_gpu=True) as e:
+        e.add_param(0, "w", torch.arange(6.0))
+        e.build()
+        e.grads(0, torch.ones(6))
+        e.step()
+        saved = e.read_master(0).clone()
+        e.save_checkpoint(tmp_path / "ckpt", "one", blob=b"trainer-state" * 10000)
+        e.grads(0, torch.ones(6))
+        e.step()
+        assert not torch.equal(e.read_master(0), saved)
+        assert e.load_checkpoint(tmp_path / "ckpt") == b"trainer-state" * 10000
+        assert torch.equal(e.read_master(0), saved)
+        with pytest.raises(strata.Error) as err:
+            e.save_checkpoint(tmp_path / "ckpt", "one")
+        assert err.value.status == strata.INVALID and "never overwritten" in err.value.message
+        data = tmp_path / "ckpt" / "one" / "rank00000.bin"
+        raw = bytearray(data.read_bytes())
+        raw[7] ^= 0x40
+        data.write_bytes(bytes(raw))
+        with pytest.raises(strata.Error) as err:
+            e.load_checkpoint(tmp_path / "ckpt", "one")
+        assert err.value.status == strata.CORRUPT and "rank00000.bin" in err.value.message
+        assert torch.equal(e.read_master(0), saved)
