@@ -1,0 +1,182 @@
+#!/usr/bin/python3
+"""Multi-process comm tests over loopback, one scenario per invocation.
+
+  kill      one rank SIGKILLs itself mid all_reduce: every other rank must
+            exit non-zero within the timeout with an error naming the
+            collective; under strata-launch the launcher exits 128+9.
+  hang      one rank stops answering: the others time out naming it.
+  torchrun  torchrun (python3 -m torch.distributed.run) starts 2 ranks of
+            comm_worker; skipped (77) without torch.
+  launcher  strata-launch: variables, [rank K] prefixes, failure and signal
+            propagation, SIGKILL after the grace period, SIGTERM to itself.
+Every process is bounded by a timeout and killed at the end.
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAILED: " + what, flush=True)
+
+
+def free_port(pair=False):
+    """A loopback port nobody listens on (and the next one too, if pair)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if not pair or port >= 65535:
+            return port
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")
+
+
+def start_ranks(worker, world, args):
+    port = free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([worker] + args, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish(p, limit):
+    """(returncode, output, seconds) of p, killing it after `limit` seconds."""
+    t0 = time.monotonic()
+    try:
+        out, err = p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        return None, out + err, limit
+    return p.returncode, out + err, time.monotonic() - t0
+
+
+def scenario_victim(a, mode):
+    world, timeout, victim = 4, 3, 1
+    args = ["--mode", mode, "--timeout", str(timeout), "--victim", str(victim), "--hang-s", "60"]
+    procs = start_ranks(a.worker, world, args)
+    t0 = time.monotonic()
+    survivors = [r for r in range(world) if r != victim]
+    for r in survivors:
+        # Start-up (rendezvous) plus three iterations, then at most the timeout.
+        rc, out, _ = finish(procs[r], timeout + 20)
+        elapsed = time.monotonic() - t0
+        print(f"rank {r}: rc={rc} after {elapsed:.1f} s: {out.strip()}", flush=True)
+        check(rc == 2, f"rank {r} exits 2 (a communicator error), got {rc}")
+        check("all_reduce #4 (4096 floats) on rank %d of %d" % (r, world) in out,
+              f"rank {r}'s error names the collective and its number")
+        if mode == "hang":
+            check("TIMEOUT:" in out and "timed out after 3 s" in out, f"rank {r} reports a timeout")
+        check(elapsed < timeout + 15, f"rank {r} exits within the timeout ({elapsed:.1f} s)")
+    if mode == "kill":
+        rc, out, _ = finish(procs[victim], 10)
+        check(rc == -signal.SIGKILL, f"the victim died by SIGKILL, got {rc}")
+        # The same through strata-launch: the launcher reports the victim's death.
+        t0 = time.monotonic()
+        p = subprocess.run([a.launch, "--nproc", "3", "--master-port", "0", "--", a.worker] + args,
+                           capture_output=True, text=True, timeout=60)
+        print(p.stdout + p.stderr, flush=True)
+        check(p.returncode == 128 + signal.SIGKILL, f"strata-launch exits 137, got {p.returncode}")
+        check("rank 1 was killed by signal" in p.stderr, "strata-launch names the dead rank")
+        check(time.monotonic() - t0 < 30, "strata-launch returns promptly")
+    else:
+        procs[victim].kill()
+        finish(procs[victim], 10)
+
+
+def scenario_torchrun(a):
+    try:
+        subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed.run"], check=True,
+                       capture_output=True, timeout=60)
+    except Exception as e:  # no torch here: skipped, not passed
+        print(f"skipped: torchrun not importable ({e})")
+        sys.exit(77)
+    port = free_port(pair=True)  # torchrun's store on port, ours on port + 1
+    # --redirects 2 --tee 2: torch 1.13 on Python 3.11 cannot parse the default
+    # "0" (Std.NONE is not iterable in 3.11's IntFlag); stderr teed works.
+    cmd = ["/usr/bin/python3", "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(port), "--redirects", "2", "--tee", "2", "--no_python",
+           a.worker, "--timeout", "30"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    out = p.stdout + p.stderr
+    print(out, flush=True)
+    check(p.returncode == 0, f"torchrun exits 0, got {p.returncode}")
+    for r in range(2):
+        check(f"comm_worker rank {r}: gloo, 0 failures" in out, f"rank {r} ran every collective")
+
+
+def launch(a, nproc, script, *extra, limit=30):
+    t0 = time.monotonic()
+    p = subprocess.run([a.launch, "--nproc", str(nproc), "--master-port", "0", *extra, "--",
+                        "sh", "-c", script], capture_output=True, text=True, timeout=limit)
+    return p, time.monotonic() - t0
+
+
+def scenario_launcher(a):
+    p, _ = launch(a, 3, 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT";'
+                        ' echo e$RANK >&2; printf tail')
+    print(p.stdout + p.stderr, flush=True)
+    check(p.returncode == 0, f"all ranks ok: exit 0, got {p.returncode}")
+    lines = p.stdout.splitlines()
+    for r in range(3):
+        check(any(l.startswith(f"[rank {r}] {r} 3 {r} 3 127.0.0.1 ") for l in lines), f"rank {r}'s variables")
+        check(f"[rank {r}] tail" in lines, f"rank {r}'s unterminated last line")
+        check(f"[rank {r}] e{r}" in p.stderr.splitlines(), f"rank {r}'s stderr")
+    ports = {l.split()[-1] for l in lines if not l.endswith("tail")}
+    check(len(ports) == 1 and ports != {"0"}, f"one chosen MASTER_PORT, got {ports}")
+
+    p, took = launch(a, 3, 'if [ "$RANK" = 1 ]; then exit 3; fi; exec sleep 60')
+    check(p.returncode == 3 and took < 10, f"a failing rank stops the others: rc {p.returncode}, {took:.1f} s")
+    check("rank 1 exited with code 3" in p.stderr, "the launcher names the failed rank")
+
+    p, took = launch(a, 2, 'if [ "$RANK" = 0 ]; then kill -9 $$; fi; exec sleep 60')
+    check(p.returncode == 137 and took < 10, f"a killed rank: rc {p.returncode}, {took:.1f} s")
+
+    p, took = launch(a, 2, 'if [ "$RANK" = 1 ]; then sleep 0.3; exit 5; fi; trap "" TERM; sleep 60',
+                     "--grace", "1")
+    check(p.returncode == 5 and took < 10, f"SIGKILL after the grace: rc {p.returncode}, {took:.1f} s")
+
+    t0 = time.monotonic()
+    q = subprocess.Popen([a.launch, "--nproc", "2", "--", "sleep", "60"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    q.send_signal(signal.SIGTERM)
+    rc, _, _ = finish(q, 20)
+    check(rc == 128 + signal.SIGTERM and time.monotonic() - t0 < 10, f"SIGTERM to the launcher: rc {rc}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--launch", required=True)
+    ap.add_argument("--worker", required=True)
+    ap.add_argument("scenario", choices=["kill", "hang", "torchrun", "launcher"])
+    a = ap.parse_args()
+    if a.scenario in ("kill", "hang"):
+        scenario_victim(a, a.scenario)
+    elif a.scenario == "torchrun":
+        scenario_torchrun(a)
+    else:
+        scenario_launcher(a)
+    print("FAILED: " + "; ".join(FAILURES) if FAILURES else "ok", flush=True)
+    sys.exit(1 if FAILURES else 0)
+
+
+if __name__ == "__main__":
+    main()

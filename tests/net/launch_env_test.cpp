@@ -1,0 +1,158 @@
+// RankInfoFromEnv: each launcher's variables, precedence, and partial or
+// inconsistent sets refused with the variables named.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "io/net/launch_env.h"
+
+using namespace strata;
+using namespace strata::net;
+
+namespace {
+
+Result<RankInfo> From(const std::map<std::string, std::string>& env) {
+  return RankInfoFromEnv([&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+std::map<std::string, std::string> Torchrun() {
+  return {{"RANK", "3"},         {"WORLD_SIZE", "8"},     {"LOCAL_RANK", "1"},
+          {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "29600"}};
+}
+
+void ExpectError(const Result<RankInfo>& r, std::initializer_list<const char*> words) {
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Code::kInvalid);
+  for (const char* w : words) EXPECT_NE(r.status().message().find(w), std::string::npos) << r.status().ToString();
+}
+
+TEST(LaunchEnv, NoneIsOneRank) {
+  auto r = From({});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->rank, 0);
+  EXPECT_EQ(r->world_size, 1);
+  EXPECT_EQ(r->source, "none");
+  EXPECT_EQ(r->master_addr, "127.0.0.1");
+}
+
+TEST(LaunchEnv, Torchrun) {
+  auto r = From(Torchrun());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->source, "torchrun");
+  EXPECT_EQ(r->rank, 3);
+  EXPECT_EQ(r->world_size, 8);
+  EXPECT_EQ(r->local_rank, 1);
+  EXPECT_EQ(r->local_world_size, 2);
+  EXPECT_EQ(r->master_addr, "10.0.0.5");
+  EXPECT_EQ(r->master_port, 29600);
+  EXPECT_EQ(r->store_port, 29600);
+}
+
+TEST(LaunchEnv, TorchrunAgentStoreMovesOurPort) {
+  auto env = Torchrun();
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  auto r = From(env);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->master_port, 29600);
+  EXPECT_EQ(r->store_port, 29601);
+  env["STRATA_STORE_PORT"] = "31000";
+  EXPECT_EQ(From(env)->store_port, 31000);
+}
+
+TEST(LaunchEnv, TorchrunPartialNamesTheMissing) {
+  auto env = Torchrun();
+  env.erase("LOCAL_RANK");
+  env.erase("LOCAL_WORLD_SIZE");
+  ExpectError(From(env), {"torchrun", "RANK, WORLD_SIZE set", "LOCAL_RANK, LOCAL_WORLD_SIZE missing"});
+  env = Torchrun();
+  env.erase("MASTER_PORT");
+  ExpectError(From(env), {"MASTER_PORT missing"});
+}
+
+TEST(LaunchEnv, TorchrunOneRankNeedsNoMaster) {
+  auto r = From({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->world_size, 1);
+}
+
+TEST(LaunchEnv, InconsistentNamesTheVariables) {
+  auto env = Torchrun();
+  env["RANK"] = "8";
+  ExpectError(From(env), {"inconsistent", "RANK must be in [0, WORLD_SIZE)"});
+  env = Torchrun();
+  env["LOCAL_RANK"] = "2";
+  ExpectError(From(env), {"LOCAL_RANK must be in [0, LOCAL_WORLD_SIZE)"});
+  env = Torchrun();
+  env["LOCAL_WORLD_SIZE"] = "9";
+  ExpectError(From(env), {"LOCAL_WORLD_SIZE must be in [1, WORLD_SIZE]"});
+  env = Torchrun();
+  env["WORLD_SIZE"] = "eight";
+  ExpectError(From(env), {"WORLD_SIZE='eight' is not an integer"});
+  env = Torchrun();
+  env["MASTER_PORT"] = "70000";
+  ExpectError(From(env), {"MASTER_PORT=70000 is not a TCP port"});
+}
+
+TEST(LaunchEnv, OpenMpi) {
+  std::map<std::string, std::string> env = {{"OMPI_COMM_WORLD_RANK", "2"},
+                                            {"OMPI_COMM_WORLD_SIZE", "4"},
+                                            {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                                            {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
+  auto r = From(env);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->source, "openmpi");
+  EXPECT_EQ(r->rank, 2);
+  EXPECT_EQ(r->world_size, 4);
+  EXPECT_EQ(r->master_addr, "127.0.0.1");  // every rank local
+  EXPECT_EQ(r->master_port, 29500);
+  // Ranks on several hosts need MASTER_ADDR.
+  env["OMPI_COMM_WORLD_LOCAL_SIZE"] = "2";
+  env["OMPI_COMM_WORLD_LOCAL_RANK"] = "0";
+  ExpectError(From(env), {"openmpi", "MASTER_ADDR"});
+  env["MASTER_ADDR"] = "node7";
+  EXPECT_EQ(From(env)->master_addr, "node7");
+  env.erase("OMPI_COMM_WORLD_SIZE");
+  ExpectError(From(env), {"openmpi launch variables incomplete", "OMPI_COMM_WORLD_SIZE missing"});
+}
+
+TEST(LaunchEnv, Slurm) {
+  std::map<std::string, std::string> env = {{"SLURM_PROCID", "5"},
+                                            {"SLURM_NTASKS", "8"},
+                                            {"SLURM_LOCALID", "1"},
+                                            {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                            {"SLURM_JOB_NODELIST", "gpu-a[017-018,020],cpu1"}};
+  auto r = From(env);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->source, "slurm");
+  EXPECT_EQ(r->rank, 5);
+  EXPECT_EQ(r->world_size, 8);
+  EXPECT_EQ(r->local_rank, 1);
+  EXPECT_EQ(r->local_world_size, 4);
+  EXPECT_EQ(r->master_addr, "gpu-a017");
+  env["MASTER_ADDR"] = "10.1.1.1";
+  EXPECT_EQ(From(env)->master_addr, "10.1.1.1");
+  env.erase("SLURM_JOB_NODELIST");
+  ExpectError(From(env), {"slurm", "SLURM_JOB_NODELIST missing"});
+}
+
+TEST(LaunchEnv, TorchrunWinsOverSlurm) {
+  auto env = Torchrun();
+  env["SLURM_PROCID"] = "0";
+  env["SLURM_NTASKS"] = "1";
+  EXPECT_EQ(From(env)->source, "torchrun");
+}
+
+TEST(LaunchEnv, FirstSlurmHost) {
+  EXPECT_EQ(FirstSlurmHost("node1").value(), "node1");
+  EXPECT_EQ(FirstSlurmHost("node1,node2").value(), "node1");
+  EXPECT_EQ(FirstSlurmHost("gpu[03-05,09]").value(), "gpu03");
+  EXPECT_EQ(FirstSlurmHost("gpu[09,03-05],x").value(), "gpu09");
+  EXPECT_EQ(FirstSlurmHost("rack[1-2]-n[01-04]").value(), "rack1-n01");
+  EXPECT_FALSE(FirstSlurmHost("").ok());
+  EXPECT_FALSE(FirstSlurmHost("gpu[01").ok());
+}
+
+}  // namespace

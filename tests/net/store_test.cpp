@@ -1,0 +1,134 @@
+// The rendezvous store over loopback: set/get/add/wait, waits that block
+// until another client sets the key, timeouts naming the key, and a server
+// that goes away (kComm naming the store and the key).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "io/net/store.h"
+
+using namespace strata;
+using namespace strata::net;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Fixture {
+  std::unique_ptr<StoreServer> server;
+  std::unique_ptr<StoreClient> client;
+};
+
+Fixture Start() {
+  Fixture f;
+  auto s = StoreServer::Start("127.0.0.1", 0);  // a free port
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  f.server = std::move(s).value();
+  auto c = StoreClient::Connect("127.0.0.1", f.server->port(), 5s);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  f.client = std::move(c).value();
+  return f;
+}
+
+TEST(Store, SetGetAdd) {
+  auto f = Start();
+  ASSERT_TRUE(f.client->Set("a", {1, 2, 3}).ok());
+  auto v = f.client->Get("a", 1s);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, (Bytes{1, 2, 3}));
+  ASSERT_TRUE(f.client->Set("a", {}).ok());
+  EXPECT_TRUE(f.client->Get("a", 1s)->empty());
+  EXPECT_EQ(f.client->Add("n", 5).value(), 5);
+  EXPECT_EQ(f.client->Add("n", -7).value(), -2);
+  EXPECT_EQ(f.client->Get("n", 1s).value(), (Bytes{'-', '2'}));
+  auto bad = f.client->Add("a", 1);  // "a" is empty, not an integer
+  EXPECT_EQ(bad.status().code(), Code::kInvalid);
+  EXPECT_TRUE(f.client->Wait({"a", "n"}, 1s).ok());
+}
+
+TEST(Store, GetAndWaitBlockUntilSet) {
+  auto f = Start();
+  auto other = StoreClient::Connect("127.0.0.1", f.server->port(), 5s).value();
+  std::thread setter([&] {
+    std::this_thread::sleep_for(200ms);
+    EXPECT_TRUE(other->Set("late", {42}).ok());
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(other->Add("count", 1).ok());
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  auto v = f.client->Get("late", 10s);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, Bytes{42});
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms);
+  EXPECT_TRUE(f.client->Wait({"late", "count"}, 10s).ok());
+  setter.join();
+}
+
+TEST(Store, TimeoutsNameTheKeyAndTheSeconds) {
+  auto f = Start();
+  auto t0 = std::chrono::steady_clock::now();
+  auto v = f.client->Get("never", 300ms);
+  auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(v.status().code(), Code::kTimeout) << v.status().ToString();
+  EXPECT_NE(v.status().message().find("'never'"), std::string::npos) << v.status().ToString();
+  EXPECT_NE(v.status().message().find("0.3 s"), std::string::npos) << v.status().ToString();
+  EXPECT_LT(took, 2s);
+  ASSERT_TRUE(f.client->Set("here", {1}).ok());
+  Status w = f.client->Wait({"here", "absent"}, 200ms);
+  EXPECT_EQ(w.code(), Code::kTimeout);
+  EXPECT_NE(w.message().find("waiting for 'absent'"), std::string::npos) << w.ToString();
+  // The connection stays usable after a server-side timeout.
+  EXPECT_TRUE(f.client->Get("here", 1s).ok());
+}
+
+TEST(Store, ServerGoneIsCommNamingStoreAndKey) {
+  auto f = Start();
+  std::string addr = f.client->address();
+  Status blocked;
+  std::thread waiter([&] { blocked = f.client->Get("k", 20s).status(); });
+  std::this_thread::sleep_for(200ms);
+  f.server->Stop();
+  waiter.join();
+  EXPECT_EQ(blocked.code(), Code::kComm) << blocked.ToString();
+  EXPECT_NE(blocked.message().find("store " + addr), std::string::npos) << blocked.ToString();
+  EXPECT_NE(blocked.message().find("get 'k'"), std::string::npos) << blocked.ToString();
+}
+
+TEST(Store, ConnectRetriesUntilTheServerListens) {
+  // Find a free port, then start the server on it a little after the client.
+  int port = StoreServer::Start("127.0.0.1", 0).value()->port();
+  std::unique_ptr<StoreServer> server;
+  std::thread later([&] {
+    std::this_thread::sleep_for(300ms);
+    server = StoreServer::Start("127.0.0.1", port).value();
+  });
+  auto c = StoreClient::Connect("127.0.0.1", port, 10s);
+  later.join();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE((*c)->Set("x", {1}).ok());
+}
+
+TEST(Store, ConnectTimesOutNamingTheAddress) {
+  int port = StoreServer::Start("127.0.0.1", 0).value()->port();  // closed again
+  auto c = StoreClient::Connect("127.0.0.1", port, 300ms);
+  ASSERT_EQ(c.status().code(), Code::kTimeout);
+  EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos);
+}
+
+TEST(Store, RendezvousStoreOnRankZeroAndOne) {
+  RankInfo r0;
+  r0.world_size = 2;
+  r0.store_port = StoreServer::Start("127.0.0.1", 0).value()->port();
+  RankInfo r1 = r0;
+  r1.rank = 1;
+  auto s0 = RendezvousStore::Open(r0, 5s);
+  ASSERT_TRUE(s0.ok()) << s0.status().ToString();
+  auto s1 = RendezvousStore::Open(r1, 5s);
+  ASSERT_TRUE(s1.ok()) << s1.status().ToString();
+  EXPECT_NE((*s0)->server(), nullptr);
+  EXPECT_EQ((*s1)->server(), nullptr);
+  ASSERT_TRUE((*s1)->client().Set("from1", {9}).ok());
+  EXPECT_EQ((*s0)->client().Get("from1", 1s).value(), Bytes{9});
+}
+
+}  // namespace
