@@ -40,8 +40,8 @@ TEST(BlockGradient, FiniteDifferences) {
     return Dot(r, y.data());
   };
   Vec dparams(params.size(), 0.0f), dx(NC);
-  BlockBackward(kCfg, params.data(), x.data(), r.data(), &acts, BlockBackwardMode::kRecompute,
-                dparams.data(), dx.data(), kB, kT);
+  BlockBackward(kCfg, params.data(), x.data(), r.data(), &acts, BlockBackwardMode::kRecompute, dparams.data(),
+                dx.data(), kB, kT);
   CheckGradient("block.dx_in", x, dx.data(), loss, 2e-3, 2e-3);
   CheckGradient("block.dparams", params, dparams.data(), loss, 2e-3, 2e-3);
 }
@@ -53,13 +53,13 @@ TEST(BlockGradient, SavedAndRecomputedModesAgreeBitwise) {
   BlockActsInit(&acts, kCfg, kB, kT);
   Vec y(NC), g_saved(params.size(), 0.0f), dx_saved(NC);
   BlockForward(kCfg, params.data(), x.data(), y.data(), &acts, kB, kT);
-  BlockBackward(kCfg, params.data(), x.data(), dy.data(), &acts, BlockBackwardMode::kSaved,
-                g_saved.data(), dx_saved.data(), kB, kT);
+  BlockBackward(kCfg, params.data(), x.data(), dy.data(), &acts, BlockBackwardMode::kSaved, g_saved.data(),
+                dx_saved.data(), kB, kT);
   BlockActs fresh;  // recompute needs nothing from a forward
   BlockActsInit(&fresh, kCfg, kB, kT);
   Vec g_re(params.size(), 0.0f), dx_re(NC);
-  BlockBackward(kCfg, params.data(), x.data(), dy.data(), &fresh, BlockBackwardMode::kRecompute,
-                g_re.data(), dx_re.data(), kB, kT);
+  BlockBackward(kCfg, params.data(), x.data(), dy.data(), &fresh, BlockBackwardMode::kRecompute, g_re.data(),
+                dx_re.data(), kB, kT);
   EXPECT_TRUE(SameBits(g_saved, g_re));
   EXPECT_TRUE(SameBits(dx_saved, dx_re));
   // dparams accumulates; dx_in may be dx_out's buffer; x_out may be x_in's.

@@ -118,8 +118,8 @@ TEST(LayerGradient, Gelu) {
     return Dot(r, y.data());
   };
   loss();
-  EXPECT_NEAR(y[0], 0.5 * x[0] * (1 + std::tanh(std::sqrt(2 / M_PI) * (x[0] + 0.044715 * x[0] * x[0] * x[0]))),
-              1e-6);
+  EXPECT_NEAR(
+      y[0], 0.5 * x[0] * (1 + std::tanh(std::sqrt(2 / M_PI) * (x[0] + 0.044715 * x[0] * x[0] * x[0]))), 1e-6);
   Vec dx = Zeros(n);
   GeluBackward(dx.data(), x.data(), r.data(), n);
   CheckGradient("gelu.dinp", x, dx.data(), loss, 1e-4, 1e-3);

@@ -4,10 +4,10 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstdio>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -57,8 +57,7 @@ inline constexpr float kStep = 1.0f / 128;
 // analytic gradient's own fp32 error. `atol` and `rtol` sit 5x or more above the
 // errors measured (printed on failure). Checks every `stride`-th element.
 inline void CheckGradient(const std::string& what, std::vector<float>& x, const float* grad,
-                          const std::function<double()>& loss, double atol, double rtol,
-                          size_t stride = 1) {
+                          const std::function<double()>& loss, double atol, double rtol, size_t stride = 1) {
   double worst = 0;
   for (size_t i = 0; i < x.size(); i += stride) {
     const float x0 = x[i];

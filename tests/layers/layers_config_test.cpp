@@ -21,9 +21,9 @@ TEST(GptConfigTest, Validates) {
 TEST(GptConfigTest, BlockLayoutIsTheConcatenationInOrder) {
   const GptConfig cfg{50257, 1024, 768, 12, 12};
   const auto t = BlockParamTensors(cfg);
-  const char* names[] = {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias",
-                         "attn.proj.weight", "attn.proj.bias", "ln2.weight", "ln2.bias",
-                         "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"};
+  const char* names[] = {"ln1.weight",       "ln1.bias",       "attn.qkv.weight", "attn.qkv.bias",
+                         "attn.proj.weight", "attn.proj.bias", "ln2.weight",      "ln2.bias",
+                         "mlp.fc.weight",    "mlp.fc.bias",    "mlp.proj.weight", "mlp.proj.bias"};
   size_t offset = 0;
   for (int i = 0; i < kBlockTensorCount; ++i) {
     EXPECT_STREQ(t[i].name, names[i]);

@@ -32,21 +32,22 @@ Vec RunModel() {
                  kB, kT, C, kCfg.vocab);
   BlockActs acts;
   BlockActsInit(&acts, kCfg, kB, kT);
-  for (size_t l = 0; l < L; ++l) BlockForward(kCfg, blocks[l].data(), xs[l].data(), xs[l + 1].data(), &acts, kB, kT);
+  for (size_t l = 0; l < L; ++l)
+    BlockForward(kCfg, blocks[l].data(), xs[l].data(), xs[l + 1].data(), &acts, kB, kT);
   HeadActs head;
   HeadActsInit(&head, kCfg, kB, kT);
   Vec dembed(embed.size(), 0.0f), dx(NC);
-  const float loss =
-      HeadForwardBackward(kCfg, embed.data(), xs[L].data(), targets.data(), kB, kT, &head, dx.data(), dembed.data());
+  const float loss = HeadForwardBackward(kCfg, embed.data(), xs[L].data(), targets.data(), kB, kT, &head,
+                                         dx.data(), dembed.data());
   Vec out = {loss};
   for (size_t l = L; l-- > 0;) {
     Vec g(blocks[l].size(), 0.0f);
-    BlockBackward(kCfg, blocks[l].data(), xs[l].data(), dx.data(), &acts, BlockBackwardMode::kRecompute, g.data(),
-                  dx.data(), kB, kT);
+    BlockBackward(kCfg, blocks[l].data(), xs[l].data(), dx.data(), &acts, BlockBackwardMode::kRecompute,
+                  g.data(), dx.data(), kB, kT);
     out.insert(out.end(), g.begin(), g.end());
   }
-  EncoderBackward(dembed.data() + et[kWte].offset, dembed.data() + et[kWpe].offset, dx.data(), tokens.data(), kB,
-                  kT, C);
+  EncoderBackward(dembed.data() + et[kWte].offset, dembed.data() + et[kWpe].offset, dx.data(), tokens.data(),
+                  kB, kT, C);
   out.insert(out.end(), dembed.begin(), dembed.end());
   return out;
 }

@@ -33,8 +33,8 @@ void RefLinear(DVec& y, const DVec& x, const double* w, const double* b, size_t 
       y[n * OC + o] = s;
     }
 }
-void RefLinearBack(DVec& dx, double* dw, double* db, const DVec& dy, const DVec& x, const double* w,
-                   size_t N, size_t C, size_t OC) {
+void RefLinearBack(DVec& dx, double* dw, double* db, const DVec& dy, const DVec& x, const double* w, size_t N,
+                   size_t C, size_t OC) {
   dx.assign(N * C, 0.0);
   for (size_t n = 0; n < N; ++n)
     for (size_t o = 0; o < OC; ++o) {
@@ -78,7 +78,9 @@ void RefLayerNormBack(DVec& dx, double* dw, double* db, const DVec& dy, const DV
   }
 }
 
-double RefGelu(double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+double RefGelu(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
 double RefGeluGrad(double x) {
   const double k = std::sqrt(2 / M_PI), th = std::tanh(k * (x + 0.044715 * x * x * x));
   return 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * k * (1 + 3 * 0.044715 * x * x);
@@ -112,7 +114,9 @@ void RefAttentionBack(DVec& dqkv, const DVec& dy, const DVec& qkv, const DVec& a
   const size_t hs = C / NH;
   const double sc = 1 / std::sqrt(static_cast<double>(hs));
   dqkv.assign(B * T * 3 * C, 0.0);
-  auto at = [&](size_t b, size_t t, size_t part, size_t h, size_t i) { return (b * T + t) * 3 * C + part * C + h * hs + i; };
+  auto at = [&](size_t b, size_t t, size_t part, size_t h, size_t i) {
+    return (b * T + t) * 3 * C + part * C + h * hs + i;
+  };
   for (size_t b = 0; b < B; ++b)
     for (size_t h = 0; h < NH; ++h)
       for (size_t t = 0; t < T; ++t) {
@@ -152,7 +156,9 @@ RefResult RefModel(const DVec& embed, const std::vector<DVec>& blocks, const std
   r.dembed.assign(embed.size(), 0.0);
   r.dblocks.assign(L, DVec(blocks[0].size(), 0.0));
   // Forward, keeping every intermediate of every block.
-  struct Saved { DVec x, ln1, qkv, att, atty, res2, ln2, fch, fcg; };
+  struct Saved {
+    DVec x, ln1, qkv, att, atty, res2, ln2, fch, fcg;
+  };
   std::vector<Saved> s(L);
   DVec x(N * C);
   for (size_t n = 0; n < N; ++n)
@@ -208,10 +214,10 @@ RefResult RefModel(const DVec& embed, const std::vector<DVec>& blocks, const std
     RefLinearBack(d1, g + bt[kAttnProjWeight].offset, g + bt[kAttnProjBias].offset, dres2, k.atty,
                   p + bt[kAttnProjWeight].offset, N, C, C);
     RefAttentionBack(d2, d1, k.qkv, k.att, kB, kT, C, NH);
-    RefLinearBack(d1, g + bt[kQkvWeight].offset, g + bt[kQkvBias].offset, d2, k.ln1, p + bt[kQkvWeight].offset,
-                  N, C, 3 * C);
-    RefLayerNormBack(d2, g + bt[kLn1Weight].offset, g + bt[kLn1Bias].offset, d1, k.x, p + bt[kLn1Weight].offset,
-                     N, C);
+    RefLinearBack(d1, g + bt[kQkvWeight].offset, g + bt[kQkvBias].offset, d2, k.ln1,
+                  p + bt[kQkvWeight].offset, N, C, 3 * C);
+    RefLayerNormBack(d2, g + bt[kLn1Weight].offset, g + bt[kLn1Bias].offset, d1, k.x,
+                     p + bt[kLn1Weight].offset, N, C);
     for (size_t i = 0; i < N * C; ++i) dx[i] = dres2[i] + d2[i];
   }
   for (size_t n = 0; n < N; ++n)
@@ -241,7 +247,8 @@ KernelResult KernelModel(const Vec& embed, const std::vector<Vec>& blocks, const
                  kB, kT, C, kCfg.vocab);
   BlockActs acts;
   BlockActsInit(&acts, kCfg, kB, kT);
-  for (size_t l = 0; l < L; ++l) BlockForward(kCfg, blocks[l].data(), xs[l].data(), xs[l + 1].data(), &acts, kB, kT);
+  for (size_t l = 0; l < L; ++l)
+    BlockForward(kCfg, blocks[l].data(), xs[l].data(), xs[l + 1].data(), &acts, kB, kT);
   HeadActs head;
   HeadActsInit(&head, kCfg, kB, kT);
   KernelResult r;
@@ -289,7 +296,8 @@ class ModelReference : public ::testing::Test {
 // errors measured here stay below 5e-7 of the tensor's largest value (printed):
 // a few fp32 ulps through two blocks, so 1e-5 leaves 20x room.
 template <size_t K>
-void ExpectClose(const char* group, const std::array<ParamTensor, K>& tensors, const Vec& g, const DVec& ref) {
+void ExpectClose(const char* group, const std::array<ParamTensor, K>& tensors, const Vec& g,
+                 const DVec& ref) {
   for (const ParamTensor& t : tensors) {
     double scale = 0, worst = 0;
     for (size_t j = t.offset; j < t.offset + t.count; ++j) scale = std::max(scale, std::fabs(ref[j]));
@@ -308,7 +316,8 @@ TEST_F(ModelReference, LossAndEveryGradientMatch) {
   EXPECT_NEAR(got.loss, ref.loss, 1e-5 * ref.loss);
   EXPECT_GT(ref.loss, 1.0);
   ExpectClose("embed", EmbedParamTensors(kCfg), got.dembed, ref.dembed);
-  for (int l = 0; l < kCfg.layers; ++l) ExpectClose("block", BlockParamTensors(kCfg), got.dblocks[l], ref.dblocks[l]);
+  for (int l = 0; l < kCfg.layers; ++l)
+    ExpectClose("block", BlockParamTensors(kCfg), got.dblocks[l], ref.dblocks[l]);
 }
 
 // The reference's backward against fp64 central differences (step 1e-5: the

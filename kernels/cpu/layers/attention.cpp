@@ -58,8 +58,8 @@ void AttentionForward(float* out, float* att, const float* qkv, size_t B, size_t
   });
 }
 
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, size_t B,
-                       size_t T, size_t C, size_t NH) {
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, size_t B, size_t T,
+                       size_t C, size_t NH) {
   const size_t hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   ForEachIndex(B * NH, 1, [&](size_t bh) {

@@ -15,7 +15,7 @@ void AttentionForward(float* out, float* att, const float* qkv, size_t B, size_t
 
 // Accumulates (+=): dqkv (B, T, 3C) from dout (B, T, C), the forward's qkv and att.
 // Each (b, h) walks t in order, so key and value gradients sum in a fixed order.
-void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, size_t B,
-                       size_t T, size_t C, size_t NH);
+void AttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* att, size_t B, size_t T,
+                       size_t C, size_t NH);
 
 }  // namespace strata::layers

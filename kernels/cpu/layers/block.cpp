@@ -74,8 +74,8 @@ void BlockActsInit(BlockActs* a, const GptConfig& cfg, size_t B, size_t T) {
   STRATA_CHECK(p == a->mem.data() + a->mem.size());
 }
 
-void BlockForward(const GptConfig& cfg, const float* params, const float* x_in, float* x_out,
-                  BlockActs* a, size_t B, size_t T) {
+void BlockForward(const GptConfig& cfg, const float* params, const float* x_in, float* x_out, BlockActs* a,
+                  size_t B, size_t T) {
   STRATA_CHECK_MSG(a->B == B && a->T == T, "BlockActs sized for another (B, T)");
   STRATA_CHECK(T <= static_cast<size_t>(cfg.context));
   const Dims d = DimsOf(cfg, B, T);
@@ -93,8 +93,7 @@ void BlockForward(const GptConfig& cfg, const float* params, const float* x_in, 
 }
 
 void BlockBackward(const GptConfig& cfg, const float* params, const float* x_in, const float* dx_out,
-                   BlockActs* a, BlockBackwardMode mode, float* dparams, float* dx_in, size_t B,
-                   size_t T) {
+                   BlockActs* a, BlockBackwardMode mode, float* dparams, float* dx_in, size_t B, size_t T) {
   STRATA_CHECK_MSG(a->B == B && a->T == T, "BlockActs sized for another (B, T)");
   // The recomputed x_out is not needed; it lands in `branch`, which the backward does not read.
   if (mode == BlockBackwardMode::kRecompute) BlockForward(cfg, params, x_in, a->branch, a, B, T);
@@ -105,8 +104,8 @@ void BlockBackward(const GptConfig& cfg, const float* params, const float* x_in,
   // x_out = res2 + mlp: both get dx_out. Copy it first so that dx_in may alias it.
   std::memcpy(a->dres2, dx_out, NC * sizeof(float));
   Zero(a->dfch_gelu, 4 * NC);
-  MatmulBackward(a->dfch_gelu, g[kFcProjWeight], g[kFcProjBias], a->dres2, a->fch_gelu, p[kFcProjWeight],
-                 d.N, 4 * d.C, d.C);
+  MatmulBackward(a->dfch_gelu, g[kFcProjWeight], g[kFcProjBias], a->dres2, a->fch_gelu, p[kFcProjWeight], d.N,
+                 4 * d.C, d.C);
   Zero(a->dfch, 4 * NC);
   GeluBackward(a->dfch, a->fch, a->dfch_gelu, 4 * NC);
   Zero(a->dln2, NC);
@@ -115,15 +114,15 @@ void BlockBackward(const GptConfig& cfg, const float* params, const float* x_in,
                     a->ln2_rstd, d.N, d.C);
   // res2 = x_in + attn: both get dres2.
   Zero(a->datty, NC);
-  MatmulBackward(a->datty, g[kAttnProjWeight], g[kAttnProjBias], a->dres2, a->atty, p[kAttnProjWeight],
-                 d.N, d.C, d.C);
+  MatmulBackward(a->datty, g[kAttnProjWeight], g[kAttnProjBias], a->dres2, a->atty, p[kAttnProjWeight], d.N,
+                 d.C, d.C);
   Zero(a->dqkv, 3 * NC);
   AttentionBackward(a->dqkv, a->datty, a->qkv, a->att, B, T, d.C, d.NH);
   Zero(a->dln1, NC);
   MatmulBackward(a->dln1, g[kQkvWeight], g[kQkvBias], a->dqkv, a->ln1, p[kQkvWeight], d.N, d.C, 3 * d.C);
   std::memcpy(dx_in, a->dres2, NC * sizeof(float));
-  LayerNormBackward(dx_in, g[kLn1Weight], g[kLn1Bias], a->dln1, x_in, p[kLn1Weight], a->ln1_mean,
-                    a->ln1_rstd, d.N, d.C);
+  LayerNormBackward(dx_in, g[kLn1Weight], g[kLn1Bias], a->dln1, x_in, p[kLn1Weight], a->ln1_mean, a->ln1_rstd,
+                    d.N, d.C);
 }
 
 }  // namespace strata::layers

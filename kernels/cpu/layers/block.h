@@ -10,6 +10,18 @@
 // values laid out as BlockParamTensors(cfg) (gpt_config.h). Activation
 // checkpointing: the trainer keeps only each block's x_in and BlockBackward in
 // kRecompute mode reruns the forward into its workspace first.
+//
+// One step of the model (groups: 0 = embedding, see gpt_config.h; 1 + l = block l):
+//   EncoderForward(x[0], tokens, wte, wpe, B, T, C, V);                 // group 0
+//   for l: BlockForward(cfg, block[l], x[l], x[l + 1], &acts, B, T);     // group 1 + l
+//   loss = HeadForwardBackward(cfg, embed, x[L], targets, B, T, &head, dx, dembed);
+//   for l = L-1..0: BlockBackward(cfg, block[l], x[l], dx, &acts, BlockBackwardMode::kRecompute,
+//                                 dblock[l], dx, B, T);                  // hand dblock[l] over
+//   EncoderBackward(dembed + wte offset, dembed + wpe offset, dx, tokens, B, T, C);
+//
+// Thread safety: no shared state (but OpenBLAS's thread count, see matmul.h);
+// calls on different BlockActs may run concurrently. Parallel inside via oneTBB,
+// in the caller's task arena.
 #pragma once
 
 #include <cstddef>
@@ -39,13 +51,13 @@ struct BlockActs {
   float* fch_gelu = nullptr;  // (B, T, 4C)
   float* branch = nullptr;    // (B, T, C) output of a projection before its residual add
   // Backward scratch.
-  float* dres2 = nullptr;     // (B, T, C)
-  float* dfch_gelu = nullptr; // (B, T, 4C)
-  float* dfch = nullptr;      // (B, T, 4C)
-  float* dln2 = nullptr;      // (B, T, C)
-  float* datty = nullptr;     // (B, T, C)
-  float* dqkv = nullptr;      // (B, T, 3C)
-  float* dln1 = nullptr;      // (B, T, C)
+  float* dres2 = nullptr;      // (B, T, C)
+  float* dfch_gelu = nullptr;  // (B, T, 4C)
+  float* dfch = nullptr;       // (B, T, 4C)
+  float* dln2 = nullptr;       // (B, T, C)
+  float* datty = nullptr;      // (B, T, C)
+  float* dqkv = nullptr;       // (B, T, 3C)
+  float* dln1 = nullptr;       // (B, T, C)
 };
 void BlockActsInit(BlockActs* acts, const GptConfig& cfg, size_t B, size_t T);
 // Floats BlockActsInit allocates: 31·B·T·C + 4·B·T + B·NH·T².
@@ -53,8 +65,8 @@ size_t BlockActsFloats(const GptConfig& cfg, size_t B, size_t T);
 
 // x_in, x_out (B, T, C); x_out may equal x_in. Fills acts' saved activations.
 // REQUIRES: BlockActsInit(acts, cfg, B, T); T <= cfg.context.
-void BlockForward(const GptConfig& cfg, const float* params, const float* x_in, float* x_out,
-                  BlockActs* acts, size_t B, size_t T);
+void BlockForward(const GptConfig& cfg, const float* params, const float* x_in, float* x_out, BlockActs* acts,
+                  size_t B, size_t T);
 
 enum class BlockBackwardMode {
   kRecompute,  // rerun the forward from x_in into acts first (activation checkpointing)
@@ -66,7 +78,6 @@ enum class BlockBackwardMode {
 // layout: zero it before the first micro-batch) and sets (=) dx_in (B, T, C).
 // dx_in may equal dx_out, not x_in. Both modes give bitwise the same results.
 void BlockBackward(const GptConfig& cfg, const float* params, const float* x_in, const float* dx_out,
-                   BlockActs* acts, BlockBackwardMode mode, float* dparams, float* dx_in, size_t B,
-                   size_t T);
+                   BlockActs* acts, BlockBackwardMode mode, float* dparams, float* dx_in, size_t B, size_t T);
 
 }  // namespace strata::layers

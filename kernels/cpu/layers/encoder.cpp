@@ -12,8 +12,8 @@ using detail::ForEachTile;
 using detail::kChannelTile;
 using detail::kRowTile;
 
-void EncoderForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, size_t B,
-                    size_t T, size_t C, size_t V) {
+void EncoderForward(float* out, const int32_t* tokens, const float* wte, const float* wpe, size_t B, size_t T,
+                    size_t C, size_t V) {
   ForEachTile(B * T, kRowTile, [&](size_t r0, size_t r1) {
     for (size_t r = r0; r < r1; ++r) {
       const int32_t tok = tokens[r];
@@ -26,8 +26,8 @@ void EncoderForward(float* out, const int32_t* tokens, const float* wte, const f
   });
 }
 
-void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, size_t B,
-                     size_t T, size_t C) {
+void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, size_t B, size_t T,
+                     size_t C) {
   ForEachTile(C, kChannelTile, [&](size_t c0, size_t c1) {
     for (size_t r = 0; r < B * T; ++r) {
       const float* dy = dout + r * C;

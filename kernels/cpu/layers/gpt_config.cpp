@@ -27,8 +27,11 @@ Status Positive(const char* field, int value) {
 }  // namespace
 
 Status ValidateGptConfig(const GptConfig& cfg) {
-  for (auto [field, value] : {std::pair{"vocab", cfg.vocab}, {"context", cfg.context},
-                              {"channels", cfg.channels}, {"heads", cfg.heads}, {"layers", cfg.layers}}) {
+  for (auto [field, value] : {std::pair{"vocab", cfg.vocab},
+                              {"context", cfg.context},
+                              {"channels", cfg.channels},
+                              {"heads", cfg.heads},
+                              {"layers", cfg.layers}}) {
     Status s = Positive(field, value);
     if (!s.ok()) return s;
   }
@@ -42,11 +45,20 @@ Status ValidateGptConfig(const GptConfig& cfg) {
 std::array<ParamTensor, kBlockTensorCount> BlockParamTensors(const GptConfig& cfg) {
   const size_t C = static_cast<size_t>(cfg.channels);
   return Lay<kBlockTensorCount>(
-      {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
-       "attn.proj.bias", "ln2.weight", "ln2.bias", "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight",
-       "mlp.proj.bias"},
-      {{{1, C}, {1, C}, {3 * C, C}, {1, 3 * C}, {C, C}, {1, C}, {1, C}, {1, C}, {4 * C, C}, {1, 4 * C},
-        {C, 4 * C}, {1, C}}});
+      {"ln1.weight", "ln1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
+       "ln2.weight", "ln2.bias", "mlp.fc.weight", "mlp.fc.bias", "mlp.proj.weight", "mlp.proj.bias"},
+      {{{1, C},
+        {1, C},
+        {3 * C, C},
+        {1, 3 * C},
+        {C, C},
+        {1, C},
+        {1, C},
+        {1, C},
+        {4 * C, C},
+        {1, 4 * C},
+        {C, 4 * C},
+        {1, C}}});
 }
 
 size_t BlockParamCount(const GptConfig& cfg) {
@@ -56,11 +68,9 @@ size_t BlockParamCount(const GptConfig& cfg) {
 
 std::array<ParamTensor, kEmbedTensorCount> EmbedParamTensors(const GptConfig& cfg) {
   const size_t C = static_cast<size_t>(cfg.channels);
-  return Lay<kEmbedTensorCount>({"wte", "wpe", "lnf.weight", "lnf.bias"},
-                                {{{static_cast<size_t>(cfg.vocab), C},
-                                  {static_cast<size_t>(cfg.context), C},
-                                  {1, C},
-                                  {1, C}}});
+  return Lay<kEmbedTensorCount>(
+      {"wte", "wpe", "lnf.weight", "lnf.bias"},
+      {{{static_cast<size_t>(cfg.vocab), C}, {static_cast<size_t>(cfg.context), C}, {1, C}, {1, C}}});
 }
 
 size_t EmbedParamCount(const GptConfig& cfg) {

@@ -35,18 +35,18 @@ struct ParamTensor {
 // Group of block l (one per block). Weights are (out, in) row-major: a linear
 // layer computes out = in · Wᵀ + b.
 enum BlockTensor : int {
-  kLn1Weight = 0,  // (C)       "ln1.weight"
-  kLn1Bias,        // (C)       "ln1.bias"
-  kQkvWeight,      // (3C, C)   "attn.qkv.weight"   rows: q | k | v, head h at h*hs in each
-  kQkvBias,        // (3C)      "attn.qkv.bias"
-  kAttnProjWeight, // (C, C)    "attn.proj.weight"
-  kAttnProjBias,   // (C)       "attn.proj.bias"
-  kLn2Weight,      // (C)       "ln2.weight"
-  kLn2Bias,        // (C)       "ln2.bias"
-  kFcWeight,       // (4C, C)   "mlp.fc.weight"
-  kFcBias,         // (4C)      "mlp.fc.bias"
-  kFcProjWeight,   // (C, 4C)   "mlp.proj.weight"
-  kFcProjBias,     // (C)       "mlp.proj.bias"
+  kLn1Weight = 0,   // (C)       "ln1.weight"
+  kLn1Bias,         // (C)       "ln1.bias"
+  kQkvWeight,       // (3C, C)   "attn.qkv.weight"   rows: q | k | v, head h at h*hs in each
+  kQkvBias,         // (3C)      "attn.qkv.bias"
+  kAttnProjWeight,  // (C, C)    "attn.proj.weight"
+  kAttnProjBias,    // (C)       "attn.proj.bias"
+  kLn2Weight,       // (C)       "ln2.weight"
+  kLn2Bias,         // (C)       "ln2.bias"
+  kFcWeight,        // (4C, C)   "mlp.fc.weight"
+  kFcBias,          // (4C)      "mlp.fc.bias"
+  kFcProjWeight,    // (C, 4C)   "mlp.proj.weight"
+  kFcProjBias,      // (C)       "mlp.proj.bias"
   kBlockTensorCount
 };
 
@@ -54,10 +54,10 @@ enum BlockTensor : int {
 // the final LayerNorm: the tied LM head reads wte again after the last block,
 // so lnf lives where wte already is and the head needs no other group.
 enum EmbedTensor : int {
-  kWte = 0,      // (V, C)     "wte"   also the LM head's weight (tied)
-  kWpe,          // (maxT, C)  "wpe"
-  kLnfWeight,    // (C)        "lnf.weight"
-  kLnfBias,      // (C)        "lnf.bias"
+  kWte = 0,    // (V, C)     "wte"   also the LM head's weight (tied)
+  kWpe,        // (maxT, C)  "wpe"
+  kLnfWeight,  // (C)        "lnf.weight"
+  kLnfBias,    // (C)        "lnf.bias"
   kEmbedTensorCount
 };
 

@@ -60,8 +60,8 @@ float HeadForwardBackward(const GptConfig& cfg, const float* embed_params, const
   for (size_t r = 0; r < N; ++r) sum += acts->losses[r];
   if (backward) {
     std::memset(dx, 0, N * C * sizeof(float));
-    LayerNormBackward(dx, dembed + tensors[kLnfWeight].offset, dembed + tensors[kLnfBias].offset,
-                      acts->dlnf, x, lnfw, acts->lnf_mean, acts->lnf_rstd, N, C);
+    LayerNormBackward(dx, dembed + tensors[kLnfWeight].offset, dembed + tensors[kLnfBias].offset, acts->dlnf,
+                      x, lnfw, acts->lnf_mean, acts->lnf_rstd, N, C);
   }
   return static_cast<float>(sum / static_cast<double>(N));
 }

@@ -18,7 +18,7 @@ inline constexpr size_t kHeadChunkRows = 64;
 // Workspace of the head, sized by HeadActsInit for (cfg, B, T); reusable.
 struct HeadActs {
   size_t B = 0, T = 0;
-  std::vector<float> mem;  // one allocation cut into the views below
+  std::vector<float> mem;     // one allocation cut into the views below
   float* lnf = nullptr;       // (B, T, C) final LayerNorm output
   float* lnf_mean = nullptr;  // (B, T)
   float* lnf_rstd = nullptr;  // (B, T)

@@ -35,12 +35,12 @@ void PinBlasToOneThread() {
   (void)pinned;
 }
 
-void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, size_t N,
-                   size_t C, size_t OC) {
+void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, size_t N, size_t C,
+                   size_t OC) {
   PinBlasToOneThread();
   ForEachTile(N, kGemmRows, [&](size_t r0, size_t r1) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Dim(r1 - r0), Dim(OC), Dim(C), 1.0f,
-                inp + r0 * C, Dim(C), weight, Dim(C), 0.0f, out + r0 * OC, Dim(OC));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Dim(r1 - r0), Dim(OC), Dim(C), 1.0f, inp + r0 * C,
+                Dim(C), weight, Dim(C), 0.0f, out + r0 * OC, Dim(OC));
     if (bias == nullptr) return;
     for (size_t r = r0; r < r1; ++r) {
       float* row = out + r * OC;

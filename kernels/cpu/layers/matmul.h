@@ -13,8 +13,8 @@ namespace strata::layers {
 
 // out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias (OC). bias may be null.
 // N is B*T. out must not overlap inp.
-void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, size_t N,
-                   size_t C, size_t OC);
+void MatmulForward(float* out, const float* inp, const float* weight, const float* bias, size_t N, size_t C,
+                   size_t OC);
 
 // Accumulates (+=): dinp (N, C) += dout (N, OC) · weight (OC, C);
 // dweight (OC, C) += doutᵀ · inp; dbias (OC) += Σ_rows dout (rows in order).
