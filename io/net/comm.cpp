@@ -16,8 +16,8 @@ std::string Count(size_t n, const char* unit, const char* tail = "") {
 template <typename Fn>
 Status Communicator::Run(const char* op, const std::string& size, Fn&& fn) {
   ++seq_;
-  std::string ctx = std::string(backend()) + " " + op + " #" + std::to_string(seq_) + " (" + size + ") on rank " +
-                    std::to_string(rank()) + " of " + std::to_string(world_size());
+  std::string ctx = std::string(backend()) + " " + op + " #" + std::to_string(seq_) + " (" + size +
+                    ") on rank " + std::to_string(rank()) + " of " + std::to_string(world_size());
   if (broken_) return CommError(ctx + ": not run, the communicator failed earlier: " + broken_->message());
   Status s = fn();
   if (s.ok()) return s;
@@ -51,7 +51,8 @@ Status Communicator::AllGather(const void* in, void* out, size_t bytes_per_rank)
 
 Status Communicator::Broadcast(void* buf, size_t bytes, int root) {
   return Run("broadcast", Count(bytes, "bytes from rank ") + std::to_string(root), [&] {
-    if (root < 0 || root >= world_size()) return InvalidError("root " + std::to_string(root) + " out of range");
+    if (root < 0 || root >= world_size())
+      return InvalidError("root " + std::to_string(root) + " out of range");
     if (!buf && bytes) return InvalidError("null buffer");
     return bytes ? DoBroadcast(buf, bytes, root) : Status::Ok();
   });

@@ -40,10 +40,12 @@ struct CommOptions {
 
 // Collectives must be called in the same order with the same sizes on every
 // rank. Not thread-safe: one caller at a time. Buffers live in the backend's
-// memory (device_buffers()). After any failure the communicator is broken:
-// every later call returns the first error (kComm) without communicating.
-// Errors: kTimeout when a peer did not answer within timeout_s, kComm when a
-// peer closed its connection or the backend failed, kInvalid for bad arguments.
+// memory (device_buffers()). Every call is synchronous: it returns when the
+// result is in place. NCCL runs on a stream of its own that waits for the
+// legacy default stream; work on other streams must be synchronized first. After any failure the communicator
+// is broken: every later call returns the first error (kComm) without communicating. Errors: kTimeout when a
+// peer did not answer within timeout_s, kComm when a peer closed its connection or the backend failed,
+// kInvalid for bad arguments.
 class Communicator {
  public:
   virtual ~Communicator() = default;

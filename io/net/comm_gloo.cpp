@@ -121,7 +121,9 @@ class GlooComm final : public Communicator {
   bool device_buffers() const override { return false; }
 
   // The barrier that ends creation: after it no rank needs the store.
-  Status FirstBarrier() { return Guard([&] { BarrierNow(0xffffffffu); }); }
+  Status FirstBarrier() {
+    return Guard([&] { BarrierNow(0xffffffffu); });
+  }
 
  protected:
   Status DoAllReduce(float* buf, size_t n) override {
@@ -233,8 +235,8 @@ class GlooComm final : public Communicator {
 Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
   const RankInfo& r = o.rank;
   const Millis timeout = SecondsToMillis(o.timeout_s);
-  const std::string where = "gloo rendezvous on rank " + std::to_string(r.rank) + " of " +
-                            std::to_string(r.world_size);
+  const std::string where =
+      "gloo rendezvous on rank " + std::to_string(r.rank) + " of " + std::to_string(r.world_size);
   IgnoreSigpipeUnlessHandled();
   std::string local = o.local_addr;
   if (local.empty()) {

@@ -39,7 +39,9 @@ class NcclComm final : public Communicator {
 
   Status Init(int device, const ncclUniqueId& id) {
     STRATA_RETURN_IF_ERROR(CudaStatus("cudaSetDevice", cudaSetDevice(device)));
-    STRATA_RETURN_IF_ERROR(CudaStatus("cudaStreamCreate", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
+    // A blocking stream: it waits for work the caller queued on the legacy
+    // default stream, so gradients written there are complete when NCCL reads.
+    STRATA_RETURN_IF_ERROR(CudaStatus("cudaStreamCreate", cudaStreamCreate(&stream_)));
     STRATA_RETURN_IF_ERROR(CudaStatus("cudaMalloc", cudaMalloc(&scratch_, sizeof(float))));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -48,11 +50,14 @@ class NcclComm final : public Communicator {
     return Await("ncclCommInitRankConfig", /*stream=*/false);
   }
 
-  Status FirstBarrier() { return Launch("barrier", [&] { return Allreduce1(); }); }
+  Status FirstBarrier() {
+    return Launch("barrier", [&] { return Allreduce1(); });
+  }
 
  protected:
   Status DoAllReduce(float* buf, size_t n) override {
-    return Launch("ncclAllReduce", [&] { return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm_, stream_); });
+    return Launch("ncclAllReduce",
+                  [&] { return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm_, stream_); });
   }
   Status DoReduceScatter(const float* in, float* out, size_t n) override {
     return Launch("ncclReduceScatter",
@@ -65,10 +70,14 @@ class NcclComm final : public Communicator {
     return Launch("ncclBroadcast",
                   [&] { return ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_); });
   }
-  Status DoBarrier() override { return Launch("barrier", [&] { return Allreduce1(); }); }
+  Status DoBarrier() override {
+    return Launch("barrier", [&] { return Allreduce1(); });
+  }
 
  private:
-  ncclResult_t Allreduce1() { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_); }
+  ncclResult_t Allreduce1() {
+    return ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_);
+  }
 
   template <typename Fn>
   Status Launch(const char* what, Fn&& fn) {
@@ -137,8 +146,8 @@ bool NcclGpuPresent() {
 Result<std::unique_ptr<Communicator>> MakeNcclComm(const CommOptions& o) {
   const RankInfo& r = o.rank;
   const Millis timeout = SecondsToMillis(o.timeout_s);
-  const std::string where = "nccl rendezvous on rank " + std::to_string(r.rank) + " of " +
-                            std::to_string(r.world_size);
+  const std::string where =
+      "nccl rendezvous on rank " + std::to_string(r.rank) + " of " + std::to_string(r.world_size);
   int count = 0;
   STRATA_RETURN_IF_ERROR(CudaStatus("cudaGetDeviceCount", cudaGetDeviceCount(&count)).WithContext(where));
   ncclUniqueId id;

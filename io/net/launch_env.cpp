@@ -53,8 +53,8 @@ Status RequireAll(const Env& env, const char* source, const std::vector<const ch
   std::vector<std::string> set, missing;
   for (const char* n : names) (env.Has(n) ? set : missing).push_back(n);
   if (missing.empty()) return Status::Ok();
-  return InvalidError(std::string(source) + " launch variables incomplete: " + Join(set) +
-                      " set but " + Join(missing) + " missing");
+  return InvalidError(std::string(source) + " launch variables incomplete: " + Join(set) + " set but " +
+                      Join(missing) + " missing");
 }
 
 Status CheckRanks(const RankInfo& r, const Family& f) {
@@ -76,7 +76,8 @@ Status CheckRanks(const RankInfo& r, const Family& f) {
 Result<int> Port(const Env& env, const char* name, int fallback) {
   if (!env.Has(name)) return fallback;
   STRATA_ASSIGN_OR_RETURN(int p, env.Int(name));
-  if (p < 1 || p > 65535) return InvalidError(std::string(name) + "=" + std::to_string(p) + " is not a TCP port");
+  if (p < 1 || p > 65535)
+    return InvalidError(std::string(name) + "=" + std::to_string(p) + " is not a TCP port");
   return p;
 }
 
@@ -117,8 +118,8 @@ Result<RankInfo> FromTorchrun(const Env& env) {
 
 Result<RankInfo> FromOpenMpi(const Env& env) {
   RankInfo r;
-  STRATA_RETURN_IF_ERROR(RequireAll(env, "openmpi",
-                                    {kOpenMpi.rank, kOpenMpi.world, kOpenMpi.local_rank, kOpenMpi.local_world}));
+  STRATA_RETURN_IF_ERROR(
+      RequireAll(env, "openmpi", {kOpenMpi.rank, kOpenMpi.world, kOpenMpi.local_rank, kOpenMpi.local_world}));
   STRATA_RETURN_IF_ERROR(ReadRanks(env, kOpenMpi, &r));
   if (r.local_world_size != r.world_size && !env.Has("MASTER_ADDR"))
     return InvalidError("openmpi launch variables incomplete: ranks span several hosts (" +

@@ -16,7 +16,7 @@ struct RankInfo {
   int local_rank = 0;
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";  // where rank 0 serves the store
-  int master_port = 29500;                 // MASTER_PORT as the launcher gave it
+  int master_port = 29500;                // MASTER_PORT as the launcher gave it
   // The port the rendezvous store listens on. Usually master_port; under
   // torchrun (TORCHELASTIC_USE_AGENT_STORE=True) torchrun's own TCPStore
   // holds master_port, so ours takes master_port + 1. STRATA_STORE_PORT

@@ -81,8 +81,8 @@ class StoreClient {
   std::string addr_;
   int port_;
   std::string name_;
-  Millis op_timeout_;     // bound on calls that do not wait for keys
-  std::mutex mu_;         // serializes calls: one request in flight per connection
+  Millis op_timeout_;           // bound on calls that do not wait for keys
+  std::mutex mu_;               // serializes calls: one request in flight per connection
   std::unique_ptr<Conn> conn_;  // guarded by mu_; null after a broken call
 };
 

@@ -2,12 +2,10 @@
 // deadline (Boost.Asio async operations run on a private io_context for at
 // most the call's time), and RendezvousStore, which puts server and client
 // together for one rank.
-#include <utility>  // before Asio: boost 1.74 awaitable.hpp uses std::exchange
-
-#include <boost/asio.hpp>
 #include <charconv>
 #include <thread>
 
+#include "io/net/asio.h"
 #include "io/net/deadline.h"
 #include "io/net/store.h"
 #include "io/net/store_wire.h"
@@ -58,7 +56,10 @@ error_code TryConnect(StoreClient::Conn& c, const tcp::resolver::results_type& e
 }  // namespace
 
 StoreClient::StoreClient(std::string addr, int port, Millis op_timeout)
-    : addr_(std::move(addr)), port_(port), name_(addr_ + ":" + std::to_string(port)), op_timeout_(op_timeout) {}
+    : addr_(std::move(addr)),
+      port_(port),
+      name_(addr_ + ":" + std::to_string(port)),
+      op_timeout_(op_timeout) {}
 
 StoreClient::~StoreClient() = default;
 
@@ -145,7 +146,8 @@ Result<int64_t> StoreClient::Add(const std::string& key, int64_t delta) {
   int64_t out = 0;
   auto* p = reinterpret_cast<const char*>(v.data());
   auto [end, ec] = std::from_chars(p, p + v.size(), out);
-  if (ec != std::errc() || end != p + v.size()) return CommError("store " + name_ + ": add '" + key + "': malformed reply");
+  if (ec != std::errc() || end != p + v.size())
+    return CommError("store " + name_ + ": add '" + key + "': malformed reply");
   return out;
 }
 

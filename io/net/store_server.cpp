@@ -1,14 +1,12 @@
 // The rendezvous store's server: Boost.Asio on one thread of its own. All
 // state (keys, waiters, sessions) is touched only by that thread, so it needs
 // no lock; Stop() joins the thread before touching anything.
-#include <utility>  // before Asio: boost 1.74 awaitable.hpp uses std::exchange
-
-#include <boost/asio.hpp>
 #include <charconv>
 #include <list>
 #include <map>
 #include <thread>
 
+#include "io/net/asio.h"
 #include "io/net/store.h"
 #include "io/net/store_wire.h"
 
@@ -95,7 +93,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<uint8_t> body_;
 };
 
-wire::Response Invalid(const std::string& msg) { return {wire::Reply::kInvalid, Bytes(msg.begin(), msg.end())}; }
+wire::Response Invalid(const std::string& msg) {
+  return {wire::Reply::kInvalid, Bytes(msg.begin(), msg.end())};
+}
 
 }  // namespace
 

@@ -1,13 +1,13 @@
 // Communicators in one process: the self backend, the factory's refusals,
 // and Gloo across threads over loopback (collectives, a peer that leaves,
 // the broken latch). The multi-process runs are in comm_worker.cpp.
+#include "io/net/comm.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <functional>
 #include <thread>
-
-#include "io/net/comm.h"
 
 using namespace strata;
 using namespace strata::net;

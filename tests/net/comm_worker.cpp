@@ -26,21 +26,20 @@ namespace {
 int g_rank = -1;
 int g_failures = 0;
 
-#define EXPECT(cond, ...)                                                         \
-  do {                                                                            \
-    if (!(cond)) {                                                                \
-      std::fprintf(stderr, "comm_worker rank %d: FAILED %s:%d %s: ", g_rank,     \
-                   __FILE__, __LINE__, #cond);                                    \
-      std::fprintf(stderr, __VA_ARGS__);                                          \
-      std::fprintf(stderr, "\n");                                                 \
-      ++g_failures;                                                               \
-    }                                                                             \
+#define EXPECT(cond, ...)                                                                                \
+  do {                                                                                                   \
+    if (!(cond)) {                                                                                       \
+      std::fprintf(stderr, "comm_worker rank %d: FAILED %s:%d %s: ", g_rank, __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                                                 \
+      std::fprintf(stderr, "\n");                                                                        \
+      ++g_failures;                                                                                      \
+    }                                                                                                    \
   } while (0)
 
-#define EXPECT_OK(expr)                                                           \
-  do {                                                                            \
-    Status s_ = (expr);                                                           \
-    EXPECT(s_.ok(), "%s", s_.ToString().c_str());                                 \
+#define EXPECT_OK(expr)                           \
+  do {                                            \
+    Status s_ = (expr);                           \
+    EXPECT(s_.ok(), "%s", s_.ToString().c_str()); \
   } while (0)
 
 uint32_t Next(uint32_t* x) {  // xorshift32: reproducible "random" floats
@@ -163,7 +162,8 @@ int RunVictim(Communicator& c, bool hang, int victim, double hang_s) {
   std::vector<float> buf(4096, 1.0f);
   for (int it = 0; it < 50; ++it) {
     if (c.rank() == victim && it == 3) {
-      std::fprintf(stderr, "comm_worker rank %d: %s at iteration %d\n", c.rank(), hang ? "hanging" : "dying", it);
+      std::fprintf(stderr, "comm_worker rank %d: %s at iteration %d\n", c.rank(), hang ? "hanging" : "dying",
+                   it);
       std::fflush(stderr);
       if (!hang) raise(SIGKILL);
       usleep(static_cast<useconds_t>(hang_s * 1e6));

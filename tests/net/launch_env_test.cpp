@@ -1,10 +1,10 @@
 // RankInfoFromEnv: each launcher's variables, precedence, and partial or
 // inconsistent sets refused with the variables named.
+#include "io/net/launch_env.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
-
-#include "io/net/launch_env.h"
 
 using namespace strata;
 using namespace strata::net;
@@ -19,14 +19,19 @@ Result<RankInfo> From(const std::map<std::string, std::string>& env) {
 }
 
 std::map<std::string, std::string> Torchrun() {
-  return {{"RANK", "3"},         {"WORLD_SIZE", "8"},     {"LOCAL_RANK", "1"},
-          {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "29600"}};
+  return {{"RANK", "3"},
+          {"WORLD_SIZE", "8"},
+          {"LOCAL_RANK", "1"},
+          {"LOCAL_WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "10.0.0.5"},
+          {"MASTER_PORT", "29600"}};
 }
 
 void ExpectError(const Result<RankInfo>& r, std::initializer_list<const char*> words) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kInvalid);
-  for (const char* w : words) EXPECT_NE(r.status().message().find(w), std::string::npos) << r.status().ToString();
+  for (const char* w : words)
+    EXPECT_NE(r.status().message().find(w), std::string::npos) << r.status().ToString();
 }
 
 TEST(LaunchEnv, NoneIsOneRank) {

@@ -33,7 +33,8 @@ int main() {
   std::vector<float> host(n), back(n);
   for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i);
   float *d = nullptr, *e = nullptr;
-  if (cudaMalloc(&d, n * sizeof(float)) != cudaSuccess || cudaMalloc(&e, n * sizeof(float)) != cudaSuccess) return 1;
+  if (cudaMalloc(&d, n * sizeof(float)) != cudaSuccess || cudaMalloc(&e, n * sizeof(float)) != cudaSuccess)
+    return 1;
   cudaMemcpy(d, host.data(), n * sizeof(float), cudaMemcpyHostToDevice);
   int failures = 0;
   auto ok = [&](const Status& s) {

@@ -1,12 +1,12 @@
 // The rendezvous store over loopback: set/get/add/wait, waits that block
 // until another client sets the key, timeouts naming the key, and a server
 // that goes away (kComm naming the store and the key).
+#include "io/net/store.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <thread>
-
-#include "io/net/store.h"
 
 using namespace strata;
 using namespace strata::net;

@@ -31,11 +31,14 @@ int FreePort() {
 
 int main(int argc, char** argv) {
   strata::launch::LaunchSpec spec;
-  CLI::App app{"Starts N local ranks of a command with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
-               "MASTER_ADDR and MASTER_PORT set; prefixes their output with [rank K]; if one rank\n"
-               "fails, stops the others and exits with its code.\n"
-               "Usage: strata-launch --nproc N [--master-port P] -- CMD ARGS"};
-  app.add_option("--nproc,--nproc-per-node", spec.nproc, "number of ranks")->required()->check(CLI::Range(1, 4096));
+  CLI::App app{
+      "Starts N local ranks of a command with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
+      "MASTER_ADDR and MASTER_PORT set; prefixes their output with [rank K]; if one rank\n"
+      "fails, stops the others and exits with its code.\n"
+      "Usage: strata-launch --nproc N [--master-port P] -- CMD ARGS"};
+  app.add_option("--nproc,--nproc-per-node", spec.nproc, "number of ranks")
+      ->required()
+      ->check(CLI::Range(1, 4096));
   app.add_option("--master-addr", spec.master_addr, "address of rank 0")->capture_default_str();
   app.add_option("--master-port", spec.master_port, "rank 0's store port; 0 picks a free one")
       ->capture_default_str()

@@ -44,8 +44,8 @@ void Say(const std::string& msg) { WriteAll(2, "[strata-launch] " + msg + "\n");
 
 // One of a rank's output streams: its pipe and the unfinished last line.
 struct Stream {
-  int fd = -1;   // read end; -1 once closed
-  int out = 1;   // where its lines go: 1 or 2
+  int fd = -1;  // read end; -1 once closed
+  int out = 1;  // where its lines go: 1 or 2
   std::string partial;
 };
 
@@ -58,9 +58,9 @@ struct Rank {
 
 std::vector<std::string> RankEnv(const LaunchSpec& spec, int rank) {
   std::map<std::string, std::string> set = {
-      {"RANK", std::to_string(rank)},          {"WORLD_SIZE", std::to_string(spec.nproc)},
-      {"LOCAL_RANK", std::to_string(rank)},    {"LOCAL_WORLD_SIZE", std::to_string(spec.nproc)},
-      {"MASTER_ADDR", spec.master_addr},       {"MASTER_PORT", std::to_string(spec.master_port)},
+      {"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(spec.nproc)},
+      {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(spec.nproc)},
+      {"MASTER_ADDR", spec.master_addr},    {"MASTER_PORT", std::to_string(spec.master_port)},
   };
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
@@ -90,9 +90,9 @@ bool Spawn(const LaunchSpec& spec, Rank* r) {
   pid_t pid = fork();
   if (pid < 0) return false;
   if (pid == 0) {
-    setpgid(0, 0);                          // a group of its own: we stop it and its children
-    prctl(PR_SET_PDEATHSIG, SIGKILL);       // and it dies with the launcher
-    if (getppid() != parent) _exit(127);    // the launcher died before prctl
+    setpgid(0, 0);                        // a group of its own: we stop it and its children
+    prctl(PR_SET_PDEATHSIG, SIGKILL);     // and it dies with the launcher
+    if (getppid() != parent) _exit(127);  // the launcher died before prctl
     signal(SIGPIPE, SIG_DFL);
     dup2(out[1], 1);
     dup2(err[1], 2);
