@@ -308,6 +308,14 @@ strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir,
   });
 }
 
+strata_status_t strata_engine_loss_scale(strata_engine_t* engine, double* out) {
+  return OnEngine("strata_engine_loss_scale", engine, [&]() -> Status {
+    if (out == nullptr) return strata::InvalidError("out must not be NULL");
+    *out = engine->rep->loss_scale();
+    return Status::Ok();
+  });
+}
+
 strata_status_t strata_engine_num_groups(strata_engine_t* engine, int* out) {
   return OnEngine("strata_engine_num_groups", engine, [&]() -> Status {
     if (out == nullptr) return strata::InvalidError("out must not be NULL");

@@ -233,6 +233,10 @@ STRATA_API strata_status_t strata_checkpoint_save(strata_engine_t* engine, const
 STRATA_API strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir, const char* tag,
                                                   void* blob, uint64_t* blob_bytes);
 
+/* The scale to multiply the next loss (or its gradients) by: fp16's dynamic
+ * loss scale, 1 without fp16. Also returned by every step. Errors: INVALID. */
+STRATA_API strata_status_t strata_engine_loss_scale(strata_engine_t* engine, double* out);
+
 /* Shape queries. REQUIRES for group_numel: after build. Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_num_groups(strata_engine_t* engine, int* out);
 STRATA_API strata_status_t strata_engine_group_numel(strata_engine_t* engine, int group, uint64_t* out);

@@ -1,0 +1,126 @@
+// Forward and backward of the GPT over the engine's groups.
+#include "tools/train/gpt.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "kernels/cpu/layers/convert.h"
+#include "kernels/cpu/layers/encoder.h"
+
+namespace strata::train {
+
+namespace {
+
+bool Ok(strata_status_t s, const char* what, std::string* error) {
+  if (s == STRATA_OK) return true;
+  *error = std::string(what) + ": " + strata_status_name(s) + ": " + strata_last_error();
+  return false;
+}
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+uint64_t Gpt::param_count() const { return layers::GptParamCount(cfg_); }
+
+bool Gpt::Register(strata_engine_t* e, uint64_t seed, std::string* error) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  const float proj_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(cfg_.layers));
+  auto add = [&](int group, const layers::ParamTensor& t, const std::string& prefix, bool is_proj) {
+    std::vector<float> init(t.count);
+    const std::string name = t.name;
+    const bool ln_weight = name.find("ln") != std::string::npos && name.find("weight") != std::string::npos;
+    const bool bias = name.find("bias") != std::string::npos;
+    for (auto& v : init) v = ln_weight ? 1.0f : bias ? 0.0f : normal(rng) * (is_proj ? proj_scale : 1.0f);
+    uint64_t off = 0;
+    return Ok(strata_engine_add_param(e, group, (prefix + name).c_str(), t.count, init.data(), &off),
+              "add_param", error);
+  };
+  for (const auto& t : layers::EmbedParamTensors(cfg_))
+    if (!add(0, t, "", false)) return false;
+  for (int l = 0; l < cfg_.layers; ++l)
+    for (const auto& t : layers::BlockParamTensors(cfg_)) {
+      const std::string n = t.name;
+      const bool proj = n == "attn.proj.weight" || n == "mlp.proj.weight";
+      if (!add(l + 1, t, "h" + std::to_string(l) + ".", proj)) return false;
+    }
+  return true;
+}
+
+void Gpt::Setup() {
+  const size_t BTC = static_cast<size_t>(B_) * T_ * cfg_.channels;
+  x_.assign(static_cast<size_t>(cfg_.layers) + 1, std::vector<float>(BTC));
+  embed_.resize(layers::EmbedParamCount(cfg_));
+  dembed_.resize(embed_.size());
+  block_.resize(layers::BlockParamCount(cfg_));
+  dblock_.resize(block_.size());
+  dx_.resize(BTC);
+  dx2_.resize(BTC);
+  layers::BlockActsInit(&acts_, cfg_, static_cast<size_t>(B_), static_cast<size_t>(T_));
+  layers::HeadActsInit(&head_, cfg_, static_cast<size_t>(B_), static_cast<size_t>(T_));
+  ready_ = true;
+}
+
+bool Gpt::FetchF32(strata_engine_t* e, int group, std::vector<float>* out, std::string* error) {
+  void* p = nullptr;
+  if (!Ok(strata_engine_fetch(e, group, nullptr, &p), "fetch", error)) return false;
+  layers::ToF32(static_cast<DType>(dtype_), p, out->data(), out->size());
+  return Ok(strata_engine_release(e, group, nullptr), "release", error);
+}
+
+bool Gpt::TrainStep(strata_engine_t* e, const int32_t* inputs, const int32_t* targets, double loss_scale,
+                    double* loss, std::string* error) {
+  if (!ready_) {
+    if (!Ok(strata_engine_compute_dtype(e, &dtype_), "compute_dtype", error)) return false;
+    Setup();
+  }
+  const size_t B = static_cast<size_t>(B_), T = static_cast<size_t>(T_), C = static_cast<size_t>(cfg_.channels);
+  const int L = cfg_.layers;
+  const size_t V = static_cast<size_t>(cfg_.vocab);
+  const float* wte = embed_.data();
+  const float* wpe = wte + V * C;
+  // Forward: embeddings, then each block from its input (kept for backward).
+  if (!FetchF32(e, 0, &embed_, error)) return false;
+  double t0 = Now();
+  layers::EncoderForward(x_[0].data(), inputs, wte, wpe, B, T, C, V);
+  compute_s_ += Now() - t0;
+  for (int l = 0; l < L; ++l) {
+    if (!FetchF32(e, l + 1, &block_, error)) return false;
+    t0 = Now();
+    layers::BlockForward(cfg_, block_.data(), x_[l].data(), x_[l + 1].data(), &acts_, B, T);
+    compute_s_ += Now() - t0;
+  }
+  // Head (tied to wte, which group 0 holds): loss and its backward.
+  if (!FetchF32(e, 0, &embed_, error)) return false;
+  t0 = Now();
+  std::memset(dembed_.data(), 0, dembed_.size() * sizeof(float));
+  *loss = layers::HeadForwardBackward(cfg_, embed_.data(), x_[L].data(), targets, B, T, &head_, dx_.data(),
+                                      dembed_.data());
+  compute_s_ += Now() - t0;
+  // Backward through the blocks, recomputing each (activation checkpointing).
+  for (int l = L - 1; l >= 0; --l) {
+    if (!FetchF32(e, l + 1, &block_, error)) return false;
+    t0 = Now();
+    std::memset(dblock_.data(), 0, dblock_.size() * sizeof(float));
+    layers::BlockBackward(cfg_, block_.data(), x_[l].data(), dx_.data(), &acts_, layers::BlockBackwardMode::kRecompute,
+                          dblock_.data(), dx2_.data(), B, T);
+    dx_.swap(dx2_);
+    if (loss_scale != 1.0)
+      for (auto& g : dblock_) g *= static_cast<float>(loss_scale);
+    compute_s_ += Now() - t0;
+    if (!Ok(strata_engine_grads(e, l + 1, dblock_.data(), STRATA_DTYPE_F32, nullptr), "grads", error)) return false;
+  }
+  t0 = Now();
+  layers::EncoderBackward(dembed_.data(), dembed_.data() + V * C, dx_.data(), inputs, B, T, C);
+  if (loss_scale != 1.0)
+    for (auto& g : dembed_) g *= static_cast<float>(loss_scale);
+  compute_s_ += Now() - t0;
+  return Ok(strata_engine_grads(e, 0, dembed_.data(), STRATA_DTYPE_F32, nullptr), "grads", error);
+}
+
+}  // namespace strata::train

@@ -1,0 +1,46 @@
+// The GPT-2-style decoder trained through the C API: group 0 holds the
+// embeddings and the final LayerNorm (wte is also the tied LM head), group l
+// (1..L) holds block l-1. Activation checkpointing per block: the forward
+// keeps only each block's input; the backward recomputes the block.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/layers/block.h"
+#include "kernels/cpu/layers/gpt_config.h"
+#include "kernels/cpu/layers/head.h"
+#include "strata/strata.h"
+
+namespace strata::train {
+
+class Gpt {
+ public:
+  Gpt(const layers::GptConfig& cfg, int B, int T) : cfg_(cfg), B_(B), T_(T) {}
+  // Registers every tensor with GPT-2's initialization (normal(0, 0.02),
+  // residual projections scaled by 1/sqrt(2L), LayerNorm weights 1, biases 0).
+  bool Register(strata_engine_t* e, uint64_t seed, std::string* error);
+  // One forward and backward pass on (inputs, targets), (B, T) each; the
+  // gradients, times `loss_scale`, go to the engine group by group.
+  bool TrainStep(strata_engine_t* e, const int32_t* inputs, const int32_t* targets, double loss_scale,
+                 double* loss, std::string* error);
+  double compute_seconds() const { return compute_s_; }  // in the kernels, cumulative
+  uint64_t param_count() const;
+
+ private:
+  bool FetchF32(strata_engine_t* e, int group, std::vector<float>* out, std::string* error);
+  void Setup();
+
+  layers::GptConfig cfg_;
+  int B_, T_;
+  bool ready_ = false;
+  strata_dtype_t dtype_ = STRATA_DTYPE_F32;
+  std::vector<std::vector<float>> x_;  // block inputs (B, T, C), L + 1 of them
+  std::vector<float> embed_, block_, dembed_, dblock_, dx_, dx2_;
+  layers::BlockActs acts_;
+  layers::HeadActs head_;
+  double compute_s_ = 0;
+};
+
+}  // namespace strata::train

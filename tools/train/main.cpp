@@ -1,0 +1,238 @@
+// strata-train: trains a GPT-2-style model larger than the device budget
+// through Strata's C API (its first embedding customer), on byte-level text.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "strata/strata.h"
+#include "tools/train/corpus.h"
+#include "tools/train/gpt.h"
+#include "tools/train/presets.h"
+#include "tools/train/report.h"
+
+namespace strata::train {
+namespace {
+
+struct Args {
+  std::string preset = "small", data, nvme, config, trace, save, resume;
+  std::string device_budget = "4MiB", host_budget = "256MiB";
+  int64_t steps = 120;
+  int batch = 0, seq = 0, print_every = 10, save_every = 0, warmup = 10;
+  double lr = 3e-3, min_lr_frac = 0.1, weight_decay = 0.0, clip = 1.0;
+  uint64_t seed = 1337;
+  bool resident = false, fp16 = false, weights_hash = false, log_losses = false;
+};
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "strata-train: %s\n", msg.c_str());
+  return 1;
+}
+
+double LrAt(const Args& a, int64_t step) {  // linear warm-up, cosine decay to min_lr_frac
+  if (step < a.warmup) return a.lr * static_cast<double>(step + 1) / a.warmup;
+  const double p = static_cast<double>(step - a.warmup) / static_cast<double>(std::max<int64_t>(1, a.steps - a.warmup));
+  const double cosine = 0.5 * (1 + std::cos(M_PI * std::min(1.0, p)));
+  return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * cosine);
+}
+
+// The built-in config, with --config's JSON merged over it (RFC 7386).
+bool MakeConfig(const Args& a, const std::string& swap, std::string* out, std::string* error) {
+  nlohmann::json j = {
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", a.lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8},
+                                                      {"weight_decay", a.weight_decay}}}}},
+      {"gradient_clipping", a.clip},
+      {"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", 2e6}}},
+      {"strata", {{"device_budget", a.device_budget}, {"host_budget", a.host_budget}}}};
+  if (a.fp16) j["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
+  else j["bf16"] = {{"enabled", true}};
+  if (!a.resident) {
+    j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", swap}};
+    j["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", swap}};
+  } else {
+    j["strata"]["device_budget"] = "auto";
+    j["strata"]["host_budget"] = "auto";
+  }
+  if (!a.trace.empty()) j["strata"]["trace_path"] = a.trace;
+  if (!a.config.empty()) {
+    std::ifstream f(a.config);
+    if (!f) { *error = "cannot read --config " + a.config; return false; }
+    try {
+      j.merge_patch(nlohmann::json::parse(f));
+    } catch (const std::exception& e) {
+      *error = "--config " + a.config + ": " + e.what();
+      return false;
+    }
+  }
+  *out = j.dump();
+  return true;
+}
+
+uint64_t WeightsHash(strata_engine_t* e) {  // FNV-1a over every master weight
+  uint64_t h = 1469598103934665603ull;
+  int groups = 0;
+  strata_engine_num_groups(e, &groups);
+  for (int g = 0; g < groups; ++g) {
+    uint64_t n = 0;
+    strata_engine_group_numel(e, g, &n);
+    std::vector<float> w(n);
+    if (strata_engine_read_master(e, g, w.data()) != STRATA_OK) return 0;
+    const auto* b = reinterpret_cast<const unsigned char*>(w.data());
+    for (size_t i = 0; i < n * 4; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+int Run(Args a) {
+  const Preset* preset = FindPreset(a.preset);
+  if (!preset) {
+    std::string names;
+    for (const auto& p : Presets()) names += std::string(names.empty() ? "" : ", ") + p.name;
+    return Fail("--preset '" + a.preset + "' is not one of " + names);
+  }
+  const layers::GptConfig cfg = preset->cfg;
+  if (a.batch == 0) a.batch = preset->batch;
+  if (a.seq == 0) a.seq = preset->seq;
+  if (a.seq > cfg.context) return Fail("--seq " + std::to_string(a.seq) + " is above the preset's context " + std::to_string(cfg.context));
+  std::string corpus, error;
+  if (a.data.empty()) corpus = BuiltinCorpus(a.seed, 1 << 20);
+  else if (!ReadCorpus(a.data, static_cast<size_t>(a.seq) + 2, &corpus, &error)) return Fail(error);
+
+  // Swap under --nvme, or a fresh folder under /var/tmp removed at the end.
+  std::string swap = a.nvme;
+  bool own_swap = false;
+  if (!a.resident && swap.empty()) {
+    char tmpl[] = "/var/tmp/strata-train-XXXXXX";
+    if (!::mkdtemp(tmpl)) return Fail("cannot create a swap folder under /var/tmp");
+    swap = tmpl;
+    own_swap = true;
+  }
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() { if (!dir.empty()) { std::error_code ec; std::filesystem::remove_all(dir, ec); } }
+  } cleanup{own_swap ? swap : ""};
+
+  std::string json;
+  if (!MakeConfig(a, swap, &json, &error)) return Fail(error);
+  strata_engine_options_t eo = STRATA_ENGINE_OPTIONS_INIT;
+  eo.force_no_gpu = 1;  // the layers here are the CPU kernels: parameters and gradients in host memory
+  strata_engine_t* e = nullptr;
+  if (strata_engine_create(json.c_str(), &eo, &e) != STRATA_OK) return Fail(strata_last_error());
+  struct Destroy { strata_engine_t* e; ~Destroy() { strata_engine_destroy(e); } } destroy{e};
+  Gpt gpt(cfg, a.batch, a.seq);
+  if (!gpt.Register(e, a.seed, &error)) return Fail(error);
+  if (strata_engine_build(e) != STRATA_OK) return Fail(strata_last_error());
+
+  int64_t start = 0;
+  if (!a.resume.empty()) {
+    int64_t blob[2] = {0, 0};
+    uint64_t len = sizeof blob;
+    if (strata_checkpoint_load(e, a.resume.c_str(), nullptr, blob, &len) != STRATA_OK) return Fail(strata_last_error());
+    if (len != sizeof blob || static_cast<uint64_t>(blob[1]) != a.seed)
+      return Fail("--resume " + a.resume + ": the checkpoint is not from a strata-train run with this --seed");
+    start = blob[0];
+    std::printf("resumed from %s at step %lld\n", a.resume.c_str(), static_cast<long long>(start));
+  }
+
+  const uint64_t params = gpt.param_count();
+  strata_dtype_t dt;
+  strata_engine_compute_dtype(e, &dt);
+  RunFigures fig;
+  fig.params = params;
+  fig.state_bytes = params * ((dt == STRATA_DTYPE_F32 ? 4 : 2) + 16);
+  std::printf("strata-train: preset %s, %llu parameters, %s of state, batch %d x %d tokens, %lld steps, %s\n",
+              preset->name, static_cast<unsigned long long>(params), HumanBytes(fig.state_bytes).c_str(), a.batch,
+              a.seq, static_cast<long long>(a.steps), a.resident ? "all resident" : ("state on NVMe in " + swap).c_str());
+  Progress progress(a.steps, a.print_every);
+  double loss_scale = 1.0;
+  if (strata_engine_loss_scale(e, &loss_scale) != STRATA_OK) return Fail(strata_last_error());
+  std::vector<int32_t> inputs, targets;
+  double busy_cpu = 0, busy_disk = 0, wall = 0, compute_before = 0;
+  const auto t_run = std::chrono::steady_clock::now();
+  int64_t timed_steps = 0;
+  for (int64_t s = start; s < a.steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    SampleBatch(corpus, a.seed, s, a.batch, a.seq, &inputs, &targets);
+    double loss = 0;
+    if (!gpt.TrainStep(e, inputs.data(), targets.data(), loss_scale, &loss, &error)) return Fail(error);
+    strata_step_options_t so = STRATA_STEP_OPTIONS_INIT;
+    so.lr = LrAt(a, s);
+    strata_step_result_t r = STRATA_STEP_RESULT_INIT;
+    if (strata_engine_step(e, &so, &r) != STRATA_OK) return Fail(strata_last_error());
+    loss_scale = r.loss_scale;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    strata_stats_t st = STRATA_STATS_INIT;
+    strata_engine_stats(e, &st);
+    if (s > start) {  // the first step records the trace; the figures are for the steady state
+      busy_cpu += (gpt.compute_seconds() - compute_before) + st.cpu_optimizer_s;
+      busy_disk += st.disk_busy_s;
+      wall += secs;
+      ++timed_steps;
+    }
+    compute_before = gpt.compute_seconds();
+    if (a.log_losses) std::printf("loss %lld %.9g\n", static_cast<long long>(s + 1), loss);
+    if (s == start) fig.first_loss = loss;
+    fig.last_loss = loss;
+    const double tps = static_cast<double>(a.batch) * a.seq / secs;
+    progress.Step(s + 1, loss, tps, secs * static_cast<double>(a.steps - s - 1), so.lr, r.skipped != 0);
+    if (!a.save.empty() && a.save_every > 0 && (s + 1) % a.save_every == 0) {
+      const int64_t blob[2] = {s + 1, static_cast<int64_t>(a.seed)};
+      char tag[32];
+      std::snprintf(tag, sizeof tag, "step%08lld", static_cast<long long>(s + 1));
+      if (strata_checkpoint_save(e, a.save.c_str(), tag, blob, sizeof blob) != STRATA_OK) return Fail(strata_last_error());
+    }
+  }
+  progress.Done();
+  fig.steps = a.steps - start;
+  fig.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
+  fig.tokens_per_s = timed_steps ? static_cast<double>(timed_steps) * a.batch * a.seq / wall : 0;
+  fig.overlap_efficiency = wall > 0 ? std::max(busy_cpu, busy_disk) / wall : 0;
+  strata_stats_t st = STRATA_STATS_INIT;
+  strata_engine_stats(e, &st);
+  PrintSummary(fig, st);
+  if (a.weights_hash) std::printf("strata-train weights_hash=%016llx\n", static_cast<unsigned long long>(WeightsHash(e)));
+  std::printf("strata-train first_loss=%.4f last_loss=%.4f state_to_device_budget=%.2f overlap_efficiency=%.2f tokens_per_s=%.0f\n",
+              fig.first_loss, fig.last_loss,
+              st.device.budget ? static_cast<double>(fig.state_bytes) / static_cast<double>(st.device.budget) : 0.0,
+              fig.overlap_efficiency, fig.tokens_per_s);
+  return 0;
+}
+
+}  // namespace
+}  // namespace strata::train
+
+int main(int argc, char** argv) {
+  strata::train::Args a;
+  CLI::App app{"strata-train: train a GPT larger than the device budget through Strata's C API"};
+  std::string names;
+  for (const auto& p : strata::train::Presets()) names += std::string(names.empty() ? "" : ", ") + p.name;
+  app.add_option("--preset", a.preset, "model: " + names)->capture_default_str();
+  app.add_option("--steps", a.steps, "training steps")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app.add_option("--batch", a.batch, "sequences per step (default: the preset's)")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--seq", a.seq, "tokens per sequence (default: the preset's)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--lr", a.lr, "peak learning rate (warm-up, then cosine decay)")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "warm-up steps")->capture_default_str()->check(CLI::Range(1, 1 << 30));
+  app.add_option("--seed", a.seed, "seed of the data, the initialization and the sampler")->capture_default_str();
+  app.add_option("--data", a.data, "a text file (bytes are tokens); default: the built-in corpus");
+  app.add_option("--device-budget", a.device_budget, "device tier budget")->capture_default_str();
+  app.add_option("--host-budget", a.host_budget, "host tier budget")->capture_default_str();
+  app.add_option("--nvme", a.nvme, "swap folder (default: a fresh one under /var/tmp)");
+  app.add_flag("--resident", a.resident, "keep every state resident (no offload, automatic budgets)");
+  app.add_flag("--fp16", a.fp16, "fp16 with dynamic loss scaling instead of bf16");
+  app.add_option("--config", a.config, "a ds_config.json merged over the built-in config");
+  app.add_option("--trace", a.trace, "write a Chrome trace (Perfetto) here");
+  app.add_option("--save", a.save, "checkpoint folder");
+  app.add_option("--save-every", a.save_every, "checkpoint every N steps")->check(CLI::Range(0, 1 << 30));
+  app.add_option("--resume", a.resume, "resume from the latest checkpoint in this folder");
+  app.add_option("--print-every", a.print_every, "log every N steps when not on a terminal")->capture_default_str();
+  app.add_flag("--weights-hash", a.weights_hash, "print a hash of the final master weights");
+  app.add_flag("--log-losses", a.log_losses, "print every step's loss in full precision");
+  CLI11_PARSE(app, argc, argv);
+  return strata::train::Run(a);
+}
