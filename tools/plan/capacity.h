@@ -1,0 +1,60 @@
+// Capacity: bytes per rank in each tier for each state, under the engine's
+// homes (P per offload_param; W, M, V per offload_optimizer; G in compute
+// dtype on the device when the optimizer is, else the fp32 accumulator beside
+// W) and the ZeRO stage's division (1: W, M, V; 2: + G; 3: + P), plus the
+// activations, the device's working buffers and the pinned staging buffers.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "tiers/tier.h"
+#include "tools/plan/cluster.h"
+#include "tools/plan/model.h"
+
+namespace strata::plan {
+
+enum class PlanState : int { kP, kG, kW, kM, kV, kActivations, kWork, kStaging };
+inline constexpr int kNumPlanStates = 8;
+inline constexpr int kNumTiers = 3;  // TierKind: device, host, nvme
+const char* PlanStateName(PlanState s);         // "P", "G", "W", "M", "V", "act", "work", "staging"
+const char* PlanStateDescription(PlanState s);  // one line for tables and legends
+
+// The sizes a schedule needs, from the engine's own Partition (groups padded
+// to world_size x 2048 elements and cut into world_size shards).
+struct Layout {
+  int world_size = 1;
+  uint64_t full_numel = 0;     // sum of the groups, unpadded (what a replica holds)
+  uint64_t shard_numel = 0;    // sum of one rank's shards
+  uint64_t largest_group = 0;  // elements
+  uint64_t largest_shard = 0;  // elements
+  std::vector<uint64_t> group_numel, group_shard;  // per group
+};
+Result<Layout> MakeLayout(const ModelSpec& model, int world_size);
+
+struct Capacity {
+  std::array<std::array<uint64_t, kNumTiers>, kNumPlanStates> bytes{};  // [state][tier], per rank
+  std::array<uint64_t, kNumTiers> capacity{};  // per rank: usable device, host / ranks, NVMe / ranks
+  uint64_t Used(TierKind t) const;
+  // P + G + W + M + V in a tier: the ZeRO paper's "model states".
+  uint64_t ModelStates(TierKind t) const;
+  bool Fits(TierKind t) const { return Used(t) <= capacity[static_cast<int>(t)]; }
+  bool Fits() const { return Fits(TierKind::kDevice) && Fits(TierKind::kHost) && Fits(TierKind::kNvme); }
+  std::vector<std::string> Problems() const;  // "host: 16.0 TiB needed per rank, 86 GiB available"
+};
+
+// Where each state lives, from a config.
+struct Homes {
+  TierKind p, g, opt;  // opt: W, M, V
+  bool gpu_optimizer;  // the update runs on the device (optimizer state there, with a GPU)
+};
+Homes HomesOf(const Config& config, const ClusterSpec& cluster);
+
+Result<Capacity> ComputeCapacity(const ModelSpec& model, const ClusterSpec& cluster, const Config& config);
+Capacity ComputeCapacity(const ModelSpec& model, const Layout& layout, const ClusterSpec& cluster,
+                         const Config& config);
+
+}  // namespace strata::plan

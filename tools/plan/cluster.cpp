@@ -1,0 +1,176 @@
+// Cluster presets and their JSON form. Preset figures are vendor datasheet
+// numbers, discounted to what a transfer of large blocks reaches.
+#include "tools/plan/cluster.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "base/align.h"
+#include "base/sizes.h"
+
+namespace strata::plan {
+
+namespace {
+
+constexpr double kG = 1e9;
+
+ClusterSpec Dgx2() {  // 16x V100 32 GB, NVSwitch, 1.5 TB, 8x 3.84 TB NVMe (ZeRO-Infinity's test node)
+  ClusterSpec c;
+  c.name = "dgx2";
+  c.gpus_per_node = 16;
+  c.device_bytes = 32 * kGiB;
+  c.host_bytes = 1536 * kGiB;
+  c.nvme_drives = 8;
+  c.nvme_drive_bytes = 3'840'000'000'000ull;
+  c.nvme_read_Bps = 3.2 * kG;
+  c.nvme_write_Bps = 2.2 * kG;
+  c.pcie_Bps = 12 * kG;
+  c.intra_node_Bps = 120 * kG;
+  c.network_Bps = 100 * kG;  // 8x 100 Gb/s InfiniBand
+  c.gpu_flops = 125e12;
+  c.device_mem_Bps = 900 * kG;
+  c.cpu_adam_eps = 2.0e9;  // 2x 24-core Xeon 8168
+  c.host_mem_Bps = 150 * kG;
+  c.checksum_Bps = 200 * kG;
+  return c;
+}
+
+ClusterSpec DgxA100() {  // 8x A100 80 GB, 2 TB, 8x 3.84 TB NVMe gen4, 8x 200 Gb/s
+  ClusterSpec c = Dgx2();
+  c.name = "dgx-a100";
+  c.gpus_per_node = 8;
+  c.device_bytes = 80 * kGiB;
+  c.host_bytes = 2048 * kGiB;
+  c.nvme_read_Bps = 6.0 * kG;
+  c.nvme_write_Bps = 3.5 * kG;
+  c.pcie_Bps = 24 * kG;
+  c.intra_node_Bps = 240 * kG;
+  c.network_Bps = 200 * kG;
+  c.gpu_flops = 312e12;
+  c.device_mem_Bps = 2000 * kG;
+  c.cpu_adam_eps = 4.0e9;  // 2x 64-core EPYC 7742
+  c.host_mem_Bps = 300 * kG;
+  c.checksum_Bps = 400 * kG;
+  return c;
+}
+
+ClusterSpec DgxH100() {  // 8x H100 80 GB, 2 TB, 8x 3.84 TB NVMe gen4, 8x 400 Gb/s
+  ClusterSpec c = DgxA100();
+  c.name = "dgx-h100";
+  c.pcie_Bps = 50 * kG;
+  c.intra_node_Bps = 400 * kG;
+  c.network_Bps = 400 * kG;
+  c.gpu_flops = 989e12;
+  c.device_mem_Bps = 3350 * kG;
+  c.cpu_adam_eps = 5.0e9;  // 2x 56-core Xeon 8480C
+  return c;
+}
+
+// This machine, with nominal rates; --calibrate measures the real ones.
+ClusterSpec Local() {
+  ClusterSpec c;
+  c.name = "local";
+  c.has_gpu = false;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  c.host_bytes = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 16 * kGiB;
+  c.device_bytes = c.host_bytes / 4;  // the engine's host-arena default
+  c.nvme_drives = 1;
+  c.nvme_drive_bytes = 256 * kGiB;
+  c.nvme_read_Bps = 1 * kG;
+  c.nvme_write_Bps = 1 * kG;
+  c.pcie_Bps = 10 * kG;
+  c.intra_node_Bps = 10 * kG;
+  c.network_Bps = 10 * kG;
+  c.gpu_flops = 1e11;
+  c.device_mem_Bps = 10 * kG;
+  const double cores = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  c.cpu_adam_eps = 2e8 * cores;
+  c.host_mem_Bps = 5 * kG * cores;
+  c.checksum_Bps = 8 * kG * cores;
+  return c;
+}
+
+Result<double> Number(const nlohmann::json& v, const std::string& key) {
+  if (v.is_number()) return v.get<double>();
+  if (v.is_string()) {
+    auto b = ParseByteSize(v.get<std::string>());
+    if (!b.ok()) return b.status().WithContext("cluster." + key);
+    return static_cast<double>(*b);
+  }
+  return ConfigError("cluster." + key + ": expected a number or a size such as \"32GB\"");
+}
+
+}  // namespace
+
+double ClusterSpec::RankCollectiveBps() const {
+  if (nodes <= 1) return intra_node_Bps;
+  return std::min(intra_node_Bps, network_Bps / gpus_per_node);
+}
+
+Result<ClusterSpec> PresetCluster(const std::string& name) {
+  if (name == "dgx2") return Dgx2();
+  if (name == "dgx-a100") return DgxA100();
+  if (name == "dgx-h100") return DgxH100();
+  if (name == "local") return Local();
+  return InvalidError("cluster '" + name + "': not a preset (dgx2, dgx-a100, dgx-h100, local) nor a JSON file");
+}
+
+Result<ClusterSpec> ParseClusterJson(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return ConfigError("cluster: not a JSON object");
+  ClusterSpec c;
+  STRATA_ASSIGN_OR_RETURN(c, PresetCluster(j.value("preset", std::string("local"))));
+  struct Field { const char* key; double scale; std::function<void(ClusterSpec&, double)> set; };
+  const Field fields[] = {
+      {"nodes", 1, [](ClusterSpec& s, double v) { s.nodes = static_cast<uint32_t>(v); }},
+      {"gpus_per_node", 1, [](ClusterSpec& s, double v) { s.gpus_per_node = static_cast<uint32_t>(v); }},
+      {"device_memory", 1, [](ClusterSpec& s, double v) { s.device_bytes = static_cast<uint64_t>(v); }},
+      {"host_memory", 1, [](ClusterSpec& s, double v) { s.host_bytes = static_cast<uint64_t>(v); }},
+      {"nvme_drives", 1, [](ClusterSpec& s, double v) { s.nvme_drives = static_cast<uint32_t>(v); }},
+      {"nvme_drive_capacity", 1, [](ClusterSpec& s, double v) { s.nvme_drive_bytes = static_cast<uint64_t>(v); }},
+      {"nvme_read", 1, [](ClusterSpec& s, double v) { s.nvme_read_Bps = v; }},
+      {"nvme_write", 1, [](ClusterSpec& s, double v) { s.nvme_write_Bps = v; }},
+      {"pcie", 1, [](ClusterSpec& s, double v) { s.pcie_Bps = v; }},
+      {"intra_node", 1, [](ClusterSpec& s, double v) { s.intra_node_Bps = v; }},
+      {"network", 1, [](ClusterSpec& s, double v) { s.network_Bps = v; }},
+      {"gpu_tflops", 1e12, [](ClusterSpec& s, double v) { s.gpu_flops = v; }},
+      {"gpu_efficiency", 1, [](ClusterSpec& s, double v) { s.gpu_efficiency = v; }},
+      {"device_mem_bw", 1, [](ClusterSpec& s, double v) { s.device_mem_Bps = v; }},
+      {"cpu_adam_rate", 1, [](ClusterSpec& s, double v) { s.cpu_adam_eps = v; }},
+      {"host_mem_bw", 1, [](ClusterSpec& s, double v) { s.host_mem_Bps = v; }},
+      {"checksum_rate", 1, [](ClusterSpec& s, double v) { s.checksum_Bps = v; }},
+  };
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "preset" || k == "comment") continue;
+    if (k == "name") { c.name = it->get<std::string>(); continue; }
+    if (k == "has_gpu") { c.has_gpu = it->get<bool>(); continue; }
+    auto f = std::find_if(std::begin(fields), std::end(fields), [&](const Field& x) { return k == x.key; });
+    if (f == std::end(fields)) return ConfigError("cluster." + k + ": unknown key");
+    STRATA_ASSIGN_OR_RETURN(double v, Number(*it, k));
+    if (v < 0) return ConfigError("cluster." + k + ": negative");
+    f->set(c, v * f->scale);
+  }
+  if (c.nodes == 0 || c.gpus_per_node == 0) return ConfigError("cluster: nodes and gpus_per_node must be at least 1");
+  if (c.gpu_efficiency <= 0 || c.gpu_efficiency > 1) return ConfigError("cluster.gpu_efficiency: not in (0, 1]");
+  return c;
+}
+
+Result<ClusterSpec> ResolveCluster(const std::string& name_or_path) {
+  if (name_or_path.find('/') == std::string::npos && !name_or_path.ends_with(".json"))
+    return PresetCluster(name_or_path);
+  std::ifstream f(name_or_path);
+  if (!f) return IoError("cluster file " + name_or_path + ": cannot be opened");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto c = ParseClusterJson(ss.str());
+  if (!c.ok()) return c.status().WithContext(name_or_path);
+  return c;
+}
+
+}  // namespace strata::plan

@@ -1,0 +1,58 @@
+// The cluster a plan is made for: nodes of GPUs with device memory, host
+// memory, NVMe drives, and the rates of every link and processor the step
+// uses. From a preset ("dgx2", "dgx-a100", "dgx-h100", "local") or from a
+// JSON file of the same keys (what --calibrate writes is such a file).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+
+namespace strata::plan {
+
+struct ClusterSpec {
+  std::string name;
+  uint32_t nodes = 1;
+  uint32_t gpus_per_node = 1;  // ranks per node
+  bool has_gpu = true;         // false: the device tier is a host arena (a machine without a GPU)
+  uint64_t device_bytes = 0;   // per GPU
+  uint64_t host_bytes = 0;     // per node
+  uint32_t nvme_drives = 0;    // per node
+  uint64_t nvme_drive_bytes = 0;
+  double nvme_read_Bps = 0;    // per drive
+  double nvme_write_Bps = 0;   // per drive
+  double pcie_Bps = 0;         // per GPU, each direction
+  double intra_node_Bps = 0;   // per GPU, collectives within a node (NVLink / NVSwitch)
+  double network_Bps = 0;      // per node, collectives between nodes
+  double gpu_flops = 0;        // per GPU, peak 16-bit
+  double gpu_efficiency = 0.4; // fraction of peak a layer's matmuls reach
+  double device_mem_Bps = 0;   // per GPU (HBM), for an optimizer step on the device
+  double cpu_adam_eps = 0;     // per node, elements per second of the CPU Adam (all cores)
+  double host_mem_Bps = 0;     // per node, memcpy-like streams (gradient accumulation)
+  double checksum_Bps = 0;     // per node, XXH3 over swap blocks (all cores)
+
+  uint32_t world_size() const { return nodes * gpus_per_node; }
+  uint64_t nvme_bytes() const { return nvme_drive_bytes * nvme_drives; }
+  // Per-rank shares of what a node's ranks share.
+  double RankNvmeRead() const { return nvme_read_Bps * nvme_drives / gpus_per_node; }
+  double RankNvmeWrite() const { return nvme_write_Bps * nvme_drives / gpus_per_node; }
+  double RankAdamEps() const { return cpu_adam_eps / gpus_per_node; }
+  double RankHostMem() const { return host_mem_Bps / gpus_per_node; }
+  double RankChecksum() const { return checksum_Bps / gpus_per_node; }
+  // Bandwidth of one rank in a ring collective: NVLink inside a node, the
+  // node's network share across nodes.
+  double RankCollectiveBps() const;
+};
+
+Result<ClusterSpec> PresetCluster(const std::string& name);
+// JSON keys: preset, name, nodes, gpus_per_node, has_gpu, device_memory,
+// host_memory, nvme_drives, nvme_drive_capacity (sizes as numbers of bytes or
+// "32GB"-style strings), nvme_read, nvme_write, pcie, intra_node, network,
+// device_mem_bw, host_mem_bw, checksum_rate (bytes per second, numbers or
+// "12GB"), gpu_tflops, gpu_efficiency, cpu_adam_rate (elements per second).
+Result<ClusterSpec> ParseClusterJson(const std::string& text);
+// A preset name, or a path to a JSON file.
+Result<ClusterSpec> ResolveCluster(const std::string& name_or_path);
+
+}  // namespace strata::plan

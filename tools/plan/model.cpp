@@ -1,0 +1,171 @@
+// Model input: the preset table, JSON parsing and the activation estimate.
+#include "tools/plan/model.h"
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace strata::plan {
+
+namespace {
+constexpr uint64_t kVocab = 256;  // byte-level, as strata-train's tokenizer
+}  // namespace
+
+uint64_t ModelSpec::total_numel() const {
+  uint64_t n = 0;
+  for (const auto& g : groups) n += g.numel;
+  return n;
+}
+
+uint64_t ModelSpec::largest_group_numel() const {
+  uint64_t n = 0;
+  for (const auto& g : groups) n = std::max(n, g.numel);
+  return n;
+}
+
+double ModelSpec::ForwardFlops(const GroupSpec& g) const {
+  const double tokens = static_cast<double>(seq) * static_cast<double>(micro_batch);
+  double f = 2.0 * static_cast<double>(g.numel) * tokens;
+  if (g.attention) f += 4.0 * tokens * static_cast<double>(seq) * static_cast<double>(hidden);
+  return f;
+}
+
+const std::vector<PresetInfo>& Presets() {
+  // name, layers, hidden, heads, context. "1t" is ZeRO-Infinity's 1T shape.
+  static const std::vector<PresetInfo> kPresets = {
+      {"tiny", 2, 128, 4, 256},         {"gpt2", 12, 768, 12, 1024},     {"gpt2-medium", 24, 1024, 16, 1024},
+      {"gpt2-large", 36, 1280, 20, 1024}, {"gpt2-xl", 48, 1600, 25, 1024}, {"2.7b", 32, 2560, 32, 2048},
+      {"6.7b", 32, 4096, 32, 2048},     {"13b", 40, 5120, 40, 2048},     {"175b", 96, 12288, 96, 2048},
+      {"1t", 128, 25600, 160, 1024},
+  };
+  return kPresets;
+}
+
+ModelSpec GptModel(const std::string& name, uint64_t layers, uint64_t hidden, uint64_t heads, uint64_t context) {
+  ModelSpec m;
+  m.name = name;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads ? heads : std::max<uint64_t>(1, hidden / 128);
+  m.seq = context;
+  const uint64_t c = hidden;
+  m.groups.push_back({"embed", kVocab * c + context * c, false});  // token + position (head tied)
+  for (uint64_t l = 0; l < layers; ++l) {
+    const std::string p = "h" + std::to_string(l) + ".";
+    m.groups.push_back({p + "attn", 4 * c * c + 4 * c + 2 * c, true});  // ln1, qkv, proj
+    m.groups.push_back({p + "mlp_fc", 4 * c * c + 4 * c + 2 * c, false});  // ln2, fc
+    m.groups.push_back({p + "mlp_proj", 4 * c * c + c, false});
+  }
+  m.groups.push_back({"ln_f", 2 * c, false});
+  return m;
+}
+
+Result<ModelSpec> PresetModel(const std::string& name) {
+  for (const auto& p : Presets())
+    if (name == p.name) return GptModel(p.name, p.layers, p.hidden, p.heads, p.context);
+  std::string all;
+  for (const auto& p : Presets()) all += std::string(all.empty() ? "" : ", ") + p.name;
+  return InvalidError("model '" + name + "': not a preset (" + all + ") nor a JSON file");
+}
+
+namespace {
+
+template <typename T>
+Status Read(const nlohmann::json& j, const char* key, T* out) {
+  if (!j.contains(key)) return Status::Ok();
+  const auto& v = j.at(key);
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return ConfigError(std::string("model.") + key + ": expected true or false");
+  } else if (!v.is_number_unsigned() && !(v.is_number() && v.get<double>() >= 0)) {
+    return ConfigError(std::string("model.") + key + ": expected a non-negative number");
+  }
+  *out = v.get<T>();
+  return Status::Ok();
+}
+
+Status ReadGroups(const nlohmann::json& j, ModelSpec* m) {
+  if (!j.is_array()) return ConfigError("model.groups: expected a list of {\"name\", \"numel\"}");
+  for (size_t i = 0; i < j.size(); ++i) {
+    const auto& g = j[i];
+    const std::string at = "model.groups[" + std::to_string(i) + "]";
+    if (!g.is_object() || !g.contains("numel") || !g["numel"].is_number() || g["numel"].get<double>() < 1)
+      return ConfigError(at + ".numel: required, a positive element count");
+    GroupSpec s;
+    s.name = g.value("name", "group" + std::to_string(i));
+    s.numel = static_cast<uint64_t>(g["numel"].get<double>());
+    s.attention = g.value("attention", false);
+    m->groups.push_back(std::move(s));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ModelSpec> ParseModelJson(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return ConfigError("model: not a JSON object");
+  static const char* kKeys[] = {"name", "groups", "hidden", "layers", "heads", "seq", "context",
+                                "micro_batch", "grad_accum", "checkpointing", "preset"};
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return it.key() == k; }) ==
+        std::end(kKeys))
+      return ConfigError("model." + it.key() + ": unknown key");
+  ModelSpec m;
+  if (j.contains("preset")) {
+    STRATA_ASSIGN_OR_RETURN(m, PresetModel(j["preset"].get<std::string>()));
+  } else if (!j.contains("groups")) {
+    uint64_t layers = 0, hidden = 0, heads = 0, context = 1024;
+    STRATA_RETURN_IF_ERROR(Read(j, "layers", &layers));
+    STRATA_RETURN_IF_ERROR(Read(j, "hidden", &hidden));
+    STRATA_RETURN_IF_ERROR(Read(j, "heads", &heads));
+    STRATA_RETURN_IF_ERROR(Read(j, "context", &context));
+    if (layers == 0 || hidden == 0) return ConfigError("model: give \"groups\", a \"preset\", or \"layers\" and \"hidden\"");
+    m = GptModel("custom", layers, hidden, heads, context);
+  }
+  if (j.contains("groups")) {
+    m.groups.clear();
+    STRATA_RETURN_IF_ERROR(ReadGroups(j["groups"], &m));
+  }
+  m.name = j.value("name", m.name.empty() ? std::string("custom") : m.name);
+  STRATA_RETURN_IF_ERROR(Read(j, "hidden", &m.hidden));
+  STRATA_RETURN_IF_ERROR(Read(j, "layers", &m.layers));
+  STRATA_RETURN_IF_ERROR(Read(j, "heads", &m.heads));
+  STRATA_RETURN_IF_ERROR(Read(j, "seq", &m.seq));
+  STRATA_RETURN_IF_ERROR(Read(j, "micro_batch", &m.micro_batch));
+  STRATA_RETURN_IF_ERROR(Read(j, "grad_accum", &m.grad_accum));
+  STRATA_RETURN_IF_ERROR(Read(j, "checkpointing", &m.checkpointing));
+  if (m.groups.empty()) return ConfigError("model.groups: empty");
+  if (m.micro_batch == 0 || m.seq == 0 || m.grad_accum == 0)
+    return ConfigError("model: seq, micro_batch and grad_accum must be at least 1");
+  return m;
+}
+
+Result<ModelSpec> LoadModelFile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return IoError("model file " + path + ": cannot be opened");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto m = ParseModelJson(ss.str());
+  if (!m.ok()) return m.status().WithContext(path);
+  return m;
+}
+
+Result<ModelSpec> ResolveModel(const std::string& name_or_path) {
+  if (name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".json"))
+    return LoadModelFile(name_or_path);
+  return PresetModel(name_or_path);
+}
+
+uint64_t ActivationBytes(const ModelSpec& m) {
+  if (m.hidden == 0 || m.layers == 0) return 0;  // a group list without shape: no estimate
+  const double s = static_cast<double>(m.seq), b = static_cast<double>(m.micro_batch);
+  const double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads ? m.heads : 1);
+  const double layer = s * b * h * (34.0 + 5.0 * a * s / h);
+  const double logits = s * b * static_cast<double>(kVocab) * 4.0;  // fp32 logits and their gradient
+  const double total = m.checkpointing ? static_cast<double>(m.layers) * 2.0 * s * b * h + layer
+                                       : static_cast<double>(m.layers) * layer;
+  return static_cast<uint64_t>(total + 2.0 * logits);
+}
+
+}  // namespace strata::plan

@@ -1,0 +1,41 @@
+// --auto: every placement the engine supports (stage 0-3; P on the device,
+// host or NVMe in stage 3; W, M, V on the device, host or NVMe; the
+// overlapped step when the config allows it), sized and, where it fits,
+// simulated; the fastest predicted step wins, ties going to the simpler
+// placement (enumerated first).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "tools/plan/capacity.h"
+#include "tools/plan/simulator.h"
+
+namespace strata::plan {
+
+struct Candidate {
+  Config config;
+  bool overlap_step = false;
+  Capacity capacity;
+  bool simulated = false;
+  SimResult sim;
+  std::string Label() const;  // "stage 3, P nvme, W/M/V nvme, overlap"
+};
+
+struct AutoPlan {
+  std::vector<Candidate> candidates;
+  int best = -1;  // index into candidates; -1 when nothing fits
+};
+
+// `nvme_path`: the swap folder written into configs that put state on NVMe
+// (kept from the base config when it names one).
+Result<AutoPlan> PlanAuto(const ModelSpec& model, const ClusterSpec& cluster, const Config& base,
+                          const std::string& nvme_path);
+
+// The config with the placement applied and the facts the engine checks at
+// build (param swap buffers of a whole group, the host budget per rank).
+Config WithPlacement(const Config& base, int stage, OffloadDevice param, OffloadDevice optimizer,
+                     const std::string& nvme_path, const Layout& layout, const Capacity* capacity);
+
+}  // namespace strata::plan

@@ -1,0 +1,367 @@
+// One step of the engine's schedule against the cost model. Each resource is
+// a timeline that serves one transfer at a time at its full rate; work is
+// booked into the earliest gap at or after it is ready, so that the caller,
+// the prefetch thread and the overlapped-step thread share the resources the
+// way their requests interleave. Threads are serial chains, as in the engine.
+#include "tools/plan/simulator.h"
+
+#include <algorithm>
+#include <deque>
+#include <iterator>
+#include <limits>
+#include <vector>
+
+#include "engine/prefetch.h"
+
+namespace strata::plan {
+
+namespace {
+
+// Busy intervals of one resource, sorted and disjoint.
+class Timeline {
+ public:
+  // Books `dur` seconds in the first gap that starts at or after `ready`;
+  // returns the end.
+  double Book(double ready, double dur) {
+    if (dur <= 0) return ready;
+    busy_ += dur;
+    auto it = std::lower_bound(iv_.begin(), iv_.end(), ready, [](const Interval& a, double t) { return a.end <= t; });
+    double start = ready;
+    for (; it != iv_.end() && start + dur > it->start; ++it) start = std::max(start, it->end);
+    const double end = start + dur;
+    // Merge with touching neighbours so that a backlogged resource stays one interval.
+    const bool joins_prev = it != iv_.begin() && std::prev(it)->end == start;
+    const bool joins_next = it != iv_.end() && it->start == end;
+    if (joins_prev && joins_next) {
+      std::prev(it)->end = it->end;
+      iv_.erase(it);
+    } else if (joins_prev) {
+      std::prev(it)->end = end;
+    } else if (joins_next) {
+      it->start = start;
+    } else {
+      iv_.insert(it, {start, end});
+    }
+    return end;
+  }
+  double busy() const { return busy_; }
+
+ private:
+  struct Interval { double start, end; };
+  std::vector<Interval> iv_;
+  double busy_ = 0;
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+class StepSim {
+ public:
+  StepSim(const ModelSpec& m, const Layout& l, const Capacity& cap, const ClusterSpec& c, const Config& cfg,
+          const SimOptions& o)
+      : m_(m), l_(l), c_(c), cfg_(cfg), o_(o), h_(HomesOf(cfg, c)) {
+    n_ = static_cast<int>(l.group_numel.size());
+    world_ = static_cast<double>(l.world_size);
+    dp_ = static_cast<double>(DTypeSize(cfg.compute_dtype()));
+    adam_ = cfg.optimizer.type == "adam" || cfg.optimizer.type == "adamw";
+    fetched_ = h_.p != TierKind::kDevice || (cfg.zero.stage >= 3 && l.world_size > 1);
+    cks_ = cfg.strata.checksums ? c.RankChecksum() : kInf;
+    // The device's room for P copies: its capacity less everything else resident.
+    const auto dev = static_cast<size_t>(TierKind::kDevice);
+    uint64_t other = cap.Used(TierKind::kDevice) - cap.bytes[static_cast<size_t>(PlanState::kWork)][dev];
+    other += l.largest_group * static_cast<uint64_t>(dp_);  // the trainer's gradient of one group
+    const uint64_t room = cap.capacity[dev] > other ? cap.capacity[dev] - other : 0;
+    room_ = std::max<double>(static_cast<double>(room), static_cast<double>(l.largest_group) * dp_);
+    state_.assign(static_cast<size_t>(n_), kAbsent);
+    ready_.assign(static_cast<size_t>(n_), 0);
+    grads_.assign(static_cast<size_t>(n_), 0);
+  }
+
+  SimResult Run() {
+    double t = 0;
+    if (!o_.optimizer_only) t = ForwardBackward();
+    else std::fill(grads_.begin(), grads_.end(), 1);
+    r_.forward_backward_s = t;
+    double end = t;
+    if (o_.overlap_step && !o_.optimizer_only) {
+      end = std::max(t, overlap_free_);
+    } else {
+      std::vector<int> order(static_cast<size_t>(n_));
+      for (int g = 0; g < n_; ++g) order[static_cast<size_t>(g)] = g;
+      end = Optimizer(order, t);
+    }
+    r_.step_s = end;
+    r_.optimizer_s = end - t;
+    for (int i = 0; i < kNumSimResources; ++i) r_.busy_s[static_cast<size_t>(i)] = res_[i].busy();
+    r_.bound = SimResource(std::max_element(r_.busy_s.begin(), r_.busy_s.end()) - r_.busy_s.begin());
+    return r_;
+  }
+
+ private:
+  enum CopyState : uint8_t { kAbsent, kLoaded };  // kLoaded: resident once ready_ has passed
+
+  Timeline& R(SimResource r) { return res_[static_cast<int>(r)]; }
+  double Numel(int g) const { return static_cast<double>(l_.group_numel[static_cast<size_t>(g)]); }
+  double Shard(int g) const { return static_cast<double>(l_.group_shard[static_cast<size_t>(g)]); }
+  // Elements of g that this rank's optimizer owns (stage >= 1 partitions them).
+  double OptNumel(int g) const { return cfg_.zero.stage >= 1 ? Shard(g) : Numel(g); }
+  double PHomeNumel(int g) const { return cfg_.zero.stage >= 3 ? Shard(g) : Numel(g); }
+  double CopyBytes(int g) const { return Numel(g) * dp_; }  // a gathered group on the device
+
+  double DiskRead(double t, double bytes) {
+    r_.disk_read_bytes += static_cast<uint64_t>(bytes);
+    return R(SimResource::kDisk).Book(t, bytes / c_.RankNvmeRead());
+  }
+  double DiskWrite(double t, double bytes) {
+    r_.disk_write_bytes += static_cast<uint64_t>(bytes);
+    return R(SimResource::kDisk).Book(t, bytes / c_.RankNvmeWrite());
+  }
+  double Pcie(double t, double bytes) {
+    r_.pcie_bytes += static_cast<uint64_t>(bytes);
+    return R(SimResource::kPcie).Book(t, bytes / c_.pcie_Bps);
+  }
+  double Net(double t, double bytes) {
+    r_.network_bytes += static_cast<uint64_t>(bytes);
+    return R(SimResource::kNetwork).Book(t, bytes / c_.RankCollectiveBps());
+  }
+  double Cpu(double t, double secs) { return R(SimResource::kCpu).Book(t, secs); }
+  double Checksum(double t, double bytes) { return Cpu(t, bytes / cks_); }
+
+  // LoadDeviceCopy (+ the stage-3 all-gather): home -> host -> device, serial.
+  double LoadChain(int g, double t) {
+    const double pb = PHomeNumel(g) * dp_;
+    if (h_.p == TierKind::kNvme) t = Checksum(DiskRead(t, pb), pb);
+    if (h_.p != TierKind::kDevice) {
+      if (c_.has_gpu) t = Pcie(t, pb);
+      else if (h_.p == TierKind::kHost) t = Cpu(t, pb / c_.RankHostMem());
+    }
+    if (cfg_.zero.stage >= 3 && l_.world_size > 1) t = Net(t, Numel(g) * dp_ * (world_ - 1) / world_);
+    return t;
+  }
+
+  bool Resident(int h, double now) const { return state_[static_cast<size_t>(h)] == kLoaded && ready_[static_cast<size_t>(h)] <= now; }
+  void Evict(int h) {
+    state_[static_cast<size_t>(h)] = kAbsent;
+    used_ -= CopyBytes(h);
+    loaded_.erase(std::find(loaded_.begin(), loaded_.end(), h));
+    ++r_.evictions;
+  }
+
+  // AllocateDeviceCopy: room for g, evicting the resident copy used farthest
+  // ahead. Returns when the room is there, or -1 when a prefetch gives up.
+  double Allocate(int g, double now, bool demand) {
+    for (;;) {
+      if (used_ + CopyBytes(g) <= room_) {
+        used_ += CopyBytes(g);
+        return now;
+      }
+      int victim = -1;
+      uint64_t best = 0;
+      double next_ready = kInf;
+      for (int h : loaded_) {
+        if (h == g || h == pinned_ || state_[static_cast<size_t>(h)] != kLoaded) continue;
+        if (!Resident(h, now)) { next_ready = std::min(next_ready, ready_[static_cast<size_t>(h)]); continue; }
+        const uint64_t score = sched_.NextUse(h);
+        if (victim < 0 || score > best) { victim = h; best = score; }
+      }
+      if (victim >= 0 && (demand || best > sched_.NextUse(g))) { Evict(victim); continue; }
+      if (!demand) return -1;
+      if (next_ready < kInf) { now = next_ready; continue; }  // a load in flight becomes evictable
+      used_ += CopyBytes(g);  // does not fit: the capacity report says so; go on over budget
+      return now;
+    }
+  }
+
+  void Track(int g) {
+    if (std::find(loaded_.begin(), loaded_.end(), g) == loaded_.end()) loaded_.push_back(g);
+  }
+
+  // The prefetch thread: takes queued groups in order while it would have
+  // started them by `until`.
+  void RunPrefetcher(double until) {
+    while (!queue_.empty()) {
+      auto [h, enq] = queue_.front();
+      const double start = std::max(prefetch_free_, enq);
+      if (start > until) return;
+      queue_.pop_front();
+      if (state_[static_cast<size_t>(h)] != kAbsent) continue;
+      if (Allocate(h, start, /*demand=*/false) < 0) continue;  // no room now: a fetch will load it
+      state_[static_cast<size_t>(h)] = kLoaded;
+      Track(h);
+      ready_[static_cast<size_t>(h)] = prefetch_free_ = LoadChain(h, start);
+    }
+  }
+
+  void Enqueue(const std::vector<int>& groups, double t) {
+    for (int g : groups)
+      if (state_[static_cast<size_t>(g)] == kAbsent &&
+          std::none_of(queue_.begin(), queue_.end(), [&](const auto& q) { return q.first == g; }))
+        queue_.emplace_back(g, t);
+  }
+
+  std::vector<int> Ahead() {
+    const uint64_t window = cfg_.zero.prefetch_bucket_size * static_cast<uint64_t>(dp_);
+    return sched_.Ahead(window, [&](int h) { return static_cast<uint64_t>(Shard(h) * dp_); });
+  }
+
+  // Fetch(g) at time t: returns when the group's copy is on the device.
+  double Fetch(int g, double t) {
+    ++r_.fetches;
+    if (!fetched_) return t;
+    RunPrefetcher(t);
+    sched_.OnFetch(g);
+    auto q = std::find_if(queue_.begin(), queue_.end(), [&](const auto& e) { return e.first == g; });
+    const bool hit = state_[static_cast<size_t>(g)] != kAbsent || q != queue_.end();
+    if (q != queue_.end()) queue_.erase(q);
+    r_.prefetch_hits += hit;
+    double ready;
+    if (state_[static_cast<size_t>(g)] == kLoaded) {
+      ready = std::max(t, ready_[static_cast<size_t>(g)]);
+    } else {
+      const double at = Allocate(g, t, /*demand=*/true);
+      state_[static_cast<size_t>(g)] = kLoaded;
+      Track(g);
+      ready = ready_[static_cast<size_t>(g)] = LoadChain(g, at);
+    }
+    if (ready > t) { ++r_.stalls; r_.stall_s += ready - t; }
+    pinned_ = g;
+    Enqueue(Ahead(), ready);
+    return ready;
+  }
+
+  // Grads(g): reduce across ranks, copy this rank's part to the host, add it
+  // into the fp32 accumulator (and write that to NVMe when it lives there).
+  double Grads(int g, double t, bool first, bool last) {
+    if (l_.world_size > 1) {
+      const double ring = Numel(g) * dp_ * (world_ - 1) / world_;
+      t = Net(t, cfg_.zero.stage >= 2 ? ring : 2 * ring);
+    }
+    if (h_.gpu_optimizer) return t;
+    const double n = OptNumel(g);
+    if (c_.has_gpu) t = Pcie(t, n * dp_);
+    if (h_.g == TierKind::kNvme && !first) t = Checksum(DiskRead(t, n * 4), n * 4);
+    t = Cpu(t, n * (dp_ + 8) / c_.RankHostMem());  // cast or add, then the sum of squares
+    if (h_.g == TierKind::kNvme) t = DiskWrite(Checksum(t, n * 4), n * 4);
+    if (last) grads_[static_cast<size_t>(g)] = 1;
+    return t;
+  }
+
+  double ForwardBackward() {
+    std::vector<int> trace;
+    for (uint64_t mb = 0; mb < m_.grad_accum; ++mb) {
+      for (int g = 0; g < n_; ++g) trace.push_back(g);
+      for (int g = n_ - 1; g >= 0; --g) trace.push_back(g);
+    }
+    for (int g : trace) sched_.OnFetch(g);  // the recorded first step
+    sched_.OnStep();
+    if (fetched_) Enqueue(Ahead(), 0);  // the previous Step ends by prefetching the first groups
+    const double flops = c_.gpu_flops * c_.gpu_efficiency;
+    const double bwd = m_.checkpointing ? 3.0 : 2.0;
+    double t = 0;
+    for (uint64_t mb = 0; mb < m_.grad_accum; ++mb) {
+      for (int g = 0; g < n_; ++g) {
+        t = R(SimResource::kGpu).Book(Fetch(g, t), m_.ForwardFlops(m_.groups[static_cast<size_t>(g)]) / flops);
+        pinned_ = -1;
+      }
+      for (int g = n_ - 1; g >= 0; --g) {
+        t = R(SimResource::kGpu).Book(Fetch(g, t), bwd * m_.ForwardFlops(m_.groups[static_cast<size_t>(g)]) / flops);
+        pinned_ = -1;
+        const bool last = mb + 1 == m_.grad_accum;
+        t = Grads(g, t, mb == 0, last);
+        if (last && o_.overlap_step) overlap_free_ = Optimizer({g}, std::max(t, overlap_free_));
+      }
+    }
+    RunPrefetcher(t);  // Step waits for loads in flight and drops the rest
+    return std::max(t, prefetch_free_);
+  }
+
+  // States the step moves through a slot (not addressable by the CPU in place).
+  bool Staged(TierKind home) const { return home == TierKind::kNvme || (home == TierKind::kDevice && c_.has_gpu); }
+  double Load(TierKind home, double t, double bytes) {
+    return home == TierKind::kNvme ? DiskRead(t, bytes) : Pcie(t, bytes);
+  }
+  double Store(TierKind home, double t, double bytes) {
+    return home == TierKind::kNvme ? DiskWrite(Checksum(t, bytes), bytes) : Pcie(t, bytes);
+  }
+
+  // RunOptimizer: job i's loads start when its slot is free, up to K-2 ahead.
+  double Optimizer(const std::vector<int>& order, double t) {
+    const int n = static_cast<int>(order.size());
+    if (h_.gpu_optimizer) {  // W, M, V, G and P all on the device: one pass over HBM per group
+      for (int g : order) t = R(SimResource::kGpu).Book(t, OptNumel(g) * (28 + 2 * dp_) / c_.device_mem_Bps);
+      return t;
+    }
+    const int k = static_cast<int>(std::clamp<uint64_t>(cfg_.zero.offload_optimizer.buffer_count, 3, 16));
+    std::vector<double> loads(static_cast<size_t>(n), -1), stores(static_cast<size_t>(n), 0);
+    const int nopt = adam_ ? 3 : 2;
+    auto start_loads = [&](int i, double at) {
+      const int g = order[static_cast<size_t>(i)];
+      double done = at;
+      if (Staged(h_.opt))
+        for (int s = 0; s < nopt; ++s) done = std::max(done, Load(h_.opt, at, OptNumel(g) * 4));
+      if (Staged(h_.g) && grads_[static_cast<size_t>(g)]) done = std::max(done, Load(h_.g, at, OptNumel(g) * 4));
+      loads[static_cast<size_t>(i)] = done;
+    };
+    if (n > 0) start_loads(0, t);
+    for (int i = 0; i < n; ++i) {
+      const int g = order[static_cast<size_t>(i)];
+      const double len = OptNumel(g);
+      if (i + 2 - k >= 0) t = std::max(t, stores[static_cast<size_t>(i + 2 - k)]);
+      for (int a = i + 1; a <= std::min(i + k - 2, n - 1); ++a)
+        if (loads[static_cast<size_t>(a)] < 0) start_loads(a, t);
+      t = std::max(t, loads[static_cast<size_t>(i)]);
+      if (h_.opt == TierKind::kNvme) t = Checksum(t, len * 4 * nopt);
+      if (h_.g == TierKind::kNvme && grads_[static_cast<size_t>(g)]) t = Checksum(t, len * 4);
+      t = Cpu(t, len / c_.RankAdamEps());
+      double done = t;
+      if (Staged(h_.p)) done = std::max(done, Store(h_.p, t, len * dp_));
+      if (Staged(h_.opt))
+        for (int s = 0; s < nopt; ++s) done = std::max(done, Store(h_.opt, t, len * 4));
+      stores[static_cast<size_t>(i)] = done;
+    }
+    for (double s : stores) t = std::max(t, s);
+    return t;
+  }
+
+  const ModelSpec& m_;
+  const Layout& l_;
+  const ClusterSpec& c_;
+  const Config& cfg_;
+  const SimOptions o_;
+  const Homes h_;
+  int n_ = 0;
+  double world_ = 1, dp_ = 2, cks_ = kInf, room_ = 0, used_ = 0;
+  bool adam_ = true, fetched_ = false;
+  Timeline res_[kNumSimResources];
+  PrefetchSchedule sched_;
+  std::vector<CopyState> state_;
+  std::vector<double> ready_;
+  std::vector<uint8_t> grads_;
+  std::vector<int> loaded_;  // groups that have had a copy (the eviction scan's candidates)
+  std::deque<std::pair<int, double>> queue_;  // prefetch queue: group, time enqueued
+  double prefetch_free_ = 0, overlap_free_ = 0;
+  int pinned_ = -1;
+  SimResult r_;
+};
+
+}  // namespace
+
+const char* SimResourceName(SimResource r) {
+  static const char* kNames[] = {"gpu", "pcie", "network", "disk", "cpu"};
+  return kNames[static_cast<int>(r)];
+}
+
+SimResult Simulate(const ModelSpec& model, const Layout& layout, const Capacity& capacity,
+                   const ClusterSpec& cluster, const Config& config, const SimOptions& options) {
+  SimOptions o = options;
+  o.overlap_step = o.overlap_step && config.gradient_clipping == 0 && !config.fp16.enabled;
+  return StepSim(model, layout, capacity, cluster, config, o).Run();
+}
+
+Result<SimResult> Simulate(const ModelSpec& model, const ClusterSpec& cluster, const Config& config,
+                           const SimOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(Layout l, MakeLayout(model, static_cast<int>(cluster.world_size())));
+  const Capacity cap = ComputeCapacity(model, l, cluster, config);
+  return Simulate(model, l, cap, cluster, config, options);
+}
+
+}  // namespace strata::plan
