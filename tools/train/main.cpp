@@ -22,8 +22,8 @@ namespace {
 
 struct Args {
   std::string preset = "small", data, nvme, config, trace, save, resume;
-  std::string device_budget = "4MiB", host_budget = "256MiB";
-  int64_t steps = 120;
+  std::string device_budget = "2MiB", host_budget = "256MiB";
+  int64_t steps = 100;
   int batch = 0, seq = 0, print_every = 10, save_every = 0, warmup = 10;
   double lr = 3e-3, min_lr_frac = 0.1, weight_decay = 0.0, clip = 1.0;
   uint64_t seed = 1337;

@@ -7,7 +7,7 @@ const std::vector<Preset>& Presets() {
   // {vocab, context, channels, heads, layers}, batch, seq
   static const std::vector<Preset> kPresets = {
       {"tiny", {256, 64, 64, 4, 2}, 8, 64},
-      {"small", {256, 128, 192, 6, 4}, 8, 128},  // the README's default: ~1.8M parameters
+      {"small", {256, 128, 128, 4, 4}, 8, 128},  // the README default: ~0.84M parameters
       {"medium", {256, 256, 384, 6, 6}, 8, 128},
       {"gpt2", {256, 1024, 768, 12, 12}, 4, 256},
       {"gpt2-medium", {256, 1024, 1024, 16, 24}, 4, 256},
