@@ -1,0 +1,137 @@
+// strata-plan's capacity figures against the published accounting:
+// the ZeRO paper (Rajbhandari et al. 2020, mixed-precision Adam: 2 + 2 + 12
+// bytes per parameter, divided by N as each stage partitions), ZeRO-Offload
+// (Ren et al. 2021: fp16 P on the GPU, fp32 W, M, V and gradients = 16 bytes
+// on the CPU, partitioned) and ZeRO-Infinity (Rajbhandari et al. 2021: P and
+// optimizer state on NVMe; a 1T model on one DGX-2 only that way).
+#include <gtest/gtest.h>
+
+#include "tools/plan/capacity.h"
+#include "tools/plan/placement.h"
+
+namespace strata::plan {
+namespace {
+
+constexpr uint32_t kNodes = 8, kGpus = 8, kN = kNodes * kGpus;
+constexpr uint64_t kGroups = 24;
+constexpr uint64_t kGroupNumel = kN * 2048 * 100;  // shards exactly: no padding
+constexpr uint64_t kPsi = kGroups * kGroupNumel;
+
+ModelSpec Model() {
+  ModelSpec m;
+  m.name = "zero-check";
+  for (uint64_t g = 0; g < kGroups; ++g) m.groups.push_back({"g" + std::to_string(g), kGroupNumel, false});
+  return m;  // no shape: no activation estimate
+}
+
+ClusterSpec Cluster() {
+  ClusterSpec c = PresetCluster("dgx-a100").value();
+  c.nodes = kNodes;
+  c.gpus_per_node = kGpus;
+  return c;
+}
+
+Capacity Cap(int stage, const char* param, const char* optimizer) {
+  const std::string json = std::string(R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW"},
+    "zero_optimization": {"stage": )") + std::to_string(stage) + R"(, "offload_param": {"device": ")" + param +
+                           R"(", "nvme_path": "/nvme"}, "offload_optimizer": {"device": ")" + optimizer +
+                           R"(", "nvme_path": "/nvme"}}})";
+  auto cfg = ParseConfig(json);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto cap = ComputeCapacity(Model(), Cluster(), *cfg);
+  EXPECT_TRUE(cap.ok()) << cap.status().ToString();
+  return *cap;
+}
+
+uint64_t Dev(const Capacity& c) { return c.ModelStates(TierKind::kDevice); }
+uint64_t Host(const Capacity& c) { return c.ModelStates(TierKind::kHost); }
+uint64_t Nvme(const Capacity& c) { return c.ModelStates(TierKind::kNvme); }
+
+// ZeRO paper, Figure 1 / section 5: per-device model states, K = 12.
+TEST(ZeroPaper, StagesWithoutOffload) {
+  EXPECT_EQ(Dev(Cap(0, "none", "none")), (2 + 2 + 12) * kPsi);
+  EXPECT_EQ(Dev(Cap(1, "none", "none")), 4 * kPsi + 12 * kPsi / kN);
+  EXPECT_EQ(Dev(Cap(2, "none", "none")), 2 * kPsi + 14 * kPsi / kN);
+  EXPECT_EQ(Dev(Cap(3, "none", "none")), 16 * kPsi / kN);
+  for (int s = 0; s <= 3; ++s) {
+    EXPECT_EQ(Host(Cap(s, "none", "none")), 0u) << "stage " << s;
+    EXPECT_EQ(Nvme(Cap(s, "none", "none")), 0u) << "stage " << s;
+  }
+}
+
+TEST(ZeroPaper, PerStateDivision) {
+  const Capacity c = Cap(2, "none", "none");
+  const auto dev = static_cast<size_t>(TierKind::kDevice);
+  EXPECT_EQ(c.bytes[size_t(PlanState::kP)][dev], 2 * kPsi);        // replicated
+  EXPECT_EQ(c.bytes[size_t(PlanState::kG)][dev], 2 * kPsi / kN);   // reduce-scattered
+  EXPECT_EQ(c.bytes[size_t(PlanState::kW)][dev], 4 * kPsi / kN);   // partitioned
+  EXPECT_EQ(c.bytes[size_t(PlanState::kM)][dev], 4 * kPsi / kN);
+  EXPECT_EQ(c.bytes[size_t(PlanState::kV)][dev], 4 * kPsi / kN);
+}
+
+// ZeRO-Offload: the GPU keeps the 16-bit parameters (2 Psi, or 2 Psi / N in
+// stage 3); the CPU the fp32 master weights, moments and gradients, 16 Psi,
+// partitioned over the N ranks (DeepSpeed's estimate_zero2/zero3 "cpu_offload"
+// formulas without their 1.5 buffer factor: gpu 2 Psi, cpu 16 Psi per node / nodes).
+TEST(ZeroOffload, OptimizerOnCpu) {
+  for (int s = 1; s <= 2; ++s) {
+    const Capacity c = Cap(s, "none", "cpu");
+    EXPECT_EQ(Dev(c), 2 * kPsi) << "stage " << s;
+    EXPECT_EQ(Host(c), 16 * kPsi / kN) << "stage " << s;
+    EXPECT_EQ(Host(c) * kGpus, 16 * kPsi / kNodes) << "per node, stage " << s;
+  }
+  const Capacity c3 = Cap(3, "none", "cpu");
+  EXPECT_EQ(Dev(c3), 2 * kPsi / kN);
+  EXPECT_EQ(Host(c3), 16 * kPsi / kN);
+  // DeepSpeed's estimate_zero3 with offload_param too: 18 Psi per node / nodes on the CPU.
+  const Capacity both = Cap(3, "cpu", "cpu");
+  EXPECT_EQ(Dev(both), 0u);
+  EXPECT_EQ(Host(both) * kGpus, 18 * kPsi / kNodes);
+}
+
+// ZeRO-Infinity: parameters and optimizer state on NVMe: 18 Psi / N per rank.
+TEST(ZeroInfinity, EverythingOnNvme) {
+  const Capacity c = Cap(3, "nvme", "nvme");
+  EXPECT_EQ(Dev(c), 0u);
+  EXPECT_EQ(Host(c), 0u);
+  EXPECT_EQ(Nvme(c), 18 * kPsi / kN);
+  EXPECT_GT(c.bytes[size_t(PlanState::kStaging)][size_t(TierKind::kHost)], 0u);  // the swap buffers are pinned
+}
+
+// A 1T model (ZeRO-Infinity's 128 layers x 25600) for fine-tuning on one
+// DGX-2 (16 x 32 GB, 1.5 TB, NVMe): fits only with P and W/M/V on NVMe.
+TEST(ZeroInfinity, OneTrillionOnOneDgx2) {
+  const ModelSpec m = PresetModel("1t").value();
+  EXPECT_NEAR(static_cast<double>(m.total_numel()), 1.0e12, 0.02e12);
+  const ClusterSpec dgx2 = PresetCluster("dgx2").value();
+  ASSERT_EQ(dgx2.world_size(), 16u);
+  const Config base = ParseConfig(R"({"bf16": {"enabled": true}})").value();
+  const Layout l = MakeLayout(m, 16).value();
+  const OffloadDevice kAll[] = {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme};
+  for (int stage = 0; stage <= 3; ++stage)
+    for (OffloadDevice p : kAll)
+      for (OffloadDevice o : kAll) {
+        const Config cfg = WithPlacement(base, stage, p, o, "/nvme", l, nullptr);
+        const Capacity c = ComputeCapacity(m, l, dgx2, cfg);
+        const bool want = stage == 3 && p == OffloadDevice::kNvme && o == OffloadDevice::kNvme;
+        EXPECT_EQ(c.Fits(), want) << "stage " << stage << " P " << OffloadDeviceName(p) << " W/M/V "
+                                  << OffloadDeviceName(o) << ": " << (c.Problems().empty() ? "" : c.Problems()[0]);
+      }
+  // CPU offload alone: the host cannot hold 16 bytes (or even the 2 bytes of P) per parameter.
+  const Capacity cpu = ComputeCapacity(m, l, dgx2, WithPlacement(base, 3, OffloadDevice::kCpu, OffloadDevice::kCpu, "", l, nullptr));
+  EXPECT_FALSE(cpu.Fits(TierKind::kHost));
+  EXPECT_GT(cpu.Used(TierKind::kHost) * 16, 16 * m.total_numel());
+  // The fit: about 18 TB on the node's NVMe, the host holding only staging buffers.
+  const Capacity inf = ComputeCapacity(m, l, dgx2, WithPlacement(base, 3, OffloadDevice::kNvme, OffloadDevice::kNvme, "/nvme", l, nullptr));
+  EXPECT_NEAR(static_cast<double>(inf.ModelStates(TierKind::kNvme) * 16), 18.0 * 1.007e12, 0.2e12);
+  auto best = PlanAuto(m, dgx2, base, "/nvme");
+  ASSERT_TRUE(best.ok());
+  ASSERT_GE(best->best, 0);
+  const Config& chosen = best->candidates[static_cast<size_t>(best->best)].config;
+  EXPECT_EQ(chosen.zero.stage, 3);
+  EXPECT_EQ(chosen.zero.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(chosen.zero.offload_optimizer.device, OffloadDevice::kNvme);
+}
+
+}  // namespace
+}  // namespace strata::plan

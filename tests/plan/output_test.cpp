@@ -1,0 +1,137 @@
+// strata-plan's output: --json parses (from the binary, too), --svg writes a
+// well-formed SVG, and the --auto config is one the engine accepts.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "tools/plan/report.h"
+
+namespace strata::plan {
+namespace {
+
+std::string g_binary;  // path of strata-plan, from argv
+
+Report OneTrillionOnDgx2() {
+  Report r;
+  r.model = PresetModel("1t").value();
+  r.cluster = PresetCluster("dgx2").value();
+  r.layout = MakeLayout(r.model, 16).value();
+  r.config = ParseConfig(R"({"bf16": {"enabled": true}})").value();
+  r.autoplan = PlanAuto(r.model, r.cluster, r.config, "/nvme").value();
+  r.config = r.autoplan->candidates[static_cast<size_t>(r.autoplan->best)].config;
+  r.capacity = ComputeCapacity(r.model, r.layout, r.cluster, r.config);
+  r.sim = Simulate(r.model, r.layout, r.capacity, r.cluster, r.config, {});
+  return r;
+}
+
+std::string RunBinary(const std::string& args) {
+  std::string out;
+  FILE* p = popen((g_binary + " " + args).c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << args;
+  return out;
+}
+
+// Element nesting: every opened tag closes in order, one root <svg>.
+bool WellFormed(const std::string& s, std::string* why) {
+  std::vector<std::string> stack;
+  int roots = 0;
+  for (size_t i = s.find('<'); i != std::string::npos; i = s.find('<', i + 1)) {
+    const size_t end = s.find('>', i);
+    if (end == std::string::npos) { *why = "unterminated tag"; return false; }
+    const std::string tag = s.substr(i + 1, end - i - 1);
+    if (tag.starts_with("?") || tag.starts_with("!")) continue;
+    if (tag.starts_with("/")) {
+      if (stack.empty() || stack.back() != tag.substr(1)) { *why = "unexpected </" + tag.substr(1) + ">"; return false; }
+      stack.pop_back();
+      continue;
+    }
+    const std::string name = tag.substr(0, tag.find_first_of(" \n/"));
+    if (stack.empty()) ++roots;
+    if (!tag.ends_with("/")) stack.push_back(name);
+    if (std::count(tag.begin(), tag.end(), '"') % 2) { *why = "odd quotes in <" + name + ">"; return false; }
+  }
+  for (size_t i = 0; i < s.size(); ++i)
+    if (s[i] == '&' && s.compare(i, 5, "&amp;") && s.compare(i, 4, "&lt;") && s.compare(i, 4, "&gt;") && s.compare(i, 6, "&quot;")) {
+      *why = "bare &";
+      return false;
+    }
+  if (!stack.empty()) { *why = "<" + stack.back() + "> not closed"; return false; }
+  if (roots != 1) { *why = std::to_string(roots) + " root elements"; return false; }
+  return true;
+}
+
+TEST(Output, JsonParses) {
+  const Report r = OneTrillionOnDgx2();
+  const auto j = nlohmann::json::parse(FormatJson(r));
+  EXPECT_TRUE(j["capacity"]["fits"].get<bool>());
+  EXPECT_EQ(j["placement"]["param"], "nvme");
+  EXPECT_EQ(j["placement"]["optimizer"], "nvme");
+  EXPECT_GT(j["simulation"]["step_s"].get<double>(), 0);
+  EXPECT_EQ(j["auto"]["candidates"].size(), r.autoplan->candidates.size());
+  EXPECT_EQ(FormatJson(r), FormatJson(OneTrillionOnDgx2())) << "deterministic";
+}
+
+TEST(Output, BinaryJsonParses) {
+  const std::string out = RunBinary("--model 1t --cluster dgx2 --auto --json");
+  const auto j = nlohmann::json::parse(out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << out.substr(0, 400);
+  EXPECT_TRUE(j["capacity"]["fits"].get<bool>());
+  EXPECT_TRUE(j["auto"].contains("config"));
+  EXPECT_EQ(out, RunBinary("--model 1t --cluster dgx2 --auto --json"));
+}
+
+TEST(Output, SvgIsWellFormed) {
+  const std::string svg = FormatSvg(OneTrillionOnDgx2());
+  std::string why;
+  EXPECT_TRUE(WellFormed(svg, &why)) << why;
+  EXPECT_TRUE(svg.starts_with("<?xml"));
+  EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
+  EXPECT_EQ(std::count(svg.begin(), svg.end(), '\n') > 20, true);
+  for (const char* tier : {">device<", ">host<", ">nvme<"}) EXPECT_NE(svg.find(tier), std::string::npos) << tier;
+  // Names from the input are escaped.
+  Report r = OneTrillionOnDgx2();
+  r.model.name = "a<b & \"c\"";
+  EXPECT_TRUE(WellFormed(FormatSvg(r), &why)) << why;
+}
+
+TEST(Output, BinaryWritesSvg) {
+  const std::string path = ::testing::TempDir() + "/strata-plan-test.svg";
+  const std::string table = RunBinary("--model 13b --cluster dgx-a100 --simulate --svg " + path);
+  EXPECT_NE(table.find("simulated step"), std::string::npos) << table;
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string why;
+  EXPECT_TRUE(WellFormed(ss.str(), &why)) << why;
+  std::remove(path.c_str());
+}
+
+// The --auto config goes back through the engine's parser and its checks.
+TEST(Output, AutoConfigIsAcceptedByTheEngine) {
+  const Report r = OneTrillionOnDgx2();
+  auto cfg = ParseConfig(PlanConfigJson(r));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  ConfigFacts facts;
+  facts.largest_group_numel = r.layout.largest_group;
+  facts.world_size = r.cluster.world_size();
+  facts.has_gpu = true;
+  EXPECT_TRUE(ValidateConfig(*cfg, facts).ok()) << ValidateConfig(*cfg, facts).ToString();
+  EXPECT_EQ(cfg->zero.offload_param.device, OffloadDevice::kNvme);
+}
+
+}  // namespace
+}  // namespace strata::plan
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc > 1) strata::plan::g_binary = argv[1];
+  return RUN_ALL_TESTS();
+}
