@@ -117,6 +117,8 @@ std::string RankFile(int rank) {
 
 Status Engine::Impl::CheckBetweenSteps(const char* call) {
   if (!built_) return StateError(std::string(call) + ": the engine is not built");
+  if (multi())
+    return UnsupportedError(std::string(call) + ": checkpoints of several ranks are not implemented yet (one rank only)");
   for (int g = 0; g < part_.num_groups(); ++g) {
     const GroupState& gs = groups_[static_cast<size_t>(g)];
     if (gs.dev.pins > 0) return StateError(std::string(call) + ": group " + std::to_string(g) + " is fetched");

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <set>
 
+#include "io/net/launch_env.h"
+
 #include "base/align.h"
 #include "base/log.h"
 #include "base/sizes.h"
@@ -34,10 +36,50 @@ Engine::Impl::~Impl() {
   if (stats_) stats_->WriteTrace().IgnoreError();
 }
 
+// Ranks: a given communicator, or one made from the launcher's variables.
+Status Engine::Impl::InitRanks() {
+  if (options_.comm) {
+    comm_ = options_.comm;
+  } else if (options_.world_size != 1) {
+    STRATA_ASSIGN_OR_RETURN(net::RankInfo info, net::RankInfoFromEnv());
+    if (options_.world_size > 1 && (info.world_size != options_.world_size || info.rank != options_.rank))
+      return InvalidError("engine options say rank " + std::to_string(options_.rank) + " of " +
+                          std::to_string(options_.world_size) + "; the environment (" + info.source + ") says rank " +
+                          std::to_string(info.rank) + " of " + std::to_string(info.world_size));
+    if (info.world_size > 1) {
+      const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(config_.strata.timeout_s * 1000));
+      STRATA_ASSIGN_OR_RETURN(store_, net::RendezvousStore::Open(info, timeout));
+      net::CommOptions co;
+      co.rank = info;
+      co.backend = options_.force_no_gpu ? "gloo" : "auto";
+      co.timeout_s = config_.strata.timeout_s;
+      co.store = &store_->client();
+      STRATA_ASSIGN_OR_RETURN(own_comm_, net::MakeCommunicator(co));
+      comm_ = own_comm_.get();
+    }
+  } else if (options_.rank != 0) {
+    return InvalidError("rank " + std::to_string(options_.rank) + " with world size 1");
+  }
+  if (comm_) {
+    options_.rank = comm_->rank();
+    options_.world_size = comm_->world_size();
+  }
+  if (options_.world_size < 1) options_.world_size = 1;
+  if (multi()) {
+    if (comm_->device_buffers())
+      return UnsupportedError("several ranks with GPU buffers (NCCL): this build's engine drives host buffers only; "
+                              "use force_no_gpu (Gloo)");
+    if (config_.zero.stage >= 1) {
+      srank_ = options_.rank;
+      sworld_ = options_.world_size;
+    }
+    p_sharded_ = config_.zero.stage == 3;
+  }
+  return Status::Ok();
+}
+
 Status Engine::Impl::Init() {
-  if (options_.world_size != 1 || options_.rank != 0)
-    return UnsupportedError("world size " + std::to_string(options_.world_size) +
-                            ": this build of the engine runs one rank (many ranks come with the communicators)");
+  STRATA_RETURN_IF_ERROR(InitRanks());
   if (options_.grad_accumulation_steps < 1)
     return InvalidError("grad_accumulation_steps must be at least 1");
   const std::string& opt = config_.optimizer.type;
@@ -97,10 +139,13 @@ static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::functio
 
 Status Engine::Impl::Build() {
   if (built_) return StateError("build: already built");
-  STRATA_RETURN_IF_ERROR(part_.Finalize(options_.world_size));
+  STRATA_RETURN_IF_ERROR(part_.Finalize(sworld_));
+  if (multi() && !p_sharded_ && config_.zero.offload_param.device == OffloadDevice::kNvme)
+    return ConfigError("zero_optimization.offload_param.device: nvme needs stage 3 (as in DeepSpeed); stage " +
+                       std::to_string(config_.zero.stage) + " keeps every parameter on every rank");
   ConfigFacts facts = ProbeMachineFacts();
   facts.largest_group_numel = part_.largest_group_numel();
-  facts.world_size = static_cast<uint32_t>(options_.world_size);
+  facts.world_size = static_cast<uint32_t>(sworld_);
   facts.has_gpu = device_->on_gpu();
   STRATA_RETURN_IF_ERROR(ValidateConfig(config_, facts));
 
@@ -112,6 +157,8 @@ Status Engine::Impl::Build() {
   const int ngroups = part_.num_groups();
   const uint64_t shard = part_.largest_shard_numel();
   auto state_bytes = [&](int s, uint64_t n) { return n * (s == int(StateKind::kP) ? DTypeSize(dtype_) : 4); };
+  // Elements of state s of group g on this rank.
+  auto numel_of = [&](int s, int g) { return s == int(StateKind::kP) ? PHomeNumel(g) : part_.group(g).shard_numel; };
   auto used = [&](int s) { return adam || s != int(StateKind::kV); };
 
   // The NVMe tier holds exactly the blocks homed there.
@@ -122,7 +169,7 @@ Status Engine::Impl::Build() {
   for (int s = 0; s < kNumStates; ++s)
     if (used(s) && home_[s] == TierKind::kNvme)
       for (int g = 0; g < ngroups; ++g)
-        nvme_bytes += state_bytes(s, part_.group(g).shard_numel) + dirs.size() * 64 * kKiB;
+        nvme_bytes += state_bytes(s, numel_of(s, g)) + dirs.size() * 64 * kKiB;
   if (nvme_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .rank = options_.rank,
                                                      .checksums = config_.strata.checksums, .storage = storage_.get()}));
@@ -134,7 +181,7 @@ Status Engine::Impl::Build() {
   for (int g = 0; g < ngroups; ++g)
     for (int s = 0; s < kNumStates; ++s) {
       if (!used(s)) continue;
-      auto b = io_->Allocate(home_[s], state_bytes(s, part_.group(g).shard_numel));
+      auto b = io_->Allocate(home_[s], state_bytes(s, numel_of(s, g)));
       if (!b.ok())
         return b.status().WithContext(std::string("build: state ") + StateName(StateKind(s)) + " of group " +
                                       std::to_string(g) + " in its home tier");
@@ -149,7 +196,7 @@ Status Engine::Impl::Build() {
     StateBlock probe{home_[s], {}, 0};
     const bool staged = used(s) && !io_->Direct(s == 0 ? probe_p : probe);
     if (staged) {
-      off += AlignUp(io_->NvmePadded(state_bytes(s, shard)), 64 * kKiB);
+      off += AlignUp(io_->NvmePadded(state_bytes(s, s == 0 && !p_sharded_ ? part_.largest_group_numel() + 2 * Partition::kShardAlign * sworld_ : shard)), 64 * kKiB);
       any_staged = true;
     }
   }
@@ -164,20 +211,27 @@ Status Engine::Impl::Build() {
   uint64_t grad_bytes = 0;
   if (home_[int(StateKind::kG)] == TierKind::kNvme) grad_bytes = io_->NvmePadded(shard * 4);
   if (device_->on_gpu()) grad_bytes = std::max(grad_bytes, part_.largest_group_numel() * 4);
-  if (grad_bytes) STRATA_RETURN_IF_ERROR(grad_staging_.Init(host_.get(), device_->on_gpu() ? 2 : 1, grad_bytes));
+  uint64_t largest_padded = 0;
+  for (int g = 0; g < ngroups; ++g) largest_padded = std::max(largest_padded, part_.group(g).padded);
+  if (multi()) grad_bytes = std::max(grad_bytes, AlignUp(largest_padded * 4, 4096));  // the whole group's fp32 grads
+  const int grad_slots = device_->on_gpu() || (multi() && home_[int(StateKind::kG)] == TierKind::kNvme) ? 2 : 1;
+  if (grad_bytes) STRATA_RETURN_IF_ERROR(grad_staging_.Init(host_.get(), grad_slots, grad_bytes));
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
   for (int g = 0; g < ngroups; ++g) {
     GroupState& gs = groups_[static_cast<size_t>(g)];
     const GroupLayout& L = part_.group(g);
     const std::vector<float>& w0 = init_[static_cast<size_t>(g)];
-    auto fill_w = [&](void* p) {
+    const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel, real = L.RealInShard(srank_);
+    auto fill_w = [&](void* p) {  // this rank's shard of the initial values
       std::memset(p, 0, L.shard_numel * 4);
-      std::memcpy(p, w0.data(), L.numel * 4);
+      std::memcpy(p, w0.data() + lo, real * 4);
     };
-    auto fill_p = [&](void* p) {
-      std::memset(p, 0, L.shard_numel * DTypeSize(dtype_));
-      kernels::Cast(DType::kF32, w0.data(), dtype_, p, L.numel).IgnoreError();  // valid dtypes: cannot fail
+    auto fill_p = [&](void* p) {  // the whole group, or this rank's shard (stage 3)
+      const uint64_t n = PHomeNumel(g);
+      std::memset(p, 0, n * DTypeSize(dtype_));
+      const uint64_t from = p_sharded_ ? lo : 0, count = p_sharded_ ? real : L.numel;
+      kernels::Cast(DType::kF32, w0.data() + from, dtype_, p, count).IgnoreError();  // valid dtypes: cannot fail
     };
     auto zero = [&](void* p) { std::memset(p, 0, L.shard_numel * 4); };
     STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kW)], fill_w));
@@ -190,10 +244,10 @@ Status Engine::Impl::Build() {
   scaler_.Init(config_.fp16);
   StartPrefetcher();
   if (options_.overlap_step) {
-    overlap_ = config_.gradient_clipping == 0 && !config_.fp16.enabled;
+    overlap_ = config_.gradient_clipping == 0 && !config_.fp16.enabled && !multi();
     if (overlap_) StartOverlap();
-    else WarnOnce("overlap-off", "overlap_step needs gradient_clipping 0 and no fp16 (the update depends on "
-                                 "every gradient); stepping after backward instead");
+    else WarnOnce("overlap-off", "overlap_step needs gradient_clipping 0, no fp16 and one rank (the update depends "
+                                 "on every gradient; collectives keep one order); stepping after backward instead");
   }
   built_ = true;
   STRATA_LOG_DEBUG("built {} groups, {} parameters; P on {}, W/M/V on {}, G on {}", ngroups, part_.total_numel(),
@@ -212,6 +266,7 @@ static Status CheckGroup(const Engine::Impl& m, int group, const char* call) {
 Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "grads"));
   if (!grads) return InvalidError("grads: null gradient pointer for group " + std::to_string(group));
+  if (multi()) return GradsMulti(group, grads, dtype);
   GroupState& gs = groups_[static_cast<size_t>(group)];
   const GroupLayout& L = part_.group(group);
   const uint64_t lo = static_cast<uint64_t>(options_.rank) * L.shard_numel;
@@ -258,6 +313,49 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   return Status::Ok();
 }
 
+Status Engine::Impl::GatherP(int g, void* full) {
+  const GroupLayout& L = part_.group(g);
+  const uint64_t slice = L.shard_numel * DTypeSize(dtype_);
+  Status st = comm_->AllGather(static_cast<char*>(full) + static_cast<uint64_t>(srank_) * slice, full, slice);
+  return st.WithContext("gathering the parameters of group " + std::to_string(g));
+}
+
+// Several ranks: the group's gradients, summed over the ranks — all-reduced
+// (stages 0-1) or reduce-scattered to their owners (stages 2-3) — then
+// accumulated into this rank's G.
+Status Engine::Impl::GradsMulti(int group, const void* grads, DType dtype) {
+  GroupState& gs = groups_[static_cast<size_t>(group)];
+  const GroupLayout& L = part_.group(group);
+  float* full = static_cast<float*>(grad_staging_.Acquire());
+  Status st = kernels::Cast(dtype, grads, DType::kF32, full, L.numel);
+  std::memset(full + L.numel, 0, (L.padded - L.numel) * 4);
+  float* slice = full + static_cast<uint64_t>(srank_) * L.shard_numel;
+  if (st.ok()) {
+    st = config_.zero.stage >= 2 ? comm_->ReduceScatter(full, slice, L.shard_numel)
+                                 : comm_->AllReduce(full, L.padded);
+  }
+  const StateBlock& gb = gs.blocks[int(StateKind::kG)];
+  const bool direct = io_->Direct(gb);
+  float* G = direct ? static_cast<float*>(io_->DirectPtr(gb)) : nullptr;
+  if (st.ok() && !direct) G = static_cast<float*>(grad_staging_.Acquire());
+  if (st.ok() && gs.grad_calls == 0) {
+    std::memcpy(G, slice, L.shard_numel * 4);
+  } else if (st.ok()) {
+    if (!direct) st = io_->Load(gb, G);
+    for (uint64_t i = 0; st.ok() && i < L.shard_numel; ++i) G[i] += slice[i];
+  }
+  kernels::SquaresSum sq;
+  if (st.ok()) st = kernels::SumSquares(DType::kF32, G, L.shard_numel, &sq);
+  if (st.ok() && !direct) st = io_->Store(gb, G);
+  if (!direct && G) grad_staging_.Release(G);
+  grad_staging_.Release(full);
+  if (!st.ok()) return st.WithContext("grads: group " + std::to_string(group));
+  gs.sum_squares = sq.sum_squares;
+  gs.finite = sq.all_finite;
+  ++gs.grad_calls;
+  return Status::Ok();
+}
+
 Status Engine::Impl::PrepareStep(const StepOptions& so) {
   if (!built_) return StateError("prepare_step: the engine is not built");
   for (const auto& gs : groups_)
@@ -288,6 +386,15 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     sum += gs.sum_squares;
     finite = finite && gs.finite;
   }
+  if (multi() && sworld_ > 1) {  // each rank holds a shard of G: sum the ranks' sums, in rank order
+    std::vector<double> sums(static_cast<size_t>(sworld_));
+    sums[static_cast<size_t>(srank_)] = sum;
+    Status gs = comm_->AllGather(&sums[static_cast<size_t>(srank_)], sums.data(), sizeof(double));
+    if (!gs.ok()) return gs.WithContext("step: gradient norm");
+    sum = 0;
+    for (double x : sums) sum += x;
+    finite = std::isfinite(sum);
+  }
   StepResult r;
   const double scale = scaler_.scale();
   r.grad_norm = std::sqrt(sum) / scale;
@@ -304,6 +411,9 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     for (int g = 0; g < part_.num_groups(); ++g)
       if (!groups_[static_cast<size_t>(g)].updated) rest.push_back(g);
     if (st.ok()) st = RunOptimizer(rest, coef / scale, so, step_count_ + 1);
+    // Stages 1-2 with several ranks: every rank updated its slice of P; gather the rest.
+    for (int g = 0; st.ok() && multi() && sworld_ > 1 && !p_sharded_ && g < part_.num_groups(); ++g)
+      st = GatherP(g, io_->DirectPtr(groups_[static_cast<size_t>(g)].blocks[int(StateKind::kP)]));
     if (st.ok()) ++step_count_;
     scaler_.Update(false);
   }
@@ -331,6 +441,24 @@ Status Engine::Impl::ReadMaster(int group, float* out) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "read_master"));
   const StateBlock& w = groups_[static_cast<size_t>(group)].blocks[int(StateKind::kW)];
   const uint64_t n = part_.group(group).numel;
+  if (sworld_ > 1) {  // gather every rank's shard
+    const GroupLayout& L = part_.group(group);
+    std::vector<float> all(L.padded);
+    float* mine = all.data() + static_cast<uint64_t>(srank_) * L.shard_numel;
+    Status st;
+    if (io_->Direct(w)) {
+      std::memcpy(mine, io_->DirectPtr(w), L.shard_numel * 4);
+    } else {
+      void* buf = opt_staging_.Acquire();
+      st = io_->Load(w, buf);
+      if (st.ok()) std::memcpy(mine, buf, L.shard_numel * 4);
+      opt_staging_.Release(buf);
+    }
+    if (st.ok()) st = comm_->AllGather(mine, all.data(), L.shard_numel * 4);
+    if (!st.ok()) return st.WithContext("read_master: group " + std::to_string(group));
+    std::memcpy(out, all.data(), n * 4);
+    return Status::Ok();
+  }
   if (io_->Direct(w)) {
     std::memcpy(out, io_->DirectPtr(w), n * 4);
     return Status::Ok();

@@ -29,9 +29,18 @@
 
 namespace strata {
 
+namespace net {
+class Communicator;
+}
+
 struct EngineOptions {
+  // Ranks: world_size 1 runs alone; world_size > 1 (or 0: "from the
+  // environment", torchrun / OpenMPI / Slurm variables) opens the rendezvous
+  // store and a communicator (Gloo on CPUs) unless `comm` is given. Stages
+  // 0-3 partition state as ZeRO does (zero_optimization.stage).
   int rank = 0;
   int world_size = 1;
+  net::Communicator* comm = nullptr;  // optional, caller-owned, outlives the engine
   int grad_accumulation_steps = 1;  // Grads calls per group per step (for the overlapped step)
   bool force_no_gpu = false;        // tests: the device tier is a host arena even with a GPU
   // Update each group as soon as its gradients are complete (after
@@ -117,6 +126,8 @@ class Engine {
   Status LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
 
   // The fp32 master weights of a group, without padding (tests, export).
+  // With several ranks and partitioned state this gathers the shards: every
+  // rank must call it, in the same order.
   Status ReadMaster(int group, float* out);
   EngineStats stats() const;
   // The scale the trainer multiplies the next loss by (fp16), else 1.

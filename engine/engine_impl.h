@@ -16,6 +16,8 @@
 #include "engine/prefetch.h"
 #include "engine/staging.h"
 #include "engine/stats.h"
+#include "io/net/comm.h"
+#include "io/net/store.h"
 #include "io/uring_storage.h"
 
 namespace strata {
@@ -26,6 +28,7 @@ struct DeviceCopy {
   enum State : uint8_t { kAbsent, kLoading, kResident } state = kAbsent;
   Allocation alloc;
   int pins = 0;           // Fetch without Release
+  bool gathered = false;  // stage 3, many ranks: the other ranks' shards are in
   uint64_t last_use = 0;  // fetch counter, for LRU before a trace exists
   bool prefetched = false;
 };
@@ -44,6 +47,7 @@ class Engine::Impl {
   Impl(const Config& config, const EngineOptions& options);
   ~Impl();
   Status Init();
+  Status InitRanks();
   Status Build();
   Result<void*> Fetch(int group);
   Status Release(int group);
@@ -81,10 +85,23 @@ class Engine::Impl {
   Status WaitOverlapIdle();
   Status PrepareStep(const StepOptions& so);
 
-  uint64_t PBytes(int g) const { return part_.group(g).shard_numel * DTypeSize(dtype_); }
+  // The device copy holds the whole group; P's home holds the whole group
+  // (stages 0-2: every rank keeps all parameters) or this rank's shard (stage 3).
+  uint64_t PBytes(int g) const { return part_.group(g).padded * DTypeSize(dtype_); }
+  uint64_t PHomeNumel(int g) const { return p_sharded_ ? part_.group(g).shard_numel : part_.group(g).padded; }
+  bool multi() const { return comm_ != nullptr && comm_->world_size() > 1; }
+  Status GradsMulti(int group, const void* grads, DType dtype);
+  Status GatherP(int g, void* full);  // in place: this rank's slice is at its offset
 
   Config config_;
   EngineOptions options_;
+  // Ranks. State is cut into `sworld_` shards and this rank owns `srank_`:
+  // stage 0 keeps everything everywhere (1, 0); stages 1-3 shard (world, rank).
+  int srank_ = 0, sworld_ = 1;
+  bool p_sharded_ = false;  // stage 3 with several ranks
+  std::unique_ptr<net::RendezvousStore> store_;
+  std::unique_ptr<net::Communicator> own_comm_;
+  net::Communicator* comm_ = nullptr;
   DType dtype_ = DType::kF32;
   Partition part_;
   std::vector<std::vector<float>> init_;  // per group, until Build

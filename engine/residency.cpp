@@ -53,7 +53,7 @@ void Engine::Impl::StopPrefetcher() {
 }
 
 void Engine::Impl::EnqueuePrefetch(const std::vector<int>& groups) {
-  if (home_[0] == TierKind::kDevice) return;  // P lives there: nothing to fetch
+  if (home_[0] == TierKind::kDevice && !p_sharded_) return;  // P lives there whole: nothing to fetch
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (int g : groups)
@@ -74,7 +74,11 @@ Status Engine::Impl::LoadDeviceCopy(int g) {
   GroupState& gs = groups_[static_cast<size_t>(g)];
   const StateBlock& p = gs.blocks[int(StateKind::kP)];
   void* dst = gs.dev.alloc.ptr;
-  const uint64_t bytes = PBytes(g);
+  uint64_t bytes = PBytes(g);
+  if (p_sharded_) {  // stage 3, several ranks: our shard now, the others' at Fetch
+    bytes = p.bytes;
+    dst = static_cast<char*>(dst) + static_cast<uint64_t>(srank_) * bytes;
+  }
   if (!device_->on_gpu()) {
     // The device tier is host memory: read or copy straight into it.
     if (p.home == TierKind::kNvme) return io_->Load(p, dst);
@@ -123,6 +127,7 @@ Status Engine::Impl::AllocateDeviceCopy(int g, std::unique_lock<std::mutex>& loc
       device_->Free(v.alloc);
       v.alloc = {};
       v.state = DeviceCopy::kAbsent;
+      v.gathered = false;
       continue;
     }
     if (!demand) return a.status();
@@ -145,6 +150,7 @@ void Engine::Impl::DropDeviceCopies() {
     if (gs.dev.state == DeviceCopy::kResident) device_->Free(gs.dev.alloc);
     gs.dev.alloc = {};
     gs.dev.state = DeviceCopy::kAbsent;
+    gs.dev.gathered = false;
   }
 }
 
@@ -156,7 +162,7 @@ Result<void*> Engine::Impl::Fetch(int g) {
   std::unique_lock<std::mutex> lock(mu_);
   const bool counted = schedule_.has_trace();
   schedule_.OnFetch(g);
-  if (home_[0] == TierKind::kDevice) {
+  if (home_[0] == TierKind::kDevice && !p_sharded_) {  // the whole group lives there
     ++gs.dev.pins;
     lock.unlock();
     stats_->OnFetch(counted, true, 0);
@@ -197,6 +203,18 @@ Result<void*> Engine::Impl::Fetch(int g) {
     }
     d.state = DeviceCopy::kResident;
     cv_.notify_all();
+  }
+  if (p_sharded_ && !d.gathered) {
+    // The all-gather runs here, in the caller's thread, so that every rank
+    // issues its collectives in one program order (the prefetch thread only
+    // reads this rank's shard ahead of time).
+    ++d.pins;
+    lock.unlock();
+    Status st = GatherP(g, d.alloc.ptr);
+    lock.lock();
+    --d.pins;
+    if (!st.ok()) return st.WithContext("fetch");
+    d.gathered = true;
   }
   ++d.pins;
   d.last_use = ++fetch_counter_;

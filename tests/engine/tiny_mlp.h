@@ -59,8 +59,11 @@ struct TinyMlp {
   // One forward and backward pass. `extra_fetches` are fetched and released
   // first (a step that departs from the recorded trace: numerics must not
   // change). Returns the loss; grads go to the engine times `loss_scale`.
+  // With several ranks, rank r of w computes on rows [r*batch/w, (r+1)*batch/w)
+  // and its loss is normalized by the whole batch, so the engine's sum over
+  // ranks is the whole batch's gradient.
   Result<double> TrainStep(Engine& e, const std::vector<int>* extra_fetches = nullptr,
-                           double loss_scale = 1.0) const {
+                           double loss_scale = 1.0, int part = 0, int parts = 1) const {
     const DType dt = e.compute_dtype();
     if (extra_fetches)
       for (int g : *extra_fetches) {
@@ -68,9 +71,11 @@ struct TinyMlp {
         if (!p.ok()) return p.status();
         if (Status st = e.Release(g); !st.ok()) return st;
       }
-    const size_t D = static_cast<size_t>(dim), B = static_cast<size_t>(batch);
+    const size_t D = static_cast<size_t>(dim), B = static_cast<size_t>(batch / parts);
+    const size_t row0 = static_cast<size_t>(part) * B;
+    const float norm = static_cast<float>(batch);  // the whole batch
     std::vector<std::vector<float>> h(static_cast<size_t>(layers) + 1), pre(static_cast<size_t>(layers));
-    h[0] = x;
+    h[0].assign(x.begin() + static_cast<long>(row0 * D), x.begin() + static_cast<long>((row0 + B) * D));
     for (int l = 0; l < layers; ++l) {  // forward
       auto p = e.Fetch(l);
       if (!p.ok()) return p.status();
@@ -90,9 +95,9 @@ struct TinyMlp {
     double loss = 0;
     std::vector<float> dh(B * D);
     for (size_t i = 0; i < B * D; ++i) {
-      const float d = h[static_cast<size_t>(layers)][i] - y[i];
-      loss += 0.5 * d * d / static_cast<double>(B);
-      dh[i] = d / static_cast<float>(B);
+      const float d = h[static_cast<size_t>(layers)][i] - y[row0 * D + i];
+      loss += 0.5 * d * d / static_cast<double>(norm);
+      dh[i] = d / norm;
     }
     std::vector<std::vector<float>> grads(static_cast<size_t>(layers));
     for (int l = layers - 1; l >= 0; --l) {

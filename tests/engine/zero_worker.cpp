@@ -1,0 +1,88 @@
+// One rank of the ZeRO tests, started by strata-launch (or torchrun): trains
+// the tiny MLP plus a 53-element group (uneven over 2, 4 or 8 ranks) on a
+// global batch split across the ranks, at a given stage and placement.
+//   zero_worker STAGE device|host|nvme SWAP OUT [kill-rank-1-at-step K] [timeout S]
+// Rank 0 writes the gathered master weights (fp32) to OUT.
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+#include "engine/engine.h"
+#include "io/net/launch_env.h"
+#include "tests/engine/tiny_mlp.h"
+
+using namespace strata;
+
+static int Die(const Status& s) {
+  std::fprintf(stderr, "zero_worker: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 5) return 2;
+  const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
+  int kill_at = -1;
+  std::string timeout = "60";
+  for (int i = 5; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "timeout")) timeout = argv[i + 1];
+  }
+  auto info = net::RankInfoFromEnv();
+  if (!info.ok()) return Die(info.status());
+  const std::string opt = place == "device" ? "none" : place == "host" ? "cpu" : "nvme";
+  const std::string par = place == "nvme" && stage == "3" ? "nvme" : "none";
+  const std::string rank_swap = swap + "/rank" + std::to_string(info->rank);
+  std::string mk = "mkdir -p '" + rank_swap + "'";
+  if (std::system(mk.c_str()) != 0) return 1;
+  auto cfg = ParseConfig(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "zero_optimization": {"stage": )" + stage + R"(,
+        "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": ")" + rank_swap + R"("},
+        "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + rank_swap + R"("}},
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "timeout": )" + timeout + "}}");
+  if (!cfg.ok()) return Die(cfg.status());
+  EngineOptions eo;
+  eo.rank = info->rank;
+  eo.world_size = info->world_size;
+  eo.force_no_gpu = true;
+  auto e = Engine::Create(*cfg, eo);
+  if (!e.ok()) return Die(e.status());
+  Engine& eng = **e;
+  testing::TinyMlp model(3, 24);
+  if (Status st = model.Register(eng); !st.ok()) return Die(st);
+  std::vector<float> extra(53);
+  for (int i = 0; i < 53; ++i) extra[static_cast<size_t>(i)] = 0.01f * static_cast<float>(i % 7);
+  auto off = eng.AddParam(model.layers, "uneven", 53, extra.data());
+  if (!off.ok()) return Die(off.status());
+  if (Status st = eng.Build(); !st.ok()) return Die(st);
+  for (int s = 0; s < 20; ++s) {
+    if (s == kill_at && info->rank == 1) std::raise(SIGKILL);
+    auto loss = model.TrainStep(eng, nullptr, 1.0, info->rank, info->world_size);
+    if (!loss.ok()) return Die(loss.status());
+    // The uneven group: a gradient from its parameters, split over the ranks too.
+    auto p = eng.Fetch(model.layers);
+    if (!p.ok()) return Die(p.status());
+    std::vector<float> g(53);
+    for (int i = 0; i < 53; ++i)
+      g[static_cast<size_t>(i)] = (static_cast<const float*>(*p)[i] - 0.02f) / static_cast<float>(info->world_size);
+    if (Status st = eng.Release(model.layers); !st.ok()) return Die(st);
+    if (Status st = eng.Grads(model.layers, g.data(), DType::kF32); !st.ok()) return Die(st);
+    StepOptions so;
+    so.lr = 0.01 * (1.0 + 0.05 * s);
+    auto r = eng.Step(so);
+    if (!r.ok()) return Die(r.status());
+  }
+  std::vector<float> all;
+  for (int g = 0; g < eng.num_groups(); ++g) {
+    std::vector<float> w(eng.group_numel(g));
+    if (Status st = eng.ReadMaster(g, w.data()); !st.ok()) return Die(st);
+    all.insert(all.end(), w.begin(), w.end());
+  }
+  if (info->rank == 0) {
+    std::ofstream f(out, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
+    if (!f) return Die(IoError("cannot write " + out));
+  }
+  return 0;
+}
