@@ -4,9 +4,10 @@
 // (Ren et al. 2021: fp16 P on the GPU, fp32 W, M, V and gradients = 16 bytes
 // on the CPU, partitioned) and ZeRO-Infinity (Rajbhandari et al. 2021: P and
 // optimizer state on NVMe; a 1T model on one DGX-2 only that way).
+#include "tools/plan/capacity.h"
+
 #include <gtest/gtest.h>
 
-#include "tools/plan/capacity.h"
 #include "tools/plan/placement.h"
 
 namespace strata::plan {
@@ -33,7 +34,8 @@ ClusterSpec Cluster() {
 
 Capacity Cap(int stage, const char* param, const char* optimizer) {
   const std::string json = std::string(R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW"},
-    "zero_optimization": {"stage": )") + std::to_string(stage) + R"(, "offload_param": {"device": ")" + param +
+    "zero_optimization": {"stage": )") +
+                           std::to_string(stage) + R"(, "offload_param": {"device": ")" + param +
                            R"(", "nvme_path": "/nvme"}, "offload_optimizer": {"device": ")" + optimizer +
                            R"(", "nvme_path": "/nvme"}}})";
   auto cfg = ParseConfig(json);
@@ -62,9 +64,9 @@ TEST(ZeroPaper, StagesWithoutOffload) {
 TEST(ZeroPaper, PerStateDivision) {
   const Capacity c = Cap(2, "none", "none");
   const auto dev = static_cast<size_t>(TierKind::kDevice);
-  EXPECT_EQ(c.bytes[size_t(PlanState::kP)][dev], 2 * kPsi);        // replicated
-  EXPECT_EQ(c.bytes[size_t(PlanState::kG)][dev], 2 * kPsi / kN);   // reduce-scattered
-  EXPECT_EQ(c.bytes[size_t(PlanState::kW)][dev], 4 * kPsi / kN);   // partitioned
+  EXPECT_EQ(c.bytes[size_t(PlanState::kP)][dev], 2 * kPsi);       // replicated
+  EXPECT_EQ(c.bytes[size_t(PlanState::kG)][dev], 2 * kPsi / kN);  // reduce-scattered
+  EXPECT_EQ(c.bytes[size_t(PlanState::kW)][dev], 4 * kPsi / kN);  // partitioned
   EXPECT_EQ(c.bytes[size_t(PlanState::kM)][dev], 4 * kPsi / kN);
   EXPECT_EQ(c.bytes[size_t(PlanState::kV)][dev], 4 * kPsi / kN);
 }
@@ -95,7 +97,8 @@ TEST(ZeroInfinity, EverythingOnNvme) {
   EXPECT_EQ(Dev(c), 0u);
   EXPECT_EQ(Host(c), 0u);
   EXPECT_EQ(Nvme(c), 18 * kPsi / kN);
-  EXPECT_GT(c.bytes[size_t(PlanState::kStaging)][size_t(TierKind::kHost)], 0u);  // the swap buffers are pinned
+  EXPECT_GT(c.bytes[size_t(PlanState::kStaging)][size_t(TierKind::kHost)],
+            0u);  // the swap buffers are pinned
 }
 
 // A 1T model (ZeRO-Infinity's 128 layers x 25600) for fine-tuning on one
@@ -115,14 +118,17 @@ TEST(ZeroInfinity, OneTrillionOnOneDgx2) {
         const Capacity c = ComputeCapacity(m, l, dgx2, cfg);
         const bool want = stage == 3 && p == OffloadDevice::kNvme && o == OffloadDevice::kNvme;
         EXPECT_EQ(c.Fits(), want) << "stage " << stage << " P " << OffloadDeviceName(p) << " W/M/V "
-                                  << OffloadDeviceName(o) << ": " << (c.Problems().empty() ? "" : c.Problems()[0]);
+                                  << OffloadDeviceName(o) << ": "
+                                  << (c.Problems().empty() ? "" : c.Problems()[0]);
       }
   // CPU offload alone: the host cannot hold 16 bytes (or even the 2 bytes of P) per parameter.
-  const Capacity cpu = ComputeCapacity(m, l, dgx2, WithPlacement(base, 3, OffloadDevice::kCpu, OffloadDevice::kCpu, "", l, nullptr));
+  const Capacity cpu = ComputeCapacity(
+      m, l, dgx2, WithPlacement(base, 3, OffloadDevice::kCpu, OffloadDevice::kCpu, "", l, nullptr));
   EXPECT_FALSE(cpu.Fits(TierKind::kHost));
   EXPECT_GT(cpu.Used(TierKind::kHost) * 16, 16 * m.total_numel());
   // The fit: about 18 TB on the node's NVMe, the host holding only staging buffers.
-  const Capacity inf = ComputeCapacity(m, l, dgx2, WithPlacement(base, 3, OffloadDevice::kNvme, OffloadDevice::kNvme, "/nvme", l, nullptr));
+  const Capacity inf = ComputeCapacity(
+      m, l, dgx2, WithPlacement(base, 3, OffloadDevice::kNvme, OffloadDevice::kNvme, "/nvme", l, nullptr));
   EXPECT_NEAR(static_cast<double>(inf.ModelStates(TierKind::kNvme) * 16), 18.0 * 1.007e12, 0.2e12);
   auto best = PlanAuto(m, dgx2, base, "/nvme");
   ASSERT_TRUE(best.ok());

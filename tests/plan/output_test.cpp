@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "tools/plan/calibrate.h"
 #include "tools/plan/report.h"
 
 namespace strata::plan {
@@ -45,26 +46,42 @@ bool WellFormed(const std::string& s, std::string* why) {
   int roots = 0;
   for (size_t i = s.find('<'); i != std::string::npos; i = s.find('<', i + 1)) {
     const size_t end = s.find('>', i);
-    if (end == std::string::npos) { *why = "unterminated tag"; return false; }
+    if (end == std::string::npos) {
+      *why = "unterminated tag";
+      return false;
+    }
     const std::string tag = s.substr(i + 1, end - i - 1);
     if (tag.starts_with("?") || tag.starts_with("!")) continue;
     if (tag.starts_with("/")) {
-      if (stack.empty() || stack.back() != tag.substr(1)) { *why = "unexpected </" + tag.substr(1) + ">"; return false; }
+      if (stack.empty() || stack.back() != tag.substr(1)) {
+        *why = "unexpected </" + tag.substr(1) + ">";
+        return false;
+      }
       stack.pop_back();
       continue;
     }
     const std::string name = tag.substr(0, tag.find_first_of(" \n/"));
     if (stack.empty()) ++roots;
     if (!tag.ends_with("/")) stack.push_back(name);
-    if (std::count(tag.begin(), tag.end(), '"') % 2) { *why = "odd quotes in <" + name + ">"; return false; }
+    if (std::count(tag.begin(), tag.end(), '"') % 2) {
+      *why = "odd quotes in <" + name + ">";
+      return false;
+    }
   }
   for (size_t i = 0; i < s.size(); ++i)
-    if (s[i] == '&' && s.compare(i, 5, "&amp;") && s.compare(i, 4, "&lt;") && s.compare(i, 4, "&gt;") && s.compare(i, 6, "&quot;")) {
+    if (s[i] == '&' && s.compare(i, 5, "&amp;") && s.compare(i, 4, "&lt;") && s.compare(i, 4, "&gt;") &&
+        s.compare(i, 6, "&quot;")) {
       *why = "bare &";
       return false;
     }
-  if (!stack.empty()) { *why = "<" + stack.back() + "> not closed"; return false; }
-  if (roots != 1) { *why = std::to_string(roots) + " root elements"; return false; }
+  if (!stack.empty()) {
+    *why = "<" + stack.back() + "> not closed";
+    return false;
+  }
+  if (roots != 1) {
+    *why = std::to_string(roots) + " root elements";
+    return false;
+  }
   return true;
 }
 
@@ -95,7 +112,8 @@ TEST(Output, SvgIsWellFormed) {
   EXPECT_TRUE(svg.starts_with("<?xml"));
   EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
   EXPECT_EQ(std::count(svg.begin(), svg.end(), '\n') > 20, true);
-  for (const char* tier : {">device<", ">host<", ">nvme<"}) EXPECT_NE(svg.find(tier), std::string::npos) << tier;
+  for (const char* tier : {">device<", ">host<", ">nvme<"})
+    EXPECT_NE(svg.find(tier), std::string::npos) << tier;
   // Names from the input are escaped.
   Report r = OneTrillionOnDgx2();
   r.model.name = "a<b & \"c\"";
@@ -125,6 +143,27 @@ TEST(Output, AutoConfigIsAcceptedByTheEngine) {
   facts.has_gpu = true;
   EXPECT_TRUE(ValidateConfig(*cfg, facts).ok()) << ValidateConfig(*cfg, facts).ToString();
   EXPECT_EQ(cfg->zero.offload_param.device, OffloadDevice::kNvme);
+}
+
+// What --calibrate writes is a cluster file that --cluster reads back.
+TEST(Output, CalibrationJsonRoundTrips) {
+  Calibration c;
+  c.nvme_read_Bps = 2.5e9;
+  c.nvme_write_Bps = 1.25e9;
+  c.cpu_adam_eps = 7e8;
+  c.host_mem_Bps = 2e10;
+  c.checksum_Bps = 9e9;
+  c.dir_free_bytes = 1ull << 40;
+  auto back = ParseClusterJson(CalibrationJson(c));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  const ClusterSpec want = CalibratedCluster(c);
+  EXPECT_EQ(back->nvme_read_Bps, want.nvme_read_Bps);
+  EXPECT_EQ(back->nvme_write_Bps, want.nvme_write_Bps);
+  EXPECT_EQ(back->cpu_adam_eps, want.cpu_adam_eps);
+  EXPECT_EQ(back->checksum_Bps, want.checksum_Bps);
+  EXPECT_EQ(back->nvme_bytes(), 1ull << 40);
+  EXPECT_EQ(back->has_gpu, want.has_gpu);
+  EXPECT_FALSE(ParseClusterJson(R"({"gpus_per_nod": 8})").ok()) << "a misspelled key is refused";
 }
 
 }  // namespace

@@ -1,21 +1,23 @@
 // The step simulator: its speed requirement (1T parameters on 512 GPUs in
 // under 5 s), the bytes it moves against the engine's schedule, the prefetch
 // cache's behaviour and determinism.
+#include "tools/plan/simulator.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
 
 #include "tools/plan/placement.h"
-#include "tools/plan/simulator.h"
 
 namespace strata::plan {
 namespace {
 
 Config Cfg(int stage, const char* param, const char* opt, const std::string& extra = "") {
-  auto c = ParseConfig(std::string(R"({"bf16": {"enabled": true}, )") + extra + R"("zero_optimization": {"stage": )" +
-                       std::to_string(stage) + R"(, "offload_param": {"device": ")" + param +
-                       R"(", "nvme_path": "/nvme", "buffer_size": 1e10}, "offload_optimizer": {"device": ")" + opt +
-                       R"(", "nvme_path": "/nvme"}}})");
+  auto c = ParseConfig(std::string(R"({"bf16": {"enabled": true}, )") + extra +
+                       R"("zero_optimization": {"stage": )" + std::to_string(stage) +
+                       R"(, "offload_param": {"device": ")" + param +
+                       R"(", "nvme_path": "/nvme", "buffer_size": 1e10}, "offload_optimizer": {"device": ")" +
+                       opt + R"(", "nvme_path": "/nvme"}}})");
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return *c;
 }

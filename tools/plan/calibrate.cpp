@@ -57,13 +57,14 @@ Status MeasureDisk(const CalibrateOptions& o, Calibration* out) {
     auto pass = [&](IoOp::Kind kind) {
       std::vector<IoOp> ops;
       for (uint64_t i = 0; i < size / o.block_bytes; ++i)
-        ops.push_back(IoOp{kind, file, i * o.block_bytes, static_cast<char*>(mem->ptr) + (i % nbufs) * o.block_bytes,
-                           o.block_bytes});
+        ops.push_back(IoOp{kind, file, i * o.block_bytes,
+                           static_cast<char*>(mem->ptr) + (i % nbufs) * o.block_bytes, o.block_bytes});
       return storage->Run(ops);
     };
     st = pass(IoOp::kWrite);  // lay the file out, so that timed writes overwrite
     auto w = st.ok() ? MedianSeconds(o.repeats, [&] { return pass(IoOp::kWrite); }) : Result<double>(st);
-    auto r = w.ok() ? MedianSeconds(o.repeats, [&] { return pass(IoOp::kRead); }) : Result<double>(w.status());
+    auto r =
+        w.ok() ? MedianSeconds(o.repeats, [&] { return pass(IoOp::kRead); }) : Result<double>(w.status());
     if (r.ok()) {
       out->nvme_write_Bps = static_cast<double>(size) / *w;
       out->nvme_read_Bps = static_cast<double>(size) / *r;
@@ -85,9 +86,9 @@ Status MeasureAdam(const CalibrateOptions& o, Calibration* out) {
   ao.weight_decay = 0.01;
   int64_t step = 0;
   STRATA_ASSIGN_OR_RETURN(double secs, MedianSeconds(o.repeats, [&] {
-    ao.step = ++step;
-    return kernels::AdamStep(ao, n, w.data(), m.data(), v.data(), g.data(), p.data());
-  }));
+                            ao.step = ++step;
+                            return kernels::AdamStep(ao, n, w.data(), m.data(), v.data(), g.data(), p.data());
+                          }));
   out->cpu_adam_eps = static_cast<double>(n) / secs;
   return Status::Ok();
 }
@@ -97,14 +98,14 @@ Status MeasureMemory(const CalibrateOptions& o, Calibration* out) {
   const size_t bytes = 256u << 20;
   std::vector<char> a(bytes, 1), b(bytes, 2);
   STRATA_ASSIGN_OR_RETURN(double copy, MedianSeconds(o.repeats, [&] {
-    std::memcpy(b.data(), a.data(), bytes);
-    return Status::Ok();
-  }));
+                            std::memcpy(b.data(), a.data(), bytes);
+                            return Status::Ok();
+                          }));
   volatile uint64_t sink = 0;
   STRATA_ASSIGN_OR_RETURN(double hash, MedianSeconds(o.repeats, [&] {
-    sink = sink + XXH3_64bits(b.data(), bytes);
-    return Status::Ok();
-  }));
+                            sink = sink + XXH3_64bits(b.data(), bytes);
+                            return Status::Ok();
+                          }));
   out->host_mem_Bps = 2.0 * static_cast<double>(bytes) / copy;
   out->checksum_Bps = static_cast<double>(bytes) / hash;
   return Status::Ok();
@@ -118,7 +119,8 @@ Result<Calibration> Calibrate(const CalibrateOptions& o) {
   STRATA_RETURN_IF_ERROR(MeasureAdam(o, &c));
   STRATA_RETURN_IF_ERROR(MeasureMemory(o, &c));
   struct statvfs vfs {};
-  if (statvfs(o.dir.c_str(), &vfs) == 0) c.dir_free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  if (statvfs(o.dir.c_str(), &vfs) == 0)
+    c.dir_free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   return c;
 }
 

@@ -19,7 +19,7 @@ struct CalibrateOptions {
   uint64_t block_bytes = 1ull << 20;   // request size (aio.block_size)
   uint32_t queue_depth = 32;           // aio.queue_depth
   uint64_t adam_elements = 8ull << 20;
-  int repeats = 3;                     // median of
+  int repeats = 3;  // median of
 };
 
 struct Calibration {

@@ -20,7 +20,9 @@ constexpr double kDeviceUsable = 0.9;  // the engine's default device budget: 90
 constexpr double kHostUsable = 0.9;    // leave a tenth of host memory to the OS and the trainer
 
 TierKind HomeOf(OffloadDevice d) {
-  return d == OffloadDevice::kNone ? TierKind::kDevice : d == OffloadDevice::kCpu ? TierKind::kHost : TierKind::kNvme;
+  return d == OffloadDevice::kNone  ? TierKind::kDevice
+         : d == OffloadDevice::kCpu ? TierKind::kHost
+                                    : TierKind::kNvme;
 }
 
 constexpr uint64_t kNvmeBlock = 4096;
@@ -54,7 +56,8 @@ const char* PlanStateDescription(PlanState s) {
 Result<Layout> MakeLayout(const ModelSpec& model, int world_size) {
   Partition part;
   for (size_t g = 0; g < model.groups.size(); ++g)
-    STRATA_RETURN_IF_ERROR(part.Add(static_cast<int>(g), model.groups[g].name, model.groups[g].numel).status());
+    STRATA_RETURN_IF_ERROR(
+        part.Add(static_cast<int>(g), model.groups[g].name, model.groups[g].numel).status());
   STRATA_RETURN_IF_ERROR(part.Finalize(world_size));
   Layout l;
   l.world_size = world_size;
@@ -78,7 +81,8 @@ uint64_t Capacity::Used(TierKind t) const {
 
 uint64_t Capacity::ModelStates(TierKind t) const {
   uint64_t n = 0;
-  for (int s = 0; s <= static_cast<int>(PlanState::kV); ++s) n += bytes[static_cast<size_t>(s)][static_cast<size_t>(t)];
+  for (int s = 0; s <= static_cast<int>(PlanState::kV); ++s)
+    n += bytes[static_cast<size_t>(s)][static_cast<size_t>(t)];
   return n;
 }
 
@@ -101,7 +105,8 @@ Homes HomesOf(const Config& config, const ClusterSpec& cluster) {
   return h;
 }
 
-Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster, const Config& config) {
+Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster,
+                         const Config& config) {
   Capacity c;
   const int stage = config.zero.stage;
   const uint64_t dp = DTypeSize(config.compute_dtype());
@@ -111,8 +116,10 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
   const uint64_t opt_shard = stage >= 1 ? l.largest_shard : l.largest_group;
 
   Add(c, PlanState::kP, h.p, (stage >= 3 ? l.shard_numel : l.full_numel) * dp);
-  if (h.gpu_optimizer) Add(c, PlanState::kG, TierKind::kDevice, (stage >= 2 ? l.shard_numel : l.full_numel) * dp);
-  else Add(c, PlanState::kG, h.g, opt_numel * 4);
+  if (h.gpu_optimizer)
+    Add(c, PlanState::kG, TierKind::kDevice, (stage >= 2 ? l.shard_numel : l.full_numel) * dp);
+  else
+    Add(c, PlanState::kG, h.g, opt_numel * 4);
   Add(c, PlanState::kW, h.opt, opt_numel * 4);
   Add(c, PlanState::kM, h.opt, opt_numel * 4);
   if (adam) Add(c, PlanState::kV, h.opt, opt_numel * 4);
@@ -122,7 +129,8 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
   // least one group) when P is fetched, and the trainer's gradient of one group.
   const bool fetched = h.p != TierKind::kDevice || (stage >= 3 && l.world_size > 1);
   if (fetched) {
-    const uint64_t window = std::max(l.largest_group, std::min(config.zero.prefetch_bucket_size, l.full_numel));
+    const uint64_t window =
+        std::max(l.largest_group, std::min(config.zero.prefetch_bucket_size, l.full_numel));
     Add(c, PlanState::kWork, TierKind::kDevice, (l.largest_group + window) * dp);
   }
   Add(c, PlanState::kWork, TierKind::kDevice, l.largest_group * dp);
@@ -133,7 +141,9 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
     Add(c, PlanState::kStaging, TierKind::kHost, n * NvmePadded(l.largest_shard * dp));
   }
   if (!h.gpu_optimizer) {
-    auto staged = [&](TierKind home) { return home == TierKind::kNvme || (home == TierKind::kDevice && cluster.has_gpu); };
+    auto staged = [&](TierKind home) {
+      return home == TierKind::kNvme || (home == TierKind::kDevice && cluster.has_gpu);
+    };
     uint64_t slot = 0;
     if (staged(h.p)) slot += NvmePadded(opt_shard * dp);
     if (staged(h.opt)) slot += NvmePadded(opt_shard * 4) * (adam ? 3 : 2);
@@ -146,8 +156,9 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
   }
 
   const uint64_t ranks = cluster.gpus_per_node;
-  uint64_t device = cluster.has_gpu ? static_cast<uint64_t>(static_cast<double>(cluster.device_bytes) * kDeviceUsable)
-                                    : cluster.device_bytes;
+  uint64_t device = cluster.has_gpu
+                        ? static_cast<uint64_t>(static_cast<double>(cluster.device_bytes) * kDeviceUsable)
+                        : cluster.device_bytes;
   uint64_t host = static_cast<uint64_t>(static_cast<double>(cluster.host_bytes) * kHostUsable) / ranks;
   if (config.strata.device_budget) device = std::min(device, config.strata.device_budget);
   if (config.strata.host_budget) host = std::min(host, config.strata.host_budget);

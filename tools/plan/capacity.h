@@ -19,7 +19,7 @@ namespace strata::plan {
 
 enum class PlanState : int { kP, kG, kW, kM, kV, kActivations, kWork, kStaging };
 inline constexpr int kNumPlanStates = 8;
-inline constexpr int kNumTiers = 3;  // TierKind: device, host, nvme
+inline constexpr int kNumTiers = 3;             // TierKind: device, host, nvme
 const char* PlanStateName(PlanState s);         // "P", "G", "W", "M", "V", "act", "work", "staging"
 const char* PlanStateDescription(PlanState s);  // one line for tables and legends
 
@@ -27,10 +27,10 @@ const char* PlanStateDescription(PlanState s);  // one line for tables and legen
 // to world_size x 2048 elements and cut into world_size shards).
 struct Layout {
   int world_size = 1;
-  uint64_t full_numel = 0;     // sum of the groups, unpadded (what a replica holds)
-  uint64_t shard_numel = 0;    // sum of one rank's shards
-  uint64_t largest_group = 0;  // elements
-  uint64_t largest_shard = 0;  // elements
+  uint64_t full_numel = 0;                         // sum of the groups, unpadded (what a replica holds)
+  uint64_t shard_numel = 0;                        // sum of one rank's shards
+  uint64_t largest_group = 0;                      // elements
+  uint64_t largest_shard = 0;                      // elements
   std::vector<uint64_t> group_numel, group_shard;  // per group
 };
 Result<Layout> MakeLayout(const ModelSpec& model, int world_size);

@@ -77,7 +77,8 @@ ClusterSpec Local() {
   c.name = "local";
   c.has_gpu = false;
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  c.host_bytes = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 16 * kGiB;
+  c.host_bytes =
+      pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 16 * kGiB;
   c.device_bytes = c.host_bytes / 4;  // the engine's host-arena default
   c.nvme_drives = 1;
   c.nvme_drive_bytes = 256 * kGiB;
@@ -117,22 +118,30 @@ Result<ClusterSpec> PresetCluster(const std::string& name) {
   if (name == "dgx-a100") return DgxA100();
   if (name == "dgx-h100") return DgxH100();
   if (name == "local") return Local();
-  return InvalidError("cluster '" + name + "': not a preset (dgx2, dgx-a100, dgx-h100, local) nor a JSON file");
+  return InvalidError("cluster '" + name +
+                      "': not a preset (dgx2, dgx-a100, dgx-h100, local) nor a JSON file");
 }
 
 Result<ClusterSpec> ParseClusterJson(const std::string& text) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return ConfigError("cluster: not a JSON object");
   ClusterSpec c;
+  if (j.contains("preset") && !j["preset"].is_string())
+    return ConfigError("cluster.preset: expected a string");
   STRATA_ASSIGN_OR_RETURN(c, PresetCluster(j.value("preset", std::string("local"))));
-  struct Field { const char* key; double scale; std::function<void(ClusterSpec&, double)> set; };
+  struct Field {
+    const char* key;
+    double scale;
+    std::function<void(ClusterSpec&, double)> set;
+  };
   const Field fields[] = {
       {"nodes", 1, [](ClusterSpec& s, double v) { s.nodes = static_cast<uint32_t>(v); }},
       {"gpus_per_node", 1, [](ClusterSpec& s, double v) { s.gpus_per_node = static_cast<uint32_t>(v); }},
       {"device_memory", 1, [](ClusterSpec& s, double v) { s.device_bytes = static_cast<uint64_t>(v); }},
       {"host_memory", 1, [](ClusterSpec& s, double v) { s.host_bytes = static_cast<uint64_t>(v); }},
       {"nvme_drives", 1, [](ClusterSpec& s, double v) { s.nvme_drives = static_cast<uint32_t>(v); }},
-      {"nvme_drive_capacity", 1, [](ClusterSpec& s, double v) { s.nvme_drive_bytes = static_cast<uint64_t>(v); }},
+      {"nvme_drive_capacity", 1,
+       [](ClusterSpec& s, double v) { s.nvme_drive_bytes = static_cast<uint64_t>(v); }},
       {"nvme_read", 1, [](ClusterSpec& s, double v) { s.nvme_read_Bps = v; }},
       {"nvme_write", 1, [](ClusterSpec& s, double v) { s.nvme_write_Bps = v; }},
       {"pcie", 1, [](ClusterSpec& s, double v) { s.pcie_Bps = v; }},
@@ -148,16 +157,26 @@ Result<ClusterSpec> ParseClusterJson(const std::string& text) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     if (k == "preset" || k == "comment") continue;
-    if (k == "name") { c.name = it->get<std::string>(); continue; }
-    if (k == "has_gpu") { c.has_gpu = it->get<bool>(); continue; }
+    if (k == "name" || k == "has_gpu") {
+      if (k == "name" ? !it->is_string() : !it->is_boolean())
+        return ConfigError("cluster." + k +
+                           (k == "name" ? ": expected a string" : ": expected true or false"));
+      if (k == "name")
+        c.name = it->get<std::string>();
+      else
+        c.has_gpu = it->get<bool>();
+      continue;
+    }
     auto f = std::find_if(std::begin(fields), std::end(fields), [&](const Field& x) { return k == x.key; });
     if (f == std::end(fields)) return ConfigError("cluster." + k + ": unknown key");
     STRATA_ASSIGN_OR_RETURN(double v, Number(*it, k));
     if (v < 0) return ConfigError("cluster." + k + ": negative");
     f->set(c, v * f->scale);
   }
-  if (c.nodes == 0 || c.gpus_per_node == 0) return ConfigError("cluster: nodes and gpus_per_node must be at least 1");
-  if (c.gpu_efficiency <= 0 || c.gpu_efficiency > 1) return ConfigError("cluster.gpu_efficiency: not in (0, 1]");
+  if (c.nodes == 0 || c.gpus_per_node == 0)
+    return ConfigError("cluster: nodes and gpus_per_node must be at least 1");
+  if (c.gpu_efficiency <= 0 || c.gpu_efficiency > 1)
+    return ConfigError("cluster.gpu_efficiency: not in (0, 1]");
   return c;
 }
 

@@ -20,17 +20,17 @@ struct ClusterSpec {
   uint64_t host_bytes = 0;     // per node
   uint32_t nvme_drives = 0;    // per node
   uint64_t nvme_drive_bytes = 0;
-  double nvme_read_Bps = 0;    // per drive
-  double nvme_write_Bps = 0;   // per drive
-  double pcie_Bps = 0;         // per GPU, each direction
-  double intra_node_Bps = 0;   // per GPU, collectives within a node (NVLink / NVSwitch)
-  double network_Bps = 0;      // per node, collectives between nodes
-  double gpu_flops = 0;        // per GPU, peak 16-bit
-  double gpu_efficiency = 0.4; // fraction of peak a layer's matmuls reach
-  double device_mem_Bps = 0;   // per GPU (HBM), for an optimizer step on the device
-  double cpu_adam_eps = 0;     // per node, elements per second of the CPU Adam (all cores)
-  double host_mem_Bps = 0;     // per node, memcpy-like streams (gradient accumulation)
-  double checksum_Bps = 0;     // per node, XXH3 over swap blocks (all cores)
+  double nvme_read_Bps = 0;     // per drive
+  double nvme_write_Bps = 0;    // per drive
+  double pcie_Bps = 0;          // per GPU, each direction
+  double intra_node_Bps = 0;    // per GPU, collectives within a node (NVLink / NVSwitch)
+  double network_Bps = 0;       // per node, collectives between nodes
+  double gpu_flops = 0;         // per GPU, peak 16-bit
+  double gpu_efficiency = 0.4;  // fraction of peak a layer's matmuls reach
+  double device_mem_Bps = 0;    // per GPU (HBM), for an optimizer step on the device
+  double cpu_adam_eps = 0;      // per node, elements per second of the CPU Adam (all cores)
+  double host_mem_Bps = 0;      // per node, memcpy-like streams (gradient accumulation)
+  double checksum_Bps = 0;      // per node, XXH3 over swap blocks (all cores)
 
   uint32_t world_size() const { return nodes * gpus_per_node; }
   uint64_t nvme_bytes() const { return nvme_drive_bytes * nvme_drives; }

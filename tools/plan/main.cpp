@@ -3,7 +3,6 @@
 // engine's step against the cluster's rates, searches placements (--auto) and
 // measures this machine's rates (--calibrate).
 #include <CLI/CLI.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -64,7 +63,8 @@ Result<Report> MakeReport(const Args& a) {
   STRATA_ASSIGN_OR_RETURN(r.cluster, ResolveCluster(a.cluster));
   if (a.nodes) r.cluster.nodes = a.nodes;
   if (a.gpus_per_node) r.cluster.gpus_per_node = a.gpus_per_node;
-  STRATA_ASSIGN_OR_RETURN(r.config, a.config.empty() ? ParseConfig(kDefaultConfig) : LoadConfigFile(a.config));
+  STRATA_ASSIGN_OR_RETURN(r.config,
+                          a.config.empty() ? ParseConfig(kDefaultConfig) : LoadConfigFile(a.config));
   STRATA_ASSIGN_OR_RETURN(r.layout, MakeLayout(r.model, static_cast<int>(r.cluster.world_size())));
   r.overlap_step = a.overlap_step;
   if (a.autoplace) {
@@ -99,8 +99,10 @@ int Run(const Args& a) {
 int main(int argc, char** argv) {
   strata::plan::Args a;
   CLI::App app{"strata-plan: what fits where (device, host, NVMe), and how fast"};
-  app.add_option("--model", a.model, "preset (tiny, gpt2, ..., 13b, 175b, 1t) or model JSON file")->capture_default_str();
-  app.add_option("--cluster", a.cluster, "preset (dgx2, dgx-a100, dgx-h100, local) or cluster JSON file")->capture_default_str();
+  app.add_option("--model", a.model, "preset (tiny, gpt2, ..., 13b, 175b, 1t) or model JSON file")
+      ->capture_default_str();
+  app.add_option("--cluster", a.cluster, "preset (dgx2, dgx-a100, dgx-h100, local) or cluster JSON file")
+      ->capture_default_str();
   app.add_option("--nodes", a.nodes, "override the cluster's node count");
   app.add_option("--gpus-per-node", a.gpus_per_node, "override the cluster's GPUs (ranks) per node");
   app.add_option("--config", a.config, "Strata/DeepSpeed config JSON (default: bf16, stage 3, no offload)");
@@ -111,11 +113,13 @@ int main(int argc, char** argv) {
   app.add_flag("--overlap-step", a.overlap_step, "the overlapped step (EngineOptions.overlap_step)");
   app.add_flag("--simulate", a.simulate, "simulate one step and print its time and bounding resource");
   app.add_flag("--auto", a.autoplace, "search placements; print the fastest that fits and its config");
-  app.add_option("--nvme-path", a.nvme_path, "swap folder written into --auto configs")->capture_default_str();
+  app.add_option("--nvme-path", a.nvme_path, "swap folder written into --auto configs")
+      ->capture_default_str();
   app.add_flag("--json", a.json, "print JSON instead of the table");
   app.add_option("--svg", a.svg, "write a bar chart of bytes per tier per state");
   app.add_option("--write-config", a.write_config, "write the plan's config JSON (for strata-train)");
-  app.add_option("--calibrate", a.calibrate_dir, "measure this machine's disk (in DIR), CPU Adam and memory rates")
+  app.add_option("--calibrate", a.calibrate_dir,
+                 "measure this machine's disk (in DIR), CPU Adam and memory rates")
       ->check(CLI::ExistingDirectory);
   app.add_option("--calibrate-size", a.calibrate_size, "disk test file size")->capture_default_str();
   CLI11_PARSE(app, argc, argv);

@@ -34,15 +34,22 @@ double ModelSpec::ForwardFlops(const GroupSpec& g) const {
 const std::vector<PresetInfo>& Presets() {
   // name, layers, hidden, heads, context. "1t" is ZeRO-Infinity's 1T shape.
   static const std::vector<PresetInfo> kPresets = {
-      {"tiny", 2, 128, 4, 256},         {"gpt2", 12, 768, 12, 1024},     {"gpt2-medium", 24, 1024, 16, 1024},
-      {"gpt2-large", 36, 1280, 20, 1024}, {"gpt2-xl", 48, 1600, 25, 1024}, {"2.7b", 32, 2560, 32, 2048},
-      {"6.7b", 32, 4096, 32, 2048},     {"13b", 40, 5120, 40, 2048},     {"175b", 96, 12288, 96, 2048},
+      {"tiny", 2, 128, 4, 256},
+      {"gpt2", 12, 768, 12, 1024},
+      {"gpt2-medium", 24, 1024, 16, 1024},
+      {"gpt2-large", 36, 1280, 20, 1024},
+      {"gpt2-xl", 48, 1600, 25, 1024},
+      {"2.7b", 32, 2560, 32, 2048},
+      {"6.7b", 32, 4096, 32, 2048},
+      {"13b", 40, 5120, 40, 2048},
+      {"175b", 96, 12288, 96, 2048},
       {"1t", 128, 25600, 160, 1024},
   };
   return kPresets;
 }
 
-ModelSpec GptModel(const std::string& name, uint64_t layers, uint64_t hidden, uint64_t heads, uint64_t context) {
+ModelSpec GptModel(const std::string& name, uint64_t layers, uint64_t hidden, uint64_t heads,
+                   uint64_t context) {
   ModelSpec m;
   m.name = name;
   m.layers = layers;
@@ -53,7 +60,7 @@ ModelSpec GptModel(const std::string& name, uint64_t layers, uint64_t hidden, ui
   m.groups.push_back({"embed", kVocab * c + context * c, false});  // token + position (head tied)
   for (uint64_t l = 0; l < layers; ++l) {
     const std::string p = "h" + std::to_string(l) + ".";
-    m.groups.push_back({p + "attn", 4 * c * c + 4 * c + 2 * c, true});  // ln1, qkv, proj
+    m.groups.push_back({p + "attn", 4 * c * c + 4 * c + 2 * c, true});     // ln1, qkv, proj
     m.groups.push_back({p + "mlp_fc", 4 * c * c + 4 * c + 2 * c, false});  // ln2, fc
     m.groups.push_back({p + "mlp_proj", 4 * c * c + c, false});
   }
@@ -91,6 +98,9 @@ Status ReadGroups(const nlohmann::json& j, ModelSpec* m) {
     const std::string at = "model.groups[" + std::to_string(i) + "]";
     if (!g.is_object() || !g.contains("numel") || !g["numel"].is_number() || g["numel"].get<double>() < 1)
       return ConfigError(at + ".numel: required, a positive element count");
+    if ((g.contains("name") && !g["name"].is_string()) ||
+        (g.contains("attention") && !g["attention"].is_boolean()))
+      return ConfigError(at + ": name must be a string and attention true or false");
     GroupSpec s;
     s.name = g.value("name", "group" + std::to_string(i));
     s.numel = static_cast<uint64_t>(g["numel"].get<double>());
@@ -105,12 +115,15 @@ Status ReadGroups(const nlohmann::json& j, ModelSpec* m) {
 Result<ModelSpec> ParseModelJson(const std::string& text) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return ConfigError("model: not a JSON object");
-  static const char* kKeys[] = {"name", "groups", "hidden", "layers", "heads", "seq", "context",
-                                "micro_batch", "grad_accum", "checkpointing", "preset"};
+  static const char* kKeys[] = {"name",    "groups",      "hidden",     "layers",        "heads", "seq",
+                                "context", "micro_batch", "grad_accum", "checkpointing", "preset"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return it.key() == k; }) ==
         std::end(kKeys))
       return ConfigError("model." + it.key() + ": unknown key");
+  for (const char* k : {"name", "preset"})
+    if (j.contains(k) && !j[k].is_string())
+      return ConfigError(std::string("model.") + k + ": expected a string");
   ModelSpec m;
   if (j.contains("preset")) {
     STRATA_ASSIGN_OR_RETURN(m, PresetModel(j["preset"].get<std::string>()));
@@ -120,7 +133,8 @@ Result<ModelSpec> ParseModelJson(const std::string& text) {
     STRATA_RETURN_IF_ERROR(Read(j, "hidden", &hidden));
     STRATA_RETURN_IF_ERROR(Read(j, "heads", &heads));
     STRATA_RETURN_IF_ERROR(Read(j, "context", &context));
-    if (layers == 0 || hidden == 0) return ConfigError("model: give \"groups\", a \"preset\", or \"layers\" and \"hidden\"");
+    if (layers == 0 || hidden == 0)
+      return ConfigError("model: give \"groups\", a \"preset\", or \"layers\" and \"hidden\"");
     m = GptModel("custom", layers, hidden, heads, context);
   }
   if (j.contains("groups")) {

@@ -48,7 +48,8 @@ const std::vector<PresetInfo>& Presets();
 Result<ModelSpec> PresetModel(const std::string& name);
 // A model from shape figures (used by the presets and by JSON with "layers"
 // and "hidden" but no "groups").
-ModelSpec GptModel(const std::string& name, uint64_t layers, uint64_t hidden, uint64_t heads, uint64_t context);
+ModelSpec GptModel(const std::string& name, uint64_t layers, uint64_t hidden, uint64_t heads,
+                   uint64_t context);
 
 // JSON text or a file. Errors name the key.
 Result<ModelSpec> ParseModelJson(const std::string& text);

@@ -5,8 +5,8 @@ namespace strata::plan {
 
 std::string Candidate::Label() const {
   const auto& z = config.zero;
-  return "stage " + std::to_string(z.stage) + ", P " + OffloadDeviceName(z.offload_param.device) + ", W/M/V " +
-         OffloadDeviceName(z.offload_optimizer.device) + (overlap_step ? ", overlap" : "");
+  return "stage " + std::to_string(z.stage) + ", P " + OffloadDeviceName(z.offload_param.device) +
+         ", W/M/V " + OffloadDeviceName(z.offload_optimizer.device) + (overlap_step ? ", overlap" : "");
 }
 
 Config WithPlacement(const Config& base, int stage, OffloadDevice param, OffloadDevice optimizer,
@@ -16,12 +16,15 @@ Config WithPlacement(const Config& base, int stage, OffloadDevice param, Offload
   c.zero.offload_param.device = param;
   c.zero.offload_optimizer.device = optimizer;
   if (param == OffloadDevice::kNvme) {
-    if (c.zero.offload_param.nvme_path.empty() && c.strata.nvme_paths.empty()) c.zero.offload_param.nvme_path = nvme_path;
+    if (c.zero.offload_param.nvme_path.empty() && c.strata.nvme_paths.empty())
+      c.zero.offload_param.nvme_path = nvme_path;
     c.zero.offload_param.buffer_size = std::max(c.zero.offload_param.buffer_size, layout.largest_group);
   }
-  if (optimizer == OffloadDevice::kNvme && c.zero.offload_optimizer.nvme_path.empty() && c.strata.nvme_paths.empty())
+  if (optimizer == OffloadDevice::kNvme && c.zero.offload_optimizer.nvme_path.empty() &&
+      c.strata.nvme_paths.empty())
     c.zero.offload_optimizer.nvme_path = nvme_path;
-  if (capacity && c.strata.host_budget == 0) c.strata.host_budget = capacity->capacity[static_cast<size_t>(TierKind::kHost)];
+  if (capacity && c.strata.host_budget == 0)
+    c.strata.host_budget = capacity->capacity[static_cast<size_t>(TierKind::kHost)];
   return c;
 }
 

@@ -25,36 +25,45 @@ std::string Count(double n) {
 
 std::string Cell(uint64_t bytes) { return bytes ? FormatBytes(bytes) : "-"; }
 
-std::string Pad(const std::string& s, size_t w) { return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' '); }
+std::string Pad(const std::string& s, size_t w) {
+  return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' ');
+}
 
-const char* Where(OffloadDevice d) { return d == OffloadDevice::kNone ? "device" : d == OffloadDevice::kCpu ? "host" : "nvme"; }
+const char* Where(OffloadDevice d) {
+  return d == OffloadDevice::kNone ? "device" : d == OffloadDevice::kCpu ? "host" : "nvme";
+}
 
 std::string Header(const Report& r) {
   const auto& c = r.cluster;
-  std::string s = "model " + r.model.name + ": " + Count(static_cast<double>(r.layout.full_numel)) + " parameters in " +
-                  std::to_string(r.layout.group_numel.size()) + " groups (largest " +
-                  Count(static_cast<double>(r.layout.largest_group)) + "); seq " + std::to_string(r.model.seq) +
-                  ", micro-batch " + std::to_string(r.model.micro_batch) +
+  std::string s = "model " + r.model.name + ": " + Count(static_cast<double>(r.layout.full_numel)) +
+                  " parameters in " + std::to_string(r.layout.group_numel.size()) + " groups (largest " +
+                  Count(static_cast<double>(r.layout.largest_group)) + "); seq " +
+                  std::to_string(r.model.seq) + ", micro-batch " + std::to_string(r.model.micro_batch) +
                   (r.model.checkpointing ? ", activation checkpointing\n" : ", no checkpointing\n");
-  s += "cluster " + c.name + ": " + std::to_string(c.nodes) + " node(s) x " + std::to_string(c.gpus_per_node) +
+  s += "cluster " + c.name + ": " + std::to_string(c.nodes) + " node(s) x " +
+       std::to_string(c.gpus_per_node) +
        (c.has_gpu ? " GPUs of " + FormatBytes(c.device_bytes) : " ranks without a GPU") + ", host " +
-       FormatBytes(c.host_bytes) + ", NVMe " + std::to_string(c.nvme_drives) + " x " + FormatBytes(c.nvme_drive_bytes) +
-       " per node (world " + std::to_string(c.world_size()) + ")\n";
+       FormatBytes(c.host_bytes) + ", NVMe " + std::to_string(c.nvme_drives) + " x " +
+       FormatBytes(c.nvme_drive_bytes) + " per node (world " + std::to_string(c.world_size()) + ")\n";
   const auto& z = r.config.zero;
-  s += std::string("placement: stage ") + std::to_string(z.stage) + ", P on " + Where(z.offload_param.device) +
-       ", W/M/V on " + Where(z.offload_optimizer.device) + ", " + DTypeName(r.config.compute_dtype()) + ", " +
-       r.config.optimizer.type + (r.overlap_step ? ", overlapped step" : "") + "\n";
+  s += std::string("placement: stage ") + std::to_string(z.stage) + ", P on " +
+       Where(z.offload_param.device) + ", W/M/V on " + Where(z.offload_optimizer.device) + ", " +
+       DTypeName(r.config.compute_dtype()) + ", " + r.config.optimizer.type +
+       (r.overlap_step ? ", overlapped step" : "") + "\n";
   return s;
 }
 
 std::string CapacityTable(const Capacity& cap, uint32_t ranks) {
-  std::string s = "\n" + Pad("bytes per rank", 16) + Pad("device", 14) + Pad("host", 14) + Pad("nvme", 14) + "\n";
+  std::string s =
+      "\n" + Pad("bytes per rank", 16) + Pad("device", 14) + Pad("host", 14) + Pad("nvme", 14) + "\n";
   for (int st = 0; st < kNumPlanStates; ++st) {
     s += Pad(PlanStateName(PlanState(st)), 16);
-    for (int t = 0; t < kNumTiers; ++t) s += Pad(Cell(cap.bytes[static_cast<size_t>(st)][static_cast<size_t>(t)]), 14);
+    for (int t = 0; t < kNumTiers; ++t)
+      s += Pad(Cell(cap.bytes[static_cast<size_t>(st)][static_cast<size_t>(t)]), 14);
     s += std::string("  ") + PlanStateDescription(PlanState(st)) + "\n";
   }
-  std::string used = Pad("total", 16), avail = Pad("available", 16), fits = Pad("fits", 16), node = Pad("per node", 16);
+  std::string used = Pad("total", 16), avail = Pad("available", 16), fits = Pad("fits", 16),
+              node = Pad("per node", 16);
   for (int t = 0; t < kNumTiers; ++t) {
     used += Pad(FormatBytes(cap.Used(TierKind(t))), 14);
     avail += Pad(FormatBytes(cap.capacity[static_cast<size_t>(t)]), 14);
@@ -70,12 +79,14 @@ std::string CapacityTable(const Capacity& cap, uint32_t ranks) {
 
 std::string SimText(const SimResult& sim) {
   std::string s = "\nsimulated step: " + Fmt("%.3f s", sim.step_s) + " (forward+backward " +
-                  Fmt("%.3f s", sim.forward_backward_s) + ", step after backward " + Fmt("%.3f s", sim.optimizer_s) +
-                  "); bound by " + SimResourceName(sim.bound) + "\n";
+                  Fmt("%.3f s", sim.forward_backward_s) + ", step after backward " +
+                  Fmt("%.3f s", sim.optimizer_s) + "); bound by " + SimResourceName(sim.bound) + "\n";
   s += "busy per rank:";
   for (int i = 0; i < kNumSimResources; ++i)
-    s += std::string(" ") + SimResourceName(SimResource(i)) + " " + Fmt("%.3f s", sim.busy_s[static_cast<size_t>(i)]) +
-         Fmt(" (%.0f%%)", sim.step_s > 0 ? 100 * sim.busy_s[static_cast<size_t>(i)] / sim.step_s : 0) + (i + 1 < kNumSimResources ? "," : "\n");
+    s += std::string(" ") + SimResourceName(SimResource(i)) + " " +
+         Fmt("%.3f s", sim.busy_s[static_cast<size_t>(i)]) +
+         Fmt(" (%.0f%%)", sim.step_s > 0 ? 100 * sim.busy_s[static_cast<size_t>(i)] / sim.step_s : 0) +
+         (i + 1 < kNumSimResources ? "," : "\n");
   s += "moved per rank: disk read " + FormatBytes(sim.disk_read_bytes) + ", disk write " +
        FormatBytes(sim.disk_write_bytes) + ", pcie " + FormatBytes(sim.pcie_bytes) + ", network " +
        FormatBytes(sim.network_bytes) + "\n";
@@ -91,7 +102,8 @@ nlohmann::ordered_json CapacityJson(const Capacity& cap) {
   for (int t = 0; t < kNumTiers; ++t) {
     nlohmann::ordered_json tier;
     for (int st = 0; st < kNumPlanStates; ++st)
-      tier["bytes"][PlanStateName(PlanState(st))] = cap.bytes[static_cast<size_t>(st)][static_cast<size_t>(t)];
+      tier["bytes"][PlanStateName(PlanState(st))] =
+          cap.bytes[static_cast<size_t>(st)][static_cast<size_t>(t)];
     tier["used"] = cap.Used(TierKind(t));
     tier["capacity"] = cap.capacity[static_cast<size_t>(t)];
     tier["fits"] = cap.Fits(TierKind(t));
@@ -107,9 +119,12 @@ nlohmann::ordered_json SimJson(const SimResult& s) {
   j["forward_backward_s"] = s.forward_backward_s;
   j["step_after_backward_s"] = s.optimizer_s;
   j["bound"] = SimResourceName(s.bound);
-  for (int i = 0; i < kNumSimResources; ++i) j["busy_s"][SimResourceName(SimResource(i))] = s.busy_s[static_cast<size_t>(i)];
-  j["moved_bytes"] = {{"disk_read", s.disk_read_bytes}, {"disk_write", s.disk_write_bytes},
-                      {"pcie", s.pcie_bytes}, {"network", s.network_bytes}};
+  for (int i = 0; i < kNumSimResources; ++i)
+    j["busy_s"][SimResourceName(SimResource(i))] = s.busy_s[static_cast<size_t>(i)];
+  j["moved_bytes"] = {{"disk_read", s.disk_read_bytes},
+                      {"disk_write", s.disk_write_bytes},
+                      {"pcie", s.pcie_bytes},
+                      {"network", s.network_bytes}};
   j["fetches"] = s.fetches;
   j["prefetch_hits"] = s.prefetch_hits;
   j["stalls"] = s.stalls;
@@ -130,27 +145,43 @@ std::string FormatTable(const Report& r) {
     for (size_t i = 0; i < r.autoplan->candidates.size(); ++i) {
       const Candidate& c = r.autoplan->candidates[i];
       s += (static_cast<int>(i) == r.autoplan->best ? "  * " : "    ") + Pad(c.Label(), 40);
-      s += c.simulated ? Fmt("%.3f s/step, ", c.sim.step_s) + "bound by " + SimResourceName(c.sim.bound) + "\n"
-                       : "does not fit (" + c.capacity.Problems().front() + ")\n";
+      s += c.simulated
+               ? Fmt("%.3f s/step, ", c.sim.step_s) + "bound by " + SimResourceName(c.sim.bound) + "\n"
+               : "does not fit (" + c.capacity.Problems().front() + ")\n";
     }
-    if (r.autoplan->best < 0) s += "nothing fits\n";
-    else s += "\nconfig for strata-train" + std::string(r.overlap_step ? " (with the overlapped step)" : "") + ":\n" +
-              PlanConfigJson(r) + "\n";
+    if (r.autoplan->best < 0)
+      s += "nothing fits\n";
+    else
+      s += "\nconfig for strata-train" + std::string(r.overlap_step ? " (with the overlapped step)" : "") +
+           ":\n" + PlanConfigJson(r) + "\n";
   }
   return s;
 }
 
 std::string FormatJson(const Report& r) {
   nlohmann::ordered_json j;
-  j["model"] = {{"name", r.model.name}, {"parameters", r.layout.full_numel}, {"groups", r.layout.group_numel.size()},
-                {"largest_group", r.layout.largest_group}, {"hidden", r.model.hidden}, {"layers", r.model.layers},
-                {"seq", r.model.seq}, {"micro_batch", r.model.micro_batch}, {"checkpointing", r.model.checkpointing}};
+  j["model"] = {{"name", r.model.name},
+                {"parameters", r.layout.full_numel},
+                {"groups", r.layout.group_numel.size()},
+                {"largest_group", r.layout.largest_group},
+                {"hidden", r.model.hidden},
+                {"layers", r.model.layers},
+                {"seq", r.model.seq},
+                {"micro_batch", r.model.micro_batch},
+                {"checkpointing", r.model.checkpointing}};
   const auto& c = r.cluster;
-  j["cluster"] = {{"name", c.name}, {"nodes", c.nodes}, {"gpus_per_node", c.gpus_per_node}, {"world_size", c.world_size()},
-                  {"device_memory", c.device_bytes}, {"host_memory", c.host_bytes}, {"nvme_bytes", c.nvme_bytes()}};
+  j["cluster"] = {{"name", c.name},
+                  {"nodes", c.nodes},
+                  {"gpus_per_node", c.gpus_per_node},
+                  {"world_size", c.world_size()},
+                  {"device_memory", c.device_bytes},
+                  {"host_memory", c.host_bytes},
+                  {"nvme_bytes", c.nvme_bytes()}};
   const auto& z = r.config.zero;
-  j["placement"] = {{"stage", z.stage}, {"param", Where(z.offload_param.device)},
-                    {"optimizer", Where(z.offload_optimizer.device)}, {"overlap_step", r.overlap_step}};
+  j["placement"] = {{"stage", z.stage},
+                    {"param", Where(z.offload_param.device)},
+                    {"optimizer", Where(z.offload_optimizer.device)},
+                    {"overlap_step", r.overlap_step}};
   j["capacity"] = CapacityJson(r.capacity);
   if (r.sim) j["simulation"] = SimJson(*r.sim);
   if (r.autoplan) {

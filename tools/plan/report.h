@@ -17,7 +17,7 @@ struct Report {
   ModelSpec model;
   ClusterSpec cluster;
   Layout layout;
-  Config config;       // the plan's config (the --auto winner, when there is one)
+  Config config;  // the plan's config (the --auto winner, when there is one)
   bool overlap_step = false;
   Capacity capacity;
   std::optional<SimResult> sim;
@@ -25,8 +25,8 @@ struct Report {
 };
 
 std::string FormatTable(const Report& r);
-std::string FormatJson(const Report& r);   // one JSON document
-std::string FormatSvg(const Report& r);    // a standalone SVG image
+std::string FormatJson(const Report& r);  // one JSON document
+std::string FormatSvg(const Report& r);   // a standalone SVG image
 // The config JSON of the plan, ready for strata-train --config.
 std::string PlanConfigJson(const Report& r);
 

@@ -25,7 +25,8 @@ class Timeline {
   double Book(double ready, double dur) {
     if (dur <= 0) return ready;
     busy_ += dur;
-    auto it = std::lower_bound(iv_.begin(), iv_.end(), ready, [](const Interval& a, double t) { return a.end <= t; });
+    auto it = std::lower_bound(iv_.begin(), iv_.end(), ready,
+                               [](const Interval& a, double t) { return a.end <= t; });
     double start = ready;
     for (; it != iv_.end() && start + dur > it->start; ++it) start = std::max(start, it->end);
     const double end = start + dur;
@@ -47,7 +48,9 @@ class Timeline {
   double busy() const { return busy_; }
 
  private:
-  struct Interval { double start, end; };
+  struct Interval {
+    double start, end;
+  };
   std::vector<Interval> iv_;
   double busy_ = 0;
 };
@@ -78,8 +81,10 @@ class StepSim {
 
   SimResult Run() {
     double t = 0;
-    if (!o_.optimizer_only) t = ForwardBackward();
-    else std::fill(grads_.begin(), grads_.end(), 1);
+    if (!o_.optimizer_only)
+      t = ForwardBackward();
+    else
+      std::fill(grads_.begin(), grads_.end(), 1);
     r_.forward_backward_s = t;
     double end = t;
     if (o_.overlap_step && !o_.optimizer_only) {
@@ -131,14 +136,18 @@ class StepSim {
     const double pb = PHomeNumel(g) * dp_;
     if (h_.p == TierKind::kNvme) t = Checksum(DiskRead(t, pb), pb);
     if (h_.p != TierKind::kDevice) {
-      if (c_.has_gpu) t = Pcie(t, pb);
-      else if (h_.p == TierKind::kHost) t = Cpu(t, pb / c_.RankHostMem());
+      if (c_.has_gpu)
+        t = Pcie(t, pb);
+      else if (h_.p == TierKind::kHost)
+        t = Cpu(t, pb / c_.RankHostMem());
     }
     if (cfg_.zero.stage >= 3 && l_.world_size > 1) t = Net(t, Numel(g) * dp_ * (world_ - 1) / world_);
     return t;
   }
 
-  bool Resident(int h, double now) const { return state_[static_cast<size_t>(h)] == kLoaded && ready_[static_cast<size_t>(h)] <= now; }
+  bool Resident(int h, double now) const {
+    return state_[static_cast<size_t>(h)] == kLoaded && ready_[static_cast<size_t>(h)] <= now;
+  }
   void Evict(int h) {
     state_[static_cast<size_t>(h)] = kAbsent;
     used_ -= CopyBytes(h);
@@ -159,13 +168,25 @@ class StepSim {
       double next_ready = kInf;
       for (int h : loaded_) {
         if (h == g || h == pinned_ || state_[static_cast<size_t>(h)] != kLoaded) continue;
-        if (!Resident(h, now)) { next_ready = std::min(next_ready, ready_[static_cast<size_t>(h)]); continue; }
+        if (!Resident(h, now)) {
+          next_ready = std::min(next_ready, ready_[static_cast<size_t>(h)]);
+          continue;
+        }
         const uint64_t score = sched_.NextUse(h);
-        if (victim < 0 || score > best) { victim = h; best = score; }
+        if (victim < 0 || score > best) {
+          victim = h;
+          best = score;
+        }
       }
-      if (victim >= 0 && (demand || best > sched_.NextUse(g))) { Evict(victim); continue; }
+      if (victim >= 0 && (demand || best > sched_.NextUse(g))) {
+        Evict(victim);
+        continue;
+      }
       if (!demand) return -1;
-      if (next_ready < kInf) { now = next_ready; continue; }  // a load in flight becomes evictable
+      if (next_ready < kInf) {
+        now = next_ready;
+        continue;
+      }                       // a load in flight becomes evictable
       used_ += CopyBytes(g);  // does not fit: the capacity report says so; go on over budget
       return now;
     }
@@ -222,7 +243,10 @@ class StepSim {
       Track(g);
       ready = ready_[static_cast<size_t>(g)] = LoadChain(g, at);
     }
-    if (ready > t) { ++r_.stalls; r_.stall_s += ready - t; }
+    if (ready > t) {
+      ++r_.stalls;
+      r_.stall_s += ready - t;
+    }
     pinned_ = g;
     Enqueue(Ahead(), ready);
     return ready;
@@ -259,11 +283,13 @@ class StepSim {
     double t = 0;
     for (uint64_t mb = 0; mb < m_.grad_accum; ++mb) {
       for (int g = 0; g < n_; ++g) {
-        t = R(SimResource::kGpu).Book(Fetch(g, t), m_.ForwardFlops(m_.groups[static_cast<size_t>(g)]) / flops);
+        t = R(SimResource::kGpu)
+                .Book(Fetch(g, t), m_.ForwardFlops(m_.groups[static_cast<size_t>(g)]) / flops);
         pinned_ = -1;
       }
       for (int g = n_ - 1; g >= 0; --g) {
-        t = R(SimResource::kGpu).Book(Fetch(g, t), bwd * m_.ForwardFlops(m_.groups[static_cast<size_t>(g)]) / flops);
+        t = R(SimResource::kGpu)
+                .Book(Fetch(g, t), bwd * m_.ForwardFlops(m_.groups[static_cast<size_t>(g)]) / flops);
         pinned_ = -1;
         const bool last = mb + 1 == m_.grad_accum;
         t = Grads(g, t, mb == 0, last);
@@ -275,7 +301,9 @@ class StepSim {
   }
 
   // States the step moves through a slot (not addressable by the CPU in place).
-  bool Staged(TierKind home) const { return home == TierKind::kNvme || (home == TierKind::kDevice && c_.has_gpu); }
+  bool Staged(TierKind home) const {
+    return home == TierKind::kNvme || (home == TierKind::kDevice && c_.has_gpu);
+  }
   double Load(TierKind home, double t, double bytes) {
     return home == TierKind::kNvme ? DiskRead(t, bytes) : Pcie(t, bytes);
   }
@@ -298,7 +326,8 @@ class StepSim {
       double done = at;
       if (Staged(h_.opt))
         for (int s = 0; s < nopt; ++s) done = std::max(done, Load(h_.opt, at, OptNumel(g) * 4));
-      if (Staged(h_.g) && grads_[static_cast<size_t>(g)]) done = std::max(done, Load(h_.g, at, OptNumel(g) * 4));
+      if (Staged(h_.g) && grads_[static_cast<size_t>(g)])
+        done = std::max(done, Load(h_.g, at, OptNumel(g) * 4));
       loads[static_cast<size_t>(i)] = done;
     };
     if (n > 0) start_loads(0, t);
@@ -336,7 +365,7 @@ class StepSim {
   std::vector<CopyState> state_;
   std::vector<double> ready_;
   std::vector<uint8_t> grads_;
-  std::vector<int> loaded_;  // groups that have had a copy (the eviction scan's candidates)
+  std::vector<int> loaded_;                   // groups that have had a copy (the eviction scan's candidates)
   std::deque<std::pair<int, double>> queue_;  // prefetch queue: group, time enqueued
   double prefetch_free_ = 0, overlap_free_ = 0;
   int pinned_ = -1;
