@@ -1,0 +1,49 @@
+// What strata-export needs from a Strata checkpoint: for every group, its
+// tensors (name, offset, numel within the group) and where each rank's W
+// shard lies (file, offset, bytes, XXH3), in rank order. Read from
+// DIR/TAG/manifest.json and checked against the data files' sizes; the
+// manifest is JSON from disk, so any surprise in it is a CORRUPT error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace strata::exporter {
+
+struct TensorRef {
+  std::string name;
+  uint64_t offset = 0;  // elements from the group's start
+  uint64_t numel = 0;
+};
+
+// One rank's W shard of a group: shard r covers elements
+// [r * shard_numel, (r + 1) * shard_numel) of the padded group.
+struct ShardRef {
+  std::string path;      // the rank's data file
+  uint64_t offset = 0;   // bytes into the file
+  uint64_t bytes = 0;    // shard_numel * 4 (fp32)
+  std::string xxh3;      // 16 hex digits, as the manifest writes it
+};
+
+struct GroupRef {
+  uint64_t numel = 0, padded = 0, shard_numel = 0;
+  std::vector<TensorRef> tensors;  // sorted by offset, disjoint, inside [0, numel)
+  std::vector<ShardRef> shards;    // one per rank, in rank order
+};
+
+struct CheckpointPlan {
+  std::string folder;  // DIR/TAG
+  std::string tag;
+  int world_size = 1;
+  int64_t step = 0;
+  std::vector<GroupRef> groups;
+};
+
+// `path` is a checkpoint folder (holding manifest.json) or a checkpoint
+// directory (holding `latest`, which names the folder).
+Result<CheckpointPlan> ReadCheckpointPlan(const std::string& path);
+
+}  // namespace strata::exporter
