@@ -82,8 +82,8 @@ TEST(CalibratedPrediction, OptimizerStepOnNvmeWithin25Percent) {
   auto sim = Simulate(m, c, *cfg, {.optimizer_only = true});
   ASSERT_TRUE(sim.ok());
   const double err = (sim->step_s - *measured) / *measured;
-  std::printf("calibration: disk read %.0f MB/s, write %.0f MB/s; Adam %.0f M/s; XXH3 %.1f GB/s\n",
-              cal->nvme_read_Bps / 1e6, cal->nvme_write_Bps / 1e6, cal->cpu_adam_eps / 1e6,
+  std::printf("calibration: disk read %.0f MB/s, write %.0f MB/s, mixed x%.2f; Adam %.0f M/s; XXH3 %.1f GB/s\n",
+              cal->nvme_read_Bps / 1e6, cal->nvme_write_Bps / 1e6, cal->nvme_mixed_factor, cal->cpu_adam_eps / 1e6,
               cal->checksum_Bps / 1e9);
   std::printf("simulated: disk busy %.3f s, cpu busy %.3f s\n", sim->Busy(SimResource::kDisk),
               sim->Busy(SimResource::kCpu));

@@ -54,22 +54,36 @@ Status MeasureDisk(const CalibrateOptions& o, Calibration* out) {
   Status st = mem.ok() ? ReserveFileSpace(storage->Info(file).fd, path, size) : mem.status();
   if (st.ok()) {
     std::memset(mem->ptr, 0x5A, nbufs * o.block_bytes);
-    auto pass = [&](IoOp::Kind kind) {
+    // mixed: reads and writes at once, 4 reads to 3 writes (the step's 16 B read
+    // to 12 B written per parameter), reads and writes in separate buffers.
+    auto pass = [&](IoOp::Kind kind, bool mixed = false) {
       std::vector<IoOp> ops;
-      for (uint64_t i = 0; i < size / o.block_bytes; ++i)
-        ops.push_back(IoOp{kind, file, i * o.block_bytes,
-                           static_cast<char*>(mem->ptr) + (i % nbufs) * o.block_bytes, o.block_bytes});
+      for (uint64_t i = 0; i < size / o.block_bytes; ++i) {
+        const IoOp::Kind k = mixed ? (i % 7 < 4 ? IoOp::kRead : IoOp::kWrite) : kind;
+        const uint64_t buf =
+            mixed ? (k == IoOp::kRead ? i % (nbufs / 2) : nbufs / 2 + i % (nbufs / 2)) : i % nbufs;
+        ops.push_back(IoOp{k, file, i * o.block_bytes, static_cast<char*>(mem->ptr) + buf * o.block_bytes,
+                           o.block_bytes});
+      }
       return storage->Run(ops);
     };
     st = pass(IoOp::kWrite);  // lay the file out, so that timed writes overwrite
     auto w = st.ok() ? MedianSeconds(o.repeats, [&] { return pass(IoOp::kWrite); }) : Result<double>(st);
     auto r =
         w.ok() ? MedianSeconds(o.repeats, [&] { return pass(IoOp::kRead); }) : Result<double>(w.status());
-    if (r.ok()) {
+    auto m = r.ok() ? MedianSeconds(o.repeats, [&] { return pass(IoOp::kRead, true); })
+                    : Result<double>(r.status());
+    if (m.ok()) {
       out->nvme_write_Bps = static_cast<double>(size) / *w;
       out->nvme_read_Bps = static_cast<double>(size) / *r;
+      // Mixed time against the sum of the read-alone and write-alone times.
+      const double blocks = static_cast<double>(size / o.block_bytes),
+                   bb = static_cast<double>(o.block_bytes);
+      const double reads = std::ceil(blocks * 4 / 7) * bb, writes = blocks * bb - reads;
+      const double serial = reads / out->nvme_read_Bps + writes / out->nvme_write_Bps;
+      out->nvme_mixed_factor = std::clamp(*m / serial, 0.5, 2.0);
     }
-    st = r.status();
+    st = m.status();
   }
   if (mem.ok()) host.Free(*mem);
   storage->Close(file).IgnoreError();
@@ -131,6 +145,7 @@ ClusterSpec CalibratedCluster(const Calibration& c) {
   s.nvme_drive_bytes = c.dir_free_bytes ? c.dir_free_bytes : s.nvme_drive_bytes;
   s.nvme_read_Bps = c.nvme_read_Bps;
   s.nvme_write_Bps = c.nvme_write_Bps;
+  s.nvme_mixed_factor = c.nvme_mixed_factor;
   s.cpu_adam_eps = c.cpu_adam_eps;
   s.host_mem_Bps = c.host_mem_Bps;
   s.checksum_Bps = c.checksum_Bps;
@@ -153,6 +168,7 @@ std::string CalibrationJson(const Calibration& c) {
   j["nvme_drive_capacity"] = s.nvme_drive_bytes;
   j["nvme_read"] = std::round(c.nvme_read_Bps);
   j["nvme_write"] = std::round(c.nvme_write_Bps);
+  j["nvme_mixed_factor"] = std::round(c.nvme_mixed_factor * 1000) / 1000;
   j["cpu_adam_rate"] = std::round(c.cpu_adam_eps);
   j["host_mem_bw"] = std::round(c.host_mem_Bps);
   j["checksum_rate"] = std::round(c.checksum_Bps);

@@ -1,5 +1,5 @@
 // --calibrate DIR: measures this machine's rates that the simulator needs —
-// the disk under DIR through Strata's io_uring storage (O_DIRECT, huge-page
+// the disk under DIR (reads, writes, and both at once) through Strata's io_uring storage (O_DIRECT, huge-page
 // buffers), the CPU Adam (kernels::AdamStep), host memory streams and the
 // XXH3 checksum of swap blocks — and writes them as a cluster JSON file that
 // --cluster takes.
@@ -24,6 +24,7 @@ struct CalibrateOptions {
 
 struct Calibration {
   double nvme_read_Bps = 0, nvme_write_Bps = 0;
+  double nvme_mixed_factor = 1;  // reads and writes at once: time / (read-alone + write-alone time)
   double cpu_adam_eps = 0, host_mem_Bps = 0, checksum_Bps = 0;
   uint64_t dir_free_bytes = 0;
 };

@@ -144,6 +144,7 @@ Result<ClusterSpec> ParseClusterJson(const std::string& text) {
        [](ClusterSpec& s, double v) { s.nvme_drive_bytes = static_cast<uint64_t>(v); }},
       {"nvme_read", 1, [](ClusterSpec& s, double v) { s.nvme_read_Bps = v; }},
       {"nvme_write", 1, [](ClusterSpec& s, double v) { s.nvme_write_Bps = v; }},
+      {"nvme_mixed_factor", 1, [](ClusterSpec& s, double v) { s.nvme_mixed_factor = v; }},
       {"pcie", 1, [](ClusterSpec& s, double v) { s.pcie_Bps = v; }},
       {"intra_node", 1, [](ClusterSpec& s, double v) { s.intra_node_Bps = v; }},
       {"network", 1, [](ClusterSpec& s, double v) { s.network_Bps = v; }},

@@ -20,8 +20,11 @@ struct ClusterSpec {
   uint64_t host_bytes = 0;     // per node
   uint32_t nvme_drives = 0;    // per node
   uint64_t nvme_drive_bytes = 0;
-  double nvme_read_Bps = 0;     // per drive
-  double nvme_write_Bps = 0;    // per drive
+  double nvme_read_Bps = 0;   // per drive
+  double nvme_write_Bps = 0;  // per drive
+  // Reads and writes in flight together take this times the sum of their
+  // alone-times (1: they simply share the drive; --calibrate measures it).
+  double nvme_mixed_factor = 1;
   double pcie_Bps = 0;          // per GPU, each direction
   double intra_node_Bps = 0;    // per GPU, collectives within a node (NVLink / NVSwitch)
   double network_Bps = 0;       // per node, collectives between nodes

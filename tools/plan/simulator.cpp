@@ -112,13 +112,16 @@ class StepSim {
   double PHomeNumel(int g) const { return cfg_.zero.stage >= 3 ? Shard(g) : Numel(g); }
   double CopyBytes(int g) const { return Numel(g) * dp_; }  // a gathered group on the device
 
+  // The step's reads and writes overlap (read ahead, write behind); so do
+  // prefetch reads and gradient writes in backward.
+  double DiskFactor() const { return c_.nvme_mixed_factor; }
   double DiskRead(double t, double bytes) {
     r_.disk_read_bytes += static_cast<uint64_t>(bytes);
-    return R(SimResource::kDisk).Book(t, bytes / c_.RankNvmeRead());
+    return R(SimResource::kDisk).Book(t, DiskFactor() * bytes / c_.RankNvmeRead());
   }
   double DiskWrite(double t, double bytes) {
     r_.disk_write_bytes += static_cast<uint64_t>(bytes);
-    return R(SimResource::kDisk).Book(t, bytes / c_.RankNvmeWrite());
+    return R(SimResource::kDisk).Book(t, DiskFactor() * bytes / c_.RankNvmeWrite());
   }
   double Pcie(double t, double bytes) {
     r_.pcie_bytes += static_cast<uint64_t>(bytes);
