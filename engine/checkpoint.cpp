@@ -117,8 +117,6 @@ std::string RankFile(int rank) {
 
 Status Engine::Impl::CheckBetweenSteps(const char* call) {
   if (!built_) return StateError(std::string(call) + ": the engine is not built");
-  if (multi())
-    return UnsupportedError(std::string(call) + ": checkpoints of several ranks are not implemented yet (one rank only)");
   for (int g = 0; g < part_.num_groups(); ++g) {
     const GroupState& gs = groups_[static_cast<size_t>(g)];
     if (gs.dev.pins > 0) return StateError(std::string(call) + ": group " + std::to_string(g) + " is fetched");
@@ -130,35 +128,30 @@ Status Engine::Impl::CheckBetweenSteps(const char* call) {
   return Status::Ok();
 }
 
-Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob,
-                                    uint64_t blob_bytes) {
-  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint save"));
-  if (!ValidTag(tag))
-    return InvalidError("checkpoint save: tag '" + tag + "' must be 1-200 of [A-Za-z0-9._-], not starting with '.', not 'latest'");
-  if (blob_bytes > 0 && !blob) return InvalidError("checkpoint save: a blob length without a blob");
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return IoError("checkpoint save: cannot create " + dir + ": " + ec.message());
-  const std::string final_dir = dir + "/" + tag, part = dir + "/." + tag + ".partial";
-  if (std::filesystem::exists(final_dir))
-    return InvalidError("checkpoint save: " + final_dir + " exists; checkpoints are never overwritten");
-  std::filesystem::remove_all(part, ec);  // a crashed save's leftovers
-  if (::mkdir(part.c_str(), 0755) != 0) return PosixError("mkdir", part, errno);
-  auto fail = [&](Status st) {
-    std::error_code e2;
-    std::filesystem::remove_all(part, e2);
-    return st.WithContext("checkpoint save " + final_dir);
-  };
+// Every rank learns whether every rank succeeded; a failure elsewhere names its rank.
+Status Engine::Impl::Agree(const Status& local, const std::string& what) {
+  if (!multi()) return local;
+  const int w = comm_->world_size(), r = comm_->rank();
+  std::vector<int32_t> codes(static_cast<size_t>(w));
+  codes[static_cast<size_t>(r)] = local.ok() ? 0 : 1 + static_cast<int32_t>(local.code());
+  Status st = comm_->AllGather(&codes[static_cast<size_t>(r)], codes.data(), sizeof(int32_t));
+  if (!st.ok()) return st.WithContext(what);
+  if (!local.ok()) return local;
+  for (int k = 0; k < w; ++k)
+    if (codes[static_cast<size_t>(k)])
+      return Status(static_cast<Code>(codes[static_cast<size_t>(k)] - 1), what + ": failed on rank " + std::to_string(k) + " (see its log)");
+  return Status::Ok();
+}
 
-  // The data file: every group's W, M, V shards, in order.
+// Writes this rank's shard of every group's W, M, V to `data_path`, returning
+// its manifest entry.
+Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, const std::string& name) {
   uint64_t total = 0;
   for (int g = 0; g < part_.num_groups(); ++g)
     for (int s : kSaved)
       if (groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)].alloc.charged) total += part_.group(g).shard_numel * 4;
-  const std::string data_path = part + "/" + RankFile(options_.rank);
-  auto fid = storage_->Open(data_path, OpenMode::kCreate);
-  if (!fid.ok()) return fail(fid.status());
-  Status st = ReserveFileSpace(storage_->Info(*fid).fd, data_path, total);
+  STRATA_ASSIGN_OR_RETURN(FileId fid, storage_->Open(data_path, OpenMode::kCreate));
+  Status st = ReserveFileSpace(storage_->Info(fid).fd, data_path, total);
   Json blocks = Json::array();
   XXH3_state_t* hs = XXH3_createState();
   XXH3_64bits_reset(hs);
@@ -189,7 +182,7 @@ Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& t
         pending_slot = nullptr;
         if (!st.ok()) break;
       }
-      IoOp op{IoOp::kWrite, *fid, off, const_cast<void*>(src), bytes};
+      IoOp op{IoOp::kWrite, fid, off, const_cast<void*>(src), bytes};
       pending = storage_->Submit({&op, 1});
       pending_slot = slot;
       slot = nullptr;
@@ -205,13 +198,83 @@ Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& t
   if (slot) opt_staging_.Release(slot);
   const uint64_t file_hash = XXH3_64bits_digest(hs);
   XXH3_freeState(hs);
-  if (st.ok() && ::fsync(storage_->Info(*fid).fd) != 0) st = PosixError("fsync", data_path, errno);
-  storage_->Close(*fid).IgnoreError();
-  if (!st.ok()) return fail(st);
-  st = WriteSmallFile(part + "/trainer.bin", blob, blob_bytes);
-  if (!st.ok()) return fail(st);
-  KillPoint("data");
+  if (st.ok() && ::fsync(storage_->Info(fid).fd) != 0) st = PosixError("fsync", data_path, errno);
+  storage_->Close(fid).IgnoreError();
+  if (!st.ok()) return st;
+  Json entry = {{"name", name}, {"rank", srank_}, {"bytes", total}, {"xxh3", Hex(file_hash)}, {"blocks", blocks}};
+  return entry.dump();
+}
 
+Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob,
+                                    uint64_t blob_bytes) {
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint save"));
+  Status local;
+  if (!ValidTag(tag))
+    local = InvalidError("checkpoint save: tag '" + tag + "' must be 1-200 of [A-Za-z0-9._-], not starting with '.', not 'latest'");
+  else if (blob_bytes > 0 && !blob)
+    local = InvalidError("checkpoint save: a blob length without a blob");
+  STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
+  if (multi()) {  // every rank must name the same checkpoint
+    const uint64_t mine = XXH3_64bits((dir + "\n" + tag).data(), dir.size() + 1 + tag.size());
+    std::vector<uint64_t> all(static_cast<size_t>(comm_->world_size()));
+    all[static_cast<size_t>(comm_->rank())] = mine;
+    STRATA_RETURN_IF_ERROR(comm_->AllGather(&all[static_cast<size_t>(comm_->rank())], all.data(), 8));
+    for (size_t k = 0; k < all.size(); ++k)
+      if (all[k] != mine)
+        return InvalidError("checkpoint save: ranks passed different folders or tags (rank " + std::to_string(k) +
+                            " differs from rank " + std::to_string(comm_->rank()) + "'s " + dir + "/" + tag +
+                            "); nothing was written");
+  }
+  const std::string final_dir = dir + "/" + tag, part = dir + "/." + tag + ".partial";
+  const bool lead = options_.rank == 0;
+  auto cleanup = [&] {
+    std::error_code e2;
+    if (lead) std::filesystem::remove_all(part, e2);
+  };
+  // The folder, by rank 0 (ranks share the file system).
+  if (lead) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) local = IoError("checkpoint save: cannot create " + dir + ": " + ec.message());
+    else if (std::filesystem::exists(final_dir))
+      local = InvalidError("checkpoint save: " + final_dir + " exists; checkpoints are never overwritten");
+    else {
+      std::filesystem::remove_all(part, ec);  // a crashed save's leftovers
+      if (::mkdir(part.c_str(), 0755) != 0) local = PosixError("mkdir", part, errno);
+    }
+  }
+  STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
+  // Data: each shard's owner writes it (stage 0 keeps whole copies: rank 0 alone).
+  const bool writer = sworld_ > 1 || lead;
+  if (writer) {
+    const std::string name = RankFile(srank_);
+    auto entry = WriteShardFile(part + "/" + name, name);
+    local = entry.ok() ? WriteSmallFile(part + "/" + name + ".json", entry->data(), entry->size()) : entry.status();
+  }
+  if (local.ok() && lead) local = WriteSmallFile(part + "/trainer.bin", blob, blob_bytes);
+  Status st = Agree(local, "checkpoint save");
+  if (!st.ok()) {
+    cleanup();
+    return st.WithContext("checkpoint save " + final_dir);
+  }
+  KillPoint("data");
+  if (lead) local = WriteManifest(dir, tag, part, blob, blob_bytes);
+  st = Agree(local, "checkpoint save");
+  if (!st.ok()) cleanup();
+  return st;
+}
+
+// Rank 0: the manifest from every shard's entry, then the renames.
+Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& tag, const std::string& part,
+                                   const void* blob, uint64_t blob_bytes) {
+  const std::string final_dir = dir + "/" + tag;
+  Json files = Json::array();
+  for (int k = 0; k < sworld_; ++k) {
+    const std::string name = RankFile(k);
+    STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(part + "/" + name + ".json", 64 * kMiB));
+    files.push_back(Json::parse(text));
+    ::unlink((part + "/" + name + ".json").c_str());
+  }
   Json groups = Json::array();
   for (int g = 0; g < part_.num_groups(); ++g) {
     const GroupLayout& L = part_.group(g);
@@ -221,24 +284,19 @@ Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& t
   }
   const LossScaler::State ls = scaler_.state();
   Json m = {{"format", "strata-checkpoint"}, {"version", kFormatVersion}, {"tag", tag},
-            {"world_size", options_.world_size}, {"stage", config_.zero.stage},
+            {"world_size", options_.world_size}, {"shard_world", sworld_}, {"stage", config_.zero.stage},
             {"compute_dtype", DTypeName(dtype_)}, {"optimizer", config_.optimizer.type},
             {"step", step_count_},
             {"loss_scaler", {{"scale", ls.scale}, {"hysteresis_left", ls.hysteresis_left}, {"clean_steps", ls.clean_steps}}},
-            {"groups", groups},
-            {"files", Json::array({{{"name", RankFile(options_.rank)}, {"rank", options_.rank}, {"bytes", total},
-                                    {"xxh3", Hex(file_hash)}, {"blocks", blocks}}})},
+            {"groups", groups}, {"files", files},
             {"trainer_blob", {{"file", "trainer.bin"}, {"bytes", blob_bytes},
                               {"xxh3", Hex(XXH3_64bits(blob, blob_bytes))}}}};
-  st = ReplaceFile(part, "manifest.json", m.dump(1));
-  if (!st.ok()) return fail(st);
+  STRATA_RETURN_IF_ERROR(ReplaceFile(part, "manifest.json", m.dump(1)));
   KillPoint("manifest");
-  if (::rename(part.c_str(), final_dir.c_str()) != 0) return fail(PosixError("rename " + part + " to", final_dir, errno));
-  st = FsyncPath(dir);
-  if (!st.ok()) return st.WithContext("checkpoint save " + final_dir);
+  if (::rename(part.c_str(), final_dir.c_str()) != 0) return PosixError("rename " + part + " to", final_dir, errno);
+  STRATA_RETURN_IF_ERROR(FsyncPath(dir).WithContext("checkpoint save " + final_dir));
   KillPoint("rename");
-  st = ReplaceFile(dir, "latest", tag + "\n");
-  if (!st.ok()) return st.WithContext("checkpoint save: updating " + dir + "/latest");
+  STRATA_RETURN_IF_ERROR(ReplaceFile(dir, "latest", tag + "\n").WithContext("checkpoint save: updating " + dir + "/latest"));
   KillPoint("latest");
   return Status::Ok();
 }
@@ -280,6 +338,40 @@ Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& t
 
 Status Engine::Impl::LoadCheckpointChecked(const std::string& dir, const std::string& tag_in, std::vector<uint8_t>* blob) {
   STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint load"));
+  Json m;
+  std::string folder, mpath;
+  Status local = ReadManifest(dir, tag_in, &m, &folder, &mpath);
+  // Everything is checked before anything changes: the layout, every file's
+  // size and checksum, the trainer's blob — on every rank.
+  if (local.ok()) local = CheckManifestLayout(m, mpath);
+  std::string btext;
+  if (local.ok()) local = VerifyFiles(m, folder);
+  if (local.ok()) {
+    const std::string bpath = folder + "/" + m["trainer_blob"].value("file", "trainer.bin");
+    auto b = ReadSmallFile(bpath, 1ull << 32);
+    if (!b.ok() || b->size() != m["trainer_blob"].value("bytes", uint64_t{0}) ||
+        Hex(XXH3_64bits(b->data(), b->size())) != m["trainer_blob"].value("xxh3", ""))
+      local = CorruptError("checkpoint load: " + bpath + " is missing, truncated or corrupt");
+    else btext = std::move(b).value();
+  }
+  STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint load"));
+  // Apply: each rank builds its shards from whichever saved shards cover them.
+  local = ApplyResharded(m, folder);
+  void* buf = opt_staging_.count() ? opt_staging_.Acquire() : nullptr;
+  if (local.ok()) local = RecomputeP(buf, buf ? opt_staging_.bytes() : 0);
+  if (buf) opt_staging_.Release(buf);
+  Status st = Agree(local, "checkpoint load");
+  if (!st.ok()) return st.WithContext("checkpoint load " + folder + " (the engine's state is now partly loaded)");
+  step_count_ = m.value("step", int64_t{0});
+  const Json& lj = m["loss_scaler"];
+  scaler_.set_state({lj.value("scale", 1.0), lj.value("hysteresis_left", 2), lj.value("clean_steps", int64_t{0})});
+  DropDeviceCopies();
+  if (blob) blob->assign(btext.begin(), btext.end());
+  return Status::Ok();
+}
+
+Status Engine::Impl::ReadManifest(const std::string& dir, const std::string& tag_in, Json* m, std::string* folder,
+                                  std::string* mpath) {
   std::string tag = tag_in;
   if (tag.empty()) {
     STRATA_ASSIGN_OR_RETURN(std::string t, ReadSmallFile(dir + "/latest", 4096));
@@ -287,117 +379,136 @@ Status Engine::Impl::LoadCheckpointChecked(const std::string& dir, const std::st
     tag = t;
   }
   if (!ValidTag(tag)) return CorruptError("checkpoint load: " + dir + "/latest names an invalid tag '" + tag + "'");
-  const std::string folder = dir + "/" + tag, mpath = folder + "/manifest.json";
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(mpath, 256 * kMiB));
-  Json m;
+  *folder = dir + "/" + tag;
+  *mpath = *folder + "/manifest.json";
+  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(*mpath, 256 * kMiB));
   try {
-    m = Json::parse(text);
+    *m = Json::parse(text);
   } catch (const std::exception& e) {
-    return CorruptError("checkpoint load: " + mpath + " is not valid JSON: " + e.what());
+    return CorruptError("checkpoint load: " + *mpath + " is not valid JSON: " + e.what());
   }
-  // Everything is checked before anything changes.
+  return Status::Ok();
+}
+
+// The saved model must be this model: groups, tensor names and sizes, and
+// optimizer. The number of ranks may differ (the shards are recut).
+Status Engine::Impl::CheckManifestLayout(const Json& m, const std::string& mpath) {
   auto bad = [&](const std::string& why) { return CorruptError("checkpoint load: " + mpath + ": " + why); };
-  try {
-    if (m.at("format") != "strata-checkpoint" || m.at("version").get<int>() != kFormatVersion)
-      return bad("not a version " + std::to_string(kFormatVersion) + " strata checkpoint");
-    if (m.at("world_size").get<int>() != options_.world_size)
-      return UnsupportedError("checkpoint load: " + mpath + " was saved by " + m.at("world_size").dump() +
-                              " ranks; this engine has " + std::to_string(options_.world_size) + " (resharding needs the gathered path)");
-    if (m.at("optimizer").get<std::string>() != config_.optimizer.type)
-      return InvalidError("checkpoint load: " + mpath + " holds " + m.at("optimizer").get<std::string>() +
-                          " state; this engine runs " + config_.optimizer.type);
-    const Json& gj = m.at("groups");
-    if (gj.size() != static_cast<size_t>(part_.num_groups()))
-      return InvalidError("checkpoint load: " + mpath + " has " + std::to_string(gj.size()) + " groups; the engine has " +
-                          std::to_string(part_.num_groups()));
-    for (int g = 0; g < part_.num_groups(); ++g) {
-      const GroupLayout& L = part_.group(g);
-      const Json& tj = gj[static_cast<size_t>(g)].at("tensors");
-      if (gj[static_cast<size_t>(g)].at("numel").get<uint64_t>() != L.numel || tj.size() != L.tensors.size())
-        return InvalidError("checkpoint load: group " + std::to_string(g) + " of " + mpath + " has another layout");
-      for (size_t t = 0; t < L.tensors.size(); ++t)
-        if (tj[t].at("name") != L.tensors[t].name || tj[t].at("numel").get<uint64_t>() != L.tensors[t].numel)
-          return InvalidError("checkpoint load: tensor '" + L.tensors[t].name + "' of group " + std::to_string(g) +
-                              " differs in " + mpath);
+  if (m.at("format") != "strata-checkpoint" || m.at("version").get<int>() != kFormatVersion)
+    return bad("not a version " + std::to_string(kFormatVersion) + " strata checkpoint");
+  if (m.at("optimizer").get<std::string>() != config_.optimizer.type)
+    return InvalidError("checkpoint load: " + mpath + " holds " + m.at("optimizer").get<std::string>() +
+                        " state; this engine runs " + config_.optimizer.type);
+  const Json& gj = m.at("groups");
+  if (gj.size() != static_cast<size_t>(part_.num_groups()))
+    return InvalidError("checkpoint load: " + mpath + " has " + std::to_string(gj.size()) + " groups; the engine has " +
+                        std::to_string(part_.num_groups()));
+  for (int g = 0; g < part_.num_groups(); ++g) {
+    const GroupLayout& L = part_.group(g);
+    const Json& tj = gj[static_cast<size_t>(g)].at("tensors");
+    if (gj[static_cast<size_t>(g)].at("numel").get<uint64_t>() != L.numel || tj.size() != L.tensors.size())
+      return InvalidError("checkpoint load: group " + std::to_string(g) + " of " + mpath + " has another layout");
+    for (size_t t = 0; t < L.tensors.size(); ++t)
+      if (tj[t].at("name") != L.tensors[t].name || tj[t].at("numel").get<uint64_t>() != L.tensors[t].numel)
+        return InvalidError("checkpoint load: tensor '" + L.tensors[t].name + "' of group " + std::to_string(g) +
+                            " differs in " + mpath);
+  }
+  const uint64_t shards = m.value("shard_world", m.at("world_size").get<uint64_t>());
+  if (shards < 1 || m.at("files").size() != shards)
+    return bad("lists " + std::to_string(m.at("files").size()) + " data files for " + std::to_string(shards) + " shards");
+  return Status::Ok();
+}
+
+// Every data file: size and XXH3 as the manifest says.
+Status Engine::Impl::VerifyFiles(const Json& m, const std::string& folder) {
+  void* buf = nullptr;
+  const uint64_t buf_bytes = 8 * kMiB;
+  if (posix_memalign(&buf, 4096, buf_bytes) != 0) return NoMemError("checkpoint load: no memory for a read buffer");
+  std::unique_ptr<void, void (*)(void*)> own(buf, std::free);
+  for (const Json& file : m.at("files")) {
+    const std::string path = folder + "/" + file.value("name", "");
+    STRATA_ASSIGN_OR_RETURN(uint64_t h, HashFile(*storage_, path, file.value("bytes", uint64_t{0}), buf, buf_bytes));
+    if (Hex(h) != file.value("xxh3", "")) return CorruptError("checkpoint load: checksum mismatch in " + path);
+  }
+  return Status::Ok();
+}
+
+// This rank's shard of every group's W, M, V, cut from the saved shards
+// (which may have been cut for another number of ranks).
+Status Engine::Impl::ApplyResharded(const Json& m, const std::string& folder) {
+  const Json& files = m.at("files");
+  std::vector<int> fds;
+  for (const Json& f : files) {
+    const std::string path = folder + "/" + f.value("name", "");
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      for (int x : fds) ::close(x);
+      return PosixError("checkpoint load: open", path, errno);
     }
-  } catch (const std::exception& e) {
-    return bad(std::string("missing or mistyped field: ") + e.what());
+    fds.push_back(fd);
   }
-  const Json& file = m["files"][0];
-  const std::string data_path = folder + "/" + file.value("name", "");
-  const uint64_t data_bytes = file.value("bytes", uint64_t{0});
-  void* buf = opt_staging_.count() ? opt_staging_.Acquire() : nullptr;
-  std::unique_ptr<void, void (*)(void*)> own(nullptr, std::free);
-  uint64_t buf_bytes = opt_staging_.bytes();
-  if (!buf) {  // no staging slots (everything addressable): a temporary aligned buffer
-    buf_bytes = 8 * kMiB;
-    if (posix_memalign(&buf, 4096, buf_bytes) != 0) return NoMemError("checkpoint load: no memory for a read buffer");
-    own.reset(buf);
-  }
-  auto release = [&] { if (!own) opt_staging_.Release(buf); };
-  auto h = HashFile(*storage_, data_path, data_bytes, buf, AlignDown(buf_bytes, 4096));
-  if (!h.ok() || Hex(*h) != file.value("xxh3", "")) {
-    release();
-    return h.ok() ? CorruptError("checkpoint load: checksum mismatch in " + data_path) : h.status();
-  }
-  const std::string bpath = folder + "/" + m["trainer_blob"].value("file", "trainer.bin");
-  auto btext = ReadSmallFile(bpath, 1ull << 32);
-  if (!btext.ok() || btext->size() != m["trainer_blob"].value("bytes", uint64_t{0}) ||
-      Hex(XXH3_64bits(btext->data(), btext->size())) != m["trainer_blob"].value("xxh3", "")) {
-    release();
-    return CorruptError("checkpoint load: " + bpath + " is missing, truncated or corrupt");
-  }
-  // Apply: each block read from the file (checked again), stored to its home.
-  STRATA_ASSIGN_OR_RETURN(FileId f, storage_->Open(data_path, OpenMode::kReadOnly));
-  Status st;
-  for (const Json& bj : file["blocks"]) {
-    const int g = bj.value("group", -1);
-    const std::string sname = bj.value("state", "");
-    int s = -1;
-    for (int k : kSaved) if (sname == StateName(StateKind(k))) s = k;
-    const uint64_t bytes = bj.value("bytes", uint64_t{0});
-    if (g < 0 || g >= part_.num_groups() || s < 0 || bytes != part_.group(g).shard_numel * 4 || bytes > buf_bytes) {
-      st = CorruptError("checkpoint load: a block entry of " + mpath + " does not fit the engine");
-      break;
+  struct Closer { std::vector<int>& v; ~Closer() { for (int x : v) ::close(x); } } closer{fds};
+  void* slot = opt_staging_.count() ? opt_staging_.Acquire() : nullptr;
+  struct SlotBack { StagingPool& p; void* s; ~SlotBack() { if (s) p.Release(s); } } back{opt_staging_, slot};
+  for (int g = 0; g < part_.num_groups(); ++g) {
+    const GroupLayout& L = part_.group(g);
+    const uint64_t old_shard = m.at("groups")[static_cast<size_t>(g)].at("shard_numel").get<uint64_t>();
+    const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel;
+    const uint64_t hi = std::min(lo + L.shard_numel, L.numel);
+    for (int s : kSaved) {
+      const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
+      if (!b.alloc.charged) continue;
+      float* dst = io_->Direct(b) ? static_cast<float*>(io_->DirectPtr(b)) : static_cast<float*>(slot);
+      if (!dst) return InternalError("checkpoint load: no staging slot for a staged block");
+      std::memset(dst, 0, L.shard_numel * 4);
+      for (uint64_t a = lo; a < hi;) {
+        const uint64_t k = a / old_shard, within = a % old_shard, run = std::min(hi - a, old_shard - within);
+        if (k >= files.size()) return CorruptError("checkpoint load: no data file for shard " + std::to_string(k));
+        const Json* block = nullptr;
+        for (const Json& bj : files[k].at("blocks"))
+          if (bj.value("group", -1) == g && bj.value("state", "") == StateName(StateKind(s))) block = &bj;
+        if (!block) return CorruptError("checkpoint load: " + files[k].value("name", "") + " lacks " +
+                                        StateName(StateKind(s)) + " of group " + std::to_string(g));
+        const uint64_t off = block->value("offset", uint64_t{0}) + within * 4;
+        char* out = reinterpret_cast<char*>(dst + (a - lo));
+        for (uint64_t done = 0; done < run * 4;) {
+          const ssize_t n = ::pread(fds[k], out + done, run * 4 - done, static_cast<off_t>(off + done));
+          if (n < 0 && errno == EINTR) continue;
+          if (n <= 0) return n < 0 ? PosixError("checkpoint load: pread", folder + "/" + files[k].value("name", ""), off + done, run * 4 - done, errno)
+                                   : CorruptError("checkpoint load: " + files[k].value("name", "") + " ends early");
+          done += static_cast<uint64_t>(n);
+        }
+        a += run;
+      }
+      if (!io_->Direct(b)) STRATA_RETURN_IF_ERROR(io_->Store(b, dst));
     }
-    IoOp op{IoOp::kRead, f, bj.value("offset", uint64_t{0}), buf, bytes};
-    st = storage_->Run({&op, 1});
-    if (st.ok() && Hex(XXH3_64bits(buf, bytes)) != bj.value("xxh3", ""))
-      st = CorruptError("checkpoint load: checksum mismatch in " + data_path + " at offset " +
-                        std::to_string(bj.value("offset", uint64_t{0})));
-    if (st.ok()) st = io_->Store(groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)], buf);
-    if (!st.ok()) break;
   }
-  storage_->Close(f).IgnoreError();
-  // P = W in the compute dtype, as after every step.
-  for (int g = 0; st.ok() && g < part_.num_groups(); ++g) {
+  return Status::Ok();
+}
+
+// P = W in the compute dtype, as after every step: this rank's shard, then
+// (stages 1-2 with several ranks) the other ranks' slices gathered.
+Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
+  for (int g = 0; g < part_.num_groups(); ++g) {
     GroupState& gs = groups_[static_cast<size_t>(g)];
     const uint64_t n = part_.group(g).shard_numel;
+    const StateBlock& wb = gs.blocks[int(StateKind::kW)];
     float* w = static_cast<float*>(buf);
-    st = io_->Direct(gs.blocks[int(StateKind::kW)]) ? Status::Ok() : io_->Load(gs.blocks[int(StateKind::kW)], w);
-    if (io_->Direct(gs.blocks[int(StateKind::kW)])) w = static_cast<float*>(io_->DirectPtr(gs.blocks[int(StateKind::kW)]));
-    if (!st.ok()) break;
+    if (io_->Direct(wb)) w = static_cast<float*>(io_->DirectPtr(wb));
+    else STRATA_RETURN_IF_ERROR(io_->Load(wb, w));
     const StateBlock& p = gs.blocks[int(StateKind::kP)];
+    const uint64_t slice = (sworld_ > 1 && !p_sharded_) ? static_cast<uint64_t>(srank_) * n * DTypeSize(dtype_) : 0;
     if (io_->Direct(p)) {
-      st = kernels::Cast(DType::kF32, w, dtype_, io_->DirectPtr(p), n);
-    } else {
-      const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer
-      char* pbuf = static_cast<char*>(buf) + at;
-      if (at + n * DTypeSize(dtype_) > buf_bytes) {
-        st = InternalError("checkpoint load: the staging slot cannot hold W and P together");
-        break;
-      }
-      st = kernels::Cast(DType::kF32, w, dtype_, pbuf, n);
-      if (st.ok()) st = io_->Store(p, pbuf);
+      STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, static_cast<char*>(io_->DirectPtr(p)) + slice, n));
+      if (slice || (sworld_ > 1 && !p_sharded_)) STRATA_RETURN_IF_ERROR(GatherP(g, io_->DirectPtr(p)));
+      continue;
     }
+    const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer
+    if (!buf || at + p.bytes > buf_bytes) return InternalError("checkpoint load: the staging slot cannot hold W and P");
+    char* pbuf = static_cast<char*>(buf) + at;
+    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, pbuf, n));
+    STRATA_RETURN_IF_ERROR(io_->Store(p, pbuf));
   }
-  release();
-  if (!st.ok()) return st.WithContext("checkpoint load " + folder + " (the engine's state is now partly loaded)");
-  step_count_ = m.value("step", int64_t{0});
-  const Json& lj = m["loss_scaler"];
-  scaler_.set_state({lj.value("scale", 1.0), lj.value("hysteresis_left", 2), lj.value("clean_steps", int64_t{0})});
-  DropDeviceCopies();
-  if (blob) blob->assign(btext->begin(), btext->end());
   return Status::Ok();
 }
 

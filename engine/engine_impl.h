@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "engine/block_io.h"
 #include "engine/engine.h"
 #include "engine/loss_scaler.h"
@@ -75,6 +77,16 @@ class Engine::Impl {
   Status LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
   Status LoadCheckpointChecked(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
   Status CheckBetweenSteps(const char* call);
+  Status Agree(const Status& local, const std::string& what);
+  Result<std::string> WriteShardFile(const std::string& data_path, const std::string& name);
+  Status WriteManifest(const std::string& dir, const std::string& tag, const std::string& part, const void* blob,
+                       uint64_t blob_bytes);
+  Status ApplyResharded(const nlohmann::json& manifest, const std::string& folder);
+  Status RecomputeP(void* buf, uint64_t buf_bytes);
+  Status ReadManifest(const std::string& dir, const std::string& tag, nlohmann::json* m, std::string* folder,
+                      std::string* mpath);
+  Status CheckManifestLayout(const nlohmann::json& m, const std::string& mpath);
+  Status VerifyFiles(const nlohmann::json& m, const std::string& folder);
 
   // optimizer_driver.cpp
   Status RunOptimizer(const std::vector<int>& groups, double grad_scale, const StepOptions& so, int64_t step);

@@ -64,7 +64,12 @@ Status NvmeTier::Open() {
     const FileInfo& info = options_.storage->Info(f);
     // One engine per swap file: a second one (same folder, same rank) is
     // refused instead of silently sharing the file.
-    if (::flock(info.fd, LOCK_EX | LOCK_NB) != 0)
+    // A process that just died may hold the lock a moment longer: its
+    // io_uring (which references the file) is torn down asynchronously.
+    int locked = -1;
+    for (int tries = 0; tries < 300 && (locked = ::flock(info.fd, LOCK_EX | LOCK_NB)) != 0 && errno == EWOULDBLOCK; ++tries)
+      ::usleep(10000);
+    if (locked != 0)
       return InvalidError("nvme tier: " + path + " is in use by another Strata engine (" + std::strerror(errno) +
                           "); give each engine its own nvme_path or rank");
     paths_.push_back(path);

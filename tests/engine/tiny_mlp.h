@@ -71,8 +71,9 @@ struct TinyMlp {
         if (!p.ok()) return p.status();
         if (Status st = e.Release(g); !st.ok()) return st;
       }
-    const size_t D = static_cast<size_t>(dim), B = static_cast<size_t>(batch / parts);
-    const size_t row0 = static_cast<size_t>(part) * B;
+    const size_t D = static_cast<size_t>(dim);
+    const size_t row0 = static_cast<size_t>(part * batch / parts);  // uneven splits cover every row
+    const size_t B = static_cast<size_t>((part + 1) * batch / parts) - row0;
     const float norm = static_cast<float>(batch);  // the whole batch
     std::vector<std::vector<float>> h(static_cast<size_t>(layers) + 1), pre(static_cast<size_t>(layers));
     h[0].assign(x.begin() + static_cast<long>(row0 * D), x.begin() + static_cast<long>((row0 + B) * D));

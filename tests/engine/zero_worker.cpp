@@ -2,7 +2,11 @@
 // the tiny MLP plus a 53-element group (uneven over 2, 4 or 8 ranks) on a
 // global batch split across the ranks, at a given stage and placement.
 //   zero_worker STAGE device|host|nvme SWAP OUT [kill-rank-1-at-step K] [timeout S]
-// Rank 0 writes the gathered master weights (fp32) to OUT.
+//               [steps N] [save DIR] [load DIR] [tag-by-rank 1]
+// Rank 0 writes the gathered master weights (fp32) to OUT. With `load`, the
+// run resumes from DIR's latest checkpoint (saved by any number of ranks);
+// with `save`, it saves to DIR after its steps (tag "t", or "t<rank>" with
+// tag-by-rank, which every rank must refuse).
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -23,11 +27,16 @@ static int Die(const Status& s) {
 int main(int argc, char** argv) {
   if (argc < 5) return 2;
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
-  int kill_at = -1;
-  std::string timeout = "60";
+  int kill_at = -1, steps = 20;
+  bool tag_by_rank = false;
+  std::string timeout = "60", save_dir, load_dir;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "timeout")) timeout = argv[i + 1];
+    if (!std::strcmp(argv[i], "steps")) steps = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "save")) save_dir = argv[i + 1];
+    if (!std::strcmp(argv[i], "load")) load_dir = argv[i + 1];
+    if (!std::strcmp(argv[i], "tag-by-rank")) tag_by_rank = true;
   }
   auto info = net::RankInfoFromEnv();
   if (!info.ok()) return Die(info.status());
@@ -56,7 +65,14 @@ int main(int argc, char** argv) {
   auto off = eng.AddParam(model.layers, "uneven", 53, extra.data());
   if (!off.ok()) return Die(off.status());
   if (Status st = eng.Build(); !st.ok()) return Die(st);
-  for (int s = 0; s < 20; ++s) {
+  int first = 0;
+  if (!load_dir.empty()) {
+    std::vector<uint8_t> blob;
+    if (Status st = eng.LoadCheckpoint(load_dir, "", &blob); !st.ok()) return Die(st);
+    if (blob.size() != sizeof first) return Die(CorruptError("trainer blob"));
+    std::memcpy(&first, blob.data(), sizeof first);
+  }
+  for (int s = first; s < first + steps; ++s) {
     if (s == kill_at && info->rank == 1) std::raise(SIGKILL);
     auto loss = model.TrainStep(eng, nullptr, 1.0, info->rank, info->world_size);
     if (!loss.ok()) return Die(loss.status());
@@ -72,6 +88,11 @@ int main(int argc, char** argv) {
     so.lr = 0.01 * (1.0 + 0.05 * s);
     auto r = eng.Step(so);
     if (!r.ok()) return Die(r.status());
+  }
+  if (!save_dir.empty()) {
+    const int next = first + steps;
+    const std::string tag = tag_by_rank ? "t" + std::to_string(info->rank) : "t";
+    if (Status st = eng.SaveCheckpoint(save_dir, tag, &next, sizeof next); !st.ok()) return Die(st);
   }
   std::vector<float> all;
   for (int g = 0; g < eng.num_groups(); ++g) {
