@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -200,6 +201,25 @@ TEST_F(CorruptCheckpoint, MissingManifest) {
 TEST_F(CorruptCheckpoint, GarbledManifest) {
   std::ofstream(ckpt.path() + "/a/manifest.json") << "{\"format\": \"strata-checkpoint\", \"version\": 1}";
   ExpectRefused("manifest");
+}
+
+// A full disk during save (the file size limit stands in for it): a clear
+// error, nothing left behind, and the previous checkpoint still loads.
+TEST_F(CorruptCheckpoint, FullDiskDuringSaveKeepsThePreviousCheckpoint) {
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  Status st = eng->SaveCheckpoint(ckpt.path(), "b", "zz", 2);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+  EXPECT_EQ(st.code(), Code::kNoSpace) << st.ToString();
+  EXPECT_NE(st.message().find("rank00000.bin"), std::string::npos) << st.message();
+  EXPECT_FALSE(std::filesystem::exists(ckpt.path() + "/b"));
+  EXPECT_FALSE(std::filesystem::exists(ckpt.path() + "/.b.partial"));
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(eng->LoadCheckpoint(ckpt.path(), "", &blob).ok());
+  EXPECT_EQ(std::string(blob.begin(), blob.end()), "xy");
 }
 
 TEST_F(CorruptCheckpoint, ExistingTagAndBadTagsAreRefused) {
