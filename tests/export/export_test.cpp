@@ -1,0 +1,334 @@
+// strata-export: a small engine's checkpoint exported as f32 and bf16 and read
+// back by hand with numpy (check_safetensors.py) equals the engine's gathered
+// master weights; a 3-rank checkpoint of the same weights (written here in
+// the manifest's general form) exports the same; a corrupt or truncated data
+// file is refused with a message naming it, and no output is left behind.
+// Usage: export_test STRATA_EXPORT CHECK_SAFETENSORS_PY (exit 77 without numpy)
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "engine/engine.h"
+#include "tests/util/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using Json = nlohmann::json;
+namespace fs = std::filesystem;
+std::string g_export, g_checker;
+
+struct Tensor {
+  int group;
+  std::string name;
+  uint64_t numel;
+};
+
+// Odd sizes so that every group is padded; registered out of group order.
+const std::vector<Tensor> kTensors = {
+    {2, "lm_head.weight", 5000},          {0, "embed.weight", 7000},        {0, "embed.bias", 13},
+    {1, "blocks.0.attn.qkv.weight", 4099}, {1, "blocks.0.ln_1.weight", 33}, {1, "blocks.0.ln_1.bias", 33},
+    {2, "edge.values", 64},
+};
+
+// Bit patterns that test bf16 rounding: ties to even (down and up), a
+// subnormal tie, the largest float (rounds to infinity). Their gradients
+// are zero and weight decay is off, so the step leaves them as they are.
+const uint32_t kEdgeBits[] = {0x3F808000u, 0x3F818000u, 0xBF808000u, 0x00008000u, 0x7F7FFFFFu, 0x7F7F8000u, 0x3F80FFFFu};
+
+struct Saved {
+  testing::TempDir swap, dir;
+  std::vector<std::vector<float>> master;  // per group, from ReadMaster
+  std::string ref_json, ref_bin;           // the reference for check_safetensors.py
+  int64_t step = 0;
+};
+
+std::string Config(const std::string& swap) {
+  return R"({"bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap + R"("},
+      "offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"("}},
+    "strata": {"device_budget": "1MiB", "host_budget": "8MiB"}})";
+}
+
+std::vector<float> Init(const Tensor& t, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.0f, 0.1f);
+  std::vector<float> v(t.numel);
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = t.name == "edge.values" ? BitsF32(kEdgeBits[i % std::size(kEdgeBits)] + static_cast<uint32_t>(i / 7 * 0x10000))
+                                   : nd(rng);
+  return v;
+}
+
+// Trains two steps, saves DIR/step2, reads the master weights back.
+void MakeCheckpoint(Saved& s) {
+  auto cfg = ParseConfig(Config(s.swap.path()));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EngineOptions opt;
+  opt.force_no_gpu = true;
+  auto e = Engine::Create(*cfg, opt);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& eng = **e;
+  std::mt19937_64 rng(7);
+  for (const Tensor& t : kTensors) ASSERT_TRUE(eng.AddParam(t.group, t.name, t.numel, Init(t, rng).data()).ok());
+  ASSERT_TRUE(eng.Build().ok());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int step = 0; step < 2; ++step) {
+    for (int g = 0; g < eng.num_groups(); ++g) {
+      std::vector<float> grads(eng.group_numel(g));
+      for (auto& x : grads) x = nd(rng);
+      if (g == 2) std::fill(grads.begin() + 5000, grads.end(), 0.0f);  // edge.values
+      ASSERT_TRUE(eng.Grads(g, grads.data(), DType::kF32).ok());
+    }
+    auto r = eng.Step({});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  const int blob = 2;
+  Status st = eng.SaveCheckpoint(s.dir.path(), "step2", &blob, sizeof blob);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  s.step = eng.steps_applied();
+  for (int g = 0; g < eng.num_groups(); ++g) {
+    s.master.emplace_back(eng.group_numel(g));
+    ASSERT_TRUE(eng.ReadMaster(g, s.master.back().data()).ok());
+  }
+}
+
+// REF.json / REF.bin: every tensor's gathered master weights, in registration order.
+void WriteReference(Saved& s) {
+  std::vector<uint64_t> next(s.master.size(), 0);
+  Json ref = Json::array();
+  std::ofstream bin(s.dir.path() + "/ref.bin", std::ios::binary);
+  uint64_t at = 0;
+  for (const Tensor& t : kTensors) {
+    const uint64_t off = next[static_cast<size_t>(t.group)];
+    next[static_cast<size_t>(t.group)] += t.numel;
+    bin.write(reinterpret_cast<const char*>(s.master[static_cast<size_t>(t.group)].data() + off), static_cast<std::streamsize>(t.numel * 4));
+    ref.push_back({{"name", t.name}, {"numel", t.numel}, {"at", at}});
+    at += t.numel;
+  }
+  std::ofstream(s.dir.path() + "/ref.json") << ref.dump();
+  s.ref_json = s.dir.path() + "/ref.json";
+  s.ref_bin = s.dir.path() + "/ref.bin";
+}
+
+std::unique_ptr<Saved> g_saved;  // made by the first test, removed after the last
+
+Saved& Checkpoint() {
+  if (!g_saved) {
+    g_saved = std::make_unique<Saved>();
+    MakeCheckpoint(*g_saved);
+    WriteReference(*g_saved);
+  }
+  return *g_saved;
+}
+
+struct Run {
+  int code = -1;
+  std::string out, err;
+};
+
+Run Sh(const std::string& cmd) {
+  const std::string o = "/tmp/export_test." + std::to_string(::getpid());
+  const int rc = std::system((cmd + " >" + o + ".out 2>" + o + ".err").c_str());
+  Run r;
+  r.code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  auto slurp = [](const std::string& p) {
+    std::stringstream ss;
+    ss << std::ifstream(p).rdbuf();
+    fs::remove(p);
+    return ss.str();
+  };
+  r.out = slurp(o + ".out");
+  r.err = slurp(o + ".err");
+  return r;
+}
+
+Run Export(const std::string& ckpt, const std::string& out, const std::string& dtype) {
+  return Sh(g_export + " '" + ckpt + "' '" + out + "' --dtype " + dtype);
+}
+
+// Exports `ckpt` as f32 and bf16 and checks both against the reference.
+void ExpectExportsEqual(const std::string& ckpt, const Saved& s) {
+  for (const std::string dt : {"f32", "bf16"}) {
+    const std::string out = s.dir.path() + "/model." + dt + ".safetensors";
+    Run r = Export(ckpt, out, dt);
+    ASSERT_EQ(r.code, 0) << r.err;
+    Run c = Sh("/usr/bin/python3 " + g_checker + " '" + out + "' " + dt + " '" + s.ref_json + "' '" + s.ref_bin + "'");
+    EXPECT_EQ(c.code, 0) << ckpt << " " << dt << ": " << c.out << c.err;
+    fs::remove(out);
+  }
+}
+
+std::string Hex(uint64_t v) {
+  char b[17];
+  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+// The same weights as a `world` rank checkpoint in the manifest's general
+// form: shard r of group g holds elements [r*S, (r+1)*S) of the padded
+// group, padding is NaN (it must never reach the export), the files are
+// listed in reverse rank order.
+void WriteRankCheckpoint(const Saved& s, const std::string& folder, int world) {
+  fs::create_directories(folder);
+  const Json m0 = Json::parse(std::ifstream(s.dir.path() + "/step2/manifest.json"));
+  Json m = m0, files = Json::array();
+  m["world_size"] = world;
+  std::vector<std::vector<float>> padded;
+  for (size_t g = 0; g < s.master.size(); ++g) {
+    const uint64_t unit = 2048ull * static_cast<uint64_t>(world);
+    const uint64_t p = (s.master[g].size() + unit - 1) / unit * unit;
+    m["groups"][g]["padded"] = p;
+    m["groups"][g]["shard_numel"] = p / static_cast<uint64_t>(world);
+    padded.push_back(s.master[g]);
+    padded.back().resize(p, BitsF32(0x7FC0DEADu));
+  }
+  for (int r = world - 1; r >= 0; --r) {
+    char name[32];
+    std::snprintf(name, sizeof name, "rank%05d.bin", r);
+    std::ofstream f(folder + "/" + name, std::ios::binary);
+    Json blocks = Json::array();
+    uint64_t off = 0;
+    XXH3_state_t* hs = XXH3_createState();
+    XXH3_64bits_reset(hs);
+    for (size_t g = 0; g < padded.size(); ++g) {
+      const uint64_t sn = padded[g].size() / static_cast<uint64_t>(world);
+      std::vector<float> w(padded[g].begin() + static_cast<int64_t>(sn) * r, padded[g].begin() + static_cast<int64_t>(sn) * (r + 1));
+      std::vector<float> mv(sn, 0.5f);
+      for (const char* state : {"W", "M", "V"}) {
+        const float* d = std::string(state) == "W" ? w.data() : mv.data();
+        f.write(reinterpret_cast<const char*>(d), static_cast<std::streamsize>(sn * 4));
+        XXH3_64bits_update(hs, d, sn * 4);
+        blocks.push_back({{"group", g}, {"state", state}, {"offset", off}, {"bytes", sn * 4}, {"xxh3", Hex(XXH3_64bits(d, sn * 4))}});
+        off += sn * 4;
+      }
+    }
+    files.push_back({{"name", name}, {"rank", r}, {"bytes", off}, {"xxh3", Hex(XXH3_64bits_digest(hs))}, {"blocks", blocks}});
+    XXH3_freeState(hs);
+  }
+  m["files"] = files;
+  std::ofstream(folder + "/manifest.json") << m.dump(1);
+}
+
+// Flips one byte `at` bytes into the W block of `group` in `file` of `folder`.
+void FlipInWBlock(const std::string& folder, const std::string& file, int group, uint64_t at) {
+  const Json m = Json::parse(std::ifstream(folder + "/manifest.json"));
+  for (const Json& fj : m["files"])
+    if (fj["name"] == file)
+      for (const Json& b : fj["blocks"])
+        if (b["group"] == group && b["state"] == "W") {
+          std::fstream f(folder + "/" + file, std::ios::in | std::ios::out | std::ios::binary);
+          f.seekg(static_cast<std::streamoff>(b["offset"].get<uint64_t>() + at));
+          char c = 0;
+          f.read(&c, 1);
+          c = static_cast<char>(c ^ 0x10);
+          f.seekp(static_cast<std::streamoff>(b["offset"].get<uint64_t>() + at));
+          f.write(&c, 1);
+          return;
+        }
+  FAIL() << "no W block of group " << group << " in " << file;
+}
+
+void ExpectRefused(const std::string& ckpt, const Saved& s, const std::string& file, const std::string& why) {
+  const std::string out = s.dir.path() + "/refused.safetensors";
+  Run r = Export(ckpt, out, "f32");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find(file), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(why), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(out + ".partial"));
+}
+
+TEST(Export, OneRankF32AndBf16EqualGatheredMaster) {
+  Saved& s = Checkpoint();
+  ExpectExportsEqual(s.dir.path(), s);                // through DIR/latest
+  ExpectExportsEqual(s.dir.path() + "/step2", s);     // the folder itself
+}
+
+TEST(Export, MetadataAndOneDimensionalShapes) {
+  Saved& s = Checkpoint();
+  const std::string out = s.dir.path() + "/meta.safetensors";
+  ASSERT_EQ(Export(s.dir.path(), out, "bf16").code, 0);
+  std::ifstream f(out, std::ios::binary);
+  unsigned char len[8];
+  f.read(reinterpret_cast<char*>(len), 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | len[i];
+  EXPECT_EQ(n % 8, 0u);
+  std::string text(n, ' ');
+  f.read(text.data(), static_cast<std::streamsize>(n));
+  const Json h = Json::parse(text);
+  EXPECT_EQ(h["__metadata__"]["producer"], "strata");
+  EXPECT_EQ(h["__metadata__"]["step"], std::to_string(s.step));
+  EXPECT_EQ(h["blocks.0.ln_1.bias"]["dtype"], "BF16");
+  EXPECT_EQ(h["blocks.0.ln_1.bias"]["shape"], Json::array({33}));
+  EXPECT_EQ(fs::file_size(out), 8 + n + (5000 + 7000 + 13 + 4099 + 33 + 33 + 64) * 2);
+  fs::remove(out);
+}
+
+TEST(Export, ThreeRanksGatheredInRankOrder) {
+  Saved& s = Checkpoint();
+  const std::string folder = s.dir.path() + "/ranks3/t";
+  WriteRankCheckpoint(s, folder, 3);
+  ExpectExportsEqual(folder, s);
+  FlipInWBlock(folder, "rank00002.bin", 1, 100);
+  ExpectRefused(folder, s, folder + "/rank00002.bin", "checksum mismatch");
+}
+
+TEST(Export, RefusesCorruptBlock) {
+  Saved& s = Checkpoint();
+  const std::string folder = s.dir.path() + "/corrupt";
+  fs::copy(s.dir.path() + "/step2", folder, fs::copy_options::recursive);
+  FlipInWBlock(folder, "rank00000.bin", 1, 4 * 4099 + 3);  // inside blocks.0.ln_1.weight
+  ExpectRefused(folder, s, folder + "/rank00000.bin", "checksum mismatch");
+}
+
+TEST(Export, RefusesTruncatedFile) {
+  Saved& s = Checkpoint();
+  const std::string folder = s.dir.path() + "/truncated";
+  fs::copy(s.dir.path() + "/step2", folder, fs::copy_options::recursive);
+  fs::resize_file(folder + "/rank00000.bin", fs::file_size(folder + "/rank00000.bin") / 2);
+  ExpectRefused(folder, s, folder + "/rank00000.bin", "truncated");
+}
+
+TEST(Export, RefusesMissingRankAndBadUsage) {
+  Saved& s = Checkpoint();
+  const std::string folder = s.dir.path() + "/missing/t";
+  WriteRankCheckpoint(s, folder, 2);
+  Json m = Json::parse(std::ifstream(folder + "/manifest.json"));
+  m["files"].erase(0);  // rank 1's entry
+  std::ofstream(folder + "/manifest.json") << m.dump();
+  ExpectRefused(folder, s, folder + "/manifest.json", "rank 1");
+  EXPECT_EQ(Export(s.dir.path(), s.dir.path() + "/x.safetensors", "f16").code, 2);
+  EXPECT_EQ(Export(s.dir.path() + "/nope", s.dir.path() + "/x.safetensors", "f32").code, 1);
+}
+
+}  // namespace
+}  // namespace strata
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: export_test STRATA_EXPORT CHECK_SAFETENSORS_PY\n");
+    return 2;
+  }
+  strata::g_export = argv[1];
+  strata::g_checker = argv[2];
+  if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
+    std::printf("skipped: /usr/bin/python3 with numpy (Debian's python3-numpy) is not available\n");
+    return 77;
+  }
+  const int rc = RUN_ALL_TESTS();
+  strata::g_saved.reset();
+  return rc;
+}
