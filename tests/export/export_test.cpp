@@ -175,15 +175,16 @@ std::string Hex(uint64_t v) {
   return b;
 }
 
-// The same weights as a `world` rank checkpoint in the manifest's general
+// The same weights as a checkpoint of `world` shards saved by `world_size` ranks in the manifest's general
 // form: shard r of group g holds elements [r*S, (r+1)*S) of the padded
 // group, padding is NaN (it must never reach the export), the files are
 // listed in reverse rank order.
-void WriteRankCheckpoint(const Saved& s, const std::string& folder, int world) {
+void WriteRankCheckpoint(const Saved& s, const std::string& folder, int world, int world_size) {
   fs::create_directories(folder);
   const Json m0 = Json::parse(std::ifstream(s.dir.path() + "/step2/manifest.json"));
   Json m = m0, files = Json::array();
-  m["world_size"] = world;
+  m["world_size"] = world_size;
+  m["shard_world"] = world;
   std::vector<std::vector<float>> padded;
   for (size_t g = 0; g < s.master.size(); ++g) {
     const uint64_t unit = 2048ull * static_cast<uint64_t>(world);
@@ -279,10 +280,17 @@ TEST(Export, MetadataAndOneDimensionalShapes) {
 TEST(Export, ThreeRanksGatheredInRankOrder) {
   Saved& s = Checkpoint();
   const std::string folder = s.dir.path() + "/ranks3/t";
-  WriteRankCheckpoint(s, folder, 3);
+  WriteRankCheckpoint(s, folder, 3, 3);
   ExpectExportsEqual(folder, s);
   FlipInWBlock(folder, "rank00002.bin", 1, 100);
   ExpectRefused(folder, s, folder + "/rank00002.bin", "checksum mismatch");
+}
+
+TEST(Export, StageZeroOfFourRanksIsOneShard) {
+  Saved& s = Checkpoint();
+  const std::string folder = s.dir.path() + "/stage0/t";
+  WriteRankCheckpoint(s, folder, 1, 4);
+  ExpectExportsEqual(folder, s);
 }
 
 TEST(Export, RefusesCorruptBlock) {
@@ -304,7 +312,7 @@ TEST(Export, RefusesTruncatedFile) {
 TEST(Export, RefusesMissingRankAndBadUsage) {
   Saved& s = Checkpoint();
   const std::string folder = s.dir.path() + "/missing/t";
-  WriteRankCheckpoint(s, folder, 2);
+  WriteRankCheckpoint(s, folder, 2, 2);
   Json m = Json::parse(std::ifstream(folder + "/manifest.json"));
   m["files"].erase(0);  // rank 1's entry
   std::ofstream(folder + "/manifest.json") << m.dump();

@@ -91,10 +91,11 @@ Status Fill(const Json& m, CheckpointPlan& plan) {
   if (m.at("format") != "strata-checkpoint" || m.at("version").get<int>() != 1)
     return CorruptError("not a version 1 strata checkpoint");
   plan.world_size = m.at("world_size").get<int>();
+  plan.shards = m.value("shard_world", plan.world_size);  // stage 0: one whole copy
   plan.step = m.value("step", int64_t{0});
   plan.tag = m.value("tag", std::string());
-  if (plan.world_size < 1 || plan.world_size > (1 << 20)) return CorruptError("world_size " + m.at("world_size").dump());
-  const auto ws = static_cast<uint64_t>(plan.world_size);
+  if (plan.shards < 1 || plan.shards > (1 << 20)) return CorruptError("shard_world " + std::to_string(plan.shards));
+  const auto ws = static_cast<uint64_t>(plan.shards);
   std::set<std::string> names;
   for (const Json& gj : m.at("groups")) {
     GroupRef g;
@@ -106,7 +107,7 @@ Status Fill(const Json& m, CheckpointPlan& plan) {
       if (!names.insert(g.tensors.back().name).second)
         return InvalidError("tensor name '" + g.tensors.back().name + "' is used twice; safetensors needs unique names");
     }
-    if (g.shard_numel * ws != g.padded) return CorruptError("group " + std::to_string(plan.groups.size()) + ": padded != shard_numel * world_size");
+    if (g.shard_numel * ws != g.padded) return CorruptError("group " + std::to_string(plan.groups.size()) + ": padded != shard_numel * shard_world");
     STRATA_RETURN_IF_ERROR(CheckTensors(g, plan.groups.size()));
     g.shards.resize(ws);
     plan.groups.push_back(std::move(g));
@@ -114,7 +115,7 @@ Status Fill(const Json& m, CheckpointPlan& plan) {
   std::set<int> ranks;
   for (const Json& fj : m.at("files")) {
     const int r = fj.at("rank").get<int>();
-    if (r < 0 || r >= plan.world_size || !ranks.insert(r).second) return CorruptError("files list rank " + std::to_string(r) + " out of range or twice");
+    if (r < 0 || r >= plan.shards || !ranks.insert(r).second) return CorruptError("files list rank " + std::to_string(r) + " out of range or twice");
     STRATA_RETURN_IF_ERROR(AddRankFile(fj, plan.folder, plan));
   }
   for (size_t g = 0; g < plan.groups.size(); ++g)

@@ -19,7 +19,7 @@ struct TensorRef {
   uint64_t numel = 0;
 };
 
-// One rank's W shard of a group: shard r covers elements
+// Shard r's W block of a group (written by rank r): it covers elements
 // [r * shard_numel, (r + 1) * shard_numel) of the padded group.
 struct ShardRef {
   std::string path;      // the rank's data file
@@ -31,13 +31,14 @@ struct ShardRef {
 struct GroupRef {
   uint64_t numel = 0, padded = 0, shard_numel = 0;
   std::vector<TensorRef> tensors;  // sorted by offset, disjoint, inside [0, numel)
-  std::vector<ShardRef> shards;    // one per rank, in rank order
+  std::vector<ShardRef> shards;    // one per shard, in rank order
 };
 
 struct CheckpointPlan {
   std::string folder;  // DIR/TAG
   std::string tag;
-  int world_size = 1;
+  int world_size = 1;  // ranks that saved it
+  int shards = 1;      // "shard_world": data files, one per shard (1 at stage 0)
   int64_t step = 0;
   std::vector<GroupRef> groups;
 };

@@ -54,8 +54,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("strata-export: %s step %lld, %d rank(s): %llu tensors, %llu parameters as %s -> %s (%s) in %.2f s\n",
-              plan->folder.c_str(), static_cast<long long>(plan->step), plan->world_size,
+  std::printf("strata-export: %s step %lld, %d rank(s), %d shard(s): %llu tensors, %llu parameters as %s -> %s (%s) in %.2f s\n",
+              plan->folder.c_str(), static_cast<long long>(plan->step), plan->world_size, plan->shards,
               static_cast<unsigned long long>(sum->tensors), static_cast<unsigned long long>(sum->elements),
               DTypeName(opt.dtype), pos[1].c_str(), FormatBytes(sum->file_bytes).c_str(), secs);
   return 0;
