@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
                 static_cast<double>(bytes) / secs / 1e6, FormatBytes(swap_read).c_str());
     std::fflush(stdout);
   }
-  std::filesystem::remove_all(ckpt, ec);
+  if (!std::getenv("KEEP_CHECKPOINT")) std::filesystem::remove_all(ckpt, ec);  // KEEP_CHECKPOINT=1: left for strata-export
   std::sort(times.begin(), times.end());
   std::printf("checkpoint_bench params=%llu save_s=%.4f bytes=%llu swap_read_bytes=%llu\n",
               static_cast<unsigned long long>(per_group * static_cast<uint64_t>(groups)), times[times.size() / 2],
