@@ -144,58 +144,86 @@ Status Engine::Impl::Agree(const Status& local, const std::string& what) {
 }
 
 // Writes this rank's shard of every group's W, M, V to `data_path`, returning
-// its manifest entry.
+// its manifest entry. A pipeline over K staging slots: the reads of the next
+// K-2 groups and the writes of the last one or two are in flight while a
+// group's blocks are hashed, so the disk always has both queues full. A block
+// read from NVMe brings the checksum the tier verified; it is not hashed again.
 Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, const std::string& name) {
-  uint64_t total = 0;
-  for (int g = 0; g < part_.num_groups(); ++g)
+  const int n = part_.num_groups();
+  std::vector<uint64_t> offset(static_cast<size_t>(n) + 1, 0);
+  for (int g = 0; g < n; ++g) {
+    uint64_t bytes = 0;
     for (int s : kSaved)
-      if (groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)].alloc.charged) total += part_.group(g).shard_numel * 4;
+      if (groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)].alloc.charged) bytes += part_.group(g).shard_numel * 4;
+    offset[static_cast<size_t>(g) + 1] = offset[static_cast<size_t>(g)] + bytes;
+  }
+  const uint64_t total = offset[static_cast<size_t>(n)];
   STRATA_ASSIGN_OR_RETURN(FileId fid, storage_->Open(data_path, OpenMode::kCreate));
   Status st = ReserveFileSpace(storage_->Info(fid).fd, data_path, total);
+  struct Job {
+    void* slot = nullptr;
+    const void* src[kNumStates] = {};
+    BlockMove loads[kNumStates];
+    IoTicket write;
+  };
+  std::vector<Job> jobs(static_cast<size_t>(n));
+  auto keep = [&](Status s) { if (st.ok() && !s.ok()) st = std::move(s); };
+  auto start = [&](int g) {  // the group's blocks: addressable in place, or read into a slot
+    Job& j = jobs[static_cast<size_t>(g)];
+    for (int s : kSaved) {
+      const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
+      if (!b.alloc.charged) continue;
+      if (io_->Direct(b)) { j.src[s] = io_->DirectPtr(b); continue; }
+      if (!j.slot) j.slot = opt_staging_.Acquire();
+      void* dst = static_cast<char*>(j.slot) + opt_slot_offsets_[s];
+      j.src[s] = dst;
+      auto m = io_->StartLoad(b, dst);
+      if (m.ok()) j.loads[s] = std::move(m).value();
+      else keep(m.status());
+    }
+  };
+  auto retire = [&](int g) {  // its write done, its slot free
+    Job& j = jobs[static_cast<size_t>(g)];
+    if (j.write) keep(j.write->Wait());
+    j.write.reset();
+    if (j.slot) opt_staging_.Release(j.slot);
+    j.slot = nullptr;
+  };
+  const int ahead = std::max(opt_staging_.count(), 3) - 2;  // groups read ahead
+  for (int g = 0; g < std::min(ahead, n); ++g) start(g);
   Json blocks = Json::array();
   XXH3_state_t* hs = XXH3_createState();
   XXH3_64bits_reset(hs);
-  uint64_t off = 0;
-  IoTicket pending;  // the write in flight, from `pending_slot`
-  void* pending_slot = nullptr;
-  void* slot = nullptr;
-  for (int g = 0; st.ok() && g < part_.num_groups(); ++g) {
+  for (int g = 0; g < n && st.ok(); ++g) {
+    Job& j = jobs[static_cast<size_t>(g)];
+    std::vector<IoOp> ops;
+    uint64_t off = offset[static_cast<size_t>(g)];
     for (int s : kSaved) {
       const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       const uint64_t bytes = part_.group(g).shard_numel * 4;
-      const void* src = nullptr;
-      if (io_->Direct(b)) {
-        src = io_->DirectPtr(b);
-      } else {  // through a slot: read it while the previous block is written
-        slot = opt_staging_.Acquire();
-        st = io_->Load(b, slot);
-        src = slot;
-      }
+      const bool verified = j.loads[s].kind == BlockMove::kNvme && config_.strata.checksums;
+      const uint64_t tier_hash = verified ? j.loads[s].nvme.checksum : 0;
+      keep(io_->Finish(j.loads[s]));
       if (!st.ok()) break;
-      const uint64_t h = XXH3_64bits(src, bytes);
-      XXH3_64bits_update(hs, src, bytes);
+      const uint64_t h = verified ? tier_hash : XXH3_64bits(j.src[s], bytes);
+      XXH3_64bits_update(hs, j.src[s], bytes);
       blocks.push_back({{"group", g}, {"state", StateName(StateKind(s))}, {"offset", off}, {"bytes", bytes}, {"xxh3", Hex(h)}});
-      if (pending) {
-        st = pending->Wait();
-        if (pending_slot) opt_staging_.Release(pending_slot);
-        pending_slot = nullptr;
-        if (!st.ok()) break;
-      }
-      IoOp op{IoOp::kWrite, fid, off, const_cast<void*>(src), bytes};
-      pending = storage_->Submit({&op, 1});
-      pending_slot = slot;
-      slot = nullptr;
+      ops.push_back(IoOp{IoOp::kWrite, fid, off, const_cast<void*>(j.src[s]), bytes});
       stats_->AddMoved(b.home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost, TierKind::kNvme, bytes);
       off += bytes;
     }
+    if (!st.ok()) break;
+    j.write = storage_->Submit(ops);
+    if (g >= 1) retire(g - 1);  // frees the slot the next read-ahead takes
+    if (g + ahead < n) start(g + ahead);
   }
-  if (pending) {
-    Status w = pending->Wait();
-    if (st.ok()) st = w;
+  // Drain whatever is still in flight, whatever happened.
+  for (int g = 0; g < n; ++g) {
+    Job& j = jobs[static_cast<size_t>(g)];
+    for (auto& m : j.loads) keep(io_->Finish(m));
+    retire(g);
   }
-  if (pending_slot) opt_staging_.Release(pending_slot);
-  if (slot) opt_staging_.Release(slot);
   const uint64_t file_hash = XXH3_64bits_digest(hs);
   XXH3_freeState(hs);
   if (st.ok() && ::fsync(storage_->Info(fid).fd) != 0) st = PosixError("fsync", data_path, errno);
