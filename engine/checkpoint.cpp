@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/align.h"
+#include "base/log.h"
 #include "base/sizes.h"
 #include "engine/engine_impl.h"
 #include "io/direct_file.h"
@@ -233,6 +234,41 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
   return entry.dump();
 }
 
+// The zero-copy save: when this rank's W, M, V all live in the NVMe tier, the
+// swap file itself becomes the data file (a hard link, see NvmeTier::Snapshot)
+// and the manifest lists where each block is and the checksum the tier keeps.
+// Its file checksum is XXH3 over the blocks' checksums ("hash": "blocks").
+// kUnsupported when it does not apply (the caller copies instead).
+Result<std::string> Engine::Impl::SnapshotShardFile(const std::string& link_path, const std::string& name) {
+  const char* copy = std::getenv("STRATA_CHECKPOINT_COPY");
+  if (copy && *copy && std::strcmp(copy, "0") != 0) return UnsupportedError("STRATA_CHECKPOINT_COPY is set");
+  if (!nvme_) return UnsupportedError("no state on NVMe");
+  std::vector<Allocation> allocs;
+  std::vector<std::pair<int, int>> which;  // (group, state) of each allocation
+  for (int g = 0; g < part_.num_groups(); ++g)
+    for (int s : kSaved) {
+      const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
+      if (!b.alloc.charged) continue;
+      if (b.home != TierKind::kNvme) return UnsupportedError("state not homed on NVMe");
+      allocs.push_back(b.alloc);
+      which.emplace_back(g, s);
+    }
+  std::vector<NvmeTier::SnapshotRef> refs;
+  STRATA_RETURN_IF_ERROR(nvme_->Snapshot(link_path, allocs, &refs));
+  Json blocks = Json::array();
+  std::vector<uint64_t> hashes;
+  uint64_t end = 0;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    blocks.push_back({{"group", which[i].first}, {"state", StateName(StateKind(which[i].second))},
+                      {"offset", refs[i].offset}, {"bytes", refs[i].bytes}, {"xxh3", Hex(refs[i].checksum)}});
+    hashes.push_back(refs[i].checksum);
+    end = std::max(end, refs[i].offset + refs[i].bytes);
+  }
+  Json entry = {{"name", name}, {"rank", srank_}, {"bytes", end}, {"hash", "blocks"},
+                {"xxh3", Hex(XXH3_64bits(hashes.data(), hashes.size() * sizeof(uint64_t)))}, {"blocks", blocks}};
+  return entry.dump();
+}
+
 Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob,
                                     uint64_t blob_bytes) {
   STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint save"));
@@ -276,7 +312,11 @@ Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& t
   const bool writer = sworld_ > 1 || lead;
   if (writer) {
     const std::string name = RankFile(srank_);
-    auto entry = WriteShardFile(part + "/" + name, name);
+    auto entry = SnapshotShardFile(part + "/" + name, name);
+    if (!entry.ok() && entry.status().code() == Code::kUnsupported) {
+      STRATA_LOG_DEBUG("checkpoint save: copying the state ({})", entry.status().message());
+      entry = WriteShardFile(part + "/" + name, name);
+    }
     local = entry.ok() ? WriteSmallFile(part + "/" + name + ".json", entry->data(), entry->size()) : entry.status();
   }
   if (local.ok() && lead) local = WriteSmallFile(part + "/trainer.bin", blob, blob_bytes);
@@ -455,9 +495,46 @@ Status Engine::Impl::VerifyFiles(const Json& m, const std::string& folder) {
   std::unique_ptr<void, void (*)(void*)> own(buf, std::free);
   for (const Json& file : m.at("files")) {
     const std::string path = folder + "/" + file.value("name", "");
+    if (file.value("hash", "file") == "blocks") {  // a snapshot: each block against its checksum
+      STRATA_RETURN_IF_ERROR(VerifyBlocks(file, path, buf, buf_bytes));
+      continue;
+    }
     STRATA_ASSIGN_OR_RETURN(uint64_t h, HashFile(*storage_, path, file.value("bytes", uint64_t{0}), buf, buf_bytes));
     if (Hex(h) != file.value("xxh3", "")) return CorruptError("checkpoint load: checksum mismatch in " + path);
   }
+  return Status::Ok();
+}
+
+// A snapshot data file: each listed block read and checked against its XXH3,
+// and the file's checksum over the blocks' checksums.
+Status Engine::Impl::VerifyBlocks(const Json& file, const std::string& path, void* buf, uint64_t buf_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return CorruptError("checkpoint load: cannot open " + path + " (" + std::strerror(errno) + ")");
+  struct Closer { int fd; ~Closer() { ::close(fd); } } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < file.value("bytes", uint64_t{0}))
+    return CorruptError("checkpoint load: " + path + " is truncated: " + std::to_string(st.st_size) +
+                        " bytes, the manifest says " + std::to_string(file.value("bytes", uint64_t{0})));
+  std::vector<uint64_t> hashes;
+  XXH3_state_t* hs = XXH3_createState();
+  struct Free { XXH3_state_t* h; ~Free() { XXH3_freeState(h); } } free_state{hs};
+  for (const Json& bj : file.at("blocks")) {
+    const uint64_t off = bj.at("offset").get<uint64_t>(), bytes = bj.at("bytes").get<uint64_t>();
+    XXH3_64bits_reset(hs);
+    for (uint64_t done = 0; done < bytes;) {
+      const ssize_t n = ::pread(fd, buf, std::min(buf_bytes, bytes - done), static_cast<off_t>(off + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return CorruptError("checkpoint load: " + path + " ends early at offset " + std::to_string(off + done));
+      XXH3_64bits_update(hs, buf, static_cast<size_t>(n));
+      done += static_cast<uint64_t>(n);
+    }
+    const uint64_t h = XXH3_64bits_digest(hs);
+    if (Hex(h) != bj.at("xxh3").get<std::string>())
+      return CorruptError("checkpoint load: checksum mismatch in " + path + " at offset " + std::to_string(off));
+    hashes.push_back(h);
+  }
+  if (Hex(XXH3_64bits(hashes.data(), hashes.size() * sizeof(uint64_t))) != file.value("xxh3", ""))
+    return CorruptError("checkpoint load: the block list of " + path + " does not match its checksum");
   return Status::Ok();
 }
 

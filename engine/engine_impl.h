@@ -79,6 +79,8 @@ class Engine::Impl {
   Status CheckBetweenSteps(const char* call);
   Status Agree(const Status& local, const std::string& what);
   Result<std::string> WriteShardFile(const std::string& data_path, const std::string& name);
+  Result<std::string> SnapshotShardFile(const std::string& link_path, const std::string& name);
+  Status VerifyBlocks(const nlohmann::json& file, const std::string& path, void* buf, uint64_t buf_bytes);
   Status WriteManifest(const std::string& dir, const std::string& tag, const std::string& part, const void* blob,
                        uint64_t blob_bytes);
   Status ApplyResharded(const nlohmann::json& manifest, const std::string& folder);

@@ -1,6 +1,7 @@
 // NvmeTier: swap files, striping, checksums.
 #include "tiers/nvme_tier.h"
 
+#include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +25,10 @@ NvmeTier::~NvmeTier() {
   // Swap is scratch: nothing in it outlives the tier (checkpoints do that).
   for (FileId f : files_) options_.storage->Close(f).IgnoreError();
   for (const auto& p : paths_) ::unlink(p.c_str());
+  for (auto& [gen, old] : old_) {
+    for (FileId f : old.files) options_.storage->Close(f).IgnoreError();
+    for (const auto& p : old.paths) ::unlink(p.c_str());
+  }
 }
 
 static Status CheckDir(const std::string& dir) {
@@ -47,37 +52,66 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Create(const NvmeTierOptions& option
 
 Status NvmeTier::Open() {
   const uint64_t n = options_.dirs.size();
-  // Alignment: what the files demand, at least 4 KiB.
   per_file_capacity_ = AlignUp((options_.budget + n - 1) / n, kMiB);
-  for (uint64_t i = 0; i < n; ++i) {
+  STRATA_RETURN_IF_ERROR(OpenGeneration(0, &files_, &paths_));
+  extents_ = std::make_unique<ExtentAllocator>(per_file_capacity_, align_);
+  return Status::Ok();
+}
+
+// Creates, locks and reserves one swap file per folder for generation `gen`.
+// On error, what it opened is closed and removed.
+Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::vector<std::string>* paths) {
+  auto undo = [&](Status st) {
+    for (FileId f : *files) options_.storage->Close(f).IgnoreError();
+    for (const auto& p : *paths) ::unlink(p.c_str());
+    files->clear();
+    paths->clear();
+    return st;
+  };
+  for (uint64_t i = 0; i < options_.dirs.size(); ++i) {
     const std::string& dir = options_.dirs[i];
     const uint64_t free = FreeBytesAt(dir);
     if (free < per_file_capacity_) {
-      return NoSpaceError("nvme tier: " + dir + " has " + FormatBytes(free) + " (" + std::to_string(free) +
-                          " bytes) free; its swap file needs " + FormatBytes(per_file_capacity_) + " (" +
-                          std::to_string(per_file_capacity_) + " bytes)");
+      return undo(NoSpaceError("nvme tier: " + dir + " has " + FormatBytes(free) + " (" + std::to_string(free) +
+                               " bytes) free; its swap file needs " + FormatBytes(per_file_capacity_) + " (" +
+                               std::to_string(per_file_capacity_) + " bytes)"));
     }
-    const std::string path = dir + "/strata-swap.r" + std::to_string(options_.rank) + ".s" +
-                             std::to_string(i) + ".bin";
-    STRATA_ASSIGN_OR_RETURN(FileId f, options_.storage->Open(path, OpenMode::kCreate));
-    files_.push_back(f);
-    const FileInfo& info = options_.storage->Info(f);
+    const std::string path = dir + "/strata-swap.r" + std::to_string(options_.rank) + ".s" + std::to_string(i) +
+                             (gen ? ".g" + std::to_string(gen) : "") + ".bin";
+    // A file left at this name by an engine that died may be a checkpoint's
+    // data too (a snapshot links the swap file): never truncate it, take the
+    // name off it. A live engine still holding it is refused below.
+    const int stale = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (stale >= 0) {
+      int got = -1;
+      for (int tries = 0; tries < 300 && (got = ::flock(stale, LOCK_EX | LOCK_NB)) != 0 && errno == EWOULDBLOCK; ++tries)
+        ::usleep(10000);
+      ::close(stale);
+      if (got != 0)
+        return undo(InvalidError("nvme tier: " + path + " is in use by another Strata engine; give each engine "
+                                 "its own nvme_path or rank"));
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) return undo(PosixError("unlink stale swap file", path, errno));
+    }
+    auto f = options_.storage->Open(path, OpenMode::kCreate);
+    if (!f.ok()) return undo(f.status());
+    files->push_back(*f);
+    const FileInfo& info = options_.storage->Info(*f);
     // One engine per swap file: a second one (same folder, same rank) is
-    // refused instead of silently sharing the file.
-    // A process that just died may hold the lock a moment longer: its
-    // io_uring (which references the file) is torn down asynchronously.
+    // refused instead of silently sharing the file. A process that just died
+    // may hold the lock a moment longer: its io_uring (which references the
+    // file) is torn down asynchronously.
     int locked = -1;
     for (int tries = 0; tries < 300 && (locked = ::flock(info.fd, LOCK_EX | LOCK_NB)) != 0 && errno == EWOULDBLOCK; ++tries)
       ::usleep(10000);
     if (locked != 0)
-      return InvalidError("nvme tier: " + path + " is in use by another Strata engine (" + std::strerror(errno) +
-                          "); give each engine its own nvme_path or rank");
-    paths_.push_back(path);
+      return undo(InvalidError("nvme tier: " + path + " is in use by another Strata engine (" + std::strerror(errno) +
+                               "); give each engine its own nvme_path or rank"));
+    paths->push_back(path);
     align_ = std::max<uint64_t>(align_, info.align);
-    if (::ftruncate(info.fd, 0) != 0) return PosixError("ftruncate", path, errno);
-    STRATA_RETURN_IF_ERROR(ReserveFileSpace(info.fd, path, per_file_capacity_));
+    if (::ftruncate(info.fd, 0) != 0) return undo(PosixError("ftruncate", path, errno));
+    Status st = ReserveFileSpace(info.fd, path, per_file_capacity_);
+    if (!st.ok()) return undo(st);
   }
-  extents_ = std::make_unique<ExtentAllocator>(per_file_capacity_, align_);
   return Status::Ok();
 }
 
@@ -101,7 +135,7 @@ Result<Allocation> NvmeTier::Allocate(uint64_t bytes) {
                         FormatBytes(extents_->largest_free()) + ")");
   }
   const uint64_t id = next_id_++;
-  blocks_[id] = Block{off, per_file, bytes, 0, false};
+  blocks_[id] = Block{off, per_file, bytes, 0, false, gen_};
   return Allocation{nullptr, id, bytes, padded};
 }
 
@@ -110,18 +144,27 @@ void NvmeTier::Free(const Allocation& a) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(a.id);
     STRATA_CHECK_MSG(it != blocks_.end(), "nvme tier: freeing an unknown block");
-    extents_->Free(it->second.offset, it->second.per_file);
+    const Block b = it->second;
     blocks_.erase(it);
+    if (b.gen == gen_) {
+      extents_->Free(b.offset, b.per_file);
+    } else {
+      OldFiles& o = old_.at(b.gen);
+      o.extents->Free(b.offset, b.per_file);
+      --o.live;
+      RetireIfEmpty(b.gen);
+    }
   }
   Uncharge(a.charged);
 }
 
 // One op per stripe: stripe j of the buffer goes to file j at the extent.
 std::vector<IoOp> NvmeTier::Ops(const Block& b, void* buf, IoOp::Kind kind) const {
+  const std::vector<FileId>& files = b.gen == gen_ ? files_ : old_.at(b.gen).files;
   std::vector<IoOp> ops;
-  ops.reserve(files_.size());
-  for (size_t j = 0; j < files_.size(); ++j)
-    ops.push_back(IoOp{kind, files_[j], b.offset, static_cast<char*>(buf) + j * b.per_file, b.per_file});
+  ops.reserve(files.size());
+  for (size_t j = 0; j < files.size(); ++j)
+    ops.push_back(IoOp{kind, files[j], b.offset, static_cast<char*>(buf) + j * b.per_file, b.per_file});
   return ops;
 }
 
@@ -133,8 +176,22 @@ Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(a.id);
     if (it == blocks_.end()) return InvalidError("nvme tier: write to unknown block " + std::to_string(a.id));
-    it->second.valid = false;  // in flux until Finish
-    b = it->second;
+    Block& blk = it->second;
+    if (blk.gen != gen_) {  // its file belongs to a snapshot now: move to the current one
+      const uint64_t off = extents_->Allocate(blk.per_file);
+      if (off == UINT64_MAX)
+        return NoSpaceError("nvme tier: no free extent of " + FormatBytes(blk.per_file) + " in " + paths_[0] +
+                            " to move a block out of a snapshotted swap file");
+      OldFiles& o = old_.at(blk.gen);
+      o.extents->Free(blk.offset, blk.per_file);
+      --o.live;
+      const uint32_t was = blk.gen;
+      blk.offset = off;
+      blk.gen = gen_;
+      RetireIfEmpty(was);
+    }
+    blk.valid = false;  // in flux until Finish
+    b = blk;
   }
   NvmePending p;
   p.id = a.id;
@@ -199,6 +256,57 @@ Status NvmeTier::Finish(NvmePending& p) {
   return CorruptError("nvme tier: checksum mismatch reading block " + std::to_string(p.id) + " (" +
                       std::to_string(p.bytes) + " bytes) at offset " + std::to_string(offset) + " of " +
                       files + ": expected " + want + ", got " + have);
+}
+
+void NvmeTier::RetireIfEmpty(uint32_t gen) {
+  auto it = old_.find(gen);
+  if (it == old_.end() || it->second.live > 0) return;
+  for (FileId f : it->second.files) options_.storage->Close(f).IgnoreError();
+  for (const auto& p : it->second.paths) ::unlink(p.c_str());  // a checkpoint's link keeps the data
+  old_.erase(it);
+}
+
+Status NvmeTier::Snapshot(const std::string& link_path, const std::vector<Allocation>& blocks,
+                          std::vector<SnapshotRef>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (files_.size() != 1) return UnsupportedError("nvme tier: snapshots need a single swap folder");
+  if (!options_.checksums) return UnsupportedError("nvme tier: snapshots need checksums");
+  std::vector<SnapshotRef> refs;
+  for (const Allocation& a : blocks) {
+    auto it = blocks_.find(a.id);
+    if (it == blocks_.end()) return InvalidError("nvme tier: snapshot of unknown block " + std::to_string(a.id));
+    const Block& b = it->second;
+    if (!b.valid || b.gen != gen_)
+      return UnsupportedError("nvme tier: block " + std::to_string(a.id) + " is not in the current swap file");
+    refs.push_back({b.offset, b.bytes, b.checksum});
+  }
+  const std::string& path = paths_[0];
+  const int fd = options_.storage->Info(files_[0]).fd;
+  if (::fsync(fd) != 0) return PosixError("fsync", path, errno);  // the data and its extents, durable
+  std::vector<FileId> next_files;
+  std::vector<std::string> next_paths;
+  STRATA_RETURN_IF_ERROR(OpenGeneration(gen_ + 1, &next_files, &next_paths));
+  if (::link(path.c_str(), link_path.c_str()) != 0) {
+    const int err = errno;
+    for (FileId f : next_files) options_.storage->Close(f).IgnoreError();
+    for (const auto& p : next_paths) ::unlink(p.c_str());
+    if (err == EXDEV || err == EPERM || err == EOPNOTSUPP)
+      return UnsupportedError("nvme tier: cannot link " + path + " to " + link_path + ": " + std::strerror(err));
+    return PosixError("link " + path + " to", link_path, err);
+  }
+  OldFiles old;
+  old.files = std::move(files_);
+  old.paths = std::move(paths_);
+  old.extents = std::move(extents_);
+  for (const auto& [id, b] : blocks_) old.live += b.gen == gen_;
+  old_[gen_] = std::move(old);
+  files_ = std::move(next_files);
+  paths_ = std::move(next_paths);
+  extents_ = std::make_unique<ExtentAllocator>(per_file_capacity_, align_);
+  RetireIfEmpty(gen_);
+  ++gen_;
+  *out = std::move(refs);
+  return Status::Ok();
 }
 
 Status NvmeTier::Write(const Allocation& a, const void* src) {

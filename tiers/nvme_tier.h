@@ -5,6 +5,7 @@
 // <dir>/strata-swap.r<rank>.s<stripe>.bin. Thread-safe.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -61,8 +62,30 @@ class NvmeTier final : public Tier {
 
   const std::vector<std::string>& paths() const { return paths_; }
 
+  // Checkpoints without copying: makes `link_path` a hard link of the swap
+  // file holding `blocks` (fsynced first) and moves the tier to a fresh swap
+  // file, so the linked one is never written again: each block moves to the
+  // new file when it is next written, and the old file leaves the swap folder
+  // once it holds nothing live. Fills, per block, where it is in the linked
+  // file and its checksum. Unsupported with several swap folders, without
+  // checksums, for blocks not all in the current file (a snapshot since
+  // they were last written) or across file systems; NoSpace when the new
+  // file cannot be reserved. On any error nothing changed.
+  // REQUIRES: no I/O in flight on `blocks`.
+  struct SnapshotRef { uint64_t offset, bytes, checksum; };
+  Status Snapshot(const std::string& link_path, const std::vector<Allocation>& blocks, std::vector<SnapshotRef>* out);
+
  private:
-  struct Block { uint64_t offset, per_file, bytes, checksum; bool valid; };
+  struct Block { uint64_t offset, per_file, bytes, checksum; bool valid; uint32_t gen; };
+  // A swap file replaced by a snapshot, still holding blocks not yet rewritten.
+  struct OldFiles {
+    std::vector<FileId> files;
+    std::vector<std::string> paths;
+    std::unique_ptr<ExtentAllocator> extents;
+    uint64_t live = 0;
+  };
+  Status OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::vector<std::string>* paths);
+  void RetireIfEmpty(uint32_t gen);  // REQUIRES: mu_ held
   explicit NvmeTier(const NvmeTierOptions& options);
   Status Open();
   std::vector<IoOp> Ops(const Block& b, void* buf, IoOp::Kind kind) const;
@@ -73,7 +96,9 @@ class NvmeTier final : public Tier {
   uint64_t align_ = 4096;
   uint64_t per_file_capacity_ = 0;
   std::mutex mu_;  // guards extents_, blocks_, next_id_
-  std::unique_ptr<ExtentAllocator> extents_;
+  std::unique_ptr<ExtentAllocator> extents_;  // of the current files
+  uint32_t gen_ = 0;                          // the current files' generation
+  std::map<uint32_t, OldFiles> old_;          // earlier generations with live blocks
   std::unordered_map<uint64_t, Block> blocks_;
   uint64_t next_id_ = 1;
 };

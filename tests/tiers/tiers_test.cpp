@@ -259,6 +259,56 @@ TEST(NvmeTier, OneEnginePerSwapFileAndNoLeftovers) {
   EXPECT_FALSE(std::filesystem::exists(path)) << "swap files are removed with the tier";
 }
 
+// A snapshot links the swap file away; later writes go to a fresh file and
+// never touch what the link holds.
+TEST(NvmeTier, SnapshotLinksTheFileAndWritesMoveOn) {
+  TempDir dir, ck;
+  auto storage = MakeStorage();
+  auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 4 * kMiB, .storage = storage.get()});
+  ASSERT_TRUE(t.ok());
+  NvmeTier& nvme = **t;
+  const uint64_t n = 100000;
+  std::vector<Allocation> blocks;
+  void* buf = testing::AlignedAlloc(nvme.PaddedSize(n), nvme.align());
+  for (uint64_t k = 0; k < 3; ++k) {
+    blocks.push_back(*nvme.Allocate(n));
+    FillPattern(buf, n, 0, k);
+    ASSERT_TRUE(nvme.Write(blocks.back(), buf).ok());
+  }
+  const std::string old_path = nvme.paths()[0], link = ck.path() + "/snap.bin";
+  std::vector<NvmeTier::SnapshotRef> refs;
+  ASSERT_TRUE(nvme.Snapshot(link, blocks, &refs).ok());
+  ASSERT_EQ(refs.size(), 3u);
+  EXPECT_NE(nvme.paths()[0], old_path) << "a fresh swap file";
+  // A second snapshot before anything is rewritten: the blocks are not in the current file.
+  std::vector<NvmeTier::SnapshotRef> again;
+  EXPECT_EQ(nvme.Snapshot(ck.path() + "/snap2.bin", blocks, &again).code(), Code::kUnsupported);
+  FillPattern(buf, n, 0, 99);
+  ASSERT_TRUE(nvme.Write(blocks[1], buf).ok());  // moves to the new file
+  ASSERT_TRUE(nvme.Read(blocks[1], buf).ok());
+  EXPECT_EQ(CheckPattern(buf, n, 0, 99), -1);
+  ASSERT_TRUE(nvme.Read(blocks[2], buf).ok());  // still read from the linked file
+  EXPECT_EQ(CheckPattern(buf, n, 0, 2), -1);
+  EXPECT_TRUE(std::filesystem::exists(old_path)) << "blocks 0 and 2 still live there";
+  for (uint64_t k : {0u, 2u}) {
+    FillPattern(buf, n, 0, 50 + k);
+    ASSERT_TRUE(nvme.Write(blocks[k], buf).ok());
+  }
+  EXPECT_FALSE(std::filesystem::exists(old_path)) << "the old swap file leaves once empty";
+  // The link still holds the snapshot, bit for bit, at the offsets given.
+  int fd = ::open(link.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  for (uint64_t k = 0; k < 3; ++k) {
+    std::vector<uint8_t> got(n);
+    ASSERT_EQ(::pread(fd, got.data(), n, static_cast<off_t>(refs[k].offset)), static_cast<ssize_t>(n));
+    EXPECT_EQ(CheckPattern(got.data(), n, 0, k), -1) << k;
+    EXPECT_EQ(refs[k].bytes, n);
+  }
+  ::close(fd);
+  std::free(buf);
+  for (auto& a : blocks) nvme.Free(a);
+}
+
 TEST(NvmeTier, WorksOnTmpfs) {
   TempDir dir("/dev/shm");
   if (!dir.ok()) GTEST_SKIP() << "no /dev/shm";
