@@ -1,6 +1,7 @@
 // Measurements for --calibrate. Each figure is the median of a few runs.
 #include "tools/plan/calibrate.h"
 
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <xxhash.h>
 
@@ -10,14 +11,19 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "base/align.h"
 #include "io/direct_file.h"
 #include "io/uring_storage.h"
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/layers/block.h"
+#include "kernels/cpu/layers/head.h"
 #include "tiers/gpu.h"
 #include "tiers/host_tier.h"
+#include "tools/plan/model.h"
 
 namespace strata::plan {
 
@@ -26,6 +32,37 @@ namespace {
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+double ProcessCpuSeconds() {  // user + system, every thread
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
+}  // namespace
+
+double MachineBusySeconds() {
+  std::FILE* f = std::fopen("/proc/stat", "r");
+  if (!f) return -1;
+  unsigned long long v[8] = {};  // user nice system idle iowait irq softirq steal
+  const int n = std::fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                            &v[4], &v[5], &v[6], &v[7]);
+  std::fclose(f);
+  if (n < 4) return -1;
+  const double busy = static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+  return busy / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double FreeCores(double others_busy_s, double wall_s) {
+  const double cores = static_cast<double>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  if (others_busy_s < 0 || wall_s <= 0) return cores;
+  return std::clamp(cores - others_busy_s / wall_s, 0.05 * cores, cores);
+}
+
+namespace {
 
 template <typename F>
 Result<double> MedianSeconds(int repeats, F&& f) {
@@ -125,6 +162,77 @@ Status MeasureMemory(const CalibrateOptions& o, Calibration* out) {
   return Status::Ok();
 }
 
+// A block's forward, then its backward with recompute (strata-train's
+// checkpointing), and the tied head's forward and backward, at one shape; the
+// rates are the model's FLOP counts (model.h) over the measured times.
+Status MeasureLayers(const CalibrateOptions& o, const CalibrateOptions::LayerShape& s, Calibration* out) {
+  const ModelSpec m = [&] {
+    ModelSpec x = GptModel("calibrate", 1, s.hidden, s.heads, s.seq, GroupScheme::kStrataTrain);
+    x.micro_batch = s.batch;
+    return x;
+  }();
+  const layers::GptConfig cfg{static_cast<int>(m.vocab), static_cast<int>(s.seq), static_cast<int>(s.hidden),
+                              static_cast<int>(s.heads), 1};
+  STRATA_RETURN_IF_ERROR(layers::ValidateGptConfig(cfg));
+  const size_t B = s.batch, T = s.seq, BTC = B * T * s.hidden;
+  std::vector<float> params(layers::BlockParamCount(cfg)), dparams(params.size());
+  std::vector<float> embed(layers::EmbedParamCount(cfg)), dembed(embed.size());
+  std::vector<float> x(BTC), dx(BTC), y(BTC), dy(BTC);
+  std::vector<int32_t> targets(B * T);
+  // Values as in training (GPT-2's initialization, unit-scale activations):
+  // tanh and exp take fast paths on tiny inputs, which would flatter the rate.
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto init = [&](float* p, const layers::ParamTensor& t) {
+    const std::string name = t.name;
+    const bool ln = name.find("ln") != std::string::npos, bias = name.find("bias") != std::string::npos;
+    for (size_t i = 0; i < t.count; ++i) p[t.offset + i] = bias ? 0.0f : ln ? 1.0f : 0.02f * normal(rng);
+  };
+  for (const auto& t : layers::BlockParamTensors(cfg)) init(params.data(), t);
+  for (const auto& t : layers::EmbedParamTensors(cfg)) init(embed.data(), t);
+  for (size_t i = 0; i < BTC; ++i) {
+    x[i] = normal(rng);
+    dy[i] = 1e-3f * normal(rng);
+  }
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<int32_t>(rng() % m.vocab);
+  layers::BlockActs acts;
+  layers::BlockActsInit(&acts, cfg, B, T);
+  layers::HeadActs head;
+  layers::HeadActsInit(&head, cfg, B, T);
+  auto block = [&] {
+    layers::BlockForward(cfg, params.data(), x.data(), y.data(), &acts, B, T);
+    layers::BlockBackward(cfg, params.data(), x.data(), dy.data(), &acts,
+                          layers::BlockBackwardMode::kRecompute, dparams.data(), dx.data(), B, T);
+  };
+  auto lm_head = [&] {
+    layers::HeadForwardBackward(cfg, embed.data(), x.data(), targets.data(), B, T, &head, dx.data(),
+                                dembed.data());
+  };
+  // The mean over at least layer_seconds (a trainer's step time is a mean, and
+  // a shared machine's load comes and goes), after a warm-up run (first touch
+  // of the buffers, OpenBLAS's set-up).
+  auto mean_seconds = [&](auto&& f) {
+    f();
+    int runs = 0;
+    const double t0 = Now();
+    double t = t0;
+    while (runs < 2 || t - t0 < o.layer_seconds) {
+      f();
+      ++runs;
+      t = Now();
+    }
+    return (t - t0) / runs;
+  };
+  const double busy0 = MachineBusySeconds(), self0 = ProcessCpuSeconds(), wall0 = Now();
+  const double block_s = mean_seconds(block);
+  const double head_s = mean_seconds(lm_head);
+  const double busy1 = MachineBusySeconds(), self1 = ProcessCpuSeconds(), wall1 = Now();
+  const double others = busy0 < 0 || busy1 < 0 ? -1 : std::max(0.0, (busy1 - busy0) - (self1 - self0));
+  out->cpu_layer_rates.push_back({s.hidden, 4 * m.ForwardFlops(m.groups[1]) / block_s, m.HeadFlops() / head_s,
+                                  FreeCores(others, wall1 - wall0)});
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<Calibration> Calibrate(const CalibrateOptions& o) {
@@ -132,6 +240,9 @@ Result<Calibration> Calibrate(const CalibrateOptions& o) {
   STRATA_RETURN_IF_ERROR(MeasureDisk(o, &c));
   STRATA_RETURN_IF_ERROR(MeasureAdam(o, &c));
   STRATA_RETURN_IF_ERROR(MeasureMemory(o, &c));
+  for (const auto& shape : o.layer_shapes) STRATA_RETURN_IF_ERROR(MeasureLayers(o, shape, &c));
+  std::sort(c.cpu_layer_rates.begin(), c.cpu_layer_rates.end(),
+            [](const CpuLayerRate& a, const CpuLayerRate& b) { return a.hidden < b.hidden; });
   struct statvfs vfs {};
   if (statvfs(o.dir.c_str(), &vfs) == 0)
     c.dir_free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
@@ -149,6 +260,7 @@ ClusterSpec CalibratedCluster(const Calibration& c) {
   s.cpu_adam_eps = c.cpu_adam_eps;
   s.host_mem_Bps = c.host_mem_Bps;
   s.checksum_Bps = c.checksum_Bps;
+  s.cpu_layer_rates = c.cpu_layer_rates;
   if (gpu::Available()) {  // planning for this machine's GPU; rates stay nominal until measured
     s.has_gpu = true;
     s.device_bytes = gpu::DeviceMemoryBytes(0);
@@ -172,6 +284,12 @@ std::string CalibrationJson(const Calibration& c) {
   j["cpu_adam_rate"] = std::round(c.cpu_adam_eps);
   j["host_mem_bw"] = std::round(c.host_mem_Bps);
   j["checksum_rate"] = std::round(c.checksum_Bps);
+  j["cpu_layers"] = nlohmann::ordered_json::array();
+  for (const CpuLayerRate& r : c.cpu_layer_rates)
+    j["cpu_layers"].push_back({{"hidden", r.hidden},
+                               {"block_flops", std::round(r.block_flops)},
+                               {"head_flops", std::round(r.head_flops)},
+                               {"free_cores", std::round(r.free_cores * 100) / 100}});
   return j.dump(2) + "\n";
 }
 

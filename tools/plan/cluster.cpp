@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -106,7 +107,41 @@ Result<double> Number(const nlohmann::json& v, const std::string& key) {
   return ConfigError("cluster." + key + ": expected a number or a size such as \"32GB\"");
 }
 
+Status ReadLayerRates(const nlohmann::json& j, ClusterSpec* c) {
+  if (!j.is_array())
+    return ConfigError("cluster.cpu_layers: expected a list of {hidden, block_flops, head_flops}");
+  c->cpu_layer_rates.clear();
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string at = "cluster.cpu_layers[" + std::to_string(i) + "]";
+    const auto& e = j[i];
+    for (const char* k : {"hidden", "block_flops", "head_flops"})
+      if (!e.is_object() || !e.contains(k) || !e[k].is_number() || e[k].get<double>() <= 0)
+        return ConfigError(at + "." + k + ": required, a positive number");
+    if (e.contains("free_cores") && !e["free_cores"].is_number())
+      return ConfigError(at + ".free_cores: expected a number");
+    c->cpu_layer_rates.push_back({static_cast<uint64_t>(e["hidden"].get<double>()),
+                                  e["block_flops"].get<double>(), e["head_flops"].get<double>(),
+                                  e.value("free_cores", 0.0)});
+  }
+  std::sort(c->cpu_layer_rates.begin(), c->cpu_layer_rates.end(),
+            [](const CpuLayerRate& a, const CpuLayerRate& b) { return a.hidden < b.hidden; });
+  return Status::Ok();
+}
+
 }  // namespace
+
+double ClusterSpec::LayerFlops(uint64_t hidden, bool head) const {
+  const auto& r = cpu_layer_rates;
+  if (has_gpu || r.empty()) return gpu_flops * gpu_efficiency;
+  auto rate = [&](const CpuLayerRate& x) { return head ? x.head_flops : x.block_flops; };
+  if (hidden <= r.front().hidden) return rate(r.front());
+  if (hidden >= r.back().hidden) return rate(r.back());
+  size_t i = 1;
+  while (r[i].hidden < hidden) ++i;
+  const double f = std::log(static_cast<double>(hidden) / static_cast<double>(r[i - 1].hidden)) /
+                   std::log(static_cast<double>(r[i].hidden) / static_cast<double>(r[i - 1].hidden));
+  return rate(r[i - 1]) + f * (rate(r[i]) - rate(r[i - 1]));
+}
 
 double ClusterSpec::RankCollectiveBps() const {
   if (nodes <= 1) return intra_node_Bps;
@@ -158,6 +193,10 @@ Result<ClusterSpec> ParseClusterJson(const std::string& text) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     if (k == "preset" || k == "comment") continue;
+    if (k == "cpu_layers") {
+      STRATA_RETURN_IF_ERROR(ReadLayerRates(*it, &c));
+      continue;
+    }
     if (k == "name" || k == "has_gpu") {
       if (k == "name" ? !it->is_string() : !it->is_boolean())
         return ConfigError("cluster." + k +

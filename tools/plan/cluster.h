@@ -6,10 +6,23 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
 namespace strata::plan {
+
+// The CPU layer kernels' measured speed at one width (--calibrate), in FLOP/s
+// of the model's count (model.h: BlockStepFlops, HeadStepFlops): a block's
+// forward, recompute and backward, and the tied LM head's forward and backward.
+struct CpuLayerRate {
+  uint64_t hidden = 0;  // C
+  double block_flops = 0;
+  double head_flops = 0;
+  // Cores that other processes left free meanwhile (/proc/stat): below the
+  // machine's count, these are a busy machine's rates. Informational.
+  double free_cores = 0;
+};
 
 struct ClusterSpec {
   std::string name;
@@ -34,6 +47,9 @@ struct ClusterSpec {
   double cpu_adam_eps = 0;      // per node, elements per second of the CPU Adam (all cores)
   double host_mem_Bps = 0;      // per node, memcpy-like streams (gradient accumulation)
   double checksum_Bps = 0;      // per node, XXH3 over swap blocks (all cores)
+  // Without a GPU the layers run on the CPU kernels at these rates, by width
+  // (ascending); empty: at gpu_flops x gpu_efficiency like a GPU's.
+  std::vector<CpuLayerRate> cpu_layer_rates;
 
   uint32_t world_size() const { return nodes * gpus_per_node; }
   uint64_t nvme_bytes() const { return nvme_drive_bytes * nvme_drives; }
@@ -46,6 +62,9 @@ struct ClusterSpec {
   // Bandwidth of one rank in a ring collective: NVLink inside a node, the
   // node's network share across nodes.
   double RankCollectiveBps() const;
+  // FLOP/s of the layers at width `hidden`: the calibrated CPU rates
+  // interpolated in log(hidden) (clamped to the widths measured), else the GPU's.
+  double LayerFlops(uint64_t hidden, bool head) const;
 };
 
 Result<ClusterSpec> PresetCluster(const std::string& name);
@@ -53,7 +72,9 @@ Result<ClusterSpec> PresetCluster(const std::string& name);
 // host_memory, nvme_drives, nvme_drive_capacity (sizes as numbers of bytes or
 // "32GB"-style strings), nvme_read, nvme_write, pcie, intra_node, network,
 // device_mem_bw, host_mem_bw, checksum_rate (bytes per second, numbers or
-// "12GB"), gpu_tflops, gpu_efficiency, cpu_adam_rate (elements per second).
+// "12GB"), gpu_tflops, gpu_efficiency, cpu_adam_rate (elements per second),
+// cpu_layers ([{"hidden": C, "block_flops": F, "head_flops": F,
+// "free_cores": N}, ...]).
 Result<ClusterSpec> ParseClusterJson(const std::string& text);
 // A preset name, or a path to a JSON file.
 Result<ClusterSpec> ResolveCluster(const std::string& name_or_path);

@@ -2,6 +2,8 @@
 // for a model on a cluster under a Strata/DeepSpeed config, simulates the
 // engine's step against the cluster's rates, searches placements (--auto) and
 // measures this machine's rates (--calibrate).
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +49,11 @@ int RunCalibrate(const Args& a) {
               c->nvme_write_Bps / 1e6);
   std::printf("CPU Adam: %.0f M elements/s; host memory: %.1f GB/s; XXH3: %.1f GB/s\n", c->cpu_adam_eps / 1e6,
               c->host_mem_Bps / 1e9, c->checksum_Bps / 1e9);
+  for (const CpuLayerRate& r : c->cpu_layer_rates)
+    std::printf(
+        "CPU layers at C = %llu: blocks %.1f GFLOP/s, LM head %.1f GFLOP/s (%.1f of %ld cores free)\n",
+        static_cast<unsigned long long>(r.hidden), r.block_flops / 1e9, r.head_flops / 1e9, r.free_cores,
+        sysconf(_SC_NPROCESSORS_ONLN));
   const std::string path = o.dir + "/strata-plan-calibration.json";
   if (Status st = WriteFile(path, CalibrationJson(*c)); !st.ok()) return Fail(st);
   std::printf("wrote %s (pass it as --cluster)\n", path.c_str());
@@ -99,7 +106,9 @@ int Run(const Args& a) {
 int main(int argc, char** argv) {
   strata::plan::Args a;
   CLI::App app{"strata-plan: what fits where (device, host, NVMe), and how fast"};
-  app.add_option("--model", a.model, "preset (tiny, gpt2, ..., 13b, 175b, 1t) or model JSON file")
+  app.add_option(
+         "--model", a.model,
+         "preset (tiny, small, medium, gpt2, ..., 13b as strata-train's; 175b, 1t) or model JSON file")
       ->capture_default_str();
   app.add_option("--cluster", a.cluster, "preset (dgx2, dgx-a100, dgx-h100, local) or cluster JSON file")
       ->capture_default_str();
@@ -119,7 +128,7 @@ int main(int argc, char** argv) {
   app.add_option("--svg", a.svg, "write a bar chart of bytes per tier per state");
   app.add_option("--write-config", a.write_config, "write the plan's config JSON (for strata-train)");
   app.add_option("--calibrate", a.calibrate_dir,
-                 "measure this machine's disk (in DIR), CPU Adam and memory rates")
+                 "measure this machine's disk (in DIR), CPU Adam, memory and layer rates")
       ->check(CLI::ExistingDirectory);
   app.add_option("--calibrate-size", a.calibrate_size, "disk test file size")->capture_default_str();
   CLI11_PARSE(app, argc, argv);

@@ -8,10 +8,6 @@
 
 namespace strata::plan {
 
-namespace {
-constexpr uint64_t kVocab = 256;  // byte-level, as strata-train's tokenizer
-}  // namespace
-
 uint64_t ModelSpec::total_numel() const {
   uint64_t n = 0;
   for (const auto& g : groups) n += g.numel;
@@ -31,33 +27,68 @@ double ModelSpec::ForwardFlops(const GroupSpec& g) const {
   return f;
 }
 
+double ModelSpec::HeadFlops() const {
+  return 6.0 * static_cast<double>(micro_batch) * static_cast<double>(seq) * static_cast<double>(vocab) *
+         static_cast<double>(hidden);
+}
+
+std::vector<GroupUse> MicroBatchUses(const ModelSpec& m) {
+  const double bwd = m.checkpointing ? 3.0 : 2.0;
+  const int n = static_cast<int>(m.groups.size());
+  auto fwd = [&](int g) { return m.ForwardFlops(m.groups[static_cast<size_t>(g)]); };
+  std::vector<GroupUse> u;
+  if (m.scheme == GroupScheme::kStrataTrain) {
+    u.push_back({0, true, 0, false, false});  // the embeddings (gathers: no FLOPs to speak of)
+    for (int g = 1; g < n; ++g) u.push_back({g, true, fwd(g), false, false});
+    u.push_back({0, true, m.HeadFlops(), true, false});
+    for (int g = n - 1; g >= 1; --g) u.push_back({g, true, bwd * fwd(g), false, true});
+    u.push_back({0, false, 0, false, true});  // the embeddings' backward needs no parameters
+    return u;
+  }
+  for (int g = 0; g < n; ++g) u.push_back({g, true, fwd(g), false, false});
+  for (int g = n - 1; g >= 0; --g) u.push_back({g, true, bwd * fwd(g), false, true});
+  return u;
+}
+
 const std::vector<PresetInfo>& Presets() {
-  // name, layers, hidden, heads, context. "1t" is ZeRO-Infinity's 1T shape.
+  // name, layers, hidden, heads, context, batch, seq. Up to 13b: strata-train's
+  // (tools/train/presets.cpp); "1t" is ZeRO-Infinity's 1T shape.
+  constexpr GroupScheme kTrain = GroupScheme::kStrataTrain, kGeneric = GroupScheme::kGeneric;
   static const std::vector<PresetInfo> kPresets = {
-      {"tiny", 2, 128, 4, 256},
-      {"gpt2", 12, 768, 12, 1024},
-      {"gpt2-medium", 24, 1024, 16, 1024},
-      {"gpt2-large", 36, 1280, 20, 1024},
-      {"gpt2-xl", 48, 1600, 25, 1024},
-      {"2.7b", 32, 2560, 32, 2048},
-      {"6.7b", 32, 4096, 32, 2048},
-      {"13b", 40, 5120, 40, 2048},
-      {"175b", 96, 12288, 96, 2048},
-      {"1t", 128, 25600, 160, 1024},
+      {"tiny", 2, 64, 4, 64, 8, 64, kTrain},
+      {"small", 4, 128, 4, 128, 8, 128, kTrain},
+      {"medium", 6, 384, 6, 256, 8, 128, kTrain},
+      {"gpt2", 12, 768, 12, 1024, 4, 256, kTrain},
+      {"gpt2-medium", 24, 1024, 16, 1024, 4, 256, kTrain},
+      {"gpt2-large", 36, 1280, 20, 1024, 2, 256, kTrain},
+      {"gpt2-xl", 48, 1600, 25, 1024, 2, 256, kTrain},
+      {"2.7b", 32, 2560, 32, 2048, 1, 512, kTrain},
+      {"6.7b", 32, 4096, 32, 2048, 1, 512, kTrain},
+      {"13b", 40, 5120, 40, 2048, 1, 512, kTrain},
+      {"175b", 96, 12288, 96, 2048, 1, 2048, kGeneric},
+      {"1t", 128, 25600, 160, 1024, 1, 1024, kGeneric},
   };
   return kPresets;
 }
 
 ModelSpec GptModel(const std::string& name, uint64_t layers, uint64_t hidden, uint64_t heads,
-                   uint64_t context) {
+                   uint64_t context, GroupScheme scheme, uint64_t vocab) {
   ModelSpec m;
   m.name = name;
+  m.vocab = vocab;
+  m.scheme = scheme;
   m.layers = layers;
   m.hidden = hidden;
   m.heads = heads ? heads : std::max<uint64_t>(1, hidden / 128);
   m.seq = context;
-  const uint64_t c = hidden;
-  m.groups.push_back({"embed", kVocab * c + context * c, false});  // token + position (head tied)
+  const uint64_t c = hidden, v = m.vocab;
+  if (scheme == GroupScheme::kStrataTrain) {  // layers::EmbedParamCount, layers::BlockParamCount
+    m.groups.push_back({"embed", v * c + context * c + 2 * c, false});  // wte (the head), wpe, ln_f
+    for (uint64_t l = 0; l < layers; ++l)
+      m.groups.push_back({"h" + std::to_string(l), 12 * c * c + 13 * c, true});
+    return m;
+  }
+  m.groups.push_back({"embed", v * c + context * c, false});  // token + position (head tied)
   for (uint64_t l = 0; l < layers; ++l) {
     const std::string p = "h" + std::to_string(l) + ".";
     m.groups.push_back({p + "attn", 4 * c * c + 4 * c + 2 * c, true});     // ln1, qkv, proj
@@ -70,7 +101,12 @@ ModelSpec GptModel(const std::string& name, uint64_t layers, uint64_t hidden, ui
 
 Result<ModelSpec> PresetModel(const std::string& name) {
   for (const auto& p : Presets())
-    if (name == p.name) return GptModel(p.name, p.layers, p.hidden, p.heads, p.context);
+    if (name == p.name) {
+      ModelSpec m = GptModel(p.name, p.layers, p.hidden, p.heads, p.context, p.scheme);
+      m.micro_batch = p.batch;
+      m.seq = p.seq;
+      return m;
+    }
   std::string all;
   for (const auto& p : Presets()) all += std::string(all.empty() ? "" : ", ") + p.name;
   return InvalidError("model '" + name + "': not a preset (" + all + ") nor a JSON file");
@@ -115,27 +151,36 @@ Status ReadGroups(const nlohmann::json& j, ModelSpec* m) {
 Result<ModelSpec> ParseModelJson(const std::string& text) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return ConfigError("model: not a JSON object");
-  static const char* kKeys[] = {"name",    "groups",      "hidden",     "layers",        "heads", "seq",
-                                "context", "micro_batch", "grad_accum", "checkpointing", "preset"};
+  static const char* kKeys[] = {"name",       "groups",        "hidden", "layers", "heads",
+                                "seq",        "context",       "vocab",  "scheme", "micro_batch",
+                                "grad_accum", "checkpointing", "preset"};
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return it.key() == k; }) ==
         std::end(kKeys))
       return ConfigError("model." + it.key() + ": unknown key");
-  for (const char* k : {"name", "preset"})
+  for (const char* k : {"name", "preset", "scheme"})
     if (j.contains(k) && !j[k].is_string())
       return ConfigError(std::string("model.") + k + ": expected a string");
+  GroupScheme scheme = GroupScheme::kGeneric;
+  if (j.contains("scheme")) {
+    const std::string s = j["scheme"].get<std::string>();
+    if (s != "generic" && s != "strata-train")
+      return ConfigError("model.scheme: '" + s + "' is not generic or strata-train");
+    scheme = s == "strata-train" ? GroupScheme::kStrataTrain : GroupScheme::kGeneric;
+  }
   ModelSpec m;
   if (j.contains("preset")) {
     STRATA_ASSIGN_OR_RETURN(m, PresetModel(j["preset"].get<std::string>()));
   } else if (!j.contains("groups")) {
-    uint64_t layers = 0, hidden = 0, heads = 0, context = 1024;
+    uint64_t layers = 0, hidden = 0, heads = 0, context = 1024, vocab = 256;
     STRATA_RETURN_IF_ERROR(Read(j, "layers", &layers));
     STRATA_RETURN_IF_ERROR(Read(j, "hidden", &hidden));
     STRATA_RETURN_IF_ERROR(Read(j, "heads", &heads));
     STRATA_RETURN_IF_ERROR(Read(j, "context", &context));
+    STRATA_RETURN_IF_ERROR(Read(j, "vocab", &vocab));
     if (layers == 0 || hidden == 0)
       return ConfigError("model: give \"groups\", a \"preset\", or \"layers\" and \"hidden\"");
-    m = GptModel("custom", layers, hidden, heads, context);
+    m = GptModel("custom", layers, hidden, heads, context, scheme, vocab);
   }
   if (j.contains("groups")) {
     m.groups.clear();
@@ -145,10 +190,12 @@ Result<ModelSpec> ParseModelJson(const std::string& text) {
   STRATA_RETURN_IF_ERROR(Read(j, "hidden", &m.hidden));
   STRATA_RETURN_IF_ERROR(Read(j, "layers", &m.layers));
   STRATA_RETURN_IF_ERROR(Read(j, "heads", &m.heads));
+  STRATA_RETURN_IF_ERROR(Read(j, "vocab", &m.vocab));
   STRATA_RETURN_IF_ERROR(Read(j, "seq", &m.seq));
   STRATA_RETURN_IF_ERROR(Read(j, "micro_batch", &m.micro_batch));
   STRATA_RETURN_IF_ERROR(Read(j, "grad_accum", &m.grad_accum));
   STRATA_RETURN_IF_ERROR(Read(j, "checkpointing", &m.checkpointing));
+  if (j.contains("scheme")) m.scheme = scheme;
   if (m.groups.empty()) return ConfigError("model.groups: empty");
   if (m.micro_batch == 0 || m.seq == 0 || m.grad_accum == 0)
     return ConfigError("model: seq, micro_batch and grad_accum must be at least 1");
@@ -176,7 +223,7 @@ uint64_t ActivationBytes(const ModelSpec& m) {
   const double s = static_cast<double>(m.seq), b = static_cast<double>(m.micro_batch);
   const double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads ? m.heads : 1);
   const double layer = s * b * h * (34.0 + 5.0 * a * s / h);
-  const double logits = s * b * static_cast<double>(kVocab) * 4.0;  // fp32 logits and their gradient
+  const double logits = s * b * static_cast<double>(m.vocab) * 4.0;  // fp32 logits and their gradient
   const double total = m.checkpointing ? static_cast<double>(m.layers) * 2.0 * s * b * h + layer
                                        : static_cast<double>(m.layers) * layer;
   return static_cast<uint64_t>(total + 2.0 * logits);

@@ -71,7 +71,10 @@ class StepSim {
     // The device's room for P copies: its capacity less everything else resident.
     const auto dev = static_cast<size_t>(TierKind::kDevice);
     uint64_t other = cap.Used(TierKind::kDevice) - cap.bytes[static_cast<size_t>(PlanState::kWork)][dev];
-    other += l.largest_group * static_cast<uint64_t>(dp_);  // the trainer's gradient of one group
+    if (c.has_gpu)
+      other += l.largest_group * static_cast<uint64_t>(dp_);  // the trainer's gradient of one group
+    else  // a CPU trainer keeps its activations and gradients in its own memory, not the engine's arena
+      other -= cap.bytes[static_cast<size_t>(PlanState::kActivations)][dev];
     const uint64_t room = cap.capacity[dev] > other ? cap.capacity[dev] - other : 0;
     room_ = std::max<double>(static_cast<double>(room), static_cast<double>(l.largest_group) * dp_);
     state_.assign(static_cast<size_t>(n_), kAbsent);
@@ -272,31 +275,34 @@ class StepSim {
     return t;
   }
 
+  // The layers' time for one use. Without a GPU strata-train also converts
+  // each fetched copy to fp32 (tools/train/gpt.cpp) before its kernels run.
+  double Compute(const GroupUse& u, double t) {
+    double secs = u.flops / c_.LayerFlops(m_.hidden, u.head);
+    if (u.fetch && !c_.has_gpu && m_.scheme == GroupScheme::kStrataTrain)
+      secs += Numel(u.group) * (dp_ + 4) / c_.RankHostMem();
+    return R(SimResource::kGpu).Book(t, secs);
+  }
+
   double ForwardBackward() {
+    const std::vector<GroupUse> uses = MicroBatchUses(m_);
     std::vector<int> trace;
-    for (uint64_t mb = 0; mb < m_.grad_accum; ++mb) {
-      for (int g = 0; g < n_; ++g) trace.push_back(g);
-      for (int g = n_ - 1; g >= 0; --g) trace.push_back(g);
-    }
+    for (uint64_t mb = 0; mb < m_.grad_accum; ++mb)
+      for (const GroupUse& u : uses)
+        if (u.fetch) trace.push_back(u.group);
     for (int g : trace) sched_.OnFetch(g);  // the recorded first step
     sched_.OnStep();
     if (fetched_) Enqueue(Ahead(), 0);  // the previous Step ends by prefetching the first groups
-    const double flops = c_.gpu_flops * c_.gpu_efficiency;
-    const double bwd = m_.checkpointing ? 3.0 : 2.0;
     double t = 0;
     for (uint64_t mb = 0; mb < m_.grad_accum; ++mb) {
-      for (int g = 0; g < n_; ++g) {
-        t = R(SimResource::kGpu)
-                .Book(Fetch(g, t), m_.ForwardFlops(m_.groups[static_cast<size_t>(g)]) / flops);
+      const bool last = mb + 1 == m_.grad_accum;
+      for (const GroupUse& u : uses) {
+        if (u.fetch) t = Fetch(u.group, t);
+        t = Compute(u, t);
         pinned_ = -1;
-      }
-      for (int g = n_ - 1; g >= 0; --g) {
-        t = R(SimResource::kGpu)
-                .Book(Fetch(g, t), bwd * m_.ForwardFlops(m_.groups[static_cast<size_t>(g)]) / flops);
-        pinned_ = -1;
-        const bool last = mb + 1 == m_.grad_accum;
-        t = Grads(g, t, mb == 0, last);
-        if (last && o_.overlap_step) overlap_free_ = Optimizer({g}, std::max(t, overlap_free_));
+        if (!u.grads) continue;
+        t = Grads(u.group, t, mb == 0, last);
+        if (last && o_.overlap_step) overlap_free_ = Optimizer({u.group}, std::max(t, overlap_free_));
       }
     }
     RunPrefetcher(t);  // Step waits for loads in flight and drops the rest
