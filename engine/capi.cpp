@@ -316,6 +316,42 @@ strata_status_t strata_engine_loss_scale(strata_engine_t* engine, double* out) {
   });
 }
 
+static strata::Result<strata::Engine::OptimizerState> StateOf(strata_state_t which) {
+  if (which < STRATA_STATE_MASTER || which > STRATA_STATE_EXP_AVG_SQ)
+    return strata::InvalidError("state " + std::to_string(static_cast<int>(which)) + " is not one of MASTER, EXP_AVG, EXP_AVG_SQ");
+  return static_cast<strata::Engine::OptimizerState>(which);
+}
+
+strata_status_t strata_engine_read_state(strata_engine_t* engine, int group, strata_state_t which, float* out) {
+  return OnEngine("strata_engine_read_state", engine, [&]() -> Status {
+    if (out == nullptr) return strata::InvalidError("out must not be NULL");
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    STRATA_ASSIGN_OR_RETURN(strata::Engine::OptimizerState s, StateOf(which));
+    return engine->rep->ReadState(group, s, out);
+  });
+}
+
+strata_status_t strata_engine_write_state(strata_engine_t* engine, int group, strata_state_t which, const float* in) {
+  return OnEngine("strata_engine_write_state", engine, [&]() -> Status {
+    if (in == nullptr) return strata::InvalidError("in must not be NULL");
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    STRATA_ASSIGN_OR_RETURN(strata::Engine::OptimizerState s, StateOf(which));
+    return engine->rep->WriteState(group, s, in);
+  });
+}
+
+strata_status_t strata_engine_get_steps(strata_engine_t* engine, int64_t* out) {
+  return OnEngine("strata_engine_get_steps", engine, [&]() -> Status {
+    if (out == nullptr) return strata::InvalidError("out must not be NULL");
+    *out = engine->rep->steps_applied();
+    return Status::Ok();
+  });
+}
+
+strata_status_t strata_engine_set_steps(strata_engine_t* engine, int64_t steps) {
+  return OnEngine("strata_engine_set_steps", engine, [&]() -> Status { return engine->rep->SetStepsApplied(steps); });
+}
+
 strata_status_t strata_engine_num_groups(strata_engine_t* engine, int* out) {
   return OnEngine("strata_engine_num_groups", engine, [&]() -> Status {
     if (out == nullptr) return strata::InvalidError("out must not be NULL");

@@ -594,27 +594,30 @@ Status Engine::Impl::ApplyResharded(const Json& m, const std::string& folder) {
 // P = W in the compute dtype, as after every step: this rank's shard, then
 // (stages 1-2 with several ranks) the other ranks' slices gathered.
 Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
-  for (int g = 0; g < part_.num_groups(); ++g) {
-    GroupState& gs = groups_[static_cast<size_t>(g)];
-    const uint64_t n = part_.group(g).shard_numel;
-    const StateBlock& wb = gs.blocks[int(StateKind::kW)];
-    float* w = static_cast<float*>(buf);
-    if (io_->Direct(wb)) w = static_cast<float*>(io_->DirectPtr(wb));
-    else STRATA_RETURN_IF_ERROR(io_->Load(wb, w));
-    const StateBlock& p = gs.blocks[int(StateKind::kP)];
-    const uint64_t slice = (sworld_ > 1 && !p_sharded_) ? static_cast<uint64_t>(srank_) * n * DTypeSize(dtype_) : 0;
-    if (io_->Direct(p)) {
-      STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, static_cast<char*>(io_->DirectPtr(p)) + slice, n));
-      if (slice || (sworld_ > 1 && !p_sharded_)) STRATA_RETURN_IF_ERROR(GatherP(g, io_->DirectPtr(p)));
-      continue;
-    }
-    const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer
-    if (!buf || at + p.bytes > buf_bytes) return InternalError("checkpoint load: the staging slot cannot hold W and P");
-    char* pbuf = static_cast<char*>(buf) + at;
-    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, pbuf, n));
-    STRATA_RETURN_IF_ERROR(io_->Store(p, pbuf));
-  }
+  for (int g = 0; g < part_.num_groups(); ++g) STRATA_RETURN_IF_ERROR(RecomputePGroup(g, buf, buf_bytes));
   return Status::Ok();
+}
+
+Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
+  GroupState& gs = groups_[static_cast<size_t>(g)];
+  const uint64_t n = part_.group(g).shard_numel;
+  const StateBlock& wb = gs.blocks[int(StateKind::kW)];
+  float* w = static_cast<float*>(buf);
+  if (io_->Direct(wb)) w = static_cast<float*>(io_->DirectPtr(wb));
+  else STRATA_RETURN_IF_ERROR(io_->Load(wb, w));
+  const StateBlock& p = gs.blocks[int(StateKind::kP)];
+  const bool slices = sworld_ > 1 && !p_sharded_;  // P whole on every rank: our slice, then the others'
+  const uint64_t slice = slices ? static_cast<uint64_t>(srank_) * n * DTypeSize(dtype_) : 0;
+  if (io_->Direct(p)) {
+    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, static_cast<char*>(io_->DirectPtr(p)) + slice, n));
+    if (slices) STRATA_RETURN_IF_ERROR(GatherP(g, io_->DirectPtr(p)));
+    return Status::Ok();
+  }
+  const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer
+  if (!buf || at + p.bytes > buf_bytes) return InternalError("the staging slot cannot hold W and P");
+  char* pbuf = static_cast<char*>(buf) + at;
+  STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, pbuf, n));
+  return io_->Store(p, pbuf);
 }
 
 }  // namespace strata

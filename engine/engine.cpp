@@ -437,37 +437,61 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   return r;
 }
 
-Status Engine::Impl::ReadMaster(int group, float* out) {
-  STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "read_master"));
-  const StateBlock& w = groups_[static_cast<size_t>(group)].blocks[int(StateKind::kW)];
-  const uint64_t n = part_.group(group).numel;
-  if (sworld_ > 1) {  // gather every rank's shard
-    const GroupLayout& L = part_.group(group);
-    std::vector<float> all(L.padded);
-    float* mine = all.data() + static_cast<uint64_t>(srank_) * L.shard_numel;
-    Status st;
-    if (io_->Direct(w)) {
-      std::memcpy(mine, io_->DirectPtr(w), L.shard_numel * 4);
-    } else {
-      void* buf = opt_staging_.Acquire();
-      st = io_->Load(w, buf);
-      if (st.ok()) std::memcpy(mine, buf, L.shard_numel * 4);
-      opt_staging_.Release(buf);
-    }
-    if (st.ok()) st = comm_->AllGather(mine, all.data(), L.shard_numel * 4);
-    if (!st.ok()) return st.WithContext("read_master: group " + std::to_string(group));
-    std::memcpy(out, all.data(), n * 4);
-    return Status::Ok();
+Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
+  STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "read_state"));
+  if (!out) return InvalidError("read_state: null output for group " + std::to_string(group));
+  const StateBlock& w = groups_[static_cast<size_t>(group)].blocks[static_cast<size_t>(kind)];
+  if (!w.alloc.charged)
+    return InvalidError(std::string("read_state: the ") + config_.optimizer.type + " optimizer keeps no state " +
+                        StateName(kind));
+  const GroupLayout& L = part_.group(group);
+  const uint64_t n = L.numel;
+  // This rank's shard, into `all` at its place (or straight out, with one shard).
+  std::vector<float> all;
+  float* mine = out;
+  if (sworld_ > 1) {
+    all.resize(L.padded);
+    mine = all.data() + static_cast<uint64_t>(srank_) * L.shard_numel;
   }
+  const uint64_t take = sworld_ > 1 ? L.shard_numel : n;
+  Status st;
   if (io_->Direct(w)) {
-    std::memcpy(out, io_->DirectPtr(w), n * 4);
-    return Status::Ok();
+    std::memcpy(mine, io_->DirectPtr(w), take * 4);
+  } else {
+    void* buf = opt_staging_.Acquire();
+    st = io_->Load(w, buf);
+    if (st.ok()) std::memcpy(mine, buf, take * 4);
+    opt_staging_.Release(buf);
   }
-  void* buf = opt_staging_.Acquire();
-  Status st = io_->Load(w, static_cast<char*>(buf) + opt_slot_offsets_[int(StateKind::kW)]);
-  if (st.ok()) std::memcpy(out, static_cast<char*>(buf) + opt_slot_offsets_[int(StateKind::kW)], n * 4);
-  opt_staging_.Release(buf);
-  return st;
+  if (st.ok() && sworld_ > 1) {
+    st = comm_->AllGather(mine, all.data(), L.shard_numel * 4);
+    if (st.ok()) std::memcpy(out, all.data(), n * 4);
+  }
+  return st.WithContext("read_state: group " + std::to_string(group));
+}
+
+Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
+  STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "write_state"));
+  if (!in) return InvalidError("write_state: null input for group " + std::to_string(group));
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("write_state"));
+  const StateBlock& b = groups_[static_cast<size_t>(group)].blocks[static_cast<size_t>(kind)];
+  if (!b.alloc.charged)
+    return InvalidError(std::string("write_state: the ") + config_.optimizer.type + " optimizer keeps no state " +
+                        StateName(kind));
+  const GroupLayout& L = part_.group(group);
+  const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel, real = L.RealInShard(srank_);
+  void* slot = opt_staging_.count() ? opt_staging_.Acquire() : nullptr;
+  float* dst = io_->Direct(b) ? static_cast<float*>(io_->DirectPtr(b)) : static_cast<float*>(slot);
+  Status st = dst ? Status::Ok() : InternalError("write_state: no staging slot for a staged block");
+  if (st.ok()) {
+    std::memset(dst, 0, L.shard_numel * 4);
+    std::memcpy(dst, in + lo, real * 4);
+    if (!io_->Direct(b)) st = io_->Store(b, dst);
+  }
+  if (st.ok() && kind == StateKind::kW) st = RecomputePGroup(group, slot, slot ? opt_staging_.bytes() : 0);
+  if (slot) opt_staging_.Release(slot);
+  DropDeviceCopies();
+  return st.WithContext("write_state: group " + std::to_string(group));
 }
 
 EngineStats Engine::Impl::Stats() const {
@@ -498,6 +522,17 @@ Status Engine::LoadCheckpoint(const std::string& dir, const std::string& tag, st
   return impl_->LoadCheckpoint(dir, tag, blob);
 }
 Status Engine::ReadMaster(int group, float* out) { return impl_->ReadMaster(group, out); }
+Status Engine::ReadState(int group, OptimizerState which, float* out) {
+  return impl_->ReadState(group, static_cast<StateKind>(static_cast<int>(which) + 1), out);
+}
+Status Engine::WriteState(int group, OptimizerState which, const float* in) {
+  return impl_->WriteState(group, static_cast<StateKind>(static_cast<int>(which) + 1), in);
+}
+Status Engine::SetStepsApplied(int64_t steps) {
+  if (steps < 0) return InvalidError("set_steps: " + std::to_string(steps) + " is negative");
+  impl_->step_count_ = steps;
+  return Status::Ok();
+}
 EngineStats Engine::stats() const { return impl_->Stats(); }
 int Engine::num_groups() const { return impl_->part_.num_groups(); }
 double Engine::loss_scale() const { return impl_->scaler_.scale(); }

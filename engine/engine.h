@@ -125,6 +125,19 @@ class Engine {
   Status SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
   Status LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
 
+  // The optimizer's state of a group, without padding: the fp32 master
+  // weights, the first moments (exp_avg; Lion's momentum, Adagrad's sum) or
+  // the second (exp_avg_sq; Adam only). Read gathers the shards when state is
+  // partitioned (every rank calls it, in the same order). Write takes the
+  // whole group's values (every rank passes the same), keeps this rank's
+  // shard, and for the master weights refreshes P; it works between steps.
+  // For trainers' own state_dict/load_state_dict.
+  enum class OptimizerState { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
+  Status ReadState(int group, OptimizerState which, float* out);
+  Status WriteState(int group, OptimizerState which, const float* in);
+  // Optimizer updates applied so far (bias correction counts from it).
+  Status SetStepsApplied(int64_t steps);
+
   // The fp32 master weights of a group, without padding (tests, export).
   // With several ranks and partitioned state this gathers the shards: every
   // rank must call it, in the same order.

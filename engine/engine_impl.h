@@ -55,7 +55,10 @@ class Engine::Impl {
   Status Release(int group);
   Status Grads(int group, const void* grads, DType dtype);
   Result<StepResult> Step(const StepOptions& options);
-  Status ReadMaster(int group, float* out);
+  Status ReadMaster(int group, float* out) { return ReadState(group, StateKind::kW, out); }
+  Status ReadState(int group, StateKind kind, float* out);
+  Status WriteState(int group, StateKind kind, const float* in);
+  Status RecomputePGroup(int g, void* buf, uint64_t buf_bytes);
   EngineStats Stats() const;
 
   // residency.cpp

@@ -237,6 +237,25 @@ STRATA_API strata_status_t strata_checkpoint_load(strata_engine_t* engine, const
  * loss scale, 1 without fp16. Also returned by every step. Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_loss_scale(strata_engine_t* engine, double* out);
 
+/* The optimizer's state of a group, for a trainer's own state_dict:
+ * strata_engine_group_numel floats, caller-owned host memory. Read gathers
+ * the shards across ranks (every rank calls it). Write takes the whole
+ * group's values (every rank passes the same) and, for the master weights,
+ * refreshes the parameters; it works between steps. EXP_AVG_SQ exists for
+ * Adam and AdamW only. The step count drives bias correction.
+ * Errors: INVALID, STATE, IO, CORRUPT, COMM. */
+typedef enum strata_state {
+  STRATA_STATE_MASTER = 0,    /* fp32 master weights */
+  STRATA_STATE_EXP_AVG = 1,   /* first moment (Lion: momentum; Adagrad: sum of squares) */
+  STRATA_STATE_EXP_AVG_SQ = 2 /* second moment (Adam, AdamW) */
+} strata_state_t;
+STRATA_API strata_status_t strata_engine_read_state(strata_engine_t* engine, int group, strata_state_t which,
+                                                    float* out);
+STRATA_API strata_status_t strata_engine_write_state(strata_engine_t* engine, int group, strata_state_t which,
+                                                     const float* in);
+STRATA_API strata_status_t strata_engine_get_steps(strata_engine_t* engine, int64_t* out);
+STRATA_API strata_status_t strata_engine_set_steps(strata_engine_t* engine, int64_t steps);
+
 /* Shape queries. REQUIRES for group_numel: after build. Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_num_groups(strata_engine_t* engine, int* out);
 STRATA_API strata_status_t strata_engine_group_numel(strata_engine_t* engine, int group, uint64_t* out);

@@ -116,6 +116,10 @@ def _load():
         "strata_engine_stats": ([P, ctypes.POINTER(_Stats)], S),
         "strata_adam_step": ([ctypes.POINTER(_AdamOptions), ctypes.c_size_t, P, P, P, P, P], S),
         "strata_checkpoint_save": ([P, ctypes.c_char_p, ctypes.c_char_p, P, U64], S),
+        "strata_engine_read_state": ([P, I, I, P], S),
+        "strata_engine_write_state": ([P, I, I, P], S),
+        "strata_engine_get_steps": ([P, ctypes.POINTER(ctypes.c_int64)], S),
+        "strata_engine_set_steps": ([P, ctypes.c_int64], S),
         "strata_checkpoint_load": ([P, ctypes.c_char_p, ctypes.c_char_p, P, ctypes.POINTER(U64)], S),
     }
     for name, (args, res) in sigs.items():
@@ -288,6 +292,35 @@ class Engine:
         _check(self._lib.strata_engine_step(self.handle, ctypes.byref(opts), ctypes.byref(res)))
         self.last_loss_scale = res.loss_scale
         return res.grad_norm, bool(res.skipped)
+
+    # -- optimizer state (for state_dict / load_state_dict)
+    STATES = {"master": 0, "exp_avg": 1, "exp_avg_sq": 2}
+
+    def read_state(self, group, which):
+        """The group's "master", "exp_avg" or "exp_avg_sq" as a new fp32 tensor."""
+        import torch
+        out = torch.empty(self.group_numel(group), dtype=torch.float32)
+        _check(self._lib.strata_engine_read_state(self.handle, group, self.STATES[which], out.data_ptr()))
+        return out
+
+    def write_state(self, group, which, values):
+        """Sets the group's "master", "exp_avg" or "exp_avg_sq" (group_numel floats)."""
+        import torch
+        v = torch.as_tensor(values, dtype=torch.float32).reshape(-1).contiguous().cpu()
+        if v.numel() != self.group_numel(group):
+            raise Error(INVALID, f"write_state: {v.numel()} values for a group of {self.group_numel(group)}")
+        _check(self._lib.strata_engine_write_state(self.handle, group, self.STATES[which], v.data_ptr()))
+
+    @property
+    def steps(self):
+        """Optimizer updates applied so far (bias correction counts from it)."""
+        n = ctypes.c_int64()
+        _check(self._lib.strata_engine_get_steps(self.handle, ctypes.byref(n)))
+        return n.value
+
+    @steps.setter
+    def steps(self, value):
+        _check(self._lib.strata_engine_set_steps(self.handle, int(value)))
 
     # -- checkpoints
     def save_checkpoint(self, directory, tag, blob=b""):

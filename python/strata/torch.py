@@ -131,12 +131,12 @@ class OffloadAdam(torch.optim.Optimizer):
         return loss
 
     def state_dict(self):
-        """torch's format; per parameter: "step" and "master_param" (its fp32
-        master weights). The moments stay in the engine (see load_state_dict)."""
+        """torch.optim.AdamW's format, per parameter: "step", "exp_avg",
+        "exp_avg_sq", and "master_param" (its fp32 master weights)."""
         for ge, group in zip(self._engines, self.param_groups):
-            for p, m in zip(group["params"], ge.read_masters()):
-                self.state[p]["master_param"] = m
-                self.state[p].setdefault("step", torch.tensor(0.0))
+            for p, st in zip(group["params"], ge.read_states()):
+                self.state[p].update(st)
+                self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
         out = super().state_dict()
         # The returned dict keeps the per-parameter dicts; ours drop the copies.
         for p in list(self.state):
@@ -144,24 +144,24 @@ class OffloadAdam(torch.optim.Optimizer):
         return out
 
     def load_state_dict(self, state_dict):
-        """Restores param_groups, step counts and master weights. The engine
-        has no call to write moments or its step count yet, so the moments
-        restart at zero and bias correction at step 1 (a warning says so)."""
+        """Restores param_groups, the master weights, both moments and the
+        step count, so training goes on as if it had never stopped."""
         super().load_state_dict(state_dict)
         self.close()
-        restarted = False
         with torch.no_grad():
             for group in self.param_groups:
                 for p in group["params"]:
-                    st = self.state[p]
-                    master = st.pop("master_param", None)
+                    master = self.state[p].get("master_param")
                     if master is not None:
                         p.copy_(master.to(p.dtype))
-                    restarted |= float(st.get("step", 0)) > 0
         self._engines = [self._new_engine(i) for i in range(len(self.param_groups))]
-        if restarted:
-            warnings.warn("strata OffloadAdam.load_state_dict: Adam moments restart at zero and bias correction "
-                          "at step 1 (the engine cannot load them yet)", RuntimeWarning, stacklevel=2)
+        for ge, group in zip(self._engines, self.param_groups):
+            states = [self.state[p] for p in group["params"]]
+            ge.write_states(states)
+            steps = [float(st["step"]) for st in states if "step" in st]
+            ge.engine.steps = int(max(steps)) if steps else 0
+        for p in list(self.state):  # the engine holds them now
+            self.state[p] = {"step": self.state[p].get("step", torch.tensor(0.0))}
 
     def close(self):
         """Frees the engines (and their swap files). step() no longer works."""
@@ -226,6 +226,29 @@ class _GroupEngine:
             for p, off in entries:
                 p.copy_(buf[off:off + p.numel()].view_as(p))
             self.engine.release(g, stream=stream)
+
+    def read_states(self):
+        """Per parameter: {"master_param", "exp_avg", "exp_avg_sq"} as tensors shaped like it."""
+        out = []
+        for g, entries in self.buckets:
+            full = {k: self.engine.read_state(g, w) for k, w in
+                    (("master_param", "master"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq"))}
+            out += [{k: v[off:off + p.numel()].view_as(p).clone() for k, v in full.items()} for p, off in entries]
+        return out
+
+    def write_states(self, states):
+        """The inverse of read_states (a missing key keeps the engine's value)."""
+        i = 0
+        for g, entries in self.buckets:
+            group_states = states[i:i + len(entries)]
+            i += len(entries)
+            for key, which in (("master_param", "master"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
+                if not all(key in st for st in group_states):
+                    continue
+                flat = self.engine.read_state(g, which)
+                for (p, off), st in zip(entries, group_states):
+                    flat[off:off + p.numel()] = st[key].reshape(-1).to(torch.float32).cpu()
+                self.engine.write_state(g, which, flat)
 
     def read_masters(self):
         out = []

@@ -75,6 +75,27 @@ int main(void) {
   len = sizeof back;
   EXPECT(strata_checkpoint_load(e, "/nonexistent/ckpt", NULL, back, &len) == STRATA_CORRUPT);
   EXPECT(strstr(strata_last_error(), "/nonexistent/ckpt/latest") != NULL);
+  /* The optimizer's state, for a trainer's own state_dict. */
+  float m[100], v[100], w2[100];
+  CHECK(strata_engine_read_state(e, 0, STRATA_STATE_EXP_AVG, m));
+  CHECK(strata_engine_read_state(e, 0, STRATA_STATE_EXP_AVG_SQ, v));
+  EXPECT(m[1] != 0.0f && v[1] > 0.0f);
+  for (int i = 0; i < 100; ++i) w2[i] = (float)i;
+  CHECK(strata_engine_write_state(e, 0, STRATA_STATE_MASTER, w2));
+  CHECK(strata_engine_read_master(e, 0, now));
+  EXPECT(memcmp(now, w2, sizeof now) == 0);
+  void* p = NULL;
+  CHECK(strata_engine_fetch(e, 0, NULL, &p));
+  EXPECT(((const float*)p)[7] == 7.0f); /* the parameters follow the master weights */
+  CHECK(strata_engine_release(e, 0, NULL));
+  int64_t steps = 0;
+  CHECK(strata_engine_get_steps(e, &steps));
+  EXPECT(steps == 1);
+  CHECK(strata_engine_set_steps(e, 40));
+  CHECK(strata_engine_get_steps(e, &steps));
+  EXPECT(steps == 40);
+  EXPECT(strata_engine_set_steps(e, -1) == STRATA_INVALID);
+  EXPECT(strata_engine_read_state(e, 0, (strata_state_t)7, m) == STRATA_INVALID);
   CHECK(strata_engine_destroy(e));
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
