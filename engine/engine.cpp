@@ -190,15 +190,13 @@ Status Engine::Impl::Build() {
   // The step's slots: every state that the CPU cannot address in place.
   uint64_t off = 0;
   bool any_staged = false;
-  const StateBlock& probe_p = groups_[0].blocks[0];
   for (int s = 0; s < kNumStates; ++s) {
     opt_slot_offsets_[s] = off;
-    StateBlock probe{home_[s], {}, 0};
-    const bool staged = used(s) && !io_->Direct(s == 0 ? probe_p : probe);
-    if (staged) {
-      off += AlignUp(io_->NvmePadded(state_bytes(s, s == 0 && !p_sharded_ ? part_.largest_group_numel() + 2 * Partition::kShardAlign * sworld_ : shard)), 64 * kKiB);
-      any_staged = true;
-    }
+    if (!used(s) || io_->Direct(groups_[0].blocks[static_cast<size_t>(s)])) continue;
+    uint64_t largest = 0;  // elements of this state on this rank, largest group
+    for (int g = 0; g < ngroups; ++g) largest = std::max(largest, numel_of(s, g));
+    off += AlignUp(io_->NvmePadded(state_bytes(s, largest)), 64 * kKiB);
+    any_staged = true;
   }
   opt_slot_offsets_[kNumStates] = off;
   // Slots: offload_optimizer.buffer_count (at least 3: read ahead, update, write behind).
@@ -281,35 +279,51 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
     stats_->AddMoved(TierKind::kDevice, TierKind::kHost, real * DTypeSize(dtype));
     src = static_cast<const char*>(src_buf);
   }
+  Status st = AccumulateG(group, src, dtype, real);
+  if (src_buf) grad_staging_.Release(src_buf);
+  if (!st.ok()) return st.WithContext("grads: group " + std::to_string(group));
+  if (overlap_ && prepared_ && gs.grad_calls == options_.grad_accumulation_steps) {
+    gs.updated = true;
+    EnqueueUpdate(group);
+  }
+  return Status::Ok();
+}
+
+// Adds `count` elements of `src` (host memory, `dtype`) to this rank's shard
+// of the group's G — the step's first call overwrites, the padding stays
+// zero — and records the shard's sum of squares for the global norm.
+Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64_t count) {
+  GroupState& gs = groups_[static_cast<size_t>(group)];
+  const uint64_t n = part_.group(group).shard_numel;
   const StateBlock& gb = gs.blocks[int(StateKind::kG)];
   const bool direct = io_->Direct(gb);
   float* G = direct ? static_cast<float*>(io_->DirectPtr(gb)) : static_cast<float*>(grad_staging_.Acquire());
   Status st;
   if (gs.grad_calls == 0) {
-    st = kernels::Cast(dtype, src, DType::kF32, G, real);
-    std::memset(G + real, 0, (L.shard_numel - real) * 4);
-  } else {
-    if (!direct) st = io_->Load(gb, G);
-    for (uint64_t i = 0; st.ok() && i < real; ++i) {
-      const float x = dtype == DType::kF32 ? reinterpret_cast<const float*>(src)[i]
-                      : dtype == DType::kBF16 ? BF16ToF32(reinterpret_cast<const uint16_t*>(src)[i])
-                                              : F16ToF32(reinterpret_cast<const uint16_t*>(src)[i]);
-      G[i] += x;
+    st = kernels::Cast(dtype, src, DType::kF32, G, count);
+    std::memset(G + count, 0, (n - count) * 4);
+  } else if (!direct) {
+    st = io_->Load(gb, G);
+  }
+  if (st.ok() && gs.grad_calls > 0) {  // widen a tile at a time, then add
+    constexpr uint64_t kTile = 4096;
+    float wide[kTile];
+    for (uint64_t at = 0; st.ok() && at < count; at += kTile) {
+      const uint64_t k = std::min(kTile, count - at);
+      const float* x = wide;
+      if (dtype == DType::kF32) x = static_cast<const float*>(src) + at;
+      else st = kernels::Cast(dtype, static_cast<const char*>(src) + at * DTypeSize(dtype), DType::kF32, wide, k);
+      for (uint64_t i = 0; i < k; ++i) G[at + i] += x[i];
     }
   }
   kernels::SquaresSum sq;
-  if (st.ok()) st = kernels::SumSquares(DType::kF32, G, L.shard_numel, &sq);
+  if (st.ok()) st = kernels::SumSquares(DType::kF32, G, n, &sq);
   if (st.ok() && !direct) st = io_->Store(gb, G);
   if (!direct) grad_staging_.Release(G);
-  if (src_buf) grad_staging_.Release(src_buf);
-  if (!st.ok()) return st.WithContext("grads: group " + std::to_string(group));
+  if (!st.ok()) return st;
   gs.sum_squares = sq.sum_squares;
   gs.finite = sq.all_finite;
   ++gs.grad_calls;
-  if (overlap_ && prepared_ && gs.grad_calls == options_.grad_accumulation_steps) {
-    gs.updated = true;
-    EnqueueUpdate(group);
-  }
   return Status::Ok();
 }
 
@@ -324,7 +338,6 @@ Status Engine::Impl::GatherP(int g, void* full) {
 // (stages 0-1) or reduce-scattered to their owners (stages 2-3) — then
 // accumulated into this rank's G.
 Status Engine::Impl::GradsMulti(int group, const void* grads, DType dtype) {
-  GroupState& gs = groups_[static_cast<size_t>(group)];
   const GroupLayout& L = part_.group(group);
   float* full = static_cast<float*>(grad_staging_.Acquire());
   Status st = kernels::Cast(dtype, grads, DType::kF32, full, L.numel);
@@ -334,26 +347,9 @@ Status Engine::Impl::GradsMulti(int group, const void* grads, DType dtype) {
     st = config_.zero.stage >= 2 ? comm_->ReduceScatter(full, slice, L.shard_numel)
                                  : comm_->AllReduce(full, L.padded);
   }
-  const StateBlock& gb = gs.blocks[int(StateKind::kG)];
-  const bool direct = io_->Direct(gb);
-  float* G = direct ? static_cast<float*>(io_->DirectPtr(gb)) : nullptr;
-  if (st.ok() && !direct) G = static_cast<float*>(grad_staging_.Acquire());
-  if (st.ok() && gs.grad_calls == 0) {
-    std::memcpy(G, slice, L.shard_numel * 4);
-  } else if (st.ok()) {
-    if (!direct) st = io_->Load(gb, G);
-    for (uint64_t i = 0; st.ok() && i < L.shard_numel; ++i) G[i] += slice[i];
-  }
-  kernels::SquaresSum sq;
-  if (st.ok()) st = kernels::SumSquares(DType::kF32, G, L.shard_numel, &sq);
-  if (st.ok() && !direct) st = io_->Store(gb, G);
-  if (!direct && G) grad_staging_.Release(G);
+  if (st.ok()) st = AccumulateG(group, slice, DType::kF32, L.shard_numel);
   grad_staging_.Release(full);
-  if (!st.ok()) return st.WithContext("grads: group " + std::to_string(group));
-  gs.sum_squares = sq.sum_squares;
-  gs.finite = sq.all_finite;
-  ++gs.grad_calls;
-  return Status::Ok();
+  return st.WithContext("grads: group " + std::to_string(group));
 }
 
 Status Engine::Impl::PrepareStep(const StepOptions& so) {

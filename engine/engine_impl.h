@@ -32,7 +32,6 @@ struct DeviceCopy {
   int pins = 0;           // Fetch without Release
   bool gathered = false;  // stage 3, many ranks: the other ranks' shards are in
   uint64_t last_use = 0;  // fetch counter, for LRU before a trace exists
-  bool prefetched = false;
 };
 
 struct GroupState {
@@ -107,7 +106,10 @@ class Engine::Impl {
   uint64_t PBytes(int g) const { return part_.group(g).padded * DTypeSize(dtype_); }
   uint64_t PHomeNumel(int g) const { return p_sharded_ ? part_.group(g).shard_numel : part_.group(g).padded; }
   bool multi() const { return comm_ != nullptr && comm_->world_size() > 1; }
+  // P's home is the device and holds whole groups: fetches hand it out as is.
+  bool p_whole_on_device() const { return home_[0] == TierKind::kDevice && !p_sharded_; }
   Status GradsMulti(int group, const void* grads, DType dtype);
+  Status AccumulateG(int group, const void* src, DType dtype, uint64_t count);
   Status GatherP(int g, void* full);  // in place: this rank's slice is at its offset
 
   Config config_;
@@ -147,7 +149,6 @@ class Engine::Impl {
   std::deque<int> prefetch_queue_;
   int loads_in_flight_ = 0;
   bool stop_ = false;
-  Status prefetch_error_;
   std::thread prefetcher_;
 
   bool overlap_ = false;

@@ -23,7 +23,6 @@ void Engine::Impl::StartPrefetcher() {
       if (d.state != DeviceCopy::kAbsent) continue;
       if (!AllocateDeviceCopy(g, lock, /*demand=*/false).ok()) continue;  // no room now: a fetch will load it
       d.state = DeviceCopy::kLoading;
-      d.prefetched = true;
       ++loads_in_flight_;
       lock.unlock();
       Status st = LoadDeviceCopy(g);
@@ -31,8 +30,7 @@ void Engine::Impl::StartPrefetcher() {
       --loads_in_flight_;
       if (st.ok()) {
         d.state = DeviceCopy::kResident;
-      } else {
-        if (prefetch_error_.ok()) prefetch_error_ = st;
+      } else {  // the fetch will load it again, in its own thread, and report the error
         device_->Free(d.alloc);
         d.alloc = {};
         d.state = DeviceCopy::kAbsent;
@@ -53,7 +51,7 @@ void Engine::Impl::StopPrefetcher() {
 }
 
 void Engine::Impl::EnqueuePrefetch(const std::vector<int>& groups) {
-  if (home_[0] == TierKind::kDevice && !p_sharded_) return;  // P lives there whole: nothing to fetch
+  if (p_whole_on_device()) return;  // nothing to fetch
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (int g : groups)
@@ -162,7 +160,7 @@ Result<void*> Engine::Impl::Fetch(int g) {
   std::unique_lock<std::mutex> lock(mu_);
   const bool counted = schedule_.has_trace();
   schedule_.OnFetch(g);
-  if (home_[0] == TierKind::kDevice && !p_sharded_) {  // the whole group lives there
+  if (p_whole_on_device()) {
     ++gs.dev.pins;
     lock.unlock();
     stats_->OnFetch(counted, true, 0);
@@ -188,7 +186,6 @@ Result<void*> Engine::Impl::Fetch(int g) {
     STRATA_RETURN_IF_ERROR(AllocateDeviceCopy(g, lock, /*demand=*/true));
     if (d.state != DeviceCopy::kAbsent) continue;
     d.state = DeviceCopy::kLoading;
-    d.prefetched = false;
     ++loads_in_flight_;
     lock.unlock();
     Status st = LoadDeviceCopy(g);
