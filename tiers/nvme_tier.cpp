@@ -58,6 +58,23 @@ Status NvmeTier::Open() {
   return Status::Ok();
 }
 
+// Takes `fd`'s exclusive flock. A process that just died may hold it a
+// moment longer (its io_uring, which references the file, is torn down
+// asynchronously), so a held lock is retried for up to 3 s.
+static bool LockWithGrace(int fd) {
+  for (int tries = 0; tries < 300; ++tries) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return true;
+    if (errno != EWOULDBLOCK) return false;
+    ::usleep(10000);
+  }
+  return false;
+}
+
+static Status InUse(const std::string& path) {
+  return InvalidError("nvme tier: " + path + " is in use by another Strata engine; give each engine its own "
+                      "nvme_path or rank");
+}
+
 // Creates, locks and reserves one swap file per folder for generation `gen`.
 // On error, what it opened is closed and removed.
 Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::vector<std::string>* paths) {
@@ -83,13 +100,9 @@ Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::v
     // name off it. A live engine still holding it is refused below.
     const int stale = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (stale >= 0) {
-      int got = -1;
-      for (int tries = 0; tries < 300 && (got = ::flock(stale, LOCK_EX | LOCK_NB)) != 0 && errno == EWOULDBLOCK; ++tries)
-        ::usleep(10000);
+      const bool ours = LockWithGrace(stale);
       ::close(stale);
-      if (got != 0)
-        return undo(InvalidError("nvme tier: " + path + " is in use by another Strata engine; give each engine "
-                                 "its own nvme_path or rank"));
+      if (!ours) return undo(InUse(path));
       if (::unlink(path.c_str()) != 0 && errno != ENOENT) return undo(PosixError("unlink stale swap file", path, errno));
     }
     auto f = options_.storage->Open(path, OpenMode::kCreate);
@@ -97,18 +110,10 @@ Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::v
     files->push_back(*f);
     const FileInfo& info = options_.storage->Info(*f);
     // One engine per swap file: a second one (same folder, same rank) is
-    // refused instead of silently sharing the file. A process that just died
-    // may hold the lock a moment longer: its io_uring (which references the
-    // file) is torn down asynchronously.
-    int locked = -1;
-    for (int tries = 0; tries < 300 && (locked = ::flock(info.fd, LOCK_EX | LOCK_NB)) != 0 && errno == EWOULDBLOCK; ++tries)
-      ::usleep(10000);
-    if (locked != 0)
-      return undo(InvalidError("nvme tier: " + path + " is in use by another Strata engine (" + std::strerror(errno) +
-                               "); give each engine its own nvme_path or rank"));
+    // refused instead of silently sharing the file.
+    if (!LockWithGrace(info.fd)) return undo(InUse(path));
     paths->push_back(path);
     align_ = std::max<uint64_t>(align_, info.align);
-    if (::ftruncate(info.fd, 0) != 0) return undo(PosixError("ftruncate", path, errno));
     Status st = ReserveFileSpace(info.fd, path, per_file_capacity_);
     if (!st.ok()) return undo(st);
   }
