@@ -606,11 +606,9 @@ Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
   if (io_->Direct(wb)) w = static_cast<float*>(io_->DirectPtr(wb));
   else STRATA_RETURN_IF_ERROR(io_->Load(wb, w));
   const StateBlock& p = gs.blocks[int(StateKind::kP)];
-  const bool slices = sworld_ > 1 && !p_sharded_;  // P whole on every rank: our slice, then the others'
-  const uint64_t slice = slices ? static_cast<uint64_t>(srank_) * n * DTypeSize(dtype_) : 0;
-  if (io_->Direct(p)) {
-    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, static_cast<char*>(io_->DirectPtr(p)) + slice, n));
-    if (slices) STRATA_RETURN_IF_ERROR(GatherP(g, io_->DirectPtr(p)));
+  if (io_->Direct(p)) {  // our slice (or all of it), then the other ranks' slices
+    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, static_cast<char*>(io_->DirectPtr(p)) + PSliceOffset(g), n));
+    if (p_gathered_after_step()) STRATA_RETURN_IF_ERROR(GatherP(g, io_->DirectPtr(p)));
     return Status::Ok();
   }
   const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer

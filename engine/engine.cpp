@@ -408,7 +408,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
       if (!groups_[static_cast<size_t>(g)].updated) rest.push_back(g);
     if (st.ok()) st = RunOptimizer(rest, coef / scale, so, step_count_ + 1);
     // Stages 1-2 with several ranks: every rank updated its slice of P; gather the rest.
-    for (int g = 0; st.ok() && multi() && sworld_ > 1 && !p_sharded_ && g < part_.num_groups(); ++g)
+    for (int g = 0; st.ok() && p_gathered_after_step() && g < part_.num_groups(); ++g)
       st = GatherP(g, io_->DirectPtr(groups_[static_cast<size_t>(g)].blocks[int(StateKind::kP)]));
     if (st.ok()) ++step_count_;
     scaler_.Update(false);

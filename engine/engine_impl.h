@@ -108,6 +108,12 @@ class Engine::Impl {
   bool multi() const { return comm_ != nullptr && comm_->world_size() > 1; }
   // P's home is the device and holds whole groups: fetches hand it out as is.
   bool p_whole_on_device() const { return home_[0] == TierKind::kDevice && !p_sharded_; }
+  // Stages 1-2 with several ranks: P's home holds the whole group on every
+  // rank, each rank updates its slice (at this byte offset) and gathers the rest.
+  bool p_gathered_after_step() const { return sworld_ > 1 && !p_sharded_; }
+  uint64_t PSliceOffset(int g) const {
+    return p_gathered_after_step() ? static_cast<uint64_t>(srank_) * part_.group(g).shard_numel * DTypeSize(dtype_) : 0;
+  }
   Status GradsMulti(int group, const void* grads, DType dtype);
   Status AccumulateG(int group, const void* src, DType dtype, uint64_t count);
   Status GatherP(int g, void* full);  // in place: this rank's slice is at its offset

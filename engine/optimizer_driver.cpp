@@ -73,10 +73,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     const uint64_t len = part_.group(j.group).shard_numel;
     if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * 4);
     float* W = j.ptr[int(StateKind::kW)];
-    void* P = j.ptr[int(StateKind::kP)];
-    // Stages 1-2, several ranks: P's home holds the whole group; write our slice.
-    if (sworld_ > 1 && !p_sharded_)
-      P = static_cast<char*>(P) + static_cast<uint64_t>(srank_) * len * DTypeSize(dtype_);
+    void* P = static_cast<char*>(static_cast<void*>(j.ptr[int(StateKind::kP)])) + PSliceOffset(j.group);
     const bool copy_f32 = dtype_ == DType::kF32;
     stats_->Begin(Resource::kCpuOptimizer);
     const double t0 = stats_->Now();

@@ -41,7 +41,6 @@ class Tier {
   uint64_t budget() const { return budget_; }
   uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   uint64_t peak() const { return peak_.load(std::memory_order_relaxed); }
-  void ResetPeak() { peak_.store(used()); }
 
  protected:
   // Counts `bytes` against the budget or refuses (nothing counted then).
