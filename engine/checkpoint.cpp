@@ -18,6 +18,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <tuple>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -553,6 +555,13 @@ Status Engine::Impl::ApplyResharded(const Json& m, const std::string& folder) {
     fds.push_back(fd);
   }
   struct Closer { std::vector<int>& v; ~Closer() { for (int x : v) ::close(x); } } closer{fds};
+  // (file, group, state) -> the block's offset in that file, indexed once.
+  std::map<std::tuple<uint64_t, int, int>, uint64_t> block_offset;
+  for (uint64_t k = 0; k < files.size(); ++k)
+    for (const Json& bj : files[k].at("blocks"))
+      for (int s : kSaved)
+        if (bj.value("state", "") == StateName(StateKind(s)))
+          block_offset[{k, bj.value("group", -1), s}] = bj.value("offset", uint64_t{0});
   void* slot = opt_staging_.count() ? opt_staging_.Acquire() : nullptr;
   struct SlotBack { StagingPool& p; void* s; ~SlotBack() { if (s) p.Release(s); } } back{opt_staging_, slot};
   for (int g = 0; g < part_.num_groups(); ++g) {
@@ -569,12 +578,11 @@ Status Engine::Impl::ApplyResharded(const Json& m, const std::string& folder) {
       for (uint64_t a = lo; a < hi;) {
         const uint64_t k = a / old_shard, within = a % old_shard, run = std::min(hi - a, old_shard - within);
         if (k >= files.size()) return CorruptError("checkpoint load: no data file for shard " + std::to_string(k));
-        const Json* block = nullptr;
-        for (const Json& bj : files[k].at("blocks"))
-          if (bj.value("group", -1) == g && bj.value("state", "") == StateName(StateKind(s))) block = &bj;
-        if (!block) return CorruptError("checkpoint load: " + files[k].value("name", "") + " lacks " +
-                                        StateName(StateKind(s)) + " of group " + std::to_string(g));
-        const uint64_t off = block->value("offset", uint64_t{0}) + within * 4;
+        auto where = block_offset.find({k, g, s});
+        if (where == block_offset.end())
+          return CorruptError("checkpoint load: " + files[k].value("name", "") + " lacks " + StateName(StateKind(s)) +
+                              " of group " + std::to_string(g));
+        const uint64_t off = where->second + within * 4;
         char* out = reinterpret_cast<char*>(dst + (a - lo));
         for (uint64_t done = 0; done < run * 4;) {
           const ssize_t n = ::pread(fds[k], out + done, run * 4 - done, static_cast<off_t>(off + done));
