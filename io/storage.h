@@ -39,12 +39,17 @@ struct IoOp {
 class IoBatch {
  public:
   explicit IoBatch(int64_t parts) : remaining_(parts) {}
+  virtual ~IoBatch() = default;
   // Records a failure; the first one wins.
   void Fail(Status s);
   // One part finished (successfully or not).
   void PartDone();
   bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
   Status Wait();
+
+ protected:
+  // Runs once, the last thing the last PartDone does (it may free the batch).
+  virtual void OnAllDone() {}
 
  private:
   std::atomic<int64_t> remaining_;

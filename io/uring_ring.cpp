@@ -128,8 +128,7 @@ void UringRing::Prep(IoChunk* c) {
 
 void UringRing::Finish(IoChunk* c, Status st) {
   if (!st.ok()) c->batch->Fail(std::move(st));
-  c->batch->PartDone();
-  delete c;
+  c->batch->PartDone();  // may free the batch and `c` with it
 }
 
 void UringRing::Complete(IoChunk* c, int res) {

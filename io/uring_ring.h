@@ -17,12 +17,25 @@ class UringStorage;
 
 // One request of at most block_size bytes; continued in place when short.
 struct IoChunk {
-  IoTicket batch;
+  IoBatch* batch = nullptr;  // owns this chunk (UringBatch::chunks)
   IoOp op;
   int fd = -1;
   uint64_t align = 1;
   uint64_t seq = 0;  // number of the SQE last submitted for it
   int retries = 0;
+};
+
+// A batch of UringStorage: its chunks live in it, and it holds itself until
+// the last one completes.
+struct UringBatch final : IoBatch {
+  explicit UringBatch(int64_t parts) : IoBatch(parts) {}
+  std::vector<IoChunk> chunks;
+  std::shared_ptr<IoBatch> self;
+
+ protected:
+  void OnAllDone() override {
+    auto last = std::move(self);  // may free *this when `last` goes: touch nothing after
+  }
 };
 
 class UringRing {

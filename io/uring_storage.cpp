@@ -16,10 +16,12 @@ void IoBatch::Fail(Status s) {
 }
 
 void IoBatch::PartDone() {
-  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  {
     std::lock_guard<std::mutex> lock(mu_);  // pairs with the waiter's check
     cv_.notify_all();
   }
+  OnAllDone();
 }
 
 Status IoBatch::Wait() {
@@ -130,18 +132,23 @@ IoTicket UringStorage::Submit(std::span<const IoOp> ops) {
     if (!st.ok()) return FailedTicket(std::move(st));
     parts += static_cast<int64_t>((op.len + options_.block_size - 1) / options_.block_size);
   }
-  auto ticket = std::make_shared<IoBatch>(parts);
   if (parts == 0) {
     auto t = std::make_shared<IoBatch>(1);
     t->PartDone();
     return t;
   }
+  // One allocation for the batch and all its chunks; it keeps itself alive
+  // until its last chunk completes, whether or not the caller keeps the ticket.
+  auto ticket = std::make_shared<UringBatch>(parts);
+  ticket->chunks.resize(static_cast<size_t>(parts));
+  ticket->self = ticket;
+  size_t next = 0;
   std::vector<std::vector<IoChunk*>> per_ring(rings_.size());
   for (const IoOp& op : ops) {
     const FileInfo& f = Info(op.file);
     for (uint64_t done = 0; done < op.len; done += options_.block_size) {
-      auto* c = new IoChunk;
-      c->batch = ticket;
+      IoChunk* c = &ticket->chunks[next++];
+      c->batch = ticket.get();
       c->op = op;
       c->op.offset = op.offset + done;
       c->op.buf = static_cast<char*>(op.buf) + done;
