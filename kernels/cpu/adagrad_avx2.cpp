@@ -34,16 +34,9 @@ struct AdagradAvx2 {
     size_t i = begin;
     for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, a, i);
     if (i == end) return;
-    using T = TailBuffers<kAvx2Lanes>;
-    T t;
-    const size_t r = end - i;
-    T::Take(t.f[0], a.param, i, r, 4);
-    T::Take(t.f[1], a.state_sum, i, r, 4);
-    T::Take(t.in, a.grad, i, r, DTypeSize(G));
-    Block(k, AdagradArrays{t.f[0], t.f[1], t.in, t.out}, 0);
-    T::Give(a.param, t.f[0], i, r, 4);
-    T::Give(a.state_sum, t.f[1], i, r, 4);
-    if constexpr (C != CopyOut::kNone) T::Give(a.param_copy, t.out, i, r, 2);
+    static constexpr float* AdagradArrays::*kStates[] = {&AdagradArrays::param, &AdagradArrays::state_sum};
+    RunTail<kAvx2Lanes>(a, kStates, DTypeSize(G), C != CopyOut::kNone ? 2 : 0, i, end - i,
+                     [&](const AdagradArrays& x) { Block(k, x, 0); });
   }
 };
 

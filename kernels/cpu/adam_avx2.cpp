@@ -82,17 +82,9 @@ struct AdamAvx2 {
   }
 
   static void Tail(const AdamConstsx8& k, const AdamArrays& a, size_t i, size_t r) {
-    using T = TailBuffers<kAvx2Lanes>;
-    T t;
-    T::Take(t.f[0], a.param, i, r, 4);
-    T::Take(t.f[1], a.exp_avg, i, r, 4);
-    T::Take(t.f[2], a.exp_avg_sq, i, r, 4);
-    T::Take(t.in, a.grad, i, r, DTypeSize(G));
-    Block(k, AdamArrays{t.f[0], t.f[1], t.f[2], t.in, t.out}, 0);
-    T::Give(a.param, t.f[0], i, r, 4);
-    T::Give(a.exp_avg, t.f[1], i, r, 4);
-    T::Give(a.exp_avg_sq, t.f[2], i, r, 4);
-    if constexpr (C != CopyOut::kNone) T::Give(a.param_copy, t.out, i, r, 2);
+    static constexpr float* AdamArrays::*kStates[] = {&AdamArrays::param, &AdamArrays::exp_avg, &AdamArrays::exp_avg_sq};
+    RunTail<kAvx2Lanes>(a, kStates, DTypeSize(G), C != CopyOut::kNone ? 2 : 0, i, r,
+                     [&](const AdamArrays& x) { Block(k, x, 0); });
   }
 };
 

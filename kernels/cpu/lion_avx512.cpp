@@ -42,16 +42,9 @@ struct LionAvx512 {
     size_t i = begin;
     for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) Block(k, a, i);
     if (i == end) return;
-    using T = TailBuffers<kAvx512Lanes>;
-    T t;
-    const size_t r = end - i;
-    T::Take(t.f[0], a.param, i, r, 4);
-    T::Take(t.f[1], a.exp_avg, i, r, 4);
-    T::Take(t.in, a.grad, i, r, DTypeSize(G));
-    Block(k, LionArrays{t.f[0], t.f[1], t.in, t.out}, 0);
-    T::Give(a.param, t.f[0], i, r, 4);
-    T::Give(a.exp_avg, t.f[1], i, r, 4);
-    if constexpr (C != CopyOut::kNone) T::Give(a.param_copy, t.out, i, r, 2);
+    static constexpr float* LionArrays::*kStates[] = {&LionArrays::param, &LionArrays::exp_avg};
+    RunTail<kAvx512Lanes>(a, kStates, DTypeSize(G), C != CopyOut::kNone ? 2 : 0, i, end - i,
+                     [&](const LionArrays& x) { Block(k, x, 0); });
   }
 };
 

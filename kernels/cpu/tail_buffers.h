@@ -25,5 +25,29 @@ struct TailBuffers {
   }
 };
 
+// The tail of a range for an optimizer's vector body: runs block(x) once,
+// where x is `a` with its f32 state arrays (`states`, param first), its
+// gradient (`grad_bytes` per element) and its copy-out pointed at zero-padded
+// stack copies of the r (< W) elements at i; then writes the states, and the
+// copy-out when `copy_bytes` is not 0, back.
+template <size_t W, typename Arrays, size_t N, typename Block>
+inline void RunTail(const Arrays& a, float* Arrays::* const (&states)[N], size_t grad_bytes, size_t copy_bytes,
+                    size_t i, size_t r, Block block) {
+  static_assert(N <= 3, "TailBuffers holds three state arrays");
+  using T = TailBuffers<W>;
+  T t;
+  Arrays x = a;
+  for (size_t j = 0; j < N; ++j) {
+    T::Take(t.f[j], a.*states[j], i, r, 4);
+    x.*states[j] = t.f[j];
+  }
+  T::Take(t.in, a.grad, i, r, grad_bytes);
+  x.grad = t.in;
+  x.param_copy = t.out;
+  block(x);
+  for (size_t j = 0; j < N; ++j) T::Give(a.*states[j], t.f[j], i, r, 4);
+  if (copy_bytes) T::Give(a.param_copy, t.out, i, r, copy_bytes);
+}
+
 }  // namespace
 }  // namespace strata::kernels::internal
