@@ -60,13 +60,17 @@ Result<BlockMove> BlockIo::StartLoad(const StateBlock& b, void* dst) {
   return m;
 }
 
-Result<BlockMove> BlockIo::StartStore(const StateBlock& b, const void* src) {
+uint64_t BlockIo::StoreChecksum(const StateBlock& b, const void* src) const {
+  return b.home == TierKind::kNvme ? nvme_->BlockChecksum(src, b.bytes) : 0;
+}
+
+Result<BlockMove> BlockIo::StartStore(const StateBlock& b, const void* src, const uint64_t* checksum) {
   BlockMove m;
   m.start = stats_->Now();
   m.bytes = b.bytes;
   if (b.home == TierKind::kNvme) {
     stats_->Begin(Resource::kDisk);
-    auto p = nvme_->StartWrite(b.alloc, src);
+    auto p = nvme_->StartWrite(b.alloc, src, checksum);
     if (!p.ok()) { stats_->End(Resource::kDisk); return p.status(); }
     m.kind = BlockMove::kNvme;
     m.nvme = std::move(p).value();
@@ -86,18 +90,26 @@ Result<BlockMove> BlockIo::StartStore(const StateBlock& b, const void* src) {
   return m;
 }
 
+void BlockIo::WaitIo(BlockMove& m) {
+  if (m.kind != BlockMove::kNvme || m.io_done) return;
+  nvme_->WaitIo(m.nvme);
+  stats_->End(Resource::kDisk);
+  stats_->Span(Resource::kDisk, m.name, m.start, stats_->Now(), m.bytes);
+  m.io_done = true;
+}
+
 Status BlockIo::Finish(BlockMove& m) {
   Status st;
   if (m.kind == BlockMove::kNvme) {
+    WaitIo(m);
     st = nvme_->Finish(m.nvme);
-    stats_->End(Resource::kDisk);
-    stats_->Span(Resource::kDisk, m.name, m.start, stats_->Now(), m.bytes);
   } else if (m.kind == BlockMove::kCopy) {
     st = m.copy->Wait();
     stats_->End(Resource::kCopy);
     stats_->Span(Resource::kCopy, m.name, m.start, stats_->Now(), m.bytes);
   }
   m.kind = BlockMove::kNone;
+  m.io_done = false;
   return st;
 }
 

@@ -31,6 +31,7 @@ struct BlockMove {
   double start = 0;
   uint64_t bytes = 0;
   const char* name = "";
+  bool io_done = false;  // WaitIo ran (its disk span is recorded)
 };
 
 class BlockIo {
@@ -45,8 +46,14 @@ class BlockIo {
 
   // home -> dst (host memory, NVMe-aligned, at least PaddedSize bytes).
   Result<BlockMove> StartLoad(const StateBlock& b, void* dst);
-  // src -> home.
-  Result<BlockMove> StartStore(const StateBlock& b, const void* src);
+  // src -> home. `checksum`: StoreChecksum(b, src), computed earlier (NVMe).
+  Result<BlockMove> StartStore(const StateBlock& b, const void* src, const uint64_t* checksum = nullptr);
+  // What StartStore would checksum for `src` (NVMe-homed blocks; else 0):
+  // callers compute it while the disk is busy with something else.
+  uint64_t StoreChecksum(const StateBlock& b, const void* src) const;
+  // Waits for an NVMe move's I/O only (a load's data is in place, not yet
+  // verified); Finish must still follow. Other moves: nothing.
+  void WaitIo(BlockMove& m);
   Status Finish(BlockMove& m);
   Status Load(const StateBlock& b, void* dst);
   Status Store(const StateBlock& b, const void* src);

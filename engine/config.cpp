@@ -215,6 +215,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Bool("checksums", &s->checksums));
   STRATA_RETURN_IF_ERROR(r.Double("timeout", &s->timeout_s, 0.001, 1e7));
   STRATA_RETURN_IF_ERROR(r.Int("io_rings", &s->io_rings, 1, 64));
+  STRATA_RETURN_IF_ERROR(r.Choice("step_io", &s->step_io, {"alternate", "concurrent"}));
   return r.CheckUnknownKeys();
 }
 
@@ -384,7 +385,8 @@ std::string ConfigToJson(const Config& c) {
       {"strata",
        {{"device_budget", budget(c.strata.device_budget)}, {"host_budget", budget(c.strata.host_budget)},
         {"nvme_paths", c.strata.nvme_paths}, {"trace_path", c.strata.trace_path},
-        {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s}, {"io_rings", c.strata.io_rings}}},
+        {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s}, {"io_rings", c.strata.io_rings},
+        {"step_io", c.strata.step_io}}},
   };
   return doc.dump(2);
 }

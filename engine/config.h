@@ -109,6 +109,15 @@ struct StrataConfig {
   bool checksums = true;                // checksum swap blocks, verify on read
   double timeout_s = 300;               // collectives and store waits
   int io_rings = 1;                     // io_uring worker rings
+  // The optimizer step's disk schedule over NVMe-homed state:
+  //   "alternate"  the disk reads or writes, never both at once: shard i+1 is
+  //                read after shard i-1's writes finish and before shard i's
+  //                start; the CPU update of shard i overlaps shard i-1's writes.
+  //                Many SSDs (and this project's test machines) move less in a
+  //                mixed stream than in its two halves one after the other.
+  //   "concurrent" shard i+1 is read while shard i-1 is written, for devices
+  //                that gain bandwidth from mixing.
+  std::string step_io = "alternate";
   bool operator==(const StrataConfig&) const = default;
 };
 

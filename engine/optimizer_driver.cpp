@@ -1,7 +1,12 @@
-// The optimizer step as a pipeline over shards: while shard i is updated on
-// the CPU, shard i+1's W, M, V, G are read and shard i-1's are written, each
-// in a slot of its own (three slots). States the CPU addresses in place
-// (host-homed, or the device tier's host arena) are not moved at all.
+// The optimizer step as a pipeline over shards, each shard's W, M, V, G in a
+// staging slot while it is read, updated and written back. strata.step_io
+// picks the disk's schedule (config.h):
+//   alternate:  update i | write i-1 ; read i+1 ; write i | update i+1 ...
+//               the disk never reads and writes at once (two slots suffice);
+//   concurrent: while shard i is updated, shard i+1 is read and shard i-1
+//               written (three slots or more; reads run up to K-2 ahead).
+// States the CPU addresses in place (host-homed, or the device tier's host
+// arena) are not moved at all.
 #include <algorithm>
 #include <cstring>
 
@@ -57,17 +62,36 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     }
   };
 
-  if (n > 0) start_loads(0);
-  for (int i = 0; i < n && first_error.ok(); ++i) {
-    // Slot reuse: with K slots, job i+1 takes the slot of job i+1-K, once its
-    // writes finish; reads run up to K-2 shards ahead of the update.
-    const int k = std::max(opt_staging_.count(), 3);
-    if (i + 2 - k >= 0) finish_stores(jobs[static_cast<size_t>(i + 2 - k)]);
-    for (int a = i + 1; a <= std::min(i + k - 2, n - 1); ++a)
-      if (jobs[static_cast<size_t>(a)].group < 0) start_loads(a);
-    Job& j = jobs[static_cast<size_t>(i)];
+  auto finish_loads = [&](Job& j) {
     for (auto& m : j.loads) keep(io_->Finish(m));
     j.loads.clear();
+  };
+  static constexpr int kStored[] = {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)};
+  // sums: the blocks' checksums computed ahead (alternate), or null.
+  auto start_stores = [&](Job& j, const uint64_t* sums) {
+    GroupState& gs = groups_[static_cast<size_t>(j.group)];
+    for (int s : kStored) {
+      StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+      if (b.alloc.charged == 0 || io_->Direct(b)) continue;
+      auto m = io_->StartStore(b, j.ptr[s], sums ? &sums[s] : nullptr);
+      if (m.ok()) j.stores.push_back(std::move(m).value());
+      else keep(m.status());
+    }
+  };
+  const bool alternate = config_.strata.step_io == "alternate";
+
+  if (n > 0) start_loads(0);
+  for (int i = 0; i < n && first_error.ok(); ++i) {
+    Job& j = jobs[static_cast<size_t>(i)];
+    if (!alternate) {
+      // Slot reuse: with K slots, job i+1 takes the slot of job i+1-K, once its
+      // writes finish; reads run up to K-2 shards ahead of the update.
+      const int k = std::max(opt_staging_.count(), 3);
+      if (i + 2 - k >= 0) finish_stores(jobs[static_cast<size_t>(i + 2 - k)]);
+      for (int a = i + 1; a <= std::min(i + k - 2, n - 1); ++a)
+        if (jobs[static_cast<size_t>(a)].group < 0) start_loads(a);
+    }
+    finish_loads(j);  // alternate: already done, before shard i-1's writes began
     if (!first_error.ok()) break;
     GroupState& gs = groups_[static_cast<size_t>(j.group)];
     const uint64_t len = part_.group(j.group).shard_numel;
@@ -100,18 +124,34 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     stats_->Span(Resource::kCpuOptimizer, "update", t0, stats_->Now(), len);
     keep(st);
     if (!first_error.ok()) break;
-    for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-      StateBlock& b = gs.blocks[static_cast<size_t>(s)];
-      if (b.alloc.charged == 0 || io_->Direct(b)) continue;
-      auto m = io_->StartStore(b, j.ptr[s]);
-      if (m.ok()) j.stores.push_back(std::move(m).value());
-      else keep(m.status());
+    if (!alternate) {
+      start_stores(j, nullptr);
+      continue;
     }
+    // The update above ran beside shard i-1's writes; now the disk reads
+    // shard i+1 alone, then writes shard i alone (beside update i+1). During
+    // the read the CPU checksums shard i's blocks and verifies each of shard
+    // i+1's as it lands; the last one it verifies beside the writes, so the
+    // disk never waits for a hash.
+    if (i > 0) finish_stores(jobs[static_cast<size_t>(i - 1)]);
+    Job* next = i + 1 < n ? &jobs[static_cast<size_t>(i + 1)] : nullptr;
+    if (next) start_loads(i + 1);
+    uint64_t sums[kNumStates] = {};
+    for (int s : kStored) {
+      const StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+      if (b.alloc.charged != 0 && !io_->Direct(b)) sums[s] = io_->StoreChecksum(b, j.ptr[s]);
+    }
+    if (next && !next->loads.empty()) {
+      for (size_t q = 0; q + 1 < next->loads.size(); ++q) keep(io_->Finish(next->loads[q]));
+      io_->WaitIo(next->loads.back());
+    }
+    start_stores(j, sums);
+    if (next) finish_loads(*next);
+    if (!first_error.ok()) break;
   }
   // Drain: every load and store in flight finishes before the slots return.
   for (auto& j : jobs) {
-    for (auto& m : j.loads) keep(io_->Finish(m));
-    j.loads.clear();
+    finish_loads(j);
     finish_stores(j);
   }
   return first_error.WithContext("step");

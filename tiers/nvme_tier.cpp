@@ -173,7 +173,11 @@ std::vector<IoOp> NvmeTier::Ops(const Block& b, void* buf, IoOp::Kind kind) cons
   return ops;
 }
 
-Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src) {
+uint64_t NvmeTier::BlockChecksum(const void* src, uint64_t bytes) const {
+  return options_.checksums ? XXH3_64bits(src, bytes) : 0;
+}
+
+Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src, const uint64_t* checksum) {
   if (!IsAligned(src, align_))
     return InvalidError("nvme tier: write buffer not aligned to " + std::to_string(align_) + " bytes");
   Block b;
@@ -202,7 +206,7 @@ Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src) {
   p.id = a.id;
   p.buf = const_cast<void*>(src);
   p.bytes = b.bytes;
-  p.checksum = options_.checksums ? XXH3_64bits(src, b.bytes) : 0;
+  p.checksum = checksum ? *checksum : BlockChecksum(src, b.bytes);
   p.is_read = false;
   auto ops = Ops(b, p.buf, IoOp::kWrite);
   p.ticket = options_.storage->Submit(ops);
@@ -233,8 +237,15 @@ Result<NvmePending> NvmeTier::StartRead(const Allocation& a, void* dst) {
   return p;
 }
 
+void NvmeTier::WaitIo(NvmePending& p) {
+  if (p.waited) return;
+  p.io_status = p.ticket->Wait();
+  p.waited = true;
+}
+
 Status NvmeTier::Finish(NvmePending& p) {
-  Status st = p.ticket->Wait();
+  WaitIo(p);
+  Status st = p.io_status;
   uint64_t offset;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -34,6 +34,8 @@ struct NvmePending {
   uint64_t bytes = 0;
   uint64_t checksum = 0;
   bool is_read = false;
+  bool waited = false;  // WaitIo ran: io_status holds the I/O's result
+  Status io_status;
 };
 
 class NvmeTier final : public Tier {
@@ -53,10 +55,19 @@ class NvmeTier final : public Tier {
   // Writes `bytes` of `src` as the block's new contents. Until Finish
   // succeeds the block holds no valid data; after a failed write, reads
   // refuse it (nothing half-applied is ever served).
-  Result<NvmePending> StartWrite(const Allocation& a, const void* src);
+  // `checksum`, when given, is BlockChecksum(src, bytes) computed by the
+  // caller ahead of time (off the disk's critical path); else it is computed
+  // here before the write is submitted.
+  Result<NvmePending> StartWrite(const Allocation& a, const void* src, const uint64_t* checksum = nullptr);
   Result<NvmePending> StartRead(const Allocation& a, void* dst);
-  // Waits; for a read, verifies the checksum (CORRUPT names file and offset).
+  // Waits for the I/O only: the disk is done with the buffer (a read's data
+  // is in it, unverified). Finish must still follow.
+  void WaitIo(NvmePending& p);
+  // Waits (unless WaitIo did); for a read, verifies the checksum (CORRUPT
+  // names file and offset).
   Status Finish(NvmePending& p);
+  // The checksum StartWrite keeps for `bytes` of `src` (0 without checksums).
+  uint64_t BlockChecksum(const void* src, uint64_t bytes) const;
   Status Write(const Allocation& a, const void* src);
   Status Read(const Allocation& a, void* dst);
 

@@ -87,6 +87,7 @@ TEST(Config, EmptyDocumentHasDeepSpeedDefaults) {
   EXPECT_TRUE(c.strata.checksums);
   EXPECT_EQ(c.strata.timeout_s, 300.0);
   EXPECT_EQ(c.strata.io_rings, 1);
+  EXPECT_EQ(c.strata.step_io, "alternate");
   EXPECT_EQ(c.compute_dtype(), DType::kF32);
   EXPECT_TRUE(c.notes.empty());
   EXPECT_TRUE(c.warnings.empty());
@@ -134,7 +135,8 @@ const char* kInfinityConfig = R"({
     "block_size": 1048576, "queue_depth": 16, "thread_count": 2,
     "single_submit": false, "overlap_events": true
   },
-  "strata": {"host_budget": "64GiB", "nvme_paths": ["/nvme0/swap", "/nvme1/swap"], "io_rings": 2}
+  "strata": {"host_budget": "64GiB", "nvme_paths": ["/nvme0/swap", "/nvme1/swap"], "io_rings": 2,
+             "step_io": "concurrent"}
 })";
 
 TEST(Config, ZeroInfinityDsConfigParses) {
@@ -157,6 +159,7 @@ TEST(Config, ZeroInfinityDsConfigParses) {
   EXPECT_EQ(c.optimizer.weight_decay, 0.1);
   EXPECT_EQ(c.strata.host_budget, 64 * kGiB);
   EXPECT_EQ(c.strata.io_rings, 2);
+  EXPECT_EQ(c.strata.step_io, "concurrent");
   EXPECT_EQ(c.ParamSwapPaths(), (std::vector<std::string>{"/nvme0/swap", "/nvme1/swap"}));
   EXPECT_EQ(c.OptimizerSwapPaths(), c.ParamSwapPaths());
   EXPECT_EQ(c.notes, (std::vector<std::string>{"train_batch_size", "train_micro_batch_size_per_gpu",
@@ -281,6 +284,8 @@ TEST(ConfigRefusal, BadEnumNamesWhatIsAllowed) {
   EXPECT_EQ(Refusal(R"({"zero_optimization": {"stage": 5}})"), "zero_optimization.stage: 5 is not one of 0, 1, 2, 3");
   EXPECT_EQ(Refusal(R"({"zero_optimization": {"offload_param": {"device": "disk"}}})"),
             "zero_optimization.offload_param.device: \"disk\" is not one of none, cpu, nvme");
+  EXPECT_EQ(Refusal(R"({"strata": {"step_io": "mixed"}})"),
+            "strata.step_io: \"mixed\" is not one of alternate, concurrent");
 }
 
 TEST(ConfigRefusal, BadTypeNamesTheKeyAndTheType) {

@@ -108,6 +108,12 @@ TEST(Engine, PlacementNeverChangesNumerics) {
       EXPECT_GT(r.stats.host_to_nvme, 0u) << p;
     }
   }
+  // Both disk schedules of the step (strata.step_io; alternate is the default).
+  for (const char* p : {"nvme_opt", "nvme_all"}) {
+    const RunResult r = Train(PlacementJson(p, dir.path(), R"(, "step_io": "concurrent")"), 20, model);
+    ExpectBitwiseEqual(device, r, std::string("concurrent ") + p);
+    ExpectWithinBudgets(r.stats, std::string("concurrent ") + p);
+  }
   // The overlapped step: each group updated as its gradients complete.
   for (const char* p : {"device", "nvme_all"}) {
     const RunResult r = Train(PlacementJson(p, dir.path()), 20, model, false, /*overlap=*/true);
