@@ -67,8 +67,9 @@ Params Split(DType dtype, const std::vector<float>& p) {
 
 // Compares got - start with want - start for each tensor of a layout.
 template <size_t K>
-void CompareGrads(const std::string& what, const std::array<ParamTensor, K>& layout, const std::vector<float>& got,
-                  const std::vector<float>& want, const std::vector<float>& start, double tol) {
+void CompareGrads(const std::string& what, const std::array<ParamTensor, K>& layout,
+                  const std::vector<float>& got, const std::vector<float>& want,
+                  const std::vector<float>& start, double tol) {
   for (const ParamTensor& t : layout) {
     std::vector<float> g(t.count), w(t.count);
     for (size_t i = 0; i < t.count; ++i) {
@@ -91,20 +92,21 @@ void BlockCase(const CudaLayerContext& ctx, DType dtype) {
   BlockActsInit(&cpu, cfg, B, T);
   std::vector<float> x_out(N * C), dx_in(N * C), dparams = dparams0;
   BlockForward(cfg, params.f32.data(), x.data(), x_out.data(), &cpu, B, T);
-  BlockBackward(cfg, params.f32.data(), x.data(), dx_out.data(), &cpu, BlockBackwardMode::kRecompute, dparams.data(),
-                dx_in.data(), B, T);
+  BlockBackward(cfg, params.f32.data(), x.data(), dx_out.data(), &cpu, BlockBackwardMode::kRecompute,
+                dparams.data(), dx_in.data(), B, T);
   // GPU
   BlockActsCuda gpu;
   Must(BlockActsCudaInit(&gpu, cfg, B, T, dtype), "BlockActsCudaInit");
   Dev d_params(ctx, params.lo), d_x(ctx, x), d_dx_out(ctx, dx_out), d_x_out(ctx, x_out), d_dx_in(ctx, dx_in),
       d_dparams(ctx, dparams0);
   auto run = [&](BlockBackwardMode mode) {
-    Must(cudaMemcpyAsync(d_dparams.f(), dparams0.data(), P * sizeof(float), cudaMemcpyHostToDevice, ctx.stream) ==
-                 cudaSuccess
+    Must(cudaMemcpyAsync(d_dparams.f(), dparams0.data(), P * sizeof(float), cudaMemcpyHostToDevice,
+                         ctx.stream) == cudaSuccess
              ? Status::Ok()
              : InternalError("cudaMemcpyAsync"),
          "reset dparams");
-    Must(BlockForwardCuda(ctx, cfg, d_params.v(), dtype, d_x.f(), d_x_out.f(), &gpu, B, T), "BlockForwardCuda");
+    Must(BlockForwardCuda(ctx, cfg, d_params.v(), dtype, d_x.f(), d_x_out.f(), &gpu, B, T),
+         "BlockForwardCuda");
     Must(BlockBackwardCuda(ctx, cfg, d_params.v(), dtype, d_x.f(), d_dx_out.f(), &gpu, mode, d_dparams.f(),
                            d_dx_in.f(), B, T),
          "BlockBackwardCuda");
@@ -138,11 +140,13 @@ CpuStep RunCpu(const GptConfig& cfg, const Params& embed, const std::vector<Para
   HeadActsInit(&head, cfg, B, T);
   const float* wte = embed.f32.data();
   EncoderForward(x[0].data(), in.data(), wte, wte + V * C, B, T, C, V);
-  for (size_t l = 0; l < L; ++l) BlockForward(cfg, blocks[l].f32.data(), x[l].data(), x[l + 1].data(), &acts, B, T);
+  for (size_t l = 0; l < L; ++l)
+    BlockForward(cfg, blocks[l].f32.data(), x[l].data(), x[l + 1].data(), &acts, B, T);
   CpuStep s;
   s.dembed.assign(embed.f32.size(), 0.0f);
   std::vector<float> dx(B * T * C), dx2(B * T * C);
-  s.loss = HeadForwardBackward(cfg, embed.f32.data(), x[L].data(), tg.data(), B, T, &head, dx.data(), s.dembed.data());
+  s.loss = HeadForwardBackward(cfg, embed.f32.data(), x[L].data(), tg.data(), B, T, &head, dx.data(),
+                               s.dembed.data());
   s.dblock.assign(L, std::vector<float>(BlockParamCount(cfg), 0.0f));
   for (size_t l = L; l-- > 0;) {
     BlockBackward(cfg, blocks[l].f32.data(), x[l].data(), dx.data(), &acts, BlockBackwardMode::kRecompute,
@@ -155,8 +159,8 @@ CpuStep RunCpu(const GptConfig& cfg, const Params& embed, const std::vector<Para
 
 // The same on the GPU: the embedding group as fetched (dtype) and as fp32 for the encoder.
 CpuStep RunGpu(const CudaLayerContext& ctx, DType dtype, const GptConfig& cfg, const Params& embed,
-               const std::vector<Params>& blocks, const std::vector<int32_t>& in, const std::vector<int32_t>& tg,
-               size_t B, size_t T) {
+               const std::vector<Params>& blocks, const std::vector<int32_t>& in,
+               const std::vector<int32_t>& tg, size_t B, size_t T) {
   const size_t C = static_cast<size_t>(cfg.channels), V = static_cast<size_t>(cfg.vocab), L = blocks.size();
   const size_t NC = B * T * C, E = embed.f32.size(), P = BlockParamCount(cfg);
   std::vector<float> zeros_nc(NC, 0.0f), zeros_e(E, 0.0f), zeros_p(P, 0.0f);
@@ -173,7 +177,8 @@ CpuStep RunGpu(const CudaLayerContext& ctx, DType dtype, const GptConfig& cfg, c
   const float* wte = d_embed32.f();
   Must(EncoderForwardCuda(ctx, x[0]->f(), d_in.i(), wte, wte + V * C, B, T, C, V), "encoder fwd");
   for (size_t l = 0; l < L; ++l)
-    Must(BlockForwardCuda(ctx, cfg, params[l]->v(), dtype, x[l]->f(), x[l + 1]->f(), &acts, B, T), "block fwd");
+    Must(BlockForwardCuda(ctx, cfg, params[l]->v(), dtype, x[l]->f(), x[l + 1]->f(), &acts, B, T),
+         "block fwd");
   Must(HeadForwardBackwardCuda(ctx, cfg, d_embed.v(), dtype, x[L]->f(), d_tg.i(), B, T, &head, d_dx.f(),
                                d_dembed.f(), 1.0f),
        "head");
@@ -185,8 +190,8 @@ CpuStep RunGpu(const CudaLayerContext& ctx, DType dtype, const GptConfig& cfg, c
   s.dblock.resize(L);
   for (size_t l = L; l-- > 0;) {
     MustCuda(cudaMemsetAsync(d_dblock.f(), 0, P * sizeof(float), ctx.stream), "memset dblock");
-    Must(BlockBackwardCuda(ctx, cfg, params[l]->v(), dtype, x[l]->f(), dx, &acts, BlockBackwardMode::kRecompute,
-                           d_dblock.f(), dx2, B, T),
+    Must(BlockBackwardCuda(ctx, cfg, params[l]->v(), dtype, x[l]->f(), dx, &acts,
+                           BlockBackwardMode::kRecompute, d_dblock.f(), dx2, B, T),
          "block bwd");
     std::swap(dx, dx2);
     s.dblock[l] = Get(ctx, d_dblock.f(), P);
@@ -211,7 +216,8 @@ void ModelCase(const CudaLayerContext& ctx, DType dtype) {
   const std::vector<float> zeros_e(want.dembed.size(), 0.0f), zeros_p(BlockParamCount(cfg), 0.0f);
   CompareGrads(n + " embed", EmbedParamTensors(cfg), got.dembed, want.dembed, zeros_e, tol);
   for (int l = 0; l < cfg.layers; ++l)
-    CompareGrads(n + " h" + std::to_string(l), BlockParamTensors(cfg), got.dblock[l], want.dblock[l], zeros_p, tol);
+    CompareGrads(n + " h" + std::to_string(l), BlockParamTensors(cfg), got.dblock[l], want.dblock[l], zeros_p,
+                 tol);
 }
 
 }  // namespace

@@ -57,10 +57,12 @@ void EncoderCase(const CudaLayerContext& ctx, size_t B, size_t T, size_t C, size
   Dev d_tokens(ctx, tokens), d_wte(ctx, wte), d_wpe(ctx, wpe), d_dout(ctx, dout), d_dwte(ctx, dwte),
       d_dwpe(ctx, dwpe), d_out(ctx, out);
   EncoderForward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, V);
-  Must(EncoderForwardCuda(ctx, d_out.f(), d_tokens.i(), d_wte.f(), d_wpe.f(), B, T, C, V), "EncoderForwardCuda");
+  Must(EncoderForwardCuda(ctx, d_out.f(), d_tokens.i(), d_wte.f(), d_wpe.f(), B, T, C, V),
+       "EncoderForwardCuda");
   Compare(n + " out", Get(ctx, d_out.f(), N * C), out, kSameMath);
   EncoderBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T, C);
-  Must(EncoderBackwardCuda(ctx, d_dwte.f(), d_dwpe.f(), d_dout.f(), d_tokens.i(), B, T, C, V), "EncoderBackwardCuda");
+  Must(EncoderBackwardCuda(ctx, d_dwte.f(), d_dwpe.f(), d_dout.f(), d_tokens.i(), B, T, C, V),
+       "EncoderBackwardCuda");
   Compare(n + " dwte", Get(ctx, d_dwte.f(), V * C), dwte, kSameMath);
   Compare(n + " dwpe", Get(ctx, d_dwpe.f(), maxT * C), dwpe, kSameMath);
 }
@@ -71,21 +73,23 @@ void LayerNormCase(const CudaLayerContext& ctx, size_t N, size_t C) {
   const auto dout = Random(N * C, 13);
   auto dinp = Random(N * C, 14), dw = Random(C, 15), db = Random(C, 16);
   std::vector<float> out(N * C), mean(N), rstd(N);
-  Dev d_inp(ctx, inp), d_w(ctx, w), d_b(ctx, b), d_dout(ctx, dout), d_dinp(ctx, dinp), d_dw(ctx, dw), d_db(ctx, db),
-      d_out(ctx, out), d_mean(ctx, mean), d_rstd(ctx, rstd);
+  Dev d_inp(ctx, inp), d_w(ctx, w), d_b(ctx, b), d_dout(ctx, dout), d_dinp(ctx, dinp), d_dw(ctx, dw),
+      d_db(ctx, db), d_out(ctx, out), d_mean(ctx, mean), d_rstd(ctx, rstd);
   CudaDeviceBuffer scratch;
   Must(scratch.Allocate(LayerNormBackwardScratchBytes(C)), "scratch");
   LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C);
-  Must(LayerNormForwardCuda(ctx, d_out.f(), d_mean.f(), d_rstd.f(), d_inp.f(), d_w.f(), d_b.f(), N, C), "LN fwd");
+  Must(LayerNormForwardCuda(ctx, d_out.f(), d_mean.f(), d_rstd.f(), d_inp.f(), d_w.f(), d_b.f(), N, C),
+       "LN fwd");
   Compare(n + " out", Get(ctx, d_out.f(), N * C), out, kSameMath);
   Compare(n + " mean", Get(ctx, d_mean.f(), N), mean, kSameMath);
   Compare(n + " rstd", Get(ctx, d_rstd.f(), N), rstd, kSameMath);
   // Both backwards from the CPU's saved statistics, so that only the backward is compared.
   Dev d_mean_cpu(ctx, mean), d_rstd_cpu(ctx, rstd);
-  LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), mean.data(), rstd.data(), N,
-                    C);
-  Must(LayerNormBackwardCuda(ctx, d_dinp.f(), d_dw.f(), d_db.f(), d_dout.f(), d_inp.f(), d_w.f(), d_mean_cpu.f(),
-                             d_rstd_cpu.f(), N, C, CudaScratch{scratch.get(), scratch.bytes()}),
+  LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), mean.data(),
+                    rstd.data(), N, C);
+  Must(LayerNormBackwardCuda(ctx, d_dinp.f(), d_dw.f(), d_db.f(), d_dout.f(), d_inp.f(), d_w.f(),
+                             d_mean_cpu.f(), d_rstd_cpu.f(), N, C,
+                             CudaScratch{scratch.get(), scratch.bytes()}),
        "LN bwd");
   Compare(n + " dinp", Get(ctx, d_dinp.f(), N * C), dinp, kSameMath);
   Compare(n + " dweight", Get(ctx, d_dw.f(), C), dw, kSameMath);
@@ -94,8 +98,8 @@ void LayerNormCase(const CudaLayerContext& ctx, size_t N, size_t C) {
 
 // exact: inputs made exactly representable in `dtype`, so only accumulation order differs.
 void MatmulCase(const CudaLayerContext& ctx, DType dtype, bool exact, size_t N, size_t C, size_t OC) {
-  const std::string n = Dims((std::string("matmul ") + DTypeName(dtype) + (exact ? " exact-in" : "")).c_str(),
-                             {N, C, OC});
+  const std::string n =
+      Dims((std::string("matmul ") + DTypeName(dtype) + (exact ? " exact-in" : "")).c_str(), {N, C, OC});
   const double tol = dtype == DType::kF32 || exact ? (dtype == DType::kF32 ? kSameMath : kExactIn)
                                                    : (dtype == DType::kBF16 ? kBf16 : kF16);
   auto inp = Random(N * C, 20), dout = Random(N * OC, 21);
@@ -119,7 +123,8 @@ void MatmulCase(const CudaLayerContext& ctx, DType dtype, bool exact, size_t N, 
   Must(MatmulForwardCuda(ctx, d_out.f(), d_inp.f(), d_w.v(), dtype, d_bias.f(), N, C, OC, s), "matmul fwd");
   Compare(n + " out", Get(ctx, d_out.f(), N * OC), out, tol);
   MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC);
-  Must(MatmulBackwardCuda(ctx, d_dinp.f(), d_dw.f(), d_db.f(), d_dout.f(), d_inp.f(), d_w.v(), dtype, N, C, OC, s),
+  Must(MatmulBackwardCuda(ctx, d_dinp.f(), d_dw.f(), d_db.f(), d_dout.f(), d_inp.f(), d_w.v(), dtype, N, C,
+                          OC, s),
        "matmul bwd");
   Compare(n + " dinp", Get(ctx, d_dinp.f(), N * C), dinp, tol);
   Compare(n + " dweight", Get(ctx, d_dw.f(), OC * C), dw, tol);
@@ -175,7 +180,8 @@ void CrossEntropyCase(const CudaLayerContext& ctx, size_t N, size_t V, bool in_p
   Dev d_logits(ctx, logits), d_targets(ctx, targets), d_losses(ctx, losses), d_dlogits(ctx, dlogits);
   float* dz = in_place ? d_logits.f() : d_dlogits.f();
   CrossEntropyForwardBackward(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V, dloss);
-  Must(CrossEntropyForwardBackwardCuda(ctx, d_losses.f(), dz, d_logits.f(), d_targets.i(), N, V, dloss), "ce");
+  Must(CrossEntropyForwardBackwardCuda(ctx, d_losses.f(), dz, d_logits.f(), d_targets.i(), N, V, dloss),
+       "ce");
   Compare(n + " losses", Get(ctx, d_losses.f(), N), losses, kSameMath);
   Compare(n + " dlogits", Get(ctx, dz, N * V), dlogits, kSameMath);
 }

@@ -51,8 +51,9 @@ class Dev {
   template <typename T>
   Dev(const CudaLayerContext& ctx, const std::vector<T>& host) : ctx_(ctx) {
     Must(buf_.Allocate(host.size() * sizeof(T) + 1), "cudaMalloc");
-    MustCuda(cudaMemcpyAsync(buf_.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, ctx.stream),
-             "cudaMemcpyAsync H2D");
+    MustCuda(
+        cudaMemcpyAsync(buf_.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, ctx.stream),
+        "cudaMemcpyAsync H2D");
     MustCuda(cudaStreamSynchronize(ctx.stream), "cudaStreamSynchronize");  // host vectors may go away
   }
   float* f() const { return static_cast<float*>(buf_.get()); }

@@ -9,11 +9,10 @@
 //   att'  = k'ᵀ · q'      att[t][t2] = q_t · k_t2        (scaled by alpha)
 //   y'    = v' · att'     y = att · v
 //   dv'   = dy' · att'ᵀ   dv = attᵀ · dy
-#include "kernels/cuda/layers/attention.h"
-
 #include <cmath>
 #include <string>
 
+#include "kernels/cuda/layers/attention.h"
 #include "kernels/cuda/layers/gemm.h"
 #include "kernels/cuda/layers/launch.cuh"
 #include "kernels/cuda/layers/status_cuda.h"
@@ -50,8 +49,8 @@ __device__ __forceinline__ RowCol HeadElement(size_t i, size_t T, size_t NH, siz
 }
 
 // dst (B, NH, T, hs)[i] = src[row · src_stride + offset + col].
-__global__ void GatherHeadsKernel(float* dst, const float* src, size_t src_stride, size_t offset, size_t n, size_t T,
-                                  size_t NH, size_t hs) {
+__global__ void GatherHeadsKernel(float* dst, const float* src, size_t src_stride, size_t offset, size_t n,
+                                  size_t T, size_t NH, size_t hs) {
   for (size_t i = GlobalThread(); i < n; i += GridThreads()) {
     const RowCol rc = HeadElement(i, T, NH, hs);
     dst[i] = src[rc.row * src_stride + offset + rc.col];
@@ -59,8 +58,8 @@ __global__ void GatherHeadsKernel(float* dst, const float* src, size_t src_strid
 }
 
 // dst[row · dst_stride + offset + col] = (or +=) src (B, NH, T, hs)[i].
-__global__ void ScatterHeadsKernel(float* dst, const float* src, size_t dst_stride, size_t offset, bool accumulate,
-                                   size_t n, size_t T, size_t NH, size_t hs) {
+__global__ void ScatterHeadsKernel(float* dst, const float* src, size_t dst_stride, size_t offset,
+                                   bool accumulate, size_t n, size_t T, size_t NH, size_t hs) {
   for (size_t i = GlobalThread(); i < n; i += GridThreads()) {
     const RowCol rc = HeadElement(i, T, NH, hs);
     float* d = dst + rc.row * dst_stride + offset + rc.col;
@@ -91,7 +90,8 @@ __global__ void CausalSoftmaxKernel(float* att, size_t rows, size_t T) {
 
 // In place on datt: dpre[t2] = att[t2] · (datt[t2] - Σ_j att[j] · datt[j]) · scale
 // for t2 <= t, 0 after (the softmax's Jacobian, then the scores' scale).
-__global__ void CausalSoftmaxBackwardKernel(float* datt, const float* att, size_t rows, size_t T, float scale) {
+__global__ void CausalSoftmaxBackwardKernel(float* datt, const float* att, size_t rows, size_t T,
+                                            float scale) {
   for (size_t idx = WarpRow(); idx < rows; idx += WarpRowStride()) {
     float* drow = datt + idx * T;
     const float* arow = att + idx * T;
@@ -99,21 +99,23 @@ __global__ void CausalSoftmaxBackwardKernel(float* datt, const float* att, size_
     float dot = 0.0f;
     for (size_t t2 = Lane(); t2 <= t; t2 += 32) dot += arow[t2] * drow[t2];
     dot = WarpSum(dot);
-    for (size_t t2 = Lane(); t2 < T; t2 += 32) drow[t2] = t2 <= t ? arow[t2] * (drow[t2] - dot) * scale : 0.0f;
+    for (size_t t2 = Lane(); t2 < T; t2 += 32)
+      drow[t2] = t2 <= t ? arow[t2] * (drow[t2] - dot) * scale : 0.0f;
   }
 }
 
-Status Gather(const CudaLayerContext& ctx, const Dims& d, float* dst, const float* src, size_t stride, size_t offset) {
-  GatherHeadsKernel<<<BlocksFor(d.elems(), kThreads), kThreads, 0, ctx.stream>>>(dst, src, stride, offset, d.elems(),
-                                                                                 d.T, d.NH, d.hs);
+Status Gather(const CudaLayerContext& ctx, const Dims& d, float* dst, const float* src, size_t stride,
+              size_t offset) {
+  GatherHeadsKernel<<<BlocksFor(d.elems(), kThreads), kThreads, 0, ctx.stream>>>(dst, src, stride, offset,
+                                                                                 d.elems(), d.T, d.NH, d.hs);
   STRATA_LAUNCH_OK("GatherHeadsKernel");
   return Status::Ok();
 }
 
-Status Scatter(const CudaLayerContext& ctx, const Dims& d, float* dst, const float* src, size_t stride, size_t offset,
-               bool accumulate) {
-  ScatterHeadsKernel<<<BlocksFor(d.elems(), kThreads), kThreads, 0, ctx.stream>>>(dst, src, stride, offset, accumulate,
-                                                                                  d.elems(), d.T, d.NH, d.hs);
+Status Scatter(const CudaLayerContext& ctx, const Dims& d, float* dst, const float* src, size_t stride,
+               size_t offset, bool accumulate) {
+  ScatterHeadsKernel<<<BlocksFor(d.elems(), kThreads), kThreads, 0, ctx.stream>>>(
+      dst, src, stride, offset, accumulate, d.elems(), d.T, d.NH, d.hs);
   STRATA_LAUNCH_OK("ScatterHeadsKernel");
   return Status::Ok();
 }
@@ -123,8 +125,8 @@ cublasComputeType_t ComputeFor(DType dtype) {
 }
 
 // Per head, row-major: s[t][t2] = alpha · b_t · a_t2 with a, b (T, hs) and s (T, T).
-Status ScoresGemm(const CudaLayerContext& ctx, const Dims& d, float alpha, const float* a, const float* b, float* s,
-                  DType dtype) {
+Status ScoresGemm(const CudaLayerContext& ctx, const Dims& d, float alpha, const float* a, const float* b,
+                  float* s, DType dtype) {
   const GemmShape shape{CUBLAS_OP_T, CUBLAS_OP_N, d.T, d.T, d.hs, d.hs, d.hs, d.T};
   return cuda_detail::GemmStridedBatched(ctx, shape, alpha, a, d.T * d.hs, b, d.T * d.hs, CUDA_R_32F, 0.0f, s,
                                          d.T * d.T, d.heads(), ComputeFor(dtype));
@@ -139,8 +141,8 @@ Status ProbsTimesGemm(const CudaLayerContext& ctx, const Dims& d, const float* p
 }
 
 // Per head: out (T, hs) = pᵀ (T, T) · x (T, hs), all row-major (= x' · p'ᵀ).
-Status ProbsTransposedTimesGemm(const CudaLayerContext& ctx, const Dims& d, const float* p, const float* x, float* out,
-                                DType dtype) {
+Status ProbsTransposedTimesGemm(const CudaLayerContext& ctx, const Dims& d, const float* p, const float* x,
+                                float* out, DType dtype) {
   const GemmShape shape{CUBLAS_OP_N, CUBLAS_OP_T, d.hs, d.T, d.T, d.hs, d.T, d.hs};
   return cuda_detail::GemmStridedBatched(ctx, shape, 1.0f, x, d.T * d.hs, p, d.T * d.T, CUDA_R_32F, 0.0f, out,
                                          d.T * d.hs, d.heads(), ComputeFor(dtype));
@@ -153,10 +155,11 @@ Status Softmax(const CudaLayerContext& ctx, const Dims& d, float* att) {
   return Status::Ok();
 }
 
-Status SoftmaxBackward(const CudaLayerContext& ctx, const Dims& d, float* datt, const float* att, float scale) {
+Status SoftmaxBackward(const CudaLayerContext& ctx, const Dims& d, float* datt, const float* att,
+                       float scale) {
   const size_t rows = d.heads() * d.T;
-  CausalSoftmaxBackwardKernel<<<BlocksFor(rows, kWarpsPerBlock), kThreads, 0, ctx.stream>>>(datt, att, rows, d.T,
-                                                                                           scale);
+  CausalSoftmaxBackwardKernel<<<BlocksFor(rows, kWarpsPerBlock), kThreads, 0, ctx.stream>>>(datt, att, rows,
+                                                                                            d.T, scale);
   STRATA_LAUNCH_OK("CausalSoftmaxBackwardKernel");
   return Status::Ok();
 }

@@ -1,12 +1,11 @@
 // A block's forward and backward on the GPU, composed from the CUDA layers in
 // the CPU block's order (kernels/cpu/layers/block.cpp), all on ctx.stream.
-#include "kernels/cuda/layers/block.h"
-
 #include <algorithm>
 #include <string>
 
 #include "kernels/cuda/adam_cuda.h"
 #include "kernels/cuda/layers/attention.h"
+#include "kernels/cuda/layers/block.h"
 #include "kernels/cuda/layers/elementwise.h"
 #include "kernels/cuda/layers/layernorm.h"
 #include "kernels/cuda/layers/matmul.h"
@@ -81,8 +80,8 @@ struct BlockTensorsCuda {
 };
 
 // Points at the tensors and queues the fp32 copies of the vectors into acts->vectors.
-Status Locate(const CudaLayerContext& ctx, const GptConfig& cfg, const void* params, DType dtype, float* dparams,
-              BlockActsCuda* a, BlockTensorsCuda* t) {
+Status Locate(const CudaLayerContext& ctx, const GptConfig& cfg, const void* params, DType dtype,
+              float* dparams, BlockActsCuda* a, BlockTensorsCuda* t) {
   const auto layout = BlockParamTensors(cfg);
   const char* base = static_cast<const char*>(params);
   float* vec = a->vectors;
@@ -91,14 +90,16 @@ Status Locate(const CudaLayerContext& ctx, const GptConfig& cfg, const void* par
     t->grad[i] = dparams != nullptr ? dparams + layout[i].offset : nullptr;
     t->vec[i] = nullptr;
     if (layout[i].rows != 1) continue;
-    STRATA_RETURN_IF_ERROR(kernels::CastCuda(dtype, t->weight[i], DType::kF32, vec, layout[i].count, ctx.stream));
+    STRATA_RETURN_IF_ERROR(
+        kernels::CastCuda(dtype, t->weight[i], DType::kF32, vec, layout[i].count, ctx.stream));
     t->vec[i] = vec;
     vec += layout[i].count;
   }
   return Status::Ok();
 }
 
-Status CheckActs(const char* fn, const GptConfig& cfg, const BlockActsCuda* a, size_t B, size_t T, DType dtype) {
+Status CheckActs(const char* fn, const GptConfig& cfg, const BlockActsCuda* a, size_t B, size_t T,
+                 DType dtype) {
   if (a->B != B || a->T != T || a->dtype != dtype)
     return InvalidError(std::string(fn) + ": BlockActsCuda sized for another (B, T, dtype)");
   if (T > static_cast<size_t>(cfg.context))
@@ -112,25 +113,27 @@ Status Zero(const CudaLayerContext& ctx, float* p, size_t n) {
 }
 
 Status CopyFloats(const CudaLayerContext& ctx, float* dst, const float* src, size_t n) {
-  STRATA_CUDA_OK("cudaMemcpyAsync", cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream));
+  STRATA_CUDA_OK("cudaMemcpyAsync",
+                 cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, ctx.stream));
   return Status::Ok();
 }
 
-Status Forward(const CudaLayerContext& ctx, const Dims& d, DType dtype, const BlockTensorsCuda& p, const float* x_in,
-               float* x_out, BlockActsCuda* a) {
+Status Forward(const CudaLayerContext& ctx, const Dims& d, DType dtype, const BlockTensorsCuda& p,
+               const float* x_in, float* x_out, BlockActsCuda* a) {
   const size_t C = d.C, N = d.N;
+  STRATA_RETURN_IF_ERROR(LayerNormForwardCuda(ctx, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, p.vec[kLn1Weight],
+                                              p.vec[kLn1Bias], N, C));
+  STRATA_RETURN_IF_ERROR(MatmulForwardCuda(ctx, a->qkv, a->ln1, p.weight[kQkvWeight], dtype, p.vec[kQkvBias],
+                                           N, C, 3 * C, a->scratch));
   STRATA_RETURN_IF_ERROR(
-      LayerNormForwardCuda(ctx, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, p.vec[kLn1Weight], p.vec[kLn1Bias], N, C));
-  STRATA_RETURN_IF_ERROR(MatmulForwardCuda(ctx, a->qkv, a->ln1, p.weight[kQkvWeight], dtype, p.vec[kQkvBias], N, C,
-                                           3 * C, a->scratch));
-  STRATA_RETURN_IF_ERROR(AttentionForwardCuda(ctx, a->atty, a->att, a->qkv, d.B, d.T, C, d.NH, dtype, a->scratch));
+      AttentionForwardCuda(ctx, a->atty, a->att, a->qkv, d.B, d.T, C, d.NH, dtype, a->scratch));
   STRATA_RETURN_IF_ERROR(MatmulForwardCuda(ctx, a->branch, a->atty, p.weight[kAttnProjWeight], dtype,
                                            p.vec[kAttnProjBias], N, C, C, a->scratch));
   STRATA_RETURN_IF_ERROR(ResidualForwardCuda(ctx, a->res2, x_in, a->branch, N * C));
-  STRATA_RETURN_IF_ERROR(
-      LayerNormForwardCuda(ctx, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p.vec[kLn2Weight], p.vec[kLn2Bias], N, C));
-  STRATA_RETURN_IF_ERROR(MatmulForwardCuda(ctx, a->fch, a->ln2, p.weight[kFcWeight], dtype, p.vec[kFcBias], N, C,
-                                           4 * C, a->scratch));
+  STRATA_RETURN_IF_ERROR(LayerNormForwardCuda(ctx, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2,
+                                              p.vec[kLn2Weight], p.vec[kLn2Bias], N, C));
+  STRATA_RETURN_IF_ERROR(MatmulForwardCuda(ctx, a->fch, a->ln2, p.weight[kFcWeight], dtype, p.vec[kFcBias], N,
+                                           C, 4 * C, a->scratch));
   STRATA_RETURN_IF_ERROR(GeluForwardCuda(ctx, a->fch_gelu, a->fch, 4 * N * C));
   STRATA_RETURN_IF_ERROR(MatmulForwardCuda(ctx, a->branch, a->fch_gelu, p.weight[kFcProjWeight], dtype,
                                            p.vec[kFcProjBias], N, 4 * C, C, a->scratch));
@@ -146,7 +149,8 @@ size_t BlockActsCudaBytes(const GptConfig& cfg, size_t B, size_t T, DType dtype)
 
 Status BlockActsCudaInit(BlockActsCuda* a, const GptConfig& cfg, size_t B, size_t T, DType dtype) {
   const Dims d = DimsOf(cfg, B, T);
-  STRATA_RETURN_IF_ERROR(a->mem.Allocate(BlockActsCudaBytes(cfg, B, T, dtype)).WithContext("BlockActsCudaInit"));
+  STRATA_RETURN_IF_ERROR(
+      a->mem.Allocate(BlockActsCudaBytes(cfg, B, T, dtype)).WithContext("BlockActsCudaInit"));
   a->B = B;
   a->T = T;
   a->dtype = dtype;
@@ -172,25 +176,28 @@ Status BlockBackwardCuda(const CudaLayerContext& ctx, const GptConfig& cfg, cons
   BlockTensorsCuda p;
   STRATA_RETURN_IF_ERROR(Locate(ctx, cfg, params, dtype, dparams, a, &p));
   // The recomputed x_out is not needed; it lands in `branch`, which the backward does not read.
-  if (mode == BlockBackwardMode::kRecompute) STRATA_RETURN_IF_ERROR(Forward(ctx, d, dtype, p, x_in, a->branch, a));
+  if (mode == BlockBackwardMode::kRecompute)
+    STRATA_RETURN_IF_ERROR(Forward(ctx, d, dtype, p, x_in, a->branch, a));
   const size_t C = d.C, N = d.N, NC = N * C;
   float* const* g = p.grad;
   // x_out = res2 + mlp: both get dx_out. Copy it first so that dx_in may alias it.
   STRATA_RETURN_IF_ERROR(CopyFloats(ctx, a->dres2, dx_out, NC));
   STRATA_RETURN_IF_ERROR(Zero(ctx, a->dfch_gelu, 4 * NC));
   STRATA_RETURN_IF_ERROR(MatmulBackwardCuda(ctx, a->dfch_gelu, g[kFcProjWeight], g[kFcProjBias], a->dres2,
-                                            a->fch_gelu, p.weight[kFcProjWeight], dtype, N, 4 * C, C, a->scratch));
+                                            a->fch_gelu, p.weight[kFcProjWeight], dtype, N, 4 * C, C,
+                                            a->scratch));
   STRATA_RETURN_IF_ERROR(Zero(ctx, a->dfch, 4 * NC));
   STRATA_RETURN_IF_ERROR(GeluBackwardCuda(ctx, a->dfch, a->fch, a->dfch_gelu, 4 * NC));
   STRATA_RETURN_IF_ERROR(Zero(ctx, a->dln2, NC));
   STRATA_RETURN_IF_ERROR(MatmulBackwardCuda(ctx, a->dln2, g[kFcWeight], g[kFcBias], a->dfch, a->ln2,
                                             p.weight[kFcWeight], dtype, N, C, 4 * C, a->scratch));
   STRATA_RETURN_IF_ERROR(LayerNormBackwardCuda(ctx, a->dres2, g[kLn2Weight], g[kLn2Bias], a->dln2, a->res2,
-                                               p.vec[kLn2Weight], a->ln2_mean, a->ln2_rstd, N, C, a->scratch));
+                                               p.vec[kLn2Weight], a->ln2_mean, a->ln2_rstd, N, C,
+                                               a->scratch));
   // res2 = x_in + attn: both get dres2.
   STRATA_RETURN_IF_ERROR(Zero(ctx, a->datty, NC));
-  STRATA_RETURN_IF_ERROR(MatmulBackwardCuda(ctx, a->datty, g[kAttnProjWeight], g[kAttnProjBias], a->dres2, a->atty,
-                                            p.weight[kAttnProjWeight], dtype, N, C, C, a->scratch));
+  STRATA_RETURN_IF_ERROR(MatmulBackwardCuda(ctx, a->datty, g[kAttnProjWeight], g[kAttnProjBias], a->dres2,
+                                            a->atty, p.weight[kAttnProjWeight], dtype, N, C, C, a->scratch));
   STRATA_RETURN_IF_ERROR(Zero(ctx, a->dqkv, 3 * NC));
   STRATA_RETURN_IF_ERROR(
       AttentionBackwardCuda(ctx, a->dqkv, a->datty, a->qkv, a->att, d.B, d.T, C, d.NH, dtype, a->scratch));

@@ -1,8 +1,7 @@
 // Column sums in two passes (chunk partials, then chunks in order).
-#include "kernels/cuda/layers/column_grads.h"
-
 #include <string>
 
+#include "kernels/cuda/layers/column_grads.h"
 #include "kernels/cuda/layers/launch.cuh"
 #include "kernels/cuda/layers/status_cuda.h"
 
@@ -53,8 +52,8 @@ __global__ void ColumnPartialsKernel(float* partial_w, float* partial_b, const f
 }
 
 // dweight[c] += Σ_chunk partial_w[chunk, c], dbias likewise, chunks in order.
-__global__ void ColumnFinishKernel(float* dweight, float* dbias, const float* partial_w, const float* partial_b,
-                                   size_t chunks, size_t C) {
+__global__ void ColumnFinishKernel(float* dweight, float* dbias, const float* partial_w,
+                                   const float* partial_b, size_t chunks, size_t C) {
   for (size_t c = GlobalThread(); c < C; c += GridThreads()) {
     float tw = 0.0f, tb = 0.0f;
     for (size_t k = 0; k < chunks; ++k) {
@@ -70,14 +69,16 @@ __global__ void ColumnFinishKernel(float* dweight, float* dbias, const float* pa
 
 size_t ColumnGradScratchBytes(size_t C) { return AlignScratch(2 * kMaxChunks * C * sizeof(float)); }
 
-Status ColumnGrads(const CudaLayerContext& ctx, float* dweight, float* dbias, const float* dout, const float* inp,
-                   const float* mean, const float* rstd, size_t N, size_t C, CudaScratch scratch) {
+Status ColumnGrads(const CudaLayerContext& ctx, float* dweight, float* dbias, const float* dout,
+                   const float* inp, const float* mean, const float* rstd, size_t N, size_t C,
+                   CudaScratch scratch) {
   if (N == 0 || C == 0) return Status::Ok();
   if (scratch.bytes < ColumnGradScratchBytes(C))
     return InvalidError("ColumnGrads: scratch of " + std::to_string(scratch.bytes) + " bytes, needs " +
                         std::to_string(ColumnGradScratchBytes(C)));
   const size_t tiles = (C + kColumns - 1) / kColumns;
-  if (tiles > 0x7fffffffu) return InvalidError("ColumnGrads: C " + std::to_string(C) + " too large for one grid");
+  if (tiles > 0x7fffffffu)
+    return InvalidError("ColumnGrads: C " + std::to_string(C) + " too large for one grid");
   const size_t chunks = ChunksFor(N);
   const size_t rows_per_chunk = (N + chunks - 1) / chunks;
   float* partial_w = static_cast<float*>(scratch.ptr);
@@ -87,8 +88,8 @@ Status ColumnGrads(const CudaLayerContext& ctx, float* dweight, float* dbias, co
   ColumnPartialsKernel<<<grid, block, 0, ctx.stream>>>(partial_w, partial_b, dout, inp, mean, rstd, N, C,
                                                        rows_per_chunk);
   STRATA_LAUNCH_OK("ColumnPartialsKernel");
-  ColumnFinishKernel<<<BlocksFor(C, kThreads), kThreads, 0, ctx.stream>>>(inp != nullptr ? dweight : nullptr, dbias,
-                                                                          partial_w, partial_b, chunks, C);
+  ColumnFinishKernel<<<BlocksFor(C, kThreads), kThreads, 0, ctx.stream>>>(
+      inp != nullptr ? dweight : nullptr, dbias, partial_w, partial_b, chunks, C);
   STRATA_LAUNCH_OK("ColumnFinishKernel");
   return Status::Ok();
 }

@@ -18,7 +18,8 @@ size_t ColumnGradScratchBytes(size_t C);
 //   dweight[c] += Σ_r (inp[r, c] - mean[r]) · rstd[r] · dout[r, c]   (LayerNorm weight)
 //   dbias[c]   += Σ_r dout[r, c]
 // With inp null only dbias (dweight, mean, rstd unused): a linear layer's bias.
-Status ColumnGrads(const CudaLayerContext& ctx, float* dweight, float* dbias, const float* dout, const float* inp,
-                   const float* mean, const float* rstd, size_t N, size_t C, CudaScratch scratch);
+Status ColumnGrads(const CudaLayerContext& ctx, float* dweight, float* dbias, const float* dout,
+                   const float* inp, const float* mean, const float* rstd, size_t N, size_t C,
+                   CudaScratch scratch);
 
 }  // namespace strata::layers::cuda_detail

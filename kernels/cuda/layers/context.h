@@ -37,7 +37,9 @@ struct CudaScratch {
 // Scratch sizes are rounded up to this, so that scratch cut into pieces keeps
 // each piece aligned for vector loads and cuBLAS.
 inline constexpr size_t kScratchAlign = 256;
-inline size_t AlignScratch(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+inline size_t AlignScratch(size_t bytes) {
+  return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
 
 // Owns a non-blocking stream and a cuBLAS handle on the current device.
 // Non-blocking: the legacy default stream, which other code (cudaMemcpy) may

@@ -1,8 +1,7 @@
 // Cross-entropy: one warp per row (max, sum of exponentials, then the gradient).
-#include "kernels/cuda/layers/cross_entropy.h"
-
 #include <cmath>
 
+#include "kernels/cuda/layers/cross_entropy.h"
 #include "kernels/cuda/layers/launch.cuh"
 #include "kernels/cuda/layers/status_cuda.h"
 
@@ -52,8 +51,8 @@ Status CrossEntropyForwardBackwardCuda(const CudaLayerContext& ctx, float* losse
                                        const float* logits, const int32_t* targets, size_t N, size_t V,
                                        float dloss) {
   if (N == 0) return Status::Ok();
-  CrossEntropyKernel<<<BlocksFor(N, kWarpsPerBlock), kThreads, 0, ctx.stream>>>(losses, dlogits, logits, targets, N,
-                                                                               V, dloss);
+  CrossEntropyKernel<<<BlocksFor(N, kWarpsPerBlock), kThreads, 0, ctx.stream>>>(losses, dlogits, logits,
+                                                                                targets, N, V, dloss);
   STRATA_LAUNCH_OK("CrossEntropyKernel");
   return Status::Ok();
 }

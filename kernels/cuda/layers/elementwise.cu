@@ -1,6 +1,5 @@
 // GELU and the residual add, one thread per element (grid-stride).
 #include "kernels/cuda/layers/elementwise.h"
-
 #include "kernels/cuda/layers/launch.cuh"
 #include "kernels/cuda/layers/status_cuda.h"
 
@@ -44,14 +43,16 @@ Status GeluForwardCuda(const CudaLayerContext& ctx, float* out, const float* inp
   return Status::Ok();
 }
 
-Status GeluBackwardCuda(const CudaLayerContext& ctx, float* dinp, const float* inp, const float* dout, size_t n) {
+Status GeluBackwardCuda(const CudaLayerContext& ctx, float* dinp, const float* inp, const float* dout,
+                        size_t n) {
   if (n == 0) return Status::Ok();
   GeluBackwardKernel<<<BlocksFor(n, kThreads), kThreads, 0, ctx.stream>>>(dinp, inp, dout, n);
   STRATA_LAUNCH_OK("GeluBackwardKernel");
   return Status::Ok();
 }
 
-Status ResidualForwardCuda(const CudaLayerContext& ctx, float* out, const float* a, const float* b, size_t n) {
+Status ResidualForwardCuda(const CudaLayerContext& ctx, float* out, const float* a, const float* b,
+                           size_t n) {
   if (n == 0) return Status::Ok();
   ResidualForwardKernel<<<BlocksFor(n, kThreads), kThreads, 0, ctx.stream>>>(out, a, b, n);
   STRATA_LAUNCH_OK("ResidualForwardKernel");

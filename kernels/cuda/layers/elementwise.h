@@ -13,7 +13,8 @@ namespace strata::layers {
 // out (n) = 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))). out may equal inp.
 Status GeluForwardCuda(const CudaLayerContext& ctx, float* out, const float* inp, size_t n);
 // Accumulates (+=): dinp (n) += gelu'(inp) · dout. dinp must not overlap dout.
-Status GeluBackwardCuda(const CudaLayerContext& ctx, float* dinp, const float* inp, const float* dout, size_t n);
+Status GeluBackwardCuda(const CudaLayerContext& ctx, float* dinp, const float* inp, const float* dout,
+                        size_t n);
 // out (n) = a + b. out may equal a or b.
 Status ResidualForwardCuda(const CudaLayerContext& ctx, float* out, const float* a, const float* b, size_t n);
 

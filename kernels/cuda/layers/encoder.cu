@@ -1,9 +1,8 @@
 // Embedding lookup, and its scatter-add backward as gathers: each output
 // element of dwte and dwpe is one thread that walks the rows feeding it in order.
-#include "kernels/cuda/layers/encoder.h"
-
 #include <cmath>
 
+#include "kernels/cuda/layers/encoder.h"
 #include "kernels/cuda/layers/launch.cuh"
 #include "kernels/cuda/layers/status_cuda.h"
 
@@ -31,8 +30,8 @@ __global__ void EncoderForwardKernel(float* out, const int32_t* tokens, const fl
 
 // One thread per element (v, c) of dwte: Σ over rows r with tokens[r] == v, r in order.
 // Neighbouring threads share v, so a warp reads each token id once.
-__global__ void EncoderBackwardWteKernel(float* dwte, const float* dout, const int32_t* tokens, size_t N, size_t C,
-                                         size_t V) {
+__global__ void EncoderBackwardWteKernel(float* dwte, const float* dout, const int32_t* tokens, size_t N,
+                                         size_t C, size_t V) {
   for (size_t i = GlobalThread(); i < V * C; i += GridThreads()) {
     const size_t v = i / C, c = i % C;
     float sum = 0.0f;
@@ -57,7 +56,8 @@ Status EncoderForwardCuda(const CudaLayerContext& ctx, float* out, const int32_t
                           const float* wpe, size_t B, size_t T, size_t C, size_t V) {
   const size_t N = B * T;
   if (N == 0 || C == 0) return Status::Ok();
-  EncoderForwardKernel<<<BlocksFor(N * C, kThreads), kThreads, 0, ctx.stream>>>(out, tokens, wte, wpe, N, T, C, V);
+  EncoderForwardKernel<<<BlocksFor(N * C, kThreads), kThreads, 0, ctx.stream>>>(out, tokens, wte, wpe, N, T,
+                                                                                C, V);
   STRATA_LAUNCH_OK("EncoderForwardKernel");
   return Status::Ok();
 }
@@ -66,7 +66,8 @@ Status EncoderBackwardCuda(const CudaLayerContext& ctx, float* dwte, float* dwpe
                            const int32_t* tokens, size_t B, size_t T, size_t C, size_t V) {
   const size_t N = B * T;
   if (N == 0 || C == 0) return Status::Ok();
-  EncoderBackwardWteKernel<<<BlocksFor(V * C, kThreads), kThreads, 0, ctx.stream>>>(dwte, dout, tokens, N, C, V);
+  EncoderBackwardWteKernel<<<BlocksFor(V * C, kThreads), kThreads, 0, ctx.stream>>>(dwte, dout, tokens, N, C,
+                                                                                    V);
   STRATA_LAUNCH_OK("EncoderBackwardWteKernel");
   EncoderBackwardWpeKernel<<<BlocksFor(T * C, kThreads), kThreads, 0, ctx.stream>>>(dwpe, dout, B, T, C);
   STRATA_LAUNCH_OK("EncoderBackwardWpeKernel");

@@ -52,18 +52,19 @@ Status Gemm(const CudaLayerContext& ctx, const GemmShape& s, float alpha, const 
 }
 
 Status GemmStridedBatched(const CudaLayerContext& ctx, const GemmShape& s, float alpha, const void* a,
-                          size_t stride_a, const void* b, size_t stride_b, cudaDataType_t ab, float beta, float* c,
-                          size_t stride_c, size_t batch, cublasComputeType_t compute) {
+                          size_t stride_a, const void* b, size_t stride_b, cudaDataType_t ab, float beta,
+                          float* c, size_t stride_c, size_t batch, cublasComputeType_t compute) {
   STRATA_RETURN_IF_ERROR(CheckShape(s));
   STRATA_RETURN_IF_ERROR(CheckInt("batch", batch));
   STRATA_RETURN_IF_ERROR(Bind(ctx));
-  STRATA_BLAS_OK("cublasGemmStridedBatchedEx",
-                 cublasGemmStridedBatchedEx(
-                     ctx.blas, s.op_a, s.op_b, static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k),
-                     &alpha, a, ab, static_cast<int>(s.lda), static_cast<long long>(stride_a), b, ab,
-                     static_cast<int>(s.ldb), static_cast<long long>(stride_b), &beta, c, CUDA_R_32F,
-                     static_cast<int>(s.ldc), static_cast<long long>(stride_c), static_cast<int>(batch), compute,
-                     CUBLAS_GEMM_DEFAULT));
+  STRATA_BLAS_OK(
+      "cublasGemmStridedBatchedEx",
+      cublasGemmStridedBatchedEx(ctx.blas, s.op_a, s.op_b, static_cast<int>(s.m), static_cast<int>(s.n),
+                                 static_cast<int>(s.k), &alpha, a, ab, static_cast<int>(s.lda),
+                                 static_cast<long long>(stride_a), b, ab, static_cast<int>(s.ldb),
+                                 static_cast<long long>(stride_b), &beta, c, CUDA_R_32F,
+                                 static_cast<int>(s.ldc), static_cast<long long>(stride_c),
+                                 static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT));
   return Status::Ok();
 }
 

@@ -33,7 +33,7 @@ Status Gemm(const CudaLayerContext& ctx, const GemmShape& s, float alpha, const 
 // `batch` independent GEMMs of one shape; matrix i of A, B, C starts
 // stride_a, stride_b, stride_c elements after matrix i-1.
 Status GemmStridedBatched(const CudaLayerContext& ctx, const GemmShape& s, float alpha, const void* a,
-                          size_t stride_a, const void* b, size_t stride_b, cudaDataType_t ab, float beta, float* c,
-                          size_t stride_c, size_t batch, cublasComputeType_t compute);
+                          size_t stride_a, const void* b, size_t stride_b, cudaDataType_t ab, float beta,
+                          float* c, size_t stride_c, size_t batch, cublasComputeType_t compute);
 
 }  // namespace strata::layers::cuda_detail

@@ -1,12 +1,11 @@
 // Final LayerNorm → tied LM head (cuBLAS) → cross-entropy, then the backward
 // through the same three.
-#include "kernels/cuda/layers/head.h"
-
 #include <algorithm>
 #include <string>
 
 #include "kernels/cuda/adam_cuda.h"
 #include "kernels/cuda/layers/cross_entropy.h"
+#include "kernels/cuda/layers/head.h"
 #include "kernels/cuda/layers/layernorm.h"
 #include "kernels/cuda/layers/matmul.h"
 #include "kernels/cuda/layers/status_cuda.h"
@@ -35,7 +34,8 @@ Status HeadActsCudaInit(HeadActsCuda* acts, const GptConfig& cfg, size_t B, size
   const HeadDims d = DimsOf(cfg, B, T);
   const size_t floats = 2 * Floats(d.N * d.C) + 3 * Floats(d.N) + Floats(d.N * d.V) + Floats(2 * d.C);
   const size_t scratch = HeadScratchBytes(d, dtype);
-  STRATA_RETURN_IF_ERROR(acts->mem.Allocate(floats * sizeof(float) + scratch).WithContext("HeadActsCudaInit"));
+  STRATA_RETURN_IF_ERROR(
+      acts->mem.Allocate(floats * sizeof(float) + scratch).WithContext("HeadActsCudaInit"));
   acts->B = B;
   acts->T = T;
   acts->dtype = dtype;
@@ -71,11 +71,12 @@ Status HeadForwardBackwardCuda(const CudaLayerContext& ctx, const GptConfig& cfg
   const void* wte = base + tensors[kWte].offset * esize;
   float* lnfw = acts->lnf_param;
   float* lnfb = acts->lnf_param + d.C;
-  STRATA_RETURN_IF_ERROR(
-      kernels::CastCuda(dtype, base + tensors[kLnfWeight].offset * esize, DType::kF32, lnfw, d.C, ctx.stream));
+  STRATA_RETURN_IF_ERROR(kernels::CastCuda(dtype, base + tensors[kLnfWeight].offset * esize, DType::kF32,
+                                           lnfw, d.C, ctx.stream));
   STRATA_RETURN_IF_ERROR(
       kernels::CastCuda(dtype, base + tensors[kLnfBias].offset * esize, DType::kF32, lnfb, d.C, ctx.stream));
-  STRATA_RETURN_IF_ERROR(LayerNormForwardCuda(ctx, acts->lnf, acts->lnf_mean, acts->lnf_rstd, x, lnfw, lnfb, d.N, d.C));
+  STRATA_RETURN_IF_ERROR(
+      LayerNormForwardCuda(ctx, acts->lnf, acts->lnf_mean, acts->lnf_rstd, x, lnfw, lnfb, d.N, d.C));
   STRATA_RETURN_IF_ERROR(
       MatmulForwardCuda(ctx, acts->logits, acts->lnf, wte, dtype, nullptr, d.N, d.C, d.V, acts->scratch));
   const bool backward = dx != nullptr;
@@ -83,12 +84,15 @@ Status HeadForwardBackwardCuda(const CudaLayerContext& ctx, const GptConfig& cfg
   STRATA_RETURN_IF_ERROR(CrossEntropyForwardBackwardCuda(ctx, acts->losses, backward ? acts->logits : nullptr,
                                                          acts->logits, targets, d.N, d.V, dloss));
   if (!backward) return Status::Ok();
-  STRATA_CUDA_OK("cudaMemsetAsync dlnf", cudaMemsetAsync(acts->dlnf, 0, d.N * d.C * sizeof(float), ctx.stream));
-  STRATA_RETURN_IF_ERROR(MatmulBackwardCuda(ctx, acts->dlnf, dembed + tensors[kWte].offset, nullptr, acts->logits,
-                                            acts->lnf, wte, dtype, d.N, d.C, d.V, acts->scratch));
+  STRATA_CUDA_OK("cudaMemsetAsync dlnf",
+                 cudaMemsetAsync(acts->dlnf, 0, d.N * d.C * sizeof(float), ctx.stream));
+  STRATA_RETURN_IF_ERROR(MatmulBackwardCuda(ctx, acts->dlnf, dembed + tensors[kWte].offset, nullptr,
+                                            acts->logits, acts->lnf, wte, dtype, d.N, d.C, d.V,
+                                            acts->scratch));
   STRATA_CUDA_OK("cudaMemsetAsync dx", cudaMemsetAsync(dx, 0, d.N * d.C * sizeof(float), ctx.stream));
-  return LayerNormBackwardCuda(ctx, dx, dembed + tensors[kLnfWeight].offset, dembed + tensors[kLnfBias].offset,
-                               acts->dlnf, x, lnfw, acts->lnf_mean, acts->lnf_rstd, d.N, d.C, acts->scratch);
+  return LayerNormBackwardCuda(ctx, dx, dembed + tensors[kLnfWeight].offset,
+                               dembed + tensors[kLnfBias].offset, acts->dlnf, x, lnfw, acts->lnf_mean,
+                               acts->lnf_rstd, d.N, d.C, acts->scratch);
 }
 
 }  // namespace strata::layers

@@ -32,7 +32,9 @@ __device__ __forceinline__ size_t GridThreads() { return static_cast<size_t>(gri
 __device__ __forceinline__ size_t WarpRow() {
   return static_cast<size_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
 }
-__device__ __forceinline__ size_t WarpRowStride() { return static_cast<size_t>(gridDim.x) * (blockDim.x / 32); }
+__device__ __forceinline__ size_t WarpRowStride() {
+  return static_cast<size_t>(gridDim.x) * (blockDim.x / 32);
+}
 __device__ __forceinline__ unsigned Lane() { return threadIdx.x % 32; }
 
 // Butterfly reductions: every lane ends with the result of all 32.

@@ -1,10 +1,9 @@
 // LayerNorm: one warp per row for the per-row work; the weight and bias
 // gradients sum over rows in column_grads (fixed order, no atomics).
-#include "kernels/cuda/layers/layernorm.h"
-
 #include "kernels/cpu/layers/layernorm.h"
 #include "kernels/cuda/layers/column_grads.h"
 #include "kernels/cuda/layers/launch.cuh"
+#include "kernels/cuda/layers/layernorm.h"
 #include "kernels/cuda/layers/status_cuda.h"
 
 namespace strata::layers {
@@ -18,8 +17,8 @@ using cuda_detail::WarpRow;
 using cuda_detail::WarpRowStride;
 using cuda_detail::WarpSum;
 
-__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                                       const float* bias, size_t N, size_t C) {
+__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, size_t N, size_t C) {
   for (size_t r = WarpRow(); r < N; r += WarpRowStride()) {
     const float* x = inp + r * C;
     float sum = 0.0f;
@@ -41,8 +40,9 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, con
 }
 
 // dinp = rstd · (dnorm - mean(dnorm) - norm · mean(dnorm · norm)), dnorm = weight · dout.
-__global__ void LayerNormBackwardRowsKernel(float* dinp, const float* dout, const float* inp, const float* weight,
-                                            const float* mean, const float* rstd, size_t N, size_t C) {
+__global__ void LayerNormBackwardRowsKernel(float* dinp, const float* dout, const float* inp,
+                                            const float* weight, const float* mean, const float* rstd,
+                                            size_t N, size_t C) {
   for (size_t r = WarpRow(); r < N; r += WarpRowStride()) {
     const float* x = inp + r * C;
     const float* dy = dout + r * C;
@@ -65,11 +65,11 @@ __global__ void LayerNormBackwardRowsKernel(float* dinp, const float* dout, cons
 
 }  // namespace
 
-Status LayerNormForwardCuda(const CudaLayerContext& ctx, float* out, float* mean, float* rstd, const float* inp,
-                            const float* weight, const float* bias, size_t N, size_t C) {
+Status LayerNormForwardCuda(const CudaLayerContext& ctx, float* out, float* mean, float* rstd,
+                            const float* inp, const float* weight, const float* bias, size_t N, size_t C) {
   if (N == 0 || C == 0) return Status::Ok();
-  LayerNormForwardKernel<<<BlocksFor(N, kWarpsPerBlock), kThreads, 0, ctx.stream>>>(out, mean, rstd, inp, weight,
-                                                                                   bias, N, C);
+  LayerNormForwardKernel<<<BlocksFor(N, kWarpsPerBlock), kThreads, 0, ctx.stream>>>(out, mean, rstd, inp,
+                                                                                    weight, bias, N, C);
   STRATA_LAUNCH_OK("LayerNormForwardKernel");
   return Status::Ok();
 }
@@ -80,8 +80,8 @@ Status LayerNormBackwardCuda(const CudaLayerContext& ctx, float* dinp, float* dw
                              const float* dout, const float* inp, const float* weight, const float* mean,
                              const float* rstd, size_t N, size_t C, CudaScratch scratch) {
   if (N == 0 || C == 0) return Status::Ok();
-  LayerNormBackwardRowsKernel<<<BlocksFor(N, kWarpsPerBlock), kThreads, 0, ctx.stream>>>(dinp, dout, inp, weight,
-                                                                                        mean, rstd, N, C);
+  LayerNormBackwardRowsKernel<<<BlocksFor(N, kWarpsPerBlock), kThreads, 0, ctx.stream>>>(
+      dinp, dout, inp, weight, mean, rstd, N, C);
   STRATA_LAUNCH_OK("LayerNormBackwardRowsKernel");
   return cuda_detail::ColumnGrads(ctx, dweight, dbias, dout, inp, mean, rstd, N, C, scratch);
 }

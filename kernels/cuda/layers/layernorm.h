@@ -12,8 +12,8 @@ namespace strata::layers {
 
 // out (N, C) = (inp - mean) · rstd · weight + bias; mean (N), rstd (N) saved.
 // out must not overlap inp.
-Status LayerNormForwardCuda(const CudaLayerContext& ctx, float* out, float* mean, float* rstd, const float* inp,
-                            const float* weight, const float* bias, size_t N, size_t C);
+Status LayerNormForwardCuda(const CudaLayerContext& ctx, float* out, float* mean, float* rstd,
+                            const float* inp, const float* weight, const float* bias, size_t N, size_t C);
 
 size_t LayerNormBackwardScratchBytes(size_t C);
 

@@ -21,13 +21,13 @@ size_t MatmulScratchBytes(size_t N, size_t C, size_t OC, DType dtype);
 
 // out (N, OC) = inp (N, C) · weight (OC, C)ᵀ + bias (OC). weight holds OC·C
 // values of `dtype`; bias (fp32) may be null. out must not overlap inp.
-Status MatmulForwardCuda(const CudaLayerContext& ctx, float* out, const float* inp, const void* weight, DType dtype,
-                         const float* bias, size_t N, size_t C, size_t OC, CudaScratch scratch);
+Status MatmulForwardCuda(const CudaLayerContext& ctx, float* out, const float* inp, const void* weight,
+                         DType dtype, const float* bias, size_t N, size_t C, size_t OC, CudaScratch scratch);
 
 // Accumulates (+=): dinp (N, C) += dout (N, OC) · weight; dweight (OC, C) +=
 // doutᵀ · inp; dbias (OC) += Σ_rows dout. dinp and dbias may be null.
-Status MatmulBackwardCuda(const CudaLayerContext& ctx, float* dinp, float* dweight, float* dbias, const float* dout,
-                          const float* inp, const void* weight, DType dtype, size_t N, size_t C, size_t OC,
-                          CudaScratch scratch);
+Status MatmulBackwardCuda(const CudaLayerContext& ctx, float* dinp, float* dweight, float* dbias,
+                          const float* dout, const float* inp, const void* weight, DType dtype, size_t N,
+                          size_t C, size_t OC, CudaScratch scratch);
 
 }  // namespace strata::layers

@@ -24,7 +24,8 @@ inline Status LaunchStatus(const char* kernel) { return CudaStatus(kernel, cudaG
 
 inline Status BlasStatus(const char* op, cublasStatus_t s) {
   if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
-  return InternalError(std::string(op) + ": " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")");
+  return InternalError(std::string(op) + ": " + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) +
+                       ")");
 }
 
 }  // namespace strata::layers::cuda_detail
