@@ -27,10 +27,10 @@ double Now() {
 
 uint64_t Gpt::param_count() const { return layers::GptParamCount(cfg_); }
 
-bool Gpt::Register(strata_engine_t* e, uint64_t seed, std::string* error) {
+bool RegisterGpt(const layers::GptConfig& cfg, strata_engine_t* e, uint64_t seed, std::string* error) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.02f);
-  const float proj_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(cfg_.layers));
+  const float proj_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(cfg.layers));
   auto add = [&](int group, const layers::ParamTensor& t, const std::string& prefix, bool is_proj) {
     std::vector<float> init(t.count);
     const std::string name = t.name;
@@ -41,10 +41,10 @@ bool Gpt::Register(strata_engine_t* e, uint64_t seed, std::string* error) {
     return Ok(strata_engine_add_param(e, group, (prefix + name).c_str(), t.count, init.data(), &off),
               "add_param", error);
   };
-  for (const auto& t : layers::EmbedParamTensors(cfg_))
+  for (const auto& t : layers::EmbedParamTensors(cfg))
     if (!add(0, t, "", false)) return false;
-  for (int l = 0; l < cfg_.layers; ++l)
-    for (const auto& t : layers::BlockParamTensors(cfg_)) {
+  for (int l = 0; l < cfg.layers; ++l)
+    for (const auto& t : layers::BlockParamTensors(cfg)) {
       const std::string n = t.name;
       const bool proj = n == "attn.proj.weight" || n == "mlp.proj.weight";
       if (!add(l + 1, t, "h" + std::to_string(l) + ".", proj)) return false;

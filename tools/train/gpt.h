@@ -15,17 +15,28 @@
 
 namespace strata::train {
 
-class Gpt {
+// Registers every tensor with GPT-2's initialization (normal(0, 0.02),
+// residual projections scaled by 1/sqrt(2L), LayerNorm weights 1, biases 0).
+bool RegisterGpt(const layers::GptConfig& cfg, strata_engine_t* e, uint64_t seed, std::string* error);
+
+// What the training loop drives: the CPU model below or the GPU one (gpt_cuda.h).
+class GptModel {
+ public:
+  virtual ~GptModel() = default;
+  // One forward and backward pass on (inputs, targets), (B, T) each, host
+  // memory; the gradients, times `loss_scale`, go to the engine group by group.
+  virtual bool TrainStep(strata_engine_t* e, const int32_t* inputs, const int32_t* targets, double loss_scale,
+                         double* loss, std::string* error) = 0;
+  virtual double compute_seconds() const = 0;  // in the kernels, cumulative
+};
+
+// The CPU model: fp32 CPU layers over host copies of the fetched groups.
+class Gpt : public GptModel {
  public:
   Gpt(const layers::GptConfig& cfg, int B, int T) : cfg_(cfg), B_(B), T_(T) {}
-  // Registers every tensor with GPT-2's initialization (normal(0, 0.02),
-  // residual projections scaled by 1/sqrt(2L), LayerNorm weights 1, biases 0).
-  bool Register(strata_engine_t* e, uint64_t seed, std::string* error);
-  // One forward and backward pass on (inputs, targets), (B, T) each; the
-  // gradients, times `loss_scale`, go to the engine group by group.
   bool TrainStep(strata_engine_t* e, const int32_t* inputs, const int32_t* targets, double loss_scale,
-                 double* loss, std::string* error);
-  double compute_seconds() const { return compute_s_; }  // in the kernels, cumulative
+                 double* loss, std::string* error) override;
+  double compute_seconds() const override { return compute_s_; }
   uint64_t param_count() const;
 
  private:

@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "strata/strata.h"
 #include "tools/train/corpus.h"
 #include "tools/train/gpt.h"
+#include "tools/train/gpt_cuda.h"
 #include "tools/train/presets.h"
 #include "tools/train/report.h"
 
@@ -27,12 +29,23 @@ struct Args {
   int batch = 0, seq = 0, print_every = 10, save_every = 0, warmup = 10;
   double lr = 3e-3, min_lr_frac = 0.1, weight_decay = 0.0, clip = 1.0;
   uint64_t seed = 1337;
-  bool resident = false, fp16 = false, weights_hash = false, log_losses = false;
+  bool resident = false, fp16 = false, weights_hash = false, log_losses = false, gpu = false;
 };
 
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "strata-train: %s\n", msg.c_str());
   return 1;
+}
+
+// Model FLOPs of one token's forward and backward (PaLM's count, as nanoGPT's
+// MFU): 6 per parameter (2 forward, 4 backward; every parameter counts, the
+// tied wte once, as the LM head it is the only matmul it takes part in) plus
+// attention's q·kᵀ and att·v, 2·2·T·C a layer forward, times 3 with the
+// backward: 12·L·T·C. The checkpointed blocks' second forward is not counted,
+// so this is what the model needs, not what the GPU ran.
+double FlopsPerToken(const layers::GptConfig& cfg, uint64_t params, int seq) {
+  return 6.0 * static_cast<double>(params) +
+         12.0 * cfg.layers * static_cast<double>(seq) * static_cast<double>(cfg.channels);
 }
 
 double LrAt(const Args& a, int64_t step) {  // linear warm-up, cosine decay to min_lr_frac
@@ -118,15 +131,25 @@ int Run(Args a) {
     ~Cleanup() { if (!dir.empty()) { std::error_code ec; std::filesystem::remove_all(dir, ec); } }
   } cleanup{own_swap ? swap : ""};
 
+  if (a.gpu) {
+    const std::string why = GpuUnavailableReason();
+    if (!why.empty()) return Fail("--gpu: no usable GPU: " + why);
+  }
   std::string json;
   if (!MakeConfig(a, swap, &json, &error)) return Fail(error);
   strata_engine_options_t eo = STRATA_ENGINE_OPTIONS_INIT;
-  eo.force_no_gpu = 1;  // the layers here are the CPU kernels: parameters and gradients in host memory
+  // The CPU layers need parameters and gradients in host memory; the GPU
+  // layers take the engine's device pointers.
+  eo.force_no_gpu = a.gpu ? 0 : 1;
   strata_engine_t* e = nullptr;
   if (strata_engine_create(json.c_str(), &eo, &e) != STRATA_OK) return Fail(strata_last_error());
   struct Destroy { strata_engine_t* e; ~Destroy() { strata_engine_destroy(e); } } destroy{e};
-  Gpt gpt(cfg, a.batch, a.seq);
-  if (!gpt.Register(e, a.seed, &error)) return Fail(error);
+  if (!RegisterGpt(cfg, e, a.seed, &error)) return Fail(error);
+  std::unique_ptr<GptModel> model;
+  if (a.gpu) model = MakeGptCuda(cfg, a.batch, a.seq);
+  else model = std::make_unique<Gpt>(cfg, a.batch, a.seq);
+  if (!model) return Fail("--gpu: this build has no GPU model");
+  GptModel& gpt = *model;
   if (strata_engine_build(e) != STRATA_OK) return Fail(strata_last_error());
 
   int64_t start = 0;
@@ -140,20 +163,21 @@ int Run(Args a) {
     std::printf("resumed from %s at step %lld\n", a.resume.c_str(), static_cast<long long>(start));
   }
 
-  const uint64_t params = gpt.param_count();
+  const uint64_t params = layers::GptParamCount(cfg);
   strata_dtype_t dt;
   strata_engine_compute_dtype(e, &dt);
   RunFigures fig;
   fig.params = params;
   fig.state_bytes = params * ((dt == STRATA_DTYPE_F32 ? 4 : 2) + 16);
-  std::printf("strata-train: preset %s, %llu parameters, %s of state, batch %d x %d tokens, %lld steps, %s\n",
+  std::printf("strata-train: preset %s, %llu parameters, %s of state, batch %d x %d tokens, %lld steps, %s%s\n",
               preset->name, static_cast<unsigned long long>(params), HumanBytes(fig.state_bytes).c_str(), a.batch,
-              a.seq, static_cast<long long>(a.steps), a.resident ? "all resident" : ("state on NVMe in " + swap).c_str());
+              a.seq, static_cast<long long>(a.steps), a.resident ? "all resident" : ("state on NVMe in " + swap).c_str(),
+              a.gpu ? ", layers on the GPU" : "");
   Progress progress(a.steps, a.print_every);
   double loss_scale = 1.0;
   if (strata_engine_loss_scale(e, &loss_scale) != STRATA_OK) return Fail(strata_last_error());
   std::vector<int32_t> inputs, targets;
-  double busy_cpu = 0, busy_disk = 0, wall = 0, compute_before = 0;
+  double busy_cpu = 0, busy_disk = 0, wall = 0, compute_before = 0, compute_timed = 0;
   const auto t_run = std::chrono::steady_clock::now();
   int64_t timed_steps = 0;
   for (int64_t s = start; s < a.steps; ++s) {
@@ -171,6 +195,7 @@ int Run(Args a) {
     strata_engine_stats(e, &st);
     if (s > start) {  // the first step records the trace; the figures are for the steady state
       busy_cpu += (gpt.compute_seconds() - compute_before) + st.cpu_optimizer_s;
+      compute_timed += gpt.compute_seconds() - compute_before;
       busy_disk += st.disk_busy_s;
       wall += secs;
       ++timed_steps;
@@ -193,14 +218,26 @@ int Run(Args a) {
   fig.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
   fig.tokens_per_s = timed_steps ? static_cast<double>(timed_steps) * a.batch * a.seq / wall : 0;
   fig.overlap_efficiency = wall > 0 ? std::max(busy_cpu, busy_disk) / wall : 0;
+  if (a.gpu) {
+    const double flops = FlopsPerToken(cfg, params, a.seq);
+    fig.gpu = true;
+    fig.tflops = flops * fig.tokens_per_s / 1e12;
+    const double timed_tokens = static_cast<double>(timed_steps) * a.batch * a.seq;
+    fig.kernel_tflops = compute_timed > 0 ? flops * timed_tokens / compute_timed / 1e12 : 0;
+  }
   strata_stats_t st = STRATA_STATS_INIT;
   strata_engine_stats(e, &st);
   PrintSummary(fig, st);
   if (a.weights_hash) std::printf("strata-train weights_hash=%016llx\n", static_cast<unsigned long long>(WeightsHash(e)));
-  std::printf("strata-train first_loss=%.4f last_loss=%.4f state_to_device_budget=%.2f overlap_efficiency=%.2f tokens_per_s=%.0f\n",
+  // The GPU figures are appended only on the GPU: the CPU path's line stays as it was.
+  char gpu_figures[96] = "";
+  if (a.gpu)
+    std::snprintf(gpu_figures, sizeof gpu_figures, " tflops=%.3f kernel_tflops=%.3f", fig.tflops,
+                  fig.kernel_tflops);
+  std::printf("strata-train first_loss=%.4f last_loss=%.4f state_to_device_budget=%.2f overlap_efficiency=%.2f tokens_per_s=%.0f%s\n",
               fig.first_loss, fig.last_loss,
               st.device.budget ? static_cast<double>(fig.state_bytes) / static_cast<double>(st.device.budget) : 0.0,
-              fig.overlap_efficiency, fig.tokens_per_s);
+              fig.overlap_efficiency, fig.tokens_per_s, gpu_figures);
   return 0;
 }
 
@@ -225,6 +262,10 @@ int main(int argc, char** argv) {
   app.add_option("--nvme", a.nvme, "swap folder (default: a fresh one under /var/tmp)");
   app.add_flag("--resident", a.resident, "keep every state resident (no offload, automatic budgets)");
   app.add_flag("--fp16", a.fp16, "fp16 with dynamic loss scaling instead of bf16");
+  app.add_flag("--gpu", a.gpu,
+               "run the layers on the GPU (CUDA, cuBLAS): parameters fetched to the device in the compute "
+               "dtype (bf16; f16 with --fp16), gradients handed back as fp32 device pointers, TFLOPS in the "
+               "summary; an error without a usable GPU. Default: the CPU layers, GPU or not");
   app.add_option("--config", a.config, "a ds_config.json merged over the built-in config");
   app.add_option("--trace", a.trace, "write a Chrome trace (Perfetto) here");
   app.add_option("--save", a.save, "checkpoint folder");

@@ -59,6 +59,9 @@ void PrintSummary(const RunFigures& f, const strata_stats_t& s) {
               s.fetches ? 100.0 * static_cast<double>(s.prefetch_hits) / static_cast<double>(s.fetches) : 0.0,
               static_cast<unsigned long long>(s.fetch_stalls), s.fetch_stall_s);
   std::printf("  overlap           %.2f (busiest resource / wall time)\n", f.overlap_efficiency);
+  if (f.gpu)
+    std::printf("  GPU               %.3f TFLOPS end to end, %.3f TFLOPS in the kernels (model FLOPs)\n", f.tflops,
+                f.kernel_tflops);
   std::printf("  loss              %.4f -> %.4f\n", f.first_loss, f.last_loss);
 }
 

@@ -27,6 +27,8 @@ struct RunFigures {
   uint64_t params = 0, state_bytes = 0;
   double first_loss = 0, last_loss = 0, tokens_per_s = 0, overlap_efficiency = 0, wall_s = 0;
   int64_t steps = 0;
+  bool gpu = false;                      // the layers ran on the GPU
+  double tflops = 0, kernel_tflops = 0;  // model FLOPs per second: end to end, and in the kernels
 };
 
 void PrintSummary(const RunFigures& f, const strata_stats_t& s);
