@@ -1,8 +1,9 @@
 // The optimizer step as a pipeline over shards, each shard's W, M, V, G in a
 // staging slot while it is read, updated and written back. strata.step_io
 // picks the disk's schedule (config.h):
-//   alternate:  update i | write i-1 ; read i+1 ; write i | update i+1 ...
-//               the disk never reads and writes at once (two slots suffice);
+//   alternate:  in batches of half the slots (b): update batch k beside the
+//               writes of batch k-1; read batch k+1; write batch k; ... the
+//               disk never reads and writes at once;
 //   concurrent: while shard i is updated, shard i+1 is read and shard i-1
 //               written (three slots or more; reads run up to K-2 ahead).
 // States the CPU addresses in place (host-homed, or the device tier's host
@@ -78,21 +79,8 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       else keep(m.status());
     }
   };
-  const bool alternate = config_.strata.step_io == "alternate";
-
-  if (n > 0) start_loads(0);
-  for (int i = 0; i < n && first_error.ok(); ++i) {
-    Job& j = jobs[static_cast<size_t>(i)];
-    if (!alternate) {
-      // Slot reuse: with K slots, job i+1 takes the slot of job i+1-K, once its
-      // writes finish; reads run up to K-2 shards ahead of the update.
-      const int k = std::max(opt_staging_.count(), 3);
-      if (i + 2 - k >= 0) finish_stores(jobs[static_cast<size_t>(i + 2 - k)]);
-      for (int a = i + 1; a <= std::min(i + k - 2, n - 1); ++a)
-        if (jobs[static_cast<size_t>(a)].group < 0) start_loads(a);
-    }
-    finish_loads(j);  // alternate: already done, before shard i-1's writes began
-    if (!first_error.ok()) break;
+  // The CPU update of one job whose states are in place; false on error.
+  auto update = [&](Job& j) {
     GroupState& gs = groups_[static_cast<size_t>(j.group)];
     const uint64_t len = part_.group(j.group).shard_numel;
     if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * 4);
@@ -123,31 +111,67 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     stats_->End(Resource::kCpuOptimizer);
     stats_->Span(Resource::kCpuOptimizer, "update", t0, stats_->Now(), len);
     keep(st);
-    if (!first_error.ok()) break;
-    if (!alternate) {
+    return first_error.ok();
+  };
+
+  if (config_.strata.step_io == "concurrent") {
+    if (n > 0) start_loads(0);
+    for (int i = 0; i < n && first_error.ok(); ++i) {
+      // Slot reuse: with K slots, job i+1 takes the slot of job i+1-K, once its
+      // writes finish; reads run up to K-2 shards ahead of the update.
+      const int k = std::max(opt_staging_.count(), 3);
+      if (i + 2 - k >= 0) finish_stores(jobs[static_cast<size_t>(i + 2 - k)]);
+      for (int a = i + 1; a <= std::min(i + k - 2, n - 1); ++a)
+        if (jobs[static_cast<size_t>(a)].group < 0) start_loads(a);
+      Job& j = jobs[static_cast<size_t>(i)];
+      finish_loads(j);
+      if (!first_error.ok() || !update(j)) break;
       start_stores(j, nullptr);
-      continue;
     }
-    // The update above ran beside shard i-1's writes; now the disk reads
-    // shard i+1 alone, then writes shard i alone (beside update i+1). During
-    // the read the CPU checksums shard i's blocks and verifies each of shard
-    // i+1's as it lands; the last one it verifies beside the writes, so the
-    // disk never waits for a hash.
-    if (i > 0) finish_stores(jobs[static_cast<size_t>(i - 1)]);
-    Job* next = i + 1 < n ? &jobs[static_cast<size_t>(i + 1)] : nullptr;
-    if (next) start_loads(i + 1);
-    uint64_t sums[kNumStates] = {};
-    for (int s : kStored) {
-      const StateBlock& b = gs.blocks[static_cast<size_t>(s)];
-      if (b.alloc.charged != 0 && !io_->Direct(b)) sums[s] = io_->StoreChecksum(b, j.ptr[s]);
+  } else {
+    // Alternate, in batches of half the slots: the updates of batch k run
+    // beside batch k-1's writes; then the disk reads batch k+1 alone (into
+    // batch k-1's slots), then writes batch k alone. During the read the CPU
+    // checksums batch k's blocks and verifies each of batch k+1's as it lands;
+    // the last one it verifies beside the writes, so the disk never waits for
+    // a hash.
+    const int batch = std::max(opt_staging_.count() / 2, 1);
+    auto load_batch = [&](int first) {  // starts the loads; returns the end
+      const int end = std::min(first + batch, n);
+      for (int a = first; a < end; ++a) start_loads(a);
+      return end;
+    };
+    int prev = 0, cur = 0, cur_end = n > 0 ? load_batch(0) : 0;
+    for (int a = cur; a < cur_end; ++a) finish_loads(jobs[static_cast<size_t>(a)]);
+    while (cur < cur_end && first_error.ok()) {
+      for (int i = cur; i < cur_end && first_error.ok(); ++i) update(jobs[static_cast<size_t>(i)]);
+      if (!first_error.ok()) break;
+      for (int a = prev; a < cur; ++a) finish_stores(jobs[static_cast<size_t>(a)]);
+      const int next = cur_end, next_end = next < n ? load_batch(next) : next;
+      std::vector<uint64_t> sums(static_cast<size_t>(cur_end - cur) * kNumStates, 0);
+      for (int i = cur; i < cur_end; ++i) {
+        const Job& j = jobs[static_cast<size_t>(i)];
+        const GroupState& gs = groups_[static_cast<size_t>(j.group)];
+        for (int s : kStored) {
+          const StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+          if (b.alloc.charged != 0 && !io_->Direct(b))
+            sums[static_cast<size_t>(i - cur) * kNumStates + static_cast<size_t>(s)] = io_->StoreChecksum(b, j.ptr[s]);
+        }
+      }
+      BlockMove* last = nullptr;  // the batch's last load: verified beside the writes
+      for (int a = next; a < next_end; ++a)
+        for (auto& m : jobs[static_cast<size_t>(a)].loads) {
+          if (last) keep(io_->Finish(*last));
+          last = &m;
+        }
+      if (last) io_->WaitIo(*last);
+      for (int i = cur; i < cur_end; ++i)
+        start_stores(jobs[static_cast<size_t>(i)], &sums[static_cast<size_t>(i - cur) * kNumStates]);
+      for (int a = next; a < next_end; ++a) finish_loads(jobs[static_cast<size_t>(a)]);
+      prev = cur;
+      cur = next;
+      cur_end = next_end;
     }
-    if (next && !next->loads.empty()) {
-      for (size_t q = 0; q + 1 < next->loads.size(); ++q) keep(io_->Finish(next->loads[q]));
-      io_->WaitIo(next->loads.back());
-    }
-    start_stores(j, sums);
-    if (next) finish_loads(*next);
-    if (!first_error.ok()) break;
   }
   // Drain: every load and store in flight finishes before the slots return.
   for (auto& j : jobs) {
