@@ -115,9 +115,10 @@ class StepSim {
   double PHomeNumel(int g) const { return cfg_.zero.stage >= 3 ? Shard(g) : Numel(g); }
   double CopyBytes(int g) const { return Numel(g) * dp_; }  // a gathered group on the device
 
-  // The step's reads and writes overlap (read ahead, write behind); so do
-  // prefetch reads and gradient writes in backward.
-  double DiskFactor() const { return c_.nvme_mixed_factor; }
+  // Prefetch reads and gradient writes in backward overlap, and so do the
+  // step's reads and writes with strata.step_io "concurrent": they run at the
+  // calibrated mixed rate. "alternate" (the default) never mixes in the step.
+  double DiskFactor() const { return step_unmixed_ ? 1.0 : c_.nvme_mixed_factor; }
   double DiskRead(double t, double bytes) {
     r_.disk_read_bytes += static_cast<uint64_t>(bytes);
     return R(SimResource::kDisk).Book(t, DiskFactor() * bytes / c_.RankNvmeRead());
@@ -327,6 +328,10 @@ class StepSim {
       for (int g : order) t = R(SimResource::kGpu).Book(t, OptNumel(g) * (28 + 2 * dp_) / c_.device_mem_Bps);
       return t;
     }
+    struct Unmixed {  // for the length of this step
+      bool& flag;
+      ~Unmixed() { flag = false; }
+    } unmixed{step_unmixed_ = cfg_.strata.step_io == "alternate"};
     const int k = static_cast<int>(std::clamp<uint64_t>(cfg_.zero.offload_optimizer.buffer_count, 3, 16));
     std::vector<double> loads(static_cast<size_t>(n), -1), stores(static_cast<size_t>(n), 0);
     const int nopt = adam_ ? 3 : 2;
@@ -368,7 +373,7 @@ class StepSim {
   const Homes h_;
   int n_ = 0;
   double world_ = 1, dp_ = 2, cks_ = kInf, room_ = 0, used_ = 0;
-  bool adam_ = true, fetched_ = false;
+  bool adam_ = true, fetched_ = false, step_unmixed_ = false;
   Timeline res_[kNumSimResources];
   PrefetchSchedule sched_;
   std::vector<CopyState> state_;
