@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -203,17 +204,28 @@ class Supervisor {
     }
   }
 
+  // Ranks found failed in one pass died within one poll of each other. The
+  // cause is most likely one killed by a signal: the others usually exit with
+  // an error because a peer closed its connections (and rank order says
+  // nothing about who went first).
   void Reap() {
+    std::vector<std::pair<int, int>> failed;  // rank, wait status
     for (auto& r : ranks_) {
       int status = 0;
       if (!r.running || waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
       r.running = false;
-      bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (failed && !stop_at_) {
-        Say("rank " + std::to_string(r.rank) + " " + Describe(status) + "; stopping the other ranks");
-        Stop(ExitCodeOf(status));
-      }
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) failed.push_back({r.rank, status});
     }
+    if (failed.empty() || stop_at_) return;
+    auto cause = std::find_if(failed.begin(), failed.end(), [](const auto& f) { return WIFSIGNALED(f.second); });
+    if (cause == failed.end()) cause = failed.begin();
+    std::string also;
+    for (const auto& f : failed)
+      if (&f != &*cause) also += (also.empty() ? " (at the same time rank " : ", rank ") + std::to_string(f.first) +
+                                 " " + Describe(f.second);
+    if (!also.empty()) also += ")";
+    Say("rank " + std::to_string(cause->first) + " " + Describe(cause->second) + also + "; stopping the other ranks");
+    Stop(ExitCodeOf(cause->second));
   }
 
   void Stop(int code) {
