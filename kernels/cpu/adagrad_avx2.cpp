@@ -1,4 +1,5 @@
 // AVX2 + FMA path of Adagrad, bitwise equal to adagrad_scalar.cpp.
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/tail_buffers.h"
@@ -32,7 +33,13 @@ struct AdagradAvx2 {
                   size_t end) {
     const AdagradConstsx8 k(s);
     size_t i = begin;
-    for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, a, i);
+    const AdagradArrays local = a;  // the compiler cannot prove the stores leave `a` unchanged
+    for (; i + 2 * kAvx2Lanes <= end; i += 2 * kAvx2Lanes) {  // 16 floats: one line of each stream
+      PrefetchStreams(i + kPrefetchAhead, local.grad, DTypeSize(G), local.param, local.state_sum);
+      Block(k, local, i);
+      Block(k, local, i + kAvx2Lanes);
+    }
+    for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, local, i);
     if (i == end) return;
     static constexpr float* AdagradArrays::*kStates[] = {&AdagradArrays::param, &AdagradArrays::state_sum};
     RunTail<kAvx2Lanes>(a, kStates, DTypeSize(G), C != CopyOut::kNone ? 2 : 0, i, end - i,

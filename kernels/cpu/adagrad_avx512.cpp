@@ -1,4 +1,5 @@
 // AVX-512 path of Adagrad, bitwise equal to adagrad_scalar.cpp.
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/cpu/tail_buffers.h"
@@ -32,7 +33,11 @@ struct AdagradAvx512 {
                   size_t end) {
     const AdagradConstsx16 k(s);
     size_t i = begin;
-    for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) Block(k, a, i);
+    const AdagradArrays local = a;  // the compiler cannot prove the stores leave `a` unchanged
+    for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) {
+      PrefetchStreams(i + kPrefetchAhead, local.grad, DTypeSize(G), local.param, local.state_sum);
+      Block(k, local, i);
+    }
     if (i == end) return;
     static constexpr float* AdagradArrays::*kStates[] = {&AdagradArrays::param, &AdagradArrays::state_sum};
     RunTail<kAvx512Lanes>(a, kStates, DTypeSize(G), C != CopyOut::kNone ? 2 : 0, i, end - i,

@@ -1,5 +1,6 @@
 // AVX2 + FMA path of Adam/AdamW: 8 lanes, the scalar reference's operations in
 // the same order with the same FMAs, so results are bitwise equal.
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/tail_buffers.h"
@@ -30,21 +31,8 @@ inline __m256 DivideBySqrtBc2(const AdamConstsx8& k, __m256 x) {
   return _mm256_blendv_ps(q1, q0, _mm256_cmp_ps(x, inf, _CMP_EQ_OQ));
 }
 
-inline constexpr size_t kPrefetchAhead = 512;  // elements: 2 KiB of each f32 stream
-
 template <DType G, CopyOut C, bool kL2>
 struct AdamAvx2 {
-  // One 64-byte line of each stream, kPrefetchAhead elements ahead: eight
-  // streams are more than the hardware prefetchers keep ahead of on their own.
-  // always_inline: as a function of its own GCC 12 finds it free of side effects
-  // (pure-const) and deletes the call, prefetches and all.
-  [[gnu::always_inline]] static void Prefetch(const AdamArrays& a, size_t i) {
-    _mm_prefetch(reinterpret_cast<const char*>(a.param + i), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg + i), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_sq + i), _MM_HINT_T0);
-    _mm_prefetch(static_cast<const char*>(a.grad) + i * DTypeSize(G), _MM_HINT_T0);
-  }
-
   static void Block(const AdamConstsx8& k, const AdamArrays& a, size_t i) {
     StoreCopyx8<C>(a.param_copy, i, Update(k, a, i));
   }
@@ -74,7 +62,7 @@ struct AdamAvx2 {
     // arrays leave `a` unchanged, and would reload every pointer per block.
     const AdamArrays local = a;
     for (; i + 2 * kAvx2Lanes <= end; i += 2 * kAvx2Lanes) {
-      Prefetch(local, i + kPrefetchAhead);
+      PrefetchStreams(i + kPrefetchAhead, local.grad, DTypeSize(G), local.param, local.exp_avg, local.exp_avg_sq);
       const __m256 p0 = Update(k, local, i);
       const __m256 p1 = Update(k, local, i + kAvx2Lanes);
       StoreCopyx16<C>(local.param_copy, i, p0, p1);

@@ -1,5 +1,6 @@
 // AVX-512 path of Adam/AdamW: 16 lanes, the scalar reference's operations in
 // the same order with the same FMAs, so results are bitwise equal.
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/cpu/tail_buffers.h"
@@ -30,21 +31,8 @@ inline __m512 DivideBySqrtBc2(const AdamConstsx16& k, __m512 x) {
   return _mm512_mask_mov_ps(q1, inf, q0);
 }
 
-inline constexpr size_t kPrefetchAhead = 512;  // elements: 2 KiB of each f32 stream
-
 template <DType G, CopyOut C, bool kL2, bool kBf16Insn>
 struct AdamAvx512 {
-  // One 64-byte line of each stream, kPrefetchAhead elements ahead: eight
-  // streams are more than the hardware prefetchers keep ahead of on their own.
-  // always_inline: as a function of its own GCC 12 finds it free of side effects
-  // (pure-const) and deletes the call, prefetches and all.
-  [[gnu::always_inline]] static void Prefetch(const AdamArrays& a, size_t i) {
-    _mm_prefetch(reinterpret_cast<const char*>(a.param + i), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg + i), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.exp_avg_sq + i), _MM_HINT_T0);
-    _mm_prefetch(static_cast<const char*>(a.grad) + i * DTypeSize(G), _MM_HINT_T0);
-  }
-
   static void Block(const AdamConstsx16& k, const AdamArrays& a, size_t i) {
     __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, i), k.grad_scale);
     __m512 p = _mm512_loadu_ps(a.param + i);
@@ -69,7 +57,7 @@ struct AdamAvx512 {
     // arrays leave `a` unchanged, and would reload every pointer per block.
     const AdamArrays local = a;
     for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) {
-      Prefetch(local, i + kPrefetchAhead);
+      PrefetchStreams(i + kPrefetchAhead, local.grad, DTypeSize(G), local.param, local.exp_avg, local.exp_avg_sq);
       Block(k, local, i);
     }
     if (i == end) return;

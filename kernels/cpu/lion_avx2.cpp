@@ -1,4 +1,5 @@
 // AVX2 + FMA path of Lion, bitwise equal to lion_scalar.cpp.
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/tail_buffers.h"
@@ -40,7 +41,13 @@ struct LionAvx2 {
   static void Run(const LionStepScalars& s, const LionArrays& a, size_t begin, size_t end) {
     const LionConstsx8 k(s);
     size_t i = begin;
-    for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, a, i);
+    const LionArrays local = a;  // the compiler cannot prove the stores leave `a` unchanged
+    for (; i + 2 * kAvx2Lanes <= end; i += 2 * kAvx2Lanes) {  // 16 floats: one line of each stream
+      PrefetchStreams(i + kPrefetchAhead, local.grad, DTypeSize(G), local.param, local.exp_avg);
+      Block(k, local, i);
+      Block(k, local, i + kAvx2Lanes);
+    }
+    for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) Block(k, local, i);
     if (i == end) return;
     static constexpr float* LionArrays::*kStates[] = {&LionArrays::param, &LionArrays::exp_avg};
     RunTail<kAvx2Lanes>(a, kStates, DTypeSize(G), C != CopyOut::kNone ? 2 : 0, i, end - i,

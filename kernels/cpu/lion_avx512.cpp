@@ -1,4 +1,5 @@
 // AVX-512 path of Lion, bitwise equal to lion_scalar.cpp.
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/cpu/tail_buffers.h"
@@ -40,7 +41,11 @@ struct LionAvx512 {
   static void Run(const LionStepScalars& s, const LionArrays& a, size_t begin, size_t end) {
     const LionConstsx16 k(s);
     size_t i = begin;
-    for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) Block(k, a, i);
+    const LionArrays local = a;  // the compiler cannot prove the stores leave `a` unchanged
+    for (; i + kAvx512Lanes <= end; i += kAvx512Lanes) {
+      PrefetchStreams(i + kPrefetchAhead, local.grad, DTypeSize(G), local.param, local.exp_avg);
+      Block(k, local, i);
+    }
     if (i == end) return;
     static constexpr float* LionArrays::*kStates[] = {&LionArrays::param, &LionArrays::exp_avg};
     RunTail<kAvx512Lanes>(a, kStates, DTypeSize(G), C != CopyOut::kNone ? 2 : 0, i, end - i,
