@@ -2,6 +2,7 @@
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/tail_buffers.h"
+#include "kernels/cpu/variant_select.h"
 
 namespace strata::kernels::internal {
 namespace {
@@ -18,25 +19,12 @@ void CastAvx2(const void* src, void* dst, size_t begin, size_t end) {
   t.Give(dst, t.out, i, end - i, DTypeSize(D));
 }
 
-template <DType S>
-CastRangeFn PickDst(DType dst) {
-  switch (dst) {
-    case DType::kBF16: return &CastAvx2<S, DType::kBF16>;
-    case DType::kF16: return &CastAvx2<S, DType::kF16>;
-    case DType::kF32: break;
-  }
-  return &CastAvx2<S, DType::kF32>;
-}
-
 }  // namespace
 
 CastRangeFn SelectCastAvx2(DType src, DType dst) {
-  switch (src) {
-    case DType::kBF16: return PickDst<DType::kBF16>(dst);
-    case DType::kF16: return PickDst<DType::kF16>(dst);
-    case DType::kF32: break;
-  }
-  return PickDst<DType::kF32>(dst);
+  return WithDType(src, [&](auto s) {
+    return WithDType(dst, [](auto d) -> CastRangeFn { return &CastAvx2<decltype(s)::value, decltype(d)::value>; });
+  });
 }
 
 }  // namespace strata::kernels::internal

@@ -2,6 +2,7 @@
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/cpu/tail_buffers.h"
+#include "kernels/cpu/variant_select.h"
 
 namespace strata::kernels::internal {
 namespace {
@@ -18,26 +19,17 @@ void CastAvx512(const void* src, void* dst, size_t begin, size_t end) {
   t.Give(dst, t.out, i, end - i, DTypeSize(D));
 }
 
-template <DType S>
-CastRangeFn PickDst(DType dst, bool bf16_insn) {
-  switch (dst) {
-    case DType::kBF16:
-      return bf16_insn ? &CastAvx512<S, DType::kBF16, true> : &CastAvx512<S, DType::kBF16, false>;
-    case DType::kF16: return &CastAvx512<S, DType::kF16, false>;
-    case DType::kF32: break;
-  }
-  return &CastAvx512<S, DType::kF32, false>;
-}
-
 }  // namespace
 
 CastRangeFn SelectCastAvx512(DType src, DType dst, bool bf16_insn) {
-  switch (src) {
-    case DType::kBF16: return PickDst<DType::kBF16>(dst, bf16_insn);
-    case DType::kF16: return PickDst<DType::kF16>(dst, bf16_insn);
-    case DType::kF32: break;
-  }
-  return PickDst<DType::kF32>(dst, bf16_insn);
+  // The AVX512-BF16 instruction matters only for a bf16 destination.
+  const bool insn = bf16_insn && dst == DType::kBF16;
+  return WithDType(src, [&](auto s) {
+    return WithDType(dst, [&](auto d) -> CastRangeFn {
+      constexpr DType S = decltype(s)::value, D = decltype(d)::value;
+      return insn ? &CastAvx512<S, D, true> : &CastAvx512<S, D, false>;
+    });
+  });
 }
 
 }  // namespace strata::kernels::internal

@@ -4,6 +4,7 @@
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/tail_buffers.h"
+#include "kernels/cpu/variant_select.h"
 
 namespace strata::kernels::internal {
 namespace {
@@ -43,12 +44,7 @@ double SumSquaresAvx2(const void* x, size_t begin, size_t end) {
 }  // namespace
 
 SumSquaresRangeFn SelectSumSquaresAvx2(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return &SumSquaresAvx2<DType::kBF16>;
-    case DType::kF16: return &SumSquaresAvx2<DType::kF16>;
-    case DType::kF32: break;
-  }
-  return &SumSquaresAvx2<DType::kF32>;
+  return WithDType(dtype, [](auto d) -> SumSquaresRangeFn { return &SumSquaresAvx2<decltype(d)::value>; });
 }
 
 }  // namespace strata::kernels::internal

@@ -4,6 +4,7 @@
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/cpu/tail_buffers.h"
+#include "kernels/cpu/variant_select.h"
 
 namespace strata::kernels::internal {
 namespace {
@@ -40,12 +41,7 @@ double SumSquaresAvx512(const void* x, size_t begin, size_t end) {
 }  // namespace
 
 SumSquaresRangeFn SelectSumSquaresAvx512(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return &SumSquaresAvx512<DType::kBF16>;
-    case DType::kF16: return &SumSquaresAvx512<DType::kF16>;
-    case DType::kF32: break;
-  }
-  return &SumSquaresAvx512<DType::kF32>;
+  return WithDType(dtype, [](auto d) -> SumSquaresRangeFn { return &SumSquaresAvx512<decltype(d)::value>; });
 }
 
 }  // namespace strata::kernels::internal

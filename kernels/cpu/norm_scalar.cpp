@@ -2,6 +2,7 @@
 // a fixed tree, the order the SIMD paths reproduce.
 #include "kernels/cpu/range_kernels.h"
 #include "kernels/cpu/scalar_elements.h"
+#include "kernels/cpu/variant_select.h"
 
 namespace strata::kernels::internal {
 namespace {
@@ -21,12 +22,7 @@ double SumSquaresScalar(const void* x, size_t begin, size_t end) {
 }  // namespace
 
 SumSquaresRangeFn SelectSumSquaresScalar(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return &SumSquaresScalar<DType::kBF16>;
-    case DType::kF16: return &SumSquaresScalar<DType::kF16>;
-    case DType::kF32: break;
-  }
-  return &SumSquaresScalar<DType::kF32>;
+  return WithDType(dtype, [](auto d) -> SumSquaresRangeFn { return &SumSquaresScalar<decltype(d)::value>; });
 }
 
 }  // namespace strata::kernels::internal

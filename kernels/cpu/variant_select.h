@@ -1,7 +1,7 @@
-// Internal: maps a runtime variant (gradient dtype, copy-out, flag) to the
-// matching instantiation Kernel<G, C, F>::Run. Included by each path's file;
-// Kernel lives in that file's anonymous namespace, so every instantiation has
-// internal linkage and stays compiled with that file's ISA flags.
+// Internal: maps a runtime variant (dtype, copy-out, flag) to the matching
+// template instantiation. Included by each path's file; the kernels live in
+// that file's anonymous namespace, so every instantiation has internal
+// linkage and stays compiled with that file's ISA flags.
 #pragma once
 
 #include "kernels/cpu/range_kernels.h"
@@ -9,6 +9,24 @@
 namespace strata::kernels::internal {
 namespace {
 
+template <DType D>
+struct DTypeTag {
+  static constexpr DType value = D;
+};
+
+// The one switch over dtypes: f(DTypeTag<d>{}) for the runtime d, e.g.
+//   WithDType(d, [](auto t) { return &Kernel<decltype(t)::value>; })
+template <typename F>
+auto WithDType(DType d, F&& f) {
+  switch (d) {
+    case DType::kBF16: return f(DTypeTag<DType::kBF16>{});
+    case DType::kF16: return f(DTypeTag<DType::kF16>{});
+    case DType::kF32: break;
+  }
+  return f(DTypeTag<DType::kF32>{});
+}
+
+// Optimizers: Kernel<G, C, F>::Run for (gradient dtype, copy-out, flag).
 template <template <DType, CopyOut, bool> class Kernel, DType G, CopyOut C>
 auto PickFlag(bool flag) {
   return flag ? &Kernel<G, C, true>::Run : &Kernel<G, C, false>::Run;
@@ -26,12 +44,7 @@ auto PickCopy(CopyOut copy, bool flag) {
 
 template <template <DType, CopyOut, bool> class Kernel>
 auto PickVariant(DType grad, CopyOut copy, bool flag) {
-  switch (grad) {
-    case DType::kBF16: return PickCopy<Kernel, DType::kBF16>(copy, flag);
-    case DType::kF16: return PickCopy<Kernel, DType::kF16>(copy, flag);
-    case DType::kF32: break;
-  }
-  return PickCopy<Kernel, DType::kF32>(copy, flag);
+  return WithDType(grad, [&](auto g) { return PickCopy<Kernel, decltype(g)::value>(copy, flag); });
 }
 
 }  // namespace
