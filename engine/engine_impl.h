@@ -67,6 +67,9 @@ class Engine::Impl {
   // Loads group g's P into a device copy. REQUIRES: state was set to kLoading
   // by the caller, with alloc made.
   Status LoadDeviceCopy(int g);
+  // With g's device copy allocated and absent: loads it (the lock released
+  // meanwhile) and leaves it resident, or absent and freed on error.
+  Status LoadAllocated(int g, std::unique_lock<std::mutex>& lock);
   // Allocates device memory for g's copy, evicting farther-used copies.
   // Called with mu_ held (lock passed to allow waiting). `demand`: a fetch
   // waits; a prefetch gives up when only nearer-used copies could go.

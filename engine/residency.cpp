@@ -22,20 +22,7 @@ void Engine::Impl::StartPrefetcher() {
       DeviceCopy& d = groups_[static_cast<size_t>(g)].dev;
       if (d.state != DeviceCopy::kAbsent) continue;
       if (!AllocateDeviceCopy(g, lock, /*demand=*/false).ok()) continue;  // no room now: a fetch will load it
-      d.state = DeviceCopy::kLoading;
-      ++loads_in_flight_;
-      lock.unlock();
-      Status st = LoadDeviceCopy(g);
-      lock.lock();
-      --loads_in_flight_;
-      if (st.ok()) {
-        d.state = DeviceCopy::kResident;
-      } else {  // the fetch will load it again, in its own thread, and report the error
-        device_->Free(d.alloc);
-        d.alloc = {};
-        d.state = DeviceCopy::kAbsent;
-      }
-      cv_.notify_all();
+      LoadAllocated(g, lock).IgnoreError();  // a failure leaves it absent: the fetch loads again and reports
     }
   });
 }
@@ -66,6 +53,25 @@ void Engine::Impl::WaitPrefetchIdle() {
   std::unique_lock<std::mutex> lock(mu_);
   prefetch_queue_.clear();
   cv_.wait(lock, [&] { return loads_in_flight_ == 0; });
+}
+
+Status Engine::Impl::LoadAllocated(int g, std::unique_lock<std::mutex>& lock) {
+  DeviceCopy& d = groups_[static_cast<size_t>(g)].dev;
+  d.state = DeviceCopy::kLoading;
+  ++loads_in_flight_;
+  lock.unlock();
+  Status st = LoadDeviceCopy(g);
+  lock.lock();
+  --loads_in_flight_;
+  if (st.ok()) {
+    d.state = DeviceCopy::kResident;
+  } else {
+    device_->Free(d.alloc);
+    d.alloc = {};
+    d.state = DeviceCopy::kAbsent;
+  }
+  cv_.notify_all();
+  return st;
 }
 
 Status Engine::Impl::LoadDeviceCopy(int g) {
@@ -185,21 +191,7 @@ Result<void*> Engine::Impl::Fetch(int g) {
     stalled = true;
     STRATA_RETURN_IF_ERROR(AllocateDeviceCopy(g, lock, /*demand=*/true));
     if (d.state != DeviceCopy::kAbsent) continue;
-    d.state = DeviceCopy::kLoading;
-    ++loads_in_flight_;
-    lock.unlock();
-    Status st = LoadDeviceCopy(g);
-    lock.lock();
-    --loads_in_flight_;
-    if (!st.ok()) {
-      device_->Free(d.alloc);
-      d.alloc = {};
-      d.state = DeviceCopy::kAbsent;
-      cv_.notify_all();
-      return st.WithContext("fetch: group " + std::to_string(g));
-    }
-    d.state = DeviceCopy::kResident;
-    cv_.notify_all();
+    if (Status st = LoadAllocated(g, lock); !st.ok()) return st.WithContext("fetch: group " + std::to_string(g));
   }
   if (p_sharded_ && !d.gathered) {
     // The all-gather runs here, in the caller's thread, so that every rank
