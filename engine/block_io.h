@@ -58,7 +58,6 @@ class BlockIo {
   Status Load(const StateBlock& b, void* dst);
   Status Store(const StateBlock& b, const void* src);
 
-  DeviceTier* device() const { return device_; }
   uint64_t NvmePadded(uint64_t bytes) const { return nvme_ ? nvme_->PaddedSize(bytes) : bytes; }
 
  private:

@@ -33,7 +33,7 @@ Engine::Impl::~Impl() {
     if (g.dev.alloc.charged) device_->Free(g.dev.alloc);
     for (auto& b : g.blocks) io_->Free(b);
   }
-  if (stats_) stats_->WriteTrace().IgnoreError();
+  // The trace, if any, is written once by ~StatsRecorder.
 }
 
 // Ranks: a given communicator, or one made from the launcher's variables.

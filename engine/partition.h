@@ -35,7 +35,6 @@ class Partition {
   Result<uint64_t> Add(int group, const std::string& name, uint64_t numel);
   // Groups must be numbered 0..n-1 without gaps. Sets padding and shards.
   Status Finalize(int world_size);
-  bool finalized() const { return finalized_; }
 
   int num_groups() const { return static_cast<int>(groups_.size()); }
   const GroupLayout& group(int g) const { return groups_[static_cast<size_t>(g)]; }

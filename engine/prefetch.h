@@ -24,7 +24,6 @@ class PrefetchSchedule {
   std::vector<int> Ahead(uint64_t window, const std::function<uint64_t(int)>& bytes_of) const;
   // How many fetches from now `group` is next used; large when never.
   uint64_t NextUse(int group) const;
-  const std::vector<int>& trace() const { return trace_; }
 
  private:
   std::vector<int> trace_;    // the replayed step

@@ -16,7 +16,9 @@
 
 namespace strata {
 
-uint64_t DirectIoAlignment(int fd) {
+// The direct-I/O alignment of an open file: max(memory, offset) alignment
+// from statx, or 4096 when the kernel or file system doesn't say.
+static uint64_t DirectIoAlignment(int fd) {
   struct statx stx {};
   const long rc = syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx);
   if (rc == 0 && (stx.stx_mask & STATX_DIOALIGN) && stx.stx_dio_offset_align > 0) {

@@ -16,10 +16,6 @@ namespace strata {
 Status OpenDirectFile(const std::string& path, OpenMode mode, FileInfo* info,
                       bool try_direct = true);
 
-// The direct-I/O alignment of an open file: max(memory, offset) alignment
-// from statx, or 4096 when the kernel or file system doesn't say.
-uint64_t DirectIoAlignment(int fd);
-
 // Reserves [0, bytes) of `fd` on disk (fallocate), so that a full disk is
 // found now. Errors name the path, the bytes wanted and the bytes free.
 Status ReserveFileSpace(int fd, const std::string& path, uint64_t bytes);

@@ -44,7 +44,6 @@ class IoBatch {
   void Fail(Status s);
   // One part finished (successfully or not).
   void PartDone();
-  bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
   Status Wait();
 
  protected:

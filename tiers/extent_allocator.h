@@ -17,8 +17,6 @@ class ExtentAllocator {
   void Free(uint64_t offset, uint64_t len);
   uint64_t free_bytes() const { return free_bytes_; }
   uint64_t largest_free() const;
-  uint64_t capacity() const { return capacity_; }
-  uint64_t align() const { return align_; }
 
  private:
   uint64_t capacity_, align_, free_bytes_;

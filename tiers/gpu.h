@@ -14,7 +14,6 @@ namespace strata::gpu {
 // version is insufficient", no device), with the reason in `why`.
 int DeviceCount(std::string* why = nullptr);
 bool Available();
-bool CompiledWithCuda();
 // Total memory of GPU `device` in bytes, 0 when unknown.
 uint64_t DeviceMemoryBytes(int device);
 

@@ -37,7 +37,6 @@ int DeviceCount(std::string* why) {
   return count;
 }
 bool Available() { return DeviceCount() > 0; }
-bool CompiledWithCuda() { return true; }
 uint64_t DeviceMemoryBytes(int device) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return 0;

@@ -10,7 +10,6 @@ int DeviceCount(std::string* why) {
   return 0;
 }
 bool Available() { return false; }
-bool CompiledWithCuda() { return false; }
 uint64_t DeviceMemoryBytes(int) { return 0; }
 Result<void*> Malloc(uint64_t) { return NoCuda(); }
 Status Free(void*) { return NoCuda(); }

@@ -77,7 +77,6 @@ void HostTier::Lock(void* p, uint64_t len, Mapping* m) {
     m->locked = true;
     return;
   }
-  pinned_ok_ = false;
   WarnOnce("host-mlock", "host tier: cannot lock " + FormatBytes(len) + " in memory (" +
                              std::strerror(errno) +
                              "; raise RLIMIT_MEMLOCK, e.g. ulimit -l unlimited); continuing unlocked");

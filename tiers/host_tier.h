@@ -30,8 +30,6 @@ class HostTier final : public Tier {
   Result<Allocation> Allocate(uint64_t bytes) override;
   void Free(const Allocation& a) override;
 
-  int numa_node() const { return node_; }  // -1 when unbound
-  bool pinned() const { return pinned_ok_; }
 
  private:
   struct Mapping { uint64_t len; bool locked; bool cuda_registered; };
@@ -41,7 +39,6 @@ class HostTier final : public Tier {
   HostTierOptions options_;
   int node_ = -1;
   void* topology_ = nullptr;  // hwloc_topology_t
-  bool pinned_ok_ = true;
   std::mutex mu_;  // guards maps_
   std::map<void*, Mapping> maps_;
 };
