@@ -111,7 +111,7 @@ void UringRing::Prep(IoChunk* c) {
   STRATA_CHECK_MSG(sqe != nullptr, "io ring full beyond its queue depth");
   const IoOp& op = c->op;
   const int fd = fixed_files_ ? op.file : c->fd;
-  const int buf_index = fixed_buffers_ ? owner_->FixedBufferIndex(op.buf, op.len) : -1;
+  const int buf_index = fixed_buffers_ ? c->buf_index : -1;
   const auto len = static_cast<unsigned>(op.len);
   if (op.kind == IoOp::kRead) {
     if (buf_index >= 0) io_uring_prep_read_fixed(sqe, fd, op.buf, len, op.offset, buf_index);
@@ -164,8 +164,10 @@ void UringRing::Complete(IoChunk* c, int res) {
 
 void UringRing::Loop() {
   ArmWake();
+  std::vector<IoChunk*> batch;
+  batch.reserve(queue_depth_);
   for (;;) {
-    std::vector<IoChunk*> batch;
+    batch.clear();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_ && pending_.empty() && in_flight_ == 0) break;

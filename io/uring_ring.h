@@ -21,6 +21,7 @@ struct IoChunk {
   IoOp op;
   int fd = -1;
   uint64_t align = 1;
+  int buf_index = -1;  // registered buffer holding op.buf (and any short continuation), or -1
   uint64_t seq = 0;  // number of the SQE last submitted for it
   int retries = 0;
 };

@@ -137,15 +137,18 @@ IoTicket UringStorage::Submit(std::span<const IoOp> ops) {
     t->PartDone();
     return t;
   }
-  // One allocation for the batch and all its chunks; it keeps itself alive
+  // The batch owns all its chunks; it keeps itself alive
   // until its last chunk completes, whether or not the caller keeps the ticket.
   auto ticket = std::make_shared<UringBatch>(parts);
   ticket->chunks.resize(static_cast<size_t>(parts));
   ticket->self = ticket;
   size_t next = 0;
   std::vector<std::vector<IoChunk*>> per_ring(rings_.size());
+  uint64_t ring = next_ring_.fetch_add(static_cast<uint64_t>(parts));  // chunks go round the rings
   for (const IoOp& op : ops) {
     const FileInfo& f = Info(op.file);
+    // Once per op, not per chunk: every chunk lies in the op's buffer.
+    const int buf_index = fixed_buffers_ok_ ? FixedBufferIndex(op.buf, op.len) : -1;
     for (uint64_t done = 0; done < op.len; done += options_.block_size) {
       IoChunk* c = &ticket->chunks[next++];
       c->batch = ticket.get();
@@ -155,7 +158,8 @@ IoTicket UringStorage::Submit(std::span<const IoOp> ops) {
       c->op.len = std::min<uint64_t>(options_.block_size, op.len - done);
       c->fd = f.fd;
       c->align = f.direct ? f.align : 1;
-      per_ring[next_ring_.fetch_add(1) % rings_.size()].push_back(c);
+      c->buf_index = buf_index;
+      per_ring[ring++ % rings_.size()].push_back(c);
     }
   }
   for (size_t i = 0; i < rings_.size(); ++i)
