@@ -9,6 +9,7 @@
 // States the CPU addresses in place (host-homed, or the device tier's host
 // arena) are not moved at all.
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "engine/engine_impl.h"
@@ -20,11 +21,22 @@ namespace strata {
 
 namespace {
 
+// Moves in flight for one job: at most one per state, no allocation.
+struct Moves {
+  std::array<BlockMove, kNumStates> m;
+  int n = 0;
+  BlockMove* begin() { return m.data(); }
+  BlockMove* end() { return m.data() + n; }
+  void Add(BlockMove x) { m[static_cast<size_t>(n++)] = std::move(x); }
+};
+
 struct Job {
   int group = -1;
   void* slot = nullptr;
   float* ptr[kNumStates] = {};  // where each state is during the update
-  std::vector<BlockMove> loads, stores;
+  Moves loads, stores;
+  bool summed = false;               // sum holds the stored blocks' checksums (alternate)
+  uint64_t sum[kNumStates] = {};
 };
 
 }  // namespace
@@ -42,7 +54,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
 
   auto finish_stores = [&](Job& j) {
     for (auto& m : j.stores) keep(io_->Finish(m));
-    j.stores.clear();
+    j.stores.n = 0;
     if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }
   };
   auto start_loads = [&](int i) {
@@ -58,26 +70,33 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + opt_slot_offsets_[s]);
       if (s == int(StateKind::kP) || (s == int(StateKind::kG) && !has_grads)) continue;  // written, not read
       auto m = io_->StartLoad(b, j.ptr[s]);
-      if (m.ok()) j.loads.push_back(std::move(m).value());
+      if (m.ok()) j.loads.Add(std::move(m).value());
       else keep(m.status());
     }
   };
 
   auto finish_loads = [&](Job& j) {
     for (auto& m : j.loads) keep(io_->Finish(m));
-    j.loads.clear();
+    j.loads.n = 0;
   };
-  static constexpr int kStored[] = {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)};
-  // sums: the blocks' checksums computed ahead (alternate), or null.
-  auto start_stores = [&](Job& j, const uint64_t* sums) {
+  // f(s, block) for each state of j that goes back home after the update.
+  auto for_each_stored = [&](Job& j, auto&& f) {
     GroupState& gs = groups_[static_cast<size_t>(j.group)];
-    for (int s : kStored) {
+    for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
       StateBlock& b = gs.blocks[static_cast<size_t>(s)];
-      if (b.alloc.charged == 0 || io_->Direct(b)) continue;
-      auto m = io_->StartStore(b, j.ptr[s], sums ? &sums[s] : nullptr);
-      if (m.ok()) j.stores.push_back(std::move(m).value());
-      else keep(m.status());
+      if (b.alloc.charged != 0 && !io_->Direct(b)) f(s, b);
     }
+  };
+  auto checksum_stores = [&](Job& j) {
+    for_each_stored(j, [&](int s, StateBlock& b) { j.sum[s] = io_->StoreChecksum(b, j.ptr[s]); });
+    j.summed = true;
+  };
+  auto start_stores = [&](Job& j) {
+    for_each_stored(j, [&](int s, StateBlock& b) {
+      auto m = io_->StartStore(b, j.ptr[s], j.summed ? &j.sum[s] : nullptr);
+      if (m.ok()) j.stores.Add(std::move(m).value());
+      else keep(m.status());
+    });
   };
   // The CPU update of one job whose states are in place; false on error.
   auto update = [&](Job& j) {
@@ -126,7 +145,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       Job& j = jobs[static_cast<size_t>(i)];
       finish_loads(j);
       if (!first_error.ok() || !update(j)) break;
-      start_stores(j, nullptr);
+      start_stores(j);
     }
   } else {
     // Alternate, in batches of half the slots: the updates of batch k run
@@ -148,16 +167,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       if (!first_error.ok()) break;
       for (int a = prev; a < cur; ++a) finish_stores(jobs[static_cast<size_t>(a)]);
       const int next = cur_end, next_end = next < n ? load_batch(next) : next;
-      std::vector<uint64_t> sums(static_cast<size_t>(cur_end - cur) * kNumStates, 0);
-      for (int i = cur; i < cur_end; ++i) {
-        const Job& j = jobs[static_cast<size_t>(i)];
-        const GroupState& gs = groups_[static_cast<size_t>(j.group)];
-        for (int s : kStored) {
-          const StateBlock& b = gs.blocks[static_cast<size_t>(s)];
-          if (b.alloc.charged != 0 && !io_->Direct(b))
-            sums[static_cast<size_t>(i - cur) * kNumStates + static_cast<size_t>(s)] = io_->StoreChecksum(b, j.ptr[s]);
-        }
-      }
+      for (int i = cur; i < cur_end; ++i) checksum_stores(jobs[static_cast<size_t>(i)]);
       BlockMove* last = nullptr;  // the batch's last load: verified beside the writes
       for (int a = next; a < next_end; ++a)
         for (auto& m : jobs[static_cast<size_t>(a)].loads) {
@@ -165,8 +175,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
           last = &m;
         }
       if (last) io_->WaitIo(*last);
-      for (int i = cur; i < cur_end; ++i)
-        start_stores(jobs[static_cast<size_t>(i)], &sums[static_cast<size_t>(i - cur) * kNumStates]);
+      for (int i = cur; i < cur_end; ++i) start_stores(jobs[static_cast<size_t>(i)]);
       for (int a = next; a < next_end; ++a) finish_loads(jobs[static_cast<size_t>(a)]);
       prev = cur;
       cur = next;
