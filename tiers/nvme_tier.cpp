@@ -23,12 +23,20 @@ NvmeTier::NvmeTier(const NvmeTierOptions& options)
 
 NvmeTier::~NvmeTier() {
   // Swap is scratch: nothing in it outlives the tier (checkpoints do that).
-  for (FileId f : files_) options_.storage->Close(f).IgnoreError();
-  for (const auto& p : paths_) ::unlink(p.c_str());
-  for (auto& [gen, old] : old_) {
-    for (FileId f : old.files) options_.storage->Close(f).IgnoreError();
-    for (const auto& p : old.paths) ::unlink(p.c_str());
-  }
+  CloseAndRemove(files_, paths_);
+  for (auto& [gen, old] : old_) CloseAndRemove(old.files, old.paths);
+}
+
+void NvmeTier::CloseAndRemove(const std::vector<FileId>& files, const std::vector<std::string>& paths) {
+  for (FileId f : files) options_.storage->Close(f).IgnoreError();
+  for (const auto& p : paths) ::unlink(p.c_str());
+}
+
+std::string NvmeTier::FilesOf(uint32_t gen) const {
+  const std::vector<std::string>& paths = gen == gen_ ? paths_ : old_.at(gen).paths;
+  std::string files = paths[0];
+  for (size_t j = 1; j < paths.size(); ++j) files += ", " + paths[j];
+  return files;
 }
 
 static Status CheckDir(const std::string& dir) {
@@ -79,8 +87,7 @@ static Status InUse(const std::string& path) {
 // On error, what it opened is closed and removed.
 Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::vector<std::string>* paths) {
   auto undo = [&](Status st) {
-    for (FileId f : *files) options_.storage->Close(f).IgnoreError();
-    for (const auto& p : *paths) ::unlink(p.c_str());
+    CloseAndRemove(*files, *paths);
     files->clear();
     paths->clear();
     return st;
@@ -151,14 +158,8 @@ void NvmeTier::Free(const Allocation& a) {
     STRATA_CHECK_MSG(it != blocks_.end(), "nvme tier: freeing an unknown block");
     const Block b = it->second;
     blocks_.erase(it);
-    if (b.gen == gen_) {
-      extents_->Free(b.offset, b.per_file);
-    } else {
-      OldFiles& o = old_.at(b.gen);
-      o.extents->Free(b.offset, b.per_file);
-      --o.live;
-      RetireIfEmpty(b.gen);
-    }
+    if (b.gen == gen_) extents_->Free(b.offset, b.per_file);
+    else ReleaseOld(b);
   }
   Uncharge(a.charged);
 }
@@ -181,6 +182,7 @@ Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src, c
   if (!IsAligned(src, align_))
     return InvalidError("nvme tier: write buffer not aligned to " + std::to_string(align_) + " bytes");
   Block b;
+  std::vector<IoOp> ops;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(a.id);
@@ -191,24 +193,22 @@ Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src, c
       if (off == UINT64_MAX)
         return NoSpaceError("nvme tier: no free extent of " + FormatBytes(blk.per_file) + " in " + paths_[0] +
                             " to move a block out of a snapshotted swap file");
-      OldFiles& o = old_.at(blk.gen);
-      o.extents->Free(blk.offset, blk.per_file);
-      --o.live;
-      const uint32_t was = blk.gen;
+      ReleaseOld(blk);
       blk.offset = off;
       blk.gen = gen_;
-      RetireIfEmpty(was);
     }
     blk.valid = false;  // in flux until Finish
     b = blk;
+    ops = Ops(b, const_cast<void*>(src), IoOp::kWrite);  // under the lock: it reads gen_ and files_
   }
   NvmePending p;
   p.id = a.id;
   p.buf = const_cast<void*>(src);
   p.bytes = b.bytes;
+  p.offset = b.offset;
+  p.gen = b.gen;
   p.checksum = checksum ? *checksum : BlockChecksum(src, b.bytes);
   p.is_read = false;
-  auto ops = Ops(b, p.buf, IoOp::kWrite);
   p.ticket = options_.storage->Submit(ops);
   return p;
 }
@@ -217,22 +217,25 @@ Result<NvmePending> NvmeTier::StartRead(const Allocation& a, void* dst) {
   if (!IsAligned(dst, align_))
     return InvalidError("nvme tier: read buffer not aligned to " + std::to_string(align_) + " bytes");
   Block b;
+  std::vector<IoOp> ops;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(a.id);
     if (it == blocks_.end()) return InvalidError("nvme tier: read of unknown block " + std::to_string(a.id));
     b = it->second;
+    if (!b.valid)
+      return StateError("nvme tier: block " + std::to_string(a.id) + " at offset " + std::to_string(b.offset) +
+                        " of " + FilesOf(b.gen) + " holds no valid data (never written, or its last write failed)");
+    ops = Ops(b, dst, IoOp::kRead);  // under the lock: it reads gen_ and files_
   }
-  if (!b.valid)
-    return StateError("nvme tier: block " + std::to_string(a.id) + " at offset " + std::to_string(b.offset) +
-                      " of " + paths_[0] + " holds no valid data (never written, or its last write failed)");
   NvmePending p;
   p.id = a.id;
   p.buf = dst;
   p.bytes = b.bytes;
+  p.offset = b.offset;
+  p.gen = b.gen;
   p.checksum = b.checksum;
   p.is_read = true;
-  auto ops = Ops(b, dst, IoOp::kRead);
   p.ticket = options_.storage->Submit(ops);
   return p;
 }
@@ -245,40 +248,38 @@ void NvmeTier::WaitIo(NvmePending& p) {
 
 Status NvmeTier::Finish(NvmePending& p) {
   WaitIo(p);
-  Status st = p.io_status;
-  uint64_t offset;
-  {
+  if (!p.is_read) {  // the block holds the new contents only once the write is done
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(p.id);
     if (it == blocks_.end()) return InternalError("nvme tier: block freed with I/O in flight");
-    Block& b = it->second;
-    offset = b.offset;
-    if (!st.ok()) return st;
-    if (!p.is_read) {
-      b.checksum = p.checksum;
-      b.valid = true;
-      return Status::Ok();
-    }
+    if (!p.io_status.ok()) return p.io_status;
+    it->second.checksum = p.checksum;
+    it->second.valid = true;
+    return Status::Ok();
   }
-  if (!options_.checksums) return Status::Ok();
-  const uint64_t got = XXH3_64bits(p.buf, p.bytes);  // outside the lock: reads run in parallel
+  if (!p.io_status.ok() || !options_.checksums) return p.io_status;
+  const uint64_t got = XXH3_64bits(p.buf, p.bytes);  // no lock: reads verify in parallel
   if (got == p.checksum) return Status::Ok();
-  // Find the stripe that differs, to name its file.
   char want[17], have[17];
   std::snprintf(want, sizeof want, "%016llx", static_cast<unsigned long long>(p.checksum));
   std::snprintf(have, sizeof have, "%016llx", static_cast<unsigned long long>(got));
-  std::string files = paths_[0];
-  for (size_t j = 1; j < paths_.size(); ++j) files += ", " + paths_[j];
+  std::lock_guard<std::mutex> lock(mu_);
   return CorruptError("nvme tier: checksum mismatch reading block " + std::to_string(p.id) + " (" +
-                      std::to_string(p.bytes) + " bytes) at offset " + std::to_string(offset) + " of " +
-                      files + ": expected " + want + ", got " + have);
+                      std::to_string(p.bytes) + " bytes) at offset " + std::to_string(p.offset) + " of " +
+                      FilesOf(p.gen) + ": expected " + want + ", got " + have);
+}
+
+void NvmeTier::ReleaseOld(const Block& b) {
+  OldFiles& o = old_.at(b.gen);
+  o.extents->Free(b.offset, b.per_file);
+  --o.live;
+  RetireIfEmpty(b.gen);
 }
 
 void NvmeTier::RetireIfEmpty(uint32_t gen) {
   auto it = old_.find(gen);
   if (it == old_.end() || it->second.live > 0) return;
-  for (FileId f : it->second.files) options_.storage->Close(f).IgnoreError();
-  for (const auto& p : it->second.paths) ::unlink(p.c_str());  // a checkpoint's link keeps the data
+  CloseAndRemove(it->second.files, it->second.paths);
   old_.erase(it);
 }
 
@@ -304,8 +305,7 @@ Status NvmeTier::Snapshot(const std::string& link_path, const std::vector<Alloca
   STRATA_RETURN_IF_ERROR(OpenGeneration(gen_ + 1, &next_files, &next_paths));
   if (::link(path.c_str(), link_path.c_str()) != 0) {
     const int err = errno;
-    for (FileId f : next_files) options_.storage->Close(f).IgnoreError();
-    for (const auto& p : next_paths) ::unlink(p.c_str());
+    CloseAndRemove(next_files, next_paths);
     if (err == EXDEV || err == EPERM || err == EOPNOTSUPP)
       return UnsupportedError("nvme tier: cannot link " + path + " to " + link_path + ": " + std::strerror(err));
     return PosixError("link " + path + " to", link_path, err);

@@ -33,6 +33,8 @@ struct NvmePending {
   void* buf = nullptr;
   uint64_t bytes = 0;
   uint64_t checksum = 0;
+  uint64_t offset = 0;  // where the block is, for error messages
+  uint32_t gen = 0;
   bool is_read = false;
   bool waited = false;  // WaitIo ran: io_status holds the I/O's result
   Status io_status;
@@ -97,6 +99,11 @@ class NvmeTier final : public Tier {
   };
   Status OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::vector<std::string>* paths);
   void RetireIfEmpty(uint32_t gen);  // REQUIRES: mu_ held
+  // Frees a block's extent in an old generation's file. REQUIRES: mu_ held
+  void ReleaseOld(const Block& b);
+  // Closes the files and unlinks the paths (a checkpoint's link keeps the data).
+  void CloseAndRemove(const std::vector<FileId>& files, const std::vector<std::string>& paths);
+  std::string FilesOf(uint32_t gen) const;  // "a, b": generation gen's paths. REQUIRES: mu_ held
   explicit NvmeTier(const NvmeTierOptions& options);
   Status Open();
   std::vector<IoOp> Ops(const Block& b, void* buf, IoOp::Kind kind) const;
