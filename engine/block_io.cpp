@@ -34,60 +34,41 @@ bool BlockIo::Direct(const StateBlock& b) const {
   return b.home == TierKind::kHost || (b.home == TierKind::kDevice && !device_->on_gpu());
 }
 
-Result<BlockMove> BlockIo::StartLoad(const StateBlock& b, void* dst) {
+Result<BlockMove> BlockIo::Start(const StateBlock& b, void* host, bool to_home, const uint64_t* checksum) {
   BlockMove m;
   m.start = stats_->Now();
   m.bytes = b.bytes;
+  const TierKind from = to_home ? TierKind::kHost : b.home, to = to_home ? b.home : TierKind::kHost;
   if (b.home == TierKind::kNvme) {
     stats_->Begin(Resource::kDisk);
-    auto p = nvme_->StartRead(b.alloc, dst);
+    auto p = to_home ? nvme_->StartWrite(b.alloc, host, checksum) : nvme_->StartRead(b.alloc, host);
     if (!p.ok()) { stats_->End(Resource::kDisk); return p.status(); }
     m.kind = BlockMove::kNvme;
     m.nvme = std::move(p).value();
-    m.name = "read";
-    stats_->AddMoved(TierKind::kNvme, TierKind::kHost, b.bytes);
+    m.name = to_home ? "write" : "read";
   } else if (b.home == TierKind::kDevice) {
     stats_->Begin(Resource::kCopy);
-    auto t = device_->CopyOut(dst, b.alloc.ptr, b.bytes);
+    auto t = to_home ? device_->CopyIn(b.alloc.ptr, host, b.bytes) : device_->CopyOut(host, b.alloc.ptr, b.bytes);
     if (!t.ok()) { stats_->End(Resource::kCopy); return t.status(); }
     m.kind = BlockMove::kCopy;
     m.copy = *t;
-    m.name = "copy out";
-    stats_->AddMoved(TierKind::kDevice, TierKind::kHost, b.bytes);
+    m.name = to_home ? "copy in" : "copy out";
   } else {
-    std::memcpy(dst, b.alloc.ptr, b.bytes);
+    std::memcpy(to_home ? b.alloc.ptr : host, to_home ? host : b.alloc.ptr, b.bytes);
+    return m;
   }
+  stats_->AddMoved(from, to, b.bytes);
   return m;
+}
+
+Result<BlockMove> BlockIo::StartLoad(const StateBlock& b, void* dst) { return Start(b, dst, false, nullptr); }
+
+Result<BlockMove> BlockIo::StartStore(const StateBlock& b, const void* src, const uint64_t* checksum) {
+  return Start(b, const_cast<void*>(src), true, checksum);  // only read from: the move goes home
 }
 
 uint64_t BlockIo::StoreChecksum(const StateBlock& b, const void* src) const {
   return b.home == TierKind::kNvme ? nvme_->BlockChecksum(src, b.bytes) : 0;
-}
-
-Result<BlockMove> BlockIo::StartStore(const StateBlock& b, const void* src, const uint64_t* checksum) {
-  BlockMove m;
-  m.start = stats_->Now();
-  m.bytes = b.bytes;
-  if (b.home == TierKind::kNvme) {
-    stats_->Begin(Resource::kDisk);
-    auto p = nvme_->StartWrite(b.alloc, src, checksum);
-    if (!p.ok()) { stats_->End(Resource::kDisk); return p.status(); }
-    m.kind = BlockMove::kNvme;
-    m.nvme = std::move(p).value();
-    m.name = "write";
-    stats_->AddMoved(TierKind::kHost, TierKind::kNvme, b.bytes);
-  } else if (b.home == TierKind::kDevice) {
-    stats_->Begin(Resource::kCopy);
-    auto t = device_->CopyIn(b.alloc.ptr, src, b.bytes);
-    if (!t.ok()) { stats_->End(Resource::kCopy); return t.status(); }
-    m.kind = BlockMove::kCopy;
-    m.copy = *t;
-    m.name = "copy in";
-    stats_->AddMoved(TierKind::kHost, TierKind::kDevice, b.bytes);
-  } else {
-    std::memcpy(b.alloc.ptr, src, b.bytes);
-  }
-  return m;
 }
 
 void BlockIo::WaitIo(BlockMove& m) {

@@ -61,6 +61,9 @@ class BlockIo {
   uint64_t NvmePadded(uint64_t bytes) const { return nvme_ ? nvme_->PaddedSize(bytes) : bytes; }
 
  private:
+  // host -> home (to_home) or home -> host.
+  Result<BlockMove> Start(const StateBlock& b, void* host, bool to_home, const uint64_t* checksum);
+
   DeviceTier* device_;
   HostTier* host_;
   NvmeTier* nvme_;

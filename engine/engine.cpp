@@ -267,8 +267,8 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   if (multi()) return GradsMulti(group, grads, dtype);
   GroupState& gs = groups_[static_cast<size_t>(group)];
   const GroupLayout& L = part_.group(group);
-  const uint64_t lo = static_cast<uint64_t>(options_.rank) * L.shard_numel;
-  const uint64_t real = L.RealInShard(options_.rank);
+  const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel;  // one shard here: srank_ is 0
+  const uint64_t real = L.RealInShard(srank_);
   const char* src = static_cast<const char*>(grads) + lo * DTypeSize(dtype);
   void* src_buf = nullptr;
   if (device_->on_gpu()) {  // bring the gradients to the host first
