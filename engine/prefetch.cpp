@@ -1,6 +1,8 @@
 // Trace recording and look-ahead.
 #include "engine/prefetch.h"
 
+#include <algorithm>
+
 #include "base/log.h"
 
 namespace strata {
@@ -23,6 +25,12 @@ void PrefetchSchedule::OnStep() {
   if (recording_ || current_.size() != trace_.size()) {
     trace_ = current_;
     recording_ = trace_.empty();
+    uses_.clear();
+    for (size_t i = 0; i < trace_.size(); ++i) {
+      const auto g = static_cast<size_t>(trace_[i]);
+      if (g >= uses_.size()) uses_.resize(g + 1);
+      uses_[g].push_back(i);
+    }
   }
   current_.clear();
   pos_ = 0;
@@ -42,12 +50,12 @@ std::vector<int> PrefetchSchedule::Ahead(uint64_t window, const std::function<ui
 }
 
 uint64_t PrefetchSchedule::NextUse(int group) const {
-  if (!has_trace()) return UINT64_MAX / 2;
-  for (size_t i = pos_; i < trace_.size(); ++i)
-    if (trace_[i] == group) return i - pos_;
-  for (size_t i = 0; i < pos_; ++i)  // next step
-    if (trace_[i] == group) return trace_.size() - pos_ + i;
-  return UINT64_MAX / 2;
+  if (!has_trace() || group < 0 || static_cast<size_t>(group) >= uses_.size() || uses_[static_cast<size_t>(group)].empty())
+    return UINT64_MAX / 2;
+  const std::vector<size_t>& at = uses_[static_cast<size_t>(group)];
+  auto it = std::lower_bound(at.begin(), at.end(), pos_);
+  if (it != at.end()) return *it - pos_;
+  return trace_.size() - pos_ + at.front();  // next step
 }
 
 }  // namespace strata

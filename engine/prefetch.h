@@ -23,10 +23,12 @@ class PrefetchSchedule {
   // `bytes_of`) add up to at most `window` bytes (always at least one).
   std::vector<int> Ahead(uint64_t window, const std::function<uint64_t(int)>& bytes_of) const;
   // How many fetches from now `group` is next used; large when never.
+  // O(log uses) (the eviction scan asks it for every candidate).
   uint64_t NextUse(int group) const;
 
  private:
   std::vector<int> trace_;    // the replayed step
+  std::vector<std::vector<size_t>> uses_;  // per group, its positions in trace_ (ascending)
   std::vector<int> current_;  // fetches of the step in progress
   size_t pos_ = 0;            // position in trace_ of the next expected fetch
   bool recording_ = true;

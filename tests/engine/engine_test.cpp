@@ -6,6 +6,7 @@
 
 #include "base/align.h"
 #include "engine/engine.h"
+#include "engine/prefetch.h"
 #include "tests/engine/tiny_mlp.h"
 #include "tests/util/temp_dir.h"
 
@@ -310,6 +311,34 @@ TEST(Engine, WritesAChromeTrace) {
   EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
   EXPECT_NE(text.find("cpu optimizer"), std::string::npos);
   EXPECT_NE(text.find("\"ph\":\"b\""), std::string::npos) << "async I/O events";
+}
+
+// NextUse (the eviction order) against a plain scan of the trace, on traces
+// where groups repeat (a tied embedding is fetched twice a step).
+TEST(PrefetchSchedule, NextUseMatchesAScanOfTheTrace) {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 20; ++round) {
+    std::vector<int> trace(1 + rng() % 40);
+    for (int& g : trace) g = static_cast<int>(rng() % 12);
+    PrefetchSchedule s;
+    for (int g : trace) s.OnFetch(g);
+    s.OnStep();
+    ASSERT_TRUE(s.has_trace());
+    for (size_t pos = 0; pos <= trace.size(); ++pos) {
+      for (int g = 0; g < 14; ++g) {
+        uint64_t want = UINT64_MAX / 2;
+        for (size_t k = 0; k < trace.size() && want == UINT64_MAX / 2; ++k) {
+          const size_t i = (pos + k) % trace.size();
+          if (trace[i] == g) want = k;
+        }
+        ASSERT_EQ(s.NextUse(g), want) << "round " << round << " position " << pos << " group " << g;
+      }
+      if (pos < trace.size()) {
+        ASSERT_TRUE(s.OnFetch(trace[pos]));
+      }
+    }
+    s.OnStep();
+  }
 }
 
 }  // namespace
