@@ -427,9 +427,9 @@ Status Engine::Impl::LoadCheckpointChecked(const std::string& dir, const std::st
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint load"));
   // Apply: each rank builds its shards from whichever saved shards cover them.
   local = ApplyResharded(m, folder);
-  void* buf = opt_staging_.count() ? opt_staging_.Acquire() : nullptr;
+  void* buf = opt_staging_.Acquire();
   if (local.ok()) local = RecomputeP(buf, buf ? opt_staging_.bytes() : 0);
-  if (buf) opt_staging_.Release(buf);
+  opt_staging_.Release(buf);
   Status st = Agree(local, "checkpoint load");
   if (!st.ok()) return st.WithContext("checkpoint load " + folder + " (the engine's state is now partly loaded)");
   step_count_ = m.value("step", int64_t{0});
@@ -562,8 +562,8 @@ Status Engine::Impl::ApplyResharded(const Json& m, const std::string& folder) {
       for (int s : kSaved)
         if (bj.value("state", "") == StateName(StateKind(s)))
           block_offset[{k, bj.value("group", -1), s}] = bj.value("offset", uint64_t{0});
-  void* slot = opt_staging_.count() ? opt_staging_.Acquire() : nullptr;
-  struct SlotBack { StagingPool& p; void* s; ~SlotBack() { if (s) p.Release(s); } } back{opt_staging_, slot};
+  void* slot = opt_staging_.Acquire();
+  struct SlotBack { StagingPool& p; void* s; ~SlotBack() { p.Release(s); } } back{opt_staging_, slot};
   for (int g = 0; g < part_.num_groups(); ++g) {
     const GroupLayout& L = part_.group(g);
     const uint64_t old_shard = m.at("groups")[static_cast<size_t>(g)].at("shard_numel").get<uint64_t>();

@@ -476,7 +476,7 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
                         StateName(kind));
   const GroupLayout& L = part_.group(group);
   const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel, real = L.RealInShard(srank_);
-  void* slot = opt_staging_.count() ? opt_staging_.Acquire() : nullptr;
+  void* slot = opt_staging_.Acquire();
   float* dst = io_->Direct(b) ? static_cast<float*>(io_->DirectPtr(b)) : static_cast<float*>(slot);
   Status st = dst ? Status::Ok() : InternalError("write_state: no staging slot for a staged block");
   if (st.ok()) {
@@ -485,7 +485,7 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
     if (!io_->Direct(b)) st = io_->Store(b, dst);
   }
   if (st.ok() && kind == StateKind::kW) st = RecomputePGroup(group, slot, slot ? opt_staging_.bytes() : 0);
-  if (slot) opt_staging_.Release(slot);
+  opt_staging_.Release(slot);
   DropDeviceCopies();
   return st.WithContext("write_state: group " + std::to_string(group));
 }

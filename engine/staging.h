@@ -1,6 +1,7 @@
 // StagingPool: a fixed set of equal host buffers taken from the HostTier at
 // build time (so budgets are settled before training), handed out and
-// returned without allocating. Acquire blocks while all are in use.
+// returned without allocating. Acquire blocks while all are in use; an empty
+// pool (nothing needs staging) hands out null.
 #pragma once
 
 #include <condition_variable>
@@ -29,6 +30,7 @@ class StagingPool {
     return Status::Ok();
   }
   void* Acquire() {
+    if (all_.empty()) return nullptr;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return !free_.empty(); });
     void* p = free_.back();
@@ -36,6 +38,7 @@ class StagingPool {
     return p;
   }
   void Release(void* p) {
+    if (!p) return;
     {
       std::lock_guard<std::mutex> lock(mu_);
       free_.push_back(p);
