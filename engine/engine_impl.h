@@ -70,6 +70,7 @@ class Engine::Impl {
   // With g's device copy allocated and absent: loads it (the lock released
   // meanwhile) and leaves it resident, or absent and freed on error.
   Status LoadAllocated(int g, std::unique_lock<std::mutex>& lock);
+  void DropCopy(DeviceCopy& d);  // frees its memory; absent. REQUIRES: mu_ held, no load in flight on it
   // Allocates device memory for g's copy, evicting farther-used copies.
   // Called with mu_ held (lock passed to allow waiting). `demand`: a fetch
   // waits; a prefetch gives up when only nearer-used copies could go.

@@ -66,9 +66,7 @@ Status Engine::Impl::LoadAllocated(int g, std::unique_lock<std::mutex>& lock) {
   if (st.ok()) {
     d.state = DeviceCopy::kResident;
   } else {
-    device_->Free(d.alloc);
-    d.alloc = {};
-    d.state = DeviceCopy::kAbsent;
+    DropCopy(d);
   }
   cv_.notify_all();
   return st;
@@ -127,11 +125,7 @@ Status Engine::Impl::AllocateDeviceCopy(int g, std::unique_lock<std::mutex>& loc
       if (victim < 0 || score > best) { victim = h; best = score; }
     }
     if (victim >= 0 && (demand || !schedule_.has_trace() || best > mine)) {
-      DeviceCopy& v = groups_[static_cast<size_t>(victim)].dev;
-      device_->Free(v.alloc);
-      v.alloc = {};
-      v.state = DeviceCopy::kAbsent;
-      v.gathered = false;
+      DropCopy(groups_[static_cast<size_t>(victim)].dev);
       continue;
     }
     if (!demand) return a.status();
@@ -150,12 +144,14 @@ Status Engine::Impl::AllocateDeviceCopy(int g, std::unique_lock<std::mutex>& loc
 
 void Engine::Impl::DropDeviceCopies() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& gs : groups_) {
-    if (gs.dev.state == DeviceCopy::kResident) device_->Free(gs.dev.alloc);
-    gs.dev.alloc = {};
-    gs.dev.state = DeviceCopy::kAbsent;
-    gs.dev.gathered = false;
-  }
+  for (auto& gs : groups_) DropCopy(gs.dev);
+}
+
+void Engine::Impl::DropCopy(DeviceCopy& d) {
+  if (d.alloc.charged) device_->Free(d.alloc);
+  d.alloc = {};
+  d.state = DeviceCopy::kAbsent;
+  d.gathered = false;
 }
 
 Result<void*> Engine::Impl::Fetch(int g) {
