@@ -65,9 +65,7 @@ void UringRing::Stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
-  const uint64_t one = 1;
-  while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
-  }
+  Wake();
   thread_.join();
 }
 
@@ -76,8 +74,12 @@ void UringRing::Enqueue(const std::vector<IoChunk*>& chunks) {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.insert(pending_.end(), chunks.begin(), chunks.end());
   }
-  // Wake the thread if it sleeps in io_uring_submit_and_wait; the counter
-  // only needs to become non-zero, so EAGAIN (overflow) is harmless.
+  Wake();
+}
+
+// Wakes the thread if it sleeps in io_uring_submit_and_wait; the counter only
+// needs to become non-zero, so EAGAIN (overflow) is harmless.
+void UringRing::Wake() {
   const uint64_t one = 1;
   while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
   }

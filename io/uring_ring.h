@@ -58,6 +58,7 @@ class UringRing {
 
  private:
   void Loop();
+  void Wake();
   void ArmWake();
   void Prep(IoChunk* c);
   void Complete(IoChunk* c, int res);

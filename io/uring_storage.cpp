@@ -30,9 +30,10 @@ Status IoBatch::Wait() {
   return status_;
 }
 
-static IoTicket FailedTicket(Status s) {
+// A ticket already finished with `s` (nothing to submit, or refused).
+static IoTicket DoneTicket(Status s) {
   auto t = std::make_shared<IoBatch>(1);
-  t->Fail(std::move(s));
+  if (!s.ok()) t->Fail(std::move(s));
   t->PartDone();
   return t;
 }
@@ -129,14 +130,10 @@ IoTicket UringStorage::Submit(std::span<const IoOp> ops) {
   int64_t parts = 0;
   for (const IoOp& op : ops) {
     Status st = ValidateOp(op);
-    if (!st.ok()) return FailedTicket(std::move(st));
+    if (!st.ok()) return DoneTicket(std::move(st));
     parts += static_cast<int64_t>((op.len + options_.block_size - 1) / options_.block_size);
   }
-  if (parts == 0) {
-    auto t = std::make_shared<IoBatch>(1);
-    t->PartDone();
-    return t;
-  }
+  if (parts == 0) return DoneTicket(Status::Ok());
   // The batch owns all its chunks; it keeps itself alive
   // until its last chunk completes, whether or not the caller keeps the ticket.
   auto ticket = std::make_shared<UringBatch>(parts);
