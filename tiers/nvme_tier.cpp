@@ -128,7 +128,7 @@ Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::v
 }
 
 uint64_t NvmeTier::PaddedSize(uint64_t bytes) const {
-  const uint64_t n = files_.size();
+  const uint64_t n = options_.dirs.size();  // one file per folder in every generation; files_ needs mu_
   return AlignUp((bytes + n - 1) / n, align_) * n;
 }
 
@@ -137,7 +137,7 @@ Result<Allocation> NvmeTier::Allocate(uint64_t bytes) {
   const uint64_t padded = PaddedSize(bytes);
   STRATA_RETURN_IF_ERROR(Charge(padded, Code::kNoSpace));
   std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t per_file = padded / files_.size();
+  const uint64_t per_file = padded / options_.dirs.size();
   const uint64_t off = extents_->Allocate(per_file);
   if (off == UINT64_MAX) {
     Uncharge(padded);
