@@ -62,6 +62,19 @@ Status FsyncPath(const std::string& path) {
   return Status::Ok();
 }
 
+// Reads exactly `bytes` at `off` of `fd` (the file `path`): a short file is
+// CORRUPT, naming where it ends.
+Status PreadFull(int fd, void* buf, uint64_t bytes, uint64_t off, const std::string& path) {
+  for (uint64_t done = 0; done < bytes;) {
+    const ssize_t n = ::pread(fd, static_cast<char*>(buf) + done, bytes - done, static_cast<off_t>(off + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return PosixError("checkpoint load: pread", path, off + done, bytes - done, errno);
+    if (n == 0) return CorruptError("checkpoint load: " + path + " ends early at offset " + std::to_string(off + done));
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
 // Writes `bytes` to `path` (created, truncated), fsyncs it.
 Status WriteSmallFile(const std::string& path, const void* data, uint64_t bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -524,11 +537,10 @@ Status Engine::Impl::VerifyBlocks(const Json& file, const std::string& path, voi
     const uint64_t off = bj.at("offset").get<uint64_t>(), bytes = bj.at("bytes").get<uint64_t>();
     XXH3_64bits_reset(hs);
     for (uint64_t done = 0; done < bytes;) {
-      const ssize_t n = ::pread(fd, buf, std::min(buf_bytes, bytes - done), static_cast<off_t>(off + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return CorruptError("checkpoint load: " + path + " ends early at offset " + std::to_string(off + done));
-      XXH3_64bits_update(hs, buf, static_cast<size_t>(n));
-      done += static_cast<uint64_t>(n);
+      const uint64_t n = std::min(buf_bytes, bytes - done);
+      STRATA_RETURN_IF_ERROR(PreadFull(fd, buf, n, off + done, path));
+      XXH3_64bits_update(hs, buf, n);
+      done += n;
     }
     const uint64_t h = XXH3_64bits_digest(hs);
     if (Hex(h) != bj.at("xxh3").get<std::string>())
@@ -584,13 +596,7 @@ Status Engine::Impl::ApplyResharded(const Json& m, const std::string& folder) {
                               " of group " + std::to_string(g));
         const uint64_t off = where->second + within * 4;
         char* out = reinterpret_cast<char*>(dst + (a - lo));
-        for (uint64_t done = 0; done < run * 4;) {
-          const ssize_t n = ::pread(fds[k], out + done, run * 4 - done, static_cast<off_t>(off + done));
-          if (n < 0 && errno == EINTR) continue;
-          if (n <= 0) return n < 0 ? PosixError("checkpoint load: pread", folder + "/" + files[k].value("name", ""), off + done, run * 4 - done, errno)
-                                   : CorruptError("checkpoint load: " + files[k].value("name", "") + " ends early");
-          done += static_cast<uint64_t>(n);
-        }
+        STRATA_RETURN_IF_ERROR(PreadFull(fds[k], out, run * 4, off, folder + "/" + files[k].value("name", "")));
         a += run;
       }
       if (!io_->Direct(b)) STRATA_RETURN_IF_ERROR(io_->Store(b, dst));
