@@ -5,10 +5,19 @@
 
 namespace strata {
 
-int FaultPlan::Apply(uint64_t seq, int res, uint64_t len, uint64_t align) {
+int FaultPlan::Apply(uint64_t seq, bool is_write, int res, uint64_t len, uint64_t align) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (armed_ && (armed_ops_ == Ops::kBoth || (armed_ops_ == Ops::kWrites) == is_write)) {
+    if (armed_skip_ > 0) {
+      --armed_skip_;
+    } else if (armed_count_ != 0) {
+      if (armed_count_ > 0 && --armed_count_ == 0) armed_ = false;
+      ++fired_;
+      return -armed_err_;
+    }
+  }
   for (const Fault& f : faults_) {
     if (f.at_op != seq) continue;
-    std::lock_guard<std::mutex> lock(mu_);
     ++fired_;
     if (f.kind == Fault::kErrno) return -f.err;
     // A short completion: report about half, not aligned, so the caller must
@@ -18,6 +27,20 @@ int FaultPlan::Apply(uint64_t seq, int res, uint64_t len, uint64_t align) {
     return static_cast<int>(half < static_cast<uint64_t>(res) ? half : static_cast<uint64_t>(res) / 2);
   }
   return res;
+}
+
+void FaultPlan::Arm(Ops ops, int err, uint64_t skip, int64_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = count != 0;
+  armed_ops_ = ops;
+  armed_err_ = err;
+  armed_skip_ = skip;
+  armed_count_ = count;
+}
+
+void FaultPlan::Disarm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = false;
 }
 
 int FaultPlan::fired() const {

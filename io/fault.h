@@ -1,6 +1,10 @@
 // FaultPlan: faults injected into the completions of a real io_uring, for
-// tests. The k-th operation (counted over every SQE the storage submits,
-// retries included, from 0) has its result replaced.
+// tests. Two ways to aim them:
+//   - by number: the k-th operation (counted over every SQE the storage
+//     submits, retries included, from 0) has its result replaced;
+//   - armed at run time: from now on, after `skip` matching operations pass,
+//     the next `count` reads or writes (or both; count < 0: every one until
+//     Disarm) fail with -err — "the disk went bad, later it came back".
 #pragma once
 
 #include <cstdint>
@@ -21,17 +25,27 @@ struct Fault {
 
 class FaultPlan {
  public:
+  enum class Ops : uint8_t { kReads, kWrites, kBoth };
   FaultPlan() = default;
   explicit FaultPlan(std::vector<Fault> faults) : faults_(std::move(faults)) {}
-  // The result the completion of op number `seq` should report, given the
-  // kernel's `res` for a request of `len` bytes. Thread-safe.
-  int Apply(uint64_t seq, int res, uint64_t len, uint64_t align);
+  // The result the completion of op number `seq` (a write when `is_write`)
+  // should report, given the kernel's `res` for a request of `len` bytes.
+  // Thread-safe.
+  int Apply(uint64_t seq, bool is_write, int res, uint64_t len, uint64_t align);
+  // Arms the run-time fault (replacing any armed one).
+  void Arm(Ops ops, int err, uint64_t skip = 0, int64_t count = -1);
+  void Disarm();
   int fired() const;
 
  private:
-  mutable std::mutex mu_;  // guards fired_
+  mutable std::mutex mu_;  // guards fired_ and the armed fault
   std::vector<Fault> faults_;
   int fired_ = 0;
+  bool armed_ = false;
+  Ops armed_ops_ = Ops::kBoth;
+  int armed_err_ = 0;
+  uint64_t armed_skip_ = 0;
+  int64_t armed_count_ = 0;
 };
 
 }  // namespace strata

@@ -135,7 +135,7 @@ void UringRing::Finish(IoChunk* c, Status st) {
 
 void UringRing::Complete(IoChunk* c, int res) {
   IoOp& op = c->op;
-  if (const auto& faults = owner_->options().faults) res = faults->Apply(c->seq, res, op.len, c->align);
+  if (const auto& faults = owner_->options().faults) res = faults->Apply(c->seq, op.kind == IoOp::kWrite, res, op.len, c->align);
   const char* verb = op.kind == IoOp::kRead ? "read" : "write";
   if (res == -EINTR || res == -EAGAIN) {
     if (++c->retries > kMaxRetries)
