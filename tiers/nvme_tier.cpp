@@ -60,7 +60,7 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Create(const NvmeTierOptions& option
 
 Status NvmeTier::Open() {
   const uint64_t n = options_.dirs.size();
-  per_file_capacity_ = AlignUp((options_.budget + n - 1) / n, kMiB);
+  per_file_capacity_ = AlignUp((options_.budget + options_.spare + n - 1) / n, kMiB);
   STRATA_RETURN_IF_ERROR(OpenGeneration(0, &files_, &paths_));
   extents_ = std::make_unique<ExtentAllocator>(per_file_capacity_, align_);
   return Status::Ok();
@@ -158,8 +158,7 @@ void NvmeTier::Free(const Allocation& a) {
     STRATA_CHECK_MSG(it != blocks_.end(), "nvme tier: freeing an unknown block");
     const Block b = it->second;
     blocks_.erase(it);
-    if (b.gen == gen_) extents_->Free(b.offset, b.per_file);
-    else ReleaseOld(b);
+    ReleaseExtent(b.gen, b.offset, b.per_file);
   }
   Uncharge(a.charged);
 }
@@ -181,33 +180,36 @@ uint64_t NvmeTier::BlockChecksum(const void* src, uint64_t bytes) const {
 Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src, const uint64_t* checksum) {
   if (!IsAligned(src, align_))
     return InvalidError("nvme tier: write buffer not aligned to " + std::to_string(align_) + " bytes");
-  Block b;
+  NvmePending p;
   std::vector<IoOp> ops;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = blocks_.find(a.id);
     if (it == blocks_.end()) return InvalidError("nvme tier: write to unknown block " + std::to_string(a.id));
-    Block& blk = it->second;
-    if (blk.gen != gen_) {  // its file belongs to a snapshot now: move to the current one
-      const uint64_t off = extents_->Allocate(blk.per_file);
-      if (off == UINT64_MAX)
-        return NoSpaceError("nvme tier: no free extent of " + FormatBytes(blk.per_file) + " in " + paths_[0] +
-                            " to move a block out of a snapshotted swap file");
-      ReleaseOld(blk);
-      blk.offset = off;
-      blk.gen = gen_;
-    }
-    blk.valid = false;  // in flux until Finish
-    b = blk;
-    ops = Ops(b, const_cast<void*>(src), IoOp::kWrite);  // under the lock: it reads gen_ and files_
+    // Copy on write: the new contents go to a fresh extent of the current
+    // file (which also moves a block out of a snapshotted one); the block
+    // keeps its old extent, still readable, until the write is settled.
+    Block fresh = it->second;
+    // A block that holds nothing yet (never written, or its first write
+    // failed) has nothing to protect: it is written where it is.
+    p.in_place = !fresh.valid && fresh.gen == gen_;
+    if (!p.in_place) fresh.offset = extents_->Allocate(fresh.per_file);
+    if (fresh.offset == UINT64_MAX)
+      return NoSpaceError("nvme tier: no free extent of " + FormatBytes(fresh.per_file) + " in " + FilesOf(gen_) +
+                          " for the new version of block " + std::to_string(a.id) + " (" +
+                          FormatBytes(extents_->free_bytes()) + " free, largest " +
+                          FormatBytes(extents_->largest_free()) + ")");
+    fresh.gen = gen_;
+    ++writes_unsettled_;
+    p.offset = fresh.offset;
+    p.per_file = fresh.per_file;
+    p.gen = fresh.gen;
+    p.bytes = fresh.bytes;
+    ops = Ops(fresh, const_cast<void*>(src), IoOp::kWrite);  // under the lock: it reads gen_ and files_
   }
-  NvmePending p;
   p.id = a.id;
   p.buf = const_cast<void*>(src);
-  p.bytes = b.bytes;
-  p.offset = b.offset;
-  p.gen = b.gen;
-  p.checksum = checksum ? *checksum : BlockChecksum(src, b.bytes);
+  p.checksum = checksum ? *checksum : BlockChecksum(src, p.bytes);
   p.is_read = false;
   p.ticket = options_.storage->Submit(ops);
   return p;
@@ -246,16 +248,41 @@ void NvmeTier::WaitIo(NvmePending& p) {
   p.waited = true;
 }
 
+Status NvmeTier::WaitWrite(NvmePending& p) {
+  WaitIo(p);
+  return p.io_status;
+}
+
+void NvmeTier::Settle(NvmePending& p, bool publish) {
+  if (p.is_read || p.settled) return;
+  p.settled = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  --writes_unsettled_;
+  auto it = blocks_.find(p.id);
+  if (p.in_place) {  // the block's own extent: nothing to release either way
+    if (publish && it != blocks_.end()) {
+      it->second.checksum = p.checksum;
+      it->second.valid = true;
+    }
+    return;
+  }
+  if (!publish || it == blocks_.end()) {  // discarded, or the block was freed meanwhile
+    ReleaseExtent(p.gen, p.offset, p.per_file);
+    return;
+  }
+  Block& b = it->second;
+  ReleaseExtent(b.gen, b.offset, b.per_file);  // the old version: nothing reads it any more
+  b.offset = p.offset;
+  b.gen = p.gen;
+  b.checksum = p.checksum;
+  b.valid = true;
+}
+
 Status NvmeTier::Finish(NvmePending& p) {
   WaitIo(p);
   if (!p.is_read) {  // the block holds the new contents only once the write is done
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = blocks_.find(p.id);
-    if (it == blocks_.end()) return InternalError("nvme tier: block freed with I/O in flight");
-    if (!p.io_status.ok()) return p.io_status;
-    it->second.checksum = p.checksum;
-    it->second.valid = true;
-    return Status::Ok();
+    Settle(p, p.io_status.ok());
+    return p.io_status;
   }
   if (!p.io_status.ok() || !options_.checksums) return p.io_status;
   const uint64_t got = XXH3_64bits(p.buf, p.bytes);  // no lock: reads verify in parallel
@@ -269,11 +296,15 @@ Status NvmeTier::Finish(NvmePending& p) {
                       FilesOf(p.gen) + ": expected " + want + ", got " + have);
 }
 
-void NvmeTier::ReleaseOld(const Block& b) {
-  OldFiles& o = old_.at(b.gen);
-  o.extents->Free(b.offset, b.per_file);
+void NvmeTier::ReleaseExtent(uint32_t gen, uint64_t offset, uint64_t per_file) {
+  if (gen == gen_) {
+    extents_->Free(offset, per_file);
+    return;
+  }
+  OldFiles& o = old_.at(gen);
+  o.extents->Free(offset, per_file);
   --o.live;
-  RetireIfEmpty(b.gen);
+  RetireIfEmpty(gen);
 }
 
 void NvmeTier::RetireIfEmpty(uint32_t gen) {
@@ -288,6 +319,7 @@ Status NvmeTier::Snapshot(const std::string& link_path, const std::vector<Alloca
   std::lock_guard<std::mutex> lock(mu_);
   if (files_.size() != 1) return UnsupportedError("nvme tier: snapshots need a single swap folder");
   if (!options_.checksums) return UnsupportedError("nvme tier: snapshots need checksums");
+  if (writes_unsettled_ > 0) return InternalError("nvme tier: snapshot with writes in flight");
   std::vector<SnapshotRef> refs;
   for (const Allocation& a : blocks) {
     auto it = blocks_.find(a.id);

@@ -1,7 +1,10 @@
 // NvmeTier: swap files under one or more directories (one per drive), space
 // reserved up front with fallocate, blocks striped across the files, an
 // extent allocator inside them, and an XXH3 checksum per block kept in
-// memory and verified on every read. Names are stable across runs:
+// memory and verified on every read. Writes are copy on write: a block's new
+// contents go to a fresh extent, and the block moves there only once the
+// write is done (its old extent is then released), so a failed write leaves
+// the block's previous contents readable. Names are stable across runs:
 // <dir>/strata-swap.r<rank>.s<stripe>.bin. Thread-safe.
 #pragma once
 
@@ -21,6 +24,9 @@ namespace strata {
 struct NvmeTierOptions {
   std::vector<std::string> dirs;  // one swap file per directory
   uint64_t budget = 0;            // bytes of swap in all, split over the dirs
+  // Reserved beyond the budget for the fresh extents of writes in flight
+  // (copy on write): at least the bytes of the blocks written at once.
+  uint64_t spare = 0;
   int rank = 0;
   bool checksums = true;
   Storage* storage = nullptr;     // REQUIRED, outlives the tier
@@ -33,10 +39,13 @@ struct NvmePending {
   void* buf = nullptr;
   uint64_t bytes = 0;
   uint64_t checksum = 0;
-  uint64_t offset = 0;  // where the block is, for error messages
+  uint64_t offset = 0;  // where the I/O goes (a write: its fresh extent), for error messages
+  uint64_t per_file = 0;
   uint32_t gen = 0;
   bool is_read = false;
-  bool waited = false;  // WaitIo ran: io_status holds the I/O's result
+  bool waited = false;   // WaitIo ran: io_status holds the I/O's result
+  bool settled = false;  // a write's extent was published or discarded
+  bool in_place = false;  // a write to a block holding nothing yet: its own extent
   Status io_status;
 };
 
@@ -54,9 +63,10 @@ class NvmeTier final : public Tier {
   uint64_t align() const { return align_; }
   uint64_t PaddedSize(uint64_t bytes) const;
 
-  // Writes `bytes` of `src` as the block's new contents. Until Finish
-  // succeeds the block holds no valid data; after a failed write, reads
-  // refuse it (nothing half-applied is ever served).
+  // Writes `bytes` of `src` as the block's new contents, to a fresh extent:
+  // until the write is settled, reads get the previous contents, and a
+  // failed write leaves them in place (a block never written stays
+  // unreadable). NoSpace when no fresh extent is free.
   // `checksum`, when given, is BlockChecksum(src, bytes) computed by the
   // caller ahead of time (off the disk's critical path); else it is computed
   // here before the write is submitted.
@@ -66,8 +76,16 @@ class NvmeTier final : public Tier {
   // is in it, unverified). Finish must still follow.
   void WaitIo(NvmePending& p);
   // Waits (unless WaitIo did); for a read, verifies the checksum (CORRUPT
-  // names file and offset).
+  // names file and offset); a write is settled: published when it
+  // succeeded, discarded when not.
   Status Finish(NvmePending& p);
+  // For writes that must land together (a group's W, M, V): WaitWrite waits
+  // and returns the I/O's result without publishing anything; Settle then
+  // publishes (the block now holds the new contents, its old extent is
+  // released) or discards (the new extent is released, the block keeps its
+  // old contents). Every write is settled exactly once, by Finish or Settle.
+  Status WaitWrite(NvmePending& p);
+  void Settle(NvmePending& p, bool publish);
   // The checksum StartWrite keeps for `bytes` of `src` (0 without checksums).
   uint64_t BlockChecksum(const void* src, uint64_t bytes) const;
   Status Write(const Allocation& a, const void* src);
@@ -99,8 +117,9 @@ class NvmeTier final : public Tier {
   };
   Status OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::vector<std::string>* paths);
   void RetireIfEmpty(uint32_t gen);  // REQUIRES: mu_ held
-  // Frees a block's extent in an old generation's file. REQUIRES: mu_ held
-  void ReleaseOld(const Block& b);
+  // Frees an extent of generation `gen` (the current one, or an old one's,
+  // which may retire its files). REQUIRES: mu_ held
+  void ReleaseExtent(uint32_t gen, uint64_t offset, uint64_t per_file);
   // Closes the files and unlinks the paths (a checkpoint's link keeps the data).
   void CloseAndRemove(const std::vector<FileId>& files, const std::vector<std::string>& paths);
   std::string FilesOf(uint32_t gen) const;  // "a, b": generation gen's paths. REQUIRES: mu_ held
@@ -113,12 +132,13 @@ class NvmeTier final : public Tier {
   std::vector<FileId> files_;
   uint64_t align_ = 4096;
   uint64_t per_file_capacity_ = 0;
-  std::mutex mu_;  // guards extents_, blocks_, next_id_
+  std::mutex mu_;  // guards extents_, old_, gen_, files_, blocks_, next_id_, writes_unsettled_
   std::unique_ptr<ExtentAllocator> extents_;  // of the current files
   uint32_t gen_ = 0;                          // the current files' generation
   std::map<uint32_t, OldFiles> old_;          // earlier generations with live blocks
   std::unordered_map<uint64_t, Block> blocks_;
   uint64_t next_id_ = 1;
+  int writes_unsettled_ = 0;  // fresh extents not yet published or discarded
 };
 
 }  // namespace strata

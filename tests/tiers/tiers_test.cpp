@@ -204,6 +204,38 @@ TEST(NvmeTier, FailedWriteIsNeverServedAndCanBeRedone) {
   std::free(back);
 }
 
+// Copy on write: a failed rewrite of a block leaves its previous contents
+// readable; WaitWrite + Settle let several writes land (or not) together.
+TEST(NvmeTier, FailedRewriteKeepsThePreviousContents) {
+  auto faults = std::make_shared<FaultPlan>();
+  Fixture f(faults);
+  ASSERT_TRUE(f.nvme->Write(f.block, f.buf).ok());
+  void* next = testing::AlignedAlloc(f.nvme->PaddedSize(f.n), f.nvme->align());
+  FillPattern(next, f.n, 0, 9);
+  faults->Arm(FaultPlan::Ops::kWrites, EIO, 0, 1);
+  Status st = f.nvme->Write(f.block, next);
+  ASSERT_EQ(st.code(), Code::kIo) << st.ToString();
+  void* back = testing::AlignedAlloc(f.nvme->PaddedSize(f.n), f.nvme->align());
+  ASSERT_TRUE(f.nvme->Read(f.block, back).ok());
+  EXPECT_EQ(testing::CheckPattern(back, f.n, 0, 5), -1) << "the old contents, whole";
+  // A write that succeeded but is discarded changes nothing either.
+  auto p = f.nvme->StartWrite(f.block, next);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  ASSERT_TRUE(f.nvme->WaitWrite(*p).ok());
+  f.nvme->Settle(*p, /*publish=*/false);
+  ASSERT_TRUE(f.nvme->Read(f.block, back).ok());
+  EXPECT_EQ(testing::CheckPattern(back, f.n, 0, 5), -1);
+  // Published: the new contents.
+  auto q = f.nvme->StartWrite(f.block, next);
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(f.nvme->WaitWrite(*q).ok());
+  f.nvme->Settle(*q, /*publish=*/true);
+  ASSERT_TRUE(f.nvme->Read(f.block, back).ok());
+  EXPECT_EQ(testing::CheckPattern(back, f.n, 0, 9), -1);
+  std::free(back);
+  std::free(next);
+}
+
 TEST(NvmeTier, ReservationBeyondFreeSpaceNamesDirAndSizes) {
   TempDir dir;
   auto storage = MakeStorage();
