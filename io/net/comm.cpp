@@ -2,6 +2,9 @@
 // error prefix naming the collective, the broken latch; and the factory.
 #include "io/net/comm.h"
 
+#include <cstring>
+#include <vector>
+
 #include "io/net/comm_backends.h"
 
 namespace strata::net {
@@ -11,15 +14,61 @@ std::string Count(size_t n, const char* unit, const char* tail = "") {
   return std::to_string(n) + " " + unit + tail;
 }
 
+// What one rank says its collective is: fixed size, so that ranks whose
+// collectives differ still exchange descriptors of equal length.
+struct Descriptor {
+  char op[16];
+  uint64_t bytes;
+  int32_t root;
+  uint32_t reserved;
+  char label[32];
+};
+static_assert(sizeof(Descriptor) == 64);
+
+Descriptor Describe(const char* op, uint64_t bytes, int root, const std::string& label) {
+  Descriptor d{};
+  std::strncpy(d.op, op, sizeof d.op - 1);
+  d.bytes = bytes;
+  d.root = root;
+  std::strncpy(d.label, label.c_str(), sizeof d.label - 1);
+  return d;
+}
+
+std::string Text(const Descriptor& d) {
+  std::string s = std::string(d.op, strnlen(d.op, sizeof d.op)) + " of " + std::to_string(d.bytes) + " bytes";
+  if (d.root >= 0) s += " from rank " + std::to_string(d.root);
+  const std::string label(d.label, strnlen(d.label, sizeof d.label));
+  return s + " for '" + (label.empty() ? "(no label)" : label) + "'";
+}
+
+bool Same(const Descriptor& a, const Descriptor& b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
 }  // namespace
 
+Status Communicator::AgreeOn(const char* op, uint64_t bytes, int root) {
+  const int w = world_size(), r = rank();
+  if (w == 1) return Status::Ok();
+  std::vector<Descriptor> all(static_cast<size_t>(w));
+  const Descriptor mine = Describe(op, bytes, root, label_);
+  all[static_cast<size_t>(r)] = mine;
+  STRATA_RETURN_IF_ERROR(DoExchangeDescriptors(&all[static_cast<size_t>(r)], all.data(), sizeof mine)
+                             .WithContext("exchanging what the collective is"));
+  for (int k = 0; k < w; ++k)
+    if (!Same(all[static_cast<size_t>(k)], mine))
+      return CommError("ranks disagree on this collective: rank " + std::to_string(r) + " is at " + Text(mine) +
+                       ", rank " + std::to_string(k) + " at " + Text(all[static_cast<size_t>(k)]) +
+                       "; every rank must make the same calls in the same order");
+  return Status::Ok();
+}
+
 template <typename Fn>
-Status Communicator::Run(const char* op, const std::string& size, Fn&& fn) {
+Status Communicator::Run(const char* op, const std::string& size, uint64_t bytes, int root, Fn&& fn) {
   ++seq_;
   std::string ctx = std::string(backend()) + " " + op + " #" + std::to_string(seq_) + " (" + size +
                     ") on rank " + std::to_string(rank()) + " of " + std::to_string(world_size());
   if (broken_) return CommError(ctx + ": not run, the communicator failed earlier: " + broken_->message());
-  Status s = fn();
+  Status s = AgreeOn(op, bytes, root);
+  if (s.ok()) s = fn();
   if (s.ok()) return s;
   Status e = s.WithContext(ctx);
   // Bad arguments are local and leave the communicator usable; anything else
@@ -29,28 +78,28 @@ Status Communicator::Run(const char* op, const std::string& size, Fn&& fn) {
 }
 
 Status Communicator::AllReduce(float* buf, size_t n) {
-  return Run("all_reduce", Count(n, "floats"), [&] {
+  return Run("all_reduce", Count(n, "floats"), n * sizeof(float), -1, [&] {
     if (!buf && n) return InvalidError("null buffer");
     return n ? DoAllReduce(buf, n) : Status::Ok();
   });
 }
 
 Status Communicator::ReduceScatter(const float* in, float* out, size_t n_per_rank) {
-  return Run("reduce_scatter", Count(n_per_rank, "floats", " per rank"), [&] {
+  return Run("reduce_scatter", Count(n_per_rank, "floats", " per rank"), n_per_rank * sizeof(float), -1, [&] {
     if ((!in || !out) && n_per_rank) return InvalidError("null buffer");
     return n_per_rank ? DoReduceScatter(in, out, n_per_rank) : Status::Ok();
   });
 }
 
 Status Communicator::AllGather(const void* in, void* out, size_t bytes_per_rank) {
-  return Run("all_gather", Count(bytes_per_rank, "bytes", " per rank"), [&] {
+  return Run("all_gather", Count(bytes_per_rank, "bytes", " per rank"), bytes_per_rank, -1, [&] {
     if ((!in || !out) && bytes_per_rank) return InvalidError("null buffer");
     return bytes_per_rank ? DoAllGather(in, out, bytes_per_rank) : Status::Ok();
   });
 }
 
 Status Communicator::Broadcast(void* buf, size_t bytes, int root) {
-  return Run("broadcast", Count(bytes, "bytes from rank ") + std::to_string(root), [&] {
+  return Run("broadcast", Count(bytes, "bytes from rank ") + std::to_string(root), bytes, root, [&] {
     if (root < 0 || root >= world_size())
       return InvalidError("root " + std::to_string(root) + " out of range");
     if (!buf && bytes) return InvalidError("null buffer");
@@ -59,7 +108,7 @@ Status Communicator::Broadcast(void* buf, size_t bytes, int root) {
 }
 
 Status Communicator::Barrier() {
-  return Run("barrier", "no data", [&] { return DoBarrier(); });
+  return Run("barrier", "no data", 0, -1, [&] { return DoBarrier(); });
 }
 
 bool NcclAvailable() {

@@ -71,6 +71,16 @@ class Communicator {
 
   uint64_t collectives_issued() const { return seq_; }
 
+  // Ranks agree on what they do: before any data moves, every collective
+  // exchanges a fixed-size descriptor (its kind, bytes per rank, root and
+  // this label) on a channel of its own. When the ranks' k-th collectives
+  // differ, every rank fails with kComm naming its own side and the first
+  // rank that differs — never a size mismatch inside the backend. The label
+  // says what the caller is doing ("grads g3 s12"); it holds for the
+  // following collectives until changed; at most 31 characters are carried.
+  void SetLabel(const std::string& label) { label_ = label.substr(0, 31); }
+  const std::string& label() const { return label_; }
+
  protected:
   // Backends implement these; they return errors without the collective's
   // name (the wrappers add "backend op #seq (size) on rank r of w: ").
@@ -79,13 +89,18 @@ class Communicator {
   virtual Status DoAllGather(const void* in, void* out, size_t bytes_per_rank) = 0;
   virtual Status DoBroadcast(void* buf, size_t bytes, int root) = 0;
   virtual Status DoBarrier() = 0;
+  // An all-gather of `bytes` per rank on the descriptor channel (never
+  // matched with a collective's data). Backends without peers return Ok.
+  virtual Status DoExchangeDescriptors(const void* mine, void* all, size_t bytes) = 0;
   uint64_t current_seq() const { return seq_; }  // number of the collective in progress
 
  private:
   template <typename Fn>
-  Status Run(const char* op, const std::string& size, Fn&& fn);
+  Status Run(const char* op, const std::string& size, uint64_t bytes, int root, Fn&& fn);
+  Status AgreeOn(const char* op, uint64_t bytes, int root);
 
   uint64_t seq_ = 0;
+  std::string label_;
   std::unique_ptr<Status> broken_;  // the first failure, once there is one
 };
 

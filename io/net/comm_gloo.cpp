@@ -165,9 +165,21 @@ class GlooComm final : public Communicator {
   Status DoBarrier() override {
     return Guard([&] { BarrierNow(Tag()); });
   }
+  // The descriptors travel under a tag of their own (the high bit set), so a
+  // rank one collective ahead never has its data matched against them.
+  Status DoExchangeDescriptors(const void* mine, void* all, size_t bytes) override {
+    return Guard([&] {
+      gloo::AllgatherOptions opts(ctx_);
+      opts.setOutput(static_cast<uint8_t*>(all), bytes * world_size());
+      (void)mine;  // in place: `mine` is all + rank*bytes
+      opts.setTag(Tag() | 0x80000000u);
+      opts.setTimeout(timeout_);
+      gloo::allgather(opts);
+    });
+  }
 
  private:
-  uint32_t Tag() const { return static_cast<uint32_t>(current_seq()); }
+  uint32_t Tag() const { return static_cast<uint32_t>(current_seq()) & 0x7fffffffu; }
 
   void BarrierNow(uint32_t tag) {
     gloo::BarrierOptions opts(ctx_);

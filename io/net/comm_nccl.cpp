@@ -29,6 +29,7 @@ class NcclComm final : public Communicator {
     // A comm that failed was aborted already; a healthy one is finalized.
     if (comm_) ncclCommDestroy(comm_);
     if (scratch_) cudaFree(scratch_);
+    if (desc_) cudaFree(desc_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -72,6 +73,25 @@ class NcclComm final : public Communicator {
   }
   Status DoBarrier() override {
     return Launch("barrier", [&] { return Allreduce1(); });
+  }
+  // The descriptors go through a device buffer of their own (NCCL moves
+  // device memory only); collectives on one communicator are ordered, so
+  // they never mix with a collective's data.
+  Status DoExchangeDescriptors(const void* mine, void* all, size_t bytes) override {
+    const size_t total = bytes * static_cast<size_t>(world_);
+    if (total > desc_bytes_) {
+      if (desc_) cudaFree(desc_);
+      desc_ = nullptr;
+      desc_bytes_ = 0;
+      STRATA_RETURN_IF_ERROR(CudaStatus("cudaMalloc", cudaMalloc(&desc_, total)));
+      desc_bytes_ = total;
+    }
+    char* d = static_cast<char*>(desc_);
+    STRATA_RETURN_IF_ERROR(CudaStatus("cudaMemcpy", cudaMemcpy(d + rank_ * bytes, mine, bytes, cudaMemcpyHostToDevice)));
+    STRATA_RETURN_IF_ERROR(Launch("ncclAllGather (descriptors)", [&] {
+      return ncclAllGather(d + rank_ * bytes, d, bytes, ncclUint8, comm_, stream_);
+    }));
+    return CudaStatus("cudaMemcpy", cudaMemcpy(all, d, total, cudaMemcpyDeviceToHost));
   }
 
  private:
@@ -133,6 +153,8 @@ class NcclComm final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;  // (1): the barrier's all-reduce operand
+  void* desc_ = nullptr;      // (world, descriptor): what each rank's collective is
+  size_t desc_bytes_ = 0;
 };
 
 }  // namespace

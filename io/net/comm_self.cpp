@@ -25,6 +25,7 @@ class SelfComm final : public Communicator {
   }
   Status DoBroadcast(void*, size_t, int) override { return Status::Ok(); }
   Status DoBarrier() override { return Status::Ok(); }
+  Status DoExchangeDescriptors(const void*, void*, size_t) override { return Status::Ok(); }
 };
 
 }  // namespace

@@ -5,6 +5,9 @@
             exit non-zero within the timeout with an error naming the
             collective; under strata-launch the launcher exits 128+9.
   hang      one rank stops answering: the others time out naming it.
+  diverge   one rank's 4th collective differs (another op and size, or
+            another label): every rank exits with COMM naming both sides,
+            none crashes (Gloo used to abort on the size mismatch).
   torchrun  torchrun (python3 -m torch.distributed.run) starts 2 ranks of
             comm_worker; skipped (77) without torch.
   launcher  strata-launch: variables, [rank K] prefixes, failure and signal
@@ -101,6 +104,24 @@ def scenario_victim(a, mode):
         finish(procs[victim], 10)
 
 
+def scenario_diverge(a):
+    world, victim = 3, 1
+    for kind, theirs in (("op", "all_gather of 8 bytes for 'iteration 3'"),
+                         ("label", "all_reduce of 16384 bytes for 'something else'")):
+        procs = start_ranks(a.worker, world, ["--mode", "diverge-" + kind, "--timeout", "20",
+                                              "--victim", str(victim)])
+        for r in range(world):
+            rc, out, took = finish(procs[r], 40)
+            print(f"{kind}: rank {r}: rc={rc} after {took:.1f} s: {out.strip()}", flush=True)
+            check(rc == 2, f"{kind}: rank {r} exits 2 (a communicator error), got {rc}")
+            check("COMM:" in out and "ranks disagree" in out, f"{kind}: rank {r} reports the disagreement")
+            check("all_reduce #4" in out or "all_gather #4" in out, f"{kind}: rank {r} names the collective")
+            if r != victim:
+                check(theirs in out, f"{kind}: rank {r} names the victim's side ({theirs})")
+            else:
+                check("all_reduce of 16384 bytes for 'iteration 3'" in out, f"{kind}: the victim names the others' side")
+
+
 def scenario_torchrun(a):
     try:
         subprocess.run(["/usr/bin/python3", "-c", "import torch.distributed.run"], check=True,
@@ -166,10 +187,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--launch", required=True)
     ap.add_argument("--worker", required=True)
-    ap.add_argument("scenario", choices=["kill", "hang", "torchrun", "launcher"])
+    ap.add_argument("scenario", choices=["kill", "hang", "diverge", "torchrun", "launcher"])
     a = ap.parse_args()
     if a.scenario in ("kill", "hang"):
         scenario_victim(a, a.scenario)
+    elif a.scenario == "diverge":
+        scenario_diverge(a)
     elif a.scenario == "torchrun":
         scenario_torchrun(a)
     else:

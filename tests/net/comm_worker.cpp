@@ -180,6 +180,37 @@ int RunVictim(Communicator& c, bool hang, int victim, double hang_s) {
   return 1;
 }
 
+// The victim's 4th collective differs from the others': `kind` "op" calls a
+// small all_gather where the others all-reduce 4096 floats (before, Gloo
+// aborted the process on the size mismatch); "label" calls the same
+// all-reduce under another label. Every rank must fail with COMM naming both
+// sides, and none may crash.
+int RunDiverge(Communicator& c, int victim, const std::string& kind) {
+  std::vector<float> buf(4096, 1.0f);
+  for (int it = 0; it < 6; ++it) {
+    c.SetLabel("iteration " + std::to_string(it));
+    Status s;
+    if (c.rank() == victim && it == 3) {
+      if (kind == "op") {
+        uint64_t mine = 7;
+        std::vector<uint64_t> all(static_cast<size_t>(c.world_size()));
+        s = c.AllGather(&mine, all.data(), sizeof mine);
+      } else {
+        c.SetLabel("something else");
+        s = c.AllReduce(buf.data(), buf.size());
+      }
+    } else {
+      s = c.AllReduce(buf.data(), buf.size());
+    }
+    if (!s.ok()) {
+      std::fprintf(stderr, "comm_worker rank %d: error: %s\n", c.rank(), s.ToString().c_str());
+      return 2;
+    }
+  }
+  std::fprintf(stderr, "comm_worker rank %d: finished although rank %d diverged\n", c.rank(), victim);
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -187,7 +218,7 @@ int main(int argc, char** argv) {
   double timeout_s = 30, hang_s = 30;
   int victim = 1;
   CLI::App app{"comm test worker"};
-  app.add_option("--mode", mode)->check(CLI::IsMember({"collectives", "kill", "hang"}));
+  app.add_option("--mode", mode)->check(CLI::IsMember({"collectives", "kill", "hang", "diverge-op", "diverge-label"}));
   app.add_option("--backend", backend);
   app.add_option("--timeout", timeout_s);
   app.add_option("--victim", victim);
@@ -215,5 +246,6 @@ int main(int argc, char** argv) {
   auto comm = MakeCommunicator(o);
   if (!comm.ok()) return fail(comm.status());
   if (mode == "collectives") return RunCollectives(**comm);
+  if (mode.rfind("diverge-", 0) == 0) return RunDiverge(**comm, victim, mode.substr(8));
   return RunVictim(**comm, mode == "hang", victim, hang_s);
 }
