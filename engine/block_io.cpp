@@ -94,6 +94,19 @@ Status BlockIo::Finish(BlockMove& m) {
   return st;
 }
 
+Status BlockIo::WaitStore(BlockMove& m) {
+  if (m.kind != BlockMove::kNvme) return Finish(m);
+  WaitIo(m);
+  return nvme_->WaitWrite(m.nvme);
+}
+
+void BlockIo::SettleStore(BlockMove& m, bool publish) {
+  if (m.kind != BlockMove::kNvme) return;
+  nvme_->Settle(m.nvme, publish);
+  m.kind = BlockMove::kNone;
+  m.io_done = false;
+}
+
 Status BlockIo::Load(const StateBlock& b, void* dst) {
   STRATA_ASSIGN_OR_RETURN(BlockMove m, StartLoad(b, dst));
   return Finish(m);

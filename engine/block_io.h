@@ -55,6 +55,13 @@ class BlockIo {
   // verified); Finish must still follow. Other moves: nothing.
   void WaitIo(BlockMove& m);
   Status Finish(BlockMove& m);
+  // A store whose publication waits for its siblings' (a group's W, M, V
+  // land together): WaitStore returns the move's result without publishing
+  // an NVMe write (copy on write: the block still holds its old contents);
+  // SettleStore then publishes it or discards it. Other moves land in place
+  // and settle as they finish.
+  Status WaitStore(BlockMove& m);
+  void SettleStore(BlockMove& m, bool publish);
   Status Load(const StateBlock& b, void* dst);
   Status Store(const StateBlock& b, const void* src);
 

@@ -131,12 +131,13 @@ std::string RankFile(int rank) {
 
 }  // namespace
 
-Status Engine::Impl::CheckBetweenSteps(const char* call) {
+Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
   if (!built_) return StateError(std::string(call) + ": the engine is not built");
+  if (!recovers) STRATA_RETURN_IF_ERROR(CheckUsable(call, false));
   for (int g = 0; g < part_.num_groups(); ++g) {
     const GroupState& gs = groups_[static_cast<size_t>(g)];
     if (gs.dev.pins > 0) return StateError(std::string(call) + ": group " + std::to_string(g) + " is fetched");
-    if (gs.grad_calls > 0)
+    if (gs.grad_calls > 0 && !(recovers && (pending_ || !broken_.empty())))  // a load abandons a failed step's gradients
       return StateError(std::string(call) + ": gradients of group " + std::to_string(g) +
                         " are pending; save or load between steps");
   }
@@ -150,6 +151,7 @@ Status Engine::Impl::Agree(const Status& local, const std::string& what) {
   const int w = comm_->world_size(), r = comm_->rank();
   std::vector<int32_t> codes(static_cast<size_t>(w));
   codes[static_cast<size_t>(r)] = local.ok() ? 0 : 1 + static_cast<int32_t>(local.code());
+  comm_->SetLabel(what);
   Status st = comm_->AllGather(&codes[static_cast<size_t>(r)], codes.data(), sizeof(int32_t));
   if (!st.ok()) return st.WithContext(what);
   if (!local.ok()) return local;
@@ -420,7 +422,7 @@ Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& t
 }
 
 Status Engine::Impl::LoadCheckpointChecked(const std::string& dir, const std::string& tag_in, std::vector<uint8_t>* blob) {
-  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint load"));
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint load", /*recovers=*/true));
   Json m;
   std::string folder, mpath;
   Status local = ReadManifest(dir, tag_in, &m, &folder, &mpath);

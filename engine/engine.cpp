@@ -3,9 +3,11 @@
 #include "engine/engine_impl.h"
 
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <set>
 
@@ -91,6 +93,7 @@ Status Engine::Impl::Init() {
   uo.rings = config_.strata.io_rings;
   uo.queue_depth = static_cast<uint32_t>(std::max<uint64_t>(config_.aio.queue_depth, 1));
   uo.block_size = config_.aio.block_size;
+  uo.faults = options_.faults;
   STRATA_ASSIGN_OR_RETURN(storage_, UringStorage::Create(uo));
   const bool gpu = !options_.force_no_gpu && gpu::Available();
   const ConfigFacts facts = ProbeMachineFacts();
@@ -137,8 +140,29 @@ static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::functio
   return st;
 }
 
+// A failed build leaves nothing behind (swap files and their locks, blocks,
+// staging), so that build may be called again.
 Status Engine::Impl::Build() {
   if (built_) return StateError("build: already built");
+  Status st = BuildOnce();
+  if (!st.ok()) UndoBuild();
+  return st;
+}
+
+void Engine::Impl::UndoBuild() {
+  StopOverlap();
+  StopPrefetcher();
+  for (auto& gs : groups_)
+    for (auto& b : gs.blocks) if (io_) io_->Free(b);
+  groups_.clear();
+  param_staging_.Clear();
+  opt_staging_.Clear();
+  grad_staging_.Clear();
+  io_.reset();
+  nvme_.reset();
+}
+
+Status Engine::Impl::BuildOnce() {
   STRATA_RETURN_IF_ERROR(part_.Finalize(sworld_));
   if (multi() && !p_sharded_ && config_.zero.offload_param.device == OffloadDevice::kNvme)
     return ConfigError("zero_optimization.offload_param.device: nvme needs stage 3 (as in DeepSpeed); stage " +
@@ -165,14 +189,26 @@ Status Engine::Impl::Build() {
   std::vector<std::string> dirs = config_.OptimizerSwapPaths();
   for (const auto& d : config_.ParamSwapPaths())
     if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
-  uint64_t nvme_bytes = 0;
-  for (int s = 0; s < kNumStates; ++s)
-    if (used(s) && home_[s] == TierKind::kNvme)
-      for (int g = 0; g < ngroups; ++g)
-        nvme_bytes += state_bytes(s, numel_of(s, g)) + dirs.size() * 64 * kKiB;
+  // Slots: offload_optimizer.buffer_count (at least 3: read ahead, update, write behind).
+  const int slots = static_cast<int>(std::clamp<uint64_t>(config_.zero.offload_optimizer.buffer_count, 3, 16));
+  uint64_t nvme_bytes = 0, largest_stored = 0;
+  for (int s = 0; s < kNumStates; ++s) {
+    if (!used(s) || home_[s] != TierKind::kNvme) continue;
+    uint64_t largest = 0;
+    for (int g = 0; g < ngroups; ++g) {
+      nvme_bytes += state_bytes(s, numel_of(s, g)) + dirs.size() * 64 * kKiB;
+      largest = std::max(largest, state_bytes(s, numel_of(s, g)) + dirs.size() * 64 * kKiB);
+    }
+    largest_stored += largest;
+  }
+  // Writes are copy on write: each block written at once needs a second
+  // extent until it is settled — a slot's blocks per step job, plus a G
+  // store from grads and a P store from a recompute beside them.
+  const uint64_t cow_spare = static_cast<uint64_t>(slots + 2) * largest_stored;
   if (nvme_bytes > 0) {
-    STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .rank = options_.rank,
-                                                     .checksums = config_.strata.checksums, .storage = storage_.get()}));
+    STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .spare = cow_spare,
+                                                     .rank = options_.rank, .checksums = config_.strata.checksums,
+                                                     .storage = storage_.get()}));
   }
   io_ = std::make_unique<BlockIo>(device_.get(), host_.get(), nvme_.get(), stats_.get());
 
@@ -199,8 +235,6 @@ Status Engine::Impl::Build() {
     any_staged = true;
   }
   opt_slot_offsets_[kNumStates] = off;
-  // Slots: offload_optimizer.buffer_count (at least 3: read ahead, update, write behind).
-  const int slots = static_cast<int>(std::clamp<uint64_t>(config_.zero.offload_optimizer.buffer_count, 3, 16));
   if (any_staged) STRATA_RETURN_IF_ERROR(opt_staging_.Init(host_.get(), slots, off));
   if (home_[0] == TierKind::kNvme && device_->on_gpu()) {
     const int n = static_cast<int>(std::clamp<uint64_t>(config_.zero.offload_param.buffer_count, 1, 4));
@@ -330,6 +364,7 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
 Status Engine::Impl::GatherP(int g, void* full) {
   const GroupLayout& L = part_.group(g);
   const uint64_t slice = L.shard_numel * DTypeSize(dtype_);
+  comm_->SetLabel("P of g" + std::to_string(g) + " s" + std::to_string(step_count_));
   Status st = comm_->AllGather(static_cast<char*>(full) + static_cast<uint64_t>(srank_) * slice, full, slice);
   return st.WithContext("gathering the parameters of group " + std::to_string(g));
 }
@@ -343,6 +378,8 @@ Status Engine::Impl::GradsMulti(int group, const void* grads, DType dtype) {
   Status st = kernels::Cast(dtype, grads, DType::kF32, full, L.numel);
   std::memset(full + L.numel, 0, (L.padded - L.numel) * 4);
   float* slice = full + static_cast<uint64_t>(srank_) * L.shard_numel;
+  comm_->SetLabel("grads g" + std::to_string(group) + " s" + std::to_string(step_count_ + 1) + " #" +
+                  std::to_string(groups_[static_cast<size_t>(group)].grad_calls + 1));
   if (st.ok()) {
     st = config_.zero.stage >= 2 ? comm_->ReduceScatter(full, slice, L.shard_numel)
                                  : comm_->AllReduce(full, L.padded);
@@ -361,65 +398,134 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
   return Status::Ok();
 }
 
-Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
-  if (!built_) return StateError("step: the engine is not built");
-  for (int g = 0; g < part_.num_groups(); ++g)
-    if (groups_[static_cast<size_t>(g)].dev.pins > 0)
-      return StateError("step: group " + std::to_string(g) + " is fetched and not released");
-  WaitPrefetchIdle();
-  if (overlap_ && prepared_) {
-    const StepOptions& p = prepared_opts_;
-    if (p.lr != so.lr || p.beta1 != so.beta1 || p.beta2 != so.beta2 || p.eps != so.eps ||
-        p.weight_decay != so.weight_decay)
-      return InvalidError("step: options differ from those given to prepare_step, which the overlapped "
-                          "updates already used");
-  }
-  stats_->StepBegin();
-  double sum = 0;
-  bool finite = true;
-  for (const auto& gs : groups_) {
-    if (gs.grad_calls == 0) continue;
-    sum += gs.sum_squares;
-    finite = finite && gs.finite;
-  }
-  if (multi() && sworld_ > 1) {  // each rank holds a shard of G: sum the ranks' sums, in rank order
-    std::vector<double> sums(static_cast<size_t>(sworld_));
-    sums[static_cast<size_t>(srank_)] = sum;
-    Status gs = comm_->AllGather(&sums[static_cast<size_t>(srank_)], sums.data(), sizeof(double));
-    if (!gs.ok()) return gs.WithContext("step: gradient norm");
-    sum = 0;
-    for (double x : sums) sum += x;
-    finite = std::isfinite(sum);
-  }
-  StepResult r;
-  const double scale = scaler_.scale();
-  r.grad_norm = std::sqrt(sum) / scale;
-  Status st;
-  if (config_.fp16.enabled && !finite) {
-    r.skipped = true;
-    r.grad_norm = INFINITY;
-    scaler_.Update(true);
-  } else {
-    const double clip = config_.gradient_clipping;
-    const double coef = (clip > 0 && r.grad_norm > clip) ? clip / (r.grad_norm + 1e-6) : 1.0;
-    st = overlap_ ? WaitOverlapIdle() : Status::Ok();
-    std::vector<int> rest;
-    for (int g = 0; g < part_.num_groups(); ++g)
-      if (!groups_[static_cast<size_t>(g)].updated) rest.push_back(g);
-    if (st.ok()) st = RunOptimizer(rest, coef / scale, so, step_count_ + 1);
-    // Stages 1-2 with several ranks: every rank updated its slice of P; gather the rest.
-    for (int g = 0; st.ok() && p_gathered_after_step() && g < part_.num_groups(); ++g)
-      st = GatherP(g, io_->DirectPtr(groups_[static_cast<size_t>(g)].blocks[int(StateKind::kP)]));
-    if (st.ok()) ++step_count_;
-    scaler_.Update(false);
-  }
-  r.loss_scale = scaler_.scale();
+static bool SameOptions(const StepOptions& a, const StepOptions& b) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay;
+}
+
+Status Engine::Impl::CheckUsable(const char* call, bool pending_ok) const {
+  if (!broken_.empty())
+    return StateError(std::string(call) + ": the engine is broken: " + broken_ +
+                      "; load the last checkpoint to go on");
+  if (pending_ && !pending_ok)
+    return StateError(std::string(call) + ": a failed step is pending; call step again with the same options to "
+                      "finish it, or load a checkpoint");
+  return Status::Ok();
+}
+
+void Engine::Impl::AbandonStep() {
+  pending_.reset();
+  broken_.clear();
   prepared_ = false;
   for (auto& gs : groups_) {
     gs.grad_calls = 0;
-    gs.updated = false;
+    gs.updated = gs.committed = gs.p_stale = false;
   }
-  DropDeviceCopies();
+}
+
+Status Engine::Impl::RepairStaleP() {
+  Status st;
+  void* buf = nullptr;
+  for (int g = 0; st.ok() && g < part_.num_groups(); ++g) {
+    GroupState& gs = groups_[static_cast<size_t>(g)];
+    if (!gs.p_stale) continue;
+    if (!buf) buf = opt_staging_.Acquire();
+    st = RecomputePGroup(g, buf, buf ? opt_staging_.bytes() : 0);
+    if (st.ok()) gs.p_stale = false;
+  }
+  opt_staging_.Release(buf);
+  return st.WithContext("step: rewriting P from the committed master weights");
+}
+
+Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
+  if (!built_) return StateError("step: the engine is not built");
+  STRATA_RETURN_IF_ERROR(CheckUsable("step"));
+  for (int g = 0; g < part_.num_groups(); ++g)
+    if (groups_[static_cast<size_t>(g)].dev.pins > 0)
+      return StateError("step: group " + std::to_string(g) + " is fetched and not released");
+  if (pending_ && !SameOptions(pending_->options, so))
+    return InvalidError("step: a failed step is pending; finish it with the options it was called with (or load a "
+                        "checkpoint); nothing was changed");
+  WaitPrefetchIdle();
+  if (!pending_ && overlap_ && prepared_ && !SameOptions(prepared_opts_, so))
+    return InvalidError("step: options differ from those given to prepare_step, which the overlapped "
+                        "updates already used");
+  if (multi()) {  // ranks agree on the step and its options before anything changes
+    char hash[24];
+    std::snprintf(hash, sizeof hash, "%08llx",
+                  static_cast<unsigned long long>(XXH3_64bits(&so, sizeof so) & 0xffffffffu));
+    comm_->SetLabel("step " + std::to_string(step_count_ + 1) + " opts " + hash);
+    STRATA_RETURN_IF_ERROR(comm_->Barrier().WithContext("step: agreeing with the other ranks"));
+  }
+  stats_->StepBegin();
+  StepResult r;
+  double grad_scale = 1;
+  if (pending_) {  // resume: the norm, clipping and scale as the failed call had them
+    r = pending_->result;
+    grad_scale = pending_->grad_scale;
+  } else {
+    double sum = 0;
+    bool finite = true;
+    for (const auto& gs : groups_) {
+      if (gs.grad_calls == 0) continue;
+      sum += gs.sum_squares;
+      finite = finite && gs.finite;
+    }
+    if (multi() && sworld_ > 1) {  // each rank holds a shard of G: sum the ranks' sums, in rank order
+      std::vector<double> sums(static_cast<size_t>(sworld_));
+      sums[static_cast<size_t>(srank_)] = sum;
+      comm_->SetLabel("norm s" + std::to_string(step_count_ + 1));
+      Status gs = comm_->AllGather(&sums[static_cast<size_t>(srank_)], sums.data(), sizeof(double));
+      if (!gs.ok()) {
+        stats_->StepEnd(false);
+        return gs.WithContext("step: gradient norm");
+      }
+      sum = 0;
+      for (double x : sums) sum += x;
+      finite = std::isfinite(sum);
+    }
+    const double scale = scaler_.scale();
+    r.grad_norm = std::sqrt(sum) / scale;
+    if (config_.fp16.enabled && !finite) {
+      r.skipped = true;
+      r.grad_norm = INFINITY;
+    } else {
+      const double clip = config_.gradient_clipping;
+      const double coef = (clip > 0 && r.grad_norm > clip) ? clip / (r.grad_norm + 1e-6) : 1.0;
+      grad_scale = coef / scale;
+    }
+  }
+  Status st;
+  if (r.skipped) {
+    scaler_.Update(true);
+  } else {
+    st = overlap_ && !pending_ ? WaitOverlapIdle() : Status::Ok();
+    std::vector<int> rest;
+    for (int g = 0; g < part_.num_groups(); ++g)
+      if (!groups_[static_cast<size_t>(g)].committed) rest.push_back(g);
+    if (st.ok()) st = RunOptimizer(rest, grad_scale, so, step_count_ + 1);
+    if (st.ok()) st = RepairStaleP();
+    if (!broken_.empty())
+      st = StateError("step: cannot be finished: " + broken_ + "; load the last checkpoint to go on (" +
+                      st.message() + ")");
+    st = Agree(st, "step");  // every rank learns whether every rank finished; none gathers alone
+    // Stages 1-2 with several ranks: every rank updated its slice of P; gather the rest.
+    for (int g = 0; st.ok() && p_gathered_after_step() && g < part_.num_groups(); ++g)
+      st = GatherP(g, io_->DirectPtr(groups_[static_cast<size_t>(g)].blocks[int(StateKind::kP)]));
+    if (st.ok()) {
+      ++step_count_;
+      scaler_.Update(false);
+    }
+  }
+  r.loss_scale = scaler_.scale();
+  prepared_ = false;
+  if (st.ok()) {
+    AbandonStep();  // the step is done: nothing pending, every group fresh for the next
+  } else if (broken_.empty()) {
+    pending_ = PendingStep{so, grad_scale, r};
+    for (auto& gs : groups_) gs.updated = false;
+  }
+  DropDeviceCopies();  // P changed (for the committed groups, at least)
   std::vector<int> ahead;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -428,9 +534,20 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     ahead = schedule_.Ahead(window, [&](int g) { return PBytes(g); });
   }
   stats_->StepEnd(r.skipped);
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    if (!broken_.empty()) return st;
+    return st.WithContext("step " + std::to_string(step_count_ + 1) + " is not finished (" +
+                          std::to_string(CountCommitted()) + " of " + std::to_string(part_.num_groups()) +
+                          " groups updated); call step again with the same options to finish it");
+  }
   EnqueuePrefetch(ahead);
   return r;
+}
+
+int Engine::Impl::CountCommitted() const {
+  int n = 0;
+  for (const auto& gs : groups_) n += gs.committed;
+  return n;
 }
 
 Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
@@ -460,6 +577,7 @@ Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
     opt_staging_.Release(buf);
   }
   if (st.ok() && sworld_ > 1) {
+    comm_->SetLabel(std::string("read ") + StateName(kind) + " of g" + std::to_string(group));
     st = comm_->AllGather(mine, all.data(), L.shard_numel * 4);
     if (st.ok()) std::memcpy(out, all.data(), n * 4);
   }
@@ -502,30 +620,47 @@ EngineStats Engine::Impl::Stats() const {
 Status Engine::Build() { return impl_->Build(); }
 Result<void*> Engine::Fetch(int group) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "fetch"));
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch"));
   return impl_->Fetch(group);
 }
 Status Engine::Release(int group) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "release"));
   return impl_->Release(group);
 }
-Status Engine::Grads(int group, const void* grads, DType dtype) { return impl_->Grads(group, grads, dtype); }
+Status Engine::Grads(int group, const void* grads, DType dtype) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads", false));
+  return impl_->Grads(group, grads, dtype);
+}
 Result<StepResult> Engine::Step(const StepOptions& options) { return impl_->Step(options); }
-Status Engine::PrepareStep(const StepOptions& options) { return impl_->PrepareStep(options); }
+Status Engine::PrepareStep(const StepOptions& options) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("prepare_step", false));
+  return impl_->PrepareStep(options);
+}
 Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("checkpoint save", false));
   return impl_->SaveCheckpoint(dir, tag, blob, blob_bytes);
 }
+// A load is the way back from a failed or broken step: it may abandon it.
 Status Engine::LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
-  return impl_->LoadCheckpoint(dir, tag, blob);
+  Status st = impl_->LoadCheckpoint(dir, tag, blob);
+  if (st.ok()) impl_->AbandonStep();
+  return st;
 }
-Status Engine::ReadMaster(int group, float* out) { return impl_->ReadMaster(group, out); }
+Status Engine::ReadMaster(int group, float* out) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_master", false));
+  return impl_->ReadMaster(group, out);
+}
 Status Engine::ReadState(int group, OptimizerState which, float* out) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_state", false));
   return impl_->ReadState(group, static_cast<StateKind>(static_cast<int>(which) + 1), out);
 }
 Status Engine::WriteState(int group, OptimizerState which, const float* in) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("write_state", false));
   return impl_->WriteState(group, static_cast<StateKind>(static_cast<int>(which) + 1), in);
 }
 Status Engine::SetStepsApplied(int64_t steps) {
   if (steps < 0) return InvalidError("set_steps: " + std::to_string(steps) + " is negative");
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_steps", false));
   impl_->step_count_ = steps;
   return Status::Ok();
 }

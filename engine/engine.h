@@ -32,6 +32,7 @@ namespace strata {
 namespace net {
 class Communicator;
 }
+class FaultPlan;
 
 struct EngineOptions {
   // Ranks: world_size 1 runs alone; world_size > 1 (or 0: "from the
@@ -48,6 +49,8 @@ struct EngineOptions {
   // Needs gradient_clipping 0 and no fp16 (else it is off, with a warning),
   // and PrepareStep before the step's first Grads. Bitwise the same result.
   bool overlap_step = false;
+  // Tests: faults injected into the storage's completions (io/fault.h).
+  std::shared_ptr<FaultPlan> faults;
 };
 
 // Options that may change every step. Negative means "from the config"; zero is zero.

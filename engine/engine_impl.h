@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <nlohmann/json_fwd.hpp>
@@ -41,6 +42,18 @@ struct GroupState {
   double sum_squares = 0;  // of G, after the last Grads call
   bool finite = true;
   bool updated = false;   // overlap: updated (or queued) in this step
+  // This step's update of W, M, V is in their homes (all three, or none:
+  // NVMe writes are published together). A failed step leaves the others
+  // for the next Step call to finish.
+  bool committed = false;
+  bool p_stale = false;  // committed, but P's store failed: P is recomputed from W
+};
+
+// A step that failed part-way: the next Step (same options) finishes it.
+struct PendingStep {
+  StepOptions options;
+  double grad_scale = 1;  // clipping and loss scale, as the failed call computed them
+  StepResult result;
 };
 
 class Engine::Impl {
@@ -50,6 +63,8 @@ class Engine::Impl {
   Status Init();
   Status InitRanks();
   Status Build();
+  Status BuildOnce();
+  void UndoBuild();
   Result<void*> Fetch(int group);
   Status Release(int group);
   Status Grads(int group, const void* grads, DType dtype);
@@ -82,7 +97,13 @@ class Engine::Impl {
   Status SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
   Status LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
   Status LoadCheckpointChecked(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
-  Status CheckBetweenSteps(const char* call);
+  // `recovers`: a checkpoint load, which may abandon a pending failed step.
+  Status CheckBetweenSteps(const char* call, bool recovers = false);
+  // Refuses every call but a checkpoint load on a broken engine, and the
+  // calls that would mix a pending failed step with new work.
+  Status CheckUsable(const char* call, bool pending_ok = true) const;
+  // After a successful load: the pending or lost step is abandoned.
+  void AbandonStep();
   Status Agree(const Status& local, const std::string& what);
   Result<std::string> WriteShardFile(const std::string& data_path, const std::string& name);
   Result<std::string> SnapshotShardFile(const std::string& link_path, const std::string& name);
@@ -148,6 +169,13 @@ class Engine::Impl {
   StagingPool opt_staging_;    // W, M, V, G (and P) slots of the step pipeline
   StagingPool grad_staging_;   // G when not addressable in place, grads off the GPU
   uint64_t opt_slot_offsets_[kNumStates + 1] = {};
+
+  // Set when a step cannot be finished (its gradients are lost, or a device
+  // copy failed in place): only a checkpoint load brings the engine back.
+  std::string broken_;
+  std::optional<PendingStep> pending_;
+  Status RepairStaleP();  // pending step: P of committed groups whose P store failed
+  int CountCommitted() const;
 
   LossScaler scaler_;
   int64_t step_count_ = 0;  // optimizer updates applied

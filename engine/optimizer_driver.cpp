@@ -8,6 +8,13 @@
 //               written (three slots or more; reads run up to K-2 ahead).
 // States the CPU addresses in place (host-homed, or the device tier's host
 // arena) are not moved at all.
+//
+// Nothing half-happens: a group's new W, M, V are written to fresh extents
+// (NvmeTier copies on write) and published together once all three writes
+// are done, or all discarded; the group is then committed for this step. A
+// failed step leaves every group wholly old or wholly new, and the next Step
+// finishes the uncommitted ones from their old state and the gradients still
+// in G. P follows W: when only P's store fails, P is recomputed from W.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -24,10 +31,14 @@ namespace {
 // Moves in flight for one job: at most one per state, no allocation.
 struct Moves {
   std::array<BlockMove, kNumStates> m;
+  std::array<int, kNumStates> state{};  // the state each move carries
   int n = 0;
   BlockMove* begin() { return m.data(); }
   BlockMove* end() { return m.data() + n; }
-  void Add(BlockMove x) { m[static_cast<size_t>(n++)] = std::move(x); }
+  void Add(int s, BlockMove x) {
+    state[static_cast<size_t>(n)] = s;
+    m[static_cast<size_t>(n++)] = std::move(x);
+  }
 };
 
 struct Job {
@@ -37,7 +48,13 @@ struct Job {
   Moves loads, stores;
   bool summed = false;               // sum holds the stored blocks' checksums (alternate)
   uint64_t sum[kNumStates] = {};
+  bool updated = false;     // the CPU update ran and succeeded
+  bool store_failed = false;  // a W, M or V store could not even start
+  bool p_stored = false;    // P's store started
+  bool settled = false;     // finish_stores ran
 };
+
+bool IsOptimizerState(int s) { return s == int(StateKind::kW) || s == int(StateKind::kM) || s == int(StateKind::kV); }
 
 }  // namespace
 
@@ -52,9 +69,33 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   Status first_error;
   auto keep = [&](Status s) { if (first_error.ok() && !s.ok()) first_error = std::move(s); };
 
+  // Waits for j's stores, then publishes W, M, V (and P) together when all
+  // of them landed, else discards them; marks the group committed or not.
   auto finish_stores = [&](Job& j) {
-    for (auto& m : j.stores) keep(io_->Finish(m));
+    if (j.group < 0 || j.settled) return;
+    j.settled = true;
+    GroupState& gs = groups_[static_cast<size_t>(j.group)];
+    Status state_st, p_st;
+    for (int k = 0; k < j.stores.n; ++k) {
+      Status s = io_->WaitStore(j.stores.m[static_cast<size_t>(k)]);
+      Status& into = j.stores.state[static_cast<size_t>(k)] == int(StateKind::kP) ? p_st : state_st;
+      if (into.ok() && !s.ok()) into = std::move(s);
+    }
+    const bool commit = gs.committed || (j.updated && !j.store_failed && state_st.ok());
+    // A device copy that failed wrote in place: the group's state is neither old nor new.
+    if (!commit && j.updated && gs.blocks[int(StateKind::kW)].home == TierKind::kDevice && broken_.empty())
+      broken_ = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
+                state_st.message() + ")";
+    for (int k = 0; k < j.stores.n; ++k) {
+      const bool is_p = j.stores.state[static_cast<size_t>(k)] == int(StateKind::kP);
+      io_->SettleStore(j.stores.m[static_cast<size_t>(k)], commit && (!is_p || p_st.ok()));
+    }
     j.stores.n = 0;
+    const StateBlock& pb = gs.blocks[int(StateKind::kP)];
+    if (commit && !io_->Direct(pb) && (!j.p_stored || !p_st.ok())) gs.p_stale = true;
+    if (commit) gs.committed = true;
+    keep(std::move(state_st));
+    keep(std::move(p_st));
     if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }
   };
   auto start_loads = [&](int i) {
@@ -70,13 +111,21 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + opt_slot_offsets_[s]);
       if (s == int(StateKind::kP) || (s == int(StateKind::kG) && !has_grads)) continue;  // written, not read
       auto m = io_->StartLoad(b, j.ptr[s]);
-      if (m.ok()) j.loads.Add(std::move(m).value());
+      if (m.ok()) j.loads.Add(s, std::move(m).value());
       else keep(m.status());
     }
   };
 
+  // A G that cannot be read back (corrupt, or never written) is a step
+  // that cannot be finished: the engine is broken, not resumable.
   auto finish_loads = [&](Job& j) {
-    for (auto& m : j.loads) keep(io_->Finish(m));
+    for (int k = 0; k < j.loads.n; ++k) {
+      Status s = io_->Finish(j.loads.m[static_cast<size_t>(k)]);
+      if (!s.ok() && j.loads.state[static_cast<size_t>(k)] == int(StateKind::kG) &&
+          (s.code() == Code::kCorrupt || s.code() == Code::kState) && broken_.empty())
+        broken_ = "the gradients of group " + std::to_string(j.group) + " are lost (" + s.message() + ")";
+      keep(std::move(s));
+    }
     j.loads.n = 0;
   };
   // f(s, block) for each state of j that goes back home after the update.
@@ -94,8 +143,13 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   auto start_stores = [&](Job& j) {
     for_each_stored(j, [&](int s, StateBlock& b) {
       auto m = io_->StartStore(b, j.ptr[s], j.summed ? &j.sum[s] : nullptr);
-      if (m.ok()) j.stores.Add(std::move(m).value());
-      else keep(m.status());
+      if (m.ok()) {
+        j.stores.Add(s, std::move(m).value());
+        if (s == int(StateKind::kP)) j.p_stored = true;
+      } else {
+        if (IsOptimizerState(s)) j.store_failed = true;
+        keep(m.status());
+      }
     });
   };
   // The CPU update of one job whose states are in place; false on error.
@@ -129,6 +183,12 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     if (copy_f32) std::memcpy(P, W, len * 4);
     stats_->End(Resource::kCpuOptimizer);
     stats_->Span(Resource::kCpuOptimizer, "update", t0, stats_->Now(), len);
+    if (st.ok()) {
+      j.updated = true;
+      // W, M, V updated in place (host homes): committed now; P follows
+      // through its store (or, when that fails, a recompute from W).
+      if (io_->Direct(gs.blocks[int(StateKind::kW)])) gs.committed = true;
+    }
     keep(st);
     return first_error.ok();
   };

@@ -45,6 +45,8 @@ class StagingPool {
     }
     cv_.notify_one();
   }
+  // Returns every buffer to the host tier. REQUIRES: none handed out.
+  void Clear() { Reset(); }
   uint64_t bytes() const { return bytes_; }
   int count() const { return static_cast<int>(all_.size()); }
 

@@ -28,9 +28,11 @@
  *   - No exception and no abort crosses this boundary for bad input; a call
  *     returns a status and strata_last_error() gives the detailed message.
  *   - Pointers named out* are written only on STRATA_OK.
- *   - After an internal error (STRATA_INTERNAL, or a failure the engine cannot
- *     recover from) an engine is broken: every later call on it returns
- *     STRATA_STATE and says why; only strata_engine_destroy still works.
+ *   - After an internal error (STRATA_INTERNAL) an engine is broken: every
+ *     later call on it returns STRATA_STATE and says why; only
+ *     strata_engine_destroy still works. A step that cannot be finished
+ *     (see strata_engine_step) also breaks it, but there a checkpoint load
+ *     brings it back.
  *   - One thread at a time drives an engine (the caller serializes); distinct
  *     engines may be driven from distinct threads. The engine runs its own I/O,
  *     copy and prefetch threads internally.
@@ -170,7 +172,9 @@ STRATA_API strata_status_t strata_engine_release(strata_engine_t* engine, int gr
  * device; host memory without a GPU) to its fp32 accumulator; the first call
  * of a step overwrites. Work queued on `cuda_stream` that writes `grads` is
  * waited for first; `grads` stays owned by the caller and may be reused when
- * the call returns. Errors: INVALID, STATE, IO, NOMEM, COMM. */
+ * the call returns. A call that fails leaves the accumulator as it was
+ * before it (a stored accumulator is replaced only once wholly written), so
+ * the same call may be retried. Errors: INVALID, STATE, IO, NOMEM, COMM. */
 STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const void* grads,
                                                strata_dtype_t dtype, void* cuda_stream);
 
@@ -205,8 +209,25 @@ STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
 
 /* Runs the optimizer over every shard (norm, clipping, loss scaling, update)
  * and writes the new parameters to their home tier. `options` may be NULL
- * (all from the config); `result` may be NULL. Errors: INVALID, STATE, IO,
- * CORRUPT, NOSPACE, COMM, TIMEOUT. */
+ * (all from the config); `result` may be NULL. A group that got no
+ * gradients this step is updated as with zero gradients (its moments decay
+ * and weight decay applies), as DeepSpeed's flat optimizer does.
+ *
+ * A step that fails part-way (a disk error, a full disk, a lost peer) is
+ * resumable and exact: each group's master weights and moments are either
+ * wholly updated or untouched (new versions go to fresh places on disk and
+ * replace the old ones together), the step count is unchanged, and the
+ * gradients are kept. Calling strata_engine_step again with the same options
+ * finishes only the groups not yet updated and gives bitwise the result of a
+ * step that never failed; different options are refused (INVALID) and
+ * change nothing. Until then grads, prepare_step, read_master, read_state,
+ * write_state and checkpoint_save return STATE; fetch still works. With
+ * several ranks every rank returns an error when any rank's step failed, and
+ * every rank calls step again. When the step cannot be finished (its
+ * gradients cannot be read back, or device memory was left half written)
+ * the call returns STATE saying why, and every call but checkpoint_load
+ * (which abandons the step) returns STATE until a checkpoint is loaded.
+ * Errors: INVALID, STATE, IO, CORRUPT, NOSPACE, COMM, TIMEOUT. */
 STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_options_t* options,
                                               strata_step_result_t* result);
 
@@ -227,7 +248,8 @@ STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, in
  * out). When the blob does not fit, the state is still loaded and the call
  * returns INVALID with the needed length in *blob_bytes.
  * REQUIRES: after build, between steps (nothing fetched, no gradients
- * pending). Errors: INVALID, STATE, IO, NOSPACE, CORRUPT, UNSUPPORTED. */
+ * pending); a load may also follow a failed or broken step, which it
+ * abandons. Errors: INVALID, STATE, IO, NOSPACE, CORRUPT, UNSUPPORTED. */
 STRATA_API strata_status_t strata_checkpoint_save(strata_engine_t* engine, const char* dir, const char* tag,
                                                   const void* blob, uint64_t blob_bytes);
 STRATA_API strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir, const char* tag,
