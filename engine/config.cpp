@@ -166,7 +166,7 @@ Status ReadBetas(ObjectReader& r, OptimizerConfig* o) {
     return ConfigError(path + ": expected a list of two numbers, got " + config_internal::DescribeJson(*v));
   const double b1 = (*v)[0].get<double>(), b2 = (*v)[1].get<double>();
   if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1))
-    return ConfigError(path + ": " + v->dump() + " is out of range; allowed: each in [0, 1)");
+    return ConfigError(path + ": " + config_internal::BriefJson(*v) + " is out of range; allowed: each in [0, 1)");
   o->beta1 = b1, o->beta2 = b2;
   return Status::Ok();
 }
@@ -260,29 +260,6 @@ void LogDiagnostics(const Config& c) {
   for (const auto& warning : c.warnings) WarnOnce("config " + warning, "config: " + warning);
 }
 
-std::string PositionOf(std::string_view text, size_t byte) {
-  size_t line = 1, column = 1;
-  for (size_t i = 0; i < byte && i < text.size(); ++i) {
-    if (text[i] == '\n') ++line, column = 1;
-    else ++column;
-  }
-  return "line " + std::to_string(line) + ", column " + std::to_string(column);
-}
-
-// The JSON parser reports errors by exception; they stop here.
-Result<Json> ParseJson(std::string_view text) {
-  try {
-    return Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
-    std::string what = e.what();
-    const size_t colon = what.find(": ");  // drop "[json.exception...] parse error at ...: "
-    if (colon != std::string::npos) what = what.substr(colon + 2);
-    const size_t byte = e.byte > 0 ? e.byte - 1 : 0;
-    return ConfigError("invalid JSON at " + PositionOf(text, byte) + " (byte " + std::to_string(byte) +
-                       "): " + what);
-  }
-}
-
 }  // namespace
 
 const char* OffloadDeviceName(OffloadDevice d) {
@@ -322,7 +299,7 @@ bool Config::operator==(const Config& o) const {
 }
 
 Result<Config> ParseConfig(std::string_view json_text) {
-  STRATA_ASSIGN_OR_RETURN(Json doc, ParseJson(json_text));
+  STRATA_ASSIGN_OR_RETURN(Json doc, config_internal::ParseConfigJson(json_text));
   if (!doc.is_object())
     return ConfigError("config: the top level must be a JSON object, got " + config_internal::DescribeJson(doc));
   Config config;

@@ -1,0 +1,83 @@
+// engine/config: what a hostile or careless document cannot do — nest
+// without bound, repeat a key, overflow a number, print a huge value into a
+// message.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/config.h"
+#include "engine/config_reader.h"
+
+namespace strata {
+namespace {
+
+std::string Refusal(const std::string& text) {
+  Result<Config> c = ParseConfig(text);
+  if (c.ok()) return "(accepted)";
+  EXPECT_EQ(c.status().code(), Code::kConfig) << c.status().ToString();
+  return c.status().message();
+}
+
+std::string Nested(char open, char close, size_t depth) {
+  return std::string(depth, open) + std::string(depth, close);
+}
+
+// ---- Nesting and message size ----
+
+TEST(ConfigLimits, DeepNestingIsRefusedNotACrash) {
+  // 100k levels used to overflow the stack describing the value.
+  const std::string deep_arrays = Nested('[', ']', 100000);
+  EXPECT_NE(Refusal(deep_arrays).find("nested deeper than 64 levels"), std::string::npos);
+  std::string deep_objects;
+  for (int i = 0; i < 100000; ++i) deep_objects += "{\"a\":";
+  deep_objects += "1" + std::string(100000, '}');
+  EXPECT_NE(Refusal(deep_objects).find("nested deeper than 64 levels"), std::string::npos);
+  EXPECT_NE(Refusal(R"({"aio": )" + Nested('[', ']', 200) + "}").find("aio[0][0]"), std::string::npos);
+}
+
+TEST(ConfigLimits, NestingUpToTheLimitIsParsed) {
+  // 64 levels: the top object plus 63 arrays under "aio" (refused for its type, not its depth).
+  const std::string message = Refusal(R"({"aio": )" + Nested('[', ']', 63) + "}");
+  EXPECT_EQ(message.rfind("aio: expected an object, got array [[[[", 0), 0u) << message;
+}
+
+TEST(ConfigLimits, MessagesPrintAtMostABriefValue) {
+  const std::string big(1 << 20, 'x');
+  for (const std::string& doc : {R"({"aio": [")" + big + R"("]})", R"({"strata": {"step_io": ")" + big + R"("}})",
+                                 R"({"strata": {"host_budget": ")" + big + R"("}})",
+                                 R"({"zero_optimization": {")" + big + R"(": 1}})",
+                                 R"({"aio": )" + Nested('[', ']', 60) + "}"}) {
+    const std::string message = Refusal(doc);
+    EXPECT_LT(message.size(), 400u) << message.substr(0, 400);
+  }
+  EXPECT_EQ(config_internal::BriefJson(config_internal::Json::parse(R"({"a": ")" + big + R"("})")),
+            "{\"a\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...");
+}
+
+// ---- Duplicate keys ----
+
+TEST(ConfigLimits, DuplicateKeyIsRefusedWithItsPath) {
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"stage": 7, "stage": 2}})"),
+            "zero_optimization.stage: duplicate key; give each key once");
+  EXPECT_EQ(Refusal(R"({"aio": {}, "aio": {}})"), "aio: duplicate key; give each key once");
+  EXPECT_EQ(Refusal(R"({"strata": {"nvme_paths": [{"a": 1, "a": 1}]}})"),
+            "strata.nvme_paths[0].a: duplicate key; give each key once");
+  // The same key in two objects is two keys.
+  EXPECT_EQ(Refusal(R"({"bf16": {"enabled": false}, "fp16": {"enabled": false}})"), "(accepted)");
+}
+
+// ---- Numbers that overflow ----
+
+TEST(ConfigLimits, OverflowingNumberNamesTheKey) {
+  const std::string message = Refusal(R"({"optimizer": {"params": {"lr": 1e400}}})");
+  EXPECT_EQ(message.rfind("optimizer.params.lr: number overflow parsing '1e400' at line 1, column ", 0), 0u)
+      << message;
+  EXPECT_NE(message.find("allowed: a finite number"), std::string::npos) << message;
+  EXPECT_EQ(Refusal(R"({"optimizer": {"params": {"betas": [0.9, -1e999]}}})")
+                .rfind("optimizer.params.betas[1]: number overflow", 0),
+            0u);
+  EXPECT_EQ(Refusal("1e400").rfind("config: number overflow parsing '1e400' at line 1", 0), 0u);
+}
+
+}  // namespace
+}  // namespace strata
