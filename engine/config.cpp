@@ -11,6 +11,7 @@
 
 #include "base/log.h"
 #include "engine/config_reader.h"
+#include "io/uring_storage.h"
 
 namespace strata {
 
@@ -116,11 +117,12 @@ Status ReadZero(ObjectReader& top, Config* c) {
 }
 
 Status ReadAio(ObjectReader r, AioConfig* a, std::vector<std::string>* warnings) {
-  STRATA_RETURN_IF_ERROR(r.Uint("block_size", &a->block_size, 4096));
+  STRATA_RETURN_IF_ERROR(r.Uint("block_size", &a->block_size, 4096, UringOptions::kMaxBlockSize));
   if (a->block_size % 4096 != 0)
     return ConfigError(r.KeyPath("block_size") + ": " + std::to_string(a->block_size) +
                        " is not a multiple of 4096 (O_DIRECT alignment)");
-  STRATA_RETURN_IF_ERROR(r.Uint("queue_depth", &a->queue_depth, 1, 65536));
+  // The storage's own limit: one number, so the engine never refuses what the config accepted.
+  STRATA_RETURN_IF_ERROR(r.Uint("queue_depth", &a->queue_depth, 1, UringOptions::kMaxQueueDepth));
   STRATA_ASSIGN_OR_RETURN(std::string threads, r.Alias({"intra_op_parallelism", "thread_count"}));
   STRATA_RETURN_IF_ERROR(r.Uint(threads, &a->thread_count, 1, 1024));
   STRATA_RETURN_IF_ERROR(r.Bool("single_submit", &a->single_submit));

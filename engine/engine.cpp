@@ -79,6 +79,9 @@ Status Engine::Impl::InitRanks() {
 }
 
 Status Engine::Impl::Init() {
+  // A Config built in code is held to the parser's rules (aio.queue_depth, ...)
+  // before anything is created from it; machine and model facts come at Build.
+  STRATA_RETURN_IF_ERROR(ValidateConfig(config_, ConfigFacts{}));
   STRATA_RETURN_IF_ERROR(InitRanks());
   if (options_.grad_accumulation_steps < 1)
     return InvalidError("grad_accumulation_steps must be at least 1");
@@ -89,7 +92,7 @@ Status Engine::Impl::Init() {
   stats_ = std::make_unique<StatsRecorder>(options_.rank, config_.strata.trace_path);
   UringOptions uo;
   uo.rings = config_.strata.io_rings;
-  uo.queue_depth = static_cast<uint32_t>(std::max<uint64_t>(config_.aio.queue_depth, 1));
+  uo.queue_depth = static_cast<uint32_t>(config_.aio.queue_depth);  // in 1..kMaxQueueDepth: validated above
   uo.block_size = config_.aio.block_size;
   STRATA_ASSIGN_OR_RETURN(storage_, UringStorage::Create(uo));
   const bool gpu = !options_.force_no_gpu && gpu::Available();

@@ -1,6 +1,6 @@
 // engine/config: what a hostile or careless document cannot do — nest
 // without bound, repeat a key, overflow a number, print a huge value into a
-// message.
+// message — and the limits that keep config and engine agreed.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -77,6 +77,23 @@ TEST(ConfigLimits, OverflowingNumberNamesTheKey) {
                 .rfind("optimizer.params.betas[1]: number overflow", 0),
             0u);
   EXPECT_EQ(Refusal("1e400").rfind("config: number overflow parsing '1e400' at line 1", 0), 0u);
+}
+
+// ---- One limit for config and engine ----
+
+TEST(ConfigLimits, QueueDepthHasTheStoragesLimit) {
+  EXPECT_EQ(Refusal(R"({"aio": {"queue_depth": 4096}})"), "(accepted)");
+  EXPECT_EQ(Refusal(R"({"aio": {"queue_depth": 4097}})"),
+            "aio.queue_depth: 4097 is out of range; allowed: from 1 to 4096");
+  EXPECT_EQ(Refusal(R"({"aio": {"queue_depth": 65536}})"),
+            "aio.queue_depth: 65536 is out of range; allowed: from 1 to 4096");
+  EXPECT_EQ(Refusal(R"({"aio": {"block_size": 2147483648}})"),
+            "aio.block_size: 2147483648 is out of range; allowed: from 4096 to 1073741824");
+  Config in_code;  // held to the same rule when built without the parser
+  in_code.aio.queue_depth = 65536;
+  const Status st = ValidateConfig(in_code, ConfigFacts{});
+  EXPECT_EQ(st.code(), Code::kConfig);
+  EXPECT_EQ(st.message(), "aio.queue_depth: 65536 is out of range; allowed: from 1 to 4096");
 }
 
 }  // namespace
