@@ -77,6 +77,18 @@ Status ReadDeprecatedOffload(ObjectReader& r, Config* c) {
   return Status::Ok();
 }
 
+// DeepSpeed reads offload_param only in stage 3; a ds_config.json that sets
+// it with a lower stage runs there with parameters on the GPU. Strata places
+// P as the section says at any stage, so the same file behaves differently:
+// say so (logged once per process, with the other warnings).
+void WarnOffloadParamBelowStage3(Config& c) {
+  const OffloadDevice d = c.zero.offload_param.device;
+  if (c.zero.stage >= 3 || d == OffloadDevice::kNone) return;
+  c.warnings.push_back("zero_optimization.offload_param: DeepSpeed ignores it below stage 3 (stage " +
+                       std::to_string(c.zero.stage) + " here) and keeps parameters on the GPU; Strata keeps them on " +
+                       OffloadDeviceName(d) + " as it says");
+}
+
 Status ReadZero(ObjectReader& top, Config* c) {
   const Json* legacy = top.Find("zero_optimization");
   if (legacy != nullptr && legacy->is_boolean()) {  // DeepSpeed's old form: true = stage 1
@@ -100,6 +112,7 @@ Status ReadZero(ObjectReader& top, Config* c) {
   STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"sub_group_size"}, &z.sub_group_size));
   if (z.sub_group_size == 0) return ConfigError(r.KeyPath("sub_group_size") + ": 0 is out of range; allowed: at least 1");
   STRATA_RETURN_IF_ERROR(ReadDeprecatedOffload(r, c));
+  WarnOffloadParamBelowStage3(*c);
   r.Unimplemented({"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
                    "allgather_partitions", "allgather_bucket_size", "use_multi_rank_bucket_allreduce",
                    "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",

@@ -1,6 +1,6 @@
 // engine/config: what a hostile or careless document cannot do — nest
 // without bound, repeat a key, overflow a number, print a huge value into a
-// message — and the limits that keep config and engine agreed.
+// message — and the limits and warnings that keep config and engine agreed.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -94,6 +94,30 @@ TEST(ConfigLimits, QueueDepthHasTheStoragesLimit) {
   const Status st = ValidateConfig(in_code, ConfigFacts{});
   EXPECT_EQ(st.code(), Code::kConfig);
   EXPECT_EQ(st.message(), "aio.queue_depth: 65536 is out of range; allowed: from 1 to 4096");
+}
+
+// ---- Warnings ----
+
+TEST(ConfigLimits, OffloadParamBelowStage3Warns) {
+  for (int stage : {0, 1, 2}) {
+    Result<Config> c = ParseConfig(R"({"zero_optimization": {"stage": )" + std::to_string(stage) +
+                                   R"(, "offload_param": {"device": "cpu"}}})");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    ASSERT_EQ(c->warnings.size(), 1u) << "stage " << stage;
+    EXPECT_EQ(c->warnings[0], "zero_optimization.offload_param: DeepSpeed ignores it below stage 3 (stage " +
+                                  std::to_string(stage) +
+                                  " here) and keeps parameters on the GPU; Strata keeps them on cpu as it says");
+  }
+  // The deprecated spelling too; stage 3, or no offload, says nothing.
+  Result<Config> legacy = ParseConfig(R"({"zero_optimization": {"stage": 2, "cpu_offload_param": true}})");
+  ASSERT_TRUE(legacy.ok());
+  EXPECT_EQ(legacy->warnings.size(), 2u);  // deprecated key + below stage 3
+  for (const char* quiet : {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})",
+                            R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "none"}}})"}) {
+    Result<Config> c = ParseConfig(quiet);
+    ASSERT_TRUE(c.ok());
+    EXPECT_TRUE(c->warnings.empty()) << quiet;
+  }
 }
 
 }  // namespace
