@@ -103,6 +103,9 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   if (c.aio.block_size == 0 || c.aio.block_size % 4096 != 0)
     return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) +
                        " is not a multiple of 4096 (O_DIRECT alignment)");
+  const std::string& nf = c.strata.nonfinite;
+  if (nf != "skip" && nf != "error" && nf != "apply")
+    return ConfigError("strata.nonfinite: \"" + nf + "\" is not one of skip, error, apply");
   if (c.aio.block_size > UringOptions::kMaxBlockSize)
     return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) + " is out of range; allowed: from 4096 to " +
                        std::to_string(UringOptions::kMaxBlockSize));

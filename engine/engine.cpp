@@ -14,6 +14,7 @@
 #include "base/align.h"
 #include "base/log.h"
 #include "base/sizes.h"
+#include "engine/preflight.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/norm.h"
 #include "tiers/gpu.h"
@@ -82,6 +83,7 @@ Status Engine::Impl::Init() {
   // A Config built in code is held to the parser's rules (aio.queue_depth, ...)
   // before anything is created from it; machine and model facts come at Build.
   STRATA_RETURN_IF_ERROR(ValidateConfig(config_, ConfigFacts{}));
+  STRATA_RETURN_IF_ERROR(CheckCpuIsaVariable());
   STRATA_RETURN_IF_ERROR(InitRanks());
   if (options_.grad_accumulation_steps < 1)
     return InvalidError("grad_accumulation_steps must be at least 1");
@@ -128,16 +130,25 @@ Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t n
 
 // Fills a block through `fill(ptr)`: in place when addressable, else through
 // a staging slot.
-static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::function<void(void*)>& fill) {
-  if (m.io_->Direct(b)) {
-    fill(m.io_->DirectPtr(b));
-    return Status::Ok();
-  }
+static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::function<Status(void*)>& fill) {
+  if (m.io_->Direct(b)) return fill(m.io_->DirectPtr(b));
   void* buf = m.opt_staging_.Acquire();
-  fill(buf);
-  Status st = m.io_->Store(b, buf);
+  Status st = fill(buf);
+  if (st.ok()) st = m.io_->Store(b, buf);
   m.opt_staging_.Release(buf);
   return st;
+}
+
+// The staging pools, as PlanStaging sizes them (CheckHostPlan checked the
+// budget with the same sizes, less the NVMe tier's padding, which a refusal
+// here names too).
+static Status InitStaging(Engine::Impl& m) {
+  const StagingSizes z = PlanStaging(m, [&](uint64_t bytes) { return m.io_->NvmePadded(bytes); });
+  std::copy(std::begin(z.opt_offsets), std::end(z.opt_offsets), std::begin(m.opt_slot_offsets_));
+  Status st = m.opt_staging_.Init(m.host_.get(), z.opt_slots, z.opt_offsets[kNumStates]);
+  if (st.ok()) st = m.param_staging_.Init(m.host_.get(), z.param_slots, z.param_bytes);
+  if (st.ok()) st = m.grad_staging_.Init(m.host_.get(), z.grad_slots, z.grad_bytes);
+  return st.WithContext("build: staging (strata.host_budget " + FormatBytes(m.host_->budget()) + ")");
 }
 
 Status Engine::Impl::Build() {
@@ -152,17 +163,13 @@ Status Engine::Impl::Build() {
   facts.has_gpu = device_->on_gpu();
   STRATA_RETURN_IF_ERROR(ValidateConfig(config_, facts));
 
-  const bool adam = config_.optimizer.type == "adam" || config_.optimizer.type == "adamw";
   home_[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
   const TierKind opt_home = HomeOf(config_.zero.offload_optimizer.device);
   home_[int(StateKind::kW)] = home_[int(StateKind::kM)] = home_[int(StateKind::kV)] = opt_home;
   home_[int(StateKind::kG)] = opt_home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost;
+  STRATA_RETURN_IF_ERROR(CheckHostPlan(*this));  // before anything is allocated
   const int ngroups = part_.num_groups();
-  const uint64_t shard = part_.largest_shard_numel();
-  auto state_bytes = [&](int s, uint64_t n) { return n * (s == int(StateKind::kP) ? DTypeSize(dtype_) : 4); };
-  // Elements of state s of group g on this rank.
-  auto numel_of = [&](int s, int g) { return s == int(StateKind::kP) ? PHomeNumel(g) : part_.group(g).shard_numel; };
-  auto used = [&](int s) { return adam || s != int(StateKind::kV); };
+  auto used = [&](int s) { return StateUsed(*this, s); };
 
   // The NVMe tier holds exactly the blocks homed there.
   std::vector<std::string> dirs = config_.OptimizerSwapPaths();
@@ -172,7 +179,7 @@ Status Engine::Impl::Build() {
   for (int s = 0; s < kNumStates; ++s)
     if (used(s) && home_[s] == TierKind::kNvme)
       for (int g = 0; g < ngroups; ++g)
-        nvme_bytes += state_bytes(s, numel_of(s, g)) + dirs.size() * 64 * kKiB;
+        nvme_bytes += StateBytes(*this, s, g) + dirs.size() * 64 * kKiB;
   if (nvme_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .rank = options_.rank,
                                                      .checksums = config_.strata.checksums, .storage = storage_.get()}));
@@ -184,39 +191,13 @@ Status Engine::Impl::Build() {
   for (int g = 0; g < ngroups; ++g)
     for (int s = 0; s < kNumStates; ++s) {
       if (!used(s)) continue;
-      auto b = io_->Allocate(home_[s], state_bytes(s, numel_of(s, g)));
+      auto b = io_->Allocate(home_[s], StateBytes(*this, s, g));
       if (!b.ok())
         return b.status().WithContext(std::string("build: state ") + StateName(StateKind(s)) + " of group " +
                                       std::to_string(g) + " in its home tier");
       groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)] = *b;
     }
-  // The step's slots: every state that the CPU cannot address in place.
-  uint64_t off = 0;
-  bool any_staged = false;
-  for (int s = 0; s < kNumStates; ++s) {
-    opt_slot_offsets_[s] = off;
-    if (!used(s) || io_->Direct(groups_[0].blocks[static_cast<size_t>(s)])) continue;
-    uint64_t largest = 0;  // elements of this state on this rank, largest group
-    for (int g = 0; g < ngroups; ++g) largest = std::max(largest, numel_of(s, g));
-    off += AlignUp(io_->NvmePadded(state_bytes(s, largest)), 64 * kKiB);
-    any_staged = true;
-  }
-  opt_slot_offsets_[kNumStates] = off;
-  // Slots: offload_optimizer.buffer_count (at least 3: read ahead, update, write behind).
-  const int slots = static_cast<int>(std::clamp<uint64_t>(config_.zero.offload_optimizer.buffer_count, 3, 16));
-  if (any_staged) STRATA_RETURN_IF_ERROR(opt_staging_.Init(host_.get(), slots, off));
-  if (home_[0] == TierKind::kNvme && device_->on_gpu()) {
-    const int n = static_cast<int>(std::clamp<uint64_t>(config_.zero.offload_param.buffer_count, 1, 4));
-    STRATA_RETURN_IF_ERROR(param_staging_.Init(host_.get(), n, io_->NvmePadded(state_bytes(0, shard))));
-  }
-  uint64_t grad_bytes = 0;
-  if (home_[int(StateKind::kG)] == TierKind::kNvme) grad_bytes = io_->NvmePadded(shard * 4);
-  if (device_->on_gpu()) grad_bytes = std::max(grad_bytes, part_.largest_group_numel() * 4);
-  uint64_t largest_padded = 0;
-  for (int g = 0; g < ngroups; ++g) largest_padded = std::max(largest_padded, part_.group(g).padded);
-  if (multi()) grad_bytes = std::max(grad_bytes, AlignUp(largest_padded * 4, 4096));  // the whole group's fp32 grads
-  const int grad_slots = device_->on_gpu() || (multi() && home_[int(StateKind::kG)] == TierKind::kNvme) ? 2 : 1;
-  if (grad_bytes) STRATA_RETURN_IF_ERROR(grad_staging_.Init(host_.get(), grad_slots, grad_bytes));
+  STRATA_RETURN_IF_ERROR(InitStaging(*this));
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
   for (int g = 0; g < ngroups; ++g) {
@@ -227,14 +208,19 @@ Status Engine::Impl::Build() {
     auto fill_w = [&](void* p) {  // this rank's shard of the initial values
       std::memset(p, 0, L.shard_numel * 4);
       std::memcpy(p, w0.data() + lo, real * 4);
+      return Status::Ok();
     };
     auto fill_p = [&](void* p) {  // the whole group, or this rank's shard (stage 3)
       const uint64_t n = PHomeNumel(g);
       std::memset(p, 0, n * DTypeSize(dtype_));
       const uint64_t from = p_sharded_ ? lo : 0, count = p_sharded_ ? real : L.numel;
-      kernels::Cast(DType::kF32, w0.data() + from, dtype_, p, count).IgnoreError();  // valid dtypes: cannot fail
+      // Fails when the kernels cannot run (STRATA_CPU_ISA): P would stay zeros.
+      return kernels::Cast(DType::kF32, w0.data() + from, dtype_, p, count);
     };
-    auto zero = [&](void* p) { std::memset(p, 0, L.shard_numel * 4); };
+    auto zero = [&](void* p) {
+      std::memset(p, 0, L.shard_numel * 4);
+      return Status::Ok();
+    };
     STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kW)], fill_w));
     STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kP)], fill_p));
     for (int s : {int(StateKind::kM), int(StateKind::kV), int(StateKind::kG)})
@@ -285,7 +271,7 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   Status st = AccumulateG(group, src, dtype, real);
   if (src_buf) grad_staging_.Release(src_buf);
   if (!st.ok()) return st.WithContext("grads: group " + std::to_string(group));
-  if (overlap_ && prepared_ && gs.grad_calls == options_.grad_accumulation_steps) {
+  if (overlap_ && prepared_ && gs.grad_calls == options_.grad_accumulation_steps && OverlapMayUpdate(*this, gs)) {
     gs.updated = true;
     EnqueueUpdate(group);
   }
@@ -356,6 +342,7 @@ Status Engine::Impl::GradsMulti(int group, const void* grads, DType dtype) {
 }
 
 Status Engine::Impl::PrepareStep(const StepOptions& so) {
+  STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "prepare_step"));
   if (!built_) return StateError("prepare_step: the engine is not built");
   for (const auto& gs : groups_)
     if (gs.grad_calls > 0) return StateError("prepare_step: gradients of this step have already arrived");
@@ -365,6 +352,7 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
 }
 
 Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
+  STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "step"));
   if (!built_) return StateError("step: the engine is not built");
   for (int g = 0; g < part_.num_groups(); ++g)
     if (groups_[static_cast<size_t>(g)].dev.pins > 0)
@@ -398,7 +386,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   const double scale = scaler_.scale();
   r.grad_norm = std::sqrt(sum) / scale;
   Status st;
-  if (config_.fp16.enabled && !finite) {
+  if (HoldBackNonfinite(*this, finite, &st)) {
     r.skipped = true;
     r.grad_norm = INFINITY;
     scaler_.Update(true);
