@@ -381,7 +381,7 @@ std::string ConfigToJson(const Config& c) {
         {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s}, {"io_rings", c.strata.io_rings},
         {"step_io", c.strata.step_io}, {"nonfinite", c.strata.nonfinite}}},
   };
-  return doc.dump(2);
+  return doc.dump(2, ' ', false, Json::error_handler_t::replace);  // a Config built in code may hold any bytes
 }
 
 }  // namespace strata

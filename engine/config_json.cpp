@@ -23,18 +23,31 @@ std::string PositionOf(std::string_view text, size_t byte) {
          std::to_string(byte) + ")";
 }
 
+// The first `n` bytes of `s`, or fewer so as not to split a UTF-8 sequence
+// (a split one made nlohmann's dump throw; the fuzzer found it).
+std::string CutUtf8(std::string_view s, size_t n) {
+  if (s.size() <= n) return std::string(s);
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return std::string(s.substr(0, n));
+}
+
+// JSON text of a string; bytes that are not UTF-8 become U+FFFD, never an exception.
+std::string DumpString(std::string_view s) {
+  return Json(std::string(s)).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 // Appends `v` as JSON to *out, stopping once *out holds more than `limit`
 // characters: no value, however large or deep, costs more than that.
 void AppendBrief(const Json& v, size_t limit, std::string* out) {
   if (out->size() > limit) return;
   if (v.is_string()) {
     const std::string& s = v.get_ref<const std::string&>();
-    *out += Json(s.substr(0, limit + 1)).dump();  // the cut is trimmed by the caller
+    *out += DumpString(CutUtf8(s, limit + 1));  // the cut is trimmed by the caller
   } else if (v.is_object()) {
     *out += '{';
     for (auto it = v.begin(); it != v.end() && out->size() <= limit; ++it) {
       if (it != v.begin()) *out += ',';
-      *out += Json(it.key().substr(0, limit + 1)).dump() + ':';
+      *out += DumpString(CutUtf8(it.key(), limit + 1)) + ':';
       AppendBrief(it.value(), limit, out);
     }
     *out += '}';
@@ -113,7 +126,7 @@ class CheckedSax {
         continue;
       }
       if (!out.empty()) out += '.';
-      out += f.key.size() > kKeyChars ? f.key.substr(0, kKeyChars - 3) + "..." : f.key;
+      out += BriefKey(f.key);
     }
     return out;
   }
@@ -150,13 +163,13 @@ class CheckedSax {
 std::string BriefJson(const Json& v) {
   std::string text;
   AppendBrief(v, kBriefChars, &text);
-  if (text.size() > kBriefChars) text = text.substr(0, kBriefChars - 3) + "...";
+  if (text.size() > kBriefChars) text = CutUtf8(text, kBriefChars - 3) + "...";
   return text;
 }
 
 std::string BriefKey(std::string_view key) {
   if (key.size() <= kKeyChars) return std::string(key);
-  return std::string(key.substr(0, kKeyChars - 3)) + "...";
+  return CutUtf8(key, kKeyChars - 3) + "...";
 }
 
 std::string DescribeJson(const Json& v) {

@@ -54,6 +54,16 @@ TEST(ConfigLimits, MessagesPrintAtMostABriefValue) {
             "{\"a\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...");
 }
 
+TEST(ConfigLimits, ABriefValueNeverSplitsAUtf8Sequence) {
+  // Found by the fuzzer: the cut fell inside a two-byte character and the
+  // description threw (std::terminate through ParseConfig).
+  std::string many;
+  for (int i = 0; i < 40; ++i) many += "\xc3\xa9";  // é
+  const std::string message = Refusal(R"({"aio": ")" + many + R"("})");
+  EXPECT_EQ(message.rfind("aio: expected an object, got string \"", 0), 0u) << message;
+  EXPECT_EQ(Refusal(R"({"aio": {")" + many + R"(": 1}})").rfind("aio.", 0), 0u);
+}
+
 // ---- Duplicate keys ----
 
 TEST(ConfigLimits, DuplicateKeyIsRefusedWithItsPath) {

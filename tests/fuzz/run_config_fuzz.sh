@@ -34,5 +34,7 @@ SPDLOG=$(pkg-config --cflags --libs spdlog fmt 2>/dev/null || echo "-DSPDLOG_FMT
   "$ROOT/base/dtype.cpp" $SPDLOG -pthread -o "$WORK/config_fuzz"
 cd "$WORK"
 # Warnings of accepted documents would flood the log; the checks abort loudly.
+# libFuzzer's own failure code is 77, ctest's "skipped": make every failure 1.
 STRATA_LOG_LEVEL=off ./config_fuzz -max_total_time="$SECONDS_" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+  -error_exitcode=1 -timeout_exitcode=1 \
   -print_final_stats=1 "$@" "$WORK/corpus" "$ROOT/tests/fuzz/corpus/config"
