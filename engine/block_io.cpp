@@ -30,10 +30,6 @@ void BlockIo::Free(StateBlock& b) {
   b.alloc = {};
 }
 
-bool BlockIo::Direct(const StateBlock& b) const {
-  return b.home == TierKind::kHost || (b.home == TierKind::kDevice && !device_->on_gpu());
-}
-
 Result<BlockMove> BlockIo::Start(const StateBlock& b, void* host, bool to_home, const uint64_t* checksum) {
   BlockMove m;
   m.start = stats_->Now();

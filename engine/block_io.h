@@ -41,7 +41,12 @@ class BlockIo {
 
   Result<StateBlock> Allocate(TierKind home, uint64_t bytes);
   void Free(StateBlock& b);
-  bool Direct(const StateBlock& b) const;
+  bool Direct(const StateBlock& b) const { return DirectAt(b.home, device_->on_gpu()); }
+  // Whether a block homed in `home` is CPU-addressable in place: the host
+  // tier, or the device tier when it is a host arena (no GPU).
+  static bool DirectAt(TierKind home, bool device_on_gpu) {
+    return home == TierKind::kHost || (home == TierKind::kDevice && !device_on_gpu);
+  }
   void* DirectPtr(const StateBlock& b) const { return b.alloc.ptr; }
 
   // home -> dst (host memory, NVMe-aligned, at least PaddedSize bytes).

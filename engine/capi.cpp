@@ -4,6 +4,7 @@
 // thread-local message. Nothing here decides anything the engine decides.
 #include <algorithm>
 #include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <vector>
 #include <exception>
@@ -124,7 +125,11 @@ Status WaitCallerStream(const strata_engine_t* e, void* stream) {
 // only negative so. A zero the caller asks for becomes the least positive
 // double, which has the same effect in every formula (lr*wd, 1-beta, +eps
 // all round to what zero gives).
-double StepValue(double v) { return v < 0 ? -1 : std::max(v, DBL_TRUE_MIN); }
+// NaN and infinities pass unchanged: the engine refuses them, naming the option.
+double StepValue(double v) {
+  if (!std::isfinite(v)) return v;
+  return v < 0 ? -1 : std::max(v, DBL_TRUE_MIN);
+}
 
 strata::Result<strata::StepOptions> ToStepOptions(const strata_step_options_t* options) {
   strata_step_options_t o = STRATA_STEP_OPTIONS_INIT;

@@ -11,6 +11,7 @@
 
 #include "base/log.h"
 #include "engine/config_reader.h"
+#include "io/uring_storage.h"
 
 namespace strata {
 
@@ -76,6 +77,18 @@ Status ReadDeprecatedOffload(ObjectReader& r, Config* c) {
   return Status::Ok();
 }
 
+// DeepSpeed reads offload_param only in stage 3; a ds_config.json that sets
+// it with a lower stage runs there with parameters on the GPU. Strata places
+// P as the section says at any stage, so the same file behaves differently:
+// say so (logged once per process, with the other warnings).
+void WarnOffloadParamBelowStage3(Config& c) {
+  const OffloadDevice d = c.zero.offload_param.device;
+  if (c.zero.stage >= 3 || d == OffloadDevice::kNone) return;
+  c.warnings.push_back("zero_optimization.offload_param: DeepSpeed ignores it below stage 3 (stage " +
+                       std::to_string(c.zero.stage) + " here) and keeps parameters on the GPU; Strata keeps them on " +
+                       OffloadDeviceName(d) + " as it says");
+}
+
 Status ReadZero(ObjectReader& top, Config* c) {
   const Json* legacy = top.Find("zero_optimization");
   if (legacy != nullptr && legacy->is_boolean()) {  // DeepSpeed's old form: true = stage 1
@@ -99,6 +112,7 @@ Status ReadZero(ObjectReader& top, Config* c) {
   STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"sub_group_size"}, &z.sub_group_size));
   if (z.sub_group_size == 0) return ConfigError(r.KeyPath("sub_group_size") + ": 0 is out of range; allowed: at least 1");
   STRATA_RETURN_IF_ERROR(ReadDeprecatedOffload(r, c));
+  WarnOffloadParamBelowStage3(*c);
   r.Unimplemented({"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
                    "allgather_partitions", "allgather_bucket_size", "use_multi_rank_bucket_allreduce",
                    "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
@@ -116,11 +130,12 @@ Status ReadZero(ObjectReader& top, Config* c) {
 }
 
 Status ReadAio(ObjectReader r, AioConfig* a, std::vector<std::string>* warnings) {
-  STRATA_RETURN_IF_ERROR(r.Uint("block_size", &a->block_size, 4096));
+  STRATA_RETURN_IF_ERROR(r.Uint("block_size", &a->block_size, 4096, UringOptions::kMaxBlockSize));
   if (a->block_size % 4096 != 0)
     return ConfigError(r.KeyPath("block_size") + ": " + std::to_string(a->block_size) +
                        " is not a multiple of 4096 (O_DIRECT alignment)");
-  STRATA_RETURN_IF_ERROR(r.Uint("queue_depth", &a->queue_depth, 1, 65536));
+  // The storage's own limit: one number, so the engine never refuses what the config accepted.
+  STRATA_RETURN_IF_ERROR(r.Uint("queue_depth", &a->queue_depth, 1, UringOptions::kMaxQueueDepth));
   STRATA_ASSIGN_OR_RETURN(std::string threads, r.Alias({"intra_op_parallelism", "thread_count"}));
   STRATA_RETURN_IF_ERROR(r.Uint(threads, &a->thread_count, 1, 1024));
   STRATA_RETURN_IF_ERROR(r.Bool("single_submit", &a->single_submit));
@@ -166,7 +181,7 @@ Status ReadBetas(ObjectReader& r, OptimizerConfig* o) {
     return ConfigError(path + ": expected a list of two numbers, got " + config_internal::DescribeJson(*v));
   const double b1 = (*v)[0].get<double>(), b2 = (*v)[1].get<double>();
   if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1))
-    return ConfigError(path + ": " + v->dump() + " is out of range; allowed: each in [0, 1)");
+    return ConfigError(path + ": " + config_internal::BriefJson(*v) + " is out of range; allowed: each in [0, 1)");
   o->beta1 = b1, o->beta2 = b2;
   return Status::Ok();
 }
@@ -216,6 +231,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Double("timeout", &s->timeout_s, 0.001, 1e7));
   STRATA_RETURN_IF_ERROR(r.Int("io_rings", &s->io_rings, 1, 64));
   STRATA_RETURN_IF_ERROR(r.Choice("step_io", &s->step_io, {"alternate", "concurrent"}));
+  STRATA_RETURN_IF_ERROR(r.Choice("nonfinite", &s->nonfinite, {"skip", "error", "apply"}));
   return r.CheckUnknownKeys();
 }
 
@@ -260,29 +276,6 @@ void LogDiagnostics(const Config& c) {
   for (const auto& warning : c.warnings) WarnOnce("config " + warning, "config: " + warning);
 }
 
-std::string PositionOf(std::string_view text, size_t byte) {
-  size_t line = 1, column = 1;
-  for (size_t i = 0; i < byte && i < text.size(); ++i) {
-    if (text[i] == '\n') ++line, column = 1;
-    else ++column;
-  }
-  return "line " + std::to_string(line) + ", column " + std::to_string(column);
-}
-
-// The JSON parser reports errors by exception; they stop here.
-Result<Json> ParseJson(std::string_view text) {
-  try {
-    return Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
-    std::string what = e.what();
-    const size_t colon = what.find(": ");  // drop "[json.exception...] parse error at ...: "
-    if (colon != std::string::npos) what = what.substr(colon + 2);
-    const size_t byte = e.byte > 0 ? e.byte - 1 : 0;
-    return ConfigError("invalid JSON at " + PositionOf(text, byte) + " (byte " + std::to_string(byte) +
-                       "): " + what);
-  }
-}
-
 }  // namespace
 
 const char* OffloadDeviceName(OffloadDevice d) {
@@ -322,7 +315,7 @@ bool Config::operator==(const Config& o) const {
 }
 
 Result<Config> ParseConfig(std::string_view json_text) {
-  STRATA_ASSIGN_OR_RETURN(Json doc, ParseJson(json_text));
+  STRATA_ASSIGN_OR_RETURN(Json doc, config_internal::ParseConfigJson(json_text));
   if (!doc.is_object())
     return ConfigError("config: the top level must be a JSON object, got " + config_internal::DescribeJson(doc));
   Config config;
@@ -386,9 +379,9 @@ std::string ConfigToJson(const Config& c) {
        {{"device_budget", budget(c.strata.device_budget)}, {"host_budget", budget(c.strata.host_budget)},
         {"nvme_paths", c.strata.nvme_paths}, {"trace_path", c.strata.trace_path},
         {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s}, {"io_rings", c.strata.io_rings},
-        {"step_io", c.strata.step_io}}},
+        {"step_io", c.strata.step_io}, {"nonfinite", c.strata.nonfinite}}},
   };
-  return doc.dump(2);
+  return doc.dump(2, ' ', false, Json::error_handler_t::replace);  // a Config built in code may hold any bytes
 }
 
 }  // namespace strata

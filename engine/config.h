@@ -118,6 +118,13 @@ struct StrataConfig {
   //   "concurrent" shard i+1 is read while shard i-1 is written, for devices
   //                that gain bandwidth from mixing.
   std::string step_io = "alternate";
+  // What a step does when a gradient is NaN or infinite (fp32 and bf16
+  // compute; with fp16 it is a loss-scale overflow and always skipped):
+  //   "skip"   nothing is updated, StepResult.skipped is true, steps_applied
+  //            stays, and a warning names the first non-finite group;
+  //   "error"  nothing is updated and the step returns INVALID naming it;
+  //   "apply"  the update runs with them (NaN reaches W, M, V for good).
+  std::string nonfinite = "skip";
   bool operator==(const StrataConfig&) const = default;
 };
 

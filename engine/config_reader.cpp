@@ -63,17 +63,6 @@ std::string NearestKey(std::string_view key, const std::vector<std::string>& val
   return best;
 }
 
-std::string DescribeJson(const Json& v) {
-  std::string text = v.dump();
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  if (v.is_string()) return "string " + text;
-  if (v.is_number()) return "number " + text;
-  if (v.is_boolean()) return "boolean " + text;
-  if (v.is_array()) return "array " + text;
-  if (v.is_object()) return "object " + text;
-  return text;
-}
-
 ObjectReader::ObjectReader(const Json* object, std::string path)
     : object_(object), path_(std::move(path)) {}
 
@@ -112,20 +101,20 @@ Status ObjectReader::Uint(std::string_view key, uint64_t* out, uint64_t min, uin
   if (v->is_number_unsigned()) {
     value = v->get<uint64_t>();
   } else if (v->is_number_integer()) {  // nlohmann keeps non-negative integers unsigned
-    return ConfigError(KeyPath(key) + ": " + v->dump() + " is negative; expected " + expected);
+    return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is negative; expected " + expected);
   } else {
     const double d = v->get<double>();
-    if (!(d >= 0)) return ConfigError(KeyPath(key) + ": " + v->dump() + " is negative; expected " + expected);
+    if (!(d >= 0)) return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is negative; expected " + expected);
     if (d != std::floor(d))
-      return ConfigError(KeyPath(key) + ": " + v->dump() + " is not a whole number; expected " + expected);
-    if (d >= 18446744073709551616.0) return ConfigError(KeyPath(key) + ": " + v->dump() + " is too large");
+      return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is not a whole number; expected " + expected);
+    if (d >= 18446744073709551616.0) return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is too large");
     value = static_cast<uint64_t>(d);
   }
   if (value < min || value > max) {
     const std::string range = max == std::numeric_limits<uint64_t>::max()
                                   ? "at least " + std::to_string(min)
                                   : "from " + std::to_string(min) + " to " + std::to_string(max);
-    return ConfigError(KeyPath(key) + ": " + v->dump() + " is out of range; allowed: " + range);
+    return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is out of range; allowed: " + range);
   }
   *out = value;
   return Status::Ok();
@@ -137,9 +126,9 @@ Status ObjectReader::Int(std::string_view key, int* out, int min, int max) {
   if (!v->is_number()) return TypeError(key, *v, "an integer");
   const double d = v->get<double>();
   if (d != std::floor(d))
-    return ConfigError(KeyPath(key) + ": " + v->dump() + " is not a whole number; expected an integer");
+    return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is not a whole number; expected an integer");
   if (d < min || d > max)
-    return ConfigError(KeyPath(key) + ": " + v->dump() + " is out of range; allowed: from " +
+    return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is out of range; allowed: from " +
                        std::to_string(min) + " to " + std::to_string(max));
   *out = static_cast<int>(d);
   return Status::Ok();
@@ -156,7 +145,7 @@ Status ObjectReader::IntChoice(std::string_view key, int* out, std::initializer_
       return Status::Ok();
     }
   }
-  return ConfigError(KeyPath(key) + ": " + v->dump() + " is not one of " +
+  return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is not one of " +
                      JoinList(std::vector<int>(allowed)));
 }
 
@@ -166,7 +155,7 @@ Status ObjectReader::Double(std::string_view key, double* out, double min, doubl
   if (!v->is_number()) return TypeError(key, *v, "a number");
   const double d = v->get<double>();
   if (!(d >= min && d <= max))
-    return ConfigError(KeyPath(key) + ": " + v->dump() + " is out of range; allowed: " +
+    return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is out of range; allowed: " +
                        RangeText(min, max));
   *out = d;
   return Status::Ok();
@@ -188,7 +177,7 @@ Status ObjectReader::Choice(std::string_view key, std::string* out,
   if (!v->is_string()) return TypeError(key, *v, "one of " + JoinList(list));
   const std::string lower = LowerString(v->get_ref<const std::string&>());
   if (std::find(list.begin(), list.end(), lower) == list.end())
-    return ConfigError(KeyPath(key) + ": " + v->dump() + " is not one of " + JoinList(list));
+    return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is not one of " + JoinList(list));
   *out = lower;
   return Status::Ok();
 }
@@ -198,7 +187,9 @@ Status ObjectReader::ByteSize(std::string_view key, uint64_t* out, uint64_t min)
   if (v == nullptr) return Status::Ok();
   const char* expected = "a byte size (a number of bytes or a string like \"8GiB\") or \"auto\"";
   uint64_t bytes = 0;
-  if (v->is_string()) {
+  if (v->is_string() && v->get_ref<const std::string&>().size() > 64) {
+    return TypeError(key, *v, expected);  // no size is that long; keep the message short
+  } else if (v->is_string()) {
     Result<uint64_t> parsed = ParseByteSize(v->get_ref<const std::string&>());
     if (!parsed.ok()) return ConfigError(KeyPath(key) + ": " + parsed.status().message());
     bytes = *parsed;
@@ -208,7 +199,7 @@ Status ObjectReader::ByteSize(std::string_view key, uint64_t* out, uint64_t min)
     return TypeError(key, *v, expected);
   }
   if (bytes < min)
-    return ConfigError(KeyPath(key) + ": " + v->dump() + " is too small; allowed: at least " +
+    return ConfigError(KeyPath(key) + ": " + BriefJson(*v) + " is too small; allowed: at least " +
                        std::to_string(min) + " bytes, or \"auto\"");
   *out = bytes;
   return Status::Ok();
@@ -243,8 +234,8 @@ Result<std::string> ObjectReader::Alias(std::initializer_list<std::string_view> 
     const Json* v = Find(name);
     if (v == nullptr) continue;
     if (chosen != nullptr && *chosen != *v)
-      return ConfigError(KeyPath(name) + ": " + v->dump() + " contradicts " + KeyPath(chosen_name) +
-                         ": " + chosen->dump() + " (two spellings of one key; give one)");
+      return ConfigError(KeyPath(name) + ": " + BriefJson(*v) + " contradicts " + KeyPath(chosen_name) +
+                         ": " + BriefJson(*chosen) + " (two spellings of one key; give one)");
     if (chosen == nullptr) chosen = v, chosen_name = name;
   }
   return chosen_name;
@@ -269,8 +260,10 @@ Status ObjectReader::CheckUnknownKeys() const {
   if (object_ == nullptr) return Status::Ok();
   for (const auto& item : object_->items()) {
     if (std::find(valid_.begin(), valid_.end(), item.key()) != valid_.end()) continue;
-    return ConfigError(KeyPath(item.key()) + ": unknown key; did you mean '" +
-                       NearestKey(item.key(), valid_) + "'?");
+    // A key of any length costs little: the edit distance looks at its start.
+    const std::string_view key = std::string_view(item.key()).substr(0, 64);
+    return ConfigError(KeyPath(BriefKey(item.key())) + ": unknown key; did you mean '" + NearestKey(key, valid_) +
+                       "'?");
   }
   return Status::Ok();
 }

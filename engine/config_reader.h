@@ -31,7 +31,18 @@ Status CheckConfigConsistency(const Config& c);
 size_t EditDistance(std::string_view a, std::string_view b);
 // The entry of `valid` nearest to `key` (first on ties); "" when `valid` is empty.
 std::string NearestKey(std::string_view key, const std::vector<std::string>& valid);
-// "string \"yes\"", "number -3", "array [1,2]": a value for an error message.
+// config_json.cpp. Nesting deeper than this is refused.
+inline constexpr size_t kMaxConfigDepth = 64;
+// Parses the document: invalid JSON, nesting past kMaxConfigDepth, a key given
+// twice in one object and numbers that overflow a double are kConfig errors
+// naming the position or the key path; never throws.
+Result<Json> ParseConfigJson(std::string_view text);
+// A value as JSON for an error message, at most 40 characters (cut with
+// "..."), whatever its size or depth.
+std::string BriefJson(const Json& v);
+// A key for an error message, at most 64 characters.
+std::string BriefKey(std::string_view key);
+// "string \"yes\"", "number -3", "array [1,2]": BriefJson with its type.
 std::string DescribeJson(const Json& v);
 
 // One object of the document. Every getter declares its key valid at this

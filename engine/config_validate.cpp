@@ -9,6 +9,7 @@
 #include "base/sizes.h"
 #include "engine/config.h"
 #include "engine/config_reader.h"
+#include "io/uring_storage.h"
 
 namespace strata {
 namespace {
@@ -102,6 +103,15 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   if (c.aio.block_size == 0 || c.aio.block_size % 4096 != 0)
     return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) +
                        " is not a multiple of 4096 (O_DIRECT alignment)");
+  const std::string& nf = c.strata.nonfinite;
+  if (nf != "skip" && nf != "error" && nf != "apply")
+    return ConfigError("strata.nonfinite: \"" + nf + "\" is not one of skip, error, apply");
+  if (c.aio.block_size > UringOptions::kMaxBlockSize)
+    return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) + " is out of range; allowed: from 4096 to " +
+                       std::to_string(UringOptions::kMaxBlockSize));
+  if (c.aio.queue_depth < 1 || c.aio.queue_depth > UringOptions::kMaxQueueDepth)
+    return ConfigError("aio.queue_depth: " + std::to_string(c.aio.queue_depth) + " is out of range; allowed: from 1 to " +
+                       std::to_string(UringOptions::kMaxQueueDepth));
   return Status::Ok();
 }
 

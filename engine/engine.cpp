@@ -16,6 +16,7 @@
 #include "base/align.h"
 #include "base/log.h"
 #include "base/sizes.h"
+#include "engine/preflight.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/norm.h"
 #include "tiers/gpu.h"
@@ -81,6 +82,10 @@ Status Engine::Impl::InitRanks() {
 }
 
 Status Engine::Impl::Init() {
+  // A Config built in code is held to the parser's rules (aio.queue_depth, ...)
+  // before anything is created from it; machine and model facts come at Build.
+  STRATA_RETURN_IF_ERROR(ValidateConfig(config_, ConfigFacts{}));
+  STRATA_RETURN_IF_ERROR(CheckCpuIsaVariable());
   STRATA_RETURN_IF_ERROR(InitRanks());
   if (options_.grad_accumulation_steps < 1)
     return InvalidError("grad_accumulation_steps must be at least 1");
@@ -91,7 +96,7 @@ Status Engine::Impl::Init() {
   stats_ = std::make_unique<StatsRecorder>(options_.rank, config_.strata.trace_path);
   UringOptions uo;
   uo.rings = config_.strata.io_rings;
-  uo.queue_depth = static_cast<uint32_t>(std::max<uint64_t>(config_.aio.queue_depth, 1));
+  uo.queue_depth = static_cast<uint32_t>(config_.aio.queue_depth);  // in 1..kMaxQueueDepth: validated above
   uo.block_size = config_.aio.block_size;
   uo.faults = options_.faults;
   STRATA_ASSIGN_OR_RETURN(storage_, UringStorage::Create(uo));
@@ -128,16 +133,25 @@ Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t n
 
 // Fills a block through `fill(ptr)`: in place when addressable, else through
 // a staging slot.
-static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::function<void(void*)>& fill) {
-  if (m.io_->Direct(b)) {
-    fill(m.io_->DirectPtr(b));
-    return Status::Ok();
-  }
+static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::function<Status(void*)>& fill) {
+  if (m.io_->Direct(b)) return fill(m.io_->DirectPtr(b));
   void* buf = m.opt_staging_.Acquire();
-  fill(buf);
-  Status st = m.io_->Store(b, buf);
+  Status st = fill(buf);
+  if (st.ok()) st = m.io_->Store(b, buf);
   m.opt_staging_.Release(buf);
   return st;
+}
+
+// The staging pools, as PlanStaging sizes them (CheckHostPlan checked the
+// budget with the same sizes, less the NVMe tier's padding, which a refusal
+// here names too).
+static Status InitStaging(Engine::Impl& m) {
+  const StagingSizes z = PlanStaging(m, [&](uint64_t bytes) { return m.io_->NvmePadded(bytes); });
+  std::copy(std::begin(z.opt_offsets), std::end(z.opt_offsets), std::begin(m.opt_slot_offsets_));
+  Status st = m.opt_staging_.Init(m.host_.get(), z.opt_slots, z.opt_offsets[kNumStates]);
+  if (st.ok()) st = m.param_staging_.Init(m.host_.get(), z.param_slots, z.param_bytes);
+  if (st.ok()) st = m.grad_staging_.Init(m.host_.get(), z.grad_slots, z.grad_bytes);
+  return st.WithContext("build: staging (strata.host_budget " + FormatBytes(m.host_->budget()) + ")");
 }
 
 // A failed build leaves nothing behind (swap files and their locks, blocks,
@@ -173,17 +187,13 @@ Status Engine::Impl::BuildOnce() {
   facts.has_gpu = device_->on_gpu();
   STRATA_RETURN_IF_ERROR(ValidateConfig(config_, facts));
 
-  const bool adam = config_.optimizer.type == "adam" || config_.optimizer.type == "adamw";
   home_[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
   const TierKind opt_home = HomeOf(config_.zero.offload_optimizer.device);
   home_[int(StateKind::kW)] = home_[int(StateKind::kM)] = home_[int(StateKind::kV)] = opt_home;
   home_[int(StateKind::kG)] = opt_home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost;
+  STRATA_RETURN_IF_ERROR(CheckHostPlan(*this));  // before anything is allocated
   const int ngroups = part_.num_groups();
-  const uint64_t shard = part_.largest_shard_numel();
-  auto state_bytes = [&](int s, uint64_t n) { return n * (s == int(StateKind::kP) ? DTypeSize(dtype_) : 4); };
-  // Elements of state s of group g on this rank.
-  auto numel_of = [&](int s, int g) { return s == int(StateKind::kP) ? PHomeNumel(g) : part_.group(g).shard_numel; };
-  auto used = [&](int s) { return adam || s != int(StateKind::kV); };
+  auto used = [&](int s) { return StateUsed(*this, s); };
 
   // The NVMe tier holds exactly the blocks homed there.
   std::vector<std::string> dirs = config_.OptimizerSwapPaths();
@@ -196,8 +206,8 @@ Status Engine::Impl::BuildOnce() {
     if (!used(s) || home_[s] != TierKind::kNvme) continue;
     uint64_t largest = 0;
     for (int g = 0; g < ngroups; ++g) {
-      nvme_bytes += state_bytes(s, numel_of(s, g)) + dirs.size() * 64 * kKiB;
-      largest = std::max(largest, state_bytes(s, numel_of(s, g)) + dirs.size() * 64 * kKiB);
+      nvme_bytes += StateBytes(*this, s, g) + dirs.size() * 64 * kKiB;
+      largest = std::max(largest, StateBytes(*this, s, g) + dirs.size() * 64 * kKiB);
     }
     largest_stored += largest;
   }
@@ -217,37 +227,13 @@ Status Engine::Impl::BuildOnce() {
   for (int g = 0; g < ngroups; ++g)
     for (int s = 0; s < kNumStates; ++s) {
       if (!used(s)) continue;
-      auto b = io_->Allocate(home_[s], state_bytes(s, numel_of(s, g)));
+      auto b = io_->Allocate(home_[s], StateBytes(*this, s, g));
       if (!b.ok())
         return b.status().WithContext(std::string("build: state ") + StateName(StateKind(s)) + " of group " +
                                       std::to_string(g) + " in its home tier");
       groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)] = *b;
     }
-  // The step's slots: every state that the CPU cannot address in place.
-  uint64_t off = 0;
-  bool any_staged = false;
-  for (int s = 0; s < kNumStates; ++s) {
-    opt_slot_offsets_[s] = off;
-    if (!used(s) || io_->Direct(groups_[0].blocks[static_cast<size_t>(s)])) continue;
-    uint64_t largest = 0;  // elements of this state on this rank, largest group
-    for (int g = 0; g < ngroups; ++g) largest = std::max(largest, numel_of(s, g));
-    off += AlignUp(io_->NvmePadded(state_bytes(s, largest)), 64 * kKiB);
-    any_staged = true;
-  }
-  opt_slot_offsets_[kNumStates] = off;
-  if (any_staged) STRATA_RETURN_IF_ERROR(opt_staging_.Init(host_.get(), slots, off));
-  if (home_[0] == TierKind::kNvme && device_->on_gpu()) {
-    const int n = static_cast<int>(std::clamp<uint64_t>(config_.zero.offload_param.buffer_count, 1, 4));
-    STRATA_RETURN_IF_ERROR(param_staging_.Init(host_.get(), n, io_->NvmePadded(state_bytes(0, shard))));
-  }
-  uint64_t grad_bytes = 0;
-  if (home_[int(StateKind::kG)] == TierKind::kNvme) grad_bytes = io_->NvmePadded(shard * 4);
-  if (device_->on_gpu()) grad_bytes = std::max(grad_bytes, part_.largest_group_numel() * 4);
-  uint64_t largest_padded = 0;
-  for (int g = 0; g < ngroups; ++g) largest_padded = std::max(largest_padded, part_.group(g).padded);
-  if (multi()) grad_bytes = std::max(grad_bytes, AlignUp(largest_padded * 4, 4096));  // the whole group's fp32 grads
-  const int grad_slots = device_->on_gpu() || (multi() && home_[int(StateKind::kG)] == TierKind::kNvme) ? 2 : 1;
-  if (grad_bytes) STRATA_RETURN_IF_ERROR(grad_staging_.Init(host_.get(), grad_slots, grad_bytes));
+  STRATA_RETURN_IF_ERROR(InitStaging(*this));
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
   for (int g = 0; g < ngroups; ++g) {
@@ -258,14 +244,19 @@ Status Engine::Impl::BuildOnce() {
     auto fill_w = [&](void* p) {  // this rank's shard of the initial values
       std::memset(p, 0, L.shard_numel * 4);
       std::memcpy(p, w0.data() + lo, real * 4);
+      return Status::Ok();
     };
     auto fill_p = [&](void* p) {  // the whole group, or this rank's shard (stage 3)
       const uint64_t n = PHomeNumel(g);
       std::memset(p, 0, n * DTypeSize(dtype_));
       const uint64_t from = p_sharded_ ? lo : 0, count = p_sharded_ ? real : L.numel;
-      kernels::Cast(DType::kF32, w0.data() + from, dtype_, p, count).IgnoreError();  // valid dtypes: cannot fail
+      // Fails when the kernels cannot run (STRATA_CPU_ISA): P would stay zeros.
+      return kernels::Cast(DType::kF32, w0.data() + from, dtype_, p, count);
     };
-    auto zero = [&](void* p) { std::memset(p, 0, L.shard_numel * 4); };
+    auto zero = [&](void* p) {
+      std::memset(p, 0, L.shard_numel * 4);
+      return Status::Ok();
+    };
     STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kW)], fill_w));
     STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kP)], fill_p));
     for (int s : {int(StateKind::kM), int(StateKind::kV), int(StateKind::kG)})
@@ -316,7 +307,7 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   Status st = AccumulateG(group, src, dtype, real);
   if (src_buf) grad_staging_.Release(src_buf);
   if (!st.ok()) return st.WithContext("grads: group " + std::to_string(group));
-  if (overlap_ && prepared_ && gs.grad_calls == options_.grad_accumulation_steps) {
+  if (overlap_ && prepared_ && gs.grad_calls == options_.grad_accumulation_steps && OverlapMayUpdate(*this, gs)) {
     gs.updated = true;
     EnqueueUpdate(group);
   }
@@ -390,6 +381,7 @@ Status Engine::Impl::GradsMulti(int group, const void* grads, DType dtype) {
 }
 
 Status Engine::Impl::PrepareStep(const StepOptions& so) {
+  STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "prepare_step"));
   if (!built_) return StateError("prepare_step: the engine is not built");
   for (const auto& gs : groups_)
     if (gs.grad_calls > 0) return StateError("prepare_step: gradients of this step have already arrived");
@@ -438,6 +430,7 @@ Status Engine::Impl::RepairStaleP() {
 }
 
 Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
+  STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "step"));
   if (!built_) return StateError("step: the engine is not built");
   STRATA_RETURN_IF_ERROR(CheckUsable("step"));
   for (int g = 0; g < part_.num_groups(); ++g)
@@ -459,6 +452,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   }
   stats_->StepBegin();
   StepResult r;
+  Status st;
   double grad_scale = 1;
   if (pending_) {  // resume: the norm, clipping and scale as the failed call had them
     r = pending_->result;
@@ -486,16 +480,17 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     }
     const double scale = scaler_.scale();
     r.grad_norm = std::sqrt(sum) / scale;
-    if (config_.fp16.enabled && !finite) {
+    Status held;
+    if (HoldBackNonfinite(*this, finite, &held)) {  // fp16 overflow, or strata.nonfinite
       r.skipped = true;
       r.grad_norm = INFINITY;
+      st = held;
     } else {
       const double clip = config_.gradient_clipping;
       const double coef = (clip > 0 && r.grad_norm > clip) ? clip / (r.grad_norm + 1e-6) : 1.0;
       grad_scale = coef / scale;
     }
   }
-  Status st;
   if (r.skipped) {
     scaler_.Update(true);
   } else {
@@ -519,8 +514,8 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   }
   r.loss_scale = scaler_.scale();
   prepared_ = false;
-  if (st.ok()) {
-    AbandonStep();  // the step is done: nothing pending, every group fresh for the next
+  if (st.ok() || r.skipped) {
+    AbandonStep();  // the step is done (or held back): nothing pending, every group fresh for the next
   } else if (broken_.empty()) {
     pending_ = PendingStep{so, grad_scale, r};
     for (auto& gs : groups_) gs.updated = false;
@@ -535,7 +530,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   }
   stats_->StepEnd(r.skipped);
   if (!st.ok()) {
-    if (!broken_.empty()) return st;
+    if (!broken_.empty() || r.skipped) return st;
     return st.WithContext("step " + std::to_string(step_count_ + 1) + " is not finished (" +
                           std::to_string(CountCommitted()) + " of " + std::to_string(part_.num_groups()) +
                           " groups updated); call step again with the same options to finish it");

@@ -53,7 +53,8 @@ struct EngineOptions {
   std::shared_ptr<FaultPlan> faults;
 };
 
-// Options that may change every step. Negative means "from the config"; zero is zero.
+// Options that may change every step. Negative means "from the config"; zero
+// is zero; NaN and infinities are refused (INVALID naming the option).
 struct StepOptions {
   double lr = -1;
   double beta1 = -1, beta2 = -1;
@@ -63,7 +64,7 @@ struct StepOptions {
 
 struct StepResult {
   double grad_norm = 0;  // global L2 norm of the (unscaled) gradients
-  bool skipped = false;  // fp16 overflow: nothing was updated
+  bool skipped = false;  // nothing was updated: fp16 overflow, or non-finite gradients (strata.nonfinite "skip")
   double loss_scale = 1;  // the scale to multiply the next loss by (fp16), else 1
 };
 

@@ -43,9 +43,10 @@ UringStorage::UringStorage(const UringOptions& options) : options_(options) {}
 Result<std::unique_ptr<UringStorage>> UringStorage::Create(const UringOptions& options) {
   if (options.rings < 1 || options.rings > 64)
     return InvalidError("io rings " + std::to_string(options.rings) + " is not in 1..64");
-  if (options.queue_depth < 1 || options.queue_depth > 4096)
-    return InvalidError("io queue depth " + std::to_string(options.queue_depth) + " is not in 1..4096");
-  if (options.block_size < 4096 || options.block_size > (1u << 30) || options.block_size % 4096)
+  if (options.queue_depth < 1 || options.queue_depth > UringOptions::kMaxQueueDepth)
+    return InvalidError("io queue depth " + std::to_string(options.queue_depth) + " is not in 1.." +
+                        std::to_string(UringOptions::kMaxQueueDepth));
+  if (options.block_size < 4096 || options.block_size > UringOptions::kMaxBlockSize || options.block_size % 4096)
     return InvalidError("io block size " + std::to_string(options.block_size) +
                         " must be a multiple of 4096 between 4 KiB and 1 GiB");
   std::unique_ptr<UringStorage> s(new UringStorage(options));

@@ -18,6 +18,11 @@
 namespace strata {
 
 struct UringOptions {
+  // Limits of Create, shared with the config reader (aio.queue_depth,
+  // aio.block_size) so that what the config accepts the storage accepts.
+  static constexpr uint32_t kMaxQueueDepth = 4096;       // requests in flight per ring
+  static constexpr uint64_t kMaxBlockSize = 1ull << 30;  // one request's buffer
+
   int rings = 1;                  // worker threads, one ring each
   uint32_t queue_depth = 32;      // in-flight requests per ring
   uint64_t block_size = 1 << 20;  // largest single request

@@ -179,7 +179,8 @@ STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int grou
                                                strata_dtype_t dtype, void* cuda_stream);
 
 /* Options that may change every step. Negative = the config's value (the
- * _INIT macro sets every field so); zero is a value like any other. */
+ * _INIT macro sets every field so); zero is a value like any other; NaN and
+ * infinities are refused (INVALID naming the option). */
 typedef struct strata_step_options {
   size_t struct_size;
   double lr;
@@ -193,7 +194,8 @@ typedef struct strata_step_options {
 typedef struct strata_step_result {
   size_t struct_size;
   double grad_norm;  /* global L2 norm of the unscaled gradients */
-  int skipped;       /* nonzero: fp16 overflow, nothing was updated */
+  int skipped;       /* nonzero: nothing was updated (fp16 overflow, or
+                        non-finite gradients with strata.nonfinite "skip") */
   double loss_scale; /* the scale for the next loss (fp16), else 1 */
 } strata_step_result_t;
 #define STRATA_STEP_RESULT_INIT \
@@ -211,7 +213,9 @@ STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
  * and writes the new parameters to their home tier. `options` may be NULL
  * (all from the config); `result` may be NULL. A group that got no
  * gradients this step is updated as with zero gradients (its moments decay
- * and weight decay applies), as DeepSpeed's flat optimizer does.
+ * and weight decay applies), as DeepSpeed's flat optimizer does. Non-finite
+ * gradients follow strata.nonfinite (default "skip": nothing is updated and
+ * result->skipped is set).
  *
  * A step that fails part-way (a disk error, a full disk, a lost peer) is
  * resumable and exact: each group's master weights and moments are either

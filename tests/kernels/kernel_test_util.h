@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "base/dtype.h"
@@ -76,6 +78,15 @@ inline void StoreAs(DType dtype, void* x, size_t i, float f) {
 }
 
 // The SIMD paths this CPU runs; prints a skip line for each one it lacks.
+// STRATA_EXHAUSTIVE=1: sweeps run over every bit pattern (minutes per SIMD
+// path; the ctest label `exhaustive`, which the default run leaves out).
+// Otherwise they take a sample that still reaches every path, every exponent,
+// the rounding boundaries and the tails.
+inline bool Exhaustive() {
+  const char* e = std::getenv("STRATA_EXHAUSTIVE");
+  return e != nullptr && std::string(e) == "1";
+}
+
 inline std::vector<CpuIsa> SimdPathsHere() {
   std::vector<CpuIsa> paths;
   for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
