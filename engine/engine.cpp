@@ -501,6 +501,7 @@ EngineStats Engine::Impl::Stats() const {
 // The public face: thin forwards.
 Status Engine::Build() { return impl_->Build(); }
 Result<void*> Engine::Fetch(int group) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch"));
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "fetch"));
   return impl_->Fetch(group);
 }
@@ -508,20 +509,34 @@ Status Engine::Release(int group) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "release"));
   return impl_->Release(group);
 }
-Status Engine::Grads(int group, const void* grads, DType dtype) { return impl_->Grads(group, grads, dtype); }
-Result<StepResult> Engine::Step(const StepOptions& options) { return impl_->Step(options); }
-Status Engine::PrepareStep(const StepOptions& options) { return impl_->PrepareStep(options); }
+Status Engine::Grads(int group, const void* grads, DType dtype) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads"));
+  return impl_->Grads(group, grads, dtype);
+}
+Result<StepResult> Engine::Step(const StepOptions& options) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("step"));
+  return impl_->Step(options);
+}
+Status Engine::PrepareStep(const StepOptions& options) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("prepare_step"));
+  return impl_->PrepareStep(options);
+}
 Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes) {
   return impl_->SaveCheckpoint(dir, tag, blob, blob_bytes);
 }
 Status Engine::LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
   return impl_->LoadCheckpoint(dir, tag, blob);
 }
-Status Engine::ReadMaster(int group, float* out) { return impl_->ReadMaster(group, out); }
+Status Engine::ReadMaster(int group, float* out) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_master"));
+  return impl_->ReadMaster(group, out);
+}
 Status Engine::ReadState(int group, OptimizerState which, float* out) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_state"));
   return impl_->ReadState(group, static_cast<StateKind>(static_cast<int>(which) + 1), out);
 }
 Status Engine::WriteState(int group, OptimizerState which, const float* in) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("write_state"));
   return impl_->WriteState(group, static_cast<StateKind>(static_cast<int>(which) + 1), in);
 }
 Status Engine::SetStepsApplied(int64_t steps) {

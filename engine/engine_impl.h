@@ -9,11 +9,10 @@
 #include <mutex>
 #include <thread>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "engine/block_io.h"
 #include "engine/engine.h"
 #include "engine/loss_scaler.h"
+#include "engine/manifest.h"
 #include "engine/partition.h"
 #include "engine/prefetch.h"
 #include "engine/staging.h"
@@ -78,23 +77,25 @@ class Engine::Impl {
   void DropDeviceCopies();  // after a step: P changed. REQUIRES: no pins, no loads.
   void WaitPrefetchIdle();
 
-  // checkpoint.cpp
+  // checkpoint.cpp (save), checkpoint_load.cpp (load)
   Status SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
   Status LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
-  Status LoadCheckpointChecked(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
   Status CheckBetweenSteps(const char* call);
+  // STATE naming why when a failed load left the state partly written.
+  Status CheckUsable(const char* call) const;
   Status Agree(const Status& local, const std::string& what);
   Result<std::string> WriteShardFile(const std::string& data_path, const std::string& name);
   Result<std::string> SnapshotShardFile(const std::string& link_path, const std::string& name);
-  Status VerifyBlocks(const nlohmann::json& file, const std::string& path, void* buf, uint64_t buf_bytes);
   Status WriteManifest(const std::string& dir, const std::string& tag, const std::string& part, const void* blob,
                        uint64_t blob_bytes);
-  Status ApplyResharded(const nlohmann::json& manifest, const std::string& folder);
+  Status ResaveExisting(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
+  Status SameStateAs(const manifest::Manifest& m, const std::string& folder);
+  Status FindCheckpoint(const std::string& dir, const std::string& tag, std::string* folder, manifest::Manifest* m);
+  Status CheckManifestLayout(const manifest::Manifest& m, const std::string& mpath);
+  static std::string StatesOf(uint32_t bits);
+  Status VerifyFile(const manifest::File& file, const std::string& folder);
+  Status ApplyResharded(const manifest::Manifest& m, const std::string& folder);
   Status RecomputeP(void* buf, uint64_t buf_bytes);
-  Status ReadManifest(const std::string& dir, const std::string& tag, nlohmann::json* m, std::string* folder,
-                      std::string* mpath);
-  Status CheckManifestLayout(const nlohmann::json& m, const std::string& mpath);
-  Status VerifyFiles(const nlohmann::json& m, const std::string& folder);
 
   // optimizer_driver.cpp
   Status RunOptimizer(const std::vector<int>& groups, double grad_scale, const StepOptions& so, int64_t step);
@@ -151,6 +152,9 @@ class Engine::Impl {
 
   LossScaler scaler_;
   int64_t step_count_ = 0;  // optimizer updates applied
+  // Non-empty: why the state is unusable (a load failed while writing it);
+  // every call but a load is refused until a load succeeds.
+  std::string broken_;
   uint64_t fetch_counter_ = 0;
 
   std::mutex mu_;  // guards groups_[*].dev, schedule_, prefetch_queue_, stop_

@@ -300,9 +300,13 @@ def test_checkpoint_round_trip_and_corruption(tmp_path):
         assert not torch.equal(e.read_master(0), saved)
         assert e.load_checkpoint(tmp_path / "ckpt") == b"trainer-state" * 10000
         assert torch.equal(e.read_master(0), saved)
+        e.save_checkpoint(tmp_path / "ckpt", "one")  # the same state: nothing to write
+        e.grads(0, torch.ones(6))
+        e.step()
         with pytest.raises(strata.Error) as err:
             e.save_checkpoint(tmp_path / "ckpt", "one")
         assert err.value.status == strata.INVALID and "never overwritten" in err.value.message
+        assert e.load_checkpoint(tmp_path / "ckpt", "one") == b"trainer-state" * 10000
         data = tmp_path / "ckpt" / "one" / "rank00000.bin"
         raw = bytearray(data.read_bytes())
         raw[7] ^= 0x40
@@ -311,3 +315,6 @@ def test_checkpoint_round_trip_and_corruption(tmp_path):
             e.load_checkpoint(tmp_path / "ckpt", "one")
         assert err.value.status == strata.CORRUPT and "rank00000.bin" in err.value.message
         assert torch.equal(e.read_master(0), saved)
+        with pytest.raises(strata.Error) as err:
+            e.load_checkpoint(tmp_path / "nothing-saved-here")
+        assert err.value.status == strata.NOT_FOUND and err.value.status_name == "NOT_FOUND"
