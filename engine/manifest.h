@@ -72,15 +72,16 @@ std::string Seal(const std::string& json_text);
 // without one was written before manifests carried it: accepted, `sealed`
 // false; one that does not match is CORRUPT), every field's type and range,
 // and that the layout is self-consistent (tensors tile their groups, shards
-// their padded groups, one file per shard in rank order, each file holds the
+// their padded groups, one file per shard (files[k] is shard k's after the
+// parse, in whatever order the manifest lists them), each file holds the
 // same states of every group, blocks of the right size that do not overlap
 // and lie within the file's `bytes`). Every error is CORRUPT and names
 // `path` and the field.
 Result<Manifest> Parse(std::string_view text, const std::string& path);
 
-// Checks the manifest against the files in `folder`: every data file is a
-// regular file at least as long as its `bytes`, the trainer's blob exactly
-// `blob_bytes`. CORRUPT names the file.
+// Checks the manifest against the data files in `folder`: each is a regular
+// file at least as long as its `bytes` (which its blocks lie within). CORRUPT
+// names the file. (The trainer's blob is the engine's to check.)
 Status CheckFiles(const Manifest& m, const std::string& folder);
 
 std::string Hex(uint64_t v);  // 16 lower-case hex digits
