@@ -19,6 +19,7 @@ const char* CodeName(Code c) {
     case Code::kUnsupported: return "UNSUPPORTED";
     case Code::kState: return "STATE";
     case Code::kInternal: return "INTERNAL";
+    case Code::kNotFound: return "NOT_FOUND";
   }
   return "UNKNOWN";
 }

@@ -26,6 +26,7 @@ enum class Code : int {
   kUnsupported,  // not available on this build or machine
   kState,        // call out of order
   kInternal,     // a bug
+  kNotFound,     // nothing there: no checkpoint saved yet, no such tag
 };
 
 const char* CodeName(Code c);
@@ -68,6 +69,7 @@ inline Status TimeoutError(std::string m) { return {Code::kTimeout, std::move(m)
 inline Status UnsupportedError(std::string m) { return {Code::kUnsupported, std::move(m)}; }
 inline Status StateError(std::string m) { return {Code::kState, std::move(m)}; }
 inline Status InternalError(std::string m) { return {Code::kInternal, std::move(m)}; }
+inline Status NotFoundError(std::string m) { return {Code::kNotFound, std::move(m)}; }
 
 // Turns an errno into a Status naming the operation and what it touched.
 // ENOSPC, EFBIG and EDQUOT map to kNoSpace, ENOMEM to kNoMem, the rest to kIo.

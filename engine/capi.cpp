@@ -36,6 +36,7 @@ struct strata_engine {
 namespace {
 
 static_assert(static_cast<int>(Code::kInternal) == STRATA_INTERNAL, "Code and strata_status_t differ");
+static_assert(static_cast<int>(Code::kNotFound) == STRATA_NOT_FOUND, "Code and strata_status_t differ");
 static_assert(static_cast<int>(strata::DType::kF16) == STRATA_DTYPE_F16, "DType and strata_dtype_t differ");
 
 // The latest failure on this thread (strata_last_error).
@@ -150,8 +151,8 @@ extern "C" {
 int strata_version(void) { return STRATA_VERSION_CODE; }
 
 const char* strata_status_name(strata_status_t status) {
-  static const char* const kNames[] = {"OK",      "INVALID", "CONFIG",  "NOMEM",       "IO",    "NOSPACE",
-                                       "CORRUPT", "COMM",    "TIMEOUT", "UNSUPPORTED", "STATE", "INTERNAL"};
+  static const char* const kNames[] = {"OK",      "INVALID", "CONFIG",  "NOMEM",       "IO",    "NOSPACE",  "CORRUPT",
+                                       "COMM",    "TIMEOUT", "UNSUPPORTED", "STATE", "INTERNAL", "NOT_FOUND"};
   const int i = static_cast<int>(status);
   return i >= 0 && i < static_cast<int>(sizeof kNames / sizeof kNames[0]) ? kNames[i] : "UNKNOWN";
 }

@@ -1,14 +1,14 @@
-// Checkpoints: this rank's W, M, V streamed from their home tiers into one
-// data file through the io engine (state on NVMe goes swap file -> host slot
-// -> checkpoint file, never through the device), plus a JSON manifest with
-// the layout and XXH3 checksums, written in an order that survives a crash:
+// Checkpoints, the save: this rank's W, M, V streamed from their home tiers
+// into one data file through the io engine (state on NVMe goes swap file ->
+// host slot -> checkpoint file, never through the device), plus a JSON
+// manifest with the layout and XXH3 checksums, itself checksummed (see
+// engine/manifest.h), written in an order that survives a crash:
 //   DIR/.TAG.partial/{rankNNNNN.bin, trainer.bin} written and fsynced
 //   -> manifest.json.tmp fsynced, renamed to manifest.json, folder fsynced
 //   -> .TAG.partial renamed to TAG, DIR fsynced
 //   -> DIR/latest.tmp (the tag) fsynced, renamed to DIR/latest, DIR fsynced.
 // STRATA_CHECKPOINT_KILL_AT=data|manifest|rename|latest aborts the process
-// right after that point (crash tests).
-#include <dirent.h>
+// right after that point (crash tests). The load is in checkpoint_load.cpp.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,118 +18,21 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <map>
-#include <tuple>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "base/align.h"
 #include "base/log.h"
 #include "base/sizes.h"
+#include "engine/checkpoint_files.h"
 #include "engine/engine_impl.h"
 #include "io/direct_file.h"
-#include "kernels/cpu/cast.h"
 
 namespace strata {
 
 using Json = nlohmann::json;
-static constexpr int kFormatVersion = 1;
+using manifest::Hex;
+using namespace ckpt;  // NOLINT: the checkpoint file helpers
 static const int kSaved[] = {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)};
-
-namespace {
-
-void KillPoint(const char* name) {
-  const char* at = std::getenv("STRATA_CHECKPOINT_KILL_AT");
-  if (at && std::strcmp(at, name) == 0) {
-    std::fprintf(stderr, "strata: STRATA_CHECKPOINT_KILL_AT=%s: aborting here\n", name);
-    std::_Exit(86);
-  }
-}
-
-std::string Hex(uint64_t v) {
-  char b[17];
-  std::snprintf(b, sizeof b, "%016llx", static_cast<unsigned long long>(v));
-  return b;
-}
-
-Status FsyncPath(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return PosixError("open for fsync", path, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return PosixError("fsync", path, err);
-  return Status::Ok();
-}
-
-// Reads exactly `bytes` at `off` of `fd` (the file `path`): a short file is
-// CORRUPT, naming where it ends.
-Status PreadFull(int fd, void* buf, uint64_t bytes, uint64_t off, const std::string& path) {
-  for (uint64_t done = 0; done < bytes;) {
-    const ssize_t n = ::pread(fd, static_cast<char*>(buf) + done, bytes - done, static_cast<off_t>(off + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return PosixError("checkpoint load: pread", path, off + done, bytes - done, errno);
-    if (n == 0) return CorruptError("checkpoint load: " + path + " ends early at offset " + std::to_string(off + done));
-    done += static_cast<uint64_t>(n);
-  }
-  return Status::Ok();
-}
-
-// Writes `bytes` to `path` (created, truncated), fsyncs it.
-Status WriteSmallFile(const std::string& path, const void* data, uint64_t bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return PosixError("create", path, errno);
-  const char* p = static_cast<const char*>(data);
-  uint64_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = ::write(fd, p + done, bytes - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      return PosixError("write", path, done, bytes - done, err);
-    }
-    done += static_cast<uint64_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return PosixError("fsync", path, err);
-  }
-  if (::close(fd) != 0) return PosixError("close", path, errno);
-  return Status::Ok();
-}
-
-// Writes `text` to path.tmp, fsyncs, renames to path, fsyncs the folder.
-Status ReplaceFile(const std::string& folder, const std::string& name, const std::string& text) {
-  const std::string tmp = folder + "/" + name + ".tmp", dst = folder + "/" + name;
-  STRATA_RETURN_IF_ERROR(WriteSmallFile(tmp, text.data(), text.size()));
-  if (::rename(tmp.c_str(), dst.c_str()) != 0) return PosixError("rename " + tmp + " to", dst, errno);
-  return FsyncPath(folder);
-}
-
-Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return CorruptError("checkpoint: cannot read " + path + " (" + std::strerror(errno) + ")");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (s.size() > limit) return CorruptError("checkpoint: " + path + " is larger than " + FormatBytes(limit));
-  return s;
-}
-
-bool ValidTag(const std::string& t) {
-  if (t.empty() || t.size() > 200 || t == "latest" || t[0] == '.') return false;
-  for (char c : t)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
-  return true;
-}
-
-std::string RankFile(int rank) {
-  char b[32];
-  std::snprintf(b, sizeof b, "rank%05d.bin", rank);
-  return b;
-}
-
-}  // namespace
 
 Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
   if (!built_) return StateError(std::string(call) + ": the engine is not built");
@@ -137,7 +40,7 @@ Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
   for (int g = 0; g < part_.num_groups(); ++g) {
     const GroupState& gs = groups_[static_cast<size_t>(g)];
     if (gs.dev.pins > 0) return StateError(std::string(call) + ": group " + std::to_string(g) + " is fetched");
-    if (gs.grad_calls > 0 && !(recovers && (pending_ || !broken_.empty())))  // a load abandons a failed step's gradients
+    if (gs.grad_calls > 0 && !(recovers && (pending_ || !broken_.empty())))  // a load abandons a failed step
       return StateError(std::string(call) + ": gradients of group " + std::to_string(g) +
                         " are pending; save or load between steps");
   }
@@ -286,8 +189,10 @@ Result<std::string> Engine::Impl::SnapshotShardFile(const std::string& link_path
   return entry.dump();
 }
 
+
 Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob,
                                     uint64_t blob_bytes) {
+  STRATA_RETURN_IF_ERROR(CheckUsable("checkpoint save"));
   STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint save"));
   Status local;
   if (!ValidTag(tag))
@@ -307,21 +212,27 @@ Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& t
                             "); nothing was written");
   }
   const std::string final_dir = dir + "/" + tag, part = dir + "/." + tag + ".partial";
+  // The tag exists (ranks share the file system): a save that was killed
+  // before it updated `latest`, repeated with the same state, completes it.
+  if (Exists(final_dir)) return ResaveExisting(dir, tag, blob, blob_bytes);
   const bool lead = options_.rank == 0;
   auto cleanup = [&] {
     std::error_code e2;
     if (lead) std::filesystem::remove_all(part, e2);
   };
-  // The folder, by rank 0 (ranks share the file system).
+  // The folder, by rank 0 (ranks share the file system), locked while we save.
+  PartialLock part_lock;
   if (lead) {
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     if (ec) local = IoError("checkpoint save: cannot create " + dir + ": " + ec.message());
-    else if (std::filesystem::exists(final_dir))
-      local = InvalidError("checkpoint save: " + final_dir + " exists; checkpoints are never overwritten");
     else {
-      std::filesystem::remove_all(part, ec);  // a crashed save's leftovers
-      if (::mkdir(part.c_str(), 0755) != 0) local = PosixError("mkdir", part, errno);
+      if (const int n = RemoveAbandonedPartials(dir))  // killed saves' leftovers, ours included
+        STRATA_LOG_INFO("checkpoint save: removed {} abandoned partial save(s) in {}", n, dir);
+      if (::mkdir(part.c_str(), 0755) != 0)
+        local = errno == EEXIST ? InvalidError("checkpoint save: " + part + " is being written by another live save")
+                                : PosixError("mkdir", part, errno);
+      else local = part_lock.Lock(part);
     }
   }
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
@@ -367,16 +278,24 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
     for (const auto& t : L.tensors) tensors.push_back({{"name", t.name}, {"offset", t.offset}, {"numel", t.numel}});
     groups.push_back({{"numel", L.numel}, {"padded", L.padded}, {"shard_numel", L.shard_numel}, {"tensors", tensors}});
   }
+  // The order of saves in this folder: one more than any checkpoint there.
+  uint64_t seq = 0;
+  for (const Found& f : ScanCheckpoints(dir))
+    if (f.manifest.ok()) seq = std::max(seq, f.manifest->save_seq);
   const LossScaler::State ls = scaler_.state();
-  Json m = {{"format", "strata-checkpoint"}, {"version", kFormatVersion}, {"tag", tag},
+  Json m = {{"format", "strata-checkpoint"}, {"version", manifest::kFormatVersion}, {"tag", tag},
             {"world_size", options_.world_size}, {"shard_world", sworld_}, {"stage", config_.zero.stage},
             {"compute_dtype", DTypeName(dtype_)}, {"optimizer", config_.optimizer.type},
-            {"step", step_count_},
+            {"step", step_count_}, {"save_seq", seq + 1},
             {"loss_scaler", {{"scale", ls.scale}, {"hysteresis_left", ls.hysteresis_left}, {"clean_steps", ls.clean_steps}}},
             {"groups", groups}, {"files", files},
             {"trainer_blob", {{"file", "trainer.bin"}, {"bytes", blob_bytes},
                               {"xxh3", Hex(XXH3_64bits(blob, blob_bytes))}}}};
-  STRATA_RETURN_IF_ERROR(ReplaceFile(part, "manifest.json", m.dump(1)));
+  const std::string text = manifest::Seal(m.dump());
+  // What we write must read back: a state that the load would refuse (a
+  // non-finite loss scale, say) is refused here, before it is published.
+  STRATA_RETURN_IF_ERROR(manifest::Parse(text, part + "/manifest.json").status().WithContext("checkpoint save"));
+  STRATA_RETURN_IF_ERROR(ReplaceFile(part, "manifest.json", text));
   KillPoint("manifest");
   if (::rename(part.c_str(), final_dir.c_str()) != 0) return PosixError("rename " + part + " to", final_dir, errno);
   STRATA_RETURN_IF_ERROR(FsyncPath(dir).WithContext("checkpoint save " + final_dir));
@@ -386,252 +305,66 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
   return Status::Ok();
 }
 
-// Streams `path` and returns its XXH3, or an error naming it.
-static Result<uint64_t> HashFile(Storage& storage, const std::string& path, uint64_t bytes, void* buf, uint64_t buf_bytes) {
-  STRATA_ASSIGN_OR_RETURN(FileId f, storage.Open(path, OpenMode::kReadOnly));
-  struct stat stt {};
-  if (::fstat(storage.Info(f).fd, &stt) != 0 || static_cast<uint64_t>(stt.st_size) < bytes) {
-    storage.Close(f).IgnoreError();
-    return CorruptError("checkpoint: " + path + " is truncated: " + std::to_string(stt.st_size) + " bytes, the manifest says " +
-                        std::to_string(bytes));
-  }
-  XXH3_state_t* hs = XXH3_createState();
-  XXH3_64bits_reset(hs);
-  Status st;
-  for (uint64_t off = 0; off < bytes && st.ok();) {
-    const uint64_t n = std::min(buf_bytes, bytes - off);
-    IoOp op{IoOp::kRead, f, off, buf, n};
-    st = storage.Run({&op, 1});
-    if (st.ok()) XXH3_64bits_update(hs, buf, n);
-    off += n;
-  }
-  const uint64_t h = XXH3_64bits_digest(hs);
-  XXH3_freeState(hs);
-  storage.Close(f).IgnoreError();
-  if (!st.ok()) return st;
-  return h;
-}
-
-// The manifest is JSON from disk: any surprise in it is corruption, not a crash.
-Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
-  try {
-    return LoadCheckpointChecked(dir, tag, blob);
-  } catch (const std::exception& e) {
-    return CorruptError("checkpoint load " + dir + ": malformed manifest: " + e.what());
-  }
-}
-
-Status Engine::Impl::LoadCheckpointChecked(const std::string& dir, const std::string& tag_in, std::vector<uint8_t>* blob) {
-  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint load", /*recovers=*/true));
-  Json m;
-  std::string folder, mpath;
-  Status local = ReadManifest(dir, tag_in, &m, &folder, &mpath);
-  // Everything is checked before anything changes: the layout, every file's
-  // size and checksum, the trainer's blob — on every rank.
-  if (local.ok()) local = CheckManifestLayout(m, mpath);
-  std::string btext;
-  if (local.ok()) local = VerifyFiles(m, folder);
+// DIR/TAG exists. When it is the newest checkpoint there and holds exactly
+// this state (step, loss scaler, layout, every block's checksum, its data
+// verified), the save has nothing to write: it points `latest` at it and
+// succeeds. Anything else is refused; checkpoints are never overwritten.
+Status Engine::Impl::ResaveExisting(const std::string& dir, const std::string& tag, const void* blob,
+                                    uint64_t blob_bytes) {
+  const std::string final_dir = dir + "/" + tag;
+  auto refuse = [&](const std::string& why) {
+    return InvalidError("checkpoint save: " + final_dir + " exists and " + why + "; checkpoints are never overwritten");
+  };
+  Status local;
+  auto m = ReadManifestAt(final_dir);
+  if (!m.ok()) local = refuse("cannot be read (" + m.status().message() + ")");
   if (local.ok()) {
-    const std::string bpath = folder + "/" + m["trainer_blob"].value("file", "trainer.bin");
-    auto b = ReadSmallFile(bpath, 1ull << 32);
-    if (!b.ok() || b->size() != m["trainer_blob"].value("bytes", uint64_t{0}) ||
-        Hex(XXH3_64bits(b->data(), b->size())) != m["trainer_blob"].value("xxh3", ""))
-      local = CorruptError("checkpoint load: " + bpath + " is missing, truncated or corrupt");
-    else btext = std::move(b).value();
+    for (const Found& f : ScanCheckpoints(dir))
+      if (f.tag != tag && f.manifest.ok() && Older(*m, f.manifest.value()))
+        local = refuse("is not the newest checkpoint there (" + f.tag + " was saved after it)");
   }
-  STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint load"));
-  // Apply: each rank builds its shards from whichever saved shards cover them.
-  local = ApplyResharded(m, folder);
-  void* buf = opt_staging_.Acquire();
-  if (local.ok()) local = RecomputeP(buf, buf ? opt_staging_.bytes() : 0);
-  opt_staging_.Release(buf);
-  Status st = Agree(local, "checkpoint load");
-  if (!st.ok()) return st.WithContext("checkpoint load " + folder + " (the engine's state is now partly loaded)");
-  step_count_ = m.value("step", int64_t{0});
-  const Json& lj = m["loss_scaler"];
-  scaler_.set_state({lj.value("scale", 1.0), lj.value("hysteresis_left", 2), lj.value("clean_steps", int64_t{0})});
-  DropDeviceCopies();
-  if (blob) blob->assign(btext.begin(), btext.end());
+  if (local.ok()) {
+    local = SameStateAs(*m, final_dir);
+    if (!local.ok()) local = refuse(local.message());
+  }
+  if (local.ok() && XXH3_64bits(blob, blob_bytes) != m->blob_xxh3)
+    STRATA_LOG_WARN("checkpoint save: {} holds this state but another trainer blob; keeping the saved one", final_dir);
+  STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
+  if (options_.rank == 0)
+    local = ReplaceFile(dir, "latest", tag + "\n").WithContext("checkpoint save: updating " + dir + "/latest");
+  STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
+  STRATA_LOG_INFO("checkpoint save: {} already holds this state; {}/latest names it", final_dir, dir);
   return Status::Ok();
 }
 
-Status Engine::Impl::ReadManifest(const std::string& dir, const std::string& tag_in, Json* m, std::string* folder,
-                                  std::string* mpath) {
-  std::string tag = tag_in;
-  if (tag.empty()) {
-    STRATA_ASSIGN_OR_RETURN(std::string t, ReadSmallFile(dir + "/latest", 4096));
-    while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
-    tag = t;
-  }
-  if (!ValidTag(tag)) return CorruptError("checkpoint load: " + dir + "/latest names an invalid tag '" + tag + "'");
-  *folder = dir + "/" + tag;
-  *mpath = *folder + "/manifest.json";
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(*mpath, 256 * kMiB));
-  try {
-    *m = Json::parse(text);
-  } catch (const std::exception& e) {
-    return CorruptError("checkpoint load: " + *mpath + " is not valid JSON: " + e.what());
-  }
-  return Status::Ok();
-}
-
-// The saved model must be this model: groups, tensor names and sizes, and
-// optimizer. The number of ranks may differ (the shards are recut).
-Status Engine::Impl::CheckManifestLayout(const Json& m, const std::string& mpath) {
-  auto bad = [&](const std::string& why) { return CorruptError("checkpoint load: " + mpath + ": " + why); };
-  if (m.at("format") != "strata-checkpoint" || m.at("version").get<int>() != kFormatVersion)
-    return bad("not a version " + std::to_string(kFormatVersion) + " strata checkpoint");
-  if (m.at("optimizer").get<std::string>() != config_.optimizer.type)
-    return InvalidError("checkpoint load: " + mpath + " holds " + m.at("optimizer").get<std::string>() +
-                        " state; this engine runs " + config_.optimizer.type);
-  const Json& gj = m.at("groups");
-  if (gj.size() != static_cast<size_t>(part_.num_groups()))
-    return InvalidError("checkpoint load: " + mpath + " has " + std::to_string(gj.size()) + " groups; the engine has " +
-                        std::to_string(part_.num_groups()));
-  for (int g = 0; g < part_.num_groups(); ++g) {
-    const GroupLayout& L = part_.group(g);
-    const Json& tj = gj[static_cast<size_t>(g)].at("tensors");
-    if (gj[static_cast<size_t>(g)].at("numel").get<uint64_t>() != L.numel || tj.size() != L.tensors.size())
-      return InvalidError("checkpoint load: group " + std::to_string(g) + " of " + mpath + " has another layout");
-    for (size_t t = 0; t < L.tensors.size(); ++t)
-      if (tj[t].at("name") != L.tensors[t].name || tj[t].at("numel").get<uint64_t>() != L.tensors[t].numel)
-        return InvalidError("checkpoint load: tensor '" + L.tensors[t].name + "' of group " + std::to_string(g) +
-                            " differs in " + mpath);
-  }
-  const uint64_t shards = m.value("shard_world", m.at("world_size").get<uint64_t>());
-  if (shards < 1 || m.at("files").size() != shards)
-    return bad("lists " + std::to_string(m.at("files").size()) + " data files for " + std::to_string(shards) + " shards");
-  return Status::Ok();
-}
-
-// Every data file: size and XXH3 as the manifest says.
-Status Engine::Impl::VerifyFiles(const Json& m, const std::string& folder) {
-  void* buf = nullptr;
-  const uint64_t buf_bytes = 8 * kMiB;
-  if (posix_memalign(&buf, 4096, buf_bytes) != 0) return NoMemError("checkpoint load: no memory for a read buffer");
-  std::unique_ptr<void, void (*)(void*)> own(buf, std::free);
-  for (const Json& file : m.at("files")) {
-    const std::string path = folder + "/" + file.value("name", "");
-    if (file.value("hash", "file") == "blocks") {  // a snapshot: each block against its checksum
-      STRATA_RETURN_IF_ERROR(VerifyBlocks(file, path, buf, buf_bytes));
-      continue;
-    }
-    STRATA_ASSIGN_OR_RETURN(uint64_t h, HashFile(*storage_, path, file.value("bytes", uint64_t{0}), buf, buf_bytes));
-    if (Hex(h) != file.value("xxh3", "")) return CorruptError("checkpoint load: checksum mismatch in " + path);
-  }
-  return Status::Ok();
-}
-
-// A snapshot data file: each listed block read and checked against its XXH3,
-// and the file's checksum over the blocks' checksums.
-Status Engine::Impl::VerifyBlocks(const Json& file, const std::string& path, void* buf, uint64_t buf_bytes) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return CorruptError("checkpoint load: cannot open " + path + " (" + std::strerror(errno) + ")");
-  struct Closer { int fd; ~Closer() { ::close(fd); } } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < file.value("bytes", uint64_t{0}))
-    return CorruptError("checkpoint load: " + path + " is truncated: " + std::to_string(st.st_size) +
-                        " bytes, the manifest says " + std::to_string(file.value("bytes", uint64_t{0})));
-  std::vector<uint64_t> hashes;
-  XXH3_state_t* hs = XXH3_createState();
-  struct Free { XXH3_state_t* h; ~Free() { XXH3_freeState(h); } } free_state{hs};
-  for (const Json& bj : file.at("blocks")) {
-    const uint64_t off = bj.at("offset").get<uint64_t>(), bytes = bj.at("bytes").get<uint64_t>();
-    XXH3_64bits_reset(hs);
-    for (uint64_t done = 0; done < bytes;) {
-      const uint64_t n = std::min(buf_bytes, bytes - done);
-      STRATA_RETURN_IF_ERROR(PreadFull(fd, buf, n, off + done, path));
-      XXH3_64bits_update(hs, buf, n);
-      done += n;
-    }
-    const uint64_t h = XXH3_64bits_digest(hs);
-    if (Hex(h) != bj.at("xxh3").get<std::string>())
-      return CorruptError("checkpoint load: checksum mismatch in " + path + " at offset " + std::to_string(off));
-    hashes.push_back(h);
-  }
-  if (Hex(XXH3_64bits(hashes.data(), hashes.size() * sizeof(uint64_t))) != file.value("xxh3", ""))
-    return CorruptError("checkpoint load: the block list of " + path + " does not match its checksum");
-  return Status::Ok();
-}
-
-// This rank's shard of every group's W, M, V, cut from the saved shards
-// (which may have been cut for another number of ranks).
-Status Engine::Impl::ApplyResharded(const Json& m, const std::string& folder) {
-  const Json& files = m.at("files");
-  std::vector<int> fds;
-  for (const Json& f : files) {
-    const std::string path = folder + "/" + f.value("name", "");
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      for (int x : fds) ::close(x);
-      return PosixError("checkpoint load: open", path, errno);
-    }
-    fds.push_back(fd);
-  }
-  struct Closer { std::vector<int>& v; ~Closer() { for (int x : v) ::close(x); } } closer{fds};
-  // (file, group, state) -> the block's offset in that file, indexed once.
-  std::map<std::tuple<uint64_t, int, int>, uint64_t> block_offset;
-  for (uint64_t k = 0; k < files.size(); ++k)
-    for (const Json& bj : files[k].at("blocks"))
-      for (int s : kSaved)
-        if (bj.value("state", "") == StateName(StateKind(s)))
-          block_offset[{k, bj.value("group", -1), s}] = bj.value("offset", uint64_t{0});
+// Whether the checkpoint `m` in `folder` holds this engine's state: the
+// step, the loss scaler, the layout, and this rank's file's data, verified
+// against its checksums, equal to this rank's blocks.
+Status Engine::Impl::SameStateAs(const manifest::Manifest& m, const std::string& folder) {
+  auto differs = [&](const std::string& what) { return InvalidError("differs (" + what + ")"); };
+  const LossScaler::State ls = scaler_.state();
+  if (m.step != step_count_)
+    return differs("it is of step " + std::to_string(m.step) + ", the engine is at step " + std::to_string(step_count_));
+  if (m.loss_scale != ls.scale || m.hysteresis_left != ls.hysteresis_left || m.clean_steps != ls.clean_steps)
+    return differs("another loss scaler state");
+  if (m.shard_world != sworld_ || m.world_size != options_.world_size) return differs("another number of ranks");
+  STRATA_RETURN_IF_ERROR(CheckManifestLayout(m, folder + "/manifest.json"));
+  if (!(sworld_ > 1 || options_.rank == 0)) return Status::Ok();  // stage 0: rank 0's file holds it all
+  const manifest::File& file = m.files[static_cast<size_t>(srank_)];
+  STRATA_RETURN_IF_ERROR(manifest::CheckFiles(m, folder));
+  STRATA_RETURN_IF_ERROR(VerifyFile(file, folder));
   void* slot = opt_staging_.Acquire();
   struct SlotBack { StagingPool& p; void* s; ~SlotBack() { p.Release(s); } } back{opt_staging_, slot};
-  for (int g = 0; g < part_.num_groups(); ++g) {
-    const GroupLayout& L = part_.group(g);
-    const uint64_t old_shard = m.at("groups")[static_cast<size_t>(g)].at("shard_numel").get<uint64_t>();
-    const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel;
-    const uint64_t hi = std::min(lo + L.shard_numel, L.numel);
-    for (int s : kSaved) {
-      const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
-      if (!b.alloc.charged) continue;
-      float* dst = io_->Direct(b) ? static_cast<float*>(io_->DirectPtr(b)) : static_cast<float*>(slot);
-      if (!dst) return InternalError("checkpoint load: no staging slot for a staged block");
-      std::memset(dst, 0, L.shard_numel * 4);
-      for (uint64_t a = lo; a < hi;) {
-        const uint64_t k = a / old_shard, within = a % old_shard, run = std::min(hi - a, old_shard - within);
-        if (k >= files.size()) return CorruptError("checkpoint load: no data file for shard " + std::to_string(k));
-        auto where = block_offset.find({k, g, s});
-        if (where == block_offset.end())
-          return CorruptError("checkpoint load: " + files[k].value("name", "") + " lacks " + StateName(StateKind(s)) +
-                              " of group " + std::to_string(g));
-        const uint64_t off = where->second + within * 4;
-        char* out = reinterpret_cast<char*>(dst + (a - lo));
-        STRATA_RETURN_IF_ERROR(PreadFull(fds[k], out, run * 4, off, folder + "/" + files[k].value("name", "")));
-        a += run;
-      }
-      if (!io_->Direct(b)) STRATA_RETURN_IF_ERROR(io_->Store(b, dst));
-    }
+  for (const manifest::Block& mb : file.blocks) {
+    const StateBlock& b = groups_[mb.group].blocks[static_cast<size_t>(mb.state + 1)];
+    const void* data = io_->Direct(b) ? io_->DirectPtr(b) : slot;
+    if (!data) return InternalError("checkpoint save: no staging slot for a staged block");
+    if (!io_->Direct(b)) STRATA_RETURN_IF_ERROR(io_->Load(b, slot));
+    if (XXH3_64bits(data, mb.bytes) != mb.xxh3)
+      return differs(std::string(manifest::SavedStateName(mb.state)) + " of group " + std::to_string(mb.group) +
+                     " is not the engine's");
   }
   return Status::Ok();
-}
-
-// P = W in the compute dtype, as after every step: this rank's shard, then
-// (stages 1-2 with several ranks) the other ranks' slices gathered.
-Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
-  for (int g = 0; g < part_.num_groups(); ++g) STRATA_RETURN_IF_ERROR(RecomputePGroup(g, buf, buf_bytes));
-  return Status::Ok();
-}
-
-Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
-  GroupState& gs = groups_[static_cast<size_t>(g)];
-  const uint64_t n = part_.group(g).shard_numel;
-  const StateBlock& wb = gs.blocks[int(StateKind::kW)];
-  float* w = static_cast<float*>(buf);
-  if (io_->Direct(wb)) w = static_cast<float*>(io_->DirectPtr(wb));
-  else STRATA_RETURN_IF_ERROR(io_->Load(wb, w));
-  const StateBlock& p = gs.blocks[int(StateKind::kP)];
-  if (io_->Direct(p)) {  // our slice (or all of it), then the other ranks' slices
-    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, static_cast<char*>(io_->DirectPtr(p)) + PSliceOffset(g), n));
-    if (p_gathered_after_step()) STRATA_RETURN_IF_ERROR(GatherP(g, io_->DirectPtr(p)));
-    return Status::Ok();
-  }
-  const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer
-  if (!buf || at + p.bytes > buf_bytes) return InternalError("the staging slot cannot hold W and P");
-  char* pbuf = static_cast<char*>(buf) + at;
-  STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, pbuf, n));
-  return io_->Store(p, pbuf);
 }
 
 }  // namespace strata

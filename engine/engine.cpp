@@ -614,6 +614,7 @@ EngineStats Engine::Impl::Stats() const {
 // The public face: thin forwards.
 Status Engine::Build() { return impl_->Build(); }
 Result<void*> Engine::Fetch(int group) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch"));
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "fetch"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch"));
   return impl_->Fetch(group);

@@ -10,11 +10,10 @@
 #include <optional>
 #include <thread>
 
-#include <nlohmann/json_fwd.hpp>
-
 #include "engine/block_io.h"
 #include "engine/engine.h"
 #include "engine/loss_scaler.h"
+#include "engine/manifest.h"
 #include "engine/partition.h"
 #include "engine/prefetch.h"
 #include "engine/staging.h"
@@ -93,10 +92,9 @@ class Engine::Impl {
   void DropDeviceCopies();  // after a step: P changed. REQUIRES: no pins, no loads.
   void WaitPrefetchIdle();
 
-  // checkpoint.cpp
+  // checkpoint.cpp (save), checkpoint_load.cpp (load)
   Status SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
   Status LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
-  Status LoadCheckpointChecked(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
   // `recovers`: a checkpoint load, which may abandon a pending failed step.
   Status CheckBetweenSteps(const char* call, bool recovers = false);
   // Refuses every call but a checkpoint load on a broken engine, and the
@@ -107,15 +105,16 @@ class Engine::Impl {
   Status Agree(const Status& local, const std::string& what);
   Result<std::string> WriteShardFile(const std::string& data_path, const std::string& name);
   Result<std::string> SnapshotShardFile(const std::string& link_path, const std::string& name);
-  Status VerifyBlocks(const nlohmann::json& file, const std::string& path, void* buf, uint64_t buf_bytes);
   Status WriteManifest(const std::string& dir, const std::string& tag, const std::string& part, const void* blob,
                        uint64_t blob_bytes);
-  Status ApplyResharded(const nlohmann::json& manifest, const std::string& folder);
+  Status ResaveExisting(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
+  Status SameStateAs(const manifest::Manifest& m, const std::string& folder);
+  Status FindCheckpoint(const std::string& dir, const std::string& tag, std::string* folder, manifest::Manifest* m);
+  Status CheckManifestLayout(const manifest::Manifest& m, const std::string& mpath);
+  static std::string StatesOf(uint32_t bits);
+  Status VerifyFile(const manifest::File& file, const std::string& folder);
+  Status ApplyResharded(const manifest::Manifest& m, const std::string& folder);
   Status RecomputeP(void* buf, uint64_t buf_bytes);
-  Status ReadManifest(const std::string& dir, const std::string& tag, nlohmann::json* m, std::string* folder,
-                      std::string* mpath);
-  Status CheckManifestLayout(const nlohmann::json& m, const std::string& mpath);
-  Status VerifyFiles(const nlohmann::json& m, const std::string& folder);
 
   // optimizer_driver.cpp
   Status RunOptimizer(const std::vector<int>& groups, double grad_scale, const StepOptions& so, int64_t step);
@@ -171,7 +170,8 @@ class Engine::Impl {
   uint64_t opt_slot_offsets_[kNumStates + 1] = {};
 
   // Set when a step cannot be finished (its gradients are lost, or a device
-  // copy failed in place): only a checkpoint load brings the engine back.
+  // copy failed in place) or a load failed while writing the state: only a
+  // checkpoint load brings the engine back.
   std::string broken_;
   std::optional<PendingStep> pending_;
   Status RepairStaleP();  // pending step: P of committed groups whose P store failed

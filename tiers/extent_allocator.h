@@ -17,6 +17,8 @@ class ExtentAllocator {
   void Free(uint64_t offset, uint64_t len);
   uint64_t free_bytes() const { return free_bytes_; }
   uint64_t largest_free() const;
+  // The free ranges, offset -> length, in order.
+  const std::map<uint64_t, uint64_t>& free_ranges() const { return free_; }
 
  private:
   uint64_t capacity_, align_, free_bytes_;

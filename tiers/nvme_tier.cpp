@@ -1,7 +1,9 @@
 // NvmeTier: swap files, striping, checksums.
 #include "tiers/nvme_tier.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 
 #include "base/align.h"
 #include "base/check.h"
+#include "base/log.h"
 #include "base/sizes.h"
 #include "io/direct_file.h"
 
@@ -63,7 +66,51 @@ Status NvmeTier::Open() {
   per_file_capacity_ = AlignUp((options_.budget + options_.spare + n - 1) / n, kMiB);
   STRATA_RETURN_IF_ERROR(OpenGeneration(0, &files_, &paths_));
   extents_ = std::make_unique<ExtentAllocator>(per_file_capacity_, align_);
+  RemoveStaleSwapFiles();
   return Status::Ok();
+}
+
+// Whether `name` is one of this rank's swap files, of any stripe and
+// generation: strata-swap.r<rank>.s<i>.bin or strata-swap.r<rank>.s<i>.g<gen>.bin.
+static bool IsSwapFileOf(int rank, const std::string& name) {
+  const std::string prefix = "strata-swap.r" + std::to_string(rank) + ".s";
+  if (name.compare(0, prefix.size(), prefix) != 0 || name.size() < prefix.size() + 5) return false;
+  if (name.compare(name.size() - 4, 4, ".bin") != 0) return false;
+  const std::string mid = name.substr(prefix.size(), name.size() - 4 - prefix.size());  // "<i>" or "<i>.g<gen>"
+  const size_t dot = mid.find(".g");
+  auto digits = [](const std::string& s) {
+    return !s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return dot == std::string::npos ? digits(mid) : digits(mid.substr(0, dot)) && digits(mid.substr(dot + 2));
+}
+
+// A killed engine leaves its swap files behind, generations after the
+// first included (their names are not reused, so OpenGeneration never takes
+// them over). Removes this rank's that no live engine holds: each engine
+// flocks its swap files, so a lock taken without waiting proves the owner
+// gone. A checkpoint that links one keeps its data (only this name goes).
+void NvmeTier::RemoveStaleSwapFiles() {
+  for (const std::string& dir : options_.dirs) {
+    std::vector<std::string> stale;
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (const dirent* e = ::readdir(d)) {
+        const std::string path = dir + "/" + e->d_name;
+        if (IsSwapFileOf(options_.rank, e->d_name) && std::find(paths_.begin(), paths_.end(), path) == paths_.end())
+          stale.push_back(path);
+      }
+      ::closedir(d);
+    }
+    for (const std::string& path : stale) {
+      const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) continue;
+      struct stat held {}, named {};
+      // Locked by us, and the name still on the file we locked: remove it.
+      if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && ::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &named) == 0 &&
+          held.st_ino == named.st_ino && held.st_dev == named.st_dev && ::unlink(path.c_str()) == 0)
+        STRATA_LOG_INFO("nvme tier: removed {}, a swap file left by an engine that is gone", path);
+      ::close(fd);
+    }
+  }
 }
 
 // Takes `fd`'s exclusive flock. A process that just died may hold it a
@@ -303,6 +350,9 @@ void NvmeTier::ReleaseExtent(uint32_t gen, uint64_t offset, uint64_t per_file) {
   }
   OldFiles& o = old_.at(gen);
   o.extents->Free(offset, per_file);
+  // Not the snapshot's (a P or G block, or a discarded new version): nobody
+  // reads it from this file again.
+  if (!o.kept.count(offset)) Punch(options_.storage->Info(o.files[0]).fd, o.paths[0], offset, per_file);
   --o.live;
   RetireIfEmpty(gen);
 }
@@ -342,10 +392,16 @@ Status NvmeTier::Snapshot(const std::string& link_path, const std::vector<Alloca
       return UnsupportedError("nvme tier: cannot link " + path + " to " + link_path + ": " + std::strerror(err));
     return PosixError("link " + path + " to", link_path, err);
   }
+  // From now on this file is never written (a block moves to the new file
+  // when next written) and the checkpoint reads only its blocks: the free
+  // ranges hold nothing anyone reads. Punched out, the checkpoint holds the
+  // state, not the swap file's reservation.
+  for (const auto& [off, len] : extents_->free_ranges()) Punch(fd, path, off, len);
   OldFiles old;
   old.files = std::move(files_);
   old.paths = std::move(paths_);
   old.extents = std::move(extents_);
+  for (const SnapshotRef& r : refs) old.kept.insert(r.offset);
   for (const auto& [id, b] : blocks_) old.live += b.gen == gen_;
   old_[gen_] = std::move(old);
   files_ = std::move(next_files);
@@ -355,6 +411,14 @@ Status NvmeTier::Snapshot(const std::string& link_path, const std::vector<Alloca
   ++gen_;
   *out = std::move(refs);
   return Status::Ok();
+}
+
+void NvmeTier::Punch(int fd, const std::string& path, uint64_t offset, uint64_t len) {
+  if (len == 0) return;
+  // Only disk space: a file system without hole punching keeps the bytes.
+  if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                  static_cast<off_t>(len)) != 0)
+    STRATA_LOG_DEBUG("nvme tier: cannot punch [{}, +{}) of {}: {}", offset, len, path, std::strerror(errno));
 }
 
 Status NvmeTier::Write(const Allocation& a, const void* src) {

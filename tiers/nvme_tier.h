@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -114,7 +115,10 @@ class NvmeTier final : public Tier {
     std::vector<std::string> paths;
     std::unique_ptr<ExtentAllocator> extents;
     uint64_t live = 0;
+    std::set<uint64_t> kept;  // offsets of the blocks its snapshot references
   };
+  // Frees the disk space of [offset, offset+len) of a snapshotted file.
+  void Punch(int fd, const std::string& path, uint64_t offset, uint64_t len);
   Status OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::vector<std::string>* paths);
   void RetireIfEmpty(uint32_t gen);  // REQUIRES: mu_ held
   // Frees an extent of generation `gen` (the current one, or an old one's,
@@ -125,6 +129,7 @@ class NvmeTier final : public Tier {
   std::string FilesOf(uint32_t gen) const;  // "a, b": generation gen's paths. REQUIRES: mu_ held
   explicit NvmeTier(const NvmeTierOptions& options);
   Status Open();
+  void RemoveStaleSwapFiles();
   std::vector<IoOp> Ops(const Block& b, void* buf, IoOp::Kind kind) const;
 
   NvmeTierOptions options_;

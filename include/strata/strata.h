@@ -83,7 +83,8 @@ typedef enum strata_status {
   STRATA_TIMEOUT = 8,     /* a wait ran past its limit */
   STRATA_UNSUPPORTED = 9, /* not available in this build or on this machine */
   STRATA_STATE = 10,      /* call out of order, or the engine is broken */
-  STRATA_INTERNAL = 11    /* a bug in Strata */
+  STRATA_INTERNAL = 11,   /* a bug in Strata */
+  STRATA_NOT_FOUND = 12   /* nothing there: no checkpoint saved yet in the folder, or no such tag */
 } strata_status_t;
 
 /* "OK", "INVALID", ... ; "UNKNOWN" for a value outside the enum. The string
@@ -248,12 +249,16 @@ STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, in
  * a crash leaves the previous or the new checkpoint whole.
  * Load (tag NULL or "" = DIR/latest) checks the manifest and every checksum
  * before changing anything: CORRUPT names the file, and the engine is as it
- * was. Its blob is copied into `blob` (capacity `*blob_bytes` in, length
+ * was. NOT_FOUND means nothing was saved there: DIR does not exist, holds
+ * neither `latest` nor a tag folder, or the named TAG does not exist (a
+ * trainer starts fresh); a checkpoint that is there but damaged is CORRUPT.
+ * Its blob is copied into `blob` (capacity `*blob_bytes` in, length
  * out). When the blob does not fit, the state is still loaded and the call
  * returns INVALID with the needed length in *blob_bytes.
  * REQUIRES: after build, between steps (nothing fetched, no gradients
  * pending); a load may also follow a failed or broken step, which it
- * abandons. Errors: INVALID, STATE, IO, NOSPACE, CORRUPT, UNSUPPORTED. */
+ * abandons. Errors: INVALID, STATE, IO, NOSPACE, CORRUPT, UNSUPPORTED,
+ * NOT_FOUND (load). */
 STRATA_API strata_status_t strata_checkpoint_save(strata_engine_t* engine, const char* dir, const char* tag,
                                                   const void* blob, uint64_t blob_bytes);
 STRATA_API strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir, const char* tag,

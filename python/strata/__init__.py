@@ -20,9 +20,9 @@ __all__ = ["Engine", "Error", "STATUS_NAMES", "adam_step", "version"]
 
 # strata_status_t, in order.
 STATUS_NAMES = ("OK", "INVALID", "CONFIG", "NOMEM", "IO", "NOSPACE", "CORRUPT", "COMM", "TIMEOUT",
-                "UNSUPPORTED", "STATE", "INTERNAL")
+                "UNSUPPORTED", "STATE", "INTERNAL", "NOT_FOUND")
 (OK, INVALID, CONFIG, NOMEM, IO, NOSPACE, CORRUPT, COMM, TIMEOUT, UNSUPPORTED, STATE,
- INTERNAL) = range(len(STATUS_NAMES))
+ INTERNAL, NOT_FOUND) = range(len(STATUS_NAMES))
 
 # strata_dtype_t
 DTYPE_F32, DTYPE_BF16, DTYPE_F16 = 0, 1, 2

@@ -1,5 +1,5 @@
 /* Checkpoints through the C API: save, train on, load back, and the errors
- * a caller meets (existing tag, small blob buffer, missing folder). */
+ * a caller meets (existing tag, small blob buffer, nothing saved). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,9 +57,12 @@ int main(void) {
   snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
   const char blob[] = "data position 42";
   CHECK(strata_checkpoint_save(e, ckpt, "step1", blob, sizeof blob));
+  /* The same state under the same tag again (a save killed before it
+   * updated latest, repeated): nothing to write, it succeeds. */
+  CHECK(strata_checkpoint_save(e, ckpt, "step1", blob, sizeof blob));
+  if (one_step(e, 2.0f)) return 1;
   EXPECT(strata_checkpoint_save(e, ckpt, "step1", NULL, 0) == STRATA_INVALID);
   EXPECT(strstr(strata_last_error(), "never overwritten") != NULL);
-  if (one_step(e, 2.0f)) return 1;
   CHECK(strata_engine_read_master(e, 0, now));
   EXPECT(memcmp(now, saved, sizeof now) != 0);
   char small[4];
@@ -73,8 +76,13 @@ int main(void) {
   CHECK(strata_engine_read_master(e, 0, now));
   EXPECT(memcmp(now, saved, sizeof now) == 0);
   len = sizeof back;
-  EXPECT(strata_checkpoint_load(e, "/nonexistent/ckpt", NULL, back, &len) == STRATA_CORRUPT);
-  EXPECT(strstr(strata_last_error(), "/nonexistent/ckpt/latest") != NULL);
+  /* Nothing saved yet is NOT_FOUND (start fresh), not CORRUPT. */
+  EXPECT(strata_checkpoint_load(e, "/nonexistent/ckpt", NULL, back, &len) == STRATA_NOT_FOUND);
+  EXPECT(strstr(strata_last_error(), "/nonexistent/ckpt") != NULL);
+  EXPECT(strcmp(strata_status_name(STRATA_NOT_FOUND), "NOT_FOUND") == 0);
+  EXPECT(strata_checkpoint_load(e, dir, NULL, back, &len) == STRATA_NOT_FOUND); /* a folder, no checkpoint */
+  EXPECT(strata_checkpoint_load(e, ckpt, "step2", back, &len) == STRATA_NOT_FOUND);
+  EXPECT(strstr(strata_last_error(), "step2") != NULL);
   /* The optimizer's state, for a trainer's own state_dict. */
   float m[100], v[100], w2[100];
   CHECK(strata_engine_read_state(e, 0, STRATA_STATE_EXP_AVG, m));

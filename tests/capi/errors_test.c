@@ -36,8 +36,9 @@ static const char* kConfig = "{\"optimizer\": {\"type\": \"AdamW\"}}";
 
 static void status_names(void) {
   static const char* const names[] = {"OK",      "INVALID", "CONFIG",  "NOMEM",       "IO",    "NOSPACE",
-                                      "CORRUPT", "COMM",    "TIMEOUT", "UNSUPPORTED", "STATE", "INTERNAL"};
-  for (int i = 0; i <= STRATA_INTERNAL; ++i)
+                                      "CORRUPT", "COMM",    "TIMEOUT", "UNSUPPORTED", "STATE", "INTERNAL",
+                                      "NOT_FOUND"};
+  for (int i = 0; i <= STRATA_NOT_FOUND; ++i)
     if (strcmp(strata_status_name((strata_status_t)i), names[i]) != 0) {
       fprintf(stderr, "strata_status_name(%d) = %s\n", i, strata_status_name((strata_status_t)i));
       ++failures;

@@ -16,6 +16,13 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <sys/file.h>
+#include <xxhash.h>
+
+#include <functional>
+
 #include "engine/engine.h"
 #include "tests/engine/tiny_mlp.h"
 #include "tests/util/temp_dir.h"
@@ -101,15 +108,26 @@ TEST(Checkpoint, KillPointsLeaveAWholeCheckpoint) {
                               std::string("STRATA_CHECKPOINT_KILL_AT=") + point);
     ASSERT_EQ(killed.code, 86) << point;
     // The next load finds a whole checkpoint: the old one, or (after the
-    // rename) the new one; the worker's resume verifies every checksum.
+    // rename) the new one, even where `latest` still names the old one; the
+    // worker's resume verifies every checksum.
     const WorkerRun resumed = Worker({swap.path(), ckpt.path(), "train", "0", "6", "resume"});
     ASSERT_EQ(resumed.code, 0) << point << ": " << resumed.out;
+    // The killed engine's swap files (every generation) went when the next
+    // engine started; that one removed its own at exit.
+    for (const auto& e : std::filesystem::directory_iterator(swap.path()))
+      ADD_FAILURE() << point << ": left in the swap folder: " << e.path();
     std::ifstream latest(ckpt.path() + "/latest");
     std::string tag;
     latest >> tag;
+    const bool renamed = std::string(point) == "rename" || std::string(point) == "latest";
     EXPECT_EQ(tag, std::string(point) == "latest" ? "new" : "old") << point;
     const size_t lines = std::count(resumed.out.begin(), resumed.out.end(), '\n') - 1;
-    EXPECT_EQ(lines, tag == "new" ? 1u : 3u) << point;
+    EXPECT_EQ(lines, renamed ? 1u : 3u) << point;
+    // A killed save's folder is gone after the next save.
+    const WorkerRun again = Worker({swap.path(), ckpt.path(), "train", "0", "6", "resume", "save", "again"});
+    ASSERT_EQ(again.code, 0) << point << ": " << again.out;
+    for (const auto& e : std::filesystem::directory_iterator(ckpt.path()))
+      EXPECT_EQ(e.path().filename().string().find(".partial"), std::string::npos) << point << ": " << e.path();
   }
 }
 
@@ -130,29 +148,62 @@ TEST(Checkpoint, SigkillAtRandomMomentsNeverLeavesAMix) {
 class CorruptCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto cfg = ParseConfig(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ")" +
-                           swap.path() + R"("}}, "strata": {"device_budget": "8MiB", "host_budget": "8MiB"}})");
-    ASSERT_TRUE(cfg.ok());
-    auto e = Engine::Create(*cfg, {});
-    ASSERT_TRUE(e.ok());
-    eng = std::move(e).value();
-    ASSERT_TRUE(model.Register(*eng).ok());
-    ASSERT_TRUE(eng->Build().ok());
-    ASSERT_TRUE(model.TrainStep(*eng).ok());
-    ASSERT_TRUE(eng->Step({}).ok());
+    eng = NewEngine(swap.path());
+    ASSERT_TRUE(eng);
+    ASSERT_TRUE(TrainOne(*eng));
     ASSERT_TRUE(eng->SaveCheckpoint(ckpt.path(), "a", "xy", 2).ok());
-    ASSERT_TRUE(model.TrainStep(*eng).ok());
-    ASSERT_TRUE(eng->Step({}).ok());
+    ASSERT_TRUE(TrainOne(*eng));
     before = Master();
   }
-  std::vector<float> Master() {
+  std::unique_ptr<Engine> NewEngine(const std::string& swap_dir) {
+    auto cfg = ParseConfig(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                           swap_dir + R"("}}, "strata": {"device_budget": "8MiB", "host_budget": "8MiB"}})");
+    if (!cfg.ok()) return nullptr;
+    auto e = Engine::Create(*cfg, {});
+    if (!e.ok() || !model.Register(**e).ok() || !(*e)->Build().ok()) return nullptr;
+    return std::move(e).value();
+  }
+  bool TrainOne(Engine& e) { return model.TrainStep(e).ok() && e.Step({}).ok(); }
+  std::vector<float> Master(Engine* e = nullptr) {
+    if (!e) e = eng.get();
     std::vector<float> w;
-    for (int g = 0; g < eng->num_groups(); ++g) {
-      std::vector<float> x(eng->group_numel(g));
-      EXPECT_TRUE(eng->ReadMaster(g, x.data()).ok());
+    for (int g = 0; g < e->num_groups(); ++g) {
+      std::vector<float> x(e->group_numel(g));
+      EXPECT_TRUE(e->ReadMaster(g, x.data()).ok());
       w.insert(w.end(), x.begin(), x.end());
     }
     return w;
+  }
+  // Rewrites a's manifest with `edit` applied and its checksum made right
+  // again: what a buggy writer (or a bit flipped before sealing) leaves.
+  void EditManifest(const std::function<void(nlohmann::json&)>& edit, bool reseal = true) {
+    const std::string p = ckpt.path() + "/a/manifest.json";
+    std::ifstream in(p);
+    nlohmann::json m = nlohmann::json::parse(in);
+    in.close();
+    edit(m);
+    m.erase("manifest_xxh3");
+    if (reseal) {
+      const std::string canon = m.dump();
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(canon.data(), canon.size())));
+      m["manifest_xxh3"] = hex;
+    }
+    std::ofstream(p) << m.dump(1);
+  }
+  // After a refused load: a step gives what the same step gives an engine
+  // that never saw the checkpoint.
+  void ExpectStepsAsFresh() {
+    TempDir swap2;
+    auto twin = NewEngine(swap2.path());
+    ASSERT_TRUE(twin);
+    ASSERT_TRUE(TrainOne(*twin));
+    ASSERT_TRUE(TrainOne(*twin));
+    ASSERT_EQ(Master(twin.get()), before);
+    ASSERT_TRUE(TrainOne(*twin));
+    ASSERT_TRUE(TrainOne(*eng));
+    EXPECT_EQ(Master(), Master(twin.get()));
+    EXPECT_EQ(eng->steps_applied(), twin->steps_applied());
   }
   void ExpectRefused(const std::string& needle) {
     std::vector<uint8_t> blob;
@@ -160,6 +211,8 @@ class CorruptCheckpoint : public ::testing::Test {
     EXPECT_EQ(st.code(), Code::kCorrupt) << st.ToString();
     EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
     EXPECT_EQ(Master(), before) << "state must be unchanged";
+    EXPECT_EQ(eng->steps_applied(), 2);
+    EXPECT_EQ(eng->loss_scale(), 1.0);
     EXPECT_TRUE(blob.empty());
   }
   TempDir swap, ckpt;
@@ -178,11 +231,16 @@ TEST_F(CorruptCheckpoint, LoadsWhenIntact) {
 
 TEST_F(CorruptCheckpoint, FlippedByte) {
   const std::string p = ckpt.path() + "/a/rank00000.bin";
+  // Inside the first block the manifest references (a snapshot links the
+  // swap file, where blocks sit wherever their last write put them).
+  std::ifstream mf(ckpt.path() + "/a/manifest.json");
+  const auto m = nlohmann::json::parse(mf);
+  const uint64_t at = m["files"][0]["blocks"][0]["offset"].get<uint64_t>() + 100;
   std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(100);
+  f.seekg(static_cast<std::streamoff>(at));
   char c;
   f.get(c);
-  f.seekp(100);
+  f.seekp(static_cast<std::streamoff>(at));
   f.put(static_cast<char>(c ^ 1));
   f.close();
   ExpectRefused("rank00000.bin");
@@ -222,10 +280,210 @@ TEST_F(CorruptCheckpoint, FullDiskDuringSaveKeepsThePreviousCheckpoint) {
   EXPECT_EQ(std::string(blob.begin(), blob.end()), "xy");
 }
 
+// Nothing saved yet is NOT_FOUND, so that a trainer can tell it from damage.
+TEST_F(CorruptCheckpoint, NothingSavedIsNotFound) {
+  std::vector<uint8_t> blob;
+  TempDir empty;
+  for (const std::string& dir : {empty.path() + "/absent", empty.path()}) {
+    Status st = eng->LoadCheckpoint(dir, "", &blob);
+    EXPECT_EQ(st.code(), Code::kNotFound) << st.ToString();
+    EXPECT_NE(st.message().find(dir), std::string::npos) << st.message();
+  }
+  Status st = eng->LoadCheckpoint(ckpt.path(), "b", &blob);
+  EXPECT_EQ(st.code(), Code::kNotFound) << st.ToString();
+  EXPECT_NE(st.message().find(ckpt.path() + "/b"), std::string::npos) << st.message();
+  EXPECT_EQ(Master(), before);
+  // A tag folder that is there but lacks its manifest is damage, not absence.
+  std::filesystem::create_directory(empty.path() + "/t");
+  EXPECT_EQ(eng->LoadCheckpoint(empty.path(), "t", &blob).code(), Code::kCorrupt);
+  EXPECT_EQ(std::string(CodeName(Code::kNotFound)), "NOT_FOUND");
+}
+
 TEST_F(CorruptCheckpoint, ExistingTagAndBadTagsAreRefused) {
   EXPECT_EQ(eng->SaveCheckpoint(ckpt.path(), "a", nullptr, 0).code(), Code::kInvalid);
   EXPECT_EQ(eng->SaveCheckpoint(ckpt.path(), "../x", nullptr, 0).code(), Code::kInvalid);
   EXPECT_EQ(eng->SaveCheckpoint(ckpt.path(), "latest", nullptr, 0).code(), Code::kInvalid);
+}
+
+// Item: the manifest checks itself. One flipped digit of the step count
+// (the checksum no longer matches) is CORRUPT, not a wrong step count.
+TEST_F(CorruptCheckpoint, FlippedStepInManifest) {
+  const std::string p = ckpt.path() + "/a/manifest.json";
+  std::ifstream in(p);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  const auto at = text.find("\"step\": 1");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 8] = '3';
+  std::ofstream(p) << text;
+  ExpectRefused("manifest.json");
+}
+
+// Fields that address data or drive training are checked even when the
+// checksum matches (a writer's bug): a loss scale of 0, a negative step,
+// a block past its file, overlapping blocks.
+TEST_F(CorruptCheckpoint, ImpossibleFieldsAreRefused) {
+  struct Case {
+    const char* needle;
+    std::function<void(nlohmann::json&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"loss_scaler.scale", [](nlohmann::json& m) { m["loss_scaler"]["scale"] = 0.0; }},
+      {"step", [](nlohmann::json& m) { m["step"] = -4; }},
+      {"blocks", [](nlohmann::json& m) { m["files"][0]["blocks"][0]["offset"] = m["files"][0]["bytes"].get<uint64_t>(); }},
+      {"blocks", [](nlohmann::json& m) { m["files"][0]["blocks"][1]["offset"] = m["files"][0]["blocks"][0]["offset"]; }},
+      {"shard_numel", [](nlohmann::json& m) { m["groups"][1]["shard_numel"] = 8; }},
+  };
+  const std::string p = ckpt.path() + "/a/manifest.json";
+  std::ifstream in(p);
+  const std::string orig((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  for (const Case& c : cases) {
+    std::ofstream(p) << orig;
+    EditManifest(c.edit);
+    SCOPED_TRACE(c.needle);
+    ExpectRefused("manifest.json");
+  }
+  std::ofstream(p) << orig;
+  ExpectStepsAsFresh();
+}
+
+// A manifest written before manifests carried a checksum still loads.
+TEST_F(CorruptCheckpoint, UnsealedManifestLoads) {
+  EditManifest([](nlohmann::json& m) { m.erase("save_seq"); }, /*reseal=*/false);
+  std::vector<uint8_t> blob;
+  Status st = eng->LoadCheckpoint(ckpt.path(), "", &blob);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(eng->steps_applied(), 1);
+}
+
+// Item: the load is all or nothing. A manifest that lacks the last group's
+// last block (the old load wrote every earlier block, then failed) is
+// refused before anything changes, and the next step is a fresh engine's.
+TEST_F(CorruptCheckpoint, LateFailureLeavesTheEngineAsItWas) {
+  EditManifest([](nlohmann::json& m) {
+    auto& blocks = m["files"][0]["blocks"];
+    blocks.erase(blocks.size() - 1);
+  });
+  ExpectRefused("manifest.json");
+  ExpectStepsAsFresh();
+}
+
+// An I/O error while the state is being written (injected after the first
+// group) leaves the engine broken, saying why, until a load succeeds.
+TEST_F(CorruptCheckpoint, IoErrorWhileApplyingMarksTheEngineBroken) {
+  std::vector<uint8_t> blob;
+  ::setenv("STRATA_CHECKPOINT_FAIL_AT", "apply", 1);
+  Status st = eng->LoadCheckpoint(ckpt.path(), "", &blob);
+  ::unsetenv("STRATA_CHECKPOINT_FAIL_AT");
+  EXPECT_EQ(st.code(), Code::kIo) << st.ToString();
+  EXPECT_NE(st.message().find("partly written"), std::string::npos) << st.message();
+  std::vector<float> w(eng->group_numel(0));
+  Status rd = eng->ReadMaster(0, w.data());
+  EXPECT_EQ(rd.code(), Code::kState) << rd.ToString();
+  EXPECT_NE(rd.message().find("load a checkpoint again"), std::string::npos) << rd.message();
+  EXPECT_EQ(eng->Step({}).status().code(), Code::kState);
+  EXPECT_EQ(eng->SaveCheckpoint(ckpt.path(), "b", nullptr, 0).code(), Code::kState);
+  ASSERT_TRUE(eng->LoadCheckpoint(ckpt.path(), "", &blob).ok());
+  TempDir swap2;
+  auto twin = NewEngine(swap2.path());
+  ASSERT_TRUE(twin && twin->LoadCheckpoint(ckpt.path(), "a", &blob).ok());
+  ASSERT_TRUE(TrainOne(*eng));
+  ASSERT_TRUE(TrainOne(*twin));
+  EXPECT_EQ(Master(), Master(twin.get()));
+}
+
+// Item: a save killed between its rename and the update of `latest`. The
+// load of "" takes the newest checkpoint; saving the same state under the
+// same tag again completes the save; another state under it is refused.
+TEST_F(CorruptCheckpoint, LatestOneBehind) {
+  ASSERT_TRUE(eng->SaveCheckpoint(ckpt.path(), "b", "b", 1).ok());
+  std::ofstream(ckpt.path() + "/latest") << "a\n";  // what the kill leaves
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(eng->LoadCheckpoint(ckpt.path(), "", &blob).ok());
+  EXPECT_EQ(std::string(blob.begin(), blob.end()), "b");
+  EXPECT_EQ(eng->steps_applied(), 2);
+  EXPECT_EQ(Master(), before);
+  // The trainer that resumed from `latest` (a) and retrains to step 2 saves b again.
+  ASSERT_TRUE(eng->LoadCheckpoint(ckpt.path(), "a", &blob).ok());
+  ASSERT_TRUE(TrainOne(*eng));
+  ASSERT_EQ(Master(), before);
+  Status st = eng->SaveCheckpoint(ckpt.path(), "b", "b", 1);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::ifstream latest(ckpt.path() + "/latest");
+  std::string tag;
+  latest >> tag;
+  EXPECT_EQ(tag, "b");
+  ASSERT_TRUE(TrainOne(*eng));
+  st = eng->SaveCheckpoint(ckpt.path(), "b", "b", 1);
+  EXPECT_EQ(st.code(), Code::kInvalid) << st.ToString();
+  EXPECT_NE(st.message().find("never overwritten"), std::string::npos) << st.message();
+  // a is older than b: re-saving a's state under a is refused too.
+  ASSERT_TRUE(eng->LoadCheckpoint(ckpt.path(), "a", &blob).ok());
+  EXPECT_EQ(eng->SaveCheckpoint(ckpt.path(), "a", "xy", 2).code(), Code::kInvalid);
+}
+
+// Item: a killed save's .TAG.partial goes at the next save into the folder;
+// a live save's (its folder flock'ed) stays.
+TEST_F(CorruptCheckpoint, AbandonedPartialsAreRemoved) {
+  const std::string dead = ckpt.path() + "/.x.partial", live = ckpt.path() + "/.y.partial";
+  ASSERT_TRUE(std::filesystem::create_directory(dead));
+  ASSERT_TRUE(std::filesystem::create_directory(live));
+  std::ofstream(dead + "/rank00000.bin") << "left by a killed save";
+  std::ofstream(live + "/rank00000.bin") << "being written";
+  const int fd = ::open(live.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_TRUE(eng->SaveCheckpoint(ckpt.path(), "b", nullptr, 0).ok());
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(live + "/rank00000.bin"));
+  ::close(fd);
+  EXPECT_TRUE(std::filesystem::exists(ckpt.path() + "/a/manifest.json"));
+}
+
+// Item: a killed engine's swap files of every generation go when an engine
+// of the same rank starts in the folder; a file some live engine holds stays.
+TEST(CheckpointSwap, StaleGenerationsRemovedAtStart) {
+  TempDir swap;
+  const std::string dead = swap.path() + "/strata-swap.r0.s0.g7.bin", held = swap.path() + "/strata-swap.r0.s0.g9.bin",
+                    other = swap.path() + "/strata-swap.r1.s0.g3.bin";
+  for (const auto& p : {dead, held, other}) std::ofstream(p) << "old";
+  const int fd = ::open(held.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  auto cfg = ParseConfig(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                         swap.path() + R"("}}})");
+  ASSERT_TRUE(cfg.ok());
+  auto e = Engine::Create(*cfg, {});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  testing::TinyMlp model{2, 16};
+  ASSERT_TRUE(model.Register(**e).ok());
+  ASSERT_TRUE((*e)->Build().ok());
+  EXPECT_FALSE(std::filesystem::exists(dead));
+  EXPECT_TRUE(std::filesystem::exists(held));
+  EXPECT_TRUE(std::filesystem::exists(other));  // rank 1's
+  ::close(fd);
+}
+
+// Item: a snapshot (the swap file linked) holds the state, not the swap
+// file's reservation: its free ranges are punched out.
+TEST_F(CorruptCheckpoint, SnapshotHoldsOnlyTheState) {
+  const std::string p = ckpt.path() + "/a/rank00000.bin";
+  struct stat st {};
+  ASSERT_EQ(::stat(p.c_str(), &st), 0);
+  std::ifstream in(ckpt.path() + "/a/manifest.json");
+  const nlohmann::json m = nlohmann::json::parse(in);
+  uint64_t state = 0;
+  for (const auto& b : m["files"][0]["blocks"]) state += b["bytes"].get<uint64_t>();
+  const uint64_t on_disk = static_cast<uint64_t>(st.st_blocks) * 512;
+  std::printf("checkpoint data file: %llu bytes on disk for %llu bytes of state (size %llu)\n",
+              static_cast<unsigned long long>(on_disk), static_cast<unsigned long long>(state),
+              static_cast<unsigned long long>(st.st_size));
+  EXPECT_LE(on_disk, state + state / 4 + 64 * 1024);
+  // Still whole: it loads.
+  std::vector<uint8_t> blob;
+  ASSERT_TRUE(eng->LoadCheckpoint(ckpt.path(), "a", &blob).ok());
+  EXPECT_EQ(eng->steps_applied(), 1);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "engine/engine.h"
+#include "engine/manifest.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {
@@ -218,7 +219,7 @@ void WriteRankCheckpoint(const Saved& s, const std::string& folder, int world, i
     XXH3_freeState(hs);
   }
   m["files"] = files;
-  std::ofstream(folder + "/manifest.json") << m.dump(1);
+  std::ofstream(folder + "/manifest.json") << manifest::Seal(m.dump());
 }
 
 // Flips one byte `at` bytes into the W block of `group` in `file` of `folder`.
@@ -318,8 +319,10 @@ TEST(Export, RefusesMissingRankAndBadUsage) {
   WriteRankCheckpoint(s, folder, 2, 2);
   Json m = Json::parse(std::ifstream(folder + "/manifest.json"));
   m["files"].erase(0);  // rank 1's entry
-  std::ofstream(folder + "/manifest.json") << m.dump();
-  ExpectRefused(folder, s, folder + "/manifest.json", "rank 1");
+  std::ofstream(folder + "/manifest.json") << manifest::Seal(m.dump());
+  ExpectRefused(folder, s, folder + "/manifest.json", "1 data files for 2 shards");
+  std::ofstream(folder + "/manifest.json") << m.dump();  // the same, not resealed: the checksum says so
+  ExpectRefused(folder, s, folder + "/manifest.json", "does not match");
   EXPECT_EQ(Export(s.dir.path(), s.dir.path() + "/x.safetensors", "f16").code, 2);
   EXPECT_EQ(Export(s.dir.path() + "/nope", s.dir.path() + "/x.safetensors", "f32").code, 1);
 }

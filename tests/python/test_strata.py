@@ -1,5 +1,6 @@
 """The Python binding: strata.Engine over the C API, and the PyTorch
 integration (OffloadAdam, offload_module) against torch.optim.AdamW."""
+import json
 import copy
 import os
 
@@ -300,14 +301,24 @@ def test_checkpoint_round_trip_and_corruption(tmp_path):
         assert not torch.equal(e.read_master(0), saved)
         assert e.load_checkpoint(tmp_path / "ckpt") == b"trainer-state" * 10000
         assert torch.equal(e.read_master(0), saved)
+        e.save_checkpoint(tmp_path / "ckpt", "one")  # the same state: nothing to write
+        e.grads(0, torch.ones(6))
+        e.step()
         with pytest.raises(strata.Error) as err:
             e.save_checkpoint(tmp_path / "ckpt", "one")
         assert err.value.status == strata.INVALID and "never overwritten" in err.value.message
+        assert e.load_checkpoint(tmp_path / "ckpt", "one") == b"trainer-state" * 10000
         data = tmp_path / "ckpt" / "one" / "rank00000.bin"
         raw = bytearray(data.read_bytes())
-        raw[7] ^= 0x40
+        # inside the first block the manifest references (a snapshot links the
+        # swap file, where blocks sit wherever their last write put them)
+        manifest = json.loads((tmp_path / "ckpt" / "one" / "manifest.json").read_text())
+        raw[manifest["files"][0]["blocks"][0]["offset"] + 7] ^= 0x40
         data.write_bytes(bytes(raw))
         with pytest.raises(strata.Error) as err:
             e.load_checkpoint(tmp_path / "ckpt", "one")
         assert err.value.status == strata.CORRUPT and "rank00000.bin" in err.value.message
         assert torch.equal(e.read_master(0), saved)
+        with pytest.raises(strata.Error) as err:
+            e.load_checkpoint(tmp_path / "nothing-saved-here")
+        assert err.value.status == strata.NOT_FOUND and err.value.status_name == "NOT_FOUND"

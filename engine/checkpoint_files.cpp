@@ -1,0 +1,207 @@
+// Checkpoint folders on disk: durable small files, tags, scans, leftovers.
+#include "engine/checkpoint_files.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <tuple>
+
+#include "base/align.h"
+#include "base/log.h"
+#include "base/sizes.h"
+
+namespace strata::ckpt {
+
+void KillPoint(const char* name) {
+  const char* at = std::getenv("STRATA_CHECKPOINT_KILL_AT");
+  if (at && std::strcmp(at, name) == 0) {
+    std::fprintf(stderr, "strata: STRATA_CHECKPOINT_KILL_AT=%s: aborting here\n", name);
+    std::_Exit(86);
+  }
+}
+
+Status FaultPoint(const char* name) {
+  const char* at = std::getenv("STRATA_CHECKPOINT_FAIL_AT");
+  if (at && std::strcmp(at, name) == 0)
+    return IoError(std::string("STRATA_CHECKPOINT_FAIL_AT=") + name + ": an injected I/O error");
+  return Status::Ok();
+}
+
+Status FsyncPath(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return PosixError("open for fsync", path, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return PosixError("fsync", path, err);
+  return Status::Ok();
+}
+
+Status PreadFull(int fd, void* buf, uint64_t bytes, uint64_t off, const std::string& path) {
+  for (uint64_t done = 0; done < bytes;) {
+    const ssize_t n = ::pread(fd, static_cast<char*>(buf) + done, bytes - done, static_cast<off_t>(off + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return PosixError("checkpoint load: pread", path, off + done, bytes - done, errno);
+    if (n == 0) return CorruptError("checkpoint load: " + path + " ends early at offset " + std::to_string(off + done));
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status WriteSmallFile(const std::string& path, const void* data, uint64_t bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return PosixError("create", path, errno);
+  const char* p = static_cast<const char*>(data);
+  uint64_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::write(fd, p + done, bytes - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return PosixError("write", path, done, bytes - done, err);
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return PosixError("fsync", path, err);
+  }
+  if (::close(fd) != 0) return PosixError("close", path, errno);
+  return Status::Ok();
+}
+
+Status ReplaceFile(const std::string& folder, const std::string& name, const std::string& text) {
+  const std::string tmp = folder + "/" + name + ".tmp", dst = folder + "/" + name;
+  STRATA_RETURN_IF_ERROR(WriteSmallFile(tmp, text.data(), text.size()));
+  if (::rename(tmp.c_str(), dst.c_str()) != 0) return PosixError("rename " + tmp + " to", dst, errno);
+  return FsyncPath(folder);
+}
+
+Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    const int err = errno;
+    if (err == ENOENT) return NotFoundError("checkpoint: " + path + " does not exist");
+    return CorruptError("checkpoint: cannot read " + path + " (" + std::strerror(err) + ")");
+  }
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (s.size() > limit) return CorruptError("checkpoint: " + path + " is larger than " + FormatBytes(limit));
+  return s;
+}
+
+bool ValidTag(const std::string& t) {
+  if (t.empty() || t.size() > 200 || t == "latest" || t[0] == '.') return false;
+  for (char c : t)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
+  return true;
+}
+
+std::string RankFile(int rank) {
+  char b[32];
+  std::snprintf(b, sizeof b, "rank%05d.bin", rank);
+  return b;
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+bool IsDir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+Result<manifest::Manifest> ReadManifestAt(const std::string& folder) {
+  const std::string path = folder + "/manifest.json";
+  auto text = ReadSmallFile(path, 256 * kMiB);
+  if (!text.ok() && text.status().code() == Code::kNotFound)
+    return CorruptError("checkpoint: " + path + " is missing (the folder is not a whole checkpoint)");
+  if (!text.ok()) return text.status();
+  STRATA_ASSIGN_OR_RETURN(manifest::Manifest m, manifest::Parse(*text, path));
+  if (!m.sealed)
+    STRATA_LOG_WARN("checkpoint: {} carries no checksum of its own (written by an older Strata); its fields are "
+                    "checked but a flipped bit in them cannot be detected", path);
+  return m;
+}
+
+std::vector<Found> ScanCheckpoints(const std::string& dir) {
+  std::vector<std::string> tags;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d))
+      if (ValidTag(e->d_name) && IsDir(dir + "/" + e->d_name) && Exists(dir + "/" + e->d_name + "/manifest.json"))
+        tags.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  std::sort(tags.begin(), tags.end());
+  std::vector<Found> found;
+  for (auto& t : tags) found.push_back({t, ReadManifestAt(dir + "/" + t)});
+  return found;
+}
+
+std::string LatestTag(const std::string& dir) {
+  auto t = ReadSmallFile(dir + "/latest", 4096);
+  if (!t.ok()) return "";
+  std::string tag = std::move(t).value();
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+  return ValidTag(tag) ? tag : "";
+}
+
+bool Older(const manifest::Manifest& a, const manifest::Manifest& b) {
+  return std::tie(a.save_seq, a.step) < std::tie(b.save_seq, b.step);
+}
+
+PartialLock::~PartialLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+Status PartialLock::Lock(const std::string& folder) {
+  fd_ = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) return PosixError("checkpoint save: open", folder, errno);
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) return PosixError("checkpoint save: flock", folder, errno);
+  return Status::Ok();
+}
+
+int RemoveAbandonedPartials(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.size() > 9 && n[0] == '.' && n.compare(n.size() - 8, 8, ".partial") == 0) names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  int removed = 0;
+  for (const std::string& n : names) {
+    const std::string path = dir + "/" + n;
+    // A live save holds its folder's flock; a killed one's died with it.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);
+      continue;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);  // only links and the partial's own files: no complete checkpoint
+    ::close(fd);
+    if (ec) STRATA_LOG_WARN("checkpoint save: cannot remove the abandoned {}: {}", path, ec.message());
+    else ++removed;
+  }
+  return removed;
+}
+
+}  // namespace strata::ckpt

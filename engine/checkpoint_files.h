@@ -1,0 +1,67 @@
+// Checkpoint folders on disk: small durable files (write, fsync, rename,
+// fsync the folder), tag names, the complete checkpoints of a folder, and
+// the leftovers of killed saves. Shared by the save (checkpoint.cpp) and the
+// load (checkpoint_load.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/manifest.h"
+
+namespace strata::ckpt {
+
+// STRATA_CHECKPOINT_KILL_AT=NAME: the process exits (86) at that point.
+void KillPoint(const char* name);
+// STRATA_CHECKPOINT_FAIL_AT=NAME: an IO error at that point (tests).
+Status FaultPoint(const char* name);
+
+Status FsyncPath(const std::string& path);
+// Reads exactly `bytes` at `off` of `fd` (the file `path`); a short file is CORRUPT.
+Status PreadFull(int fd, void* buf, uint64_t bytes, uint64_t off, const std::string& path);
+Status WriteSmallFile(const std::string& path, const void* data, uint64_t bytes);
+// Writes `text` to folder/name.tmp, fsyncs, renames to folder/name, fsyncs the folder.
+Status ReplaceFile(const std::string& folder, const std::string& name, const std::string& text);
+// CORRUPT when unreadable, NOT_FOUND when absent.
+Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit);
+
+bool ValidTag(const std::string& t);
+std::string RankFile(int rank);  // rank00007.bin
+bool Exists(const std::string& path);
+bool IsDir(const std::string& path);
+
+// The checkpoints in `dir`: folders with a valid tag name that hold a
+// manifest.json (a save in progress is a hidden .TAG.partial; a folder
+// without a manifest is not a checkpoint), each with its parsed manifest
+// or the error parsing it. Sorted by tag.
+struct Found {
+  std::string tag;
+  Result<manifest::Manifest> manifest;
+};
+std::vector<Found> ScanCheckpoints(const std::string& dir);
+Result<manifest::Manifest> ReadManifestAt(const std::string& folder);
+// The tag DIR/latest names ("" when there is no such file or it is damaged).
+std::string LatestTag(const std::string& dir);
+// True when a (save_seq, step) is older than b: the order of "newest".
+bool Older(const manifest::Manifest& a, const manifest::Manifest& b);
+
+// A save's .TAG.partial folder, flock'ed while the save runs so that a
+// cleanup never removes the folder of a live save.
+class PartialLock {
+ public:
+  PartialLock() = default;
+  ~PartialLock();
+  PartialLock(const PartialLock&) = delete;
+  PartialLock& operator=(const PartialLock&) = delete;
+  Status Lock(const std::string& folder);
+
+ private:
+  int fd_ = -1;
+};
+// Removes every .*.partial folder in `dir` that no live save holds (a killed
+// save's). Returns how many; logs what it could not remove.
+int RemoveAbandonedPartials(const std::string& dir);
+
+}  // namespace strata::ckpt

@@ -1,0 +1,263 @@
+// Checkpoints, the load: find the checkpoint (a tag, or the newest in the
+// folder), check its manifest against this engine and the files, verify
+// every checksum, and only then apply it. The engine is changed only after
+// everything was verified on every rank; an I/O error while applying (the
+// state is then partly written) marks the engine broken until a load
+// succeeds, never a silent mix.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <memory>
+
+#include "base/align.h"
+#include "base/log.h"
+#include "base/sizes.h"
+#include "engine/checkpoint_files.h"
+#include "engine/engine_impl.h"
+#include "kernels/cpu/cast.h"
+
+namespace strata {
+
+using manifest::Hex;
+using namespace ckpt;  // NOLINT: the checkpoint file helpers
+
+Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint load", /*recovers=*/true));
+  manifest::Manifest m;
+  std::string folder = tag.empty() ? dir : dir + "/" + tag;
+  // Everything is checked before anything changes: the manifest, the layout,
+  // every file's size and checksum, the trainer's blob, on every rank.
+  Status local = FindCheckpoint(dir, tag, &folder, &m);
+  if (local.ok()) local = CheckManifestLayout(m, folder + "/manifest.json");
+  if (local.ok()) local = manifest::CheckFiles(m, folder);
+  for (size_t k = 0; k < m.files.size() && local.ok(); ++k) local = VerifyFile(m.files[k], folder);
+  std::string btext;
+  if (local.ok()) {
+    const std::string bpath = folder + "/" + m.blob_file;
+    auto b = ReadSmallFile(bpath, m.blob_bytes);
+    if (!b.ok()) local = CorruptError("checkpoint load: " + b.status().message());
+    else if (b->size() != m.blob_bytes || XXH3_64bits(b->data(), b->size()) != m.blob_xxh3)
+      local = CorruptError("checkpoint load: " + bpath + " is truncated or corrupt (size or checksum differs)");
+    else btext = std::move(b).value();
+  }
+  STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint load").WithContext("checkpoint load " + folder + " (nothing changed)"));
+  // Apply: each rank builds its shards from whichever saved shards cover them.
+  // What can fail now is I/O, which leaves the state partly written.
+  local = ApplyResharded(m, folder);
+  if (local.ok()) local = FaultPoint("recompute");
+  void* buf = opt_staging_.Acquire();
+  if (local.ok()) local = RecomputeP(buf, buf ? opt_staging_.bytes() : 0);
+  opt_staging_.Release(buf);
+  Status st = Agree(local, "checkpoint load");
+  DropDeviceCopies();
+  if (!st.ok()) {
+    broken_ = "the engine's state is partly loaded: a checkpoint load from " + folder + " failed while writing it (" +
+              st.ToString() + "); load a checkpoint again";
+    return st.WithContext("checkpoint load " + folder + " (the state is partly written: the engine refuses every "
+                          "call but a load until a load succeeds)");
+  }
+  broken_.clear();
+  step_count_ = m.step;
+  scaler_.set_state({m.loss_scale, m.hysteresis_left, m.clean_steps});
+  if (blob) blob->assign(btext.begin(), btext.end());
+  return Status::Ok();
+}
+
+// The checkpoint to load: DIR/TAG, or with TAG "" the newest complete one in
+// DIR. Newest is by save order (save_seq, which every save numbers one past
+// the checkpoints already there), then step (checkpoints of older Strata
+// have no save_seq), then the one `latest` names. `latest` alone would be one
+// behind after a save killed between its rename and the update of latest.
+Status Engine::Impl::FindCheckpoint(const std::string& dir, const std::string& tag, std::string* folder,
+                                    manifest::Manifest* m) {
+  if (!IsDir(dir)) return NotFoundError("checkpoint load: " + dir + " does not exist (no checkpoint saved there)");
+  if (!tag.empty()) {
+    if (!ValidTag(tag)) return InvalidError("checkpoint load: '" + tag + "' is not a valid tag");
+    *folder = dir + "/" + tag;
+    if (!Exists(*folder)) return NotFoundError("checkpoint load: " + *folder + " does not exist (no checkpoint of that tag)");
+    STRATA_ASSIGN_OR_RETURN(*m, ReadManifestAt(*folder));
+    return Status::Ok();
+  }
+  const std::string latest = LatestTag(dir);
+  std::vector<Found> found = ScanCheckpoints(dir);
+  if (!latest.empty() && IsDir(dir + "/" + latest) && !Exists(dir + "/" + latest + "/manifest.json"))
+    return CorruptError("checkpoint load: " + dir + "/" + latest + "/manifest.json (the checkpoint " + dir +
+                        "/latest names) is missing");
+  if (found.empty()) {
+    if (Exists(dir + "/latest"))
+      return CorruptError("checkpoint load: " + dir + "/latest names '" + latest + "', but " + dir +
+                          " holds no checkpoint folder");
+    return NotFoundError("checkpoint load: " + dir + " holds no checkpoint (no latest, no tag folder)");
+  }
+  const Found* best = nullptr;
+  for (const Found& f : found) {
+    if (!f.manifest.ok())  // it might be the newest: loading an older one would be a silent step back
+      return f.manifest.status().WithContext("checkpoint load: cannot tell which checkpoint in " + dir +
+                                             " is the newest; load a tag by name or remove the damaged one");
+    if (!best || Older(best->manifest.value(), f.manifest.value()) ||
+        (!Older(f.manifest.value(), best->manifest.value()) && f.tag == latest))
+      best = &f;
+  }
+  if (best->tag != latest)
+    STRATA_LOG_WARN("checkpoint load: {}/latest names '{}', but '{}' was saved after it (a save was interrupted "
+                    "before it updated latest); loading '{}'", dir, latest, best->tag, best->tag);
+  *folder = dir + "/" + best->tag;
+  *m = best->manifest.value();
+  return Status::Ok();
+}
+
+// The saved model must be this model: groups, tensor names and sizes, the
+// optimizer and the states it keeps. The number of ranks may differ (the
+// shards are recut).
+Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std::string& mpath) {
+  if (m.optimizer != config_.optimizer.type)
+    return InvalidError("checkpoint load: " + mpath + " holds " + m.optimizer + " state; this engine runs " +
+                        config_.optimizer.type);
+  if (m.groups.size() != static_cast<size_t>(part_.num_groups()))
+    return InvalidError("checkpoint load: " + mpath + " has " + std::to_string(m.groups.size()) +
+                        " groups; the engine has " + std::to_string(part_.num_groups()));
+  for (int g = 0; g < part_.num_groups(); ++g) {
+    const GroupLayout& L = part_.group(g);
+    const manifest::Group& G = m.groups[static_cast<size_t>(g)];
+    if (G.numel != L.numel || G.tensors.size() != L.tensors.size())
+      return InvalidError("checkpoint load: group " + std::to_string(g) + " of " + mpath + " has another layout");
+    for (size_t t = 0; t < L.tensors.size(); ++t)
+      if (G.tensors[t].name != L.tensors[t].name || G.tensors[t].numel != L.tensors[t].numel)
+        return InvalidError("checkpoint load: tensor '" + L.tensors[t].name + "' of group " + std::to_string(g) +
+                            " differs in " + mpath);
+  }
+  uint32_t kept = 0;  // the saved states this engine keeps
+  for (int s = 0; s < manifest::kNumSaved; ++s)
+    if (groups_[0].blocks[static_cast<size_t>(s + 1)].alloc.charged) kept |= 1u << s;
+  if (kept != m.saved_states)
+    return CorruptError("checkpoint load: " + mpath + " holds states " + StatesOf(m.saved_states) + " of each group; " +
+                        config_.optimizer.type + " keeps " + StatesOf(kept));
+  return Status::Ok();
+}
+
+std::string Engine::Impl::StatesOf(uint32_t bits) {
+  std::string s;
+  for (int k = 0; k < manifest::kNumSaved; ++k)
+    if (bits & (1u << k)) s += manifest::SavedStateName(k);
+  return s.empty() ? "none" : s;
+}
+
+// One data file against its checksums: the whole file's, or (a snapshot)
+// each block's and the one over the blocks' checksums.
+Status Engine::Impl::VerifyFile(const manifest::File& file, const std::string& folder) {
+  const std::string path = folder + "/" + file.name;
+  const uint64_t buf_bytes = 8 * kMiB;
+  void* buf = nullptr;
+  if (posix_memalign(&buf, 4096, buf_bytes) != 0) return NoMemError("checkpoint load: no memory for a read buffer");
+  std::unique_ptr<void, void (*)(void*)> own(buf, std::free);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return CorruptError("checkpoint load: cannot open " + path + " (" + std::strerror(errno) + ")");
+  struct Closer { int fd; ~Closer() { ::close(fd); } } closer{fd};
+  XXH3_state_t* hs = XXH3_createState();
+  struct Free { XXH3_state_t* h; ~Free() { XXH3_freeState(h); } } free_state{hs};
+  auto hash_range = [&](uint64_t off, uint64_t bytes, uint64_t* out) -> Status {
+    XXH3_64bits_reset(hs);
+    for (uint64_t done = 0; done < bytes;) {
+      const uint64_t n = std::min(buf_bytes, bytes - done);
+      STRATA_RETURN_IF_ERROR(PreadFull(fd, buf, n, off + done, path));
+      XXH3_64bits_update(hs, buf, n);
+      done += n;
+    }
+    *out = XXH3_64bits_digest(hs);
+    return Status::Ok();
+  };
+  if (!file.hash_of_blocks) {
+    uint64_t h = 0;
+    STRATA_RETURN_IF_ERROR(hash_range(0, file.bytes, &h));
+    if (h != file.xxh3) return CorruptError("checkpoint load: checksum mismatch in " + path);
+    return Status::Ok();
+  }
+  std::vector<uint64_t> hashes;
+  for (const manifest::Block& b : file.blocks) {
+    uint64_t h = 0;
+    STRATA_RETURN_IF_ERROR(hash_range(b.offset, b.bytes, &h));
+    if (h != b.xxh3)
+      return CorruptError("checkpoint load: checksum mismatch in " + path + " at offset " + std::to_string(b.offset));
+    hashes.push_back(h);
+  }
+  if (XXH3_64bits(hashes.data(), hashes.size() * sizeof(uint64_t)) != file.xxh3)
+    return CorruptError("checkpoint load: the block list of " + path + " does not match its checksum");
+  return Status::Ok();
+}
+
+// This rank's shard of every group's W, M, V, cut from the saved shards
+// (which may have been cut for another number of ranks). The manifest was
+// checked: every shard's file holds every state of every group.
+Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::string& folder) {
+  std::vector<int> fds;
+  struct Closer { std::vector<int>& v; ~Closer() { for (int x : v) ::close(x); } } closer{fds};
+  for (const manifest::File& f : m.files) {
+    const std::string path = folder + "/" + f.name;
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return PosixError("checkpoint load: open", path, errno);
+    fds.push_back(fd);
+  }
+  // [file][group][state] -> the block's offset in that file.
+  std::vector<std::vector<std::array<uint64_t, manifest::kNumSaved>>> at(m.files.size());
+  for (size_t k = 0; k < m.files.size(); ++k) {
+    at[k].resize(m.groups.size());
+    for (const manifest::Block& b : m.files[k].blocks) at[k][b.group][static_cast<size_t>(b.state)] = b.offset;
+  }
+  void* slot = opt_staging_.Acquire();
+  struct SlotBack { StagingPool& p; void* s; ~SlotBack() { p.Release(s); } } back{opt_staging_, slot};
+  for (int g = 0; g < part_.num_groups(); ++g) {
+    const GroupLayout& L = part_.group(g);
+    const uint64_t old_shard = m.groups[static_cast<size_t>(g)].shard_numel;
+    const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel;
+    const uint64_t hi = std::min(lo + L.shard_numel, L.numel);
+    for (int s = 0; s < manifest::kNumSaved; ++s) {
+      const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s + 1)];
+      if (!b.alloc.charged) continue;
+      float* dst = io_->Direct(b) ? static_cast<float*>(io_->DirectPtr(b)) : static_cast<float*>(slot);
+      if (!dst) return InternalError("checkpoint load: no staging slot for a staged block");
+      std::memset(dst, 0, L.shard_numel * 4);
+      for (uint64_t a = lo; a < hi;) {  // k < files: shard_numel * shard_world = padded >= numel
+        const uint64_t k = a / old_shard, within = a % old_shard, run = std::min(hi - a, old_shard - within);
+        const uint64_t off = at[k][static_cast<size_t>(g)][static_cast<size_t>(s)] + within * 4;
+        char* out = reinterpret_cast<char*>(dst + (a - lo));
+        STRATA_RETURN_IF_ERROR(PreadFull(fds[k], out, run * 4, off, folder + "/" + m.files[k].name));
+        a += run;
+      }
+      if (!io_->Direct(b)) STRATA_RETURN_IF_ERROR(io_->Store(b, dst));
+    }
+    if (g == 0) STRATA_RETURN_IF_ERROR(FaultPoint("apply"));  // tests: fail with the state partly written
+  }
+  return Status::Ok();
+}
+
+// P = W in the compute dtype, as after every step: this rank's shard, then
+// (stages 1-2 with several ranks) the other ranks' slices gathered.
+Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
+  for (int g = 0; g < part_.num_groups(); ++g) STRATA_RETURN_IF_ERROR(RecomputePGroup(g, buf, buf_bytes));
+  return Status::Ok();
+}
+
+Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
+  GroupState& gs = groups_[static_cast<size_t>(g)];
+  const uint64_t n = part_.group(g).shard_numel;
+  const StateBlock& wb = gs.blocks[int(StateKind::kW)];
+  float* w = static_cast<float*>(buf);
+  if (io_->Direct(wb)) w = static_cast<float*>(io_->DirectPtr(wb));
+  else STRATA_RETURN_IF_ERROR(io_->Load(wb, w));
+  const StateBlock& p = gs.blocks[int(StateKind::kP)];
+  if (io_->Direct(p)) {  // our slice (or all of it), then the other ranks' slices
+    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, static_cast<char*>(io_->DirectPtr(p)) + PSliceOffset(g), n));
+    if (p_gathered_after_step()) STRATA_RETURN_IF_ERROR(GatherP(g, io_->DirectPtr(p)));
+    return Status::Ok();
+  }
+  const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer
+  if (!buf || at + p.bytes > buf_bytes) return InternalError("the staging slot cannot hold W and P");
+  char* pbuf = static_cast<char*>(buf) + at;
+  STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, pbuf, n));
+  return io_->Store(p, pbuf);
+}
+
+}  // namespace strata

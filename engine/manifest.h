@@ -1,0 +1,89 @@
+// The checkpoint manifest (DIR/TAG/manifest.json): its fields, its own
+// checksum, and the checks that every field addressing data is consistent,
+// so that a flipped bit is CORRUPT instead of a wrong step count, loss scale
+// or block offset. Needs no engine: the engine's load, strata-export and the
+// manifest fuzzer share it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace strata::manifest {
+
+inline constexpr int kFormatVersion = 1;
+// The saved states, in the order the manifest names them ("W", "M", "V").
+inline constexpr int kNumSaved = 3;
+const char* SavedStateName(int s);  // "W", "M", "V"
+
+struct Tensor {
+  std::string name;
+  uint64_t offset = 0, numel = 0;  // in elements, within the group
+};
+
+struct Group {
+  uint64_t numel = 0, padded = 0, shard_numel = 0;
+  std::vector<Tensor> tensors;
+};
+
+struct Block {
+  uint64_t group = 0;
+  int state = 0;  // 0 W, 1 M, 2 V
+  uint64_t offset = 0, bytes = 0, xxh3 = 0;
+};
+
+// One shard's data file. `hash_of_blocks`: a snapshot (a link of a swap
+// file), whose `xxh3` is over its blocks' checksums; else over its first
+// `bytes` bytes, which its blocks tile.
+struct File {
+  std::string name;
+  int rank = 0;
+  uint64_t bytes = 0, xxh3 = 0;
+  bool hash_of_blocks = false;
+  std::vector<Block> blocks;
+};
+
+struct Manifest {
+  std::string tag;
+  int world_size = 1, shard_world = 1, stage = 0;
+  std::string compute_dtype, optimizer;
+  int64_t step = 0;
+  uint64_t save_seq = 0;  // order of saves in the folder (0: written before it existed)
+  double loss_scale = 1;
+  int hysteresis_left = 0;
+  int64_t clean_steps = 0;
+  std::vector<Group> groups;
+  std::vector<File> files;  // files[k] is shard k's
+  std::string blob_file;
+  uint64_t blob_bytes = 0, blob_xxh3 = 0;
+  bool sealed = false;  // carried its own checksum, and it matched
+  uint32_t saved_states = 0;  // bit s: every file holds state s of every group
+};
+
+// The manifest's text: `json` (a JSON object) with "manifest_xxh3", the XXH3
+// of its canonical form (compact, keys sorted) without that key, added.
+std::string Seal(const std::string& json_text);
+
+// Parses and checks a manifest. `path` names it in errors. Everything is
+// checked that can be without the data files: its checksum (a manifest
+// without one was written before manifests carried it: accepted, `sealed`
+// false; one that does not match is CORRUPT), every field's type and range,
+// and that the layout is self-consistent (tensors tile their groups, shards
+// their padded groups, one file per shard (files[k] is shard k's after the
+// parse, in whatever order the manifest lists them), each file holds the
+// same states of every group, blocks of the right size that do not overlap
+// and lie within the file's `bytes`). Every error is CORRUPT and names
+// `path` and the field.
+Result<Manifest> Parse(std::string_view text, const std::string& path);
+
+// Checks the manifest against the data files in `folder`: each is a regular
+// file at least as long as its `bytes` (which its blocks lie within). CORRUPT
+// names the file. (The trainer's blob is the engine's to check.)
+Status CheckFiles(const Manifest& m, const std::string& folder);
+
+std::string Hex(uint64_t v);  // 16 lower-case hex digits
+
+}  // namespace strata::manifest
