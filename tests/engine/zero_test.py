@@ -4,7 +4,8 @@ strata-launch: parameters after 20 steps match the 1-rank stage-0 run within
 1e-6 relative; at 2 ranks, placements (device, host, NVMe) never change the
 bits, and stages that reduce the same way (0 and 1: all-reduce; 2 and 3:
 reduce-scatter) agree bitwise. Killing a rank makes every other rank exit
-non-zero within the timeout, naming the collective. An 8-rank stage-3 run with
+non-zero within the timeout, naming the collective. A step that fails on one
+rank's disk part-way resumes on every rank to the clean bits. An 8-rank stage-3 run with
 state on NVMe matches the 1-rank run.
 Usage: zero_test.py STRATA_LAUNCH ZERO_WORKER"""
 import os
@@ -75,6 +76,15 @@ if (2, 2) in results and (2, 3) in results:
 if (2, 0) in results and (2, 2) in results:
     same = np.array_equal(results[(2, 0)], results[(2, 2)])
     print(f"note: world 2, all-reduce vs reduce-scatter (stage 0 vs 2): {'bitwise equal' if same else 'differ in the last bits (Gloo sums in another order)'}")
+
+# A step that fails part-way on one rank (its disk returns EIO) fails on
+# every rank and, called again, finishes bitwise as the clean run.
+for stage in (0, 1, 2, 3):
+    for skip in (2, 9):
+        w = run(2, stage, "nvme", f"eio{stage}_{skip}", ("eio-rank-1-at-step", "4", "eio-skip", str(skip)))
+        if w is not None and (2, stage) in results:
+            check(f"world 2 stage {stage}: a step failed on rank 1 after {skip} ops and resumed == clean, bitwise",
+                  np.array_equal(w, results[(2, stage)]))
 
 # 8 ranks, stage 3, state on NVMe.
 w8 = run(8, 3, "nvme", "w8s3nvme")

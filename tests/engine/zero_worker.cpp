@@ -9,11 +9,13 @@
 // tag-by-rank, which every rank must refuse).
 #include <csignal>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <string>
 
 #include "engine/engine.h"
+#include "io/fault.h"
 #include "io/net/launch_env.h"
 #include "tests/engine/tiny_mlp.h"
 
@@ -27,7 +29,7 @@ static int Die(const Status& s) {
 int main(int argc, char** argv) {
   if (argc < 5) return 2;
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
-  int kill_at = -1, steps = 20;
+  int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0;
   bool tag_by_rank = false;
   std::string timeout = "60", save_dir, load_dir;
   for (int i = 5; i + 1 < argc; i += 2) {
@@ -37,6 +39,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "save")) save_dir = argv[i + 1];
     if (!std::strcmp(argv[i], "load")) load_dir = argv[i + 1];
     if (!std::strcmp(argv[i], "tag-by-rank")) tag_by_rank = true;
+    if (!std::strcmp(argv[i], "eio-rank-1-at-step")) eio_at = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "eio-skip")) eio_skip = std::stoi(argv[i + 1]);
   }
   auto info = net::RankInfoFromEnv();
   if (!info.ok()) return Die(info.status());
@@ -55,6 +59,7 @@ int main(int argc, char** argv) {
   eo.rank = info->rank;
   eo.world_size = info->world_size;
   eo.force_no_gpu = true;
+  eo.faults = std::make_shared<FaultPlan>();
   auto e = Engine::Create(*cfg, eo);
   if (!e.ok()) return Die(e.status());
   Engine& eng = **e;
@@ -86,7 +91,18 @@ int main(int argc, char** argv) {
     if (Status st = eng.Grads(model.layers, g.data(), DType::kF32); !st.ok()) return Die(st);
     StepOptions so;
     so.lr = 0.01 * (1.0 + 0.05 * s);
+    // Rank 1's disk fails part-way through this step: every rank's step
+    // fails (rank 1's with IO, the others naming rank 1), and every rank
+    // calls step again once the disk is back.
+    const bool faulty = s == eio_at;
+    if (faulty && info->rank == 1) eo.faults->Arm(FaultPlan::Ops::kBoth, EIO, static_cast<uint64_t>(eio_skip));
     auto r = eng.Step(so);
+    if (faulty) {
+      eo.faults->Disarm();
+      if (r.ok()) return Die(StateError("step " + std::to_string(s) + " succeeded although rank 1's disk failed"));
+      std::fprintf(stderr, "rank %d: step %d failed as planned: %s\n", info->rank, s, r.status().ToString().c_str());
+      r = eng.Step(so);
+    }
     if (!r.ok()) return Die(r.status());
   }
   if (!save_dir.empty()) {
