@@ -206,8 +206,10 @@ Status Engine::Impl::BuildOnce() {
     if (!used(s) || home_[s] != TierKind::kNvme) continue;
     uint64_t largest = 0;
     for (int g = 0; g < ngroups; ++g) {
-      nvme_bytes += StateBytes(*this, s, g) + dirs.size() * 64 * kKiB;
-      largest = std::max(largest, StateBytes(*this, s, g) + dirs.size() * 64 * kKiB);
+      // Each block takes its padded size, no more: small groups pack densely.
+      const uint64_t padded = NvmeTier::PaddedSizeFor(StateBytes(*this, s, g), dirs.size());
+      nvme_bytes += padded;
+      largest = std::max(largest, padded);
     }
     largest_stored += largest;
   }

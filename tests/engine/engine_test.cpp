@@ -2,9 +2,11 @@
 // schedules, the trace-driven prefetch hits, and refusals name what's wrong.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <random>
 
 #include "base/align.h"
+#include "base/sizes.h"
 #include "engine/engine.h"
 #include "engine/prefetch.h"
 #include "tests/engine/tiny_mlp.h"
@@ -121,6 +123,27 @@ TEST(Engine, PlacementNeverChangesNumerics) {
     ExpectBitwiseEqual(device, r, std::string("overlapped ") + p);
     ExpectWithinBudgets(r.stats, std::string("overlapped ") + p);
   }
+}
+
+// 2000 small groups on NVMe: the swap reservation is their state plus the
+// disk's 4 KiB alignment and the copy-on-write spare, not 64 KiB a block
+// (which made 82 MB of state reserve 738 MB).
+TEST(Engine, SmallGroupsPackOnTheDisk) {
+  TempDir dir;
+  auto e = Engine::Create(MustParse(R"({"optimizer": {"type": "AdamW"},
+      "zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})"), {});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  constexpr int kGroups = 2000;
+  constexpr uint64_t kNumel = 3000;  // 12 KB of fp32 a state
+  for (int g = 0; g < kGroups; ++g) ASSERT_TRUE((*e)->AddParam(g, "p" + std::to_string(g), kNumel, nullptr).ok());
+  ASSERT_TRUE((*e)->Build().ok());
+  const uint64_t state = uint64_t{kGroups} * 4 * kNumel * 4;  // W, M, V, G
+  uint64_t reserved = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir.path())) reserved += f.file_size();
+  EXPECT_LE((*e)->stats().nvme.budget, state * 14 / 10) << "state " << state;
+  EXPECT_LE(reserved, state * 14 / 10 + 8 * kMiB) << "state " << state;
+  EXPECT_GE(reserved, state);
 }
 
 TEST(Engine, OverlapRefusesLateFetchesAndChangedOptions) {
