@@ -86,6 +86,18 @@ for stage in (0, 1, 2, 3):
             check(f"world 2 stage {stage}: a step failed on rank 1 after {skip} ops and resumed == clean, bitwise",
                   np.array_equal(w, results[(2, stage)]))
 
+# Ranks that diverge (rank 1 skips a group's gradients, or steps with another
+# lr) all fail with COMM naming both sides; none crashes, none exits 0 with
+# other weights.
+for stage in (0, 3):
+    for how in ("grads", "lr"):
+        p = run(2, stage, "device", f"div{stage}{how}", ("diverge-rank-1-at-step", "3", "diverge", how),
+                expect_fail=True)
+        err = p.stdout + p.stderr
+        check(f"stage {stage}: rank 1 diverging ({how}) fails every rank with COMM naming both sides",
+              p.returncode not in (0, 134, 137, 139) and "ranks disagree" in err and "COMM" in err
+              and "Aborted" not in err and "terminate called" not in err, f"exit {p.returncode}: {err.strip()[-400:]}")
+
 # 8 ranks, stage 3, state on NVMe.
 w8 = run(8, 3, "nvme", "w8s3nvme")
 if w8 is not None:

@@ -29,7 +29,8 @@ static int Die(const Status& s) {
 int main(int argc, char** argv) {
   if (argc < 5) return 2;
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
-  int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0;
+  int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1;
+  std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
   bool tag_by_rank = false;
   std::string timeout = "60", save_dir, load_dir;
   for (int i = 5; i + 1 < argc; i += 2) {
@@ -41,6 +42,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "tag-by-rank")) tag_by_rank = true;
     if (!std::strcmp(argv[i], "eio-rank-1-at-step")) eio_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "eio-skip")) eio_skip = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "diverge-rank-1-at-step")) diverge_at = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "diverge")) diverge = argv[i + 1];
   }
   auto info = net::RankInfoFromEnv();
   if (!info.ok()) return Die(info.status());
@@ -88,9 +91,11 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 53; ++i)
       g[static_cast<size_t>(i)] = (static_cast<const float*>(*p)[i] - 0.02f) / static_cast<float>(info->world_size);
     if (Status st = eng.Release(model.layers); !st.ok()) return Die(st);
-    if (Status st = eng.Grads(model.layers, g.data(), DType::kF32); !st.ok()) return Die(st);
+    const bool diverging = s == diverge_at && info->rank == 1;
+    if (!(diverging && diverge == "grads"))
+      if (Status st = eng.Grads(model.layers, g.data(), DType::kF32); !st.ok()) return Die(st);
     StepOptions so;
-    so.lr = 0.01 * (1.0 + 0.05 * s);
+    so.lr = 0.01 * (1.0 + 0.05 * s) * (diverging && diverge == "lr" ? 2 : 1);
     // Rank 1's disk fails part-way through this step: every rank's step
     // fails (rank 1's with IO, the others naming rank 1), and every rank
     // calls step again once the disk is back.
