@@ -253,6 +253,47 @@ TEST(ResumedStep, LostGradientsBreakTheEngineUntilALoad) {
   unsetenv("STRATA_CHECKPOINT_COPY");
 }
 
+// overlap_step updates each group during backward, on the engine's own
+// thread: a read failing there fails the step, and the next Step finishes
+// the groups left, bitwise as the clean overlapped run.
+TEST(ResumedStep, OverlappedUpdatesToo) {
+  TempDir dir;
+  TinyMlp model;
+  const std::string json = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},
+    "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})";
+  auto run = [&](int fail_after) {
+    EngineOptions eo;
+    eo.overlap_step = true;
+    eo.faults = std::make_shared<FaultPlan>();
+    auto e = Engine::Create(MustParse(json), eo);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    Engine& eng = **e;
+    EXPECT_TRUE(model.Register(eng).ok());
+    EXPECT_TRUE(eng.Build().ok());
+    bool fired = false;
+    for (int s = 0; s < kSteps; ++s) {
+      EXPECT_TRUE(eng.PrepareStep(OptionsOf(s)).ok());
+      if (s == kFaultyStep && fail_after >= 0) eo.faults->Arm(FaultPlan::Ops::kReads, EIO, static_cast<uint64_t>(fail_after));
+      EXPECT_TRUE(model.TrainStep(eng).ok());  // the updates' reads fail on their own thread
+      auto r = eng.Step(OptionsOf(s));
+      if (s == kFaultyStep && fail_after >= 0) {
+        eo.faults->Disarm();
+        fired = eo.faults->fired() > 0;
+        if (fired) {
+          EXPECT_EQ(r.status().code(), Code::kIo) << "the disk failed: " << r.status().ToString();
+          r = eng.Step(OptionsOf(s));
+        }
+      }
+      EXPECT_TRUE(r.ok()) << s << ": " << r.status().ToString();
+    }
+    EXPECT_TRUE(fail_after < 0 || fired) << "the fault never fired";
+    return Masters(eng);
+  };
+  const auto clean = run(-1);
+  for (int after : {0, 2, 5}) ExpectSame(clean, run(after), "overlapped, reads failing after " + std::to_string(after));
+}
+
 // Copy on write needs a free extent for every block in flight: groups of
 // very different sizes, stepped many times under both disk schedules, never
 // run out of swap (first-fit over the spare the engine reserves) and never
