@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "base/sizes.h"
+#include "base/log.h"
 #include "engine/config.h"
 #include "engine/config_reader.h"
 #include "io/uring_storage.h"
@@ -64,17 +65,22 @@ Status CheckHostBudget(const Config& c, const ConfigFacts& f) {
   return Status::Ok();
 }
 
-// Pinned host memory counts against RLIMIT_MEMLOCK (mlock, io_uring buffers).
+// Pinned host memory counts against RLIMIT_MEMLOCK (mlock). Pinning only
+// speeds up copies to a GPU: without one, pin_memory has no effect and no
+// limit applies. With one, a limit too low for what would be pinned is a
+// warning, never a refusal: what cannot be pinned stays unpinned (HostTier).
 Status CheckMemlock(const Config& c, const ConfigFacts& f) {
-  if (!c.any_pinned()) return Status::Ok();
+  if (!c.any_pinned() || !f.has_gpu) return Status::Ok();
   const bool budgeted = c.strata.host_budget != 0;
   const uint64_t pinned = budgeted ? c.strata.host_budget : MinHostBytes(c, f);
   if (pinned <= f.memlock_limit_bytes) return Status::Ok();
   const std::string what = budgeted ? "strata.host_budget: " + FormatBytes(pinned)
                                     : "zero_optimization.offload_*.pin_memory: at least " + FormatBytes(pinned);
-  return ConfigError(what + " of pinned memory (offload pin_memory is true) is above the memlock limit (" +
-                     LimitText(f.memlock_limit_bytes) +
-                     "); raise it (ulimit -l, /etc/security/limits.conf) or set pin_memory to false");
+  WarnOnce("memlock", what + " of pinned memory (offload pin_memory is true) is above the memlock limit (" +
+                          LimitText(f.memlock_limit_bytes) +
+                          "); what cannot be pinned stays unpinned (slower copies to the GPU); raise the limit "
+                          "(ulimit -l, /etc/security/limits.conf) to pin it all");
+  return Status::Ok();
 }
 
 // Without a GPU the device tier is an arena in host memory.

@@ -108,7 +108,7 @@ Status Engine::Impl::Init() {
   if (host_budget == 0) host_budget = facts.host_ram_bytes / 2;
   STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget, .force_host_arena = !gpu}));
   host_ = std::make_unique<HostTier>(HostTierOptions{
-      .budget = host_budget, .pin = config_.any_pinned() || gpu, .storage = storage_.get()});
+      .budget = host_budget, .pin = gpu, .storage = storage_.get()});
   return Status::Ok();
 }
 

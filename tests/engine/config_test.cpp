@@ -409,31 +409,23 @@ TEST(ConfigValidate, HostBudgetAboveRam) {
             "strata.host_budget: 256.00 GiB is above this machine's RAM (128.00 GiB)");
 }
 
-TEST(ConfigValidate, PinnedHostBudgetAboveMemlock) {
-  const std::string text = R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": %s}},
+// pin_memory never blocks a run: without a GPU it has no effect (no limit
+// applies); with one, a low memlock limit is a warning and pages that cannot
+// be pinned stay unpinned. (HF's ZeRO-3 examples all set pin_memory: true.)
+TEST(ConfigValidate, PinnedMemoryAboveMemlockNeverRefuses) {
+  const std::string text = R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": true}},
       "strata": {"host_budget": "8GiB"}})";
-  char pinned[512], unpinned[512];
-  std::snprintf(pinned, sizeof pinned, text.c_str(), "true");
-  std::snprintf(unpinned, sizeof unpinned, text.c_str(), "false");
   ConfigFacts f = Facts(1000);
   f.memlock_limit_bytes = 64ull << 20;
-  EXPECT_TRUE(ValidateConfig(MustParse(unpinned), f).ok());
-  EXPECT_EQ(Refusal(ValidateConfig(MustParse(pinned), f)),
-            "strata.host_budget: 8.00 GiB of pinned memory (offload pin_memory is true) is above the memlock "
-            "limit (64.00 MiB); raise it (ulimit -l, /etc/security/limits.conf) or set pin_memory to false");
-}
-
-TEST(ConfigValidate, PinnedSwapBuffersAboveMemlockWithAutoBudget) {
+  EXPECT_TRUE(ValidateConfig(MustParse(text), f).ok());
+  f.has_gpu = true;
+  EXPECT_TRUE(ValidateConfig(MustParse(text), f).ok());
   const Config c = MustParse(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
       "offload_param": {"device": "nvme", "nvme_path": "/nvme", "pin_memory": true, "buffer_size": 2e8}}})");
-  // With a GPU, NVMe-homed P passes through min(buffer_count, 4) pinned buffers of the largest group.
-  ConfigFacts f = Facts(200'000'000);
-  f.has_gpu = true;
-  f.memlock_limit_bytes = 64ull << 20;
-  EXPECT_EQ(Refusal(ValidateConfig(c, f)),
-            "zero_optimization.offload_*.pin_memory: at least 1.49 GiB of pinned memory (offload pin_memory is "
-            "true) is above the memlock limit (64.00 MiB); raise it (ulimit -l, /etc/security/limits.conf) or set "
-            "pin_memory to false");
+  ConfigFacts g = Facts(200'000'000);
+  g.has_gpu = true;
+  g.memlock_limit_bytes = 64ull << 20;
+  EXPECT_TRUE(ValidateConfig(c, g).ok());
 }
 
 TEST(ConfigValidate, DeviceBudgetTooSmallForLargestGroup) {

@@ -1,6 +1,7 @@
 // engine/: placement never changes numerics, budgets hold under random
 // schedules, the trace-driven prefetch hits, and refusals name what's wrong.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <filesystem>
 #include <random>
@@ -144,6 +145,35 @@ TEST(Engine, SmallGroupsPackOnTheDisk) {
   EXPECT_LE((*e)->stats().nvme.budget, state * 14 / 10) << "state " << state;
   EXPECT_LE(reserved, state * 14 / 10 + 8 * kMiB) << "state " << state;
   EXPECT_GE(reserved, state);
+}
+
+// pin_memory: true (as in every Hugging Face ZeRO-3 example) with the
+// default 8 MiB memlock limit: without a GPU pinning has no effect, so the
+// engine builds and trains; it used to be refused at build.
+TEST(Engine, PinMemoryNeverBlocksARunWithoutAGpu) {
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = std::min<rlim_t>(old.rlim_max, 8ull << 20);
+  ASSERT_EQ(setrlimit(RLIMIT_MEMLOCK, &low), 0);
+  TempDir dir;
+  TinyMlp model;
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  auto e = Engine::Create(MustParse(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true},
+      "offload_param": {"device": "cpu", "pin_memory": true}},
+      "strata": {"device_budget": "64MiB", "host_budget": "256MiB"}})"), eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE(model.Register(**e).ok());
+  Status b = (*e)->Build();
+  EXPECT_TRUE(b.ok()) << b.ToString();
+  if (b.ok()) {
+    EXPECT_TRUE(model.TrainStep(**e).ok());
+    EXPECT_TRUE((*e)->Step({}).ok());
+  }
+  e->reset();
+  setrlimit(RLIMIT_MEMLOCK, &old);
 }
 
 TEST(Engine, OverlapRefusesLateFetchesAndChangedOptions) {
