@@ -76,14 +76,18 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     j.settled = true;
     GroupState& gs = groups_[static_cast<size_t>(j.group)];
     Status state_st, p_st;
+    int state_stores = 0;  // W, M, V moves started
     for (int k = 0; k < j.stores.n; ++k) {
+      const bool is_p = j.stores.state[static_cast<size_t>(k)] == int(StateKind::kP);
+      state_stores += is_p ? 0 : 1;
       Status s = io_->WaitStore(j.stores.m[static_cast<size_t>(k)]);
-      Status& into = j.stores.state[static_cast<size_t>(k)] == int(StateKind::kP) ? p_st : state_st;
+      Status& into = is_p ? p_st : state_st;
       if (into.ok() && !s.ok()) into = std::move(s);
     }
     const bool commit = gs.committed || (j.updated && !j.store_failed && state_st.ok());
-    // A device copy that failed wrote in place: the group's state is neither old nor new.
-    if (!commit && j.updated && gs.blocks[int(StateKind::kW)].home == TierKind::kDevice && broken_.empty())
+    // Device copies land in place: once one has started and any failed, the
+    // group's state is neither old nor new (NVMe writes are copy on write).
+    if (!commit && state_stores > 0 && gs.blocks[int(StateKind::kW)].home == TierKind::kDevice && broken_.empty())
       broken_ = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
                 state_st.message() + ")";
     for (int k = 0; k < j.stores.n; ++k) {
