@@ -2,9 +2,13 @@
 // well-formed SVG, and the --auto config is one the engine accepts.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <vector>
@@ -38,6 +42,15 @@ std::string RunBinary(const std::string& args) {
   for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
   EXPECT_EQ(pclose(p), 0) << args;
   return out;
+}
+
+// Exit status and stderr of a run (stdout discarded).
+int RunStatus(const std::string& args, std::string* err) {
+  const std::string errfile = ::testing::TempDir() + "/strata-plan-stderr.txt";
+  const int rc = std::system((g_binary + " " + args + " >/dev/null 2>" + errfile).c_str());
+  std::ifstream f(errfile);
+  err->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 // Element nesting: every opened tag closes in order, one root <svg>.
@@ -146,6 +159,20 @@ TEST(Output, AutoConfigIsAcceptedByTheEngine) {
 }
 
 // What --calibrate writes is a cluster file that --cluster reads back.
+// Nothing fits: the exit status says so (3), stderr names the tier, and
+// --write-config writes nothing rather than a config that cannot run.
+TEST(PlanOutput, NothingFitsExitsNonZeroAndWritesNoConfig) {
+  const std::string path = ::testing::TempDir() + "/strata-plan-nofit.json";
+  std::remove(path.c_str());
+  std::string err;
+  EXPECT_EQ(RunStatus("--model 1t --cluster local --write-config " + path, &err), 3) << err;
+  EXPECT_NE(err.find("does not fit"), std::string::npos) << err;
+  EXPECT_NE(err.find("needed per rank"), std::string::npos) << err;
+  EXPECT_FALSE(std::ifstream(path).good()) << path << " was written";
+  EXPECT_EQ(RunStatus("--model small --cluster local --write-config " + path, &err), 0) << err;
+  EXPECT_TRUE(std::ifstream(path).good());
+}
+
 TEST(Output, CalibrationJsonRoundTrips) {
   Calibration c;
   c.nvme_read_Bps = 2.5e9;

@@ -123,17 +123,30 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
   Add(c, PlanState::kW, h.opt, opt_numel * 4);
   Add(c, PlanState::kM, h.opt, opt_numel * 4);
   if (adam) Add(c, PlanState::kV, h.opt, opt_numel * 4);
-  Add(c, PlanState::kActivations, TierKind::kDevice, ActivationBytes(model));
+  // The trainer's own device memory, outside strata.device_budget: its
+  // activations and the gradient of one group (on the GPU). Without a GPU
+  // the CPU layers keep both in host RAM beside strata.host_budget, where
+  // they are not counted here.
+  const uint64_t trainer = cluster.has_gpu ? ActivationBytes(model) : 0;
+  Add(c, PlanState::kActivations, TierKind::kDevice, trainer);
+  if (cluster.has_gpu) Add(c, PlanState::kWork, TierKind::kDevice, l.largest_group * dp);
+  const uint64_t activations = cluster.has_gpu ? trainer + l.largest_group * dp : 0;
 
-  // Device working buffers: the group in use plus the prefetch window (at
-  // least one group) when P is fetched, and the trainer's gradient of one group.
+  // The engine's device working buffers: the group in use plus the prefetch
+  // window when P is fetched. Prefetching never passes the budget (it stops
+  // when only nearer-used copies could go), so the window counts only where
+  // the budget leaves room for it; the group in use always counts.
   const bool fetched = h.p != TierKind::kDevice || (stage >= 3 && l.world_size > 1);
   if (fetched) {
     const uint64_t window =
         std::max(l.largest_group, std::min(config.zero.prefetch_bucket_size, l.full_numel));
-    Add(c, PlanState::kWork, TierKind::kDevice, (l.largest_group + window) * dp);
+    const uint64_t want = (l.largest_group + window) * dp;
+    const uint64_t budget = config.strata.device_budget;
+    const uint64_t state = c.Used(TierKind::kDevice) - activations;  // the engine's device state so far
+    const uint64_t room = budget > state ? budget - state : 0;
+    Add(c, PlanState::kWork, TierKind::kDevice,
+        budget ? std::max(std::min(want, room), l.largest_group * dp) : want);
   }
-  Add(c, PlanState::kWork, TierKind::kDevice, l.largest_group * dp);
 
   // Pinned staging, as the engine allocates it at build.
   if (h.p == TierKind::kNvme && cluster.has_gpu) {
@@ -160,7 +173,9 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
                         ? static_cast<uint64_t>(static_cast<double>(cluster.device_bytes) * kDeviceUsable)
                         : cluster.device_bytes;
   uint64_t host = static_cast<uint64_t>(static_cast<double>(cluster.host_bytes) * kHostUsable) / ranks;
-  if (config.strata.device_budget) device = std::min(device, config.strata.device_budget);
+  if (config.strata.device_budget) device = std::min(device, config.strata.device_budget > UINT64_MAX - activations
+                                                               ? UINT64_MAX
+                                                               : config.strata.device_budget + activations);
   if (config.strata.host_budget) host = std::min(host, config.strata.host_budget);
   c.capacity = {device, host, cluster.nvme_bytes() / ranks};
   return c;

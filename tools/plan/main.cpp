@@ -95,6 +95,14 @@ int Run(const Args& a) {
   std::printf("%s", a.json ? FormatJson(*r).c_str() : FormatTable(*r).c_str());
   if (!a.svg.empty())
     if (Status st = WriteFile(a.svg, FormatSvg(*r)); !st.ok()) return Fail(st);
+  // Nothing fits: say so on stderr and in the exit status (3), and never
+  // write a config that would not run.
+  if (!r->capacity.Fits()) {
+    std::fprintf(stderr, "strata-plan: %s: %s%s\n", a.autoplace ? "nothing fits" : "does not fit",
+                 r->capacity.Problems().front().c_str(),
+                 a.write_config.empty() ? "" : (" (" + a.write_config + " not written)").c_str());
+    return 3;
+  }
   if (!a.write_config.empty())
     if (Status st = WriteFile(a.write_config, PlanConfigJson(*r)); !st.ok()) return Fail(st);
   return 0;
