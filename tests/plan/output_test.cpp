@@ -173,6 +173,16 @@ TEST(PlanOutput, NothingFitsExitsNonZeroAndWritesNoConfig) {
   EXPECT_TRUE(std::ifstream(path).good());
 }
 
+// A plan names only resources that exist: on a machine without a GPU the
+// compute resource is the CPU layers, never "gpu".
+TEST(PlanOutput, NoGpuNamedWithoutAGpu) {
+  const std::string table = RunBinary("--model small --cluster local --simulate");
+  EXPECT_EQ(table.find("gpu"), std::string::npos) << table;
+  EXPECT_NE(table.find("cpu_layers"), std::string::npos) << table;
+  const std::string with_gpu = RunBinary("--model 13b --cluster dgx-a100 --simulate");
+  EXPECT_NE(with_gpu.find(" gpu "), std::string::npos) << with_gpu;
+}
+
 TEST(Output, CalibrationJsonRoundTrips) {
   Calibration c;
   c.nvme_read_Bps = 2.5e9;

@@ -77,13 +77,19 @@ std::string CapacityTable(const Capacity& cap, uint32_t ranks) {
   return s;
 }
 
-std::string SimText(const SimResult& sim) {
+// The compute resource is the GPU, or on a machine without one the CPU
+// layers: a plan names only resources that exist.
+const char* ResourceName(SimResource r, bool has_gpu) {
+  return r == SimResource::kGpu && !has_gpu ? "cpu_layers" : SimResourceName(r);
+}
+
+std::string SimText(const SimResult& sim, bool has_gpu) {
   std::string s = "\nsimulated step: " + Fmt("%.3f s", sim.step_s) + " (forward+backward " +
                   Fmt("%.3f s", sim.forward_backward_s) + ", step after backward " +
-                  Fmt("%.3f s", sim.optimizer_s) + "); bound by " + SimResourceName(sim.bound) + "\n";
+                  Fmt("%.3f s", sim.optimizer_s) + "); bound by " + ResourceName(sim.bound, has_gpu) + "\n";
   s += "busy per rank:";
   for (int i = 0; i < kNumSimResources; ++i)
-    s += std::string(" ") + SimResourceName(SimResource(i)) + " " +
+    s += std::string(" ") + ResourceName(SimResource(i), has_gpu) + " " +
          Fmt("%.3f s", sim.busy_s[static_cast<size_t>(i)]) +
          Fmt(" (%.0f%%)", sim.step_s > 0 ? 100 * sim.busy_s[static_cast<size_t>(i)] / sim.step_s : 0) +
          (i + 1 < kNumSimResources ? "," : "\n");
@@ -113,14 +119,14 @@ nlohmann::ordered_json CapacityJson(const Capacity& cap) {
   return j;
 }
 
-nlohmann::ordered_json SimJson(const SimResult& s) {
+nlohmann::ordered_json SimJson(const SimResult& s, bool has_gpu) {
   nlohmann::ordered_json j;
   j["step_s"] = s.step_s;
   j["forward_backward_s"] = s.forward_backward_s;
   j["step_after_backward_s"] = s.optimizer_s;
-  j["bound"] = SimResourceName(s.bound);
+  j["bound"] = ResourceName(s.bound, has_gpu);
   for (int i = 0; i < kNumSimResources; ++i)
-    j["busy_s"][SimResourceName(SimResource(i))] = s.busy_s[static_cast<size_t>(i)];
+    j["busy_s"][ResourceName(SimResource(i), has_gpu)] = s.busy_s[static_cast<size_t>(i)];
   j["moved_bytes"] = {{"disk_read", s.disk_read_bytes},
                       {"disk_write", s.disk_write_bytes},
                       {"pcie", s.pcie_bytes},
@@ -139,14 +145,14 @@ std::string PlanConfigJson(const Report& r) { return ConfigToJson(r.config); }
 
 std::string FormatTable(const Report& r) {
   std::string s = Header(r) + CapacityTable(r.capacity, r.cluster.gpus_per_node);
-  if (r.sim) s += SimText(*r.sim);
+  if (r.sim) s += SimText(*r.sim, r.cluster.has_gpu);
   if (r.autoplan) {
     s += "\n--auto: " + std::to_string(r.autoplan->candidates.size()) + " placements tried\n";
     for (size_t i = 0; i < r.autoplan->candidates.size(); ++i) {
       const Candidate& c = r.autoplan->candidates[i];
       s += (static_cast<int>(i) == r.autoplan->best ? "  * " : "    ") + Pad(c.Label(), 40);
       s += c.simulated
-               ? Fmt("%.3f s/step, ", c.sim.step_s) + "bound by " + SimResourceName(c.sim.bound) + "\n"
+               ? Fmt("%.3f s/step, ", c.sim.step_s) + "bound by " + ResourceName(c.sim.bound, r.cluster.has_gpu) + "\n"
                : "does not fit (" + c.capacity.Problems().front() + ")\n";
     }
     if (r.autoplan->best < 0)
@@ -183,7 +189,7 @@ std::string FormatJson(const Report& r) {
                     {"optimizer", Where(z.offload_optimizer.device)},
                     {"overlap_step", r.overlap_step}};
   j["capacity"] = CapacityJson(r.capacity);
-  if (r.sim) j["simulation"] = SimJson(*r.sim);
+  if (r.sim) j["simulation"] = SimJson(*r.sim, r.cluster.has_gpu);
   if (r.autoplan) {
     nlohmann::ordered_json a = nlohmann::ordered_json::array();
     for (const Candidate& cand : r.autoplan->candidates) {
