@@ -192,7 +192,6 @@ Result<std::string> Engine::Impl::SnapshotShardFile(const std::string& link_path
 
 Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob,
                                     uint64_t blob_bytes) {
-  STRATA_RETURN_IF_ERROR(CheckUsable("checkpoint save"));
   STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint save"));
   Status local;
   if (!ValidTag(tag))

@@ -59,7 +59,7 @@ Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& t
     return st.WithContext("checkpoint load " + folder + " (the state is partly written: the engine refuses every "
                           "call but a load until a load succeeds)");
   }
-  broken_.clear();
+  AbandonStep();  // the way back from a failed or broken step (or load): none is pending now
   step_count_ = m.step;
   scaler_.set_state({m.loss_scale, m.hysteresis_left, m.clean_steps});
   if (blob) blob->assign(btext.begin(), btext.end());

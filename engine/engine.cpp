@@ -616,7 +616,6 @@ EngineStats Engine::Impl::Stats() const {
 // The public face: thin forwards.
 Status Engine::Build() { return impl_->Build(); }
 Result<void*> Engine::Fetch(int group) {
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch"));
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "fetch"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch"));
   return impl_->Fetch(group);
@@ -634,15 +633,12 @@ Status Engine::PrepareStep(const StepOptions& options) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("prepare_step", false));
   return impl_->PrepareStep(options);
 }
+// Save, load and write_state check the engine's state in CheckBetweenSteps.
 Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes) {
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("checkpoint save", false));
   return impl_->SaveCheckpoint(dir, tag, blob, blob_bytes);
 }
-// A load is the way back from a failed or broken step: it may abandon it.
 Status Engine::LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
-  Status st = impl_->LoadCheckpoint(dir, tag, blob);
-  if (st.ok()) impl_->AbandonStep();
-  return st;
+  return impl_->LoadCheckpoint(dir, tag, blob);
 }
 Status Engine::ReadMaster(int group, float* out) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_master", false));
@@ -653,7 +649,6 @@ Status Engine::ReadState(int group, OptimizerState which, float* out) {
   return impl_->ReadState(group, static_cast<StateKind>(static_cast<int>(which) + 1), out);
 }
 Status Engine::WriteState(int group, OptimizerState which, const float* in) {
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("write_state", false));
   return impl_->WriteState(group, static_cast<StateKind>(static_cast<int>(which) + 1), in);
 }
 Status Engine::SetStepsApplied(int64_t steps) {

@@ -100,7 +100,8 @@ class Engine::Impl {
   // Refuses every call but a checkpoint load on a broken engine, and the
   // calls that would mix a pending failed step with new work.
   Status CheckUsable(const char* call, bool pending_ok = true) const;
-  // After a successful load: the pending or lost step is abandoned.
+  // Ends the step (one that finished, or any after a successful load):
+  // nothing pending or broken, every group's gradients and flags reset.
   void AbandonStep();
   Status Agree(const Status& local, const std::string& what);
   Result<std::string> WriteShardFile(const std::string& data_path, const std::string& name);
