@@ -431,6 +431,61 @@ Status Engine::Impl::RepairStaleP() {
   return st.WithContext("step: rewriting P from the committed master weights");
 }
 
+// The global norm of this step's gradients (the ranks' shards summed in
+// rank order) and the factor the update applies to them: clipping over the
+// loss scale. r->skipped when the step is held back (fp16 overflow,
+// strata.nonfinite), with *held saying why when that is an error. A resumed
+// step gets the same figures again: G and the loss scale are as they were.
+Status Engine::Impl::ScaleGradients(StepResult* r, double* grad_scale, Status* held) {
+  double sum = 0;
+  bool finite = true;
+  for (const auto& gs : groups_) {
+    if (gs.grad_calls == 0) continue;
+    sum += gs.sum_squares;
+    finite = finite && gs.finite;
+  }
+  if (multi() && sworld_ > 1) {  // each rank holds a shard of G
+    std::vector<double> sums(static_cast<size_t>(sworld_));
+    sums[static_cast<size_t>(srank_)] = sum;
+    comm_->SetLabel("norm s" + std::to_string(step_count_ + 1));
+    STRATA_RETURN_IF_ERROR(comm_->AllGather(&sums[static_cast<size_t>(srank_)], sums.data(), sizeof(double))
+                               .WithContext("step: gradient norm"));
+    sum = 0;
+    for (double x : sums) sum += x;
+    finite = std::isfinite(sum);
+  }
+  const double scale = scaler_.scale();
+  r->grad_norm = std::sqrt(sum) / scale;
+  if (HoldBackNonfinite(*this, finite, held)) {
+    r->skipped = true;
+    r->grad_norm = INFINITY;
+    return Status::Ok();
+  }
+  const double clip = config_.gradient_clipping;
+  const double coef = (clip > 0 && r->grad_norm > clip) ? clip / (r->grad_norm + 1e-6) : 1.0;
+  *grad_scale = coef / scale;
+  return Status::Ok();
+}
+
+// Updates every group not yet committed in this step, rewrites P where only
+// its store failed, and (stages 1-2, several ranks) gathers P — after every
+// rank has learnt that every rank's update is done.
+Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
+  Status st = overlap_ ? WaitOverlapIdle() : Status::Ok();
+  std::vector<int> rest;
+  for (int g = 0; g < part_.num_groups(); ++g)
+    if (!groups_[static_cast<size_t>(g)].committed) rest.push_back(g);
+  if (st.ok()) st = RunOptimizer(rest, grad_scale, so, step_count_ + 1);
+  if (st.ok()) st = RepairStaleP();
+  if (!broken_.empty())
+    st = StateError("step: cannot be finished: " + broken_ + "; load the last checkpoint to go on (" +
+                    st.message() + ")");
+  st = Agree(st, "step");  // none gathers alone
+  for (int g = 0; st.ok() && p_gathered_after_step() && g < part_.num_groups(); ++g)
+    st = GatherP(g, io_->DirectPtr(groups_[static_cast<size_t>(g)].blocks[int(StateKind::kP)]));
+  return st;
+}
+
 Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "step"));
   if (!built_) return StateError("step: the engine is not built");
@@ -438,7 +493,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   for (int g = 0; g < part_.num_groups(); ++g)
     if (groups_[static_cast<size_t>(g)].dev.pins > 0)
       return StateError("step: group " + std::to_string(g) + " is fetched and not released");
-  if (pending_ && !SameOptions(pending_->options, so))
+  if (pending_ && !SameOptions(*pending_, so))
     return InvalidError("step: a failed step is pending; finish it with the options it was called with (or load a "
                         "checkpoint); nothing was changed");
   WaitPrefetchIdle();
@@ -454,61 +509,17 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   }
   stats_->StepBegin();
   StepResult r;
-  Status st;
   double grad_scale = 1;
-  if (pending_) {  // resume: the norm, clipping and scale as the failed call had them
-    r = pending_->result;
-    grad_scale = pending_->grad_scale;
-  } else {
-    double sum = 0;
-    bool finite = true;
-    for (const auto& gs : groups_) {
-      if (gs.grad_calls == 0) continue;
-      sum += gs.sum_squares;
-      finite = finite && gs.finite;
-    }
-    if (multi() && sworld_ > 1) {  // each rank holds a shard of G: sum the ranks' sums, in rank order
-      std::vector<double> sums(static_cast<size_t>(sworld_));
-      sums[static_cast<size_t>(srank_)] = sum;
-      comm_->SetLabel("norm s" + std::to_string(step_count_ + 1));
-      Status gs = comm_->AllGather(&sums[static_cast<size_t>(srank_)], sums.data(), sizeof(double));
-      if (!gs.ok()) {
-        stats_->StepEnd(false);
-        return gs.WithContext("step: gradient norm");
-      }
-      sum = 0;
-      for (double x : sums) sum += x;
-      finite = std::isfinite(sum);
-    }
-    const double scale = scaler_.scale();
-    r.grad_norm = std::sqrt(sum) / scale;
-    Status held;
-    if (HoldBackNonfinite(*this, finite, &held)) {  // fp16 overflow, or strata.nonfinite
-      r.skipped = true;
-      r.grad_norm = INFINITY;
-      st = held;
-    } else {
-      const double clip = config_.gradient_clipping;
-      const double coef = (clip > 0 && r.grad_norm > clip) ? clip / (r.grad_norm + 1e-6) : 1.0;
-      grad_scale = coef / scale;
-    }
+  Status held;
+  if (Status st = ScaleGradients(&r, &grad_scale, &held); !st.ok()) {
+    stats_->StepEnd(false);
+    return st;
   }
+  Status st = held;
   if (r.skipped) {
     scaler_.Update(true);
   } else {
-    st = overlap_ && !pending_ ? WaitOverlapIdle() : Status::Ok();
-    std::vector<int> rest;
-    for (int g = 0; g < part_.num_groups(); ++g)
-      if (!groups_[static_cast<size_t>(g)].committed) rest.push_back(g);
-    if (st.ok()) st = RunOptimizer(rest, grad_scale, so, step_count_ + 1);
-    if (st.ok()) st = RepairStaleP();
-    if (!broken_.empty())
-      st = StateError("step: cannot be finished: " + broken_ + "; load the last checkpoint to go on (" +
-                      st.message() + ")");
-    st = Agree(st, "step");  // every rank learns whether every rank finished; none gathers alone
-    // Stages 1-2 with several ranks: every rank updated its slice of P; gather the rest.
-    for (int g = 0; st.ok() && p_gathered_after_step() && g < part_.num_groups(); ++g)
-      st = GatherP(g, io_->DirectPtr(groups_[static_cast<size_t>(g)].blocks[int(StateKind::kP)]));
+    st = ApplyStep(so, grad_scale);
     if (st.ok()) {
       ++step_count_;
       scaler_.Update(false);
@@ -519,7 +530,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   if (st.ok() || r.skipped) {
     AbandonStep();  // the step is done (or held back): nothing pending, every group fresh for the next
   } else if (broken_.empty()) {
-    pending_ = PendingStep{so, grad_scale, r};
+    pending_ = so;
     for (auto& gs : groups_) gs.updated = false;
   }
   DropDeviceCopies();  // P changed (for the committed groups, at least)

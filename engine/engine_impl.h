@@ -48,13 +48,6 @@ struct GroupState {
   bool p_stale = false;  // committed, but P's store failed: P is recomputed from W
 };
 
-// A step that failed part-way: the next Step (same options) finishes it.
-struct PendingStep {
-  StepOptions options;
-  double grad_scale = 1;  // clipping and loss scale, as the failed call computed them
-  StepResult result;
-};
-
 class Engine::Impl {
  public:
   Impl(const Config& config, const EngineOptions& options);
@@ -174,8 +167,13 @@ class Engine::Impl {
   // copy failed in place) or a load failed while writing the state: only a
   // checkpoint load brings the engine back.
   std::string broken_;
-  std::optional<PendingStep> pending_;
+  // The options of a step that failed part-way; the next Step (with these)
+  // finishes it. Its norm and scale need no keeping: G and the loss scale
+  // stay as they were until it is done.
+  std::optional<StepOptions> pending_;
   Status RepairStaleP();  // pending step: P of committed groups whose P store failed
+  Status ScaleGradients(StepResult* r, double* grad_scale, Status* held);
+  Status ApplyStep(const StepOptions& so, double grad_scale);
   int CountCommitted() const;
 
   LossScaler scaler_;
