@@ -175,8 +175,8 @@ Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::v
 }
 
 uint64_t NvmeTier::PaddedSize(uint64_t bytes) const {
-  const uint64_t n = options_.dirs.size();  // one file per folder in every generation; files_ needs mu_
-  return AlignUp((bytes + n - 1) / n, align_) * n;
+  // One file per folder in every generation (files_ would need mu_).
+  return PaddedSizeFor(bytes, options_.dirs.size(), align_);
 }
 
 Result<Allocation> NvmeTier::Allocate(uint64_t bytes) {
@@ -350,8 +350,8 @@ void NvmeTier::ReleaseExtent(uint32_t gen, uint64_t offset, uint64_t per_file) {
   }
   OldFiles& o = old_.at(gen);
   o.extents->Free(offset, per_file);
-  // Not the snapshot's (a P or G block, or a discarded new version): nobody
-  // reads it from this file again.
+  // Not the snapshot's (a P or G block): nobody reads it from this file
+  // again. (New versions always go to the current file.)
   if (!o.kept.count(offset)) Punch(options_.storage->Info(o.files[0]).fd, o.paths[0], offset, per_file);
   --o.live;
   RetireIfEmpty(gen);

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/align.h"
 #include "io/storage.h"
 #include "tiers/extent_allocator.h"
 #include "tiers/tier.h"
@@ -63,12 +64,12 @@ class NvmeTier final : public Tier {
   // at least PaddedSize(bytes) long (the padding is written, not checked).
   uint64_t align() const { return align_; }
   uint64_t PaddedSize(uint64_t bytes) const;
-  // What PaddedSize gives before the files exist, for the usual direct-I/O
+  // The padding rule itself: `bytes` cut over `dirs` files, each stripe
+  // aligned. Before the files exist callers use the usual direct-I/O
   // alignment (4 KiB; a drive that needs more is found at Allocate, as
-  // NoSpace naming the sizes): callers size the reservation with it.
-  static uint64_t PaddedSizeFor(uint64_t bytes, uint64_t dirs) {
-    const uint64_t per_file = (bytes + dirs - 1) / dirs;
-    return (per_file + 4095) / 4096 * 4096 * dirs;
+  // NoSpace naming the sizes) to size the reservation.
+  static uint64_t PaddedSizeFor(uint64_t bytes, uint64_t dirs, uint64_t align = 4096) {
+    return AlignUp((bytes + dirs - 1) / dirs, align) * dirs;
   }
 
   // Writes `bytes` of `src` as the block's new contents, to a fresh extent:
