@@ -199,8 +199,6 @@ Status Engine::Impl::BuildOnce() {
   std::vector<std::string> dirs = config_.OptimizerSwapPaths();
   for (const auto& d : config_.ParamSwapPaths())
     if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
-  // Slots: offload_optimizer.buffer_count (at least 3: read ahead, update, write behind).
-  const int slots = static_cast<int>(std::clamp<uint64_t>(config_.zero.offload_optimizer.buffer_count, 3, 16));
   uint64_t nvme_bytes = 0, largest_stored = 0;
   for (int s = 0; s < kNumStates; ++s) {
     if (!used(s) || home_[s] != TierKind::kNvme) continue;
@@ -216,7 +214,7 @@ Status Engine::Impl::BuildOnce() {
   // Writes are copy on write: each block written at once needs a second
   // extent until it is settled — a slot's blocks per step job, plus a G
   // store from grads and a P store from a recompute beside them.
-  const uint64_t cow_spare = static_cast<uint64_t>(slots + 2) * largest_stored;
+  const uint64_t cow_spare = static_cast<uint64_t>(StepSlots(config_) + 2) * largest_stored;
   if (nvme_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .spare = cow_spare,
                                                      .rank = options_.rank, .checksums = config_.strata.checksums,

@@ -40,12 +40,15 @@ uint64_t StateBytes(const Engine::Impl& m, int s, int g) {
   return m.part_.group(g).shard_numel * 4;
 }
 
+int StepSlots(const Config& c) {
+  return static_cast<int>(std::clamp<uint64_t>(c.zero.offload_optimizer.buffer_count, 3, 16));
+}
+
 StagingSizes PlanStaging(const Engine::Impl& m, const std::function<uint64_t(uint64_t)>& padded) {
   StagingSizes z;
   const bool gpu = m.device_->on_gpu();
   const int ngroups = m.part_.num_groups();
-  // The step's slots: every state that the CPU cannot address in place, at
-  // offload_optimizer.buffer_count slots (at least 3: read ahead, update, write behind).
+  // The step's slots: every state that the CPU cannot address in place.
   uint64_t off = 0;
   for (int s = 0; s < kNumStates; ++s) {
     z.opt_offsets[s] = off;
@@ -53,9 +56,9 @@ StagingSizes PlanStaging(const Engine::Impl& m, const std::function<uint64_t(uin
     uint64_t largest = 0;  // bytes of this state on this rank, largest group
     for (int g = 0; g < ngroups; ++g) largest = std::max(largest, StateBytes(m, s, g));
     off += AlignUp(padded(largest), 64 * kKiB);
-    z.opt_slots = static_cast<int>(std::clamp<uint64_t>(m.config_.zero.offload_optimizer.buffer_count, 3, 16));
   }
   z.opt_offsets[kNumStates] = off;
+  if (off > 0) z.opt_slots = StepSlots(m.config_);
   const uint64_t shard = m.part_.largest_shard_numel();
   if (m.home_[0] == TierKind::kNvme && gpu) {  // P: nvme -> host -> device
     z.param_slots = static_cast<int>(std::clamp<uint64_t>(m.config_.zero.offload_param.buffer_count, 1, 4));

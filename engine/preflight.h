@@ -35,6 +35,9 @@ struct StagingSizes {
 // of group g on this rank (P: whole group or this rank's shard; else a shard).
 bool StateUsed(const Engine::Impl& m, int s);
 uint64_t StateBytes(const Engine::Impl& m, int s, int g);
+// Slots of the step's pipeline: offload_optimizer.buffer_count, at least 3
+// (read ahead, update, write behind), at most 16.
+int StepSlots(const Config& c);
 
 // The pools' sizes; `padded` is the NVMe tier's padding of a block's bytes.
 StagingSizes PlanStaging(const Engine::Impl& m, const std::function<uint64_t(uint64_t)>& padded);
