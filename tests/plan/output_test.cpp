@@ -158,10 +158,9 @@ TEST(Output, AutoConfigIsAcceptedByTheEngine) {
   EXPECT_EQ(cfg->zero.offload_param.device, OffloadDevice::kNvme);
 }
 
-// What --calibrate writes is a cluster file that --cluster reads back.
 // Nothing fits: the exit status says so (3), stderr names the tier, and
 // --write-config writes nothing rather than a config that cannot run.
-TEST(PlanOutput, NothingFitsExitsNonZeroAndWritesNoConfig) {
+TEST(Output, NothingFitsExitsNonZeroAndWritesNoConfig) {
   const std::string path = ::testing::TempDir() + "/strata-plan-nofit.json";
   std::remove(path.c_str());
   std::string err;
@@ -175,7 +174,7 @@ TEST(PlanOutput, NothingFitsExitsNonZeroAndWritesNoConfig) {
 
 // A plan names only resources that exist: on a machine without a GPU the
 // compute resource is the CPU layers, never "gpu".
-TEST(PlanOutput, NoGpuNamedWithoutAGpu) {
+TEST(Output, NoGpuNamedWithoutAGpu) {
   const std::string table = RunBinary("--model small --cluster local --simulate");
   EXPECT_EQ(table.find("gpu"), std::string::npos) << table;
   EXPECT_NE(table.find("cpu_layers"), std::string::npos) << table;
@@ -183,6 +182,7 @@ TEST(PlanOutput, NoGpuNamedWithoutAGpu) {
   EXPECT_NE(with_gpu.find(" gpu "), std::string::npos) << with_gpu;
 }
 
+// What --calibrate writes is a cluster file that --cluster reads back.
 TEST(Output, CalibrationJsonRoundTrips) {
   Calibration c;
   c.nvme_read_Bps = 2.5e9;
