@@ -48,13 +48,9 @@ struct Job {
   Moves loads, stores;
   bool summed = false;               // sum holds the stored blocks' checksums (alternate)
   uint64_t sum[kNumStates] = {};
-  bool updated = false;     // the CPU update ran and succeeded
-  bool store_failed = false;  // a W, M or V store could not even start
-  bool p_stored = false;    // P's store started
-  bool settled = false;     // finish_stores ran
+  bool updated = false;  // the CPU update ran and succeeded
+  bool settled = false;  // finish_stores ran
 };
-
-bool IsOptimizerState(int s) { return s == int(StateKind::kW) || s == int(StateKind::kM) || s == int(StateKind::kV); }
 
 }  // namespace
 
@@ -69,6 +65,14 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   Status first_error;
   auto keep = [&](Status s) { if (first_error.ok() && !s.ok()) first_error = std::move(s); };
 
+  // f(s, block) for each state of j that goes back home after the update.
+  auto for_each_stored = [&](Job& j, auto&& f) {
+    GroupState& gs = groups_[static_cast<size_t>(j.group)];
+    for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
+      StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+      if (b.alloc.charged != 0 && !io_->Direct(b)) f(s, b);
+    }
+  };
   // Waits for j's stores, then publishes W, M, V (and P) together when all
   // of them landed, else discards them; marks the group committed or not.
   auto finish_stores = [&](Job& j) {
@@ -76,15 +80,20 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     j.settled = true;
     GroupState& gs = groups_[static_cast<size_t>(j.group)];
     Status state_st, p_st;
-    int state_stores = 0;  // W, M, V moves started
+    int state_stores = 0, state_homes = 0;  // W, M, V moves started; of those that go home
+    bool p_stored = false;
     for (int k = 0; k < j.stores.n; ++k) {
       const bool is_p = j.stores.state[static_cast<size_t>(k)] == int(StateKind::kP);
-      state_stores += is_p ? 0 : 1;
+      if (is_p) p_stored = true;
+      else ++state_stores;
       Status s = io_->WaitStore(j.stores.m[static_cast<size_t>(k)]);
       Status& into = is_p ? p_st : state_st;
       if (into.ok() && !s.ok()) into = std::move(s);
     }
-    const bool commit = gs.committed || (j.updated && !j.store_failed && state_st.ok());
+    for_each_stored(j, [&](int s, StateBlock&) { state_homes += s != int(StateKind::kP); });
+    // Committed: updated, and every W, M, V store started and landed (or,
+    // host homes, updated in place already).
+    const bool commit = gs.committed || (j.updated && state_stores == state_homes && state_st.ok());
     // Device copies land in place: once one has started and any failed, the
     // group's state is neither old nor new (NVMe writes are copy on write).
     if (!commit && state_stores > 0 && gs.blocks[int(StateKind::kW)].home == TierKind::kDevice && broken_.empty())
@@ -96,7 +105,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     }
     j.stores.n = 0;
     const StateBlock& pb = gs.blocks[int(StateKind::kP)];
-    if (commit && !io_->Direct(pb) && (!j.p_stored || !p_st.ok())) gs.p_stale = true;
+    if (commit && !io_->Direct(pb) && (!p_stored || !p_st.ok())) gs.p_stale = true;
     if (commit) gs.committed = true;
     keep(std::move(state_st));
     keep(std::move(p_st));
@@ -132,14 +141,6 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     }
     j.loads.n = 0;
   };
-  // f(s, block) for each state of j that goes back home after the update.
-  auto for_each_stored = [&](Job& j, auto&& f) {
-    GroupState& gs = groups_[static_cast<size_t>(j.group)];
-    for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-      StateBlock& b = gs.blocks[static_cast<size_t>(s)];
-      if (b.alloc.charged != 0 && !io_->Direct(b)) f(s, b);
-    }
-  };
   auto checksum_stores = [&](Job& j) {
     for_each_stored(j, [&](int s, StateBlock& b) { j.sum[s] = io_->StoreChecksum(b, j.ptr[s]); });
     j.summed = true;
@@ -147,13 +148,8 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   auto start_stores = [&](Job& j) {
     for_each_stored(j, [&](int s, StateBlock& b) {
       auto m = io_->StartStore(b, j.ptr[s], j.summed ? &j.sum[s] : nullptr);
-      if (m.ok()) {
-        j.stores.Add(s, std::move(m).value());
-        if (s == int(StateKind::kP)) j.p_stored = true;
-      } else {
-        if (IsOptimizerState(s)) j.store_failed = true;
-        keep(m.status());
-      }
+      if (m.ok()) j.stores.Add(s, std::move(m).value());
+      else keep(m.status());
     });
   };
   // The CPU update of one job whose states are in place; false on error.
