@@ -444,8 +444,7 @@ Status Engine::Impl::ScaleGradients(StepResult* r, double* grad_scale, Status* h
   }
   if (multi() && sworld_ > 1) {  // each rank holds a shard of G
     std::vector<double> sums(static_cast<size_t>(sworld_));
-    sums[static_cast<size_t>(srank_)] = sum;
-    comm_->SetLabel("norm s" + std::to_string(step_count_ + 1));
+    sums[static_cast<size_t>(srank_)] = sum;  // the label: Step's, naming the step and its options
     STRATA_RETURN_IF_ERROR(comm_->AllGather(&sums[static_cast<size_t>(srank_)], sums.data(), sizeof(double))
                                .WithContext("step: gradient norm"));
     sum = 0;
@@ -498,12 +497,15 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   if (!pending_ && overlap_ && prepared_ && !SameOptions(prepared_opts_, so))
     return InvalidError("step: options differ from those given to prepare_step, which the overlapped "
                         "updates already used");
-  if (multi()) {  // ranks agree on the step and its options before anything changes
+  if (multi()) {
+    // Ranks agree on the step and its options before anything changes: the
+    // label rides on the step's first collective, the norm's all-gather
+    // (stages 1-3), or on a barrier where there is none (stage 0).
     char hash[24];
     std::snprintf(hash, sizeof hash, "%08llx",
                   static_cast<unsigned long long>(XXH3_64bits(&so, sizeof so) & 0xffffffffu));
     comm_->SetLabel("step " + std::to_string(step_count_ + 1) + " opts " + hash);
-    STRATA_RETURN_IF_ERROR(comm_->Barrier().WithContext("step: agreeing with the other ranks"));
+    if (sworld_ == 1) STRATA_RETURN_IF_ERROR(comm_->Barrier().WithContext("step: agreeing with the other ranks"));
   }
   stats_->StepBegin();
   StepResult r;
