@@ -342,11 +342,15 @@ typedef struct strata_stats {
   double disk_busy_s, copy_busy_s, cpu_optimizer_s, step_wall_s;
   double overlap_efficiency; /* largest busy time / wall time, last step */
   uint64_t steps, skipped_steps;
+  /* Appended (a shorter struct_size leaves them out). The device tier keeps
+   * freed blocks for reuse: bytes cached (counted in device.used), device
+   * allocations made (cudaMalloc) so far, and allocations the cache served. */
+  uint64_t device_cached, device_raw_allocs, device_pool_hits;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0                                                                                          \
+        0.0, 0, 0, 0, 0, 0                                                                                 \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */
