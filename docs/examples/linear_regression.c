@@ -15,7 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <strata/strata.h>
 
@@ -95,6 +94,7 @@ int main(int argc, char** argv) {
     perror("mkdtemp");
     return 1;
   }
+  printf("swap folder: %s\n", swap);
   char json[1024];
   snprintf(json, sizeof json,
            "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.05}},"
