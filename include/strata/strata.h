@@ -39,8 +39,8 @@
  *   - Warnings and notes go to stderr as "[strata W] ..." lines. The
  *     environment variable STRATA_LOG_LEVEL (trace, debug, info, warning or
  *     warn, error or err, critical, off; lower case) sets the level, read once
- *     when the library first logs; unset means info, and any other value,
- *     empty included, turns logging off.
+ *     when the library first logs; unset or empty means info, and any other
+ *     value is named in a warning and info is kept.
  *   - Option and result structs start with struct_size, which the caller sets
  *     (the _INIT macros do): the library reads and writes only the fields that
  *     struct_size covers, so programs built against an older header keep
