@@ -335,9 +335,9 @@ STRATA_API strata_status_t strata_engine_get_steps(strata_engine_t* engine, int6
 STRATA_API strata_status_t strata_engine_set_steps(strata_engine_t* engine, int64_t steps);
 
 /* The engine's resolved config as JSON (every key, defaults filled in, in
- * DeepSpeed's spelling; budgets as given, bytes or "auto"), NUL-terminated, into `out`
- * of *size bytes. *size is set to the bytes needed (with the NUL); with `out`
- * NULL only that is done. Errors: INVALID (a buffer too small: nothing
+ * DeepSpeed's spelling; budgets as given, bytes or "auto"), NUL-terminated,
+ * into `out` of *size bytes. *size is set to the bytes needed (with the
+ * NUL); with `out` NULL only that is done. Errors: INVALID (a buffer too small: nothing
  * written, *size says what is needed). */
 STRATA_API strata_status_t strata_engine_config(strata_engine_t* engine, char* out, size_t* size);
 
