@@ -170,7 +170,11 @@ strata_status_t strata_engine_create(const char* json, const strata_engine_optio
     if (json == nullptr || out == nullptr) return strata::InvalidError("json and out must not be NULL");
     strata_engine_options_t o = STRATA_ENGINE_OPTIONS_INIT;
     if (options) STRATA_RETURN_IF_ERROR(ReadSized(options, "options", &o));
-    if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
+    if (o.world_size == 0 && o.rank != 0)
+      return strata::InvalidError("options: rank " + std::to_string(o.rank) +
+                                  " with world_size 0 (from the environment): the environment gives the rank; "
+                                  "leave rank 0");
+    if (o.world_size < 0 || o.rank < 0 || (o.world_size > 0 && o.rank >= o.world_size))
       return strata::InvalidError("options: rank " + std::to_string(o.rank) + " of world_size " +
                                   std::to_string(o.world_size) + " is not a rank");
     if (o.grad_accumulation_steps < 1)

@@ -195,6 +195,10 @@ Status ReadOptimizerParams(ObjectReader r, OptimizerConfig* o, std::vector<std::
   STRATA_RETURN_IF_ERROR(r.Bool("adam_w_mode", &o->adam_w_mode));
   if (o->type == "adamw") o->adam_w_mode = true;  // as in DeepSpeed: AdamW is always decoupled
   STRATA_RETURN_IF_ERROR(r.Bool("bias_correction", &o->bias_correction));
+  // The kernels always correct the bias; false would be ignored, so it is refused.
+  if (!o->bias_correction)
+    return ConfigError(r.KeyPath("bias_correction") + ": false is not supported (the update always corrects the "
+                       "moments' bias); allowed: true");
   bool flag = false;
   STRATA_RETURN_IF_ERROR(r.Bool("amsgrad", &flag));
   if (flag) return ConfigError(r.KeyPath("amsgrad") + ": true is not supported; allowed: false");
@@ -315,6 +319,34 @@ bool Config::operator==(const Config& o) const {
          gradient_clipping == o.gradient_clipping && optimizer == o.optimizer && strata == o.strata;
 }
 
+// Keys read (and range-checked) so that a ds_config.json loads, but with no
+// effect in Strata: set to other than DeepSpeed's default, each is named in
+// one warning, never ignored without a word.
+void WarnNoEffect(Config* c) {
+  const Config d;
+  std::vector<std::string> keys;
+  auto note = [&](bool differs, const char* key) {
+    if (differs) keys.push_back(key);
+  };
+  const auto &z = c->zero, &dz = d.zero;
+  note(z.offload_param.max_in_cpu != dz.offload_param.max_in_cpu, "zero_optimization.offload_param.max_in_cpu");
+  note(z.offload_optimizer.pipeline_read, "zero_optimization.offload_optimizer.pipeline_read");
+  note(z.offload_optimizer.pipeline_write, "zero_optimization.offload_optimizer.pipeline_write");
+  note(z.offload_optimizer.ratio != dz.offload_optimizer.ratio, "zero_optimization.offload_optimizer.ratio");
+  note(z.max_live_parameters != dz.max_live_parameters, "zero_optimization.stage3_max_live_parameters");
+  note(z.max_reuse_distance != dz.max_reuse_distance, "zero_optimization.stage3_max_reuse_distance");
+  note(z.param_persistence_threshold != dz.param_persistence_threshold,
+       "zero_optimization.stage3_param_persistence_threshold");
+  note(z.sub_group_size != dz.sub_group_size, "zero_optimization.sub_group_size");
+  note(c->aio.thread_count != d.aio.thread_count, "aio.intra_op_parallelism");
+  note(c->aio.single_submit != d.aio.single_submit, "aio.single_submit");
+  note(c->aio.overlap_events != d.aio.overlap_events, "aio.overlap_events");
+  if (keys.empty()) return;
+  std::string list;
+  for (const auto& k : keys) list += (list.empty() ? "" : ", ") + k;
+  c->warnings.push_back(list + ": set, but without effect in Strata (it plans its own groups, prefetch and I/O)");
+}
+
 Result<Config> ParseConfig(std::string_view json_text) {
   STRATA_ASSIGN_OR_RETURN(Json doc, config_internal::ParseConfigJson(json_text));
   if (!doc.is_object())
@@ -323,6 +355,7 @@ Result<Config> ParseConfig(std::string_view json_text) {
   ObjectReader top(&doc, "");
   STRATA_RETURN_IF_ERROR(ReadTop(top, &config));
   STRATA_RETURN_IF_ERROR(config_internal::CheckConfigConsistency(config));
+  WarnNoEffect(&config);
   LogDiagnostics(config);
   return config;
 }

@@ -112,6 +112,9 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   const std::string& nf = c.strata.nonfinite;
   if (nf != "skip" && nf != "error" && nf != "apply")
     return ConfigError("strata.nonfinite: \"" + nf + "\" is not one of skip, error, apply");
+  if (!c.optimizer.bias_correction)
+    return ConfigError("optimizer.params.bias_correction: false is not supported (the update always corrects the "
+                       "moments' bias); allowed: true");
   const std::string& gr = c.strata.grad_reduce;
   if (gr != "mean" && gr != "sum")
     return ConfigError("strata.grad_reduce: \"" + gr + "\" is not one of mean, sum");

@@ -62,6 +62,11 @@ Status Engine::Impl::InitRanks() {
     }
   } else if (options_.rank != 0) {
     return InvalidError("rank " + std::to_string(options_.rank) + " with world size 1");
+  } else if (auto info = net::RankInfoFromEnv(); info.ok() && info->world_size > 1) {
+    // Asked for by name (world_size 1), so not an error; but never silent.
+    STRATA_LOG_WARN("this engine runs alone (world_size 1) although the environment ({}) says rank {} of {}; "
+                    "world_size 0 joins the ranks",
+                    info->source, info->rank, info->world_size);
   }
   if (comm_) {
     options_.rank = comm_->rank();
@@ -303,8 +308,14 @@ static Status CheckGroup(const Engine::Impl& m, int group, const char* call) {
 Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "grads"));
   if (!grads) return InvalidError("grads: null gradient pointer for group " + std::to_string(group));
-  if (multi()) return GradsMulti(group, grads, dtype);
   GroupState& gs = groups_[static_cast<size_t>(group)];
+  // The overlapped step updated this group once its gradients were complete:
+  // one more would land in a G the update already read (or is reading).
+  if (overlap_ && gs.updated)
+    return StateError("grads: group " + std::to_string(group) + " already had its " +
+                      std::to_string(options_.grad_accumulation_steps) +
+                      " grads call(s) of this step and was updated (overlap_step); call step first");
+  if (multi()) return GradsMulti(group, grads, dtype);
   const GroupLayout& L = part_.group(group);
   const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel;  // one shard here: srank_ is 0
   const uint64_t real = L.RealInShard(srank_);

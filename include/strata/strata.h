@@ -118,7 +118,10 @@ typedef struct strata_engine strata_engine_t;
 typedef struct strata_engine_options {
   size_t struct_size;
   int rank;                    /* this process's rank, 0-based */
-  int world_size;              /* ranks sharing the model */
+  int world_size;              /* ranks sharing the model; 0 (the default): from
+                                  the launcher's variables (torchrun, else
+                                  OpenMPI, else Slurm), one rank when none is
+                                  set; 1: alone, whatever they say */
   int grad_accumulation_steps; /* strata_engine_grads calls per group per step; with
                                   strata.grad_reduce "mean" (the default) the
                                   step divides their sum by this (and by the
@@ -132,7 +135,7 @@ typedef struct strata_engine_options {
   int overlap_step;
 } strata_engine_options_t;
 #define STRATA_ENGINE_OPTIONS_INIT \
-  { sizeof(strata_engine_options_t), 0, 1, 1, 0, 0 }
+  { sizeof(strata_engine_options_t), 0, 0, 1, 0, 0 }
 
 /* Creates an engine from a JSON config (DeepSpeed dialect plus a "strata"
  * section). `options` may be NULL (rank 0 of 1). On STRATA_OK *out owns the

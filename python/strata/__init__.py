@@ -194,10 +194,12 @@ class Engine:
 
     `config` is the JSON config (a dict or a string). Every failure raises
     strata.Error. Use it as a context manager, or call close(). One thread at
-    a time drives an engine.
+    a time drives an engine. world_size 0 (the default) takes the ranks from
+    the launcher's variables (torchrun, OpenMPI, Slurm; one rank without
+    them); 1 runs alone.
     """
 
-    def __init__(self, config, rank=0, world_size=1, grad_accumulation_steps=1, force_no_gpu=False,
+    def __init__(self, config, rank=0, world_size=0, grad_accumulation_steps=1, force_no_gpu=False,
                  overlap_step=False):
         self._lib = _load()
         self._h = None

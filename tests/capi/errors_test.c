@@ -61,8 +61,11 @@ static void create_errors(void) {
   o.struct_size = 0;
   EXPECT(STRATA_INVALID, "options.struct_size", strata_engine_create(kConfig, &o, &e));
   o = (strata_engine_options_t)STRATA_ENGINE_OPTIONS_INIT;
-  o.world_size = 0;
-  EXPECT(STRATA_INVALID, "world_size 0", strata_engine_create(kConfig, &o, &e));
+  o.world_size = -1;
+  EXPECT(STRATA_INVALID, "world_size -1", strata_engine_create(kConfig, &o, &e));
+  o = (strata_engine_options_t)STRATA_ENGINE_OPTIONS_INIT;
+  o.rank = 1; /* the environment gives the rank with world_size 0 */
+  EXPECT(STRATA_INVALID, "rank 1 with world_size 0", strata_engine_create(kConfig, &o, &e));
   o = (strata_engine_options_t)STRATA_ENGINE_OPTIONS_INIT;
   o.rank = 2;
   o.world_size = 2;

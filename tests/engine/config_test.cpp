@@ -231,10 +231,10 @@ TEST(Config, StrataBudgetsTakeSizesOrNumbers) {
 TEST(Config, OptimizerTypesAndDeepSpeedAdamSemantics) {
   EXPECT_EQ(MustParse(R"({"optimizer": {"type": "Adam"}})").optimizer.adam_w_mode, true);
   const Config adam_l2 = MustParse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false,
-      "torch_adam": false, "bias_correction": false}}})");
+      "torch_adam": false, "bias_correction": true}}})");
   EXPECT_EQ(adam_l2.optimizer.type, "adam");
   EXPECT_FALSE(adam_l2.optimizer.adam_w_mode);
-  EXPECT_FALSE(adam_l2.optimizer.bias_correction);
+  EXPECT_TRUE(adam_l2.optimizer.bias_correction);  // false is refused: BiasCorrectionOffIsRefusedNotIgnored
   EXPECT_TRUE(MustParse(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})")
                   .optimizer.adam_w_mode);
   const Config adagrad = MustParse(R"({"optimizer": {"type": "Adagrad"}})");
@@ -258,6 +258,25 @@ TEST(Config, DeprecatedDeepSpeedFormsAreRead) {
   EXPECT_FALSE(c.warnings.empty());
   EXPECT_EQ(MustParse(R"({"zero_optimization": true})").zero.stage, 1);
   EXPECT_TRUE(MustParse(R"({"bfloat16": {"enabled": true}})").bf16);
+}
+
+TEST(ConfigRefusal, BiasCorrectionOffIsRefusedNotIgnored) {
+  EXPECT_EQ(Refusal(R"({"optimizer": {"type": "Adam", "params": {"bias_correction": false}}})"),
+            "optimizer.params.bias_correction: false is not supported (the update always corrects the moments' "
+            "bias); allowed: true");
+  EXPECT_TRUE(MustParse(R"({"optimizer": {"type": "Adam", "params": {"bias_correction": true}}})")
+                  .optimizer.bias_correction);
+}
+
+TEST(Config, KeysWithoutEffectAreNamedWhenSet) {
+  EXPECT_TRUE(MustParse(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e9}})").warnings.empty())
+      << "DeepSpeed's default values say nothing";
+  const Config c = MustParse(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e8,
+      "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, "aio": {"single_submit": true}})");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_EQ(c.warnings[0],
+            "zero_optimization.offload_optimizer.ratio, zero_optimization.sub_group_size, aio.single_submit: set, "
+            "but without effect in Strata (it plans its own groups, prefetch and I/O)");
 }
 
 TEST(Config, GradReduceDefaultsToTheMean) {

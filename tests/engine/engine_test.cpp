@@ -189,6 +189,11 @@ TEST(Engine, OverlapRefusesLateFetchesAndChangedOptions) {
   ASSERT_TRUE((*e)->PrepareStep(so).ok());
   ASSERT_TRUE(model.TrainStep(**e).ok());
   EXPECT_EQ((*e)->Fetch(0).status().code(), Code::kState);
+  // A group already updated takes no more gradients in this step.
+  std::vector<float> g((*e)->group_numel(1), 1.0f);
+  Status late = (*e)->Grads(1, g.data(), DType::kF32);
+  EXPECT_EQ(late.code(), Code::kState) << late.ToString();
+  EXPECT_NE(late.message().find("call step first"), std::string::npos) << late.ToString();
   StepOptions other = so;
   other.lr = 0.25;
   auto r = (*e)->Step(other);
