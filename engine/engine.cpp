@@ -106,6 +106,13 @@ Status Engine::Impl::Init() {
   uo.faults = options_.faults;
   STRATA_ASSIGN_OR_RETURN(storage_, UringStorage::Create(uo));
   const bool gpu = !options_.force_no_gpu && gpu::Available();
+  // Several ranks reduce gradients in host buffers (Gloo); with a GPU device
+  // tier the gradients, and fetched parameters, are device pointers. Refused
+  // here for every backend (not only NCCL's), never read on the CPU.
+  if (gpu && multi())
+    return UnsupportedError("several ranks with a GPU device tier: this release reduces gradients in host buffers "
+                            "only (NCCL on device buffers is not built into the engine yet); pass force_no_gpu "
+                            "to train the ranks on the CPU with Gloo");
   const ConfigFacts facts = ProbeMachineFacts();
   uint64_t device_budget = config_.strata.device_budget;
   if (device_budget == 0) device_budget = gpu ? gpu::DeviceMemoryBytes(0) / 10 * 9 : facts.host_ram_bytes / 4;
