@@ -121,14 +121,24 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, const Engin
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t numel, const float* init) {
-  Impl& m = *impl_;
-  STRATA_ASSIGN_OR_RETURN(uint64_t off, m.part_.Add(group, name, numel));
+// Keeps a registered tensor's initial values (zeros without `init`) until Build.
+static uint64_t KeepInit(Engine::Impl& m, int group, uint64_t off, uint64_t numel, const float* init) {
   if (static_cast<size_t>(group) >= m.init_.size()) m.init_.resize(static_cast<size_t>(group) + 1);
   auto& v = m.init_[static_cast<size_t>(group)];
   v.resize(off + numel, 0.0f);
   if (init) std::memcpy(v.data() + off, init, numel * sizeof(float));
   return off;
+}
+
+Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t numel, const float* init) {
+  STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->part_.Add(group, name, numel));
+  return KeepInit(*impl_, group, off, numel, init);
+}
+
+Result<uint64_t> Engine::AddShapedParam(int group, const std::string& name, const std::vector<uint64_t>& shape,
+                                        const float* init) {
+  STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->part_.AddShaped(group, name, shape));
+  return KeepInit(*impl_, group, off, impl_->part_.group(group).tensors.back().numel, init);
 }
 
 // Fills a block through `fill(ptr)`: in place when addressable, else through

@@ -98,6 +98,12 @@ class Engine {
   // holds numel fp32 values and is copied. Returns the offset, in elements,
   // of the tensor inside its group. REQUIRES: before Build.
   Result<uint64_t> AddParam(int group, const std::string& name, uint64_t numel, const float* init);
+  // AddParam with a shape (dims, outermost first; empty for a scalar), kept
+  // with the tensor and recorded in checkpoints, so that strata-export writes
+  // the tensor in that shape. Every dim is at least 1; the product is the
+  // tensor's numel and `init`'s length. Errors (INVALID) name the tensor.
+  Result<uint64_t> AddShapedParam(int group, const std::string& name, const std::vector<uint64_t>& shape,
+                                  const float* init);
   // Lays out and shards the groups, allocates every block in its home tier,
   // reserves swap space and writes the initial state. Budget contradictions
   // (a group larger than a budget) are refused here.

@@ -148,6 +148,24 @@ STRATA_API strata_status_t strata_engine_destroy(strata_engine_t* engine);
 STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int group, const char* name,
                                                    uint64_t numel, const float* init, uint64_t* offset_out);
 
+/* The most dims strata_engine_add_param_shaped takes. */
+#define STRATA_MAX_NDIM 32
+
+/* strata_engine_add_param with a shape: `ndim` dims in `shape`, outermost
+ * first (row-major, as torch and numpy lay tensors out); ndim 0 is a scalar
+ * (one element; `shape` may then be NULL). The tensor has the product of the
+ * dims as its numel, and `init` (NULL = zeros) holds that many fp32 values.
+ * The shape is kept with the tensor and recorded in checkpoints, so that
+ * strata-export writes the tensor in it (a tensor registered with
+ * strata_engine_add_param is exported flat, 1-D). On STRATA_OK, *offset_out
+ * (may be NULL) receives the tensor's offset, in elements, in its group.
+ * REQUIRES: before strata_engine_build. Errors: INVALID naming the tensor
+ * (NULL name or shape, ndim outside 0..STRATA_MAX_NDIM, a dim < 1, more than
+ * 2^40 elements, a name already used in the group), STATE. */
+STRATA_API strata_status_t strata_engine_add_param_shaped(strata_engine_t* engine, int group, const char* name,
+                                                          int ndim, const int64_t* shape, const float* init,
+                                                          uint64_t* offset_out);
+
 /* Lays the groups out, allocates every block in its home tier, reserves swap
  * space and writes the initial state. Errors: STATE (twice, or no params),
  * CONFIG/NOMEM (a group larger than a budget), NOSPACE, IO. */

@@ -102,6 +102,8 @@ def _load():
         "strata_engine_create": ([ctypes.c_char_p, ctypes.POINTER(_EngineOptions), ctypes.POINTER(P)], S),
         "strata_engine_destroy": ([P], S),
         "strata_engine_add_param": ([P, I, ctypes.c_char_p, U64, P, ctypes.POINTER(U64)], S),
+        "strata_engine_add_param_shaped": ([P, I, ctypes.c_char_p, I, ctypes.POINTER(ctypes.c_int64), P,
+                                            ctypes.POINTER(U64)], S),
         "strata_engine_build": ([P], S),
         "strata_engine_fetch": ([P, I, P, ctypes.POINTER(P)], S),
         "strata_engine_release": ([P, I, P], S),
@@ -178,6 +180,23 @@ def _stream_handle(stream):
     return getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
 
 
+def _shape_tuple(name, shape):
+    """`shape` (a sequence of ints, or a torch.Size) as a tuple of ints; anything
+    else is refused naming the tensor."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise Error(INVALID, f"add_param '{name}': shape {shape!r} is not a sequence of ints") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
+            raise Error(INVALID, f"add_param '{name}': shape {shape!r} holds {d!r}, not an int")
+    dims = tuple(int(d) for d in dims)
+    for i, d in enumerate(dims):
+        if d >= 1 << 62:  # ctypes would wrap it silently
+            raise Error(INVALID, f"add_param '{name}': dim {i} of shape {list(dims)} is too large")
+    return dims
+
+
 def _numel(x):
     if isinstance(x, int):
         return x
@@ -232,11 +251,24 @@ class Engine:
         return self._h
 
     # -- registration
-    def add_param(self, group, name, tensor_or_numel, init=None):
+    def add_param(self, group, name, tensor_or_numel, init=None, shape=None):
         """Registers a tensor in `group`; returns its offset (elements) in the
-        group's buffer. `tensor_or_numel`: a tensor (its values are the initial
-        ones unless `init` is given) or an element count (zeros unless `init`)."""
+        group's buffer. `tensor_or_numel`: a tensor or array (its values are
+        the initial ones unless `init` is given, and its shape is kept unless
+        `shape` is given) or an element count (zeros unless `init`; flat
+        unless `shape`). The shape is recorded in checkpoints, so that
+        strata-export writes the tensor in it."""
         numel = _numel(tensor_or_numel)
+        if shape is None and not isinstance(tensor_or_numel, int):
+            shape = tuple(tensor_or_numel.shape)
+        if shape is not None:
+            shape = _shape_tuple(name, shape)
+            n = 1
+            for d in shape:
+                n *= d
+            if n != numel and all(d >= 1 for d in shape):  # a dim < 1: the library names it
+                raise Error(INVALID, f"add_param '{name}': shape {list(shape)} has {n} elements; "
+                            f"the tensor has {numel}")
         if init is None and not isinstance(tensor_or_numel, int):
             init = tensor_or_numel
         keep = None
@@ -245,8 +277,13 @@ class Engine:
             if _numel(keep) != numel:
                 raise Error(INVALID, f"{name}: init has {_numel(keep)} elements, not {numel}")
         off = ctypes.c_uint64()
-        _check(self._lib.strata_engine_add_param(self.handle, group, name.encode(), numel, _address(keep),
-                                                 ctypes.byref(off)))
+        if shape is None:
+            _check(self._lib.strata_engine_add_param(self.handle, group, name.encode(), numel, _address(keep),
+                                                     ctypes.byref(off)))
+        else:
+            dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+            _check(self._lib.strata_engine_add_param_shaped(self.handle, group, name.encode(), len(shape), dims,
+                                                            _address(keep), ctypes.byref(off)))
         return off.value
 
     def build(self):
