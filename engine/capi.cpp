@@ -146,6 +146,17 @@ strata::Result<strata::StepOptions> ToStepOptions(const strata_step_options_t* o
   return so;
 }
 
+// The trace calls may run on any thread, beside the one driving the engine:
+// they touch only the engine's recorder (which has its own lock), never the
+// handle's `built` or `broken` (which the driving thread writes), so they
+// work on a broken engine too, where a trace helps most.
+template <typename Body>
+strata_status_t OnTrace(const char* fn, strata_engine_t* e, Body&& body) {
+  if (e == nullptr) return Fail(fn, strata::InvalidError("engine is NULL"));
+  Status s = Guarded(std::forward<Body>(body));
+  return s.ok() ? STRATA_OK : Fail(fn, s);
+}
+
 }  // namespace
 
 extern "C" {
@@ -442,6 +453,23 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.skipped_steps = s.skipped_steps;
     return WriteSized(f, "stats", stats);
   });
+}
+
+strata_status_t strata_engine_span_begin(strata_engine_t* engine, const char* name, uint64_t* token_out) {
+  return OnTrace("strata_engine_span_begin", engine, [&]() -> Status {
+    if (token_out == nullptr) return strata::InvalidError("token_out must not be NULL");
+    STRATA_ASSIGN_OR_RETURN(uint64_t token, engine->rep->BeginSpan(name));
+    *token_out = token;
+    return Status::Ok();
+  });
+}
+
+strata_status_t strata_engine_span_end(strata_engine_t* engine, uint64_t token) {
+  return OnTrace("strata_engine_span_end", engine, [&]() -> Status { return engine->rep->EndSpan(token); });
+}
+
+strata_status_t strata_engine_write_trace(strata_engine_t* engine) {
+  return OnTrace("strata_engine_write_trace", engine, [&]() -> Status { return engine->rep->WriteTrace(); });
 }
 
 strata_status_t strata_adam_step(const strata_adam_options_t* options, size_t n, float* param, float* exp_avg,

@@ -638,6 +638,7 @@ EngineStats Engine::Impl::Stats() const {
 Status Engine::Build() { return impl_->Build(); }
 Result<void*> Engine::Fetch(int group) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "fetch"));
+  CallSpanScope span(*impl_->stats_, "fetch", group);
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch"));
   return impl_->Fetch(group);
 }
@@ -647,6 +648,7 @@ Status Engine::Release(int group) {
 }
 Status Engine::Grads(int group, const void* grads, DType dtype) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads", false));
+  CallSpanScope span(*impl_->stats_, "grads", group);
   return impl_->Grads(group, grads, dtype);
 }
 Result<StepResult> Engine::Step(const StepOptions& options) { return impl_->Step(options); }
@@ -679,6 +681,12 @@ Status Engine::SetStepsApplied(int64_t steps) {
   return Status::Ok();
 }
 EngineStats Engine::stats() const { return impl_->Stats(); }
+Result<uint64_t> Engine::BeginSpan(const char* name) { return impl_->stats_->BeginUserSpan(name); }
+Status Engine::EndSpan(uint64_t token) { return impl_->stats_->EndUserSpan(token); }
+Status Engine::WriteTrace() {
+  if (!impl_->stats_->tracing()) return ConfigError("write_trace: strata.trace_path is not set: nothing is traced");
+  return impl_->stats_->WriteTrace();
+}
 int Engine::num_groups() const { return impl_->part_.num_groups(); }
 double Engine::loss_scale() const { return impl_->scaler_.scale(); }
 int64_t Engine::steps_applied() const { return impl_->step_count_; }

@@ -153,6 +153,14 @@ class Engine {
   // rank must call it, in the same order.
   Status ReadMaster(int group, float* out);
   EngineStats stats() const;
+  // The trainer's own spans in the trace (strata.trace_path), beside the
+  // engine's: BeginSpan returns a token for EndSpan; spans begun on one
+  // thread nest (engine/stats.h says what is refused). WriteTrace writes the
+  // trace file now; without a trace path it is kConfig. Thread-safe, also
+  // while another thread drives the engine.
+  Result<uint64_t> BeginSpan(const char* name);
+  Status EndSpan(uint64_t token);
+  Status WriteTrace();
   // The scale the trainer multiplies the next loss by (fp16), else 1.
   double loss_scale() const;
   int64_t steps_applied() const;  // optimizer updates so far (skipped steps excluded)

@@ -34,7 +34,9 @@
  *     (see strata_engine_step) also breaks it, but there a checkpoint load
  *     brings it back.
  *   - One thread at a time drives an engine (the caller serializes); distinct
- *     engines may be driven from distinct threads. The engine runs its own I/O,
+ *     engines may be driven from distinct threads. (The trace calls,
+ *     strata_engine_span_begin/_end and strata_engine_write_trace, are the
+ *     exception: any thread, any time.) The engine runs its own I/O,
  *     copy and prefetch threads internally.
  *   - Option and result structs start with struct_size, which the caller sets
  *     (the _INIT macros do): the library reads and writes only the fields that
@@ -337,6 +339,45 @@ typedef struct strata_stats {
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* stats);
+
+/* ---- Trace -------------------------------------------------------------- */
+
+/* With "strata": {"trace_path": PATH} in the config, the engine records a
+ * Chrome trace (JSON; Perfetto and chrome://tracing open it), pid = rank:
+ * its disk and copy I/O, the CPU optimizer's updates, and on the "caller"
+ * track its calls: "fetch" (args.group), "stall" inside a fetch that waited
+ * for its data, "grads" (per call, args.group) and "step". The trainer adds
+ * its own spans ("forward", "backward", ...) with the calls below, on a
+ * track per thread that begins them. The file is written at
+ * strata_engine_destroy and whenever strata_engine_write_trace is called;
+ * times are microseconds since the engine was created.
+ *
+ * Unlike the rest of the API, these three calls are thread-safe: any thread
+ * may call them at any time, also while another thread drives the engine,
+ * and they work on a broken engine (but not after strata_engine_destroy).
+ * Without a trace path, spans are checked as below but not recorded. */
+
+/* Opens a span named `name` (UTF-8, 1 to 256 bytes, copied) that starts now
+ * and sets *token_out to its token (never 0), for strata_engine_span_end.
+ * Errors: INVALID (NULL engine, name or token_out; a bad name; 100000
+ * spans already open). */
+STRATA_API strata_status_t strata_engine_span_begin(strata_engine_t* engine, const char* name,
+                                                    uint64_t* token_out);
+
+/* Closes the span of `token`: it ends now. Any thread may end it; it lies on
+ * the track of the thread that began it. Spans begun on one thread nest:
+ * only the innermost open span of that thread may end.
+ * Errors: INVALID (a token that is not open: never begun or already ended;
+ * a span that is not the innermost open one of its thread, named in the
+ * message). A refused call changes nothing. */
+STRATA_API strata_status_t strata_engine_span_end(strata_engine_t* engine, uint64_t token);
+
+/* Writes the trace file now, with every span recorded so far; spans still
+ * open are written as ending now, with args.unfinished. The file is
+ * replaced whole (written to PATH.tmp, then renamed): it is valid JSON
+ * after each write. Errors: INVALID (NULL engine), CONFIG (no
+ * strata.trace_path in the config), IO (naming the file). */
+STRATA_API strata_status_t strata_engine_write_trace(strata_engine_t* engine);
 
 /* ---- The optimizer alone ------------------------------------------------ */
 

@@ -122,6 +122,9 @@ def _load():
         "strata_engine_write_state": ([P, I, I, P], S),
         "strata_engine_get_steps": ([P, ctypes.POINTER(ctypes.c_int64)], S),
         "strata_engine_set_steps": ([P, ctypes.c_int64], S),
+        "strata_engine_span_begin": ([P, ctypes.c_char_p, ctypes.POINTER(U64)], S),
+        "strata_engine_span_end": ([P, U64], S),
+        "strata_engine_write_trace": ([P], S),
         "strata_checkpoint_load": ([P, ctypes.c_char_p, ctypes.c_char_p, P, ctypes.POINTER(U64)], S),
     }
     for name, (args, res) in sigs.items():
@@ -426,6 +429,20 @@ class Engine:
                          if isinstance(v, _TierStats) else v)
         return out
 
+    # -- trace (config "strata": {"trace_path": ...})
+    def span(self, name):
+        """A context manager that records a span named `name` ("forward",
+        "backward", ...) in the engine's trace, on this thread's track,
+        beside the engine's own fetch, stall, grads and step spans. Spans
+        opened on one thread nest. Any thread may use it, also while another
+        drives the engine. Without a trace path it records nothing."""
+        return _Span(self, name)
+
+    def write_trace(self):
+        """Writes the trace file now (it is also written at close()); spans
+        still open appear as ending now, marked unfinished."""
+        _check(self._lib.strata_engine_write_trace(self.handle))
+
     def as_tensor(self, address, numel):
         """A torch tensor of `numel` compute-dtype elements viewing `address`
         (device memory when on_gpu, else host memory). It does not own it."""
@@ -441,6 +458,27 @@ class Engine:
             ctype = ctypes.c_float if dtype == torch.float32 else ctypes.c_int16
             raw = torch.from_numpy(np.ctypeslib.as_array((ctype * numel).from_address(address)))
         return raw if dtype == torch.float32 else raw.view(dtype)
+
+
+class _Span:
+    """What Engine.span returns: begins the span on enter, ends it on exit."""
+
+    def __init__(self, engine, name):
+        self._engine, self._name, self._token = engine, name, None
+
+    def __enter__(self):
+        if not isinstance(self._name, str):
+            raise TypeError(f"a span name is a str, not {type(self._name).__name__}")
+        token = ctypes.c_uint64()
+        e = self._engine
+        _check(e._lib.strata_engine_span_begin(e.handle, self._name.encode("utf-8"), ctypes.byref(token)))
+        self._token = token.value
+        return self
+
+    def __exit__(self, *exc):
+        token, self._token = self._token, None
+        _check(self._engine._lib.strata_engine_span_end(self._engine.handle, token))
+        return False
 
 
 def _step_options(lr, betas, eps, weight_decay):
