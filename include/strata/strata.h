@@ -9,12 +9,16 @@
  *   if (strata_engine_create(json, NULL, &e) != STRATA_OK)
  *     fprintf(stderr, "%s\n", strata_last_error());
  *   uint64_t off;
- *   strata_engine_add_param(e, 0, "blk0.w", n, w_init, &off);  // ... every tensor
+ *   const int64_t dims[2] = {rows, cols};
+ *   strata_engine_add_param_shaped(e, 0, "blk0.w", 2, dims, w_init, &off);  // ... every tensor
  *   strata_engine_build(e);
  *   for (int step = 0; step < steps; ++step) {
  *     void* p;
+ *     uint64_t span;
+ *     strata_engine_span_begin(e, "fwd+bwd", &span);  // in the trace, if configured
  *     strata_engine_fetch(e, 0, stream, &p);   // group 0 in the compute dtype
  *     ... forward and backward with p ...
+ *     strata_engine_span_end(e, span);
  *     strata_engine_release(e, 0, stream);
  *     strata_engine_grads(e, 0, grads, STRATA_DTYPE_F32, stream);
  *     strata_step_options_t opt = STRATA_STEP_OPTIONS_INIT;
