@@ -36,7 +36,7 @@ Engine::Impl::~Impl() {
     if (g.dev.alloc.charged) device_->Free(g.dev.alloc);
     for (auto& b : g.blocks) io_->Free(b);
   }
-  // The trace, if any, is written once by ~StatsRecorder.
+  // The trace, if any, is written a last time by ~StatsRecorder.
 }
 
 // Ranks: a given communicator, or one made from the launcher's variables.

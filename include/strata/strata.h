@@ -150,7 +150,9 @@ STRATA_API strata_status_t strata_engine_destroy(strata_engine_t* engine);
  * have no gaps at build). `init` holds numel fp32 values, or is NULL for
  * zeros; it is copied during the call. On STRATA_OK, *offset_out (may be
  * NULL) receives the tensor's offset, in elements, inside its group's buffer.
- * REQUIRES: before strata_engine_build. Errors: INVALID, STATE. */
+ * The tensor has no shape: strata-export writes it flat (1-D); see
+ * strata_engine_add_param_shaped. REQUIRES: before strata_engine_build.
+ * Errors: INVALID, STATE. */
 STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int group, const char* name,
                                                    uint64_t numel, const float* init, uint64_t* offset_out);
 
@@ -163,7 +165,10 @@ STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int 
  * dims as its numel, and `init` (NULL = zeros) holds that many fp32 values.
  * The shape is kept with the tensor and recorded in checkpoints, so that
  * strata-export writes the tensor in it (a tensor registered with
- * strata_engine_add_param is exported flat, 1-D). On STRATA_OK, *offset_out
+ * strata_engine_add_param is exported flat, 1-D). A checkpoint that holds
+ * a shape loads only into an engine that registers that tensor with the
+ * same shape or with none (INVALID names the tensor and both shapes); a
+ * checkpoint without shapes loads either way. On STRATA_OK, *offset_out
  * (may be NULL) receives the tensor's offset, in elements, in its group.
  * REQUIRES: before strata_engine_build. Errors: INVALID naming the tensor
  * (NULL name or shape, ndim outside 0..STRATA_MAX_NDIM, a dim < 1, more than
