@@ -638,8 +638,8 @@ EngineStats Engine::Impl::Stats() const {
 Status Engine::Build() { return impl_->Build(); }
 Result<void*> Engine::Fetch(int group) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "fetch"));
-  CallSpanScope span(*impl_->stats_, "fetch", group);
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch"));
+  CallSpanScope span(*impl_->stats_, "fetch", group);
   return impl_->Fetch(group);
 }
 Status Engine::Release(int group) {

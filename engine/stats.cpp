@@ -20,22 +20,20 @@ StatsRecorder::~StatsRecorder() {
   if (Status st = WriteTrace(); !st.ok()) STRATA_LOG_WARN("trace: not written at close: {}", st.message());
 }
 
-uint32_t StatsRecorder::NameId(const std::string& name) {
-  auto it = name_ids_.find(name);
-  if (it != name_ids_.end()) return it->second;
-  const auto id = static_cast<uint32_t>(names_.size());
-  names_.push_back(name);
-  name_ids_.emplace(name, id);
-  return id;
-}
-
-void StatsRecorder::Add(const Event& e) {
-  if (events_.size() < kMaxEvents) {
-    events_.push_back(e);
-  } else if (dropped_++ == 0) {
-    STRATA_LOG_WARN("trace: {} holds its most events ({}); later spans are dropped (counted in its otherData)",
-                    trace_path_, kMaxEvents);
+void StatsRecorder::Add(int track, const std::string& name, double start, double end, uint64_t bytes,
+                        int64_t group) {
+  if (events_.size() >= kMaxEvents) {
+    if (dropped_++ == 0)
+      STRATA_LOG_WARN("trace: {} holds its most events ({}); later spans are dropped (counted in its otherData)",
+                      trace_path_, kMaxEvents);
+    return;
   }
+  auto it = name_ids_.find(name);
+  if (it == name_ids_.end()) {
+    it = name_ids_.emplace(name, static_cast<uint32_t>(names_.size())).first;
+    names_.push_back(name);
+  }
+  events_.push_back({track, it->second, start, end, bytes, group});
 }
 
 double StatsRecorder::Now() const {
@@ -59,13 +57,13 @@ void StatsRecorder::End(Resource r) {
 void StatsRecorder::Span(Resource r, const char* name, double start_s, double end_s, uint64_t bytes) {
   if (trace_path_.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Add({static_cast<int>(r), NameId(name), start_s, end_s, bytes, -1});
+  Add(static_cast<int>(r), name, start_s, end_s, bytes, -1);
 }
 
 void StatsRecorder::CallSpan(const char* name, int group, double start_s, double end_s) {
   if (trace_path_.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Add({static_cast<int>(Resource::kCaller), NameId(name), start_s, end_s, 0, group});
+  Add(static_cast<int>(Resource::kCaller), name, start_s, end_s, 0, group);
 }
 
 // Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
@@ -107,7 +105,7 @@ Result<uint64_t> StatsRecorder::BeginUserSpan(const char* name) {
                         " spans are open already (spans must be ended)");
   const int track = TrackOfThisThread();
   const uint64_t token = next_token_++;
-  open_.emplace(token, OpenSpan{NameId(n), track, now});
+  open_.emplace(token, OpenSpan{n, track, now});
   open_stacks_[static_cast<size_t>(track)].push_back(token);
   return token;
 }
@@ -118,15 +116,15 @@ Status StatsRecorder::EndUserSpan(uint64_t token) {
   auto it = open_.find(token);
   if (it == open_.end())
     return InvalidError("span token " + std::to_string(token) + " is not open (never begun, or already ended)");
-  const OpenSpan span = it->second;
+  const OpenSpan& span = it->second;
   std::vector<uint64_t>& stack = open_stacks_[static_cast<size_t>(span.track)];
   if (stack.back() != token)  // a token on the stack is open: the innermost one is there too
-    return InvalidError("span '" + names_[span.name] + "' (token " + std::to_string(token) + ") cannot end before '" +
-                        names_[open_.at(stack.back()).name] + "' (token " + std::to_string(stack.back()) +
+    return InvalidError("span '" + span.name + "' (token " + std::to_string(token) + ") cannot end before '" +
+                        open_.at(stack.back()).name + "' (token " + std::to_string(stack.back()) +
                         "), begun inside it on the same thread and still open: spans of one thread nest");
   stack.pop_back();
+  if (!trace_path_.empty()) Add(kUserTrack0 + span.track, span.name, span.start, now, 0, -1);
   open_.erase(it);
-  if (!trace_path_.empty()) Add({kUserTrack0 + span.track, span.name, span.start, now, 0, -1});
   return Status::Ok();
 }
 
@@ -173,7 +171,7 @@ void StatsRecorder::StepEnd(bool skipped) {
   stats_.overlap_efficiency = stats_.step_wall_s > 0 ? busiest / stats_.step_wall_s : 0;
   ++stats_.steps;
   if (skipped) ++stats_.skipped_steps;
-  if (!trace_path_.empty()) Add({3, NameId(skipped ? "step (skipped)" : "step"), step_start_, now, 0, -1});
+  if (!trace_path_.empty()) Add(3, skipped ? "step (skipped)" : "step", step_start_, now, 0, -1);
 }
 
 EngineStats StatsRecorder::Snapshot() const {
@@ -228,7 +226,8 @@ Status StatsRecorder::WriteTrace() const {
     for (const auto& stack : open_stacks_)
       for (uint64_t token : stack) {
         const OpenSpan& o = open_.at(token);
-        events.push_back({kUserTrack0 + o.track, o.name, o.start, now, 0, -1});
+        names.push_back(o.name);  // the copy's own id for it
+        events.push_back({kUserTrack0 + o.track, static_cast<uint32_t>(names.size() - 1), o.start, now, 0, -1});
       }
     tracks = open_stacks_.size();
     dropped = dropped_;

@@ -73,10 +73,11 @@ class StatsRecorder {
     uint64_t bytes;
     int64_t group;  // -1: none
   };
-  struct OpenSpan { uint32_t name; int track; double start; };
-  uint32_t NameId(const std::string& name);  // REQUIRES: mu_ held
-  void Add(const Event& e);                   // REQUIRES: mu_ held
-  int TrackOfThisThread();                    // REQUIRES: mu_ held
+  struct OpenSpan { std::string name; int track; double start; };
+  // Records a span (its name interned only then, so that names of spans not
+  // recorded take no memory). REQUIRES: mu_ held.
+  void Add(int track, const std::string& name, double start, double end, uint64_t bytes, int64_t group);
+  int TrackOfThisThread();  // REQUIRES: mu_ held
 
   const int rank_;
   const std::string trace_path_;
