@@ -225,14 +225,16 @@ strata_status_t strata_engine_add_param(strata_engine_t* engine, int group, cons
 }
 
 strata_status_t strata_engine_add_param_shaped(strata_engine_t* engine, int group, const char* name, int ndim,
-                                               const int64_t* shape, const float* init, uint64_t* offset_out) {
+                                               const int64_t* shape, const float* init,
+                                               uint64_t* offset_out) {
   return OnEngine("strata_engine_add_param_shaped", engine, [&]() -> Status {
     if (name == nullptr) return strata::InvalidError("name must not be NULL");
     const std::string what = std::string("add_param '") + name + "'";
     if (ndim < 0 || ndim > STRATA_MAX_NDIM)
       return strata::InvalidError(what + ": ndim " + std::to_string(ndim) + " is not in 0.." +
                                   std::to_string(STRATA_MAX_NDIM));
-    if (shape == nullptr && ndim > 0) return strata::InvalidError(what + ": shape is NULL with ndim " + std::to_string(ndim));
+    if (shape == nullptr && ndim > 0)
+      return strata::InvalidError(what + ": shape is NULL with ndim " + std::to_string(ndim));
     std::vector<uint64_t> dims;
     for (int i = 0; i < ndim; ++i) {
       if (shape[i] < 1)

@@ -130,9 +130,9 @@ Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std:
         return InvalidError("checkpoint load: tensor '" + L.tensors[t].name + "' of group " + std::to_string(g) +
                             " differs in " + mpath);
       else if (G.tensors[t].shaped && L.tensors[t].shaped && G.tensors[t].shape != L.tensors[t].shape)
-        return InvalidError("checkpoint load: tensor '" + L.tensors[t].name + "' of group " + std::to_string(g) +
-                            " has shape " + ShapeString(G.tensors[t].shape) + " in " + mpath + "; the engine's is " +
-                            ShapeString(L.tensors[t].shape));
+        return InvalidError("checkpoint load: tensor '" + L.tensors[t].name + "' of group " +
+                            std::to_string(g) + " has shape " + ShapeString(G.tensors[t].shape) + " in " +
+                            mpath + "; the engine's is " + ShapeString(L.tensors[t].shape));
   }
   uint32_t kept = 0;  // the saved states this engine keeps
   for (int s = 0; s < manifest::kNumSaved; ++s)

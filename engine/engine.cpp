@@ -135,8 +135,8 @@ Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t n
   return KeepInit(*impl_, group, off, numel, init);
 }
 
-Result<uint64_t> Engine::AddShapedParam(int group, const std::string& name, const std::vector<uint64_t>& shape,
-                                        const float* init) {
+Result<uint64_t> Engine::AddShapedParam(int group, const std::string& name,
+                                        const std::vector<uint64_t>& shape, const float* init) {
   STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->part_.AddShaped(group, name, shape));
   return KeepInit(*impl_, group, off, impl_->part_.group(group).tensors.back().numel, init);
 }
@@ -684,7 +684,8 @@ EngineStats Engine::stats() const { return impl_->Stats(); }
 Result<uint64_t> Engine::BeginSpan(const char* name) { return impl_->stats_->BeginUserSpan(name); }
 Status Engine::EndSpan(uint64_t token) { return impl_->stats_->EndUserSpan(token); }
 Status Engine::WriteTrace() {
-  if (!impl_->stats_->tracing()) return ConfigError("write_trace: strata.trace_path is not set: nothing is traced");
+  if (!impl_->stats_->tracing())
+    return ConfigError("write_trace: strata.trace_path is not set: nothing is traced");
   return impl_->stats_->WriteTrace();
 }
 int Engine::num_groups() const { return impl_->part_.num_groups(); }

@@ -148,12 +148,14 @@ Status ReadShape(const Json& e, const Reader& r, const std::string& where, Tenso
     if (!d.is_number_unsigned() || d.get<uint64_t>() < 1 || d.get<uint64_t>() > kMaxElements)
       return r.Bad(dw, "is not an integer in 1.." + std::to_string(kMaxElements) + ": " + d.dump());
     const uint64_t x = d.get<uint64_t>();
-    if (x > kMaxElements / product) return r.Bad(where + ".shape", "has more than " + std::to_string(kMaxElements) + " elements");
+    if (x > kMaxElements / product)
+      return r.Bad(where + ".shape", "has more than " + std::to_string(kMaxElements) + " elements");
     product *= x;
     T->shape.push_back(x);
   }
   if (product != T->numel)
-    return r.Bad(where + ".shape", "has " + std::to_string(product) + " elements; numel is " + std::to_string(T->numel));
+    return r.Bad(where + ".shape",
+                 "has " + std::to_string(product) + " elements; numel is " + std::to_string(T->numel));
   T->shaped = true;
   return Status::Ok();
 }

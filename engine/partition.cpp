@@ -18,7 +18,8 @@ Result<uint64_t> Partition::Add(int group, const std::string& name, uint64_t num
   if (group < 0 || group > 1'000'000)
     return InvalidError("add_param '" + name + "': group " + std::to_string(group) + " is not in 0..1000000");
   if (numel == 0) return InvalidError("add_param '" + name + "': zero elements");
-  if (numel > kMaxElements) return InvalidError("add_param '" + name + "': " + std::to_string(numel) + " elements is too many");
+  if (numel > kMaxElements)
+    return InvalidError("add_param '" + name + "': " + std::to_string(numel) + " elements is too many");
   if (static_cast<size_t>(group) >= groups_.size()) groups_.resize(static_cast<size_t>(group) + 1);
   GroupLayout& g = groups_[static_cast<size_t>(group)];
   for (const auto& t : g.tensors)
@@ -35,7 +36,8 @@ std::string ShapeString(const std::vector<uint64_t>& shape) {
   return s + "]";
 }
 
-Result<uint64_t> Partition::AddShaped(int group, const std::string& name, const std::vector<uint64_t>& shape) {
+Result<uint64_t> Partition::AddShaped(int group, const std::string& name,
+                                      const std::vector<uint64_t>& shape) {
   const std::string what = "add_param '" + name + "': shape " + ShapeString(shape);
   if (shape.size() > kMaxShapeDims)
     return InvalidError(what + " has " + std::to_string(shape.size()) + " dims; at most " +
@@ -43,7 +45,8 @@ Result<uint64_t> Partition::AddShaped(int group, const std::string& name, const 
   uint64_t numel = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == 0)
-      return InvalidError(what + ": dim " + std::to_string(i) + " is 0 (a tensor with no elements cannot be registered)");
+      return InvalidError(what + ": dim " + std::to_string(i) +
+                          " is 0 (a tensor with no elements cannot be registered)");
     if (shape[i] > kMaxElements / numel)
       return InvalidError(what + " has more than " + std::to_string(kMaxElements) + " elements");
     numel *= shape[i];

@@ -24,8 +24,9 @@ void StatsRecorder::Add(int track, const std::string& name, double start, double
                         int64_t group) {
   if (events_.size() >= kMaxEvents) {
     if (dropped_++ == 0)
-      STRATA_LOG_WARN("trace: {} holds its most events ({}); later spans are dropped (counted in its otherData)",
-                      trace_path_, kMaxEvents);
+      STRATA_LOG_WARN(
+          "trace: {} holds its most events ({}); later spans are dropped (counted in its otherData)",
+          trace_path_, kMaxEvents);
     return;
   }
   auto it = name_ids_.find(name);
@@ -71,7 +72,11 @@ static bool IsUtf8(const std::string& s) {
   static const uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
   for (size_t i = 0; i < s.size();) {
     const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : 4;  // continuation bytes
+    const size_t n = c < 0x80         ? 0
+                     : (c >> 5) == 6  ? 1
+                     : (c >> 4) == 14 ? 2
+                     : (c >> 3) == 30 ? 3
+                                      : 4;  // continuation bytes
     if (n == 4 || n >= s.size() - i) return false;
     uint32_t cp = n == 0 ? c : c & (0x3fu >> n);
     for (size_t k = 1; k <= n; ++k) {
@@ -86,7 +91,8 @@ static bool IsUtf8(const std::string& s) {
 }
 
 int StatsRecorder::TrackOfThisThread() {
-  auto [it, added] = thread_tracks_.emplace(std::this_thread::get_id(), static_cast<int>(open_stacks_.size()));
+  auto [it, added] =
+      thread_tracks_.emplace(std::this_thread::get_id(), static_cast<int>(open_stacks_.size()));
   if (added) open_stacks_.emplace_back();
   return it->second;
 }
@@ -115,7 +121,8 @@ Status StatsRecorder::EndUserSpan(uint64_t token) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = open_.find(token);
   if (it == open_.end())
-    return InvalidError("span token " + std::to_string(token) + " is not open (never begun, or already ended)");
+    return InvalidError("span token " + std::to_string(token) +
+                        " is not open (never begun, or already ended)");
   const OpenSpan& span = it->second;
   std::vector<uint64_t>& stack = open_stacks_[static_cast<size_t>(span.track)];
   if (stack.back() != token)  // a token on the stack is open: the innermost one is there too
@@ -227,7 +234,8 @@ Status StatsRecorder::WriteTrace() const {
       for (uint64_t token : stack) {
         const OpenSpan& o = open_.at(token);
         names.push_back(o.name);  // the copy's own id for it
-        events.push_back({kUserTrack0 + o.track, static_cast<uint32_t>(names.size() - 1), o.start, now, 0, -1});
+        events.push_back(
+            {kUserTrack0 + o.track, static_cast<uint32_t>(names.size() - 1), o.start, now, 0, -1});
       }
     tracks = open_stacks_.size();
     dropped = dropped_;
@@ -235,23 +243,29 @@ Status StatsRecorder::WriteTrace() const {
   const std::string tmp = trace_path_ + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return PosixError("open trace", tmp, errno);
-  std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":%d,\"dropped_events\":%llu},\"traceEvents\":[\n",
-               rank_, static_cast<unsigned long long>(dropped));
+  std::fprintf(
+      f,
+      "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":%d,\"dropped_events\":%llu},\"traceEvents\":[\n",
+      rank_, static_cast<unsigned long long>(dropped));
   std::fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_, rank_);
   for (size_t t = 0; t < 4 + tracks; ++t)
-    std::fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%zu,\"args\":{\"name\":\"%s%s\"}}",
-                 rank_, t, t < 4 ? kTrackNames[t] : "trainer thread ", t < 4 ? "" : std::to_string(t - 4).c_str());
+    std::fprintf(
+        f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%zu,\"args\":{\"name\":\"%s%s\"}}",
+        rank_, t, t < 4 ? kTrackNames[t] : "trainer thread ", t < 4 ? "" : std::to_string(t - 4).c_str());
   uint64_t id = 0;
   for (size_t i = 0; i < events.size(); ++i) {
     const Event& e = events[i];
     const std::string name = JsonEscaped(names[e.name]);
     const long long start = Nanos(e.start), end = std::max(start, Nanos(e.end));
     if (e.track == 0) {  // concurrent I/O: async begin/end pairs
-      std::fprintf(f, ",\n{\"ph\":\"b\",\"cat\":\"io\",\"name\":\"%s\",\"id\":%llu,\"pid\":%d,\"tid\":0,\"ts\":%s,\"args\":{\"bytes\":%llu}}",
+      std::fprintf(f,
+                   ",\n{\"ph\":\"b\",\"cat\":\"io\",\"name\":\"%s\",\"id\":%llu,\"pid\":%d,\"tid\":0,\"ts\":%"
+                   "s,\"args\":{\"bytes\":%llu}}",
                    name.c_str(), static_cast<unsigned long long>(id), rank_, Micros(start).c_str(),
                    static_cast<unsigned long long>(e.bytes));
-      std::fprintf(f, ",\n{\"ph\":\"e\",\"cat\":\"io\",\"name\":\"%s\",\"id\":%llu,\"pid\":%d,\"tid\":0,\"ts\":%s}",
-                   name.c_str(), static_cast<unsigned long long>(id), rank_, Micros(end).c_str());
+      std::fprintf(
+          f, ",\n{\"ph\":\"e\",\"cat\":\"io\",\"name\":\"%s\",\"id\":%llu,\"pid\":%d,\"tid\":0,\"ts\":%s}",
+          name.c_str(), static_cast<unsigned long long>(id), rank_, Micros(end).c_str());
       ++id;
       continue;
     }
@@ -259,8 +273,9 @@ Status StatsRecorder::WriteTrace() const {
     if (e.track == 1 || e.track == 2) args = "\"bytes\":" + std::to_string(e.bytes);
     if (e.group >= 0) args = "\"group\":" + std::to_string(e.group);
     if (i >= first_open) args = "\"unfinished\":true";
-    std::fprintf(f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%s,\"args\":{%s}}",
-                 name.c_str(), rank_, e.track, Micros(start).c_str(), Micros(end - start).c_str(), args.c_str());
+    std::fprintf(
+        f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%s,\"args\":{%s}}",
+        name.c_str(), rank_, e.track, Micros(start).c_str(), Micros(end - start).c_str(), args.c_str());
   }
   std::fprintf(f, "\n]}\n");
   const bool written = std::fflush(f) == 0 && !std::ferror(f);

@@ -7,9 +7,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -73,7 +73,11 @@ class StatsRecorder {
     uint64_t bytes;
     int64_t group;  // -1: none
   };
-  struct OpenSpan { std::string name; int track; double start; };
+  struct OpenSpan {
+    std::string name;
+    int track;
+    double start;
+  };
   // Records a span (its name interned only then, so that names of spans not
   // recorded take no memory). REQUIRES: mu_ held.
   void Add(int track, const std::string& name, double start, double end, uint64_t bytes, int64_t group);
@@ -90,7 +94,7 @@ class StatsRecorder {
   uint64_t dropped_ = 0;  // events past kMaxEvents (said in the trace and a warning)
   std::vector<std::string> names_;
   std::unordered_map<std::string, uint32_t> name_ids_;
-  std::map<std::thread::id, int> thread_tracks_;  // trainer thread -> its track (0-based)
+  std::map<std::thread::id, int> thread_tracks_;    // trainer thread -> its track (0-based)
   std::vector<std::vector<uint64_t>> open_stacks_;  // per trainer track: open tokens, innermost last
   std::unordered_map<uint64_t, OpenSpan> open_;
   uint64_t next_token_ = 1;

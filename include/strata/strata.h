@@ -173,9 +173,9 @@ STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int 
  * REQUIRES: before strata_engine_build. Errors: INVALID naming the tensor
  * (NULL name or shape, ndim outside 0..STRATA_MAX_NDIM, a dim < 1, more than
  * 2^40 elements, a name already used in the group), STATE. */
-STRATA_API strata_status_t strata_engine_add_param_shaped(strata_engine_t* engine, int group, const char* name,
-                                                          int ndim, const int64_t* shape, const float* init,
-                                                          uint64_t* offset_out);
+STRATA_API strata_status_t strata_engine_add_param_shaped(strata_engine_t* engine, int group,
+                                                          const char* name, int ndim, const int64_t* shape,
+                                                          const float* init, uint64_t* offset_out);
 
 /* Lays the groups out, allocates every block in its home tier, reserves swap
  * space and writes the initial state. Errors: STATE (twice, or no params),

@@ -31,12 +31,12 @@ static int failures = 0;
       exit(1);                                                                                     \
     }                                                                                              \
   } while (0)
-#define CHECK(cond)                                                         \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
+#define CHECK(cond)                                                       \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
       fprintf(stderr, "%s:%d: %s is false\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                           \
-    }                                                                       \
+      ++failures;                                                         \
+    }                                                                     \
   } while (0)
 
 static const char* kConfig = "{\"optimizer\": {\"type\": \"AdamW\"}}";
@@ -50,7 +50,8 @@ static void refusals(strata_engine_t* e) {
   uint64_t off = 77;
   EXPECT(STRATA_INVALID, "strata_engine_add_param_shaped: engine is NULL",
          strata_engine_add_param_shaped(NULL, 0, "w", 2, ok, NULL, &off));
-  EXPECT(STRATA_INVALID, "name must not be NULL", strata_engine_add_param_shaped(e, 0, NULL, 2, ok, NULL, &off));
+  EXPECT(STRATA_INVALID, "name must not be NULL",
+         strata_engine_add_param_shaped(e, 0, NULL, 2, ok, NULL, &off));
   EXPECT(STRATA_INVALID, "add_param 'w': ndim -1 is not in 0..32",
          strata_engine_add_param_shaped(e, 0, "w", -1, ok, NULL, &off));
   EXPECT(STRATA_INVALID, "add_param 'w': ndim 33 is not in 0..32",
@@ -62,7 +63,8 @@ static void refusals(strata_engine_t* e) {
   EXPECT(STRATA_INVALID, "add_param 'w': dim 1 of the shape is -2",
          strata_engine_add_param_shaped(e, 0, "w", 2, negative, NULL, &off));
   /* 2^93 elements: the product overflows 64 bits; refused, not wrapped. */
-  EXPECT(STRATA_INVALID, "add_param 'w': shape [2147483648, 2147483648, 2147483648] has more than 1099511627776",
+  EXPECT(STRATA_INVALID,
+         "add_param 'w': shape [2147483648, 2147483648, 2147483648] has more than 1099511627776",
          strata_engine_add_param_shaped(e, 0, "w", 3, huge, NULL, &off));
   EXPECT(STRATA_INVALID, "add_param 'w': shape [1048576, 1048577] has more than 1099511627776",
          strata_engine_add_param_shaped(e, 0, "w", 2, just_over, NULL, &off));

@@ -35,12 +35,12 @@ static int failures = 0;
       exit(1);                                                                                     \
     }                                                                                              \
   } while (0)
-#define CHECK(cond)                                                         \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
+#define CHECK(cond)                                                       \
+  do {                                                                    \
+    if (!(cond)) {                                                        \
       fprintf(stderr, "%s:%d: %s is false\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                           \
-    }                                                                       \
+      ++failures;                                                         \
+    }                                                                     \
   } while (0)
 
 enum { kThreads = 4, kRounds = 2000, kSteps = 3, kN = 4096 };
@@ -53,8 +53,8 @@ static void* worker(void* arg) {
   for (int i = 0; i < kRounds; ++i) {
     uint64_t a = 0, b = 0;
     if (strata_engine_span_begin(engine, "work", &a) != STRATA_OK ||
-        strata_engine_span_begin(engine, "inner", &b) != STRATA_OK || strata_engine_span_end(engine, b) != STRATA_OK ||
-        strata_engine_span_end(engine, a) != STRATA_OK) {
+        strata_engine_span_begin(engine, "inner", &b) != STRATA_OK ||
+        strata_engine_span_end(engine, b) != STRATA_OK || strata_engine_span_end(engine, a) != STRATA_OK) {
       fprintf(stderr, "worker: %s\n", strata_last_error());
       return (void*)1;
     }
@@ -92,13 +92,15 @@ static void refusals(void) {
   EXPECT(STRATA_INVALID, "token_out must not be NULL", strata_engine_span_begin(engine, "x", NULL));
   EXPECT(STRATA_INVALID, "span name is NULL", strata_engine_span_begin(engine, NULL, &t));
   EXPECT(STRATA_INVALID, "span name '' has 0 bytes", strata_engine_span_begin(engine, "", &t));
-  EXPECT(STRATA_INVALID, "has 299 bytes; it must have 1..256", strata_engine_span_begin(engine, long_name, &t));
+  EXPECT(STRATA_INVALID, "has 299 bytes; it must have 1..256",
+         strata_engine_span_begin(engine, long_name, &t));
   EXPECT(STRATA_INVALID, "is not UTF-8", strata_engine_span_begin(engine, "bad \xff", &t));
   EXPECT(STRATA_INVALID, "is not UTF-8", strata_engine_span_begin(engine, "overlong \xc0\x80", &t));
   EXPECT(STRATA_INVALID, "is not UTF-8", strata_engine_span_begin(engine, "surrogate \xed\xa0\x80", &t));
   EXPECT(STRATA_INVALID, "is not UTF-8", strata_engine_span_begin(engine, "cut \xe2\x9c", &t));
   CHECK(t == 99);
-  EXPECT(STRATA_INVALID, "strata_engine_span_end: span token 0 is not open", strata_engine_span_end(engine, 0));
+  EXPECT(STRATA_INVALID, "strata_engine_span_end: span token 0 is not open",
+         strata_engine_span_end(engine, 0));
   EXPECT(STRATA_INVALID, "strata_engine_span_end: engine is NULL", strata_engine_span_end(NULL, 1));
   OK(strata_engine_span_begin(engine, "outer \xe2\x9c\x93", &a)); /* "outer ✓" */
   OK(strata_engine_span_begin(engine, "inner", &b));
@@ -193,6 +195,7 @@ int main(void) {
     fprintf(stderr, "%d failure(s)\n", failures);
     return 1;
   }
-  printf("trace_test: %d threads x %d spans beside %d steps; every refusal named\n", kThreads, kRounds, kSteps);
+  printf("trace_test: %d threads x %d spans beside %d steps; every refusal named\n", kThreads, kRounds,
+         kSteps);
   return 0;
 }

@@ -356,9 +356,13 @@ std::string ShapedCopy(const Saved& s, const std::string& name, const std::map<s
 
 TEST(Export, TensorsInTheirManifestShapes) {
   Saved& s = Checkpoint();
-  const std::string folder = ShapedCopy(s, "shaped", {{"embed.weight", {70, 100}}, {"lm_head.weight", {10, 50, 10}},
-                                                     {"embed.bias", {13}}, {"blocks.0.ln_1.bias", {1, 33, 1}}});
-  const std::string flat_out = s.dir.path() + "/flat.safetensors", shaped_out = s.dir.path() + "/shaped.safetensors";
+  const std::string folder = ShapedCopy(s, "shaped",
+                                        {{"embed.weight", {70, 100}},
+                                         {"lm_head.weight", {10, 50, 10}},
+                                         {"embed.bias", {13}},
+                                         {"blocks.0.ln_1.bias", {1, 33, 1}}});
+  const std::string flat_out = s.dir.path() + "/flat.safetensors",
+                    shaped_out = s.dir.path() + "/shaped.safetensors";
   ASSERT_EQ(Export(s.dir.path() + "/step2", flat_out, "f32").code, 0);
   ASSERT_EQ(Export(folder, shaped_out, "f32").code, 0);
   const auto [flat_h, flat_data] = ReadExport(flat_out);
@@ -412,19 +416,22 @@ TEST(Export, ShapelessCheckpointLoadsIntoAShapedEngine) {
     auto e = Engine::Create(*cfg, opt);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     for (const Tensor& t : kTensors) {
-      const std::vector<uint64_t> shape = t.name == "embed.weight" ? embed_shape : std::vector<uint64_t>{t.numel};
+      const std::vector<uint64_t> shape =
+          t.name == "embed.weight" ? embed_shape : std::vector<uint64_t>{t.numel};
       EXPECT_TRUE((*e)->AddShapedParam(t.group, t.name, shape, nullptr).ok());
     }
     EXPECT_TRUE((*e)->Build().ok());
     std::vector<uint8_t> blob;
-    const std::string dir = fs::path(folder).parent_path().string(), tag = fs::path(folder).filename().string();
+    const std::string dir = fs::path(folder).parent_path().string(),
+                      tag = fs::path(folder).filename().string();
     Status st = (*e)->LoadCheckpoint(dir, tag, &blob);
     if (!st.ok()) return st;
     for (int g = 0; g < (*e)->num_groups(); ++g) {
       std::vector<float> w((*e)->group_numel(g));
       EXPECT_TRUE((*e)->ReadMaster(g, w.data()).ok());
       const std::vector<float>& want = s.master[static_cast<size_t>(g)];  // bitwise: edge.values holds NaNs
-      EXPECT_TRUE(w.size() == want.size() && std::memcmp(w.data(), want.data(), w.size() * 4) == 0) << "group " << g;
+      EXPECT_TRUE(w.size() == want.size() && std::memcmp(w.data(), want.data(), w.size() * 4) == 0)
+          << "group " << g;
     }
     return st;
   };
@@ -435,7 +442,8 @@ TEST(Export, ShapelessCheckpointLoadsIntoAShapedEngine) {
   EXPECT_TRUE(st.ok()) << st.ToString();
   st = load_into(shaped, {100, 70});
   EXPECT_EQ(st.code(), Code::kInvalid);
-  EXPECT_NE(st.message().find("tensor 'embed.weight' of group 0 has shape [70, 100]"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("tensor 'embed.weight' of group 0 has shape [70, 100]"), std::string::npos)
+      << st.message();
   EXPECT_NE(st.message().find("the engine's is [100, 70]"), std::string::npos) << st.message();
 }
 
