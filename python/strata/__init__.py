@@ -2,9 +2,10 @@
 
     import strata
     with strata.Engine({"zero_optimization": {"stage": 1}}) as e:
-        e.add_param(0, "w", 1024, init=torch.randn(1024))
+        e.add_param(0, "fc.weight", torch.randn(32, 1024))  # its shape is kept
         e.build()
-        ...
+        with e.span("forward"):  # in the trace, with "strata": {"trace_path": ...}
+            ...
 
 The library is found through $STRATA_LIBRARY, else as libstrata.so.0 on the
 loader's path. No compile step. strata.torch holds the PyTorch integration
