@@ -357,7 +357,8 @@ STRATA_API strata_status_t strata_engine_stats(strata_engine_t* engine, strata_s
  * track its calls: "fetch" (args.group), "stall" inside a fetch that waited
  * for its data, "grads" (per call, args.group) and "step". The trainer adds
  * its own spans ("forward", "backward", ...) with the calls below, on a
- * track per thread that begins them. The file is written at
+ * track per thread that begins them (a thread that has ended may pass its
+ * id, and so its track, to a later thread). The file is written at
  * strata_engine_destroy and whenever strata_engine_write_trace is called;
  * times are microseconds since the engine was created.
  *

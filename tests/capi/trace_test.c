@@ -46,19 +46,25 @@ static int failures = 0;
 enum { kThreads = 4, kRounds = 2000, kSteps = 3, kN = 4096 };
 
 static strata_engine_t* engine;
+/* The workers are alive together (a thread that ended could pass its id, and
+ * so its trace track, to one started after it). */
+static pthread_barrier_t all_alive;
 
 /* Each worker nests "inner" in "work" kRounds times; any refusal is a failure. */
 static void* worker(void* arg) {
   (void)arg;
+  pthread_barrier_wait(&all_alive);
   for (int i = 0; i < kRounds; ++i) {
     uint64_t a = 0, b = 0;
     if (strata_engine_span_begin(engine, "work", &a) != STRATA_OK ||
         strata_engine_span_begin(engine, "inner", &b) != STRATA_OK ||
         strata_engine_span_end(engine, b) != STRATA_OK || strata_engine_span_end(engine, a) != STRATA_OK) {
       fprintf(stderr, "worker: %s\n", strata_last_error());
+      pthread_barrier_wait(&all_alive);
       return (void*)1;
     }
   }
+  pthread_barrier_wait(&all_alive);
   return NULL;
 }
 
@@ -152,12 +158,14 @@ int main(void) {
   pthread_join(th, &res);
   CHECK(res == NULL);
   pthread_t workers[kThreads];
+  pthread_barrier_init(&all_alive, NULL, kThreads);
   for (int i = 0; i < kThreads; ++i) pthread_create(&workers[i], NULL, worker, NULL);
   train();
   for (int i = 0; i < kThreads; ++i) {
     pthread_join(workers[i], &res);
     CHECK(res == NULL);
   }
+  pthread_barrier_destroy(&all_alive);
   OK(strata_engine_span_begin(engine, "open at close", &there));
   /* A broken engine still takes spans and writes its trace. */
   strata_internal_break_engine(engine, "broken by trace_test");

@@ -57,18 +57,18 @@ def test_trace_holds_engine_and_trainer_spans(tmp_path):
         e.add_param(0, "a", torch.ones(3000))
         e.add_param(1, "b", torch.ones(5000))
         e.build()
-        stop = threading.Event()
-        loader_spans = [0]
+        stop, first_done = threading.Event(), threading.Event()
 
         def loader():  # another thread's spans, while the main thread drives the engine
             while not stop.is_set():
                 with e.span("load batch"):
                     with e.span("decode"):
                         pass
-                loader_spans[0] += 1
+                first_done.set()
 
         t = threading.Thread(target=loader)
         t.start()
+        assert first_done.wait(60), "the loader thread never finished a span"
         with e.span("epoch"):
             with e.span('say "hi" \\ \u2713\n'):  # escaped in the JSON, whole in the trace
                 pass
