@@ -6,12 +6,12 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
-#include <vector>
 #include <exception>
 #include <memory>
 #include <new>
 #include <string>
 #include <utility>
+#include <vector>
 
 #define STRATA_BUILDING_LIBRARY 1
 #include "base/dtype.h"
@@ -19,6 +19,7 @@
 #include "engine/capi_testing.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "engine/partition.h"
 #include "kernels/cpu/adam.h"
 #include "strata/strata.h"
 #include "tiers/gpu.h"
@@ -38,6 +39,7 @@ namespace {
 static_assert(static_cast<int>(Code::kInternal) == STRATA_INTERNAL, "Code and strata_status_t differ");
 static_assert(static_cast<int>(Code::kNotFound) == STRATA_NOT_FOUND, "Code and strata_status_t differ");
 static_assert(static_cast<int>(strata::DType::kF16) == STRATA_DTYPE_F16, "DType and strata_dtype_t differ");
+static_assert(strata::kMaxShapeDims == STRATA_MAX_NDIM, "the engine's and the header's most dims differ");
 
 // The latest failure on this thread (strata_last_error).
 thread_local std::string last_error;
@@ -147,6 +149,17 @@ strata::Result<strata::StepOptions> ToStepOptions(const strata_step_options_t* o
   return so;
 }
 
+// The trace calls may run on any thread, beside the one driving the engine:
+// they touch only the engine's recorder (which has its own lock), never the
+// handle's `built` or `broken` (which the driving thread writes), so they
+// work on a broken engine too, where a trace helps most.
+template <typename Body>
+strata_status_t OnTrace(const char* fn, strata_engine_t* e, Body&& body) {
+  if (e == nullptr) return Fail(fn, strata::InvalidError("engine is NULL"));
+  Status s = Guarded(std::forward<Body>(body));
+  return s.ok() ? STRATA_OK : Fail(fn, s);
+}
+
 }  // namespace
 
 extern "C" {
@@ -213,6 +226,32 @@ strata_status_t strata_engine_add_param(strata_engine_t* engine, int group, cons
     if (group < 0) return strata::InvalidError("group " + std::to_string(group) + " is negative");
     if (engine->built) return strata::StateError("add_param after build");
     STRATA_ASSIGN_OR_RETURN(uint64_t offset, engine->rep->AddParam(group, name, numel, init));
+    if (offset_out) *offset_out = offset;
+    return Status::Ok();
+  });
+}
+
+strata_status_t strata_engine_add_param_shaped(strata_engine_t* engine, int group, const char* name, int ndim,
+                                               const int64_t* shape, const float* init,
+                                               uint64_t* offset_out) {
+  return OnEngine("strata_engine_add_param_shaped", engine, [&]() -> Status {
+    if (name == nullptr) return strata::InvalidError("name must not be NULL");
+    const std::string what = std::string("add_param '") + name + "'";
+    if (ndim < 0 || ndim > STRATA_MAX_NDIM)
+      return strata::InvalidError(what + ": ndim " + std::to_string(ndim) + " is not in 0.." +
+                                  std::to_string(STRATA_MAX_NDIM));
+    if (shape == nullptr && ndim > 0)
+      return strata::InvalidError(what + ": shape is NULL with ndim " + std::to_string(ndim));
+    std::vector<uint64_t> dims;
+    for (int i = 0; i < ndim; ++i) {
+      if (shape[i] < 1)
+        return strata::InvalidError(what + ": dim " + std::to_string(i) + " of the shape is " +
+                                    std::to_string(shape[i]) + "; every dim must be at least 1");
+      dims.push_back(static_cast<uint64_t>(shape[i]));
+    }
+    if (group < 0) return strata::InvalidError(what + ": group " + std::to_string(group) + " is negative");
+    if (engine->built) return strata::StateError(what + " after build");
+    STRATA_ASSIGN_OR_RETURN(uint64_t offset, engine->rep->AddShapedParam(group, name, dims, init));
     if (offset_out) *offset_out = offset;
     return Status::Ok();
   });
@@ -453,6 +492,23 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.device_pool_hits = s.device_pool_hits;
     return WriteSized(f, "stats", stats);
   });
+}
+
+strata_status_t strata_engine_span_begin(strata_engine_t* engine, const char* name, uint64_t* token_out) {
+  return OnTrace("strata_engine_span_begin", engine, [&]() -> Status {
+    if (token_out == nullptr) return strata::InvalidError("token_out must not be NULL");
+    STRATA_ASSIGN_OR_RETURN(uint64_t token, engine->rep->BeginSpan(name));
+    *token_out = token;
+    return Status::Ok();
+  });
+}
+
+strata_status_t strata_engine_span_end(strata_engine_t* engine, uint64_t token) {
+  return OnTrace("strata_engine_span_end", engine, [&]() -> Status { return engine->rep->EndSpan(token); });
+}
+
+strata_status_t strata_engine_write_trace(strata_engine_t* engine) {
+  return OnTrace("strata_engine_write_trace", engine, [&]() -> Status { return engine->rep->WriteTrace(); });
 }
 
 strata_status_t strata_adam_step(const strata_adam_options_t* options, size_t n, float* param, float* exp_avg,

@@ -259,6 +259,8 @@ Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& t
   return st;
 }
 
+static_assert(manifest::kMaxDims == kMaxShapeDims, "the manifest's and the engine's most dims differ");
+
 // Rank 0: the manifest from every shard's entry, then the renames.
 Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& tag, const std::string& part,
                                    const void* blob, uint64_t blob_bytes) {
@@ -274,7 +276,11 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
   for (int g = 0; g < part_.num_groups(); ++g) {
     const GroupLayout& L = part_.group(g);
     Json tensors = Json::array();
-    for (const auto& t : L.tensors) tensors.push_back({{"name", t.name}, {"offset", t.offset}, {"numel", t.numel}});
+    for (const auto& t : L.tensors) {
+      Json tj = {{"name", t.name}, {"offset", t.offset}, {"numel", t.numel}};
+      if (t.shaped) tj["shape"] = t.shape;  // a flat tensor (registered by numel) has none
+      tensors.push_back(std::move(tj));
+    }
     groups.push_back({{"numel", L.numel}, {"padded", L.padded}, {"shard_numel", L.shard_numel}, {"tensors", tensors}});
   }
   // The order of saves in this folder: one more than any checkpoint there.

@@ -109,7 +109,8 @@ Status Engine::Impl::FindCheckpoint(const std::string& dir, const std::string& t
   return Status::Ok();
 }
 
-// The saved model must be this model: groups, tensor names and sizes, the
+// The saved model must be this model: groups, tensor names and sizes (and
+// shapes, where both the checkpoint and the engine have one), the
 // optimizer and the states it keeps. The number of ranks may differ (the
 // shards are recut).
 Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std::string& mpath) {
@@ -128,6 +129,10 @@ Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std:
       if (G.tensors[t].name != L.tensors[t].name || G.tensors[t].numel != L.tensors[t].numel)
         return InvalidError("checkpoint load: tensor '" + L.tensors[t].name + "' of group " + std::to_string(g) +
                             " differs in " + mpath);
+      else if (G.tensors[t].shaped && L.tensors[t].shaped && G.tensors[t].shape != L.tensors[t].shape)
+        return InvalidError("checkpoint load: tensor '" + L.tensors[t].name + "' of group " +
+                            std::to_string(g) + " has shape " + ShapeString(G.tensors[t].shape) + " in " +
+                            mpath + "; the engine's is " + ShapeString(L.tensors[t].shape));
   }
   uint32_t kept = 0;  // the saved states this engine keeps
   for (int s = 0; s < manifest::kNumSaved; ++s)

@@ -36,7 +36,7 @@ Engine::Impl::~Impl() {
     if (g.dev.alloc.charged) device_->Free(g.dev.alloc);
     for (auto& b : g.blocks) io_->Free(b);
   }
-  // The trace, if any, is written once by ~StatsRecorder.
+  // The trace, if any, is written a last time by ~StatsRecorder.
 }
 
 // Ranks: a given communicator, or one made from the launcher's variables.
@@ -133,14 +133,24 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, const Engin
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t numel, const float* init) {
-  Impl& m = *impl_;
-  STRATA_ASSIGN_OR_RETURN(uint64_t off, m.part_.Add(group, name, numel));
+// Keeps a registered tensor's initial values (zeros without `init`) until Build.
+static uint64_t KeepInit(Engine::Impl& m, int group, uint64_t off, uint64_t numel, const float* init) {
   if (static_cast<size_t>(group) >= m.init_.size()) m.init_.resize(static_cast<size_t>(group) + 1);
   auto& v = m.init_[static_cast<size_t>(group)];
   v.resize(off + numel, 0.0f);
   if (init) std::memcpy(v.data() + off, init, numel * sizeof(float));
   return off;
+}
+
+Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t numel, const float* init) {
+  STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->part_.Add(group, name, numel));
+  return KeepInit(*impl_, group, off, numel, init);
+}
+
+Result<uint64_t> Engine::AddShapedParam(int group, const std::string& name,
+                                        const std::vector<uint64_t>& shape, const float* init) {
+  STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->part_.AddShaped(group, name, shape));
+  return KeepInit(*impl_, group, off, impl_->part_.group(group).tensors.back().numel, init);
 }
 
 // Fills a block through `fill(ptr)`: in place when addressable, else through
@@ -694,6 +704,7 @@ Status Engine::Build() { return impl_->Build(); }
 Result<void*> Engine::Fetch(int group) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "fetch"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch"));
+  CallSpanScope span(*impl_->stats_, "fetch", group);
   return impl_->Fetch(group);
 }
 Status Engine::Release(int group) {
@@ -702,6 +713,7 @@ Status Engine::Release(int group) {
 }
 Status Engine::Grads(int group, const void* grads, DType dtype) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads", false));
+  CallSpanScope span(*impl_->stats_, "grads", group);
   return impl_->Grads(group, grads, dtype);
 }
 Result<StepResult> Engine::Step(const StepOptions& options) { return impl_->Step(options); }
@@ -735,6 +747,13 @@ Status Engine::SetStepsApplied(int64_t steps) {
   return Status::Ok();
 }
 EngineStats Engine::stats() const { return impl_->Stats(); }
+Result<uint64_t> Engine::BeginSpan(const char* name) { return impl_->stats_->BeginUserSpan(name); }
+Status Engine::EndSpan(uint64_t token) { return impl_->stats_->EndUserSpan(token); }
+Status Engine::WriteTrace() {
+  if (!impl_->stats_->tracing())
+    return ConfigError("write_trace: strata.trace_path is not set: nothing is traced");
+  return impl_->stats_->WriteTrace();
+}
 int Engine::num_groups() const { return impl_->part_.num_groups(); }
 double Engine::loss_scale() const { return impl_->scaler_.scale(); }
 int64_t Engine::steps_applied() const { return impl_->step_count_; }

@@ -105,6 +105,12 @@ class Engine {
   // holds numel fp32 values and is copied. Returns the offset, in elements,
   // of the tensor inside its group. REQUIRES: before Build.
   Result<uint64_t> AddParam(int group, const std::string& name, uint64_t numel, const float* init);
+  // AddParam with a shape (dims, outermost first; empty for a scalar), kept
+  // with the tensor and recorded in checkpoints, so that strata-export writes
+  // the tensor in that shape. Every dim is at least 1; the product is the
+  // tensor's numel and `init`'s length. Errors (INVALID) name the tensor.
+  Result<uint64_t> AddShapedParam(int group, const std::string& name, const std::vector<uint64_t>& shape,
+                                  const float* init);
   // Lays out and shards the groups, allocates every block in its home tier,
   // reserves swap space and writes the initial state. Budget contradictions
   // (a group larger than a budget) are refused here.
@@ -159,6 +165,14 @@ class Engine {
   // rank must call it, in the same order.
   Status ReadMaster(int group, float* out);
   EngineStats stats() const;
+  // The trainer's own spans in the trace (strata.trace_path), beside the
+  // engine's: BeginSpan returns a token for EndSpan; spans begun on one
+  // thread nest (engine/stats.h says what is refused). WriteTrace writes the
+  // trace file now; without a trace path it is kConfig. Thread-safe, also
+  // while another thread drives the engine.
+  Result<uint64_t> BeginSpan(const char* name);
+  Status EndSpan(uint64_t token);
+  Status WriteTrace();
   // The scale the trainer multiplies the next loss by (fp16), else 1.
   double loss_scale() const;
   int64_t steps_applied() const;  // optimizer updates so far (skipped steps excluded)

@@ -136,6 +136,30 @@ Status ReadScalars(const Json& j, const Reader& r, Manifest* m) {
   return Status::Ok();
 }
 
+// A tensor's optional "shape": at most kMaxDims dims, each at least 1, whose
+// product (checked without overflow) is its numel.
+Status ReadShape(const Json& e, const Reader& r, const std::string& where, Tensor* T) {
+  if (!e.contains("shape")) return Status::Ok();  // registered by numel, or saved before shapes were kept
+  STRATA_ASSIGN_OR_RETURN(const Json* sj, r.Array(e, "shape", where, kMaxDims));
+  uint64_t product = 1;
+  for (size_t i = 0; i < sj->size(); ++i) {
+    const Json& d = (*sj)[i];
+    const std::string dw = where + ".shape[" + std::to_string(i) + "]";
+    if (!d.is_number_unsigned() || d.get<uint64_t>() < 1 || d.get<uint64_t>() > kMaxElements)
+      return r.Bad(dw, "is not an integer in 1.." + std::to_string(kMaxElements) + ": " + d.dump());
+    const uint64_t x = d.get<uint64_t>();
+    if (x > kMaxElements / product)
+      return r.Bad(where + ".shape", "has more than " + std::to_string(kMaxElements) + " elements");
+    product *= x;
+    T->shape.push_back(x);
+  }
+  if (product != T->numel)
+    return r.Bad(where + ".shape",
+                 "has " + std::to_string(product) + " elements; numel is " + std::to_string(T->numel));
+  T->shaped = true;
+  return Status::Ok();
+}
+
 // Tensors tile [0, numel) in order; shards tile the padded group.
 Status ReadGroups(const Json& j, const Reader& r, Manifest* m) {
   STRATA_ASSIGN_OR_RETURN(const Json* gj, r.Array(j, "groups", "manifest", kMaxGroups));
@@ -161,6 +185,7 @@ Status ReadGroups(const Json& j, const Reader& r, Manifest* m) {
       STRATA_ASSIGN_OR_RETURN(T.offset, r.U64((*tj)[t], "offset", tw, kMaxElements));
       STRATA_ASSIGN_OR_RETURN(T.numel, r.U64((*tj)[t], "numel", tw, kMaxElements));
       if (T.name.empty() || !names.insert(T.name).second) return r.Bad(tw + ".name", "is empty or used twice");
+      STRATA_RETURN_IF_ERROR(ReadShape((*tj)[t], r, tw, &T));
       if (T.numel == 0 || T.offset != end) return r.Bad(tw, "does not follow the previous tensor");
       end += T.numel;
       G.tensors.push_back(std::move(T));

@@ -22,7 +22,14 @@ const char* SavedStateName(int s);  // "W", "M", "V"
 struct Tensor {
   std::string name;
   uint64_t offset = 0, numel = 0;  // in elements, within the group
+  // The shape it was registered with ("shape": dims whose product is numel,
+  // each at least 1; [] a scalar). A tensor registered by numel alone, and
+  // every tensor of a manifest written before shapes were kept, has none.
+  bool shaped = false;
+  std::vector<uint64_t> shape;
 };
+// The most dims of a tensor's shape (the engine's kMaxShapeDims).
+inline constexpr size_t kMaxDims = 32;
 
 struct Group {
   uint64_t numel = 0, padded = 0, shard_numel = 0;
@@ -71,7 +78,8 @@ std::string Seal(const std::string& json_text);
 // checked that can be without the data files: its checksum (a manifest
 // without one was written before manifests carried it: accepted, `sealed`
 // false; one that does not match is CORRUPT), every field's type and range,
-// and that the layout is self-consistent (tensors tile their groups, shards
+// and that the layout is self-consistent (tensors tile their groups, a
+// tensor's shape has at most kMaxDims dims, each at least 1, whose product is its numel, shards
 // their padded groups, one file per shard (files[k] is shard k's after the
 // parse, in whatever order the manifest lists them), each file holds the
 // same states of every group, blocks of the right size that do not overlap

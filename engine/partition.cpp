@@ -18,14 +18,43 @@ Result<uint64_t> Partition::Add(int group, const std::string& name, uint64_t num
   if (group < 0 || group > 1'000'000)
     return InvalidError("add_param '" + name + "': group " + std::to_string(group) + " is not in 0..1000000");
   if (numel == 0) return InvalidError("add_param '" + name + "': zero elements");
-  if (numel > (1ull << 40)) return InvalidError("add_param '" + name + "': " + std::to_string(numel) + " elements is too many");
+  if (numel > kMaxElements)
+    return InvalidError("add_param '" + name + "': " + std::to_string(numel) + " elements is too many");
   if (static_cast<size_t>(group) >= groups_.size()) groups_.resize(static_cast<size_t>(group) + 1);
   GroupLayout& g = groups_[static_cast<size_t>(group)];
   for (const auto& t : g.tensors)
     if (t.name == name) return InvalidError("add_param '" + name + "': name already used in group " + std::to_string(group));
   const uint64_t offset = g.numel;
-  g.tensors.push_back({name, offset, numel});
+  g.tensors.push_back({name, offset, numel, false, {}});
   g.numel += numel;
+  return offset;
+}
+
+std::string ShapeString(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Result<uint64_t> Partition::AddShaped(int group, const std::string& name,
+                                      const std::vector<uint64_t>& shape) {
+  const std::string what = "add_param '" + name + "': shape " + ShapeString(shape);
+  if (shape.size() > kMaxShapeDims)
+    return InvalidError(what + " has " + std::to_string(shape.size()) + " dims; at most " +
+                        std::to_string(kMaxShapeDims) + " are allowed");
+  uint64_t numel = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0)
+      return InvalidError(what + ": dim " + std::to_string(i) +
+                          " is 0 (a tensor with no elements cannot be registered)");
+    if (shape[i] > kMaxElements / numel)
+      return InvalidError(what + " has more than " + std::to_string(kMaxElements) + " elements");
+    numel *= shape[i];
+  }
+  STRATA_ASSIGN_OR_RETURN(uint64_t offset, Add(group, name, numel));
+  TensorSlot& t = groups_[static_cast<size_t>(group)].tensors.back();
+  t.shaped = true;
+  t.shape = shape;
   return offset;
 }
 

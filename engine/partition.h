@@ -16,7 +16,18 @@ struct TensorSlot {
   std::string name;
   uint64_t offset = 0;  // elements from the group's start
   uint64_t numel = 0;
+  // Registered with a shape (AddShaped): `shape` holds its dims (empty for a
+  // scalar), whose product is numel. Registered by numel alone: no shape
+  // (a flat tensor of numel elements).
+  bool shaped = false;
+  std::vector<uint64_t> shape;
 };
+
+// The most dims a registered shape may have.
+inline constexpr size_t kMaxShapeDims = 32;
+
+// "[3, 4]" ("[]" for a scalar): shapes in messages.
+std::string ShapeString(const std::vector<uint64_t>& shape);
 
 struct GroupLayout {
   std::vector<TensorSlot> tensors;
@@ -30,9 +41,13 @@ struct GroupLayout {
 class Partition {
  public:
   static constexpr uint64_t kShardAlign = 2048;
+  static constexpr uint64_t kMaxElements = 1ull << 40;  // per tensor
 
   // REQUIRES: numel > 0, group >= 0. Returns the tensor's offset in the group.
   Result<uint64_t> Add(int group, const std::string& name, uint64_t numel);
+  // Add with a shape: every dim at least 1, at most kMaxShapeDims dims, and a
+  // product within Add's limit (checked without overflow). Errors name `name`.
+  Result<uint64_t> AddShaped(int group, const std::string& name, const std::vector<uint64_t>& shape);
   // Groups must be numbered 0..n-1 without gaps. Sets padding and shards.
   Status Finalize(int world_size);
 

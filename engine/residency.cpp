@@ -174,7 +174,7 @@ Result<void*> Engine::Impl::Fetch(int g) {
   auto queued = std::find(prefetch_queue_.begin(), prefetch_queue_.end(), g);
   const bool hit = d.state != DeviceCopy::kAbsent || queued != prefetch_queue_.end();
   if (queued != prefetch_queue_.end()) prefetch_queue_.erase(queued);  // loaded below, now
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = stats_->Now();
   bool stalled = false;
   for (;;) {
     if (d.state == DeviceCopy::kResident) break;
@@ -207,8 +207,9 @@ Result<void*> Engine::Impl::Fetch(int g) {
   const uint64_t window = config_.zero.prefetch_bucket_size * DTypeSize(dtype_);
   std::vector<int> ahead = schedule_.Ahead(window, [&](int h) { return PBytes(h); });
   lock.unlock();
-  const double stall = stalled ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : 0;
-  stats_->OnFetch(counted, hit, stall);
+  const double t1 = stalled ? stats_->Now() : t0;
+  if (stalled) stats_->CallSpan("stall", g, t0, t1);  // inside this fetch's span (Engine::Fetch)
+  stats_->OnFetch(counted, hit, t1 - t0);
   EnqueuePrefetch(ahead);
   return ptr;
 }

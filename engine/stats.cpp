@@ -1,12 +1,14 @@
-// Counters, busy clocks and the Chrome trace writer.
+// Counters, busy clocks, the trainer's spans and the Chrome trace writer.
 #include "engine/stats.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
-#include <fstream>
+
+#include "base/log.h"
 
 namespace strata {
 
@@ -14,7 +16,26 @@ static const char* kTrackNames[] = {"disk", "copy", "cpu optimizer", "caller"};
 
 StatsRecorder::StatsRecorder(int rank, std::string trace_path) : rank_(rank), trace_path_(std::move(trace_path)) {}
 
-StatsRecorder::~StatsRecorder() { WriteTrace().IgnoreError(); }
+StatsRecorder::~StatsRecorder() {
+  if (Status st = WriteTrace(); !st.ok()) STRATA_LOG_WARN("trace: not written at close: {}", st.message());
+}
+
+void StatsRecorder::Add(int track, const std::string& name, double start, double end, uint64_t bytes,
+                        int64_t group) {
+  if (events_.size() >= kMaxEvents) {
+    if (dropped_++ == 0)
+      STRATA_LOG_WARN(
+          "trace: {} holds its most events ({}); later spans are dropped (counted in its otherData)",
+          trace_path_, kMaxEvents);
+    return;
+  }
+  auto it = name_ids_.find(name);
+  if (it == name_ids_.end()) {
+    it = name_ids_.emplace(name, static_cast<uint32_t>(names_.size())).first;
+    names_.push_back(name);
+  }
+  events_.push_back({track, it->second, start, end, bytes, group});
+}
 
 double StatsRecorder::Now() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
@@ -37,7 +58,81 @@ void StatsRecorder::End(Resource r) {
 void StatsRecorder::Span(Resource r, const char* name, double start_s, double end_s, uint64_t bytes) {
   if (trace_path_.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  if (events_.size() < 4'000'000) events_.push_back({static_cast<int>(r), name, start_s, end_s, bytes});
+  Add(static_cast<int>(r), name, start_s, end_s, bytes, -1);
+}
+
+void StatsRecorder::CallSpan(const char* name, int group, double start_s, double end_s) {
+  if (trace_path_.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  Add(static_cast<int>(Resource::kCaller), name, start_s, end_s, 0, group);
+}
+
+// Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
+static bool IsUtf8(const std::string& s) {
+  static const uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80         ? 0
+                     : (c >> 5) == 6  ? 1
+                     : (c >> 4) == 14 ? 2
+                     : (c >> 3) == 30 ? 3
+                                      : 4;  // continuation bytes
+    if (n == 4 || n >= s.size() - i) return false;
+    uint32_t cp = n == 0 ? c : c & (0x3fu >> n);
+    for (size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xc0) != 0x80) return false;
+      cp = cp << 6 | (d & 0x3fu);
+    }
+    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+int StatsRecorder::TrackOfThisThread() {
+  auto [it, added] =
+      thread_tracks_.emplace(std::this_thread::get_id(), static_cast<int>(open_stacks_.size()));
+  if (added) open_stacks_.emplace_back();
+  return it->second;
+}
+
+Result<uint64_t> StatsRecorder::BeginUserSpan(const char* name) {
+  if (name == nullptr) return InvalidError("span name is NULL");
+  const std::string n = name;
+  if (n.empty() || n.size() > kMaxSpanName)
+    return InvalidError("span name '" + n.substr(0, 64) + "' has " + std::to_string(n.size()) +
+                        " bytes; it must have 1.." + std::to_string(kMaxSpanName));
+  if (!IsUtf8(n)) return InvalidError("span name '" + n.substr(0, 64) + "' is not UTF-8");
+  const double now = Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (open_.size() >= kMaxOpenSpans)
+    return InvalidError("span '" + n + "': " + std::to_string(open_.size()) +
+                        " spans are open already (spans must be ended)");
+  const int track = TrackOfThisThread();
+  const uint64_t token = next_token_++;
+  open_.emplace(token, OpenSpan{n, track, now});
+  open_stacks_[static_cast<size_t>(track)].push_back(token);
+  return token;
+}
+
+Status StatsRecorder::EndUserSpan(uint64_t token) {
+  const double now = Now();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = open_.find(token);
+  if (it == open_.end())
+    return InvalidError("span token " + std::to_string(token) +
+                        " is not open (never begun, or already ended)");
+  const OpenSpan& span = it->second;
+  std::vector<uint64_t>& stack = open_stacks_[static_cast<size_t>(span.track)];
+  if (stack.back() != token)  // a token on the stack is open: the innermost one is there too
+    return InvalidError("span '" + span.name + "' (token " + std::to_string(token) + ") cannot end before '" +
+                        open_.at(stack.back()).name + "' (token " + std::to_string(stack.back()) +
+                        "), begun inside it on the same thread and still open: spans of one thread nest");
+  stack.pop_back();
+  if (!trace_path_.empty()) Add(kUserTrack0 + span.track, span.name, span.start, now, 0, -1);
+  open_.erase(it);
+  return Status::Ok();
 }
 
 void StatsRecorder::AddMoved(TierKind from, TierKind to, uint64_t bytes) {
@@ -83,8 +178,7 @@ void StatsRecorder::StepEnd(bool skipped) {
   stats_.overlap_efficiency = stats_.step_wall_s > 0 ? busiest / stats_.step_wall_s : 0;
   ++stats_.steps;
   if (skipped) ++stats_.skipped_steps;
-  if (!trace_path_.empty() && events_.size() < 4'000'000)
-    events_.push_back({3, skipped ? "step (skipped)" : "step", step_start_, now, 0});
+  if (!trace_path_.empty()) Add(3, skipped ? "step (skipped)" : "step", step_start_, now, 0, -1);
 }
 
 EngineStats StatsRecorder::Snapshot() const {
@@ -92,36 +186,104 @@ EngineStats StatsRecorder::Snapshot() const {
   return stats_;
 }
 
+// A name as a JSON string's contents (names are UTF-8: checked when begun).
+static std::string JsonEscaped(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      out += b;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+// Seconds as the trace's microseconds, exact to the nanosecond: a span that
+// lies inside another (in the recorder's clock) lies inside it in the file.
+static long long Nanos(double s) { return std::max(0LL, std::llround(s * 1e9)); }
+static std::string Micros(long long ns) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%lld.%03lld", ns / 1000, ns % 1000);
+  return b;
+}
+
 Status StatsRecorder::WriteTrace() const {
   if (trace_path_.empty()) return Status::Ok();
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> write_lock(write_mu_);
+  // A copy, so that spans keep being recorded (I/O threads among others)
+  // while the file is written. Open spans go in as ending now, unfinished.
+  std::vector<Event> events;
+  std::vector<std::string> names;
+  size_t first_open = 0;  // events[first_open..] are the open spans
+  size_t tracks = 0;
+  uint64_t dropped = 0;
+  {
+    const double now = Now();
+    std::lock_guard<std::mutex> lock(mu_);
+    events = events_;
+    first_open = events.size();
+    names = names_;
+    for (const auto& stack : open_stacks_)
+      for (uint64_t token : stack) {
+        const OpenSpan& o = open_.at(token);
+        names.push_back(o.name);  // the copy's own id for it
+        events.push_back(
+            {kUserTrack0 + o.track, static_cast<uint32_t>(names.size() - 1), o.start, now, 0, -1});
+      }
+    tracks = open_stacks_.size();
+    dropped = dropped_;
+  }
   const std::string tmp = trace_path_ + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return PosixError("open trace", tmp, errno);
-  std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-  for (int t = 0; t < 4; ++t)
-    std::fprintf(f, "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}},\n",
-                 rank_, t, kTrackNames[t]);
+  std::fprintf(
+      f,
+      "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":%d,\"dropped_events\":%llu},\"traceEvents\":[\n",
+      rank_, static_cast<unsigned long long>(dropped));
   std::fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_, rank_);
+  for (size_t t = 0; t < 4 + tracks; ++t)
+    std::fprintf(
+        f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%zu,\"args\":{\"name\":\"%s%s\"}}",
+        rank_, t, t < 4 ? kTrackNames[t] : "trainer thread ", t < 4 ? "" : std::to_string(t - 4).c_str());
   uint64_t id = 0;
-  for (const Event& e : events_) {
+  for (size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    const std::string name = JsonEscaped(names[e.name]);
+    const long long start = Nanos(e.start), end = std::max(start, Nanos(e.end));
     if (e.track == 0) {  // concurrent I/O: async begin/end pairs
-      std::fprintf(f, ",\n{\"ph\":\"b\",\"cat\":\"io\",\"name\":\"%s\",\"id\":%llu,\"pid\":%d,\"tid\":0,\"ts\":%.3f,\"args\":{\"bytes\":%llu}}",
-                   e.name, static_cast<unsigned long long>(id), rank_, e.start * 1e6, static_cast<unsigned long long>(e.bytes));
-      std::fprintf(f, ",\n{\"ph\":\"e\",\"cat\":\"io\",\"name\":\"%s\",\"id\":%llu,\"pid\":%d,\"tid\":0,\"ts\":%.3f}",
-                   e.name, static_cast<unsigned long long>(id), rank_, e.end * 1e6);
+      std::fprintf(f,
+                   ",\n{\"ph\":\"b\",\"cat\":\"io\",\"name\":\"%s\",\"id\":%llu,\"pid\":%d,\"tid\":0,\"ts\":%"
+                   "s,\"args\":{\"bytes\":%llu}}",
+                   name.c_str(), static_cast<unsigned long long>(id), rank_, Micros(start).c_str(),
+                   static_cast<unsigned long long>(e.bytes));
+      std::fprintf(
+          f, ",\n{\"ph\":\"e\",\"cat\":\"io\",\"name\":\"%s\",\"id\":%llu,\"pid\":%d,\"tid\":0,\"ts\":%s}",
+          name.c_str(), static_cast<unsigned long long>(id), rank_, Micros(end).c_str());
       ++id;
-    } else {
-      std::fprintf(f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"bytes\":%llu}}",
-                   e.name, rank_, e.track, e.start * 1e6, (e.end - e.start) * 1e6, static_cast<unsigned long long>(e.bytes));
+      continue;
     }
+    std::string args;
+    if (e.track == 1 || e.track == 2) args = "\"bytes\":" + std::to_string(e.bytes);
+    if (e.group >= 0) args = "\"group\":" + std::to_string(e.group);
+    if (i >= first_open) args = "\"unfinished\":true";
+    std::fprintf(
+        f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%s,\"args\":{%s}}",
+        name.c_str(), rank_, e.track, Micros(start).c_str(), Micros(end - start).c_str(), args.c_str());
   }
   std::fprintf(f, "\n]}\n");
-  if (std::fflush(f) != 0 || std::ferror(f)) {
-    std::fclose(f);
-    return PosixError("write trace", tmp, errno);
+  const bool written = std::fflush(f) == 0 && !std::ferror(f);
+  const int write_errno = errno;
+  if (std::fclose(f) != 0 || !written) {
+    ::unlink(tmp.c_str());
+    return PosixError("write trace", tmp, written ? errno : write_errno);
   }
-  std::fclose(f);
   if (std::rename(tmp.c_str(), trace_path_.c_str()) != 0) return PosixError("rename trace", trace_path_, errno);
   return Status::Ok();
 }

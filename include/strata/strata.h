@@ -9,12 +9,16 @@
  *   if (strata_engine_create(json, NULL, &e) != STRATA_OK)
  *     fprintf(stderr, "%s\n", strata_last_error());
  *   uint64_t off;
- *   strata_engine_add_param(e, 0, "blk0.w", n, w_init, &off);  // ... every tensor
+ *   const int64_t dims[2] = {rows, cols};
+ *   strata_engine_add_param_shaped(e, 0, "blk0.w", 2, dims, w_init, &off);  // ... every tensor
  *   strata_engine_build(e);
  *   for (int step = 0; step < steps; ++step) {
  *     void* p;
+ *     uint64_t span;
+ *     strata_engine_span_begin(e, "fwd+bwd", &span);  // in the trace, if configured
  *     strata_engine_fetch(e, 0, stream, &p);   // group 0 in the compute dtype
  *     ... forward and backward with p ...
+ *     strata_engine_span_end(e, span);
  *     strata_engine_release(e, 0, stream);
  *     strata_engine_grads(e, 0, grads, STRATA_DTYPE_F32, stream);
  *     strata_step_options_t opt = STRATA_STEP_OPTIONS_INIT;
@@ -34,7 +38,9 @@
  *     (see strata_engine_step) also breaks it, but there a checkpoint load
  *     brings it back.
  *   - One thread at a time drives an engine (the caller serializes); distinct
- *     engines may be driven from distinct threads. The engine runs its own I/O,
+ *     engines may be driven from distinct threads. (The trace calls,
+ *     strata_engine_span_begin/_end and strata_engine_write_trace, are the
+ *     exception: any thread, any time.) The engine runs its own I/O,
  *     copy and prefetch threads internally.
  *   - Warnings and notes go to stderr as "[strata W] ..." lines. The
  *     environment variable STRATA_LOG_LEVEL (trace, debug, info, warning or
@@ -158,9 +164,32 @@ STRATA_API strata_status_t strata_engine_destroy(strata_engine_t* engine);
  * have no gaps at build). `init` holds numel fp32 values, or is NULL for
  * zeros; it is copied during the call. On STRATA_OK, *offset_out (may be
  * NULL) receives the tensor's offset, in elements, inside its group's buffer.
- * REQUIRES: before strata_engine_build. Errors: INVALID, STATE. */
+ * The tensor has no shape: strata-export writes it flat (1-D); see
+ * strata_engine_add_param_shaped. REQUIRES: before strata_engine_build.
+ * Errors: INVALID, STATE. */
 STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int group, const char* name,
                                                    uint64_t numel, const float* init, uint64_t* offset_out);
+
+/* The most dims strata_engine_add_param_shaped takes. */
+#define STRATA_MAX_NDIM 32
+
+/* strata_engine_add_param with a shape: `ndim` dims in `shape`, outermost
+ * first (row-major, as torch and numpy lay tensors out); ndim 0 is a scalar
+ * (one element; `shape` may then be NULL). The tensor has the product of the
+ * dims as its numel, and `init` (NULL = zeros) holds that many fp32 values.
+ * The shape is kept with the tensor and recorded in checkpoints, so that
+ * strata-export writes the tensor in it (a tensor registered with
+ * strata_engine_add_param is exported flat, 1-D). A checkpoint that holds
+ * a shape loads only into an engine that registers that tensor with the
+ * same shape or with none (INVALID names the tensor and both shapes); a
+ * checkpoint without shapes loads either way. On STRATA_OK, *offset_out
+ * (may be NULL) receives the tensor's offset, in elements, in its group.
+ * REQUIRES: before strata_engine_build. Errors: INVALID naming the tensor
+ * (NULL name or shape, ndim outside 0..STRATA_MAX_NDIM, a dim < 1, more than
+ * 2^40 elements, a name already used in the group), STATE. */
+STRATA_API strata_status_t strata_engine_add_param_shaped(strata_engine_t* engine, int group,
+                                                          const char* name, int ndim, const int64_t* shape,
+                                                          const float* init, uint64_t* offset_out);
 
 /* Lays the groups out, allocates every block in its home tier, reserves swap
  * space and writes the initial state. Swap files are created in the swap
@@ -380,6 +409,46 @@ typedef struct strata_stats {
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* stats);
+
+/* ---- Trace -------------------------------------------------------------- */
+
+/* With "strata": {"trace_path": PATH} in the config, the engine records a
+ * Chrome trace (JSON; Perfetto and chrome://tracing open it), pid = rank:
+ * its disk and copy I/O, the CPU optimizer's updates, and on the "caller"
+ * track its calls: "fetch" (args.group), "stall" inside a fetch that waited
+ * for its data, "grads" (per call, args.group) and "step". The trainer adds
+ * its own spans ("forward", "backward", ...) with the calls below, on a
+ * track per thread that begins them (a thread that has ended may pass its
+ * id, and so its track, to a later thread). The file is written at
+ * strata_engine_destroy and whenever strata_engine_write_trace is called;
+ * times are microseconds since the engine was created.
+ *
+ * Unlike the rest of the API, these three calls are thread-safe: any thread
+ * may call them at any time, also while another thread drives the engine,
+ * and they work on a broken engine (but not after strata_engine_destroy).
+ * Without a trace path, spans are checked as below but not recorded. */
+
+/* Opens a span named `name` (UTF-8, 1 to 256 bytes, copied) that starts now
+ * and sets *token_out to its token (never 0), for strata_engine_span_end.
+ * Errors: INVALID (NULL engine, name or token_out; a bad name; 100000
+ * spans already open). */
+STRATA_API strata_status_t strata_engine_span_begin(strata_engine_t* engine, const char* name,
+                                                    uint64_t* token_out);
+
+/* Closes the span of `token`: it ends now. Any thread may end it; it lies on
+ * the track of the thread that began it. Spans begun on one thread nest:
+ * only the innermost open span of that thread may end.
+ * Errors: INVALID (a token that is not open: never begun or already ended;
+ * a span that is not the innermost open one of its thread, named in the
+ * message). A refused call changes nothing. */
+STRATA_API strata_status_t strata_engine_span_end(strata_engine_t* engine, uint64_t token);
+
+/* Writes the trace file now, with every span recorded so far; spans still
+ * open are written as ending now, with args.unfinished. The file is
+ * replaced whole (written to PATH.tmp, then renamed): it is valid JSON
+ * after each write. Errors: INVALID (NULL engine), CONFIG (no
+ * strata.trace_path in the config), IO (naming the file). */
+STRATA_API strata_status_t strata_engine_write_trace(strata_engine_t* engine);
 
 /* ---- The optimizer alone ------------------------------------------------ */
 

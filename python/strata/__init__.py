@@ -2,9 +2,10 @@
 
     import strata
     with strata.Engine({"zero_optimization": {"stage": 1}}) as e:
-        e.add_param(0, "w", 1024, init=torch.randn(1024))
+        e.add_param(0, "fc.weight", torch.randn(32, 1024))  # its shape is kept
         e.build()
-        ...
+        with e.span("forward"):  # in the trace, with "strata": {"trace_path": ...}
+            ...
 
 The library is found through $STRATA_LIBRARY, else as libstrata.so.0 on the
 loader's path. No compile step. strata.torch holds the PyTorch integration
@@ -104,6 +105,8 @@ def _load():
         "strata_engine_create": ([ctypes.c_char_p, ctypes.POINTER(_EngineOptions), ctypes.POINTER(P)], S),
         "strata_engine_destroy": ([P], S),
         "strata_engine_add_param": ([P, I, ctypes.c_char_p, U64, P, ctypes.POINTER(U64)], S),
+        "strata_engine_add_param_shaped": ([P, I, ctypes.c_char_p, I, ctypes.POINTER(ctypes.c_int64), P,
+                                            ctypes.POINTER(U64)], S),
         "strata_engine_build": ([P], S),
         "strata_engine_fetch": ([P, I, P, ctypes.POINTER(P)], S),
         "strata_engine_release": ([P, I, P], S),
@@ -124,6 +127,9 @@ def _load():
         "strata_engine_write_state": ([P, I, I, P], S),
         "strata_engine_get_steps": ([P, ctypes.POINTER(ctypes.c_int64)], S),
         "strata_engine_set_steps": ([P, ctypes.c_int64], S),
+        "strata_engine_span_begin": ([P, ctypes.c_char_p, ctypes.POINTER(U64)], S),
+        "strata_engine_span_end": ([P, U64], S),
+        "strata_engine_write_trace": ([P], S),
         "strata_checkpoint_load": ([P, ctypes.c_char_p, ctypes.c_char_p, P, ctypes.POINTER(U64)], S),
     }
     for name, (args, res) in sigs.items():
@@ -182,6 +188,23 @@ def _stream_handle(stream):
     return getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
 
 
+def _shape_tuple(name, shape):
+    """`shape` (a sequence of ints, or a torch.Size) as a tuple of ints; anything
+    else is refused naming the tensor."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise Error(INVALID, f"add_param '{name}': shape {shape!r} is not a sequence of ints") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
+            raise Error(INVALID, f"add_param '{name}': shape {shape!r} holds {d!r}, not an int")
+    dims = tuple(int(d) for d in dims)
+    for i, d in enumerate(dims):
+        if d >= 1 << 62:  # ctypes would wrap it silently
+            raise Error(INVALID, f"add_param '{name}': dim {i} of shape {list(dims)} is too large")
+    return dims
+
+
 def _numel(x):
     if isinstance(x, int):
         return x
@@ -238,11 +261,24 @@ class Engine:
         return self._h
 
     # -- registration
-    def add_param(self, group, name, tensor_or_numel, init=None):
+    def add_param(self, group, name, tensor_or_numel, init=None, shape=None):
         """Registers a tensor in `group`; returns its offset (elements) in the
-        group's buffer. `tensor_or_numel`: a tensor (its values are the initial
-        ones unless `init` is given) or an element count (zeros unless `init`)."""
+        group's buffer. `tensor_or_numel`: a tensor or array (its values are
+        the initial ones unless `init` is given, and its shape is kept unless
+        `shape` is given) or an element count (zeros unless `init`; flat
+        unless `shape`). The shape is recorded in checkpoints, so that
+        strata-export writes the tensor in it."""
         numel = _numel(tensor_or_numel)
+        if shape is None and not isinstance(tensor_or_numel, int):
+            shape = tuple(tensor_or_numel.shape)
+        if shape is not None:
+            shape = _shape_tuple(name, shape)
+            n = 1
+            for d in shape:
+                n *= d
+            if n != numel and all(d >= 1 for d in shape):  # a dim < 1: the library names it
+                raise Error(INVALID, f"add_param '{name}': shape {list(shape)} has {n} elements; "
+                            f"the tensor has {numel}")
         if init is None and not isinstance(tensor_or_numel, int):
             init = tensor_or_numel
         keep = None
@@ -251,8 +287,13 @@ class Engine:
             if _numel(keep) != numel:
                 raise Error(INVALID, f"{name}: init has {_numel(keep)} elements, not {numel}")
         off = ctypes.c_uint64()
-        _check(self._lib.strata_engine_add_param(self.handle, group, name.encode(), numel, _address(keep),
-                                                 ctypes.byref(off)))
+        if shape is None:
+            _check(self._lib.strata_engine_add_param(self.handle, group, name.encode(), numel, _address(keep),
+                                                     ctypes.byref(off)))
+        else:
+            dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+            _check(self._lib.strata_engine_add_param_shaped(self.handle, group, name.encode(), len(shape), dims,
+                                                            _address(keep), ctypes.byref(off)))
         return off.value
 
     def build(self):
@@ -416,6 +457,20 @@ class Engine:
                          if isinstance(v, _TierStats) else v)
         return out
 
+    # -- trace (config "strata": {"trace_path": ...})
+    def span(self, name):
+        """A context manager that records a span named `name` ("forward",
+        "backward", ...) in the engine's trace, on this thread's track,
+        beside the engine's own fetch, stall, grads and step spans. Spans
+        opened on one thread nest. Any thread may use it, also while another
+        drives the engine. Without a trace path it records nothing."""
+        return _Span(self, name)
+
+    def write_trace(self):
+        """Writes the trace file now (it is also written at close()); spans
+        still open appear as ending now, marked unfinished."""
+        _check(self._lib.strata_engine_write_trace(self.handle))
+
     def as_tensor(self, address, numel):
         """A torch tensor of `numel` compute-dtype elements viewing `address`
         (device memory when on_gpu, else host memory). It does not own it."""
@@ -431,6 +486,27 @@ class Engine:
             ctype = ctypes.c_float if dtype == torch.float32 else ctypes.c_int16
             raw = torch.from_numpy(np.ctypeslib.as_array((ctype * numel).from_address(address)))
         return raw if dtype == torch.float32 else raw.view(dtype)
+
+
+class _Span:
+    """What Engine.span returns: begins the span on enter, ends it on exit."""
+
+    def __init__(self, engine, name):
+        self._engine, self._name, self._token = engine, name, None
+
+    def __enter__(self):
+        if not isinstance(self._name, str):
+            raise TypeError(f"a span name is a str, not {type(self._name).__name__}")
+        token = ctypes.c_uint64()
+        e = self._engine
+        _check(e._lib.strata_engine_span_begin(e.handle, self._name.encode("utf-8"), ctypes.byref(token)))
+        self._token = token.value
+        return self
+
+    def __exit__(self, *exc):
+        token, self._token = self._token, None
+        _check(self._engine._lib.strata_engine_span_end(self._engine.handle, token))
+        return False
 
 
 def _step_options(lr, betas, eps, weight_decay, max_grad_norm=None):

@@ -198,6 +198,10 @@ class OffloadAdam(torch.optim.Optimizer):
     {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme",
     "nvme_path": "/mnt/nvme"}}}; the optimizer section is filled in here.
     Do not enable bf16/fp16 in it unless the parameters are that dtype.
+
+    `params` may come named, as model.named_parameters() yields them: the
+    engine then registers each under its name (its state_dict key), so that
+    strata-export of the engine's checkpoint loads into the model.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, config=None,
@@ -206,6 +210,7 @@ class OffloadAdam(torch.optim.Optimizer):
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid hyperparameters lr={lr} betas={betas} eps={eps} weight_decay={weight_decay}")
         self._config = _config_dict(config)
+        params, self._param_names = _split_names(params)
         self._bucket_numel = bucket_numel
         self._force_no_gpu = force_no_gpu
         self._rank, self._world_size = _resolve_ranks(rank, world_size, "OffloadAdam")
@@ -235,7 +240,7 @@ class OffloadAdam(torch.optim.Optimizer):
         opt.setdefault("params", {}).update(lr=group["lr"], betas=list(group["betas"]), eps=group["eps"],
                                             weight_decay=group["weight_decay"])
         return _GroupEngine(cfg, group["params"], self._bucket_numel, self._force_no_gpu, self._rank,
-                            self._world_size)
+                            self._world_size, self._param_names)
 
     @property
     def rank(self):
@@ -341,11 +346,35 @@ class OffloadAdam(torch.optim.Optimizer):
             pass
 
 
+def _split_names(params):
+    """`params` as torch.optim takes them, and {id(param): name} for those
+    given as (name, param) pairs, as model.named_parameters() yields them."""
+    names = {}
+
+    def strip(seq):
+        out = []
+        for x in seq:
+            if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str):
+                names[id(x[1])] = x[0]
+                x = x[1]
+            out.append(x)
+        return out
+
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        groups = []
+        for g in params:
+            ps = g["params"]
+            groups.append(dict(g, params=[ps] if isinstance(ps, torch.Tensor) else strip(ps)))
+        return groups, names
+    return strip(params), names
+
+
 class _GroupEngine:
     """One torch param group on one engine: parameters packed in buckets of up
     to bucket_numel elements, one engine group per bucket."""
 
-    def __init__(self, cfg, params, bucket_numel, force_no_gpu, rank=0, world_size=1):
+    def __init__(self, cfg, params, bucket_numel, force_no_gpu, rank=0, world_size=1, names=None):
         self.params = list(params)
         self.folders = _swap_folders(cfg)
         self.handed = False  # this step's gradients are in the engine (clip_grad_norm_)
@@ -368,7 +397,10 @@ class _GroupEngine:
         for g, bucket in enumerate(self.buckets):
             entries = []
             for i, p in enumerate(bucket):
-                entries.append((p, self.engine.add_param(g, f"p{g}.{i}", p.detach())))
+                # The model's name (its state_dict key) where the parameters
+                # came named, so that strata-export's file loads into the model.
+                name = (names or {}).get(id(p), f"p{g}.{i}")
+                entries.append((p, self.engine.add_param(g, name, p.detach())))
             layout.append((g, entries))
         self.buckets = layout
         self.engine.build()

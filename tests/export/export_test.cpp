@@ -11,8 +11,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -325,6 +328,123 @@ TEST(Export, RefusesMissingRankAndBadUsage) {
   ExpectRefused(folder, s, folder + "/manifest.json", "does not match");
   EXPECT_EQ(Export(s.dir.path(), s.dir.path() + "/x.safetensors", "f16").code, 2);
   EXPECT_EQ(Export(s.dir.path() + "/nope", s.dir.path() + "/x.safetensors", "f32").code, 1);
+}
+
+// The safetensors header and data section of an exported file.
+std::pair<Json, std::string> ReadExport(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(all[static_cast<size_t>(i)]);
+  return {Json::parse(all.substr(8, n)), all.substr(8 + n)};
+}
+
+// A copy of step2 whose manifest gives some tensors a shape, resealed.
+std::string ShapedCopy(const Saved& s, const std::string& name, const std::map<std::string, Json>& shapes) {
+  const std::string folder = s.dir.path() + "/" + name;
+  fs::copy(s.dir.path() + "/step2", folder, fs::copy_options::recursive);
+  Json m = Json::parse(std::ifstream(folder + "/manifest.json"));
+  for (auto& g : m["groups"])
+    for (auto& t : g["tensors"]) {
+      EXPECT_FALSE(t.contains("shape")) << "registered by numel: no shape";
+      auto it = shapes.find(t["name"].get<std::string>());
+      if (it != shapes.end()) t["shape"] = it->second;
+    }
+  std::ofstream(folder + "/manifest.json") << manifest::Seal(m.dump());
+  return folder;
+}
+
+TEST(Export, TensorsInTheirManifestShapes) {
+  Saved& s = Checkpoint();
+  const std::string folder = ShapedCopy(s, "shaped",
+                                        {{"embed.weight", {70, 100}},
+                                         {"lm_head.weight", {10, 50, 10}},
+                                         {"embed.bias", {13}},
+                                         {"blocks.0.ln_1.bias", {1, 33, 1}}});
+  const std::string flat_out = s.dir.path() + "/flat.safetensors",
+                    shaped_out = s.dir.path() + "/shaped.safetensors";
+  ASSERT_EQ(Export(s.dir.path() + "/step2", flat_out, "f32").code, 0);
+  ASSERT_EQ(Export(folder, shaped_out, "f32").code, 0);
+  const auto [flat_h, flat_data] = ReadExport(flat_out);
+  const auto [h, data] = ReadExport(shaped_out);
+  EXPECT_EQ(h["embed.weight"]["shape"], Json::array({70, 100}));
+  EXPECT_EQ(h["lm_head.weight"]["shape"], Json::array({10, 50, 10}));
+  EXPECT_EQ(h["blocks.0.ln_1.bias"]["shape"], Json::array({1, 33, 1}));
+  EXPECT_EQ(h["blocks.0.ln_1.weight"]["shape"], Json::array({33}));  // none in the manifest: flat
+  EXPECT_EQ(flat_h["embed.weight"]["shape"], Json::array({7000}));
+  // The same values in the same places: a shape only changes the header.
+  EXPECT_EQ(data, flat_data);
+  for (const auto& [name, v] : flat_h.items()) {
+    if (name != "__metadata__") {
+      EXPECT_EQ(h[name]["data_offsets"], v["data_offsets"]) << name;
+    }
+  }
+  fs::remove(flat_out);
+  fs::remove(shaped_out);
+}
+
+TEST(Export, RefusesImpossibleShapes) {
+  Saved& s = Checkpoint();
+  const std::string big = "1099511627776";  // 2^40: a dim may be that large, not a product of two
+  const std::vector<std::pair<Json, std::string>> cases = {
+      {Json::array({70, 99}), "groups[0].tensors[0].shape has 6930 elements; numel is 7000"},
+      {Json::array({0, 7000}), "groups[0].tensors[0].shape[0] is not an integer in 1.."},
+      {Json::array({-7000}), "groups[0].tensors[0].shape[0] is not an integer"},
+      {Json::array({"7000"}), "groups[0].tensors[0].shape[0] is not an integer"},
+      {Json::parse("[" + big + ", " + big + "]"), "groups[0].tensors[0].shape has more than"},
+      {Json(7000), "groups[0].tensors[0].shape is not an array"},
+      {Json(std::vector<int>(33, 1)), "groups[0].tensors[0].shape has 33 entries"},
+  };
+  int k = 0;
+  for (const auto& [shape, why] : cases) {
+    const std::string folder = ShapedCopy(s, "bad" + std::to_string(k++), {{"embed.weight", shape}});
+    ExpectRefused(folder, s, folder + "/manifest.json", why);
+  }
+}
+
+// A checkpoint saved without shapes (registered by numel, or by an older
+// engine) loads into an engine that registers shapes; one with shapes
+// refuses an engine whose shapes differ, naming the tensor.
+TEST(Export, ShapelessCheckpointLoadsIntoAShapedEngine) {
+  Saved& s = Checkpoint();
+  auto load_into = [&](const std::string& folder, const std::vector<uint64_t>& embed_shape) -> Status {
+    testing::TempDir swap;
+    auto cfg = ParseConfig(Config(swap.path()));
+    EXPECT_TRUE(cfg.ok());
+    EngineOptions opt;
+    opt.force_no_gpu = true;
+    auto e = Engine::Create(*cfg, opt);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    for (const Tensor& t : kTensors) {
+      const std::vector<uint64_t> shape =
+          t.name == "embed.weight" ? embed_shape : std::vector<uint64_t>{t.numel};
+      EXPECT_TRUE((*e)->AddShapedParam(t.group, t.name, shape, nullptr).ok());
+    }
+    EXPECT_TRUE((*e)->Build().ok());
+    std::vector<uint8_t> blob;
+    const std::string dir = fs::path(folder).parent_path().string(),
+                      tag = fs::path(folder).filename().string();
+    Status st = (*e)->LoadCheckpoint(dir, tag, &blob);
+    if (!st.ok()) return st;
+    for (int g = 0; g < (*e)->num_groups(); ++g) {
+      std::vector<float> w((*e)->group_numel(g));
+      EXPECT_TRUE((*e)->ReadMaster(g, w.data()).ok());
+      const std::vector<float>& want = s.master[static_cast<size_t>(g)];  // bitwise: edge.values holds NaNs
+      EXPECT_TRUE(w.size() == want.size() && std::memcmp(w.data(), want.data(), w.size() * 4) == 0)
+          << "group " << g;
+    }
+    return st;
+  };
+  Status st = load_into(s.dir.path() + "/step2", {70, 100});
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  const std::string shaped = ShapedCopy(s, "shaped_load", {{"embed.weight", {70, 100}}});
+  st = load_into(shaped, {70, 100});
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  st = load_into(shaped, {100, 70});
+  EXPECT_EQ(st.code(), Code::kInvalid);
+  EXPECT_NE(st.message().find("tensor 'embed.weight' of group 0 has shape [70, 100]"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("the engine's is [100, 70]"), std::string::npos) << st.message();
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // What strata-export needs from a Strata checkpoint: for every group, its
-// tensors (name, offset, numel within the group) and where each rank's W
+// tensors (name, offset, numel within the group, shape) and where each rank's W
 // shard lies (file, offset, bytes, XXH3), in rank order. Read from
 // DIR/TAG/manifest.json and checked against the data files' sizes; the
 // manifest is JSON from disk, so any surprise in it is a CORRUPT error.
@@ -17,6 +17,7 @@ struct TensorRef {
   std::string name;
   uint64_t offset = 0;  // elements from the group's start
   uint64_t numel = 0;
+  std::vector<uint64_t> shape;  // the registered shape (product: numel), else {numel}
 };
 
 // Shard r's W block of a group (written by rank r): it covers elements

@@ -164,7 +164,12 @@ Result<ExportSummary> ExportSafetensors(const CheckpointPlan& plan, const std::s
   for (const GroupRef& g : plan.groups) {
     first_entry.push_back(entries.size());
     for (const TensorRef& t : g.tensors) {
-      entries.push_back({t.name, options.dtype, {t.numel}, 0, 0});
+      uint64_t n = 1;
+      for (uint64_t d : t.shape) n *= d;
+      if (n != t.numel)  // the plan's promise; a mismatch would misplace every later tensor
+        return InternalError("strata-export: tensor '" + t.name + "' has " + std::to_string(t.numel) +
+                             " elements but a shape of " + std::to_string(n));
+      entries.push_back({t.name, options.dtype, t.shape, 0, 0});
       sum.elements += t.numel;
     }
   }

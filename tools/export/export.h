@@ -1,6 +1,7 @@
 // Streams a checkpoint's fp32 master weights (W), gathered across the ranks'
 // shards with padding dropped, into one safetensors file named by the
-// trainer's parameter names. Memory stays bounded by the buffer size (plus
+// trainer's parameter names, each tensor in its registered shape (flat
+// when it has none). Memory stays bounded by the buffer size (plus
 // half of it for bf16), whatever the model's size; every W block read is
 // checked against its XXH3, and the output appears (renamed into place)
 // only when all of it was written and fsynced.
