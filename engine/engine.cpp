@@ -86,6 +86,18 @@ Status Engine::Impl::InitRanks() {
   return Status::Ok();
 }
 
+// With several ranks each writes its own trace: "run/trace.json" becomes
+// "run/trace.rank1.json" (one file, overwritten by every rank, otherwise).
+std::string Engine::Impl::RankTracePath(const std::string& path) const {
+  if (path.empty() || !multi()) return path;
+  const std::string tag = ".rank" + std::to_string(options_.rank);
+  const size_t slash = path.rfind('/');
+  const size_t dot = path.rfind('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash) || dot == slash + 1)
+    return path + tag;
+  return path.substr(0, dot) + tag + path.substr(dot);
+}
+
 Status Engine::Impl::Init() {
   // A Config built in code is held to the parser's rules (aio.queue_depth, ...)
   // before anything is created from it; machine and model facts come at Build.
@@ -98,7 +110,7 @@ Status Engine::Impl::Init() {
   if (opt != "adam" && opt != "adamw" && opt != "lion" && opt != "adagrad")
     return ConfigError("optimizer.type: '" + opt + "' is not one of Adam, AdamW, Lion, Adagrad");
   dtype_ = config_.compute_dtype();
-  stats_ = std::make_unique<StatsRecorder>(options_.rank, config_.strata.trace_path);
+  stats_ = std::make_unique<StatsRecorder>(options_.rank, RankTracePath(config_.strata.trace_path));
   UringOptions uo;
   uo.rings = config_.strata.io_rings;
   uo.queue_depth = static_cast<uint32_t>(config_.aio.queue_depth);  // in 1..kMaxQueueDepth: validated above

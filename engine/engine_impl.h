@@ -54,6 +54,7 @@ class Engine::Impl {
   ~Impl();
   Status Init();
   Status InitRanks();
+  std::string RankTracePath(const std::string& path) const;
   Status Build();
   Status BuildOnce();
   void UndoBuild();

@@ -888,7 +888,9 @@ class _ModuleGroup:
         # nothing, and autograd's AccumulateGrad, which shapes .grad after
         # the parameter, still sees the right shape.
         one = torch.zeros(1, dtype=o.dtype, device=o.device)
-        self.placeholders = {p: one.expand(self.shapes[p]) for p in self.params}
+        # A 0-d parameter cannot be expanded from one element: it gets its own.
+        self.placeholders = {p: one.expand(self.shapes[p]) if len(self.shapes[p]) else
+                             torch.zeros((), dtype=o.dtype, device=o.device) for p in self.params}
         for p in self.params:
             # The compute dtype first: changing a parameter's dtype gives it a
             # new AccumulateGrad node, which would not have our hook.
