@@ -169,6 +169,11 @@ int Run(Args a) {
   strata_engine_t* e = nullptr;
   if (strata_engine_create(tc.json.c_str(), &eo, &e) != STRATA_OK) return Fail(strata_last_error());
   struct Destroy { strata_engine_t* e; ~Destroy() { strata_engine_destroy(e); } } destroy{e};
+  int engine_rank = 0, engine_world = 0;  // never two ranks training copies of one another unnoticed
+  if (strata_engine_rank(e, &engine_rank, &engine_world) != STRATA_OK) return Fail(strata_last_error());
+  if (engine_rank != rank || engine_world != world)
+    return Fail("the engine runs as rank " + std::to_string(engine_rank) + " of " + std::to_string(engine_world) +
+                "; the launcher's variables say rank " + std::to_string(rank) + " of " + std::to_string(world));
   if (!RegisterGpt(cfg, e, a.seed, &error)) return Fail(error);
   std::unique_ptr<GptModel> model;
   if (a.gpu) model = MakeGptCuda(cfg, local_batch, a.seq);
