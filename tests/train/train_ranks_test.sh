@@ -7,6 +7,7 @@
 #             rank's own loss is that of its half of the batch.
 #   refusals  A global batch that does not split evenly is refused naming the
 #             numbers; the banner names the swap folder --config gives.
+#   resume    Saved and resumed on 2 ranks == the uninterrupted run, bitwise.
 #   torchrun  The same equality under torchrun's variables (skipped without torch).
 #
 # Tolerance: relative 1e-4 on each step's loss and gradient norm. The runs
@@ -17,9 +18,9 @@
 # or more: the two halves' losses differ from their mean by ~1e-3 relative at
 # step 1 (a wrong or shared slice), summed instead of averaged gradients
 # double the gradient norm.
-# Usage: train_ranks_test.sh stages|refusals|torchrun STRATA_TRAIN STRATA_LAUNCH
+# Usage: train_ranks_test.sh stages|refusals|resume|torchrun STRATA_TRAIN STRATA_LAUNCH
 set -euo pipefail
-MODE=${1:?usage: train_ranks_test.sh stages|refusals|torchrun STRATA_TRAIN STRATA_LAUNCH}
+MODE=${1:?usage: train_ranks_test.sh stages|refusals|resume|torchrun STRATA_TRAIN STRATA_LAUNCH}
 TRAIN=${2:?strata-train}
 LAUNCH=${3:?strata-launch}
 PY=/usr/bin/python3
@@ -113,6 +114,22 @@ elif [ "$MODE" = refusals ]; then
   ! grep -q /var/tmp/strata-train- "$WORK/banner.out" || fail "the banner names a /var/tmp folder"
   echo "ok: $(grep preset "$WORK/banner.out")"
   echo "2 passed, 0 failed"
+elif [ "$MODE" = resume ]; then
+  # Saved and resumed on 2 ranks (each saves and loads its own shards) ==
+  # the uninterrupted run, bitwise: losses of steps 7-8 and the final weights.
+  run=("${common[@]}" --weights-hash)
+  "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" "${run[@]}" >"$WORK/whole.out" 2>&1 || fail "2 ranks"
+  "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" "${run[@]}" --save "$WORK/ckpt" --save-every 6 >/dev/null 2>&1 ||
+    fail "2 ranks, saving"
+  "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" "${run[@]}" --resume "$WORK/ckpt" >"$WORK/resumed.out" 2>&1 ||
+    fail "2 ranks, resuming"
+  grep -q 'resumed from .* at step 6' "$WORK/resumed.out" || fail "did not resume at step 6"
+  grep -E '^\[rank 0\] (loss [78] |strata-train weights_hash)' "$WORK/whole.out" >"$WORK/a"
+  grep -E '^\[rank 0\] (loss |strata-train weights_hash)' "$WORK/resumed.out" >"$WORK/b"
+  [ "$(wc -l <"$WORK/a")" -eq 3 ] || fail "expected 2 loss lines and a hash: $(cat "$WORK/a")"
+  diff "$WORK/a" "$WORK/b" || fail "resumed on 2 ranks differs from the uninterrupted run"
+  echo "ok: resumed on 2 ranks == uninterrupted (steps 7-8, weights)"
+  echo "1 passed, 0 failed"
 elif [ "$MODE" = torchrun ]; then
   "$PY" -c "import torch.distributed.run" 2>/dev/null || { echo "skipped: torch.distributed.run not importable"; exit 77; }
   config "$WORK/c.json" 3 fp32
