@@ -1,16 +1,13 @@
 // strata-train: trains a GPT-2-style model larger than the device budget
 // through Strata's C API (its first embedding customer), on byte-level text.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "strata/strata.h"
 #include "tools/train/corpus.h"
