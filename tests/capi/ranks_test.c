@@ -25,12 +25,12 @@ static int failures = 0;
     }                                                                                             \
   } while (0)
 #define OK(call) EXPECT(STRATA_OK, "", call)
-#define CHECK(cond)                                                     \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                       \
-    }                                                                   \
+      ++failures;                                                              \
+    }                                                                          \
   } while (0)
 
 static const char* kConfig = "{\"optimizer\": {\"type\": \"AdamW\"}, \"zero_optimization\": {\"stage\": 1}}";
@@ -108,9 +108,13 @@ int main(void) {
     fprintf(stderr, "%s\n", strata_last_error());
     return 1;
   }
-  if (world == 1) alone();
-  else ranks(rank, world);
-  if (failures) fprintf(stderr, "%d failure(s)\n", failures);
-  else printf("capi_ranks_test (%d rank%s): ok\n", world, world > 1 ? "s" : "");
+  if (world == 1)
+    alone();
+  else
+    ranks(rank, world);
+  if (failures)
+    fprintf(stderr, "%d failure(s)\n", failures);
+  else
+    printf("capi_ranks_test (%d rank%s): ok\n", world, world > 1 ? "s" : "");
   return failures ? 1 : 0;
 }

@@ -15,13 +15,17 @@ namespace {
 using Json = nlohmann::json;
 
 Json BuiltinConfig(const ConfigInputs& in) {
-  Json j = {{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", in.lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8},
-                                                        {"weight_decay", in.weight_decay}}}}},
+  Json j = {{"optimizer",
+             {{"type", "AdamW"},
+              {"params",
+               {{"lr", in.lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", in.weight_decay}}}}},
             {"gradient_clipping", in.clip},
             {"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", 2e6}}},
             {"strata", {{"device_budget", in.device_budget}, {"host_budget", in.host_budget}}}};
-  if (in.fp16) j["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
-  else j["bf16"] = {{"enabled", true}};
+  if (in.fp16)
+    j["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
+  else
+    j["bf16"] = {{"enabled", true}};
   if (!in.resident) {
     // Without --nvme the folder is filled in after the merge, only if --config names none.
     Json offload = {{"device", "nvme"}};
@@ -62,12 +66,15 @@ Json* Member(Json& j, const char* key) {
 std::string Lower(const Json* v) {
   if (v == nullptr || !v->is_string()) return "";
   std::string s = v->get<std::string>();
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
 }
 
 // A key the engine reads as absent: missing, "" or "auto".
-bool Unset(const Json* v) { return v == nullptr || (v->is_string() && (Lower(v).empty() || Lower(v) == "auto")); }
+bool Unset(const Json* v) {
+  return v == nullptr || (v->is_string() && (Lower(v).empty() || Lower(v) == "auto"));
+}
 
 void AddOnce(std::vector<std::string>* list, const std::string& s) {
   if (std::find(list->begin(), list->end(), s) == list->end()) list->push_back(s);
