@@ -142,6 +142,9 @@ strata::Result<strata::StepOptions> ToStepOptions(const strata_step_options_t* o
   so.beta2 = StepValue(o.beta2);
   so.eps = StepValue(o.eps);
   so.weight_decay = StepValue(o.weight_decay);
+  // Zero is a value here (no clipping), negative the config's; NaN and
+  // infinities pass to the engine, which refuses them.
+  so.max_grad_norm = std::isfinite(o.max_grad_norm) && o.max_grad_norm < 0 ? -1 : o.max_grad_norm;
   return so;
 }
 
@@ -277,6 +280,15 @@ strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_op
   });
 }
 
+strata_status_t strata_engine_grad_norm(strata_engine_t* engine, double* norm) {
+  return OnEngine("strata_engine_grad_norm", engine, [&]() -> Status {
+    if (norm == nullptr) return strata::InvalidError("norm must not be NULL");
+    if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
+    STRATA_ASSIGN_OR_RETURN(*norm, engine->rep->GradNorm());
+    return Status::Ok();
+  });
+}
+
 strata_status_t strata_engine_read_master(strata_engine_t* engine, int group, float* out) {
   return OnEngine("strata_engine_read_master", engine, [&]() -> Status {
     if (out == nullptr) return strata::InvalidError("out must not be NULL");
@@ -372,6 +384,24 @@ strata_status_t strata_engine_group_numel(strata_engine_t* engine, int group, ui
     if (out == nullptr) return strata::InvalidError("out must not be NULL");
     STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
     *out = engine->rep->group_numel(group);
+    return Status::Ok();
+  });
+}
+
+strata_status_t strata_engine_config(strata_engine_t* engine, char* out, size_t* size) {
+  return OnEngine("strata_engine_config", engine, [&]() -> Status {
+    if (size == nullptr) return strata::InvalidError("size must not be NULL");
+    const std::string json = strata::ConfigToJson(engine->rep->config());
+    const size_t need = json.size() + 1;
+    if (out == nullptr || *size < need) {
+      const size_t had = *size;
+      *size = need;
+      if (out == nullptr) return Status::Ok();
+      return strata::InvalidError("the config is " + std::to_string(need) + " bytes with its NUL; the buffer holds " +
+                                  std::to_string(had));
+    }
+    std::memcpy(out, json.c_str(), need);
+    *size = need;
     return Status::Ok();
   });
 }

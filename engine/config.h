@@ -125,6 +125,15 @@ struct StrataConfig {
   //   "error"  nothing is updated and the step returns INVALID naming it;
   //   "apply"  the update runs with them (NaN reaches W, M, V for good).
   std::string nonfinite = "skip";
+  // How gradients from several ranks and several grads calls of a step
+  // combine (torch DDP's semantics by default):
+  //   "mean"  the sum over ranks and accumulation calls is divided by
+  //           world_size x grad_accumulation_steps; each rank hands the
+  //           gradient of its own mean loss, and the step sees the mean over
+  //           the global batch. The reported norm and gradient_clipping use
+  //           the averaged gradient.
+  //   "sum"   gradients are summed over ranks and calls, unscaled.
+  std::string grad_reduce = "mean";
   bool operator==(const StrataConfig&) const = default;
 };
 

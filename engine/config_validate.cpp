@@ -112,6 +112,9 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   const std::string& nf = c.strata.nonfinite;
   if (nf != "skip" && nf != "error" && nf != "apply")
     return ConfigError("strata.nonfinite: \"" + nf + "\" is not one of skip, error, apply");
+  const std::string& gr = c.strata.grad_reduce;
+  if (gr != "mean" && gr != "sum")
+    return ConfigError("strata.grad_reduce: \"" + gr + "\" is not one of mean, sum");
   if (c.aio.block_size > UringOptions::kMaxBlockSize)
     return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) + " is out of range; allowed: from 4096 to " +
                        std::to_string(UringOptions::kMaxBlockSize));

@@ -186,6 +186,16 @@ Status Engine::Impl::BuildOnce() {
   facts.world_size = static_cast<uint32_t>(sworld_);
   facts.has_gpu = device_->on_gpu();
   STRATA_RETURN_IF_ERROR(ValidateConfig(config_, facts));
+  // Several ranks start from rank 0's initial values, as torch DDP does: a
+  // rank whose model was initialized from another seed still trains the
+  // same model. (A rank that registered other groups fails here, naming it.)
+  if (multi())
+    for (int g = 0; g < part_.num_groups(); ++g) {
+      std::vector<float>& w0 = init_[static_cast<size_t>(g)];
+      comm_->SetLabel("init g" + std::to_string(g));
+      STRATA_RETURN_IF_ERROR(comm_->Broadcast(w0.data(), w0.size() * sizeof(float), 0)
+                                 .WithContext("build: rank 0's initial values of group " + std::to_string(g)));
+    }
 
   home_[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
   const TierKind opt_home = HomeOf(config_.zero.offload_optimizer.device);
@@ -307,7 +317,9 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   Status st = AccumulateG(group, src, dtype, real);
   if (src_buf) grad_staging_.Release(src_buf);
   if (!st.ok()) return st.WithContext("grads: group " + std::to_string(group));
-  if (overlap_ && prepared_ && gs.grad_calls == options_.grad_accumulation_steps && OverlapMayUpdate(*this, gs)) {
+  // An update before the step needs no norm: none with clipping asked for.
+  if (overlap_ && prepared_ && prepared_opts_.max_grad_norm <= 0 &&
+      gs.grad_calls == options_.grad_accumulation_steps && OverlapMayUpdate(*this, gs)) {
     gs.updated = true;
     EnqueueUpdate(group);
   }
@@ -392,7 +404,7 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
 
 static bool SameOptions(const StepOptions& a, const StepOptions& b) {
   return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
-         a.weight_decay == b.weight_decay;
+         a.weight_decay == b.weight_decay && a.max_grad_norm == b.max_grad_norm;
 }
 
 Status Engine::Impl::CheckUsable(const char* call, bool pending_ok) const {
@@ -429,12 +441,7 @@ Status Engine::Impl::RepairStaleP() {
   return st.WithContext("step: rewriting P from the committed master weights");
 }
 
-// The global norm of this step's gradients (the ranks' shards summed in
-// rank order) and the factor the update applies to them: clipping over the
-// loss scale. r->skipped when the step is held back (fp16 overflow,
-// strata.nonfinite), with *held saying why when that is an error. A resumed
-// step gets the same figures again: G and the loss scale are as they were.
-Status Engine::Impl::ScaleGradients(StepResult* r, double* grad_scale, Status* held) {
+Status Engine::Impl::GlobalSquares(double* sum_out, bool* finite_out) {
   double sum = 0;
   bool finite = true;
   for (const auto& gs : groups_) {
@@ -444,23 +451,55 @@ Status Engine::Impl::ScaleGradients(StepResult* r, double* grad_scale, Status* h
   }
   if (multi() && sworld_ > 1) {  // each rank holds a shard of G
     std::vector<double> sums(static_cast<size_t>(sworld_));
-    sums[static_cast<size_t>(srank_)] = sum;  // the label: Step's, naming the step and its options
+    sums[static_cast<size_t>(srank_)] = sum;  // the label: the caller's
     STRATA_RETURN_IF_ERROR(comm_->AllGather(&sums[static_cast<size_t>(srank_)], sums.data(), sizeof(double))
-                               .WithContext("step: gradient norm"));
+                               .WithContext("gradient norm"));
     sum = 0;
     for (double x : sums) sum += x;
     finite = std::isfinite(sum);
   }
+  *sum_out = sum;
+  *finite_out = finite;
+  return Status::Ok();
+}
+
+Result<double> Engine::Impl::GradNorm() {
+  if (!built_) return StateError("grad_norm: the engine is not built");
+  STRATA_RETURN_IF_ERROR(CheckUsable("grad_norm"));
+  double sum = 0;
+  bool finite = true;
+  if (multi()) comm_->SetLabel("grad_norm s" + std::to_string(step_count_ + 1));
+  STRATA_RETURN_IF_ERROR(GlobalSquares(&sum, &finite).WithContext("grad_norm"));
+  if (!finite) return INFINITY;
+  return std::sqrt(sum) / scaler_.scale() / GradMeanDivisor();
+}
+
+// The global norm of this step's gradients (the ranks' shards summed in
+// rank order) and the factor the update applies to them: clipping over the
+// loss scale. r->skipped when the step is held back (fp16 overflow,
+// strata.nonfinite), with *held saying why when that is an error. A resumed
+// step gets the same figures again: G and the loss scale are as they were.
+Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double* grad_scale, Status* held) {
+  double sum = 0;
+  bool finite = true;
+  // The label: Step's, naming the step and its options.
+  STRATA_RETURN_IF_ERROR(GlobalSquares(&sum, &finite).WithContext("step"));
+  // strata.grad_reduce "mean": G holds the sum over the ranks and the
+  // step's grads calls; the step, its norm and its clipping see the mean.
+  const double mean = GradMeanDivisor();
   const double scale = scaler_.scale();
-  r->grad_norm = std::sqrt(sum) / scale;
+  r->grad_norm = std::sqrt(sum) / scale / mean;
   if (HoldBackNonfinite(*this, finite, held)) {
     r->skipped = true;
     r->grad_norm = INFINITY;
     return Status::Ok();
   }
-  const double clip = config_.gradient_clipping;
-  const double coef = (clip > 0 && r->grad_norm > clip) ? clip / (r->grad_norm + 1e-6) : 1.0;
-  *grad_scale = coef / scale;
+  // torch's clip_grad_norm_ (and DeepSpeed's): scaled by max/(norm + 1e-6)
+  // whenever that is below 1.
+  const double clip = so.max_grad_norm >= 0 ? so.max_grad_norm : config_.gradient_clipping;
+  const double c = clip / (r->grad_norm + 1e-6);
+  const double coef = (clip > 0 && c < 1.0) ? c : 1.0;
+  *grad_scale = coef / (scale * mean);
   return Status::Ok();
 }
 
@@ -511,7 +550,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   StepResult r;
   double grad_scale = 1;
   Status held;
-  if (Status st = ScaleGradients(&r, &grad_scale, &held); !st.ok()) {
+  if (Status st = ScaleGradients(so, &r, &grad_scale, &held); !st.ok()) {
     stats_->StepEnd(false);
     return st;
   }
@@ -640,6 +679,7 @@ Status Engine::Grads(int group, const void* grads, DType dtype) {
   return impl_->Grads(group, grads, dtype);
 }
 Result<StepResult> Engine::Step(const StepOptions& options) { return impl_->Step(options); }
+Result<double> Engine::GradNorm() { return impl_->GradNorm(); }
 Status Engine::PrepareStep(const StepOptions& options) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("prepare_step", false));
   return impl_->PrepareStep(options);

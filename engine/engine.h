@@ -60,6 +60,10 @@ struct StepOptions {
   double beta1 = -1, beta2 = -1;
   double eps = -1;
   double weight_decay = -1;
+  // Clip the global gradient norm to this (torch's clip_grad_norm_, after
+  // strata.grad_reduce); 0: no clipping; negative: the config's
+  // gradient_clipping.
+  double max_grad_norm = -1;
 };
 
 struct StepResult {
@@ -116,6 +120,11 @@ class Engine {
   // Runs the optimizer over every shard: global norm, clipping, fp16 loss
   // scaling (skip on overflow), update of W, M, V, new P to its home.
   Result<StepResult> Step(const StepOptions& options);
+  // The global L2 norm of this step's gradients so far, as Step will see it
+  // (after strata.grad_reduce, without the fp16 loss scale); infinite when a
+  // gradient is not finite. With several ranks every rank calls it, in the
+  // same place of its step (a collective). Changes nothing.
+  Result<double> GradNorm();
 
   // Checkpoints (engine/checkpoint.cpp). Save writes this rank's W, M, V,
   // the step count, the loss scaler and `blob` (the trainer's own state) to

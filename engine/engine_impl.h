@@ -124,6 +124,13 @@ class Engine::Impl {
   uint64_t PBytes(int g) const { return part_.group(g).padded * DTypeSize(dtype_); }
   uint64_t PHomeNumel(int g) const { return p_sharded_ ? part_.group(g).shard_numel : part_.group(g).padded; }
   bool multi() const { return comm_ != nullptr && comm_->world_size() > 1; }
+  // What G's sum is divided by: world size x grad_accumulation_steps with
+  // strata.grad_reduce "mean", else 1.
+  double GradMeanDivisor() const {
+    if (config_.strata.grad_reduce != "mean") return 1.0;
+    const int world = multi() ? comm_->world_size() : 1;
+    return static_cast<double>(world) * static_cast<double>(options_.grad_accumulation_steps);
+  }
   // P's home is the device and holds whole groups: fetches hand it out as is.
   bool p_whole_on_device() const { return home_[0] == TierKind::kDevice && !p_sharded_; }
   // Stages 1-2 with several ranks: P's home holds the whole group on every
@@ -172,7 +179,11 @@ class Engine::Impl {
   // stay as they were until it is done.
   std::optional<StepOptions> pending_;
   Status RepairStaleP();  // pending step: P of committed groups whose P store failed
-  Status ScaleGradients(StepResult* r, double* grad_scale, Status* held);
+  Status ScaleGradients(const StepOptions& so, StepResult* r, double* grad_scale, Status* held);
+  // This rank's groups' sums of squares summed over the ranks, and whether
+  // all are finite.
+  Status GlobalSquares(double* sum, bool* finite);
+  Result<double> GradNorm();
   Status ApplyStep(const StepOptions& so, double grad_scale);
   int CountCommitted() const;
 

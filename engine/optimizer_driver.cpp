@@ -260,7 +260,7 @@ void Engine::Impl::StartOverlap() {
       overlap_queue_.pop_front();
       overlap_busy_ = true;
       lock.unlock();
-      Status st = RunOptimizer({g}, 1.0, prepared_opts_, step_count_ + 1);
+      Status st = RunOptimizer({g}, 1.0 / GradMeanDivisor(), prepared_opts_, step_count_ + 1);
       lock.lock();
       overlap_busy_ = false;
       if (!st.ok() && overlap_error_.ok()) overlap_error_ = st;

@@ -10,8 +10,17 @@ namespace strata {
 bool PrefetchSchedule::OnFetch(int group) {
   current_.push_back(group);
   if (recording_) return true;
+  // A pass may start again from the trace's first fetch (an eval pass
+  // under no_grad, one more micro-batch): `alt_` reads the fetches as if the
+  // latest fetch of trace_[0] had started one, for when `pos_` loses its way.
+  const size_t alt = alt_ < trace_.size() && trace_[alt_] == group ? alt_ + 1 : kNowhere;
+  alt_ = trace_[0] == group ? 1 : alt;
   if (pos_ < trace_.size() && trace_[pos_] == group) {
     ++pos_;
+    return true;
+  }
+  if (alt != kNowhere || trace_[0] == group) {
+    pos_ = alt != kNowhere ? alt : 1;
     return true;
   }
   WarnOnce("trace-departure",
@@ -22,7 +31,9 @@ bool PrefetchSchedule::OnFetch(int group) {
 }
 
 void PrefetchSchedule::OnStep() {
-  if (recording_ || current_.size() != trace_.size()) {
+  // Only a departure re-records: passes that restart from the trace's
+  // first fetch (see OnFetch) leave it as it is.
+  if (recording_) {
     trace_ = current_;
     recording_ = trace_.empty();
     uses_.clear();
@@ -34,6 +45,7 @@ void PrefetchSchedule::OnStep() {
   }
   current_.clear();
   pos_ = 0;
+  alt_ = kNowhere;
 }
 
 std::vector<int> PrefetchSchedule::Ahead(uint64_t window, const std::function<uint64_t(int)>& bytes_of) const {

@@ -30,7 +30,9 @@ class PrefetchSchedule {
   std::vector<int> trace_;    // the replayed step
   std::vector<std::vector<size_t>> uses_;  // per group, its positions in trace_ (ascending)
   std::vector<int> current_;  // fetches of the step in progress
+  static constexpr size_t kNowhere = SIZE_MAX;
   size_t pos_ = 0;            // position in trace_ of the next expected fetch
+  size_t alt_ = kNowhere;     // pos_ had a pass restarted at the latest fetch of trace_[0]
   bool recording_ = true;
 };
 

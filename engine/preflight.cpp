@@ -102,7 +102,7 @@ Status CheckStepOptions(const StepOptions& so, const char* call) {
     const char* name;
     double value;
   } options[] = {{"lr", so.lr}, {"beta1", so.beta1}, {"beta2", so.beta2}, {"eps", so.eps},
-                 {"weight_decay", so.weight_decay}};
+                 {"weight_decay", so.weight_decay}, {"max_grad_norm", so.max_grad_norm}};
   for (const auto& o : options) {
     if (std::isfinite(o.value)) continue;
     return InvalidError(std::string(call) + ": step option " + o.name + " is " + (std::isnan(o.value) ? "NaN" : "infinite") +

@@ -114,7 +114,11 @@ typedef struct strata_engine_options {
   size_t struct_size;
   int rank;                    /* this process's rank, 0-based */
   int world_size;              /* ranks sharing the model */
-  int grad_accumulation_steps; /* strata_engine_grads calls per group per step */
+  int grad_accumulation_steps; /* strata_engine_grads calls per group per step; with
+                                  strata.grad_reduce "mean" (the default) the
+                                  step divides their sum by this (and by the
+                                  world size), as torch DDP with a loss
+                                  divided by the accumulation steps */
   int force_no_gpu;            /* nonzero: the device tier is a host arena even with a GPU */
   /* Nonzero: each group is updated as soon as its gradients are complete,
    * overlapping the rest of backward (bitwise the same result). Needs
@@ -175,7 +179,12 @@ STRATA_API strata_status_t strata_engine_release(strata_engine_t* engine, int gr
  * waited for first; `grads` stays owned by the caller and may be reused when
  * the call returns. A call that fails leaves the accumulator as it was
  * before it (a stored accumulator is replaced only once wholly written), so
- * the same call may be retried. Errors: INVALID, STATE, IO, NOMEM, COMM. */
+ * the same call may be retried. With several ranks the gradients are
+ * summed over the ranks (all-reduced, or reduce-scattered at stages 2-3);
+ * with strata.grad_reduce "mean" (the default) the step then divides the sum
+ * by world_size x grad_accumulation_steps, so each rank hands the gradient of
+ * its own mean loss and the step sees the global batch's mean, as under torch
+ * DDP; "sum" leaves the sum as it is. Errors: INVALID, STATE, IO, NOMEM, COMM. */
 STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const void* grads,
                                                strata_dtype_t dtype, void* cuda_stream);
 
@@ -188,13 +197,20 @@ typedef struct strata_step_options {
   double beta1, beta2;
   double eps;
   double weight_decay;
+  /* Appended (a struct_size that ends before it reads as -1): clips the global
+   * gradient norm (after strata.grad_reduce) to this, as torch's
+   * clip_grad_norm_: the gradients are scaled by max/(norm + 1e-6) when that
+   * is below 1. Zero: no clipping; negative: the config's gradient_clipping. */
+  double max_grad_norm;
 } strata_step_options_t;
 #define STRATA_STEP_OPTIONS_INIT \
-  { sizeof(strata_step_options_t), -1.0, -1.0, -1.0, -1.0, -1.0 }
+  { sizeof(strata_step_options_t), -1.0, -1.0, -1.0, -1.0, -1.0, -1.0 }
 
 typedef struct strata_step_result {
   size_t struct_size;
-  double grad_norm;  /* global L2 norm of the unscaled gradients */
+  double grad_norm;  /* global L2 norm of the unscaled gradients, after
+                        strata.grad_reduce (the mean by default): the norm
+                        that gradient_clipping compares with */
   int skipped;       /* nonzero: nothing was updated (fp16 overflow, or
                         non-finite gradients with strata.nonfinite "skip") */
   double loss_scale; /* the scale for the next loss (fp16), else 1 */
@@ -235,6 +251,15 @@ STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
  * Errors: INVALID, STATE, IO, CORRUPT, NOSPACE, COMM, TIMEOUT. */
 STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_options_t* options,
                                               strata_step_result_t* result);
+
+/* Sets *norm to the global L2 norm of this step's gradients so far, as
+ * strata_engine_step will see it: after strata.grad_reduce, without the fp16
+ * loss scale; infinite when a gradient is not finite. For a trainer that
+ * logs the norm before stepping or clips with it (torch's clip_grad_norm_
+ * returns it). Changes nothing. With several ranks it is a collective:
+ * every rank calls it at the same point of its step.
+ * Errors: INVALID, STATE, COMM, TIMEOUT. */
+STRATA_API strata_status_t strata_engine_grad_norm(strata_engine_t* engine, double* norm);
 
 /* Copies the group's fp32 master weights, without padding, into `out`
  * (strata_engine_group_numel floats, caller-owned host memory).
@@ -286,6 +311,13 @@ STRATA_API strata_status_t strata_engine_write_state(strata_engine_t* engine, in
                                                      const float* in);
 STRATA_API strata_status_t strata_engine_get_steps(strata_engine_t* engine, int64_t* out);
 STRATA_API strata_status_t strata_engine_set_steps(strata_engine_t* engine, int64_t steps);
+
+/* The engine's resolved config as JSON (every key, defaults filled in, in
+ * DeepSpeed's spelling, as checkpoints record it), NUL-terminated, into `out`
+ * of *size bytes. *size is set to the bytes needed (with the NUL); with `out`
+ * NULL only that is done. Errors: INVALID (a buffer too small: nothing
+ * written, *size says what is needed). */
+STRATA_API strata_status_t strata_engine_config(strata_engine_t* engine, char* out, size_t* size);
 
 /* Shape queries. REQUIRES for group_numel: after build. Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_num_groups(strata_engine_t* engine, int* out);

@@ -51,7 +51,8 @@ class _EngineOptions(ctypes.Structure):
 
 class _StepOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("lr", ctypes.c_double), ("beta1", ctypes.c_double),
-                ("beta2", ctypes.c_double), ("eps", ctypes.c_double), ("weight_decay", ctypes.c_double)]
+                ("beta2", ctypes.c_double), ("eps", ctypes.c_double), ("weight_decay", ctypes.c_double),
+                ("max_grad_norm", ctypes.c_double)]
 
 
 class _StepResult(ctypes.Structure):
@@ -120,6 +121,8 @@ def _load():
         "strata_engine_grads": ([P, I, P, I, P], S),
         "strata_engine_prepare_step": ([P, ctypes.POINTER(_StepOptions)], S),
         "strata_engine_step": ([P, ctypes.POINTER(_StepOptions), ctypes.POINTER(_StepResult)], S),
+        "strata_engine_grad_norm": ([P, ctypes.POINTER(ctypes.c_double)], S),
+        "strata_engine_config": ([P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)], S),
         "strata_engine_read_master": ([P, I, P], S),
         "strata_engine_num_groups": ([P, ctypes.POINTER(I)], S),
         "strata_engine_group_numel": ([P, I, ctypes.POINTER(U64)], S),
@@ -290,20 +293,41 @@ class Engine:
                         f"grads has {_numel(grads)}")
         _check(self._lib.strata_engine_grads(self.handle, group, _address(grads), code, _stream_handle(stream)))
 
-    def prepare_step(self, lr=None, betas=None, eps=None, weight_decay=None):
+    def prepare_step(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
         """With overlap_step: the coming step's options, before its first
         grads(); step() must then get the same ones."""
-        opts = _step_options(lr, betas, eps, weight_decay)
+        opts = _step_options(lr, betas, eps, weight_decay, max_grad_norm)
         _check(self._lib.strata_engine_prepare_step(self.handle, ctypes.byref(opts)))
 
-    def step(self, lr=None, betas=None, eps=None, weight_decay=None):
-        """One optimizer step; None takes the config's value. Returns
-        (grad_norm, skipped)."""
-        opts = _step_options(lr, betas, eps, weight_decay)
+    def step(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
+        """One optimizer step; None takes the config's value. max_grad_norm
+        clips the global gradient norm as torch's clip_grad_norm_ (0: no
+        clipping; None: the config's gradient_clipping). Gradients from
+        several ranks and grads() calls are averaged (strata.grad_reduce
+        "mean", the default) or summed ("sum"). Returns (grad_norm, skipped),
+        the norm being that of the reduced, unclipped gradients."""
+        opts = _step_options(lr, betas, eps, weight_decay, max_grad_norm)
         res = _sized(_StepResult)
         _check(self._lib.strata_engine_step(self.handle, ctypes.byref(opts), ctypes.byref(res)))
         self.last_loss_scale = res.loss_scale
         return res.grad_norm, bool(res.skipped)
+
+    def grad_norm(self):
+        """The global L2 norm of this step's gradients so far, as step() will
+        see it (inf when one is not finite). With several ranks every rank
+        calls it at the same point (a collective)."""
+        n = ctypes.c_double()
+        _check(self._lib.strata_engine_grad_norm(self.handle, ctypes.byref(n)))
+        return n.value
+
+    @property
+    def config(self):
+        """The engine's resolved config (defaults filled in) as a dict."""
+        size = ctypes.c_size_t(0)
+        _check(self._lib.strata_engine_config(self.handle, None, ctypes.byref(size)))
+        buf = ctypes.create_string_buffer(size.value)
+        _check(self._lib.strata_engine_config(self.handle, buf, ctypes.byref(size)))
+        return json.loads(buf.value.decode("utf-8"))
 
     # -- optimizer state (for state_dict / load_state_dict)
     STATES = {"master": 0, "exp_avg": 1, "exp_avg_sq": 2}
@@ -418,11 +442,14 @@ class Engine:
         return raw if dtype == torch.float32 else raw.view(dtype)
 
 
-def _step_options(lr, betas, eps, weight_decay):
+def _step_options(lr, betas, eps, weight_decay, max_grad_norm=None):
     def v(x):
         return -1.0 if x is None else float(x)
     b1, b2 = (None, None) if betas is None else betas
-    return _sized(_StepOptions, lr=v(lr), beta1=v(b1), beta2=v(b2), eps=v(eps), weight_decay=v(weight_decay))
+    if max_grad_norm is not None and float(max_grad_norm) < 0:
+        raise Error(INVALID, f"max_grad_norm is {max_grad_norm}; allowed: 0 (no clipping) or more, or None")
+    return _sized(_StepOptions, lr=v(lr), beta1=v(b1), beta2=v(b2), eps=v(eps), weight_decay=v(weight_decay),
+                  max_grad_norm=v(max_grad_norm))
 
 
 class _CudaArray:

@@ -5,28 +5,133 @@ ZeRO-3-style parameter offload with module hooks.
     ... loss.backward(); opt.step(); opt.zero_grad()
 
     off = strata.torch.offload_module(model, config={...})
-    ... loss = model(x).sum(); loss.backward(); off.step(lr=1e-3)
+    opt = off.optimizer                      # a torch.optim.Optimizer: LR schedulers drive it
+    ... loss = model(x).sum(); loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # works: see below
+    opt.step()
+
+Ranks. Both join the ranks of the job: `rank=`/`world_size=` when given,
+else torch.distributed when it is initialized, else the launcher's variables
+(torchrun, then OpenMPI, then Slurm: the order the C library reads them);
+conflicting answers are an error, never a silent single rank. State is then
+partitioned as the config's zero_optimization.stage says, every rank starts
+from rank 0's parameter values (as torch DDP), and gradients are averaged
+over the ranks and over grad_accumulation_steps (strata.grad_reduce "mean",
+the default: DDP's semantics; "sum" sums them). Calls that read or write
+the state (state_dict, load_state_dict, clip_grad_norm_, step) are
+collectives: every rank makes them, in the same order.
 """
 
 import copy
+import itertools
 import json
 import os
 import shutil
 import warnings
+import weakref
 
 import torch
 
 from . import Engine, Error, INVALID
 
-__all__ = ["OffloadAdam", "offload_module", "OffloadedModule"]
+__all__ = ["OffloadAdam", "offload_module", "OffloadedModule", "OffloadOptimizer"]
 
-_DEFAULT_BUCKET_NUMEL = 1 << 24  # elements per engine group (OffloadAdam)
+_DEFAULT_BUCKET_NUMEL = 1 << 22  # elements per engine group (OffloadAdam)
 
 
 def _config_dict(config):
     if config is None:
         return {}
     return copy.deepcopy(json.loads(config) if isinstance(config, str) else config)
+
+
+# id(parameter) -> its OffloadAdam or OffloadedModule (weakly): the patched
+# torch.nn.utils.clip_grad_norm_ sends their parameters to them.
+_OWNERS = weakref.WeakValueDictionary()
+
+
+# ---- Ranks --------------------------------------------------------------------
+
+# The launchers' variables, in the order the C library reads them.
+_LAUNCHERS = (("torchrun", "RANK", "WORLD_SIZE"), ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+              ("slurm", "SLURM_PROCID", "SLURM_NTASKS"))
+
+
+def _env_ranks():
+    """(rank, world_size, source) from the first launcher whose variables are
+    set, or None."""
+    for source, rv, wv in _LAUNCHERS:
+        if rv in os.environ or wv in os.environ:
+            try:
+                return int(os.environ[rv]), int(os.environ[wv]), source
+            except (KeyError, ValueError):
+                raise Error(INVALID, f"{source} launch variables are incomplete or not integers: "
+                            f"{rv}={os.environ.get(rv)!r} {wv}={os.environ.get(wv)!r}") from None
+    return None
+
+
+def _resolve_ranks(rank, world_size, who):
+    """This process's (rank, world_size) for an engine: rank=/world_size=,
+    else torch.distributed, else the launcher's variables, else (0, 1). Every
+    source that speaks must agree."""
+    if (rank is None) != (world_size is None):
+        raise Error(INVALID, f"{who}: give both rank= and world_size=, or neither (got rank={rank!r}, "
+                    f"world_size={world_size!r})")
+    sources = []
+    if rank is not None:
+        sources.append((int(rank), int(world_size), "rank=/world_size="))
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        sources.append((dist.get_rank(), dist.get_world_size(), "torch.distributed"))
+    env = _env_ranks()
+    if env is not None:
+        sources.append(env)
+    if not sources:
+        return 0, 1
+    r, w, src = sources[0]
+    if not (w >= 1 and 0 <= r < w):
+        raise Error(INVALID, f"{who}: {src} gives rank {r} of world size {w}, which is not a rank")
+    for r2, w2, src2 in sources[1:]:
+        if (r2, w2) != (r, w):
+            raise Error(INVALID, f"{who}: {src} says rank {r} of {w} but {src2} says rank {r2} of {w2}")
+    if w > 1 and env is None:
+        raise Error(INVALID, f"{who}: rank {r} of {w} ({src}) but no launcher variables are set (torchrun's RANK, "
+                    "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; or OpenMPI's; or "
+                    "Slurm's): the engines of the ranks meet through them")
+    return r, w
+
+
+_engines_with_ranks = itertools.count()  # multi-rank engines made by this process
+
+
+def _new_engine(cfg, rank, world_size, **kw):
+    """An Engine; with several ranks each engine of the process gets its own
+    rendezvous port (STRATA_STORE_PORT, or the C library's default, plus the
+    engine's ordinal: ranks make their engines in the same order), one above
+    MASTER_PORT when torch.distributed holds that port itself."""
+    if world_size <= 1:
+        return Engine(cfg, rank=rank, world_size=world_size, **kw)
+    k = next(_engines_with_ranks)
+    user = os.environ.get("STRATA_STORE_PORT")
+    if user is not None:
+        base = int(user)
+    else:
+        master = int(os.environ.get("MASTER_PORT", "29500"))
+        dist = torch.distributed
+        held = dist.is_available() and dist.is_initialized()
+        base = master + (1 if held or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" else 0)
+    port = base + k
+    if port > 65535:
+        raise Error(INVALID, f"rendezvous port {port} (base {base} + engine {k}) is beyond 65535; "
+                    "set STRATA_STORE_PORT lower")
+    os.environ["STRATA_STORE_PORT"] = str(port)
+    try:
+        return Engine(cfg, rank=rank, world_size=world_size, **kw)
+    finally:
+        if user is None:
+            del os.environ["STRATA_STORE_PORT"]
+        else:
+            os.environ["STRATA_STORE_PORT"] = user
 
 
 def _separate_swap_folders(cfg, tag):
@@ -79,6 +184,16 @@ class OffloadAdam(torch.optim.Optimizer):
     A parameter whose .grad is None steps with a zero gradient (its weight
     decay and moments still advance, unlike torch, which skips it).
 
+    Ranks (see the module's docstring): with several, OffloadAdam is the
+    optimizer of a data-parallel job without DDP — each rank computes the
+    gradients of its own batch's mean loss, step() averages them over the
+    ranks (strata.grad_reduce) and updates the rank's partition of the
+    state (stage 1: optimizer state; 2: and gradients), and every rank ends
+    the step with the same parameters. At construction the parameters
+    become rank 0's values. `max_grad_norm=` clips as torch's
+    clip_grad_norm_ would over the averaged gradient (or use
+    clip_grad_norm_(), below, which also returns the norm).
+
     `config`: the engine's JSON config (dict or string), e.g.
     {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme",
     "nvme_path": "/mnt/nvme"}}}; the optimizer section is filled in here.
@@ -86,14 +201,24 @@ class OffloadAdam(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, config=None,
-                 bucket_numel=_DEFAULT_BUCKET_NUMEL, force_no_gpu=False):
+                 bucket_numel=_DEFAULT_BUCKET_NUMEL, force_no_gpu=False, rank=None, world_size=None,
+                 max_grad_norm=None):
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid hyperparameters lr={lr} betas={betas} eps={eps} weight_decay={weight_decay}")
         self._config = _config_dict(config)
         self._bucket_numel = bucket_numel
         self._force_no_gpu = force_no_gpu
+        self._rank, self._world_size = _resolve_ranks(rank, world_size, "OffloadAdam")
+        self._clip_next = None  # from clip_grad_norm_, for the coming step
         self._engines = []  # one _GroupEngine per param group, in order
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      max_grad_norm=max_grad_norm))
+        for group in self.param_groups:
+            for p in group["params"]:
+                _OWNERS[id(p)] = self
+
+    def _clip_ids(self):
+        return {id(p) for group in self.param_groups for p in group["params"]}
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
@@ -109,7 +234,43 @@ class OffloadAdam(torch.optim.Optimizer):
         opt["type"] = "AdamW"
         opt.setdefault("params", {}).update(lr=group["lr"], betas=list(group["betas"]), eps=group["eps"],
                                             weight_decay=group["weight_decay"])
-        return _GroupEngine(cfg, group["params"], self._bucket_numel, self._force_no_gpu)
+        return _GroupEngine(cfg, group["params"], self._bucket_numel, self._force_no_gpu, self._rank,
+                            self._world_size)
+
+    @property
+    def rank(self):
+        return self._rank
+
+    @property
+    def world_size(self):
+        return self._world_size
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
+        """torch.nn.utils.clip_grad_norm_ over every parameter of this
+        optimizer (the torch function, patched by strata.torch, sends them
+        here), as the coming step will see the gradients (averaged over the
+        ranks, where torch's own would see only this rank's): returns the
+        total norm and clips at step(). One param group only (the norm of
+        several engines' gradients is not one engine's). A collective with
+        several ranks."""
+        if float(norm_type) != 2.0:
+            raise Error(INVALID, f"clip_grad_norm_: norm_type {norm_type}; only the L2 norm (2.0) is supported")
+        if len(self._engines) != 1:
+            raise Error(INVALID, f"clip_grad_norm_: {len(self._engines)} param groups; one only (each has its own "
+                        "engine and norm): pass max_grad_norm per group instead")
+        if float(max_norm) < 0:
+            raise Error(INVALID, f"clip_grad_norm_: max_norm {max_norm} is negative")
+        ge = self._engines[0]
+        if not ge.handed:
+            ge.hand_grads()
+        norm = ge.engine.grad_norm()
+        if error_if_nonfinite and not torch.isfinite(torch.tensor(norm)):
+            raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
+                               "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
+                               "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+        self._clip_next = float(max_norm)
+        return torch.tensor(norm)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -118,10 +279,14 @@ class OffloadAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         results = []
+        clip_next, self._clip_next = self._clip_next, None
         for ge, group in zip(self._engines, self.param_groups):
-            ge.hand_grads()
+            if not ge.handed:
+                ge.hand_grads()
+            clip = clip_next if clip_next is not None else group.get("max_grad_norm")
             norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
-                                           weight_decay=group["weight_decay"])
+                                           weight_decay=group["weight_decay"], max_grad_norm=clip)
+            ge.handed = False
             ge.copy_params_back()
             results.append((norm, skipped))
             for p in group["params"]:
@@ -180,11 +345,12 @@ class _GroupEngine:
     """One torch param group on one engine: parameters packed in buckets of up
     to bucket_numel elements, one engine group per bucket."""
 
-    def __init__(self, cfg, params, bucket_numel, force_no_gpu):
+    def __init__(self, cfg, params, bucket_numel, force_no_gpu, rank=0, world_size=1):
         self.params = list(params)
         self.folders = _swap_folders(cfg)
+        self.handed = False  # this step's gradients are in the engine (clip_grad_norm_)
         try:
-            self.engine = Engine(cfg, force_no_gpu=force_no_gpu)
+            self.engine = _new_engine(cfg, rank, world_size, force_no_gpu=force_no_gpu)
         except Error:
             _remove_swap_folders(self.folders)
             raise
@@ -207,6 +373,9 @@ class _GroupEngine:
         self.buckets = layout
         self.engine.build()
         self.device = "cuda" if self.engine.on_gpu else "cpu"
+        if world_size > 1:
+            with torch.no_grad():
+                self.copy_params_back()  # every rank starts from rank 0's values
 
     def hand_grads(self):
         for g, entries in self.buckets:
@@ -218,6 +387,7 @@ class _GroupEngine:
                         raise Error(INVALID, "OffloadAdam does not take sparse gradients")
                     flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
             self.engine.grads(g, flat, stream=_current_stream(self.device))
+        self.handed = True
 
     def copy_params_back(self):
         for g, entries in self.buckets:
@@ -269,45 +439,86 @@ def _current_stream(device):
 # ---- offload_module ----------------------------------------------------------
 
 class OffloadedModule:
-    """What offload_module returns: the engine that owns the parameters, and
-    step() to update them. close() removes the hooks and gives the module its
-    parameters back as ordinary tensors holding the master weights."""
+    """What offload_module returns: the engine that owns the parameters, the
+    optimizer that steps them (`optimizer`, a torch.optim.Optimizer), and
+    the model's full state (state_dict / load_state_dict, through the model
+    too). close() removes the hooks and gives the module its parameters
+    back as ordinary tensors holding the master weights."""
 
-    def __init__(self, module, config, force_no_gpu, grad_accumulation_steps):
+    def __init__(self, module, config, force_no_gpu, grad_accumulation_steps, rank=None, world_size=None):
         self.module = module
+        self.engine = None
+        self.rank, self.world_size = _resolve_ranks(rank, world_size, "offload_module")
         config = _separate_swap_folders(config, f"strata-{os.getpid()}-{id(self)}")
         self._folders = _swap_folders(config)
         try:
-            self.engine = Engine(config, force_no_gpu=force_no_gpu, grad_accumulation_steps=grad_accumulation_steps)
+            self.engine = _new_engine(config, self.rank, self.world_size, force_no_gpu=force_no_gpu,
+                                      grad_accumulation_steps=grad_accumulation_steps)
         except Error:
             _remove_swap_folders(self._folders)
             raise
         self._handles = []
-        self._groups = []  # _ModuleGroup per module with direct trainable parameters
-        seen = set()
+        self._groups = []  # _ModuleGroup per module with direct trainable parameters of its own
+        self._names = []  # (qualified name, parameter) of every offloaded name, tied ones included
+        owner_of = {}  # id(parameter) -> its group
+        users = []  # (module, [groups its forward needs])
         for name, m in module.named_modules():
-            params = [(n, p) for n, p in m.named_parameters(recurse=False) if p.requires_grad]
-            for n, p in params:
-                if id(p) in seen:
-                    raise Error(INVALID, f"offload_module: parameter {name}.{n} is shared with another module; "
-                                "shared parameters are not supported")
-                seen.add(id(p))
-            if params:
-                self._groups.append(_ModuleGroup(self, len(self._groups), name, m, params))
+            own, needs = [], []
+            for n, p in m.named_parameters(recurse=False):
+                if not p.requires_grad:
+                    continue
+                qual = f"{name}.{n}" if name else n
+                self._names.append((qual, p))
+                g = owner_of.get(id(p))
+                if g is not None:  # tied: one master, in the group of its first module
+                    if g not in needs:
+                        needs.append(g)
+                else:
+                    own.append((qual, p))
+            if own:
+                g = _ModuleGroup(self, len(self._groups), m, own)
+                self._groups.append(g)
+                for _, p in own:
+                    owner_of[id(p)] = g
+                needs.insert(0, g)
+            if needs:
+                users.append((m, needs))
         if not self._groups:
+            self.engine.close()
+            _remove_swap_folders(self._folders)
             raise Error(INVALID, "offload_module: the module has no trainable parameters")
         self.engine.build()
         self.device = torch.device("cuda" if self.engine.on_gpu else "cpu")
         self.dtype = _torch_dtype(self.engine.compute_dtype)
         self._fetched = {}  # group index -> (flat tensor, first byte address, end address)
+        self._refs = {}  # group index -> forwards running that need it
         self._saved_hooks = []  # saved_tensors_hooks contexts entered by forward pre-hooks
         self._callback_queued = False
+        self._clip_next = None
+        self._group_of = owner_of
         for g in self._groups:
             g.install()
+            for p in g.params:
+                _OWNERS[id(p)] = self
+        for m, needs in users:
+            self._handles.append(m.register_forward_pre_hook(lambda mod, inp, needs=needs: self._before_forward(needs)))
+            self._handles.append(m.register_forward_hook(lambda mod, inp, out, needs=needs: self._after_forward(needs)))
+        self._handles.append(module._register_state_dict_hook(self._state_dict_hook))
+        self._handles.append(module._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True))
+        self._handles.append(module.register_load_state_dict_post_hook(self._load_post_hook))
+        self._load_ctx = None
+        # torch's hooks are not told whether a load is strict: the model's
+        # load_state_dict says it here (called otherwise, a load is strict).
+        self._load_strict = True
+        module.load_state_dict = self._module_load_state_dict
+        opt = self.engine.config["optimizer"]["params"]
+        self.optimizer = OffloadOptimizer(self, [g.params for g in self._groups], opt)
 
     # -- forward: fetch before, release after
-    def _before_forward(self, g):
-        self.fetch(g)
+    def _before_forward(self, needs):
+        for g in needs:
+            self._refs[g.index] = self._refs.get(g.index, 0) + 1
+            self.fetch(g)
         # While the module runs, every tensor that autograd saves passes
         # _pack, which saves a view of a fetched group (weight.t() in
         # F.linear, ...) as its place, so that backward reads the group
@@ -316,10 +527,12 @@ class OffloadedModule:
         ctx.__enter__()
         self._saved_hooks.append(ctx)
 
-    def _after_forward(self, g):
+    def _after_forward(self, needs):
         if self._saved_hooks:
             self._saved_hooks.pop().__exit__(None, None, None)
-        self.release(g)
+        for g in needs:
+            self._refs[g.index] -= 1
+            self.release(g)
 
     def fetch(self, g):
         if g.index in self._fetched:
@@ -331,7 +544,9 @@ class OffloadedModule:
             p.data = flat[off:off + n].view(g.shapes[p])
 
     def release(self, g):
-        if g.index not in self._fetched:
+        """Releases g unless a running forward (a parent module's, a tied
+        parameter's other user) still needs it."""
+        if g.index not in self._fetched or self._refs.get(g.index, 0) > 0:
             return
         for p in g.params:
             p.data = g.placeholders[p]
@@ -357,8 +572,9 @@ class OffloadedModule:
 
     # -- backward: gradients to the engine as they are produced
     def grad_ready(self, g, p):
-        """A parameter's gradient is complete: stage it; a group whose every
-        gradient is in goes to the engine and is released."""
+        """A parameter's gradient is complete (a tied one's summed over its
+        uses): stage it; a group whose every gradient is in goes to the
+        engine and is released."""
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             self._callback_queued = True
@@ -380,25 +596,122 @@ class OffloadedModule:
             self.release(g)
 
     # -- the optimizer
-    def step(self, lr=None, betas=None, eps=None, weight_decay=None):
+    def step(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
         """One optimizer step over every group; None takes the config's
-        value. A group that got no gradient since the last step steps with
-        zeros (the engine's rule). Returns (grad_norm, skipped)."""
+        value (max_grad_norm: the clip_grad_norm_ of this step, else the
+        config's gradient_clipping). A group that got no gradient since the
+        last step steps with zeros (the engine's rule). Gradients are
+        averaged over the ranks and the grad_accumulation_steps backward
+        passes (strata.grad_reduce "mean"). Returns (grad_norm, skipped)."""
         for g in self._groups:
             self.release(g)  # e.g. fetched by a backward that produced no gradient for it
-        return self.engine.step(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        if max_grad_norm is None:
+            max_grad_norm = self._clip_next
+        self._clip_next = None
+        return self.engine.step(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                max_grad_norm=max_grad_norm)
 
     def zero_grad(self, set_to_none=True):
         """Nothing to do: gradients go to the engine, never stay in .grad."""
 
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
+        """torch.nn.utils.clip_grad_norm_ for the offloaded parameters (which
+        the torch function, patched by strata.torch, sends here): returns the
+        total L2 norm of this step's gradients (averaged over the ranks) and
+        clips them to max_norm at the coming step. A collective."""
+        if float(norm_type) != 2.0:
+            raise Error(INVALID, f"clip_grad_norm_: norm_type {norm_type}; only the L2 norm (2.0) is supported")
+        if float(max_norm) < 0:
+            raise Error(INVALID, f"clip_grad_norm_: max_norm {max_norm} is negative")
+        for g in self._groups:
+            self.release(g)
+        norm = self.engine.grad_norm()
+        if error_if_nonfinite and not torch.isfinite(torch.tensor(norm)):
+            raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
+                               "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
+                               "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+        self._clip_next = float(max_norm)
+        return torch.tensor(norm)
+
+    # -- the model's state
     def master_parameters(self):
-        """{qualified name: fp32 master weights} of every offloaded parameter."""
-        out = {}
+        """{qualified name: fp32 master weights} of every offloaded parameter
+        (tied parameters under each of their names). A collective."""
+        masters = {}
         for g in self._groups:
             m = self.engine.read_master(g.index)
-            for name, p, off, n in zip(g.names, g.params, g.offsets, g.numels):
-                out[name] = m[off:off + n].view(g.shapes[p]).clone()
-        return out
+            for p, off, n in zip(g.params, g.offsets, g.numels):
+                masters[id(p)] = m[off:off + n].view(g.shapes[p]).clone()
+        return {name: masters[id(p)] for name, p in self._names}
+
+    def state_dict(self, *args, **kwargs):
+        """The module's state_dict, with the offloaded parameters' master
+        weights (in each parameter's own dtype and device) in their places."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True):
+        """The module's load_state_dict: the offloaded parameters' values
+        become the master weights (the moments stay)."""
+        return self.module.load_state_dict(state_dict, strict=strict)
+
+    def _module_load_state_dict(self, state_dict, strict=True):
+        self._load_strict = bool(strict)
+        try:
+            return type(self.module).load_state_dict(self.module, state_dict, strict=strict)
+        finally:
+            self._load_strict = True
+
+    def _dtype_device(self, p):
+        g = self._group_of[id(p)]
+        return g.dtypes[p], g.devices[p]
+
+    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
+        if self.engine is None:
+            return
+        masters = self.master_parameters()
+        for name, p in self._names:
+            key = prefix + name
+            if key in state_dict:
+                dtype, device = self._dtype_device(p)
+                state_dict[key] = masters[name].to(dtype=dtype, device=device)
+
+    def _load_pre_hook(self, module, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs):
+        # The root's hook runs before any module loads: each offloaded
+        # parameter gets a real tensor holding its master weights, which
+        # torch then copies the given values into; the post hook hands them
+        # to the engine, or (a refused load) drops them.
+        if self.engine is None or self._load_ctx is not None:
+            return
+        for g in self._groups:
+            if g.index in self._fetched or self._refs.get(g.index, 0):
+                raise Error(INVALID, "load_state_dict: a forward or backward is running")
+        masters = self.master_parameters()
+        for name, p in self._names:
+            dtype, _ = self._dtype_device(p)
+            p.data = masters[name].to(dtype=dtype, device=self.device)
+        # torch passes strict=True to every hook; the load's own is ours.
+        self._load_ctx = (self._load_strict, missing, unexpected, error_msgs)
+
+    def _load_post_hook(self, module, incompatible):
+        if self._load_ctx is None:
+            return
+        strict, missing, unexpected, error_msgs = self._load_ctx
+        self._load_ctx = None
+        refused = bool(error_msgs) or (strict and (missing or unexpected))
+        try:
+            if not refused:
+                for g in self._groups:
+                    flat = torch.zeros(self.engine.group_numel(g.index), dtype=torch.float32)
+                    for p, off, n in zip(g.params, g.offsets, g.numels):
+                        flat[off:off + n] = p.data.reshape(-1).to(device="cpu", dtype=torch.float32)
+                    self.engine.write_state(g.index, "master", flat)
+        finally:
+            for g in self._groups:
+                for p in g.params:
+                    p.data = g.placeholders[p]
+
+    def _clip_ids(self):
+        return {id(p) for g in self._groups for p in g.params}
 
     def close(self):
         """Removes the hooks; the parameters become ordinary tensors holding
@@ -406,16 +719,110 @@ class OffloadedModule:
         if self.engine is None:
             return
         masters = self.master_parameters()
+        named = dict((id(p), name) for name, p in self._names)
         for g in self._groups:
+            self._refs[g.index] = 0
             self.release(g)
-            for name, p in zip(g.names, g.params):
-                p.data = masters[name].to(dtype=g.dtypes[p], device=g.devices[p])
+            for p in g.params:
+                p.data = masters[named[id(p)]].to(dtype=g.dtypes[p], device=g.devices[p])
+                _OWNERS.pop(id(p), None)
         for h in self._handles:
             h.remove()
         self._handles = []
+        self.module.__dict__.pop("load_state_dict", None)
         self.engine.close()
         self.engine = None
         _remove_swap_folders(self._folders)
+
+
+class OffloadOptimizer(torch.optim.Optimizer):
+    """The optimizer of an OffloadedModule (its `optimizer`): one param group
+    whose lr, betas, eps, weight_decay (the config's at first) each step()
+    uses, so torch LR schedulers drive it. zero_grad() does nothing (the
+    gradients are in the engine). state_dict() gives torch's format
+    ({"state": {i: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": ...},
+    read from the engine's tiers: a collective) and load_state_dict() puts
+    it back, bitwise."""
+
+    def __init__(self, owner, group_params, opt):
+        self._owner = owner
+        self._group_params = group_params  # per engine group, its parameters in order
+        params = [p for ps in group_params for p in ps]
+        betas = tuple(opt.get("betas", (0.9, 0.999)))
+        defaults = dict(lr=opt["lr"], betas=betas, eps=opt["eps"], weight_decay=opt["weight_decay"])
+        super().__init__(params, defaults)
+        self.last_result = None
+
+    def add_param_group(self, param_group):
+        if self.param_groups:
+            raise Error(INVALID, "OffloadOptimizer has one param group: the engine steps every parameter with the "
+                        "same options (per-group options need one offload_module per group)")
+        super().add_param_group(param_group)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        g = self.param_groups[0]
+        self.last_result = self._owner.step(lr=g["lr"], betas=g["betas"], eps=g["eps"],
+                                            weight_decay=g["weight_decay"])
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        """Nothing to do: gradients go to the engine, never stay in .grad."""
+
+    def state_dict(self):
+        owner = self._owner
+        steps = torch.tensor(float(owner.engine.steps))
+        state, i = {}, 0
+        for gi, params in enumerate(self._group_params):
+            g = owner._groups[gi]
+            full = {k: owner.engine.read_state(gi, w) for k, w in (("exp_avg", "exp_avg"),
+                                                                   ("exp_avg_sq", "exp_avg_sq"))}
+            for p, off, n in zip(g.params, g.offsets, g.numels):
+                st = {"step": steps.clone()}
+                for k, v in full.items():
+                    st[k] = v[off:off + n].view(g.shapes[p]).clone()
+                state[i] = st
+                i += 1
+        groups = [{k: v for k, v in self.param_groups[0].items() if k != "params"}]
+        groups[0]["params"] = list(range(i))
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        owner = self._owner
+        groups = state_dict.get("param_groups")
+        n = sum(len(ps) for ps in self._group_params)
+        if not isinstance(groups, list) or len(groups) != 1 or len(groups[0].get("params", ())) != n:
+            raise Error(INVALID, f"load_state_dict: expected one param group of {n} parameters, got "
+                        f"{[len(g.get('params', ())) for g in groups] if isinstance(groups, list) else groups!r}")
+        saved = state_dict["state"]
+        order = groups[0]["params"]
+        for k in ("exp_avg", "exp_avg_sq"):  # check everything before changing anything
+            for j, (pi, p) in enumerate(zip(order, (p for ps in self._group_params for p in ps))):
+                st = saved.get(pi, {})
+                if k in st and tuple(st[k].shape) != tuple(p.shape):
+                    raise Error(INVALID, f"load_state_dict: parameter {j}'s {k} has shape {tuple(st[k].shape)}, "
+                                f"not {tuple(p.shape)}")
+        i = 0
+        for gi, params in enumerate(self._group_params):
+            g = owner._groups[gi]
+            for k in ("exp_avg", "exp_avg_sq"):
+                ids = order[i:i + len(params)]
+                if not all(k in saved.get(pi, {}) for pi in ids):
+                    continue
+                flat = owner.engine.read_state(gi, k)
+                for pi, p, off, cnt in zip(ids, g.params, g.offsets, g.numels):
+                    flat[off:off + cnt] = saved[pi][k].reshape(-1).to(device="cpu", dtype=torch.float32)
+                owner.engine.write_state(gi, k, flat)
+            i += len(params)
+        steps = [float(st["step"]) for st in saved.values() if "step" in st]
+        if steps:
+            owner.engine.steps = int(max(steps))
+        hyper = {k: v for k, v in groups[0].items() if k != "params"}
+        self.param_groups[0].update(hyper)
 
 
 class _SavedView:
@@ -426,11 +833,12 @@ class _SavedView:
 
 
 class _ModuleGroup:
-    """The direct trainable parameters of one module: one engine group."""
+    """The direct trainable parameters of one module (tied ones only in the
+    first module that has them): one engine group."""
 
-    def __init__(self, owner, index, prefix, module, named_params):
+    def __init__(self, owner, index, module, named_params):
         self.owner, self.index, self.module = owner, index, module
-        self.names = [f"{prefix}.{n}" if prefix else n for n, _ in named_params]
+        self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
         self.shapes = {p: p.shape for p in self.params}
         self.dtypes = {p: p.dtype for p in self.params}
@@ -458,8 +866,6 @@ class _ModuleGroup:
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             acc.register_hook(lambda *_, p=p: o.grad_ready(self, p))
             self.grad_accs.append(acc)
-        o._handles.append(self.module.register_forward_pre_hook(lambda m, inp: o._before_forward(self)))
-        o._handles.append(self.module.register_forward_hook(lambda m, inp, out: o._after_forward(self)))
 
     def stage(self, p):
         if self.staged is None:
@@ -481,13 +887,49 @@ class _ModuleGroup:
         return staged
 
 
-def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1):
+def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1, *, rank=None, world_size=None):
     """ZeRO-3-style offload of `module`'s trainable parameters into a Strata
     engine configured by `config` (dict or JSON string): each module's direct
     parameters form one group, fetched before its forward (and again in
     backward, when autograd needs them) and released after; gradients go to
     the engine as autograd produces them and never stay in .grad. Returns an
-    OffloadedModule; call its step() after backward. The optimizer is the
-    config's (AdamW by default). Shared (tied) parameters are refused.
+    OffloadedModule; step with its `optimizer` (or its step()) after
+    backward. The optimizer is the config's (AdamW by default).
+
+    Tied parameters (a GPT's embedding and head) keep one master, in the
+    first module that has them, and their gradients are summed over the
+    uses. With several ranks (rank=/world_size=, torch.distributed or the
+    launcher's variables) each rank runs its own batch; gradients are
+    averaged over the ranks and the grad_accumulation_steps backward passes
+    of a step (strata.grad_reduce "mean"), as torch DDP with a loss divided
+    by the accumulation steps.
     """
-    return OffloadedModule(module, _config_dict(config), force_no_gpu, grad_accumulation_steps)
+    return OffloadedModule(module, _config_dict(config), force_no_gpu, grad_accumulation_steps, rank, world_size)
+
+
+# ---- torch.nn.utils.clip_grad_norm_ ---------------------------------------------
+
+_torch_clip_grad_norm = torch.nn.utils.clip_grad_norm_
+
+
+def _clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, **kwargs):
+    """torch.nn.utils.clip_grad_norm_, which for the parameters of an
+    OffloadedModule (whose gradients are in the engine, not in .grad) calls
+    its clip_grad_norm_; any other parameters go to torch's own."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    owners = {id(o): o for o in (_OWNERS.get(id(p)) for p in params) if o is not None}
+    if not owners:
+        return _torch_clip_grad_norm(params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite,
+                                     **kwargs)
+    owner = next(iter(owners.values()))
+    others = [p for p in params if _OWNERS.get(id(p)) is None and p.grad is not None]
+    mine = {id(p) for p in params if _OWNERS.get(id(p)) is owner}
+    if len(owners) > 1 or others or mine != owner._clip_ids():
+        raise Error(INVALID, "clip_grad_norm_: the parameters must be all those of one OffloadAdam or "
+                    "offload_module (their norm is the engine's, over every rank), without others that have "
+                    "gradients")
+    return owner.clip_grad_norm_(max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
+
+
+torch.nn.utils.clip_grad_norm_ = _clip_grad_norm_
+torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_grad_norm_

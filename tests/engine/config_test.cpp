@@ -260,6 +260,18 @@ TEST(Config, DeprecatedDeepSpeedFormsAreRead) {
   EXPECT_TRUE(MustParse(R"({"bfloat16": {"enabled": true}})").bf16);
 }
 
+TEST(Config, GradReduceDefaultsToTheMean) {
+  EXPECT_EQ(MustParse("{}").strata.grad_reduce, "mean");
+  const Config sum = MustParse(R"({"strata": {"grad_reduce": "sum"}})");
+  EXPECT_EQ(sum.strata.grad_reduce, "sum");
+  EXPECT_EQ(MustParse(ConfigToJson(sum)), sum);
+  Config bad;
+  bad.strata.grad_reduce = "median";
+  Status st = ValidateConfig(bad, ConfigFacts{});
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("strata.grad_reduce"), std::string::npos) << st.ToString();
+}
+
 TEST(Config, ToJsonRoundTrips) {
   Config c = MustParse(kInfinityConfig);
   const Config back = MustParse(ConfigToJson(c));
@@ -286,6 +298,8 @@ TEST(ConfigRefusal, BadEnumNamesWhatIsAllowed) {
             "zero_optimization.offload_param.device: \"disk\" is not one of none, cpu, nvme");
   EXPECT_EQ(Refusal(R"({"strata": {"step_io": "mixed"}})"),
             "strata.step_io: \"mixed\" is not one of alternate, concurrent");
+  EXPECT_EQ(Refusal(R"({"strata": {"grad_reduce": "avg"}})"),
+            "strata.grad_reduce: \"avg\" is not one of mean, sum");
 }
 
 TEST(ConfigRefusal, BadTypeNamesTheKeyAndTheType) {

@@ -346,6 +346,69 @@ TEST(Engine, ClippingBoundsTheUpdate) {
   EXPECT_LT(clipped_change, 0.1 * free_change);
 }
 
+// strata.grad_reduce: "mean" divides the sum of a step's grads calls (and
+// of the ranks) by their count, so k calls of g step as one call of g; "sum"
+// steps as one call of k*g. The norm and clipping follow the reduced gradient.
+TEST(Engine, GradReduceMeanAveragesAccumulationCalls) {
+  TinyMlp model(2, 16);
+  struct Out {
+    std::vector<float> w;
+    double norm = 0;  // of the first step
+  };
+  auto run = [&](const char* reduce, int calls, float factor, const char* clip) {
+    Out out;
+    EngineOptions eo;
+    eo.grad_accumulation_steps = calls;
+    // A large eps: Adam's update then depends on the gradient's scale.
+    auto e = Engine::Create(MustParse(std::string(R"({"gradient_clipping": )") + clip +
+                                      R"(, "optimizer": {"type": "AdamW", "params": {"eps": 0.1}})" +
+                                      R"(, "strata": {"grad_reduce": ")" + reduce + R"("}})"),
+                            eo);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (!e.ok()) return out;
+    Engine& eng = **e;
+    EXPECT_TRUE(model.Register(eng).ok());
+    EXPECT_TRUE(eng.Build().ok());
+    for (int s = 0; s < 3; ++s) {
+      for (int g = 0; g < eng.num_groups(); ++g) {
+        auto p = eng.Fetch(g);
+        EXPECT_TRUE(p.ok());
+        if (!p.ok()) return out;
+        // A gradient that depends on the weights, so that every step differs.
+        std::vector<float> grad(eng.group_numel(g));
+        for (size_t i = 0; i < grad.size(); ++i)
+          grad[i] = factor * (static_cast<const float*>(*p)[i] - 0.25f * static_cast<float>(i % 5));
+        EXPECT_TRUE(eng.Release(g).ok());
+        for (int c = 0; c < calls; ++c) EXPECT_TRUE(eng.Grads(g, grad.data(), DType::kF32).ok());
+      }
+      auto r = eng.Step({});
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (r.ok() && s == 0) out.norm = r->grad_norm;  // the runs' weights part after the first step
+    }
+    for (int g = 0; g < eng.num_groups(); ++g) {
+      std::vector<float> w(eng.group_numel(g));
+      EXPECT_TRUE(eng.ReadMaster(g, w.data()).ok());
+      out.w.insert(out.w.end(), w.begin(), w.end());
+    }
+    return out;
+  };
+  for (const char* clip : {"0", "0.5"}) {
+    SCOPED_TRACE(std::string("gradient_clipping ") + clip);
+    const Out one = run("mean", 1, 1.0f, clip);
+    // 2 calls: g + g is exact, so the comparisons can be bitwise.
+    const Out mean2 = run("mean", 2, 1.0f, clip);
+    const Out sum2 = run("sum", 2, 1.0f, clip);
+    const Out sum1x2 = run("sum", 1, 2.0f, clip);
+    ASSERT_FALSE(one.w.empty());
+    EXPECT_EQ(mean2.w, one.w) << "2 calls of g, averaged, step as 1 call of g";
+    EXPECT_EQ(mean2.norm, one.norm);
+    EXPECT_EQ(sum2.w, sum1x2.w) << "2 calls of g, summed, step as 1 call of 2g";
+    EXPECT_EQ(sum2.norm, sum1x2.norm);
+    EXPECT_NE(sum2.w, one.w) << "the two reductions must differ here (eps makes Adam scale-sensitive)";
+    EXPECT_EQ(sum1x2.norm, 2 * one.norm);
+  }
+}
+
 TEST(Engine, WritesAChromeTrace) {
   TempDir dir;
   TinyMlp model(2, 16);
@@ -391,6 +454,43 @@ TEST(PrefetchSchedule, NextUseMatchesAScanOfTheTrace) {
       }
     }
     s.OnStep();
+  }
+}
+
+// An eval pass (forward only) between training steps, or an extra pass,
+// starts again from the trace's first fetch: the schedule follows it and
+// keeps the recorded trace; a fetch that is neither next nor first departs.
+TEST(PrefetchSchedule, APassFromTheStartIsNoDeparture) {
+  const std::vector<int> train = {0, 1, 2, 2, 1, 0};
+  PrefetchSchedule s;
+  for (int g : train) s.OnFetch(g);
+  s.OnStep();
+  for (int step = 0; step < 3; ++step) {
+    for (int g : {0, 1, 2}) EXPECT_TRUE(s.OnFetch(g)) << "eval pass, step " << step;
+    EXPECT_EQ(s.NextUse(2), 0u);
+    for (int g : train) EXPECT_TRUE(s.OnFetch(g)) << "training pass, step " << step;
+    EXPECT_EQ(s.NextUse(0), 0u) << "the next step starts with group 0";
+    EXPECT_EQ(s.NextUse(1), 1u);
+    s.OnStep();
+    ASSERT_TRUE(s.has_trace());
+  }
+  EXPECT_TRUE(s.OnFetch(0));
+  EXPECT_FALSE(s.OnFetch(2)) << "1 was next and 0 is first: a departure";
+  EXPECT_FALSE(s.has_trace()) << "a departure records again";
+
+  // A GPT with a tied head: the first group comes again at the forward's end
+  // and at the backward's start, so an eval pass ends where the trace goes
+  // on with the first group, and the training pass after it starts with it.
+  const std::vector<int> gpt = {0, 1, 2, 0, 0, 2, 1};
+  PrefetchSchedule t;
+  for (int g : gpt) t.OnFetch(g);
+  t.OnStep();
+  for (int step = 0; step < 3; ++step) {
+    for (int g : {0, 1, 2, 0}) EXPECT_TRUE(t.OnFetch(g)) << "eval pass, step " << step;
+    for (int g : gpt) EXPECT_TRUE(t.OnFetch(g)) << "training pass, step " << step;
+    EXPECT_EQ(t.NextUse(0), 0u);
+    t.OnStep();
+    ASSERT_TRUE(t.has_trace());
   }
 }
 

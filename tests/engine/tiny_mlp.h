@@ -16,6 +16,9 @@ namespace strata::testing {
 
 struct TinyMlp {
   int layers = 4, dim = 48, batch = 8;
+  // Each rank's loss is normalized by the whole batch instead of its own
+  // rows: with strata.grad_reduce "sum", exact for splits that are uneven.
+  bool whole_batch_norm = false;
   std::vector<std::vector<float>> init;  // per layer: W then b
   std::vector<float> x, y;
 
@@ -60,8 +63,9 @@ struct TinyMlp {
   // first (a step that departs from the recorded trace: numerics must not
   // change). Returns the loss; grads go to the engine times `loss_scale`.
   // With several ranks, rank r of w computes on rows [r*batch/w, (r+1)*batch/w)
-  // and its loss is normalized by the whole batch, so the engine's sum over
-  // ranks is the whole batch's gradient.
+  // and its loss is the mean over its own rows, as under torch DDP: with
+  // strata.grad_reduce "mean" (the default) the engine's mean over the ranks
+  // is the whole batch's gradient when the rows split evenly.
   Result<double> TrainStep(Engine& e, const std::vector<int>* extra_fetches = nullptr,
                            double loss_scale = 1.0, int part = 0, int parts = 1) const {
     const DType dt = e.compute_dtype();
@@ -74,7 +78,7 @@ struct TinyMlp {
     const size_t D = static_cast<size_t>(dim);
     const size_t row0 = static_cast<size_t>(part * batch / parts);  // uneven splits cover every row
     const size_t B = static_cast<size_t>((part + 1) * batch / parts) - row0;
-    const float norm = static_cast<float>(batch);  // the whole batch
+    const float norm = static_cast<float>(whole_batch_norm ? batch : B);
     std::vector<std::vector<float>> h(static_cast<size_t>(layers) + 1), pre(static_cast<size_t>(layers));
     h[0].assign(x.begin() + static_cast<long>(row0 * D), x.begin() + static_cast<long>((row0 + B) * D));
     for (int l = 0; l < layers; ++l) {  // forward

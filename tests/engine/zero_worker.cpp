@@ -48,6 +48,11 @@ int main(int argc, char** argv) {
   auto info = net::RankInfoFromEnv();
   if (!info.ok()) return Die(info.status());
   const std::string opt = place == "device" ? "none" : place == "host" ? "cpu" : "nvme";
+  // The batch of 8 splits evenly over 1, 2, 4 and 8 ranks: each rank's loss
+  // is the mean over its rows and the engine averages over the ranks (the
+  // default, DDP's semantics). Over 3 ranks it does not: the loss is
+  // normalized by the whole batch and the engine sums.
+  const bool uneven = 8 % info->world_size != 0;
   const std::string par = place == "nvme" && stage == "3" ? "nvme" : "none";
   const std::string rank_swap = swap + "/rank" + std::to_string(info->rank);
   std::string mk = "mkdir -p '" + rank_swap + "'";
@@ -56,7 +61,8 @@ int main(int argc, char** argv) {
       "zero_optimization": {"stage": )" + stage + R"(,
         "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": ")" + rank_swap + R"("},
         "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + rank_swap + R"("}},
-      "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "timeout": )" + timeout + "}}");
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "timeout": )" + timeout +
+                        R"(, "grad_reduce": ")" + (uneven ? "sum" : "mean") + R"("}})");
   if (!cfg.ok()) return Die(cfg.status());
   EngineOptions eo;
   eo.rank = info->rank;
@@ -67,6 +73,7 @@ int main(int argc, char** argv) {
   if (!e.ok()) return Die(e.status());
   Engine& eng = **e;
   testing::TinyMlp model(3, 24);
+  model.whole_batch_norm = uneven;
   if (Status st = model.Register(eng); !st.ok()) return Die(st);
   std::vector<float> extra(53);
   for (int i = 0; i < 53; ++i) extra[static_cast<size_t>(i)] = 0.01f * static_cast<float>(i % 7);
@@ -89,7 +96,8 @@ int main(int argc, char** argv) {
     if (!p.ok()) return Die(p.status());
     std::vector<float> g(53);
     for (int i = 0; i < 53; ++i)
-      g[static_cast<size_t>(i)] = (static_cast<const float*>(*p)[i] - 0.02f) / static_cast<float>(info->world_size);
+      g[static_cast<size_t>(i)] = (static_cast<const float*>(*p)[i] - 0.02f) /
+                                  (uneven ? static_cast<float>(info->world_size) : 1.0f);  // "mean" averages
     if (Status st = eng.Release(model.layers); !st.ok()) return Die(st);
     const bool diverging = s == diverge_at && info->rank == 1;
     if (!(diverging && diverge == "grads"))
