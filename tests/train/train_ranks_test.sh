@@ -3,8 +3,9 @@
 # Modes:
 #   stages    On 2 ranks (strata-launch --nproc 2) it logs, step by step, the
 #             loss and gradient norm that 1 rank logs on the same global batch,
-#             at ZeRO stages 0-3 (fp32) and at stage 3 in bf16; at step 1 each
-#             rank's own loss is that of its half of the batch.
+#             at ZeRO stages 0-3 (fp32), at stage 3 in bf16, and with
+#             strata.grad_reduce "sum" (stages 1, 3); at step 1 each rank's
+#             own loss is that of its half of the batch.
 #   refusals  A global batch that does not split evenly is refused naming the
 #             numbers; the banner names the swap folder --config gives.
 #   resume    Saved and resumed on 2 ranks == the uninterrupted run, bitwise.
@@ -29,14 +30,16 @@ trap 'rm -rf "$WORK"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 common=(--preset tiny --steps 8 --log-losses --print-every 100 --nvme "$WORK")
 
-# config FILE STAGE DTYPE: a --config at STAGE; below stage 3 with several
-# ranks every rank keeps all parameters, so they stay in host memory.
+# config FILE STAGE DTYPE [REDUCE]: a --config at STAGE; below stage 3 with
+# several ranks every rank keeps all parameters, so they stay in host memory.
+# REDUCE: strata.grad_reduce ("mean" by default; with "sum" strata-train
+# hands each rank's gradients divided by the world size itself).
 config() {
   local bf16=false params='"nvme"'
   [ "$3" = bf16 ] && bf16=true
   [ "$2" -lt 3 ] && params='"cpu"'
-  printf '{"bf16": {"enabled": %s}, "zero_optimization": {"stage": %s, "offload_param": {"device": %s}}}\n' \
-    "$bf16" "$2" "$params" >"$1"
+  printf '{"bf16": {"enabled": %s}, "zero_optimization": {"stage": %s, "offload_param": {"device": %s}}, "strata": {"grad_reduce": "%s"}}\n' \
+    "$bf16" "$2" "$params" "${4:-mean}" >"$1"
 }
 
 # compare ONE TWO STAGE WHAT: the loss lines of a 1-rank and a 2-rank output agree.
@@ -70,20 +73,20 @@ PY
 }
 
 if [ "$MODE" = stages ]; then
-  for case in 0:fp32 1:fp32 2:fp32 3:fp32 3:bf16; do
-    stage=${case%:*} dtype=${case#*:}
-    config "$WORK/c$stage$dtype.json" "$stage" "$dtype"
-    run=("${common[@]}" --config "$WORK/c$stage$dtype.json")
-    "$TRAIN" "${run[@]}" >"$WORK/one.out" || fail "stage $stage $dtype on 1 rank"
+  for case in 0:fp32:mean 1:fp32:mean 2:fp32:mean 3:fp32:mean 3:bf16:mean 1:fp32:sum 3:fp32:sum; do
+    IFS=: read -r stage dtype reduce <<<"$case"
+    config "$WORK/c$stage$dtype$reduce.json" "$stage" "$dtype" "$reduce"
+    run=("${common[@]}" --config "$WORK/c$stage$dtype$reduce.json")
+    "$TRAIN" "${run[@]}" >"$WORK/one.out" || fail "$case on 1 rank"
     "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" "${run[@]}" >"$WORK/two.out" 2>&1 ||
-      { cat "$WORK/two.out"; fail "stage $stage $dtype on 2 ranks"; }
-    compare "$WORK/one.out" "$WORK/two.out" "$stage" "$dtype" || fail "stage $stage $dtype: 2 ranks differ from 1"
+      { cat "$WORK/two.out"; fail "$case on 2 ranks"; }
+    compare "$WORK/one.out" "$WORK/two.out" "$stage" "$dtype grad_reduce $reduce" || fail "$case: 2 ranks differ from 1"
   done
   # Each rank trained its own half: at step 1 (same weights everywhere) rank
   # 0's loss is that of a 1-rank run on the first half (--batch 4 draws the
   # same first 4 windows), rank 1's that of the second: 2 * L(8) - L(4).
   "$TRAIN" --preset tiny --steps 1 --batch 4 --log-losses --print-every 100 --nvme "$WORK" \
-    --config "$WORK/c3fp32.json" >"$WORK/half.out"
+    --config "$WORK/c3fp32mean.json" >"$WORK/half.out"
   "$PY" - "$WORK/one.out" "$WORK/two.out" "$WORK/half.out" <<'PY' || fail "the ranks did not train their own halves"
 import sys
 def first(path):
@@ -96,7 +99,7 @@ assert abs(r0 - l4) <= tol, f"rank 0's loss {r0} is not its half's {l4}"
 assert abs(r1 - (2 * l8 - l4)) <= tol, f"rank 1's loss {r1} is not the second half's {2 * l8 - l4}"
 print(f"step 1: rank 0 {r0:.6f} == first half {l4:.6f}; rank 1 {r1:.6f} == second half {2 * l8 - l4:.6f}")
 PY
-  echo "6 passed, 0 failed"
+  echo "8 passed, 0 failed"
 elif [ "$MODE" = refusals ]; then
   set +e
   "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" --preset tiny --steps 1 --batch 7 --nvme "$WORK" >"$WORK/odd.out" 2>&1
