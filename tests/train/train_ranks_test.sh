@@ -7,7 +7,8 @@
 #             strata.grad_reduce "sum" (stages 1, 3); at step 1 each rank's
 #             own loss is that of its half of the batch.
 #   refusals  A global batch that does not split evenly is refused naming the
-#             numbers; the banner names the swap folder --config gives.
+#             numbers, and --gpu on several ranks (the engine drives host
+#             buffers across ranks); the banner names the swap folder --config gives.
 #   resume    Saved and resumed on 2 ranks == the uninterrupted run, bitwise.
 #   torchrun  The same equality under torchrun's variables (skipped without torch).
 #
@@ -109,6 +110,13 @@ elif [ "$MODE" = refusals ]; then
   grep -q -- '--batch 7 (the global batch) does not split evenly over 2 ranks' "$WORK/odd.out" ||
     fail "unclear refusal: $(cat "$WORK/odd.out")"
   echo "ok: $(grep -m1 -- '--batch 7' "$WORK/odd.out")"
+  set +e
+  "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" --preset tiny --steps 1 --gpu --nvme "$WORK" >"$WORK/gpu.out" 2>&1
+  rc=$?
+  set -e
+  [ "$rc" -ne 0 ] || fail "--gpu on 2 ranks ran"
+  grep -q -- '--gpu on 2 ranks: ' "$WORK/gpu.out" || fail "unclear refusal: $(cat "$WORK/gpu.out")"
+  echo "ok: $(grep -m1 -- '--gpu on 2' "$WORK/gpu.out")"
   mkdir "$WORK/swap"
   printf '{"zero_optimization": {"offload_param": {"nvme_path": "%s"}, "offload_optimizer": {"nvme_path": "%s"}}}\n' \
     "$WORK/swap" "$WORK/swap" >"$WORK/swap.json"
@@ -116,7 +124,7 @@ elif [ "$MODE" = refusals ]; then
   grep -q "state on NVMe in $WORK/swap\$" "$WORK/banner.out" || fail "banner: $(grep preset "$WORK/banner.out")"
   ! grep -q /var/tmp/strata-train- "$WORK/banner.out" || fail "the banner names a /var/tmp folder"
   echo "ok: $(grep preset "$WORK/banner.out")"
-  echo "2 passed, 0 failed"
+  echo "3 passed, 0 failed"
 elif [ "$MODE" = resume ]; then
   # Saved and resumed on 2 ranks (each saves and loads its own shards) ==
   # the uninterrupted run, bitwise: losses of steps 7-8 and the final weights.
