@@ -13,8 +13,19 @@ spdlog::logger& Logger() {
   static std::shared_ptr<spdlog::logger> logger = [] {
     auto l = spdlog::stderr_color_mt("strata");
     l->set_pattern("[strata %L] %v");
+    // STRATA_LOG_LEVEL: trace, debug, info (the default), warn, error,
+    // critical or off. spdlog reads any other word as "off": a typo would
+    // silence every warning, so it is named and info is kept.
     const char* lvl = std::getenv("STRATA_LOG_LEVEL");
-    l->set_level(lvl ? spdlog::level::from_str(lvl) : spdlog::level::info);
+    l->set_level(spdlog::level::info);
+    if (lvl && *lvl) {
+      const std::string v = lvl;
+      const auto level = spdlog::level::from_str(v);
+      if (level != spdlog::level::off || v == "off")
+        l->set_level(level);
+      else
+        l->warn("STRATA_LOG_LEVEL='{}' is not one of trace, debug, info, warn, error, critical, off; using info", v);
+    }
     return l;
   }();
   return *logger;

@@ -445,6 +445,9 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.overlap_efficiency = s.overlap_efficiency;
     f.steps = s.steps;
     f.skipped_steps = s.skipped_steps;
+    f.device_cached = s.device_cached;
+    f.device_raw_allocs = s.device_raw_allocs;
+    f.device_pool_hits = s.device_pool_hits;
     return WriteSized(f, "stats", stats);
   });
 }

@@ -166,14 +166,18 @@ Status Engine::Impl::Build() {
 void Engine::Impl::UndoBuild() {
   StopOverlap();
   StopPrefetcher();
-  for (auto& gs : groups_)
+  for (auto& gs : groups_) {
+    if (gs.dev.alloc.charged) device_->Free(gs.dev.alloc);
+    gs.dev.alloc = {};
     for (auto& b : gs.blocks) if (io_) io_->Free(b);
+  }
   groups_.clear();
   param_staging_.Clear();
   opt_staging_.Clear();
   grad_staging_.Clear();
   io_.reset();
   nvme_.reset();
+  device_->Trim();  // the pool's blocks go back too: nothing is left held
 }
 
 Status Engine::Impl::BuildOnce() {
@@ -658,6 +662,10 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
 EngineStats Engine::Impl::Stats() const {
   EngineStats s = stats_->Snapshot();
   s.device = {device_->budget(), device_->used(), device_->peak()};
+  const DevicePoolStats pool = device_->pool_stats();
+  s.device_cached = pool.cached;
+  s.device_raw_allocs = pool.raw_allocs;
+  s.device_pool_hits = pool.hits;
   s.host = {host_->budget(), host_->used(), host_->peak()};
   if (nvme_) s.nvme = {nvme_->budget(), nvme_->used(), nvme_->peak()};
   return s;

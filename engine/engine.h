@@ -88,6 +88,9 @@ struct EngineStats {
   double prefetch_hit_rate() const { return fetches ? double(prefetch_hits) / double(fetches) : 0; }
   double overlap_efficiency = 0;  // largest busy time / wall time, last step
   uint64_t steps = 0, skipped_steps = 0;
+  // The device tier's pool: bytes of free blocks kept (within device.used),
+  // cudaMalloc calls so far, and allocations served from the cache.
+  uint64_t device_cached = 0, device_raw_allocs = 0, device_pool_hits = 0;
 };
 
 class Engine {

@@ -128,51 +128,91 @@ Result<std::unique_ptr<DeviceTier>> DeviceTier::Create(const DeviceTierOptions& 
 DeviceTier::~DeviceTier() {
   in_queue_.reset();
   out_queue_.reset();
-  for (auto& [p, n] : sizes_) {
-    if (on_gpu_) gpu::Free(p).IgnoreError();
-    else std::free(p);
-  }
+  for (auto& [p, n] : sizes_) RawFree(p);
+  for (auto& [n, p] : cache_) RawFree(p);
   if (in_stream_) gpu::StreamDestroy(in_stream_).IgnoreError();
   if (out_stream_) gpu::StreamDestroy(out_stream_).IgnoreError();
+}
+
+Result<void*> DeviceTier::RawAlloc(uint64_t len) {
+  if (on_gpu_) {
+    STRATA_ASSIGN_OR_RETURN(void* p, gpu::Malloc(len));
+    ++pool_.raw_allocs;
+    return p;
+  }
+  // 4 KiB-aligned so the disk can read straight into it (O_DIRECT).
+  void* p = std::aligned_alloc(4096, AlignUp(len, 4096));
+  if (!p) return NoMemError("device tier (host arena): cannot allocate " + FormatBytes(len));
+  ++pool_.raw_allocs;
+  return p;
+}
+
+void DeviceTier::RawFree(void* p) {
+  if (on_gpu_) gpu::Free(p).IgnoreError();  // cudaFree fails only on a broken context
+  else std::free(p);
+  ++pool_.raw_frees;
+}
+
+bool DeviceTier::ReleaseLargestCached() {
+  if (cache_.empty()) return false;
+  auto it = std::prev(cache_.end());
+  const uint64_t len = it->first;
+  RawFree(it->second);
+  cache_.erase(it);
+  pool_.cached -= len;
+  Uncharge(len);
+  return true;
 }
 
 Result<Allocation> DeviceTier::Allocate(uint64_t bytes) {
   if (bytes == 0) return InvalidError("device tier: allocation of 0 bytes");
   const uint64_t len = AlignUp(bytes, 256);  // cudaMalloc's granularity
-  STRATA_RETURN_IF_ERROR(Charge(len));
-  void* p = nullptr;
-  if (on_gpu_) {
-    auto r = gpu::Malloc(len);
-    if (!r.ok()) {
-      Uncharge(len);
-      return r.status().WithContext("device tier");
-    }
-    p = *r;
-  } else {
-    // 4 KiB-aligned so the disk can read straight into it (O_DIRECT).
-    p = std::aligned_alloc(4096, AlignUp(len, 4096));
-    if (!p) {
-      Uncharge(len);
-      return NoMemError("device tier (host arena): cannot allocate " + FormatBytes(len));
-    }
-  }
   std::lock_guard<std::mutex> lock(mu_);
-  sizes_[p] = len;
-  return Allocation{p, 0, bytes, len};
+  auto it = cache_.lower_bound(len);
+  if (it != cache_.end() && it->first <= len + len / 8) {  // a cached block: no cudaMalloc
+    const uint64_t blen = it->first;
+    void* p = it->second;
+    cache_.erase(it);
+    pool_.cached -= blen;
+    pool_.in_use += blen;
+    ++pool_.hits;
+    sizes_[p] = blen;
+    return Allocation{p, 0, bytes, blen};
+  }
+  Status charged = Charge(len);
+  while (!charged.ok() && ReleaseLargestCached()) charged = Charge(len);
+  STRATA_RETURN_IF_ERROR(charged);
+  auto r = RawAlloc(len);
+  while (!r.ok() && ReleaseLargestCached()) r = RawAlloc(len);  // the device is fuller than the budget says
+  if (!r.ok()) {
+    Uncharge(len);
+    return r.status().WithContext("device tier");
+  }
+  pool_.in_use += len;
+  sizes_[*r] = len;
+  return Allocation{*r, 0, bytes, len};
 }
 
 void DeviceTier::Free(const Allocation& a) {
-  uint64_t len;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = sizes_.find(a.ptr);
-    STRATA_CHECK_MSG(it != sizes_.end(), "device tier: freeing a pointer it did not allocate");
-    len = it->second;
-    sizes_.erase(it);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sizes_.find(a.ptr);
+  STRATA_CHECK_MSG(it != sizes_.end(), "device tier: freeing a pointer it did not allocate");
+  const uint64_t len = it->second;
+  sizes_.erase(it);
+  pool_.in_use -= len;
+  cache_.emplace(len, a.ptr);  // still charged: the next Allocate of its size takes it
+  pool_.cached += len;
+}
+
+void DeviceTier::Trim() {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (ReleaseLargestCached()) {
   }
-  if (on_gpu_) gpu::Free(a.ptr).IgnoreError();  // cudaFree fails only on a broken context
-  else std::free(a.ptr);
-  Uncharge(len);
+}
+
+DevicePoolStats DeviceTier::pool_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pool_;
 }
 
 Result<CopyTicket> DeviceTier::Copy(void* dst, const void* src, uint64_t bytes, bool to_device) {

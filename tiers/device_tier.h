@@ -2,6 +2,15 @@
 // the same budget and the same asynchronous copy interface (a copy thread
 // per direction standing in for the copy-in and copy-out streams), so every
 // test runs on a machine without a GPU. Thread-safe.
+//
+// A pool: Free keeps the block for the next Allocate instead of returning
+// it (cudaFree synchronizes the whole device). The size classes are the
+// exact sizes asked, 256-byte aligned: the engine's device copies repeat
+// their groups' sizes every step, so after the first step every allocation
+// is served from the cache, and a tight budget loses nothing to rounding. A
+// request takes a cached block up to 1/8 larger when none is its size.
+// Cached blocks stay counted against the budget; when a new block does not
+// fit, cached ones are released (the largest first) until it does.
 #pragma once
 
 #include <condition_variable>
@@ -32,6 +41,14 @@ struct DeviceTierOptions {
   bool force_host_arena = false;  // tests: behave as if there were no GPU
 };
 
+struct DevicePoolStats {
+  uint64_t in_use = 0;      // bytes handed out (as charged)
+  uint64_t cached = 0;      // bytes of free blocks kept for reuse (charged too)
+  uint64_t raw_allocs = 0;  // cudaMalloc (aligned_alloc) calls so far
+  uint64_t raw_frees = 0;   // cudaFree (free) calls so far
+  uint64_t hits = 0;        // allocations served from the cache
+};
+
 class DeviceTier final : public Tier {
  public:
   static Result<std::unique_ptr<DeviceTier>> Create(const DeviceTierOptions& options);
@@ -45,6 +62,9 @@ class DeviceTier final : public Tier {
   Result<CopyTicket> CopyOut(void* host_dst, const void* device_src, uint64_t bytes);
 
   bool on_gpu() const { return on_gpu_; }
+  DevicePoolStats pool_stats() const;
+  // Returns every cached block to the device (or the host).
+  void Trim();
 
  private:
   class CopyQueue;  // one direction without a GPU
@@ -55,8 +75,15 @@ class DeviceTier final : public Tier {
   bool on_gpu_ = false;
   gpu::Stream in_stream_ = nullptr, out_stream_ = nullptr;
   std::unique_ptr<CopyQueue> in_queue_, out_queue_;
-  std::mutex mu_;  // guards sizes_
-  std::map<void*, uint64_t> sizes_;
+  Result<void*> RawAlloc(uint64_t len);
+  void RawFree(void* p);
+  // Releases the largest cached block. REQUIRES: mu_ held; false when none.
+  bool ReleaseLargestCached();
+
+  mutable std::mutex mu_;  // guards sizes_, cache_ and pool_
+  std::map<void*, uint64_t> sizes_;        // blocks handed out -> their length
+  std::multimap<uint64_t, void*> cache_;   // free blocks by length
+  DevicePoolStats pool_;
 };
 
 }  // namespace strata

@@ -36,6 +36,11 @@
  *   - One thread at a time drives an engine (the caller serializes); distinct
  *     engines may be driven from distinct threads. The engine runs its own I/O,
  *     copy and prefetch threads internally.
+ *   - Warnings and notes go to stderr as "[strata W] ..." lines. The
+ *     environment variable STRATA_LOG_LEVEL (trace, debug, info, warning or
+ *     warn, error or err, critical, off; lower case) sets the level, read once
+ *     when the library first logs; unset or empty means info, and any other
+ *     value is named in a warning and info is kept.
  *   - Option and result structs start with struct_size, which the caller sets
  *     (the _INIT macros do): the library reads and writes only the fields that
  *     struct_size covers, so programs built against an older header keep
@@ -139,9 +144,11 @@ typedef struct strata_engine_options {
 STRATA_API strata_status_t strata_engine_create(const char* json, const strata_engine_options_t* options,
                                                 strata_engine_t** out);
 
-/* Frees the engine and its memory, and closes its swap files (which stay in
- * their folder). NULL is a no-op. The engine must not be in use by another
- * thread. Always returns STRATA_OK. */
+/* Frees the engine and its memory, closes its swap files and deletes them
+ * (swap is scratch: only checkpoints outlive the engine; a checkpoint that
+ * links a swap file keeps its data), and writes the trace when
+ * strata.trace_path is set. NULL is a no-op. The engine must not be in use
+ * by another thread. Always returns STRATA_OK. */
 STRATA_API strata_status_t strata_engine_destroy(strata_engine_t* engine);
 
 /* Registers `numel` parameters named `name` in `group` (0-based; groups must
@@ -153,24 +160,35 @@ STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int 
                                                    uint64_t numel, const float* init, uint64_t* offset_out);
 
 /* Lays the groups out, allocates every block in its home tier, reserves swap
- * space and writes the initial state. Errors: STATE (twice, or no params),
- * CONFIG/NOMEM (a group larger than a budget), NOSPACE, IO. */
+ * space and writes the initial state. Swap files are created in the swap
+ * folders (zero_optimization.offload_*.nvme_path or strata.nvme_paths),
+ * which must already exist and be writable: the engine does not create
+ * them (IO for a missing or unwritable folder, INVALID for a path that is
+ * not a folder, naming it). A failed build leaves no swap files behind.
+ * Errors: STATE (twice, or no params), CONFIG/NOMEM (a group larger than a
+ * budget), NOSPACE, IO, INVALID. */
 STRATA_API strata_status_t strata_engine_build(strata_engine_t* engine);
 
 /* Brings the group's full parameters, in the compute dtype
  * (strata_engine_compute_dtype), to the device and sets *device_ptr to
- * them. The buffer is owned by the engine and valid until
- * strata_engine_release of the group. The data is complete before the call
- * returns, so work on `cuda_stream` (a cudaStream_t; NULL = the default
- * stream) may read it at once. Without a GPU the pointer is host memory and
- * the stream is ignored. REQUIRES: after build. Errors: INVALID, STATE, IO,
- * CORRUPT, NOMEM, TIMEOUT. */
+ * them. Fetches are reference-counted per group: each fetch adds one, each
+ * strata_engine_release takes one away, and while the count is above zero
+ * the buffer stays in place (every fetch returns the same pointer). The
+ * buffer is owned by the engine, read-only for the caller, and valid until
+ * the release that brings the count back to zero. The data is complete
+ * before the call returns, so work on `cuda_stream` (a cudaStream_t; NULL =
+ * the default stream) may read it at once. Without a GPU the pointer is host
+ * memory and the stream is ignored. REQUIRES: after build. Errors: INVALID,
+ * STATE, IO, CORRUPT, NOMEM (the device budget is full of fetched groups),
+ * TIMEOUT, COMM. */
 STRATA_API strata_status_t strata_engine_fetch(strata_engine_t* engine, int group, void* cuda_stream,
                                                void** device_ptr);
 
-/* Gives the group's fetched buffer back. Work already queued on
- * `cuda_stream` that reads the buffer is waited for first. Errors: INVALID,
- * STATE (not fetched). */
+/* Undoes one strata_engine_fetch of the group (its count goes down by one).
+ * Work already queued on `cuda_stream` that reads the buffer is waited for
+ * first. Nothing is freed: at count zero the buffer stays cached and may be
+ * evicted or replaced from then on. Errors: INVALID, STATE (count already
+ * zero: not fetched). */
 STRATA_API strata_status_t strata_engine_release(strata_engine_t* engine, int group, void* cuda_stream);
 
 /* Adds the group's full gradients (group numel elements of `dtype`, on the
@@ -269,10 +287,14 @@ STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, in
 /* Checkpoints. Save writes this rank's master weights and moments (from
  * whatever tier they live in), the step count, the loss scaler and the
  * caller's opaque `blob` (its data position, RNG, scheduler: `blob_bytes`
- * bytes, may be 0) to DIR/TAG — a new folder; an existing TAG is refused —
- * then points DIR/latest at it. Files are fsynced and renamed into place:
+ * bytes, may be 0) to DIR/TAG, then points DIR/latest at it. DIR is
+ * created if missing. An existing TAG is never overwritten: saving to it is
+ * INVALID unless it already holds exactly this state and is the newest
+ * checkpoint in DIR (a save killed before it moved `latest`, repeated),
+ * which then only updates DIR/latest. Files are fsynced and renamed into place:
  * a crash leaves the previous or the new checkpoint whole.
- * Load (tag NULL or "" = DIR/latest) checks the manifest and every checksum
+ * Load (tag NULL or "" = the newest complete checkpoint in DIR, normally
+ * the one DIR/latest names) checks the manifest and every checksum
  * before changing anything: CORRUPT names the file, and the engine is as it
  * was. NOT_FOUND means nothing was saved there: DIR does not exist, holds
  * neither `latest` nor a tag folder, or the named TAG does not exist (a
@@ -313,9 +335,9 @@ STRATA_API strata_status_t strata_engine_get_steps(strata_engine_t* engine, int6
 STRATA_API strata_status_t strata_engine_set_steps(strata_engine_t* engine, int64_t steps);
 
 /* The engine's resolved config as JSON (every key, defaults filled in, in
- * DeepSpeed's spelling, as checkpoints record it), NUL-terminated, into `out`
- * of *size bytes. *size is set to the bytes needed (with the NUL); with `out`
- * NULL only that is done. Errors: INVALID (a buffer too small: nothing
+ * DeepSpeed's spelling; budgets as given, bytes or "auto"), NUL-terminated,
+ * into `out` of *size bytes. *size is set to the bytes needed (with the
+ * NUL); with `out` NULL only that is done. Errors: INVALID (a buffer too small: nothing
  * written, *size says what is needed). */
 STRATA_API strata_status_t strata_engine_config(strata_engine_t* engine, char* out, size_t* size);
 
@@ -342,11 +364,15 @@ typedef struct strata_stats {
   double disk_busy_s, copy_busy_s, cpu_optimizer_s, step_wall_s;
   double overlap_efficiency; /* largest busy time / wall time, last step */
   uint64_t steps, skipped_steps;
+  /* Appended (a shorter struct_size leaves them out). The device tier keeps
+   * freed blocks for reuse: bytes cached (counted in device.used), device
+   * allocations made (cudaMalloc) so far, and allocations the cache served. */
+  uint64_t device_cached, device_raw_allocs, device_pool_hits;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0                                                                                          \
+        0.0, 0, 0, 0, 0, 0                                                                                 \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

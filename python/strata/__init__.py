@@ -71,7 +71,8 @@ class _Stats(ctypes.Structure):
                                                 "device_to_host", "fetches", "prefetch_hits", "fetch_stalls")] +
                 [(n, ctypes.c_double) for n in ("fetch_stall_s", "disk_busy_s", "copy_busy_s", "cpu_optimizer_s",
                                                 "step_wall_s", "overlap_efficiency")] +
-                [(n, ctypes.c_uint64) for n in ("steps", "skipped_steps")])
+                [(n, ctypes.c_uint64) for n in ("steps", "skipped_steps", "device_cached", "device_raw_allocs",
+                                                "device_pool_hits")])
 
 
 class _AdamOptions(ctypes.Structure):

@@ -409,6 +409,36 @@ TEST(Engine, GradReduceMeanAveragesAccumulationCalls) {
   }
 }
 
+// The device pool: with P evicted and fetched again all the time (the
+// device holds 2 of the 4 groups' P) and every copy dropped after each step,
+// no device allocation happens after the first step; the numerics are those
+// of the unpooled placements (PlacementNeverChangesNumerics).
+TEST(Engine, DevicePoolAllocatesNothingAfterWarmUp) {
+  TempDir dir;
+  TinyMlp model;
+  auto e = Engine::Create(MustParse(PlacementJson("nvme_all", dir.path())), {});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& eng = **e;
+  ASSERT_TRUE(model.Register(eng).ok());
+  ASSERT_TRUE(eng.Build().ok());
+  uint64_t after_warm_up = 0, hits_then = 0;
+  for (int s = 0; s < 6; ++s) {
+    ASSERT_TRUE(model.TrainStep(eng).ok());
+    ASSERT_TRUE(eng.Step({}).ok());
+    const EngineStats st = eng.stats();
+    EXPECT_LE(st.device.peak, st.device.budget);
+    if (s == 1) {
+      after_warm_up = st.device_raw_allocs;
+      hits_then = st.device_pool_hits;
+    }
+    if (s > 1) {
+      EXPECT_EQ(st.device_raw_allocs, after_warm_up) << "step " << s;
+    }
+  }
+  EXPECT_GT(after_warm_up, 0u);
+  EXPECT_GT(eng.stats().device_pool_hits, hits_then + 8) << "fetches after warm-up come from the pool";
+}
+
 TEST(Engine, WritesAChromeTrace) {
   TempDir dir;
   TinyMlp model(2, 16);

@@ -170,3 +170,40 @@ def test_ranks_are_found_and_conflicts_refused(monkeypatch):
         monkeypatch.delenv(v)
     with pytest.raises(strata.Error, match="no launcher variables"):
         st.OffloadAdam(TinyGpt().parameters(), rank=0, world_size=2, force_no_gpu=True)
+
+
+def test_gradient_accumulation_averages_like_torch():
+    # Two micro-batches per step: torch users divide the loss by 2; with
+    # offload_module the engine averages the grads calls of a step itself.
+    data = batches(6, 4)
+    ref = TinyGpt()
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD)
+    for x, y in data:
+        opt.zero_grad()
+        for half in (slice(0, 2), slice(2, 4)):
+            (loss_of(ref, x[half], y[half]) / 2).backward()
+        opt.step()
+    model = TinyGpt()
+    off = st.offload_module(model, config(), force_no_gpu=True, grad_accumulation_steps=2)
+    for x, y in data:
+        for half in (slice(0, 2), slice(2, 4)):
+            loss_of(model, x[half], y[half]).backward()
+        off.optimizer.step()
+    masters = off.master_parameters()
+    for n, p in ref.named_parameters():
+        rel = ((masters[n] - p.detach()).abs().max() / p.detach().abs().max()).item()
+        assert rel <= TOL, f"{n}: {rel}"
+    off.close()
+
+
+def test_a_bad_log_level_is_named_not_silent():
+    # spdlog reads an unknown level as "off"; Strata names it and keeps info.
+    code = ("import strata; e = strata.Engine({'zero_optimization': {'stage': 1}, 'amp': {'enabled': False}}); "
+            "e.close()")
+    env = dict(os.environ, STRATA_LOG_LEVEL="warnn")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "STRATA_LOG_LEVEL='warnn' is not one of" in p.stderr, p.stderr
+    assert "amp" in p.stderr, "warnings still show"
+    env["STRATA_LOG_LEVEL"] = "error"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "amp" not in p.stderr, p.stderr

@@ -86,9 +86,16 @@ TEST(Tiers, RandomAllocFreeNeverExceedsBudget) {
     int refused = 0;
     for (int i = 0; i < 2000; ++i) {
       if (live.empty() || rng() % 3) {
-        auto a = t->Allocate(1 + rng() % (2 * kMiB));
-        if (a.ok()) live.push_back(*a);
-        else ++refused;
+        const uint64_t bytes = 1 + rng() % (2 * kMiB);
+        auto a = t->Allocate(bytes);
+        if (a.ok()) {
+          live.push_back(*a);
+        } else {
+          ++refused;
+          if (t == dev->get()) {  // the pool's cached blocks never cause a refusal
+            ASSERT_GT((*dev)->pool_stats().in_use + AlignUp(bytes, 256), t->budget());
+          }
+        }
       } else {
         const size_t k = rng() % live.size();
         t->Free(live[k]);
@@ -100,8 +107,60 @@ TEST(Tiers, RandomAllocFreeNeverExceedsBudget) {
     EXPECT_GT(t->peak(), t->budget() / 2) << t->name() << ": the test should fill the tier";
     EXPECT_GT(refused, 0) << t->name();
     for (auto& a : live) t->Free(a);
+    if (t == dev->get()) {
+      EXPECT_EQ(t->used(), (*dev)->pool_stats().cached) << "freed device blocks stay cached, and counted";
+      (*dev)->Trim();
+    }
     EXPECT_EQ(t->used(), 0u) << t->name();
   }
+}
+
+// The device pool: a freed block serves the next allocation of its size
+// (or up to 1/8 less) without a new device allocation; cached blocks count
+// against the budget and give way, the largest first, to a block that would
+// not fit otherwise.
+TEST(DeviceTier, PoolReusesBlocksWithinTheBudget) {
+  auto made = DeviceTier::Create({.budget = 10000 * 256, .force_host_arena = true});
+  ASSERT_TRUE(made.ok());
+  DeviceTier& t = **made;
+  auto a = t.Allocate(4000 * 256);
+  ASSERT_TRUE(a.ok());
+  void* first = a->ptr;
+  t.Free(*a);
+  EXPECT_EQ(t.pool_stats().cached, 4000u * 256);
+  EXPECT_EQ(t.used(), 4000u * 256) << "a cached block stays charged";
+  auto b = t.Allocate(4000 * 256 - 100);  // the same 256-aligned size
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->ptr, first);
+  EXPECT_EQ(t.pool_stats().raw_allocs, 1u);
+  EXPECT_EQ(t.pool_stats().hits, 1u);
+  t.Free(*b);
+  auto c = t.Allocate(3600 * 256);  // the cached 4000 is within 1/8 of it
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->ptr, first);
+  EXPECT_EQ(c->charged, 4000u * 256);
+  t.Free(*c);
+  auto d = t.Allocate(1000 * 256);  // 4000 is too large for it: a new block beside the cached one
+  ASSERT_TRUE(d.ok());
+  EXPECT_NE(d->ptr, first);
+  EXPECT_EQ(t.pool_stats().raw_allocs, 2u);
+  EXPECT_EQ(t.used(), 5000u * 256);
+  // 8000 fits only once the cached 4000 goes: it is released, not refused.
+  auto e = t.Allocate(8000 * 256);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(t.pool_stats().cached, 0u);
+  EXPECT_EQ(t.pool_stats().raw_frees, 1u);
+  EXPECT_EQ(t.used(), 9000u * 256);
+  EXPECT_LE(t.peak(), t.budget());
+  // Past the budget with nothing cached: refused, naming the tier.
+  auto f = t.Allocate(2000 * 256);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("device"), std::string::npos) << f.status().ToString();
+  t.Free(*d);
+  t.Free(*e);
+  t.Trim();
+  EXPECT_EQ(t.used(), 0u);
+  EXPECT_EQ(t.pool_stats().raw_frees, t.pool_stats().raw_allocs);
 }
 
 class NvmeRoundTrip : public ::testing::TestWithParam<int> {};
