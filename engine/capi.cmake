@@ -32,7 +32,8 @@ target_include_directories(strata INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_D
 set_target_properties(strata PROPERTIES
   VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR}
   C_VISIBILITY_PRESET hidden CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
-  LINK_DEPENDS ${_strata_map})
+  LINK_DEPENDS ${_strata_map}
+  INSTALL_RPATH_USE_LINK_PATH ON)  # installed, it still finds what it links from outside the build (CUDA)
 target_link_options(strata PRIVATE "LINKER:--version-script=${_strata_map}" "LINKER:--no-undefined"
                     "LINKER:--exclude-libs,ALL")
 

@@ -20,6 +20,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "engine/partition.h"
+#include "io/net/launch_env.h"
 #include "kernels/cpu/adam.h"
 #include "strata/strata.h"
 #include "tiers/gpu.h"
@@ -539,6 +540,37 @@ strata_status_t strata_adam_step(const strata_adam_options_t* options, size_t n,
   });
   return s.ok() ? STRATA_OK : Fail("strata_adam_step", s);
 }
+
+/* ---- Ranks: data-parallel trainers (strata-train on many ranks, #14) ---- */
+
+strata_status_t strata_rank_from_env(int* rank_out, int* world_size_out) {
+  Status s = Guarded([&]() -> Status {
+    if (rank_out == nullptr || world_size_out == nullptr)
+      return strata::InvalidError("rank_out and world_size_out must not be NULL");
+    STRATA_ASSIGN_OR_RETURN(strata::net::RankInfo info, strata::net::RankInfoFromEnv());
+    *rank_out = info.rank;
+    *world_size_out = info.world_size;
+    return Status::Ok();
+  });
+  return s.ok() ? STRATA_OK : Fail("strata_rank_from_env", s);
+}
+
+strata_status_t strata_engine_rank(strata_engine_t* engine, int* rank_out, int* world_size_out) {
+  return OnEngine("strata_engine_rank", engine, [&]() -> Status {
+    if (rank_out == nullptr || world_size_out == nullptr)
+      return strata::InvalidError("rank_out and world_size_out must not be NULL");
+    *rank_out = engine->rep->rank();
+    *world_size_out = engine->rep->world_size();
+    return Status::Ok();
+  });
+}
+
+strata_status_t strata_engine_sum_over_ranks(strata_engine_t* engine, double* values, size_t n) {
+  return OnEngine("strata_engine_sum_over_ranks", engine,
+                  [&]() -> Status { return engine->rep->SumOverRanks(values, n); });
+}
+
+/* ---- End of the ranks block ---- */
 
 void strata_internal_break_engine(strata_engine_t* engine, const char* why) {
   if (engine) engine->broken = why ? why : "broken by a test";

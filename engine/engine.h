@@ -181,6 +181,16 @@ class Engine {
   DType compute_dtype() const;
   const Config& config() const;
 
+  // Ranks (engine/ranks.cpp): this engine's rank and world size, and
+  // values[n] := their sum over the ranks, in fp64, added in rank order so
+  // that every rank gets the same bits (a trainer's loss, averaged for its
+  // log). Every rank calls SumOverRanks with the same n, in the same order
+  // relative to the engine's other collectives. REQUIRES: no gradients
+  // pending (before a step's first Grads, or after its Step).
+  int rank() const;
+  int world_size() const;
+  Status SumOverRanks(double* values, size_t n);
+
   class Impl;
 
  private:

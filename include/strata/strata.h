@@ -484,6 +484,37 @@ STRATA_API strata_status_t strata_adam_step(const strata_adam_options_t* options
                                             float* exp_avg, float* exp_avg_sq, const void* grad,
                                             void* param_copy);
 
+/* ---- Ranks: data-parallel trainers ------------------------------------- */
+/* (This block: strata-train on many ranks, #14. Keep additions elsewhere.) */
+
+/* The rank and world size that the launcher's variables say: torchrun's
+ * RANK and WORLD_SIZE (strata-launch sets them too), else OpenMPI's
+ * OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE, else Slurm's SLURM_PROCID
+ * and SLURM_NTASKS; none of them means rank 0 of 1. Put them in
+ * strata_engine_options_t: an engine created with world_size 1 runs alone
+ * even under a launcher, so every rank would train the same copy.
+ * Errors: INVALID (NULL out pointers; a partial or inconsistent set of
+ * variables, named in the message). Thread-safe. */
+STRATA_API strata_status_t strata_rank_from_env(int* rank_out, int* world_size_out);
+
+/* This engine's rank and world size (from its options and the launcher's
+ * variables). Errors: INVALID. */
+STRATA_API strata_status_t strata_engine_rank(strata_engine_t* engine, int* rank_out, int* world_size_out);
+
+/* values[0..n) := their sums over the engine's ranks, in fp64, added in
+ * rank order so that every rank gets the same bits: a data-parallel
+ * trainer's figures (its loss, averaged by dividing by the world size).
+ * Every rank calls it with the same n, in the same order relative to the
+ * engine's other collectives (fetch at stage 3, grads, step, read_state);
+ * ranks that disagree fail with COMM naming both sides. One rank, or n 0:
+ * values are unchanged. `values` stays owned by the caller.
+ * REQUIRES: no gradients pending (before a step's first strata_engine_grads,
+ * or after its strata_engine_step). Errors: INVALID (NULL values with
+ * n > 0), STATE, COMM, TIMEOUT. */
+STRATA_API strata_status_t strata_engine_sum_over_ranks(strata_engine_t* engine, double* values, size_t n);
+
+/* ---- End of the ranks block --------------------------------------------- */
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

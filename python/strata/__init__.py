@@ -7,8 +7,9 @@
         with e.span("forward"):  # in the trace, with "strata": {"trace_path": ...}
             ...
 
-The library is found through $STRATA_LIBRARY, else as libstrata.so.0 on the
-loader's path. No compile step. strata.torch holds the PyTorch integration
+The library is found through $STRATA_LIBRARY, else, in a package that `cmake
+--install` put in place, as the library installed with it, else as
+libstrata.so.0 on the loader's path. No compile step. strata.torch holds the PyTorch integration
 (OffloadAdam, offload_module).
 """
 
@@ -87,11 +88,22 @@ class _AdamOptions(ctypes.Structure):
 _lib = None
 
 
+def _installed_library():
+    """The libstrata.so that `cmake --install` put beside this package (its
+    _installed.py says where, relative to here); None for a source tree."""
+    try:
+        from . import _installed
+    except ImportError:
+        return None
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), _installed.LIBRARY))
+
+
 def _load():
     global _lib
     if _lib is not None:
         return _lib
-    path = os.environ.get("STRATA_LIBRARY") or ctypes.util.find_library("strata") or "libstrata.so.0"
+    path = (os.environ.get("STRATA_LIBRARY") or _installed_library() or ctypes.util.find_library("strata")
+            or "libstrata.so.0")
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:

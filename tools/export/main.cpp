@@ -2,7 +2,7 @@
 // the parameter names the trainer registered, gathered across ranks.
 // Usage: strata-export CKPT OUT.safetensors [--dtype f32|bf16]
 //   CKPT: a checkpoint folder (DIR/TAG) or its directory (DIR, via DIR/latest).
-// Exit status: 0 written; 1 refused (corrupt, truncated, I/O error: the
+// Exit status: 0 written (or --help); 1 refused (corrupt, truncated, I/O error: the
 // message names the file); 2 usage.
 #include <chrono>
 #include <cstdio>
@@ -25,7 +25,12 @@ int main(int argc, char** argv) {
   exporter::ExportOptions opt;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], val;
-    if (a == "-h" || a == "--help") return Usage("a checkpoint's master weights as safetensors");
+    if (a == "-h" || a == "--help") {  // asked for: stdout, success
+      std::printf("strata-export: a checkpoint's master weights as safetensors\n"
+                  "usage: strata-export CKPT OUT.safetensors [--dtype f32|bf16]\n"
+                  "  CKPT: a checkpoint folder (DIR/TAG) or its directory (DIR, via DIR/latest)\n");
+      return 0;
+    }
     if (a.rfind("--dtype=", 0) == 0) {
       val = a.substr(8);
     } else if (a == "--dtype") {

@@ -59,4 +59,16 @@ void SampleBatch(const std::string& corpus, uint64_t seed, int64_t step, int B, 
   }
 }
 
+void SampleRankBatch(const std::string& corpus, uint64_t seed, int64_t step, int B, int T, int rank, int world,
+                     std::vector<int32_t>* inputs, std::vector<int32_t>* targets) {
+  SampleBatch(corpus, seed, step, B, T, inputs, targets);
+  if (world == 1) return;
+  const size_t count = static_cast<size_t>(B / world) * static_cast<size_t>(T);  // tokens per rank
+  const size_t first = static_cast<size_t>(rank) * count;
+  inputs->erase(inputs->begin(), inputs->begin() + static_cast<std::ptrdiff_t>(first));
+  inputs->resize(count);
+  targets->erase(targets->begin(), targets->begin() + static_cast<std::ptrdiff_t>(first));
+  targets->resize(count);
+}
+
 }  // namespace strata::train

@@ -23,4 +23,11 @@ bool ReadCorpus(const std::string& path, size_t min_bytes, std::string* out, std
 void SampleBatch(const std::string& corpus, uint64_t seed, int64_t step, int B, int T,
                  std::vector<int32_t>* inputs, std::vector<int32_t>* targets);
 
+// Data parallelism: this rank's slice of the global batch that SampleBatch
+// draws for (seed, step) — rows [rank*B/world, (rank+1)*B/world), so the
+// ranks together see exactly the batch one rank would. REQUIRES: world
+// divides B (the caller refuses other batches, naming the numbers).
+void SampleRankBatch(const std::string& corpus, uint64_t seed, int64_t step, int B, int T, int rank, int world,
+                     std::vector<int32_t>* inputs, std::vector<int32_t>* targets);
+
 }  // namespace strata::train

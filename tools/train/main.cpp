@@ -1,16 +1,13 @@
 // strata-train: trains a GPT-2-style model larger than the device budget
 // through Strata's C API (its first embedding customer), on byte-level text.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
 #include "strata/strata.h"
 #include "tools/train/corpus.h"
@@ -18,6 +15,7 @@
 #include "tools/train/gpt_cuda.h"
 #include "tools/train/presets.h"
 #include "tools/train/report.h"
+#include "tools/train/train_config.h"
 
 namespace strata::train {
 namespace {
@@ -32,8 +30,12 @@ struct Args {
   bool resident = false, fp16 = false, weights_hash = false, log_losses = false, gpu = false;
 };
 
+// "strata-train", or "strata-train rank 1 of 2" with several ranks: every
+// rank reports its own errors, naming itself.
+std::string g_who = "strata-train";
+
 int Fail(const std::string& msg) {
-  std::fprintf(stderr, "strata-train: %s\n", msg.c_str());
+  std::fprintf(stderr, "%s: %s\n", g_who.c_str(), msg.c_str());
   return 1;
 }
 
@@ -55,38 +57,6 @@ double LrAt(const Args& a, int64_t step) {  // linear warm-up, cosine decay to m
   return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * cosine);
 }
 
-// The built-in config, with --config's JSON merged over it (RFC 7386).
-bool MakeConfig(const Args& a, const std::string& swap, std::string* out, std::string* error) {
-  nlohmann::json j = {
-      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", a.lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8},
-                                                      {"weight_decay", a.weight_decay}}}}},
-      {"gradient_clipping", a.clip},
-      {"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", 2e6}}},
-      {"strata", {{"device_budget", a.device_budget}, {"host_budget", a.host_budget}}}};
-  if (a.fp16) j["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
-  else j["bf16"] = {{"enabled", true}};
-  if (!a.resident) {
-    j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", swap}};
-    j["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", swap}};
-  } else {
-    j["strata"]["device_budget"] = "auto";
-    j["strata"]["host_budget"] = "auto";
-  }
-  if (!a.trace.empty()) j["strata"]["trace_path"] = a.trace;
-  if (!a.config.empty()) {
-    std::ifstream f(a.config);
-    if (!f) { *error = "cannot read --config " + a.config; return false; }
-    try {
-      j.merge_patch(nlohmann::json::parse(f));
-    } catch (const std::exception& e) {
-      *error = "--config " + a.config + ": " + e.what();
-      return false;
-    }
-  }
-  *out = j.dump();
-  return true;
-}
-
 uint64_t WeightsHash(strata_engine_t* e) {  // FNV-1a over every master weight
   uint64_t h = 1469598103934665603ull;
   int groups = 0;
@@ -102,6 +72,34 @@ uint64_t WeightsHash(strata_engine_t* e) {  // FNV-1a over every master weight
   return h;
 }
 
+// Where the state lives, for the banner: the folders the merged config
+// sends the swap files to (--config may name its own), not a default.
+std::string Placement(const Args& a, const TrainConfig& tc, int world) {
+  if (tc.swap_folders.empty()) return a.resident ? "all resident" : "no state on NVMe";
+  std::string s = "state on NVMe in ";
+  for (size_t i = 0; i < tc.swap_folders.size(); ++i) s += (i ? ", " : "") + tc.swap_folders[i];
+  if (world > 1 && !tc.own_swap.empty()) s += " (rank 0's; each rank makes its own)";
+  return s;
+}
+
+// " (4 a rank on 2 ranks, ZeRO stage 3)" with several ranks, else "".
+std::string RanksNote(int local_batch, int world, int stage) {
+  if (world == 1) return "";
+  return " (" + std::to_string(local_batch) + " a rank on " + std::to_string(world) + " ranks, ZeRO stage " +
+         (stage >= 0 ? std::to_string(stage) : std::string("?")) + ")";
+}
+
+// --log-losses: "loss STEP MEAN grad_norm NORM", and with several ranks
+// "ranks L0 L1 ..." (each rank's loss on its own slice), in full precision.
+void LogLoss(int64_t step, double loss, double grad_norm, const std::vector<double>& rank_losses) {
+  std::printf("loss %lld %.9g grad_norm %.9g", static_cast<long long>(step), loss, grad_norm);
+  if (rank_losses.size() > 1) {
+    std::printf(" ranks");
+    for (double l : rank_losses) std::printf(" %.9g", l);
+  }
+  std::printf("\n");
+}
+
 int Run(Args a) {
   const Preset* preset = FindPreset(a.preset);
   if (!preset) {
@@ -113,41 +111,70 @@ int Run(Args a) {
   if (a.batch == 0) a.batch = preset->batch;
   if (a.seq == 0) a.seq = preset->seq;
   if (a.seq > cfg.context) return Fail("--seq " + std::to_string(a.seq) + " is above the preset's context " + std::to_string(cfg.context));
+
+  // Data parallelism over the launcher's ranks (strata-launch, torchrun,
+  // OpenMPI, Slurm): each rank trains on its slice of every global batch.
+  int rank = 0, world = 1;
+  if (strata_rank_from_env(&rank, &world) != STRATA_OK) return Fail(strata_last_error());
+  if (world > 1) g_who = "strata-train rank " + std::to_string(rank) + " of " + std::to_string(world);
+  const bool lead = rank == 0;  // the one rank that logs and writes reports
+  if (a.batch % world != 0)
+    return Fail("--batch " + std::to_string(a.batch) + " (the global batch) does not split evenly over " +
+                std::to_string(world) + " ranks; give a multiple of " + std::to_string(world));
+  const int local_batch = a.batch / world;
+  if (a.gpu && world > 1)
+    return Fail("--gpu on " + std::to_string(world) + " ranks: across ranks the engine drives host buffers only "
+                "(Gloo); run the CPU layers (without --gpu) or one rank");
+
   std::string corpus, error;
   if (a.data.empty()) corpus = BuiltinCorpus(a.seed, 1 << 20);
   else if (!ReadCorpus(a.data, static_cast<size_t>(a.seq) + 2, &corpus, &error)) return Fail(error);
-
-  // Swap under --nvme, or a fresh folder under /var/tmp removed at the end.
-  std::string swap = a.nvme;
-  bool own_swap = false;
-  if (!a.resident && swap.empty()) {
-    char tmpl[] = "/var/tmp/strata-train-XXXXXX";
-    if (!::mkdtemp(tmpl)) return Fail("cannot create a swap folder under /var/tmp");
-    swap = tmpl;
-    own_swap = true;
-  }
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() { if (!dir.empty()) { std::error_code ec; std::filesystem::remove_all(dir, ec); } }
-  } cleanup{own_swap ? swap : ""};
 
   if (a.gpu) {
     const std::string why = GpuUnavailableReason();
     if (!why.empty()) return Fail("--gpu: no usable GPU: " + why);
   }
-  std::string json;
-  if (!MakeConfig(a, swap, &json, &error)) return Fail(error);
+  ConfigInputs ci;
+  ci.lr = a.lr;
+  ci.weight_decay = a.weight_decay;
+  ci.clip = a.clip;
+  ci.fp16 = a.fp16;
+  ci.resident = a.resident;
+  ci.device_budget = a.device_budget;
+  ci.host_budget = a.host_budget;
+  ci.nvme = a.nvme;
+  ci.trace = a.trace;
+  ci.lead = lead;
+  ci.config_path = a.config;
+  TrainConfig tc;
+  // A swap folder made here is removed at the end, whatever happens (the
+  // engine, destroyed first, closes its files).
+  struct Cleanup {
+    const std::string& dir;
+    ~Cleanup() { if (!dir.empty()) { std::error_code ec; std::filesystem::remove_all(dir, ec); } }
+  } cleanup{tc.own_swap};
+  if (!MakeTrainConfig(ci, &tc, &error)) return Fail(error);
+  // strata.grad_reduce "sum": the engine adds the ranks' gradients, so each
+  // hands 1/world of its local mean's; "mean" (the default) divides itself.
+  const double grad_factor = tc.grad_sum ? 1.0 / world : 1.0;
   strata_engine_options_t eo = STRATA_ENGINE_OPTIONS_INIT;
+  eo.rank = rank;
+  eo.world_size = world;
   // The CPU layers need parameters and gradients in host memory; the GPU
   // layers take the engine's device pointers.
   eo.force_no_gpu = a.gpu ? 0 : 1;
   strata_engine_t* e = nullptr;
-  if (strata_engine_create(json.c_str(), &eo, &e) != STRATA_OK) return Fail(strata_last_error());
+  if (strata_engine_create(tc.json.c_str(), &eo, &e) != STRATA_OK) return Fail(strata_last_error());
   struct Destroy { strata_engine_t* e; ~Destroy() { strata_engine_destroy(e); } } destroy{e};
+  int engine_rank = 0, engine_world = 0;  // never two ranks training copies of one another unnoticed
+  if (strata_engine_rank(e, &engine_rank, &engine_world) != STRATA_OK) return Fail(strata_last_error());
+  if (engine_rank != rank || engine_world != world)
+    return Fail("the engine runs as rank " + std::to_string(engine_rank) + " of " + std::to_string(engine_world) +
+                "; the launcher's variables say rank " + std::to_string(rank) + " of " + std::to_string(world));
   if (!RegisterGpt(cfg, e, a.seed, &error)) return Fail(error);
   std::unique_ptr<GptModel> model;
-  if (a.gpu) model = MakeGptCuda(cfg, a.batch, a.seq);
-  else model = std::make_unique<Gpt>(cfg, a.batch, a.seq);
+  if (a.gpu) model = MakeGptCuda(cfg, local_batch, a.seq);
+  else model = std::make_unique<Gpt>(cfg, local_batch, a.seq);
   if (!model) return Fail("--gpu: this build has no GPU model");
   GptModel& gpt = *model;
   if (strata_engine_build(e) != STRATA_OK) return Fail(strata_last_error());
@@ -160,7 +187,7 @@ int Run(Args a) {
     if (len != sizeof blob || static_cast<uint64_t>(blob[1]) != a.seed)
       return Fail("--resume " + a.resume + ": the checkpoint is not from a strata-train run with this --seed");
     start = blob[0];
-    std::printf("resumed from %s at step %lld\n", a.resume.c_str(), static_cast<long long>(start));
+    if (lead) std::printf("resumed from %s at step %lld\n", a.resume.c_str(), static_cast<long long>(start));
   }
 
   const uint64_t params = layers::GptParamCount(cfg);
@@ -169,27 +196,39 @@ int Run(Args a) {
   RunFigures fig;
   fig.params = params;
   fig.state_bytes = params * ((dt == STRATA_DTYPE_F32 ? 4 : 2) + 16);
-  std::printf("strata-train: preset %s, %llu parameters, %s of state, batch %d x %d tokens, %lld steps, %s%s\n",
-              preset->name, static_cast<unsigned long long>(params), HumanBytes(fig.state_bytes).c_str(), a.batch,
-              a.seq, static_cast<long long>(a.steps), a.resident ? "all resident" : ("state on NVMe in " + swap).c_str(),
-              a.gpu ? ", layers on the GPU" : "");
+  if (lead)
+    std::printf("strata-train: preset %s, %llu parameters, %s of state, batch %d x %d tokens%s, %lld steps, %s%s\n",
+                preset->name, static_cast<unsigned long long>(params), HumanBytes(fig.state_bytes).c_str(), a.batch,
+                a.seq, RanksNote(local_batch, world, tc.stage).c_str(), static_cast<long long>(a.steps),
+                Placement(a, tc, world).c_str(), a.gpu ? ", layers on the GPU" : "");
   Progress progress(a.steps, a.print_every);
   double loss_scale = 1.0;
   if (strata_engine_loss_scale(e, &loss_scale) != STRATA_OK) return Fail(strata_last_error());
   std::vector<int32_t> inputs, targets;
+  std::vector<double> rank_losses(static_cast<size_t>(world));
   double busy_cpu = 0, busy_disk = 0, wall = 0, compute_before = 0, compute_timed = 0;
   const auto t_run = std::chrono::steady_clock::now();
   int64_t timed_steps = 0;
   for (int64_t s = start; s < a.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
-    SampleBatch(corpus, a.seed, s, a.batch, a.seq, &inputs, &targets);
+    SampleRankBatch(corpus, a.seed, s, a.batch, a.seq, rank, world, &inputs, &targets);
     double loss = 0;
-    if (!gpt.TrainStep(e, inputs.data(), targets.data(), loss_scale, &loss, &error)) return Fail(error);
+    if (!gpt.TrainStep(e, inputs.data(), targets.data(), loss_scale * grad_factor, &loss, &error)) return Fail(error);
     strata_step_options_t so = STRATA_STEP_OPTIONS_INIT;
     so.lr = LrAt(a, s);
     strata_step_result_t r = STRATA_STEP_RESULT_INIT;
     if (strata_engine_step(e, &so, &r) != STRATA_OK) return Fail(strata_last_error());
     loss_scale = r.loss_scale;
+    // The logged loss: the mean of the ranks' local means, which (equal
+    // slices) is the global batch's mean loss. One sum brings rank 0 every
+    // rank's own loss too (each fills its place, the others are zeros).
+    std::fill(rank_losses.begin(), rank_losses.end(), 0.0);
+    rank_losses[static_cast<size_t>(rank)] = loss;
+    if (strata_engine_sum_over_ranks(e, rank_losses.data(), rank_losses.size()) != STRATA_OK)
+      return Fail(strata_last_error());
+    loss = 0;
+    for (double l : rank_losses) loss += l;
+    loss /= world;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     strata_stats_t st = STRATA_STATS_INIT;
     strata_engine_stats(e, &st);
@@ -201,11 +240,11 @@ int Run(Args a) {
       ++timed_steps;
     }
     compute_before = gpt.compute_seconds();
-    if (a.log_losses) std::printf("loss %lld %.9g\n", static_cast<long long>(s + 1), loss);
+    if (lead && a.log_losses) LogLoss(s + 1, loss, r.grad_norm, rank_losses);
     if (s == start) fig.first_loss = loss;
     fig.last_loss = loss;
     const double tps = static_cast<double>(a.batch) * a.seq / secs;
-    progress.Step(s + 1, loss, tps, secs * static_cast<double>(a.steps - s - 1), so.lr, r.skipped != 0);
+    if (lead) progress.Step(s + 1, loss, tps, secs * static_cast<double>(a.steps - s - 1), so.lr, r.skipped != 0);
     if (!a.save.empty() && a.save_every > 0 && (s + 1) % a.save_every == 0) {
       const int64_t blob[2] = {s + 1, static_cast<int64_t>(a.seed)};
       char tag[32];
@@ -213,6 +252,8 @@ int Run(Args a) {
       if (strata_checkpoint_save(e, a.save.c_str(), tag, blob, sizeof blob) != STRATA_OK) return Fail(strata_last_error());
     }
   }
+  const uint64_t hash = a.weights_hash ? WeightsHash(e) : 0;  // every rank: the shards are gathered
+  if (!lead) return 0;
   progress.Done();
   fig.steps = a.steps - start;
   fig.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
@@ -228,7 +269,7 @@ int Run(Args a) {
   strata_stats_t st = STRATA_STATS_INIT;
   strata_engine_stats(e, &st);
   PrintSummary(fig, st);
-  if (a.weights_hash) std::printf("strata-train weights_hash=%016llx\n", static_cast<unsigned long long>(WeightsHash(e)));
+  if (a.weights_hash) std::printf("strata-train weights_hash=%016llx\n", static_cast<unsigned long long>(hash));
   // The GPU figures are appended only on the GPU: the CPU path's line stays as it was.
   char gpu_figures[96] = "";
   if (a.gpu)
@@ -246,12 +287,14 @@ int Run(Args a) {
 
 int main(int argc, char** argv) {
   strata::train::Args a;
-  CLI::App app{"strata-train: train a GPT larger than the device budget through Strata's C API"};
+  CLI::App app{"strata-train: train a GPT larger than the device budget through Strata's C API.\n"
+               "Under strata-launch or torchrun it is data-parallel: each rank trains on its slice of every\n"
+               "global batch at the config's ZeRO stage; rank 0 logs the mean loss over the ranks"};
   std::string names;
   for (const auto& p : strata::train::Presets()) names += std::string(names.empty() ? "" : ", ") + p.name;
   app.add_option("--preset", a.preset, "model: " + names)->capture_default_str();
   app.add_option("--steps", a.steps, "training steps")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  app.add_option("--batch", a.batch, "sequences per step (default: the preset's)")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--batch", a.batch, "sequences per step over all ranks, split evenly among them (default: the preset's)")->check(CLI::Range(1, 1 << 16));
   app.add_option("--seq", a.seq, "tokens per sequence (default: the preset's)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--lr", a.lr, "peak learning rate (warm-up, then cosine decay)")->capture_default_str();
   app.add_option("--warmup", a.warmup, "warm-up steps")->capture_default_str()->check(CLI::Range(1, 1 << 30));
@@ -259,7 +302,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", a.data, "a text file (bytes are tokens); default: the built-in corpus");
   app.add_option("--device-budget", a.device_budget, "device tier budget")->capture_default_str();
   app.add_option("--host-budget", a.host_budget, "host tier budget")->capture_default_str();
-  app.add_option("--nvme", a.nvme, "swap folder (default: a fresh one under /var/tmp)");
+  app.add_option("--nvme", a.nvme, "swap folder (default: the config's nvme_path, else a fresh one under /var/tmp)");
   app.add_flag("--resident", a.resident, "keep every state resident (no offload, automatic budgets)");
   app.add_flag("--fp16", a.fp16, "fp16 with dynamic loss scaling instead of bf16");
   app.add_flag("--gpu", a.gpu,
@@ -267,13 +310,14 @@ int main(int argc, char** argv) {
                "dtype (bf16; f16 with --fp16), gradients handed back as fp32 device pointers, TFLOPS in the "
                "summary; an error without a usable GPU. Default: the CPU layers, GPU or not");
   app.add_option("--config", a.config, "a ds_config.json merged over the built-in config");
-  app.add_option("--trace", a.trace, "write a Chrome trace (Perfetto) here");
+  app.add_option("--trace", a.trace, "write rank 0's Chrome trace (Perfetto) here");
   app.add_option("--save", a.save, "checkpoint folder");
   app.add_option("--save-every", a.save_every, "checkpoint every N steps")->check(CLI::Range(0, 1 << 30));
   app.add_option("--resume", a.resume, "resume from the latest checkpoint in this folder");
   app.add_option("--print-every", a.print_every, "log every N steps when not on a terminal")->capture_default_str();
   app.add_flag("--weights-hash", a.weights_hash, "print a hash of the final master weights");
-  app.add_flag("--log-losses", a.log_losses, "print every step's loss in full precision");
+  app.add_flag("--log-losses", a.log_losses,
+               "print every step's loss and gradient norm in full precision (and each rank's loss)");
   CLI11_PARSE(app, argc, argv);
   return strata::train::Run(a);
 }

@@ -1,0 +1,143 @@
+// The built-in config, --config merged over it, and the facts the trainer
+// reads back from the merged result (swap folders, stage, gradient reduction).
+#include "tools/train/train_config.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace strata::train {
+namespace {
+
+using Json = nlohmann::json;
+
+Json BuiltinConfig(const ConfigInputs& in) {
+  Json j = {{"optimizer",
+             {{"type", "AdamW"},
+              {"params",
+               {{"lr", in.lr}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", in.weight_decay}}}}},
+            {"gradient_clipping", in.clip},
+            {"zero_optimization", {{"stage", 3}, {"stage3_prefetch_bucket_size", 2e6}}},
+            {"strata", {{"device_budget", in.device_budget}, {"host_budget", in.host_budget}}}};
+  if (in.fp16)
+    j["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
+  else
+    j["bf16"] = {{"enabled", true}};
+  if (!in.resident) {
+    // Without --nvme the folder is filled in after the merge, only if --config names none.
+    Json offload = {{"device", "nvme"}};
+    if (!in.nvme.empty()) offload["nvme_path"] = in.nvme;
+    j["zero_optimization"]["offload_optimizer"] = offload;
+    j["zero_optimization"]["offload_param"] = offload;
+  } else {
+    j["strata"]["device_budget"] = "auto";
+    j["strata"]["host_budget"] = "auto";
+  }
+  if (!in.trace.empty()) j["strata"]["trace_path"] = in.trace;
+  return j;
+}
+
+bool MergeFile(const std::string& path, Json* j, std::string* error) {
+  std::ifstream f(path);
+  if (!f) {
+    *error = "cannot read --config " + path;
+    return false;
+  }
+  try {
+    j->merge_patch(Json::parse(f));
+  } catch (const std::exception& e) {
+    *error = "--config " + path + ": " + e.what();
+    return false;
+  }
+  return true;
+}
+
+// j[key] when j is an object that has it, else null. Never throws: the
+// engine, not this file, reports keys of the wrong type.
+Json* Member(Json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  auto it = j.find(key);
+  return it == j.end() ? nullptr : &*it;
+}
+
+std::string Lower(const Json* v) {
+  if (v == nullptr || !v->is_string()) return "";
+  std::string s = v->get<std::string>();
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+// A key the engine reads as absent: missing, "" or "auto".
+bool Unset(const Json* v) {
+  return v == nullptr || (v->is_string() && (Lower(v).empty() || Lower(v) == "auto"));
+}
+
+void AddOnce(std::vector<std::string>* list, const std::string& s) {
+  if (std::find(list->begin(), list->end(), s) == list->end()) list->push_back(s);
+}
+
+// strata.nvme_paths when it is a non-empty list: it serves every offloaded section.
+std::vector<std::string> NvmePathsList(Json& j) {
+  std::vector<std::string> out;
+  Json* strata = Member(j, "strata");
+  Json* list = strata ? Member(*strata, "nvme_paths") : nullptr;
+  if (list == nullptr || !list->is_array()) return out;
+  for (const Json& item : *list)
+    if (item.is_string()) AddOnce(&out, item.get<std::string>());
+  return out;
+}
+
+// Gives each offloaded section without a folder --nvme, or a fresh one under
+// /var/tmp (made on first need), and lists the folders the swap files go to.
+bool ResolveSwapFolders(const ConfigInputs& in, Json& j, TrainConfig* out, std::string* error) {
+  const std::vector<std::string> shared = NvmePathsList(j);
+  Json* zero = Member(j, "zero_optimization");
+  for (const char* name : {"offload_param", "offload_optimizer"}) {
+    Json* section = zero ? Member(*zero, name) : nullptr;
+    if (section == nullptr || Lower(Member(*section, "device")) != "nvme") continue;
+    if (!shared.empty()) {
+      for (const auto& d : shared) AddOnce(&out->swap_folders, d);
+      continue;
+    }
+    if (Unset(Member(*section, "nvme_path"))) {
+      if (!in.nvme.empty()) {
+        (*section)["nvme_path"] = in.nvme;
+      } else {
+        if (out->own_swap.empty()) {
+          char tmpl[] = "/var/tmp/strata-train-XXXXXX";
+          if (::mkdtemp(tmpl) == nullptr) {
+            *error = "cannot create a swap folder under /var/tmp (give one with --nvme)";
+            return false;
+          }
+          out->own_swap = tmpl;
+        }
+        (*section)["nvme_path"] = out->own_swap;
+      }
+    }
+    const Json* path = Member(*section, "nvme_path");
+    if (path->is_string()) AddOnce(&out->swap_folders, path->get<std::string>());
+  }
+  return true;
+}
+
+}  // namespace
+
+bool MakeTrainConfig(const ConfigInputs& in, TrainConfig* out, std::string* error) {
+  Json j = BuiltinConfig(in);
+  if (!in.config_path.empty() && !MergeFile(in.config_path, &j, error)) return false;
+  if (!ResolveSwapFolders(in, j, out, error)) return false;
+  Json* zero = Member(j, "zero_optimization");
+  const Json* stage = zero ? Member(*zero, "stage") : nullptr;
+  out->stage = Unset(stage) ? 0 : stage->is_number_integer() ? stage->get<int>() : -1;
+  Json* strata = Member(j, "strata");
+  out->grad_sum = strata && Lower(Member(*strata, "grad_reduce")) == "sum";
+  if (!in.lead && strata) strata->erase("trace_path");  // one rank writes reports
+  out->json = j.dump();
+  return true;
+}
+
+}  // namespace strata::train

@@ -1,0 +1,36 @@
+// strata-train's engine config: the built-in one with --config's JSON merged
+// over it, and what the trainer must know of the result — the folders the
+// swap files really go to (the banner names these), the ZeRO stage, and
+// whether the engine sums or averages the ranks' gradients.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace strata::train {
+
+struct ConfigInputs {
+  double lr = 3e-3, weight_decay = 0.0, clip = 1.0;
+  bool fp16 = false, resident = false;
+  std::string device_budget, host_budget;
+  std::string nvme;         // --nvme: the swap folder; "" = a fresh one under /var/tmp when one is needed
+  std::string trace;        // --trace
+  bool lead = true;         // rank 0; other ranks write no trace (whichever config names it)
+  std::string config_path;  // --config: a JSON merged over the built-in config (RFC 7386)
+};
+
+struct TrainConfig {
+  std::string json;                       // for strata_engine_create
+  std::vector<std::string> swap_folders;  // where the swap files go; empty: no state on NVMe
+  std::string own_swap;                   // a folder made here, to remove at the end; "" when none
+  int stage = -1;                         // zero_optimization.stage (absent: 0); -1 when not an integer
+  bool grad_sum = false;                  // strata.grad_reduce "sum": the ranks' gradients are added
+};
+
+// Builds the config. An offloaded section (device "nvme") without a folder of
+// its own and without strata.nvme_paths gets --nvme, or a fresh folder under
+// /var/tmp, made only then. false with `error` when --config cannot be read
+// or parsed, or the folder cannot be made. The engine checks everything else.
+bool MakeTrainConfig(const ConfigInputs& in, TrainConfig* out, std::string* error);
+
+}  // namespace strata::train
