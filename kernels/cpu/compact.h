@@ -1,0 +1,109 @@
+// Compact optimizer state (FlashOptim, Gonzalez Ortiz et al. 2026): about 5
+// bytes a parameter instead of 12 for W, M, V, converted from and to fp32, and
+// one fused Adam/AdamW pass that dequantizes, updates with AdamStep's exact
+// arithmetic, requantizes and writes P. Deterministic: every path (scalar,
+// AVX2, AVX-512) and every thread count gives the same bits.
+//
+//   CompactState s{hi, lo, m_code, m_scale, v_code, v_scale};   // see below
+//   Status st = CompactPack(n, w, m, v, s);                      // from fp32
+//   st = CompactAdamStep(opt, n, s, grad_bf16, nullptr);        // P is s.w_hi
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "kernels/cpu/adam.h"
+#include "kernels/cpu/isa.h"
+
+namespace strata::kernels {
+
+// ---- Format -----------------------------------------------------------------
+// Five arrays per n elements, each a plain stream (no headers, little endian):
+//   w_hi[n]     uint16  bf16 of the fp32 master w, round to nearest even (base
+//                       F32ToBF16): bitwise what AdamStep writes as a bf16 P.
+//   w_lo[n]     int8    correction q = floor((d*127 + 16384) / 32768), where
+//                       d = |w|bits - |hi|bits (in fp32 ULPs of w's binade,
+//                       |d| <= 32768 = half a bf16 ULP); q = 0 for NaN.
+//   m_code[n]   int8    round(127 * sqrt(|m| / A)) with m's sign, A = m_scale
+//   m_scale[b]  float   A: max |m| over block b (kCompactBlock elements)
+//   v_code[n]   uint8   round(255 * sqrt(sqrt(v) / R)), R = v_scale
+//   v_scale[b]  float   R: max sqrt(v) over block b
+// Rebuilt values:
+//   w = bits(sign(hi) | (|hi|bits + floor((q*33026 + 64) / 128)))  (integers;
+//       bits are linear across binades, so the rounding crossing a binade,
+//       subnormals and the overflow of w to a bf16 infinity need no case)
+//   m = sign(q) * float(q*q) * (A / 16129)
+//   v = t*t with t = float(q*q) * (R / 65025)
+// Special values:
+//   w: ±0, subnormals and ±inf round-trip exactly; NaN stays NaN (payload's
+//      top bits, as F32ToBF16); finite w beyond bf16's range keeps hi = ±inf
+//      (P is inf, as AdamStep's copy would be) and a finite rebuilt master.
+//   m, v: a block holding a NaN or an infinity (or a negative v) stores scale
+//      NaN and codes 0: the whole block reads back NaN. A block of m with
+//      A < kCompactMinScale is stored as zeros. -0 reads back +0.
+//   A zero v code forces the element's m code to 0 (else m/(sqrt(v)+eps)
+//   would turn a tiny m into a huge step).
+// Blocks: block b covers elements [b*32, b*32 + 32); the last may be partial
+// (its scale covers only its elements). Tiles of the parallel loops are
+// multiples of the block, so results never depend on the thread count.
+// For an engine buffer split into shards, every shard must start at a
+// multiple of kCompactBlock elements (the engine pads groups to 1024).
+inline constexpr size_t kCompactBlock = 32;
+inline constexpr float kCompactMinScale = 0x1p-100f;
+
+// ---- Error bounds (tests/kernels/compact_test.cpp checks each) ----------------
+// W: for every non-NaN fp32 w, the rebuilt master has w's sign and is within
+//    kCompactMasterUlps fp32 ULPs of w (bit distance): |w' - w| <= u/504 for
+//    u the bf16 ULP at w (65536 fp32 ULPs); relative error <= 2^-15.9.
+inline constexpr uint32_t kCompactMasterUlps = 130;
+// M: for a finite block with A >= kCompactMinScale and a nonzero v code,
+//    |m' - m| <= (sqrt(|m|*A)/127 + A/64516) * (1 + 2^-10).
+// V: for a finite block with R = max sqrt(v):
+//    |sqrt(v') - sqrt(v)| <= (sqrt(sqrt(v)*R)/255 + R/260100) * (1 + 2^-10) + 2^-74
+//    (the last term: v' = t*t below 2^-126 is an fp32 subnormal).
+double CompactMomentBound(double m, double absmax);       // the M bound above
+double CompactSqrtSecondBound(double v, double sqrt_max);  // the V bound above
+
+// Scale entries for n elements: ceil(n / kCompactBlock).
+inline constexpr size_t CompactScaleCount(size_t n) {
+  return (n + kCompactBlock - 1) / kCompactBlock;
+}
+// Bytes of the five arrays for n elements (2 + 1 + 1 + 1 bytes an element and
+// 2 floats a block: 5.25 bytes a parameter).
+inline constexpr size_t CompactBytes(size_t n) { return 5 * n + 8 * CompactScaleCount(n); }
+
+// The five arrays of n elements (n, n, n, CompactScaleCount(n), n,
+// CompactScaleCount(n) entries). Any alignment; no overlap.
+struct CompactState {
+  uint16_t* w_hi;
+  int8_t* w_lo;
+  int8_t* m_code;
+  float* m_scale;
+  uint8_t* v_code;
+  float* v_scale;
+};
+
+// fp32 -> compact (checkpoint conversion, ReadState). w, m, v: n floats each.
+// Runs the scalar reference over tiles in parallel. Errors: kInvalid on null.
+Status CompactPack(size_t n, const float* w, const float* m, const float* v,
+                   const CompactState& s);
+// compact -> fp32, the values the step itself reads (definitions above).
+Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float* v);
+
+// One fused Adam/AdamW step over n elements, in place on `s`, on the active
+// path. Bitwise equal to CompactPack(AdamStep(CompactUnpack(s))) with the same
+// options (the f32 master AdamStep computes is what gets split and written).
+//   grad: n elements of opt.grad_dtype (f32, bf16, f16), times opt.grad_scale.
+//   param_copy: null (a bf16 P is s.w_hi: nothing more to write), or n
+//     elements of opt.param_copy_dtype, which here may also be kF32 (the
+//     updated fp32 master before it is split) or kBF16 (a copy of w_hi).
+// Thread-safe for disjoint arrays. Errors: kInvalid (options, null arrays),
+// kUnsupported (a forced path the CPU lacks).
+Status CompactAdamStep(const AdamOptions& opt, size_t n, const CompactState& s,
+                       const void* grad, void* param_copy);
+Status CompactAdamStepOn(CpuIsa isa, const AdamOptions& opt, size_t n, const CompactState& s,
+                         const void* grad, void* param_copy);
+
+}  // namespace strata::kernels
