@@ -25,7 +25,8 @@ namespace strata::kernels {
 //                       F32ToBF16): bitwise what AdamStep writes as a bf16 P.
 //   w_lo[n]     int8    correction q = floor((d*127 + 16384) / 32768), where
 //                       d = |w|bits - |hi|bits (in fp32 ULPs of w's binade,
-//                       |d| <= 32768 = half a bf16 ULP); q = 0 for NaN.
+//                       |d| <= 32768 = half a bf16 ULP); q = 0 for NaN;
+//                       q = min(q, -1) when a finite w rounds to bf16 inf.
 //   m_code[n]   int8    round(127 * sqrt(|m| / A)) with m's sign, A = m_scale
 //   m_scale[b]  float   A: max |m| over block b (kCompactBlock elements)
 //   v_code[n]   uint8   round(255 * sqrt(sqrt(v) / R)), R = v_scale
@@ -37,9 +38,10 @@ namespace strata::kernels {
 //   m = sign(q) * float(q*q) * (A / 16129)
 //   v = t*t with t = float(q*q) * (R / 65025)
 // Special values:
-//   w: ±0, subnormals and ±inf round-trip exactly; NaN stays NaN (payload's
-//      top bits, as F32ToBF16); finite w beyond bf16's range keeps hi = ±inf
-//      (P is inf, as AdamStep's copy would be) and a finite rebuilt master.
+//   w: ±0 and ±inf round-trip exactly; subnormals obey the bound below (in
+//      2^-149 steps); NaN stays NaN (payload's top bits, as F32ToBF16); a
+//      finite w beyond bf16's range (|w| >= 0x1.fffp127) keeps hi = ±inf (P is
+//      inf, as AdamStep's copy would be) and a finite master, within 258 ULPs.
 //   m, v: a block holding a NaN or an infinity (or a negative v) stores scale
 //      NaN and codes 0: the whole block reads back NaN. A block of m with
 //      A < kCompactMinScale is stored as zeros. -0 reads back +0.
@@ -54,10 +56,14 @@ inline constexpr size_t kCompactBlock = 32;
 inline constexpr float kCompactMinScale = 0x1p-100f;
 
 // ---- Error bounds (tests/kernels/compact_test.cpp checks each) ----------------
-// W: for every non-NaN fp32 w, the rebuilt master has w's sign and is within
-//    kCompactMasterUlps fp32 ULPs of w (bit distance): |w' - w| <= u/504 for
-//    u the bf16 ULP at w (65536 fp32 ULPs); relative error <= 2^-15.9.
-inline constexpr uint32_t kCompactMasterUlps = 130;
+// W: for every non-NaN fp32 w, the rebuilt master w' has w's sign and
+//    |bits(w') - bits(w)| <= kCompactMasterUlps: at most 129 fp32 values
+//    apart, u/508 for u the bf16 ULP at w (65536 fp32 ULPs); relative error
+//    below 2^-15.9 for normal w. 129 is reached (d = -32639). Finite w stay
+//    finite (twice the bound past bf16's range, see above).
+inline constexpr uint32_t kCompactMasterUlps = 129;
+// Both moment bounds hold for |m|, v <= 2^127; above, the dequantized value
+// (q*q * (A/16129), t*t) may round past the largest float to inf.
 // M: for a finite block with A >= kCompactMinScale and a nonzero v code,
 //    |m' - m| <= (sqrt(|m|*A)/127 + A/64516) * (1 + 2^-10).
 // V: for a finite block with R = max sqrt(v):

@@ -51,8 +51,13 @@ inline void Split(__m256 p, __m256i* hi, __m256i* lo) {
   const __m256i u = _mm256_castps_si256(p);
   *hi = F32ToBF16Lanes(p);
   const __m256i abs = _mm256_and_si256(u, Set1(0x7fffffff));
-  const __m256i d = _mm256_sub_epi32(abs, _mm256_and_si256(_mm256_slli_epi32(*hi, 16), Set1(0x7fffffff)));
-  const __m256i q = _mm256_srai_epi32(_mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(d, 7), d), Set1(16384)), 15);
+  const __m256i habs = _mm256_and_si256(_mm256_slli_epi32(*hi, 16), Set1(0x7fffffff));
+  const __m256i d = _mm256_sub_epi32(abs, habs);
+  __m256i q = _mm256_srai_epi32(_mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(d, 7), d), Set1(16384)), 15);
+  // A finite w that rounds to bf16 inf (d < 0) keeps a finite master.
+  const __m256i over = _mm256_and_si256(_mm256_cmpeq_epi32(habs, Set1(0x7f800000)),
+                                        _mm256_cmpgt_epi32(_mm256_setzero_si256(), d));
+  q = _mm256_blendv_epi8(q, _mm256_min_epi32(q, Set1(-1)), over);
   *lo = _mm256_andnot_si256(_mm256_cmpgt_epi32(abs, Set1(0x7f800000)), q);
 }
 

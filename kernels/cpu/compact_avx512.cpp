@@ -59,8 +59,13 @@ inline void Split(__m512 p, __m512i* hi, __m512i* lo) {
   const __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, Set1(1)), Set1(0x7fff));
   const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
   *hi = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, Set1(0x40)));
-  const __m512i d = _mm512_sub_epi32(abs, _mm512_and_si512(_mm512_slli_epi32(*hi, 16), Set1(0x7fffffff)));
-  const __m512i q = _mm512_srai_epi32(_mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(d, 7), d), Set1(16384)), 15);
+  const __m512i habs = _mm512_and_si512(_mm512_slli_epi32(*hi, 16), Set1(0x7fffffff));
+  const __m512i d = _mm512_sub_epi32(abs, habs);
+  __m512i q = _mm512_srai_epi32(_mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(d, 7), d), Set1(16384)), 15);
+  // A finite w that rounds to bf16 inf (d < 0) keeps a finite master.
+  const __mmask16 over = _mm512_cmpeq_epi32_mask(habs, Set1(0x7f800000)) &
+                         _mm512_cmplt_epi32_mask(d, _mm512_setzero_si512());
+  q = _mm512_mask_min_epi32(q, over, q, Set1(-1));
   *lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), q);
 }
 

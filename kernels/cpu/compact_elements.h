@@ -32,7 +32,10 @@ inline SplitMaster Split(float w) {
   if ((bits & kAbsMask) > kInfBits) return {hi, 0};  // NaN
   const int32_t d = static_cast<int32_t>(bits & kAbsMask) -
                     static_cast<int32_t>((static_cast<uint32_t>(hi) << 16) & kAbsMask);
-  return {hi, static_cast<int8_t>((d * 127 + 16384) >> 15)};
+  const int32_t q = (d * 127 + 16384) >> 15;
+  // A finite w that rounds to bf16 inf (d < 0) keeps a finite master.
+  const bool over = (hi & 0x7fffu) == 0x7f80u && d < 0;
+  return {hi, static_cast<int8_t>(over ? std::min(q, -1) : q)};
 }
 
 inline float Rebuild(uint16_t hi, int8_t lo) {
