@@ -31,26 +31,22 @@ double CompactMomentBound(double m, double absmax) {
 }
 
 double CompactSqrtSecondBound(double v, double sqrt_max) {
-  return (std::sqrt(std::sqrt(v) * sqrt_max) / 255.0 + sqrt_max / 260100.0) * (1.0 + 0x1p-10) +
-         0x1p-74;
+  return (std::sqrt(std::sqrt(v) * sqrt_max) / 255.0 + sqrt_max / 260100.0) * (1.0 + 0x1p-10) + 0x1p-74;
 }
 
-Status CompactPack(size_t n, const float* w, const float* m, const float* v,
-                   const CompactState& s) {
+Status CompactPack(size_t n, const float* w, const float* m, const float* v, const CompactState& s) {
   if (n == 0) return Status::Ok();
   if (!w || !m || !v || HasNull(s)) return InvalidError("CompactPack: null array");
-  ParallelForTiles(n, kElementTile, [&](size_t begin, size_t end) {
-    internal::CompactPackRange(w, m, v, s, begin, end);
-  });
+  ParallelForTiles(n, kElementTile,
+                   [&](size_t begin, size_t end) { internal::CompactPackRange(w, m, v, s, begin, end); });
   return Status::Ok();
 }
 
 Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float* v) {
   if (n == 0) return Status::Ok();
   if (!w || !m || !v || HasNull(s)) return InvalidError("CompactUnpack: null array");
-  ParallelForTiles(n, kElementTile, [&](size_t begin, size_t end) {
-    internal::CompactUnpackRange(s, w, m, v, begin, end);
-  });
+  ParallelForTiles(n, kElementTile,
+                   [&](size_t begin, size_t end) { internal::CompactUnpackRange(s, w, m, v, begin, end); });
   return Status::Ok();
 }
 
@@ -75,8 +71,8 @@ Status CompactAdamStepOn(CpuIsa isa, const AdamOptions& opt, size_t n, const Com
   return Status::Ok();
 }
 
-Status CompactAdamStep(const AdamOptions& opt, size_t n, const CompactState& s,
-                       const void* grad, void* param_copy) {
+Status CompactAdamStep(const AdamOptions& opt, size_t n, const CompactState& s, const void* grad,
+                       void* param_copy) {
   STRATA_ASSIGN_OR_RETURN(const CpuIsa isa, ActiveCpuIsa());
   return CompactAdamStepOn(isa, opt, n, s, grad, param_copy);
 }

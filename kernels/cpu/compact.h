@@ -69,13 +69,11 @@ inline constexpr uint32_t kCompactMasterUlps = 129;
 // V: for a finite block with R = max sqrt(v):
 //    |sqrt(v') - sqrt(v)| <= (sqrt(sqrt(v)*R)/255 + R/260100) * (1 + 2^-10) + 2^-74
 //    (the last term: v' = t*t below 2^-126 is an fp32 subnormal).
-double CompactMomentBound(double m, double absmax);       // the M bound above
+double CompactMomentBound(double m, double absmax);        // the M bound above
 double CompactSqrtSecondBound(double v, double sqrt_max);  // the V bound above
 
 // Scale entries for n elements: ceil(n / kCompactBlock).
-inline constexpr size_t CompactScaleCount(size_t n) {
-  return (n + kCompactBlock - 1) / kCompactBlock;
-}
+inline constexpr size_t CompactScaleCount(size_t n) { return (n + kCompactBlock - 1) / kCompactBlock; }
 // Bytes of the five arrays for n elements (2 + 1 + 1 + 1 bytes an element and
 // 2 floats a block: 5.25 bytes a parameter).
 inline constexpr size_t CompactBytes(size_t n) { return 5 * n + 8 * CompactScaleCount(n); }
@@ -93,8 +91,7 @@ struct CompactState {
 
 // fp32 -> compact (checkpoint conversion, ReadState). w, m, v: n floats each.
 // Runs the scalar reference over tiles in parallel. Errors: kInvalid on null.
-Status CompactPack(size_t n, const float* w, const float* m, const float* v,
-                   const CompactState& s);
+Status CompactPack(size_t n, const float* w, const float* m, const float* v, const CompactState& s);
 // compact -> fp32, the values the step itself reads (definitions above).
 Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float* v);
 
@@ -107,8 +104,8 @@ Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float*
 //     updated fp32 master before it is split) or kBF16 (a copy of w_hi).
 // Thread-safe for disjoint arrays. Errors: kInvalid (options, null arrays),
 // kUnsupported (a forced path the CPU lacks).
-Status CompactAdamStep(const AdamOptions& opt, size_t n, const CompactState& s,
-                       const void* grad, void* param_copy);
+Status CompactAdamStep(const AdamOptions& opt, size_t n, const CompactState& s, const void* grad,
+                       void* param_copy);
 Status CompactAdamStepOn(CpuIsa isa, const AdamOptions& opt, size_t n, const CompactState& s,
                          const void* grad, void* param_copy);
 

@@ -15,14 +15,19 @@ inline constexpr size_t kVectors = kCompactBlock / kAvx2Lanes;  // 4
 
 struct Constsx8 {
   explicit Constsx8(const AdamStepScalars& s)
-      : grad_scale(_mm256_set1_ps(s.grad_scale)), l2(_mm256_set1_ps(s.l2)),
-        decay(_mm256_set1_ps(s.decay)), beta1(_mm256_set1_ps(s.beta1)),
-        one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)), beta2(_mm256_set1_ps(s.beta2)),
-        one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)), sqrt_bc2(_mm256_set1_ps(s.sqrt_bc2)),
-        inv_sqrt_bc2(_mm256_set1_ps(s.inv_sqrt_bc2)), eps(_mm256_set1_ps(s.eps)),
+      : grad_scale(_mm256_set1_ps(s.grad_scale)),
+        l2(_mm256_set1_ps(s.l2)),
+        decay(_mm256_set1_ps(s.decay)),
+        beta1(_mm256_set1_ps(s.beta1)),
+        one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)),
+        beta2(_mm256_set1_ps(s.beta2)),
+        one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
+        sqrt_bc2(_mm256_set1_ps(s.sqrt_bc2)),
+        inv_sqrt_bc2(_mm256_set1_ps(s.inv_sqrt_bc2)),
+        eps(_mm256_set1_ps(s.eps)),
         neg_step_size(_mm256_set1_ps(s.neg_step_size)) {}
-  __m256 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2,
-      inv_sqrt_bc2, eps, neg_step_size;
+  __m256 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
+      neg_step_size;
 };
 
 inline __m256i Set1(int32_t x) { return _mm256_set1_epi32(x); }
@@ -37,8 +42,8 @@ inline __m256 DivideBySqrtBc2(const Constsx8& k, __m256 x) {
 
 // Rebuild in compact_elements.h: sign(hi) | (|hi| + floor((q*33026 + 64) / 128)).
 inline __m256 Rebuild(const uint16_t* hi, const int8_t* lo) {
-  const __m256i h = _mm256_slli_epi32(
-      _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi))), 16);
+  const __m256i h =
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi))), 16);
   const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo)));
   const __m256i d = _mm256_srai_epi32(_mm256_add_epi32(_mm256_mullo_epi32(q, Set1(33026)), Set1(64)), 7);
   const __m256i sign = _mm256_and_si256(h, Set1(INT32_MIN));
@@ -53,7 +58,8 @@ inline void Split(__m256 p, __m256i* hi, __m256i* lo) {
   const __m256i abs = _mm256_and_si256(u, Set1(0x7fffffff));
   const __m256i habs = _mm256_and_si256(_mm256_slli_epi32(*hi, 16), Set1(0x7fffffff));
   const __m256i d = _mm256_sub_epi32(abs, habs);
-  __m256i q = _mm256_srai_epi32(_mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(d, 7), d), Set1(16384)), 15);
+  __m256i q =
+      _mm256_srai_epi32(_mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(d, 7), d), Set1(16384)), 15);
   // A finite w that rounds to bf16 inf (d < 0) keeps a finite master.
   const __m256i over = _mm256_and_si256(_mm256_cmpeq_epi32(habs, Set1(0x7f800000)),
                                         _mm256_cmpgt_epi32(_mm256_setzero_si256(), d));
@@ -114,8 +120,8 @@ inline void StoreMoments(const CompactState& s, size_t i, const __m256 (&m)[kVec
   const __m256 kv = _mm256_set1_ps(v_live ? 65025.0f / big : 0.0f);
   for (size_t k = 0; k < kVectors; ++k) {
     qv[k] = v_live ? Codes(r[k], kv, 255) : _mm256_setzero_si256();
-    const __m256i q = m_live ? _mm256_sign_epi32(Codes(m[k], km, 127), _mm256_castps_si256(m[k]))
-                             : _mm256_setzero_si256();
+    const __m256i q =
+        m_live ? _mm256_sign_epi32(Codes(m[k], km, 127), _mm256_castps_si256(m[k])) : _mm256_setzero_si256();
     qm[k] = _mm256_andnot_si256(_mm256_cmpeq_epi32(qv[k], _mm256_setzero_si256()), q);
   }
   Store32(s.m_code + i, PackBytes(qm, true));
@@ -132,14 +138,14 @@ template <DType G, CompactCopy C, bool kL2>
 struct CompactAdamAvx2 {
   // The update of 8 elements at e (AdamAvx2::Update on dequantized state);
   // returns the new param and sets *m, *r = new m, sqrt(new v).
-  static __m256 Update(const Constsx8& k, const CompactArrays& a, size_t e, __m256 m_step,
-                       __m256 v_step, __m256* m_out, __m256* r_out) {
+  static __m256 Update(const Constsx8& k, const CompactArrays& a, size_t e, __m256 m_step, __m256 v_step,
+                       __m256* m_out, __m256* r_out) {
     __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, e), k.grad_scale);
     __m256 p = Rebuild(a.s.w_hi + e, a.s.w_lo + e);
     if constexpr (kL2) g = _mm256_fmadd_ps(p, k.l2, g);
     p = _mm256_mul_ps(p, k.decay);
-    const __m256 m = _mm256_fmadd_ps(k.one_minus_beta1, g,
-                                     _mm256_mul_ps(DequantizeM(a.s.m_code + e, m_step), k.beta1));
+    const __m256 m =
+        _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(DequantizeM(a.s.m_code + e, m_step), k.beta1));
     const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(k.one_minus_beta2, g), g,
                                      _mm256_mul_ps(DequantizeV(a.s.v_code + e, v_step), k.beta2));
     const __m256 r = _mm256_sqrt_ps(v);
@@ -226,10 +232,14 @@ CompactAdamRangeFn PickL2(bool l2) {
 template <DType G>
 CompactAdamRangeFn PickCopy(CompactCopy copy, bool l2) {
   switch (copy) {
-    case CompactCopy::kBF16: return PickL2<G, CompactCopy::kBF16>(l2);
-    case CompactCopy::kF16: return PickL2<G, CompactCopy::kF16>(l2);
-    case CompactCopy::kF32: return PickL2<G, CompactCopy::kF32>(l2);
-    case CompactCopy::kNone: break;
+    case CompactCopy::kBF16:
+      return PickL2<G, CompactCopy::kBF16>(l2);
+    case CompactCopy::kF16:
+      return PickL2<G, CompactCopy::kF16>(l2);
+    case CompactCopy::kF32:
+      return PickL2<G, CompactCopy::kF32>(l2);
+    case CompactCopy::kNone:
+      break;
   }
   return PickL2<G, CompactCopy::kNone>(l2);
 }

@@ -15,14 +15,19 @@ inline constexpr size_t kVectors = kCompactBlock / kAvx512Lanes;  // 2
 
 struct Constsx16 {
   explicit Constsx16(const AdamStepScalars& s)
-      : grad_scale(_mm512_set1_ps(s.grad_scale)), l2(_mm512_set1_ps(s.l2)),
-        decay(_mm512_set1_ps(s.decay)), beta1(_mm512_set1_ps(s.beta1)),
-        one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)), beta2(_mm512_set1_ps(s.beta2)),
-        one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)), sqrt_bc2(_mm512_set1_ps(s.sqrt_bc2)),
-        inv_sqrt_bc2(_mm512_set1_ps(s.inv_sqrt_bc2)), eps(_mm512_set1_ps(s.eps)),
+      : grad_scale(_mm512_set1_ps(s.grad_scale)),
+        l2(_mm512_set1_ps(s.l2)),
+        decay(_mm512_set1_ps(s.decay)),
+        beta1(_mm512_set1_ps(s.beta1)),
+        one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)),
+        beta2(_mm512_set1_ps(s.beta2)),
+        one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
+        sqrt_bc2(_mm512_set1_ps(s.sqrt_bc2)),
+        inv_sqrt_bc2(_mm512_set1_ps(s.inv_sqrt_bc2)),
+        eps(_mm512_set1_ps(s.eps)),
         neg_step_size(_mm512_set1_ps(s.neg_step_size)) {}
-  __m512 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2,
-      inv_sqrt_bc2, eps, neg_step_size;
+  __m512 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
+      neg_step_size;
 };
 
 inline __m512i Set1(int32_t x) { return _mm512_set1_epi32(x); }
@@ -40,8 +45,8 @@ inline __m128i Load16Bytes(const void* x) { return _mm_loadu_si128(static_cast<c
 
 // Rebuild in compact_elements.h: sign(hi) | (|hi| + floor((q*33026 + 64) / 128)).
 inline __m512 Rebuild(const uint16_t* hi, const int8_t* lo) {
-  const __m512i h = _mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi))), 16);
+  const __m512i h =
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi))), 16);
   const __m512i q = _mm512_cvtepi8_epi32(Load16Bytes(lo));
   const __m512i d = _mm512_srai_epi32(_mm512_add_epi32(_mm512_mullo_epi32(q, Set1(33026)), Set1(64)), 7);
   const __m512i sign = _mm512_and_si512(h, Set1(INT32_MIN));
@@ -61,10 +66,11 @@ inline void Split(__m512 p, __m512i* hi, __m512i* lo) {
   *hi = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, Set1(0x40)));
   const __m512i habs = _mm512_and_si512(_mm512_slli_epi32(*hi, 16), Set1(0x7fffffff));
   const __m512i d = _mm512_sub_epi32(abs, habs);
-  __m512i q = _mm512_srai_epi32(_mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(d, 7), d), Set1(16384)), 15);
+  __m512i q =
+      _mm512_srai_epi32(_mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(d, 7), d), Set1(16384)), 15);
   // A finite w that rounds to bf16 inf (d < 0) keeps a finite master.
-  const __mmask16 over = _mm512_cmpeq_epi32_mask(habs, Set1(0x7f800000)) &
-                         _mm512_cmplt_epi32_mask(d, _mm512_setzero_si512());
+  const __mmask16 over =
+      _mm512_cmpeq_epi32_mask(habs, Set1(0x7f800000)) & _mm512_cmplt_epi32_mask(d, _mm512_setzero_si512());
   q = _mm512_mask_min_epi32(q, over, q, Set1(-1));
   *lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), q);
 }
@@ -125,8 +131,7 @@ inline void StoreMoments(const CompactState& s, size_t i, const __m512 (&m)[kVec
 
 template <CompactCopy C>
 inline void StoreCopy(void* copy, size_t i, __m512 p) {
-  if constexpr (C == CompactCopy::kF16)
-    StoreU16x16(copy, i, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT));
+  if constexpr (C == CompactCopy::kF16) StoreU16x16(copy, i, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT));
   if constexpr (C == CompactCopy::kF32) _mm512_storeu_ps(static_cast<float*>(copy) + i, p);
 }
 
@@ -134,14 +139,14 @@ template <DType G, CompactCopy C, bool kL2>
 struct CompactAdamAvx512 {
   // AdamAvx512::Block's update of 16 elements at e on dequantized state;
   // returns the new param and sets *m, *r = new m, sqrt(new v).
-  static __m512 Update(const Constsx16& k, const CompactArrays& a, size_t e, __m512 m_step,
-                       __m512 v_step, __m512* m_out, __m512* r_out) {
+  static __m512 Update(const Constsx16& k, const CompactArrays& a, size_t e, __m512 m_step, __m512 v_step,
+                       __m512* m_out, __m512* r_out) {
     __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, e), k.grad_scale);
     __m512 p = Rebuild(a.s.w_hi + e, a.s.w_lo + e);
     if constexpr (kL2) g = _mm512_fmadd_ps(p, k.l2, g);
     p = _mm512_mul_ps(p, k.decay);
-    const __m512 m = _mm512_fmadd_ps(k.one_minus_beta1, g,
-                                     _mm512_mul_ps(DequantizeM(a.s.m_code + e, m_step), k.beta1));
+    const __m512 m =
+        _mm512_fmadd_ps(k.one_minus_beta1, g, _mm512_mul_ps(DequantizeM(a.s.m_code + e, m_step), k.beta1));
     const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(k.one_minus_beta2, g), g,
                                      _mm512_mul_ps(DequantizeV(a.s.v_code + e, v_step), k.beta2));
     const __m512 r = _mm512_sqrt_ps(v);
@@ -220,10 +225,14 @@ CompactAdamRangeFn PickL2(bool l2) {
 template <DType G>
 CompactAdamRangeFn PickCopy(CompactCopy copy, bool l2) {
   switch (copy) {
-    case CompactCopy::kBF16: return PickL2<G, CompactCopy::kBF16>(l2);
-    case CompactCopy::kF16: return PickL2<G, CompactCopy::kF16>(l2);
-    case CompactCopy::kF32: return PickL2<G, CompactCopy::kF32>(l2);
-    case CompactCopy::kNone: break;
+    case CompactCopy::kBF16:
+      return PickL2<G, CompactCopy::kBF16>(l2);
+    case CompactCopy::kF16:
+      return PickL2<G, CompactCopy::kF16>(l2);
+    case CompactCopy::kF32:
+      return PickL2<G, CompactCopy::kF32>(l2);
+    case CompactCopy::kNone:
+      break;
   }
   return PickL2<G, CompactCopy::kNone>(l2);
 }

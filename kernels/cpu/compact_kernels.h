@@ -24,17 +24,16 @@ struct CompactArrays {
 
 // Runs the step over [begin, end). REQUIRES: begin is a multiple of
 // kCompactBlock (end may not be: the last block of the array).
-using CompactAdamRangeFn = void (*)(const AdamStepScalars& s, const CompactArrays& a,
-                                    size_t begin, size_t end);
+using CompactAdamRangeFn = void (*)(const AdamStepScalars& s, const CompactArrays& a, size_t begin,
+                                    size_t end);
 // l2: Adam mode with weight_decay != 0.
 CompactAdamRangeFn SelectCompactAdamScalar(DType grad, CompactCopy copy, bool l2);
 CompactAdamRangeFn SelectCompactAdamAvx2(DType grad, CompactCopy copy, bool l2);
 CompactAdamRangeFn SelectCompactAdamAvx512(DType grad, CompactCopy copy, bool l2);
 
 // The scalar reference conversions over [begin, end), same REQUIRES.
-void CompactPackRange(const float* w, const float* m, const float* v, const CompactState& s,
-                      size_t begin, size_t end);
-void CompactUnpackRange(const CompactState& s, float* w, float* m, float* v, size_t begin,
-                        size_t end);
+void CompactPackRange(const float* w, const float* m, const float* v, const CompactState& s, size_t begin,
+                      size_t end);
+void CompactUnpackRange(const CompactState& s, float* w, float* m, float* v, size_t begin, size_t end);
 
 }  // namespace strata::kernels::internal

@@ -18,8 +18,7 @@ inline void StoreCompactCopy(void* copy, size_t i, float p, uint16_t hi) {
 }
 
 // Quantizes a block's new moments (m, r = sqrt(v)) into block b of s.
-inline void StoreMoments(const CompactState& s, size_t i, size_t len, const float* m,
-                         const float* r) {
+inline void StoreMoments(const CompactState& s, size_t i, size_t len, const float* m, const float* r) {
   const size_t b = i / kCompactBlock;
   s.m_scale[b] = QuantizeM(m, len, s.m_code + i);
   s.v_scale[b] = QuantizeV(r, len, s.v_code + i);
@@ -40,8 +39,7 @@ struct CompactAdamScalar {
       if constexpr (kL2) g = std::fma(p, s.l2, g);
       p = p * s.decay;
       const float m = std::fma(s.one_minus_beta1, g, DequantizeM(a.s.m_code[e], m_step) * s.beta1);
-      const float v =
-          std::fma(s.one_minus_beta2 * g, g, DequantizeV(a.s.v_code[e], v_step) * s.beta2);
+      const float v = std::fma(s.one_minus_beta2 * g, g, DequantizeV(a.s.v_code[e], v_step) * s.beta2);
       const float r = std::sqrt(v);
       const float denom = r / s.sqrt_bc2 + s.eps;
       p = p + (s.neg_step_size * m) / denom;  // torch addcdiv_ order, as AdamScalar
@@ -56,8 +54,7 @@ struct CompactAdamScalar {
   }
 
   static void Run(const AdamStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
-    for (size_t i = begin; i < end; i += kCompactBlock)
-      Block(s, a, i, std::min(kCompactBlock, end - i));
+    for (size_t i = begin; i < end; i += kCompactBlock) Block(s, a, i, std::min(kCompactBlock, end - i));
   }
 };
 
@@ -69,10 +66,14 @@ CompactAdamRangeFn PickL2(bool l2) {
 template <DType G>
 CompactAdamRangeFn PickCopy(CompactCopy copy, bool l2) {
   switch (copy) {
-    case CompactCopy::kBF16: return PickL2<G, CompactCopy::kBF16>(l2);
-    case CompactCopy::kF16: return PickL2<G, CompactCopy::kF16>(l2);
-    case CompactCopy::kF32: return PickL2<G, CompactCopy::kF32>(l2);
-    case CompactCopy::kNone: break;
+    case CompactCopy::kBF16:
+      return PickL2<G, CompactCopy::kBF16>(l2);
+    case CompactCopy::kF16:
+      return PickL2<G, CompactCopy::kF16>(l2);
+    case CompactCopy::kF32:
+      return PickL2<G, CompactCopy::kF32>(l2);
+    case CompactCopy::kNone:
+      break;
   }
   return PickL2<G, CompactCopy::kNone>(l2);
 }
@@ -85,8 +86,8 @@ CompactAdamRangeFn SelectCompactAdamScalar(DType grad, CompactCopy copy, bool l2
   return PickCopy<DType::kF32>(copy, l2);
 }
 
-void CompactPackRange(const float* w, const float* m, const float* v, const CompactState& s,
-                      size_t begin, size_t end) {
+void CompactPackRange(const float* w, const float* m, const float* v, const CompactState& s, size_t begin,
+                      size_t end) {
   float r[kCompactBlock];
   for (size_t i = begin; i < end; i += kCompactBlock) {
     const size_t len = std::min(kCompactBlock, end - i);
@@ -100,8 +101,7 @@ void CompactPackRange(const float* w, const float* m, const float* v, const Comp
   }
 }
 
-void CompactUnpackRange(const CompactState& s, float* w, float* m, float* v, size_t begin,
-                        size_t end) {
+void CompactUnpackRange(const CompactState& s, float* w, float* m, float* v, size_t begin, size_t end) {
   for (size_t i = begin; i < end; ++i) {
     const size_t b = i / kCompactBlock;
     w[i] = Rebuild(s.w_hi[i], s.w_lo[i]);

@@ -4,6 +4,8 @@
 // moment bounds over random and adversarial blocks; the special values; the
 // step equal to Pack(AdamStep(Unpack)); and 2000 steps of compact AdamW on
 // noisy problems tracking the fp32 kernel.
+#include "kernels/cpu/compact.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "kernels/cpu/adam.h"
-#include "kernels/cpu/compact.h"
 #include "tests/kernels/compact_test_util.h"
 
 namespace strata::kernels::test {
@@ -80,23 +81,28 @@ TEST(CompactMaster, EdgesAndEveryCorrection) {
   for (uint32_t high : {0x0000u, 0x0001u, 0x007fu, 0x0080u, 0x3f7fu, 0x3f80u, 0x7f7eu, 0x7f7fu})
     for (uint32_t sign : {0u, 0x80000000u})
       for (uint32_t low = 0; low < 0x10000u; ++low) w.push_back(BitsF32(sign | (high << 16) | low));
-  for (float x : {0.0f, -0.0f, kInf, -kInf, std::numeric_limits<float>::max(),
-                  -std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
-                  std::numeric_limits<float>::min()})
+  for (float x :
+       {0.0f, -0.0f, kInf, -kInf, std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+        std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min()})
     w.push_back(x);
   EXPECT_EQ(CheckMaster(w), kCompactMasterUlps) << "the stated worst case is the real one";
 }
 
 TEST(CompactMaster, SpecialValuesExact) {
-  const std::vector<float> w = {0.0f, -0.0f, kInf, -kInf, std::nanf(""), -std::nanf(""),
+  const std::vector<float> w = {0.0f,
+                                -0.0f,
+                                kInf,
+                                -kInf,
+                                std::nanf(""),
+                                -std::nanf(""),
                                 std::numeric_limits<float>::denorm_min(),
                                 std::numeric_limits<float>::max()};
   std::vector<uint16_t> hi;
   const std::vector<float> back = RoundTripMaster(w, &hi);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(F32Bits(back[i]), F32Bits(w[i])) << i;
   EXPECT_TRUE(std::isnan(back[4]) && std::isnan(back[5]));
-  EXPECT_TRUE(std::isinf(BF16ToF32(hi[7])));   // P overflows like AdamStep's copy ...
-  EXPECT_TRUE(std::isfinite(back[7]));         // ... the master does not
+  EXPECT_TRUE(std::isinf(BF16ToF32(hi[7])));  // P overflows like AdamStep's copy ...
+  EXPECT_TRUE(std::isfinite(back[7]));        // ... the master does not
 }
 
 // One moment-bound check over blocks of m and v (n = blocks*32 + tail).
@@ -140,13 +146,20 @@ struct MomentCheck {
 float Shape(Rng& rng, int shape, size_t j) {
   const float u = rng.Spread();
   switch (shape) {
-    case 0: return u;
-    case 1: return u * u * u * u * u * u;                 // heavy tail toward 0
-    case 2: return j == 7 ? 1e4f : u * 1e-3f;             // one outlier
-    case 3: return 0.75f;                                 // constant
-    case 4: return 0.0f;
-    case 5: return std::ldexp(u, -static_cast<int>(rng.Next() % 40));  // 40 binades
-    default: return u;
+    case 0:
+      return u;
+    case 1:
+      return u * u * u * u * u * u;  // heavy tail toward 0
+    case 2:
+      return j == 7 ? 1e4f : u * 1e-3f;  // one outlier
+    case 3:
+      return 0.75f;  // constant
+    case 4:
+      return 0.0f;
+    case 5:
+      return std::ldexp(u, -static_cast<int>(rng.Next() % 40));  // 40 binades
+    default:
+      return u;
   }
 }
 
@@ -170,8 +183,10 @@ TEST(CompactMoments, BoundsOverRandomAndAdversarialBlocks) {
   // Subnormal and huge moments.
   std::vector<float> m(n), v(n);
   for (size_t i = 0; i < n; ++i) {
-    m[i] = i % 2 ? std::numeric_limits<float>::denorm_min() * static_cast<float>(i) : 0x1p127f / static_cast<float>(1 + i);
-    v[i] = i % 3 ? std::numeric_limits<float>::denorm_min() * static_cast<float>(i) : 0x1p127f / static_cast<float>(1 + i);
+    m[i] = i % 2 ? std::numeric_limits<float>::denorm_min() * static_cast<float>(i)
+                 : 0x1p127f / static_cast<float>(1 + i);
+    v[i] = i % 3 ? std::numeric_limits<float>::denorm_min() * static_cast<float>(i)
+                 : 0x1p127f / static_cast<float>(1 + i);
   }
   ASSERT_NO_FATAL_FAILURE(check.Run(m, v));
   std::printf("moments: worst error/bound m %.3f, sqrt(v) %.3f\n", check.worst_m, check.worst_v);
@@ -195,7 +210,9 @@ TEST(CompactMoments, NonFiniteBlocksReadNaNOthersUntouched) {
         const bool in_block = i / kCompactBlock == 1;
         const float got = which == 0 ? m2[i] : v2[i];
         EXPECT_EQ(std::isnan(got), in_block) << "element " << i << " case " << which;
-        if (!in_block) { EXPECT_EQ(m2[i], 0.5f) << i; }  // constant blocks are exact
+        if (!in_block) {
+          EXPECT_EQ(m2[i], 0.5f) << i;
+        }  // constant blocks are exact
       }
     }
   }
@@ -211,7 +228,8 @@ TEST(CompactStep, EqualsPackOfAdamStepOfUnpack) {
         const DType cd = copy == 1 ? DType::kBF16 : copy == 2 ? DType::kF16 : DType::kF32;
         Rng rng(n + copy);
         std::vector<float> w(n), m(n), v(n);
-        for (size_t i = 0; i < n; ++i) w[i] = rng.Spread(), m[i] = 0.1f * rng.Spread(), v[i] = 0.01f * std::fabs(rng.Spread());
+        for (size_t i = 0; i < n; ++i)
+          w[i] = rng.Spread(), m[i] = 0.1f * rng.Spread(), v[i] = 0.01f * std::fabs(rng.Spread());
         CompactBuffers c(n, 2), ref(n, 7);
         ASSERT_TRUE(CompactPack(n, w.data(), m.data(), v.data(), c.state()).ok());
         std::vector<uint8_t> g(n * 4), copy_c(n * 4), copy_r(n * 4);
@@ -224,14 +242,18 @@ TEST(CompactStep, EqualsPackOfAdamStepOfUnpack) {
           AdamOptions ropt = opt;
           ropt.param_copy_dtype = cd == DType::kF32 ? DType::kBF16 : cd;
           ASSERT_TRUE(AdamStepOn(CpuIsa::kScalar, ropt, n, w.data(), m.data(), v.data(), g.data(),
-                                 copy == 1 || copy == 2 ? copy_r.data() : nullptr).ok());
+                                 copy == 1 || copy == 2 ? copy_r.data() : nullptr)
+                          .ok());
           if (copy == 3) std::memcpy(copy_r.data(), w.data(), 4 * n);
           ASSERT_TRUE(CompactPack(n, w.data(), m.data(), v.data(), ref.state()).ok());
-          ASSERT_TRUE(CompactAdamStepOn(CpuIsa::kScalar, opt, n, c.state(), g.data(),
-                                        copy ? copy_c.data() : nullptr).ok());
-          ASSERT_EQ(CompactDiff(c, ref), "") << "mode " << int(mode) << " grad " << DTypeName(gd)
-                                             << " copy " << copy << " step " << t;
-          if (copy) { ASSERT_EQ(std::memcmp(copy_c.data(), copy_r.data(), n * DTypeSize(cd)), 0) << copy; }
+          ASSERT_TRUE(
+              CompactAdamStepOn(CpuIsa::kScalar, opt, n, c.state(), g.data(), copy ? copy_c.data() : nullptr)
+                  .ok());
+          ASSERT_EQ(CompactDiff(c, ref), "")
+              << "mode " << int(mode) << " grad " << DTypeName(gd) << " copy " << copy << " step " << t;
+          if (copy) {
+            ASSERT_EQ(std::memcmp(copy_c.data(), copy_r.data(), n * DTypeSize(cd)), 0) << copy;
+          }
         }
       }
 }

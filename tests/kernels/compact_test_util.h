@@ -13,12 +13,16 @@ namespace strata::kernels::test {
 class CompactBuffers {
  public:
   CompactBuffers(size_t n, size_t offset)
-      : n_(n), hi_(n, 2, offset % 16), lo_(n, 1, (offset + 1) % 16),
-        mq_(n, 1, (offset + 2) % 16), ms_(CompactScaleCount(n), 4, (offset + 3) % 16),
-        vq_(n, 1, (offset + 4) % 16), vs_(CompactScaleCount(n), 4, (offset + 5) % 16) {}
+      : n_(n),
+        hi_(n, 2, offset % 16),
+        lo_(n, 1, (offset + 1) % 16),
+        mq_(n, 1, (offset + 2) % 16),
+        ms_(CompactScaleCount(n), 4, (offset + 3) % 16),
+        vq_(n, 1, (offset + 4) % 16),
+        vs_(CompactScaleCount(n), 4, (offset + 5) % 16) {}
   CompactState state() {
-    return {hi_.as<uint16_t>(), lo_.as<int8_t>(), mq_.as<int8_t>(), ms_.as<float>(),
-            vq_.as<uint8_t>(), vs_.as<float>()};
+    return {hi_.as<uint16_t>(), lo_.as<int8_t>(),  mq_.as<int8_t>(),
+            ms_.as<float>(),    vq_.as<uint8_t>(), vs_.as<float>()};
   }
   size_t n() const { return n_; }
   void CopyFrom(CompactBuffers& o) {
