@@ -40,31 +40,34 @@ inline __m256 DivideBySqrtBc2(const Constsx8& k, __m256 x) {
   return _mm256_blendv_ps(q1, q0, _mm256_cmp_ps(x, _mm256_set1_ps(__builtin_inff()), _CMP_EQ_OQ));
 }
 
-// Rebuild in compact_elements.h: sign(hi) | (|hi| + floor((q*33026 + 64) / 128)).
+// Rebuild in compact_elements.h. w and hi share the sign bit, so adding the
+// signed magnitude difference to hi's bits adds it to the magnitude.
 inline __m256 Rebuild(const uint16_t* hi, const int8_t* lo) {
   const __m256i h =
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi))), 16);
   const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo)));
   const __m256i d = _mm256_srai_epi32(_mm256_add_epi32(_mm256_mullo_epi32(q, Set1(33026)), Set1(64)), 7);
-  const __m256i sign = _mm256_and_si256(h, Set1(INT32_MIN));
-  const __m256i mag = _mm256_add_epi32(_mm256_and_si256(h, Set1(0x7fffffff)), d);
-  return _mm256_castsi256_ps(_mm256_or_si256(sign, mag));
+  return _mm256_castsi256_ps(_mm256_add_epi32(h, d));
 }
 
-// Split in compact_elements.h: bf16 lanes (low halves) and corrections.
+// Split in compact_elements.h: bf16 lanes (low halves) and corrections. The
+// rounding keeps the sign, so d = bits(w) - bits(hi) is the magnitudes'
+// difference. Past bf16's range a finite w (|w| bits in [0x7f7fff7f,
+// 0x7f7fffff], where q is 0) gets q = -1; inf and NaN get 0.
 inline void Split(__m256 p, __m256i* hi, __m256i* lo) {
   const __m256i u = _mm256_castps_si256(p);
-  *hi = F32ToBF16Lanes(p);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(high, Set1(1)), Set1(0x7fff));
+  const __m256i hb = _mm256_and_si256(_mm256_add_epi32(u, bias), Set1(static_cast<int32_t>(0xffff0000u)));
   const __m256i abs = _mm256_and_si256(u, Set1(0x7fffffff));
-  const __m256i habs = _mm256_and_si256(_mm256_slli_epi32(*hi, 16), Set1(0x7fffffff));
-  const __m256i d = _mm256_sub_epi32(abs, habs);
-  __m256i q =
+  const __m256i nan = _mm256_cmpgt_epi32(abs, Set1(0x7f800000));
+  *hi = _mm256_blendv_epi8(_mm256_srli_epi32(hb, 16), _mm256_or_si256(high, Set1(0x40)), nan);
+  const __m256i d = _mm256_sub_epi32(u, hb);
+  const __m256i q =
       _mm256_srai_epi32(_mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(d, 7), d), Set1(16384)), 15);
-  // A finite w that rounds to bf16 inf (d < 0) keeps a finite master.
-  const __m256i over = _mm256_and_si256(_mm256_cmpeq_epi32(habs, Set1(0x7f800000)),
-                                        _mm256_cmpgt_epi32(_mm256_setzero_si256(), d));
-  q = _mm256_blendv_epi8(q, _mm256_min_epi32(q, Set1(-1)), over);
-  *lo = _mm256_andnot_si256(_mm256_cmpgt_epi32(abs, Set1(0x7f800000)), q);
+  const __m256i top = _mm256_cmpgt_epi32(abs, Set1(0x7f7fff7e));  // the top 129 floats, inf, NaN
+  const __m256i nonfinite = _mm256_cmpgt_epi32(abs, Set1(0x7f7fffff));
+  *lo = _mm256_andnot_si256(nonfinite, _mm256_add_epi32(q, top));
 }
 
 inline __m256 DequantizeM(const int8_t* code, __m256 step) {
@@ -88,10 +91,26 @@ inline uint32_t MaxAbsBits(const __m256 (&x)[kVectors]) {
   return static_cast<uint32_t>(_mm_cvtsi128_si32(h));
 }
 
-// Codes round(sqrt(|x| * k)) capped at `cap`, for a live block.
+// Codes of a live block (CodeOf in compact_elements.h): y = |x|*k, then the
+// largest q <= cap with (q - 1/2)^2 <= y. The divider is the scarce unit of
+// this step (sqrt(v) and the update's division need it), so the first guess
+// comes from an inverse square root by bits with one Newton step (within 0.3
+// of sqrt(y) for y <= 2^14, so within one of q) and exact compares finish it.
 inline __m256i Codes(__m256 x, __m256 k, int32_t cap) {
-  const __m256 ax = _mm256_and_ps(x, _mm256_castsi256_ps(Set1(0x7fffffff)));
-  return _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_sqrt_ps(_mm256_mul_ps(ax, k))), Set1(cap));
+  const __m256 y = _mm256_mul_ps(_mm256_and_ps(x, _mm256_castsi256_ps(Set1(0x7fffffff))), k);
+  const __m256 half = _mm256_set1_ps(0.5f);
+  const __m256 r0 =
+      _mm256_castsi256_ps(_mm256_sub_epi32(Set1(0x5f3759df), _mm256_srli_epi32(_mm256_castps_si256(y), 1)));
+  const __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(y, half), r0), r0);
+  const __m256 r1 = _mm256_mul_ps(r0, _mm256_sub_ps(_mm256_set1_ps(1.5f), t));
+  const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(y, r1));
+  const __m256 qf = _mm256_cvtepi32_ps(q0);
+  const __m256 up = _mm256_add_ps(qf, half), down = _mm256_sub_ps(qf, half);
+  const __m256 raise = _mm256_cmp_ps(_mm256_mul_ps(up, up), y, _CMP_LE_OQ);
+  const __m256 lower = _mm256_cmp_ps(_mm256_mul_ps(down, down), y, _CMP_GT_OQ);
+  __m256i q = _mm256_sub_epi32(q0, _mm256_castps_si256(raise));
+  q = _mm256_max_epi32(_mm256_add_epi32(q, _mm256_castps_si256(lower)), _mm256_setzero_si256());
+  return _mm256_min_epi32(q, Set1(cap));
 }
 
 // Four vectors of 8 int32 (each fitting the byte type) -> 32 bytes in order.
@@ -106,8 +125,8 @@ inline void Store32(void* dst, __m256i x) { _mm256_storeu_si256(static_cast<__m2
 
 // The block's new moments -> codes and scales (QuantizeM, QuantizeV,
 // ZeroMWhereVZero in compact_elements.h).
-inline void StoreMoments(const CompactState& s, size_t i, const __m256 (&m)[kVectors],
-                         const __m256 (&r)[kVectors]) {
+[[gnu::always_inline]] inline void StoreMoments(const CompactState& s, size_t i, const __m256 (&m)[kVectors],
+                                                const __m256 (&r)[kVectors]) {
   const size_t b = i / kCompactBlock;
   const uint32_t amax = MaxAbsBits(m), rmax = MaxAbsBits(r);
   const float a = BitsF32(amax), big = BitsF32(rmax);
@@ -136,37 +155,35 @@ inline void StoreCopy(void* copy, size_t i, __m256 p) {
 
 template <DType G, CompactCopy C, bool kL2>
 struct CompactAdamAvx2 {
-  // The update of 8 elements at e (AdamAvx2::Update on dequantized state);
-  // returns the new param and sets *m, *r = new m, sqrt(new v).
-  static __m256 Update(const Constsx8& k, const CompactArrays& a, size_t e, __m256 m_step, __m256 v_step,
-                       __m256* m_out, __m256* r_out) {
-    __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, e), k.grad_scale);
-    __m256 p = Rebuild(a.s.w_hi + e, a.s.w_lo + e);
-    if constexpr (kL2) g = _mm256_fmadd_ps(p, k.l2, g);
-    p = _mm256_mul_ps(p, k.decay);
-    const __m256 m =
-        _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(DequantizeM(a.s.m_code + e, m_step), k.beta1));
-    const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(k.one_minus_beta2, g), g,
-                                     _mm256_mul_ps(DequantizeV(a.s.v_code + e, v_step), k.beta2));
-    const __m256 r = _mm256_sqrt_ps(v);
-    const __m256 denom = _mm256_add_ps(DivideBySqrtBc2(k, r), k.eps);
-    *m_out = m;
-    *r_out = r;
-    return _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(k.neg_step_size, m), denom));
-  }
-
-  // One whole block at i (a multiple of kCompactBlock).
+  // One whole block at i (a multiple of kCompactBlock): AdamAvx2::Update's
+  // operations on the dequantized state, in phases over the four vectors so
+  // that their square roots and divisions (long latencies, one divider) are
+  // in flight together; then the split, the copy-out and the moments.
   static void Block(const Constsx8& k, const CompactArrays& a, size_t i) {
     const size_t b = i / kCompactBlock;
     const __m256 m_step = _mm256_set1_ps(a.s.m_scale[b] / 16129.0f);
     const __m256 v_step = _mm256_set1_ps(a.s.v_scale[b] / 65025.0f);
-    __m256 m[kVectors], r[kVectors];
-    __m256i hi[kVectors], lo[kVectors];
+    __m256 p[kVectors], m[kVectors], r[kVectors];
     for (size_t v = 0; v < kVectors; ++v) {
       const size_t e = i + v * kAvx2Lanes;
-      const __m256 p = Update(k, a, e, m_step, v_step, &m[v], &r[v]);
-      Split(p, &hi[v], &lo[v]);
-      StoreCopy<C>(a.param_copy, e, p);
+      __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, e), k.grad_scale);
+      p[v] = Rebuild(a.s.w_hi + e, a.s.w_lo + e);
+      if constexpr (kL2) g = _mm256_fmadd_ps(p[v], k.l2, g);
+      p[v] = _mm256_mul_ps(p[v], k.decay);
+      m[v] =
+          _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(DequantizeM(a.s.m_code + e, m_step), k.beta1));
+      const __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(k.one_minus_beta2, g), g,
+                                        _mm256_mul_ps(DequantizeV(a.s.v_code + e, v_step), k.beta2));
+      r[v] = _mm256_sqrt_ps(vv);
+    }
+    for (size_t v = 0; v < kVectors; ++v) {
+      const __m256 denom = _mm256_add_ps(DivideBySqrtBc2(k, r[v]), k.eps);
+      p[v] = _mm256_add_ps(p[v], _mm256_div_ps(_mm256_mul_ps(k.neg_step_size, m[v]), denom));
+    }
+    __m256i hi[kVectors], lo[kVectors];
+    for (size_t v = 0; v < kVectors; ++v) {
+      Split(p[v], &hi[v], &lo[v]);
+      StoreCopy<C>(a.param_copy, i + v * kAvx2Lanes, p[v]);
     }
     const __m256i h01 = _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[0], hi[1]), 0xd8);
     const __m256i h23 = _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[2], hi[3]), 0xd8);

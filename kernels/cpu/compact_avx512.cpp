@@ -43,36 +43,33 @@ inline __m512 DivideBySqrtBc2(const Constsx16& k, __m512 x) {
 
 inline __m128i Load16Bytes(const void* x) { return _mm_loadu_si128(static_cast<const __m128i*>(x)); }
 
-// Rebuild in compact_elements.h: sign(hi) | (|hi| + floor((q*33026 + 64) / 128)).
+// Rebuild in compact_elements.h. w and hi share the sign bit, so adding the
+// signed magnitude difference to hi's bits adds it to the magnitude.
 inline __m512 Rebuild(const uint16_t* hi, const int8_t* lo) {
   const __m512i h =
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi))), 16);
   const __m512i q = _mm512_cvtepi8_epi32(Load16Bytes(lo));
   const __m512i d = _mm512_srai_epi32(_mm512_add_epi32(_mm512_mullo_epi32(q, Set1(33026)), Set1(64)), 7);
-  const __m512i sign = _mm512_and_si512(h, Set1(INT32_MIN));
-  const __m512i mag = _mm512_add_epi32(_mm512_and_si512(h, Set1(0x7fffffff)), d);
-  return _mm512_castsi512_ps(_mm512_or_si512(sign, mag));
+  return _mm512_castsi512_ps(_mm512_add_epi32(h, d));
 }
 
-// Split in compact_elements.h: bf16 (base F32ToBF16's integer rounding) in
-// the low halves of the lanes, and the corrections.
+// Split in compact_elements.h, as compact_avx2.cpp: bf16 (base F32ToBF16's
+// integer rounding) in the low halves of the lanes, and the corrections.
 inline void Split(__m512 p, __m512i* hi, __m512i* lo) {
   const __m512i u = _mm512_castps_si512(p);
-  const __m512i abs = _mm512_and_si512(u, Set1(0x7fffffff));
-  const __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, Set1(0x7f800000));
   const __m512i high = _mm512_srli_epi32(u, 16);
   const __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, Set1(1)), Set1(0x7fff));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  *hi = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, Set1(0x40)));
-  const __m512i habs = _mm512_and_si512(_mm512_slli_epi32(*hi, 16), Set1(0x7fffffff));
-  const __m512i d = _mm512_sub_epi32(abs, habs);
+  const __m512i hb = _mm512_and_si512(_mm512_add_epi32(u, bias), Set1(static_cast<int32_t>(0xffff0000u)));
+  const __m512i abs = _mm512_and_si512(u, Set1(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, Set1(0x7f800000));
+  *hi = _mm512_mask_blend_epi32(nan, _mm512_srli_epi32(hb, 16), _mm512_or_si512(high, Set1(0x40)));
+  const __m512i d = _mm512_sub_epi32(u, hb);
   __m512i q =
       _mm512_srai_epi32(_mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(d, 7), d), Set1(16384)), 15);
-  // A finite w that rounds to bf16 inf (d < 0) keeps a finite master.
-  const __mmask16 over =
-      _mm512_cmpeq_epi32_mask(habs, Set1(0x7f800000)) & _mm512_cmplt_epi32_mask(d, _mm512_setzero_si512());
-  q = _mm512_mask_min_epi32(q, over, q, Set1(-1));
-  *lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), q);
+  const __mmask16 top = _mm512_cmpgt_epi32_mask(abs, Set1(0x7f7fff7e));  // top 129 floats, inf, NaN
+  const __mmask16 nonfinite = _mm512_cmpgt_epi32_mask(abs, Set1(0x7f7fffff));
+  q = _mm512_mask_sub_epi32(q, top, q, Set1(1));
+  *lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nonfinite), q);
 }
 
 inline __m512 DequantizeM(const int8_t* code, __m512 step) {
@@ -92,10 +89,26 @@ inline uint32_t MaxAbsBits(const __m512 (&x)[kVectors]) {
   return static_cast<uint32_t>(_mm512_reduce_max_epi32(_mm512_max_epi32(a, b)));
 }
 
-// Codes round(sqrt(|x| * k)) capped at `cap`, for a live block.
+// Codes of a live block (CodeOf in compact_elements.h), as compact_avx2.cpp:
+// a first guess by an inverse square root from the bits and one Newton step,
+// finished by exact compares; the divider stays free for sqrt(v) and the
+// update's division.
 inline __m512i Codes(__m512 x, __m512 k, int32_t cap) {
-  const __m512 ax = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), Set1(0x7fffffff)));
-  return _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_sqrt_ps(_mm512_mul_ps(ax, k))), Set1(cap));
+  const __m512 y =
+      _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), Set1(0x7fffffff))), k);
+  const __m512 half = _mm512_set1_ps(0.5f);
+  const __m512 r0 =
+      _mm512_castsi512_ps(_mm512_sub_epi32(Set1(0x5f3759df), _mm512_srli_epi32(_mm512_castps_si512(y), 1)));
+  const __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(y, half), r0), r0);
+  const __m512 r1 = _mm512_mul_ps(r0, _mm512_sub_ps(_mm512_set1_ps(1.5f), t));
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(y, r1));
+  const __m512 qf = _mm512_cvtepi32_ps(q0);
+  const __m512 up = _mm512_add_ps(qf, half), down = _mm512_sub_ps(qf, half);
+  const __mmask16 raise = _mm512_cmp_ps_mask(_mm512_mul_ps(up, up), y, _CMP_LE_OQ);
+  const __mmask16 lower = _mm512_cmp_ps_mask(_mm512_mul_ps(down, down), y, _CMP_GT_OQ);
+  __m512i q = _mm512_mask_add_epi32(q0, raise, q0, Set1(1));
+  q = _mm512_max_epi32(_mm512_mask_sub_epi32(q, lower, q, Set1(1)), _mm512_setzero_si512());
+  return _mm512_min_epi32(q, Set1(cap));
 }
 
 inline void Store16Bytes(void* dst, __m512i q) {

@@ -51,6 +51,17 @@ inline uint32_t MaxAbsBits(const float* x, size_t len) {
   return mx;
 }
 
+// The code of y = |x|*k >= 0: the largest q <= cap with (q - 1/2)^2 <= y,
+// i.e. sqrt(y) rounded half up, decided exactly ((q ± 1/2)^2 is exact in
+// fp32), so that any first guess within one of q gives the same code.
+inline int32_t CodeOf(float y, int32_t cap) {
+  int32_t q = static_cast<int32_t>(std::nearbyint(std::sqrt(y)));
+  const float qf = static_cast<float>(q);
+  if ((qf + 0.5f) * (qf + 0.5f) <= y) ++q;
+  if ((qf - 0.5f) * (qf - 0.5f) > y) --q;
+  return std::min(std::max(q, 0), cap);
+}
+
 // m of one block -> codes and scale (compact.h).
 inline float QuantizeM(const float* m, size_t len, int8_t* code) {
   const uint32_t amax = MaxAbsBits(m, len);
@@ -62,8 +73,7 @@ inline float QuantizeM(const float* m, size_t len, int8_t* code) {
   }
   const float k = kMCodeSq / a;
   for (size_t j = 0; j < len; ++j) {
-    const float c = std::sqrt(std::fabs(m[j]) * k);
-    const int32_t q = std::min(static_cast<int32_t>(std::nearbyint(c)), 127);
+    const int32_t q = CodeOf(std::fabs(m[j]) * k, 127);
     code[j] = static_cast<int8_t>(std::signbit(m[j]) ? -q : q);
   }
   return a;
@@ -80,8 +90,7 @@ inline float QuantizeV(const float* r, size_t len, uint8_t* code) {
   }
   const float k = kVCodeSq / big;
   for (size_t j = 0; j < len; ++j) {
-    const float c = std::sqrt(std::fabs(r[j]) * k);
-    code[j] = static_cast<uint8_t>(std::min(static_cast<int32_t>(std::nearbyint(c)), 255));
+    code[j] = static_cast<uint8_t>(CodeOf(std::fabs(r[j]) * k, 255));
   }
   return big;
 }
