@@ -17,6 +17,11 @@ static_assert(kElementTile % kCompactBlock == 0, "tiles must hold whole blocks")
 bool HasNull(const CompactState& s) {
   return !s.w_hi || !s.w_lo || !s.m_code || !s.m_scale || !s.v_code || !s.v_scale;
 }
+bool HasNullWM(const CompactState& s) { return !s.w_hi || !s.w_lo || !s.m_code || !s.m_scale; }
+// Either v and both v arrays (Adam), or none of them (Lion).
+bool BadV(const float* v, const CompactState& s) {
+  return (v == nullptr) != (s.v_code == nullptr) || (v == nullptr) != (s.v_scale == nullptr);
+}
 
 internal::CompactCopy CompactCopyFor(const void* param_copy, DType dtype) {
   if (param_copy == nullptr) return internal::CompactCopy::kNone;
@@ -36,7 +41,7 @@ double CompactSqrtSecondBound(double v, double sqrt_max) {
 
 Status CompactPack(size_t n, const float* w, const float* m, const float* v, const CompactState& s) {
   if (n == 0) return Status::Ok();
-  if (!w || !m || !v || HasNull(s)) return InvalidError("CompactPack: null array");
+  if (!w || !m || HasNullWM(s) || BadV(v, s)) return InvalidError("CompactPack: null array");
   ParallelForTiles(n, kElementTile,
                    [&](size_t begin, size_t end) { internal::CompactPackRange(w, m, v, s, begin, end); });
   return Status::Ok();
@@ -44,7 +49,7 @@ Status CompactPack(size_t n, const float* w, const float* m, const float* v, con
 
 Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float* v) {
   if (n == 0) return Status::Ok();
-  if (!w || !m || !v || HasNull(s)) return InvalidError("CompactUnpack: null array");
+  if (!w || !m || HasNullWM(s) || BadV(v, s)) return InvalidError("CompactUnpack: null array");
   ParallelForTiles(n, kElementTile,
                    [&](size_t begin, size_t end) { internal::CompactUnpackRange(s, w, m, v, begin, end); });
   return Status::Ok();
@@ -69,6 +74,33 @@ Status CompactAdamStepOn(CpuIsa isa, const AdamOptions& opt, size_t n, const Com
   const internal::CompactArrays a{s, grad, param_copy};
   ParallelForTiles(n, kElementTile, [&](size_t begin, size_t end) { fn(sc, a, begin, end); });
   return Status::Ok();
+}
+
+Status CompactLionStepOn(CpuIsa isa, const LionOptions& opt, size_t n, const CompactState& s,
+                         const void* grad, void* param_copy) {
+  LionOptions checked = opt;  // an f32 copy is allowed here, as for Adam
+  if (checked.param_copy_dtype == DType::kF32) checked.param_copy_dtype = DType::kBF16;
+  STRATA_RETURN_IF_ERROR(ValidateLionOptions(checked));
+  STRATA_RETURN_IF_ERROR(CheckCpuIsa(isa));
+  if (n == 0) return Status::Ok();
+  if (HasNullWM(s) || !grad) return InvalidError("CompactLionStep: null array");
+  const LionStepScalars sc = MakeLionStepScalars(opt);
+  const internal::CompactCopy copy = CompactCopyFor(param_copy, opt.param_copy_dtype);
+  internal::CompactLionRangeFn fn = internal::SelectCompactLionScalar(opt.grad_dtype, copy);
+  if (isa == CpuIsa::kAvx2) fn = internal::SelectCompactLionAvx2(opt.grad_dtype, copy);
+  if (isa == CpuIsa::kAvx512) fn = internal::SelectCompactLionAvx512(opt.grad_dtype, copy);
+  CompactState lion = s;
+  lion.v_code = nullptr;  // the tail and the kernels read no v
+  lion.v_scale = nullptr;
+  const internal::CompactArrays a{lion, grad, param_copy};
+  ParallelForTiles(n, kElementTile, [&](size_t begin, size_t end) { fn(sc, a, begin, end); });
+  return Status::Ok();
+}
+
+Status CompactLionStep(const LionOptions& opt, size_t n, const CompactState& s, const void* grad,
+                       void* param_copy) {
+  STRATA_ASSIGN_OR_RETURN(const CpuIsa isa, ActiveCpuIsa());
+  return CompactLionStepOn(isa, opt, n, s, grad, param_copy);
 }
 
 Status CompactAdamStep(const AdamOptions& opt, size_t n, const CompactState& s, const void* grad,

@@ -16,6 +16,7 @@
 #include "base/status.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/lion.h"
 
 namespace strata::kernels {
 
@@ -94,6 +95,8 @@ struct CompactState {
 
 // fp32 -> compact (checkpoint conversion, ReadState). w, m, v: n floats each.
 // Runs the scalar reference over tiles in parallel. Errors: kInvalid on null.
+// Lion's state has no v: v, s.v_code and s.v_scale all null (then no zero-v
+// rule applies to m); in CompactUnpack likewise.
 Status CompactPack(size_t n, const float* w, const float* m, const float* v, const CompactState& s);
 // compact -> fp32, the values the step itself reads (definitions above).
 Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float* v);
@@ -110,6 +113,14 @@ Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float*
 Status CompactAdamStep(const AdamOptions& opt, size_t n, const CompactState& s, const void* grad,
                        void* param_copy);
 Status CompactAdamStepOn(CpuIsa isa, const AdamOptions& opt, size_t n, const CompactState& s,
+                         const void* grad, void* param_copy);
+
+// One fused Lion step (lion.h's arithmetic) on w_hi, w_lo, m_code, m_scale;
+// s.v_code and s.v_scale are not used (may be null). Bitwise equal to
+// CompactPack(LionStep(CompactUnpack(s))) with no v. param_copy as above.
+Status CompactLionStep(const LionOptions& opt, size_t n, const CompactState& s, const void* grad,
+                       void* param_copy);
+Status CompactLionStepOn(CpuIsa isa, const LionOptions& opt, size_t n, const CompactState& s,
                          const void* grad, void* param_copy);
 
 }  // namespace strata::kernels

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/cpu/compact_kernels.h"
+#include "kernels/cpu/compact_tail.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/simd_avx2.h"
 
@@ -147,6 +148,44 @@ inline void Store32(void* dst, __m256i x) { _mm256_storeu_si256(static_cast<__m2
   Store32(s.v_code + i, PackBytes(qv, false));
 }
 
+// Lion's moment: m codes and scale only (no v, so no zero-v rule).
+[[gnu::always_inline]] inline void StoreM(const CompactState& s, size_t i, const __m256 (&m)[kVectors]) {
+  const size_t b = i / kCompactBlock;
+  const uint32_t amax = MaxAbsBits(m);
+  const float a = BitsF32(amax);
+  const bool live = amax < 0x7f800000u && a >= kCompactMinScale;
+  s.m_scale[b] = live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
+  const __m256 km = _mm256_set1_ps(live ? 16129.0f / a : 0.0f);
+  __m256i qm[kVectors];
+  for (size_t k = 0; k < kVectors; ++k)
+    qm[k] =
+        live ? _mm256_sign_epi32(Codes(m[k], km, 127), _mm256_castps_si256(m[k])) : _mm256_setzero_si256();
+  Store32(s.m_code + i, PackBytes(qm, true));
+}
+
+// +1, -1, +0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
+inline __m256 Sign(__m256 c) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 s = _mm256_blendv_ps(c, zero, _mm256_cmp_ps(c, zero, _CMP_EQ_OQ));
+  s = _mm256_blendv_ps(s, _mm256_set1_ps(1.0f), _mm256_cmp_ps(c, zero, _CMP_GT_OQ));
+  return _mm256_blendv_ps(s, _mm256_set1_ps(-1.0f), _mm256_cmp_ps(c, zero, _CMP_LT_OQ));
+}
+
+// The block's new masters, split: w_hi (and a bf16 copy-out), w_lo.
+template <CompactCopy C>
+inline void StoreMaster(const CompactArrays& a, size_t i, const __m256i (&hi)[kVectors],
+                        const __m256i (&lo)[kVectors]) {
+  const __m256i h01 = _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[0], hi[1]), 0xd8);
+  const __m256i h23 = _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[2], hi[3]), 0xd8);
+  Store32(a.s.w_hi + i, h01);
+  Store32(a.s.w_hi + i + 16, h23);
+  if constexpr (C == CompactCopy::kBF16) {
+    Store32(static_cast<uint16_t*>(a.param_copy) + i, h01);
+    Store32(static_cast<uint16_t*>(a.param_copy) + i + 16, h23);
+  }
+  Store32(a.s.w_lo + i, PackBytes(lo, true));
+}
+
 template <CompactCopy C>
 inline void StoreCopy(void* copy, size_t i, __m256 p) {
   if constexpr (C == CompactCopy::kF16) StoreFromF32x8<DType::kF16>(copy, i, p);
@@ -185,15 +224,7 @@ struct CompactAdamAvx2 {
       Split(p[v], &hi[v], &lo[v]);
       StoreCopy<C>(a.param_copy, i + v * kAvx2Lanes, p[v]);
     }
-    const __m256i h01 = _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[0], hi[1]), 0xd8);
-    const __m256i h23 = _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[2], hi[3]), 0xd8);
-    Store32(a.s.w_hi + i, h01);
-    Store32(a.s.w_hi + i + 16, h23);
-    if constexpr (C == CompactCopy::kBF16) {
-      Store32(static_cast<uint16_t*>(a.param_copy) + i, h01);
-      Store32(static_cast<uint16_t*>(a.param_copy) + i + 16, h23);
-    }
-    Store32(a.s.w_lo + i, PackBytes(lo, true));
+    StoreMaster<C>(a, i, hi, lo);
     StoreMoments(a.s, i, m, r);
   }
 
@@ -210,36 +241,78 @@ struct CompactAdamAvx2 {
       _mm_prefetch(static_cast<const char*>(local.grad) + ahead * DTypeSize(G), _MM_HINT_T0);
       Block(k, local, i);
     }
-    if (i < end) Tail(k, a, i, end - i);
-  }
-
-  // The last, partial block: zero-padded stack copies run the block body (the
-  // padding reads as 0 and cannot raise a block maximum), then r elements and
-  // the two scales go back.
-  static void Tail(const Constsx8& k, const CompactArrays& a, size_t i, size_t r) {
-    alignas(64) uint16_t hi[kCompactBlock] = {};
-    alignas(64) int8_t lo[kCompactBlock] = {}, mq[kCompactBlock] = {};
-    alignas(64) uint8_t vq[kCompactBlock] = {};
-    alignas(64) uint8_t grad[4 * kCompactBlock] = {}, copy[4 * kCompactBlock] = {};
-    const size_t b = i / kCompactBlock;
-    float ms = a.s.m_scale[b], vs = a.s.v_scale[b];
-    std::memcpy(hi, a.s.w_hi + i, 2 * r);
-    std::memcpy(lo, a.s.w_lo + i, r);
-    std::memcpy(mq, a.s.m_code + i, r);
-    std::memcpy(vq, a.s.v_code + i, r);
-    std::memcpy(grad, static_cast<const uint8_t*>(a.grad) + i * DTypeSize(G), r * DTypeSize(G));
-    const CompactArrays x{{hi, lo, mq, &ms, vq, &vs}, grad, copy};
-    Block(k, x, 0);
-    std::memcpy(a.s.w_hi + i, hi, 2 * r);
-    std::memcpy(a.s.w_lo + i, lo, r);
-    std::memcpy(a.s.m_code + i, mq, r);
-    std::memcpy(a.s.v_code + i, vq, r);
-    a.s.m_scale[b] = ms;
-    a.s.v_scale[b] = vs;
-    const size_t copy_bytes = C == CompactCopy::kF32 ? 4 : C == CompactCopy::kNone ? 0 : 2;
-    if (copy_bytes) std::memcpy(static_cast<uint8_t*>(a.param_copy) + i * copy_bytes, copy, r * copy_bytes);
+    if (i < end)
+      RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
+                     [&](const CompactArrays& x) { Block(k, x, 0); });
   }
 };
+
+struct LionConstsx8 {
+  explicit LionConstsx8(const LionStepScalars& s)
+      : grad_scale(_mm256_set1_ps(s.grad_scale)),
+        decay(_mm256_set1_ps(s.decay)),
+        beta1(_mm256_set1_ps(s.beta1)),
+        one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)),
+        beta2(_mm256_set1_ps(s.beta2)),
+        one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
+        neg_lr(_mm256_set1_ps(s.neg_lr)) {}
+  __m256 grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
+};
+
+// Lion (LionAvx2's operations) on the dequantized state, block by block.
+template <DType G, CompactCopy C>
+struct CompactLionAvx2 {
+  static void Block(const LionConstsx8& k, const CompactArrays& a, size_t i) {
+    const __m256 m_step = _mm256_set1_ps(a.s.m_scale[i / kCompactBlock] / 16129.0f);
+    __m256 m_new[kVectors];
+    __m256i hi[kVectors], lo[kVectors];
+    for (size_t v = 0; v < kVectors; ++v) {
+      const size_t e = i + v * kAvx2Lanes;
+      const __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, e), k.grad_scale);
+      const __m256 m = DequantizeM(a.s.m_code + e, m_step);
+      __m256 p = _mm256_mul_ps(Rebuild(a.s.w_hi + e, a.s.w_lo + e), k.decay);
+      const __m256 c = _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(m, k.beta1));
+      p = _mm256_fmadd_ps(k.neg_lr, Sign(c), p);
+      Split(p, &hi[v], &lo[v]);
+      StoreCopy<C>(a.param_copy, e, p);
+      m_new[v] = _mm256_fmadd_ps(k.one_minus_beta2, g, _mm256_mul_ps(m, k.beta2));
+    }
+    StoreMaster<C>(a, i, hi, lo);
+    StoreM(a.s, i, m_new);
+  }
+
+  static void Run(const LionStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
+    const LionConstsx8 k(s);
+    const CompactArrays local = a;
+    size_t i = begin;
+    for (; i + kCompactBlock <= end; i += kCompactBlock) {
+      const size_t ahead = i + kPrefetchAhead;
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_hi + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_lo + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.m_code + ahead), _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(local.grad) + ahead * DTypeSize(G), _MM_HINT_T0);
+      Block(k, local, i);
+    }
+    if (i < end)
+      RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
+                     [&](const CompactArrays& x) { Block(k, x, 0); });
+  }
+};
+
+template <DType G>
+CompactLionRangeFn PickLionCopy(CompactCopy copy) {
+  switch (copy) {
+    case CompactCopy::kBF16:
+      return &CompactLionAvx2<G, CompactCopy::kBF16>::Run;
+    case CompactCopy::kF16:
+      return &CompactLionAvx2<G, CompactCopy::kF16>::Run;
+    case CompactCopy::kF32:
+      return &CompactLionAvx2<G, CompactCopy::kF32>::Run;
+    case CompactCopy::kNone:
+      break;
+  }
+  return &CompactLionAvx2<G, CompactCopy::kNone>::Run;
+}
 
 template <DType G, CompactCopy C>
 CompactAdamRangeFn PickL2(bool l2) {
@@ -262,6 +335,12 @@ CompactAdamRangeFn PickCopy(CompactCopy copy, bool l2) {
 }
 
 }  // namespace
+
+CompactLionRangeFn SelectCompactLionAvx2(DType grad, CompactCopy copy) {
+  if (grad == DType::kBF16) return PickLionCopy<DType::kBF16>(copy);
+  if (grad == DType::kF16) return PickLionCopy<DType::kF16>(copy);
+  return PickLionCopy<DType::kF32>(copy);
+}
 
 CompactAdamRangeFn SelectCompactAdamAvx2(DType grad, CompactCopy copy, bool l2) {
   if (grad == DType::kBF16) return PickCopy<DType::kBF16>(copy, l2);

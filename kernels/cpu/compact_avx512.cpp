@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/cpu/compact_kernels.h"
+#include "kernels/cpu/compact_tail.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/simd_avx512.h"
 
@@ -142,6 +143,33 @@ inline void StoreMoments(const CompactState& s, size_t i, const __m512 (&m)[kVec
   }
 }
 
+// Lion's moment: m codes and scale only (no v, so no zero-v rule).
+inline void StoreM(const CompactState& s, size_t i, const __m512 (&m)[kVectors]) {
+  const size_t b = i / kCompactBlock;
+  const uint32_t amax = MaxAbsBits(m);
+  const float a = BitsF32(amax);
+  const bool live = amax < 0x7f800000u && a >= kCompactMinScale;
+  s.m_scale[b] = live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
+  const __m512 km = _mm512_set1_ps(live ? 16129.0f / a : 0.0f);
+  for (size_t k = 0; k < kVectors; ++k) {
+    __m512i qm = _mm512_setzero_si512();
+    if (live) {
+      qm = Codes(m[k], km, 127);
+      const __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(m[k]), _mm512_setzero_si512());
+      qm = _mm512_mask_sub_epi32(qm, neg, _mm512_setzero_si512(), qm);
+    }
+    Store16Bytes(s.m_code + i + k * kAvx512Lanes, qm);
+  }
+}
+
+// +1, -1, +0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
+inline __m512 Sign(__m512 c) {
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 s = _mm512_mask_mov_ps(c, _mm512_cmp_ps_mask(c, zero, _CMP_EQ_OQ), zero);
+  s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(c, zero, _CMP_GT_OQ), _mm512_set1_ps(1.0f));
+  return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(c, zero, _CMP_LT_OQ), _mm512_set1_ps(-1.0f));
+}
+
 template <CompactCopy C>
 inline void StoreCopy(void* copy, size_t i, __m512 p) {
   if constexpr (C == CompactCopy::kF16) StoreU16x16(copy, i, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT));
@@ -201,34 +229,81 @@ struct CompactAdamAvx512 {
       _mm_prefetch(static_cast<const char*>(local.grad) + ahead * DTypeSize(G), _MM_HINT_T0);
       Block(k, local, i);
     }
-    if (i < end) Tail(k, a, i, end - i);
-  }
-
-  // The last, partial block, as CompactAdamAvx2::Tail.
-  static void Tail(const Constsx16& k, const CompactArrays& a, size_t i, size_t r) {
-    alignas(64) uint16_t hi[kCompactBlock] = {};
-    alignas(64) int8_t lo[kCompactBlock] = {}, mq[kCompactBlock] = {};
-    alignas(64) uint8_t vq[kCompactBlock] = {};
-    alignas(64) uint8_t grad[4 * kCompactBlock] = {}, copy[4 * kCompactBlock] = {};
-    const size_t b = i / kCompactBlock;
-    float ms = a.s.m_scale[b], vs = a.s.v_scale[b];
-    std::memcpy(hi, a.s.w_hi + i, 2 * r);
-    std::memcpy(lo, a.s.w_lo + i, r);
-    std::memcpy(mq, a.s.m_code + i, r);
-    std::memcpy(vq, a.s.v_code + i, r);
-    std::memcpy(grad, static_cast<const uint8_t*>(a.grad) + i * DTypeSize(G), r * DTypeSize(G));
-    const CompactArrays x{{hi, lo, mq, &ms, vq, &vs}, grad, copy};
-    Block(k, x, 0);
-    std::memcpy(a.s.w_hi + i, hi, 2 * r);
-    std::memcpy(a.s.w_lo + i, lo, r);
-    std::memcpy(a.s.m_code + i, mq, r);
-    std::memcpy(a.s.v_code + i, vq, r);
-    a.s.m_scale[b] = ms;
-    a.s.v_scale[b] = vs;
-    const size_t copy_bytes = C == CompactCopy::kF32 ? 4 : C == CompactCopy::kNone ? 0 : 2;
-    if (copy_bytes) std::memcpy(static_cast<uint8_t*>(a.param_copy) + i * copy_bytes, copy, r * copy_bytes);
+    if (i < end)
+      RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
+                     [&](const CompactArrays& x) { Block(k, x, 0); });
   }
 };
+
+struct LionConstsx16 {
+  explicit LionConstsx16(const LionStepScalars& s)
+      : grad_scale(_mm512_set1_ps(s.grad_scale)),
+        decay(_mm512_set1_ps(s.decay)),
+        beta1(_mm512_set1_ps(s.beta1)),
+        one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)),
+        beta2(_mm512_set1_ps(s.beta2)),
+        one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
+        neg_lr(_mm512_set1_ps(s.neg_lr)) {}
+  __m512 grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
+};
+
+// Lion (LionAvx512's operations) on the dequantized state, block by block.
+template <DType G, CompactCopy C>
+struct CompactLionAvx512 {
+  static void Block(const LionConstsx16& k, const CompactArrays& a, size_t i) {
+    const __m512 m_step = _mm512_set1_ps(a.s.m_scale[i / kCompactBlock] / 16129.0f);
+    __m512 m_new[kVectors];
+    for (size_t v = 0; v < kVectors; ++v) {
+      const size_t e = i + v * kAvx512Lanes;
+      const __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, e), k.grad_scale);
+      const __m512 m = DequantizeM(a.s.m_code + e, m_step);
+      __m512 p = _mm512_mul_ps(Rebuild(a.s.w_hi + e, a.s.w_lo + e), k.decay);
+      const __m512 c = _mm512_fmadd_ps(k.one_minus_beta1, g, _mm512_mul_ps(m, k.beta1));
+      p = _mm512_fmadd_ps(k.neg_lr, Sign(c), p);
+      __m512i hi, lo;
+      Split(p, &hi, &lo);
+      const __m256i h16 = _mm512_cvtepi32_epi16(hi);
+      StoreU16x16(a.s.w_hi, e, h16);
+      if constexpr (C == CompactCopy::kBF16) StoreU16x16(a.param_copy, e, h16);
+      Store16Bytes(a.s.w_lo + e, lo);
+      StoreCopy<C>(a.param_copy, e, p);
+      m_new[v] = _mm512_fmadd_ps(k.one_minus_beta2, g, _mm512_mul_ps(m, k.beta2));
+    }
+    StoreM(a.s, i, m_new);
+  }
+
+  static void Run(const LionStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
+    const LionConstsx16 k(s);
+    const CompactArrays local = a;
+    size_t i = begin;
+    for (; i + kCompactBlock <= end; i += kCompactBlock) {
+      const size_t ahead = i + kPrefetchAhead;
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_hi + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_lo + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.m_code + ahead), _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(local.grad) + ahead * DTypeSize(G), _MM_HINT_T0);
+      Block(k, local, i);
+    }
+    if (i < end)
+      RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
+                     [&](const CompactArrays& x) { Block(k, x, 0); });
+  }
+};
+
+template <DType G>
+CompactLionRangeFn PickLionCopy(CompactCopy copy) {
+  switch (copy) {
+    case CompactCopy::kBF16:
+      return &CompactLionAvx512<G, CompactCopy::kBF16>::Run;
+    case CompactCopy::kF16:
+      return &CompactLionAvx512<G, CompactCopy::kF16>::Run;
+    case CompactCopy::kF32:
+      return &CompactLionAvx512<G, CompactCopy::kF32>::Run;
+    case CompactCopy::kNone:
+      break;
+  }
+  return &CompactLionAvx512<G, CompactCopy::kNone>::Run;
+}
 
 template <DType G, CompactCopy C>
 CompactAdamRangeFn PickL2(bool l2) {
@@ -251,6 +326,12 @@ CompactAdamRangeFn PickCopy(CompactCopy copy, bool l2) {
 }
 
 }  // namespace
+
+CompactLionRangeFn SelectCompactLionAvx512(DType grad, CompactCopy copy) {
+  if (grad == DType::kBF16) return PickLionCopy<DType::kBF16>(copy);
+  if (grad == DType::kF16) return PickLionCopy<DType::kF16>(copy);
+  return PickLionCopy<DType::kF32>(copy);
+}
 
 CompactAdamRangeFn SelectCompactAdamAvx512(DType grad, CompactCopy copy, bool l2) {
   if (grad == DType::kBF16) return PickCopy<DType::kBF16>(copy, l2);

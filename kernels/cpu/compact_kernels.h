@@ -31,6 +31,13 @@ CompactAdamRangeFn SelectCompactAdamScalar(DType grad, CompactCopy copy, bool l2
 CompactAdamRangeFn SelectCompactAdamAvx2(DType grad, CompactCopy copy, bool l2);
 CompactAdamRangeFn SelectCompactAdamAvx512(DType grad, CompactCopy copy, bool l2);
 
+// Lion on the compact state (v arrays unused).
+using CompactLionRangeFn = void (*)(const LionStepScalars& s, const CompactArrays& a, size_t begin,
+                                    size_t end);
+CompactLionRangeFn SelectCompactLionScalar(DType grad, CompactCopy copy);
+CompactLionRangeFn SelectCompactLionAvx2(DType grad, CompactCopy copy);
+CompactLionRangeFn SelectCompactLionAvx512(DType grad, CompactCopy copy);
+
 // The scalar reference conversions over [begin, end), same REQUIRES.
 void CompactPackRange(const float* w, const float* m, const float* v, const CompactState& s, size_t begin,
                       size_t end);

@@ -58,6 +58,53 @@ struct CompactAdamScalar {
   }
 };
 
+// +1, -1, 0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
+inline float LionSign(float c) {
+  if (c > 0) return 1.0f;
+  if (c < 0) return -1.0f;
+  return c == 0 ? 0.0f : c;
+}
+
+template <DType G, CompactCopy C>
+struct CompactLionScalar {
+  static void Run(const LionStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
+    float new_m[kCompactBlock];
+    for (size_t i = begin; i < end; i += kCompactBlock) {
+      const size_t len = std::min(kCompactBlock, end - i);
+      const float m_step = MStep(a.s.m_scale[i / kCompactBlock]);
+      for (size_t j = 0; j < len; ++j) {
+        const size_t e = i + j;
+        const float g = LoadAsF32<G>(a.grad, e) * s.grad_scale;
+        const float m = DequantizeM(a.s.m_code[e], m_step);
+        float p = Rebuild(a.s.w_hi[e], a.s.w_lo[e]) * s.decay;
+        const float c = std::fma(s.one_minus_beta1, g, m * s.beta1);
+        p = std::fma(s.neg_lr, LionSign(c), p);
+        const SplitMaster w = Split(p);
+        a.s.w_hi[e] = w.hi;
+        a.s.w_lo[e] = w.lo;
+        StoreCompactCopy<C>(a.param_copy, e, p, w.hi);
+        new_m[j] = std::fma(s.one_minus_beta2, g, m * s.beta2);
+      }
+      a.s.m_scale[i / kCompactBlock] = QuantizeM(new_m, len, a.s.m_code + i);
+    }
+  }
+};
+
+template <DType G>
+CompactLionRangeFn PickLionCopy(CompactCopy copy) {
+  switch (copy) {
+    case CompactCopy::kBF16:
+      return &CompactLionScalar<G, CompactCopy::kBF16>::Run;
+    case CompactCopy::kF16:
+      return &CompactLionScalar<G, CompactCopy::kF16>::Run;
+    case CompactCopy::kF32:
+      return &CompactLionScalar<G, CompactCopy::kF32>::Run;
+    case CompactCopy::kNone:
+      break;
+  }
+  return &CompactLionScalar<G, CompactCopy::kNone>::Run;
+}
+
 template <DType G, CompactCopy C>
 CompactAdamRangeFn PickL2(bool l2) {
   return l2 ? &CompactAdamScalar<G, C, true>::Run : &CompactAdamScalar<G, C, false>::Run;
@@ -86,6 +133,12 @@ CompactAdamRangeFn SelectCompactAdamScalar(DType grad, CompactCopy copy, bool l2
   return PickCopy<DType::kF32>(copy, l2);
 }
 
+CompactLionRangeFn SelectCompactLionScalar(DType grad, CompactCopy copy) {
+  if (grad == DType::kBF16) return PickLionCopy<DType::kBF16>(copy);
+  if (grad == DType::kF16) return PickLionCopy<DType::kF16>(copy);
+  return PickLionCopy<DType::kF32>(copy);
+}
+
 void CompactPackRange(const float* w, const float* m, const float* v, const CompactState& s, size_t begin,
                       size_t end) {
   float r[kCompactBlock];
@@ -95,9 +148,13 @@ void CompactPackRange(const float* w, const float* m, const float* v, const Comp
       const SplitMaster sp = Split(w[i + j]);
       s.w_hi[i + j] = sp.hi;
       s.w_lo[i + j] = sp.lo;
-      r[j] = std::sqrt(v[i + j]);
+      if (v) r[j] = std::sqrt(v[i + j]);
     }
-    StoreMoments(s, i, len, m + i, r);
+    if (v) {
+      StoreMoments(s, i, len, m + i, r);
+    } else {
+      s.m_scale[i / kCompactBlock] = QuantizeM(m + i, len, s.m_code + i);  // Lion: no v
+    }
   }
 }
 
@@ -106,7 +163,7 @@ void CompactUnpackRange(const CompactState& s, float* w, float* m, float* v, siz
     const size_t b = i / kCompactBlock;
     w[i] = Rebuild(s.w_hi[i], s.w_lo[i]);
     m[i] = DequantizeM(s.m_code[i], MStep(s.m_scale[b]));
-    v[i] = DequantizeV(s.v_code[i], VStep(s.v_scale[b]));
+    if (v) v[i] = DequantizeV(s.v_code[i], VStep(s.v_scale[b]));
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/compact.h"
+#include "kernels/cpu/lion.h"
 #include "kernels/cpu/parallel.h"
 #include "tests/kernels/compact_test_util.h"
 
@@ -181,6 +182,46 @@ TEST(CompactPaths, ResultDoesNotDependOnThreadCount) {
     SetCpuKernelThreads(0);
     EXPECT_EQ(CompactDiff(one, many), "") << CpuIsaName(isa);
   }
+}
+
+// Lion on every path against the scalar reference (v arrays null).
+TEST(CompactPaths, LionAllVariants) {
+  for (CpuIsa isa : SimdPathsHere())
+    for (DType gd : {DType::kF32, DType::kBF16, DType::kF16})
+      for (int copy = 0; copy < 4; ++copy)
+        for (size_t n :
+             {size_t{1}, size_t{31}, size_t{33}, size_t{95}, size_t{1025}, 2 * kElementTile + 45}) {
+          CompactBuffers ref(n, 1), simd(n, 4);
+          ASSERT_NO_FATAL_FAILURE(FillState(ref, n, n + copy));
+          simd.CopyFrom(ref);
+          CompactState rs = ref.state(), ss = simd.state();
+          rs.v_code = ss.v_code = nullptr;
+          rs.v_scale = ss.v_scale = nullptr;
+          const size_t gb = DTypeSize(gd), cb = copy ? DTypeSize(CopyDType(copy)) : 0;
+          Buffer g(n, gb, 3), c_ref(n, 4, 5), c_simd(n, 4, 6);
+          for (int t = 1; t <= 10; ++t) {
+            FillGrad(g, n, gd, t % 2 ? 1.0f : 1e-6f, n * 31 + t);
+            LionOptions opt;
+            opt.lr = 1e-3 * (1.0 + 0.5 * std::sin(t));
+            opt.weight_decay = 0.1;
+            opt.grad_scale = 1.0 / (1024.0 + t);
+            opt.grad_dtype = gd;
+            opt.param_copy_dtype = CopyDType(copy);
+            ASSERT_TRUE(
+                CompactLionStepOn(CpuIsa::kScalar, opt, n, rs, g.data(), copy ? c_ref.data() : nullptr).ok());
+            ASSERT_TRUE(CompactLionStepOn(isa, opt, n, ss, g.data(), copy ? c_simd.data() : nullptr).ok());
+            const std::string where = std::string(CpuIsaName(isa)) + " grad " + DTypeName(gd) + " copy " +
+                                      std::to_string(copy) + " n " + std::to_string(n) + " step " +
+                                      std::to_string(t);
+            ASSERT_EQ(std::memcmp(rs.w_hi, ss.w_hi, 2 * n), 0) << where;
+            ASSERT_EQ(std::memcmp(rs.w_lo, ss.w_lo, n), 0) << where;
+            ASSERT_EQ(std::memcmp(rs.m_code, ss.m_code, n), 0) << where;
+            ASSERT_EQ(FirstDiff(rs.m_scale, ss.m_scale, CompactScaleCount(n)), -1) << where;
+            if (cb) {
+              ASSERT_EQ(std::memcmp(c_ref.data(), c_simd.data(), n * cb), 0) << where;
+            }
+          }
+        }
 }
 
 TEST(CompactPaths, MissingPathIsRefusedNotRun) {

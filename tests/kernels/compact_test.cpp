@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/lion.h"
 #include "tests/kernels/compact_test_util.h"
 
 namespace strata::kernels::test {
@@ -258,6 +259,50 @@ TEST(CompactStep, EqualsPackOfAdamStepOfUnpack) {
       }
 }
 
+// Lion's state has no v: the step is Pack(LionStep(Unpack)) with v null.
+TEST(CompactStep, LionEqualsPackOfLionStepOfUnpack) {
+  const size_t n = 40 * kCompactBlock + 13;
+  for (DType gd : {DType::kF32, DType::kBF16, DType::kF16})
+    for (int copy = 0; copy < 4; ++copy) {
+      const DType cd = copy == 1 ? DType::kBF16 : copy == 2 ? DType::kF16 : DType::kF32;
+      Rng rng(n + copy);
+      std::vector<float> w(n), m(n);
+      for (size_t i = 0; i < n; ++i) w[i] = rng.Spread(), m[i] = i % 7 ? 0.1f * rng.Spread() : 0.0f;
+      CompactBuffers c(n, 2), ref(n, 7);
+      CompactState cs = c.state(), rs = ref.state();
+      cs.v_code = rs.v_code = nullptr;
+      cs.v_scale = rs.v_scale = nullptr;
+      ASSERT_TRUE(CompactPack(n, w.data(), m.data(), nullptr, cs).ok());
+      std::vector<uint8_t> g(n * 4), copy_c(n * 4), copy_r(n * 4);
+      for (int t = 1; t <= 5; ++t) {
+        for (size_t i = 0; i < n; ++i) StoreAs(gd, g.data(), i, rng.Spread());
+        LionOptions opt;
+        opt.lr = 1e-2, opt.weight_decay = 0.1, opt.grad_dtype = gd, opt.param_copy_dtype = cd;
+        opt.grad_scale = 0.5;
+        ASSERT_TRUE(CompactUnpack(n, cs, w.data(), m.data(), nullptr).ok());
+        LionOptions ropt = opt;
+        ropt.param_copy_dtype = cd == DType::kF32 ? DType::kBF16 : cd;
+        ASSERT_TRUE(LionStepOn(CpuIsa::kScalar, ropt, n, w.data(), m.data(), g.data(),
+                               copy == 1 || copy == 2 ? copy_r.data() : nullptr)
+                        .ok());
+        if (copy == 3) std::memcpy(copy_r.data(), w.data(), 4 * n);
+        ASSERT_TRUE(CompactPack(n, w.data(), m.data(), nullptr, rs).ok());
+        ASSERT_TRUE(
+            CompactLionStepOn(CpuIsa::kScalar, opt, n, c.state(), g.data(), copy ? copy_c.data() : nullptr)
+                .ok());
+        for (size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(cs.w_hi[i], rs.w_hi[i]) << i;
+          ASSERT_EQ(cs.w_lo[i], rs.w_lo[i]) << i;
+          ASSERT_EQ(cs.m_code[i], rs.m_code[i]) << i;
+        }
+        ASSERT_EQ(FirstDiff(cs.m_scale, rs.m_scale, CompactScaleCount(n)), -1);
+        if (copy) {
+          ASSERT_EQ(std::memcmp(copy_c.data(), copy_r.data(), n * DTypeSize(cd)), 0) << copy;
+        }
+      }
+    }
+}
+
 // 2000 steps of AdamW on a noisy problem from the same start, fp32 state
 // against compact state; each run computes its gradients at its own params,
 // with the same noise. Returns the largest relative loss gap after step 100
@@ -345,6 +390,52 @@ TEST(CompactQuality, LogisticRegressionTracksFp32) {
   EXPECT_LT(gap, 0.02);  // measured 0.0078
 }
 
+// Lion keeps its quality too: 2000 steps on the noisy quadratic.
+TEST(CompactQuality, LionNoisyQuadraticTracksFp32) {
+  const size_t n = 4096;
+  Rng rng(6);
+  std::vector<float> h(n), target(n), w(n), m(n, 0.0f), g(n), wc(n), mc(n);
+  for (size_t i = 0; i < n; ++i) {
+    h[i] = std::ldexp(1.0f, -static_cast<int>(rng.Next() % 8));
+    target[i] = rng.Spread();
+    w[i] = rng.Spread();
+  }
+  CompactBuffers c(n, 0);
+  CompactState cs = c.state();
+  cs.v_code = nullptr;
+  cs.v_scale = nullptr;
+  ASSERT_TRUE(CompactPack(n, w.data(), m.data(), nullptr, cs).ok());
+  auto loss = [&](const std::vector<float>& x) {
+    double s = 0;
+    for (size_t i = 0; i < n; ++i) s += 0.5 * h[i] * (x[i] - target[i]) * (x[i] - target[i]);
+    return s / n;
+  };
+  double worst = 0;
+  for (int t = 1; t <= 2000; ++t) {
+    ASSERT_TRUE(CompactUnpack(n, cs, wc.data(), mc.data(), nullptr).ok());
+    LionOptions opt;
+    opt.lr = t < 1000 ? 1e-2 : 1e-3;
+    opt.weight_decay = 0.01;
+    for (int k = 0; k < 2; ++k) {
+      const std::vector<float>& x = k ? wc : w;
+      Rng noise(2000 + t);
+      for (size_t i = 0; i < n; ++i) g[i] = h[i] * (x[i] - target[i]) + 0.1f * noise.Spread();
+      if (k == 0) {
+        ASSERT_TRUE(LionStep(opt, n, w.data(), m.data(), g.data(), nullptr).ok());
+      }
+      if (k == 1) {
+        ASSERT_TRUE(CompactLionStep(opt, n, cs, g.data(), nullptr).ok());
+      }
+    }
+    if (t % 10 != 0) continue;
+    const double lf = loss(w), lc = loss(wc);
+    if (t > 100) worst = std::max(worst, std::fabs(lc - lf) / lf);
+    if (t % 500 == 0) std::printf("lion step %4d loss fp32 %.6g compact %.6g\n", t, lf, lc);
+  }
+  std::printf("lion quadratic: largest relative loss gap after step 100: %.4f\n", worst);
+  EXPECT_LT(worst, 0.12);  // measured 0.091 (at lr 1e-3: 0.004); Lion follows m's sign alone
+}
+
 TEST(CompactOptions, BadInputIsRefused) {
   CompactBuffers c(1, 0);
   float g = 0, w = 0;
@@ -357,7 +448,10 @@ TEST(CompactOptions, BadInputIsRefused) {
   broken.v_scale = nullptr;
   EXPECT_EQ(CompactAdamStep(opt, 1, broken, &g, nullptr).code(), Code::kInvalid);
   EXPECT_EQ(CompactPack(1, &w, &w, &w, broken).code(), Code::kInvalid);
-  opt.param_copy_dtype = DType::kF32;  // allowed here: the fp32 master
+  EXPECT_EQ(CompactPack(1, &w, &w, nullptr, c.state()).code(), Code::kInvalid);  // v arrays but no v
+  LionOptions lion;
+  EXPECT_TRUE(CompactLionStep(lion, 1, broken, &g, nullptr).ok());  // Lion reads no v
+  opt.param_copy_dtype = DType::kF32;                               // allowed here: the fp32 master
   EXPECT_TRUE(CompactAdamStep(opt, 1, c.state(), &g, &w).ok());
 }
 
