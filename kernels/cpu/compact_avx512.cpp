@@ -129,6 +129,7 @@ inline void StoreMoments(const CompactState& s, size_t i, const __m512 (&m)[kVec
   s.v_scale[b] = v_live ? big : (rmax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
   const __m512 km = _mm512_set1_ps(m_live ? 16129.0f / a : 0.0f);
   const __m512 kv = _mm512_set1_ps(v_live ? 65025.0f / big : 0.0f);
+#pragma GCC unroll 4
   for (size_t k = 0; k < kVectors; ++k) {
     const __m512i qv = v_live ? Codes(r[k], kv, 255) : _mm512_setzero_si512();
     __m512i qm = _mm512_setzero_si512();
@@ -151,6 +152,7 @@ inline void StoreM(const CompactState& s, size_t i, const __m512 (&m)[kVectors])
   const bool live = amax < 0x7f800000u && a >= kCompactMinScale;
   s.m_scale[b] = live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
   const __m512 km = _mm512_set1_ps(live ? 16129.0f / a : 0.0f);
+#pragma GCC unroll 4
   for (size_t k = 0; k < kVectors; ++k) {
     __m512i qm = _mm512_setzero_si512();
     if (live) {
@@ -202,6 +204,7 @@ struct CompactAdamAvx512 {
     const __m512 m_step = _mm512_set1_ps(a.s.m_scale[b] / 16129.0f);
     const __m512 v_step = _mm512_set1_ps(a.s.v_scale[b] / 65025.0f);
     __m512 m[kVectors], r[kVectors];
+#pragma GCC unroll 4
     for (size_t v = 0; v < kVectors; ++v) {
       const size_t e = i + v * kAvx512Lanes;
       const __m512 p = Update(k, a, e, m_step, v_step, &m[v], &r[v]);
@@ -253,6 +256,7 @@ struct CompactLionAvx512 {
   static void Block(const LionConstsx16& k, const CompactArrays& a, size_t i) {
     const __m512 m_step = _mm512_set1_ps(a.s.m_scale[i / kCompactBlock] / 16129.0f);
     __m512 m_new[kVectors];
+#pragma GCC unroll 4
     for (size_t v = 0; v < kVectors; ++v) {
       const size_t e = i + v * kAvx512Lanes;
       const __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, e), k.grad_scale);
