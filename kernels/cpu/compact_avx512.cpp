@@ -90,10 +90,12 @@ inline uint32_t MaxAbsBits(const __m512 (&x)[kVectors]) {
   return static_cast<uint32_t>(_mm512_reduce_max_epi32(_mm512_max_epi32(a, b)));
 }
 
-// Codes of a live block (CodeOf in compact_elements.h), as compact_avx2.cpp:
-// a first guess by an inverse square root from the bits and one Newton step,
-// finished by exact compares; the divider stays free for sqrt(v) and the
-// update's division.
+// Codes of a live block (CodeOf in compact_elements.h): y = |x|*k, then the
+// largest q <= cap with (q - 1/2)^2 <= y. The first guess comes from an
+// inverse square root by bits and one Newton step (within 0.45 of sqrt(y) for
+// y <= 65025, so within one of q), not from vsqrtps: on Intel's AVX-512 cores
+// the one divider already serves sqrt(v) and the update's division, and a
+// zmm square root costs it about 12 cycles. Exact compares finish the code.
 inline __m512i Codes(__m512 x, __m512 k, int32_t cap) {
   const __m512 y =
       _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), Set1(0x7fffffff))), k);
