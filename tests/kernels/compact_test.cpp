@@ -89,6 +89,21 @@ TEST(CompactMaster, EdgesAndEveryCorrection) {
   EXPECT_EQ(CheckMaster(w), kCompactMasterUlps) << "the stated worst case is the real one";
 }
 
+// A rebuilt master packs back to itself (checkpoint round trips do not
+// drift). Its (hi, lo) may differ: a rebuilt value exactly halfway between
+// two bf16 values (lo = 127) rounds to the even one and gets lo = -127.
+TEST(CompactMaster, RebuiltMasterIsAFixedPoint) {
+  std::vector<float> w;
+  for (uint32_t high : {0x0000u, 0x3f7fu, 0x3f80u, 0x4321u, 0x7f7fu})
+    for (uint32_t sign : {0u, 0x80000000u})
+      for (uint32_t low = 0; low < 0x10000u; ++low) w.push_back(BitsF32(sign | (high << 16) | low));
+  std::vector<uint16_t> hi;
+  const std::vector<float> once = RoundTripMaster(w, &hi);
+  const std::vector<float> twice = RoundTripMaster(once, &hi);
+  for (size_t i = 0; i < w.size(); ++i)
+    ASSERT_EQ(F32Bits(twice[i]), F32Bits(once[i])) << "w bits " << F32Bits(w[i]);
+}
+
 TEST(CompactMaster, SpecialValuesExact) {
   const std::vector<float> w = {0.0f,
                                 -0.0f,
