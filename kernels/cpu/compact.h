@@ -33,8 +33,8 @@ namespace strata::kernels {
 //   v_code[n]   uint8   round(255 * sqrt(sqrt(v) / R)), R = v_scale
 //   v_scale[b]  float   R: max sqrt(v) over block b
 // Codes, exactly: for y = |m| * RN(16129/A) (resp. sqrt(v) * RN(65025/R))
-// in fp32, the largest q <= 127 (255) with (q - 1/2)^2 <= y: sqrt(y) rounded
-// half up, decided by exact compares, so any path's first guess gives it.
+// in fp32, q = min(rint(sqrt(y)), 127 (255)): IEEE sqrt and round to nearest
+// even, so every path gets the same q.
 // Rebuilt values:
 //   w = bits(sign(hi) | (|hi|bits + floor((q*33026 + 64) / 128)))  (integers;
 //       bits are linear across binades, so the rounding crossing a binade,

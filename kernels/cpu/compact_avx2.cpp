@@ -119,22 +119,12 @@ inline uint32_t MaxAbsBits(const Ints& c, const __m256 (&x)[kVectors]) {
   return static_cast<uint32_t>(_mm_cvtsi128_si32(h));
 }
 
-// Codes of a live block (CodeOf in compact_elements.h): y = |x|*k, then the
-// largest q <= cap with (q - 1/2)^2 <= y, from the first guess rint(sqrt(y))
-// (within one of q) by exact compares. (An inverse square root by bits and a
-// Newton step, as on AVX-512, spares the divider but costs 7 more
-// instructions; on the Zen 2 here the divider guess ran about 7% faster.)
+// Codes of a live block (CodeOf in compact_elements.h): rint(sqrt(|x|*k)),
+// capped. vsqrtps is correctly rounded and vcvtps2dq rounds to nearest even,
+// as the scalar reference.
 inline __m256i Codes(const Ints& c, __m256 x, __m256 k, __m256i cap) {
   const __m256 y = _mm256_mul_ps(_mm256_and_ps(x, _mm256_castsi256_ps(c.abs)), k);
-  const __m256 half = _mm256_set1_ps(0.5f);
-  const __m256i q0 = _mm256_cvtps_epi32(_mm256_sqrt_ps(y));
-  const __m256 qf = _mm256_cvtepi32_ps(q0);
-  const __m256 up = _mm256_add_ps(qf, half), down = _mm256_sub_ps(qf, half);
-  const __m256 raise = _mm256_cmp_ps(_mm256_mul_ps(up, up), y, _CMP_LE_OQ);
-  const __m256 lower = _mm256_cmp_ps(_mm256_mul_ps(down, down), y, _CMP_GT_OQ);
-  __m256i q = _mm256_sub_epi32(q0, _mm256_castps_si256(raise));
-  q = _mm256_max_epi32(_mm256_add_epi32(q, _mm256_castps_si256(lower)), _mm256_setzero_si256());
-  return _mm256_min_epi32(q, cap);
+  return _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_sqrt_ps(y)), cap);
 }
 
 // Four vectors of 8 int32 (each fitting the byte type) -> 32 bytes in order.

@@ -51,15 +51,10 @@ inline uint32_t MaxAbsBits(const float* x, size_t len) {
   return mx;
 }
 
-// The code of y = |x|*k >= 0: the largest q <= cap with (q - 1/2)^2 <= y,
-// i.e. sqrt(y) rounded half up, decided exactly ((q ± 1/2)^2 is exact in
-// fp32), so that any first guess within one of q gives the same code.
+// The code of y = |x|*k >= 0: sqrt(y) in fp32 (IEEE: correctly rounded on
+// every path), rounded to the nearest integer (ties to even), capped.
 inline int32_t CodeOf(float y, int32_t cap) {
-  int32_t q = static_cast<int32_t>(std::nearbyint(std::sqrt(y)));
-  const float qf = static_cast<float>(q);
-  if ((qf + 0.5f) * (qf + 0.5f) <= y) ++q;
-  if ((qf - 0.5f) * (qf - 0.5f) > y) --q;
-  return std::min(std::max(q, 0), cap);
+  return std::min(static_cast<int32_t>(std::nearbyint(std::sqrt(y))), cap);
 }
 
 // m of one block -> codes and scale (compact.h).
