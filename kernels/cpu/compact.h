@@ -21,7 +21,7 @@
 namespace strata::kernels {
 
 // ---- Format -----------------------------------------------------------------
-// Five arrays per n elements, each a plain stream (no headers, little endian):
+// Six arrays per n elements, each a plain stream (no headers, little endian):
 //   w_hi[n]     uint16  bf16 of the fp32 master w, round to nearest even (base
 //                       F32ToBF16): bitwise what AdamStep writes as a bf16 P.
 //   w_lo[n]     int8    correction q = floor((d*127 + 16384) / 32768), where
@@ -85,11 +85,11 @@ double CompactSqrtSecondBound(double v, double sqrt_max);  // the V bound above
 
 // Scale entries for n elements: ceil(n / kCompactBlock).
 inline constexpr size_t CompactScaleCount(size_t n) { return (n + kCompactBlock - 1) / kCompactBlock; }
-// Bytes of the five arrays for n elements (2 + 1 + 1 + 1 bytes an element and
+// Bytes of the six arrays for n elements (2 + 1 + 1 + 1 bytes an element and
 // 2 floats a block: 5.25 bytes a parameter).
 inline constexpr size_t CompactBytes(size_t n) { return 5 * n + 8 * CompactScaleCount(n); }
 
-// The five arrays of n elements (n, n, n, CompactScaleCount(n), n,
+// The six arrays of n elements (n, n, n, CompactScaleCount(n), n,
 // CompactScaleCount(n) entries). Any alignment; no overlap.
 struct CompactState {
   uint16_t* w_hi;
@@ -105,7 +105,10 @@ struct CompactState {
 // Lion's state has no v: v, s.v_code and s.v_scale all null (then no zero-v
 // rule applies to m); in CompactUnpack likewise.
 Status CompactPack(size_t n, const float* w, const float* m, const float* v, const CompactState& s);
-// compact -> fp32, the values the step itself reads (definitions above).
+// compact -> fp32, the values the step itself reads (definitions above). A
+// rebuilt master packs back to itself, so checkpoint round trips do not drift
+// (its (hi, lo) may move from (h, 127) to (h + 1 ulp, -127) at an exact tie);
+// moments are requantized (within their bounds), not bitwise fixed points.
 Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float* v);
 
 // One fused Adam/AdamW step over n elements, in place on `s`, on the active
