@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Adam step throughput vs the memory bound of its seven streams and vs
 # torch.optim.AdamW(foreach=True), all in one run (see bench/kernels/adam_bench.cpp).
-# Last line: `adam_vs_peers bound_ratio=B torch_ratio=T` for the best ISA path.
+# Last line: `adam_vs_peers bound_ratio=B torch_ratio=T compact_bound_ratio=C` for the
+# best ISA path; C is the compact-state step (kernels/cpu/compact.h) against a
+# streaming loop over its own 12.5 bytes a parameter, run on the same threads.
 # Env: BUILD_DIR (default ./build), PYTHON (default /usr/bin/python3, which has torch).
 # Extra arguments go to adam_bench (--n, --rounds, --steps).
 set -euo pipefail

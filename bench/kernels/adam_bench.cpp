@@ -1,7 +1,8 @@
 // Adam step throughput against its memory bound and torch, in one run:
 // params/s of every ISA path, the bound of the same seven streams, torch's
-// AdamW(foreach=True), and the fused variants against the bound of their own
-// streams. Ratios are medians of pairs measured back to back (kernel right
+// AdamW(foreach=True), the fused variants against the bound of their own
+// streams, and the compact-state step (kernels/cpu/compact.h) against a
+// streaming loop over its own 12.5 bytes a parameter, on the same threads. Ratios are medians of pairs measured back to back (kernel right
 // after its bound, kernel right after torch): bandwidth here drifts 2x.
 #include <algorithm>
 #include <chrono>
@@ -15,6 +16,7 @@
 #include "bench/kernels/memory_bound.h"
 #include "bench/kernels/torch_coprocess.h"
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/compact.h"
 #include "kernels/cpu/parallel.h"
 
 namespace strata::bench {
@@ -32,10 +34,23 @@ struct Args {
 
 struct Arrays {
   explicit Arrays(size_t n)
-      : p(n), m(n), v(n), g(n), g16(n), copy(n) {}
+      : p(n), m(n), v(n), g(n), g16(n), copy(n), hi(n), lo(n), mq(n), vq(n),
+        ms(kernels::CompactScaleCount(n)), vs(kernels::CompactScaleCount(n)) {}
   std::vector<float> p, m, v, g;
   std::vector<uint16_t> g16, copy;
+  // The compact state (kernels/cpu/compact.h).
+  std::vector<uint16_t> hi;
+  std::vector<int8_t> lo, mq;
+  std::vector<uint8_t> vq;
+  std::vector<float> ms, vs;
+  kernels::CompactState compact() {
+    return {hi.data(), lo.data(), mq.data(), ms.data(), vq.data(), vs.data()};
+  }
 };
+
+// Bytes the compact step moves a parameter with a bf16 gradient and no
+// copy-out (a bf16 P is the state's w_hi): read 2 + 5 + 8/32, write 5 + 8/32.
+constexpr double kCompactBytesPerParam = 12.5;
 
 // A fused variant: which streams beyond the base seven it moves.
 struct Variant {
@@ -59,6 +74,12 @@ double SecondsPerStep(int steps, F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / steps;
 }
 
+void Check(const Status& st) {
+  if (st.ok()) return;
+  std::fprintf(stderr, "adam_bench: %s\n", st.ToString().c_str());
+  std::exit(1);
+}
+
 class Bench {
  public:
   Bench(const Args& args) : args_(args), a_(args.n) {}
@@ -72,6 +93,37 @@ class Bench {
         a_.g16[i] = F32ToBF16(a_.g[i]);
         a_.copy[i] = 0;
       }
+    });
+    // Moments of a step's worth, so that the codes are not all zero.
+    std::vector<float> m(args_.n), v(args_.n);
+    kernels::ParallelForTiles(args_.n, kernels::kElementTile, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) m[i] = a_.g[i], v[i] = a_.g[i] * a_.g[i];
+    });
+    Check(kernels::CompactPack(args_.n, a_.p.data(), m.data(), v.data(), a_.compact()));
+  }
+
+  // The streaming loop over the compact step's own streams.
+  double CompactBound() {
+    const CompactBoundRangeFn fn =
+        kernels::CpuSupports(CpuIsa::kAvx2) ? SelectCompactBoundAvx2() : SelectCompactBoundPlain();
+    const kernels::CompactState c = a_.compact();
+    const CompactBoundArrays b{c.w_hi, c.w_lo, c.m_code, c.m_scale, c.v_code, c.v_scale, a_.g16.data()};
+    return SecondsPerStep(args_.steps, [&] {
+      kernels::ParallelForTiles(args_.n, kernels::kElementTile,
+                                [&](size_t lo, size_t hi) { fn(b, lo, hi); });
+    });
+  }
+
+  // The compact AdamW step: bf16 gradient with a scale, P = w_hi (no copy-out).
+  double Compact(CpuIsa isa, int steps) {
+    return SecondsPerStep(steps, [&] {
+      kernels::AdamOptions opt;
+      opt.lr = 1e-3 * (1.0 + 0.1 * (step_ % 7));
+      opt.weight_decay = 0.01;
+      opt.step = ++step_;
+      opt.grad_scale = 1.0 / 1024;
+      opt.grad_dtype = DType::kBF16;
+      Check(kernels::CompactAdamStepOn(isa, opt, args_.n, a_.compact(), a_.g16.data(), nullptr));
     });
   }
 
@@ -141,6 +193,10 @@ int Run(const Args& args) {
   std::vector<std::vector<double>> path_t(paths.size()), path_r(paths.size());
   std::vector<double> bound_t, torch_t, torch_r;
   std::vector<std::vector<double>> fused_t(fused.size()), fused_b(fused.size()), fused_r(fused.size());
+  // The compact step on each SIMD path (the scalar one is far from any bound).
+  std::vector<CpuIsa> simd(paths.begin() + 1, paths.end());
+  if (simd.empty()) simd.push_back(CpuIsa::kScalar);
+  std::vector<std::vector<double>> compact_t(simd.size()), compact_b(simd.size()), compact_r(simd.size());
   bench.Kernel(best, base, 1);  // warm-up
   for (int r = 0; r < args.rounds; ++r) {
     for (size_t k = 0; k < paths.size(); ++k) {
@@ -158,6 +214,13 @@ int Run(const Args& args) {
       fused_b[f].push_back(tb);
       fused_t[f].push_back(tk);
       fused_r[f].push_back(tb / tk);
+    }
+    for (size_t k = 0; k < simd.size(); ++k) {
+      const double tb = bench.CompactBound();
+      const double tk = bench.Compact(simd[k], args.steps);
+      compact_b[k].push_back(tb);
+      compact_t[k].push_back(tk);
+      compact_r[k].push_back(tb / tk);
     }
     if (have_torch) {
       Result<double> tt = torch.TimeSteps(args.steps);
@@ -186,9 +249,18 @@ int Run(const Args& args) {
                 fused[f].name, fused[f].bytes_per_param, kernels::CpuIsaName(best),
                 Gps(args.n, Median(fused_t[f])), Gps(args.n, Median(fused_b[f])),
                 Median(fused_r[f]));
+  for (size_t k = 0; k < simd.size(); ++k) {
+    const double bound_gps = Gps(args.n, Median(compact_b[k]));
+    std::printf("compact %-7s (%.1f B/param) %7.3f G params/s, streaming loop %7.3f G params/s "
+                "(%.1f GB/s), compact_bound_ratio %.3f\n",
+                kernels::CpuIsaName(simd[k]), kCompactBytesPerParam, Gps(args.n, Median(compact_t[k])),
+                bound_gps, bound_gps * kCompactBytesPerParam, Median(compact_r[k]));
+  }
   const size_t bi = paths.size() - 1;
-  std::printf("adam_vs_peers bound_ratio=%.3f torch_ratio=%s\n", Median(path_r[bi]),
-              have_torch ? std::to_string(Median(torch_r)).substr(0, 5).c_str() : "nan");
+  std::printf("adam_vs_peers bound_ratio=%.3f torch_ratio=%s compact_bound_ratio=%.3f\n",
+              Median(path_r[bi]),
+              have_torch ? std::to_string(Median(torch_r)).substr(0, 5).c_str() : "nan",
+              Median(compact_r.back()));
   return 0;
 }
 

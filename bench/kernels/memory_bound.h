@@ -23,4 +23,22 @@ using BoundRangeFn = void (*)(const BoundArrays& a, size_t begin, size_t end);
 BoundRangeFn SelectBoundAvx2(bool bf16_grad, bool copy);
 BoundRangeFn SelectBoundPlain(bool bf16_grad, bool copy);
 
+// The compact step's streams (kernels/cpu/compact.h, no copy-out): read a
+// bf16 gradient; read and write in place the bf16 master half, its int8
+// correction, the int8 m and u8 v codes and one float scale of each moment
+// per 32 elements: 12.5 bytes a parameter. Each written value depends on what
+// was read. REQUIRES: begin and end are multiples of 32.
+struct CompactBoundArrays {
+  uint16_t* w_hi;
+  int8_t* w_lo;
+  int8_t* m_code;
+  float* m_scale;
+  uint8_t* v_code;
+  float* v_scale;
+  const uint16_t* grad;
+};
+using CompactBoundRangeFn = void (*)(const CompactBoundArrays& a, size_t begin, size_t end);
+CompactBoundRangeFn SelectCompactBoundAvx2();
+CompactBoundRangeFn SelectCompactBoundPlain();
+
 }  // namespace strata::bench

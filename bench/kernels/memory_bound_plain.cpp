@@ -28,7 +28,20 @@ void BoundPlain(const BoundArrays& a, size_t begin, size_t end) {
   }
 }
 
+void CompactBoundPlain(const CompactBoundArrays& a, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    const uint16_t g = a.grad[i];
+    a.w_hi[i] = static_cast<uint16_t>(a.w_hi[i] + g);
+    a.w_lo[i] = static_cast<int8_t>(a.w_lo[i] + g);
+    a.m_code[i] = static_cast<int8_t>(a.m_code[i] + g);
+    a.v_code[i] = static_cast<uint8_t>(a.v_code[i] + g);
+    if (i % 32 == 0) a.m_scale[i / 32] += 1.0f, a.v_scale[i / 32] += 1.0f;
+  }
+}
+
 }  // namespace
+
+CompactBoundRangeFn SelectCompactBoundPlain() { return &CompactBoundPlain; }
 
 BoundRangeFn SelectBoundPlain(bool bf16_grad, bool copy) {
   if (bf16_grad) return copy ? &BoundPlain<true, true> : &BoundPlain<true, false>;

@@ -9,7 +9,7 @@ set -euo pipefail
 lib=${1:?usage: prefetch_emitted_test.sh LIBRARY}
 command -v objdump >/dev/null || { echo "skipped: no objdump"; exit 77; }
 status=0
-for member in {adam,lion,adagrad}_{avx2,avx512}.cpp.o; do
+for member in {adam,lion,adagrad,compact}_{avx2,avx512}.cpp.o; do
   n=$(objdump -d "$lib" | awk -v m="$member" '
         /file format/ { inside = index($0, m) > 0; next }
         inside && /prefetcht0/ { n++ }

@@ -1,0 +1,373 @@
+// AVX2 + FMA path of the compact Adam/AdamW step: a block of 32 elements is
+// four vectors of 8; the scalar reference's integer and IEEE operations in the
+// same order (the update is adam_avx2.cpp's), so results are bitwise equal.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/compact_kernels.h"
+#include "kernels/cpu/compact_tail.h"
+#include "kernels/cpu/prefetch.h"
+#include "kernels/cpu/simd_avx2.h"
+
+namespace strata::kernels::internal {
+namespace {
+
+inline constexpr size_t kVectors = kCompactBlock / kAvx2Lanes;  // 4
+
+struct Constsx8 {
+  explicit Constsx8(const AdamStepScalars& s)
+      : grad_scale(_mm256_set1_ps(s.grad_scale)),
+        l2(_mm256_set1_ps(s.l2)),
+        decay(_mm256_set1_ps(s.decay)),
+        beta1(_mm256_set1_ps(s.beta1)),
+        one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)),
+        beta2(_mm256_set1_ps(s.beta2)),
+        one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
+        sqrt_bc2(_mm256_set1_ps(s.sqrt_bc2)),
+        inv_sqrt_bc2(_mm256_set1_ps(s.inv_sqrt_bc2)),
+        eps(_mm256_set1_ps(s.eps)),
+        neg_step_size(_mm256_set1_ps(s.neg_step_size)) {}
+  __m256 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
+      neg_step_size;
+};
+
+inline __m256i Set1(int32_t x) { return _mm256_set1_epi32(x); }
+
+// The integer constants, made once per range and hidden from the optimizer:
+// GCC would otherwise rebuild each at every use (mov, vmovd, vpbroadcastd:
+// three instructions where a register or a memory operand costs none).
+struct Ints {
+  Ints()
+      : abs(Set1(0x7fffffff)),
+        mul(Set1(33026)),
+        c64(Set1(64)),
+        one(Set1(1)),
+        c7fff(Set1(0x7fff)),
+        hi16(Set1(static_cast<int32_t>(0xffff0000u))),
+        quiet(Set1(0x40)),
+        inf(Set1(0x7f800000)),
+        c16384(Set1(16384)),
+        top(Set1(0x7f7fff7e)),
+        fmax(Set1(0x7f7fffff)),
+        c127(Set1(127)),
+        c255(Set1(255)),
+        perm(_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)) {
+    for (__m256i* x :
+         {&abs, &mul, &c64, &one, &c7fff, &hi16, &quiet, &inf, &c16384, &top, &fmax, &c127, &c255, &perm})
+      __asm__("" : "+x"(*x));
+  }
+  __m256i abs, mul, c64, one, c7fff, hi16, quiet, inf, c16384, top, fmax, c127, c255, perm;
+};
+
+// x / sqrt_bc2 correctly rounded without vdivps, as adam_avx2.cpp.
+inline __m256 DivideBySqrtBc2(const Constsx8& k, __m256 x) {
+  const __m256 q0 = _mm256_mul_ps(x, k.inv_sqrt_bc2);
+  const __m256 r = _mm256_fnmadd_ps(q0, k.sqrt_bc2, x);
+  const __m256 q1 = _mm256_fmadd_ps(r, k.inv_sqrt_bc2, q0);
+  return _mm256_blendv_ps(q1, q0, _mm256_cmp_ps(x, _mm256_set1_ps(__builtin_inff()), _CMP_EQ_OQ));
+}
+
+// Rebuild in compact_elements.h. w and hi share the sign bit, so adding the
+// signed magnitude difference to hi's bits adds it to the magnitude.
+inline __m256 Rebuild(const Ints& c, const uint16_t* hi, const int8_t* lo) {
+  const __m256i h =
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi))), 16);
+  const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo)));
+  const __m256i d = _mm256_srai_epi32(_mm256_add_epi32(_mm256_mullo_epi32(q, c.mul), c.c64), 7);
+  return _mm256_castsi256_ps(_mm256_add_epi32(h, d));
+}
+
+// Split in compact_elements.h: bf16 lanes (low halves) and corrections. The
+// rounding keeps the sign, so d = bits(w) - bits(hi) is the magnitudes'
+// difference. Past bf16's range a finite w (|w| bits in [0x7f7fff7f,
+// 0x7f7fffff], where q is 0) gets q = -1; inf and NaN get 0.
+inline void Split(const Ints& c, __m256 p, __m256i* hi, __m256i* lo) {
+  const __m256i u = _mm256_castps_si256(p);
+  const __m256i high = _mm256_srli_epi32(u, 16);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(high, c.one), c.c7fff);
+  const __m256i hb = _mm256_and_si256(_mm256_add_epi32(u, bias), c.hi16);
+  const __m256i abs = _mm256_and_si256(u, c.abs);
+  const __m256i nan = _mm256_cmpgt_epi32(abs, c.inf);
+  *hi = _mm256_blendv_epi8(_mm256_srli_epi32(hb, 16), _mm256_or_si256(high, c.quiet), nan);
+  const __m256i d = _mm256_sub_epi32(u, hb);
+  const __m256i q =
+      _mm256_srai_epi32(_mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(d, 7), d), c.c16384), 15);
+  const __m256i top = _mm256_cmpgt_epi32(abs, c.top);  // the top 129 floats, inf, NaN
+  const __m256i nonfinite = _mm256_cmpgt_epi32(abs, c.fmax);
+  *lo = _mm256_andnot_si256(nonfinite, _mm256_add_epi32(q, top));
+}
+
+inline __m256 DequantizeM(const int8_t* code, __m256 step) {
+  const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(code)));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(q, _mm256_abs_epi32(q))), step);
+}
+inline __m256 DequantizeV(const uint8_t* code, __m256 step) {
+  const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(code)));
+  const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(q, q)), step);
+  return _mm256_mul_ps(t, t);
+}
+
+// Largest |x| bits over the block's four vectors (integer max, as MaxAbsBits).
+inline uint32_t MaxAbsBits(const Ints& c, const __m256 (&x)[kVectors]) {
+  __m256i mx = _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (size_t k = 0; k < kVectors; ++k)
+    mx = _mm256_max_epi32(mx, _mm256_and_si256(_mm256_castps_si256(x[k]), c.abs));
+  __m128i h = _mm_max_epi32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256(mx, 1));
+  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+  h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(h));
+}
+
+// Codes of a live block (CodeOf in compact_elements.h): rint(sqrt(|x|*k)),
+// capped. vsqrtps is correctly rounded and vcvtps2dq rounds to nearest even,
+// as the scalar reference.
+inline __m256i Codes(const Ints& c, __m256 x, __m256 k, __m256i cap) {
+  const __m256 y = _mm256_mul_ps(_mm256_and_ps(x, _mm256_castsi256_ps(c.abs)), k);
+  return _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_sqrt_ps(y)), cap);
+}
+
+// Four vectors of 8 int32 (each fitting the byte type) -> 32 bytes in order.
+inline __m256i PackBytes(const Ints& c, const __m256i (&q)[kVectors], bool is_signed) {
+  const __m256i ab = is_signed ? _mm256_packs_epi32(q[0], q[1]) : _mm256_packus_epi32(q[0], q[1]);
+  const __m256i cd = is_signed ? _mm256_packs_epi32(q[2], q[3]) : _mm256_packus_epi32(q[2], q[3]);
+  const __m256i b = is_signed ? _mm256_packs_epi16(ab, cd) : _mm256_packus_epi16(ab, cd);
+  return _mm256_permutevar8x32_epi32(b, c.perm);
+}
+
+inline void Store32(void* dst, __m256i x) { _mm256_storeu_si256(static_cast<__m256i*>(dst), x); }
+
+// The block's new moments -> codes and scales (QuantizeM, QuantizeV,
+// ZeroMWhereVZero in compact_elements.h).
+[[gnu::always_inline]] inline void StoreMoments(const Ints& c, const CompactState& s, size_t i,
+                                                const __m256 (&m)[kVectors], const __m256 (&r)[kVectors]) {
+  const size_t b = i / kCompactBlock;
+  const uint32_t amax = MaxAbsBits(c, m), rmax = MaxAbsBits(c, r);
+  const float a = BitsF32(amax), big = BitsF32(rmax);
+  const bool m_live = amax < 0x7f800000u && a >= kCompactMinScale;
+  const bool v_live = rmax < 0x7f800000u && big > 0.0f;
+  s.m_scale[b] = m_live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
+  s.v_scale[b] = v_live ? big : (rmax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
+  __m256i qm[kVectors], qv[kVectors];
+  const __m256 km = _mm256_set1_ps(m_live ? 16129.0f / a : 0.0f);
+  const __m256 kv = _mm256_set1_ps(v_live ? 65025.0f / big : 0.0f);
+#pragma GCC unroll 4
+  for (size_t k = 0; k < kVectors; ++k) {
+    qv[k] = v_live ? Codes(c, r[k], kv, c.c255) : _mm256_setzero_si256();
+    const __m256i q = m_live ? _mm256_sign_epi32(Codes(c, m[k], km, c.c127), _mm256_castps_si256(m[k]))
+                             : _mm256_setzero_si256();
+    qm[k] = _mm256_andnot_si256(_mm256_cmpeq_epi32(qv[k], _mm256_setzero_si256()), q);
+  }
+  Store32(s.m_code + i, PackBytes(c, qm, true));
+  Store32(s.v_code + i, PackBytes(c, qv, false));
+}
+
+// Lion's moment: m codes and scale only (no v, so no zero-v rule).
+[[gnu::always_inline]] inline void StoreM(const Ints& c, const CompactState& s, size_t i,
+                                          const __m256 (&m)[kVectors]) {
+  const size_t b = i / kCompactBlock;
+  const uint32_t amax = MaxAbsBits(c, m);
+  const float a = BitsF32(amax);
+  const bool live = amax < 0x7f800000u && a >= kCompactMinScale;
+  s.m_scale[b] = live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
+  const __m256 km = _mm256_set1_ps(live ? 16129.0f / a : 0.0f);
+  __m256i qm[kVectors];
+#pragma GCC unroll 4
+  for (size_t k = 0; k < kVectors; ++k)
+    qm[k] = live ? _mm256_sign_epi32(Codes(c, m[k], km, c.c127), _mm256_castps_si256(m[k]))
+                 : _mm256_setzero_si256();
+  Store32(s.m_code + i, PackBytes(c, qm, true));
+}
+
+// +1, -1, +0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
+inline __m256 Sign(__m256 c) {
+  const __m256 zero = _mm256_setzero_ps();
+  __m256 s = _mm256_blendv_ps(c, zero, _mm256_cmp_ps(c, zero, _CMP_EQ_OQ));
+  s = _mm256_blendv_ps(s, _mm256_set1_ps(1.0f), _mm256_cmp_ps(c, zero, _CMP_GT_OQ));
+  return _mm256_blendv_ps(s, _mm256_set1_ps(-1.0f), _mm256_cmp_ps(c, zero, _CMP_LT_OQ));
+}
+
+// The block's new masters, split: w_hi (and a bf16 copy-out), w_lo.
+template <CompactCopy C>
+inline void StoreMaster(const Ints& c, const CompactArrays& a, size_t i, const __m256i (&hi)[kVectors],
+                        const __m256i (&lo)[kVectors]) {
+  const __m256i h01 = _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[0], hi[1]), 0xd8);
+  const __m256i h23 = _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[2], hi[3]), 0xd8);
+  Store32(a.s.w_hi + i, h01);
+  Store32(a.s.w_hi + i + 16, h23);
+  if constexpr (C == CompactCopy::kBF16) {
+    Store32(static_cast<uint16_t*>(a.param_copy) + i, h01);
+    Store32(static_cast<uint16_t*>(a.param_copy) + i + 16, h23);
+  }
+  Store32(a.s.w_lo + i, PackBytes(c, lo, true));
+}
+
+template <CompactCopy C>
+inline void StoreCopy(void* copy, size_t i, __m256 p) {
+  if constexpr (C == CompactCopy::kF16) StoreFromF32x8<DType::kF16>(copy, i, p);
+  if constexpr (C == CompactCopy::kF32) StoreFromF32x8<DType::kF32>(copy, i, p);
+}
+
+template <DType G, CompactCopy C, bool kL2>
+struct CompactAdamAvx2 {
+  // One whole block at i (a multiple of kCompactBlock): AdamAvx2::Update's
+  // operations on the dequantized state, in phases over the four vectors so
+  // that their square roots and divisions (long latencies, one divider) are
+  // in flight together; then the split, the copy-out and the moments.
+  static void Block(const Constsx8& k, const Ints& c, const CompactArrays& a, size_t i) {
+    const size_t b = i / kCompactBlock;
+    const __m256 m_step = _mm256_set1_ps(a.s.m_scale[b] / 16129.0f);
+    const __m256 v_step = _mm256_set1_ps(a.s.v_scale[b] / 65025.0f);
+    __m256 p[kVectors], m[kVectors], r[kVectors];
+#pragma GCC unroll 4
+    for (size_t v = 0; v < kVectors; ++v) {
+      const size_t e = i + v * kAvx2Lanes;
+      __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, e), k.grad_scale);
+      p[v] = Rebuild(c, a.s.w_hi + e, a.s.w_lo + e);
+      if constexpr (kL2) g = _mm256_fmadd_ps(p[v], k.l2, g);
+      p[v] = _mm256_mul_ps(p[v], k.decay);
+      m[v] =
+          _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(DequantizeM(a.s.m_code + e, m_step), k.beta1));
+      const __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(k.one_minus_beta2, g), g,
+                                        _mm256_mul_ps(DequantizeV(a.s.v_code + e, v_step), k.beta2));
+      r[v] = _mm256_sqrt_ps(vv);
+    }
+#pragma GCC unroll 4
+    for (size_t v = 0; v < kVectors; ++v) {
+      const __m256 denom = _mm256_add_ps(DivideBySqrtBc2(k, r[v]), k.eps);
+      p[v] = _mm256_add_ps(p[v], _mm256_div_ps(_mm256_mul_ps(k.neg_step_size, m[v]), denom));
+    }
+    __m256i hi[kVectors], lo[kVectors];
+#pragma GCC unroll 4
+    for (size_t v = 0; v < kVectors; ++v) {
+      Split(c, p[v], &hi[v], &lo[v]);
+      StoreCopy<C>(a.param_copy, i + v * kAvx2Lanes, p[v]);
+    }
+    StoreMaster<C>(c, a, i, hi, lo);
+    StoreMoments(c, a.s, i, m, r);
+  }
+
+  static void Run(const AdamStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
+    const Constsx8 k(s);
+    const Ints c;
+    const CompactArrays local = a;  // the stores cannot change `a`; keep pointers in registers
+    size_t i = begin;
+    for (; i + kCompactBlock <= end; i += kCompactBlock) {
+      const size_t ahead = i + kPrefetchAhead;
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_hi + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_lo + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.m_code + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.v_code + ahead), _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(local.grad) + ahead * DTypeSize(G), _MM_HINT_T0);
+      Block(k, c, local, i);
+    }
+    if (i < end)
+      RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
+                     [&](const CompactArrays& x) { Block(k, c, x, 0); });
+  }
+};
+
+struct LionConstsx8 {
+  explicit LionConstsx8(const LionStepScalars& s)
+      : grad_scale(_mm256_set1_ps(s.grad_scale)),
+        decay(_mm256_set1_ps(s.decay)),
+        beta1(_mm256_set1_ps(s.beta1)),
+        one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)),
+        beta2(_mm256_set1_ps(s.beta2)),
+        one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
+        neg_lr(_mm256_set1_ps(s.neg_lr)) {}
+  __m256 grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
+};
+
+// Lion (LionAvx2's operations) on the dequantized state, block by block.
+template <DType G, CompactCopy C>
+struct CompactLionAvx2 {
+  static void Block(const LionConstsx8& k, const Ints& c, const CompactArrays& a, size_t i) {
+    const __m256 m_step = _mm256_set1_ps(a.s.m_scale[i / kCompactBlock] / 16129.0f);
+    __m256 m_new[kVectors];
+    __m256i hi[kVectors], lo[kVectors];
+#pragma GCC unroll 4
+    for (size_t v = 0; v < kVectors; ++v) {
+      const size_t e = i + v * kAvx2Lanes;
+      const __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, e), k.grad_scale);
+      const __m256 m = DequantizeM(a.s.m_code + e, m_step);
+      __m256 p = _mm256_mul_ps(Rebuild(c, a.s.w_hi + e, a.s.w_lo + e), k.decay);
+      const __m256 mix = _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(m, k.beta1));
+      p = _mm256_fmadd_ps(k.neg_lr, Sign(mix), p);
+      Split(c, p, &hi[v], &lo[v]);
+      StoreCopy<C>(a.param_copy, e, p);
+      m_new[v] = _mm256_fmadd_ps(k.one_minus_beta2, g, _mm256_mul_ps(m, k.beta2));
+    }
+    StoreMaster<C>(c, a, i, hi, lo);
+    StoreM(c, a.s, i, m_new);
+  }
+
+  static void Run(const LionStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
+    const LionConstsx8 k(s);
+    const Ints c;
+    const CompactArrays local = a;
+    size_t i = begin;
+    for (; i + kCompactBlock <= end; i += kCompactBlock) {
+      const size_t ahead = i + kPrefetchAhead;
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_hi + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_lo + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.m_code + ahead), _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(local.grad) + ahead * DTypeSize(G), _MM_HINT_T0);
+      Block(k, c, local, i);
+    }
+    if (i < end)
+      RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
+                     [&](const CompactArrays& x) { Block(k, c, x, 0); });
+  }
+};
+
+template <DType G>
+CompactLionRangeFn PickLionCopy(CompactCopy copy) {
+  switch (copy) {
+    case CompactCopy::kBF16:
+      return &CompactLionAvx2<G, CompactCopy::kBF16>::Run;
+    case CompactCopy::kF16:
+      return &CompactLionAvx2<G, CompactCopy::kF16>::Run;
+    case CompactCopy::kF32:
+      return &CompactLionAvx2<G, CompactCopy::kF32>::Run;
+    case CompactCopy::kNone:
+      break;
+  }
+  return &CompactLionAvx2<G, CompactCopy::kNone>::Run;
+}
+
+template <DType G, CompactCopy C>
+CompactAdamRangeFn PickL2(bool l2) {
+  return l2 ? &CompactAdamAvx2<G, C, true>::Run : &CompactAdamAvx2<G, C, false>::Run;
+}
+
+template <DType G>
+CompactAdamRangeFn PickCopy(CompactCopy copy, bool l2) {
+  switch (copy) {
+    case CompactCopy::kBF16:
+      return PickL2<G, CompactCopy::kBF16>(l2);
+    case CompactCopy::kF16:
+      return PickL2<G, CompactCopy::kF16>(l2);
+    case CompactCopy::kF32:
+      return PickL2<G, CompactCopy::kF32>(l2);
+    case CompactCopy::kNone:
+      break;
+  }
+  return PickL2<G, CompactCopy::kNone>(l2);
+}
+
+}  // namespace
+
+CompactLionRangeFn SelectCompactLionAvx2(DType grad, CompactCopy copy) {
+  if (grad == DType::kBF16) return PickLionCopy<DType::kBF16>(copy);
+  if (grad == DType::kF16) return PickLionCopy<DType::kF16>(copy);
+  return PickLionCopy<DType::kF32>(copy);
+}
+
+CompactAdamRangeFn SelectCompactAdamAvx2(DType grad, CompactCopy copy, bool l2) {
+  if (grad == DType::kBF16) return PickCopy<DType::kBF16>(copy, l2);
+  if (grad == DType::kF16) return PickCopy<DType::kF16>(copy, l2);
+  return PickCopy<DType::kF32>(copy, l2);
+}
+
+}  // namespace strata::kernels::internal

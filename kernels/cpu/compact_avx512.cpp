@@ -1,0 +1,336 @@
+// AVX-512 path of the compact Adam/AdamW step: a block of 32 elements is two
+// vectors of 16; the scalar reference's integer and IEEE operations in the
+// same order (the update is adam_avx512.cpp's), so results are bitwise equal.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/compact_kernels.h"
+#include "kernels/cpu/compact_tail.h"
+#include "kernels/cpu/prefetch.h"
+#include "kernels/cpu/simd_avx512.h"
+
+namespace strata::kernels::internal {
+namespace {
+
+inline constexpr size_t kVectors = kCompactBlock / kAvx512Lanes;  // 2
+
+struct Constsx16 {
+  explicit Constsx16(const AdamStepScalars& s)
+      : grad_scale(_mm512_set1_ps(s.grad_scale)),
+        l2(_mm512_set1_ps(s.l2)),
+        decay(_mm512_set1_ps(s.decay)),
+        beta1(_mm512_set1_ps(s.beta1)),
+        one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)),
+        beta2(_mm512_set1_ps(s.beta2)),
+        one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
+        sqrt_bc2(_mm512_set1_ps(s.sqrt_bc2)),
+        inv_sqrt_bc2(_mm512_set1_ps(s.inv_sqrt_bc2)),
+        eps(_mm512_set1_ps(s.eps)),
+        neg_step_size(_mm512_set1_ps(s.neg_step_size)) {}
+  __m512 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
+      neg_step_size;
+};
+
+inline __m512i Set1(int32_t x) { return _mm512_set1_epi32(x); }
+
+// x / sqrt_bc2 correctly rounded without vdivps, as adam_avx512.cpp.
+inline __m512 DivideBySqrtBc2(const Constsx16& k, __m512 x) {
+  const __m512 q0 = _mm512_mul_ps(x, k.inv_sqrt_bc2);
+  const __m512 r = _mm512_fnmadd_ps(q0, k.sqrt_bc2, x);
+  const __m512 q1 = _mm512_fmadd_ps(r, k.inv_sqrt_bc2, q0);
+  const __mmask16 inf = _mm512_cmp_ps_mask(x, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ);
+  return _mm512_mask_mov_ps(q1, inf, q0);
+}
+
+inline __m128i Load16Bytes(const void* x) { return _mm_loadu_si128(static_cast<const __m128i*>(x)); }
+
+// Rebuild in compact_elements.h. w and hi share the sign bit, so adding the
+// signed magnitude difference to hi's bits adds it to the magnitude.
+inline __m512 Rebuild(const uint16_t* hi, const int8_t* lo) {
+  const __m512i h =
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi))), 16);
+  const __m512i q = _mm512_cvtepi8_epi32(Load16Bytes(lo));
+  const __m512i d = _mm512_srai_epi32(_mm512_add_epi32(_mm512_mullo_epi32(q, Set1(33026)), Set1(64)), 7);
+  return _mm512_castsi512_ps(_mm512_add_epi32(h, d));
+}
+
+// Split in compact_elements.h, as compact_avx2.cpp: bf16 (base F32ToBF16's
+// integer rounding) in the low halves of the lanes, and the corrections.
+inline void Split(__m512 p, __m512i* hi, __m512i* lo) {
+  const __m512i u = _mm512_castps_si512(p);
+  const __m512i high = _mm512_srli_epi32(u, 16);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, Set1(1)), Set1(0x7fff));
+  const __m512i hb = _mm512_and_si512(_mm512_add_epi32(u, bias), Set1(static_cast<int32_t>(0xffff0000u)));
+  const __m512i abs = _mm512_and_si512(u, Set1(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(abs, Set1(0x7f800000));
+  *hi = _mm512_mask_blend_epi32(nan, _mm512_srli_epi32(hb, 16), _mm512_or_si512(high, Set1(0x40)));
+  const __m512i d = _mm512_sub_epi32(u, hb);
+  __m512i q =
+      _mm512_srai_epi32(_mm512_add_epi32(_mm512_sub_epi32(_mm512_slli_epi32(d, 7), d), Set1(16384)), 15);
+  const __mmask16 top = _mm512_cmpgt_epi32_mask(abs, Set1(0x7f7fff7e));  // top 129 floats, inf, NaN
+  const __mmask16 nonfinite = _mm512_cmpgt_epi32_mask(abs, Set1(0x7f7fffff));
+  q = _mm512_mask_sub_epi32(q, top, q, Set1(1));
+  *lo = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nonfinite), q);
+}
+
+inline __m512 DequantizeM(const int8_t* code, __m512 step) {
+  const __m512i q = _mm512_cvtepi8_epi32(Load16Bytes(code));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(q, _mm512_abs_epi32(q))), step);
+}
+inline __m512 DequantizeV(const uint8_t* code, __m512 step) {
+  const __m512i q = _mm512_cvtepu8_epi32(Load16Bytes(code));
+  const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(q, q)), step);
+  return _mm512_mul_ps(t, t);
+}
+
+// Largest |x| bits over the block's two vectors (integer max, as MaxAbsBits).
+inline uint32_t MaxAbsBits(const __m512 (&x)[kVectors]) {
+  const __m512i a = _mm512_and_si512(_mm512_castps_si512(x[0]), Set1(0x7fffffff));
+  const __m512i b = _mm512_and_si512(_mm512_castps_si512(x[1]), Set1(0x7fffffff));
+  return static_cast<uint32_t>(_mm512_reduce_max_epi32(_mm512_max_epi32(a, b)));
+}
+
+// Codes of a live block (CodeOf in compact_elements.h): rint(sqrt(|x|*k)),
+// capped; vsqrtps is correctly rounded and vcvtps2dq rounds to nearest even.
+// (The divider then serves three square roots and a division per vector:
+// about 46 cycles per 16 elements on Skylake-SP, near this step's memory
+// bound there; an exact code from a Newton guess would spare it for ~17
+// more instructions a vector.)
+inline __m512i Codes(__m512 x, __m512 k, int32_t cap) {
+  const __m512 y =
+      _mm512_mul_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), Set1(0x7fffffff))), k);
+  return _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_sqrt_ps(y)), Set1(cap));
+}
+
+inline void Store16Bytes(void* dst, __m512i q) {
+  _mm_storeu_si128(static_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(q));
+}
+
+// The block's new moments -> codes and scales (QuantizeM, QuantizeV,
+// ZeroMWhereVZero in compact_elements.h).
+inline void StoreMoments(const CompactState& s, size_t i, const __m512 (&m)[kVectors],
+                         const __m512 (&r)[kVectors]) {
+  const size_t b = i / kCompactBlock;
+  const uint32_t amax = MaxAbsBits(m), rmax = MaxAbsBits(r);
+  const float a = BitsF32(amax), big = BitsF32(rmax);
+  const bool m_live = amax < 0x7f800000u && a >= kCompactMinScale;
+  const bool v_live = rmax < 0x7f800000u && big > 0.0f;
+  s.m_scale[b] = m_live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
+  s.v_scale[b] = v_live ? big : (rmax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
+  const __m512 km = _mm512_set1_ps(m_live ? 16129.0f / a : 0.0f);
+  const __m512 kv = _mm512_set1_ps(v_live ? 65025.0f / big : 0.0f);
+#pragma GCC unroll 4
+  for (size_t k = 0; k < kVectors; ++k) {
+    const __m512i qv = v_live ? Codes(r[k], kv, 255) : _mm512_setzero_si512();
+    __m512i qm = _mm512_setzero_si512();
+    if (m_live) {
+      qm = Codes(m[k], km, 127);
+      const __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(m[k]), _mm512_setzero_si512());
+      qm = _mm512_mask_sub_epi32(qm, neg, _mm512_setzero_si512(), qm);
+    }
+    qm = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(qv, qv), qm);
+    Store16Bytes(s.m_code + i + k * kAvx512Lanes, qm);
+    Store16Bytes(s.v_code + i + k * kAvx512Lanes, qv);
+  }
+}
+
+// Lion's moment: m codes and scale only (no v, so no zero-v rule).
+inline void StoreM(const CompactState& s, size_t i, const __m512 (&m)[kVectors]) {
+  const size_t b = i / kCompactBlock;
+  const uint32_t amax = MaxAbsBits(m);
+  const float a = BitsF32(amax);
+  const bool live = amax < 0x7f800000u && a >= kCompactMinScale;
+  s.m_scale[b] = live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
+  const __m512 km = _mm512_set1_ps(live ? 16129.0f / a : 0.0f);
+#pragma GCC unroll 4
+  for (size_t k = 0; k < kVectors; ++k) {
+    __m512i qm = _mm512_setzero_si512();
+    if (live) {
+      qm = Codes(m[k], km, 127);
+      const __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(m[k]), _mm512_setzero_si512());
+      qm = _mm512_mask_sub_epi32(qm, neg, _mm512_setzero_si512(), qm);
+    }
+    Store16Bytes(s.m_code + i + k * kAvx512Lanes, qm);
+  }
+}
+
+// +1, -1, +0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
+inline __m512 Sign(__m512 c) {
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 s = _mm512_mask_mov_ps(c, _mm512_cmp_ps_mask(c, zero, _CMP_EQ_OQ), zero);
+  s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(c, zero, _CMP_GT_OQ), _mm512_set1_ps(1.0f));
+  return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(c, zero, _CMP_LT_OQ), _mm512_set1_ps(-1.0f));
+}
+
+template <CompactCopy C>
+inline void StoreCopy(void* copy, size_t i, __m512 p) {
+  if constexpr (C == CompactCopy::kF16) StoreU16x16(copy, i, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT));
+  if constexpr (C == CompactCopy::kF32) _mm512_storeu_ps(static_cast<float*>(copy) + i, p);
+}
+
+template <DType G, CompactCopy C, bool kL2>
+struct CompactAdamAvx512 {
+  // AdamAvx512::Block's update of 16 elements at e on dequantized state;
+  // returns the new param and sets *m, *r = new m, sqrt(new v).
+  static __m512 Update(const Constsx16& k, const CompactArrays& a, size_t e, __m512 m_step, __m512 v_step,
+                       __m512* m_out, __m512* r_out) {
+    __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, e), k.grad_scale);
+    __m512 p = Rebuild(a.s.w_hi + e, a.s.w_lo + e);
+    if constexpr (kL2) g = _mm512_fmadd_ps(p, k.l2, g);
+    p = _mm512_mul_ps(p, k.decay);
+    const __m512 m =
+        _mm512_fmadd_ps(k.one_minus_beta1, g, _mm512_mul_ps(DequantizeM(a.s.m_code + e, m_step), k.beta1));
+    const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(k.one_minus_beta2, g), g,
+                                     _mm512_mul_ps(DequantizeV(a.s.v_code + e, v_step), k.beta2));
+    const __m512 r = _mm512_sqrt_ps(v);
+    const __m512 denom = _mm512_add_ps(DivideBySqrtBc2(k, r), k.eps);
+    *m_out = m;
+    *r_out = r;
+    return _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(k.neg_step_size, m), denom));
+  }
+
+  static void Block(const Constsx16& k, const CompactArrays& a, size_t i) {
+    const size_t b = i / kCompactBlock;
+    const __m512 m_step = _mm512_set1_ps(a.s.m_scale[b] / 16129.0f);
+    const __m512 v_step = _mm512_set1_ps(a.s.v_scale[b] / 65025.0f);
+    __m512 m[kVectors], r[kVectors];
+#pragma GCC unroll 4
+    for (size_t v = 0; v < kVectors; ++v) {
+      const size_t e = i + v * kAvx512Lanes;
+      const __m512 p = Update(k, a, e, m_step, v_step, &m[v], &r[v]);
+      __m512i hi, lo;
+      Split(p, &hi, &lo);
+      const __m256i h16 = _mm512_cvtepi32_epi16(hi);
+      StoreU16x16(a.s.w_hi, e, h16);
+      if constexpr (C == CompactCopy::kBF16) StoreU16x16(a.param_copy, e, h16);
+      Store16Bytes(a.s.w_lo + e, lo);
+      StoreCopy<C>(a.param_copy, e, p);
+    }
+    StoreMoments(a.s, i, m, r);
+  }
+
+  static void Run(const AdamStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
+    const Constsx16 k(s);
+    const CompactArrays local = a;  // the stores cannot change `a`; keep pointers in registers
+    size_t i = begin;
+    for (; i + kCompactBlock <= end; i += kCompactBlock) {
+      const size_t ahead = i + kPrefetchAhead;
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_hi + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_lo + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.m_code + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.v_code + ahead), _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(local.grad) + ahead * DTypeSize(G), _MM_HINT_T0);
+      Block(k, local, i);
+    }
+    if (i < end)
+      RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
+                     [&](const CompactArrays& x) { Block(k, x, 0); });
+  }
+};
+
+struct LionConstsx16 {
+  explicit LionConstsx16(const LionStepScalars& s)
+      : grad_scale(_mm512_set1_ps(s.grad_scale)),
+        decay(_mm512_set1_ps(s.decay)),
+        beta1(_mm512_set1_ps(s.beta1)),
+        one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)),
+        beta2(_mm512_set1_ps(s.beta2)),
+        one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
+        neg_lr(_mm512_set1_ps(s.neg_lr)) {}
+  __m512 grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
+};
+
+// Lion (LionAvx512's operations) on the dequantized state, block by block.
+template <DType G, CompactCopy C>
+struct CompactLionAvx512 {
+  static void Block(const LionConstsx16& k, const CompactArrays& a, size_t i) {
+    const __m512 m_step = _mm512_set1_ps(a.s.m_scale[i / kCompactBlock] / 16129.0f);
+    __m512 m_new[kVectors];
+#pragma GCC unroll 4
+    for (size_t v = 0; v < kVectors; ++v) {
+      const size_t e = i + v * kAvx512Lanes;
+      const __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, e), k.grad_scale);
+      const __m512 m = DequantizeM(a.s.m_code + e, m_step);
+      __m512 p = _mm512_mul_ps(Rebuild(a.s.w_hi + e, a.s.w_lo + e), k.decay);
+      const __m512 c = _mm512_fmadd_ps(k.one_minus_beta1, g, _mm512_mul_ps(m, k.beta1));
+      p = _mm512_fmadd_ps(k.neg_lr, Sign(c), p);
+      __m512i hi, lo;
+      Split(p, &hi, &lo);
+      const __m256i h16 = _mm512_cvtepi32_epi16(hi);
+      StoreU16x16(a.s.w_hi, e, h16);
+      if constexpr (C == CompactCopy::kBF16) StoreU16x16(a.param_copy, e, h16);
+      Store16Bytes(a.s.w_lo + e, lo);
+      StoreCopy<C>(a.param_copy, e, p);
+      m_new[v] = _mm512_fmadd_ps(k.one_minus_beta2, g, _mm512_mul_ps(m, k.beta2));
+    }
+    StoreM(a.s, i, m_new);
+  }
+
+  static void Run(const LionStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
+    const LionConstsx16 k(s);
+    const CompactArrays local = a;
+    size_t i = begin;
+    for (; i + kCompactBlock <= end; i += kCompactBlock) {
+      const size_t ahead = i + kPrefetchAhead;
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_hi + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_lo + ahead), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(local.s.m_code + ahead), _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(local.grad) + ahead * DTypeSize(G), _MM_HINT_T0);
+      Block(k, local, i);
+    }
+    if (i < end)
+      RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
+                     [&](const CompactArrays& x) { Block(k, x, 0); });
+  }
+};
+
+template <DType G>
+CompactLionRangeFn PickLionCopy(CompactCopy copy) {
+  switch (copy) {
+    case CompactCopy::kBF16:
+      return &CompactLionAvx512<G, CompactCopy::kBF16>::Run;
+    case CompactCopy::kF16:
+      return &CompactLionAvx512<G, CompactCopy::kF16>::Run;
+    case CompactCopy::kF32:
+      return &CompactLionAvx512<G, CompactCopy::kF32>::Run;
+    case CompactCopy::kNone:
+      break;
+  }
+  return &CompactLionAvx512<G, CompactCopy::kNone>::Run;
+}
+
+template <DType G, CompactCopy C>
+CompactAdamRangeFn PickL2(bool l2) {
+  return l2 ? &CompactAdamAvx512<G, C, true>::Run : &CompactAdamAvx512<G, C, false>::Run;
+}
+
+template <DType G>
+CompactAdamRangeFn PickCopy(CompactCopy copy, bool l2) {
+  switch (copy) {
+    case CompactCopy::kBF16:
+      return PickL2<G, CompactCopy::kBF16>(l2);
+    case CompactCopy::kF16:
+      return PickL2<G, CompactCopy::kF16>(l2);
+    case CompactCopy::kF32:
+      return PickL2<G, CompactCopy::kF32>(l2);
+    case CompactCopy::kNone:
+      break;
+  }
+  return PickL2<G, CompactCopy::kNone>(l2);
+}
+
+}  // namespace
+
+CompactLionRangeFn SelectCompactLionAvx512(DType grad, CompactCopy copy) {
+  if (grad == DType::kBF16) return PickLionCopy<DType::kBF16>(copy);
+  if (grad == DType::kF16) return PickLionCopy<DType::kF16>(copy);
+  return PickLionCopy<DType::kF32>(copy);
+}
+
+CompactAdamRangeFn SelectCompactAdamAvx512(DType grad, CompactCopy copy, bool l2) {
+  if (grad == DType::kBF16) return PickCopy<DType::kBF16>(copy, l2);
+  if (grad == DType::kF16) return PickCopy<DType::kF16>(copy, l2);
+  return PickCopy<DType::kF32>(copy, l2);
+}
+
+}  // namespace strata::kernels::internal

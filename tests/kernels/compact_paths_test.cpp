@@ -1,0 +1,239 @@
+// Every SIMD path of the compact Adam/AdamW step against the scalar reference,
+// bitwise: sizes around the block and vector widths (partial last blocks),
+// misaligned arrays, 30 steps with an lr that changes each step, tiny, huge
+// and non-finite gradients, f32/bf16/f16 gradients, every copy-out, and thread
+// counts.
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/compact.h"
+#include "kernels/cpu/lion.h"
+#include "kernels/cpu/parallel.h"
+#include "tests/kernels/compact_test_util.h"
+
+namespace strata::kernels::test {
+namespace {
+
+struct Variant {
+  AdamMode mode;
+  DType grad;
+  int copy;  // 0 none, 1 bf16, 2 f16, 3 f32
+  float magnitude;
+};
+
+DType CopyDType(int copy) { return copy == 1 ? DType::kBF16 : copy == 2 ? DType::kF16 : DType::kF32; }
+
+std::string Name(const Variant& v) {
+  return std::string(v.mode == AdamMode::kAdamW ? "adamw" : "adam") + " grad=" + DTypeName(v.grad) +
+         " copy=" + (v.copy ? DTypeName(CopyDType(v.copy)) : "none") +
+         " magnitude=" + std::to_string(v.magnitude);
+}
+
+// A packed random state: weights over several binades, moments of a few
+// steps' worth, some elements exactly zero.
+void FillState(CompactBuffers& c, size_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> w(n), m(n), v(n);
+  for (size_t i = 0; i < n; ++i) {
+    w[i] = rng.Spread();
+    m[i] = i % 11 == 0 ? 0.0f : 0.01f * rng.Spread();
+    const float g = rng.Spread();
+    v[i] = i % 13 == 0 ? 0.0f : 1e-3f * g * g;
+  }
+  ASSERT_TRUE(CompactPack(n, w.data(), m.data(), v.data(), c.state()).ok());
+}
+
+void FillGrad(Buffer& g, size_t n, DType dtype, float magnitude, uint64_t seed) {
+  Rng rng(seed);
+  for (size_t i = 0; i < n; ++i) StoreAs(dtype, g.data(), i, rng.Spread() * magnitude);
+}
+
+AdamOptions Options(const Variant& var, int t) {
+  AdamOptions opt;
+  opt.mode = var.mode;
+  opt.lr = 1e-3 * (1.0 + 0.5 * std::sin(t));
+  opt.weight_decay = 0.01;
+  opt.step = t;
+  opt.grad_scale = t % 3 == 0 ? 1.0 : 1.0 / (1024.0 + t);
+  opt.grad_dtype = var.grad;
+  opt.param_copy_dtype = CopyDType(var.copy);
+  return opt;
+}
+
+// `steps` steps on the scalar path and on `isa`, comparing after each.
+void CompareRun(CpuIsa isa, const Variant& var, size_t n, size_t offset, int steps) {
+  CompactBuffers ref(n, offset), simd(n, offset + 5);
+  ASSERT_NO_FATAL_FAILURE(FillState(ref, n, n * 7 + offset));
+  simd.CopyFrom(ref);
+  const size_t gb = DTypeSize(var.grad), cb = var.copy ? DTypeSize(CopyDType(var.copy)) : 0;
+  Buffer g(n, gb, (offset + 6) % 16), gs(n, gb, (offset + 9) % 16);
+  Buffer c_ref(n, 4, (offset + 7) % 16), c_simd(n, 4, (offset + 8) % 16);
+  for (int t = 1; t <= steps; ++t) {
+    FillGrad(g, n, var.grad, var.magnitude, n * 1000 + t);
+    if (t == steps && n > 40) StoreAs(var.grad, g.data(), 37, std::nanf(""));  // a NaN block
+    std::memcpy(gs.data(), g.data(), n * gb);
+    const AdamOptions opt = Options(var, t);
+    ASSERT_TRUE(
+        CompactAdamStepOn(CpuIsa::kScalar, opt, n, ref.state(), g.data(), var.copy ? c_ref.data() : nullptr)
+            .ok());
+    const Status st =
+        CompactAdamStepOn(isa, opt, n, simd.state(), gs.data(), var.copy ? c_simd.data() : nullptr);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    const std::string where = Name(var) + " path=" + CpuIsaName(isa) + " n=" + std::to_string(n) +
+                              " offset=" + std::to_string(offset) + " step=" + std::to_string(t);
+    ASSERT_EQ(CompactDiff(ref, simd), "") << where;
+    if (cb) {
+      ASSERT_EQ(std::memcmp(c_ref.data(), c_simd.data(), n * cb), 0) << "copy " << where;
+    }
+    if (var.copy == 1) {
+      ASSERT_EQ(std::memcmp(c_ref.data(), ref.state().w_hi, n * 2), 0) << where;
+    }
+  }
+}
+
+std::vector<Variant> AllVariants() {
+  std::vector<Variant> all;
+  for (AdamMode mode : {AdamMode::kAdamW, AdamMode::kAdam})
+    for (DType g : {DType::kF32, DType::kBF16, DType::kF16})
+      for (int copy = 0; copy < 4; ++copy)
+        for (float mag : {1.0f, 1e-6f, 3e3f}) all.push_back({mode, g, copy, mag});
+  return all;
+}
+
+TEST(CompactPaths, SmallSizesAllVariantsMisaligned) {
+  for (CpuIsa isa : SimdPathsHere())
+    for (const Variant& var : AllVariants())
+      for (size_t n : {1, 7, 16, 31, 32, 33, 47, 64, 95, 1025})
+        for (size_t offset : {0, 1, 7}) ASSERT_NO_FATAL_FAILURE(CompareRun(isa, var, n, offset, 30));
+}
+
+TEST(CompactPaths, TinyAndHugeMagnitudes) {
+  // f32 gradients far outside f16's range: moments below kCompactMinScale
+  // (blocks stored as zeros) and near the top of the float range.
+  for (CpuIsa isa : SimdPathsHere())
+    for (float mag : {1e-30f, 1e-20f, 1e15f})
+      ASSERT_NO_FATAL_FAILURE(CompareRun(isa, {AdamMode::kAdamW, DType::kF32, 3, mag}, 1000 + 17, 3, 30));
+}
+
+TEST(CompactPaths, LargeSizeManyTiles) {
+  const size_t n = (1u << 20) + 19;
+  for (CpuIsa isa : SimdPathsHere()) {
+    ASSERT_NO_FATAL_FAILURE(CompareRun(isa, {AdamMode::kAdamW, DType::kBF16, 0, 1.0f}, n, 3, 5));
+    ASSERT_NO_FATAL_FAILURE(CompareRun(isa, {AdamMode::kAdam, DType::kF32, 2, 1.0f}, n, 9, 5));
+  }
+}
+
+// Masters at the edges of the split (every correction around zero and the
+// subnormals, a binade crossing, the bf16 overflow, ±inf, NaN) through steps
+// whose updates are a few fp32 ULPs there, so that new values land on them.
+TEST(CompactPaths, EdgeMastersThroughTheStep) {
+  std::vector<float> w, zero;
+  for (uint32_t high : {0x0000u, 0x0080u, 0x3f7fu, 0x7f7fu})
+    for (uint32_t sign : {0u, 0x80000000u})
+      for (uint32_t low = 0; low < 0x10000u; low += 3) w.push_back(BitsF32(sign | (high << 16) | low));
+  for (float x : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::nanf(""), 0.0f, -0.0f})
+    w.push_back(x);
+  const size_t n = w.size();
+  zero.assign(n, 0.0f);
+  CompactBuffers ref(n, 0), simd(n, 1);
+  ASSERT_TRUE(CompactPack(n, w.data(), zero.data(), zero.data(), ref.state()).ok());
+  Buffer g(n, 4, 0);
+  FillGrad(g, n, DType::kF32, 1.0f, 5);
+  AdamOptions opt;
+  // Steps of a few fp32 ULPs at the subnormals, at 1 and at 2^127.
+  for (double lr : {1e-44, 1e-6, 3e33})
+    for (CpuIsa isa : SimdPathsHere()) {
+      opt.lr = lr;
+      simd.CopyFrom(ref);
+      CompactBuffers r(n, 2);
+      r.CopyFrom(ref);
+      for (int t = 1; t <= 3; ++t) {
+        opt.step = t;
+        ASSERT_TRUE(CompactAdamStepOn(CpuIsa::kScalar, opt, n, r.state(), g.data(), nullptr).ok());
+        ASSERT_TRUE(CompactAdamStepOn(isa, opt, n, simd.state(), g.data(), nullptr).ok());
+        ASSERT_EQ(CompactDiff(r, simd), "") << CpuIsaName(isa) << " lr " << lr << " step " << t;
+      }
+    }
+}
+
+TEST(CompactPaths, ResultDoesNotDependOnThreadCount) {
+  const size_t n = 5 * kElementTile + 77;  // several tiles and a partial block
+  CompactBuffers base(n, 1);
+  ASSERT_NO_FATAL_FAILURE(FillState(base, n, 3));
+  Buffer g(n, 2, 0);
+  FillGrad(g, n, DType::kBF16, 1.0f, 11);
+  const Variant var{AdamMode::kAdamW, DType::kBF16, 0, 1.0f};
+  std::vector<CpuIsa> paths = SimdPathsHere();
+  paths.push_back(CpuIsa::kScalar);
+  for (CpuIsa isa : paths) {
+    CompactBuffers one(n, 2), many(n, 3);
+    one.CopyFrom(base);
+    many.CopyFrom(base);
+    for (int t = 1; t <= 3; ++t) {
+      SetCpuKernelThreads(1);
+      ASSERT_TRUE(CompactAdamStepOn(isa, Options(var, t), n, one.state(), g.data(), nullptr).ok());
+      SetCpuKernelThreads(3);
+      ASSERT_TRUE(CompactAdamStepOn(isa, Options(var, t), n, many.state(), g.data(), nullptr).ok());
+    }
+    SetCpuKernelThreads(0);
+    EXPECT_EQ(CompactDiff(one, many), "") << CpuIsaName(isa);
+  }
+}
+
+// Lion on every path against the scalar reference (v arrays null).
+TEST(CompactPaths, LionAllVariants) {
+  for (CpuIsa isa : SimdPathsHere())
+    for (DType gd : {DType::kF32, DType::kBF16, DType::kF16})
+      for (int copy = 0; copy < 4; ++copy)
+        for (size_t n :
+             {size_t{1}, size_t{31}, size_t{33}, size_t{95}, size_t{1025}, 2 * kElementTile + 45}) {
+          CompactBuffers ref(n, 1), simd(n, 4);
+          ASSERT_NO_FATAL_FAILURE(FillState(ref, n, n + copy));
+          simd.CopyFrom(ref);
+          CompactState rs = ref.state(), ss = simd.state();
+          rs.v_code = ss.v_code = nullptr;
+          rs.v_scale = ss.v_scale = nullptr;
+          const size_t gb = DTypeSize(gd), cb = copy ? DTypeSize(CopyDType(copy)) : 0;
+          Buffer g(n, gb, 3), c_ref(n, 4, 5), c_simd(n, 4, 6);
+          for (int t = 1; t <= 10; ++t) {
+            FillGrad(g, n, gd, t % 2 ? 1.0f : 1e-6f, n * 31 + t);
+            LionOptions opt;
+            opt.lr = 1e-3 * (1.0 + 0.5 * std::sin(t));
+            opt.weight_decay = 0.1;
+            opt.grad_scale = 1.0 / (1024.0 + t);
+            opt.grad_dtype = gd;
+            opt.param_copy_dtype = CopyDType(copy);
+            ASSERT_TRUE(
+                CompactLionStepOn(CpuIsa::kScalar, opt, n, rs, g.data(), copy ? c_ref.data() : nullptr).ok());
+            ASSERT_TRUE(CompactLionStepOn(isa, opt, n, ss, g.data(), copy ? c_simd.data() : nullptr).ok());
+            const std::string where = std::string(CpuIsaName(isa)) + " grad " + DTypeName(gd) + " copy " +
+                                      std::to_string(copy) + " n " + std::to_string(n) + " step " +
+                                      std::to_string(t);
+            ASSERT_EQ(std::memcmp(rs.w_hi, ss.w_hi, 2 * n), 0) << where;
+            ASSERT_EQ(std::memcmp(rs.w_lo, ss.w_lo, n), 0) << where;
+            ASSERT_EQ(std::memcmp(rs.m_code, ss.m_code, n), 0) << where;
+            ASSERT_EQ(FirstDiff(rs.m_scale, ss.m_scale, CompactScaleCount(n)), -1) << where;
+            if (cb) {
+              ASSERT_EQ(std::memcmp(c_ref.data(), c_simd.data(), n * cb), 0) << where;
+            }
+          }
+        }
+}
+
+TEST(CompactPaths, MissingPathIsRefusedNotRun) {
+  CompactBuffers c(1, 0);
+  float g = 0;
+  for (CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (CpuSupports(isa)) continue;
+    EXPECT_EQ(CompactAdamStepOn(isa, AdamOptions{}, 1, c.state(), &g, nullptr).code(), Code::kUnsupported);
+  }
+}
+
+}  // namespace
+}  // namespace strata::kernels::test
+
+int main(int argc, char** argv) { return strata::kernels::test::RunPathTests(argc, argv); }
