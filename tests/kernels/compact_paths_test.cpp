@@ -104,7 +104,7 @@ std::vector<Variant> AllVariants() {
 }
 
 TEST(CompactPaths, SmallSizesAllVariantsMisaligned) {
-  for (CpuIsa isa : SimdPathsHere())
+  for (CpuIsa isa : CompactSimdPaths())
     for (const Variant& var : AllVariants())
       for (size_t n : {1, 7, 16, 31, 32, 33, 47, 64, 95, 1025})
         for (size_t offset : {0, 1, 7}) ASSERT_NO_FATAL_FAILURE(CompareRun(isa, var, n, offset, 30));
@@ -113,14 +113,14 @@ TEST(CompactPaths, SmallSizesAllVariantsMisaligned) {
 TEST(CompactPaths, TinyAndHugeMagnitudes) {
   // f32 gradients far outside f16's range: moments below kCompactMinScale
   // (blocks stored as zeros) and near the top of the float range.
-  for (CpuIsa isa : SimdPathsHere())
+  for (CpuIsa isa : CompactSimdPaths())
     for (float mag : {1e-30f, 1e-20f, 1e15f})
       ASSERT_NO_FATAL_FAILURE(CompareRun(isa, {AdamMode::kAdamW, DType::kF32, 3, mag}, 1000 + 17, 3, 30));
 }
 
 TEST(CompactPaths, LargeSizeManyTiles) {
   const size_t n = (1u << 20) + 19;
-  for (CpuIsa isa : SimdPathsHere()) {
+  for (CpuIsa isa : CompactSimdPaths()) {
     ASSERT_NO_FATAL_FAILURE(CompareRun(isa, {AdamMode::kAdamW, DType::kBF16, 0, 1.0f}, n, 3, 5));
     ASSERT_NO_FATAL_FAILURE(CompareRun(isa, {AdamMode::kAdam, DType::kF32, 2, 1.0f}, n, 9, 5));
   }
@@ -146,7 +146,7 @@ TEST(CompactPaths, EdgeMastersThroughTheStep) {
   AdamOptions opt;
   // Steps of a few fp32 ULPs at the subnormals, at 1 and at 2^127.
   for (double lr : {1e-44, 1e-6, 3e33})
-    for (CpuIsa isa : SimdPathsHere()) {
+    for (CpuIsa isa : CompactSimdPaths()) {
       opt.lr = lr;
       simd.CopyFrom(ref);
       CompactBuffers r(n, 2);
@@ -167,7 +167,7 @@ TEST(CompactPaths, ResultDoesNotDependOnThreadCount) {
   Buffer g(n, 2, 0);
   FillGrad(g, n, DType::kBF16, 1.0f, 11);
   const Variant var{AdamMode::kAdamW, DType::kBF16, 0, 1.0f};
-  std::vector<CpuIsa> paths = SimdPathsHere();
+  std::vector<CpuIsa> paths = CompactSimdPaths();
   paths.push_back(CpuIsa::kScalar);
   for (CpuIsa isa : paths) {
     CompactBuffers one(n, 2), many(n, 3);
@@ -186,7 +186,7 @@ TEST(CompactPaths, ResultDoesNotDependOnThreadCount) {
 
 // Lion on every path against the scalar reference (v arrays null).
 TEST(CompactPaths, LionAllVariants) {
-  for (CpuIsa isa : SimdPathsHere())
+  for (CpuIsa isa : CompactSimdPaths())
     for (DType gd : {DType::kF32, DType::kBF16, DType::kF16})
       for (int copy = 0; copy < 4; ++copy)
         for (size_t n :
