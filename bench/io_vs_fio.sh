@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Strata's io_uring storage against fio on the same directory, same file size
-# (4 GiB), block size (1 MiB) and queue depth (32), alternating, three rounds.
+# Strata's io_uring storage against fio on the same file — Strata's own, laid
+# out as Strata lays out its swap files (reserved with fallocate, then written
+# whole), since a file that fio writes piece by piece reads and writes at
+# another speed — same size (4 GiB), block size (1 MiB) and queue depth (32),
+# alternating, three rounds.
 # fio runs as it comes and with huge-page buffers (--iomem=mmap plus the
 # bench/io/thp_shim.c preload); Strata is held to the faster of the two.
 # Last line: io_vs_fio read_ratio=R write_ratio=W (medians, strata / best fio).
@@ -18,9 +21,9 @@ if [ ! -x "$BUILD_DIR/tools/strata-iobench" ] || [ ! -f "$BUILD_DIR/bench/io/thp
   cmake --build "$BUILD_DIR" -j"$(nproc)" --target strata-iobench strata_thp_shim >/dev/null
 fi
 SHIM=$BUILD_DIR/bench/io/thp_shim.so
-FIOFILE=$DIR/io_vs_fio.fio.bin
+FIOFILE=$DIR/strata-iobench.bin  # strata-iobench --keep leaves it, laid out
 RESULTS=$(mktemp)
-trap 'rm -f "$FIOFILE" "$DIR/strata-iobench.bin" "$RESULTS"' EXIT
+trap 'rm -f "$FIOFILE" "$RESULTS"' EXIT
 
 fio_mbs() {  # $1 = read|write, $2 = plain|thp -> MB/s
   local pre=() mem=()
@@ -34,9 +37,10 @@ strata_mbs() {  # $1 = read|write -> MB/s
     --queue-depth 32 --modes "$1" --keep | sed -n 's/.*(\([0-9.]*\)MB\/s).*/\1/p'
 }
 
-# Lay out fio's file once (fio's first write pass would otherwise allocate).
-fio --name=layout --filename="$FIOFILE" --size="$SIZE" --bs=1M --iodepth=32 --ioengine=io_uring \
-  --direct=1 --rw=write >/dev/null
+# Strata lays its file out (fallocate, one write pass); fio then reads and
+# writes that same file, never one of its own.
+strata_mbs write >/dev/null
+[ -f "$FIOFILE" ] || { echo "io_vs_fio: strata-iobench left no $FIOFILE" >&2; exit 1; }
 for r in $(seq "$ROUNDS"); do
   for rw in write read; do
     echo "$rw fio_plain $(fio_mbs $rw plain)" >>"$RESULTS"

@@ -40,6 +40,11 @@ fio_rate() {  # $1 = read|write|rw [$2 = rwmixread] -> "read_MBps write_MBps"
     --output-format=json | /usr/bin/python3 -c "
 import json,sys; j=json.load(sys.stdin)['jobs'][0]; print(j['read']['bw_bytes']/1e6, j['write']['bw_bytes']/1e6)"
 }
+# The file laid out as Strata lays out its swap files: reserved whole with
+# fallocate, then written (fio's own layout writes it piece by piece, and
+# such a file moves at another speed than the engine's).
+rm -f "$FIOFILE"
+fallocate -l 4G "$FIOFILE"
 fio --name=layout --filename="$FIOFILE" --size=4G --bs=1M --iodepth=32 --ioengine=io_uring --direct=1 --rw=write >/dev/null
 # Paired rounds: this disk's rates drift by tens of percent from minute to
 # minute, so each step is timed right after fio's read and write runs and the
