@@ -225,8 +225,10 @@ Status StatsRecorder::WriteTrace() const {
   size_t tracks = 0;
   uint64_t dropped = 0;
   {
-    const double now = Now();
     std::lock_guard<std::mutex> lock(mu_);
+    // Taken under the lock: every span recorded or opened before it started
+    // and ended by then, so open spans cut here still hold their children.
+    const double now = Now();
     events = events_;
     first_open = events.size();
     names = names_;
