@@ -85,7 +85,7 @@ Status CheckCpuIsa(CpuIsa isa) {
 Result<CpuIsa> ActiveCpuIsa() {
   static const Result<CpuIsa> active = []() -> Result<CpuIsa> {
     const char* env = std::getenv("STRATA_CPU_ISA");
-    if (env == nullptr || *env == '\0') return BestCpuIsa();
+    if (env == nullptr || *env == '\0') return MeasuredCpuIsa();
     Result<CpuIsa> isa = ParseCpuIsa(env);
     if (!isa.ok()) return isa.status().WithContext("STRATA_CPU_ISA");
     Status st = CheckCpuIsa(*isa);

@@ -30,8 +30,13 @@ Result<CpuIsa> ParseCpuIsa(std::string_view name);
 CpuIsa BestCpuIsa();
 // OK when this CPU can run `isa`, else kUnsupported naming what is missing.
 Status CheckCpuIsa(CpuIsa isa);
+// Without STRATA_CPU_ISA: BestCpuIsa(), except that where both AVX-512 and
+// AVX2 run, the faster of them on a short Adam measurement at first use
+// (about a millisecond; isa_choice.cpp says why). Decided once per process.
+// All paths give bitwise the same results: the choice moves time only.
+CpuIsa MeasuredCpuIsa();
 // The path the kernels use: STRATA_CPU_ISA when set (an error if the name is
-// unknown or the CPU lacks it), else BestCpuIsa(). Decided once per process.
+// unknown or the CPU lacks it), else MeasuredCpuIsa(). Decided once per process.
 Result<CpuIsa> ActiveCpuIsa();
 
 }  // namespace strata::kernels
