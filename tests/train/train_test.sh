@@ -6,7 +6,8 @@
 # --resume reproduce the uninterrupted run exactly (fp16 loss scaling, lr schedule).
 # Usage: train_test.sh STRATA_TRAIN
 set -euo pipefail
-TRAIN=${1:?usage: train_test.sh path/to/strata-train}
+TRAIN=${1:?usage: train_test.sh path/to/strata-train path/to/strata-export}
+EXPORT=${2:?usage: train_test.sh path/to/strata-train path/to/strata-export}
 WORK=$(mktemp -d /var/tmp/strata-train-test-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -39,4 +40,22 @@ grep -E '^loss ' "$WORK/resumed.out" >"$WORK/d"
 diff "$WORK/c" "$WORK/d" || fail "resumed losses differ"
 diff <(grep weights_hash "$WORK/whole.out") <(grep weights_hash "$WORK/resumed.out") || fail "resumed weights differ"
 echo "ok: resume == continuous"
+
+# --save alone checkpoints after the last step, with the tensors' shapes:
+# strata-export writes them as torch holds them.
+"$TRAIN" --preset tiny --steps 2 --print-every 100 --nvme "$WORK" --save "$WORK/last" >/dev/null
+[ -d "$WORK/last/step00000002" ] || fail "--save alone wrote no checkpoint after the last step"
+"$EXPORT" "$WORK/last" "$WORK/last.safetensors" >/dev/null || fail "strata-export of the checkpoint"
+/usr/bin/python3 - "$WORK/last.safetensors" <<'PY' || fail "exported shapes"
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+head = json.loads(raw[8:8 + n])
+shapes = {k: v["shape"] for k, v in head.items() if k != "__metadata__"}
+c = shapes["h0.ln1.weight"][0]
+assert shapes["h0.attn.qkv.weight"] == [3 * c, c], shapes["h0.attn.qkv.weight"]
+assert shapes["h0.attn.qkv.bias"] == [3 * c], shapes["h0.attn.qkv.bias"]
+assert all(len(s) in (1, 2) for s in shapes.values()), shapes
+print("ok: exported shapes", shapes["h0.attn.qkv.weight"], shapes["h0.ln1.weight"])
+PY
 echo "1 passed, 0 failed"

@@ -38,7 +38,12 @@ bool RegisterGpt(const layers::GptConfig& cfg, strata_engine_t* e, uint64_t seed
     const bool bias = name.find("bias") != std::string::npos;
     for (auto& v : init) v = ln_weight ? 1.0f : bias ? 0.0f : normal(rng) * (is_proj ? proj_scale : 1.0f);
     uint64_t off = 0;
-    return Ok(strata_engine_add_param(e, group, (prefix + name).c_str(), t.count, init.data(), &off),
+    // Shaped as torch holds them (biases and norms 1-D), so that a
+    // strata-export of the checkpoint loads into a model.
+    const int64_t shape[2] = {static_cast<int64_t>(t.rows), static_cast<int64_t>(t.cols)};
+    const bool flat = t.rows == 1;
+    return Ok(strata_engine_add_param_shaped(e, group, (prefix + name).c_str(), flat ? 1 : 2, flat ? shape + 1 : shape,
+                                             init.data(), &off),
               "add_param", error);
   };
   for (const auto& t : layers::EmbedParamTensors(cfg))

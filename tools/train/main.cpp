@@ -245,7 +245,10 @@ int Run(Args a) {
     fig.last_loss = loss;
     const double tps = static_cast<double>(a.batch) * a.seq / secs;
     if (lead) progress.Step(s + 1, loss, tps, secs * static_cast<double>(a.steps - s - 1), so.lr, r.skipped != 0);
-    if (!a.save.empty() && a.save_every > 0 && (s + 1) % a.save_every == 0) {
+    // --save alone checkpoints after the last step (it saved nothing before);
+    // with --save-every N, every N steps.
+    const bool due = a.save_every > 0 ? (s + 1) % a.save_every == 0 : s + 1 == a.steps;
+    if (!a.save.empty() && due) {
       const int64_t blob[2] = {s + 1, static_cast<int64_t>(a.seed)};
       char tag[32];
       std::snprintf(tag, sizeof tag, "step%08lld", static_cast<long long>(s + 1));
@@ -311,8 +314,8 @@ int main(int argc, char** argv) {
                "summary; an error without a usable GPU. Default: the CPU layers, GPU or not");
   app.add_option("--config", a.config, "a ds_config.json merged over the built-in config");
   app.add_option("--trace", a.trace, "write rank 0's Chrome trace (Perfetto) here");
-  app.add_option("--save", a.save, "checkpoint folder");
-  app.add_option("--save-every", a.save_every, "checkpoint every N steps")->check(CLI::Range(0, 1 << 30));
+  app.add_option("--save", a.save, "checkpoint folder (alone: one checkpoint after the last step)");
+  app.add_option("--save-every", a.save_every, "checkpoint every N steps instead")->check(CLI::Range(0, 1 << 30));
   app.add_option("--resume", a.resume, "resume from the latest checkpoint in this folder");
   app.add_option("--print-every", a.print_every, "log every N steps when not on a terminal")->capture_default_str();
   app.add_flag("--weights-hash", a.weights_hash, "print a hash of the final master weights");
