@@ -16,7 +16,7 @@ DEFAULT_TESTS='^(kernels_(adam_paths|cast|isa|cuda_adam)_test|kernels_isa_env_.*
 
 usage() {
   cat <<EOF
-Usage: tools/rehearse-gpu-deps.sh [--jobs N] [--all] [--tests REGEX] [OUTDIR]
+Usage: tools/rehearse-gpu-deps.sh [--jobs N] [--all] [--tests REGEX | --ctest ARGS] [OUTDIR]
   Builds in build-rehearsal/ against build-rehearsal-deps/ (emptied first),
   with the system's copies of the packed packages hidden; logs in OUTDIR
   (default build-rehearsal-out/).
@@ -24,6 +24,8 @@ Usage: tools/rehearse-gpu-deps.sh [--jobs N] [--all] [--tests REGEX] [OUTDIR]
   --all         build every target (default: ${DEFAULT_TARGETS[*]})
   --tests REGEX the ctest -R run afterwards (default: the kernels, tiers,
                 layer_gradient (OpenBLAS) and net_comm (Gloo) tests)
+  --ctest ARGS  ctest's arguments instead of -R REGEX, as one word
+                (e.g. --all --ctest "-LE exhaustive|fuzz|python")
 Run tools/pack-gpu-deps.sh first.
 EOF
 }
@@ -31,6 +33,7 @@ EOF
 jobs=1
 all=0
 tests=$DEFAULT_TESTS
+ctest_args=""
 OUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -38,6 +41,7 @@ while [ $# -gt 0 ]; do
     --jobs) jobs=${2:?--jobs needs a number}; shift ;;
     --all) all=1 ;;
     --tests) tests=${2:?--tests needs a regex}; shift ;;
+    --ctest) ctest_args=${2:?--ctest needs arguments}; shift ;;
     -*) echo "rehearse-gpu-deps: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) OUT=$1 ;;
   esac
@@ -57,6 +61,7 @@ die() { say "ERROR: $*"; exit 1; }
 
 if [ "${STRATA_REHEARSAL_INSIDE:-}" != 1 ]; then
   again=(--jobs "$jobs" --tests "$tests")
+  [ -z "$ctest_args" ] || again+=(--ctest "$ctest_args")
   [ $all -eq 0 ] || again+=(--all)
   exec unshare -m --propagation private env STRATA_REHEARSAL_INSIDE=1 "$0" "${again[@]}" "$OUT"
 fi
@@ -153,5 +158,10 @@ lib = ctypes.CDLL(os.environ["STRATA_LIBRARY"])
 print("libstrata.so loaded by STRATA_LIBRARY alone; strata_version() =", lib.strata_version())' | tee -a "$OUT/proof.txt"
 fi
 
-say "ctest -R '$tests'"
-(cd "$BUILD" && ctest --output-on-failure -R "$tests") 2>&1 | tee "$OUT/ctest.txt"
+if [ -n "$ctest_args" ]; then
+  read -ra cargs <<<"$ctest_args"
+else
+  cargs=(-R "$tests")
+fi
+say "ctest ${cargs[*]}"
+(cd "$BUILD" && ctest --output-on-failure "${cargs[@]}") 2>&1 | tee "$OUT/ctest.txt"
