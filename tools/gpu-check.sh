@@ -6,26 +6,91 @@
 # device budget (strata-train --gpu; its summary line carries TFLOPS). Figures
 # go to OUTDIR/gpu-check.txt. Then every other test, in what is left of the
 # budget: 8 minutes.
-# Usage: tools/gpu-check.sh OUTDIR
-set -uo pipefail
-OUT=${1:?usage: tools/gpu-check.sh OUTDIR}
+# The GPU machines have CUDA, CMake, ninja and g++ but none of our Debian
+# libraries and no network: when .gpu-debs/ (tools/pack-gpu-deps.sh) is in the
+# checkout, its packages are unpacked into build-gpu-deps/ and the build uses
+# that prefix alone (tools/unpack-gpu-deps.sh); else the system's copies.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: tools/gpu-check.sh [--build-only] [--jobs N] [--target T]... OUTDIR
+  Builds with CUDA into build-gpu/, then: the GPU tests, the copy bandwidth,
+  strata-train --gpu, every other test (8 minutes in all); the log goes to
+  OUTDIR/gpu-check.txt.
+  --build-only  unpack, configure and build, then stop (for rehearsals)
+  --jobs N      build jobs (default: all processors)
+  --target T    build only T (repeatable; with --build-only)
+Environment: STRATA_GPU_DEBS (default .gpu-debs), STRATA_GPU_BUILD
+(default build-gpu), STRATA_GPU_PREFIX (default build-gpu-deps).
+EOF
+}
+
+build_only=0
+jobs=$(nproc)
+targets=()
+OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --build-only) build_only=1 ;;
+    --jobs) jobs=${2:?--jobs needs a number}; shift ;;
+    --target) targets+=("${2:?--target needs a name}"); shift ;;
+    -*) echo "gpu-check: unknown option $1" >&2; usage >&2; exit 2 ;;
+    *) [ -z "$OUT" ] || { usage >&2; exit 2; }; OUT=$1 ;;
+  esac
+  shift
+done
+[ -n "$OUT" ] || { usage >&2; exit 2; }
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=$ROOT/build-gpu
+BUILD=${STRATA_GPU_BUILD:-$ROOT/build-gpu}
+DEBS=${STRATA_GPU_DEBS:-$ROOT/.gpu-debs}
+PREFIX=${STRATA_GPU_PREFIX:-$ROOT/build-gpu-deps}
 start=$(date +%s)
+
+# Unpacks the packed Debian packages (if any) and builds; nonzero on failure.
+build() {
+  local cmake_args=(-G Ninja -DSTRATA_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+  if [ -d "$DEBS" ]; then
+    echo "== dependencies: $(grep -vc '^#' "$DEBS/MANIFEST" 2>/dev/null || echo '?') packed Debian packages from $DEBS into $PREFIX"
+    "$ROOT/tools/unpack-gpu-deps.sh" "$DEBS" "$PREFIX" || return 1
+    cmake_args+=(-C "$PREFIX/strata-deps.cmake")
+  else
+    echo "== dependencies: the system's (no $DEBS; tools/pack-gpu-deps.sh makes it)"
+    "$ROOT/tools/install-deps.sh" || echo "install-deps failed (offline?); continuing with what is here"
+  fi
+  echo "== configure and build ($jobs jobs)"
+  cmake -S "$ROOT" -B "$BUILD" "${cmake_args[@]}" >"$OUT/configure.log" 2>&1 || {
+    tail -30 "$OUT/configure.log"; echo "configure failed (whole log: $OUT/configure.log)"; return 1; }
+  grep -E '^-- Strata ' "$OUT/configure.log" || true
+  local t=()
+  [ ${#targets[@]} -eq 0 ] || t=(--target "${targets[@]}")
+  cmake --build "$BUILD" -j"$jobs" "${t[@]}" >"$OUT/build.log" 2>&1 || {
+    grep -E -A5 'error|FAILED' "$OUT/build.log" | head -40; echo "build failed (whole log: $OUT/build.log)"; return 1; }
+  tail -1 "$OUT/build.log"
+  echo "== built in $(( $(date +%s) - start )) s"
+}
+
 {
   echo "== gpu-check $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
-  "$ROOT/tools/install-deps.sh" || echo "install-deps failed (offline?); continuing with what is here"
-  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DSTRATA_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
-    cmake --build "$BUILD" -j"$(nproc)" 2>&1 | tail -3
+  if ! build; then
+    echo "== stopped: no build"
+    exit 1
+  fi
+  if [ "$build_only" -eq 1 ]; then
+    echo "== done (--build-only) in $(( $(date +%s) - start )) s"
+    exit 0
+  fi
   # The GPU's own tests first, then the figures, then every other test with
   # what is left of the budget (they also run in CI, without a GPU).
   GPU_TESTS='cuda|nccl|gpu'
   echo "== GPU tests ($GPU_TESTS)"
-  (cd "$BUILD" && timeout 200 ctest --output-on-failure -j4 -R "$GPU_TESTS" 2>&1 | tail -25)
+  (cd "$BUILD" && timeout 200 ctest --output-on-failure -j4 -R "$GPU_TESTS" 2>&1 | tail -25) || true
   echo "== copy bandwidth (1 GiB, median of 5)"
-  timeout 60 "$BUILD/bench/tiers/strata-copy-bw" 1024
+  timeout 60 "$BUILD/bench/tiers/strata-copy-bw" 1024 || echo "strata-copy-bw: exit status $?"
   # gpt2 preset (86M parameters): P, W, M, V, G = 1.44 GiB of state, 5.8x a
   # 256 MiB device budget; optimizer state and parameters on NVMe under OUTDIR;
   # 16 x 1024 tokens a step so that the GPU's share is more than launch overhead.
@@ -36,12 +101,13 @@ start=$(date +%s)
   else
     limit=$(( left < 180 ? left : 180 ))
     mkdir -p "$OUT/train-swap"
+    rc=0
     timeout "$limit" "$BUILD/tools/strata-train" --gpu --preset gpt2 --batch 16 --seq 1024 --steps 8 \
-      --print-every 1 --device-budget 256MiB --host-budget 1GiB --nvme "$OUT/train-swap" >"$OUT/strata-train.out" 2>&1
-    rc=$?
+      --print-every 1 --device-budget 256MiB --host-budget 1GiB --nvme "$OUT/train-swap" >"$OUT/strata-train.out" 2>&1 ||
+      rc=$?
     tail -n 22 "$OUT/strata-train.out"
-    [ "$rc" -eq 124 ] && echo "strata-train: stopped by timeout after ${limit} s (no summary)"
-    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && echo "strata-train: exit status $rc"
+    [ "$rc" -ne 124 ] || echo "strata-train: stopped by timeout after ${limit} s (no summary)"
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || echo "strata-train: exit status $rc"
     rm -rf "$OUT/train-swap"
   fi
   left=$(( 470 - ($(date +%s) - start) ))
@@ -49,7 +115,7 @@ start=$(date +%s)
   if [ "$left" -lt 30 ]; then
     echo "skipped: they run in CI too"
   else
-    (cd "$BUILD" && timeout "$left" ctest --output-on-failure -j8 -E "$GPU_TESTS" -LE exhaustive 2>&1 | tail -15)
+    (cd "$BUILD" && timeout "$left" ctest --output-on-failure -j8 -E "$GPU_TESTS" -LE exhaustive 2>&1 | tail -15) || true
   fi
   echo "== done in $(( $(date +%s) - start )) s"
 } 2>&1 | tee "$OUT/gpu-check.txt"
