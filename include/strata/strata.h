@@ -306,8 +306,9 @@ STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const str
  * strata_engine_step will see it: after strata.grad_reduce, without the fp16
  * loss scale; infinite when a gradient is not finite. For a trainer that
  * logs the norm before stepping or clips with it (torch's clip_grad_norm_
- * returns it). Changes nothing. With several ranks it is a collective:
- * every rank calls it at the same point of its step.
+ * returns it). Changes nothing. With several ranks at stages 1-3 (which
+ * shard the gradients) it is a collective: every rank calls it at the same
+ * point of its step; call it on every rank at stage 0 too, for one rule.
  * Errors: INVALID, STATE, COMM, TIMEOUT. */
 STRATA_API strata_status_t strata_engine_grad_norm(strata_engine_t* engine, double* norm);
 

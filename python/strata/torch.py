@@ -161,8 +161,8 @@ def _swap_folders(cfg):
 
 
 def _remove_swap_folders(folders):
-    """Removes the per-engine subfolders made by _separate_swap_folders, with
-    the swap files that the engine leaves in them."""
+    """Removes the per-engine subfolders made by _separate_swap_folders (the
+    engine deletes its swap files at close; a crashed one's stay until this)."""
     for f in folders:
         shutil.rmtree(f, ignore_errors=True)
 
