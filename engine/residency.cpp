@@ -219,6 +219,12 @@ Status Engine::Impl::Release(int g) {
   DeviceCopy& d = groups_[static_cast<size_t>(g)].dev;
   if (d.pins == 0) return StateError("release: group " + std::to_string(g) + " is not fetched");
   --d.pins;
+  // Stage 3, several ranks: whether a copy is still resident at the next
+  // fetch depends on this rank's prefetch timing, so whether that fetch
+  // gathers must not: every fetch from zero pins gathers again (as
+  // DeepSpeed gathers in forward and again in backward). A copy kept
+  // gathered would let one rank skip an all-gather that another issues.
+  if (d.pins == 0 && p_sharded_) d.gathered = false;
   return Status::Ok();
 }
 
