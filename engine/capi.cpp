@@ -258,6 +258,14 @@ strata_status_t strata_engine_add_param_shaped(strata_engine_t* engine, int grou
   });
 }
 
+strata_status_t strata_engine_add_alias(strata_engine_t* engine, int group, const char* alias, const char* of) {
+  return OnEngine("strata_engine_add_alias", engine, [&]() -> Status {
+    if (alias == nullptr || of == nullptr) return strata::InvalidError("alias and of must not be NULL");
+    if (engine->built) return strata::StateError(std::string("add_alias '") + alias + "' after build");
+    return engine->rep->AddAlias(group, alias, of);
+  });
+}
+
 strata_status_t strata_engine_build(strata_engine_t* engine) {
   return OnEngine("strata_engine_build", engine, [&]() -> Status {
     if (engine->built) return strata::StateError("the engine is already built");

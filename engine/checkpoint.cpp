@@ -279,6 +279,7 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
     for (const auto& t : L.tensors) {
       Json tj = {{"name", t.name}, {"offset", t.offset}, {"numel", t.numel}};
       if (t.shaped) tj["shape"] = t.shape;  // a flat tensor (registered by numel) has none
+      if (!t.aliases.empty()) tj["aliases"] = t.aliases;
       tensors.push_back(std::move(tj));
     }
     groups.push_back({{"numel", L.numel}, {"padded", L.padded}, {"shard_numel", L.shard_numel}, {"tensors", tensors}});

@@ -159,6 +159,10 @@ Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t n
   return KeepInit(*impl_, group, off, numel, init);
 }
 
+Status Engine::AddAlias(int group, const std::string& alias, const std::string& of) {
+  return impl_->part_.AddAlias(group, alias, of);
+}
+
 Result<uint64_t> Engine::AddShapedParam(int group, const std::string& name,
                                         const std::vector<uint64_t>& shape, const float* init) {
   STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->part_.AddShaped(group, name, shape));

@@ -111,6 +111,10 @@ class Engine {
   // tensor's numel and `init`'s length. Errors (INVALID) name the tensor.
   Result<uint64_t> AddShapedParam(int group, const std::string& name, const std::vector<uint64_t>& shape,
                                   const float* init);
+  // Names tensor `of` of `group` also `alias` (a tied weight used by two
+  // modules): checkpoints record it, and strata-export writes the values
+  // under both names. REQUIRES: before Build. Errors (INVALID) name both.
+  Status AddAlias(int group, const std::string& alias, const std::string& of);
   // Lays out and shards the groups, allocates every block in its home tier,
   // reserves swap space and writes the initial state. Budget contradictions
   // (a group larger than a budget) are refused here.

@@ -186,11 +186,23 @@ Status ReadGroups(const Json& j, const Reader& r, Manifest* m) {
       STRATA_ASSIGN_OR_RETURN(T.numel, r.U64((*tj)[t], "numel", tw, kMaxElements));
       if (T.name.empty() || !names.insert(T.name).second) return r.Bad(tw + ".name", "is empty or used twice");
       STRATA_RETURN_IF_ERROR(ReadShape((*tj)[t], r, tw, &T));
+      if ((*tj)[t].contains("aliases")) {  // a tied weight's other names
+        STRATA_ASSIGN_OR_RETURN(const Json* aj, r.Array((*tj)[t], "aliases", tw, kMaxAliases));
+        for (size_t a = 0; a < aj->size(); ++a) {
+          const std::string aw = tw + ".aliases[" + std::to_string(a) + "]";
+          if (!(*aj)[a].is_string() || (*aj)[a].get<std::string>().empty())
+            return r.Bad(aw, "is not a non-empty string: " + (*aj)[a].dump());
+          T.aliases.push_back((*aj)[a].get<std::string>());
+        }
+      }
       if (T.numel == 0 || T.offset != end) return r.Bad(tw, "does not follow the previous tensor");
       end += T.numel;
       G.tensors.push_back(std::move(T));
     }
     if (end != G.numel) return r.Bad(where, "has tensors of " + std::to_string(end) + " elements, not numel");
+    for (const Tensor& T : G.tensors)  // aliases are names too: unique in the group
+      for (const std::string& a : T.aliases)
+        if (!names.insert(a).second) return r.Bad(where, "uses the name '" + a + "' twice (as a tensor or an alias)");
     m->groups.push_back(std::move(G));
   }
   return Status::Ok();

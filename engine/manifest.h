@@ -27,7 +27,11 @@ struct Tensor {
   // every tensor of a manifest written before shapes were kept, has none.
   bool shaped = false;
   std::vector<uint64_t> shape;
+  // Its other names ("aliases": a tied weight's), each unique in the group.
+  std::vector<std::string> aliases;
 };
+// The most aliases of one tensor.
+inline constexpr size_t kMaxAliases = 64;
 // The most dims of a tensor's shape (the engine's kMaxShapeDims).
 inline constexpr size_t kMaxDims = 32;
 

@@ -25,7 +25,7 @@ Result<uint64_t> Partition::Add(int group, const std::string& name, uint64_t num
   for (const auto& t : g.tensors)
     if (t.name == name) return InvalidError("add_param '" + name + "': name already used in group " + std::to_string(group));
   const uint64_t offset = g.numel;
-  g.tensors.push_back({name, offset, numel, false, {}});
+  g.tensors.push_back({name, offset, numel, false, {}, {}});
   g.numel += numel;
   return offset;
 }
@@ -56,6 +56,24 @@ Result<uint64_t> Partition::AddShaped(int group, const std::string& name,
   t.shaped = true;
   t.shape = shape;
   return offset;
+}
+
+Status Partition::AddAlias(int group, const std::string& alias, const std::string& of) {
+  const std::string what = "add_alias '" + alias + "' of '" + of + "'";
+  if (finalized_) return StateError(what + ": the engine is already built");
+  if (alias.empty()) return InvalidError(what + ": an empty name");
+  if (group < 0 || static_cast<size_t>(group) >= groups_.size())
+    return InvalidError(what + ": group " + std::to_string(group) + " has no tensors");
+  GroupLayout& g = groups_[static_cast<size_t>(group)];
+  TensorSlot* target = nullptr;
+  for (auto& t : g.tensors) {
+    if (t.name == alias || std::find(t.aliases.begin(), t.aliases.end(), alias) != t.aliases.end())
+      return InvalidError(what + ": the name is already used in group " + std::to_string(group));
+    if (t.name == of) target = &t;
+  }
+  if (!target) return InvalidError(what + ": group " + std::to_string(group) + " has no tensor '" + of + "'");
+  target->aliases.push_back(alias);
+  return Status::Ok();
 }
 
 Status Partition::Finalize(int world_size) {

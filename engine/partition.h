@@ -21,6 +21,9 @@ struct TensorSlot {
   // (a flat tensor of numel elements).
   bool shaped = false;
   std::vector<uint64_t> shape;
+  // Other names of the same values (a tied weight's second module):
+  // recorded in checkpoints so that strata-export writes it under each.
+  std::vector<std::string> aliases;
 };
 
 // The most dims a registered shape may have.
@@ -48,6 +51,9 @@ class Partition {
   // Add with a shape: every dim at least 1, at most kMaxShapeDims dims, and a
   // product within Add's limit (checked without overflow). Errors name `name`.
   Result<uint64_t> AddShaped(int group, const std::string& name, const std::vector<uint64_t>& shape);
+  // `alias` names tensor `of` of `group` too. Refused when `of` is not there
+  // or `alias` is already a name or alias in the group.
+  Status AddAlias(int group, const std::string& alias, const std::string& of);
   // Groups must be numbered 0..n-1 without gaps. Sets padding and shards.
   Status Finalize(int world_size);
 

@@ -191,6 +191,15 @@ STRATA_API strata_status_t strata_engine_add_param_shaped(strata_engine_t* engin
                                                           const char* name, int ndim, const int64_t* shape,
                                                           const float* init, uint64_t* offset_out);
 
+/* Names tensor `of`, registered in `group`, also `alias`: a weight tied
+ * between two modules (a GPT's embedding and head) is one tensor with one
+ * master; checkpoints record the alias and strata-export writes the values
+ * under both names, so the exported file loads into a model that has both.
+ * REQUIRES: before strata_engine_build. Errors: INVALID (`of` not in the
+ * group, `alias` already a name or alias there, NULL or empty names), STATE. */
+STRATA_API strata_status_t strata_engine_add_alias(strata_engine_t* engine, int group, const char* alias,
+                                                   const char* of);
+
 /* Lays the groups out, allocates every block in its home tier, reserves swap
  * space and writes the initial state. Swap files are created in the swap
  * folders (zero_optimization.offload_*.nvme_path or strata.nvme_paths),

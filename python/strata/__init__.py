@@ -120,6 +120,7 @@ def _load():
         "strata_engine_add_param_shaped": ([P, I, ctypes.c_char_p, I, ctypes.POINTER(ctypes.c_int64), P,
                                             ctypes.POINTER(U64)], S),
         "strata_engine_build": ([P], S),
+        "strata_engine_add_alias": ([P, I, ctypes.c_char_p, ctypes.c_char_p], S),
         "strata_engine_fetch": ([P, I, P, ctypes.POINTER(P)], S),
         "strata_engine_release": ([P, I, P], S),
         "strata_engine_grads": ([P, I, P, I, P], S),
@@ -307,6 +308,11 @@ class Engine:
             _check(self._lib.strata_engine_add_param_shaped(self.handle, group, name.encode(), len(shape), dims,
                                                             _address(keep), ctypes.byref(off)))
         return off.value
+
+    def add_alias(self, group, alias, of):
+        """Names tensor `of` of `group` also `alias` (a tied weight):
+        checkpoints record it and strata-export writes both names."""
+        _check(self._lib.strata_engine_add_alias(self.handle, group, alias.encode(), of.encode()))
 
     def build(self):
         _check(self._lib.strata_engine_build(self.handle))

@@ -494,6 +494,7 @@ class OffloadedModule:
         self._names = []  # (qualified name, parameter) of every offloaded name, tied ones included
         owner_of = {}  # id(parameter) -> its group
         users = []  # (module, [groups its forward needs])
+        tied = []  # (qualified name, parameter) of a tied parameter's later names
         for name, m in module.named_modules():
             own, needs = [], []
             for n, p in m.named_parameters(recurse=False):
@@ -503,6 +504,7 @@ class OffloadedModule:
                 self._names.append((qual, p))
                 g = owner_of.get(id(p))
                 if g is not None:  # tied: one master, in the group of its first module
+                    tied.append((qual, p))
                     if g not in needs:
                         needs.append(g)
                 else:
@@ -519,6 +521,10 @@ class OffloadedModule:
             self.engine.close()
             _remove_swap_folders(self._folders)
             raise Error(INVALID, "offload_module: the module has no trainable parameters")
+        for qual, p in tied:  # strata-export writes a tied weight under each name
+            g = owner_of[id(p)]
+            first = next(n for n, q in zip(g.names, g.params) if q is p)
+            self.engine.add_alias(g.index, qual, first)
         self.engine.build()
         self.device = torch.device("cuda" if self.engine.on_gpu else "cpu")
         self.dtype = _torch_dtype(self.engine.compute_dtype)

@@ -147,3 +147,43 @@ def test_add_param_shapes(tmp_path):
         with pytest.raises(strata.Error) as err:
             e.load_checkpoint(tmp_path / "ckpt")
         assert err.value.status == strata.INVALID and "'w'" in err.value.message and "[2, 3]" in err.value.message
+
+
+def test_a_tied_weight_exports_under_both_names(tmp_path):
+    # GPT-2's head shares the token embedding: one master in the engine, an
+    # alias in the checkpoint, both names in the file, so a plain torch model
+    # with the tie loads it strictly.
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from tiny_gpt import TinyGpt, batches, loss_of
+    exporter()
+    model = TinyGpt()
+    off = st.offload_module(model, CONFIG, force_no_gpu=True)
+    for x, y in batches(2, 4):
+        loss_of(model, x, y).backward()
+        off.optimizer.step()
+    off.engine.save_checkpoint(tmp_path / "ckpt", "t")
+    masters = off.master_parameters()
+    off.close()
+    tensors, header = export(tmp_path, tmp_path / "ckpt")
+    assert torch.equal(tensors["head.weight"], tensors["wte.weight"])
+    fresh = TinyGpt(seed=9)
+    fresh.load_state_dict(tensors, strict=True)
+    assert fresh.head.weight is fresh.wte.weight
+    for name, value in fresh.state_dict().items():
+        assert torch.equal(value, masters[name]), name
+
+
+def test_alias_refusals():
+    with strata.Engine(CONFIG, force_no_gpu=True) as e:
+        e.add_param(0, "w", torch.ones(4))
+        with pytest.raises(strata.Error, match="has no tensor 'nope'"):
+            e.add_alias(0, "v", "nope")
+        e.add_alias(0, "v", "w")
+        with pytest.raises(strata.Error, match="already used"):
+            e.add_alias(0, "v", "w")
+        with pytest.raises(strata.Error, match="already used"):
+            e.add_alias(0, "w", "w")
+        e.build()
+        with pytest.raises(strata.Error, match="after build"):
+            e.add_alias(0, "u", "w")

@@ -62,9 +62,14 @@ Status Fill(const manifest::Manifest& m, CheckpointPlan& plan) {
     for (const manifest::Tensor& t : mg.tensors) {
       if (!names.insert(t.name).second)
         return InvalidError("tensor name '" + t.name + "' is used twice; safetensors needs unique names");
+      for (const std::string& a : t.aliases)
+        if (!names.insert(a).second)
+          return InvalidError("tensor name '" + a + "' (an alias of '" + t.name +
+                              "') is used twice; safetensors needs unique names");
       // A tensor saved without a shape (registered by numel, or by an older
       // engine) is exported flat. The manifest's parse checked a shape's product.
-      g.tensors.push_back({t.name, t.offset, t.numel, t.shaped ? t.shape : std::vector<uint64_t>{t.numel}});
+      g.tensors.push_back(
+          {t.name, t.offset, t.numel, t.shaped ? t.shape : std::vector<uint64_t>{t.numel}, t.aliases});
     }
     g.shards.resize(static_cast<size_t>(m.shard_world));
     plan.groups.push_back(std::move(g));

@@ -18,6 +18,7 @@ struct TensorRef {
   uint64_t offset = 0;  // elements from the group's start
   uint64_t numel = 0;
   std::vector<uint64_t> shape;  // the registered shape (product: numel), else {numel}
+  std::vector<std::string> aliases;  // other names written with the same values
 };
 
 // Shard r's W block of a group (written by rank r): it covers elements

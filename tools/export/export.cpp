@@ -64,7 +64,7 @@ class Files {
     if (!committed_) ::unlink(tmp_.c_str());
   }
   Status OpenOut() {
-    out_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    out_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);  // read back for aliases
     return out_ < 0 ? PosixError("create", tmp_, errno) : Status::Ok();
   }
   Result<int> In(const std::string& path) {
@@ -173,6 +173,15 @@ Result<ExportSummary> ExportSafetensors(const CheckpointPlan& plan, const std::s
       sum.elements += t.numel;
     }
   }
+  // A tied weight's other names: entries of their own after every group's
+  // (safetensors shares no data between names), filled from the first's.
+  std::vector<std::pair<size_t, size_t>> alias_of;  // (alias entry, its tensor's entry)
+  for (size_t g = 0; g < plan.groups.size(); ++g)
+    for (size_t t = 0; t < plan.groups[g].tensors.size(); ++t)
+      for (const std::string& a : plan.groups[g].tensors[t].aliases) {
+        alias_of.push_back({entries.size(), first_entry[g] + t});
+        entries.push_back({a, options.dtype, plan.groups[g].tensors[t].shape, 0, 0});
+      }
   sum.tensors = entries.size();
   const uint64_t data_bytes = LayOutEntries(entries);
   const std::string prefix = SafetensorsPrefix(
@@ -201,6 +210,15 @@ Result<ExportSummary> ExportSafetensors(const CheckpointPlan& plan, const std::s
       STRATA_RETURN_IF_ERROR(CopyShard(plan.groups[g], g, r, entries, first_entry[g], prefix.size(), files, bufs));
       sum.read_bytes += plan.groups[g].shards[r].bytes;
     }
+  for (const auto& [a, t] : alias_of) {  // copied from the file as written, a buffer at a time
+    const SafetensorsEntry &from = entries[t], &to = entries[a];
+    for (uint64_t done = 0; done < from.end - from.begin;) {
+      const uint64_t n = std::min<uint64_t>(bufs.bytes, from.end - from.begin - done);
+      STRATA_RETURN_IF_ERROR(PreadFull(files.out(), files.tmp(), bufs.read.get(), n, prefix.size() + from.begin + done));
+      STRATA_RETURN_IF_ERROR(PwriteFull(files.out(), files.tmp(), bufs.read.get(), n, prefix.size() + to.begin + done));
+      done += n;
+    }
+  }
   STRATA_RETURN_IF_ERROR(files.Commit(out_path));
   return sum;
 }
