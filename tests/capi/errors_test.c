@@ -9,28 +9,7 @@
 #include "engine/capi_testing.h"
 #include "strata/strata.h"
 
-static int failures = 0;
-
-/* `call` must return `want` and leave a message containing `needle`. */
-#define EXPECT(want, needle, call)                                                                \
-  do {                                                                                            \
-    strata_status_t got_ = (call);                                                                \
-    const char* msg_ = strata_last_error();                                                       \
-    if (got_ != (want) || strstr(msg_, (needle)) == NULL) {                                       \
-      fprintf(stderr, "%s:%d: %s -> %s \"%s\"; want %s with \"%s\"\n", __FILE__, __LINE__, #call, \
-              strata_status_name(got_), msg_, strata_status_name(want), (needle));                \
-      ++failures;                                                                                 \
-    }                                                                                             \
-  } while (0)
-#define OK(call)                                                                                   \
-  do {                                                                                             \
-    strata_status_t st_ = (call);                                                                  \
-    if (st_ != STRATA_OK) {                                                                        \
-      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, strata_status_name(st_), \
-              strata_last_error());                                                                \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#include "tests/capi/expect.h"
 
 static const char* kConfig = "{\"optimizer\": {\"type\": \"AdamW\"}}";
 
