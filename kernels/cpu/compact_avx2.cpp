@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/cpu/compact_kernels.h"
+#include "kernels/cpu/variant_select.h"
 #include "kernels/cpu/compact_tail.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/simd_avx2.h"
@@ -321,53 +322,14 @@ struct CompactLionAvx2 {
   }
 };
 
-template <DType G>
-CompactLionRangeFn PickLionCopy(CompactCopy copy) {
-  switch (copy) {
-    case CompactCopy::kBF16:
-      return &CompactLionAvx2<G, CompactCopy::kBF16>::Run;
-    case CompactCopy::kF16:
-      return &CompactLionAvx2<G, CompactCopy::kF16>::Run;
-    case CompactCopy::kF32:
-      return &CompactLionAvx2<G, CompactCopy::kF32>::Run;
-    case CompactCopy::kNone:
-      break;
-  }
-  return &CompactLionAvx2<G, CompactCopy::kNone>::Run;
-}
-
-template <DType G, CompactCopy C>
-CompactAdamRangeFn PickL2(bool l2) {
-  return l2 ? &CompactAdamAvx2<G, C, true>::Run : &CompactAdamAvx2<G, C, false>::Run;
-}
-
-template <DType G>
-CompactAdamRangeFn PickCopy(CompactCopy copy, bool l2) {
-  switch (copy) {
-    case CompactCopy::kBF16:
-      return PickL2<G, CompactCopy::kBF16>(l2);
-    case CompactCopy::kF16:
-      return PickL2<G, CompactCopy::kF16>(l2);
-    case CompactCopy::kF32:
-      return PickL2<G, CompactCopy::kF32>(l2);
-    case CompactCopy::kNone:
-      break;
-  }
-  return PickL2<G, CompactCopy::kNone>(l2);
-}
-
 }  // namespace
 
 CompactLionRangeFn SelectCompactLionAvx2(DType grad, CompactCopy copy) {
-  if (grad == DType::kBF16) return PickLionCopy<DType::kBF16>(copy);
-  if (grad == DType::kF16) return PickLionCopy<DType::kF16>(copy);
-  return PickLionCopy<DType::kF32>(copy);
+  return PickCompactLion<CompactLionAvx2>(grad, copy);
 }
 
 CompactAdamRangeFn SelectCompactAdamAvx2(DType grad, CompactCopy copy, bool l2) {
-  if (grad == DType::kBF16) return PickCopy<DType::kBF16>(copy, l2);
-  if (grad == DType::kF16) return PickCopy<DType::kF16>(copy, l2);
-  return PickCopy<DType::kF32>(copy, l2);
+  return PickCompactAdam<CompactAdamAvx2>(grad, copy, l2);
 }
 
 }  // namespace strata::kernels::internal

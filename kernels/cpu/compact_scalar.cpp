@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/compact_elements.h"
 #include "kernels/cpu/compact_kernels.h"
+#include "kernels/cpu/variant_select.h"
 #include "kernels/cpu/scalar_elements.h"
 
 namespace strata::kernels::internal {
@@ -90,53 +91,14 @@ struct CompactLionScalar {
   }
 };
 
-template <DType G>
-CompactLionRangeFn PickLionCopy(CompactCopy copy) {
-  switch (copy) {
-    case CompactCopy::kBF16:
-      return &CompactLionScalar<G, CompactCopy::kBF16>::Run;
-    case CompactCopy::kF16:
-      return &CompactLionScalar<G, CompactCopy::kF16>::Run;
-    case CompactCopy::kF32:
-      return &CompactLionScalar<G, CompactCopy::kF32>::Run;
-    case CompactCopy::kNone:
-      break;
-  }
-  return &CompactLionScalar<G, CompactCopy::kNone>::Run;
-}
-
-template <DType G, CompactCopy C>
-CompactAdamRangeFn PickL2(bool l2) {
-  return l2 ? &CompactAdamScalar<G, C, true>::Run : &CompactAdamScalar<G, C, false>::Run;
-}
-
-template <DType G>
-CompactAdamRangeFn PickCopy(CompactCopy copy, bool l2) {
-  switch (copy) {
-    case CompactCopy::kBF16:
-      return PickL2<G, CompactCopy::kBF16>(l2);
-    case CompactCopy::kF16:
-      return PickL2<G, CompactCopy::kF16>(l2);
-    case CompactCopy::kF32:
-      return PickL2<G, CompactCopy::kF32>(l2);
-    case CompactCopy::kNone:
-      break;
-  }
-  return PickL2<G, CompactCopy::kNone>(l2);
-}
-
 }  // namespace
 
 CompactAdamRangeFn SelectCompactAdamScalar(DType grad, CompactCopy copy, bool l2) {
-  if (grad == DType::kBF16) return PickCopy<DType::kBF16>(copy, l2);
-  if (grad == DType::kF16) return PickCopy<DType::kF16>(copy, l2);
-  return PickCopy<DType::kF32>(copy, l2);
+  return PickCompactAdam<CompactAdamScalar>(grad, copy, l2);
 }
 
 CompactLionRangeFn SelectCompactLionScalar(DType grad, CompactCopy copy) {
-  if (grad == DType::kBF16) return PickLionCopy<DType::kBF16>(copy);
-  if (grad == DType::kF16) return PickLionCopy<DType::kF16>(copy);
-  return PickLionCopy<DType::kF32>(copy);
+  return PickCompactLion<CompactLionScalar>(grad, copy);
 }
 
 void CompactPackRange(const float* w, const float* m, const float* v, const CompactState& s, size_t begin,

@@ -4,6 +4,7 @@
 // linkage and stays compiled with that file's ISA flags.
 #pragma once
 
+#include "kernels/cpu/compact_kernels.h"
 #include "kernels/cpu/range_kernels.h"
 
 namespace strata::kernels::internal {
@@ -45,6 +46,44 @@ auto PickCopy(CopyOut copy, bool flag) {
 template <template <DType, CopyOut, bool> class Kernel>
 auto PickVariant(DType grad, CopyOut copy, bool flag) {
   return WithDType(grad, [&](auto g) { return PickCopy<Kernel, decltype(g)::value>(copy, flag); });
+}
+
+// The compact state's kernels: Kernel<G, C>::Run (Lion) and
+// Kernel<G, C, L2>::Run (Adam) for (gradient dtype, CompactCopy).
+template <CompactCopy C>
+struct CompactCopyTag {
+  static constexpr CompactCopy value = C;
+};
+
+template <typename F>
+auto WithCompactCopy(CompactCopy c, F&& f) {
+  switch (c) {
+    case CompactCopy::kBF16: return f(CompactCopyTag<CompactCopy::kBF16>{});
+    case CompactCopy::kF16: return f(CompactCopyTag<CompactCopy::kF16>{});
+    case CompactCopy::kF32: return f(CompactCopyTag<CompactCopy::kF32>{});
+    case CompactCopy::kNone: break;
+  }
+  return f(CompactCopyTag<CompactCopy::kNone>{});
+}
+
+template <template <DType, CompactCopy> class Kernel>
+CompactLionRangeFn PickCompactLion(DType grad, CompactCopy copy) {
+  return WithDType(grad, [&](auto g) {
+    return WithCompactCopy(copy, [](auto c) -> CompactLionRangeFn {
+      return &Kernel<decltype(g)::value, decltype(c)::value>::Run;
+    });
+  });
+}
+
+template <template <DType, CompactCopy, bool> class Kernel>
+CompactAdamRangeFn PickCompactAdam(DType grad, CompactCopy copy, bool l2) {
+  return WithDType(grad, [&](auto g) {
+    return WithCompactCopy(copy, [&](auto c) -> CompactAdamRangeFn {
+      constexpr DType G = decltype(g)::value;
+      constexpr CompactCopy C = decltype(c)::value;
+      return l2 ? &Kernel<G, C, true>::Run : &Kernel<G, C, false>::Run;
+    });
+  });
 }
 
 }  // namespace
