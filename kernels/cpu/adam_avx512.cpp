@@ -5,31 +5,10 @@
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/cpu/tail_buffers.h"
 #include "kernels/cpu/variant_select.h"
+#include "kernels/cpu/optimizer_avx512.h"
 
 namespace strata::kernels::internal {
 namespace {
-
-struct AdamConstsx16 {
-  explicit AdamConstsx16(const AdamStepScalars& s)
-      : grad_scale(_mm512_set1_ps(s.grad_scale)), l2(_mm512_set1_ps(s.l2)),
-        decay(_mm512_set1_ps(s.decay)), beta1(_mm512_set1_ps(s.beta1)),
-        one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)), beta2(_mm512_set1_ps(s.beta2)),
-        one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
-        sqrt_bc2(_mm512_set1_ps(s.sqrt_bc2)), inv_sqrt_bc2(_mm512_set1_ps(s.inv_sqrt_bc2)), eps(_mm512_set1_ps(s.eps)),
-        neg_step_size(_mm512_set1_ps(s.neg_step_size)) {}
-  __m512 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
-      neg_step_size;
-};
-
-// x / sqrt_bc2 correctly rounded without vdivps (see step_scalars.h). x is
-// sqrt(v) >= 0 or NaN; x = inf keeps q0 = inf (the FMA residual would be NaN).
-inline __m512 DivideBySqrtBc2(const AdamConstsx16& k, __m512 x) {
-  const __m512 q0 = _mm512_mul_ps(x, k.inv_sqrt_bc2);
-  const __m512 r = _mm512_fnmadd_ps(q0, k.sqrt_bc2, x);  // x - q0*c, exact
-  const __m512 q1 = _mm512_fmadd_ps(r, k.inv_sqrt_bc2, q0);
-  const __mmask16 inf = _mm512_cmp_ps_mask(x, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ);
-  return _mm512_mask_mov_ps(q1, inf, q0);
-}
 
 template <DType G, CopyOut C, bool kL2, bool kBf16Insn>
 struct AdamAvx512 {

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/compact_kernels.h"
 #include "kernels/cpu/variant_select.h"
+#include "kernels/cpu/optimizer_avx2.h"
 #include "kernels/cpu/compact_tail.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/simd_avx2.h"
@@ -14,23 +15,6 @@ namespace strata::kernels::internal {
 namespace {
 
 inline constexpr size_t kVectors = kCompactBlock / kAvx2Lanes;  // 4
-
-struct Constsx8 {
-  explicit Constsx8(const AdamStepScalars& s)
-      : grad_scale(_mm256_set1_ps(s.grad_scale)),
-        l2(_mm256_set1_ps(s.l2)),
-        decay(_mm256_set1_ps(s.decay)),
-        beta1(_mm256_set1_ps(s.beta1)),
-        one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)),
-        beta2(_mm256_set1_ps(s.beta2)),
-        one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
-        sqrt_bc2(_mm256_set1_ps(s.sqrt_bc2)),
-        inv_sqrt_bc2(_mm256_set1_ps(s.inv_sqrt_bc2)),
-        eps(_mm256_set1_ps(s.eps)),
-        neg_step_size(_mm256_set1_ps(s.neg_step_size)) {}
-  __m256 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
-      neg_step_size;
-};
 
 inline __m256i Set1(int32_t x) { return _mm256_set1_epi32(x); }
 
@@ -59,14 +43,6 @@ struct Ints {
   }
   __m256i abs, mul, c64, one, c7fff, hi16, quiet, inf, c16384, top, fmax, c127, c255, perm;
 };
-
-// x / sqrt_bc2 correctly rounded without vdivps, as adam_avx2.cpp.
-inline __m256 DivideBySqrtBc2(const Constsx8& k, __m256 x) {
-  const __m256 q0 = _mm256_mul_ps(x, k.inv_sqrt_bc2);
-  const __m256 r = _mm256_fnmadd_ps(q0, k.sqrt_bc2, x);
-  const __m256 q1 = _mm256_fmadd_ps(r, k.inv_sqrt_bc2, q0);
-  return _mm256_blendv_ps(q1, q0, _mm256_cmp_ps(x, _mm256_set1_ps(__builtin_inff()), _CMP_EQ_OQ));
-}
 
 // Rebuild in compact_elements.h. w and hi share the sign bit, so adding the
 // signed magnitude difference to hi's bits adds it to the magnitude.
@@ -180,14 +156,6 @@ inline void Store32(void* dst, __m256i x) { _mm256_storeu_si256(static_cast<__m2
   Store32(s.m_code + i, PackBytes(c, qm, true));
 }
 
-// +1, -1, +0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
-inline __m256 Sign(__m256 c) {
-  const __m256 zero = _mm256_setzero_ps();
-  __m256 s = _mm256_blendv_ps(c, zero, _mm256_cmp_ps(c, zero, _CMP_EQ_OQ));
-  s = _mm256_blendv_ps(s, _mm256_set1_ps(1.0f), _mm256_cmp_ps(c, zero, _CMP_GT_OQ));
-  return _mm256_blendv_ps(s, _mm256_set1_ps(-1.0f), _mm256_cmp_ps(c, zero, _CMP_LT_OQ));
-}
-
 // The block's new masters, split: w_hi (and a bf16 copy-out), w_lo.
 template <CompactCopy C>
 inline void StoreMaster(const Ints& c, const CompactArrays& a, size_t i, const __m256i (&hi)[kVectors],
@@ -215,7 +183,7 @@ struct CompactAdamAvx2 {
   // operations on the dequantized state, in phases over the four vectors so
   // that their square roots and divisions (long latencies, one divider) are
   // in flight together; then the split, the copy-out and the moments.
-  static void Block(const Constsx8& k, const Ints& c, const CompactArrays& a, size_t i) {
+  static void Block(const AdamConstsx8& k, const Ints& c, const CompactArrays& a, size_t i) {
     const size_t b = i / kCompactBlock;
     const __m256 m_step = _mm256_set1_ps(a.s.m_scale[b] / 16129.0f);
     const __m256 v_step = _mm256_set1_ps(a.s.v_scale[b] / 65025.0f);
@@ -249,7 +217,7 @@ struct CompactAdamAvx2 {
   }
 
   static void Run(const AdamStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
-    const Constsx8 k(s);
+    const AdamConstsx8 k(s);
     const Ints c;
     const CompactArrays local = a;  // the stores cannot change `a`; keep pointers in registers
     size_t i = begin;
@@ -266,18 +234,6 @@ struct CompactAdamAvx2 {
       RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
                      [&](const CompactArrays& x) { Block(k, c, x, 0); });
   }
-};
-
-struct LionConstsx8 {
-  explicit LionConstsx8(const LionStepScalars& s)
-      : grad_scale(_mm256_set1_ps(s.grad_scale)),
-        decay(_mm256_set1_ps(s.decay)),
-        beta1(_mm256_set1_ps(s.beta1)),
-        one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)),
-        beta2(_mm256_set1_ps(s.beta2)),
-        one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
-        neg_lr(_mm256_set1_ps(s.neg_lr)) {}
-  __m256 grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
 };
 
 // Lion (LionAvx2's operations) on the dequantized state, block by block.

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/compact_kernels.h"
 #include "kernels/cpu/variant_select.h"
+#include "kernels/cpu/optimizer_avx512.h"
 #include "kernels/cpu/compact_tail.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/simd_avx512.h"
@@ -15,33 +16,7 @@ namespace {
 
 inline constexpr size_t kVectors = kCompactBlock / kAvx512Lanes;  // 2
 
-struct Constsx16 {
-  explicit Constsx16(const AdamStepScalars& s)
-      : grad_scale(_mm512_set1_ps(s.grad_scale)),
-        l2(_mm512_set1_ps(s.l2)),
-        decay(_mm512_set1_ps(s.decay)),
-        beta1(_mm512_set1_ps(s.beta1)),
-        one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)),
-        beta2(_mm512_set1_ps(s.beta2)),
-        one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
-        sqrt_bc2(_mm512_set1_ps(s.sqrt_bc2)),
-        inv_sqrt_bc2(_mm512_set1_ps(s.inv_sqrt_bc2)),
-        eps(_mm512_set1_ps(s.eps)),
-        neg_step_size(_mm512_set1_ps(s.neg_step_size)) {}
-  __m512 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
-      neg_step_size;
-};
-
 inline __m512i Set1(int32_t x) { return _mm512_set1_epi32(x); }
-
-// x / sqrt_bc2 correctly rounded without vdivps, as adam_avx512.cpp.
-inline __m512 DivideBySqrtBc2(const Constsx16& k, __m512 x) {
-  const __m512 q0 = _mm512_mul_ps(x, k.inv_sqrt_bc2);
-  const __m512 r = _mm512_fnmadd_ps(q0, k.sqrt_bc2, x);
-  const __m512 q1 = _mm512_fmadd_ps(r, k.inv_sqrt_bc2, q0);
-  const __mmask16 inf = _mm512_cmp_ps_mask(x, _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ);
-  return _mm512_mask_mov_ps(q1, inf, q0);
-}
 
 inline __m128i Load16Bytes(const void* x) { return _mm_loadu_si128(static_cast<const __m128i*>(x)); }
 
@@ -155,14 +130,6 @@ inline void StoreM(const CompactState& s, size_t i, const __m512 (&m)[kVectors])
   }
 }
 
-// +1, -1, +0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
-inline __m512 Sign(__m512 c) {
-  const __m512 zero = _mm512_setzero_ps();
-  __m512 s = _mm512_mask_mov_ps(c, _mm512_cmp_ps_mask(c, zero, _CMP_EQ_OQ), zero);
-  s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(c, zero, _CMP_GT_OQ), _mm512_set1_ps(1.0f));
-  return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(c, zero, _CMP_LT_OQ), _mm512_set1_ps(-1.0f));
-}
-
 template <CompactCopy C>
 inline void StoreCopy(void* copy, size_t i, __m512 p) {
   if constexpr (C == CompactCopy::kF16) StoreU16x16(copy, i, _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT));
@@ -173,7 +140,7 @@ template <DType G, CompactCopy C, bool kL2>
 struct CompactAdamAvx512 {
   // AdamAvx512::Block's update of 16 elements at e on dequantized state;
   // returns the new param and sets *m, *r = new m, sqrt(new v).
-  static __m512 Update(const Constsx16& k, const CompactArrays& a, size_t e, __m512 m_step, __m512 v_step,
+  static __m512 Update(const AdamConstsx16& k, const CompactArrays& a, size_t e, __m512 m_step, __m512 v_step,
                        __m512* m_out, __m512* r_out) {
     __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, e), k.grad_scale);
     __m512 p = Rebuild(a.s.w_hi + e, a.s.w_lo + e);
@@ -190,7 +157,7 @@ struct CompactAdamAvx512 {
     return _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(k.neg_step_size, m), denom));
   }
 
-  static void Block(const Constsx16& k, const CompactArrays& a, size_t i) {
+  static void Block(const AdamConstsx16& k, const CompactArrays& a, size_t i) {
     const size_t b = i / kCompactBlock;
     const __m512 m_step = _mm512_set1_ps(a.s.m_scale[b] / 16129.0f);
     const __m512 v_step = _mm512_set1_ps(a.s.v_scale[b] / 65025.0f);
@@ -211,7 +178,7 @@ struct CompactAdamAvx512 {
   }
 
   static void Run(const AdamStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
-    const Constsx16 k(s);
+    const AdamConstsx16 k(s);
     const CompactArrays local = a;  // the stores cannot change `a`; keep pointers in registers
     size_t i = begin;
     for (; i + kCompactBlock <= end; i += kCompactBlock) {
@@ -227,18 +194,6 @@ struct CompactAdamAvx512 {
       RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
                      [&](const CompactArrays& x) { Block(k, x, 0); });
   }
-};
-
-struct LionConstsx16 {
-  explicit LionConstsx16(const LionStepScalars& s)
-      : grad_scale(_mm512_set1_ps(s.grad_scale)),
-        decay(_mm512_set1_ps(s.decay)),
-        beta1(_mm512_set1_ps(s.beta1)),
-        one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)),
-        beta2(_mm512_set1_ps(s.beta2)),
-        one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
-        neg_lr(_mm512_set1_ps(s.neg_lr)) {}
-  __m512 grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
 };
 
 // Lion (LionAvx512's operations) on the dequantized state, block by block.

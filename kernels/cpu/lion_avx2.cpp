@@ -4,26 +4,10 @@
 #include "kernels/cpu/simd_avx2.h"
 #include "kernels/cpu/tail_buffers.h"
 #include "kernels/cpu/variant_select.h"
+#include "kernels/cpu/optimizer_avx2.h"
 
 namespace strata::kernels::internal {
 namespace {
-
-struct LionConstsx8 {
-  explicit LionConstsx8(const LionStepScalars& s)
-      : grad_scale(_mm256_set1_ps(s.grad_scale)), decay(_mm256_set1_ps(s.decay)),
-        beta1(_mm256_set1_ps(s.beta1)), one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)),
-        beta2(_mm256_set1_ps(s.beta2)), one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
-        neg_lr(_mm256_set1_ps(s.neg_lr)) {}
-  __m256 grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
-};
-
-// +1, -1, +0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
-inline __m256 Sign(__m256 c) {
-  const __m256 zero = _mm256_setzero_ps();
-  __m256 s = _mm256_blendv_ps(c, zero, _mm256_cmp_ps(c, zero, _CMP_EQ_OQ));
-  s = _mm256_blendv_ps(s, _mm256_set1_ps(1.0f), _mm256_cmp_ps(c, zero, _CMP_GT_OQ));
-  return _mm256_blendv_ps(s, _mm256_set1_ps(-1.0f), _mm256_cmp_ps(c, zero, _CMP_LT_OQ));
-}
 
 template <DType G, CopyOut C, bool>
 struct LionAvx2 {

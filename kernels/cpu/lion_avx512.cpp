@@ -4,26 +4,10 @@
 #include "kernels/cpu/simd_avx512.h"
 #include "kernels/cpu/tail_buffers.h"
 #include "kernels/cpu/variant_select.h"
+#include "kernels/cpu/optimizer_avx512.h"
 
 namespace strata::kernels::internal {
 namespace {
-
-struct LionConstsx16 {
-  explicit LionConstsx16(const LionStepScalars& s)
-      : grad_scale(_mm512_set1_ps(s.grad_scale)), decay(_mm512_set1_ps(s.decay)),
-        beta1(_mm512_set1_ps(s.beta1)), one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)),
-        beta2(_mm512_set1_ps(s.beta2)), one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
-        neg_lr(_mm512_set1_ps(s.neg_lr)) {}
-  __m512 grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
-};
-
-// +1, -1, +0 for ±0, and c itself for NaN, as LionSign in lion_scalar.cpp.
-inline __m512 Sign(__m512 c) {
-  const __m512 zero = _mm512_setzero_ps();
-  __m512 s = _mm512_mask_mov_ps(c, _mm512_cmp_ps_mask(c, zero, _CMP_EQ_OQ), zero);
-  s = _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(c, zero, _CMP_GT_OQ), _mm512_set1_ps(1.0f));
-  return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(c, zero, _CMP_LT_OQ), _mm512_set1_ps(-1.0f));
-}
 
 template <DType G, CopyOut C, bool kBf16Insn>
 struct LionAvx512 {
