@@ -171,6 +171,24 @@ def _torch_dtype(name):
     return {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[name]
 
 
+# ---- clip_grad_norm_, shared by OffloadAdam and OffloadedModule ---------------
+
+def _check_clip_args(max_norm, norm_type):
+    if float(norm_type) != 2.0:
+        raise Error(INVALID, f"clip_grad_norm_: norm_type {norm_type}; only the L2 norm (2.0) is supported")
+    if float(max_norm) < 0:
+        raise Error(INVALID, f"clip_grad_norm_: max_norm {max_norm} is negative")
+
+
+def _clip_result(norm, norm_type, error_if_nonfinite):
+    """torch's return value (and error) for the engine's norm."""
+    if error_if_nonfinite and not torch.isfinite(torch.tensor(norm)):
+        raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
+                           "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
+                           "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+    return torch.tensor(norm)
+
+
 # ---- OffloadAdam -------------------------------------------------------------
 
 class OffloadAdam(torch.optim.Optimizer):
@@ -259,23 +277,17 @@ class OffloadAdam(torch.optim.Optimizer):
         total norm and clips at step(). One param group only (the norm of
         several engines' gradients is not one engine's). A collective with
         several ranks."""
-        if float(norm_type) != 2.0:
-            raise Error(INVALID, f"clip_grad_norm_: norm_type {norm_type}; only the L2 norm (2.0) is supported")
+        _check_clip_args(max_norm, norm_type)
         if len(self._engines) != 1:
             raise Error(INVALID, f"clip_grad_norm_: {len(self._engines)} param groups; one only (each has its own "
                         "engine and norm): pass max_grad_norm per group instead")
-        if float(max_norm) < 0:
-            raise Error(INVALID, f"clip_grad_norm_: max_norm {max_norm} is negative")
         ge = self._engines[0]
         if not ge.handed:
             ge.hand_grads()
         norm = ge.engine.grad_norm()
-        if error_if_nonfinite and not torch.isfinite(torch.tensor(norm)):
-            raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
-                               "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
-                               "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+        result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
         self._clip_next = float(max_norm)
-        return torch.tensor(norm)
+        return result
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -657,19 +669,13 @@ class OffloadedModule:
         the torch function, patched by strata.torch, sends here): returns the
         total L2 norm of this step's gradients (averaged over the ranks) and
         clips them to max_norm at the coming step. A collective."""
-        if float(norm_type) != 2.0:
-            raise Error(INVALID, f"clip_grad_norm_: norm_type {norm_type}; only the L2 norm (2.0) is supported")
-        if float(max_norm) < 0:
-            raise Error(INVALID, f"clip_grad_norm_: max_norm {max_norm} is negative")
+        _check_clip_args(max_norm, norm_type)
         for g in self._groups:
             self.release(g)
         norm = self.engine.grad_norm()
-        if error_if_nonfinite and not torch.isfinite(torch.tensor(norm)):
-            raise RuntimeError(f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
-                               "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
-                               "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+        result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
         self._clip_next = float(max_norm)
-        return torch.tensor(norm)
+        return result
 
     # -- the model's state
     def master_parameters(self):

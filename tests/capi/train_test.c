@@ -16,7 +16,9 @@
 enum { IN = 8, HID = 4, SAMPLES = 16, STEPS = 40 };
 enum { N0 = HID * IN + HID, N1 = HID + 1 }; /* group 0: W1 (HID, IN), b1 (HID); group 1: w2 (HID), b2 */
 
-static int failures = 0;
+#include "tests/capi/expect.h"
+/* Checks here say why in printf style. */
+#undef CHECK
 #define CHECK(cond, ...)                                                       \
   do {                                                                         \
     if (!(cond)) {                                                             \
@@ -25,15 +27,6 @@ static int failures = 0;
       fprintf(stderr, "\n");                                                   \
       ++failures;                                                              \
     }                                                                          \
-  } while (0)
-#define OK(call)                                                                                   \
-  do {                                                                                             \
-    strata_status_t st_ = (call);                                                                  \
-    if (st_ != STRATA_OK) {                                                                        \
-      fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #call, strata_status_name(st_), \
-              strata_last_error());                                                                \
-      exit(1);                                                                                     \
-    }                                                                                              \
   } while (0)
 
 static float xs[SAMPLES][IN], ts[SAMPLES];
