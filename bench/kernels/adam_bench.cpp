@@ -107,7 +107,7 @@ class Bench {
     const CompactBoundRangeFn fn =
         kernels::CpuSupports(CpuIsa::kAvx2) ? SelectCompactBoundAvx2() : SelectCompactBoundPlain();
     const kernels::CompactState c = a_.compact();
-    const CompactBoundArrays b{c.w_hi, c.w_lo, c.m_code, c.m_scale, c.v_code, c.v_scale, a_.g16.data()};
+    const CompactBoundArrays b{c, a_.g16.data()};
     return SecondsPerStep(args_.steps, [&] {
       kernels::ParallelForTiles(args_.n, kernels::kElementTile,
                                 [&](size_t lo, size_t hi) { fn(b, lo, hi); });

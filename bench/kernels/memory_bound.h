@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/compact.h"
+
 namespace strata::bench {
 
 struct BoundArrays {
@@ -29,12 +31,7 @@ BoundRangeFn SelectBoundPlain(bool bf16_grad, bool copy);
 // per 32 elements: 12.5 bytes a parameter. Each written value depends on what
 // was read. REQUIRES: begin and end are multiples of 32.
 struct CompactBoundArrays {
-  uint16_t* w_hi;
-  int8_t* w_lo;
-  int8_t* m_code;
-  float* m_scale;
-  uint8_t* v_code;
-  float* v_scale;
+  kernels::CompactState s;  // the compact step's six arrays
   const uint16_t* grad;
 };
 using CompactBoundRangeFn = void (*)(const CompactBoundArrays& a, size_t begin, size_t end);

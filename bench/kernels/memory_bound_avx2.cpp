@@ -47,18 +47,18 @@ void CompactBoundAvx2(const CompactBoundArrays& a, size_t begin, size_t end) {
   for (size_t i = begin; i < end; i += 32) {
     const __m256i g0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.grad + i));
     const __m256i g1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.grad + i + 16));
-    auto* h = reinterpret_cast<__m256i*>(a.w_hi + i);
+    auto* h = reinterpret_cast<__m256i*>(a.s.w_hi + i);
     _mm256_storeu_si256(h, _mm256_add_epi16(_mm256_loadu_si256(h), g0));
     _mm256_storeu_si256(h + 1, _mm256_add_epi16(_mm256_loadu_si256(h + 1), g1));
     const __m256i b = _mm256_packus_epi16(_mm256_and_si256(g0, _mm256_set1_epi16(0xff)),
                                           _mm256_and_si256(g1, _mm256_set1_epi16(0xff)));
-    for (void* x : {static_cast<void*>(a.w_lo + i), static_cast<void*>(a.m_code + i),
-                    static_cast<void*>(a.v_code + i)}) {
+    for (void* x : {static_cast<void*>(a.s.w_lo + i), static_cast<void*>(a.s.m_code + i),
+                    static_cast<void*>(a.s.v_code + i)}) {
       auto* p = static_cast<__m256i*>(x);
       _mm256_storeu_si256(p, _mm256_add_epi8(_mm256_loadu_si256(p), b));
     }
-    a.m_scale[i / 32] += 1.0f;
-    a.v_scale[i / 32] += 1.0f;
+    a.s.m_scale[i / 32] += 1.0f;
+    a.s.v_scale[i / 32] += 1.0f;
   }
 }
 

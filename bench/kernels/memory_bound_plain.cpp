@@ -31,11 +31,11 @@ void BoundPlain(const BoundArrays& a, size_t begin, size_t end) {
 void CompactBoundPlain(const CompactBoundArrays& a, size_t begin, size_t end) {
   for (size_t i = begin; i < end; ++i) {
     const uint16_t g = a.grad[i];
-    a.w_hi[i] = static_cast<uint16_t>(a.w_hi[i] + g);
-    a.w_lo[i] = static_cast<int8_t>(a.w_lo[i] + g);
-    a.m_code[i] = static_cast<int8_t>(a.m_code[i] + g);
-    a.v_code[i] = static_cast<uint8_t>(a.v_code[i] + g);
-    if (i % 32 == 0) a.m_scale[i / 32] += 1.0f, a.v_scale[i / 32] += 1.0f;
+    a.s.w_hi[i] = static_cast<uint16_t>(a.s.w_hi[i] + g);
+    a.s.w_lo[i] = static_cast<int8_t>(a.s.w_lo[i] + g);
+    a.s.m_code[i] = static_cast<int8_t>(a.s.m_code[i] + g);
+    a.s.v_code[i] = static_cast<uint8_t>(a.s.v_code[i] + g);
+    if (i % 32 == 0) a.s.m_scale[i / 32] += 1.0f, a.s.v_scale[i / 32] += 1.0f;
   }
 }
 
