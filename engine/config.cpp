@@ -237,6 +237,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Choice("step_io", &s->step_io, {"alternate", "concurrent"}));
   STRATA_RETURN_IF_ERROR(r.Choice("nonfinite", &s->nonfinite, {"skip", "error", "apply"}));
   STRATA_RETURN_IF_ERROR(r.Choice("grad_reduce", &s->grad_reduce, {"mean", "sum"}));
+  STRATA_RETURN_IF_ERROR(r.Choice("state_format", &s->state_format, {"fp32", "compact"}));
   return r.CheckUnknownKeys();
 }
 
@@ -414,7 +415,7 @@ std::string ConfigToJson(const Config& c) {
         {"nvme_paths", c.strata.nvme_paths}, {"trace_path", c.strata.trace_path},
         {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s}, {"io_rings", c.strata.io_rings},
         {"step_io", c.strata.step_io}, {"nonfinite", c.strata.nonfinite},
-        {"grad_reduce", c.strata.grad_reduce}}},
+        {"grad_reduce", c.strata.grad_reduce}, {"state_format", c.strata.state_format}}},
   };
   return doc.dump(2, ' ', false, Json::error_handler_t::replace);  // a Config built in code may hold any bytes
 }

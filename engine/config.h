@@ -134,6 +134,15 @@ struct StrataConfig {
   //           the averaged gradient.
   //   "sum"   gradients are summed over ranks and calls, unscaled.
   std::string grad_reduce = "mean";
+  // How W, M, V are stored, on every tier and in checkpoints:
+  //   "fp32"     12 bytes a parameter (Adam; 8 for Lion), bitwise the fp32
+  //              arithmetic of kernels/cpu/adam.h;
+  //   "compact"  about 5.25 bytes (kernels/cpu/compact.h): the master as its
+  //              bf16 half plus an int8 correction (within 2^-15.9 of fp32),
+  //              M and V as block-scaled 8-bit codes. With bf16 compute the
+  //              bf16 half is P itself, so P needs no storage of its own.
+  //              Adam, AdamW and Lion; Adagrad is refused.
+  std::string state_format = "fp32";
   bool operator==(const StrataConfig&) const = default;
 };
 

@@ -118,6 +118,12 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   const std::string& gr = c.strata.grad_reduce;
   if (gr != "mean" && gr != "sum")
     return ConfigError("strata.grad_reduce: \"" + gr + "\" is not one of mean, sum");
+  const std::string& sf = c.strata.state_format;
+  if (sf != "fp32" && sf != "compact")
+    return ConfigError("strata.state_format: \"" + sf + "\" is not one of fp32, compact");
+  if (sf == "compact" && c.optimizer.type == "adagrad")
+    return ConfigError("strata.state_format: \"compact\" has no Adagrad kernel (optimizer.type is adagrad); allowed "
+                       "with adam, adamw and lion, or use \"fp32\"");
   if (c.aio.block_size > UringOptions::kMaxBlockSize)
     return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) + " is out of range; allowed: from 4096 to " +
                        std::to_string(UringOptions::kMaxBlockSize));
@@ -143,9 +149,11 @@ uint64_t MinHostBytes(const Config& c, const ConfigFacts& f) {
     need = SaturatingMul(numel, p_size);
   // The optimizer: NVMe-homed W, M, V, G stream through at least three slots
   // of a shard (read ahead, update, write behind); host-homed ones are a shard.
+  // Bytes an element: fp32 W, M, V, G 16; compact W, M, V (5.25) and G 4, at least 9.
   const auto od = c.zero.offload_optimizer.device;
-  if (od == OffloadDevice::kNvme) need = SaturatingAdd(need, SaturatingMul(shard, 3 * 16));
-  else if (od == OffloadDevice::kCpu) need = SaturatingAdd(need, SaturatingMul(shard, 16));
+  const uint64_t per = c.strata.state_format == "compact" ? 9 : 16;
+  if (od == OffloadDevice::kNvme) need = SaturatingAdd(need, SaturatingMul(shard, 3 * per));
+  else if (od == OffloadDevice::kCpu) need = SaturatingAdd(need, SaturatingMul(shard, per));
   return need;
 }
 
