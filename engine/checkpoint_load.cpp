@@ -247,6 +247,12 @@ Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
 
 Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
   GroupState& gs = groups_[static_cast<size_t>(g)];
+  if (compact_) {  // this rank's slice of P is the master's bf16 half: only the others' slices to gather
+    const StateBlock& p = gs.blocks[int(StateKind::kP)];
+    if (!p_gathered_after_step()) return Status::Ok();
+    if (!io_->Direct(p)) return InternalError("several ranks in stages 1-2 with P off the host");
+    return GatherP(g, io_->DirectPtr(p));
+  }
   const uint64_t n = part_.group(g).shard_numel;
   const StateBlock& wb = gs.blocks[int(StateKind::kW)];
   float* w = static_cast<float*>(buf);

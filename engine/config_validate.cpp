@@ -124,6 +124,10 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   if (sf == "compact" && c.optimizer.type == "adagrad")
     return ConfigError("strata.state_format: \"compact\" has no Adagrad kernel (optimizer.type is adagrad); allowed "
                        "with adam, adamw and lion, or use \"fp32\"");
+  if (sf == "compact" && !c.bf16)
+    return ConfigError(std::string("strata.state_format: \"compact\" needs bf16.enabled true (the compute dtype is ") +
+                       DTypeName(c.compute_dtype()) + "): the parameters are the master's bf16 half, so P has no "
+                       "storage of its own; use \"fp32\" with fp32 or fp16 compute");
   if (c.aio.block_size > UringOptions::kMaxBlockSize)
     return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) + " is out of range; allowed: from 4096 to " +
                        std::to_string(UringOptions::kMaxBlockSize));

@@ -110,6 +110,7 @@ Status Engine::Impl::Init() {
   if (opt != "adam" && opt != "adamw" && opt != "lion" && opt != "adagrad")
     return ConfigError("optimizer.type: '" + opt + "' is not one of Adam, AdamW, Lion, Adagrad");
   dtype_ = config_.compute_dtype();
+  compact_ = config_.strata.state_format == "compact";
   stats_ = std::make_unique<StatsRecorder>(options_.rank, RankTracePath(config_.strata.trace_path));
   UringOptions uo;
   uo.rings = config_.strata.io_rings;
@@ -309,10 +310,17 @@ Status Engine::Impl::BuildOnce() {
       std::memset(p, 0, L.shard_numel * 4);
       return Status::Ok();
     };
-    STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kW)], fill_w));
     STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kP)], fill_p));
+    if (compact_) {  // W, M, V packed (and this rank's slice of P: the same bf16 bits)
+      std::vector<float> w(L.shard_numel), zeros(L.shard_numel, 0.0f);
+      STRATA_RETURN_IF_ERROR(fill_w(w.data()));
+      STRATA_RETURN_IF_ERROR(WriteShardF32(g, w.data(), zeros.data(), used(int(StateKind::kV)) ? zeros.data() : nullptr));
+    } else {
+      STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kW)], fill_w));
+    }
     for (int s : {int(StateKind::kM), int(StateKind::kV), int(StateKind::kG)})
-      if (used(s)) STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[static_cast<size_t>(s)], zero));
+      if (used(s) && (!compact_ || s == int(StateKind::kG)))
+        STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[static_cast<size_t>(s)], zero));
   }
   init_.clear();
   init_.shrink_to_fit();
@@ -663,7 +671,13 @@ Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
   }
   const uint64_t take = sworld_ > 1 ? L.shard_numel : n;
   Status st;
-  if (io_->Direct(w)) {
+  if (compact_) {  // the three unpacked together (M's codes depend on V's)
+    std::vector<float> f(3 * L.shard_numel);
+    float* wmv[3] = {f.data(), f.data() + L.shard_numel, f.data() + 2 * L.shard_numel};
+    const bool has_v = groups_[static_cast<size_t>(group)].blocks[int(StateKind::kV)].alloc.charged != 0;
+    st = ReadShardF32(group, wmv[0], wmv[1], has_v ? wmv[2] : nullptr);
+    if (st.ok()) std::memcpy(mine, wmv[static_cast<int>(kind) - 1], take * 4);
+  } else if (io_->Direct(w)) {
     std::memcpy(mine, io_->DirectPtr(w), take * 4);
   } else {
     void* buf = opt_staging_.Acquire();
@@ -689,6 +703,22 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
                         StateName(kind));
   const GroupLayout& L = part_.group(group);
   const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel, real = L.RealInShard(srank_);
+  if (compact_) {  // unpack all three, replace one, pack all three (M's codes depend on V's)
+    std::vector<float> f(3 * L.shard_numel);
+    float* wmv[3] = {f.data(), f.data() + L.shard_numel, f.data() + 2 * L.shard_numel};
+    const bool has_v = groups_[static_cast<size_t>(group)].blocks[int(StateKind::kV)].alloc.charged != 0;
+    float* v = has_v ? wmv[2] : nullptr;
+    Status st = ReadShardF32(group, wmv[0], wmv[1], v);
+    if (st.ok()) {
+      float* dst = wmv[static_cast<int>(kind) - 1];
+      std::memset(dst, 0, L.shard_numel * 4);
+      std::memcpy(dst, in + lo, real * 4);
+      st = WriteShardF32(group, wmv[0], wmv[1], v);
+    }
+    if (st.ok() && kind == StateKind::kW && p_gathered_after_step()) st = RecomputePGroup(group, nullptr, 0);
+    DropDeviceCopies();
+    return st.WithContext("write_state: group " + std::to_string(group));
+  }
   void* slot = opt_staging_.Acquire();
   float* dst = io_->Direct(b) ? static_cast<float*>(io_->DirectPtr(b)) : static_cast<float*>(slot);
   Status st = dst ? Status::Ok() : InternalError("write_state: no staging slot for a staged block");

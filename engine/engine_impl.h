@@ -21,6 +21,7 @@
 #include "io/net/comm.h"
 #include "io/net/store.h"
 #include "io/uring_storage.h"
+#include "kernels/cpu/compact.h"
 
 namespace strata {
 
@@ -67,6 +68,22 @@ class Engine::Impl {
   Status WriteState(int group, StateKind kind, const float* in);
   Status RecomputePGroup(int g, void* buf, uint64_t buf_bytes);
   EngineStats Stats() const;
+
+  // state_format.cpp. strata.state_format "compact" (bf16 compute only): W's
+  // block holds the master's int8 corrections, M's and V's their codes then
+  // their scales, and P's block (this rank's slice of it, at PSliceOffset)
+  // is the master's bf16 half: P is part of the optimizer state.
+  // The compact arrays of group g's shard, from where its P, W, M, V blocks
+  // are in memory (v null for Lion).
+  kernels::CompactState CompactAt(int g, void* p, void* w, void* m, void* v) const;
+  // This rank's shard of group g's W, M, V as fp32, whatever the format (n =
+  // shard_numel floats each; v null when the optimizer keeps none).
+  // Not the step's path: checkpoints, read_state, write_state, build.
+  Status ReadShardF32(int g, float* w, float* m, float* v);
+  // The reverse: packs (compact) or copies them into their homes; with
+  // compact, P's slice too (with several ranks in stages 1-2 the caller
+  // gathers the other slices).
+  Status WriteShardF32(int g, const float* w, const float* m, const float* v);
 
   // residency.cpp
   void StartPrefetcher();
@@ -154,6 +171,7 @@ class Engine::Impl {
   std::unique_ptr<net::Communicator> own_comm_;
   net::Communicator* comm_ = nullptr;
   DType dtype_ = DType::kF32;
+  bool compact_ = false;  // strata.state_format "compact"
   Partition part_;
   std::vector<std::vector<float>> init_;  // per group, until Build
   bool built_ = false;

@@ -22,6 +22,7 @@
 #include "engine/engine_impl.h"
 #include "kernels/cpu/adagrad.h"
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/compact.h"
 #include "kernels/cpu/lion.h"
 
 namespace strata {
@@ -50,6 +51,7 @@ struct Job {
   uint64_t sum[kNumStates] = {};
   bool updated = false;  // the CPU update ran and succeeded
   bool settled = false;  // finish_stores ran
+  bool p_shadow = false;  // compact: a host-homed P updated in the slot, copied back at commit
 };
 
 }  // namespace
@@ -65,6 +67,9 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   Status first_error;
   auto keep = [&](Status s) { if (first_error.ok() && !s.ok()) first_error = std::move(s); };
 
+  // Compact: P's slice is the master's bf16 half, a state like W, M, V (its
+  // store is part of the commit, never recomputed); fp32: a copy of W.
+  auto is_copy = [&](int s) { return s == int(StateKind::kP) && !compact_; };
   // f(s, block) for each state of j that goes back home after the update.
   auto for_each_stored = [&](Job& j, auto&& f) {
     GroupState& gs = groups_[static_cast<size_t>(j.group)];
@@ -83,29 +88,41 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     int state_stores = 0, state_homes = 0;  // W, M, V moves started; of those that go home
     bool p_stored = false;
     for (int k = 0; k < j.stores.n; ++k) {
-      const bool is_p = j.stores.state[static_cast<size_t>(k)] == int(StateKind::kP);
+      const bool is_p = is_copy(j.stores.state[static_cast<size_t>(k)]);
       if (is_p) p_stored = true;
       else ++state_stores;
       Status s = io_->WaitStore(j.stores.m[static_cast<size_t>(k)]);
       Status& into = is_p ? p_st : state_st;
       if (into.ok() && !s.ok()) into = std::move(s);
     }
-    for_each_stored(j, [&](int s, StateBlock&) { state_homes += s != int(StateKind::kP); });
+    for_each_stored(j, [&](int s, StateBlock&) { state_homes += !is_copy(s); });
     // Committed: updated, and every W, M, V store started and landed (or,
     // host homes, updated in place already).
     const bool commit = gs.committed || (j.updated && state_stores == state_homes && state_st.ok());
     // Device copies land in place: once one has started and any failed, the
     // group's state is neither old nor new (NVMe writes are copy on write).
-    if (!commit && state_stores > 0 && gs.blocks[int(StateKind::kW)].home == TierKind::kDevice && broken_.empty())
+    const bool on_device = gs.blocks[int(StateKind::kW)].home == TierKind::kDevice ||
+                           (compact_ && gs.blocks[int(StateKind::kP)].home == TierKind::kDevice);
+    if (!commit && state_stores > 0 && on_device && broken_.empty())
       broken_ = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
                 state_st.message() + ")";
+    // Compact with W, M, V updated in place and P's bf16 half staged: a
+    // failed store of that half leaves a master that is neither old nor new.
+    if (!commit && compact_ && j.updated && io_->Direct(gs.blocks[int(StateKind::kW)]) && broken_.empty())
+      broken_ = "the master weights of group " + std::to_string(j.group) + " are partly written (their bf16 half " +
+                "did not land: " + state_st.message() + ")";
+    if (commit && j.p_shadow) {
+      const uint64_t off = PSliceOffset(j.group), bytes = part_.group(j.group).shard_numel * 2;
+      std::memcpy(static_cast<char*>(io_->DirectPtr(gs.blocks[int(StateKind::kP)])) + off,
+                  reinterpret_cast<char*>(j.ptr[int(StateKind::kP)]) + off, bytes);
+    }
     for (int k = 0; k < j.stores.n; ++k) {
-      const bool is_p = j.stores.state[static_cast<size_t>(k)] == int(StateKind::kP);
+      const bool is_p = is_copy(j.stores.state[static_cast<size_t>(k)]);
       io_->SettleStore(j.stores.m[static_cast<size_t>(k)], commit && (!is_p || p_st.ok()));
     }
     j.stores.n = 0;
     const StateBlock& pb = gs.blocks[int(StateKind::kP)];
-    if (commit && !io_->Direct(pb) && (!p_stored || !p_st.ok())) gs.p_stale = true;
+    if (commit && !compact_ && !io_->Direct(pb) && (!p_stored || !p_st.ok())) gs.p_stale = true;
     if (commit) gs.committed = true;
     keep(std::move(state_st));
     keep(std::move(p_st));
@@ -119,10 +136,19 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     for (int s = 0; s < kNumStates; ++s) {
       StateBlock& b = gs.blocks[static_cast<size_t>(s)];
       if (b.alloc.charged == 0) continue;  // state unused by this optimizer
-      if (io_->Direct(b)) { j.ptr[s] = static_cast<float*>(io_->DirectPtr(b)); continue; }
+      const bool shadow = compact_ && s == int(StateKind::kP) && io_->Direct(b) &&
+                          !io_->Direct(gs.blocks[int(StateKind::kW)]);
+      if (io_->Direct(b) && !shadow) { j.ptr[s] = static_cast<float*>(io_->DirectPtr(b)); continue; }
       if (!j.slot) j.slot = opt_staging_.Acquire();  // blocks until a slot's writes are done
       j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + opt_slot_offsets_[s]);
-      if (s == int(StateKind::kP) || (s == int(StateKind::kG) && !has_grads)) continue;  // written, not read
+      if (shadow) {  // this rank's slice, updated here and copied back when the group commits
+        const uint64_t off = PSliceOffset(j.group);
+        std::memcpy(reinterpret_cast<char*>(j.ptr[s]) + off, static_cast<const char*>(io_->DirectPtr(b)) + off,
+                    part_.group(j.group).shard_numel * 2);
+        j.p_shadow = true;
+        continue;
+      }
+      if (is_copy(s) || (s == int(StateKind::kG) && !has_grads)) continue;  // written, not read
       auto m = io_->StartLoad(b, j.ptr[s]);
       if (m.ok()) j.loads.Add(s, std::move(m).value());
       else keep(m.status());
@@ -163,7 +189,20 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     stats_->Begin(Resource::kCpuOptimizer);
     const double t0 = stats_->Now();
     Status st;
-    if (oc.type == "lion") {
+    if (compact_) {  // P's slice is the bf16 half: nothing more to write
+      const kernels::CompactState cs = CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
+                                                 j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
+      if (oc.type == "lion") {
+        kernels::LionOptions o{lr, b1, b2, wd, grad_scale, DType::kF32, DType::kBF16};
+        st = kernels::CompactLionStep(o, len, cs, j.ptr[int(StateKind::kG)], nullptr);
+      } else {
+        kernels::AdamOptions o;
+        o.lr = lr; o.beta1 = b1; o.beta2 = b2; o.eps = eps; o.weight_decay = wd; o.step = step;
+        o.mode = (oc.type == "adamw" || oc.adam_w_mode) ? kernels::AdamMode::kAdamW : kernels::AdamMode::kAdam;
+        o.grad_scale = grad_scale;
+        st = kernels::CompactAdamStep(o, len, cs, j.ptr[int(StateKind::kG)], nullptr);
+      }
+    } else if (oc.type == "lion") {
       kernels::LionOptions o{lr, b1, b2, wd, grad_scale, DType::kF32, copy_f32 ? DType::kBF16 : dtype_};
       st = kernels::LionStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
     } else if (oc.type == "adagrad") {
@@ -180,14 +219,16 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       st = kernels::AdamStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)],
                              j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
     }
-    if (copy_f32) std::memcpy(P, W, len * 4);
+    if (copy_f32 && !compact_) std::memcpy(P, W, len * 4);
     stats_->End(Resource::kCpuOptimizer);
     stats_->Span(Resource::kCpuOptimizer, "update", t0, stats_->Now(), len);
     if (st.ok()) {
       j.updated = true;
       // W, M, V updated in place (host homes): committed now; P follows
       // through its store (or, when that fails, a recompute from W).
-      if (io_->Direct(gs.blocks[int(StateKind::kW)])) gs.committed = true;
+      if (io_->Direct(gs.blocks[int(StateKind::kW)]) && (!compact_ || io_->Direct(gs.blocks[int(StateKind::kP)])) &&
+          !j.p_shadow)
+        gs.committed = true;
     }
     keep(st);
     return first_error.ok();

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/engine_impl.h"
+#include "kernels/cpu/compact.h"
 #include "kernels/cpu/isa.h"
 
 namespace strata {
@@ -37,7 +38,18 @@ bool StateUsed(const Engine::Impl& m, int s) {
 
 uint64_t StateBytes(const Engine::Impl& m, int s, int g) {
   if (s == int(StateKind::kP)) return m.PHomeNumel(g) * DTypeSize(m.dtype_);
-  return m.part_.group(g).shard_numel * 4;
+  const uint64_t n = m.part_.group(g).shard_numel;
+  if (!m.compact_ || s == int(StateKind::kG)) return n * 4;
+  if (s == int(StateKind::kW)) return n;  // the int8 corrections; the bf16 half is P
+  return n + 4 * kernels::CompactScaleCount(n);  // codes, then a float scale a block
+}
+
+bool StagedInSlot(const Engine::Impl& m, int s, bool gpu) {
+  if (!StateUsed(m, s)) return false;
+  if (!BlockIo::DirectAt(m.home_[s], gpu)) return true;
+  // Compact: a host-homed P whose W is staged is updated in a slot too and
+  // copied back once W, M, V landed, so that a failed store leaves it old.
+  return s == int(StateKind::kP) && m.compact_ && !BlockIo::DirectAt(m.home_[int(StateKind::kW)], gpu);
 }
 
 int StepSlots(const Config& c) {
@@ -52,7 +64,7 @@ StagingSizes PlanStaging(const Engine::Impl& m, const std::function<uint64_t(uin
   uint64_t off = 0;
   for (int s = 0; s < kNumStates; ++s) {
     z.opt_offsets[s] = off;
-    if (!StateUsed(m, s) || BlockIo::DirectAt(m.home_[s], gpu)) continue;
+    if (!StagedInSlot(m, s, gpu)) continue;
     uint64_t largest = 0;  // bytes of this state on this rank, largest group
     for (int g = 0; g < ngroups; ++g) largest = std::max(largest, StateBytes(m, s, g));
     off += AlignUp(padded(largest), 64 * kKiB);

@@ -35,6 +35,8 @@ struct StagingSizes {
 // of group g on this rank (P: whole group or this rank's shard; else a shard).
 bool StateUsed(const Engine::Impl& m, int s);
 uint64_t StateBytes(const Engine::Impl& m, int s, int g);
+// Whether state s has a region in the step's staging slots.
+bool StagedInSlot(const Engine::Impl& m, int s, bool gpu);
 // Slots of the step's pipeline: offload_optimizer.buffer_count, at least 3
 // (read ahead, update, write behind), at most 16.
 int StepSlots(const Config& c);
