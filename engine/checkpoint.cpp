@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "base/align.h"
@@ -75,7 +76,8 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
   for (int g = 0; g < n; ++g) {
     uint64_t bytes = 0;
     for (int s : kSaved)
-      if (groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)].alloc.charged) bytes += part_.group(g).shard_numel * 4;
+      if (groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)].alloc.charged)
+        bytes += manifest::SavedBlockBytes(compact_, s - 1, part_.group(g).shard_numel);
     offset[static_cast<size_t>(g) + 1] = offset[static_cast<size_t>(g)] + bytes;
   }
   const uint64_t total = offset[static_cast<size_t>(n)];
@@ -83,15 +85,18 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
   Status st = ReserveFileSpace(storage_->Info(fid).fd, data_path, total);
   struct Job {
     void* slot = nullptr;
-    const void* src[kNumStates] = {};
+    void* src[kNumStates] = {};
     BlockMove loads[kNumStates];
     IoTicket write;
   };
   std::vector<Job> jobs(static_cast<size_t>(n));
   auto keep = [&](Status s) { if (st.ok() && !s.ok()) st = std::move(s); };
+  // Compact: P's slice is the master's bf16 half, saved with W.
+  std::vector<int> states(std::begin(kSaved), std::end(kSaved));
+  if (compact_) states.insert(states.begin(), int(StateKind::kP));
   auto start = [&](int g) {  // the group's blocks: addressable in place, or read into a slot
     Job& j = jobs[static_cast<size_t>(g)];
-    for (int s : kSaved) {
+    for (int s : states) {
       const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       if (io_->Direct(b)) { j.src[s] = io_->DirectPtr(b); continue; }
@@ -119,18 +124,29 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
     Job& j = jobs[static_cast<size_t>(g)];
     std::vector<IoOp> ops;
     uint64_t off = offset[static_cast<size_t>(g)];
+    if (compact_) keep(io_->Finish(j.loads[int(StateKind::kP)]));
     for (int s : kSaved) {
       const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
-      const uint64_t bytes = part_.group(g).shard_numel * 4;
-      const bool verified = j.loads[s].kind == BlockMove::kNvme && config_.strata.checksums;
+      Piece pieces[2];
+      const int np = SavedPieces(g, s, j.src, pieces);
+      // A block read from NVMe whole brings the checksum the tier verified.
+      const bool verified = np == 1 && j.loads[s].kind == BlockMove::kNvme && config_.strata.checksums;
       const uint64_t tier_hash = verified ? j.loads[s].nvme.checksum : 0;
       keep(io_->Finish(j.loads[s]));
       if (!st.ok()) break;
-      const uint64_t h = verified ? tier_hash : XXH3_64bits(j.src[s], bytes);
-      XXH3_64bits_update(hs, j.src[s], bytes);
+      XXH3_state_t* bh = XXH3_createState();
+      XXH3_64bits_reset(bh);
+      uint64_t bytes = 0;
+      for (int k = 0; k < np; ++k) {
+        if (!verified) XXH3_64bits_update(bh, pieces[k].ptr, pieces[k].bytes);
+        XXH3_64bits_update(hs, pieces[k].ptr, pieces[k].bytes);
+        ops.push_back(IoOp{IoOp::kWrite, fid, off + bytes, const_cast<void*>(pieces[k].ptr), pieces[k].bytes});
+        bytes += pieces[k].bytes;
+      }
+      const uint64_t h = verified ? tier_hash : XXH3_64bits_digest(bh);
+      XXH3_freeState(bh);
       blocks.push_back({{"group", g}, {"state", StateName(StateKind(s))}, {"offset", off}, {"bytes", bytes}, {"xxh3", Hex(h)}});
-      ops.push_back(IoOp{IoOp::kWrite, fid, off, const_cast<void*>(j.src[s]), bytes});
       stats_->AddMoved(b.home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost, TierKind::kNvme, bytes);
       off += bytes;
     }
@@ -163,6 +179,7 @@ Result<std::string> Engine::Impl::SnapshotShardFile(const std::string& link_path
   const char* copy = std::getenv("STRATA_CHECKPOINT_COPY");
   if (copy && *copy && std::strcmp(copy, "0") != 0) return UnsupportedError("STRATA_CHECKPOINT_COPY is set");
   if (!nvme_) return UnsupportedError("no state on NVMe");
+  if (compact_) return UnsupportedError("compact: a saved W joins P's bf16 half and W's corrections");
   std::vector<Allocation> allocs;
   std::vector<std::pair<int, int>> which;  // (group, state) of each allocation
   for (int g = 0; g < part_.num_groups(); ++g)
@@ -292,6 +309,7 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
   Json m = {{"format", "strata-checkpoint"}, {"version", manifest::kFormatVersion}, {"tag", tag},
             {"world_size", options_.world_size}, {"shard_world", sworld_}, {"stage", config_.zero.stage},
             {"compute_dtype", DTypeName(dtype_)}, {"optimizer", config_.optimizer.type},
+            {"state_format", config_.strata.state_format},
             {"step", step_count_}, {"save_seq", seq + 1},
             {"loss_scaler", {{"scale", ls.scale}, {"hysteresis_left", ls.hysteresis_left}, {"clean_steps", ls.clean_steps}}},
             {"groups", groups}, {"files", files},
@@ -359,14 +377,30 @@ Status Engine::Impl::SameStateAs(const manifest::Manifest& m, const std::string&
   const manifest::File& file = m.files[static_cast<size_t>(srank_)];
   STRATA_RETURN_IF_ERROR(manifest::CheckFiles(m, folder));
   STRATA_RETURN_IF_ERROR(VerifyFile(file, folder));
-  void* slot = opt_staging_.Acquire();
-  struct SlotBack { StagingPool& p; void* s; ~SlotBack() { p.Release(s); } } back{opt_staging_, slot};
+  if ((m.state_format == "compact") != compact_)
+    return differs("it holds state_format " + m.state_format + "; the engine's is " + config_.strata.state_format);
+  std::unique_ptr<ShardBlocks> sb;
+  int located = -1;
   for (const manifest::Block& mb : file.blocks) {
-    const StateBlock& b = groups_[mb.group].blocks[static_cast<size_t>(mb.state + 1)];
-    const void* data = io_->Direct(b) ? io_->DirectPtr(b) : slot;
-    if (!data) return InternalError("checkpoint save: no staging slot for a staged block");
-    if (!io_->Direct(b)) STRATA_RETURN_IF_ERROR(io_->Load(b, slot));
-    if (XXH3_64bits(data, mb.bytes) != mb.xxh3)
+    const int g = static_cast<int>(mb.group);
+    if (g != located) {  // the group's blocks, loaded
+      sb.reset();
+      sb = std::make_unique<ShardBlocks>();
+      STRATA_RETURN_IF_ERROR(LocateShard(g, true, sb.get()));
+      located = g;
+    }
+    Piece pieces[2];
+    const int np = SavedPieces(g, mb.state + 1, sb->at, pieces);
+    XXH3_state_t* bh = XXH3_createState();
+    XXH3_64bits_reset(bh);
+    uint64_t bytes = 0;
+    for (int k = 0; k < np; ++k) {
+      XXH3_64bits_update(bh, pieces[k].ptr, pieces[k].bytes);
+      bytes += pieces[k].bytes;
+    }
+    const uint64_t h = XXH3_64bits_digest(bh);
+    XXH3_freeState(bh);
+    if (bytes != mb.bytes || h != mb.xxh3)
       return differs(std::string(manifest::SavedStateName(mb.state)) + " of group " + std::to_string(mb.group) +
                      " is not the engine's");
   }

@@ -211,28 +211,79 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
     at[k].resize(m.groups.size());
     for (const manifest::Block& b : m.files[k].blocks) at[k][b.group][static_cast<size_t>(b.state)] = b.offset;
   }
-  void* slot = opt_staging_.Acquire();
-  struct SlotBack { StagingPool& p; void* s; ~SlotBack() { p.Release(s); } } back{opt_staging_, slot};
+  // The saved blocks are read straight into the engine's blocks when the
+  // formats agree; else a chunk at a time into these and converted.
+  const bool saved_compact = m.state_format == "compact";
+  constexpr uint64_t kChunk = 1 << 16;  // elements, a multiple of kCompactBlock
+  std::vector<char> tmp;
+  FormatView tv;
+  tv.compact = saved_compact;
+  const bool has_v = groups_[0].blocks[int(StateKind::kV)].alloc.charged != 0;
+  if (saved_compact != compact_) {
+    uint64_t bytes = 0, put[3][2] = {};
+    for (int s = 0; s < manifest::kNumSaved; ++s) {
+      manifest::SavedArray arr[2];
+      const int k = manifest::SavedArrays(saved_compact, s, kChunk, arr);
+      for (int a = 0; a < k; ++a) {
+        put[s][a] = bytes;
+        bytes += AlignUp(kChunk / arr[a].per * arr[a].unit, 64);
+      }
+    }
+    tmp.resize(bytes);
+    char* base = tmp.data();
+    if (saved_compact) {
+      tv.cs = {reinterpret_cast<uint16_t*>(base + put[0][0]), reinterpret_cast<int8_t*>(base + put[0][1]),
+               reinterpret_cast<int8_t*>(base + put[1][0]), reinterpret_cast<float*>(base + put[1][1]),
+               has_v ? reinterpret_cast<uint8_t*>(base + put[2][0]) : nullptr,
+               has_v ? reinterpret_cast<float*>(base + put[2][1]) : nullptr};
+    } else {
+      for (int s = 0; s < 3; ++s) tv.f[s] = reinterpret_cast<float*>(base + put[s][0]);
+      if (!has_v) tv.f[2] = nullptr;
+    }
+  }
   for (int g = 0; g < part_.num_groups(); ++g) {
     const GroupLayout& L = part_.group(g);
-    const uint64_t old_shard = m.groups[static_cast<size_t>(g)].shard_numel;
-    const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel;
-    const uint64_t hi = std::min(lo + L.shard_numel, L.numel);
-    for (int s = 0; s < manifest::kNumSaved; ++s) {
-      const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s + 1)];
-      if (!b.alloc.charged) continue;
-      float* dst = io_->Direct(b) ? static_cast<float*>(io_->DirectPtr(b)) : static_cast<float*>(slot);
-      if (!dst) return InternalError("checkpoint load: no staging slot for a staged block");
-      std::memset(dst, 0, L.shard_numel * 4);
-      for (uint64_t a = lo; a < hi;) {  // k < files: shard_numel * shard_world = padded >= numel
-        const uint64_t k = a / old_shard, within = a % old_shard, run = std::min(hi - a, old_shard - within);
-        const uint64_t off = at[k][static_cast<size_t>(g)][static_cast<size_t>(s)] + within * 4;
-        char* out = reinterpret_cast<char*>(dst + (a - lo));
-        STRATA_RETURN_IF_ERROR(PreadFull(fds[k], out, run * 4, off, folder + "/" + m.files[k].name));
-        a += run;
+    const uint64_t n = L.shard_numel, old_shard = m.groups[static_cast<size_t>(g)].shard_numel;
+    const uint64_t lo = static_cast<uint64_t>(srank_) * n, real = L.RealInShard(srank_);
+    ShardBlocks sb;
+    STRATA_RETURN_IF_ERROR(LocateShard(g, false, &sb));
+    const FormatView dst = ShardView(g, sb);
+    // Elements [a0, a0 + count) of the group, every saved state, into `into`
+    // (at its element 0), from whichever saved shards hold them.
+    auto read = [&](const FormatView& into, uint64_t a0, uint64_t count) -> Status {
+      for (int s = 0; s < manifest::kNumSaved; ++s) {
+        if (!groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s + 1)].alloc.charged) continue;
+        manifest::SavedArray arr[2];
+        const int karr = manifest::SavedArrays(saved_compact, s, old_shard, arr);
+        for (int k = 0; k < karr; ++k)
+          for (uint64_t a = a0; a < a0 + count;) {  // f < files: shard_numel * shard_world = padded >= numel
+            const uint64_t f = a / old_shard, within = a % old_shard, run = std::min(a0 + count - a, old_shard - within);
+            const uint64_t off = at[f][static_cast<size_t>(g)][static_cast<size_t>(s)] + arr[k].offset +
+                                 within / arr[k].per * arr[k].unit;
+            const uint64_t bytes = (run + arr[k].per - 1) / arr[k].per * arr[k].unit;
+            STRATA_RETURN_IF_ERROR(
+                PreadFull(fds[f], into.Array(s, k, a - a0), bytes, off, folder + "/" + m.files[f].name));
+            a += run;
+          }
       }
-      if (!io_->Direct(b)) STRATA_RETURN_IF_ERROR(io_->Store(b, dst));
+      return Status::Ok();
+    };
+    for (int s = 0; s < manifest::kNumSaved; ++s) {  // padding, and what the saved shards leave: zeros
+      manifest::SavedArray arr[2];
+      const int karr = manifest::SavedArrays(compact_, s, n, arr);
+      for (int k = 0; k < karr; ++k)
+        if (char* p = dst.Array(s, k, 0)) std::memset(p, 0, (n + arr[k].per - 1) / arr[k].per * arr[k].unit);
     }
+    if (saved_compact == compact_) {
+      STRATA_RETURN_IF_ERROR(read(dst, lo, real));
+    } else {
+      for (uint64_t c0 = 0; c0 < real; c0 += kChunk) {
+        const uint64_t c = std::min(kChunk, real - c0);
+        STRATA_RETURN_IF_ERROR(read(tv, lo + c0, c));
+        STRATA_RETURN_IF_ERROR(ConvertView(tv, dst.Shift(c0), c));
+      }
+    }
+    STRATA_RETURN_IF_ERROR(StoreShard(g, sb));
     if (g == 0) STRATA_RETURN_IF_ERROR(FaultPoint("apply"));  // tests: fail with the state partly written
   }
   return Status::Ok();

@@ -49,6 +49,33 @@ struct GroupState {
   bool p_stale = false;  // committed, but P's store failed: P is recomputed from W
 };
 
+// A shard's P (compact), W, M, V blocks where the CPU addresses them: in
+// place, or in one staging slot held until destruction.
+struct ShardBlocks {
+  void* at[kNumStates] = {};
+  void* slot = nullptr;
+  StagingPool* pool = nullptr;
+  ShardBlocks() = default;
+  ShardBlocks(const ShardBlocks&) = delete;
+  ShardBlocks& operator=(const ShardBlocks&) = delete;
+  ~ShardBlocks();
+};
+
+// A shard's W, M, V in one format, for conversions: fp32 (f: W, M, V; V
+// null for Lion) or compact (cs).
+struct FormatView {
+  bool compact = false;
+  float* f[3] = {};
+  kernels::CompactState cs{};
+  // Array k of saved state s (0 W, 1 M, 2 V; manifest::SavedArrays' order)
+  // at element `at` (a multiple of kCompactBlock for the scales); null for
+  // a state not kept.
+  char* Array(int s, int k, uint64_t at) const;
+  FormatView Shift(uint64_t at) const;  // every array from element `at` on
+};
+// n elements of `from` into `to`: packs fp32 into compact, or unpacks.
+Status ConvertView(const FormatView& from, const FormatView& to, uint64_t n);
+
 class Engine::Impl {
  public:
   Impl(const Config& config, const EngineOptions& options);
@@ -84,6 +111,20 @@ class Engine::Impl {
   // compact, P's slice too (with several ranks in stages 1-2 the caller
   // gathers the other slices).
   Status WriteShardF32(int g, const float* w, const float* m, const float* v);
+  // Where group g's blocks are for the CPU: in place, or in a slot (read
+  // from their homes when `load`; a P holding the whole group always is).
+  Status LocateShard(int g, bool load, ShardBlocks* sb);
+  // Writes the slot-staged blocks of `sb` back to their homes.
+  Status StoreShard(int g, const ShardBlocks& sb);
+  // What a checkpoint saves of state s (kW, kM, kV) of group g, as up to two
+  // pieces in memory, from where the blocks are (`at`, by StateKind): fp32
+  // the block; compact W the bf16 half (P's slice) then the corrections.
+  struct Piece {
+    const void* ptr;
+    uint64_t bytes;
+  };
+  int SavedPieces(int g, int s, void* const at[kNumStates], Piece out[2]) const;
+  FormatView ShardView(int g, const ShardBlocks& sb) const;  // the engine's format
 
   // residency.cpp
   void StartPrefetcher();

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include "kernels/cpu/compact.h"
 #include <set>
 
 namespace strata::manifest {
@@ -25,7 +26,7 @@ constexpr uint64_t kMaxGroups = 1'000'001, kMaxElements = 1ull << 40, kMaxWorld 
 constexpr uint64_t kMaxBlob = 1ull << 32;
 constexpr const char* kChecksumKey = "manifest_xxh3";
 const std::set<std::string> kTopKeys = {"format", "version", "tag", "world_size", "shard_world", "stage",
-                                        "compute_dtype", "optimizer", "step", "save_seq", "loss_scaler",
+                                        "compute_dtype", "optimizer", "state_format", "step", "save_seq", "loss_scaler",
                                         "groups", "files", "trainer_blob", kChecksumKey};
 
 // Field readers: `where` says which field for the error; a wrong type or a
@@ -114,6 +115,11 @@ Status ReadScalars(const Json& j, const Reader& r, Manifest* m) {
   m->stage = static_cast<int>(stage);
   STRATA_ASSIGN_OR_RETURN(m->compute_dtype, r.Str(j, "compute_dtype", "manifest"));
   STRATA_ASSIGN_OR_RETURN(m->optimizer, r.Str(j, "optimizer", "manifest"));
+  if (j.contains("state_format")) {
+    STRATA_ASSIGN_OR_RETURN(m->state_format, r.Str(j, "state_format", "manifest"));
+    if (m->state_format != "fp32" && m->state_format != "compact")
+      return r.Bad("state_format", "'" + m->state_format + "' is not one of fp32, compact");
+  }
   STRATA_ASSIGN_OR_RETURN(uint64_t step, r.U64(j, "step", "manifest", INT64_MAX));
   m->step = static_cast<int64_t>(step);
   if (j.contains("save_seq")) {
@@ -219,9 +225,10 @@ Result<Block> ReadBlock(const Json& e, const Reader& r, const Manifest& m, const
   STRATA_ASSIGN_OR_RETURN(b.offset, r.U64(e, "offset", where, UINT64_MAX));
   STRATA_ASSIGN_OR_RETURN(b.bytes, r.U64(e, "bytes", where, UINT64_MAX));
   STRATA_ASSIGN_OR_RETURN(b.xxh3, r.Hash(e, "xxh3", where));
-  if (b.bytes != m.groups[b.group].shard_numel * 4)
+  const uint64_t want = SavedBlockBytes(m.state_format == "compact", b.state, m.groups[b.group].shard_numel);
+  if (b.bytes != want)
     return r.Bad(where + ".bytes", "is " + std::to_string(b.bytes) + "; a shard of group " + std::to_string(b.group) +
-                                       " is " + std::to_string(m.groups[b.group].shard_numel * 4));
+                                       " in the " + m.state_format + " format is " + std::to_string(want));
   return b;
 }
 
@@ -353,6 +360,29 @@ Status CheckFiles(const Manifest& m, const std::string& folder) {
                           std::to_string(f.bytes));
   }
   return Status::Ok();
+}
+
+int SavedArrays(bool compact, int s, uint64_t n, SavedArray out[2]) {
+  if (!compact) {
+    out[0] = {0, 4, 1};
+    return 1;
+  }
+  if (s == 0) {
+    out[0] = {0, 2, 1};
+    out[1] = {2 * n, 1, 1};
+  } else {
+    out[0] = {0, 1, 1};
+    out[1] = {n, 4, kernels::kCompactBlock};
+  }
+  return 2;
+}
+
+uint64_t SavedBlockBytes(bool compact, int s, uint64_t n) {
+  SavedArray a[2];
+  const int k = SavedArrays(compact, s, n, a);
+  const SavedArray& last = a[k - 1];
+  const uint64_t end = last.offset + (n + last.per - 1) / last.per * last.unit;
+  return compact ? (end + kCompactBlockAlign - 1) / kCompactBlockAlign * kCompactBlockAlign : end;
 }
 
 }  // namespace strata::manifest

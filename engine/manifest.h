@@ -61,6 +61,9 @@ struct Manifest {
   std::string tag;
   int world_size = 1, shard_world = 1, stage = 0;
   std::string compute_dtype, optimizer;
+  // strata.state_format of the saved blocks: "fp32" (also when the key is
+  // absent: manifests written before it existed) or "compact".
+  std::string state_format = "fp32";
   int64_t step = 0;
   uint64_t save_seq = 0;  // order of saves in the folder (0: written before it existed)
   double loss_scale = 1;
@@ -97,5 +100,20 @@ Result<Manifest> Parse(std::string_view text, const std::string& path);
 Status CheckFiles(const Manifest& m, const std::string& folder);
 
 std::string Hex(uint64_t v);  // 16 lower-case hex digits
+
+// The arrays a saved block of state s (0 W, 1 M, 2 V) of an n-element shard
+// holds, in order, each of `unit`-byte entries for every `per` elements
+// (the last entry may cover fewer), starting `offset` bytes into the block:
+//   fp32:     one array of 4-byte floats;
+//   compact:  W: the master's bf16 half (2 bytes), then its int8 corrections;
+//             M, V: their 8-bit codes, then a float scale per 32 elements
+//             (kernels/cpu/compact.h); each block ends in zeros up to a
+//             multiple of 4096 bytes (O_DIRECT). n is a multiple of 32.
+struct SavedArray {
+  uint64_t offset = 0, unit = 0, per = 1;
+};
+int SavedArrays(bool compact, int s, uint64_t n, SavedArray out[2]);  // returns how many (1 or 2)
+uint64_t SavedBlockBytes(bool compact, int s, uint64_t n);  // padding included
+inline constexpr uint64_t kCompactBlockAlign = 4096;
 
 }  // namespace strata::manifest

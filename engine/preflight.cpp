@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/engine_impl.h"
+#include "engine/manifest.h"
 #include "kernels/cpu/compact.h"
 #include "kernels/cpu/isa.h"
 
@@ -40,8 +41,10 @@ uint64_t StateBytes(const Engine::Impl& m, int s, int g) {
   if (s == int(StateKind::kP)) return m.PHomeNumel(g) * DTypeSize(m.dtype_);
   const uint64_t n = m.part_.group(g).shard_numel;
   if (!m.compact_ || s == int(StateKind::kG)) return n * 4;
-  if (s == int(StateKind::kW)) return n;  // the int8 corrections; the bf16 half is P
-  return n + 4 * kernels::CompactScaleCount(n);  // codes, then a float scale a block
+  // W: the int8 corrections (the bf16 half is P); M, V: codes, then a float
+  // scale a block. Zeros to 4 KiB: a checkpoint writes them with O_DIRECT.
+  if (s == int(StateKind::kW)) return AlignUp(n, manifest::kCompactBlockAlign);
+  return manifest::SavedBlockBytes(true, s - 1, n);
 }
 
 bool StagedInSlot(const Engine::Impl& m, int s, bool gpu) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/engine_impl.h"
+#include "engine/manifest.h"
 #include "engine/preflight.h"
 
 namespace strata {
@@ -23,47 +24,55 @@ kernels::CompactState Engine::Impl::CompactAt(int g, void* p, void* w, void* m, 
   return s;
 }
 
-namespace {
-
-// The blocks of a shard's fp32 view: W, M, V, and with compact P.
-struct ShardBlocks {
-  void* at[kNumStates] = {};
-  void* slot = nullptr;
-  StagingPool* pool = nullptr;
-  ~ShardBlocks() { if (pool) pool->Release(slot); }
-};
+ShardBlocks::~ShardBlocks() {
+  if (pool) pool->Release(slot);
+}
 
 // Where each block is addressable: in place, or (staged) in one slot,
 // loaded first when `load`. A P homed on the host is used in place here.
-Status Locate(Engine::Impl& m, int g, bool load, ShardBlocks* sb) {
-  GroupState& gs = m.groups_[static_cast<size_t>(g)];
-  const bool gpu = m.device_->on_gpu();
+Status Engine::Impl::LocateShard(int g, bool load, ShardBlocks* sb) {
+  GroupState& gs = groups_[static_cast<size_t>(g)];
+  const bool gpu = device_->on_gpu();
   for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-    if (s == int(StateKind::kP) && !m.compact_) continue;
+    if (s == int(StateKind::kP) && !compact_) continue;
     const StateBlock& b = gs.blocks[static_cast<size_t>(s)];
     if (!b.alloc.charged) continue;
-    if (m.io_->Direct(b)) { sb->at[s] = m.io_->DirectPtr(b); continue; }
-    if (!StagedInSlot(m, s, gpu)) return InternalError("state " + std::string(StateName(StateKind(s))) + " has no slot");
+    if (io_->Direct(b)) { sb->at[s] = io_->DirectPtr(b); continue; }
+    if (!StagedInSlot(*this, s, gpu)) return InternalError("state " + std::string(StateName(StateKind(s))) + " has no slot");
     if (!sb->slot) {
-      sb->pool = &m.opt_staging_;
-      sb->slot = m.opt_staging_.Acquire();
+      sb->pool = &opt_staging_;
+      sb->slot = opt_staging_.Acquire();
       if (!sb->slot) return InternalError("no staging slot for a staged block");
     }
-    sb->at[s] = static_cast<char*>(sb->slot) + m.opt_slot_offsets_[s];
+    sb->at[s] = static_cast<char*>(sb->slot) + opt_slot_offsets_[s];
     // A P that holds the whole group (stages 1-2, several ranks) is loaded
     // whole even to write this rank's slice: the others' stay as they are.
-    if (load || (s == int(StateKind::kP) && m.p_gathered_after_step()))
-      STRATA_RETURN_IF_ERROR(m.io_->Load(b, sb->at[s]));
+    if (load || (s == int(StateKind::kP) && p_gathered_after_step())) STRATA_RETURN_IF_ERROR(io_->Load(b, sb->at[s]));
+  }
+  // Compact blocks end in zeros (checkpoints save them): a slot holds another block's bytes there.
+  if (compact_)
+    for (int s : {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
+      if (!sb->at[s]) continue;
+      const uint64_t n = part_.group(g).shard_numel, used = s == int(StateKind::kW) ? n : n + 4 * kernels::CompactScaleCount(n);
+      std::memset(static_cast<char*>(sb->at[s]) + used, 0, StateBytes(*this, s, g) - used);
+    }
+  return Status::Ok();
+}
+
+Status Engine::Impl::StoreShard(int g, const ShardBlocks& sb) {
+  GroupState& gs = groups_[static_cast<size_t>(g)];
+  for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
+    const StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+    if (!sb.at[s] || io_->Direct(b)) continue;
+    STRATA_RETURN_IF_ERROR(io_->Store(b, sb.at[s]));
   }
   return Status::Ok();
 }
 
-}  // namespace
-
 Status Engine::Impl::ReadShardF32(int g, float* w, float* m, float* v) {
   const uint64_t n = part_.group(g).shard_numel;
   ShardBlocks sb;
-  STRATA_RETURN_IF_ERROR(Locate(*this, g, true, &sb));
+  STRATA_RETURN_IF_ERROR(LocateShard(g, true, &sb));
   if (compact_) {
     const kernels::CompactState cs =
         CompactAt(g, sb.at[int(StateKind::kP)], sb.at[int(StateKind::kW)], sb.at[int(StateKind::kM)], v ? sb.at[int(StateKind::kV)] : nullptr);
@@ -78,7 +87,7 @@ Status Engine::Impl::ReadShardF32(int g, float* w, float* m, float* v) {
 Status Engine::Impl::WriteShardF32(int g, const float* w, const float* m, const float* v) {
   const uint64_t n = part_.group(g).shard_numel;
   ShardBlocks sb;
-  STRATA_RETURN_IF_ERROR(Locate(*this, g, false, &sb));
+  STRATA_RETURN_IF_ERROR(LocateShard(g, false, &sb));
   if (compact_) {
     const kernels::CompactState cs =
         CompactAt(g, sb.at[int(StateKind::kP)], sb.at[int(StateKind::kW)], sb.at[int(StateKind::kM)], v ? sb.at[int(StateKind::kV)] : nullptr);
@@ -88,13 +97,66 @@ Status Engine::Impl::WriteShardF32(int g, const float* w, const float* m, const 
     std::memcpy(sb.at[int(StateKind::kM)], m, n * 4);
     if (v) std::memcpy(sb.at[int(StateKind::kV)], v, n * 4);
   }
-  GroupState& gs = groups_[static_cast<size_t>(g)];
-  for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-    const StateBlock& b = gs.blocks[static_cast<size_t>(s)];
-    if (!sb.at[s] || io_->Direct(b)) continue;
-    STRATA_RETURN_IF_ERROR(io_->Store(b, sb.at[s]));
+  return StoreShard(g, sb);
+}
+
+int Engine::Impl::SavedPieces(int g, int s, void* const at[kNumStates], Piece out[2]) const {
+  const uint64_t n = part_.group(g).shard_numel;
+  if (compact_ && s == int(StateKind::kW)) {
+    out[0] = {static_cast<const char*>(at[int(StateKind::kP)]) + PSliceOffset(g), 2 * n};
+    out[1] = {at[s], StateBytes(*this, s, g)};  // the corrections, then zeros to 4 KiB
+    return 2;
   }
-  return Status::Ok();
+  out[0] = {at[s], manifest::SavedBlockBytes(compact_, s - 1, n)};
+  return 1;
+}
+
+char* FormatView::Array(int s, int k, uint64_t at) const {
+  if (!compact) return f[s] ? reinterpret_cast<char*>(f[s] + at) : nullptr;
+  const uint64_t b = at / kernels::kCompactBlock;
+  switch (s * 2 + k) {
+    case 0: return reinterpret_cast<char*>(cs.w_hi + at);
+    case 1: return reinterpret_cast<char*>(cs.w_lo + at);
+    case 2: return reinterpret_cast<char*>(cs.m_code + at);
+    case 3: return reinterpret_cast<char*>(cs.m_scale + b);
+    case 4: return cs.v_code ? reinterpret_cast<char*>(cs.v_code + at) : nullptr;
+    case 5: return cs.v_scale ? reinterpret_cast<char*>(cs.v_scale + b) : nullptr;
+    default: return nullptr;
+  }
+}
+
+FormatView FormatView::Shift(uint64_t at) const {
+  FormatView v = *this;
+  if (!compact) {
+    for (float*& p : v.f) if (p) p += at;
+    return v;
+  }
+  const uint64_t b = at / kernels::kCompactBlock;
+  v.cs.w_hi += at;
+  v.cs.w_lo += at;
+  v.cs.m_code += at;
+  v.cs.m_scale += b;
+  if (v.cs.v_code) v.cs.v_code += at;
+  if (v.cs.v_scale) v.cs.v_scale += b;
+  return v;
+}
+
+Status ConvertView(const FormatView& from, const FormatView& to, uint64_t n) {
+  if (from.compact == to.compact) return InternalError("a format conversion between equal formats");
+  if (from.compact) return kernels::CompactUnpack(n, from.cs, to.f[0], to.f[1], to.f[2]);
+  return kernels::CompactPack(n, from.f[0], from.f[1], from.f[2], to.cs);
+}
+
+FormatView Engine::Impl::ShardView(int g, const ShardBlocks& sb) const {
+  FormatView v;
+  v.compact = compact_;
+  if (compact_) {
+    v.cs = CompactAt(g, sb.at[int(StateKind::kP)], sb.at[int(StateKind::kW)], sb.at[int(StateKind::kM)],
+                     sb.at[int(StateKind::kV)]);
+  } else {
+    for (int s = 0; s < 3; ++s) v.f[s] = static_cast<float*>(sb.at[s + 1]);
+  }
+  return v;
 }
 
 }  // namespace strata
