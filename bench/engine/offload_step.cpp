@@ -6,6 +6,7 @@
 // Env: RINGS (strata.io_rings, default 1), STEP_IO (strata.step_io, default
 // alternate), TRACE (strata.trace_path), PACED=1 (wait for a stdin line before each step; see below).
 #include <algorithm>
+#include <memory>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -34,31 +35,55 @@ int main(int argc, char** argv) {
   const std::string host_budget = argc > 5 ? argv[5] : "1GiB";
   if (!params.ok()) return Fail(params.status());
   const uint64_t per_group = *params / static_cast<uint64_t>(groups);
-  const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir + R"("}},
+  // FORMATS: the strata.state_format of each engine, comma-separated; with
+  // two, both engines live side by side (their swap files in DIR/<format>)
+  // and each round steps both, in alternating order.
+  std::vector<std::string> formats;
+  {
+    std::string f = std::getenv("FORMATS") ? std::getenv("FORMATS") : "fp32";
+    for (size_t at = 0; at <= f.size();) {
+      const size_t comma = std::min(f.find(',', at), f.size());
+      formats.push_back(f.substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
+  struct Run {
+    std::string format;
+    std::unique_ptr<Engine> eng;
+    std::vector<double> times;
+    EngineStats before{}, after{};
+  };
+  std::vector<Run> runs;
+  for (const std::string& format : formats) {
+    const std::string where = formats.size() > 1 ? dir + "/" + format : dir;
+    if (formats.size() > 1 && std::system(("mkdir -p '" + where + "'").c_str()) != 0) return Fail(IoError("mkdir " + where));
+    const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + where + R"("}},
     "aio": {"block_size": 1048576, "queue_depth": 32},
     "strata": {"host_budget": ")" + host_budget + R"(", "device_budget": "4GiB", "io_rings": )" + (std::getenv("RINGS") ? std::string(std::getenv("RINGS")) : std::string("1")) +
     R"(, "step_io": ")" + (std::getenv("STEP_IO") ? std::string(std::getenv("STEP_IO")) : std::string("alternate")) + "\"" +
+    R"(, "state_format": ")" + format + "\"" +
     (std::getenv("TRACE") ? R"(, "trace_path": ")" + std::string(std::getenv("TRACE")) + "\"" : std::string()) + "}}";
-  auto cfg = ParseConfig(json);
-  if (!cfg.ok()) return Fail(cfg.status());
-  auto e = Engine::Create(*cfg, {});
-  if (!e.ok()) return Fail(e.status());
-  Engine& eng = **e;
-  std::vector<float> init(per_group, 0.01f);
-  for (int g = 0; g < groups; ++g) {
-    auto r = eng.AddParam(g, "g" + std::to_string(g), per_group, init.data());
-    if (!r.ok()) return Fail(r.status());
+    auto cfg = ParseConfig(json);
+    if (!cfg.ok()) return Fail(cfg.status());
+    auto e = Engine::Create(*cfg, {});
+    if (!e.ok()) return Fail(e.status());
+    Engine& eng = **e;
+    // Streamed registration: a shaped group without a copy of all of it in memory.
+    std::vector<float> init(std::min<uint64_t>(per_group, 1u << 24), 0.01f);
+    for (int g = 0; g < groups; ++g) {
+      auto r = eng.AddParam(g, "g" + std::to_string(g), per_group, init.size() == per_group ? init.data() : nullptr);
+      if (!r.ok()) return Fail(r.status());
+    }
+    init = {};
+    if (Status st = eng.Build(); !st.ok()) return Fail(st);
+    runs.push_back({format, std::move(*e), {}, {}, {}});
   }
-  init = {};
-  if (Status st = eng.Build(); !st.ok()) return Fail(st);
   std::vector<uint16_t> grads(per_group, 0x3c00);  // bf16 gradients (as a bf16 model hands them)
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<uint16_t>(0x3a00 + (i % 256));
-  std::vector<double> times;
-  EngineStats before{}, after{};
-  // PACED=1: before each step print "ready" and wait for a line on stdin (EOF
+  // PACED=1: before each round print "ready" and wait for a line on stdin (EOF
   // ends the run), so that bench/offload_step.sh can measure fio right before
-  // each step and pair them.
+  // each round and pair them.
   const bool paced = std::getenv("PACED") && std::string(std::getenv("PACED")) == "1";
   for (int s = 0; s < steps; ++s) {
     if (paced) {
@@ -67,31 +92,42 @@ int main(int argc, char** argv) {
       char line[64];
       if (!std::fgets(line, sizeof line, stdin)) break;
     }
-    for (int g = 0; g < groups; ++g)
-      if (Status st = eng.Grads(g, grads.data(), DType::kBF16); !st.ok()) return Fail(st);
-    before = eng.stats();
-    const auto t0 = std::chrono::steady_clock::now();
-    auto r = eng.Step({});
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!r.ok()) return Fail(r.status());
-    after = eng.stats();
-    times.push_back(secs);
-    std::printf("step %d: %.3f s, read %s, wrote %s, cpu optimizer %.3f s, disk busy %.3f s\n", s, secs,
-                FormatBytes(after.nvme_to_host - before.nvme_to_host).c_str(),
-                FormatBytes(after.host_to_nvme - before.host_to_nvme).c_str(), after.cpu_optimizer_s,
-                after.disk_busy_s);
-    std::printf("offload_step_round step_s=%.4f read_bytes=%llu write_bytes=%llu\n", secs,
-                static_cast<unsigned long long>(after.nvme_to_host - before.nvme_to_host),
-                static_cast<unsigned long long>(after.host_to_nvme - before.host_to_nvme));
+    for (size_t k = 0; k < runs.size(); ++k) {
+      Run& run = runs[s % 2 == 0 ? k : runs.size() - 1 - k];
+      Engine& eng = *run.eng;
+      for (int g = 0; g < groups; ++g)
+        if (Status st = eng.Grads(g, grads.data(), DType::kBF16); !st.ok()) return Fail(st);
+      run.before = eng.stats();
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = eng.Step({});
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!r.ok()) return Fail(r.status());
+      run.after = eng.stats();
+      run.times.push_back(secs);
+      const uint64_t rb = run.after.nvme_to_host - run.before.nvme_to_host;
+      const uint64_t wb = run.after.host_to_nvme - run.before.host_to_nvme;
+      std::printf("step %d %s: %.3f s, read %s, wrote %s, cpu optimizer %.3f s, disk busy %.3f s\n", s,
+                  run.format.c_str(), secs, FormatBytes(rb).c_str(), FormatBytes(wb).c_str(),
+                  run.after.cpu_optimizer_s - run.before.cpu_optimizer_s, run.after.disk_busy_s - run.before.disk_busy_s);
+    }
+    // The round's lines, in FORMATS order (bench/offload_step.sh reads them).
+    for (Run& run : runs)
+      std::printf("offload_step_round format=%s step_s=%.4f read_bytes=%llu write_bytes=%llu\n", run.format.c_str(),
+                  run.times.back(), static_cast<unsigned long long>(run.after.nvme_to_host - run.before.nvme_to_host),
+                  static_cast<unsigned long long>(run.after.host_to_nvme - run.before.host_to_nvme));
     std::fflush(stdout);
   }
-  if (times.empty()) return 0;
-  std::sort(times.begin(), times.end());
-  std::printf("host peak %s of %s budget\n", FormatBytes(after.host.peak).c_str(), FormatBytes(after.host.budget).c_str());
-  std::printf("offload_step params=%llu step_s=%.4f read_bytes=%llu write_bytes=%llu step_io=%s\n",
-              static_cast<unsigned long long>(per_group * static_cast<uint64_t>(groups)), times[times.size() / 2],
-              static_cast<unsigned long long>(after.nvme_to_host - before.nvme_to_host),
-              static_cast<unsigned long long>(after.host_to_nvme - before.host_to_nvme),
-              cfg->strata.step_io.c_str());
+  for (Run& run : runs) {
+    if (run.times.empty()) return 0;
+    std::sort(run.times.begin(), run.times.end());
+    std::printf("host peak %s of %s budget (%s)\n", FormatBytes(run.after.host.peak).c_str(),
+                FormatBytes(run.after.host.budget).c_str(), run.format.c_str());
+    std::printf("offload_step format=%s params=%llu step_s=%.4f read_bytes=%llu write_bytes=%llu step_io=%s\n",
+                run.format.c_str(), static_cast<unsigned long long>(per_group * static_cast<uint64_t>(groups)),
+                run.times[run.times.size() / 2],
+                static_cast<unsigned long long>(run.after.nvme_to_host - run.before.nvme_to_host),
+                static_cast<unsigned long long>(run.after.host_to_nvme - run.before.host_to_nvme),
+                run.eng->config().strata.step_io.c_str());
+  }
   return 0;
 }

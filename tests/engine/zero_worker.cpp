@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
   int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
-  bool tag_by_rank = false;
+  bool tag_by_rank = false, compact = false, bf16 = false;
   std::string timeout = "60", save_dir, load_dir;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "eio-skip")) eio_skip = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "diverge-rank-1-at-step")) diverge_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "diverge")) diverge = argv[i + 1];
+    if (!std::strcmp(argv[i], "compact")) compact = true;
+    if (!std::strcmp(argv[i], "bf16")) bf16 = true;
   }
   auto info = net::RankInfoFromEnv();
   if (!info.ok()) return Die(info.status());
@@ -57,12 +59,16 @@ int main(int argc, char** argv) {
   const std::string rank_swap = swap + "/rank" + std::to_string(info->rank);
   std::string mk = "mkdir -p '" + rank_swap + "'";
   if (std::system(mk.c_str()) != 0) return 1;
-  auto cfg = ParseConfig(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+  // "compact": strata.state_format compact (bf16 compute, as it needs);
+  // "bf16": bf16 compute with fp32 state.
+  const std::string format = compact ? R"(, "state_format": "compact")" : "";
+  auto cfg = ParseConfig(std::string(compact || bf16 ? R"({"bf16": {"enabled": true}, )" : "{") +
+                         R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "zero_optimization": {"stage": )" + stage + R"(,
         "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": ")" + rank_swap + R"("},
         "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + rank_swap + R"("}},
       "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "timeout": )" + timeout +
-                        R"(, "grad_reduce": ")" + (uneven ? "sum" : "mean") + R"("}})");
+                        R"(, "grad_reduce": ")" + (uneven ? "sum" : "mean") + "\"" + format + "}}");
   if (!cfg.ok()) return Die(cfg.status());
   EngineOptions eo;
   eo.rank = info->rank;

@@ -57,12 +57,12 @@ struct Saved {
   int64_t step = 0;
 };
 
-std::string Config(const std::string& swap) {
+std::string Config(const std::string& swap, const std::string& format) {
   return R"({"bf16": {"enabled": true},
     "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.0}},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap + R"("},
       "offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"("}},
-    "strata": {"device_budget": "1MiB", "host_budget": "8MiB"}})";
+    "strata": {"device_budget": "1MiB", "host_budget": "8MiB", "state_format": ")" + format + R"("}})";
 }
 
 std::vector<float> Init(const Tensor& t, std::mt19937_64& rng) {
@@ -75,8 +75,8 @@ std::vector<float> Init(const Tensor& t, std::mt19937_64& rng) {
 }
 
 // Trains two steps, saves DIR/step2, reads the master weights back.
-void MakeCheckpoint(Saved& s) {
-  auto cfg = ParseConfig(Config(s.swap.path()));
+void MakeCheckpoint(Saved& s, const std::string& format) {
+  auto cfg = ParseConfig(Config(s.swap.path(), format));
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   EngineOptions opt;
   opt.force_no_gpu = true;
@@ -125,15 +125,17 @@ void WriteReference(Saved& s) {
   s.ref_bin = s.dir.path() + "/ref.bin";
 }
 
-std::unique_ptr<Saved> g_saved;  // made by the first test, removed after the last
+std::unique_ptr<Saved> g_saved, g_saved_compact;  // made by the first test that needs one
 
-Saved& Checkpoint() {
-  if (!g_saved) {
-    g_saved = std::make_unique<Saved>();
-    MakeCheckpoint(*g_saved);
-    WriteReference(*g_saved);
+// strata.state_format "fp32" (the default) or "compact".
+Saved& Checkpoint(const std::string& format = "fp32") {
+  std::unique_ptr<Saved>& saved = format == "compact" ? g_saved_compact : g_saved;
+  if (!saved) {
+    saved = std::make_unique<Saved>();
+    MakeCheckpoint(*saved, format);
+    WriteReference(*saved);
   }
-  return *g_saved;
+  return *saved;
 }
 
 struct Run {
@@ -297,6 +299,17 @@ TEST(Export, StageZeroOfFourRanksIsOneShard) {
   ExpectExportsEqual(folder, s);
 }
 
+// A compact checkpoint: the masters rebuilt from their bf16 halves and
+// corrections, exactly as the engine reads them back; a flipped bit refused.
+TEST(Export, CompactCheckpointEqualsGatheredMaster) {
+  Saved& s = Checkpoint("compact");
+  ExpectExportsEqual(s.dir.path(), s);
+  const std::string folder = s.dir.path() + "/corrupt";
+  fs::copy(s.dir.path() + "/step2", folder, fs::copy_options::recursive);
+  FlipInWBlock(folder, "rank00000.bin", 1, 2 * 4099 + 1);  // a bf16 half inside blocks.0.ln_1.weight
+  ExpectRefused(folder, s, folder + "/rank00000.bin", "checksum mismatch");
+}
+
 TEST(Export, RefusesCorruptBlock) {
   Saved& s = Checkpoint();
   const std::string folder = s.dir.path() + "/corrupt";
@@ -409,7 +422,7 @@ TEST(Export, ShapelessCheckpointLoadsIntoAShapedEngine) {
   Saved& s = Checkpoint();
   auto load_into = [&](const std::string& folder, const std::vector<uint64_t>& embed_shape) -> Status {
     testing::TempDir swap;
-    auto cfg = ParseConfig(Config(swap.path()));
+    auto cfg = ParseConfig(Config(swap.path(), "fp32"));
     EXPECT_TRUE(cfg.ok());
     EngineOptions opt;
     opt.force_no_gpu = true;
@@ -464,5 +477,6 @@ int main(int argc, char** argv) {
   }
   const int rc = RUN_ALL_TESTS();
   strata::g_saved.reset();
+  strata::g_saved_compact.reset();
   return rc;
 }

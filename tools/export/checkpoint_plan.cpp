@@ -53,6 +53,7 @@ Status Fill(const manifest::Manifest& m, CheckpointPlan& plan) {
   plan.shards = m.shard_world;
   plan.step = m.step;
   plan.tag = m.tag;
+  plan.compact = m.state_format == "compact";
   std::set<std::string> names;
   for (const manifest::Group& mg : m.groups) {
     GroupRef g;

@@ -26,7 +26,7 @@ struct TensorRef {
 struct ShardRef {
   std::string path;      // the rank's data file
   uint64_t offset = 0;   // bytes into the file
-  uint64_t bytes = 0;    // shard_numel * 4 (fp32)
+  uint64_t bytes = 0;    // shard_numel * 4 (fp32); compact: 2 * shard_numel of bf16 halves, then the corrections, padded
   std::string xxh3;      // 16 hex digits, as the manifest writes it
 };
 
@@ -42,6 +42,9 @@ struct CheckpointPlan {
   int world_size = 1;  // ranks that saved it
   int shards = 1;      // "shard_world": data files, one per shard (1 at stage 0)
   int64_t step = 0;
+  // strata.state_format of the saved state: W blocks of "compact" hold the
+  // master's bf16 half then its int8 corrections (kernels/cpu/compact.h).
+  bool compact = false;
   std::vector<GroupRef> groups;
 };
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/sizes.h"
+#include "kernels/cpu/compact.h"
 #include "tools/export/safetensors.h"
 
 namespace strata::exporter {
@@ -153,6 +154,44 @@ Status CopyShard(const GroupRef& g, size_t gi, uint64_t r, const std::vector<Saf
   return st;
 }
 
+// The same for a compact W block: checked whole against its checksum
+// first, then rebuilt a chunk at a time from its bf16 halves and corrections.
+Status CopyCompactShard(const GroupRef& g, size_t gi, uint64_t r, const std::vector<SafetensorsEntry>& entries,
+                        size_t first_entry, uint64_t data_base, Files& files, Buffers& bufs) {
+  const ShardRef& s = g.shards[r];
+  STRATA_ASSIGN_OR_RETURN(int fd, files.In(s.path));
+  XXH3_state_t* hs = XXH3_createState();
+  XXH3_64bits_reset(hs);
+  Status st;
+  for (uint64_t done = 0; st.ok() && done < s.bytes;) {
+    const uint64_t n = std::min(bufs.bytes, s.bytes - done);
+    st = PreadFull(fd, s.path, bufs.read.get(), n, s.offset + done);
+    if (st.ok()) XXH3_64bits_update(hs, bufs.read.get(), n);
+    done += n;
+  }
+  const uint64_t h = XXH3_64bits_digest(hs);
+  XXH3_freeState(hs);
+  if (!st.ok()) return st;
+  if (Hex(h) != s.xxh3)
+    return CorruptError("checksum mismatch in " + s.path + ": the W block of group " + std::to_string(gi) +
+                        " at offset " + std::to_string(s.offset) + " (" + std::to_string(s.bytes) + " bytes)");
+  const uint64_t n = g.shard_numel;
+  const uint64_t chunk = bufs.bytes / 4 / kernels::kCompactBlock * kernels::kCompactBlock;  // the rebuilt floats fill the buffer
+  std::vector<uint16_t> hi(chunk);
+  std::vector<int8_t> lo(chunk), m_code(chunk, 0);
+  std::vector<float> m_scale(kernels::CompactScaleCount(chunk), 0.0f), m(chunk);
+  for (uint64_t e = 0; e < n; e += chunk) {  // the moments are zeros here: only W is rebuilt
+    const uint64_t c = std::min(chunk, n - e);
+    STRATA_RETURN_IF_ERROR(PreadFull(fd, s.path, hi.data(), c * 2, s.offset + e * 2));
+    STRATA_RETURN_IF_ERROR(PreadFull(fd, s.path, lo.data(), c, s.offset + 2 * n + e));
+    const kernels::CompactState cs{hi.data(), lo.data(), m_code.data(), m_scale.data(), nullptr, nullptr};
+    STRATA_RETURN_IF_ERROR(kernels::CompactUnpack(c, cs, bufs.read.get(), m.data(), nullptr));
+    const uint64_t a = r * g.shard_numel + e;
+    STRATA_RETURN_IF_ERROR(WriteChunk(g, entries, first_entry, data_base, a, a + c, bufs.read.get(), files, bufs));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ExportSummary> ExportSafetensors(const CheckpointPlan& plan, const std::string& out_path, const ExportOptions& options) {
@@ -207,7 +246,8 @@ Result<ExportSummary> ExportSafetensors(const CheckpointPlan& plan, const std::s
   STRATA_RETURN_IF_ERROR(PwriteFull(files.out(), files.tmp(), prefix.data(), prefix.size(), 0));
   for (size_t g = 0; g < plan.groups.size(); ++g)
     for (uint64_t r = 0; r < plan.groups[g].shards.size(); ++r) {
-      STRATA_RETURN_IF_ERROR(CopyShard(plan.groups[g], g, r, entries, first_entry[g], prefix.size(), files, bufs));
+      STRATA_RETURN_IF_ERROR((plan.compact ? CopyCompactShard : CopyShard)(plan.groups[g], g, r, entries, first_entry[g],
+                                                                           prefix.size(), files, bufs));
       sum.read_bytes += plan.groups[g].shards[r].bytes;
     }
   for (const auto& [a, t] : alias_of) {  // copied from the file as written, a buffer at a time
