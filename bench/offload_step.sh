@@ -10,8 +10,12 @@
 #   concurrent: reads run beside writes, so the bound is
 #               max = max(read_bytes / fio_read, write_bytes / fio_write).
 # Also printed: mixed = (read_bytes + write_bytes) / fio's rate on the same
-# read:write mix at once. Last line: `offload_step disk_bound_ratio=R`, median
-# step time / the schedule's bound (sum or max, named on the line before).
+# read:write mix at once.
+# Each round also steps an engine with strata.state_format "compact" on the
+# same disk (in alternating order with the fp32 one), right after fio.
+# Last line: `offload_step disk_bound_ratio=R compact_speedup=S`: R is the fp32
+# step's median time / the schedule's bound (sum or max, named on the line
+# before), S the median over rounds of fp32 step time / compact step time.
 # Usage: bench/offload_step.sh DIR   (env: BUILD_DIR, PARAMS, GROUPS_, STEPS, STEP_IO, RINGS)
 set -euo pipefail
 DIR=${1:?usage: bench/offload_step.sh DIR}
@@ -30,7 +34,7 @@ FIOFILE=$DIR/offload_step.fio.bin
 OUT=$(mktemp)
 ROUNDS_OUT=$(mktemp)
 cleanup() {
-  [ -n "${STEP_PID:-}" ] && kill "$STEP_PID" 2>/dev/null
+  [ -n "${STEP_PID:-}" ] && kill "$STEP_PID" 2>/dev/null || true
   rm -f "$FIOFILE" "$OUT" "$ROUNDS_OUT"
 }
 trap cleanup EXIT
@@ -49,7 +53,7 @@ fio --name=layout --filename="$FIOFILE" --size=4G --bs=1M --iodepth=32 --ioengin
 # Paired rounds: this disk's rates drift by tens of percent from minute to
 # minute, so each step is timed right after fio's read and write runs and the
 # ratio is taken per round (median of rounds; one warm-up step first).
-coproc STEPPER { PACED=1 exec "$BUILD_DIR/bench/engine/strata-offload-step" "$DIR" "$PARAMS" "$NGROUPS" $((STEPS + 1)) 1GiB; }
+coproc STEPPER { PACED=1 FORMATS=fp32,compact exec "$BUILD_DIR/bench/engine/strata-offload-step" "$DIR" "$PARAMS" "$NGROUPS" $((STEPS + 1)) 1GiB; }
 STEP_PID=$STEPPER_PID
 next_step() {  # lets the stepper run one step; its round line goes to $ROUND
   # (no $(...): a subshell does not get the coprocess's descriptors)
@@ -59,9 +63,15 @@ next_step() {  # lets the stepper run one step; its round line goes to $ROUND
     [ "$line" = ready ] && break
   done
   echo go >&"${STEPPER[1]}"
+  ROUND=""
   while IFS= read -r line <&"${STEPPER[0]}"; do
     echo "$line" >>"$OUT"
-    case $line in offload_step_round*) ROUND=$line; return 0 ;; esac
+    case $line in
+      "offload_step_round format=fp32 "*) ROUND=$line ;;
+      "offload_step_round format=compact "*)
+        ROUND="$ROUND $(echo "${line#offload_step_round format=compact }" | sed 's/\([a-z_]*\)=/compact_\1=/g')"
+        return 0 ;;
+    esac
   done
   echo "offload_step: the stepper stopped early:" >&2; cat "$OUT" >&2; exit 1
 }
@@ -79,10 +89,10 @@ grep -E "^(step |host peak)" "$OUT" || true
 MIX=$(fio_rate rw 57)
 /usr/bin/python3 - "$ROUNDS_OUT" "$MIX" "${STEP_IO:-alternate}" <<'PY'
 import statistics as st, sys
-rounds = [dict(f.split("=") for f in l.split()[1:]) for l in open(sys.argv[1]) if l.strip()]
+rounds = [dict(f.split("=") for f in l.split()[1:] if "=" in f) for l in open(sys.argv[1]) if l.strip()]
 mr, mw = (float(x) * 1e6 for x in sys.argv[2].split())
 schedule = sys.argv[3]
-sums, maxs, mixes, steps = [], [], [], []
+sums, maxs, mixes, steps, speedups = [], [], [], [], []
 for k in rounds:
     step, rb, wb = float(k["step_s"]), float(k["read_bytes"]), float(k["write_bytes"])
     rr, wr = float(k["fio_read"]) * 1e6, float(k["fio_write"]) * 1e6
@@ -90,11 +100,14 @@ for k in rounds:
     print(f"round: step {step:.3f} s ({rb/2**30:.2f} GiB in, {wb/2**30:.2f} GiB out), fio read {rr/1e6:.0f} MB/s "
           f"write {wr/1e6:.0f} MB/s; bounds sum {sum_b:.3f} s max {max_b:.3f} s; ratios sum {step/sum_b:.2f} max {step/max_b:.2f}")
     sums.append(step / sum_b); maxs.append(step / max_b); steps.append(step)
+    cstep, crb, cwb = float(k["compact_step_s"]), float(k["compact_read_bytes"]), float(k["compact_write_bytes"])
+    speedups.append(step / cstep)
+    print(f"       compact step {cstep:.3f} s ({crb/2**30:.2f} GiB in, {cwb/2**30:.2f} GiB out); fp32/compact {step/cstep:.2f}")
     mixes.append(step / ((rb + wb) / (mr + mw)))
 print(f"fio mixed 57:43 read+write {(mr+mw)/1e6:.0f} MB/s (after the rounds): median ratio to it {st.median(mixes):.2f}")
 print(f"median of {len(rounds)} rounds: step {st.median(steps):.3f} s; ratio to sum bound {st.median(sums):.2f}, "
       f"to max bound {st.median(maxs):.2f}")
 name, ratio = ("max", st.median(maxs)) if schedule == "concurrent" else ("sum", st.median(sums))
 print(f"step_io={schedule}: the bound is {name} (median of per-round step / bound)")
-print(f"offload_step disk_bound_ratio={ratio:.2f}")
+print(f"offload_step disk_bound_ratio={ratio:.2f} compact_speedup={st.median(speedups):.2f}")
 PY

@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
       const uint64_t wb = run.after.host_to_nvme - run.before.host_to_nvme;
       std::printf("step %d %s: %.3f s, read %s, wrote %s, cpu optimizer %.3f s, disk busy %.3f s\n", s,
                   run.format.c_str(), secs, FormatBytes(rb).c_str(), FormatBytes(wb).c_str(),
-                  run.after.cpu_optimizer_s - run.before.cpu_optimizer_s, run.after.disk_busy_s - run.before.disk_busy_s);
+                  run.after.cpu_optimizer_s, run.after.disk_busy_s);
     }
     // The round's lines, in FORMATS order (bench/offload_step.sh reads them).
     for (Run& run : runs)

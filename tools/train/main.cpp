@@ -21,7 +21,7 @@ namespace strata::train {
 namespace {
 
 struct Args {
-  std::string preset = "small", data, nvme, config, trace, save, resume;
+  std::string preset = "small", data, nvme, config, trace, save, resume, state_format;
   std::string device_budget = "2MiB", host_budget = "256MiB";
   int64_t steps = 100;
   int batch = 0, seq = 0, print_every = 10, save_every = 0, warmup = 10;
@@ -144,6 +144,7 @@ int Run(Args a) {
   ci.host_budget = a.host_budget;
   ci.nvme = a.nvme;
   ci.trace = a.trace;
+  ci.state_format = a.state_format;
   ci.lead = lead;
   ci.config_path = a.config;
   TrainConfig tc;
@@ -313,6 +314,9 @@ int main(int argc, char** argv) {
                "dtype (bf16; f16 with --fp16), gradients handed back as fp32 device pointers, TFLOPS in the "
                "summary; an error without a usable GPU. Default: the CPU layers, GPU or not");
   app.add_option("--config", a.config, "a ds_config.json merged over the built-in config");
+  app.add_option("--state-format", a.state_format,
+                 "strata.state_format: fp32, or compact (about 5 bytes a parameter of optimizer state instead of 12)")
+      ->check(CLI::IsMember({"fp32", "compact"}));
   app.add_option("--trace", a.trace, "write rank 0's Chrome trace (Perfetto) here");
   app.add_option("--save", a.save, "checkpoint folder (alone: one checkpoint after the last step)");
   app.add_option("--save-every", a.save_every, "checkpoint every N steps instead")->check(CLI::Range(0, 1 << 30));

@@ -37,6 +37,7 @@ Json BuiltinConfig(const ConfigInputs& in) {
     j["strata"]["host_budget"] = "auto";
   }
   if (!in.trace.empty()) j["strata"]["trace_path"] = in.trace;
+  if (!in.state_format.empty()) j["strata"]["state_format"] = in.state_format;
   return j;
 }
 

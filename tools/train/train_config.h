@@ -15,6 +15,7 @@ struct ConfigInputs {
   std::string device_budget, host_budget;
   std::string nvme;         // --nvme: the swap folder; "" = a fresh one under /var/tmp when one is needed
   std::string trace;        // --trace
+  std::string state_format;  // --state-format: strata.state_format ("" = the config's, else fp32)
   bool lead = true;         // rank 0; other ranks write no trace (whichever config names it)
   std::string config_path;  // --config: a JSON merged over the built-in config (RFC 7386)
 };
