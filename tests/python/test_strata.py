@@ -286,6 +286,34 @@ def test_offload_module_bf16_compute():
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+def test_offload_module_compact_state_learns_like_fp32():
+    # strata.state_format "compact": the same training within the format's
+    # precision; the masters differ (they are rounded), and a clash with the
+    # config, or compact without bf16, is refused with the reason.
+    results = {}
+    for fmt in ("fp32", "compact"):
+        model = make_model()
+        x, y = make_data()
+        off = st.offload_module(model, {"bf16": {"enabled": True}}, force_no_gpu=True, state_format=fmt)
+        losses = []
+        for _ in range(20):
+            loss = ((model(x.bfloat16()).float() - y) ** 2).mean()
+            loss.backward()
+            off.step(lr=1e-2)
+            losses.append(loss.item())
+        results[fmt] = (losses, {k: v.clone() for k, v in off.master_parameters().items()})
+        off.close()
+    l32, lc = results["fp32"][0], results["compact"][0]
+    assert lc[-1] < 0.7 * lc[0], lc
+    assert all(abs(a - b) <= 0.05 * abs(a) for a, b in zip(l32, lc)), (l32, lc)
+    assert any(not torch.equal(results["fp32"][1][k], results["compact"][1][k]) for k in results["fp32"][1])
+    with pytest.raises(ValueError, match="differs from the config"):
+        st.offload_module(make_model(), {"bf16": {"enabled": True}, "strata": {"state_format": "fp32"}},
+                          force_no_gpu=True, state_format="compact")
+    with pytest.raises(strata.Error, match="bf16.enabled"):
+        st.offload_module(make_model(), {}, force_no_gpu=True, state_format="compact")
+
+
 def test_checkpoint_round_trip_and_corruption(tmp_path):
     cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}},
            "zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)}}}
