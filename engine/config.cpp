@@ -249,6 +249,9 @@ Status ReadTop(ObjectReader& top, Config* c) {
   STRATA_ASSIGN_OR_RETURN(ObjectReader fp16, top.Object("fp16"));
   STRATA_RETURN_IF_ERROR(ReadFp16(fp16, &c->fp16, &c->warnings));
   STRATA_RETURN_IF_ERROR(top.Double("gradient_clipping", &c->gradient_clipping, 0, std::numeric_limits<double>::max()));
+  STRATA_ASSIGN_OR_RETURN(ObjectReader types, top.Object("data_types"));
+  STRATA_RETURN_IF_ERROR(types.Choice("grad_accum_dtype", &c->grad_accum_dtype, {"fp32", "bf16"}));
+  STRATA_RETURN_IF_ERROR(types.CheckUnknownKeys());
   STRATA_ASSIGN_OR_RETURN(ObjectReader opt, top.Object("optimizer"));
   STRATA_RETURN_IF_ERROR(ReadOptimizer(opt, &c->optimizer, &c->warnings));
   STRATA_ASSIGN_OR_RETURN(ObjectReader strata, top.Object("strata"));
@@ -261,7 +264,7 @@ Status ReadTop(ObjectReader& top, Config* c) {
              "timers", "monitor_config"},
             &c->notes);
   top.Unimplemented({"amp", "zero_force_ds_cpu_optimizer", "memory_breakdown", "fp32_allreduce",
-                     "disable_allgather", "data_types", "communication_data_type",
+                     "disable_allgather", "communication_data_type",
                      "seq_parallel_communication_data_type", "sparse_attention", "pipeline", "checkpoint",
                      "compression_training", "quantize_training", "eigenvalue", "progressive_layer_drop",
                      "hybrid_engine", "nebula", "weight_quantization", "compile", "graph_harvesting",
@@ -293,6 +296,8 @@ const char* OffloadDeviceName(OffloadDevice d) {
   return "none";
 }
 
+DType Config::grad_dtype() const { return grad_accum_dtype == "bf16" ? DType::kBF16 : DType::kF32; }
+
 DType Config::compute_dtype() const {
   if (fp16.enabled) return DType::kF16;
   return bf16 ? DType::kBF16 : DType::kF32;
@@ -317,7 +322,8 @@ bool Config::any_pinned() const {
 
 bool Config::operator==(const Config& o) const {
   return zero == o.zero && aio == o.aio && bf16 == o.bf16 && fp16 == o.fp16 &&
-         gradient_clipping == o.gradient_clipping && optimizer == o.optimizer && strata == o.strata;
+         gradient_clipping == o.gradient_clipping && grad_accum_dtype == o.grad_accum_dtype &&
+         optimizer == o.optimizer && strata == o.strata;
 }
 
 // Keys read (and range-checked) so that a ds_config.json loads, but with no
@@ -404,6 +410,7 @@ std::string ConfigToJson(const Config& c) {
         {"initial_scale_power", c.fp16.initial_scale_power}, {"loss_scale_window", c.fp16.loss_scale_window},
         {"hysteresis", c.fp16.hysteresis}, {"min_loss_scale", c.fp16.min_loss_scale}}},
       {"gradient_clipping", c.gradient_clipping},
+      {"data_types", {{"grad_accum_dtype", c.grad_accum_dtype}}},
       {"optimizer",
        {{"type", c.optimizer.type},
         {"params",

@@ -152,6 +152,11 @@ struct Config {
   bool bf16 = false;  // bf16.enabled (or "bfloat16")
   Fp16Config fp16;
   double gradient_clipping = 0;  // 0 = off
+  // data_types.grad_accum_dtype: how G (the step's summed gradients) is
+  // stored: "fp32" (DeepSpeed's default), or "bf16" (2 bytes a parameter:
+  // each grads call adds in fp32 and rounds the sum to nearest even; a single
+  // call of bf16 gradients is stored exactly). "fp16" is refused.
+  std::string grad_accum_dtype = "fp32";
   OptimizerConfig optimizer;
   StrataConfig strata;
   // Diagnostics of the parse, not configuration (ignored by operator==):
@@ -161,6 +166,7 @@ struct Config {
   // The dtype of P (parameters as the model computes with them): f16 when
   // fp16.enabled, bf16 when bf16.enabled, f32 when neither (as in DeepSpeed).
   DType compute_dtype() const;
+  DType grad_dtype() const;  // of G: kF32 or kBF16 (data_types.grad_accum_dtype)
   // Swap folders for parameters / optimizer state: strata.nvme_paths when
   // given, else the section's nvme_path; empty when that tier is not nvme.
   std::vector<std::string> ParamSwapPaths() const;

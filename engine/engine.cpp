@@ -111,6 +111,7 @@ Status Engine::Impl::Init() {
     return ConfigError("optimizer.type: '" + opt + "' is not one of Adam, AdamW, Lion, Adagrad");
   dtype_ = config_.compute_dtype();
   compact_ = config_.strata.state_format == "compact";
+  gdtype_ = config_.grad_dtype();
   stats_ = std::make_unique<StatsRecorder>(options_.rank, RankTracePath(config_.strata.trace_path));
   UringOptions uo;
   uo.rings = config_.strata.io_rings;
@@ -306,8 +307,9 @@ Status Engine::Impl::BuildOnce() {
       // Fails when the kernels cannot run (STRATA_CPU_ISA): P would stay zeros.
       return kernels::Cast(DType::kF32, w0.data() + from, dtype_, p, count);
     };
+    int zeroing = 0;  // the state `zero` fills
     auto zero = [&](void* p) {
-      std::memset(p, 0, L.shard_numel * 4);
+      std::memset(p, 0, StateBytes(*this, zeroing, g));
       return Status::Ok();
     };
     STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kP)], fill_p));
@@ -319,8 +321,10 @@ Status Engine::Impl::BuildOnce() {
       STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kW)], fill_w));
     }
     for (int s : {int(StateKind::kM), int(StateKind::kV), int(StateKind::kG)})
-      if (used(s) && (!compact_ || s == int(StateKind::kG)))
+      if (used(s) && (!compact_ || s == int(StateKind::kG))) {
+        zeroing = s;
         STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[static_cast<size_t>(s)], zero));
+      }
   }
   init_.clear();
   init_.shrink_to_fit();
@@ -387,30 +391,44 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
 // zero — and records the shard's sum of squares for the global norm.
 Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64_t count) {
   GroupState& gs = groups_[static_cast<size_t>(group)];
-  const uint64_t n = part_.group(group).shard_numel;
+  const uint64_t n = part_.group(group).shard_numel, gsize = DTypeSize(gdtype_);
   const StateBlock& gb = gs.blocks[int(StateKind::kG)];
   const bool direct = io_->Direct(gb);
-  float* G = direct ? static_cast<float*>(io_->DirectPtr(gb)) : static_cast<float*>(grad_staging_.Acquire());
+  void* G = direct ? io_->DirectPtr(gb) : grad_staging_.Acquire();
   Status st;
-  if (gs.grad_calls == 0) {
+  if (gs.grad_calls > 0 && !direct) st = io_->Load(gb, G);
+  if (gs.grad_calls == 0 && dtype == gdtype_) {  // stored as handed in
+    std::memcpy(G, src, count * gsize);
+  } else if (gs.grad_calls == 0 && gdtype_ == DType::kF32) {
     st = kernels::Cast(dtype, src, DType::kF32, G, count);
-    std::memset(G + count, 0, (n - count) * 4);
-  } else if (!direct) {
-    st = io_->Load(gb, G);
-  }
-  if (st.ok() && gs.grad_calls > 0) {  // widen a tile at a time, then add
+  } else if (st.ok()) {  // a tile at a time: widen, add in fp32, store in G's dtype (nearest even)
     constexpr uint64_t kTile = 4096;
-    float wide[kTile];
+    float wide[kTile], sum[kTile];
     for (uint64_t at = 0; st.ok() && at < count; at += kTile) {
       const uint64_t k = std::min(kTile, count - at);
       const float* x = wide;
       if (dtype == DType::kF32) x = static_cast<const float*>(src) + at;
       else st = kernels::Cast(dtype, static_cast<const char*>(src) + at * DTypeSize(dtype), DType::kF32, wide, k);
-      for (uint64_t i = 0; i < k; ++i) G[at + i] += x[i];
+      char* g = static_cast<char*>(G) + at * gsize;
+      if (!st.ok()) break;
+      if (gdtype_ == DType::kF32) {
+        float* gf = reinterpret_cast<float*>(g);
+        if (gs.grad_calls == 0) std::memcpy(gf, x, k * 4);
+        else for (uint64_t i = 0; i < k; ++i) gf[i] += x[i];
+        continue;
+      }
+      if (gs.grad_calls == 0) {
+        st = kernels::Cast(DType::kF32, x, gdtype_, g, k);
+        continue;
+      }
+      st = kernels::Cast(gdtype_, g, DType::kF32, sum, k);
+      for (uint64_t i = 0; st.ok() && i < k; ++i) sum[i] += x[i];
+      if (st.ok()) st = kernels::Cast(DType::kF32, sum, gdtype_, g, k);
     }
   }
+  if (st.ok() && gs.grad_calls == 0) std::memset(static_cast<char*>(G) + count * gsize, 0, (n - count) * gsize);
   kernels::SquaresSum sq;
-  if (st.ok()) st = kernels::SumSquares(DType::kF32, G, n, &sq);
+  if (st.ok()) st = kernels::SumSquares(gdtype_, G, n, &sq);
   if (st.ok() && !direct) st = io_->Store(gb, G);
   if (!direct) grad_staging_.Release(G);
   if (!st.ok()) return st;

@@ -213,6 +213,7 @@ class Engine::Impl {
   net::Communicator* comm_ = nullptr;
   DType dtype_ = DType::kF32;
   bool compact_ = false;  // strata.state_format "compact"
+  DType gdtype_ = DType::kF32;  // of G: data_types.grad_accum_dtype
   Partition part_;
   std::vector<std::vector<float>> init_;  // per group, until Build
   bool built_ = false;

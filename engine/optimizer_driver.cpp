@@ -182,7 +182,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   auto update = [&](Job& j) {
     GroupState& gs = groups_[static_cast<size_t>(j.group)];
     const uint64_t len = part_.group(j.group).shard_numel;
-    if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * 4);
+    if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * DTypeSize(gdtype_));
     float* W = j.ptr[int(StateKind::kW)];
     void* P = static_cast<char*>(static_cast<void*>(j.ptr[int(StateKind::kP)])) + PSliceOffset(j.group);
     const bool copy_f32 = dtype_ == DType::kF32;
@@ -193,21 +193,22 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       const kernels::CompactState cs = CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
                                                  j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
       if (oc.type == "lion") {
-        kernels::LionOptions o{lr, b1, b2, wd, grad_scale, DType::kF32, DType::kBF16};
+        kernels::LionOptions o{lr, b1, b2, wd, grad_scale, gdtype_, DType::kBF16};
         st = kernels::CompactLionStep(o, len, cs, j.ptr[int(StateKind::kG)], nullptr);
       } else {
         kernels::AdamOptions o;
         o.lr = lr; o.beta1 = b1; o.beta2 = b2; o.eps = eps; o.weight_decay = wd; o.step = step;
         o.mode = (oc.type == "adamw" || oc.adam_w_mode) ? kernels::AdamMode::kAdamW : kernels::AdamMode::kAdam;
         o.grad_scale = grad_scale;
+        o.grad_dtype = gdtype_;
         st = kernels::CompactAdamStep(o, len, cs, j.ptr[int(StateKind::kG)], nullptr);
       }
     } else if (oc.type == "lion") {
-      kernels::LionOptions o{lr, b1, b2, wd, grad_scale, DType::kF32, copy_f32 ? DType::kBF16 : dtype_};
+      kernels::LionOptions o{lr, b1, b2, wd, grad_scale, gdtype_, copy_f32 ? DType::kBF16 : dtype_};
       st = kernels::LionStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
     } else if (oc.type == "adagrad") {
       kernels::AdagradOptions o;
-      o.lr = lr; o.weight_decay = wd; o.eps = eps; o.step = step; o.grad_scale = grad_scale;
+      o.lr = lr; o.weight_decay = wd; o.eps = eps; o.step = step; o.grad_scale = grad_scale; o.grad_dtype = gdtype_;
       o.param_copy_dtype = copy_f32 ? DType::kBF16 : dtype_;
       st = kernels::AdagradStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
     } else {
@@ -215,6 +216,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       o.lr = lr; o.beta1 = b1; o.beta2 = b2; o.eps = eps; o.weight_decay = wd; o.step = step;
       o.mode = (oc.type == "adamw" || oc.adam_w_mode) ? kernels::AdamMode::kAdamW : kernels::AdamMode::kAdam;
       o.grad_scale = grad_scale;
+      o.grad_dtype = gdtype_;
       o.param_copy_dtype = copy_f32 ? DType::kBF16 : dtype_;
       st = kernels::AdamStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)],
                              j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);

@@ -40,7 +40,8 @@ bool StateUsed(const Engine::Impl& m, int s) {
 uint64_t StateBytes(const Engine::Impl& m, int s, int g) {
   if (s == int(StateKind::kP)) return m.PHomeNumel(g) * DTypeSize(m.dtype_);
   const uint64_t n = m.part_.group(g).shard_numel;
-  if (!m.compact_ || s == int(StateKind::kG)) return n * 4;
+  if (s == int(StateKind::kG)) return n * DTypeSize(m.gdtype_);
+  if (!m.compact_) return n * 4;
   // W: the int8 corrections (the bf16 half is P); M, V: codes, then a float
   // scale a block. Zeros to 4 KiB: a checkpoint writes them with O_DIRECT.
   if (s == int(StateKind::kW)) return AlignUp(n, manifest::kCompactBlockAlign);
@@ -79,7 +80,7 @@ StagingSizes PlanStaging(const Engine::Impl& m, const std::function<uint64_t(uin
     z.param_slots = static_cast<int>(std::clamp<uint64_t>(m.config_.zero.offload_param.buffer_count, 1, 4));
     z.param_bytes = padded(shard * DTypeSize(m.dtype_));
   }
-  if (m.home_[int(StateKind::kG)] == TierKind::kNvme) z.grad_bytes = padded(shard * 4);
+  if (m.home_[int(StateKind::kG)] == TierKind::kNvme) z.grad_bytes = padded(shard * DTypeSize(m.gdtype_));
   if (gpu) z.grad_bytes = std::max(z.grad_bytes, m.part_.largest_group_numel() * 4);
   uint64_t largest_padded = 0;
   for (int g = 0; g < ngroups; ++g) largest_padded = std::max(largest_padded, m.part_.group(g).padded);

@@ -1,12 +1,14 @@
 // strata.state_format "compact" at the engine's edges: checkpoints (resume
 // is exact, the files shrink, corruption is caught), conversion between
 // formats both ways, read_state/write_state, and the config's refusals.
+// Also data_types.grad_accum_dtype "bf16" (G in 2 bytes), in both formats.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "base/dtype.h"
 #include "engine/engine.h"
@@ -277,6 +279,85 @@ TEST(Compact, LionResumes) {
   for (double l : Steps(*second, model, 3, 6)) joined.push_back(l);
   EXPECT_EQ(joined, all);
   EXPECT_EQ(States(*second, OS::kMaster), want);
+}
+
+// An engine of two groups (5000 and 3000 elements) with state on NVMe, fed
+// bf16 gradients: `calls` grads calls a step (strata.grad_reduce "sum").
+struct GradRun {
+  std::vector<std::vector<float>> master;
+  uint64_t nvme_read = 0;
+};
+GradRun TrainBf16Grads(const std::string& dir, const std::string& format, const std::string& accum, int calls,
+                       bool presum = false) {
+  GradRun out;
+  auto c = ParseConfig(R"({"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": ")" + accum + R"("},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir + R"("},
+      "offload_param": {"device": "nvme", "nvme_path": ")" + dir + R"(", "buffer_size": 1e5}},
+    "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "grad_reduce": "sum", "state_format": ")" + format +
+                       R"("}})");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return out;
+  EngineOptions eo;
+  eo.grad_accumulation_steps = presum ? 1 : calls;
+  auto e = Engine::Create(*c, eo);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (!e.ok()) return out;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  const uint64_t sizes[2] = {5000, 3000};
+  for (int g = 0; g < 2; ++g) {
+    std::vector<float> init(sizes[g]);
+    for (auto& x : init) x = nd(rng);
+    EXPECT_TRUE((*e)->AddParam(g, "p" + std::to_string(g), sizes[g], init.data()).ok());
+  }
+  EXPECT_TRUE((*e)->Build().ok());
+  const EngineStats before = (*e)->stats();
+  for (int step = 0; step < 3; ++step) {
+    for (int g = 0; g < 2; ++g) {
+      std::vector<std::vector<uint16_t>> parts(static_cast<size_t>(calls), std::vector<uint16_t>(sizes[g]));
+      for (auto& part : parts)
+        for (auto& x : part) x = F32ToBF16(nd(rng) * 10.0f);
+      if (presum) {  // one call of the parts summed in fp32 and rounded to bf16, as G keeps them
+        std::vector<uint16_t> sum(sizes[g]);
+        for (size_t i = 0; i < sum.size(); ++i) {
+          float acc = BF16ToF32(parts[0][i]);
+          for (int k = 1; k < calls; ++k) acc = BF16ToF32(F32ToBF16(acc + BF16ToF32(parts[static_cast<size_t>(k)][i])));
+          sum[i] = F32ToBF16(acc);
+        }
+        EXPECT_TRUE((*e)->Grads(g, sum.data(), DType::kBF16).ok());
+      } else {
+        for (auto& part : parts) EXPECT_TRUE((*e)->Grads(g, part.data(), DType::kBF16).ok());
+      }
+    }
+    auto r = (*e)->Step({});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+  }
+  out.nvme_read = (*e)->stats().nvme_to_host - before.nvme_to_host;
+  for (int g = 0; g < 2; ++g) {
+    out.master.emplace_back(sizes[g]);
+    EXPECT_TRUE((*e)->ReadMaster(g, out.master.back().data()).ok());
+  }
+  return out;
+}
+
+// G in bf16: one call of bf16 gradients is stored exactly, so the step is
+// bitwise that of fp32 G (either state format) with fewer bytes read; two
+// calls add in fp32 and round the sum, as said.
+TEST(GradAccum, Bf16StoresOneBf16CallExactlyAndRoundsSums) {
+  for (const char* format : {"fp32", "compact"}) {
+    TempDir a, b, c, d;
+    const GradRun g32 = TrainBf16Grads(a.path(), format, "fp32", 1);
+    const GradRun g16 = TrainBf16Grads(b.path(), format, "bf16", 1);
+    ASSERT_EQ(g32.master.size(), 2u);
+    EXPECT_EQ(g32.master, g16.master) << format;
+    EXPECT_LT(g16.nvme_read, g32.nvme_read) << format;
+    const GradRun two = TrainBf16Grads(d.path(), format, "bf16", 2);
+    const GradRun presummed = TrainBf16Grads(c.path(), format, "fp32", 2, /*presum=*/true);
+    EXPECT_EQ(two.master, presummed.master) << format;
+  }
+  auto bad = ParseConfig(R"({"data_types": {"grad_accum_dtype": "fp16"}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("data_types.grad_accum_dtype"), std::string::npos) << bad.status().ToString();
 }
 
 }  // namespace
