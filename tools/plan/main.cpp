@@ -74,6 +74,7 @@ Result<Report> MakeReport(const Args& a) {
                           a.config.empty() ? ParseConfig(kDefaultConfig) : LoadConfigFile(a.config));
   STRATA_ASSIGN_OR_RETURN(r.layout, MakeLayout(r.model, static_cast<int>(r.cluster.world_size())));
   r.overlap_step = a.overlap_step;
+  const Config base = r.config;
   if (a.autoplace) {
     STRATA_ASSIGN_OR_RETURN(r.autoplan, PlanAuto(r.model, r.cluster, r.config, a.nvme_path));
     if (r.autoplan->best >= 0) {
@@ -85,6 +86,7 @@ Result<Report> MakeReport(const Args& a) {
   r.capacity = ComputeCapacity(r.model, r.layout, r.cluster, r.config);
   if (a.simulate || (r.autoplan && r.autoplan->best >= 0))
     r.sim = Simulate(r.model, r.layout, r.capacity, r.cluster, r.config, {.overlap_step = r.overlap_step});
+  CompareStateFormats(r, a.autoplace ? &base : nullptr, a.nvme_path);
   return r;
 }
 
@@ -98,8 +100,17 @@ int Run(const Args& a) {
   // Nothing fits: say so on stderr and in the exit status (3), and never
   // write a config that would not run.
   if (!r->capacity.Fits()) {
-    std::fprintf(stderr, "strata-plan: %s: %s%s\n", a.autoplace ? "nothing fits" : "does not fit",
-                 r->capacity.Problems().front().c_str(),
+    // The other state format may fit: say so (the format is the user's to choose).
+    std::string other;
+    if (const auto& o = r->other_format; o && o->available) {
+      if (o->autoplan && o->autoplan->best >= 0)
+        other = "; with strata.state_format \"" + o->format + "\" " +
+                o->autoplan->candidates[static_cast<size_t>(o->autoplan->best)].Label() + " fits";
+      else if (!a.autoplace && o->capacity.Fits())
+        other = "; with strata.state_format \"" + o->format + "\" it fits";
+    }
+    std::fprintf(stderr, "strata-plan: %s: %s%s%s\n", a.autoplace ? "nothing fits" : "does not fit",
+                 r->capacity.Problems().front().c_str(), other.c_str(),
                  a.write_config.empty() ? "" : (" (" + a.write_config + " not written)").c_str());
     return 3;
   }
