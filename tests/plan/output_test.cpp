@@ -248,6 +248,7 @@ TEST(Output, CalibrationJsonRoundTrips) {
   c.nvme_read_Bps = 2.5e9;
   c.nvme_write_Bps = 1.25e9;
   c.cpu_adam_eps = 7e8;
+  c.cpu_compact_adam_eps = 4e8;
   c.host_mem_Bps = 2e10;
   c.checksum_Bps = 9e9;
   c.dir_free_bytes = 1ull << 40;
@@ -257,6 +258,7 @@ TEST(Output, CalibrationJsonRoundTrips) {
   EXPECT_EQ(back->nvme_read_Bps, want.nvme_read_Bps);
   EXPECT_EQ(back->nvme_write_Bps, want.nvme_write_Bps);
   EXPECT_EQ(back->cpu_adam_eps, want.cpu_adam_eps);
+  EXPECT_EQ(back->cpu_compact_adam_eps, 4e8);
   EXPECT_EQ(back->checksum_Bps, want.checksum_Bps);
   EXPECT_EQ(back->nvme_bytes(), 1ull << 40);
   EXPECT_EQ(back->has_gpu, want.has_gpu);

@@ -109,6 +109,28 @@ TEST(Simulator, CompactShrinksTheNvmeBoundStepByItsBytes) {
   EXPECT_NEAR(r->step_s / f->step_s, ratio, 0.01 * ratio);
 }
 
+// The compact step runs the compact kernel: a CPU-bound step follows its
+// rate (cpu_compact_adam_rate; the fp32 one when a cluster gives none).
+TEST(Simulator, CompactUpdateAtItsOwnRate) {
+  const ModelSpec m = Flat(16, 2u << 20);
+  ClusterSpec c = PresetCluster("local").value();
+  c.gpus_per_node = 1;
+  c.nvme_read_Bps = c.nvme_write_Bps = 1e12;
+  c.checksum_Bps = 1e18;
+  const double n = 32.0 * (1 << 20);
+  c.cpu_adam_eps = n / 10;  // 10 s of fp32 updates
+  const Config compact = Cfg(3, "none", "nvme", R"("strata": {"state_format": "compact"}, )");
+  auto same = Simulate(m, c, compact, {.optimizer_only = true});
+  c.cpu_compact_adam_eps = n / 20;  // 20 s of compact updates
+  auto slower = Simulate(m, c, compact, {.optimizer_only = true});
+  auto fp32 = Simulate(m, c, Cfg(3, "none", "nvme"), {.optimizer_only = true});
+  ASSERT_TRUE(same.ok() && slower.ok() && fp32.ok());
+  EXPECT_NEAR(same->Busy(SimResource::kCpu), 10, 1e-6);
+  EXPECT_NEAR(slower->Busy(SimResource::kCpu), 20, 1e-6);
+  EXPECT_NEAR(fp32->Busy(SimResource::kCpu), 10, 1e-6);
+  EXPECT_EQ(slower->bound, SimResource::kCpu);
+}
+
 // P on NVMe beside W: fp32 writes P (2 B, a copy of W) besides W, M, V (12 B)
 // and reads W, M, V, G (16 B); in compact P is the master's bf16 half, read
 // and written with W, M, V: 5.25 B each way, plus G's 4 read.

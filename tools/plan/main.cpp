@@ -47,8 +47,9 @@ int RunCalibrate(const Args& a) {
   if (!c.ok()) return Fail(c.status());
   std::printf("disk under %s: read %.0f MB/s, write %.0f MB/s\n", o.dir.c_str(), c->nvme_read_Bps / 1e6,
               c->nvme_write_Bps / 1e6);
-  std::printf("CPU Adam: %.0f M elements/s; host memory: %.1f GB/s; XXH3: %.1f GB/s\n", c->cpu_adam_eps / 1e6,
-              c->host_mem_Bps / 1e9, c->checksum_Bps / 1e9);
+  std::printf(
+      "CPU Adam: %.0f M elements/s (compact state: %.0f M/s); host memory: %.1f GB/s; XXH3: %.1f GB/s\n",
+      c->cpu_adam_eps / 1e6, c->cpu_compact_adam_eps / 1e6, c->host_mem_Bps / 1e9, c->checksum_Bps / 1e9);
   for (const CpuLayerRate& r : c->cpu_layer_rates)
     std::printf(
         "CPU layers at C = %llu: blocks %.1f GFLOP/s, LM head %.1f GFLOP/s (%.1f of %ld cores free)\n",

@@ -370,7 +370,7 @@ class StepSim {
       if (h_.opt == TierKind::kNvme) t = Checksum(t, OptBytes(g, &StateBytes::Optimizer));
       if (sb_.compact && h_.p == TierKind::kNvme) t = Checksum(t, PHomeNumel(g) * dp_);
       if (h_.g == TierKind::kNvme && grads_[static_cast<size_t>(g)]) t = Checksum(t, len * 4);
-      t = Cpu(t, len / c_.RankAdamEps());
+      t = Cpu(t, len / (sb_.compact ? c_.RankCompactAdamEps() : c_.RankAdamEps()));
       double done = t;
       if (Staged(h_.p)) done = std::max(done, Store(h_.p, t, (sb_.compact ? PHomeNumel(g) : len) * dp_));
       if (Staged(h_.opt))
