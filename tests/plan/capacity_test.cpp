@@ -32,9 +32,11 @@ ClusterSpec Cluster() {
   return c;
 }
 
-Capacity Cap(int stage, const char* param, const char* optimizer) {
-  const std::string json = std::string(R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW"},
-    "zero_optimization": {"stage": )") +
+Capacity Cap(int stage, const char* param, const char* optimizer, const char* format = "fp32",
+             const char* opt_type = "AdamW") {
+  const std::string json = std::string(R"({"bf16": {"enabled": true}, "optimizer": {"type": ")") + opt_type +
+                           R"("}, "strata": {"state_format": ")" + format + R"("},
+    "zero_optimization": {"stage": )" +
                            std::to_string(stage) + R"(, "offload_param": {"device": ")" + param +
                            R"(", "nvme_path": "/nvme"}, "offload_optimizer": {"device": ")" + optimizer +
                            R"(", "nvme_path": "/nvme"}}})";
@@ -137,6 +139,113 @@ TEST(ZeroInfinity, OneTrillionOnOneDgx2) {
   EXPECT_EQ(chosen.zero.stage, 3);
   EXPECT_EQ(chosen.zero.offload_param.device, OffloadDevice::kNvme);
   EXPECT_EQ(chosen.zero.offload_optimizer.device, OffloadDevice::kNvme);
+}
+
+// strata.state_format "compact" (kernels/cpu/compact.h, stored as
+// engine/preflight.cpp sizes it): the master is P's bf16 half (2 B, in P's
+// home) plus W's int8 corrections (1 B), M and V 1 B + a 4-byte scale per 32
+// elements = 1.125 B each, G fp32 (4 B). kPsi / kN and every shard are
+// multiples of 32: the figures are exact.
+constexpr uint64_t kRank = kPsi / kN;
+size_t S(PlanState s) { return static_cast<size_t>(s); }
+size_t T(TierKind t) { return static_cast<size_t>(t); }
+
+TEST(CompactFormat, EverythingOnNvmeBytesPerParameter) {
+  const Capacity f = Cap(3, "nvme", "nvme", "fp32"), c = Cap(3, "nvme", "nvme", "compact");
+  const size_t nvme = T(TierKind::kNvme);
+  EXPECT_EQ(f.bytes[S(PlanState::kP)][nvme], 2 * kRank);
+  EXPECT_EQ(f.bytes[S(PlanState::kW)][nvme], 4 * kRank);
+  EXPECT_EQ(f.bytes[S(PlanState::kM)][nvme], 4 * kRank);
+  EXPECT_EQ(f.bytes[S(PlanState::kV)][nvme], 4 * kRank);
+  EXPECT_EQ(Nvme(f), 18 * kRank);
+  EXPECT_EQ(c.bytes[S(PlanState::kP)][nvme], 2 * kRank);  // the master's bf16 half
+  EXPECT_EQ(c.bytes[S(PlanState::kG)][nvme], 4 * kRank);  // G stays fp32
+  EXPECT_EQ(c.bytes[S(PlanState::kW)][nvme], kRank);      // int8 corrections
+  EXPECT_EQ(c.bytes[S(PlanState::kM)][nvme], kRank + kRank / 8);
+  EXPECT_EQ(c.bytes[S(PlanState::kV)][nvme], kRank + kRank / 8);
+  EXPECT_EQ(Nvme(c) * 4, 37 * kRank);  // 9.25 B a parameter against 18
+  // P, W, M, V together are kernels/cpu/compact.h's CompactBytes.
+  EXPECT_EQ(c.bytes[S(PlanState::kP)][nvme] + c.bytes[S(PlanState::kW)][nvme] +
+                c.bytes[S(PlanState::kM)][nvme] + c.bytes[S(PlanState::kV)][nvme],
+            5 * kRank + 8 * (kRank / 32));
+  // The step's pinned slots shrink with the state they carry.
+  EXPECT_LT(c.bytes[S(PlanState::kStaging)][T(TierKind::kHost)],
+            f.bytes[S(PlanState::kStaging)][T(TierKind::kHost)]);
+}
+
+// P and W in different tiers: the bf16 half stays on the device with P.
+TEST(CompactFormat, OptimizerOnCpu) {
+  const Capacity c = Cap(3, "none", "cpu", "compact");
+  EXPECT_EQ(Dev(c), 2 * kRank);
+  EXPECT_EQ(Host(c) * 4, 29 * kRank);  // G 4 + W 1 + M 1.125 + V 1.125, against 16
+  EXPECT_EQ(Host(Cap(3, "none", "cpu", "fp32")), 16 * kRank);
+}
+
+// On the device, per stage: stage 0 keeps everything whole, stage 2 a whole
+// P (whose slice of this rank is the master's half) beside shards.
+TEST(CompactFormat, OnTheDevicePerStage) {
+  EXPECT_EQ(Dev(Cap(0, "none", "none", "compact")) * 4, 29 * kPsi);  // P 2 + G 2 + W 1 + M, V 2.25
+  const Capacity s2 = Cap(2, "none", "none", "compact");
+  const size_t dev = T(TierKind::kDevice);
+  EXPECT_EQ(s2.bytes[S(PlanState::kP)][dev], 2 * kPsi);
+  EXPECT_EQ(s2.bytes[S(PlanState::kG)][dev], 2 * kRank);
+  EXPECT_EQ(s2.bytes[S(PlanState::kW)][dev], kRank);
+  EXPECT_EQ(s2.bytes[S(PlanState::kM)][dev] * 8, 9 * kRank);
+}
+
+// Lion has no V: P + W + M = 4.125 B a parameter (fp32: 2 + 8).
+TEST(CompactFormat, Lion) {
+  const Capacity lion = Cap(3, "nvme", "nvme", "compact", "Lion");
+  const size_t nvme = T(TierKind::kNvme);
+  EXPECT_EQ(lion.bytes[S(PlanState::kV)][nvme], 0u);
+  EXPECT_EQ((lion.bytes[S(PlanState::kP)][nvme] + lion.bytes[S(PlanState::kW)][nvme] +
+             lion.bytes[S(PlanState::kM)][nvme]) *
+                8,
+            33 * kRank);
+  EXPECT_EQ(Nvme(lion) * 8, (33 + 32) * kRank);  // + G 4
+  EXPECT_EQ(Nvme(Cap(3, "nvme", "nvme", "fp32", "Lion")), 14 * kRank);
+}
+
+// Compact's block scales round up per group (stage 0: whole, unpadded groups).
+TEST(CompactFormat, ScalesRoundUpPerGroup) {
+  ModelSpec m;
+  m.name = "odd";
+  m.groups = {{"a", 33, false}, {"b", 33, false}};
+  const ClusterSpec local = PresetCluster("local").value();
+  auto cfg = ParseConfig(
+      R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW"}, "strata": {"state_format": "compact"},
+    "zero_optimization": {"stage": 0}})");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  const Layout l = MakeLayout(m, 1).value();
+  const Capacity c = ComputeCapacity(m, l, local, *cfg);
+  const size_t dev = T(TierKind::kDevice);
+  EXPECT_EQ(c.bytes[S(PlanState::kM)][dev], 2 * (33 + 4 * 2u));
+  EXPECT_EQ(c.bytes[S(PlanState::kV)][dev], 2 * (33 + 4 * 2u));
+  EXPECT_EQ(c.bytes[S(PlanState::kW)][dev], 66u);
+  EXPECT_EQ(c.bytes[S(PlanState::kP)][dev], 2 * 66u);
+}
+
+TEST(CompactFormat, AdagradIsRefused) {
+  auto cfg = ParseConfig(R"({"optimizer": {"type": "Adagrad"}, "strata": {"state_format": "compact"}})");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_NE(cfg.status().ToString().find("state_format"), std::string::npos) << cfg.status().ToString();
+}
+
+// The 1T plan on one DGX-2 in compact: still only NVMe fits (CPU offload
+// needs 9.25 B a parameter of host memory), with about half the NVMe bytes.
+TEST(CompactFormat, OneTrillionOnOneDgx2) {
+  const ModelSpec m = PresetModel("1t").value();
+  const ClusterSpec dgx2 = PresetCluster("dgx2").value();
+  const Config base =
+      ParseConfig(R"({"bf16": {"enabled": true}, "strata": {"state_format": "compact"}})").value();
+  auto best = PlanAuto(m, dgx2, base, "/nvme");
+  ASSERT_TRUE(best.ok());
+  ASSERT_GE(best->best, 0);
+  const Candidate& c = best->candidates[static_cast<size_t>(best->best)];
+  EXPECT_EQ(c.config.strata.state_format, "compact") << "--auto keeps the format";
+  EXPECT_EQ(c.config.zero.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.config.zero.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_NEAR(static_cast<double>(c.capacity.ModelStates(TierKind::kNvme) * 16), 9.25 * 1.007e12, 0.1e12);
 }
 
 }  // namespace

@@ -170,6 +170,18 @@ TEST(Output, NothingFitsExitsNonZeroAndWritesNoConfig) {
   EXPECT_FALSE(std::ifstream(path).good()) << path << " was written";
   EXPECT_EQ(RunStatus("--model small --cluster local --write-config " + path, &err), 0) << err;
   EXPECT_TRUE(std::ifstream(path).good());
+  std::remove(path.c_str());
+  // 13b on one rank with 24 GiB of host memory: fp32's step slots fit
+  // nowhere (22.27 GiB of 21.60), compact's do (12.01); --auto keeps the
+  // user's format (exit 3, nothing written) and names the fit.
+  const std::string cluster = ::testing::TempDir() + "/strata-plan-24g.json";
+  std::ofstream(cluster) << R"({"preset": "local", "host_memory": "24GiB", "device_memory": "6GiB"})";
+  EXPECT_EQ(RunStatus("--model 13b --cluster " + cluster + " --auto --write-config " + path, &err), 3) << err;
+  EXPECT_NE(err.find("nothing fits"), std::string::npos) << err;
+  EXPECT_NE(err.find("with strata.state_format \"compact\" stage 3, P nvme, W/M/V nvme"), std::string::npos)
+      << err;
+  EXPECT_FALSE(std::ifstream(path).good()) << path << " was written";
+  std::remove(cluster.c_str());
 }
 
 // A plan names only resources that exist: on a machine without a GPU the
@@ -182,12 +194,61 @@ TEST(Output, NoGpuNamedWithoutAGpu) {
   EXPECT_NE(with_gpu.find(" gpu "), std::string::npos) << with_gpu;
 }
 
+// The plan shows what strata.state_format saves: with the default fp32 the
+// table and the JSON give compact's bytes and step beside fp32's, and --auto
+// searches both but keeps the user's format in the config it writes.
+TEST(Output, StateFormatComparison) {
+  const std::string table = RunBinary("--model 1t --cluster dgx2 --auto");
+  EXPECT_NE(table.find("W/M/V on nvme (fp32)"), std::string::npos) << table;
+  EXPECT_NE(table.find("state format fp32; compact"), std::string::npos) << table;
+  EXPECT_NE(table.find("nvme per rank"), std::string::npos) << table;
+  EXPECT_NE(table.find("--auto with compact: stage 3, P nvme, W/M/V nvme"), std::string::npos) << table;
+  const auto j = nlohmann::json::parse(RunBinary("--model 1t --cluster dgx2 --auto --json"));
+  ASSERT_TRUE(j.contains("state_format")) << j.dump(2).substr(0, 400);
+  EXPECT_EQ(j["placement"]["state_format"], "fp32");
+  EXPECT_EQ(j["auto"]["config"]["strata"]["state_format"], "fp32") << "--auto keeps the format";
+  const auto& other = j["state_format"]["other"];
+  EXPECT_EQ(other["format"], "compact");
+  EXPECT_TRUE(other["fits"].get<bool>());
+  EXPECT_LT(other["used"]["nvme"].get<double>(),
+            0.6 * j["capacity"]["per_rank"]["nvme"]["used"].get<double>());
+  EXPECT_LT(other["step_s"].get<double>(), j["simulation"]["step_s"].get<double>());
+  EXPECT_EQ(other["auto"]["step_s"].get<double>(), other["step_s"].get<double>());
+
+  // Planned in compact (from the config): the rows still read fp32 -> compact.
+  const std::string cfg = ::testing::TempDir() + "/strata-plan-compact.json";
+  const std::string out = ::testing::TempDir() + "/strata-plan-compact-out.json";
+  std::ofstream(cfg) << R"({"bf16": {"enabled": true}, "strata": {"state_format": "compact"}})";
+  const auto c = nlohmann::json::parse(RunBinary("--model 1t --cluster dgx2 --auto --json --config " + cfg));
+  EXPECT_EQ(c["placement"]["state_format"], "compact");
+  EXPECT_EQ(c["state_format"]["other"]["format"], "fp32");
+  EXPECT_EQ(c["state_format"]["other"]["step_s"], j["simulation"]["step_s"]);
+  EXPECT_EQ(c["simulation"]["step_s"], other["step_s"]);
+  RunBinary("--model 1t --cluster dgx2 --auto --config " + cfg + " --write-config " + out);
+  auto written = LoadConfigFile(out);
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  EXPECT_EQ(written->strata.state_format, "compact");
+  const std::string text = RunBinary("--model 1t --cluster dgx2 --auto --config " + cfg);
+  EXPECT_NE(text.find("state format compact; against fp32"), std::string::npos) << text;
+  EXPECT_NE(text.find("--auto with fp32: stage 3"), std::string::npos) << text;
+  std::remove(cfg.c_str());
+  std::remove(out.c_str());
+
+  // Adagrad has no compact kernel: the plan says so instead of a comparison.
+  std::ofstream(cfg) << R"({"bf16": {"enabled": true}, "optimizer": {"type": "Adagrad"}})";
+  const std::string adagrad = RunBinary("--model small --cluster local --simulate --config " + cfg);
+  EXPECT_NE(adagrad.find("state format fp32 (compact is refused with adagrad)"), std::string::npos)
+      << adagrad;
+  std::remove(cfg.c_str());
+}
+
 // What --calibrate writes is a cluster file that --cluster reads back.
 TEST(Output, CalibrationJsonRoundTrips) {
   Calibration c;
   c.nvme_read_Bps = 2.5e9;
   c.nvme_write_Bps = 1.25e9;
   c.cpu_adam_eps = 7e8;
+  c.cpu_compact_adam_eps = 4e8;
   c.host_mem_Bps = 2e10;
   c.checksum_Bps = 9e9;
   c.dir_free_bytes = 1ull << 40;
@@ -197,6 +258,7 @@ TEST(Output, CalibrationJsonRoundTrips) {
   EXPECT_EQ(back->nvme_read_Bps, want.nvme_read_Bps);
   EXPECT_EQ(back->nvme_write_Bps, want.nvme_write_Bps);
   EXPECT_EQ(back->cpu_adam_eps, want.cpu_adam_eps);
+  EXPECT_EQ(back->cpu_compact_adam_eps, 4e8);
   EXPECT_EQ(back->checksum_Bps, want.checksum_Bps);
   EXPECT_EQ(back->nvme_bytes(), 1ull << 40);
   EXPECT_EQ(back->has_gpu, want.has_gpu);

@@ -83,6 +83,94 @@ TEST(Simulator, OptimizerOnNvmeIsDiskBound) {
   EXPECT_GT(slow->step_s, 10);
 }
 
+// strata.state_format "compact" on the same NVMe-bound step: the step moves
+// W 1 (int8 corrections; the bf16 half is P, here in place), M 1.125, V
+// 1.125 (and G 4) bytes a parameter instead of 4 each, and its time shrinks
+// by that byte ratio.
+TEST(Simulator, CompactShrinksTheNvmeBoundStepByItsBytes) {
+  const ModelSpec m = Flat(16, 2u << 20);
+  ClusterSpec c = PresetCluster("local").value();
+  c.gpus_per_node = 1;
+  c.nvme_read_Bps = 2e9;
+  c.nvme_write_Bps = 1e9;
+  c.cpu_adam_eps = 1e15;
+  c.checksum_Bps = 1e18;
+  const std::string compact = R"("strata": {"state_format": "compact"}, )";
+  auto f = Simulate(m, c, Cfg(3, "none", "nvme"), {.optimizer_only = true});
+  auto r = Simulate(m, c, Cfg(3, "none", "nvme", compact), {.optimizer_only = true});
+  ASSERT_TRUE(f.ok() && r.ok());
+  const double n = 32.0 * (1 << 20);
+  EXPECT_EQ(r->disk_read_bytes, static_cast<uint64_t>(7.25 * n));  // W 1 + M 1.125 + V 1.125 + G 4
+  EXPECT_EQ(r->disk_write_bytes, static_cast<uint64_t>(3.25 * n));
+  const double bound = 7.25 * n / 2e9 + 3.25 * n / 1e9;
+  EXPECT_NEAR(r->step_s, bound, 0.01 * bound);
+  EXPECT_EQ(r->bound, SimResource::kDisk);
+  const double ratio = (7.25 / 2 + 3.25) / (16.0 / 2 + 12);  // 0.344
+  EXPECT_NEAR(r->step_s / f->step_s, ratio, 0.01 * ratio);
+}
+
+// The compact step runs the compact kernel: a CPU-bound step follows its
+// rate (cpu_compact_adam_rate; the fp32 one when a cluster gives none).
+TEST(Simulator, CompactUpdateAtItsOwnRate) {
+  const ModelSpec m = Flat(16, 2u << 20);
+  ClusterSpec c = PresetCluster("local").value();
+  c.gpus_per_node = 1;
+  c.nvme_read_Bps = c.nvme_write_Bps = 1e12;
+  c.checksum_Bps = 1e18;
+  const double n = 32.0 * (1 << 20);
+  c.cpu_adam_eps = n / 10;  // 10 s of fp32 updates
+  const Config compact = Cfg(3, "none", "nvme", R"("strata": {"state_format": "compact"}, )");
+  auto same = Simulate(m, c, compact, {.optimizer_only = true});
+  c.cpu_compact_adam_eps = n / 20;  // 20 s of compact updates
+  auto slower = Simulate(m, c, compact, {.optimizer_only = true});
+  auto fp32 = Simulate(m, c, Cfg(3, "none", "nvme"), {.optimizer_only = true});
+  ASSERT_TRUE(same.ok() && slower.ok() && fp32.ok());
+  EXPECT_NEAR(same->Busy(SimResource::kCpu), 10, 1e-6);
+  EXPECT_NEAR(slower->Busy(SimResource::kCpu), 20, 1e-6);
+  EXPECT_NEAR(fp32->Busy(SimResource::kCpu), 10, 1e-6);
+  EXPECT_EQ(slower->bound, SimResource::kCpu);
+}
+
+// P on NVMe beside W: fp32 writes P (2 B, a copy of W) besides W, M, V (12 B)
+// and reads W, M, V, G (16 B); in compact P is the master's bf16 half, read
+// and written with W, M, V: 5.25 B each way, plus G's 4 read.
+TEST(Simulator, CompactReadsAndWritesPWithTheMaster) {
+  const ModelSpec m = Flat(16, 2u << 20);
+  ClusterSpec c = PresetCluster("local").value();
+  c.gpus_per_node = 1;
+  const double n = 32.0 * (1 << 20);
+  auto f = Simulate(m, c, Cfg(3, "nvme", "nvme"), {.optimizer_only = true});
+  auto r = Simulate(m, c, Cfg(3, "nvme", "nvme", R"("strata": {"state_format": "compact"}, )"),
+                    {.optimizer_only = true});
+  ASSERT_TRUE(f.ok() && r.ok());
+  EXPECT_EQ(f->disk_write_bytes, static_cast<uint64_t>(14 * n));
+  EXPECT_EQ(f->disk_read_bytes, static_cast<uint64_t>(16 * n));
+  EXPECT_EQ(r->disk_write_bytes, static_cast<uint64_t>(5.25 * n));
+  EXPECT_EQ(r->disk_read_bytes, static_cast<uint64_t>(9.25 * n));
+}
+
+// The 1T plan on one DGX-2 (disk-bound): compact moves fewer bytes and is faster.
+TEST(Simulator, CompactOneTrillionOnDgx2) {
+  const ModelSpec m = PresetModel("1t").value();
+  const ClusterSpec c = PresetCluster("dgx2").value();
+  auto f = Simulate(m, c, Cfg(3, "nvme", "nvme"), {});
+  auto r = Simulate(m, c, Cfg(3, "nvme", "nvme", R"("strata": {"state_format": "compact"}, )"), {});
+  ASSERT_TRUE(f.ok() && r.ok());
+  EXPECT_EQ(f->bound, SimResource::kDisk);
+  // Per parameter of a rank's shard: fp32 reads P in forward and backward
+  // (about 4: a group used at the turn is not read again), G once in the
+  // step (4) and W, M, V (12), compact P, W, M, V (5.25) instead of the 12;
+  // it writes G (4), then P + W, M, V: 14 against 5.25.
+  const double shard = static_cast<double>(MakeLayout(m, 16).value().shard_numel);
+  const auto per = [&](uint64_t bytes) { return static_cast<double>(bytes) / shard; };
+  EXPECT_NEAR(per(f->disk_read_bytes), 20, 0.02);
+  EXPECT_NEAR(per(f->disk_read_bytes) - per(r->disk_read_bytes), 12 - 5.25, 1e-6);
+  EXPECT_NEAR(per(f->disk_write_bytes), 18, 1e-6);
+  EXPECT_NEAR(per(r->disk_write_bytes), 9.25, 1e-6);
+  EXPECT_LT(r->step_s, 0.75 * f->step_s);
+  EXPECT_LT(r->Busy(SimResource::kDisk), 0.6 * f->Busy(SimResource::kDisk));
+}
+
 // P on the host: with room on the device for every group, backward finds the
 // forward's copies (no evictions, one load per group); without, it evicts.
 TEST(Simulator, PrefetchCacheFollowsTheDeviceRoom) {

@@ -37,6 +37,7 @@ struct Calibration {
   double nvme_read_Bps = 0, nvme_write_Bps = 0;
   double nvme_mixed_factor = 1;  // reads and writes at once: time / (read-alone + write-alone time)
   double cpu_adam_eps = 0, host_mem_Bps = 0, checksum_Bps = 0;
+  double cpu_compact_adam_eps = 0;            // the compact kernel (strata.state_format "compact")
   std::vector<CpuLayerRate> cpu_layer_rates;  // by width, ascending
   uint64_t dir_free_bytes = 0;
 };

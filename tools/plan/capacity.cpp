@@ -5,12 +5,16 @@
 //   W, M, V  fp32 (4 B each; V only for Adam): Psi, or Psi/N in stages 1-3 -> offload_optimizer's tier
 // With bf16 and Adam on the device this is the ZeRO paper's (2 + 2 + 12) Psi
 // divided per stage; offloaded, the ZeRO-Offload / ZeRO-Infinity accounting.
+// strata.state_format "compact" keeps the master's bf16 half in P and stores
+// W as its int8 corrections (1 B), M and V in 1.125 B each (StateBytes):
+// offloaded to NVMe in stage 3 that is (2 + 4 + 5.25 - 2) Psi/N, not 18.
 #include "tools/plan/capacity.h"
 
 #include <algorithm>
 
 #include "base/sizes.h"
 #include "engine/partition.h"
+#include "kernels/cpu/compact.h"
 
 namespace strata::plan {
 
@@ -41,11 +45,11 @@ const char* PlanStateName(PlanState s) {
 
 const char* PlanStateDescription(PlanState s) {
   static const char* kText[] = {
-      "parameters, compute dtype",
+      "parameters, compute dtype (compact: the master's bf16 half)",
       "gradients (compute dtype on the device; fp32 accumulator when offloaded)",
-      "fp32 master weights",
-      "first moment",
-      "second moment",
+      "master weights (fp32; compact: int8 corrections to P's bf16)",
+      "first moment (fp32, or compact's 8-bit codes)",
+      "second moment (fp32, or compact's 8-bit codes)",
       "activations (one micro-batch)",
       "device working buffers (gathered and prefetched groups, one group's gradient)",
       "pinned host staging buffers (swap and step slots)",
@@ -105,24 +109,42 @@ Homes HomesOf(const Config& config, const ClusterSpec& cluster) {
   return h;
 }
 
+uint64_t StateBytes::W(uint64_t n) const { return compact ? n : 4 * n; }
+uint64_t StateBytes::M(uint64_t n) const {
+  return compact ? n + sizeof(float) * kernels::CompactScaleCount(n) : 4 * n;
+}
+uint64_t StateBytes::V(uint64_t n) const { return has_v ? M(n) : 0; }
+
+StateBytes StateBytesOf(const Config& config) {
+  const std::string& o = config.optimizer.type;
+  return {.compact = config.strata.state_format == "compact", .has_v = o == "adam" || o == "adamw"};
+}
+
 Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster,
                          const Config& config) {
   Capacity c;
   const int stage = config.zero.stage;
   const uint64_t dp = DTypeSize(config.compute_dtype());
-  const bool adam = config.optimizer.type == "adam" || config.optimizer.type == "adamw";
+  const StateBytes sb = StateBytesOf(config);
   const Homes h = HomesOf(config, cluster);
   const uint64_t opt_numel = stage >= 1 ? l.shard_numel : l.full_numel;
   const uint64_t opt_shard = stage >= 1 ? l.largest_shard : l.largest_group;
+  // W, M, V per group (compact's block scales round up per group's shard).
+  const std::vector<uint64_t>& opt_groups = stage >= 1 ? l.group_shard : l.group_numel;
+  auto sum = [&](uint64_t (StateBytes::*bytes)(uint64_t) const) {
+    uint64_t n = 0;
+    for (uint64_t g : opt_groups) n += (sb.*bytes)(g);
+    return n;
+  };
 
   Add(c, PlanState::kP, h.p, (stage >= 3 ? l.shard_numel : l.full_numel) * dp);
   if (h.gpu_optimizer)
     Add(c, PlanState::kG, TierKind::kDevice, (stage >= 2 ? l.shard_numel : l.full_numel) * dp);
   else
     Add(c, PlanState::kG, h.g, opt_numel * 4);
-  Add(c, PlanState::kW, h.opt, opt_numel * 4);
-  Add(c, PlanState::kM, h.opt, opt_numel * 4);
-  if (adam) Add(c, PlanState::kV, h.opt, opt_numel * 4);
+  Add(c, PlanState::kW, h.opt, sum(&StateBytes::W));
+  Add(c, PlanState::kM, h.opt, sum(&StateBytes::M));
+  Add(c, PlanState::kV, h.opt, sum(&StateBytes::V));
   // The trainer's own device memory, outside strata.device_budget: its
   // activations and the gradient of one group (on the GPU). Without a GPU
   // the CPU layers keep both in host RAM beside strata.host_budget, where
@@ -158,8 +180,12 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
       return home == TierKind::kNvme || (home == TierKind::kDevice && cluster.has_gpu);
     };
     uint64_t slot = 0;
-    if (staged(h.p)) slot += NvmePadded(opt_shard * dp);
-    if (staged(h.opt)) slot += NvmePadded(opt_shard * 4) * (adam ? 3 : 2);
+    // Compact: P (the master's bf16 half) is loaded and stored with W, M,
+    // V, and a host-homed P beside a staged W is updated in a slot too.
+    if (staged(h.p) || (sb.compact && h.p == TierKind::kHost && staged(h.opt)))
+      slot += NvmePadded(opt_shard * dp);
+    if (staged(h.opt))
+      slot += NvmePadded(sb.W(opt_shard)) + NvmePadded(sb.M(opt_shard)) + NvmePadded(sb.V(opt_shard));
     if (staged(h.g)) slot += NvmePadded(opt_shard * 4);
     const uint64_t slots = std::clamp<uint64_t>(config.zero.offload_optimizer.buffer_count, 3, 16);
     Add(c, PlanState::kStaging, TierKind::kHost, slots * slot);

@@ -1,8 +1,9 @@
 // Capacity: bytes per rank in each tier for each state, under the engine's
 // homes (P per offload_param; W, M, V per offload_optimizer; G in compute
 // dtype on the device when the optimizer is, else the fp32 accumulator beside
-// W) and the ZeRO stage's division (1: W, M, V; 2: + G; 3: + P), plus the
-// activations, the device's working buffers and the pinned staging buffers.
+// W), the ZeRO stage's division (1: W, M, V; 2: + G; 3: + P) and
+// strata.state_format (W, M, V in fp32 or compact), plus the activations, the
+// device's working buffers and the pinned staging buffers.
 #pragma once
 
 #include <array>
@@ -52,6 +53,25 @@ struct Homes {
   bool gpu_optimizer;  // the update runs on the device (optimizer state there, with a GPU)
 };
 Homes HomesOf(const Config& config, const ClusterSpec& cluster);
+
+// Bytes of W, M, V for n elements of one group's shard under
+// strata.state_format, as the engine stores them (engine/preflight.cpp):
+//   fp32     W 4n, M 4n, V 4n (12 B a parameter; Lion has no V: 8)
+//   compact  (bf16 compute only) the master is P's bf16 half plus W's int8
+//            corrections: W n; M and V n + 4*ceil(n/32) each (an 8-bit code
+//            an element, a float scale a block of 32). With P's 2 bytes that
+//            is kernels/cpu/compact.h's CompactBytes(n), 5.25 B a parameter
+//            (Lion 4.125); P keeps its bytes in its own home, so where P and
+//            W share one the tier holds 5.25 against fp32's 2 + 12.
+struct StateBytes {
+  bool compact = false;
+  bool has_v = true;  // Adam, AdamW (Lion has no V)
+  uint64_t W(uint64_t n) const;
+  uint64_t M(uint64_t n) const;
+  uint64_t V(uint64_t n) const;  // 0 without V
+  uint64_t Optimizer(uint64_t n) const { return W(n) + M(n) + V(n); }
+};
+StateBytes StateBytesOf(const Config& config);
 
 Result<Capacity> ComputeCapacity(const ModelSpec& model, const ClusterSpec& cluster, const Config& config);
 Capacity ComputeCapacity(const ModelSpec& model, const Layout& layout, const ClusterSpec& cluster,

@@ -187,6 +187,7 @@ Result<ClusterSpec> ParseClusterJson(const std::string& text) {
       {"gpu_efficiency", 1, [](ClusterSpec& s, double v) { s.gpu_efficiency = v; }},
       {"device_mem_bw", 1, [](ClusterSpec& s, double v) { s.device_mem_Bps = v; }},
       {"cpu_adam_rate", 1, [](ClusterSpec& s, double v) { s.cpu_adam_eps = v; }},
+      {"cpu_compact_adam_rate", 1, [](ClusterSpec& s, double v) { s.cpu_compact_adam_eps = v; }},
       {"host_mem_bw", 1, [](ClusterSpec& s, double v) { s.host_mem_Bps = v; }},
       {"checksum_rate", 1, [](ClusterSpec& s, double v) { s.checksum_Bps = v; }},
   };

@@ -45,6 +45,9 @@ struct ClusterSpec {
   double gpu_efficiency = 0.4;  // fraction of peak a layer's matmuls reach
   double device_mem_Bps = 0;    // per GPU (HBM), for an optimizer step on the device
   double cpu_adam_eps = 0;      // per node, elements per second of the CPU Adam (all cores)
+  // The same for compact state (kernels/cpu/compact.h: unpack, update, pack);
+  // 0: unknown, taken as cpu_adam_eps (the presets; --calibrate measures it).
+  double cpu_compact_adam_eps = 0;
   double host_mem_Bps = 0;      // per node, memcpy-like streams (gradient accumulation)
   double checksum_Bps = 0;      // per node, XXH3 over swap blocks (all cores)
   // Without a GPU the layers run on the CPU kernels at these rates, by width
@@ -57,6 +60,9 @@ struct ClusterSpec {
   double RankNvmeRead() const { return nvme_read_Bps * nvme_drives / gpus_per_node; }
   double RankNvmeWrite() const { return nvme_write_Bps * nvme_drives / gpus_per_node; }
   double RankAdamEps() const { return cpu_adam_eps / gpus_per_node; }
+  double RankCompactAdamEps() const {
+    return (cpu_compact_adam_eps > 0 ? cpu_compact_adam_eps : cpu_adam_eps) / gpus_per_node;
+  }
   double RankHostMem() const { return host_mem_Bps / gpus_per_node; }
   double RankChecksum() const { return checksum_Bps / gpus_per_node; }
   // Bandwidth of one rank in a ring collective: NVLink inside a node, the
@@ -72,7 +78,8 @@ Result<ClusterSpec> PresetCluster(const std::string& name);
 // host_memory, nvme_drives, nvme_drive_capacity (sizes as numbers of bytes or
 // "32GB"-style strings), nvme_read, nvme_write, pcie, intra_node, network,
 // device_mem_bw, host_mem_bw, checksum_rate (bytes per second, numbers or
-// "12GB"), gpu_tflops, gpu_efficiency, cpu_adam_rate (elements per second),
+// "12GB"), gpu_tflops, gpu_efficiency, cpu_adam_rate and cpu_compact_adam_rate
+// (elements per second),
 // cpu_layers ([{"hidden": C, "block_flops": F, "head_flops": F,
 // "free_cores": N}, ...]).
 Result<ClusterSpec> ParseClusterJson(const std::string& text);

@@ -47,8 +47,9 @@ int RunCalibrate(const Args& a) {
   if (!c.ok()) return Fail(c.status());
   std::printf("disk under %s: read %.0f MB/s, write %.0f MB/s\n", o.dir.c_str(), c->nvme_read_Bps / 1e6,
               c->nvme_write_Bps / 1e6);
-  std::printf("CPU Adam: %.0f M elements/s; host memory: %.1f GB/s; XXH3: %.1f GB/s\n", c->cpu_adam_eps / 1e6,
-              c->host_mem_Bps / 1e9, c->checksum_Bps / 1e9);
+  std::printf(
+      "CPU Adam: %.0f M elements/s (compact state: %.0f M/s); host memory: %.1f GB/s; XXH3: %.1f GB/s\n",
+      c->cpu_adam_eps / 1e6, c->cpu_compact_adam_eps / 1e6, c->host_mem_Bps / 1e9, c->checksum_Bps / 1e9);
   for (const CpuLayerRate& r : c->cpu_layer_rates)
     std::printf(
         "CPU layers at C = %llu: blocks %.1f GFLOP/s, LM head %.1f GFLOP/s (%.1f of %ld cores free)\n",
@@ -74,6 +75,7 @@ Result<Report> MakeReport(const Args& a) {
                           a.config.empty() ? ParseConfig(kDefaultConfig) : LoadConfigFile(a.config));
   STRATA_ASSIGN_OR_RETURN(r.layout, MakeLayout(r.model, static_cast<int>(r.cluster.world_size())));
   r.overlap_step = a.overlap_step;
+  const Config base = r.config;
   if (a.autoplace) {
     STRATA_ASSIGN_OR_RETURN(r.autoplan, PlanAuto(r.model, r.cluster, r.config, a.nvme_path));
     if (r.autoplan->best >= 0) {
@@ -85,6 +87,7 @@ Result<Report> MakeReport(const Args& a) {
   r.capacity = ComputeCapacity(r.model, r.layout, r.cluster, r.config);
   if (a.simulate || (r.autoplan && r.autoplan->best >= 0))
     r.sim = Simulate(r.model, r.layout, r.capacity, r.cluster, r.config, {.overlap_step = r.overlap_step});
+  CompareStateFormats(r, a.autoplace ? &base : nullptr, a.nvme_path);
   return r;
 }
 
@@ -98,8 +101,17 @@ int Run(const Args& a) {
   // Nothing fits: say so on stderr and in the exit status (3), and never
   // write a config that would not run.
   if (!r->capacity.Fits()) {
-    std::fprintf(stderr, "strata-plan: %s: %s%s\n", a.autoplace ? "nothing fits" : "does not fit",
-                 r->capacity.Problems().front().c_str(),
+    // The other state format may fit: say so (the format is the user's to choose).
+    std::string other;
+    if (const auto& o = r->other_format; o && o->available) {
+      if (o->autoplan && o->autoplan->best >= 0)
+        other = "; with strata.state_format \"" + o->format + "\" " +
+                o->autoplan->candidates[static_cast<size_t>(o->autoplan->best)].Label() + " fits";
+      else if (!a.autoplace && o->capacity.Fits())
+        other = "; with strata.state_format \"" + o->format + "\" it fits";
+    }
+    std::fprintf(stderr, "strata-plan: %s: %s%s%s\n", a.autoplace ? "nothing fits" : "does not fit",
+                 r->capacity.Problems().front().c_str(), other.c_str(),
                  a.write_config.empty() ? "" : (" (" + a.write_config + " not written)").c_str());
     return 3;
   }

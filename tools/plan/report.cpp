@@ -47,9 +47,9 @@ std::string Header(const Report& r) {
        FormatBytes(c.nvme_drive_bytes) + " per node (world " + std::to_string(c.world_size()) + ")\n";
   const auto& z = r.config.zero;
   s += std::string("placement: stage ") + std::to_string(z.stage) + ", P on " +
-       Where(z.offload_param.device) + ", W/M/V on " + Where(z.offload_optimizer.device) + ", " +
-       DTypeName(r.config.compute_dtype()) + ", " + r.config.optimizer.type +
-       (r.overlap_step ? ", overlapped step" : "") + "\n";
+       Where(z.offload_param.device) + ", W/M/V on " + Where(z.offload_optimizer.device) + " (" +
+       r.config.strata.state_format + "), " + DTypeName(r.config.compute_dtype()) + ", " +
+       r.config.optimizer.type + (r.overlap_step ? ", overlapped step" : "") + "\n";
   return s;
 }
 
@@ -103,6 +103,72 @@ std::string SimText(const SimResult& sim, bool has_gpu) {
   return s;
 }
 
+double Saved(double fp32, double compact) { return fp32 > 0 ? 100 * (fp32 - compact) / fp32 : 0; }
+
+// What compact saves against fp32 (rows read fp32 -> compact whichever the
+// plan's format is): each tier whose bytes differ, the step, and --auto's
+// pick under the other format.
+std::string FormatText(const Report& r) {
+  const FormatComparison& o = *r.other_format;
+  const std::string& mine = r.config.strata.state_format;
+  if (!o.available)
+    return "\nstate format " + mine + " (" + o.format + " is refused with " + r.config.optimizer.type + ")\n";
+  const bool compact = mine == "compact";
+  std::string s = "\nstate format " + mine + "; " +
+                  (compact ? std::string("against fp32")
+                           : std::string(R"(compact ("strata": {"state_format": "compact"}))")) +
+                  " at this placement, fp32 -> compact:\n";
+  const Capacity& f = compact ? o.capacity : r.capacity;
+  const Capacity& c = compact ? r.capacity : o.capacity;
+  for (int t = 0; t < kNumTiers; ++t) {
+    const uint64_t a = f.Used(TierKind(t)), b = c.Used(TierKind(t));
+    if (a == b) continue;
+    const uint64_t ranks = r.cluster.gpus_per_node;
+    s += "  " + Pad(std::string(TierName(TierKind(t))) + " per rank", 16) + FormatBytes(a) + " -> " +
+         FormatBytes(b) +
+         (t == 0 ? "" : " (per node " + FormatBytes(a * ranks) + " -> " + FormatBytes(b * ranks) + ")") +
+         Fmt(", saves %.0f%%", Saved(static_cast<double>(a), static_cast<double>(b)));
+    if (!f.Fits(TierKind(t)) || !c.Fits(TierKind(t)))
+      s += std::string(" (") + (f.Fits(TierKind(t)) ? "compact" : "fp32") + " does not fit)";
+    s += "\n";
+  }
+  if (r.sim && o.sim) {
+    const double a = compact ? o.sim->step_s : r.sim->step_s, b = compact ? r.sim->step_s : o.sim->step_s;
+    s += "  " + Pad("step", 16) + Fmt("%.3f s", a) + " -> " + Fmt("%.3f s", b) +
+         Fmt(", saves %.0f%%", Saved(a, b)) + "; " + o.format + " bound by " +
+         ResourceName(o.sim->bound, r.cluster.has_gpu) + "\n";
+  }
+  if (o.autoplan) {
+    s += "  --auto with " + o.format + ": ";
+    if (o.autoplan->best < 0) {
+      s += "nothing fits\n";
+    } else {
+      const Candidate& b = o.autoplan->candidates[static_cast<size_t>(o.autoplan->best)];
+      s += b.Label() + Fmt(", %.3f s/step", b.sim.step_s) + "\n";
+    }
+  }
+  return s;
+}
+
+nlohmann::ordered_json FormatJsonOf(const Report& r) {
+  const FormatComparison& o = *r.other_format;
+  nlohmann::ordered_json j = {{"format", r.config.strata.state_format}};
+  nlohmann::ordered_json other = {{"format", o.format}, {"available", o.available}};
+  if (o.available) {
+    for (int t = 0; t < kNumTiers; ++t) other["used"][TierName(TierKind(t))] = o.capacity.Used(TierKind(t));
+    other["fits"] = o.capacity.Fits();
+    if (o.sim) other["step_s"] = o.sim->step_s;
+    if (o.autoplan && o.autoplan->best >= 0) {
+      const Candidate& b = o.autoplan->candidates[static_cast<size_t>(o.autoplan->best)];
+      other["auto"] = {{"placement", b.Label()}, {"step_s", b.sim.step_s}};
+    } else if (o.autoplan) {
+      other["auto"] = nullptr;
+    }
+  }
+  j["other"] = other;
+  return j;
+}
+
 nlohmann::ordered_json CapacityJson(const Capacity& cap) {
   nlohmann::ordered_json j;
   for (int t = 0; t < kNumTiers; ++t) {
@@ -143,9 +209,30 @@ nlohmann::ordered_json SimJson(const SimResult& s, bool has_gpu) {
 
 std::string PlanConfigJson(const Report& r) { return ConfigToJson(r.config); }
 
+void CompareStateFormats(Report& r, const Config* auto_base, const std::string& nvme_path) {
+  FormatComparison o;
+  o.format = r.config.strata.state_format == "compact" ? "fp32" : "compact";
+  o.available = !(o.format == "compact" && r.config.optimizer.type == "adagrad");
+  if (o.available) {
+    Config other = r.config;
+    other.strata.state_format = o.format;
+    o.capacity = ComputeCapacity(r.model, r.layout, r.cluster, other);
+    if (r.sim && o.capacity.Fits())
+      o.sim = Simulate(r.model, r.layout, o.capacity, r.cluster, other, {.overlap_step = r.overlap_step});
+    if (auto_base) {
+      Config base = *auto_base;
+      base.strata.state_format = o.format;
+      auto a = PlanAuto(r.model, r.cluster, base, nvme_path);
+      if (a.ok()) o.autoplan = std::move(*a);
+    }
+  }
+  r.other_format = std::move(o);
+}
+
 std::string FormatTable(const Report& r) {
   std::string s = Header(r) + CapacityTable(r.capacity, r.cluster.gpus_per_node);
   if (r.sim) s += SimText(*r.sim, r.cluster.has_gpu);
+  if (r.other_format) s += FormatText(r);
   if (r.autoplan) {
     s += "\n--auto: " + std::to_string(r.autoplan->candidates.size()) + " placements tried\n";
     for (size_t i = 0; i < r.autoplan->candidates.size(); ++i) {
@@ -187,9 +274,11 @@ std::string FormatJson(const Report& r) {
   j["placement"] = {{"stage", z.stage},
                     {"param", Where(z.offload_param.device)},
                     {"optimizer", Where(z.offload_optimizer.device)},
-                    {"overlap_step", r.overlap_step}};
+                    {"overlap_step", r.overlap_step},
+                    {"state_format", r.config.strata.state_format}};
   j["capacity"] = CapacityJson(r.capacity);
   if (r.sim) j["simulation"] = SimJson(*r.sim, r.cluster.has_gpu);
+  if (r.other_format) j["state_format"] = FormatJsonOf(r);
   if (r.autoplan) {
     nlohmann::ordered_json a = nlohmann::ordered_json::array();
     for (const Candidate& cand : r.autoplan->candidates) {

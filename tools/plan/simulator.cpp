@@ -65,7 +65,7 @@ class StepSim {
     n_ = static_cast<int>(l.group_numel.size());
     world_ = static_cast<double>(l.world_size);
     dp_ = static_cast<double>(DTypeSize(cfg.compute_dtype()));
-    adam_ = cfg.optimizer.type == "adam" || cfg.optimizer.type == "adamw";
+    sb_ = StateBytesOf(cfg);
     fetched_ = h_.p != TierKind::kDevice || (cfg.zero.stage >= 3 && l.world_size > 1);
     cks_ = cfg.strata.checksums ? c.RankChecksum() : kInf;
     // The device's room for P copies: its capacity less everything else resident.
@@ -113,6 +113,10 @@ class StepSim {
   // Elements of g that this rank's optimizer owns (stage >= 1 partitions them).
   double OptNumel(int g) const { return cfg_.zero.stage >= 1 ? Shard(g) : Numel(g); }
   double PHomeNumel(int g) const { return cfg_.zero.stage >= 3 ? Shard(g) : Numel(g); }
+  // Bytes of g's W, M and V (strata.state_format) on this rank.
+  double OptBytes(int g, uint64_t (StateBytes::*bytes)(uint64_t) const) const {
+    return static_cast<double>((sb_.*bytes)(static_cast<uint64_t>(OptNumel(g))));
+  }
   double CopyBytes(int g) const { return Numel(g) * dp_; }  // a gathered group on the device
 
   // Prefetch reads and gradient writes in backward overlap, and so do the
@@ -325,7 +329,12 @@ class StepSim {
   double Optimizer(const std::vector<int>& order, double t) {
     const int n = static_cast<int>(order.size());
     if (h_.gpu_optimizer) {  // W, M, V, G and P all on the device: one pass over HBM per group
-      for (int g : order) t = R(SimResource::kGpu).Book(t, OptNumel(g) * (28 + 2 * dp_) / c_.device_mem_Bps);
+      // W, M, V read and written, G and P at 4 + 2 x dtype (fp32 Adam: 28 + 2 x dtype;
+      // compact: P is read and written as the master's bf16 half, the same bytes).
+      for (int g : order) {
+        const double bytes = 2 * OptBytes(g, &StateBytes::Optimizer) + OptNumel(g) * (4 + 2 * dp_);
+        t = R(SimResource::kGpu).Book(t, bytes / c_.device_mem_Bps);
+      }
       return t;
     }
     struct Unmixed {  // for the length of this step
@@ -334,14 +343,20 @@ class StepSim {
     } unmixed{step_unmixed_ = cfg_.strata.step_io == "alternate"};
     const int k = static_cast<int>(std::clamp<uint64_t>(cfg_.zero.offload_optimizer.buffer_count, 3, 16));
     std::vector<double> loads(static_cast<size_t>(n), -1), stores(static_cast<size_t>(n), 0);
-    const int nopt = adam_ ? 3 : 2;
+    // W, M, V each move as their own stream (fp32 4 B an element each; compact W 3, M and V 1.125).
+    const std::vector<uint64_t (StateBytes::*)(uint64_t) const> states =
+        sb_.has_v ? std::vector{&StateBytes::W, &StateBytes::M, &StateBytes::V}
+                  : std::vector{&StateBytes::W, &StateBytes::M};
     auto start_loads = [&](int i, double at) {
       const int g = order[static_cast<size_t>(i)];
       double done = at;
       if (Staged(h_.opt))
-        for (int s = 0; s < nopt; ++s) done = std::max(done, Load(h_.opt, at, OptNumel(g) * 4));
+        for (auto s : states) done = std::max(done, Load(h_.opt, at, OptBytes(g, s)));
       if (Staged(h_.g) && grads_[static_cast<size_t>(g)])
         done = std::max(done, Load(h_.g, at, OptNumel(g) * 4));
+      // Compact: P's block holds the master's bf16 half, a state the step
+      // reads (fp32: a copy of W, written only).
+      if (sb_.compact && Staged(h_.p)) done = std::max(done, Load(h_.p, at, PHomeNumel(g) * dp_));
       loads[static_cast<size_t>(i)] = done;
     };
     if (n > 0) start_loads(0, t);
@@ -352,13 +367,14 @@ class StepSim {
       for (int a = i + 1; a <= std::min(i + k - 2, n - 1); ++a)
         if (loads[static_cast<size_t>(a)] < 0) start_loads(a, t);
       t = std::max(t, loads[static_cast<size_t>(i)]);
-      if (h_.opt == TierKind::kNvme) t = Checksum(t, len * 4 * nopt);
+      if (h_.opt == TierKind::kNvme) t = Checksum(t, OptBytes(g, &StateBytes::Optimizer));
+      if (sb_.compact && h_.p == TierKind::kNvme) t = Checksum(t, PHomeNumel(g) * dp_);
       if (h_.g == TierKind::kNvme && grads_[static_cast<size_t>(g)]) t = Checksum(t, len * 4);
-      t = Cpu(t, len / c_.RankAdamEps());
+      t = Cpu(t, len / (sb_.compact ? c_.RankCompactAdamEps() : c_.RankAdamEps()));
       double done = t;
-      if (Staged(h_.p)) done = std::max(done, Store(h_.p, t, len * dp_));
+      if (Staged(h_.p)) done = std::max(done, Store(h_.p, t, (sb_.compact ? PHomeNumel(g) : len) * dp_));
       if (Staged(h_.opt))
-        for (int s = 0; s < nopt; ++s) done = std::max(done, Store(h_.opt, t, len * 4));
+        for (auto s : states) done = std::max(done, Store(h_.opt, t, OptBytes(g, s)));
       stores[static_cast<size_t>(i)] = done;
     }
     for (double s : stores) t = std::max(t, s);
@@ -373,7 +389,8 @@ class StepSim {
   const Homes h_;
   int n_ = 0;
   double world_ = 1, dp_ = 2, cks_ = kInf, room_ = 0, used_ = 0;
-  bool adam_ = true, fetched_ = false, step_unmixed_ = false;
+  StateBytes sb_;
+  bool fetched_ = false, step_unmixed_ = false;
   Timeline res_[kNumSimResources];
   PrefetchSchedule sched_;
   std::vector<CopyState> state_;

@@ -3,7 +3,8 @@
 // window, farthest-next-use eviction from the device's room for P), stage-3
 // gathers, the blocking Grads path, the optimizer pipeline over shards with
 // buffer_count slots (reads K-2 shards ahead, update on the CPU, writes
-// behind) or the overlapped per-group step — against a cost model of one
+// behind; W, M, V in strata.state_format's bytes, StateBytes) or the
+// overlapped per-group step — against a cost model of one
 // rank's share of the cluster. No data moves. Ranks are symmetric under
 // ZeRO, so one rank is simulated and collectives are costed as rings over N.
 #pragma once

@@ -1,0 +1,94 @@
+// The plan's bytes against the engine's own, in both strata.state_format
+// values: a small model with P, G, W, M, V on NVMe (no GPU, stage 3), built
+// and stepped by the real Engine; the NVMe bytes it holds and moves in its
+// optimizer step are what ComputeCapacity and Simulate say. Sizes are
+// multiples of the 4 KiB block, so that padding plays no part.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "engine/engine.h"
+#include "tools/plan/capacity.h"
+#include "tools/plan/simulator.h"
+
+namespace strata::plan {
+namespace {
+
+constexpr int kGroups = 4;
+constexpr uint64_t kPerGroup = 64u << 10;  // compact M: 64 Ki + 4 x 2 Ki bytes = 18 blocks
+
+struct EngineBytes {
+  uint64_t nvme_used = 0, step_read = 0, step_write = 0;
+};
+
+Result<EngineBytes> RunEngine(const Config& cfg) {
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, eo));
+  std::vector<float> init(kPerGroup, 0.01f);
+  for (int g = 0; g < kGroups; ++g)
+    STRATA_RETURN_IF_ERROR(e->AddParam(g, "g" + std::to_string(g), kPerGroup, init.data()).status());
+  STRATA_RETURN_IF_ERROR(e->Build());
+  std::vector<uint16_t> grads(kPerGroup, 0x3a00);
+  EngineBytes b;
+  for (int step = 0; step < 2; ++step) {  // the second step is measured
+    for (int g = 0; g < kGroups; ++g) STRATA_RETURN_IF_ERROR(e->Grads(g, grads.data(), DType::kBF16));
+    const EngineStats before = e->stats();
+    STRATA_RETURN_IF_ERROR(e->Step({}).status());
+    const EngineStats after = e->stats();
+    b.step_read = after.nvme_to_host - before.nvme_to_host;
+    b.step_write = after.host_to_nvme - before.host_to_nvme;
+    b.nvme_used = after.nvme.used;
+  }
+  return b;
+}
+
+Config Cfg(const std::string& dir, const char* format) {
+  auto c = ParseConfig(R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW"},
+    "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": ")" +
+                       dir + R"("},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                       dir + R"("}},
+    "strata": {"host_budget": "256MiB", "device_budget": "64MiB", "state_format": ")" +
+                       format + R"("}})");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? *c : Config{};
+}
+
+class EngineBytesTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EngineBytesTest, MatchThePlan) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("strata-plan-engine-" + std::to_string(::getpid()) + "-" + GetParam());
+  std::filesystem::create_directories(dir);
+  const Config cfg = Cfg(dir.string(), GetParam());
+  auto got = RunEngine(cfg);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+
+  ModelSpec m;
+  m.name = "engine-bytes";
+  for (int g = 0; g < kGroups; ++g) m.groups.push_back({"g" + std::to_string(g), kPerGroup, false});
+  ClusterSpec c = PresetCluster("local").value();
+  c.gpus_per_node = 1;
+  auto cap = ComputeCapacity(m, c, cfg);
+  auto sim = Simulate(m, c, cfg, {.optimizer_only = true});
+  ASSERT_TRUE(cap.ok() && sim.ok());
+  std::printf("%s: engine nvme %llu B, step read %llu B, write %llu B\n", GetParam(),
+              static_cast<unsigned long long>(got->nvme_used),
+              static_cast<unsigned long long>(got->step_read),
+              static_cast<unsigned long long>(got->step_write));
+  EXPECT_EQ(got->nvme_used, cap->ModelStates(TierKind::kNvme)) << GetParam();
+  EXPECT_EQ(got->step_read, sim->disk_read_bytes) << GetParam();
+  EXPECT_EQ(got->step_write, sim->disk_write_bytes) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(StateFormats, EngineBytesTest, ::testing::Values("fp32", "compact"));
+
+}  // namespace
+}  // namespace strata::plan
