@@ -147,12 +147,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(const Config& config, const Engin
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-// Keeps a registered tensor's initial values (zeros without `init`) until Build.
+// Keeps a registered tensor's initial values until Build. A group's values
+// past the end of its vector are zeros, so tensors registered without
+// `init` take no memory (a model larger than RAM registers).
 static uint64_t KeepInit(Engine::Impl& m, int group, uint64_t off, uint64_t numel, const float* init) {
   if (static_cast<size_t>(group) >= m.init_.size()) m.init_.resize(static_cast<size_t>(group) + 1);
   auto& v = m.init_[static_cast<size_t>(group)];
+  if (!init) return off;
   v.resize(off + numel, 0.0f);
-  if (init) std::memcpy(v.data() + off, init, numel * sizeof(float));
+  std::memcpy(v.data() + off, init, numel * sizeof(float));
   return off;
 }
 
@@ -236,6 +239,7 @@ Status Engine::Impl::BuildOnce() {
   if (multi())
     for (int g = 0; g < part_.num_groups(); ++g) {
       std::vector<float>& w0 = init_[static_cast<size_t>(g)];
+      w0.resize(part_.group(g).numel, 0.0f);  // zeros registered without values, on every rank alike
       comm_->SetLabel("init g" + std::to_string(g));
       STRATA_RETURN_IF_ERROR(comm_->Broadcast(w0.data(), w0.size() * sizeof(float), 0)
                                  .WithContext("build: rank 0's initial values of group " + std::to_string(g)));
@@ -297,7 +301,7 @@ Status Engine::Impl::BuildOnce() {
     const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel, real = L.RealInShard(srank_);
     auto fill_w = [&](void* p) {  // this rank's shard of the initial values
       std::memset(p, 0, L.shard_numel * 4);
-      std::memcpy(p, w0.data() + lo, real * 4);
+      std::memcpy(p, w0.data() + lo, std::min<uint64_t>(real, w0.size() > lo ? w0.size() - lo : 0) * 4);
       return Status::Ok();
     };
     auto fill_p = [&](void* p) {  // the whole group, or this rank's shard (stage 3)
@@ -305,7 +309,9 @@ Status Engine::Impl::BuildOnce() {
       std::memset(p, 0, n * DTypeSize(dtype_));
       const uint64_t from = p_sharded_ ? lo : 0, count = p_sharded_ ? real : L.numel;
       // Fails when the kernels cannot run (STRATA_CPU_ISA): P would stay zeros.
-      return kernels::Cast(DType::kF32, w0.data() + from, dtype_, p, count);
+      const uint64_t have = std::min<uint64_t>(count, w0.size() > from ? w0.size() - from : 0);
+      if (have == 0) return Status::Ok();
+      return kernels::Cast(DType::kF32, w0.data() + from, dtype_, p, have);
     };
     int zeroing = 0;  // the state `zero` fills
     auto zero = [&](void* p) {

@@ -4,7 +4,9 @@
 // with fio on the same directory.
 // Usage: strata-offload-step DIR [params=256M] [groups=16] [steps=3] [host_budget=1GiB]
 // Env: RINGS (strata.io_rings, default 1), STEP_IO (strata.step_io, default
-// alternate), TRACE (strata.trace_path), PACED=1 (wait for a stdin line before each step; see below).
+// alternate), TRACE (strata.trace_path), PACED=1 (wait for a stdin line before each step; see below),
+// FORMATS (below), PARAM_NVME=1 (P homed on NVMe too), GRAD_ACCUM (data_types.grad_accum_dtype).
+// Parameters start at zero when a group exceeds 16M elements (nothing held in memory for them).
 #include <algorithm>
 #include <memory>
 #include <chrono>
@@ -57,8 +59,13 @@ int main(int argc, char** argv) {
   for (const std::string& format : formats) {
     const std::string where = formats.size() > 1 ? dir + "/" + format : dir;
     if (formats.size() > 1 && std::system(("mkdir -p '" + where + "'").c_str()) != 0) return Fail(IoError("mkdir " + where));
+    const bool param_nvme = std::getenv("PARAM_NVME") && std::string(std::getenv("PARAM_NVME")) == "1";
+    const std::string accum = std::getenv("GRAD_ACCUM") ? std::getenv("GRAD_ACCUM") : "fp32";
     const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + where + R"("}},
+    "data_types": {"grad_accum_dtype": ")" + accum + R"("},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + where + R"("},
+      "offload_param": {"device": ")" + (param_nvme ? "nvme" : "none") + R"(", "nvme_path": ")" + where +
+                             R"(", "buffer_size": )" + std::to_string(per_group) + R"(}},
     "aio": {"block_size": 1048576, "queue_depth": 32},
     "strata": {"host_budget": ")" + host_budget + R"(", "device_budget": "4GiB", "io_rings": )" + (std::getenv("RINGS") ? std::string(std::getenv("RINGS")) : std::string("1")) +
     R"(, "step_io": ")" + (std::getenv("STEP_IO") ? std::string(std::getenv("STEP_IO")) : std::string("alternate")) + "\"" +
