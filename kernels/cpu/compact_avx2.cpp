@@ -1,6 +1,7 @@
 // AVX2 + FMA path of the compact Adam/AdamW step: a block of 32 elements is
 // four vectors of 8; the scalar reference's integer and IEEE operations in the
 // same order (the update is adam_avx2.cpp's), so results are bitwise equal.
+// Adam runs eight blocks at a time in passes (see CompactAdamAvx2).
 #include <algorithm>
 #include <cstring>
 
@@ -114,31 +115,6 @@ inline __m256i PackBytes(const Ints& c, const __m256i (&q)[kVectors], bool is_si
 
 inline void Store32(void* dst, __m256i x) { _mm256_storeu_si256(static_cast<__m256i*>(dst), x); }
 
-// The block's new moments -> codes and scales (QuantizeM, QuantizeV,
-// ZeroMWhereVZero in compact_elements.h).
-[[gnu::always_inline]] inline void StoreMoments(const Ints& c, const CompactState& s, size_t i,
-                                                const __m256 (&m)[kVectors], const __m256 (&r)[kVectors]) {
-  const size_t b = i / kCompactBlock;
-  const uint32_t amax = MaxAbsBits(c, m), rmax = MaxAbsBits(c, r);
-  const float a = BitsF32(amax), big = BitsF32(rmax);
-  const bool m_live = amax < 0x7f800000u && a >= kCompactMinScale;
-  const bool v_live = rmax < 0x7f800000u && big > 0.0f;
-  s.m_scale[b] = m_live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
-  s.v_scale[b] = v_live ? big : (rmax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
-  __m256i qm[kVectors], qv[kVectors];
-  const __m256 km = _mm256_set1_ps(m_live ? 16129.0f / a : 0.0f);
-  const __m256 kv = _mm256_set1_ps(v_live ? 65025.0f / big : 0.0f);
-#pragma GCC unroll 4
-  for (size_t k = 0; k < kVectors; ++k) {
-    qv[k] = v_live ? Codes(c, r[k], kv, c.c255) : _mm256_setzero_si256();
-    const __m256i q = m_live ? _mm256_sign_epi32(Codes(c, m[k], km, c.c127), _mm256_castps_si256(m[k]))
-                             : _mm256_setzero_si256();
-    qm[k] = _mm256_andnot_si256(_mm256_cmpeq_epi32(qv[k], _mm256_setzero_si256()), q);
-  }
-  Store32(s.m_code + i, PackBytes(c, qm, true));
-  Store32(s.v_code + i, PackBytes(c, qv, false));
-}
-
 // Lion's moment: m codes and scale only (no v, so no zero-v rule).
 [[gnu::always_inline]] inline void StoreM(const Ints& c, const CompactState& s, size_t i,
                                           const __m256 (&m)[kVectors]) {
@@ -177,62 +153,178 @@ inline void StoreCopy(void* copy, size_t i, __m256 p) {
   if constexpr (C == CompactCopy::kF32) StoreFromF32x8<DType::kF32>(copy, i, p);
 }
 
+// Split's usual case: a w whose magnitude is at most the largest float below
+// bf16's range (|w| bits <= 0x7f7fff7e), where the correction is q itself.
+// `big` collects |w| bits shifted left by one (sign out), to tell afterwards
+// whether a lane needs Split's special cases (top floats, inf, NaN).
+inline void SplitUsual(const Ints& c, __m256 p, __m256i* hi, __m256i* lo, __m256i* big) {
+  const __m256i u = _mm256_castps_si256(p);
+  const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), c.one), c.c7fff);
+  const __m256i hb = _mm256_and_si256(_mm256_add_epi32(u, bias), c.hi16);
+  *hi = _mm256_srli_epi32(hb, 16);
+  const __m256i d = _mm256_sub_epi32(u, hb);
+  *lo = _mm256_srai_epi32(_mm256_add_epi32(_mm256_sub_epi32(_mm256_slli_epi32(d, 7), d), c.c16384), 15);
+  *big = _mm256_max_epu32(*big, _mm256_add_epi32(u, u));
+}
+
+// Whether some lane of SplitUsual's `big` had |w| bits above 0x7f7fff7e.
+inline bool NeedsSplitSpecials(__m256i big) {
+  const __m256i limit = _mm256_set1_epi32(static_cast<int32_t>(0x7f7fff7eu << 1));
+  const __m256i above = _mm256_xor_si256(_mm256_cmpeq_epi32(_mm256_max_epu32(big, limit), limit),
+                                         _mm256_set1_epi32(-1));
+  return !_mm256_testz_si256(above, above);
+}
+
+// Eight lanes of b-th block values as one vector per block -> one vector of
+// the eight blocks' maxima (signed max of |x| bits: NaN wins, as MaxAbsBits).
+inline __m256i MaxOfEach(const __m256i (&x)[8]) {
+  __m256i s[4];
+  for (int k = 0; k < 4; ++k) {  // lanes j: max over pairs, blocks 2k and 2k+1 interleaved
+    const __m256i a = x[2 * k], b = x[2 * k + 1];
+    s[k] = _mm256_max_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+  }
+  __m256i t[2];
+  for (int k = 0; k < 2; ++k) {
+    const __m256i a = s[2 * k], b = s[2 * k + 1];
+    t[k] = _mm256_max_epi32(_mm256_unpacklo_epi64(a, b), _mm256_unpackhi_epi64(a, b));
+  }
+  // t[0]: blocks 0,1,2,3 in each 128-bit lane (partial maxima of lane halves); t[1]: 4..7.
+  const __m256i lo = _mm256_permute2x128_si256(t[0], t[1], 0x20);
+  const __m256i hi = _mm256_permute2x128_si256(t[0], t[1], 0x31);
+  return _mm256_max_epi32(lo, hi);  // block order: 0 1 2 3 4 5 6 7
+}
+
 template <DType G, CompactCopy C, bool kL2>
 struct CompactAdamAvx2 {
-  // One whole block at i (a multiple of kCompactBlock): AdamAvx2::Update's
-  // operations on the dequantized state, in phases over the four vectors so
-  // that their square roots and divisions (long latencies, one divider) are
-  // in flight together; then the split, the copy-out and the moments.
-  static void Block(const AdamConstsx8& k, const Ints& c, const CompactArrays& a, size_t i) {
-    const size_t b = i / kCompactBlock;
-    const __m256 m_step = _mm256_set1_ps(a.s.m_scale[b] / 16129.0f);
-    const __m256 v_step = _mm256_set1_ps(a.s.v_scale[b] / 65025.0f);
-    __m256 p[kVectors], m[kVectors], r[kVectors];
+  // A group of blocks goes through short passes, each a loop of independent
+  // iterations: one element's whole chain (dequantize, square root, divisions,
+  // split, maximum, division, square root of the code) is far longer than the
+  // core's window holds, so in one pass the window would wait on it; in
+  // passes, a later pass finds its inputs ready. The group's scales are also
+  // divided eight at a time.
+  static constexpr size_t kGroup = 8;
+  static constexpr size_t kGroupVectors = kGroup * kVectors;
+
+  struct Scratch {
+    __m256 p[kGroupVectors], m[kGroupVectors], r[kGroupVectors];
+    __m256i m_max[kGroup], r_max[kGroup];
+    alignas(32) float m_step[kGroup], v_step[kGroup], km[kGroup], kv[kGroup];
+  };
+
+  // Codes of block b (QuantizeM, QuantizeV, ZeroMWhereVZero in
+  // compact_elements.h), from the block's new moments and live flags.
+  [[gnu::always_inline]] static inline void StoreCodes(const Ints& c, const CompactState& s, size_t i,
+                                                       const Scratch& x, size_t b, bool m_live, bool v_live) {
+    const __m256 km = _mm256_broadcast_ss(&x.km[b]), kv = _mm256_broadcast_ss(&x.kv[b]);
+    __m256i qm[kVectors], qv[kVectors];
 #pragma GCC unroll 4
     for (size_t v = 0; v < kVectors; ++v) {
-      const size_t e = i + v * kAvx2Lanes;
+      const size_t j = b * kVectors + v;
+      qv[v] = v_live ? Codes(c, x.r[j], kv, c.c255) : _mm256_setzero_si256();
+      const __m256i q = m_live ? _mm256_sign_epi32(Codes(c, x.m[j], km, c.c127), _mm256_castps_si256(x.m[j]))
+                               : _mm256_setzero_si256();
+      qm[v] = _mm256_andnot_si256(_mm256_cmpeq_epi32(qv[v], _mm256_setzero_si256()), q);
+    }
+    Store32(s.m_code + i, PackBytes(c, qm, true));
+    Store32(s.v_code + i, PackBytes(c, qv, false));
+  }
+
+  // nb (1..kGroup) whole blocks at i (a multiple of kCompactBlock):
+  // AdamAvx2::Update's operations on the dequantized state, then the split
+  // master, the new scales and the codes.
+  static void Group(const AdamConstsx8& k, const Ints& c, const CompactArrays& a, size_t i, size_t nb,
+                    Scratch& x) {
+    const size_t b0 = i / kCompactBlock, nv = nb * kVectors;
+    // The dequantization steps of the old scales (MStep, VStep), eight at a time.
+    alignas(32) float ms[kGroup] = {}, vs[kGroup] = {};
+    for (size_t b = 0; b < nb; ++b) ms[b] = a.s.m_scale[b0 + b], vs[b] = a.s.v_scale[b0 + b];
+    _mm256_store_ps(x.m_step, _mm256_div_ps(_mm256_load_ps(ms), _mm256_set1_ps(16129.0f)));
+    _mm256_store_ps(x.v_step, _mm256_div_ps(_mm256_load_ps(vs), _mm256_set1_ps(65025.0f)));
+    // Pass 1: the new moments, sqrt(v), and the decayed master.
+    for (size_t j = 0; j < nv; ++j) {
+      const size_t e = i + j * kAvx2Lanes, b = j / kVectors;
       __m256 g = _mm256_mul_ps(LoadAsF32x8<G>(a.grad, e), k.grad_scale);
-      p[v] = Rebuild(c, a.s.w_hi + e, a.s.w_lo + e);
-      if constexpr (kL2) g = _mm256_fmadd_ps(p[v], k.l2, g);
-      p[v] = _mm256_mul_ps(p[v], k.decay);
-      m[v] =
-          _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(DequantizeM(a.s.m_code + e, m_step), k.beta1));
-      const __m256 vv = _mm256_fmadd_ps(_mm256_mul_ps(k.one_minus_beta2, g), g,
-                                        _mm256_mul_ps(DequantizeV(a.s.v_code + e, v_step), k.beta2));
-      r[v] = _mm256_sqrt_ps(vv);
+      __m256 p = Rebuild(c, a.s.w_hi + e, a.s.w_lo + e);
+      if constexpr (kL2) g = _mm256_fmadd_ps(p, k.l2, g);
+      x.p[j] = _mm256_mul_ps(p, k.decay);
+      const __m256 m = _mm256_fmadd_ps(
+          k.one_minus_beta1, g, _mm256_mul_ps(DequantizeM(a.s.m_code + e, _mm256_broadcast_ss(&x.m_step[b])), k.beta1));
+      const __m256 vv = _mm256_fmadd_ps(
+          _mm256_mul_ps(k.one_minus_beta2, g), g,
+          _mm256_mul_ps(DequantizeV(a.s.v_code + e, _mm256_broadcast_ss(&x.v_step[b])), k.beta2));
+      x.m[j] = m;
+      x.r[j] = _mm256_sqrt_ps(vv);
     }
+    // Pass 2: the update of the master.
+    for (size_t j = 0; j < nv; ++j) {
+      const __m256 denom = _mm256_add_ps(DivideBySqrtBc2(k, x.r[j]), k.eps);
+      x.p[j] = _mm256_add_ps(x.p[j], _mm256_div_ps(_mm256_mul_ps(k.neg_step_size, x.m[j]), denom));
+    }
+    // Pass 3: the split master (and the copy-out), the blocks' maxima.
+    for (size_t b = 0; b < nb; ++b) {
+      const size_t ib = i + b * kCompactBlock;
+      __m256i hi[kVectors], lo[kVectors];
+      __m256i big = _mm256_setzero_si256(), m_max = _mm256_setzero_si256(), r_max = _mm256_setzero_si256();
 #pragma GCC unroll 4
-    for (size_t v = 0; v < kVectors; ++v) {
-      const __m256 denom = _mm256_add_ps(DivideBySqrtBc2(k, r[v]), k.eps);
-      p[v] = _mm256_add_ps(p[v], _mm256_div_ps(_mm256_mul_ps(k.neg_step_size, m[v]), denom));
+      for (size_t v = 0; v < kVectors; ++v) {
+        const size_t j = b * kVectors + v;
+        SplitUsual(c, x.p[j], &hi[v], &lo[v], &big);
+        StoreCopy<C>(a.param_copy, ib + v * kAvx2Lanes, x.p[j]);
+        m_max = _mm256_max_epi32(m_max, _mm256_and_si256(_mm256_castps_si256(x.m[j]), c.abs));
+        r_max = _mm256_max_epi32(r_max, _mm256_and_si256(_mm256_castps_si256(x.r[j]), c.abs));
+      }
+      if (NeedsSplitSpecials(big)) [[unlikely]] {
+        for (size_t v = 0; v < kVectors; ++v) Split(c, x.p[b * kVectors + v], &hi[v], &lo[v]);
+      }
+      StoreMaster<C>(c, a, ib, hi, lo);
+      x.m_max[b] = m_max;
+      x.r_max[b] = r_max;
     }
-    __m256i hi[kVectors], lo[kVectors];
-#pragma GCC unroll 4
-    for (size_t v = 0; v < kVectors; ++v) {
-      Split(c, p[v], &hi[v], &lo[v]);
-      StoreCopy<C>(a.param_copy, i + v * kAvx2Lanes, p[v]);
-    }
-    StoreMaster<C>(c, a, i, hi, lo);
-    StoreMoments(c, a.s, i, m, r);
+    for (size_t b = nb; b < kGroup; ++b) x.m_max[b] = x.r_max[b] = _mm256_setzero_si256();
+    // New scales (QuantizeM, QuantizeV): A = max |m|, R = max sqrt(v) a block.
+    const __m256i amax = MaxOfEach(x.m_max), rmax = MaxOfEach(x.r_max);
+    const __m256 a_f = _mm256_castsi256_ps(amax), r_f = _mm256_castsi256_ps(rmax);
+    const __m256 m_finite = _mm256_castsi256_ps(_mm256_cmpgt_epi32(c.inf, amax));
+    const __m256 v_finite = _mm256_castsi256_ps(_mm256_cmpgt_epi32(c.inf, rmax));
+    const __m256 m_live =
+        _mm256_and_ps(m_finite, _mm256_cmp_ps(a_f, _mm256_set1_ps(kCompactMinScale), _CMP_GE_OQ));
+    const __m256 v_live = _mm256_and_ps(v_finite, _mm256_cmp_ps(r_f, _mm256_setzero_ps(), _CMP_GT_OQ));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+    // Live: the maximum; finite but not live: 0; else NaN.
+    _mm256_store_ps(ms, _mm256_or_ps(_mm256_and_ps(m_live, a_f), _mm256_andnot_ps(m_finite, nan)));
+    _mm256_store_ps(vs, _mm256_or_ps(_mm256_and_ps(v_live, r_f), _mm256_andnot_ps(v_finite, nan)));
+    for (size_t b = 0; b < nb; ++b) a.s.m_scale[b0 + b] = ms[b], a.s.v_scale[b0 + b] = vs[b];
+    _mm256_store_ps(x.km, _mm256_div_ps(_mm256_set1_ps(16129.0f), a_f));
+    _mm256_store_ps(x.kv, _mm256_div_ps(_mm256_set1_ps(65025.0f), r_f));
+    const unsigned m_bits = static_cast<unsigned>(_mm256_movemask_ps(m_live));
+    const unsigned v_bits = static_cast<unsigned>(_mm256_movemask_ps(v_live));
+    // Pass 4: the codes.
+    for (size_t b = 0; b < nb; ++b)
+      StoreCodes(c, a.s, i + b * kCompactBlock, x, b, (m_bits >> b) & 1, (v_bits >> b) & 1);
   }
 
   static void Run(const AdamStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
     const AdamConstsx8 k(s);
     const Ints c;
     const CompactArrays local = a;  // the stores cannot change `a`; keep pointers in registers
+    Scratch x;
     size_t i = begin;
-    for (; i + kCompactBlock <= end; i += kCompactBlock) {
-      const size_t ahead = i + kPrefetchAhead;
-      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_hi + ahead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(local.s.w_lo + ahead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(local.s.m_code + ahead), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(local.s.v_code + ahead), _MM_HINT_T0);
-      _mm_prefetch(static_cast<const char*>(local.grad) + ahead * DTypeSize(G), _MM_HINT_T0);
-      Block(k, c, local, i);
+    while (i + kCompactBlock <= end) {
+      const size_t nb = std::min(kGroup, (end - i) / kCompactBlock);
+      for (size_t j = i; j < i + nb * kCompactBlock; j += kCompactBlock) {
+        const size_t ahead = j + kPrefetchAhead;
+        _mm_prefetch(reinterpret_cast<const char*>(local.s.w_hi + ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(local.s.w_lo + ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(local.s.m_code + ahead), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(local.s.v_code + ahead), _MM_HINT_T0);
+        _mm_prefetch(static_cast<const char*>(local.grad) + ahead * DTypeSize(G), _MM_HINT_T0);
+      }
+      Group(k, c, local, i, nb, x);
+      i += nb * kCompactBlock;
     }
     if (i < end)
       RunCompactTail(a, i, end - i, DTypeSize(G), CompactCopyBytes(C),
-                     [&](const CompactArrays& x) { Block(k, c, x, 0); });
+                     [&](const CompactArrays& t) { Group(k, c, t, 0, 1, x); });
   }
 };
 

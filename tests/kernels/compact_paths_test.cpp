@@ -160,6 +160,48 @@ TEST(CompactPaths, EdgeMastersThroughTheStep) {
     }
 }
 
+// The AVX2 path runs eight blocks at a time: blocks of every kind side by
+// side in one group (a NaN gradient, moments all zero, an m below
+// kCompactMinScale, subnormal v, a master past bf16's range, live ones), at
+// every position in the group, in partial groups and with a partial block at
+// the end.
+TEST(CompactPaths, MixedBlocksInOneGroup) {
+  constexpr size_t kKinds = 6;
+  for (size_t n : {size_t{8 * kCompactBlock}, size_t{13 * kCompactBlock + 5}, size_t{27 * kCompactBlock + 31}}) {
+    for (size_t shift = 0; shift < kKinds; ++shift) {
+      std::vector<float> w(n), m(n), v(n), gv(n);
+      Rng rng(n * 17 + shift);
+      for (size_t i = 0; i < n; ++i) {
+        const size_t kind = (i / kCompactBlock + shift) % kKinds;
+        w[i] = rng.Spread();
+        m[i] = 0.01f * rng.Spread();
+        v[i] = 1e-3f * rng.Spread() * rng.Spread();
+        gv[i] = rng.Spread();
+        if (kind == 1 && i % kCompactBlock == 3) gv[i] = std::nanf("");
+        if (kind == 2) m[i] = v[i] = gv[i] = 0.0f;
+        if (kind == 3) m[i] = 1e-32f * rng.Spread(), gv[i] = 1e-33f * rng.Spread();
+        if (kind == 4) v[i] = 1e-44f * (i % 3), gv[i] = 1e-22f * rng.Spread();
+        if (kind == 5 && i % 7 == 0) w[i] = BitsF32(0x7f7fff80u);
+      }
+      Buffer g(n, 4, 0);
+      for (size_t i = 0; i < n; ++i) StoreAs(DType::kF32, g.data(), i, gv[i]);
+      for (CpuIsa isa : CompactSimdPaths()) {
+        CompactBuffers ref(n, 0), simd(n, 3);
+        ASSERT_TRUE(CompactPack(n, w.data(), m.data(), v.data(), ref.state()).ok());
+        simd.CopyFrom(ref);
+        for (int t = 1; t <= 4; ++t) {
+          AdamOptions opt = Options({AdamMode::kAdamW, DType::kF32, 0, 1.0f}, t);
+          opt.grad_scale = 1.0;
+          ASSERT_TRUE(CompactAdamStepOn(CpuIsa::kScalar, opt, n, ref.state(), g.data(), nullptr).ok());
+          ASSERT_TRUE(CompactAdamStepOn(isa, opt, n, simd.state(), g.data(), nullptr).ok());
+          ASSERT_EQ(CompactDiff(ref, simd), "")
+              << CpuIsaName(isa) << " n " << n << " shift " << shift << " step " << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(CompactPaths, ResultDoesNotDependOnThreadCount) {
   const size_t n = 5 * kElementTile + 77;  // several tiles and a partial block
   CompactBuffers base(n, 1);
