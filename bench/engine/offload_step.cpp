@@ -6,7 +6,7 @@
 // Env: RINGS (strata.io_rings, default 1), STEP_IO (strata.step_io, default
 // alternate), TRACE (strata.trace_path), PACED=1 (wait for a stdin line before each step; see below),
 // FORMATS (below), PARAM_NVME=1 (P homed on NVMe too), GRAD_ACCUM (data_types.grad_accum_dtype).
-// Parameters start at zero when a group exceeds 16M elements (nothing held in memory for them).
+// Parameters start at zero beyond 2^30 of them (nothing held in memory for them).
 #include <algorithm>
 #include <memory>
 #include <chrono>
@@ -76,10 +76,12 @@ int main(int argc, char** argv) {
     auto e = Engine::Create(*cfg, {});
     if (!e.ok()) return Fail(e.status());
     Engine& eng = **e;
-    // Streamed registration: a shaped group without a copy of all of it in memory.
-    std::vector<float> init(std::min<uint64_t>(per_group, 1u << 24), 0.01f);
+    // Up to 2^30 parameters start at 0.01; more start at zero, which the
+    // engine holds no memory for until Build (8 billion would need 32 GB).
+    const bool valued = *params <= (uint64_t{1} << 30);
+    std::vector<float> init(valued ? per_group : 0, 0.01f);
     for (int g = 0; g < groups; ++g) {
-      auto r = eng.AddParam(g, "g" + std::to_string(g), per_group, init.size() == per_group ? init.data() : nullptr);
+      auto r = eng.AddParam(g, "g" + std::to_string(g), per_group, valued ? init.data() : nullptr);
       if (!r.ok()) return Fail(r.status());
     }
     init = {};
