@@ -101,8 +101,13 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     const bool commit = gs.committed || (j.updated && state_stores == state_homes && state_st.ok());
     // Device copies land in place: once one has started and any failed, the
     // group's state is neither old nor new (NVMe writes are copy on write).
+    // (A device tier without a GPU is a host arena, used in place: no copies.)
+    auto copied_to_device = [&](StateKind k) {
+      const StateBlock& b = gs.blocks[int(k)];
+      return b.home == TierKind::kDevice && !io_->Direct(b);
+    };
     const bool on_device = gs.blocks[int(StateKind::kW)].home == TierKind::kDevice ||
-                           (compact_ && gs.blocks[int(StateKind::kP)].home == TierKind::kDevice);
+                           (compact_ && copied_to_device(StateKind::kP));
     if (!commit && state_stores > 0 && on_device && broken_.empty())
       broken_ = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
                 state_st.message() + ")";

@@ -25,7 +25,9 @@ using testing::TinyMlp;
 constexpr int kSteps = 6;
 constexpr int kFaultyStep = 3;  // 0-based: the fourth step fails part-way
 
-std::string Json(const std::string& placement, const std::string& dir, const std::string& step_io) {
+// `format`: strata.state_format (compact: P's bf16 half is part of the commit).
+std::string Json(const std::string& placement, const std::string& dir, const std::string& step_io,
+                 const std::string& format = "fp32") {
   const std::string par = placement == "nvme_all" ? "nvme" : "none";
   const std::string budgets = placement == "nvme_all" ? R"("device_budget": 20000, "host_budget": "2MiB")"
                                                       : R"("device_budget": "64MiB", "host_budget": "64MiB")";
@@ -34,7 +36,7 @@ std::string Json(const std::string& placement, const std::string& dir, const std
     "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5000,
       "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir + R"("},
       "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + dir + R"(", "buffer_size": 1e4}},
-    "strata": {)" + budgets + R"(, "step_io": ")" + step_io + R"("}})";
+    "strata": {)" + budgets + R"(, "step_io": ")" + step_io + R"(", "state_format": ")" + format + R"("}})";
 }
 
 Config MustParse(const std::string& json) {
@@ -146,19 +148,19 @@ void ExpectSame(const std::vector<std::vector<float>>& a, const std::vector<std:
     ASSERT_EQ(0, std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4)) << what << ": group " << g << " differs";
 }
 
-class ResumedStep : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+class ResumedStep : public ::testing::TestWithParam<std::tuple<std::string, std::string, std::string>> {};
 
 TEST_P(ResumedStep, EqualsTheCleanRunBitwise) {
-  const auto& [placement, step_io] = GetParam();
+  const auto& [placement, step_io, format] = GetParam();
   TempDir dir;
   TinyMlp model;
-  const std::string json = Json(placement, dir.path(), step_io);
+  const std::string json = Json(placement, dir.path(), step_io, format);
   const auto clean = CleanRun(json, model);
   ASSERT_FALSE(clean.empty());
   int fired = 0;
   for (FaultPlan::Ops ops : {FaultPlan::Ops::kReads, FaultPlan::Ops::kWrites}) {
     for (uint64_t skip : {0, 1, 2, 3, 5, 8, 11, 14, 19}) {
-      std::string what = placement + " " + step_io + (ops == FaultPlan::Ops::kReads ? " reads" : " writes") +
+      std::string what = placement + " " + step_io + " " + format + (ops == FaultPlan::Ops::kReads ? " reads" : " writes") +
                          " fail after " + std::to_string(skip);
       std::vector<std::vector<float>> master;
       if (!FaultyRun(json, model, {ops, skip}, &master, &what)) continue;
@@ -172,14 +174,17 @@ TEST_P(ResumedStep, EqualsTheCleanRunBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Placements, ResumedStep,
                          ::testing::Combine(::testing::Values("nvme_opt", "nvme_all"),
-                                            ::testing::Values("alternate", "concurrent")));
+                                            ::testing::Values("alternate", "concurrent"),
+                                            ::testing::Values("fp32", "compact")));
 
 // A fault that fires once and goes away (a transient EIO) on every write of
 // the step in turn: each time, the retried step gives the clean result.
 TEST(ResumedStep, EveryWriteOfTheStepFailingOnce) {
+  for (const char* format : {"fp32", "compact"}) {
+  SCOPED_TRACE(format);
   TempDir dir;
   TinyMlp model(3, 32);
-  const std::string json = Json("nvme_all", dir.path(), "alternate");
+  const std::string json = Json("nvme_all", dir.path(), "alternate", format);
   const auto clean = CleanRun(json, model);
   ASSERT_FALSE(clean.empty());
   for (uint64_t skip = 0;; ++skip) {
@@ -207,6 +212,7 @@ TEST(ResumedStep, EveryWriteOfTheStepFailingOnce) {
     }
     ExpectSame(clean, Masters(e), "write " + std::to_string(skip) + " failing once");
     if (HasFatalFailure()) return;
+  }
   }
 }
 
