@@ -41,6 +41,20 @@ diff "$WORK/c" "$WORK/d" || fail "resumed losses differ"
 diff <(grep weights_hash "$WORK/whole.out") <(grep weights_hash "$WORK/resumed.out") || fail "resumed weights differ"
 echo "ok: resume == continuous"
 
+# strata.state_format compact: resident == offloaded, resume == continuous.
+mkdir -p "$WORK/cnvme"
+cf=(--preset tiny --steps 12 --state-format compact --log-losses --weights-hash --print-every 100)
+"$TRAIN" "${cf[@]}" --resident >"$WORK/cres.out"
+"$TRAIN" "${cf[@]}" --nvme "$WORK/cnvme" --device-budget 256KiB --host-budget 8MiB >"$WORK/cwhole.out"
+diff <(grep -E '^(loss|strata-train weights_hash)' "$WORK/cres.out") \
+     <(grep -E '^(loss|strata-train weights_hash)' "$WORK/cwhole.out") || fail "compact: resident and offloaded differ"
+cmp -s <(grep weights_hash "$WORK/cwhole.out") <(grep weights_hash "$WORK/resident.out") && fail "compact gave fp32's weights"
+"$TRAIN" "${cf[@]}" --nvme "$WORK/cnvme" --device-budget 256KiB --host-budget 8MiB --save "$WORK/cckpt" --save-every 5 >/dev/null
+"$TRAIN" "${cf[@]}" --nvme "$WORK/cnvme" --device-budget 256KiB --host-budget 8MiB --resume "$WORK/cckpt" >"$WORK/cres2.out"
+diff <(grep -E '^loss (11|12) ' "$WORK/cwhole.out") <(grep -E '^loss ' "$WORK/cres2.out") || fail "compact: resumed losses differ"
+diff <(grep weights_hash "$WORK/cwhole.out") <(grep weights_hash "$WORK/cres2.out") || fail "compact: resumed weights differ"
+echo "ok: compact resident == offloaded, resume == continuous"
+
 # --save alone checkpoints after the last step, with the tensors' shapes:
 # strata-export writes them as torch holds them.
 "$TRAIN" --preset tiny --steps 2 --print-every 100 --nvme "$WORK" --save "$WORK/last" >/dev/null
