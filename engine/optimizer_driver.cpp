@@ -194,6 +194,15 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     stats_->Begin(Resource::kCpuOptimizer);
     const double t0 = stats_->Now();
     Status st;
+    auto adam_options = [&] {
+      kernels::AdamOptions o;
+      o.lr = lr; o.beta1 = b1; o.beta2 = b2; o.eps = eps; o.weight_decay = wd; o.step = step;
+      o.mode = (oc.type == "adamw" || oc.adam_w_mode) ? kernels::AdamMode::kAdamW : kernels::AdamMode::kAdam;
+      o.grad_scale = grad_scale;
+      o.grad_dtype = gdtype_;
+      o.param_copy_dtype = copy_f32 ? DType::kBF16 : dtype_;
+      return o;
+    };
     if (compact_) {  // P's slice is the bf16 half: nothing more to write
       const kernels::CompactState cs = CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
                                                  j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
@@ -201,12 +210,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
         kernels::LionOptions o{lr, b1, b2, wd, grad_scale, gdtype_, DType::kBF16};
         st = kernels::CompactLionStep(o, len, cs, j.ptr[int(StateKind::kG)], nullptr);
       } else {
-        kernels::AdamOptions o;
-        o.lr = lr; o.beta1 = b1; o.beta2 = b2; o.eps = eps; o.weight_decay = wd; o.step = step;
-        o.mode = (oc.type == "adamw" || oc.adam_w_mode) ? kernels::AdamMode::kAdamW : kernels::AdamMode::kAdam;
-        o.grad_scale = grad_scale;
-        o.grad_dtype = gdtype_;
-        st = kernels::CompactAdamStep(o, len, cs, j.ptr[int(StateKind::kG)], nullptr);
+        st = kernels::CompactAdamStep(adam_options(), len, cs, j.ptr[int(StateKind::kG)], nullptr);
       }
     } else if (oc.type == "lion") {
       kernels::LionOptions o{lr, b1, b2, wd, grad_scale, gdtype_, copy_f32 ? DType::kBF16 : dtype_};
@@ -217,13 +221,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       o.param_copy_dtype = copy_f32 ? DType::kBF16 : dtype_;
       st = kernels::AdagradStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
     } else {
-      kernels::AdamOptions o;
-      o.lr = lr; o.beta1 = b1; o.beta2 = b2; o.eps = eps; o.weight_decay = wd; o.step = step;
-      o.mode = (oc.type == "adamw" || oc.adam_w_mode) ? kernels::AdamMode::kAdamW : kernels::AdamMode::kAdam;
-      o.grad_scale = grad_scale;
-      o.grad_dtype = gdtype_;
-      o.param_copy_dtype = copy_f32 ? DType::kBF16 : dtype_;
-      st = kernels::AdamStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)],
+      st = kernels::AdamStep(adam_options(), len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)],
                              j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
     }
     if (copy_f32 && !compact_) std::memcpy(P, W, len * 4);

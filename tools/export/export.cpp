@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -128,9 +129,10 @@ Status WriteChunk(const GroupRef& g, const std::vector<SafetensorsEntry>& entrie
   return Status::Ok();
 }
 
-// Rank r's W shard of group g: read chunk by chunk, hashed, its real elements written.
-Status CopyShard(const GroupRef& g, size_t gi, uint64_t r, const std::vector<SafetensorsEntry>& entries,
-                 size_t first_entry, uint64_t data_base, Files& files, Buffers& bufs) {
+// Reads shard r's W block of group g chunk by chunk into bufs.read, hashing
+// it, calling `chunk(done, n)` on each (may be null), then checks the hash.
+Status ReadHashed(const GroupRef& g, size_t gi, uint64_t r, Files& files, Buffers& bufs,
+                  const std::function<Status(uint64_t, uint64_t)>& chunk) {
   const ShardRef& s = g.shards[r];
   STRATA_ASSIGN_OR_RETURN(int fd, files.In(s.path));
   XXH3_state_t* hs = XXH3_createState();
@@ -141,8 +143,7 @@ Status CopyShard(const GroupRef& g, size_t gi, uint64_t r, const std::vector<Saf
     st = PreadFull(fd, s.path, bufs.read.get(), n, s.offset + done);
     if (!st.ok()) break;
     XXH3_64bits_update(hs, bufs.read.get(), n);
-    const uint64_t a = r * g.shard_numel + done / 4;
-    st = WriteChunk(g, entries, first_entry, data_base, a, a + n / 4, bufs.read.get(), files, bufs);
+    if (chunk) st = chunk(done, n);
     ::posix_fadvise(fd, static_cast<off_t>(s.offset + done), static_cast<off_t>(n), POSIX_FADV_DONTNEED);
     done += n;
   }
@@ -154,27 +155,22 @@ Status CopyShard(const GroupRef& g, size_t gi, uint64_t r, const std::vector<Saf
   return st;
 }
 
+// Rank r's W shard of group g: read chunk by chunk, hashed, its real elements written.
+Status CopyShard(const GroupRef& g, size_t gi, uint64_t r, const std::vector<SafetensorsEntry>& entries,
+                 size_t first_entry, uint64_t data_base, Files& files, Buffers& bufs) {
+  return ReadHashed(g, gi, r, files, bufs, [&](uint64_t done, uint64_t n) {
+    const uint64_t a = r * g.shard_numel + done / 4;
+    return WriteChunk(g, entries, first_entry, data_base, a, a + n / 4, bufs.read.get(), files, bufs);
+  });
+}
+
 // The same for a compact W block: checked whole against its checksum
 // first, then rebuilt a chunk at a time from its bf16 halves and corrections.
 Status CopyCompactShard(const GroupRef& g, size_t gi, uint64_t r, const std::vector<SafetensorsEntry>& entries,
                         size_t first_entry, uint64_t data_base, Files& files, Buffers& bufs) {
+  STRATA_RETURN_IF_ERROR(ReadHashed(g, gi, r, files, bufs, nullptr));
   const ShardRef& s = g.shards[r];
   STRATA_ASSIGN_OR_RETURN(int fd, files.In(s.path));
-  XXH3_state_t* hs = XXH3_createState();
-  XXH3_64bits_reset(hs);
-  Status st;
-  for (uint64_t done = 0; st.ok() && done < s.bytes;) {
-    const uint64_t n = std::min(bufs.bytes, s.bytes - done);
-    st = PreadFull(fd, s.path, bufs.read.get(), n, s.offset + done);
-    if (st.ok()) XXH3_64bits_update(hs, bufs.read.get(), n);
-    done += n;
-  }
-  const uint64_t h = XXH3_64bits_digest(hs);
-  XXH3_freeState(hs);
-  if (!st.ok()) return st;
-  if (Hex(h) != s.xxh3)
-    return CorruptError("checksum mismatch in " + s.path + ": the W block of group " + std::to_string(gi) +
-                        " at offset " + std::to_string(s.offset) + " (" + std::to_string(s.bytes) + " bytes)");
   const uint64_t n = g.shard_numel;
   const uint64_t chunk = bufs.bytes / 4 / kernels::kCompactBlock * kernels::kCompactBlock;  // the rebuilt floats fill the buffer
   std::vector<uint16_t> hi(chunk);
