@@ -2,8 +2,9 @@
 // staging slot while it is read, updated and written back. strata.step_io
 // picks the disk's schedule (config.h):
 //   alternate:  in batches of half the slots (b): update batch k beside the
-//               writes of batch k-1; read batch k+1; write batch k; ... the
-//               disk never reads and writes at once;
+//               writes of batch k-1 (compact: beside the reads of batch
+//               k+1); read batch k+1; write batch k; ... the disk never
+//               reads and writes at once;
 //   concurrent: while shard i is updated, shard i+1 is read and shard i-1
 //               written (three slots or more; reads run up to K-2 ahead).
 // States the CPU addresses in place (host-homed, or the device tier's host
@@ -254,12 +255,18 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       start_stores(j);
     }
   } else {
-    // Alternate, in batches of half the slots: the updates of batch k run
-    // beside batch k-1's writes; then the disk reads batch k+1 alone (into
-    // batch k-1's slots), then writes batch k alone. During the read the CPU
-    // checksums batch k's blocks and verifies each of batch k+1's as it lands;
-    // the last one it verifies beside the writes, so the disk never waits for
-    // a hash.
+    // Alternate, in batches of half the slots; the disk never reads and
+    // writes at once. fp32: the CPU updates batch k beside batch k-1's
+    // writes, then the disk reads batch k+1 (into batch k-1's slots) while
+    // the CPU checksums batch k's blocks and verifies each of batch k+1's as
+    // it lands, then writes batch k beside the verification of batch k+1's
+    // last block (the disk never waits for a hash). A batch costs about
+    // max(update, write) + read. Compact: the update (about 4x the CPU per
+    // byte moved of fp32's, and a third of the bytes) is longer than a
+    // batch's writes, so it runs beside the reads instead: batch k-1's
+    // writes finish, batch k+1's reads start, then batch k is updated; a
+    // batch costs about max(read, update) + write.
+    const bool update_beside_reads = compact_;
     const int batch = std::max(opt_staging_.count() / 2, 1);
     auto load_batch = [&](int first) {  // starts the loads; returns the end
       const int end = std::min(first + batch, n);
@@ -269,10 +276,15 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     int prev = 0, cur = 0, cur_end = n > 0 ? load_batch(0) : 0;
     for (int a = cur; a < cur_end; ++a) finish_loads(jobs[static_cast<size_t>(a)]);
     while (cur < cur_end && first_error.ok()) {
-      for (int i = cur; i < cur_end && first_error.ok(); ++i) update(jobs[static_cast<size_t>(i)]);
+      auto update_batch = [&] {
+        for (int i = cur; i < cur_end && first_error.ok(); ++i) update(jobs[static_cast<size_t>(i)]);
+      };
+      if (!update_beside_reads) update_batch();
       if (!first_error.ok()) break;
-      for (int a = prev; a < cur; ++a) finish_stores(jobs[static_cast<size_t>(a)]);
+      for (int a = prev; a < cur; ++a) finish_stores(jobs[static_cast<size_t>(a)]);  // frees the slots batch k+1 reads into
       const int next = cur_end, next_end = next < n ? load_batch(next) : next;
+      if (update_beside_reads) update_batch();
+      if (!first_error.ok()) break;
       for (int i = cur; i < cur_end; ++i) checksum_stores(jobs[static_cast<size_t>(i)]);
       BlockMove* last = nullptr;  // the batch's last load: verified beside the writes
       for (int a = next; a < next_end; ++a)
