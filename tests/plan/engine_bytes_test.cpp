@@ -47,8 +47,12 @@ Result<EngineBytes> RunEngine(const Config& cfg) {
   return b;
 }
 
-Config Cfg(const std::string& dir, const char* format) {
+// `variant`: strata.state_format, then ",bf16" for data_types.grad_accum_dtype bf16.
+Config Cfg(const std::string& dir, const std::string& variant) {
+  const std::string format = variant.substr(0, variant.find(','));
+  const std::string accum = variant.find(",bf16") != std::string::npos ? "bf16" : "fp32";
   auto c = ParseConfig(R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW"},
+    "data_types": {"grad_accum_dtype": ")" + accum + R"("},
     "zero_optimization": {"stage": 3,
       "offload_param": {"device": "nvme", "nvme_path": ")" +
                        dir + R"("},
@@ -64,7 +68,8 @@ class EngineBytesTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(EngineBytesTest, MatchThePlan) {
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
-                                    ("strata-plan-engine-" + std::to_string(::getpid()) + "-" + GetParam());
+                                    ("strata-plan-engine-" + std::to_string(::getpid()) + "-" +
+                                     std::to_string(std::hash<std::string>()(GetParam())));
   std::filesystem::create_directories(dir);
   const Config cfg = Cfg(dir.string(), GetParam());
   auto got = RunEngine(cfg);
@@ -88,7 +93,8 @@ TEST_P(EngineBytesTest, MatchThePlan) {
   EXPECT_EQ(got->step_write, sim->disk_write_bytes) << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(StateFormats, EngineBytesTest, ::testing::Values("fp32", "compact"));
+INSTANTIATE_TEST_SUITE_P(StateFormats, EngineBytesTest,
+                         ::testing::Values("fp32", "compact", "fp32,bf16", "compact,bf16"));
 
 }  // namespace
 }  // namespace strata::plan

@@ -117,7 +117,8 @@ uint64_t StateBytes::V(uint64_t n) const { return has_v ? M(n) : 0; }
 
 StateBytes StateBytesOf(const Config& config) {
   const std::string& o = config.optimizer.type;
-  return {.compact = config.strata.state_format == "compact", .has_v = o == "adam" || o == "adamw"};
+  return {.compact = config.strata.state_format == "compact", .has_v = o == "adam" || o == "adamw",
+          .g_size = DTypeSize(config.grad_dtype())};
 }
 
 Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster,
@@ -141,7 +142,7 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
   if (h.gpu_optimizer)
     Add(c, PlanState::kG, TierKind::kDevice, (stage >= 2 ? l.shard_numel : l.full_numel) * dp);
   else
-    Add(c, PlanState::kG, h.g, opt_numel * 4);
+    Add(c, PlanState::kG, h.g, sb.G(opt_numel));
   Add(c, PlanState::kW, h.opt, sum(&StateBytes::W));
   Add(c, PlanState::kM, h.opt, sum(&StateBytes::M));
   Add(c, PlanState::kV, h.opt, sum(&StateBytes::V));
@@ -186,10 +187,10 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
       slot += NvmePadded(opt_shard * dp);
     if (staged(h.opt))
       slot += NvmePadded(sb.W(opt_shard)) + NvmePadded(sb.M(opt_shard)) + NvmePadded(sb.V(opt_shard));
-    if (staged(h.g)) slot += NvmePadded(opt_shard * 4);
+    if (staged(h.g)) slot += NvmePadded(sb.G(opt_shard));
     const uint64_t slots = std::clamp<uint64_t>(config.zero.offload_optimizer.buffer_count, 3, 16);
     Add(c, PlanState::kStaging, TierKind::kHost, slots * slot);
-    uint64_t grad = h.g == TierKind::kNvme ? NvmePadded(opt_shard * 4) : 0;
+    uint64_t grad = h.g == TierKind::kNvme ? NvmePadded(sb.G(opt_shard)) : 0;
     if (cluster.has_gpu) grad = std::max(grad, l.largest_group * 4);
     Add(c, PlanState::kStaging, TierKind::kHost, grad * (cluster.has_gpu ? 2 : 1));
   }

@@ -66,6 +66,8 @@ Homes HomesOf(const Config& config, const ClusterSpec& cluster);
 struct StateBytes {
   bool compact = false;
   bool has_v = true;  // Adam, AdamW (Lion has no V)
+  uint64_t g_size = 4;  // bytes an element of G: data_types.grad_accum_dtype (fp32 4, bf16 2)
+  uint64_t G(uint64_t n) const { return g_size * n; }
   uint64_t W(uint64_t n) const;
   uint64_t M(uint64_t n) const;
   uint64_t V(uint64_t n) const;  // 0 without V

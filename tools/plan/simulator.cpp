@@ -273,9 +273,10 @@ class StepSim {
     if (h_.gpu_optimizer) return t;
     const double n = OptNumel(g);
     if (c_.has_gpu) t = Pcie(t, n * dp_);
-    if (h_.g == TierKind::kNvme && !first) t = Checksum(DiskRead(t, n * 4), n * 4);
+    const double gb = n * static_cast<double>(sb_.g_size);  // G's bytes
+    if (h_.g == TierKind::kNvme && !first) t = Checksum(DiskRead(t, gb), gb);
     t = Cpu(t, n * (dp_ + 8) / c_.RankHostMem());  // cast or add, then the sum of squares
-    if (h_.g == TierKind::kNvme) t = DiskWrite(Checksum(t, n * 4), n * 4);
+    if (h_.g == TierKind::kNvme) t = DiskWrite(Checksum(t, gb), gb);
     if (last) grads_[static_cast<size_t>(g)] = 1;
     return t;
   }
@@ -353,7 +354,7 @@ class StepSim {
       if (Staged(h_.opt))
         for (auto s : states) done = std::max(done, Load(h_.opt, at, OptBytes(g, s)));
       if (Staged(h_.g) && grads_[static_cast<size_t>(g)])
-        done = std::max(done, Load(h_.g, at, OptNumel(g) * 4));
+        done = std::max(done, Load(h_.g, at, OptNumel(g) * static_cast<double>(sb_.g_size)));
       // Compact: P's block holds the master's bf16 half, a state the step
       // reads (fp32: a copy of W, written only).
       if (sb_.compact && Staged(h_.p)) done = std::max(done, Load(h_.p, at, PHomeNumel(g) * dp_));
@@ -369,7 +370,7 @@ class StepSim {
       t = std::max(t, loads[static_cast<size_t>(i)]);
       if (h_.opt == TierKind::kNvme) t = Checksum(t, OptBytes(g, &StateBytes::Optimizer));
       if (sb_.compact && h_.p == TierKind::kNvme) t = Checksum(t, PHomeNumel(g) * dp_);
-      if (h_.g == TierKind::kNvme && grads_[static_cast<size_t>(g)]) t = Checksum(t, len * 4);
+      if (h_.g == TierKind::kNvme && grads_[static_cast<size_t>(g)]) t = Checksum(t, len * static_cast<double>(sb_.g_size));
       t = Cpu(t, len / (sb_.compact ? c_.RankCompactAdamEps() : c_.RankAdamEps()));
       double done = t;
       if (Staged(h_.p)) done = std::max(done, Store(h_.p, t, (sb_.compact ? PHomeNumel(g) : len) * dp_));
