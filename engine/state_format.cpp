@@ -73,14 +73,11 @@ Status Engine::Impl::ReadShardF32(int g, float* w, float* m, float* v) {
   const uint64_t n = part_.group(g).shard_numel;
   ShardBlocks sb;
   STRATA_RETURN_IF_ERROR(LocateShard(g, true, &sb));
-  if (compact_) {
-    const kernels::CompactState cs =
-        CompactAt(g, sb.at[int(StateKind::kP)], sb.at[int(StateKind::kW)], sb.at[int(StateKind::kM)], v ? sb.at[int(StateKind::kV)] : nullptr);
-    return kernels::CompactUnpack(n, cs, w, m, v);
-  }
-  std::memcpy(w, sb.at[int(StateKind::kW)], n * 4);
-  std::memcpy(m, sb.at[int(StateKind::kM)], n * 4);
-  if (v) std::memcpy(v, sb.at[int(StateKind::kV)], n * 4);
+  const FormatView from = ShardView(g, sb);  // V's arrays are null exactly when v is (no V kept)
+  if (compact_) return kernels::CompactUnpack(n, from.cs, w, m, v);
+  float* to[3] = {w, m, v};
+  for (int s = 0; s < 3; ++s)
+    if (to[s]) std::memcpy(to[s], from.f[s], n * 4);
   return Status::Ok();
 }
 
@@ -88,14 +85,13 @@ Status Engine::Impl::WriteShardF32(int g, const float* w, const float* m, const 
   const uint64_t n = part_.group(g).shard_numel;
   ShardBlocks sb;
   STRATA_RETURN_IF_ERROR(LocateShard(g, false, &sb));
+  const FormatView to = ShardView(g, sb);
   if (compact_) {
-    const kernels::CompactState cs =
-        CompactAt(g, sb.at[int(StateKind::kP)], sb.at[int(StateKind::kW)], sb.at[int(StateKind::kM)], v ? sb.at[int(StateKind::kV)] : nullptr);
-    STRATA_RETURN_IF_ERROR(kernels::CompactPack(n, w, m, v, cs));
+    STRATA_RETURN_IF_ERROR(kernels::CompactPack(n, w, m, v, to.cs));
   } else {
-    std::memcpy(sb.at[int(StateKind::kW)], w, n * 4);
-    std::memcpy(sb.at[int(StateKind::kM)], m, n * 4);
-    if (v) std::memcpy(sb.at[int(StateKind::kV)], v, n * 4);
+    const float* from[3] = {w, m, v};
+    for (int s = 0; s < 3; ++s)
+      if (from[s]) std::memcpy(to.f[s], from[s], n * 4);
   }
   return StoreShard(g, sb);
 }
