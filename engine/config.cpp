@@ -111,10 +111,17 @@ Status ReadZero(ObjectReader& top, Config* c) {
                                          &z.param_persistence_threshold));
   STRATA_RETURN_IF_ERROR(ReadAliasedUint(r, {"sub_group_size"}, &z.sub_group_size));
   if (z.sub_group_size == 0) return ConfigError(r.KeyPath("sub_group_size") + ": 0 is out of range; allowed: at least 1");
+  STRATA_RETURN_IF_ERROR(r.Uint("reduce_bucket_size", &z.reduce_bucket_size, 1));
+  z.overlap_comm = z.stage == 3;  // DeepSpeed's default
+  STRATA_RETURN_IF_ERROR(r.Bool("overlap_comm", &z.overlap_comm));
+  STRATA_RETURN_IF_ERROR(r.Bool("contiguous_gradients", &z.contiguous_gradients));
+  if (!z.contiguous_gradients)
+    c->warnings.push_back(r.KeyPath("contiguous_gradients") +
+                          ": false changes nothing: Strata always copies a group's gradients into one buffer of its "
+                          "own before reducing them (the caller's buffer is never written)");
   STRATA_RETURN_IF_ERROR(ReadDeprecatedOffload(r, c));
   WarnOffloadParamBelowStage3(*c);
-  r.Unimplemented({"contiguous_gradients", "overlap_comm", "reduce_scatter", "reduce_bucket_size",
-                   "allgather_partitions", "allgather_bucket_size", "use_multi_rank_bucket_allreduce",
+  r.Unimplemented({"reduce_scatter", "allgather_partitions", "allgather_bucket_size", "use_multi_rank_bucket_allreduce",
                    "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
                    "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
                    "elastic_checkpoint", "ignore_unused_parameters", "load_from_fp32_weights",
@@ -399,7 +406,10 @@ std::string ConfigToJson(const Config& c) {
         {"stage3_max_live_parameters", c.zero.max_live_parameters},
         {"stage3_max_reuse_distance", c.zero.max_reuse_distance},
         {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},
-        {"sub_group_size", c.zero.sub_group_size}}},
+        {"sub_group_size", c.zero.sub_group_size},
+        {"reduce_bucket_size", c.zero.reduce_bucket_size},
+        {"overlap_comm", c.zero.overlap_comm},
+        {"contiguous_gradients", c.zero.contiguous_gradients}}},
       {"aio",
        {{"block_size", c.aio.block_size}, {"queue_depth", c.aio.queue_depth},
         {"intra_op_parallelism", c.aio.thread_count}, {"single_submit", c.aio.single_submit},

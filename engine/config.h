@@ -62,6 +62,15 @@ struct ZeroConfig {
   uint64_t max_reuse_distance = 1'000'000'000;      // elements
   uint64_t param_persistence_threshold = 100'000;   // elements
   uint64_t sub_group_size = 1'000'000'000;          // elements
+  // Several ranks: a group's gradients are reduced in collectives of at most
+  // this many elements (reduce_bucket_size); with overlap_comm a grads call
+  // returns once its gradients are copied, and the reduction runs on a
+  // communication thread beside the trainer's backward (a config file leaves
+  // it on at stage 3, off below, as DeepSpeed does). contiguous_gradients:
+  // accepted; the gradients are always copied into one buffer.
+  uint64_t reduce_bucket_size = 500'000'000;        // elements
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
   bool operator==(const ZeroConfig&) const = default;
 };
 

@@ -30,6 +30,7 @@ static TierKind HomeOf(OffloadDevice d) {
 Engine::Impl::Impl(const Config& config, const EngineOptions& options) : config_(config), options_(options) {}
 
 Engine::Impl::~Impl() {
+  StopComm();
   StopOverlap();
   StopPrefetcher();
   for (auto& g : groups_) {
@@ -74,9 +75,6 @@ Status Engine::Impl::InitRanks() {
   }
   if (options_.world_size < 1) options_.world_size = 1;
   if (multi()) {
-    if (comm_->device_buffers())
-      return UnsupportedError("several ranks with GPU buffers (NCCL): this build's engine drives host buffers only; "
-                              "use force_no_gpu (Gloo)");
     if (config_.zero.stage >= 1) {
       srank_ = options_.rank;
       sworld_ = options_.world_size;
@@ -120,13 +118,20 @@ Status Engine::Impl::Init() {
   uo.faults = options_.faults;
   STRATA_ASSIGN_OR_RETURN(storage_, UringStorage::Create(uo));
   const bool gpu = !options_.force_no_gpu && gpu::Available();
-  // Several ranks reduce gradients in host buffers (Gloo); with a GPU device
-  // tier the gradients, and fetched parameters, are device pointers. Refused
-  // here for every backend (not only NCCL's), never read on the CPU.
-  if (gpu && multi())
-    return UnsupportedError("several ranks with a GPU device tier: this release reduces gradients in host buffers "
-                            "only (NCCL on device buffers is not built into the engine yet); pass force_no_gpu "
-                            "to train the ranks on the CPU with Gloo");
+  // With a GPU device tier the gradients, and fetched parameters, are
+  // device pointers: several ranks reduce them with NCCL, on the device.
+  // Gloo moves host buffers only; staging every gradient and every stage-3
+  // gather through pinned host memory would hide a misconfigured cluster
+  // behind a slow one, so it is refused, naming the way out.
+  if (gpu && multi() && !comm_->device_buffers())
+    return UnsupportedError(std::string("several ranks with a GPU device tier need NCCL (device buffers); the ") +
+                            "communicator is " + comm_->backend() + " (NCCL in this build: " +
+                            (net::NcclAvailable() ? "yes" : "no") + "); pass force_no_gpu to train the ranks on the "
+                            "CPU with Gloo");
+  if (comm_ && comm_->device_buffers() && !gpu)
+    return UnsupportedError(std::string("the communicator (") + comm_->backend() + ") moves device buffers, but " +
+                            (options_.force_no_gpu ? "force_no_gpu is set" : "no GPU is usable") +
+                            ": the device tier is host memory; use a Gloo communicator");
   const ConfigFacts facts = ProbeMachineFacts();
   uint64_t device_budget = config_.strata.device_budget;
   if (device_budget == 0) device_budget = gpu ? gpu::DeviceMemoryBytes(0) / 10 * 9 : facts.host_ram_bytes / 4;
@@ -207,6 +212,7 @@ Status Engine::Impl::Build() {
 }
 
 void Engine::Impl::UndoBuild() {
+  StopComm();
   StopOverlap();
   StopPrefetcher();
   for (auto& gs : groups_) {
@@ -335,11 +341,12 @@ Status Engine::Impl::BuildOnce() {
   init_.clear();
   init_.shrink_to_fit();
   scaler_.Init(config_.fp16);
+  STRATA_RETURN_IF_ERROR(InitReduce());
   StartPrefetcher();
   if (options_.overlap_step) {
-    overlap_ = config_.gradient_clipping == 0 && !config_.fp16.enabled && !multi();
+    overlap_ = config_.gradient_clipping == 0 && !config_.fp16.enabled && !multi() && !reduces();
     if (overlap_) StartOverlap();
-    else WarnOnce("overlap-off", "overlap_step needs gradient_clipping 0, no fp16 and one rank (the update depends "
+    else WarnOnce("overlap-off", "overlap_step needs gradient_clipping 0, no fp16 and one rank without a communicator (the update depends "
                                  "on every gradient; collectives keep one order); stepping after backward instead");
   }
   built_ = true;
@@ -366,7 +373,7 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
     return StateError("grads: group " + std::to_string(group) + " already had its " +
                       std::to_string(options_.grad_accumulation_steps) +
                       " grads call(s) of this step and was updated (overlap_step); call step first");
-  if (multi()) return GradsMulti(group, grads, dtype);
+  if (reduces()) return GradsMulti(group, grads, dtype);
   const GroupLayout& L = part_.group(group);
   const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel;  // one shard here: srank_ is 0
   const uint64_t real = L.RealInShard(srank_);
@@ -445,31 +452,12 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
 }
 
 Status Engine::Impl::GatherP(int g, void* full) {
+  STRATA_RETURN_IF_ERROR(DrainComm().WithContext("gathering the parameters of group " + std::to_string(g)));
   const GroupLayout& L = part_.group(g);
   const uint64_t slice = L.shard_numel * DTypeSize(dtype_);
   comm_->SetLabel("P of g" + std::to_string(g) + " s" + std::to_string(step_count_));
   Status st = comm_->AllGather(static_cast<char*>(full) + static_cast<uint64_t>(srank_) * slice, full, slice);
   return st.WithContext("gathering the parameters of group " + std::to_string(g));
-}
-
-// Several ranks: the group's gradients, summed over the ranks — all-reduced
-// (stages 0-1) or reduce-scattered to their owners (stages 2-3) — then
-// accumulated into this rank's G.
-Status Engine::Impl::GradsMulti(int group, const void* grads, DType dtype) {
-  const GroupLayout& L = part_.group(group);
-  float* full = static_cast<float*>(grad_staging_.Acquire());
-  Status st = kernels::Cast(dtype, grads, DType::kF32, full, L.numel);
-  std::memset(full + L.numel, 0, (L.padded - L.numel) * 4);
-  float* slice = full + static_cast<uint64_t>(srank_) * L.shard_numel;
-  comm_->SetLabel("grads g" + std::to_string(group) + " s" + std::to_string(step_count_ + 1) + " #" +
-                  std::to_string(groups_[static_cast<size_t>(group)].grad_calls + 1));
-  if (st.ok()) {
-    st = config_.zero.stage >= 2 ? comm_->ReduceScatter(full, slice, L.shard_numel)
-                                 : comm_->AllReduce(full, L.padded);
-  }
-  if (st.ok()) st = AccumulateG(group, slice, DType::kF32, L.shard_numel);
-  grad_staging_.Release(full);
-  return st.WithContext("grads: group " + std::to_string(group));
 }
 
 Status Engine::Impl::PrepareStep(const StepOptions& so) {
@@ -786,32 +774,48 @@ Status Engine::Grads(int group, const void* grads, DType dtype) {
   CallSpanScope span(*impl_->stats_, "grads", group);
   return impl_->Grads(group, grads, dtype);
 }
-Result<StepResult> Engine::Step(const StepOptions& options) { return impl_->Step(options); }
-Result<double> Engine::GradNorm() { return impl_->GradNorm(); }
+// Calls that read G, the step's flags or run collectives of their own first
+// wait for the background reductions (overlap_comm): one collective at a
+// time, in the same order on every rank.
+Result<StepResult> Engine::Step(const StepOptions& options) {
+  STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("step"));
+  return impl_->Step(options);
+}
+Result<double> Engine::GradNorm() {
+  STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("grad_norm"));
+  return impl_->GradNorm();
+}
 Status Engine::PrepareStep(const StepOptions& options) {
+  STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("prepare_step"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("prepare_step", false));
   return impl_->PrepareStep(options);
 }
 // Save, load and write_state check the engine's state in CheckBetweenSteps.
 Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes) {
+  STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("save"));
   return impl_->SaveCheckpoint(dir, tag, blob, blob_bytes);
 }
 Status Engine::LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
+  impl_->DrainComm().IgnoreError();  // a lost background reduction is what a load recovers from
   return impl_->LoadCheckpoint(dir, tag, blob);
 }
 Status Engine::ReadMaster(int group, float* out) {
+  STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("read_master"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_master", false));
   return impl_->ReadMaster(group, out);
 }
 Status Engine::ReadState(int group, OptimizerState which, float* out) {
+  STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("read_state"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_state", false));
   return impl_->ReadState(group, static_cast<StateKind>(static_cast<int>(which) + 1), out);
 }
 Status Engine::WriteState(int group, OptimizerState which, const float* in) {
+  STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("write_state"));
   return impl_->WriteState(group, static_cast<StateKind>(static_cast<int>(which) + 1), in);
 }
 Status Engine::SetStepsApplied(int64_t steps) {
   if (steps < 0) return InvalidError("set_steps: " + std::to_string(steps) + " is negative");
+  STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("set_steps"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_steps", false));
   impl_->step_count_ = steps;
   return Status::Ok();

@@ -12,6 +12,7 @@
 
 #include "engine/block_io.h"
 #include "engine/engine.h"
+#include "engine/grad_reduce.h"
 #include "engine/loss_scaler.h"
 #include "engine/manifest.h"
 #include "engine/partition.h"
@@ -198,7 +199,20 @@ class Engine::Impl {
   uint64_t PSliceOffset(int g) const {
     return p_gathered_after_step() ? static_cast<uint64_t>(srank_) * part_.group(g).shard_numel * DTypeSize(dtype_) : 0;
   }
+  // grad_reduce.cpp. With a communicator: a group's gradients are packed
+  // into a buffer of the reduction (host memory; a GPU's with NCCL),
+  // reduced over the ranks in buckets, and accumulated into G — on the
+  // communication thread with overlap_comm, else before the call returns.
+  bool reduces() const { return comm_ != nullptr && (multi() || comm_->device_buffers()); }
   Status GradsMulti(int group, const void* grads, DType dtype);
+  Status ReduceGroup(int group, float* packed);
+  Status InitReduce();  // at build: the device buffers and the thread
+  void StopComm();
+  // Waits for the communication thread's work (wait) or only looks (not);
+  // a background failure is returned once and breaks the engine.
+  Status DrainComm(bool wait = true);
+  float* AcquirePacked();
+  void ReleasePacked(float* p);
   Status AccumulateG(int group, const void* src, DType dtype, uint64_t count);
   Status GatherP(int g, void* full);  // in place: this rank's slice is at its offset
 
@@ -259,6 +273,17 @@ class Engine::Impl {
   int loads_in_flight_ = 0;
   bool stop_ = false;
   std::thread prefetcher_;
+
+  std::unique_ptr<ReduceMemory> reduce_mem_;
+  std::vector<Allocation> reduce_dev_;  // the device's packed buffers (NCCL)
+  std::vector<float*> reduce_dev_free_;  // guarded by comm_mu_
+  bool comm_overlap_ = false;  // zero_optimization.overlap_comm, with a thread
+  std::mutex comm_mu_;  // guards comm_queue_, comm_busy_, comm_stop_, comm_error_, reduce_dev_free_
+  std::condition_variable comm_cv_;
+  std::deque<std::pair<int, float*>> comm_queue_;  // (group, packed gradients)
+  bool comm_busy_ = false, comm_stop_ = false;
+  Status comm_error_;
+  std::thread comm_thread_;
 
   bool overlap_ = false;
   bool prepared_ = false;

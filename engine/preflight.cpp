@@ -84,8 +84,16 @@ StagingSizes PlanStaging(const Engine::Impl& m, const std::function<uint64_t(uin
   if (gpu) z.grad_bytes = std::max(z.grad_bytes, m.part_.largest_group_numel() * 4);
   uint64_t largest_padded = 0;
   for (int g = 0; g < ngroups; ++g) largest_padded = std::max(largest_padded, m.part_.group(g).padded);
-  if (m.multi()) z.grad_bytes = std::max(z.grad_bytes, AlignUp(largest_padded * 4, 4096));  // a whole group's fp32 grads
+  if (m.reduces()) z.grad_bytes = std::max(z.grad_bytes, AlignUp(largest_padded * 4, 4096));  // a whole group's fp32 grads
   if (z.grad_bytes) z.grad_slots = gpu || (m.multi() && m.home_[int(StateKind::kG)] == TierKind::kNvme) ? 2 : 1;
+  if (m.reduces() && !m.comm_->device_buffers()) {
+    // Host buffers: the group being packed, the one being reduced on the
+    // communication thread (overlap_comm), and G's staging when G is not
+    // addressable in place — each in a slot of its own, or the thread and
+    // the caller could wait on each other.
+    const bool g_staged = !BlockIo::DirectAt(m.home_[int(StateKind::kG)], gpu);
+    z.grad_slots = 1 + (m.config_.zero.overlap_comm ? 1 : 0) + (g_staged ? 1 : 0);
+  }
   return z;
 }
 

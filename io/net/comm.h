@@ -40,7 +40,9 @@ struct CommOptions {
 
 // Collectives must be called in the same order with the same sizes on every
 // rank. Not thread-safe: one caller at a time. Buffers live in the backend's
-// memory (device_buffers()). Every call is synchronous: it returns when the
+// memory (device_buffers()); NCCL also takes host buffers, staged through a
+// 16 MiB device buffer of its own in pieces (the engine's small exchanges:
+// norms, agreements, checkpoints). Every call is synchronous: it returns when the
 // result is in place. NCCL runs on a stream of its own that waits for the
 // legacy default stream; work on other streams must be synchronized first. After any failure the communicator
 // is broken: every later call returns the first error (kComm) without communicating. Errors: kTimeout when a
@@ -52,7 +54,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual const char* backend() const = 0;  // "self", "gloo", "nccl"
-  // true: buffers are CUDA device pointers (NCCL); false: host memory.
+  // true: buffers are CUDA device pointers (NCCL; host ones are staged);
+  // false: host memory.
   virtual bool device_buffers() const = 0;
 
   // buf[n] := sum over ranks of buf[n], in place. fp32 sums are bitwise equal

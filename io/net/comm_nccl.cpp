@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -30,6 +31,7 @@ class NcclComm final : public Communicator {
     if (comm_) ncclCommDestroy(comm_);
     if (scratch_) cudaFree(scratch_);
     if (desc_) cudaFree(desc_);
+    if (bounce_) cudaFree(bounce_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -56,20 +58,77 @@ class NcclComm final : public Communicator {
   }
 
  protected:
+  // Device buffers go to NCCL as they are. Host buffers (the engine's
+  // norms, agreements, checkpoints' small exchanges, P homed on the host)
+  // are staged through a device buffer of this communicator's, at most
+  // kBounceBytes, in pieces: NCCL's own memory, outside the device tier's
+  // budget, as NCCL's internal buffers are.
   Status DoAllReduce(float* buf, size_t n) override {
-    return Launch("ncclAllReduce",
-                  [&] { return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm_, stream_); });
+    STRATA_ASSIGN_OR_RETURN(bool dev, OnDevice(buf, nullptr));
+    if (dev)
+      return Launch("ncclAllReduce", [&] { return ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, comm_, stream_); });
+    const size_t piece = kBounceBytes / sizeof(float);
+    for (size_t at = 0; at < n; at += piece) {
+      const size_t k = std::min(piece, n - at);
+      STRATA_ASSIGN_OR_RETURN(float* b, Bounce(k * sizeof(float)));
+      STRATA_RETURN_IF_ERROR(Copy(b, buf + at, k * sizeof(float), cudaMemcpyHostToDevice));
+      STRATA_RETURN_IF_ERROR(
+          Launch("ncclAllReduce (host buffer)", [&] { return ncclAllReduce(b, b, k, ncclFloat, ncclSum, comm_, stream_); }));
+      STRATA_RETURN_IF_ERROR(Copy(buf + at, b, k * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    return Status::Ok();
   }
   Status DoReduceScatter(const float* in, float* out, size_t n) override {
-    return Launch("ncclReduceScatter",
-                  [&] { return ncclReduceScatter(in, out, n, ncclFloat, ncclSum, comm_, stream_); });
+    STRATA_ASSIGN_OR_RETURN(bool dev, OnDevice(in, out));
+    if (dev)
+      return Launch("ncclReduceScatter",
+                    [&] { return ncclReduceScatter(in, out, n, ncclFloat, ncclSum, comm_, stream_); });
+    // Columns [at, at+k) of every rank's piece, packed, reduce-scattered in place.
+    const size_t w = static_cast<size_t>(world_), piece = std::max<size_t>(kBounceBytes / sizeof(float) / w, 1);
+    for (size_t at = 0; at < n; at += piece) {
+      const size_t k = std::min(piece, n - at);
+      STRATA_ASSIGN_OR_RETURN(float* b, Bounce(k * w * sizeof(float)));
+      for (size_t r = 0; r < w; ++r)
+        STRATA_RETURN_IF_ERROR(Copy(b + r * k, in + r * n + at, k * sizeof(float), cudaMemcpyHostToDevice));
+      float* mine = b + static_cast<size_t>(rank_) * k;
+      STRATA_RETURN_IF_ERROR(Launch("ncclReduceScatter (host buffer)",
+                                    [&] { return ncclReduceScatter(b, mine, k, ncclFloat, ncclSum, comm_, stream_); }));
+      STRATA_RETURN_IF_ERROR(Copy(out + at, mine, k * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    return Status::Ok();
   }
   Status DoAllGather(const void* in, void* out, size_t bytes) override {
-    return Launch("ncclAllGather", [&] { return ncclAllGather(in, out, bytes, ncclUint8, comm_, stream_); });
+    STRATA_ASSIGN_OR_RETURN(bool dev, OnDevice(in, out));
+    if (dev) return Launch("ncclAllGather", [&] { return ncclAllGather(in, out, bytes, ncclUint8, comm_, stream_); });
+    const size_t w = static_cast<size_t>(world_), piece = std::max<size_t>(kBounceBytes / w, 1);
+    auto* o = static_cast<char*>(out);
+    const auto* i = static_cast<const char*>(in);
+    for (size_t at = 0; at < bytes; at += piece) {
+      const size_t k = std::min(piece, bytes - at);
+      STRATA_ASSIGN_OR_RETURN(float* bf, Bounce(k * w));
+      char* b = reinterpret_cast<char*>(bf);
+      char* mine = b + static_cast<size_t>(rank_) * k;
+      STRATA_RETURN_IF_ERROR(Copy(mine, i + at, k, cudaMemcpyHostToDevice));
+      STRATA_RETURN_IF_ERROR(Launch("ncclAllGather (host buffer)",
+                                    [&] { return ncclAllGather(mine, b, k, ncclUint8, comm_, stream_); }));
+      for (size_t r = 0; r < w; ++r) STRATA_RETURN_IF_ERROR(Copy(o + r * bytes + at, b + r * k, k, cudaMemcpyDeviceToHost));
+    }
+    return Status::Ok();
   }
   Status DoBroadcast(void* buf, size_t bytes, int root) override {
-    return Launch("ncclBroadcast",
-                  [&] { return ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_); });
+    STRATA_ASSIGN_OR_RETURN(bool dev, OnDevice(buf, nullptr));
+    if (dev)
+      return Launch("ncclBroadcast", [&] { return ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_); });
+    auto* h = static_cast<char*>(buf);
+    for (size_t at = 0; at < bytes; at += kBounceBytes) {
+      const size_t k = std::min(kBounceBytes, bytes - at);
+      STRATA_ASSIGN_OR_RETURN(float* bf, Bounce(k));
+      if (rank_ == root) STRATA_RETURN_IF_ERROR(Copy(bf, h + at, k, cudaMemcpyHostToDevice));
+      STRATA_RETURN_IF_ERROR(Launch("ncclBroadcast (host buffer)",
+                                    [&] { return ncclBroadcast(bf, bf, k, ncclUint8, root, comm_, stream_); }));
+      STRATA_RETURN_IF_ERROR(Copy(h + at, bf, k, cudaMemcpyDeviceToHost));
+    }
+    return Status::Ok();
   }
   Status DoBarrier() override {
     return Launch("barrier", [&] { return Allreduce1(); });
@@ -95,6 +154,42 @@ class NcclComm final : public Communicator {
   }
 
  private:
+  static constexpr size_t kBounceBytes = size_t{16} << 20;
+
+  // Whether the buffers are device memory; both must be of one kind.
+  Result<bool> OnDevice(const void* a, const void* b) {
+    auto dev = [&](const void* p) -> Result<bool> {
+      cudaPointerAttributes attr{};
+      const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        return InvalidError(std::string("cudaPointerGetAttributes: ") + cudaGetErrorString(e));
+      }
+      return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+    };
+    STRATA_ASSIGN_OR_RETURN(bool da, dev(a));
+    if (!b) return da;
+    STRATA_ASSIGN_OR_RETURN(bool db, dev(b));
+    if (da != db) return InvalidError("one buffer on the device and one on the host");
+    return da;
+  }
+  // The staging buffer, at least `bytes` (<= kBounceBytes x world).
+  Result<float*> Bounce(size_t bytes) {
+    if (bytes > bounce_bytes_) {
+      if (bounce_) cudaFree(bounce_);
+      bounce_ = nullptr;
+      bounce_bytes_ = 0;
+      STRATA_RETURN_IF_ERROR(CudaStatus("cudaMalloc (host-buffer staging)", cudaMalloc(&bounce_, bytes)));
+      bounce_bytes_ = bytes;
+    }
+    return static_cast<float*>(bounce_);
+  }
+  Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    STRATA_RETURN_IF_ERROR(CudaStatus("cudaMemcpyAsync (host-buffer staging)",
+                                      cudaMemcpyAsync(dst, src, bytes, kind, stream_)));
+    return CudaStatus("cudaStreamSynchronize (host-buffer staging)", cudaStreamSynchronize(stream_));
+  }
+
   ncclResult_t Allreduce1() {
     return ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_);
   }
@@ -155,6 +250,8 @@ class NcclComm final : public Communicator {
   float* scratch_ = nullptr;  // (1): the barrier's all-reduce operand
   void* desc_ = nullptr;      // (world, descriptor): what each rank's collective is
   size_t desc_bytes_ = 0;
+  void* bounce_ = nullptr;    // host buffers' staging (Bounce)
+  size_t bounce_bytes_ = 0;
 };
 
 }  // namespace

@@ -165,9 +165,32 @@ TEST(Config, ZeroInfinityDsConfigParses) {
   EXPECT_EQ(c.notes, (std::vector<std::string>{"train_batch_size", "train_micro_batch_size_per_gpu",
                                                "gradient_accumulation_steps", "scheduler", "steps_per_print",
                                                "wall_clock_breakdown"}));
-  EXPECT_TRUE(Contains(c.warnings, "zero_optimization.overlap_comm: a DeepSpeed key that Strata does not implement"));
+  EXPECT_TRUE(c.zero.overlap_comm);  // implemented now: gradients reduced on a communication thread
+  EXPECT_FALSE(Contains(c.warnings, "overlap_comm"));
   EXPECT_TRUE(Contains(c.warnings, "zero_optimization.offload_optimizer.fast_init"));
   EXPECT_TRUE(Contains(c.warnings, "zero_optimization.stage3_gather_16bit_weights_on_model_save"));
+}
+
+TEST(Config, GradientReductionKeys) {
+  Config c = MustParse(R"({"zero_optimization": {"stage": 3}})");
+  EXPECT_TRUE(c.zero.overlap_comm);  // DeepSpeed's default at stage 3
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500000000u);
+  c = MustParse(R"({"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e7}})");
+  EXPECT_FALSE(c.zero.overlap_comm);  // and below it
+  EXPECT_EQ(c.zero.reduce_bucket_size, 50000000u);
+  c = MustParse(R"({"zero_optimization": {"stage": 3, "overlap_comm": false, "contiguous_gradients": false}})");
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_TRUE(Contains(c.warnings, "zero_optimization.contiguous_gradients: false changes nothing"));
+  auto bad = ParseConfig(R"({"zero_optimization": {"reduce_bucket_size": 0}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("zero_optimization.reduce_bucket_size"), std::string::npos)
+      << bad.status().message();
+  bad = ParseConfig(R"({"zero_optimization": {"overlap_comm": "yes"}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("zero_optimization.overlap_comm"), std::string::npos);
+  // The JSON the engine writes reads back to the same config.
+  const Config back = MustParse(ConfigToJson(c));
+  EXPECT_EQ(back.zero, c.zero);
 }
 
 TEST(Config, UnimplementedDeepSpeedKeyIsAWarningNotAnError) {

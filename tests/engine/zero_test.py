@@ -7,7 +7,13 @@ reduce-scatter) agree bitwise. Killing a rank makes every other rank exit
 non-zero within the timeout, naming the collective. A step that fails on one
 rank's disk part-way resumes on every rank to the clean bits. An 8-rank stage-3 run with
 state on NVMe matches the 1-rank run.
-Usage: zero_test.py STRATA_LAUNCH ZERO_WORKER"""
+With `buckets`, only the gradient reduction's buckets and overlap: at 2 and 4
+ranks, reduce_bucket_size cut into many small uneven buckets, with and
+without overlap_comm: reduce-scatter stages (2-3) give the bits of one
+bucket, all-reduce stages (0-1) stay within 1e-6 of the 1-rank run, and
+overlap_comm never changes the bits; a rank that dies mid-backward fails the
+others, naming the collective, through the communication thread.
+Usage: zero_test.py STRATA_LAUNCH ZERO_WORKER [buckets]"""
 import os
 import socket
 import subprocess
@@ -54,6 +60,52 @@ if ref is None:
     print("\n".join(failures))
     sys.exit(1)
 scale = np.abs(ref).max()
+
+
+def finish():
+    subprocess.run(["rm", "-rf", work])
+    if failures:
+        print("\n".join(failures[:5]))
+    print(f"{0 if failures else 1} passed, {1 if failures else 0} failed")
+    sys.exit(1 if failures else 0)
+
+
+if sys.argv[3:] == ["buckets"]:
+    for world in (2, 4):
+        for stage in (0, 1, 2, 3):
+            one = run(world, stage, "device", f"b1w{world}s{stage}", ("overlap", "0")) if stage >= 2 else ref
+            # 160 elements a collective: 40 columns of a 150-element shard at
+            # 4 ranks, 80 of 300 at 2: several buckets a group, the last short.
+            small = run(world, stage, "device", f"bsw{world}s{stage}", ("bucket", "160", "overlap", "0"))
+            over = run(world, stage, "host", f"bow{world}s{stage}", ("bucket", "160", "overlap", "1"))
+            if one is None or small is None or over is None:
+                continue
+            err = np.abs(small - ref).max() / scale
+            check(f"world {world} stage {stage}, 160-element buckets, matches 1-rank stage 0", err <= 1e-6,
+                  f"max rel diff {err:.2e}")
+            if stage >= 2:
+                check(f"world {world} stage {stage}: 160-element buckets == one bucket, bitwise (reduce-scatter)",
+                      np.array_equal(small, one))
+            check(f"world {world} stage {stage}: overlap_comm (state on the host) == without, bitwise",
+                  np.array_equal(small, over))
+    # A rank dies while the others reduce in the background.
+    port = free_port()
+    procs = []
+    start = time.time()
+    for r in range(2):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([WORKER, "2", "device", os.path.join(work, "bkill"),
+                                       os.path.join(work, "bkill.bin"), "kill-rank-1-at-step", "3", "timeout", "4",
+                                       "bucket", "160", "overlap", "1"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    err = outs[0][1]
+    check("overlap_comm: rank 0 fails when rank 1 dies, naming the background reduction and the collective",
+          procs[0].returncode != 0 and "overlap_comm" in err and "reduce_scatter" in err,
+          f"exit {procs[0].returncode}: {err.strip()[-300:]}")
+    check("overlap_comm: the survivor stops within the timeout", time.time() - start < 4 + 30)
+    finish()
 results = {}
 for world in (1, 2, 4):
     for stage in (0, 1, 2, 3):
@@ -189,8 +241,4 @@ for r in (0, 2):
           f"exit {procs[r].returncode}: {err.strip()[-300:]}")
 check("survivors stop within the timeout", elapsed < 4 + 30, f"{elapsed:.1f} s")
 
-subprocess.run(["rm", "-rf", work])
-if failures:
-    print("\n".join(failures[:5]))
-print(f"{0 if failures else 1} passed, {1 if failures else 0} failed")
-sys.exit(1 if failures else 0)
+finish()

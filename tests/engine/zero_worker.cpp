@@ -3,6 +3,7 @@
 // global batch split across the ranks, at a given stage and placement.
 //   zero_worker STAGE device|host|nvme SWAP OUT [kill-rank-1-at-step K] [timeout S]
 //               [steps N] [save DIR] [load DIR] [tag-by-rank 1]
+//               [bucket N] [overlap 0|1]   (reduce_bucket_size, overlap_comm)
 // Rank 0 writes the gathered master weights (fp32) to OUT. With `load`, the
 // run resumes from DIR's latest checkpoint (saved by any number of ranks);
 // with `save`, it saves to DIR after its steps (tag "t", or "t<rank>" with
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
   int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
   bool tag_by_rank = false, compact = false, bf16 = false;
-  std::string timeout = "60", save_dir, load_dir;
+  std::string timeout = "60", save_dir, load_dir, buckets;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "timeout")) timeout = argv[i + 1];
@@ -46,6 +47,9 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "diverge")) diverge = argv[i + 1];
     if (!std::strcmp(argv[i], "compact")) compact = true;
     if (!std::strcmp(argv[i], "bf16")) bf16 = true;
+    if (!std::strcmp(argv[i], "bucket")) buckets += R"(, "reduce_bucket_size": )" + std::string(argv[i + 1]);
+    if (!std::strcmp(argv[i], "overlap"))
+      buckets += R"(, "overlap_comm": )" + std::string(std::strcmp(argv[i + 1], "0") ? "true" : "false");
   }
   auto info = net::RankInfoFromEnv();
   if (!info.ok()) return Die(info.status());
@@ -66,7 +70,7 @@ int main(int argc, char** argv) {
                          R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "zero_optimization": {"stage": )" + stage + R"(,
         "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": ")" + rank_swap + R"("},
-        "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + rank_swap + R"("}},
+        "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + rank_swap + R"("})" + buckets + R"(},
       "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "timeout": )" + timeout +
                         R"(, "grad_reduce": ")" + (uneven ? "sum" : "mean") + "\"" + format + "}}");
   if (!cfg.ok()) return Die(cfg.status());
