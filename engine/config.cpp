@@ -245,6 +245,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Choice("nonfinite", &s->nonfinite, {"skip", "error", "apply"}));
   STRATA_RETURN_IF_ERROR(r.Choice("grad_reduce", &s->grad_reduce, {"mean", "sum"}));
   STRATA_RETURN_IF_ERROR(r.Choice("state_format", &s->state_format, {"fp32", "compact"}));
+  STRATA_RETURN_IF_ERROR(r.Bool("device_pool", &s->device_pool));
   return r.CheckUnknownKeys();
 }
 
@@ -432,7 +433,8 @@ std::string ConfigToJson(const Config& c) {
         {"nvme_paths", c.strata.nvme_paths}, {"trace_path", c.strata.trace_path},
         {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s}, {"io_rings", c.strata.io_rings},
         {"step_io", c.strata.step_io}, {"nonfinite", c.strata.nonfinite},
-        {"grad_reduce", c.strata.grad_reduce}, {"state_format", c.strata.state_format}}},
+        {"grad_reduce", c.strata.grad_reduce}, {"state_format", c.strata.state_format},
+        {"device_pool", c.strata.device_pool}}},
   };
   return doc.dump(2, ' ', false, Json::error_handler_t::replace);  // a Config built in code may hold any bytes
 }

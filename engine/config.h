@@ -152,6 +152,10 @@ struct StrataConfig {
   //              bf16 half is P itself, so P needs no storage of its own.
   //              Adam, AdamW and Lion; Adagrad is refused.
   std::string state_format = "fp32";
+  // The device tier keeps freed blocks for the next allocation of their size
+  // (no cudaFree on the hot path; cached bytes count against device_budget).
+  // false frees at once: for measuring what the pool saves.
+  bool device_pool = true;
   bool operator==(const StrataConfig&) const = default;
 };
 

@@ -137,7 +137,9 @@ Status Engine::Impl::Init() {
   if (device_budget == 0) device_budget = gpu ? gpu::DeviceMemoryBytes(0) / 10 * 9 : facts.host_ram_bytes / 4;
   uint64_t host_budget = config_.strata.host_budget;
   if (host_budget == 0) host_budget = facts.host_ram_bytes / 2;
-  STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget, .force_host_arena = !gpu}));
+  STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget,
+                                                        .force_host_arena = !gpu,
+                                                        .pool = config_.strata.device_pool}));
   host_ = std::make_unique<HostTier>(HostTierOptions{
       .budget = host_budget, .pin = gpu, .storage = storage_.get()});
   return Status::Ok();

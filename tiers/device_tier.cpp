@@ -200,6 +200,11 @@ void DeviceTier::Free(const Allocation& a) {
   const uint64_t len = it->second;
   sizes_.erase(it);
   pool_.in_use -= len;
+  if (!options_.pool) {
+    RawFree(a.ptr);
+    Uncharge(len);
+    return;
+  }
   cache_.emplace(len, a.ptr);  // still charged: the next Allocate of its size takes it
   pool_.cached += len;
 }

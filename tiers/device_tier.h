@@ -39,6 +39,7 @@ struct DeviceTierOptions {
   uint64_t budget = 0;
   int device = 0;
   bool force_host_arena = false;  // tests: behave as if there were no GPU
+  bool pool = true;  // false: Free returns the block at once (strata.device_pool)
 };
 
 struct DevicePoolStats {

@@ -119,6 +119,23 @@ TEST(Tiers, RandomAllocFreeNeverExceedsBudget) {
 // (or up to 1/8 less) without a new device allocation; cached blocks count
 // against the budget and give way, the largest first, to a block that would
 // not fit otherwise.
+// strata.device_pool false: every Free returns its block at once, uncharged.
+TEST(DeviceTier, WithoutThePoolFreeReturnsTheBlock) {
+  auto made = DeviceTier::Create({.budget = 10000 * 256, .force_host_arena = true, .pool = false});
+  ASSERT_TRUE(made.ok());
+  DeviceTier& t = **made;
+  for (int i = 0; i < 3; ++i) {
+    auto a = t.Allocate(4000 * 256);
+    ASSERT_TRUE(a.ok());
+    t.Free(*a);
+    EXPECT_EQ(t.used(), 0u);
+    EXPECT_EQ(t.pool_stats().cached, 0u);
+  }
+  EXPECT_EQ(t.pool_stats().raw_allocs, 3u);
+  EXPECT_EQ(t.pool_stats().raw_frees, 3u);
+  EXPECT_EQ(t.pool_stats().hits, 0u);
+}
+
 TEST(DeviceTier, PoolReusesBlocksWithinTheBudget) {
   auto made = DeviceTier::Create({.budget = 10000 * 256, .force_host_arena = true});
   ASSERT_TRUE(made.ok());
