@@ -89,6 +89,14 @@ build() {
   GPU_TESTS='cuda|nccl|gpu'
   echo "== GPU tests ($GPU_TESTS)"
   (cd "$BUILD" && timeout 200 ctest --output-on-failure -j4 -R "$GPU_TESTS" 2>&1 | tail -25) || true
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  if [ "${gpus:-0}" -ge 2 ]; then
+    echo "== two GPUs: NCCL through the engine at 2 ranks (== one CPU engine, bitwise)"
+    timeout 120 "$BUILD/tools/strata-launch" --nproc 2 -- "$BUILD/tests/engine/engine_nccl_gpu_test" 2>&1 | tail -8 ||
+      echo "engine_nccl_gpu_test at 2 ranks: exit status $?"
+  else
+    echo "== two GPUs: skipped (${gpus:-0} GPU here)"
+  fi
   # The device machine's CPU likely has AVX-512: the compact kernels' AVX-512
   # twin, never yet run, is compared bitwise with the scalar path here.
   echo "== compact kernels' AVX-512 path (STRATA_TEST_UNVERIFIED_AVX512=1)"

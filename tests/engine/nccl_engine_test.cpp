@@ -5,12 +5,19 @@
 // are bitwise those of the same run on the CPU without a communicator, for
 // fp32 and bf16 gradients at stages 0 and 2. Skipped (77) without NCCL in
 // the build or without a GPU.
+// Under strata-launch --nproc 2 (two GPUs; tools/gpu-check.sh), each rank
+// trains on its own GPU (LOCAL_RANK) with gradients of its own, NCCL
+// reducing them; rank 0 checks the weights against one CPU engine that
+// takes both ranks' gradients as two accumulation calls (a sum of two is
+// the same single rounding either way), bitwise.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "engine/engine.h"
 #include "io/net/comm.h"
+#include "io/net/launch_env.h"
 #include "kernels/cpu/cast.h"
 #if STRATA_HAVE_NCCL
 #include <cuda_runtime.h>
@@ -38,7 +45,11 @@ bool Cuda(cudaError_t e, const char* what) {
 const uint64_t kSizes[] = {5000, 777};
 
 // Trains 5 steps; returns the master weights of every group, or empty.
-std::vector<float> Train(int stage, DType gdtype, net::Communicator* comm) {
+// `ranks`: 0 for one rank; else this process is rank `rank` of 2 whose
+// engine makes its own communicator (NCCL), or (ranks_on_cpu) the CPU
+// reference taking both ranks' gradients.
+std::vector<float> Train(int stage, DType gdtype, net::Communicator* comm, int rank = -1, bool both = false) {
+  const bool gpu = comm != nullptr || rank >= 0;
   const std::string cfg_text = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "reduce_bucket_size": 1000,
                             "overlap_comm": true},
@@ -46,11 +57,12 @@ std::vector<float> Train(int stage, DType gdtype, net::Communicator* comm) {
   auto cfg = ParseConfig(cfg_text);
   if (!Ok(cfg.status(), "config")) return {};
   EngineOptions eo;
-  eo.world_size = 1;
+  eo.world_size = rank >= 0 ? 0 : 1;  // 0: the launcher's ranks
   eo.comm = comm;
-  eo.force_no_gpu = comm == nullptr;
+  eo.force_no_gpu = !gpu;
+  eo.grad_accumulation_steps = both ? 2 : 1;
   auto e = Engine::Create(*cfg, eo);
-  if (!Ok(e.status(), comm ? "create (nccl)" : "create (cpu)")) return {};
+  if (!Ok(e.status(), gpu ? "create (nccl)" : "create (cpu)")) return {};
   Engine& eng = **e;
   for (int g = 0; g < 2; ++g) {
     std::vector<float> init(kSizes[g]);
@@ -59,7 +71,7 @@ std::vector<float> Train(int stage, DType gdtype, net::Communicator* comm) {
   }
   if (!Ok(eng.Build(), "build")) return {};
   void* dgrad = nullptr;
-  if (comm && !Cuda(cudaMalloc(&dgrad, 5000 * 4), "cudaMalloc")) return {};
+  if (gpu && !Cuda(cudaMalloc(&dgrad, 5000 * 4), "cudaMalloc")) return {};
   std::vector<float> p(5000), g32(5000);
   std::vector<char> g(5000 * 4);
   for (int s = 0; s < 5 && failures == 0; ++s) {
@@ -67,20 +79,24 @@ std::vector<float> Train(int stage, DType gdtype, net::Communicator* comm) {
       const uint64_t n = kSizes[grp];
       auto ptr = eng.Fetch(grp);
       if (!Ok(ptr.status(), "fetch")) return {};
-      if (comm) {
+      if (gpu) {
         if (!Cuda(cudaMemcpy(p.data(), *ptr, n * 4, cudaMemcpyDeviceToHost), "copy P")) return {};
       } else {
         std::memcpy(p.data(), *ptr, n * 4);
       }
       if (!Ok(eng.Release(grp), "release")) return {};
-      for (uint64_t i = 0; i < n; ++i) g32[i] = 0.5f * p[i] - 0.01f * static_cast<float>((i + s) % 13);
-      if (!Ok(kernels::Cast(DType::kF32, g32.data(), gdtype, g.data(), n), "cast")) return {};
-      const void* src = g.data();
-      if (comm) {
-        if (!Cuda(cudaMemcpy(dgrad, g.data(), n * DTypeSize(gdtype), cudaMemcpyHostToDevice), "copy grads")) return {};
-        src = dgrad;
+      for (int r = rank < 0 ? 0 : rank; r <= (both ? 1 : (rank < 0 ? 0 : rank)); ++r) {
+        for (uint64_t i = 0; i < n; ++i)
+          g32[i] = (0.5f + 0.25f * static_cast<float>(r)) * p[i] - 0.01f * static_cast<float>((i + s + r) % 13);
+        if (!Ok(kernels::Cast(DType::kF32, g32.data(), gdtype, g.data(), n), "cast")) return {};
+        const void* src = g.data();
+        if (gpu) {
+          if (!Cuda(cudaMemcpy(dgrad, g.data(), n * DTypeSize(gdtype), cudaMemcpyHostToDevice), "copy grads"))
+            return {};
+          src = dgrad;
+        }
+        if (!Ok(eng.Grads(grp, src, gdtype), "grads")) return {};
       }
-      if (!Ok(eng.Grads(grp, src, gdtype), "grads")) return {};
     }
     if (!Ok(eng.Step(StepOptions{}).status(), "step")) return {};
   }
@@ -105,6 +121,30 @@ int main() {
   if (!net::NcclAvailable()) {
     std::fprintf(stderr, "skipped: no GPU\n");
     return 77;
+  }
+  if (const char* ws = std::getenv("WORLD_SIZE"); ws && std::atoi(ws) > 1) {
+    auto info = net::RankInfoFromEnv();
+    if (!Ok(info.status(), "rank variables")) return 1;
+    if (info->world_size != 2) {
+      std::fprintf(stderr, "FAILED: run it on 2 ranks, not %d\n", info->world_size);
+      return 1;
+    }
+    int gpus = 0;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 2) {
+      std::fprintf(stderr, "skipped: %d GPU(s); two ranks need two\n", gpus);
+      return 77;
+    }
+    if (!Cuda(cudaSetDevice(info->local_rank), "cudaSetDevice")) return 1;
+    const std::vector<float> mine = Train(2, DType::kBF16, nullptr, info->rank);
+    if (info->rank == 0) {
+      const std::vector<float> cpu = Train(2, DType::kBF16, nullptr, -1, /*both=*/true);
+      const bool same = !mine.empty() && mine.size() == cpu.size() &&
+                        std::memcmp(mine.data(), cpu.data(), mine.size() * 4) == 0;
+      std::printf("%s: 2 GPUs, stage 2, NCCL == one CPU engine taking both ranks' gradients, bitwise\n",
+                  same ? "ok" : "FAILED");
+      if (!same) ++failures;
+    }
+    return failures ? 1 : 0;
   }
   net::CommOptions o;
   o.backend = "nccl";
