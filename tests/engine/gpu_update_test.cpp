@@ -1,0 +1,214 @@
+// engine/gpu_update: which groups the step updates on the GPU, the device
+// scratch it reserves, and the kernel options both devices share — the
+// decisions, tested without a GPU; and, on the CPU, that strata.gpu_optimizer
+// never changes a bit (tests/engine/gpu_optimizer_test.cpp runs the GPU).
+#include <gtest/gtest.h>
+
+#include "engine/engine.h"
+#include "engine/gpu_update.h"
+#include "tests/engine/tiny_mlp.h"
+
+namespace strata {
+namespace {
+
+using testing::TinyMlp;
+
+GpuUpdateFacts OnGpu(const std::string& optimizer = "adamw") {
+  GpuUpdateFacts f;
+  f.setting = "auto";
+  f.cuda_built = true;
+  f.device_on_gpu = true;
+  f.optimizer = optimizer;
+  f.home.fill(TierKind::kDevice);
+  f.home[int(StateKind::kG)] = TierKind::kHost;
+  f.used.fill(true);
+  f.used[int(StateKind::kV)] = optimizer == "adam" || optimizer == "adamw";
+  return f;
+}
+
+TEST(GpuUpdateChoice, EveryOptimizerWithATwinOnTheGpu) {
+  for (const char* o : {"adam", "adamw", "lion", "adagrad"}) {
+    const GpuUpdateChoice c = ChooseGpuUpdate(OnGpu(o));
+    EXPECT_TRUE(c.gpu) << o << ": " << c.why;
+  }
+}
+
+TEST(GpuUpdateChoice, HomesDecide) {
+  GpuUpdateFacts f = OnGpu("lion");
+  f.home[int(StateKind::kV)] = TierKind::kNvme;  // unused by Lion: no matter
+  EXPECT_TRUE(ChooseGpuUpdate(f).gpu);
+  f.home[int(StateKind::kP)] = TierKind::kNvme;  // P elsewhere: copied home, the update stays on the GPU
+  EXPECT_TRUE(ChooseGpuUpdate(f).gpu);
+  for (TierKind elsewhere : {TierKind::kHost, TierKind::kNvme}) {
+    GpuUpdateFacts g = OnGpu("adam");
+    g.home[int(StateKind::kW)] = g.home[int(StateKind::kM)] = g.home[int(StateKind::kV)] = elsewhere;
+    const GpuUpdateChoice c = ChooseGpuUpdate(g);
+    EXPECT_FALSE(c.gpu);
+    EXPECT_FALSE(c.warn) << c.why;  // the CPU path is the one meant for state off the device
+  }
+}
+
+TEST(GpuUpdateChoice, CpuWhenNoGpuOffOrNoTwin) {
+  GpuUpdateFacts f = OnGpu();
+  f.device_on_gpu = false;  // the host arena: the CPU updates it in place
+  EXPECT_FALSE(ChooseGpuUpdate(f).gpu);
+  EXPECT_FALSE(ChooseGpuUpdate(f).warn);
+
+  f = OnGpu();
+  f.setting = "off";
+  GpuUpdateChoice c = ChooseGpuUpdate(f);
+  EXPECT_FALSE(c.gpu);
+  EXPECT_FALSE(c.warn);  // asked for
+  EXPECT_NE(c.why.find("strata.gpu_optimizer"), std::string::npos) << c.why;
+
+  f = OnGpu();
+  f.compact = true;
+  c = ChooseGpuUpdate(f);
+  EXPECT_FALSE(c.gpu);
+  EXPECT_TRUE(c.warn);
+  EXPECT_NE(c.why.find("compact"), std::string::npos) << c.why;
+
+  f = OnGpu();
+  f.cuda_built = false;
+  c = ChooseGpuUpdate(f);
+  EXPECT_FALSE(c.gpu);
+  EXPECT_TRUE(c.warn);
+
+  c = ChooseGpuUpdate(OnGpu("sgd"));
+  EXPECT_FALSE(c.gpu);
+  EXPECT_NE(c.why.find("sgd"), std::string::npos) << c.why;
+}
+
+StateBlock Block(TierKind home, uint64_t charged) {
+  StateBlock b;
+  b.home = home;
+  b.alloc.charged = charged;
+  return b;
+}
+
+TEST(GpuUpdateChoice, GroupsWhoseStateIsOnTheDevice) {
+  std::array<StateBlock, kNumStates> b;
+  EXPECT_FALSE(OptimizerStateOnDevice(b));  // nothing allocated
+  b[int(StateKind::kP)] = Block(TierKind::kHost, 256);
+  b[int(StateKind::kW)] = Block(TierKind::kDevice, 256);
+  b[int(StateKind::kM)] = Block(TierKind::kDevice, 256);
+  b[int(StateKind::kG)] = Block(TierKind::kHost, 256);
+  EXPECT_TRUE(OptimizerStateOnDevice(b));  // Lion or Adagrad: no V
+  b[int(StateKind::kV)] = Block(TierKind::kNvme, 0);  // not kept: ignored
+  EXPECT_TRUE(OptimizerStateOnDevice(b));
+  b[int(StateKind::kV)] = Block(TierKind::kHost, 256);
+  EXPECT_FALSE(OptimizerStateOnDevice(b));
+  b[int(StateKind::kV)] = Block(TierKind::kDevice, 256);
+  EXPECT_TRUE(OptimizerStateOnDevice(b));
+  b[int(StateKind::kM)] = Block(TierKind::kNvme, 256);
+  EXPECT_FALSE(OptimizerStateOnDevice(b));
+}
+
+TEST(GpuScratch, HoldsOneShardsGradientsAndParametersHomedElsewhere) {
+  GpuScratchPlan p = PlanGpuScratch(1000, DType::kF32, DType::kBF16, /*p_on_device=*/true);
+  EXPECT_EQ(p.g_bytes, 4000u);
+  EXPECT_EQ(p.p_bytes, 0u);
+  EXPECT_EQ(p.total, 4096u);
+  p = PlanGpuScratch(1000, DType::kF32, DType::kBF16, false);
+  EXPECT_EQ(p.p_offset, 4096u);
+  EXPECT_EQ(p.p_bytes, 2000u);
+  EXPECT_EQ(p.total, 4096u + 2048u);
+  p = PlanGpuScratch(1000, DType::kBF16, DType::kF16, false);
+  EXPECT_EQ(p.g_bytes, 2000u);
+  EXPECT_EQ(p.p_offset, 2048u);
+  EXPECT_EQ(p.total, 2048u + 2048u);
+  p = PlanGpuScratch(1000, DType::kF32, DType::kF32, false);  // fp32 P is copied from W
+  EXPECT_EQ(p.p_bytes, 0u);
+  EXPECT_EQ(p.total, 4096u);
+}
+
+TEST(GpuScratch, FitsOnlyWithinTheBudgetLeft) {
+  const GpuScratchPlan p = PlanGpuScratch(1000, DType::kF32, DType::kBF16, true);  // 4096
+  EXPECT_TRUE(GpuScratchFits(4096, p, 0));
+  EXPECT_FALSE(GpuScratchFits(4095, p, 0));
+  EXPECT_TRUE(GpuScratchFits(8192, p, 4096));  // room for a fetch's copy of the largest group too
+  EXPECT_FALSE(GpuScratchFits(8191, p, 4096));
+  EXPECT_FALSE(GpuScratchFits(0, p, 0));
+  EXPECT_FALSE(GpuScratchFits(1 << 20, GpuScratchPlan{}, 0));  // nothing to hold: no shard
+}
+
+TEST(StepKernelOptions, OneSetForEveryKernel) {
+  const StepHyper h{0.01, 0.8, 0.95, 1e-6, 0.1, 0.5, 7};
+  StepKernelOptions o = MakeStepKernelOptions("adam", /*adamw=*/false, h, DType::kBF16, DType::kF16);
+  EXPECT_EQ(o.type, "adam");
+  EXPECT_EQ(o.adam.mode, kernels::AdamMode::kAdam);
+  EXPECT_EQ(o.adam.lr, 0.01);
+  EXPECT_EQ(o.adam.beta1, 0.8);
+  EXPECT_EQ(o.adam.beta2, 0.95);
+  EXPECT_EQ(o.adam.eps, 1e-6);
+  EXPECT_EQ(o.adam.weight_decay, 0.1);
+  EXPECT_EQ(o.adam.grad_scale, 0.5);
+  EXPECT_EQ(o.adam.step, 7);
+  EXPECT_EQ(o.adam.grad_dtype, DType::kBF16);
+  EXPECT_EQ(o.adam.param_copy_dtype, DType::kF16);
+  EXPECT_EQ(o.lion.beta2, 0.95);
+  EXPECT_EQ(o.lion.weight_decay, 0.1);
+  EXPECT_EQ(o.lion.grad_scale, 0.5);
+  EXPECT_EQ(o.lion.param_copy_dtype, DType::kF16);
+  EXPECT_EQ(o.adagrad.eps, 1e-6);
+  EXPECT_EQ(o.adagrad.step, 7);
+  EXPECT_EQ(o.adagrad.lr_decay, 0.0);
+  EXPECT_EQ(o.adagrad.grad_dtype, DType::kBF16);
+  o = MakeStepKernelOptions("adamw", true, h, DType::kF32, DType::kBF16);
+  EXPECT_EQ(o.adam.mode, kernels::AdamMode::kAdamW);
+}
+
+TEST(StepKernelOptions, RefusedBeforeAnyLaunch) {
+  StepHyper h{0.01, 0.9, 0.999, 1e-8, 0.0, 1.0, 1};
+  EXPECT_TRUE(ValidateStepKernelOptions(MakeStepKernelOptions("adam", false, h, DType::kF32, DType::kBF16)).ok());
+  h.beta1 = 1.0;
+  for (const char* o : {"adam", "adamw", "lion"})
+    EXPECT_EQ(ValidateStepKernelOptions(MakeStepKernelOptions(o, false, h, DType::kF32, DType::kBF16)).code(),
+              Code::kInvalid)
+        << o;
+  h.beta1 = 0.9;
+  h.step = 0;
+  EXPECT_EQ(ValidateStepKernelOptions(MakeStepKernelOptions("adagrad", false, h, DType::kF32, DType::kBF16)).code(),
+            Code::kInvalid);
+}
+
+std::vector<std::vector<float>> TrainOnCpu(const std::string& optimizer, const std::string& setting) {
+  const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": ")" + optimizer +
+                           R"(", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}},
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "gpu_optimizer": ")" + setting + R"("}})";
+  auto config = ParseConfig(json);
+  EXPECT_TRUE(config.ok()) << config.status().ToString();
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  auto e = Engine::Create(*config, eo);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  TinyMlp model(3, 24);
+  EXPECT_TRUE(model.Register(**e).ok());
+  EXPECT_TRUE((*e)->Build().ok());
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_TRUE(model.TrainStep(**e).ok());
+    StepOptions so;
+    so.lr = 0.01 * (1 + s);
+    EXPECT_TRUE((*e)->Step(so).ok());
+  }
+  std::vector<std::vector<float>> w;
+  for (int g = 0; g < (*e)->num_groups(); ++g) {
+    w.emplace_back((*e)->group_numel(g));
+    EXPECT_TRUE((*e)->ReadMaster(g, w.back().data()).ok());
+  }
+  return w;
+}
+
+// Without a GPU both settings take the CPU path over the same kernel options.
+TEST(GpuOptimizerSetting, NeverChangesABitOnTheCpu) {
+  for (const char* o : {"adam", "adamw", "lion", "adagrad"}) {
+    const auto a = TrainOnCpu(o, "auto"), b = TrainOnCpu(o, "off");
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t g = 0; g < a.size(); ++g)
+      EXPECT_EQ(std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4), 0) << o << " group " << g;
+  }
+}
+
+}  // namespace
+}  // namespace strata
