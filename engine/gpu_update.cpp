@@ -5,6 +5,7 @@
 #include "engine/gpu_update.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/align.h"
 #include "base/log.h"
@@ -100,6 +101,13 @@ bool GpuScratchFits(uint64_t budget_left, const GpuScratchPlan& plan, uint64_t p
   return plan.total > 0 && plan.total <= budget_left && p_copy_reserve <= budget_left - plan.total;
 }
 
+Status StepKernelCpu(const StepKernelOptions& o, uint64_t n, float* w, float* m, float* v, const void* g,
+                     void* param_copy) {
+  if (o.type == "lion") return kernels::LionStep(o.lion, n, w, m, g, param_copy);
+  if (o.type == "adagrad") return kernels::AdagradStep(o.adagrad, n, w, m, g, param_copy);
+  return kernels::AdamStep(o.adam, n, w, m, v, g, param_copy);
+}
+
 Status StepKernelCuda(const StepKernelOptions& o, uint64_t n, float* w, float* m, float* v, const void* g,
                       void* param_copy, void* stream) {
 #if STRATA_HAVE_CUDA
@@ -127,8 +135,9 @@ Status DeviceCopyF32(const float* src, float* dst, uint64_t n, void* stream) {
 void Engine::Impl::SetUpGpuUpdate() {
   GpuUpdateFacts f;
   f.setting = config_.strata.gpu_optimizer;
-  f.cuda_built = kCudaBuilt;
-  f.device_on_gpu = device_->on_gpu();
+  const bool twin = options_.gpu_optimizer_twin && !device_->on_gpu();  // tests: the CPU stands in
+  f.cuda_built = kCudaBuilt || twin;
+  f.device_on_gpu = device_->on_gpu() || twin;
   f.compact = compact_;
   f.optimizer = config_.optimizer.type;
   for (int s = 0; s < kNumStates; ++s) {
@@ -159,7 +168,8 @@ void Engine::Impl::SetUpGpuUpdate() {
   }
   auto a = device_->Allocate(plan.total);
   if (!a.ok()) return fall_back("its scratch: " + a.status().ToString());
-  auto stream = gpu::StreamCreate();
+  Result<gpu::Stream> stream = gpu::Stream{nullptr};
+  if (!twin) stream = gpu::StreamCreate();
   if (!stream.ok()) {
     device_->Free(*a);
     return fall_back("its stream: " + stream.status().ToString());
@@ -205,11 +215,19 @@ Status Engine::Impl::UpdateOnGpu(int g, float* const at[kNumStates], const StepK
   char* p_dev = p_on_device ? reinterpret_cast<char*>(at[int(StateKind::kP)]) + PSliceOffset(g)
                             : scratch + gpu_scratch_plan_.p_offset;
   *outcome = GpuUpdateOutcome::kPartial;  // from the launch on, W, M, V may be neither old nor new
-  Status st = StepKernelCuda(ko, len, W, at[int(StateKind::kM)], at[int(StateKind::kV)], scratch,
-                             copy_f32 ? nullptr : p_dev, gpu_stream_);
-  if (st.ok() && copy_f32 && p_on_device) st = DeviceCopyF32(W, reinterpret_cast<float*>(p_dev), len, gpu_stream_);
-  // The kernels' own errors surface here; once it is OK, W, M, V are new.
-  if (st.ok()) st = gpu::StreamSynchronize(gpu_stream_);
+  float* M = at[int(StateKind::kM)];
+  float* V = at[int(StateKind::kV)];
+  void* copy = copy_f32 ? nullptr : p_dev;
+  Status st;
+  if (device_->on_gpu()) {
+    st = StepKernelCuda(ko, len, W, M, V, scratch, copy, gpu_stream_);
+    if (st.ok() && copy_f32 && p_on_device) st = DeviceCopyF32(W, reinterpret_cast<float*>(p_dev), len, gpu_stream_);
+    // The kernels' own errors surface here; once it is OK, W, M, V are new.
+    if (st.ok()) st = gpu::StreamSynchronize(gpu_stream_);
+  } else {  // gpu_optimizer_twin: the host arena, the CPU kernels
+    st = StepKernelCpu(ko, len, W, M, V, scratch, copy);
+    if (st.ok() && copy_f32 && p_on_device) std::memcpy(p_dev, W, len * 4);
+  }
   STRATA_RETURN_IF_ERROR(st.WithContext(where));
   *outcome = GpuUpdateOutcome::kUpdated;
   if (p_on_device) return Status::Ok();

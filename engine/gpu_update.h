@@ -76,6 +76,11 @@ GpuScratchPlan PlanGpuScratch(uint64_t largest_shard_numel, DType grad, DType co
 // device copy of P, which a fetch needs when P is not homed on the device.
 bool GpuScratchFits(uint64_t budget_left, const GpuScratchPlan& plan, uint64_t p_copy_reserve);
 
+// The CPU kernel of `o.type` (W, M, V fp32; M is Lion's exp_avg or
+// Adagrad's state_sum; V null unless Adam), param_copy null or n of the copy
+// dtype, in place, in parallel.
+Status StepKernelCpu(const StepKernelOptions& o, uint64_t n, float* w, float* m, float* v, const void* g,
+                     void* param_copy);
 // The CUDA kernel of `o.type` on device pointers, enqueued on `stream`
 // (param_copy: null or n of the copy dtype). UNSUPPORTED in a build without
 // CUDA. Returns after the launch; the caller synchronizes the stream.

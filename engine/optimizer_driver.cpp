@@ -238,15 +238,9 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
                                                  j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
       if (oc.type == "lion") st = kernels::CompactLionStep(ko.lion, len, cs, j.ptr[int(StateKind::kG)], nullptr);
       else st = kernels::CompactAdamStep(ko.adam, len, cs, j.ptr[int(StateKind::kG)], nullptr);
-    } else if (oc.type == "lion") {
-      st = kernels::LionStep(ko.lion, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kG)],
-                             copy_f32 ? nullptr : P);
-    } else if (oc.type == "adagrad") {
-      st = kernels::AdagradStep(ko.adagrad, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kG)],
-                                copy_f32 ? nullptr : P);
     } else {
-      st = kernels::AdamStep(ko.adam, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)],
-                             j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
+      st = StepKernelCpu(ko, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)], j.ptr[int(StateKind::kG)],
+                         copy_f32 ? nullptr : P);
     }
     if (copy_f32 && !compact_) std::memcpy(P, W, len * 4);
     stats_->End(Resource::kCpuOptimizer);

@@ -7,6 +7,7 @@
 #include "engine/engine.h"
 #include "engine/gpu_update.h"
 #include "tests/engine/tiny_mlp.h"
+#include "tests/util/temp_dir.h"
 
 namespace strata {
 namespace {
@@ -208,6 +209,117 @@ TEST(GpuOptimizerSetting, NeverChangesABitOnTheCpu) {
     for (size_t g = 0; g < a.size(); ++g)
       EXPECT_EQ(std::memcmp(a[g].data(), b[g].data(), a[g].size() * 4), 0) << o << " group " << g;
   }
+}
+
+// The GPU optimizer's path without a GPU (EngineOptions.gpu_optimizer_twin:
+// G through a device scratch, P through it or written in place, the commit
+// without stores) gives the CPU path's W, M, V and P bit for bit.
+struct TwinRun {
+  std::vector<std::vector<float>> w, m, v;
+  std::vector<std::vector<uint8_t>> p;
+  EngineStats stats;
+};
+
+struct TwinCase {
+  std::string optimizer = "adamw", param = "none", grad_accum = "fp32";
+  bool bf16 = true, overlap = false;
+  std::string Name() const {
+    return optimizer + " P:" + param + (bf16 ? " bf16" : " fp32") + " G:" + grad_accum + (overlap ? " overlap" : "");
+  }
+};
+
+void TrainTwinInto(const TwinCase& k, bool twin, const std::string& dir, TwinRun* out) {
+  const std::string json = std::string("{") + (k.bf16 ? R"("bf16": {"enabled": true},)" : "") + R"(
+      "optimizer": {"type": ")" + k.optimizer + R"(", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "data_types": {"grad_accum_dtype": ")" + k.grad_accum + R"("},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
+        "offload_param": {"device": ")" + k.param + R"(", "nvme_path": ")" + dir + R"("}},
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})";
+  auto config = ParseConfig(json);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  eo.gpu_optimizer_twin = twin;
+  eo.overlap_step = k.overlap;
+  auto e = Engine::Create(*config, eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& eng = **e;
+  TinyMlp model(3, 24);
+  ASSERT_TRUE(model.Register(eng).ok());
+  const Status built = eng.Build();
+  ASSERT_TRUE(built.ok()) << built.ToString();
+  for (int s = 0; s < 4; ++s) {
+    StepOptions so;
+    so.lr = 0.01 * (1 + s);
+    if (k.overlap) {
+      ASSERT_TRUE(eng.PrepareStep(so).ok());
+    }
+    ASSERT_TRUE(model.TrainStep(eng).ok());
+    auto r = eng.Step(so);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  const bool adam = k.optimizer == "adam" || k.optimizer == "adamw";
+  for (int g = 0; g < eng.num_groups(); ++g) {
+    const uint64_t n = eng.group_numel(g);
+    out->w.emplace_back(n);
+    out->m.emplace_back(n);
+    out->v.emplace_back(adam ? n : 0);
+    ASSERT_TRUE(eng.ReadMaster(g, out->w.back().data()).ok());
+    ASSERT_TRUE(eng.ReadState(g, Engine::OptimizerState::kExpAvg, out->m.back().data()).ok());
+    if (adam) {
+      ASSERT_TRUE(eng.ReadState(g, Engine::OptimizerState::kExpAvgSq, out->v.back().data()).ok());
+    }
+    auto p = eng.Fetch(g);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    const auto* bytes = static_cast<const uint8_t*>(*p);
+    out->p.emplace_back(bytes, bytes + n * DTypeSize(eng.compute_dtype()));
+    ASSERT_TRUE(eng.Release(g).ok());
+  }
+  out->stats = eng.stats();
+}
+
+void CheckTwin(const TwinCase& k) {
+  testing::TempDir dir;
+  TwinRun twin, cpu;
+  TrainTwinInto(k, true, dir.path(), &twin);
+  TrainTwinInto(k, false, dir.path(), &cpu);
+  ASSERT_EQ(twin.w.size(), cpu.w.size()) << k.Name();
+  for (size_t g = 0; g < cpu.w.size(); ++g) {
+    EXPECT_EQ(twin.w[g], cpu.w[g]) << k.Name() << ": W of group " << g;
+    EXPECT_EQ(twin.m[g], cpu.m[g]) << k.Name() << ": M of group " << g;
+    EXPECT_EQ(twin.v[g], cpu.v[g]) << k.Name() << ": V of group " << g;
+    EXPECT_EQ(twin.p[g], cpu.p[g]) << k.Name() << ": P of group " << g;
+  }
+  // The twin took the GPU path: G went to the device tier each step.
+  EXPECT_GT(twin.stats.host_to_device, cpu.stats.host_to_device) << k.Name();
+  EXPECT_LE(twin.stats.device.peak, twin.stats.device.budget) << k.Name();
+}
+
+TEST(GpuOptimizerTwin, EveryOptimizerAndHomeOfP) {
+  for (const char* o : {"adam", "adamw", "lion", "adagrad"})
+    for (const char* param : {"none", "cpu", "nvme"}) {
+      TwinCase k;
+      k.optimizer = o;
+      k.param = param;
+      CheckTwin(k);
+    }
+}
+
+TEST(GpuOptimizerTwin, Fp32ComputeBf16GradientsAndOverlap) {
+  for (const char* param : {"none", "cpu", "nvme"}) {
+    TwinCase k;
+    k.bf16 = false;
+    k.param = param;
+    CheckTwin(k);
+  }
+  TwinCase k;
+  k.optimizer = "lion";
+  k.grad_accum = "bf16";
+  CheckTwin(k);
+  k.optimizer = "adam";
+  k.param = "cpu";
+  k.overlap = true;
+  CheckTwin(k);
 }
 
 }  // namespace
