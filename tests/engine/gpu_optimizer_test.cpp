@@ -3,7 +3,7 @@
 // the CPU path — the same engine with "off" (device -> host staging -> CPU
 // kernel -> back) and an engine without the GPU (force_no_gpu: the device
 // tier a host arena) — for Adam, AdamW, Lion and Adagrad with bf16 compute,
-// P homed on the device or the host; also fp32 compute, bf16 gradient
+// P homed on the device, the host or NVMe; also fp32 compute, bf16 gradient
 // accumulation and overlap_step. Exits 77 ("skipped: no GPU (...)" on
 // stderr) without a GPU.
 #include <cuda_runtime.h>
@@ -17,6 +17,7 @@
 
 #include "engine/engine.h"
 #include "tests/engine/tiny_mlp.h"
+#include "tests/util/temp_dir.h"
 #include "tiers/gpu.h"
 
 namespace strata {
@@ -26,7 +27,7 @@ using testing::TinyMlp;
 
 struct Case {
   std::string optimizer = "adamw";
-  std::string param = "none";   // offload_param.device: "none" (P on the device) or "cpu"
+  std::string param = "none";   // offload_param.device: "none" (P on the device), "cpu" or "nvme"
   bool bf16 = true;             // compute dtype bf16, else fp32
   std::string grad_accum = "fp32";
   bool overlap = false;
@@ -35,12 +36,12 @@ struct Case {
   }
 };
 
-std::string Json(const Case& s, const std::string& gpu_optimizer) {
+std::string Json(const Case& s, const std::string& gpu_optimizer, const std::string& dir) {
   return std::string("{") + (s.bf16 ? R"("bf16": {"enabled": true},)" : "") + R"(
     "optimizer": {"type": ")" + s.optimizer + R"(", "params": {"lr": 0.01, "weight_decay": 0.01}},
     "data_types": {"grad_accum_dtype": ")" + s.grad_accum + R"("},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
-                          "offload_param": {"device": ")" + s.param + R"("}},
+                          "offload_param": {"device": ")" + s.param + R"(", "nvme_path": ")" + dir + R"("}},
     "strata": {"device_budget": "256MiB", "host_budget": "256MiB", "gpu_optimizer": ")" + gpu_optimizer + R"("}})";
 }
 
@@ -65,10 +66,11 @@ std::vector<float> GradsOf(const std::vector<float>& w, int step) {
 }
 
 void TrainInto(const Case& s, const std::string& setting, bool gpu, Run* out) {
+  testing::TempDir dir;
   EngineOptions eo;
   eo.force_no_gpu = !gpu;
   eo.overlap_step = s.overlap;
-  auto config = ParseConfig(Json(s, setting));
+  auto config = ParseConfig(Json(s, setting, dir.path()));
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   auto e = Engine::Create(*config, eo);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
@@ -182,8 +184,17 @@ TEST(GpuOptimizer, EveryOptimizerBf16WithPOnTheHost) {
   }
 }
 
+TEST(GpuOptimizer, AdamWAndLionBf16WithPOnNvme) {
+  for (const char* o : {"adamw", "lion"}) {
+    Case s;
+    s.optimizer = o;
+    s.param = "nvme";
+    CheckSetup(s);
+  }
+}
+
 TEST(GpuOptimizer, Fp32ComputeCopiesW) {
-  for (const char* param : {"none", "cpu"}) {
+  for (const char* param : {"none", "cpu", "nvme"}) {
     Case s;
     s.bf16 = false;
     s.param = param;

@@ -4,8 +4,11 @@
 // never changes a bit (tests/engine/gpu_optimizer_test.cpp runs the GPU).
 #include <gtest/gtest.h>
 
+#include <cerrno>
+
 #include "engine/engine.h"
 #include "engine/gpu_update.h"
+#include "io/fault.h"
 #include "tests/engine/tiny_mlp.h"
 #include "tests/util/temp_dir.h"
 
@@ -320,6 +323,75 @@ TEST(GpuOptimizerTwin, Fp32ComputeBf16GradientsAndOverlap) {
   k.param = "cpu";
   k.overlap = true;
   CheckTwin(k);
+}
+
+// Masters and fetched parameters of every group.
+struct Weights {
+  std::vector<std::vector<float>> w;
+  std::vector<std::vector<uint8_t>> p;
+};
+
+Weights WeightsOf(Engine& e) {
+  Weights out;
+  for (int g = 0; g < e.num_groups(); ++g) {
+    out.w.emplace_back(e.group_numel(g));
+    EXPECT_TRUE(e.ReadMaster(g, out.w.back().data()).ok());
+    auto p = e.Fetch(g);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) continue;
+    const auto* bytes = static_cast<const uint8_t*>(*p);
+    out.p.emplace_back(bytes, bytes + e.group_numel(g) * DTypeSize(e.compute_dtype()));
+    EXPECT_TRUE(e.Release(g).ok());
+  }
+  return out;
+}
+
+// W, M, V updated in place on the (twin) GPU are committed before P's store
+// to NVMe: when that store fails the step fails resumably, and calling it
+// again rewrites P from W; the run ends as the clean CPU run, bit for bit.
+TEST(GpuOptimizerTwin, AFailedStoreOfPIsRewrittenFromW) {
+  testing::TempDir dir;
+  const TinyMlp model(3, 24);
+  const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": "adamw", "params": {"lr": 0.01}},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
+        "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})";
+  auto run = [&](bool twin, int skip, int* fired) {
+    EngineOptions eo;
+    eo.force_no_gpu = true;
+    eo.gpu_optimizer_twin = twin;
+    eo.faults = std::make_shared<FaultPlan>();
+    auto e = Engine::Create(*ParseConfig(json), eo);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_TRUE(model.Register(**e).ok());
+    EXPECT_TRUE((*e)->Build().ok());
+    for (int s = 0; s < 4; ++s) {
+      EXPECT_TRUE(model.TrainStep(**e).ok());
+      StepOptions so;
+      so.lr = 0.01 * (1 + s);
+      if (s == 2 && skip >= 0) eo.faults->Arm(FaultPlan::Ops::kWrites, EIO, static_cast<uint64_t>(skip), 1);
+      auto r = (*e)->Step(so);
+      eo.faults->Disarm();
+      if (s == 2 && eo.faults->fired() > 0) {
+        ++*fired;
+        EXPECT_FALSE(r.ok()) << "skip " << skip;
+        r = (*e)->Step(so);  // finishes the step: P rewritten from the committed W
+      }
+      EXPECT_TRUE(r.ok()) << "skip " << skip << ": " << r.status().ToString();
+    }
+    return WeightsOf(**e);
+  };
+  int none = 0, fired = 0;
+  const Weights clean = run(false, -1, &none);
+  for (int skip : {0, 1, 2}) {
+    const Weights faulty = run(true, skip, &fired);
+    ASSERT_EQ(faulty.w.size(), clean.w.size());
+    for (size_t g = 0; g < clean.w.size(); ++g) {
+      EXPECT_EQ(faulty.w[g], clean.w[g]) << "skip " << skip << ": W of group " << g;
+      EXPECT_EQ(faulty.p[g], clean.p[g]) << "skip " << skip << ": P of group " << g;
+    }
+  }
+  EXPECT_EQ(fired, 3);  // three groups, one P store each: every skip hit one
 }
 
 }  // namespace
