@@ -41,7 +41,11 @@ StepKernelOptions MakeStepKernelOptions(const std::string& type, bool adamw, con
   StepKernelOptions o;
   o.type = type;
   kernels::AdamOptions& a = o.adam;
-  a.lr = h.lr; a.beta1 = h.beta1; a.beta2 = h.beta2; a.eps = h.eps; a.weight_decay = h.weight_decay;
+  a.lr = h.lr;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.eps = h.eps;
+  a.weight_decay = h.weight_decay;
   a.step = h.step;
   a.mode = adamw ? kernels::AdamMode::kAdamW : kernels::AdamMode::kAdam;
   a.grad_scale = h.grad_scale;
@@ -49,7 +53,11 @@ StepKernelOptions MakeStepKernelOptions(const std::string& type, bool adamw, con
   a.param_copy_dtype = copy;
   o.lion = kernels::LionOptions{h.lr, h.beta1, h.beta2, h.weight_decay, h.grad_scale, grad, copy};
   kernels::AdagradOptions& d = o.adagrad;
-  d.lr = h.lr; d.weight_decay = h.weight_decay; d.eps = h.eps; d.step = h.step; d.grad_scale = h.grad_scale;
+  d.lr = h.lr;
+  d.weight_decay = h.weight_decay;
+  d.eps = h.eps;
+  d.step = h.step;
+  d.grad_scale = h.grad_scale;
   d.grad_dtype = grad;
   d.param_copy_dtype = copy;
   return o;
@@ -64,14 +72,17 @@ Status ValidateStepKernelOptions(const StepKernelOptions& o) {
 GpuUpdateChoice ChooseGpuUpdate(const GpuUpdateFacts& f) {
   if (!f.device_on_gpu) return {false, "no GPU (the device tier is a host arena, updated in place)", false};
   for (int s = 0; s < kNumStates; ++s)
-    if (IsOptimizerState(s) && f.used[static_cast<size_t>(s)] && f.home[static_cast<size_t>(s)] != TierKind::kDevice)
+    if (IsOptimizerState(s) && f.used[static_cast<size_t>(s)] &&
+        f.home[static_cast<size_t>(s)] != TierKind::kDevice)
       return {false, "the optimizer state is not homed on the device", false};
   if (f.setting == "off") return {false, "strata.gpu_optimizer is \"off\"", false};
   if (!f.cuda_built) return {false, "this build has no CUDA kernels", true};
   if (f.compact)
-    return {false, "compact state (strata.state_format \"compact\") on the device is updated on the CPU: its kernels "
-                   "have no CUDA twin yet",
-            true};
+    return {
+        false,
+        "compact state (strata.state_format \"compact\") on the device is updated on the CPU: its kernels "
+        "have no CUDA twin yet",
+        true};
   if (f.optimizer != "adam" && f.optimizer != "adamw" && f.optimizer != "lion" && f.optimizer != "adagrad")
     return {false, "optimizer.type \"" + f.optimizer + "\" has no CUDA kernel", true};
   return {true, "", false};
@@ -146,7 +157,8 @@ void Engine::Impl::SetUpGpuUpdate() {
   }
   const GpuUpdateChoice c = ChooseGpuUpdate(f);
   if (!c.gpu) {
-    if (c.warn) WarnOnce("gpu-optimizer " + c.why, "step: W, M, V are on the GPU and updated on the CPU: " + c.why);
+    if (c.warn)
+      WarnOnce("gpu-optimizer " + c.why, "step: W, M, V are on the GPU and updated on the CPU: " + c.why);
     return;
   }
   const bool p_on_device = home_[int(StateKind::kP)] == TierKind::kDevice;
@@ -156,8 +168,10 @@ void Engine::Impl::SetUpGpuUpdate() {
     reserve = std::max(reserve, AlignUp(PBytes(g), kDeviceGrain));
   const uint64_t used = device_->used(), left = device_->budget() > used ? device_->budget() - used : 0;
   auto fall_back = [&](const std::string& why) {
-    WarnOnce("gpu-optimizer-scratch", "step: W, M, V are on the GPU and updated on the CPU (copied to host staging "
-                                      "and back): " + why);
+    WarnOnce("gpu-optimizer-scratch",
+             "step: W, M, V are on the GPU and updated on the CPU (copied to host staging "
+             "and back): " +
+                 why);
   };
   if (!GpuScratchFits(left, plan, reserve)) {
     fall_back("strata.device_budget " + FormatBytes(device_->budget()) + " leaves " + FormatBytes(left) +
@@ -221,7 +235,8 @@ Status Engine::Impl::UpdateOnGpu(int g, float* const at[kNumStates], const StepK
   Status st;
   if (device_->on_gpu()) {
     st = StepKernelCuda(ko, len, W, M, V, scratch, copy, gpu_stream_);
-    if (st.ok() && copy_f32 && p_on_device) st = DeviceCopyF32(W, reinterpret_cast<float*>(p_dev), len, gpu_stream_);
+    if (st.ok() && copy_f32 && p_on_device)
+      st = DeviceCopyF32(W, reinterpret_cast<float*>(p_dev), len, gpu_stream_);
     // The kernels' own errors surface here; once it is OK, W, M, V are new.
     if (st.ok()) st = gpu::StreamSynchronize(gpu_stream_);
   } else {  // gpu_optimizer_twin: the host arena, the CPU kernels

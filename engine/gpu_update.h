@@ -40,11 +40,11 @@ Status ValidateStepKernelOptions(const StepKernelOptions& o);
 // What decides, for the whole engine, whether device-homed state may be
 // updated on the GPU.
 struct GpuUpdateFacts {
-  std::string setting;        // strata.gpu_optimizer: "auto" or "off"
-  bool cuda_built = false;    // the CUDA kernels are linked (STRATA_HAVE_CUDA)
+  std::string setting;         // strata.gpu_optimizer: "auto" or "off"
+  bool cuda_built = false;     // the CUDA kernels are linked (STRATA_HAVE_CUDA)
   bool device_on_gpu = false;  // the device tier is a GPU, not a host arena
-  bool compact = false;       // strata.state_format "compact"
-  std::string optimizer;      // optimizer.type
+  bool compact = false;        // strata.state_format "compact"
+  std::string optimizer;       // optimizer.type
   std::array<TierKind, kNumStates> home{};
   std::array<bool, kNumStates> used{};  // the states the optimizer keeps
 };

@@ -121,22 +121,22 @@ Status LionStepCuda(const LionOptions& opt, size_t n, float* param, float* exp_a
   if (n == 0) return Status::Ok();
   if (!param || !exp_avg || !grad) return InvalidError("LionStepCuda: null array");
   const LionStepScalars s = MakeLionStepScalars(opt);
-  PickLion(opt.grad_dtype, CopyKind(param_copy, opt.param_copy_dtype))<<<
-      CudaGridFor(n, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(s, n, param, exp_avg, grad,
-                                                                                 param_copy);
+  const LionKernelFn kernel = PickLion(opt.grad_dtype, CopyKind(param_copy, opt.param_copy_dtype));
+  const auto cs = static_cast<cudaStream_t>(stream);
+  kernel<<<CudaGridFor(n, kThreads), kThreads, 0, cs>>>(s, n, param, exp_avg, grad, param_copy);
   return LaunchResult("LionStepCuda");
 }
 
-Status AdagradStepCuda(const AdagradOptions& opt, size_t n, float* param, float* state_sum,
-                       const void* grad, void* param_copy, void* stream) {
+Status AdagradStepCuda(const AdagradOptions& opt, size_t n, float* param, float* state_sum, const void* grad,
+                       void* param_copy, void* stream) {
   STRATA_RETURN_IF_ERROR(ValidateAdagradOptions(opt));
   if (n == 0) return Status::Ok();
   if (!param || !state_sum || !grad) return InvalidError("AdagradStepCuda: null array");
   const AdagradStepScalars s = MakeAdagradStepScalars(opt);
   const bool l2 = opt.weight_decay != 0;  // as AdagradStepOn
-  PickAdagrad(opt.grad_dtype, CopyKind(param_copy, opt.param_copy_dtype), l2)<<<
-      CudaGridFor(n, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(s, n, param, state_sum, grad,
-                                                                                 param_copy);
+  const AdagradKernelFn kernel = PickAdagrad(opt.grad_dtype, CopyKind(param_copy, opt.param_copy_dtype), l2);
+  const auto cs = static_cast<cudaStream_t>(stream);
+  kernel<<<CudaGridFor(n, kThreads), kThreads, 0, cs>>>(s, n, param, state_sum, grad, param_copy);
   return LaunchResult("AdagradStepCuda");
 }
 

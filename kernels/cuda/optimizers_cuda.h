@@ -22,7 +22,7 @@ namespace strata::kernels {
 // the caller's next synchronisation of `stream`.
 Status LionStepCuda(const LionOptions& opt, size_t n, float* param, float* exp_avg, const void* grad,
                     void* param_copy, void* stream);
-Status AdagradStepCuda(const AdagradOptions& opt, size_t n, float* param, float* state_sum,
-                       const void* grad, void* param_copy, void* stream);
+Status AdagradStepCuda(const AdagradOptions& opt, size_t n, float* param, float* state_sum, const void* grad,
+                       void* param_copy, void* stream);
 
 }  // namespace strata::kernels

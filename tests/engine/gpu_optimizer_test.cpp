@@ -27,15 +27,17 @@ using testing::TinyMlp;
 
 struct Case {
   std::string optimizer = "adamw";
-  std::string param = "none";   // offload_param.device: "none" (P on the device), "cpu" or "nvme"
-  bool bf16 = true;             // compute dtype bf16, else fp32
+  std::string param = "none";  // offload_param.device: "none" (P on the device), "cpu" or "nvme"
+  bool bf16 = true;            // compute dtype bf16, else fp32
   std::string grad_accum = "fp32";
   bool overlap = false;
   std::string Name() const {
-    return optimizer + " P:" + param + (bf16 ? " bf16" : " fp32") + " G:" + grad_accum + (overlap ? " overlap" : "");
+    return optimizer + " P:" + param + (bf16 ? " bf16" : " fp32") + " G:" + grad_accum +
+           (overlap ? " overlap" : "");
   }
 };
 
+// clang-format off
 std::string Json(const Case& s, const std::string& gpu_optimizer, const std::string& dir) {
   return std::string("{") + (s.bf16 ? R"("bf16": {"enabled": true},)" : "") + R"(
     "optimizer": {"type": ")" + s.optimizer + R"(", "params": {"lr": 0.01, "weight_decay": 0.01}},
@@ -44,6 +46,7 @@ std::string Json(const Case& s, const std::string& gpu_optimizer, const std::str
                           "offload_param": {"device": ")" + s.param + R"(", "nvme_path": ")" + dir + R"("}},
     "strata": {"device_budget": "256MiB", "host_budget": "256MiB", "gpu_optimizer": ")" + gpu_optimizer + R"("}})";
 }
+// clang-format on
 
 struct Run {
   bool ok = false;
@@ -147,9 +150,12 @@ void ExpectSame(const Run& a, const Run& b, const std::string& what) {
   ASSERT_TRUE(a.ok && b.ok) << what;
   ASSERT_EQ(a.w.size(), b.w.size()) << what;
   for (size_t g = 0; g < a.w.size(); ++g) {
-    EXPECT_EQ(std::memcmp(a.w[g].data(), b.w[g].data(), a.w[g].size() * 4), 0) << what << ": W of group " << g;
-    EXPECT_EQ(std::memcmp(a.m[g].data(), b.m[g].data(), a.m[g].size() * 4), 0) << what << ": M of group " << g;
-    EXPECT_EQ(std::memcmp(a.v[g].data(), b.v[g].data(), a.v[g].size() * 4), 0) << what << ": V of group " << g;
+    EXPECT_EQ(std::memcmp(a.w[g].data(), b.w[g].data(), a.w[g].size() * 4), 0)
+        << what << ": W of group " << g;
+    EXPECT_EQ(std::memcmp(a.m[g].data(), b.m[g].data(), a.m[g].size() * 4), 0)
+        << what << ": M of group " << g;
+    EXPECT_EQ(std::memcmp(a.v[g].data(), b.v[g].data(), a.v[g].size() * 4), 0)
+        << what << ": V of group " << g;
     EXPECT_EQ(a.p[g], b.p[g]) << what << ": P of group " << g;
   }
 }

@@ -2,12 +2,13 @@
 // scratch it reserves, and the kernel options both devices share — the
 // decisions, tested without a GPU; and, on the CPU, that strata.gpu_optimizer
 // never changes a bit (tests/engine/gpu_optimizer_test.cpp runs the GPU).
+#include "engine/gpu_update.h"
+
 #include <gtest/gtest.h>
 
 #include <cerrno>
 
 #include "engine/engine.h"
-#include "engine/gpu_update.h"
 #include "io/fault.h"
 #include "tests/engine/tiny_mlp.h"
 #include "tests/util/temp_dir.h"
@@ -97,7 +98,7 @@ TEST(GpuUpdateChoice, GroupsWhoseStateIsOnTheDevice) {
   b[int(StateKind::kW)] = Block(TierKind::kDevice, 256);
   b[int(StateKind::kM)] = Block(TierKind::kDevice, 256);
   b[int(StateKind::kG)] = Block(TierKind::kHost, 256);
-  EXPECT_TRUE(OptimizerStateOnDevice(b));  // Lion or Adagrad: no V
+  EXPECT_TRUE(OptimizerStateOnDevice(b));             // Lion or Adagrad: no V
   b[int(StateKind::kV)] = Block(TierKind::kNvme, 0);  // not kept: ignored
   EXPECT_TRUE(OptimizerStateOnDevice(b));
   b[int(StateKind::kV)] = Block(TierKind::kHost, 256);
@@ -164,7 +165,8 @@ TEST(StepKernelOptions, OneSetForEveryKernel) {
 
 TEST(StepKernelOptions, RefusedBeforeAnyLaunch) {
   StepHyper h{0.01, 0.9, 0.999, 1e-8, 0.0, 1.0, 1};
-  EXPECT_TRUE(ValidateStepKernelOptions(MakeStepKernelOptions("adam", false, h, DType::kF32, DType::kBF16)).ok());
+  EXPECT_TRUE(
+      ValidateStepKernelOptions(MakeStepKernelOptions("adam", false, h, DType::kF32, DType::kBF16)).ok());
   h.beta1 = 1.0;
   for (const char* o : {"adam", "adamw", "lion"})
     EXPECT_EQ(ValidateStepKernelOptions(MakeStepKernelOptions(o, false, h, DType::kF32, DType::kBF16)).code(),
@@ -172,15 +174,18 @@ TEST(StepKernelOptions, RefusedBeforeAnyLaunch) {
         << o;
   h.beta1 = 0.9;
   h.step = 0;
-  EXPECT_EQ(ValidateStepKernelOptions(MakeStepKernelOptions("adagrad", false, h, DType::kF32, DType::kBF16)).code(),
-            Code::kInvalid);
+  EXPECT_EQ(
+      ValidateStepKernelOptions(MakeStepKernelOptions("adagrad", false, h, DType::kF32, DType::kBF16)).code(),
+      Code::kInvalid);
 }
 
 std::vector<std::vector<float>> TrainOnCpu(const std::string& optimizer, const std::string& setting) {
+  // clang-format off
   const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": ")" + optimizer +
                            R"(", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}},
       "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "gpu_optimizer": ")" + setting + R"("}})";
+  // clang-format on
   auto config = ParseConfig(json);
   EXPECT_TRUE(config.ok()) << config.status().ToString();
   EngineOptions eo;
@@ -227,17 +232,20 @@ struct TwinCase {
   std::string optimizer = "adamw", param = "none", grad_accum = "fp32";
   bool bf16 = true, overlap = false;
   std::string Name() const {
-    return optimizer + " P:" + param + (bf16 ? " bf16" : " fp32") + " G:" + grad_accum + (overlap ? " overlap" : "");
+    return optimizer + " P:" + param + (bf16 ? " bf16" : " fp32") + " G:" + grad_accum +
+           (overlap ? " overlap" : "");
   }
 };
 
 void TrainTwinInto(const TwinCase& k, bool twin, const std::string& dir, TwinRun* out) {
+  // clang-format off
   const std::string json = std::string("{") + (k.bf16 ? R"("bf16": {"enabled": true},)" : "") + R"(
       "optimizer": {"type": ")" + k.optimizer + R"(", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "data_types": {"grad_accum_dtype": ")" + k.grad_accum + R"("},
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
         "offload_param": {"device": ")" + k.param + R"(", "nvme_path": ")" + dir + R"("}},
       "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})";
+  // clang-format on
   auto config = ParseConfig(json);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   EngineOptions eo;
@@ -352,10 +360,12 @@ Weights WeightsOf(Engine& e) {
 TEST(GpuOptimizerTwin, AFailedStoreOfPIsRewrittenFromW) {
   testing::TempDir dir;
   const TinyMlp model(3, 24);
+  // clang-format off
   const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": "adamw", "params": {"lr": 0.01}},
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
         "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},
       "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})";
+  // clang-format on
   auto run = [&](bool twin, int skip, int* fired) {
     EngineOptions eo;
     eo.force_no_gpu = true;

@@ -57,8 +57,9 @@ struct Case {
   size_t n = 1;
   double weight_decay = 0.0;
   std::string Name() const {
-    return std::string(lion ? "lion" : "adagrad") + " grad=" + DTypeName(grad) + " copy=" + std::to_string(copy) +
-           " mag=" + std::to_string(mag) + " wd=" + std::to_string(weight_decay) + " n=" + std::to_string(n);
+    return std::string(lion ? "lion" : "adagrad") + " grad=" + DTypeName(grad) +
+           " copy=" + std::to_string(copy) + " mag=" + std::to_string(mag) +
+           " wd=" + std::to_string(weight_decay) + " n=" + std::to_string(n);
   }
 };
 
@@ -96,7 +97,8 @@ void Compare(const Case& k, int steps) {
     if (k.lion) {
       const LionOptions o{lr, 0.9, 0.99, k.weight_decay, scale, k.grad, copy_dtype};
       ref = LionStepOn(CpuIsa::kScalar, o, n, p.data(), s.data(), g.data(), host_copy);
-      dev = LionStepCuda(o, n, static_cast<float*>(bp.ptr), static_cast<float*>(bs.ptr), bg.ptr, dev_copy, nullptr);
+      dev = LionStepCuda(o, n, static_cast<float*>(bp.ptr), static_cast<float*>(bs.ptr), bg.ptr, dev_copy,
+                         nullptr);
     } else {
       AdagradOptions o;
       o.lr = lr * 10;
@@ -141,8 +143,10 @@ void CompareRefusals() {
   AdagradOptions ao;
   ao.step = 0;
   Expect(!AdagradStepCuda(ao, 1, nullptr, nullptr, nullptr, nullptr, nullptr).ok(), "adagrad step 0 refused");
-  Expect(LionStepCuda(LionOptions{}, 0, nullptr, nullptr, nullptr, nullptr, nullptr).ok(), "lion n = 0 is a no-op");
-  Expect(!LionStepCuda(LionOptions{}, 4, nullptr, nullptr, nullptr, nullptr, nullptr).ok(), "lion null refused");
+  Expect(LionStepCuda(LionOptions{}, 0, nullptr, nullptr, nullptr, nullptr, nullptr).ok(),
+         "lion n = 0 is a no-op");
+  Expect(!LionStepCuda(LionOptions{}, 4, nullptr, nullptr, nullptr, nullptr, nullptr).ok(),
+         "lion null refused");
 }
 
 }  // namespace
