@@ -168,16 +168,17 @@ void Engine::Impl::SetUpGpuUpdate() {
     reserve = std::max(reserve, AlignUp(PBytes(g), kDeviceGrain));
   const uint64_t used = device_->used(), left = device_->budget() > used ? device_->budget() - used : 0;
   auto fall_back = [&](const std::string& why) {
-    WarnOnce("gpu-optimizer-scratch",
-             "step: W, M, V are on the GPU and updated on the CPU (copied to host staging "
-             "and back): " +
-                 why);
+    const std::string what =
+        "step: W, M, V are on the GPU and updated on the CPU (copied to host staging and back): ";
+    WarnOnce("gpu-optimizer-scratch", what + why);
   };
   if (!GpuScratchFits(left, plan, reserve)) {
-    fall_back("strata.device_budget " + FormatBytes(device_->budget()) + " leaves " + FormatBytes(left) +
-              " after the state homed there; the GPU update needs " + FormatBytes(plan.total) +
+    // Exact bytes too: a shortfall may be smaller than FormatBytes' rounding.
+    auto bytes = [](uint64_t n) { return FormatBytes(n) + " (" + std::to_string(n) + " bytes)"; };
+    fall_back("strata.device_budget " + FormatBytes(device_->budget()) + " leaves " + bytes(left) +
+              " after the state homed there; the GPU update needs " + bytes(plan.total) +
               " of scratch (one shard's gradients" + (plan.p_bytes ? " and parameters" : "") + ")" +
-              (reserve ? " beside " + FormatBytes(reserve) + " for the largest group's parameters" : ""));
+              (reserve ? " beside " + bytes(reserve) + " for the largest group's parameters" : ""));
     return;
   }
   auto a = device_->Allocate(plan.total);

@@ -404,5 +404,52 @@ TEST(GpuOptimizerTwin, AFailedStoreOfPIsRewrittenFromW) {
   EXPECT_EQ(fired, 3);  // three groups, one P store each: every skip hit one
 }
 
+// The scratch comes out of the device budget the home blocks left: with one
+// byte too few the step falls back to the CPU path (same bits), never past
+// the budget.
+TEST(GpuOptimizerTwin, ScratchFitsTheDeviceBudgetOrTheCpuUpdates) {
+  const TinyMlp model(3, 24);
+  auto make = [&](bool twin, uint64_t device_budget) {
+    // clang-format off
+    const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": "adam", "params": {"lr": 0.01}},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}},
+        "strata": {"device_budget": )" + std::to_string(device_budget) + R"(, "host_budget": "64MiB"}})";
+    // clang-format on
+    EngineOptions eo;
+    eo.force_no_gpu = true;
+    eo.gpu_optimizer_twin = twin;
+    auto e = Engine::Create(*ParseConfig(json), eo);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_TRUE(model.Register(**e).ok());
+    const Status st = (*e)->Build();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return std::move(e).value();
+  };
+  auto train = [&](Engine& e) {
+    for (int s = 0; s < 3; ++s) {
+      EXPECT_TRUE(model.TrainStep(e).ok());
+      EXPECT_TRUE(e.Step({}).ok());
+    }
+    return WeightsOf(e);
+  };
+  const uint64_t homes = make(false, 64 << 20)->stats().device.used;
+  const uint64_t scratch = make(true, 64 << 20)->stats().device.used - homes;
+  ASSERT_GT(scratch, 0u);
+  auto cpu = make(false, homes + scratch);
+  const Weights want = train(*cpu);
+  for (uint64_t budget : {homes + scratch, homes + scratch - 1}) {
+    auto twin = make(true, budget);
+    const Weights got = train(*twin);
+    EXPECT_EQ(got.w, want.w) << budget;
+    EXPECT_EQ(got.p, want.p) << budget;
+    const EngineStats st = twin->stats();
+    EXPECT_LE(st.device.peak, st.device.budget);
+    if (budget == homes + scratch)
+      EXPECT_GT(st.host_to_device, cpu->stats().host_to_device);  // the GPU path
+    else
+      EXPECT_EQ(st.host_to_device, cpu->stats().host_to_device);  // the CPU path
+  }
+}
+
 }  // namespace
 }  // namespace strata
