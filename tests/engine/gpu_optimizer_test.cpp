@@ -3,7 +3,7 @@
 // the CPU path — the same engine with "off" (device -> host staging -> CPU
 // kernel -> back) and an engine without the GPU (force_no_gpu: the device
 // tier a host arena) — for Adam, AdamW, Lion and Adagrad with bf16 compute,
-// P homed on the device, the host or NVMe; also fp32 compute, bf16 gradient
+// P homed on the device, the host or NVMe; also fp32 and fp16 compute, bf16 gradient
 // accumulation and overlap_step. Exits 77 ("skipped: no GPU (...)" on
 // stderr) without a GPU.
 #include <cuda_runtime.h>
@@ -28,18 +28,17 @@ using testing::TinyMlp;
 struct Case {
   std::string optimizer = "adamw";
   std::string param = "none";  // offload_param.device: "none" (P on the device), "cpu" or "nvme"
-  bool bf16 = true;            // compute dtype bf16, else fp32
+  std::string dtype = "bf16";  // compute: bf16, fp16 or fp32
   std::string grad_accum = "fp32";
   bool overlap = false;
   std::string Name() const {
-    return optimizer + " P:" + param + (bf16 ? " bf16" : " fp32") + " G:" + grad_accum +
-           (overlap ? " overlap" : "");
+    return optimizer + " P:" + param + " " + dtype + " G:" + grad_accum + (overlap ? " overlap" : "");
   }
 };
 
 // clang-format off
 std::string Json(const Case& s, const std::string& gpu_optimizer, const std::string& dir) {
-  return std::string("{") + (s.bf16 ? R"("bf16": {"enabled": true},)" : "") + R"(
+  return std::string("{") + (s.dtype == "fp32" ? "" : "\"" + s.dtype + "\": {\"enabled\": true},") + R"(
     "optimizer": {"type": ")" + s.optimizer + R"(", "params": {"lr": 0.01, "weight_decay": 0.01}},
     "data_types": {"grad_accum_dtype": ")" + s.grad_accum + R"("},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
@@ -202,7 +201,16 @@ TEST(GpuOptimizer, AdamWAndLionBf16WithPOnNvme) {
 TEST(GpuOptimizer, Fp32ComputeCopiesW) {
   for (const char* param : {"none", "cpu", "nvme"}) {
     Case s;
-    s.bf16 = false;
+    s.dtype = "fp32";
+    s.param = param;
+    CheckSetup(s);
+  }
+}
+
+TEST(GpuOptimizer, Fp16ComputeWritesAnF16Copy) {
+  for (const char* param : {"none", "cpu"}) {
+    Case s;
+    s.dtype = "fp16";
     s.param = param;
     CheckSetup(s);
   }

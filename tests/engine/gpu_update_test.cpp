@@ -230,16 +230,16 @@ struct TwinRun {
 
 struct TwinCase {
   std::string optimizer = "adamw", param = "none", grad_accum = "fp32";
-  bool bf16 = true, overlap = false;
+  std::string dtype = "bf16";  // compute: bf16, fp16 or fp32
+  bool overlap = false;
   std::string Name() const {
-    return optimizer + " P:" + param + (bf16 ? " bf16" : " fp32") + " G:" + grad_accum +
-           (overlap ? " overlap" : "");
+    return optimizer + " P:" + param + " " + dtype + " G:" + grad_accum + (overlap ? " overlap" : "");
   }
 };
 
 void TrainTwinInto(const TwinCase& k, bool twin, const std::string& dir, TwinRun* out) {
   // clang-format off
-  const std::string json = std::string("{") + (k.bf16 ? R"("bf16": {"enabled": true},)" : "") + R"(
+  const std::string json = std::string("{") + (k.dtype == "fp32" ? "" : "\"" + k.dtype + "\": {\"enabled\": true},") + R"(
       "optimizer": {"type": ")" + k.optimizer + R"(", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "data_types": {"grad_accum_dtype": ")" + k.grad_accum + R"("},
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
@@ -316,10 +316,16 @@ TEST(GpuOptimizerTwin, EveryOptimizerAndHomeOfP) {
     }
 }
 
-TEST(GpuOptimizerTwin, Fp32ComputeBf16GradientsAndOverlap) {
+TEST(GpuOptimizerTwin, Fp32AndFp16ComputeBf16GradientsAndOverlap) {
   for (const char* param : {"none", "cpu", "nvme"}) {
     TwinCase k;
-    k.bf16 = false;
+    k.dtype = "fp32";
+    k.param = param;
+    CheckTwin(k);
+  }
+  for (const char* param : {"none", "cpu"}) {  // fp16: the kernels write an f16 copy
+    TwinCase k;
+    k.dtype = "fp16";
     k.param = param;
     CheckTwin(k);
   }
