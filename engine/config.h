@@ -156,6 +156,15 @@ struct StrataConfig {
   // (no cudaFree on the hot path; cached bytes count against device_budget).
   // false frees at once: for measuring what the pool saves.
   bool device_pool = true;
+  // Where the step updates W, M, V homed on a GPU device tier
+  // (offload_optimizer.device "none"):
+  //   "auto"  on the GPU, in place, by the CUDA twins of the CPU kernels
+  //           (bitwise the same result), when a twin exists for the
+  //           optimizer and format (compact has none yet) and the device
+  //           budget holds the gradient scratch; else on the CPU;
+  //   "off"   always on the CPU (copied to host staging and back), e.g. to
+  //           measure one against the other.
+  std::string gpu_optimizer = "auto";
   bool operator==(const StrataConfig&) const = default;
 };
 

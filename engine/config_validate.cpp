@@ -123,6 +123,9 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   const std::string& sf = c.strata.state_format;
   if (sf != "fp32" && sf != "compact")
     return ConfigError("strata.state_format: \"" + sf + "\" is not one of fp32, compact");
+  const std::string& go = c.strata.gpu_optimizer;
+  if (go != "auto" && go != "off")
+    return ConfigError("strata.gpu_optimizer: \"" + go + "\" is not one of auto, off");
   if (sf == "compact" && c.optimizer.type == "adagrad")
     return ConfigError("strata.state_format: \"compact\" has no Adagrad kernel (optimizer.type is adagrad); allowed "
                        "with adam, adamw and lion, or use \"fp32\"");

@@ -33,6 +33,7 @@ Engine::Impl::~Impl() {
   StopComm();
   StopOverlap();
   StopPrefetcher();
+  TearDownGpuUpdate();
   for (auto& g : groups_) {
     if (g.dev.alloc.charged) device_->Free(g.dev.alloc);
     for (auto& b : g.blocks) io_->Free(b);
@@ -222,6 +223,7 @@ void Engine::Impl::UndoBuild() {
     gs.dev.alloc = {};
     for (auto& b : gs.blocks) if (io_) io_->Free(b);
   }
+  TearDownGpuUpdate();
   groups_.clear();
   param_staging_.Clear();
   opt_staging_.Clear();
@@ -300,6 +302,7 @@ Status Engine::Impl::BuildOnce() {
       groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)] = *b;
     }
   STRATA_RETURN_IF_ERROR(InitStaging(*this));
+  SetUpGpuUpdate();  // its scratch from the device budget the home blocks left
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
   for (int g = 0; g < ngroups; ++g) {

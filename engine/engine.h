@@ -44,6 +44,10 @@ struct EngineOptions {
   net::Communicator* comm = nullptr;  // optional, caller-owned, outlives the engine
   int grad_accumulation_steps = 1;  // Grads calls per group per step (for the overlapped step)
   bool force_no_gpu = false;        // tests: the device tier is a host arena even with a GPU
+  // Tests without a GPU: the step takes the GPU optimizer's path (gpu_update.h:
+  // G to a device scratch, P through it) on the host arena, the CPU kernels
+  // standing in for the CUDA ones. No effect with a GPU.
+  bool gpu_optimizer_twin = false;
   // Update each group as soon as its gradients are complete (after
   // grad_accumulation_steps Grads calls), overlapping the rest of backward.
   // Needs gradient_clipping 0 and no fp16 (else it is off, with a warning),

@@ -13,6 +13,7 @@
 #include "engine/block_io.h"
 #include "engine/engine.h"
 #include "engine/grad_reduce.h"
+#include "engine/gpu_update.h"
 #include "engine/loss_scaler.h"
 #include "engine/manifest.h"
 #include "engine/partition.h"
@@ -34,6 +35,13 @@ struct DeviceCopy {
   int pins = 0;           // Fetch without Release
   bool gathered = false;  // stage 3, many ranks: the other ranks' shards are in
   uint64_t last_use = 0;  // fetch counter, for LRU before a trace exists
+};
+
+// How far a group's update on the GPU got (UpdateOnGpu).
+enum class GpuUpdateOutcome : uint8_t {
+  kUntouched,  // failed before the kernel: W, M, V are as they were
+  kPartial,    // failed from the kernel's launch on: W, M, V may be neither old nor new
+  kUpdated,    // W, M, V are new (P may still have failed to reach its home)
 };
 
 struct GroupState {
@@ -179,6 +187,17 @@ class Engine::Impl {
   Status WaitOverlapIdle();
   Status PrepareStep(const StepOptions& so);
 
+  // gpu_update.cpp: the optimizer on the GPU for W, M, V homed there.
+  // Decides at build (strata.gpu_optimizer, a GPU, a CUDA twin, the budget)
+  // and reserves the scratch; logs once when the CPU updates device state.
+  void SetUpGpuUpdate();
+  void TearDownGpuUpdate();
+  bool UpdatesOnGpu(int g) const;  // this group's W, M, V are updated on the GPU, in place
+  // One group's update on the GPU: `at` holds W, M, V (and P when homed on
+  // the device) as device pointers, G and any other P as host memory. Returns
+  // after the stream's synchronization, with *outcome saying what changed.
+  Status UpdateOnGpu(int g, float* const at[kNumStates], const StepKernelOptions& ko, GpuUpdateOutcome* outcome);
+
   // The device copy holds the whole group; P's home holds the whole group
   // (stages 0-2: every rank keeps all parameters) or this rank's shard (stage 3).
   uint64_t PBytes(int g) const { return part_.group(g).padded * DTypeSize(dtype_); }
@@ -244,6 +263,13 @@ class Engine::Impl {
   StagingPool opt_staging_;    // W, M, V, G (and P) slots of the step pipeline
   StagingPool grad_staging_;   // G when not addressable in place, grads off the GPU
   uint64_t opt_slot_offsets_[kNumStates + 1] = {};
+  // The GPU update (gpu_update.cpp), set at build. The scratch is used by one
+  // RunOptimizer at a time (the overlap thread's, or Step's after
+  // WaitOverlapIdle), one group at a time: each update ends synchronized.
+  bool gpu_update_ = false;
+  Allocation gpu_scratch_;  // device: one shard's G, then (P homed elsewhere, bf16/fp16) its new P
+  GpuScratchPlan gpu_scratch_plan_;
+  gpu::Stream gpu_stream_ = nullptr;  // the kernels' stream
 
   // Set when a step cannot be finished (its gradients are lost, or a device
   // copy failed in place) or a load failed while writing the state: only a

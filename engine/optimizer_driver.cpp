@@ -8,7 +8,8 @@
 //   concurrent: while shard i is updated, shard i+1 is read and shard i-1
 //               written (three slots or more; reads run up to K-2 ahead).
 // States the CPU addresses in place (host-homed, or the device tier's host
-// arena) are not moved at all.
+// arena) are not moved at all; nor are W, M, V (and P) homed on a GPU when
+// the GPU updates them in place (gpu_update.cpp): only G comes to the device.
 //
 // Nothing half-happens: a group's new W, M, V are written to fresh extents
 // (NvmeTier copies on write) and published together once all three writes
@@ -50,9 +51,10 @@ struct Job {
   Moves loads, stores;
   bool summed = false;               // sum holds the stored blocks' checksums (alternate)
   uint64_t sum[kNumStates] = {};
-  bool updated = false;  // the CPU update ran and succeeded
+  bool updated = false;  // the update (CPU or GPU) ran and succeeded
   bool settled = false;  // finish_stores ran
   bool p_shadow = false;  // compact: a host-homed P updated in the slot, copied back at commit
+  bool gpu = false;  // W, M, V (and a device-homed P) are updated in place on the GPU
 };
 
 }  // namespace
@@ -64,6 +66,10 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   auto pick = [](double v, double dflt) { return v >= 0 ? v : dflt; };
   const double lr = pick(so.lr, oc.lr), b1 = pick(so.beta1, oc.beta1), b2 = pick(so.beta2, oc.beta2);
   const double eps = pick(so.eps, oc.eps), wd = pick(so.weight_decay, oc.weight_decay);
+  const bool copy_f32 = dtype_ == DType::kF32;  // fp32 compute: P is a copy of W, no kernel copy-out
+  const StepKernelOptions ko =
+      MakeStepKernelOptions(oc.type, oc.type == "adamw" || oc.adam_w_mode,
+                            StepHyper{lr, b1, b2, eps, wd, grad_scale, step}, gdtype_, copy_f32 ? DType::kBF16 : dtype_);
   std::vector<Job> jobs(static_cast<size_t>(n));
   Status first_error;
   auto keep = [&](Status s) { if (first_error.ok() && !s.ok()) first_error = std::move(s); };
@@ -71,12 +77,17 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   // Compact: P's slice is the master's bf16 half, a state like W, M, V (its
   // store is part of the commit, never recomputed); fp32: a copy of W.
   auto is_copy = [&](int s) { return s == int(StateKind::kP) && !compact_; };
+  // Whether j's update leaves block b in its home: the CPU addresses it in
+  // place, or the GPU updated it there.
+  auto at_home = [&](const Job& j, const StateBlock& b) {
+    return io_->Direct(b) || (j.gpu && b.home == TierKind::kDevice);
+  };
   // f(s, block) for each state of j that goes back home after the update.
   auto for_each_stored = [&](Job& j, auto&& f) {
     GroupState& gs = groups_[static_cast<size_t>(j.group)];
     for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
       StateBlock& b = gs.blocks[static_cast<size_t>(s)];
-      if (b.alloc.charged != 0 && !io_->Direct(b)) f(s, b);
+      if (b.alloc.charged != 0 && !at_home(j, b)) f(s, b);
     }
   };
   // Waits for j's stores, then publishes W, M, V (and P) together when all
@@ -98,7 +109,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     }
     for_each_stored(j, [&](int s, StateBlock&) { state_homes += !is_copy(s); });
     // Committed: updated, and every W, M, V store started and landed (or,
-    // host homes, updated in place already).
+    // host homes and the GPU's, updated in place already).
     const bool commit = gs.committed || (j.updated && state_stores == state_homes && state_st.ok());
     // Device copies land in place: once one has started and any failed, the
     // group's state is neither old nor new (NVMe writes are copy on write).
@@ -128,7 +139,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     }
     j.stores.n = 0;
     const StateBlock& pb = gs.blocks[int(StateKind::kP)];
-    if (commit && !compact_ && !io_->Direct(pb) && (!p_stored || !p_st.ok())) gs.p_stale = true;
+    if (commit && !compact_ && !at_home(j, pb) && (!p_stored || !p_st.ok())) gs.p_stale = true;
     if (commit) gs.committed = true;
     keep(std::move(state_st));
     keep(std::move(p_st));
@@ -139,9 +150,14 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     j.group = order[static_cast<size_t>(i)];
     GroupState& gs = groups_[static_cast<size_t>(j.group)];
     const bool has_grads = gs.grad_calls > 0;
+    j.gpu = UpdatesOnGpu(j.group);
     for (int s = 0; s < kNumStates; ++s) {
       StateBlock& b = gs.blocks[static_cast<size_t>(s)];
       if (b.alloc.charged == 0) continue;  // state unused by this optimizer
+      if (j.gpu && b.home == TierKind::kDevice) {  // a device pointer: the GPU updates it in place
+        j.ptr[s] = static_cast<float*>(io_->DirectPtr(b));
+        continue;
+      }
       const bool shadow = compact_ && s == int(StateKind::kP) && io_->Direct(b) &&
                           !io_->Direct(gs.blocks[int(StateKind::kW)]);
       if (io_->Direct(b) && !shadow) { j.ptr[s] = static_cast<float*>(io_->DirectPtr(b)); continue; }
@@ -184,46 +200,47 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       else keep(m.status());
     });
   };
-  // The CPU update of one job whose states are in place; false on error.
+  // The GPU update of one job (gpu_update.cpp): W, M, V are new in place
+  // (committed now, as host homes are), untouched, or partly written, which
+  // breaks the engine as a failed device copy does. P follows W: when only
+  // P failed to reach home it is recomputed from W.
+  auto update_on_gpu = [&](Job& j) {
+    GroupState& gs = groups_[static_cast<size_t>(j.group)];
+    const double t0 = stats_->Now();
+    GpuUpdateOutcome outcome = GpuUpdateOutcome::kUntouched;
+    Status st = UpdateOnGpu(j.group, j.ptr, ko, &outcome);
+    stats_->Span(Resource::kCpuOptimizer, "gpu update", t0, stats_->Now(), part_.group(j.group).shard_numel);
+    if (outcome == GpuUpdateOutcome::kPartial && broken_.empty())
+      broken_ = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
+                st.message() + ")";
+    if (outcome == GpuUpdateOutcome::kUpdated) {
+      j.updated = true;
+      gs.committed = true;
+      if (!st.ok()) gs.p_stale = true;
+    }
+    keep(std::move(st));
+    return first_error.ok();
+  };
+  // The update of one job whose states are in place (the CPU's, or the
+  // GPU's); false on error.
   auto update = [&](Job& j) {
     GroupState& gs = groups_[static_cast<size_t>(j.group)];
     const uint64_t len = part_.group(j.group).shard_numel;
-    if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * DTypeSize(gdtype_));
+    if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * DTypeSize(gdtype_));  // host memory
+    if (j.gpu) return update_on_gpu(j);
     float* W = j.ptr[int(StateKind::kW)];
     void* P = static_cast<char*>(static_cast<void*>(j.ptr[int(StateKind::kP)])) + PSliceOffset(j.group);
-    const bool copy_f32 = dtype_ == DType::kF32;
     stats_->Begin(Resource::kCpuOptimizer);
     const double t0 = stats_->Now();
     Status st;
-    auto adam_options = [&] {
-      kernels::AdamOptions o;
-      o.lr = lr; o.beta1 = b1; o.beta2 = b2; o.eps = eps; o.weight_decay = wd; o.step = step;
-      o.mode = (oc.type == "adamw" || oc.adam_w_mode) ? kernels::AdamMode::kAdamW : kernels::AdamMode::kAdam;
-      o.grad_scale = grad_scale;
-      o.grad_dtype = gdtype_;
-      o.param_copy_dtype = copy_f32 ? DType::kBF16 : dtype_;
-      return o;
-    };
     if (compact_) {  // P's slice is the bf16 half: nothing more to write
       const kernels::CompactState cs = CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
                                                  j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
-      if (oc.type == "lion") {
-        kernels::LionOptions o{lr, b1, b2, wd, grad_scale, gdtype_, DType::kBF16};
-        st = kernels::CompactLionStep(o, len, cs, j.ptr[int(StateKind::kG)], nullptr);
-      } else {
-        st = kernels::CompactAdamStep(adam_options(), len, cs, j.ptr[int(StateKind::kG)], nullptr);
-      }
-    } else if (oc.type == "lion") {
-      kernels::LionOptions o{lr, b1, b2, wd, grad_scale, gdtype_, copy_f32 ? DType::kBF16 : dtype_};
-      st = kernels::LionStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
-    } else if (oc.type == "adagrad") {
-      kernels::AdagradOptions o;
-      o.lr = lr; o.weight_decay = wd; o.eps = eps; o.step = step; o.grad_scale = grad_scale; o.grad_dtype = gdtype_;
-      o.param_copy_dtype = copy_f32 ? DType::kBF16 : dtype_;
-      st = kernels::AdagradStep(o, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
+      if (oc.type == "lion") st = kernels::CompactLionStep(ko.lion, len, cs, j.ptr[int(StateKind::kG)], nullptr);
+      else st = kernels::CompactAdamStep(ko.adam, len, cs, j.ptr[int(StateKind::kG)], nullptr);
     } else {
-      st = kernels::AdamStep(adam_options(), len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)],
-                             j.ptr[int(StateKind::kG)], copy_f32 ? nullptr : P);
+      st = StepKernelCpu(ko, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)], j.ptr[int(StateKind::kG)],
+                         copy_f32 ? nullptr : P);
     }
     if (copy_f32 && !compact_) std::memcpy(P, W, len * 4);
     stats_->End(Resource::kCpuOptimizer);

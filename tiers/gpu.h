@@ -30,6 +30,8 @@ using Event = void*;
 Result<Stream> StreamCreate();
 Status StreamDestroy(Stream s);
 Status MemcpyAsync(void* dst, const void* src, uint64_t bytes, bool to_device, Stream s);
+// Waits until everything enqueued on `s` ran; its first error, named.
+Status StreamSynchronize(Stream s);
 Result<Event> EventRecord(Stream s);  // creates and records
 Status EventSynchronize(Event e);      // waits, then destroys the event
 bool EventQuery(Event e);              // true once complete

@@ -82,6 +82,10 @@ Status MemcpyAsync(void* dst, const void* src, uint64_t bytes, bool to_device, S
                                      static_cast<cudaStream_t>(s)));
   return Status::Ok();
 }
+Status StreamSynchronize(Stream s) {
+  STRATA_CUDA_RETURN(cudaStreamSynchronize(static_cast<cudaStream_t>(s)));
+  return Status::Ok();
+}
 Result<Event> EventRecord(Stream s) {
   cudaEvent_t e;
   STRATA_CUDA_RETURN(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

@@ -19,6 +19,7 @@ int NumaNodeOfDevice(int) { return -1; }
 Result<Stream> StreamCreate() { return NoCuda(); }
 Status StreamDestroy(Stream) { return NoCuda(); }
 Status MemcpyAsync(void*, const void*, uint64_t, bool, Stream) { return NoCuda(); }
+Status StreamSynchronize(Stream) { return NoCuda(); }
 Result<Event> EventRecord(Stream) { return NoCuda(); }
 Status EventSynchronize(Event) { return NoCuda(); }
 bool EventQuery(Event) { return true; }

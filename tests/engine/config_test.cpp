@@ -88,6 +88,7 @@ TEST(Config, EmptyDocumentHasDeepSpeedDefaults) {
   EXPECT_EQ(c.strata.timeout_s, 300.0);
   EXPECT_EQ(c.strata.io_rings, 1);
   EXPECT_EQ(c.strata.step_io, "alternate");
+  EXPECT_EQ(c.strata.gpu_optimizer, "auto");
   EXPECT_EQ(c.compute_dtype(), DType::kF32);
   EXPECT_TRUE(c.notes.empty());
   EXPECT_TRUE(c.warnings.empty());
@@ -314,6 +315,17 @@ TEST(Config, GradReduceDefaultsToTheMean) {
   EXPECT_NE(st.message().find("strata.grad_reduce"), std::string::npos) << st.ToString();
 }
 
+TEST(Config, GpuOptimizerIsAutoOrOff) {
+  const Config off = MustParse(R"({"strata": {"gpu_optimizer": "OFF"}})");
+  EXPECT_EQ(off.strata.gpu_optimizer, "off");
+  EXPECT_EQ(MustParse(ConfigToJson(off)), off);
+  EXPECT_EQ(MustParse(R"({"strata": {"gpu_optimizer": "auto"}})").strata.gpu_optimizer, "auto");
+  Config bad;
+  bad.strata.gpu_optimizer = "cuda";
+  const Status st = ValidateConfig(bad, ConfigFacts{});
+  EXPECT_EQ(st.message(), "strata.gpu_optimizer: \"cuda\" is not one of auto, off") << st.ToString();
+}
+
 TEST(Config, ToJsonRoundTrips) {
   Config c = MustParse(kInfinityConfig);
   const Config back = MustParse(ConfigToJson(c));
@@ -342,6 +354,8 @@ TEST(ConfigRefusal, BadEnumNamesWhatIsAllowed) {
             "strata.step_io: \"mixed\" is not one of alternate, concurrent");
   EXPECT_EQ(Refusal(R"({"strata": {"grad_reduce": "avg"}})"),
             "strata.grad_reduce: \"avg\" is not one of mean, sum");
+  EXPECT_EQ(Refusal(R"({"strata": {"gpu_optimizer": "on"}})"),
+            "strata.gpu_optimizer: \"on\" is not one of auto, off");
 }
 
 TEST(ConfigRefusal, BadTypeNamesTheKeyAndTheType) {
