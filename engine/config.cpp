@@ -238,6 +238,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Choice("nonfinite", &s->nonfinite, {"skip", "error", "apply"}));
   STRATA_RETURN_IF_ERROR(r.Choice("grad_reduce", &s->grad_reduce, {"mean", "sum"}));
   STRATA_RETURN_IF_ERROR(r.Choice("state_format", &s->state_format, {"fp32", "compact"}));
+  STRATA_RETURN_IF_ERROR(r.Choice("numa_bind", &s->numa_bind, {"auto", "off"}));
   return r.CheckUnknownKeys();
 }
 
@@ -422,7 +423,8 @@ std::string ConfigToJson(const Config& c) {
         {"nvme_paths", c.strata.nvme_paths}, {"trace_path", c.strata.trace_path},
         {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s}, {"io_rings", c.strata.io_rings},
         {"step_io", c.strata.step_io}, {"nonfinite", c.strata.nonfinite},
-        {"grad_reduce", c.strata.grad_reduce}, {"state_format", c.strata.state_format}}},
+        {"grad_reduce", c.strata.grad_reduce}, {"state_format", c.strata.state_format},
+        {"numa_bind", c.strata.numa_bind}}},
   };
   return doc.dump(2, ' ', false, Json::error_handler_t::replace);  // a Config built in code may hold any bytes
 }

@@ -143,6 +143,13 @@ struct StrataConfig {
   //              bf16 half is P itself, so P needs no storage of its own.
   //              Adam, AdamW and Lion; Adagrad is refused.
   std::string state_format = "fp32";
+  // Binding to the NUMA node nearest the process's GPU (engine/placement.h):
+  //   "auto"  with a GPU whose node is known on a machine of several nodes,
+  //           the process's CPUs (every thread) and the host tier's memory
+  //           are bound to that node; otherwise nothing is bound but the
+  //           host tier's memory, to the node it starts on;
+  //   "off"   nothing is bound: the OS places threads and pages.
+  std::string numa_bind = "auto";
   bool operator==(const StrataConfig&) const = default;
 };
 

@@ -119,7 +119,11 @@ Status Engine::Impl::Init() {
   uo.block_size = config_.aio.block_size;
   uo.faults = options_.faults;
   STRATA_ASSIGN_OR_RETURN(storage_, UringStorage::Create(uo));
-  const bool gpu = !options_.force_no_gpu && gpu::Available();
+  placement_.rank = options_.rank;
+  placement_.world_size = options_.world_size;
+  STRATA_RETURN_IF_ERROR(PlaceOnGpu(options_.force_no_gpu, options_.device, &placement_));
+  const bool gpu = placement_.device >= 0;
+  const int device = gpu ? placement_.device : 0;
   // Several ranks reduce gradients in host buffers (Gloo); with a GPU device
   // tier the gradients, and fetched parameters, are device pointers. Refused
   // here for every backend (not only NCCL's), never read on the CPU.
@@ -127,14 +131,24 @@ Status Engine::Impl::Init() {
     return UnsupportedError("several ranks with a GPU device tier: this release reduces gradients in host buffers "
                             "only (NCCL on device buffers is not built into the engine yet); pass force_no_gpu "
                             "to train the ranks on the CPU with Gloo");
+  // Threads first (the tiers' threads start bound), then the host tier's
+  // memory on the GPU's node.
+  PlaceOnNumaNode(config_.strata.numa_bind, &placement_);
   const ConfigFacts facts = ProbeMachineFacts();
   uint64_t device_budget = config_.strata.device_budget;
-  if (device_budget == 0) device_budget = gpu ? gpu::DeviceMemoryBytes(0) / 10 * 9 : facts.host_ram_bytes / 4;
+  if (device_budget == 0) device_budget = gpu ? gpu::DeviceMemoryBytes(device) / 10 * 9 : facts.host_ram_bytes / 4;
   uint64_t host_budget = config_.strata.host_budget;
   if (host_budget == 0) host_budget = facts.host_ram_bytes / 2;
-  STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget, .force_host_arena = !gpu}));
-  host_ = std::make_unique<HostTier>(HostTierOptions{
-      .budget = host_budget, .pin = gpu, .storage = storage_.get()});
+  STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget, .device = device,
+                                                       .force_host_arena = !gpu}));
+  host_ = std::make_unique<HostTier>(HostTierOptions{.budget = host_budget,
+                                                     .pin = gpu,
+                                                     .numa_node = gpu ? placement_.gpu_node : -1,
+                                                     .device = device,
+                                                     .numa_bind = config_.strata.numa_bind != "off",
+                                                     .storage = storage_.get()});
+  placement_.memory_node = host_->numa_node();
+  placement_.pinned = gpu;
   return Status::Ok();
 }
 
@@ -817,6 +831,7 @@ Status Engine::SetStepsApplied(int64_t steps) {
   return Status::Ok();
 }
 EngineStats Engine::stats() const { return impl_->Stats(); }
+const Placement& Engine::placement() const { return impl_->placement_; }
 Result<uint64_t> Engine::BeginSpan(const char* name) { return impl_->stats_->BeginUserSpan(name); }
 Status Engine::EndSpan(uint64_t token) { return impl_->stats_->EndUserSpan(token); }
 Status Engine::WriteTrace() {

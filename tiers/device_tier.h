@@ -37,6 +37,10 @@ using CopyTicket = std::shared_ptr<CopyFence>;
 
 struct DeviceTierOptions {
   uint64_t budget = 0;
+  // The GPU. The CUDA current device is per thread, so every call that
+  // reaches CUDA (Create, Allocate, Free, Trim, CopyIn, CopyOut, the
+  // destructor) first makes it current on the calling thread: a caller's
+  // thread is left with this device current.
   int device = 0;
   bool force_host_arena = false;  // tests: behave as if there were no GPU
 };
@@ -62,6 +66,7 @@ class DeviceTier final : public Tier {
   Result<CopyTicket> CopyOut(void* host_dst, const void* device_src, uint64_t bytes);
 
   bool on_gpu() const { return on_gpu_; }
+  int device() const { return options_.device; }  // meaningful when on_gpu()
   DevicePoolStats pool_stats() const;
   // Returns every cached block to the device (or the host).
   void Trim();
@@ -75,6 +80,8 @@ class DeviceTier final : public Tier {
   bool on_gpu_ = false;
   gpu::Stream in_stream_ = nullptr, out_stream_ = nullptr;
   std::unique_ptr<CopyQueue> in_queue_, out_queue_;
+  // Makes options_.device current on this thread (on a GPU; else nothing).
+  Status UseDevice() const;
   Result<void*> RawAlloc(uint64_t len);
   void RawFree(void* p);
   // Releases the largest cached block. REQUIRES: mu_ held; false when none.

@@ -202,6 +202,9 @@ int Run(Args a) {
                 preset->name, static_cast<unsigned long long>(params), HumanBytes(fig.state_bytes).c_str(), a.batch,
                 a.seq, RanksNote(local_batch, world, tc.stage).c_str(), static_cast<long long>(a.steps),
                 Placement(a, tc, world).c_str(), a.gpu ? ", layers on the GPU" : "");
+  // Every rank says where it landed (its GPU, its NUMA binding): ranks differ.
+  fig.placement = EnginePlacement(e);
+  if (!fig.placement.empty()) std::printf("strata-train: %s\n", fig.placement.c_str());
   Progress progress(a.steps, a.print_every);
   double loss_scale = 1.0;
   if (strata_engine_loss_scale(e, &loss_scale) != STRATA_OK) return Fail(strata_last_error());
