@@ -155,8 +155,13 @@ typedef struct strata_engine_options {
 /* Creates an engine from a JSON config (DeepSpeed dialect plus a "strata"
  * section). `options` may be NULL (rank 0 of 1). On STRATA_OK *out owns the
  * engine; the caller frees it with strata_engine_destroy. `json` is read
- * only during the call.
- * Errors: INVALID (null json/out, bad options), CONFIG (a bad key or value,
+ * only during the call. With a GPU, the engine's GPU (options->device, by
+ * default the launcher's local rank) becomes the calling thread's current
+ * CUDA device, and with strata.numa_bind "auto" on a machine of several
+ * NUMA nodes every thread of the process is bound to the GPU's node
+ * (strata_engine_placement says what was done).
+ * Errors: INVALID (null json/out, bad options, a device or local rank past
+ * the last GPU, naming both numbers), CONFIG (a bad key or value,
  * named in the message), UNSUPPORTED (a feature this build lacks), NOMEM, IO.
  * Thread-safe. */
 STRATA_API strata_status_t strata_engine_create(const char* json, const strata_engine_options_t* options,
