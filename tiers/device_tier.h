@@ -37,10 +37,9 @@ using CopyTicket = std::shared_ptr<CopyFence>;
 
 struct DeviceTierOptions {
   uint64_t budget = 0;
-  // The GPU. The CUDA current device is per thread, so every call that
-  // reaches CUDA (Create, Allocate, Free, Trim, CopyIn, CopyOut, the
-  // destructor) first makes it current on the calling thread: a caller's
-  // thread is left with this device current.
+  // The GPU. The CUDA current device is per thread, so before each CUDA
+  // call (cudaMalloc, cudaFree, a copy and its event, the streams) the tier
+  // makes it current on the calling thread, which is left with it current.
   int device = 0;
   bool force_host_arena = false;  // tests: behave as if there were no GPU
 };
