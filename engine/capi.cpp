@@ -32,6 +32,7 @@ struct strata_engine {
   std::unique_ptr<strata::Engine> rep;
   bool built = false;
   bool gpu = false;    // the device tier is a GPU: caller streams are honoured
+  int device = -1;     // that GPU (the engine's placement)
   std::string broken;  // non-empty: why every further call returns STATE
 };
 
@@ -124,7 +125,7 @@ Status WaitCallerStream(const strata_engine_t* e, void* stream) {
   // The event is made on the current device and must be the stream's: the
   // caller's stream is on the engine's GPU (one process per GPU), and NULL
   // is that GPU's default stream.
-  STRATA_RETURN_IF_ERROR(strata::gpu::SetDevice(e->rep->placement().device));
+  STRATA_RETURN_IF_ERROR(strata::gpu::SetDevice(e->device));
   STRATA_ASSIGN_OR_RETURN(strata::gpu::Event ev, strata::gpu::EventRecord(stream));
   return strata::gpu::EventSynchronize(ev);
 }
@@ -210,7 +211,8 @@ strata_status_t strata_engine_create(const char* json, const strata_engine_optio
     eo.device = o.device;
     e = std::make_unique<strata_engine_t>();
     STRATA_ASSIGN_OR_RETURN(e->rep, strata::Engine::Create(config, eo));
-    e->gpu = e->rep->placement().device >= 0;
+    e->device = e->rep->placement().device;
+    e->gpu = e->device >= 0;
     return Status::Ok();
   });
   if (!s.ok()) return Fail(fn, s);
@@ -519,7 +521,7 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.device_cached = s.device_cached;
     f.device_raw_allocs = s.device_raw_allocs;
     f.device_pool_hits = s.device_pool_hits;
-    const strata::Placement& pl = engine->rep->placement();
+    const strata::Placement pl = engine->rep->placement();
     f.gpu_device = pl.device;
     f.numa_node = pl.cpu_node;
     return WriteSized(f, "stats", stats);

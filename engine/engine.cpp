@@ -831,7 +831,11 @@ Status Engine::SetStepsApplied(int64_t steps) {
   return Status::Ok();
 }
 EngineStats Engine::stats() const { return impl_->Stats(); }
-const Placement& Engine::placement() const { return impl_->placement_; }
+Placement Engine::placement() const {
+  Placement p = impl_->placement_;
+  p.memory_node = impl_->host_->numa_node();
+  return p;
+}
 Result<uint64_t> Engine::BeginSpan(const char* name) { return impl_->stats_->BeginUserSpan(name); }
 Status Engine::EndSpan(uint64_t token) { return impl_->stats_->EndUserSpan(token); }
 Status Engine::WriteTrace() {

@@ -175,9 +175,10 @@ class Engine {
   // rank must call it, in the same order.
   Status ReadMaster(int group, float* out);
   EngineStats stats() const;
-  // Where this process landed (GPU, NUMA binding), decided at Create;
+  // Where this process landed (GPU, NUMA binding), decided at Create (the
+  // host tier's node as of now: a binding that failed since says so);
   // DescribePlacement(placement()) says it in one line.
-  const Placement& placement() const;
+  Placement placement() const;
   // The trainer's own spans in the trace (strata.trace_path), beside the
   // engine's: BeginSpan returns a token for EndSpan; spans begun on one
   // thread nest (engine/stats.h says what is refused). WriteTrace writes the

@@ -63,9 +63,11 @@ void HostTier::Bind(void* p, uint64_t len) {
   auto topo = static_cast<hwloc_topology_t>(topology_);
   hwloc_nodeset_t nodes = hwloc_bitmap_alloc();
   hwloc_bitmap_only(nodes, static_cast<unsigned>(node_));
-  if (hwloc_set_area_membind(topo, p, len, nodes, HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET) != 0)
+  if (hwloc_set_area_membind(topo, p, len, nodes, HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET) != 0) {
+    bind_failed_ = true;
     WarnOnce("host-membind", "host tier: cannot bind memory to NUMA node " + std::to_string(node_) +
                                  " (" + std::strerror(errno) + "); memory is not NUMA-bound");
+  }
   hwloc_bitmap_free(nodes);
 }
 

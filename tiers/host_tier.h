@@ -8,6 +8,7 @@
 // page), never rounded to a power of two. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -32,8 +33,9 @@ class HostTier final : public Tier {
   ~HostTier() override;
   Result<Allocation> Allocate(uint64_t bytes) override;
   void Free(const Allocation& a) override;
-  // The NUMA node allocations are bound to; -1 when they are not bound.
-  int numa_node() const { return topology_ && node_ >= 0 ? node_ : -1; }
+  // The NUMA node allocations are bound to; -1 when they are not bound (or
+  // a binding failed, with a warning).
+  int numa_node() const { return topology_ && node_ >= 0 && !bind_failed_ ? node_ : -1; }
 
  private:
   struct Mapping { uint64_t len; bool locked; bool cuda_registered; };
@@ -42,6 +44,7 @@ class HostTier final : public Tier {
 
   HostTierOptions options_;
   int node_ = -1;
+  std::atomic<bool> bind_failed_{false};
   void* topology_ = nullptr;  // hwloc_topology_t
   std::mutex mu_;  // guards maps_
   std::map<void*, Mapping> maps_;

@@ -19,7 +19,7 @@ struct NumaCpuBinding {
 
 // Binds every thread of this process (hwloc_set_cpubind, HWLOC_CPUBIND_PROCESS),
 // and the threads it starts later, to the CPUs of NUMA node `node` (its OS
-// index). Fails, saying what failed, for a node hwloc does not know, a node
+// index), replacing any binding they had (numactl, taskset, mpirun's). Fails, saying what failed, for a node hwloc does not know, a node
 // without CPUs (memory only) or a refusal by the OS (a cgroup's cpuset).
 NumaCpuBinding BindProcessToNumaNode(int node);
 

@@ -275,6 +275,7 @@ int Run(Args a) {
   }
   strata_stats_t st = STRATA_STATS_INIT;
   strata_engine_stats(e, &st);
+  fig.placement = EnginePlacement(e);  // as of now: a memory binding that failed during the run says so
   PrintSummary(fig, st);
   if (a.weights_hash) std::printf("strata-train weights_hash=%016llx\n", static_cast<unsigned long long>(hash));
   // The GPU figures are appended only on the GPU: the CPU path's line stays as it was.
