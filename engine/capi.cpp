@@ -32,6 +32,7 @@ struct strata_engine {
   std::unique_ptr<strata::Engine> rep;
   bool built = false;
   bool gpu = false;    // the device tier is a GPU: caller streams are honoured
+  int device = -1;     // that GPU (the engine's placement)
   std::string broken;  // non-empty: why every further call returns STATE
 };
 
@@ -121,6 +122,10 @@ Status CheckGroup(const strata_engine_t* e, int group) {
 // caller's, so the one safe order is to finish the caller's stream first.
 Status WaitCallerStream(const strata_engine_t* e, void* stream) {
   if (!e->gpu) return Status::Ok();  // no GPU: the stream is ignored
+  // The event is made on the current device and must be the stream's: the
+  // caller's stream is on the engine's GPU (one process per GPU), and NULL
+  // is that GPU's default stream.
+  STRATA_RETURN_IF_ERROR(strata::gpu::SetDevice(e->device));
   STRATA_ASSIGN_OR_RETURN(strata::gpu::Event ev, strata::gpu::EventRecord(stream));
   return strata::gpu::EventSynchronize(ev);
 }
@@ -193,6 +198,9 @@ strata_status_t strata_engine_create(const char* json, const strata_engine_optio
                                   std::to_string(o.world_size) + " is not a rank");
     if (o.grad_accumulation_steps < 1)
       return strata::InvalidError("options.grad_accumulation_steps must be >= 1");
+    if (o.device < -1)
+      return strata::InvalidError("options.device: " + std::to_string(o.device) +
+                                  " is not -1 (the launcher's local rank) or a GPU index");
     STRATA_ASSIGN_OR_RETURN(strata::Config config, strata::ParseConfig(json));
     strata::EngineOptions eo;
     eo.rank = o.rank;
@@ -200,9 +208,11 @@ strata_status_t strata_engine_create(const char* json, const strata_engine_optio
     eo.grad_accumulation_steps = o.grad_accumulation_steps;
     eo.force_no_gpu = o.force_no_gpu != 0;
     eo.overlap_step = o.overlap_step != 0;
+    eo.device = o.device;
     e = std::make_unique<strata_engine_t>();
     STRATA_ASSIGN_OR_RETURN(e->rep, strata::Engine::Create(config, eo));
-    e->gpu = !eo.force_no_gpu && strata::gpu::Available();
+    e->device = e->rep->placement().device;
+    e->gpu = e->device >= 0;
     return Status::Ok();
   });
   if (!s.ok()) return Fail(fn, s);
@@ -439,21 +449,33 @@ strata_status_t strata_engine_group_numel(strata_engine_t* engine, int group, ui
   });
 }
 
+// Copies `text` and its NUL into out[*size] and sets *size to the bytes
+// needed; with `out` NULL only the size. `what` names it in the refusal.
+static Status CopyText(const std::string& text, const char* what, char* out, size_t* size) {
+  if (size == nullptr) return strata::InvalidError("size must not be NULL");
+  const size_t need = text.size() + 1;
+  if (out == nullptr || *size < need) {
+    const size_t had = *size;
+    *size = need;
+    if (out == nullptr) return Status::Ok();
+    return strata::InvalidError(std::string(what) + " is " + std::to_string(need) +
+                                " bytes with its NUL; the buffer holds " + std::to_string(had));
+  }
+  std::memcpy(out, text.c_str(), need);
+  *size = need;
+  return Status::Ok();
+}
+
 strata_status_t strata_engine_config(strata_engine_t* engine, char* out, size_t* size) {
   return OnEngine("strata_engine_config", engine, [&]() -> Status {
     if (size == nullptr) return strata::InvalidError("size must not be NULL");
-    const std::string json = strata::ConfigToJson(engine->rep->config());
-    const size_t need = json.size() + 1;
-    if (out == nullptr || *size < need) {
-      const size_t had = *size;
-      *size = need;
-      if (out == nullptr) return Status::Ok();
-      return strata::InvalidError("the config is " + std::to_string(need) + " bytes with its NUL; the buffer holds " +
-                                  std::to_string(had));
-    }
-    std::memcpy(out, json.c_str(), need);
-    *size = need;
-    return Status::Ok();
+    return CopyText(strata::ConfigToJson(engine->rep->config()), "the config", out, size);
+  });
+}
+
+strata_status_t strata_engine_placement(strata_engine_t* engine, char* out, size_t* size) {
+  return OnEngine("strata_engine_placement", engine, [&]() -> Status {
+    return CopyText(strata::DescribePlacement(engine->rep->placement()), "the placement", out, size);
   });
 }
 
@@ -499,6 +521,9 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.device_cached = s.device_cached;
     f.device_raw_allocs = s.device_raw_allocs;
     f.device_pool_hits = s.device_pool_hits;
+    const strata::Placement pl = engine->rep->placement();
+    f.gpu_device = pl.device;
+    f.numa_node = pl.cpu_node;
     return WriteSized(f, "stats", stats);
   });
 }

@@ -247,6 +247,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Choice("state_format", &s->state_format, {"fp32", "compact"}));
   STRATA_RETURN_IF_ERROR(r.Bool("device_pool", &s->device_pool));
   STRATA_RETURN_IF_ERROR(r.Choice("gpu_optimizer", &s->gpu_optimizer, {"auto", "off"}));
+  STRATA_RETURN_IF_ERROR(r.Choice("numa_bind", &s->numa_bind, {"auto", "off"}));
   return r.CheckUnknownKeys();
 }
 
@@ -436,7 +437,8 @@ std::string ConfigToJson(const Config& c) {
         {"step_io", c.strata.step_io}, {"nonfinite", c.strata.nonfinite},
         {"grad_reduce", c.strata.grad_reduce}, {"state_format", c.strata.state_format},
         {"device_pool", c.strata.device_pool},
-        {"gpu_optimizer", c.strata.gpu_optimizer}}},
+        {"gpu_optimizer", c.strata.gpu_optimizer},
+        {"numa_bind", c.strata.numa_bind}}},
   };
   return doc.dump(2, ' ', false, Json::error_handler_t::replace);  // a Config built in code may hold any bytes
 }

@@ -165,6 +165,13 @@ struct StrataConfig {
   //   "off"   always on the CPU (copied to host staging and back), e.g. to
   //           measure one against the other.
   std::string gpu_optimizer = "auto";
+  // Binding to the NUMA node nearest the process's GPU (engine/placement.h):
+  //   "auto"  with a GPU whose node is known on a machine of several nodes,
+  //           the process's CPUs (every thread) and the host tier's memory
+  //           are bound to that node; otherwise nothing is bound but the
+  //           host tier's memory, to the node it starts on;
+  //   "off"   nothing is bound: the OS places threads and pages.
+  std::string numa_bind = "auto";
   bool operator==(const StrataConfig&) const = default;
 };
 

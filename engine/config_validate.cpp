@@ -120,6 +120,9 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
     return ConfigError("strata.grad_reduce: \"" + gr + "\" is not one of mean, sum");
   if (c.grad_accum_dtype != "fp32" && c.grad_accum_dtype != "bf16")
     return ConfigError("data_types.grad_accum_dtype: \"" + c.grad_accum_dtype + "\" is not one of fp32, bf16");
+  const std::string& nb = c.strata.numa_bind;
+  if (nb != "auto" && nb != "off")
+    return ConfigError("strata.numa_bind: \"" + nb + "\" is not one of auto, off");
   const std::string& sf = c.strata.state_format;
   if (sf != "fp32" && sf != "compact")
     return ConfigError("strata.state_format: \"" + sf + "\" is not one of fp32, compact");

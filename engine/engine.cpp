@@ -118,7 +118,11 @@ Status Engine::Impl::Init() {
   uo.block_size = config_.aio.block_size;
   uo.faults = options_.faults;
   STRATA_ASSIGN_OR_RETURN(storage_, UringStorage::Create(uo));
-  const bool gpu = !options_.force_no_gpu && gpu::Available();
+  placement_.rank = options_.rank;
+  placement_.world_size = options_.world_size;
+  STRATA_RETURN_IF_ERROR(PlaceOnGpu(options_.force_no_gpu, options_.device, &placement_));
+  const bool gpu = placement_.device >= 0;
+  const int device = gpu ? placement_.device : 0;
   // With a GPU device tier the gradients, and fetched parameters, are
   // device pointers: several ranks reduce them with NCCL, on the device.
   // Gloo moves host buffers only; staging every gradient and every stage-3
@@ -133,16 +137,25 @@ Status Engine::Impl::Init() {
     return UnsupportedError(std::string("the communicator (") + comm_->backend() + ") moves device buffers, but " +
                             (options_.force_no_gpu ? "force_no_gpu is set" : "no GPU is usable") +
                             ": the device tier is host memory; use a Gloo communicator");
+  // Threads first (the tiers' threads start bound), then the host tier's
+  // memory on the GPU's node.
+  PlaceOnNumaNode(config_.strata.numa_bind, &placement_);
   const ConfigFacts facts = ProbeMachineFacts();
   uint64_t device_budget = config_.strata.device_budget;
-  if (device_budget == 0) device_budget = gpu ? gpu::DeviceMemoryBytes(0) / 10 * 9 : facts.host_ram_bytes / 4;
+  if (device_budget == 0) device_budget = gpu ? gpu::DeviceMemoryBytes(device) / 10 * 9 : facts.host_ram_bytes / 4;
   uint64_t host_budget = config_.strata.host_budget;
   if (host_budget == 0) host_budget = facts.host_ram_bytes / 2;
-  STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget,
-                                                        .force_host_arena = !gpu,
-                                                        .pool = config_.strata.device_pool}));
-  host_ = std::make_unique<HostTier>(HostTierOptions{
-      .budget = host_budget, .pin = gpu, .storage = storage_.get()});
+  STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget, .device = device,
+                                                       .force_host_arena = !gpu,
+                                                       .pool = config_.strata.device_pool}));
+  host_ = std::make_unique<HostTier>(HostTierOptions{.budget = host_budget,
+                                                     .pin = gpu,
+                                                     .numa_node = gpu ? placement_.gpu_node : -1,
+                                                     .device = device,
+                                                     .numa_bind = config_.strata.numa_bind != "off",
+                                                     .storage = storage_.get()});
+  placement_.memory_node = host_->numa_node();
+  placement_.pinned = gpu;
   return Status::Ok();
 }
 
@@ -826,6 +839,11 @@ Status Engine::SetStepsApplied(int64_t steps) {
   return Status::Ok();
 }
 EngineStats Engine::stats() const { return impl_->Stats(); }
+Placement Engine::placement() const {
+  Placement p = impl_->placement_;
+  p.memory_node = impl_->host_->numa_node();
+  return p;
+}
 Result<uint64_t> Engine::BeginSpan(const char* name) { return impl_->stats_->BeginUserSpan(name); }
 Status Engine::EndSpan(uint64_t token) { return impl_->stats_->EndUserSpan(token); }
 Status Engine::WriteTrace() {

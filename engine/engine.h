@@ -26,6 +26,7 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "engine/config.h"
+#include "engine/placement.h"
 
 namespace strata {
 
@@ -48,6 +49,11 @@ struct EngineOptions {
   // G to a device scratch, P through it) on the host arena, the CPU kernels
   // standing in for the CUDA ones. No effect with a GPU.
   bool gpu_optimizer_twin = false;
+  // The GPU this process drives (one process per GPU): -1, the launcher's
+  // local rank (LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID; 0
+  // without a launcher); else that index. An index past the last GPU is
+  // refused at Create naming both numbers; without a GPU it does not matter.
+  int device = -1;
   // Update each group as soon as its gradients are complete (after
   // grad_accumulation_steps Grads calls), overlapping the rest of backward.
   // Needs gradient_clipping 0 and no fp16 (else it is off, with a warning),
@@ -173,6 +179,10 @@ class Engine {
   // rank must call it, in the same order.
   Status ReadMaster(int group, float* out);
   EngineStats stats() const;
+  // Where this process landed (GPU, NUMA binding), decided at Create (the
+  // host tier's node as of now: a binding that failed since says so);
+  // DescribePlacement(placement()) says it in one line.
+  Placement placement() const;
   // The trainer's own spans in the trace (strata.trace_path), beside the
   // engine's: BeginSpan returns a token for EndSpan; spans begun on one
   // thread nest (engine/stats.h says what is refused). WriteTrace writes the

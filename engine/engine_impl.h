@@ -135,6 +135,10 @@ class Engine::Impl {
   int SavedPieces(int g, int s, void* const at[kNumStates], Piece out[2]) const;
   FormatView ShardView(int g, const ShardBlocks& sb) const;  // the engine's format
 
+  // A thread the engine starts calls this first: the CUDA current device is
+  // per thread, and this process's GPU is placement_.device.
+  void UseDeviceOnThisThread() const;
+
   // residency.cpp
   void StartPrefetcher();
   void StopPrefetcher();
@@ -253,6 +257,7 @@ class Engine::Impl {
   std::vector<GroupState> groups_;
   TierKind home_[kNumStates] = {};
 
+  Placement placement_;  // set by Init, constant after
   std::unique_ptr<StatsRecorder> stats_;
   std::unique_ptr<UringStorage> storage_;
   std::unique_ptr<DeviceTier> device_;

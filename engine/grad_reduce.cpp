@@ -147,6 +147,7 @@ Status Engine::Impl::InitReduce() {
   if (!comm_overlap_) return Status::Ok();
   comm_stop_ = false;
   comm_thread_ = std::thread([this] {
+    UseDeviceOnThisThread();  // the casts and copies of NCCL's buffers
     std::unique_lock<std::mutex> lock(comm_mu_);
     for (;;) {
       comm_cv_.wait(lock, [&] { return comm_stop_ || !comm_queue_.empty(); });

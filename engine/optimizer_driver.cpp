@@ -327,6 +327,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
 
 void Engine::Impl::StartOverlap() {
   overlap_thread_ = std::thread([this] {
+    UseDeviceOnThisThread();
     std::unique_lock<std::mutex> lock(overlap_mu_);
     for (;;) {
       overlap_cv_.wait(lock, [&] { return overlap_stop_ || !overlap_queue_.empty(); });

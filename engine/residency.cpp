@@ -8,11 +8,21 @@
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/engine_impl.h"
+#include "tiers/gpu.h"
 
 namespace strata {
 
+void Engine::Impl::UseDeviceOnThisThread() const {
+  if (placement_.device < 0) return;
+  // The device tier sets it again before each of its CUDA calls; a failure
+  // here shows there too, so a warning is enough.
+  const Status st = gpu::SetDevice(placement_.device);
+  if (!st.ok()) STRATA_LOG_WARN("engine thread: {}", st.ToString());
+}
+
 void Engine::Impl::StartPrefetcher() {
   prefetcher_ = std::thread([this] {
+    UseDeviceOnThisThread();
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !prefetch_queue_.empty(); });

@@ -116,6 +116,7 @@ Result<std::unique_ptr<DeviceTier>> DeviceTier::Create(const DeviceTierOptions& 
   std::unique_ptr<DeviceTier> t(new DeviceTier(options));
   t->on_gpu_ = !options.force_host_arena && gpu::Available();
   if (t->on_gpu_) {
+    STRATA_RETURN_IF_ERROR(t->UseDevice().WithContext("device tier"));
     STRATA_ASSIGN_OR_RETURN(t->in_stream_, gpu::StreamCreate());
     STRATA_ASSIGN_OR_RETURN(t->out_stream_, gpu::StreamCreate());
   } else {
@@ -128,14 +129,22 @@ Result<std::unique_ptr<DeviceTier>> DeviceTier::Create(const DeviceTierOptions& 
 DeviceTier::~DeviceTier() {
   in_queue_.reset();
   out_queue_.reset();
+  UseDevice().IgnoreError();  // for the stream destroys below; it succeeded at Create
   for (auto& [p, n] : sizes_) RawFree(p);
   for (auto& [n, p] : cache_) RawFree(p);
   if (in_stream_) gpu::StreamDestroy(in_stream_).IgnoreError();
   if (out_stream_) gpu::StreamDestroy(out_stream_).IgnoreError();
 }
 
+Status DeviceTier::UseDevice() const {
+  if (!on_gpu_) return Status::Ok();
+  return gpu::SetDevice(options_.device);
+}
+
 Result<void*> DeviceTier::RawAlloc(uint64_t len) {
   if (on_gpu_) {
+    // cudaMalloc allocates on the calling thread's current device.
+    STRATA_RETURN_IF_ERROR(UseDevice());
     STRATA_ASSIGN_OR_RETURN(void* p, gpu::Malloc(len));
     ++pool_.raw_allocs;
     return p;
@@ -148,8 +157,12 @@ Result<void*> DeviceTier::RawAlloc(uint64_t len) {
 }
 
 void DeviceTier::RawFree(void* p) {
-  if (on_gpu_) gpu::Free(p).IgnoreError();  // cudaFree fails only on a broken context
-  else std::free(p);
+  if (on_gpu_) {
+    UseDevice().IgnoreError();   // it worked when p was allocated
+    gpu::Free(p).IgnoreError();  // cudaFree fails only on a broken context
+  } else {
+    std::free(p);
+  }
   ++pool_.raw_frees;
 }
 
@@ -223,6 +236,8 @@ DevicePoolStats DeviceTier::pool_stats() const {
 Result<CopyTicket> DeviceTier::Copy(void* dst, const void* src, uint64_t bytes, bool to_device) {
   if (!on_gpu_) return (to_device ? in_queue_ : out_queue_)->Push(dst, src, bytes);
   gpu::Stream s = to_device ? in_stream_ : out_stream_;
+  // The event is created on the current device and must be the stream's.
+  STRATA_RETURN_IF_ERROR(UseDevice());
   STRATA_RETURN_IF_ERROR(gpu::MemcpyAsync(dst, src, bytes, to_device, s));
   STRATA_ASSIGN_OR_RETURN(gpu::Event e, gpu::EventRecord(s));
   return CopyTicket(std::make_shared<EventFence>(e));

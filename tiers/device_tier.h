@@ -37,6 +37,9 @@ using CopyTicket = std::shared_ptr<CopyFence>;
 
 struct DeviceTierOptions {
   uint64_t budget = 0;
+  // The GPU. The CUDA current device is per thread, so before each CUDA
+  // call (cudaMalloc, cudaFree, a copy and its event, the streams) the tier
+  // makes it current on the calling thread, which is left with it current.
   int device = 0;
   bool force_host_arena = false;  // tests: behave as if there were no GPU
   bool pool = true;  // false: Free returns the block at once (strata.device_pool)
@@ -63,6 +66,7 @@ class DeviceTier final : public Tier {
   Result<CopyTicket> CopyOut(void* host_dst, const void* device_src, uint64_t bytes);
 
   bool on_gpu() const { return on_gpu_; }
+  int device() const { return options_.device; }  // meaningful when on_gpu()
   DevicePoolStats pool_stats() const;
   // Returns every cached block to the device (or the host).
   void Trim();
@@ -76,6 +80,8 @@ class DeviceTier final : public Tier {
   bool on_gpu_ = false;
   gpu::Stream in_stream_ = nullptr, out_stream_ = nullptr;
   std::unique_ptr<CopyQueue> in_queue_, out_queue_;
+  // Makes options_.device current on this thread (on a GPU; else nothing).
+  Status UseDevice() const;
   Result<void*> RawAlloc(uint64_t len);
   void RawFree(void* p);
   // Releases the largest cached block. REQUIRES: mu_ held; false when none.

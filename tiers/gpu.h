@@ -16,6 +16,13 @@ int DeviceCount(std::string* why = nullptr);
 bool Available();
 // Total memory of GPU `device` in bytes, 0 when unknown.
 uint64_t DeviceMemoryBytes(int device);
+// Its name ("NVIDIA H200"), "" when unknown.
+std::string DeviceName(int device);
+// Makes GPU `device` current on the calling thread (cudaSetDevice). The
+// current device is per thread: every thread that allocates, copies or
+// creates streams and events for a device calls this first. Without CUDA:
+// UNSUPPORTED.
+Status SetDevice(int device);
 
 Result<void*> Malloc(uint64_t bytes);
 Status Free(void* p);

@@ -42,6 +42,16 @@ uint64_t DeviceMemoryBytes(int device) {
   if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return 0;
   return prop.totalGlobalMem;
 }
+std::string DeviceName(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "";
+  return prop.name;
+}
+Status SetDevice(int device) {
+  cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) return CudaError("cudaSetDevice", e).WithContext("GPU " + std::to_string(device));
+  return Status::Ok();
+}
 
 Result<void*> Malloc(uint64_t bytes) {
   void* p = nullptr;

@@ -11,6 +11,8 @@ int DeviceCount(std::string* why) {
 }
 bool Available() { return false; }
 uint64_t DeviceMemoryBytes(int) { return 0; }
+std::string DeviceName(int) { return ""; }
+Status SetDevice(int) { return NoCuda(); }
 Result<void*> Malloc(uint64_t) { return NoCuda(); }
 Status Free(void*) { return NoCuda(); }
 Status HostRegister(void*, uint64_t) { return NoCuda(); }

@@ -26,8 +26,9 @@ HostTier::HostTier(const HostTierOptions& options)
   if (hwloc_topology_init(&topo) == 0 && hwloc_topology_load(topo) == 0) {
     topology_ = topo;
   }
+  if (!options.numa_bind) return;  // node_ stays -1: nothing is bound
   node_ = options.numa_node;
-  if (node_ < 0 && gpu::Available()) node_ = gpu::NumaNodeOfDevice(0);
+  if (node_ < 0 && gpu::Available()) node_ = gpu::NumaNodeOfDevice(options.device);
   if (node_ < 0 && topology_) {
     hwloc_cpuset_t cpus = hwloc_bitmap_alloc();
     hwloc_nodeset_t nodes = hwloc_bitmap_alloc();
@@ -48,7 +49,10 @@ HostTier::~HostTier() {
   }
   for (auto& [p, m] : left) {
     if (options_.storage) options_.storage->UnregisterBuffer(p);
-    if (m.cuda_registered) gpu::HostUnregister(p).IgnoreError();
+    if (m.cuda_registered) {
+      gpu::SetDevice(options_.device).IgnoreError();  // it worked at registration
+      gpu::HostUnregister(p).IgnoreError();
+    }
     ::munmap(p, m.len);
   }
   if (topology_) hwloc_topology_destroy(static_cast<hwloc_topology_t>(topology_));
@@ -59,16 +63,21 @@ void HostTier::Bind(void* p, uint64_t len) {
   auto topo = static_cast<hwloc_topology_t>(topology_);
   hwloc_nodeset_t nodes = hwloc_bitmap_alloc();
   hwloc_bitmap_only(nodes, static_cast<unsigned>(node_));
-  if (hwloc_set_area_membind(topo, p, len, nodes, HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET) != 0)
+  if (hwloc_set_area_membind(topo, p, len, nodes, HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET) != 0) {
+    bind_failed_ = true;
     WarnOnce("host-membind", "host tier: cannot bind memory to NUMA node " + std::to_string(node_) +
                                  " (" + std::strerror(errno) + "); memory is not NUMA-bound");
+  }
   hwloc_bitmap_free(nodes);
 }
 
 void HostTier::Lock(void* p, uint64_t len, Mapping* m) {
   if (!options_.pin) return;
   if (gpu::Available()) {
-    Status st = gpu::HostRegister(p, len);
+    // cudaHostRegister works in the current device's context (and would
+    // create one on GPU 0 for a thread that never chose): ours first.
+    Status st = gpu::SetDevice(options_.device);
+    if (st.ok()) st = gpu::HostRegister(p, len);
     m->cuda_registered = st.ok();
     if (st.ok()) return;
     WarnOnce("host-cudareg", "host tier: cudaHostRegister failed (" + st.message() + "); trying mlock");
@@ -125,7 +134,10 @@ void HostTier::Free(const Allocation& a) {
     maps_.erase(it);
   }
   if (options_.storage) options_.storage->UnregisterBuffer(a.ptr);
-  if (m.cuda_registered) gpu::HostUnregister(a.ptr).IgnoreError();
+  if (m.cuda_registered) {
+    gpu::SetDevice(options_.device).IgnoreError();  // it worked at registration
+    gpu::HostUnregister(a.ptr).IgnoreError();
+  }
   ::munmap(a.ptr, m.len);  // also unlocks
   Uncharge(m.len);
 }

@@ -139,15 +139,29 @@ typedef struct strata_engine_options {
    * gradient_clipping 0 and no fp16 (else it is off, with a warning), and
    * strata_engine_prepare_step before each step's first strata_engine_grads. */
   int overlap_step;
+  /* Appended (a struct_size that ends before it reads as -1): the GPU this
+   * process drives, one process per GPU. -1: the launcher's local rank
+   * (LOCAL_RANK under torchrun and strata-launch, OMPI_COMM_WORLD_LOCAL_RANK,
+   * SLURM_LOCALID; 0 without a launcher); else that index, e.g. 0 when
+   * CUDA_VISIBLE_DEVICES gives each process one GPU. An index past the last
+   * GPU is INVALID naming both numbers; without a GPU it does not matter.
+   * With a GPU the engine makes it current on the thread that creates the
+   * engine and on its own threads (see strata_engine_placement). */
+  int device;
 } strata_engine_options_t;
 #define STRATA_ENGINE_OPTIONS_INIT \
-  { sizeof(strata_engine_options_t), 0, 0, 1, 0, 0 }
+  { sizeof(strata_engine_options_t), 0, 0, 1, 0, 0, -1 }
 
 /* Creates an engine from a JSON config (DeepSpeed dialect plus a "strata"
  * section). `options` may be NULL (rank 0 of 1). On STRATA_OK *out owns the
  * engine; the caller frees it with strata_engine_destroy. `json` is read
- * only during the call.
- * Errors: INVALID (null json/out, bad options), CONFIG (a bad key or value,
+ * only during the call. With a GPU, the engine's GPU (options->device, by
+ * default the launcher's local rank) becomes the calling thread's current
+ * CUDA device, and with strata.numa_bind "auto" on a machine of several
+ * NUMA nodes every thread of the process is bound to the GPU's node
+ * (strata_engine_placement says what was done).
+ * Errors: INVALID (null json/out, bad options, a device or local rank past
+ * the last GPU, naming both numbers), CONFIG (a bad key or value,
  * named in the message), UNSUPPORTED (a feature this build lacks), NOMEM, IO.
  * Thread-safe. */
 STRATA_API strata_status_t strata_engine_create(const char* json, const strata_engine_options_t* options,
@@ -391,6 +405,20 @@ STRATA_API strata_status_t strata_engine_compute_dtype(strata_engine_t* engine, 
  * they are host memory (no GPU, or force_no_gpu). Errors: INVALID. */
 STRATA_API strata_status_t strata_engine_device_is_gpu(strata_engine_t* engine, int* out);
 
+/* Where this process landed, decided at strata_engine_create, as one line
+ * for a log: "rank 1/4: GPU 1 (NVIDIA H200, NUMA node 0); cores 0-15 bound to
+ * node 0; pinned memory on node 0", or "rank 0/1: no GPU (force_no_gpu):
+ * device tier is a host arena; no NUMA binding (no GPU); host memory on node
+ * 0". The GPU is the options' device (by default the launcher's local rank);
+ * with strata.numa_bind "auto" (docs/config.md) the process's threads and
+ * pinned memory are bound to the GPU's NUMA node, and when they are not the
+ * line says why. NUL-terminated, into `out` of *size bytes; *size is set to
+ * the bytes needed (with the NUL); with `out` NULL only that is done.
+ * strata_stats_t.gpu_device and .numa_node hold the same as numbers.
+ * Errors: INVALID (NULL size; a buffer too small: nothing written, *size
+ * says what is needed). */
+STRATA_API strata_status_t strata_engine_placement(strata_engine_t* engine, char* out, size_t* size);
+
 typedef struct strata_tier_stats {
   uint64_t budget, used, peak; /* bytes */
 } strata_tier_stats_t;
@@ -410,11 +438,15 @@ typedef struct strata_stats {
    * freed blocks for reuse: bytes cached (counted in device.used), device
    * allocations made (cudaMalloc) so far, and allocations the cache served. */
   uint64_t device_cached, device_raw_allocs, device_pool_hits;
+  /* Appended. Where the process landed (strata_engine_placement says it in
+   * words): the GPU it drives, -1 without one; the NUMA node its CPUs are
+   * bound to, -1 when they are not. */
+  int gpu_device, numa_node;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0, 0, 0, 0                                                                                 \
+        0.0, 0, 0, 0, 0, 0, -1, -1                                                                         \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

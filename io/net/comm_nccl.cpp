@@ -269,6 +269,11 @@ Result<std::unique_ptr<Communicator>> MakeNcclComm(const CommOptions& o) {
       "nccl rendezvous on rank " + std::to_string(r.rank) + " of " + std::to_string(r.world_size);
   int count = 0;
   STRATA_RETURN_IF_ERROR(CudaStatus("cudaGetDeviceCount", cudaGetDeviceCount(&count)).WithContext(where));
+  // One process per GPU: a local rank past the last GPU is refused, not
+  // wrapped onto a GPU that another rank drives.
+  Result<int> device = DeviceForLocalRank(r.local_rank, count, r.source);
+  if (!device.ok()) return device.status().WithContext(where);
+  if (*device < 0) return CommError(where + ": no CUDA device");
   ncclUniqueId id;
   const std::string key = o.prefix + "/nccl/unique_id";
   if (r.rank == 0) {
@@ -284,7 +289,7 @@ Result<std::unique_ptr<Communicator>> MakeNcclComm(const CommOptions& o) {
     std::memcpy(&id, b.data(), sizeof id);
   }
   auto comm = std::make_unique<NcclComm>(r.rank, r.world_size, timeout);
-  STRATA_RETURN_IF_ERROR(comm->Init(r.local_rank % count, id).WithContext(where));
+  STRATA_RETURN_IF_ERROR(comm->Init(*device, id).WithContext(where));
   STRATA_RETURN_IF_ERROR(comm->FirstBarrier().WithContext(where + ": first barrier"));
   return std::unique_ptr<Communicator>(std::move(comm));
 }

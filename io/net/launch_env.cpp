@@ -167,6 +167,20 @@ std::string RankInfo::ToString() const {
          ", store " + master_addr + ":" + std::to_string(store_port);
 }
 
+Result<int> DeviceForLocalRank(int local_rank, int device_count, const std::string& source) {
+  if (device_count <= 0) return -1;
+  if (local_rank >= 0 && local_rank < device_count) return local_rank;
+  const char* var = source == kTorchrun.source  ? kTorchrun.local_rank
+                    : source == kOpenMpi.source ? kOpenMpi.local_rank
+                    : source == kSlurm.source   ? kSlurm.local_rank
+                                                : "the local rank";
+  return InvalidError(std::string(var) + " is " + std::to_string(local_rank) + " but this process sees " +
+                      std::to_string(device_count) + (device_count == 1 ? " GPU" : " GPUs") +
+                      ": one process per GPU, so local rank i drives GPU i (start at most " +
+                      std::to_string(device_count) + " processes on this node, or name the GPU in the engine "
+                      "options when CUDA_VISIBLE_DEVICES gives each process its own)");
+}
+
 Result<std::string> FirstSlurmHost(const std::string& nodelist) {
   // Copy up to the first top-level comma; inside brackets keep only the first
   // element of the first range ("[03-05,09]" -> "03").

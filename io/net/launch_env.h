@@ -45,6 +45,14 @@ using GetEnvFn = std::function<const char*(const char*)>;
 // kInvalid and name the variables.
 Result<RankInfo> RankInfoFromEnv(const GetEnvFn& getenv = ::getenv);
 
+// The GPU of the process with local rank `local_rank` among the
+// `device_count` GPUs it sees: one process per GPU, local rank i drives GPU i.
+// -1 when device_count is 0 (no GPU). A local rank past the last GPU is
+// kInvalid naming both numbers and the variable that gave the local rank
+// (from `source`, RankInfo::source), never wrapped around onto a GPU that
+// another process drives.
+Result<int> DeviceForLocalRank(int local_rank, int device_count, const std::string& source = "none");
+
 // First host of a Slurm hostlist: "gpu[03-05,09],cpu1" -> "gpu03".
 Result<std::string> FirstSlurmHost(const std::string& nodelist);
 

@@ -47,7 +47,7 @@ class Error(RuntimeError):
 class _EngineOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("rank", ctypes.c_int), ("world_size", ctypes.c_int),
                 ("grad_accumulation_steps", ctypes.c_int), ("force_no_gpu", ctypes.c_int),
-                ("overlap_step", ctypes.c_int)]
+                ("overlap_step", ctypes.c_int), ("device", ctypes.c_int)]
 
 
 class _StepOptions(ctypes.Structure):
@@ -73,7 +73,8 @@ class _Stats(ctypes.Structure):
                 [(n, ctypes.c_double) for n in ("fetch_stall_s", "disk_busy_s", "copy_busy_s", "cpu_optimizer_s",
                                                 "step_wall_s", "overlap_efficiency")] +
                 [(n, ctypes.c_uint64) for n in ("steps", "skipped_steps", "device_cached", "device_raw_allocs",
-                                                "device_pool_hits")])
+                                                "device_pool_hits")] +
+                [(n, ctypes.c_int) for n in ("gpu_device", "numa_node")])
 
 
 class _AdamOptions(ctypes.Structure):
@@ -133,6 +134,7 @@ def _load():
         "strata_engine_group_numel": ([P, I, ctypes.POINTER(U64)], S),
         "strata_engine_compute_dtype": ([P, ctypes.POINTER(I)], S),
         "strata_engine_device_is_gpu": ([P, ctypes.POINTER(I)], S),
+        "strata_engine_placement": ([P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)], S),
         "strata_engine_stats": ([P, ctypes.POINTER(_Stats)], S),
         "strata_adam_step": ([ctypes.POINTER(_AdamOptions), ctypes.c_size_t, P, P, P, P, P], S),
         "strata_checkpoint_save": ([P, ctypes.c_char_p, ctypes.c_char_p, P, U64], S),
@@ -232,17 +234,18 @@ class Engine:
     strata.Error. Use it as a context manager, or call close(). One thread at
     a time drives an engine. world_size 0 (the default) takes the ranks from
     the launcher's variables (torchrun, OpenMPI, Slurm; one rank without
-    them); 1 runs alone.
+    them); 1 runs alone. `device` is the GPU this process drives (one process
+    per GPU): -1 (the default) takes the launcher's local rank (LOCAL_RANK).
     """
 
     def __init__(self, config, rank=0, world_size=0, grad_accumulation_steps=1, force_no_gpu=False,
-                 overlap_step=False):
+                 overlap_step=False, device=-1):
         self._lib = _load()
         self._h = None
         text = config if isinstance(config, str) else json.dumps(config)
         opts = _sized(_EngineOptions, rank=rank, world_size=world_size,
                       grad_accumulation_steps=grad_accumulation_steps, force_no_gpu=1 if force_no_gpu else 0,
-                      overlap_step=1 if overlap_step else 0)
+                      overlap_step=1 if overlap_step else 0, device=device)
         h = ctypes.c_void_p()
         _check(self._lib.strata_engine_create(text.encode(), ctypes.byref(opts), ctypes.byref(h)))
         self._h = h
@@ -378,6 +381,16 @@ class Engine:
         buf = ctypes.create_string_buffer(size.value)
         _check(self._lib.strata_engine_config(self.handle, buf, ctypes.byref(size)))
         return json.loads(buf.value.decode("utf-8"))
+
+    @property
+    def placement(self):
+        """Where this process landed: its GPU (the launcher's local rank by
+        default, or `device`) and its NUMA binding, as one line."""
+        size = ctypes.c_size_t(0)
+        _check(self._lib.strata_engine_placement(self.handle, None, ctypes.byref(size)))
+        buf = ctypes.create_string_buffer(size.value)
+        _check(self._lib.strata_engine_placement(self.handle, buf, ctypes.byref(size)))
+        return buf.value.decode("utf-8")
 
     # -- optimizer state (for state_dict / load_state_dict)
     STATES = {"master": 0, "exp_avg": 1, "exp_avg_sq": 2}

@@ -62,6 +62,40 @@ static void create_errors(void) {
   OK(strata_engine_destroy(NULL));
 }
 
+/* strata_engine_placement: the size query, a short buffer refused, the line
+ * without a GPU; options.device below -1 refused; stats say the same. */
+static void placement(void) {
+  strata_engine_options_t o = STRATA_ENGINE_OPTIONS_INIT;
+  CHECK(o.device == -1);
+  o.device = -2;
+  strata_engine_t* e = NULL;
+  EXPECT(STRATA_INVALID, "options.device: -2", strata_engine_create(kConfig, &o, &e));
+  o = (strata_engine_options_t)STRATA_ENGINE_OPTIONS_INIT;
+  o.force_no_gpu = 1;
+  o.device = 5; /* without a GPU it does not matter */
+  OK(strata_engine_create(kConfig, &o, &e));
+  size_t size = 0;
+  EXPECT(STRATA_INVALID, "strata_engine_placement: size must not be NULL", strata_engine_placement(e, NULL, NULL));
+  OK(strata_engine_placement(e, NULL, &size));
+  CHECK(size > 10);
+  char small[8] = "xxxxxxx";
+  size_t small_size = sizeof small;
+  EXPECT(STRATA_INVALID, "the placement is", strata_engine_placement(e, small, &small_size));
+  CHECK(small_size == size && small[0] == 'x');
+  char* line = (char*)malloc(size);
+  OK(strata_engine_placement(e, line, &size));
+  CHECK(strlen(line) + 1 == size);
+  const char* want = "rank 0/1: no GPU (force_no_gpu): device tier is a host arena; no NUMA binding (no GPU); ";
+  if (strncmp(line, want, strlen(want)) != 0) fprintf(stderr, "placement: \"%s\"\n", line), ++failures;
+  free(line);
+  strata_stats_t s = STRATA_STATS_INIT;
+  s.gpu_device = 9;
+  s.numa_node = 9;
+  OK(strata_engine_stats(e, &s));
+  CHECK(s.gpu_device == -1 && s.numa_node == -1);
+  OK(strata_engine_destroy(e));
+}
+
 static void null_engine(void) {
   void* p;
   float f;
@@ -87,6 +121,8 @@ static void null_engine(void) {
   EXPECT(STRATA_INVALID, "strata_engine_stats: engine is NULL", strata_engine_stats(NULL, &s));
   EXPECT(STRATA_INVALID, "strata_engine_device_is_gpu: engine is NULL",
          strata_engine_device_is_gpu(NULL, &n));
+  size_t size = 0;
+  EXPECT(STRATA_INVALID, "strata_engine_placement: engine is NULL", strata_engine_placement(NULL, NULL, &size));
 }
 
 static void engine_errors(void) {
@@ -235,6 +271,7 @@ int main(void) {
   if (strcmp(strata_last_error(), "") != 0) fprintf(stderr, "last error not empty at start\n"), ++failures;
   status_names();
   create_errors();
+  placement();
   null_engine();
   engine_errors();
   adam_errors();

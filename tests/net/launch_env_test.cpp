@@ -161,3 +161,39 @@ TEST(LaunchEnv, FirstSlurmHost) {
 }
 
 }  // namespace
+
+// ---- One process per GPU: the local rank selects the GPU ----
+
+TEST(DeviceForLocalRank, LocalRankIsTheGpu) {
+  EXPECT_EQ(DeviceForLocalRank(0, 8, "torchrun").value(), 0);
+  EXPECT_EQ(DeviceForLocalRank(7, 8, "torchrun").value(), 7);
+  EXPECT_EQ(DeviceForLocalRank(1, 2, "slurm").value(), 1);
+  // From the variables, as the engine reads them.
+  auto info = From(Torchrun());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(DeviceForLocalRank(info->local_rank, 2, info->source).value(), 1);
+}
+
+TEST(DeviceForLocalRank, NoGpuIsMinusOne) {
+  EXPECT_EQ(DeviceForLocalRank(0, 0).value(), -1);
+  EXPECT_EQ(DeviceForLocalRank(5, 0, "torchrun").value(), -1) << "no GPU: the device tier is a host arena";
+}
+
+TEST(DeviceForLocalRank, PastTheLastGpuIsRefusedNamingBothNumbers) {
+  const Result<int> r = DeviceForLocalRank(2, 2, "torchrun");
+  ASSERT_FALSE(r.ok()) << "local rank 2 of 2 GPUs must not wrap onto GPU 0";
+  EXPECT_EQ(r.status().code(), Code::kInvalid);
+  const std::string m = r.status().message();
+  EXPECT_NE(m.find("LOCAL_RANK is 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("sees 2 GPUs"), std::string::npos) << m;
+  EXPECT_NE(m.find("one process per GPU"), std::string::npos) << m;
+
+  const Result<int> one = DeviceForLocalRank(3, 1, "slurm");
+  ASSERT_FALSE(one.ok());
+  EXPECT_NE(one.status().message().find("SLURM_LOCALID is 3 but this process sees 1 GPU:"), std::string::npos)
+      << one.status().message();
+  const Result<int> mpi = DeviceForLocalRank(4, 4, "openmpi");
+  ASSERT_FALSE(mpi.ok());
+  EXPECT_NE(mpi.status().message().find("OMPI_COMM_WORLD_LOCAL_RANK is 4"), std::string::npos);
+  EXPECT_FALSE(DeviceForLocalRank(-1, 4).ok());
+}

@@ -118,6 +118,16 @@ def test_engine_overlap_step():
         assert torch.allclose(e.read_master(0), torch.full((16,), 0.9))
 
 
+def test_engine_placement_and_device_option():
+    with strata.Engine({"strata": {"numa_bind": "off"}}, force_no_gpu=True, device=3) as e:
+        assert e.placement.startswith("rank 0/1: no GPU (force_no_gpu): device tier is a host arena; "
+                                      "no NUMA binding (strata.numa_bind is off)"), e.placement
+        s = e.stats()
+        assert s["gpu_device"] == -1 and s["numa_node"] == -1
+    with pytest.raises(strata.Error, match="options.device: -2"):
+        strata.Engine({}, force_no_gpu=True, device=-2)
+
+
 def test_bad_config_raises_with_the_engines_message(tmp_path):
     bad = {"zero_optimization": {"stagee": 1}}
     for make in (lambda: strata.Engine(bad),

@@ -12,6 +12,7 @@
 #include "io/uring_storage.h"
 #include "tests/util/temp_dir.h"
 #include "tiers/device_tier.h"
+#include "tiers/gpu.h"
 #include "tiers/host_tier.h"
 #include "tiers/nvme_tier.h"
 
@@ -69,6 +70,29 @@ TEST(DeviceTier, HostArenaCopiesInOrder) {
   EXPECT_EQ(CheckPattern(back.data(), kMiB, 0, 9), -1);
   EXPECT_FALSE(dev.Allocate(16 * kMiB).ok());
   dev.Free(*d);
+}
+
+// gpu::SetDevice's result is an answer, not a formality: an index past the
+// last GPU fails (without a GPU, every index does), naming the GPU.
+TEST(Gpu, SetDeviceChecksItsIndex) {
+  const int count = gpu::DeviceCount();
+  const Status past = gpu::SetDevice(count);
+  EXPECT_FALSE(past.ok()) << "GPU " << count << " of " << count;
+  EXPECT_EQ(gpu::SetDevice(0).ok(), count > 0);
+#if STRATA_HAVE_CUDA
+  EXPECT_NE(past.message().find("GPU " + std::to_string(count)), std::string::npos) << past.ToString();
+#endif
+}
+
+// HostTier with numa_bind false binds nothing; by default it binds to a node.
+TEST(HostTier, NumaBindFalseBindsNothing) {
+  HostTier unbound({.budget = 4 * kMiB, .pin = false, .numa_bind = false});
+  EXPECT_EQ(unbound.numa_node(), -1);
+  auto a = unbound.Allocate(kMiB);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  unbound.Free(*a);
+  HostTier bound({.budget = 4 * kMiB, .pin = false});
+  EXPECT_GE(bound.numa_node(), 0) << "where this process runs";
 }
 
 // Random allocate/free on every tier: the peak never passes the budget.

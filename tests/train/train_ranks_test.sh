@@ -8,7 +8,8 @@
 #             own loss is that of its half of the batch.
 #   refusals  A global batch that does not split evenly is refused naming the
 #             numbers, and --gpu on several ranks (the engine drives host
-#             buffers across ranks); the banner names the swap folder --config gives.
+#             buffers across ranks); the banner names the swap folder --config gives,
+#             and the run says where it landed (placement), at start and in its summary.
 #   resume    Saved and resumed on 2 ranks == the uninterrupted run, bitwise.
 #   torchrun  The same equality under torchrun's variables (skipped without torch).
 #
@@ -124,7 +125,13 @@ elif [ "$MODE" = refusals ]; then
   grep -q "state on NVMe in $WORK/swap\$" "$WORK/banner.out" || fail "banner: $(grep preset "$WORK/banner.out")"
   ! grep -q /var/tmp/strata-train- "$WORK/banner.out" || fail "the banner names a /var/tmp folder"
   echo "ok: $(grep preset "$WORK/banner.out")"
-  echo "3 passed, 0 failed"
+  # Where the rank landed: at start and in the summary (the CPU layers: no GPU).
+  grep -q '^strata-train: rank 0/1: no GPU (force_no_gpu): device tier is a host arena; no NUMA binding (no GPU); ' \
+    "$WORK/banner.out" || fail "placement at start: $(grep -m1 'rank 0/1' "$WORK/banner.out")"
+  grep -q '^  placement         rank 0/1: no GPU (force_no_gpu)' "$WORK/banner.out" ||
+    fail "no placement in the summary: $(cat "$WORK/banner.out")"
+  echo "ok: $(grep -m1 '^strata-train: rank 0/1' "$WORK/banner.out")"
+  echo "4 passed, 0 failed"
 elif [ "$MODE" = resume ]; then
   # Saved and resumed on 2 ranks (each saves and loads its own shards) ==
   # the uninterrupted run, bitwise: losses of steps 7-8 and the final weights.

@@ -202,6 +202,9 @@ int Run(Args a) {
                 preset->name, static_cast<unsigned long long>(params), HumanBytes(fig.state_bytes).c_str(), a.batch,
                 a.seq, RanksNote(local_batch, world, tc.stage).c_str(), static_cast<long long>(a.steps),
                 Placement(a, tc, world).c_str(), a.gpu ? ", layers on the GPU" : "");
+  // Every rank says where it landed (its GPU, its NUMA binding): ranks differ.
+  fig.placement = EnginePlacement(e);
+  if (!fig.placement.empty()) std::printf("strata-train: %s\n", fig.placement.c_str());
   Progress progress(a.steps, a.print_every);
   double loss_scale = 1.0;
   if (strata_engine_loss_scale(e, &loss_scale) != STRATA_OK) return Fail(strata_last_error());
@@ -272,6 +275,7 @@ int Run(Args a) {
   }
   strata_stats_t st = STRATA_STATS_INIT;
   strata_engine_stats(e, &st);
+  fig.placement = EnginePlacement(e);  // as of now: a memory binding that failed during the run says so
   PrintSummary(fig, st);
   if (a.weights_hash) std::printf("strata-train weights_hash=%016llx\n", static_cast<unsigned long long>(hash));
   // The GPU figures are appended only on the GPU: the CPU path's line stays as it was.

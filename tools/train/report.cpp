@@ -36,6 +36,15 @@ std::string HumanBytes(uint64_t b) {
   return buf;
 }
 
+std::string EnginePlacement(strata_engine_t* e) {
+  size_t size = 0;
+  if (strata_engine_placement(e, nullptr, &size) != STRATA_OK || size == 0) return "";
+  std::string line(size, '\0');
+  if (strata_engine_placement(e, line.data(), &size) != STRATA_OK) return "";
+  line.resize(size - 1);  // without the NUL
+  return line;
+}
+
 void PrintSummary(const RunFigures& f, const strata_stats_t& s) {
   auto tier = [](const char* name, const strata_tier_stats_t& t, uint64_t state) {
     std::printf("  %-7s budget %10s   peak %10s (%5.1f%%)   state vs budget %5.1fx\n", name,
@@ -44,6 +53,7 @@ void PrintSummary(const RunFigures& f, const strata_stats_t& s) {
                 t.budget ? static_cast<double>(state) / static_cast<double>(t.budget) : 0.0);
   };
   std::printf("\n== strata-train summary\n");
+  if (!f.placement.empty()) std::printf("  placement         %s\n", f.placement.c_str());
   std::printf("  parameters        %llu (%s of state: P, W, M, V, G)\n", static_cast<unsigned long long>(f.params),
               HumanBytes(f.state_bytes).c_str());
   std::printf("  steps             %lld in %.1f s (%llu skipped)\n", static_cast<long long>(f.steps), f.wall_s,

@@ -29,7 +29,12 @@ struct RunFigures {
   int64_t steps = 0;
   bool gpu = false;                      // the layers ran on the GPU
   double tflops = 0, kernel_tflops = 0;  // model FLOPs per second: end to end, and in the kernels
+  std::string placement;                 // strata_engine_placement: where this rank landed
 };
+
+// strata_engine_placement's line ("rank 0/1: GPU 0 (...); ..."), or "" when
+// the call fails.
+std::string EnginePlacement(strata_engine_t* e);
 
 void PrintSummary(const RunFigures& f, const strata_stats_t& s);
 
