@@ -123,6 +123,41 @@ build() {
     [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || echo "strata-train: exit status $rc"
     rm -rf "$OUT/train-swap"
   fi
+  # Two figures, each a pair of runs on equal terms (same model, batch,
+  # steps, budgets) differing in one key, through --config:
+  #  - the device pool: the gpt2 preset offloaded (state on NVMe, 256 MiB
+  #    device budget: copies evicted and allocated again every step) with
+  #    strata.device_pool on and off;
+  #  - the optimizer on the GPU: the gpt2 preset resident (W, M, V homed on
+  #    the device) with strata.gpu_optimizer auto and off (CPU, through host).
+  # Each prints tokens/s; the ratio is the step-time ratio inverted.
+  pair() {  # name key on-value off-value extra-args...
+    local name=$1 key=$2 on=$3 off=$4; shift 4
+    local left=$(( 470 - ($(date +%s) - start) ))
+    if [ "$left" -lt 100 ]; then echo "$name: skipped (${left} s left)"; return; fi
+    local r1 r2
+    for side in on off; do
+      local v=$on
+      [ "$side" = on ] || v=$off
+      printf '{"strata": {"%s": %s}}\n' "$key" "$v" >"$OUT/pair.json"
+      rm -rf "$OUT/pair-swap"; mkdir -p "$OUT/pair-swap"
+      timeout 45 "$BUILD/tools/strata-train" --gpu --preset gpt2 --batch 4 --seq 512 --steps 6 --print-every 100 \
+        --config "$OUT/pair.json" "$@" >"$OUT/pair-$key-$side.out" 2>&1 || echo "$name ($key=$v): exit status $?"
+      tail -n 1 "$OUT/pair-$key-$side.out"
+    done
+    rm -rf "$OUT/pair-swap"
+    r1=$(sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' "$OUT/pair-$key-on.out")
+    r2=$(sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' "$OUT/pair-$key-off.out")
+    if [ -n "$r1" ] && [ -n "$r2" ]; then
+      echo "$name tokens_per_s $key=$on $r1 $key=$off $r2 ratio=$(awk -v a="$r1" -v b="$r2" 'BEGIN{printf "%.3f", a/b}')"
+    else
+      echo "$name: no figure (see $OUT/pair-$key-*.out)"
+    fi
+  }
+  echo "== the device pool: strata.device_pool true against false (offloaded, 256 MiB device budget)"
+  pair device_pool device_pool true false --device-budget 256MiB --host-budget 2GiB --nvme "$OUT/pair-swap"
+  echo "== the optimizer on the GPU: strata.gpu_optimizer auto against off (resident state)"
+  pair gpu_optimizer gpu_optimizer '"auto"' '"off"' --resident
   left=$(( 470 - ($(date +%s) - start) ))
   echo "== other tests (${left} s left)"
   if [ "$left" -lt 30 ]; then

@@ -122,9 +122,9 @@ int Run(Args a) {
     return Fail("--batch " + std::to_string(a.batch) + " (the global batch) does not split evenly over " +
                 std::to_string(world) + " ranks; give a multiple of " + std::to_string(world));
   const int local_batch = a.batch / world;
-  if (a.gpu && world > 1)
-    return Fail("--gpu on " + std::to_string(world) + " ranks: across ranks the engine drives host buffers only "
-                "(Gloo); run the CPU layers (without --gpu) or one rank");
+  // --gpu on several ranks: one process per GPU (the engine takes GPU
+  // LOCAL_RANK and makes it current on this thread at create, so the layers'
+  // CUDA work lands there too); gradients are reduced by NCCL on the device.
 
   std::string corpus, error;
   if (a.data.empty()) corpus = BuiltinCorpus(a.seed, 1 << 20);
