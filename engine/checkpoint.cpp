@@ -38,6 +38,7 @@ static const int kSaved[] = {int(StateKind::kW), int(StateKind::kM), int(StateKi
 Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
   if (!built_) return StateError(std::string(call) + ": the engine is not built");
   if (!recovers) STRATA_RETURN_IF_ERROR(CheckUsable(call, false));
+  DropAheadPins();
   for (int g = 0; g < part_.num_groups(); ++g) {
     const GroupState& gs = groups_[static_cast<size_t>(g)];
     if (gs.dev.pins > 0) return StateError(std::string(call) + ": group " + std::to_string(g) + " is fetched");

@@ -471,6 +471,10 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
 
 Status Engine::Impl::GatherP(int g, void* full) {
   STRATA_RETURN_IF_ERROR(DrainComm().WithContext("gathering the parameters of group " + std::to_string(g)));
+  return GatherPNow(g, full);
+}
+
+Status Engine::Impl::GatherPNow(int g, void* full) {
   const GroupLayout& L = part_.group(g);
   const uint64_t slice = L.shard_numel * DTypeSize(dtype_);
   comm_->SetLabel("P of g" + std::to_string(g) + " s" + std::to_string(step_count_));
@@ -612,6 +616,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "step"));
   if (!built_) return StateError("step: the engine is not built");
   STRATA_RETURN_IF_ERROR(CheckUsable("step"));
+  DropAheadPins();
   for (int g = 0; g < part_.num_groups(); ++g)
     if (groups_[static_cast<size_t>(g)].dev.pins > 0)
       return StateError("step: group " + std::to_string(g) + " is fetched and not released");
@@ -770,6 +775,8 @@ EngineStats Engine::Impl::Stats() const {
   s.device_cached = pool.cached;
   s.device_raw_allocs = pool.raw_allocs;
   s.device_pool_hits = pool.hits;
+  s.gathers_ahead = gathers_ahead_.load();
+  s.gathers_ahead_declined = gathers_ahead_declined_.load();
   s.host = {host_->budget(), host_->used(), host_->peak()};
   if (nvme_) s.nvme = {nvme_->budget(), nvme_->used(), nvme_->peak()};
   return s;

@@ -101,6 +101,10 @@ struct EngineStats {
   // The device tier's pool: bytes of free blocks kept (within device.used),
   // cudaMalloc calls so far, and allocations served from the cache.
   uint64_t device_cached = 0, device_raw_allocs = 0, device_pool_hits = 0;
+  // Stage 3 with overlap_comm: groups gathered ahead on the communication
+  // thread (the fetch that followed found them gathered), and those the
+  // ranks let the fetch gather instead (a shard not loaded on some rank).
+  uint64_t gathers_ahead = 0, gathers_ahead_declined = 0;
 };
 
 class Engine {

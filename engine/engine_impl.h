@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -34,6 +35,9 @@ struct DeviceCopy {
   Allocation alloc;
   int pins = 0;           // Fetch without Release
   bool gathered = false;  // stage 3, many ranks: the other ranks' shards are in
+  // Stage 3 with overlap_comm: gathered ahead by the communication thread,
+  // which holds a pin on it for the next fetch (that fetch takes the pin over).
+  bool ahead = false;
   uint64_t last_use = 0;  // fetch counter, for LRU before a trace exists
 };
 
@@ -236,8 +240,18 @@ class Engine::Impl {
   Status DrainComm(bool wait = true);
   float* AcquirePacked();
   void ReleasePacked(float* p);
+  // Stage 3 with overlap_comm: gathers group h's copy on the communication
+  // thread, queued by the fetch before it, when every rank has its shard of
+  // h loaded (the ranks agree first; none gathers alone).
+  Status GatherAhead(int h);
+  // Gives back the pins of copies gathered ahead that no fetch took (the
+  // step, a save or a load comes first). REQUIRES: no communication work queued.
+  void DropAheadPins();
+  // Waits until no gather ahead of group g is queued or running.
+  void WaitAheadOf(int g);
   Status AccumulateG(int group, const void* src, DType dtype, uint64_t count);
   Status GatherP(int g, void* full);  // in place: this rank's slice is at its offset
+  Status GatherPNow(int g, void* full);  // GatherP without waiting for the communication thread
 
   Config config_;
   EngineOptions options_;
@@ -308,10 +322,16 @@ class Engine::Impl {
   std::unique_ptr<ReduceMemory> reduce_mem_;
   std::vector<Allocation> reduce_dev_;  // the device's packed buffers (NCCL)
   std::vector<float*> reduce_dev_free_;  // guarded by comm_mu_
+  // Host buffers: packed groups in use (being packed, queued or reduced),
+  // at most max_packed_, so that the communication thread always finds a
+  // staging slot for G (guarded by comm_mu_).
+  int packed_in_use_ = 0, max_packed_ = 1;
   bool comm_overlap_ = false;  // zero_optimization.overlap_comm, with a thread
   std::mutex comm_mu_;  // guards comm_queue_, comm_busy_, comm_stop_, comm_error_, reduce_dev_free_
   std::condition_variable comm_cv_;
-  std::deque<std::pair<int, float*>> comm_queue_;  // (group, packed gradients)
+  std::deque<std::pair<int, float*>> comm_queue_;  // (group, packed gradients; null: gather ahead)
+  std::pair<int, float*> comm_current_{-1, nullptr};  // the job running
+  std::atomic<uint64_t> gathers_ahead_{0}, gathers_ahead_declined_{0};
   bool comm_busy_ = false, comm_stop_ = false;
   Status comm_error_;
   std::thread comm_thread_;

@@ -98,8 +98,13 @@ std::unique_ptr<ReduceMemory> MakeDeviceReduceMemory(void*) { return nullptr; }
 // the group being packed, one for the group being reduced with
 // overlap_comm, and one for G's staging). Device buffers: InitReduce's.
 float* Engine::Impl::AcquirePacked() {
-  if (!reduce_mem_->on_device()) return static_cast<float*>(grad_staging_.Acquire());
   std::unique_lock<std::mutex> lock(comm_mu_);
+  if (!reduce_mem_->on_device()) {
+    comm_cv_.wait(lock, [&] { return packed_in_use_ < max_packed_; });
+    ++packed_in_use_;
+    lock.unlock();
+    return static_cast<float*>(grad_staging_.Acquire());
+  }
   comm_cv_.wait(lock, [&] { return !reduce_dev_free_.empty(); });
   float* p = reduce_dev_free_.back();
   reduce_dev_free_.pop_back();
@@ -109,6 +114,11 @@ float* Engine::Impl::AcquirePacked() {
 void Engine::Impl::ReleasePacked(float* p) {
   if (!reduce_mem_->on_device()) {
     grad_staging_.Release(p);
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      --packed_in_use_;
+    }
+    comm_cv_.notify_all();
     return;
   }
   {
@@ -128,7 +138,12 @@ Status Engine::Impl::InitReduce() {
                               ") needs a GPU device tier and a CUDA build");
   } else {
     reduce_mem_ = MakeHostReduceMemory();
+    // PlanStaging's slots: the packed groups, and one for G's staging when
+    // G is not addressable in place (AccumulateG on the communication thread).
+    const bool g_staged = !BlockIo::DirectAt(home_[int(StateKind::kG)], device_->on_gpu());
+    max_packed_ = std::max(1, grad_staging_.count() - (g_staged ? 1 : 0));
   }
+  packed_in_use_ = 0;
   comm_overlap_ = config_.zero.overlap_comm;
   if (device) {
     uint64_t largest = 0;
@@ -153,6 +168,7 @@ Status Engine::Impl::InitReduce() {
       comm_cv_.wait(lock, [&] { return comm_stop_ || !comm_queue_.empty(); });
       if (comm_stop_) {  // what is queued is dropped: the engine is going away
         for (auto& [g, p] : comm_queue_) {
+          if (!p) continue;
           lock.unlock();
           ReleasePacked(p);
           lock.lock();
@@ -164,13 +180,16 @@ Status Engine::Impl::InitReduce() {
       const auto [g, packed] = comm_queue_.front();
       comm_queue_.pop_front();
       comm_busy_ = true;
+      comm_current_ = {g, packed};
       const bool failed = !comm_error_.ok();
       lock.unlock();
       // After a failure nothing more is reduced: the ranks no longer agree.
-      Status st = failed ? Status::Ok() : ReduceGroup(g, packed);
-      ReleasePacked(packed);
+      // A job without a buffer is a stage-3 gather ahead.
+      Status st = failed ? Status::Ok() : packed ? ReduceGroup(g, packed) : GatherAhead(g);
+      if (packed) ReleasePacked(packed);
       lock.lock();
       comm_busy_ = false;
+      comm_current_ = {-1, nullptr};
       if (!st.ok() && comm_error_.ok()) comm_error_ = std::move(st);
       comm_cv_.notify_all();
     }
@@ -258,6 +277,68 @@ Status Engine::Impl::GradsMulti(int group, const void* grads, DType dtype) {
   }
   comm_cv_.notify_all();
   return Status::Ok();
+}
+
+}  // namespace strata
+
+namespace strata {
+
+Status Engine::Impl::GatherAhead(int h) {
+  DeviceCopy& d = groups_[static_cast<size_t>(h)].dev;
+  int32_t ready = 0;
+  {
+    // Its shard may be on its way (queued or loading): the prefetcher ends
+    // either way, resident or absent.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] {
+      return stop_ || (d.state != DeviceCopy::kLoading &&
+                       std::find(prefetch_queue_.begin(), prefetch_queue_.end(), h) == prefetch_queue_.end());
+    });
+    if (d.state == DeviceCopy::kResident && !d.gathered && !d.ahead) {
+      ++d.pins;  // kept while the ranks decide, and after for the fetch
+      ready = 1;
+    }
+  }
+  // Whether a copy is ready depends on this rank's prefetch timing: the
+  // ranks agree, and all gather or none does (the fetch then gathers).
+  const int w = comm_->world_size(), r = comm_->rank();
+  std::vector<int32_t> all(static_cast<size_t>(w), 0);
+  all[static_cast<size_t>(r)] = ready;
+  comm_->SetLabel("ahead P of g" + std::to_string(h) + " s" + std::to_string(step_count_));
+  Status st = comm_->AllGather(&all[static_cast<size_t>(r)], all.data(), sizeof(int32_t));
+  const bool go = st.ok() && std::all_of(all.begin(), all.end(), [](int32_t x) { return x == 1; });
+  if (go) st = GatherPNow(h, d.alloc.ptr);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (go && st.ok()) {
+    d.gathered = d.ahead = true;
+    ++gathers_ahead_;
+  } else {
+    if (ready) --d.pins;
+    if (st.ok()) ++gathers_ahead_declined_;
+  }
+  cv_.notify_all();
+  return st.WithContext("gathering group " + std::to_string(h) + " ahead (zero_optimization.overlap_comm)");
+}
+
+void Engine::Impl::WaitAheadOf(int g) {
+  if (!comm_thread_.joinable()) return;
+  std::unique_lock<std::mutex> lock(comm_mu_);
+  comm_cv_.wait(lock, [&] {
+    if (comm_busy_ && comm_current_.first == g && !comm_current_.second) return false;
+    return std::none_of(comm_queue_.begin(), comm_queue_.end(),
+                        [&](const std::pair<int, float*>& j) { return j.first == g && !j.second; });
+  });
+}
+
+void Engine::Impl::DropAheadPins() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& gs : groups_) {
+    DeviceCopy& d = gs.dev;
+    if (!d.ahead) continue;
+    d.ahead = false;
+    --d.pins;
+    if (d.pins == 0) d.gathered = false;
+  }
 }
 
 }  // namespace strata

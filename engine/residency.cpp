@@ -165,13 +165,29 @@ void Engine::Impl::DropCopy(DeviceCopy& d) {
 }
 
 Result<void*> Engine::Impl::Fetch(int g) {
+  // Stage 3: whether this fetch gathers depends on the communication
+  // thread's gathers ahead of this group: they are done first, on every
+  // rank alike (a gather here then waits for everything queued before it).
+  if (p_sharded_) {
+    WaitAheadOf(g);
+    STRATA_RETURN_IF_ERROR(DrainComm(/*wait=*/false).WithContext("fetch"));
+  }
   GroupState& gs = groups_[static_cast<size_t>(g)];
   if (gs.updated)
     return StateError("fetch: group " + std::to_string(g) + " was already updated by the overlapped step; "
                       "with overlap_step a group is not fetched after its gradients are complete");
   std::unique_lock<std::mutex> lock(mu_);
   const bool counted = schedule_.has_trace();
-  schedule_.OnFetch(g);
+  if (!schedule_.OnFetch(g) && p_sharded_) {
+    // Off the recorded order (on every rank alike): copies gathered ahead
+    // for fetches that will not come give their pins back.
+    for (int h = 0; h < part_.num_groups(); ++h) {
+      DeviceCopy& c = groups_[static_cast<size_t>(h)].dev;
+      if (h == g || !c.ahead) continue;
+      c.ahead = false;
+      if (--c.pins == 0) c.gathered = false;
+    }
+  }
   if (p_whole_on_device()) {
     ++gs.dev.pins;
     lock.unlock();
@@ -199,6 +215,9 @@ Result<void*> Engine::Impl::Fetch(int g) {
     if (d.state != DeviceCopy::kAbsent) continue;
     if (Status st = LoadAllocated(g, lock); !st.ok()) return st.WithContext("fetch: group " + std::to_string(g));
   }
+  // Gathered ahead: the communication thread's pin becomes this fetch's.
+  const bool took_ahead_pin = d.ahead;
+  d.ahead = false;
   if (p_sharded_ && !d.gathered) {
     // The all-gather runs here, in the caller's thread, so that every rank
     // issues its collectives in one program order (the prefetch thread only
@@ -211,16 +230,27 @@ Result<void*> Engine::Impl::Fetch(int g) {
     if (!st.ok()) return st.WithContext("fetch");
     d.gathered = true;
   }
-  ++d.pins;
+  if (!took_ahead_pin) ++d.pins;
   d.last_use = ++fetch_counter_;
   void* ptr = d.alloc.ptr;
   const uint64_t window = config_.zero.prefetch_bucket_size * DTypeSize(dtype_);
   std::vector<int> ahead = schedule_.Ahead(window, [&](int h) { return PBytes(h); });
+  // Stage 3 with overlap_comm: the next group's gather runs on the
+  // communication thread while this one computes. Queued from the trace
+  // alone (the same on every rank), never from what is resident here.
+  const int next = p_sharded_ && comm_thread_.joinable() && schedule_.has_trace() && !ahead.empty() ? ahead[0] : -1;
   lock.unlock();
   const double t1 = stalled ? stats_->Now() : t0;
   if (stalled) stats_->CallSpan("stall", g, t0, t1);  // inside this fetch's span (Engine::Fetch)
   stats_->OnFetch(counted, hit, t1 - t0);
-  EnqueuePrefetch(ahead);
+  EnqueuePrefetch(ahead);  // first: the gather ahead waits for the shard these load
+  if (next >= 0 && next != g) {
+    {
+      std::lock_guard<std::mutex> cl(comm_mu_);
+      comm_queue_.emplace_back(next, nullptr);
+    }
+    comm_cv_.notify_all();
+  }
   return ptr;
 }
 

@@ -140,6 +140,10 @@ int main(int argc, char** argv) {
     all.insert(all.end(), w.begin(), w.end());
   }
   if (info->rank == 0) {
+    const EngineStats st = eng.stats();
+    std::fprintf(stderr, "zero_worker: gathers_ahead %llu declined %llu\n",
+                 static_cast<unsigned long long>(st.gathers_ahead),
+                 static_cast<unsigned long long>(st.gathers_ahead_declined));
     std::ofstream f(out, std::ios::binary);
     f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
     if (!f) return Die(IoError("cannot write " + out));
