@@ -160,7 +160,8 @@ struct StrataConfig {
   // (offload_optimizer.device "none"):
   //   "auto"  on the GPU, in place, by the CUDA twins of the CPU kernels
   //           (bitwise the same result), when a twin exists for the
-  //           optimizer and format (compact has none yet) and the device
+  //           optimizer and format (compact: when P is homed on the
+  //           device too, as its bf16 half is the master's) and the device
   //           budget holds the gradient scratch; else on the CPU;
   //   "off"   always on the CPU (copied to host staging and back), e.g. to
   //           measure one against the other.

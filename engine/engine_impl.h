@@ -205,6 +205,8 @@ class Engine::Impl {
   // the device) as device pointers, G and any other P as host memory. Returns
   // after the stream's synchronization, with *outcome saying what changed.
   Status UpdateOnGpu(int g, float* const at[kNumStates], const StepKernelOptions& ko, GpuUpdateOutcome* outcome);
+  Status UpdateCompactOnGpu(int g, float* const at[kNumStates], const StepKernelOptions& ko,
+                            GpuUpdateOutcome* outcome);  // UpdateOnGpu's compact case
 
   // The device copy holds the whole group; P's home holds the whole group
   // (stages 0-2: every rank keeps all parameters) or this rank's shard (stage 3).

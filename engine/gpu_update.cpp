@@ -15,6 +15,7 @@
 #include "kernels/cpu/step_scalars.h"
 #include "tiers/gpu.h"
 #if STRATA_HAVE_CUDA
+#include "kernels/cuda/compact_cuda.h"
 #include "kernels/cuda/optimizers_cuda.h"
 #endif
 
@@ -77,12 +78,15 @@ GpuUpdateChoice ChooseGpuUpdate(const GpuUpdateFacts& f) {
       return {false, "the optimizer state is not homed on the device", false};
   if (f.setting == "off") return {false, "strata.gpu_optimizer is \"off\"", false};
   if (!f.cuda_built) return {false, "this build has no CUDA kernels", true};
-  if (f.compact)
-    return {
-        false,
-        "compact state (strata.state_format \"compact\") on the device is updated on the CPU: its kernels "
-        "have no CUDA twin yet",
-        true};
+  // Compact: P's slice is the master's bf16 half, a state the step rewrites;
+  // the GPU updates it in place only (no staging of it through the scratch).
+  if (f.compact && f.home[int(StateKind::kP)] != TierKind::kDevice)
+    return {false,
+            "compact state (strata.state_format \"compact\") is updated on the GPU only with P (the master's "
+            "bf16 half) homed on the device too (offload_param \"none\")",
+            true};
+  if (f.compact && f.optimizer != "adam" && f.optimizer != "adamw" && f.optimizer != "lion")
+    return {false, "optimizer.type \"" + f.optimizer + "\" has no compact CUDA kernel", true};
   if (f.optimizer != "adam" && f.optimizer != "adamw" && f.optimizer != "lion" && f.optimizer != "adagrad")
     return {false, "optimizer.type \"" + f.optimizer + "\" has no CUDA kernel", true};
   return {true, "", false};
@@ -128,6 +132,22 @@ Status StepKernelCuda(const StepKernelOptions& o, uint64_t n, float* w, float* m
 #else
   (void)o, (void)n, (void)w, (void)m, (void)v, (void)g, (void)param_copy, (void)stream;
   return UnsupportedError("the optimizer on the GPU: this build of Strata has no CUDA");
+#endif
+}
+
+Status CompactStepKernelCpu(const StepKernelOptions& o, uint64_t n, const kernels::CompactState& s, const void* g) {
+  if (o.type == "lion") return kernels::CompactLionStep(o.lion, n, s, g, nullptr);
+  return kernels::CompactAdamStep(o.adam, n, s, g, nullptr);
+}
+
+Status CompactStepKernelCuda(const StepKernelOptions& o, uint64_t n, const kernels::CompactState& s, const void* g,
+                             void* stream) {
+#if STRATA_HAVE_CUDA
+  if (o.type == "lion") return kernels::CompactLionStepCuda(o.lion, n, s, g, nullptr, stream);
+  return kernels::CompactAdamStepCuda(o.adam, n, s, g, nullptr, stream);
+#else
+  (void)o, (void)n, (void)s, (void)g, (void)stream;
+  return UnsupportedError("the compact optimizer on the GPU: this build of Strata has no CUDA");
 #endif
 }
 
@@ -204,7 +224,10 @@ void Engine::Impl::TearDownGpuUpdate() {
 }
 
 bool Engine::Impl::UpdatesOnGpu(int g) const {
-  return gpu_update_ && OptimizerStateOnDevice(groups_[static_cast<size_t>(g)].blocks);
+  const auto& blocks = groups_[static_cast<size_t>(g)].blocks;
+  // Compact: P's slice (the bf16 half) is updated in place with W, M, V.
+  return gpu_update_ && OptimizerStateOnDevice(blocks) &&
+         (!compact_ || blocks[int(StateKind::kP)].home == TierKind::kDevice);
 }
 
 // W, M, V (and a device-homed P) are device pointers in `at`; G and any P
@@ -224,6 +247,7 @@ Status Engine::Impl::UpdateOnGpu(int g, float* const at[kNumStates], const StepK
   STRATA_RETURN_IF_ERROR(in->Wait().WithContext(where + ": copying G in"));
   stats_->AddMoved(TierKind::kHost, TierKind::kDevice, g_bytes);
 
+  if (compact_) return UpdateCompactOnGpu(g, at, ko, outcome);
   const bool p_on_device = gs.blocks[int(StateKind::kP)].home == TierKind::kDevice;
   const bool copy_f32 = dtype_ == DType::kF32;
   float* W = at[int(StateKind::kW)];
@@ -255,6 +279,27 @@ Status Engine::Impl::UpdateOnGpu(int g, float* const at[kNumStates], const StepK
   STRATA_ASSIGN_OR_RETURN(CopyTicket out, device_->CopyOut(p_host, p_src, p_bytes));
   STRATA_RETURN_IF_ERROR(out->Wait().WithContext(where + ": copying P out"));
   stats_->AddMoved(TierKind::kDevice, TierKind::kHost, p_bytes);
+  return Status::Ok();
+}
+
+// Compact, G in the scratch already: P's slice, W, M, V are all homed on the
+// device (UpdatesOnGpu) and updated there in place; nothing goes home after.
+Status Engine::Impl::UpdateCompactOnGpu(int g, float* const at[kNumStates], const StepKernelOptions& ko,
+                                        GpuUpdateOutcome* outcome) {
+  const uint64_t len = part_.group(g).shard_numel;
+  const kernels::CompactState cs =
+      CompactAt(g, at[int(StateKind::kP)], at[int(StateKind::kW)], at[int(StateKind::kM)], at[int(StateKind::kV)]);
+  *outcome = GpuUpdateOutcome::kPartial;  // from the launch on, P's slice, W, M, V may be neither old nor new
+  Status st;
+  if (device_->on_gpu()) {
+    st = CompactStepKernelCuda(ko, len, cs, gpu_scratch_.ptr, gpu_stream_);
+    // The kernel's own errors surface here; once it is OK, the state is new.
+    if (st.ok()) st = gpu::StreamSynchronize(gpu_stream_);
+  } else {  // gpu_optimizer_twin: the host arena, the CPU compact kernels
+    st = CompactStepKernelCpu(ko, len, cs, gpu_scratch_.ptr);
+  }
+  STRATA_RETURN_IF_ERROR(st.WithContext("the compact optimizer on the GPU, group " + std::to_string(g)));
+  *outcome = GpuUpdateOutcome::kUpdated;
   return Status::Ok();
 }
 

@@ -12,6 +12,7 @@
 #include "engine/block_io.h"
 #include "kernels/cpu/adagrad.h"
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/compact.h"
 #include "kernels/cpu/lion.h"
 
 namespace strata {
@@ -86,6 +87,13 @@ Status StepKernelCpu(const StepKernelOptions& o, uint64_t n, float* w, float* m,
 // CUDA. Returns after the launch; the caller synchronizes the stream.
 Status StepKernelCuda(const StepKernelOptions& o, uint64_t n, float* w, float* m, float* v, const void* g,
                       void* param_copy, void* stream);
+// The compact kernels of `o.type` (lion, else Adam/AdamW; kernels/cpu/compact.h)
+// over the arrays of `s` (P's slice is s.w_hi: no copy-out), in place: on
+// the CPU in parallel, or their CUDA twins on device pointers enqueued on
+// `stream` (UNSUPPORTED in a build without CUDA; the caller synchronizes).
+Status CompactStepKernelCpu(const StepKernelOptions& o, uint64_t n, const kernels::CompactState& s, const void* g);
+Status CompactStepKernelCuda(const StepKernelOptions& o, uint64_t n, const kernels::CompactState& s, const void* g,
+                             void* stream);
 // f32 -> f32 copy of n floats between device pointers, on `stream`.
 Status DeviceCopyF32(const float* src, float* dst, uint64_t n, void* stream);
 

@@ -236,8 +236,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     if (compact_) {  // P's slice is the bf16 half: nothing more to write
       const kernels::CompactState cs = CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
                                                  j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
-      if (oc.type == "lion") st = kernels::CompactLionStep(ko.lion, len, cs, j.ptr[int(StateKind::kG)], nullptr);
-      else st = kernels::CompactAdamStep(ko.adam, len, cs, j.ptr[int(StateKind::kG)], nullptr);
+      st = CompactStepKernelCpu(ko, len, cs, j.ptr[int(StateKind::kG)]);
     } else {
       st = StepKernelCpu(ko, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)], j.ptr[int(StateKind::kG)],
                          copy_f32 ? nullptr : P);

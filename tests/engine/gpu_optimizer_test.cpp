@@ -4,7 +4,8 @@
 // kernel -> back) and an engine without the GPU (force_no_gpu: the device
 // tier a host arena) — for Adam, AdamW, Lion and Adagrad with bf16 compute,
 // P homed on the device, the host or NVMe; also fp32 and fp16 compute, bf16 gradient
-// accumulation and overlap_step. Exits 77 ("skipped: no GPU (...)" on
+// accumulation and overlap_step; compact state (Adam, AdamW, Lion) with P on
+// the device. Exits 77 ("skipped: no GPU (...)" on
 // stderr) without a GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -30,9 +31,10 @@ struct Case {
   std::string param = "none";  // offload_param.device: "none" (P on the device), "cpu" or "nvme"
   std::string dtype = "bf16";  // compute: bf16, fp16 or fp32
   std::string grad_accum = "fp32";
+  std::string format = "fp32";  // strata.state_format
   bool overlap = false;
   std::string Name() const {
-    return optimizer + " P:" + param + " " + dtype + " G:" + grad_accum + (overlap ? " overlap" : "");
+    return optimizer + " P:" + param + " " + dtype + " G:" + grad_accum + " " + format + (overlap ? " overlap" : "");
   }
 };
 
@@ -43,7 +45,8 @@ std::string Json(const Case& s, const std::string& gpu_optimizer, const std::str
     "data_types": {"grad_accum_dtype": ")" + s.grad_accum + R"("},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
                           "offload_param": {"device": ")" + s.param + R"(", "nvme_path": ")" + dir + R"("}},
-    "strata": {"device_budget": "256MiB", "host_budget": "256MiB", "gpu_optimizer": ")" + gpu_optimizer + R"("}})";
+    "strata": {"device_budget": "256MiB", "host_budget": "256MiB", "gpu_optimizer": ")" + gpu_optimizer + R"(",
+               "state_format": ")" + s.format + R"("}})";
 }
 // clang-format on
 
@@ -223,6 +226,22 @@ TEST(GpuOptimizer, Bf16GradientAccumulation) {
     s.grad_accum = "bf16";
     CheckSetup(s);
   }
+}
+
+// Compact state with P homed on the device: P's slice, W, M, V updated in
+// place by the compact CUDA twins, bitwise the CPU compact kernels.
+TEST(GpuOptimizer, CompactStateWithPOnTheDevice) {
+  for (const char* o : {"adam", "adamw", "lion"}) {
+    Case s;
+    s.optimizer = o;
+    s.format = "compact";
+    CheckSetup(s);
+  }
+  Case s;
+  s.format = "compact";
+  s.grad_accum = "bf16";
+  s.overlap = true;
+  CheckSetup(s);
 }
 
 TEST(GpuOptimizer, OverlappedStep) {

@@ -66,12 +66,6 @@ TEST(GpuUpdateChoice, CpuWhenNoGpuOffOrNoTwin) {
   EXPECT_FALSE(c.warn);  // asked for
   EXPECT_NE(c.why.find("strata.gpu_optimizer"), std::string::npos) << c.why;
 
-  f = OnGpu();
-  f.compact = true;
-  c = ChooseGpuUpdate(f);
-  EXPECT_FALSE(c.gpu);
-  EXPECT_TRUE(c.warn);
-  EXPECT_NE(c.why.find("compact"), std::string::npos) << c.why;
 
   f = OnGpu();
   f.cuda_built = false;
@@ -82,6 +76,32 @@ TEST(GpuUpdateChoice, CpuWhenNoGpuOffOrNoTwin) {
   c = ChooseGpuUpdate(OnGpu("sgd"));
   EXPECT_FALSE(c.gpu);
   EXPECT_NE(c.why.find("sgd"), std::string::npos) << c.why;
+}
+
+// Compact: on the GPU (Adam, AdamW, Lion) when P, whose slice is the
+// master's bf16 half, is homed on the device with W, M, V; else on the CPU,
+// said once.
+TEST(GpuUpdateChoice, CompactOnTheGpuWithPOnTheDevice) {
+  for (const char* o : {"adam", "adamw", "lion"}) {
+    GpuUpdateFacts f = OnGpu(o);
+    f.compact = true;
+    const GpuUpdateChoice c = ChooseGpuUpdate(f);
+    EXPECT_TRUE(c.gpu) << o << ": " << c.why;
+  }
+  for (TierKind elsewhere : {TierKind::kHost, TierKind::kNvme}) {
+    GpuUpdateFacts f = OnGpu("adamw");
+    f.compact = true;
+    f.home[int(StateKind::kP)] = elsewhere;
+    const GpuUpdateChoice c = ChooseGpuUpdate(f);
+    EXPECT_FALSE(c.gpu);
+    EXPECT_TRUE(c.warn);
+    EXPECT_NE(c.why.find("compact"), std::string::npos) << c.why;
+  }
+  GpuUpdateFacts f = OnGpu("adagrad");  // refused by the config; no compact kernel either
+  f.compact = true;
+  const GpuUpdateChoice c = ChooseGpuUpdate(f);
+  EXPECT_FALSE(c.gpu);
+  EXPECT_NE(c.why.find("adagrad"), std::string::npos) << c.why;
 }
 
 StateBlock Block(TierKind home, uint64_t charged) {
@@ -231,9 +251,10 @@ struct TwinRun {
 struct TwinCase {
   std::string optimizer = "adamw", param = "none", grad_accum = "fp32";
   std::string dtype = "bf16";  // compute: bf16, fp16 or fp32
+  std::string format = "fp32";  // strata.state_format
   bool overlap = false;
   std::string Name() const {
-    return optimizer + " P:" + param + " " + dtype + " G:" + grad_accum + (overlap ? " overlap" : "");
+    return optimizer + " P:" + param + " " + dtype + " G:" + grad_accum + " " + format + (overlap ? " overlap" : "");
   }
 };
 
@@ -244,7 +265,7 @@ void TrainTwinInto(const TwinCase& k, bool twin, const std::string& dir, TwinRun
       "data_types": {"grad_accum_dtype": ")" + k.grad_accum + R"("},
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"},
         "offload_param": {"device": ")" + k.param + R"(", "nvme_path": ")" + dir + R"("}},
-      "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})";
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "state_format": ")" + k.format + R"("}})";
   // clang-format on
   auto config = ParseConfig(json);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
@@ -337,6 +358,47 @@ TEST(GpuOptimizerTwin, Fp32AndFp16ComputeBf16GradientsAndOverlap) {
   k.param = "cpu";
   k.overlap = true;
   CheckTwin(k);
+}
+
+// Compact state (P's slice the master's bf16 half, W's corrections, M and V
+// codes and scales) homed on the device: the twin updates all of it in place
+// with the CPU compact kernel standing in for the CUDA one, bit for bit the
+// CPU path's; also with bf16 gradient accumulation and an overlapped step.
+TEST(GpuOptimizerTwin, CompactStateWithPOnTheDevice) {
+  for (const char* o : {"adam", "adamw", "lion"}) {
+    TwinCase k;
+    k.optimizer = o;
+    k.format = "compact";
+    CheckTwin(k);
+  }
+  TwinCase k;
+  k.format = "compact";
+  k.optimizer = "lion";
+  k.grad_accum = "bf16";
+  CheckTwin(k);
+  k.optimizer = "adam";
+  k.overlap = true;
+  CheckTwin(k);
+}
+
+// Compact with P homed elsewhere stays on the CPU path (the twin does not
+// take it: no gradients go to the device), with the same bits.
+TEST(GpuOptimizerTwin, CompactWithPElsewhereIsUpdatedOnTheCpu) {
+  for (const char* param : {"cpu", "nvme"}) {
+    TwinCase k;
+    k.format = "compact";
+    k.param = param;
+    testing::TempDir dir;
+    TwinRun twin, cpu;
+    TrainTwinInto(k, true, dir.path(), &twin);
+    TrainTwinInto(k, false, dir.path(), &cpu);
+    ASSERT_EQ(twin.w.size(), cpu.w.size()) << k.Name();
+    for (size_t g = 0; g < cpu.w.size(); ++g) {
+      EXPECT_EQ(twin.w[g], cpu.w[g]) << k.Name() << ": W of group " << g;
+      EXPECT_EQ(twin.p[g], cpu.p[g]) << k.Name() << ": P of group " << g;
+    }
+    EXPECT_EQ(twin.stats.host_to_device, cpu.stats.host_to_device) << k.Name();
+  }
 }
 
 // Masters and fetched parameters of every group.
