@@ -14,36 +14,11 @@
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cuda/adam_cuda.h"
+#include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace strata::kernels::test {
 namespace {
-
-int g_failures = 0;
-
-#define CHECK_CUDA(expr)                                                                 \
-  do {                                                                                   \
-    const cudaError_t e_ = (expr);                                                       \
-    if (e_ != cudaSuccess) {                                                             \
-      std::printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
-
-void Expect(bool ok, const std::string& what) {
-  if (ok) return;
-  ++g_failures;
-  if (g_failures < 20) std::printf("FAIL %s\n", what.c_str());
-}
-
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t bytes) : bytes(bytes) { CHECK_CUDA(cudaMalloc(&ptr, bytes ? bytes : 1)); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  void Put(const void* host) { CHECK_CUDA(cudaMemcpy(ptr, host, bytes, cudaMemcpyHostToDevice)); }
-  void Get(void* host) const { CHECK_CUDA(cudaMemcpy(host, ptr, bytes, cudaMemcpyDeviceToHost)); }
-  void* ptr = nullptr;
-  size_t bytes;
-};
 
 void CompareAdam(AdamMode mode, DType grad, int copy, float mag, size_t n) {
   std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), dp(n), dm(n), dv(n);

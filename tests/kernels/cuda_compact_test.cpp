@@ -21,41 +21,11 @@
 #include "kernels/cpu/compact.h"
 #include "kernels/cuda/adam_cuda.h"
 #include "kernels/cuda/compact_cuda.h"
+#include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace strata::kernels::test {
 namespace {
-
-int g_failures = 0;
-
-#define CHECK_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    const cudaError_t e_ = (expr);                                                           \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-
-bool Expect(bool ok, const std::string& what) {
-  if (ok) return true;
-  ++g_failures;
-  if (g_failures < 20) std::printf("FAIL %s\n", what.c_str());
-  return false;
-}
-
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t bytes) : bytes(bytes) { CHECK_CUDA(cudaMalloc(&ptr, bytes ? bytes : 1)); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void Put(const void* host) { CHECK_CUDA(cudaMemcpy(ptr, host, bytes, cudaMemcpyHostToDevice)); }
-  void Get(void* host) const { CHECK_CUDA(cudaMemcpy(host, ptr, bytes, cudaMemcpyDeviceToHost)); }
-  template <typename T>
-  T* as() const { return static_cast<T*>(ptr); }
-  void* ptr = nullptr;
-  size_t bytes;
-};
 
 // The six arrays of n elements on the host.
 struct HostState {

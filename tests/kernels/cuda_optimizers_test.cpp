@@ -16,36 +16,11 @@
 #include "kernels/cpu/adagrad.h"
 #include "kernels/cpu/lion.h"
 #include "kernels/cuda/optimizers_cuda.h"
+#include "tests/kernels/cuda_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace strata::kernels::test {
 namespace {
-
-int g_failures = 0;
-
-#define CHECK_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    const cudaError_t e_ = (expr);                                                           \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
-
-void Expect(bool ok, const std::string& what) {
-  if (ok) return;
-  ++g_failures;
-  if (g_failures < 20) std::printf("FAIL %s\n", what.c_str());
-}
-
-struct DeviceBuffer {
-  explicit DeviceBuffer(size_t bytes) : bytes(bytes) { CHECK_CUDA(cudaMalloc(&ptr, bytes ? bytes : 1)); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  void Put(const void* host) { CHECK_CUDA(cudaMemcpy(ptr, host, bytes, cudaMemcpyHostToDevice)); }
-  void Get(void* host) const { CHECK_CUDA(cudaMemcpy(host, ptr, bytes, cudaMemcpyDeviceToHost)); }
-  void* ptr = nullptr;
-  size_t bytes;
-};
 
 // One case: the optimizer, the gradients' dtype and size, the copy-out (0
 // none, 1 bf16, 2 f16), and the gradients' magnitude.
