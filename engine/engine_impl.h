@@ -235,6 +235,9 @@ class Engine::Impl {
   bool reduces() const { return comm_ != nullptr && (multi() || comm_->device_buffers()); }
   Status GradsMulti(int group, const void* grads, DType dtype);
   Status ReduceGroup(int group, float* packed);
+  // The group's buckets: columns of the shard (stages 2-3) or ranges of the
+  // padded group (0-1), at most reduce_bucket_size elements each.
+  std::vector<ReduceBucket> ReducePlanOf(int group) const;
   Status InitReduce();  // at build: the device buffers and the thread
   void StopComm();
   // Waits for the communication thread's work (wait) or only looks (not);
@@ -249,6 +252,8 @@ class Engine::Impl {
   // Gives back the pins of copies gathered ahead that no fetch took (the
   // step, a save or a load comes first). REQUIRES: no communication work queued.
   void DropAheadPins();
+  // DropAheadPins' loop, except group `keep` (-1: none). REQUIRES: mu_ held.
+  void DropAheadPinsLocked(int keep);
   // Waits until no gather ahead of group g is queued or running.
   void WaitAheadOf(int g);
   Status AccumulateG(int group, const void* src, DType dtype, uint64_t count);
@@ -331,8 +336,15 @@ class Engine::Impl {
   bool comm_overlap_ = false;  // zero_optimization.overlap_comm, with a thread
   std::mutex comm_mu_;  // guards comm_queue_, comm_busy_, comm_stop_, comm_error_, reduce_dev_free_
   std::condition_variable comm_cv_;
-  std::deque<std::pair<int, float*>> comm_queue_;  // (group, packed gradients; null: gather ahead)
-  std::pair<int, float*> comm_current_{-1, nullptr};  // the job running
+  // A job of the communication thread: reduce a group's packed gradients, or
+  // (stage 3) gather its parameters ahead of their fetch.
+  struct CommJob {
+    int group = -1;
+    float* packed = nullptr;  // ReduceGroup's input; null for a gather ahead
+    bool gather_ahead() const { return group >= 0 && packed == nullptr; }
+  };
+  std::deque<CommJob> comm_queue_;
+  CommJob comm_current_;  // the job running
   std::atomic<uint64_t> gathers_ahead_{0}, gathers_ahead_declined_{0};
   bool comm_busy_ = false, comm_stop_ = false;
   Status comm_error_;

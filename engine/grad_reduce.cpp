@@ -167,29 +167,30 @@ Status Engine::Impl::InitReduce() {
     for (;;) {
       comm_cv_.wait(lock, [&] { return comm_stop_ || !comm_queue_.empty(); });
       if (comm_stop_) {  // what is queued is dropped: the engine is going away
-        for (auto& [g, p] : comm_queue_) {
-          if (!p) continue;
+        for (const CommJob& j : comm_queue_) {
+          if (!j.packed) continue;
           lock.unlock();
-          ReleasePacked(p);
+          ReleasePacked(j.packed);
           lock.lock();
         }
         comm_queue_.clear();
         comm_cv_.notify_all();
         return;
       }
-      const auto [g, packed] = comm_queue_.front();
+      const CommJob job = comm_queue_.front();
       comm_queue_.pop_front();
       comm_busy_ = true;
-      comm_current_ = {g, packed};
+      comm_current_ = job;
       const bool failed = !comm_error_.ok();
       lock.unlock();
       // After a failure nothing more is reduced: the ranks no longer agree.
-      // A job without a buffer is a stage-3 gather ahead.
-      Status st = failed ? Status::Ok() : packed ? ReduceGroup(g, packed) : GatherAhead(g);
-      if (packed) ReleasePacked(packed);
+      Status st = failed                ? Status::Ok()
+                  : job.gather_ahead() ? GatherAhead(job.group)
+                                       : ReduceGroup(job.group, job.packed);
+      if (job.packed) ReleasePacked(job.packed);
       lock.lock();
       comm_busy_ = false;
-      comm_current_ = {-1, nullptr};
+      comm_current_ = {};
       if (!st.ok() && comm_error_.ok()) comm_error_ = std::move(st);
       comm_cv_.notify_all();
     }
@@ -227,15 +228,20 @@ Status Engine::Impl::DrainComm(bool wait) {
   return st.WithContext("a background gradient reduction (zero_optimization.overlap_comm) failed");
 }
 
+std::vector<ReduceBucket> Engine::Impl::ReducePlanOf(int group) const {
+  const GroupLayout& L = part_.group(group);
+  const int world = comm_->world_size();
+  return config_.zero.stage >= 2 ? PlanReduceBuckets(L.shard_numel, world, config_.zero.reduce_bucket_size, true)
+                                 : PlanReduceBuckets(L.padded, world, config_.zero.reduce_bucket_size, false);
+}
+
 // The group's reduction and its accumulation into G, on the communication
 // thread or the caller's. `packed`: PackGradients' layout.
 Status Engine::Impl::ReduceGroup(int group, float* packed) {
   const GroupLayout& L = part_.group(group);
   GroupState& gs = groups_[static_cast<size_t>(group)];
   const bool scatter = config_.zero.stage >= 2;
-  const int world = comm_->world_size();
-  const auto buckets = scatter ? PlanReduceBuckets(L.shard_numel, world, config_.zero.reduce_bucket_size, true)
-                               : PlanReduceBuckets(L.padded, world, config_.zero.reduce_bucket_size, false);
+  const auto buckets = ReducePlanOf(group);
   comm_->SetLabel("grads g" + std::to_string(group) + " s" + std::to_string(step_count_ + 1) + " #" +
                   std::to_string(gs.grad_calls + 1));
   float* out = packed;
@@ -257,8 +263,7 @@ Status Engine::Impl::GradsMulti(int group, const void* grads, DType dtype) {
   const GroupLayout& L = part_.group(group);
   const bool scatter = config_.zero.stage >= 2;
   const int world = comm_->world_size();
-  const auto buckets = scatter ? PlanReduceBuckets(L.shard_numel, world, config_.zero.reduce_bucket_size, true)
-                               : PlanReduceBuckets(L.padded, world, config_.zero.reduce_bucket_size, false);
+  const auto buckets = ReducePlanOf(group);
   float* packed = AcquirePacked();
   Status st = scatter ? PackGradients(*reduce_mem_, grads, dtype, L.numel, L.shard_numel, world, buckets, true, packed)
                       : PackGradients(*reduce_mem_, grads, dtype, L.numel, L.padded, 1, buckets, false, packed);
@@ -273,7 +278,7 @@ Status Engine::Impl::GradsMulti(int group, const void* grads, DType dtype) {
   }
   {
     std::lock_guard<std::mutex> lock(comm_mu_);
-    comm_queue_.emplace_back(group, packed);
+    comm_queue_.push_back(CommJob{group, packed});
   }
   comm_cv_.notify_all();
   return Status::Ok();
@@ -324,20 +329,23 @@ void Engine::Impl::WaitAheadOf(int g) {
   if (!comm_thread_.joinable()) return;
   std::unique_lock<std::mutex> lock(comm_mu_);
   comm_cv_.wait(lock, [&] {
-    if (comm_busy_ && comm_current_.first == g && !comm_current_.second) return false;
+    if (comm_busy_ && comm_current_.gather_ahead() && comm_current_.group == g) return false;
     return std::none_of(comm_queue_.begin(), comm_queue_.end(),
-                        [&](const std::pair<int, float*>& j) { return j.first == g && !j.second; });
+                        [&](const CommJob& j) { return j.gather_ahead() && j.group == g; });
   });
 }
 
 void Engine::Impl::DropAheadPins() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& gs : groups_) {
-    DeviceCopy& d = gs.dev;
-    if (!d.ahead) continue;
+  DropAheadPinsLocked(-1);
+}
+
+void Engine::Impl::DropAheadPinsLocked(int keep) {
+  for (int h = 0; h < part_.num_groups(); ++h) {
+    DeviceCopy& d = groups_[static_cast<size_t>(h)].dev;
+    if (h == keep || !d.ahead) continue;
     d.ahead = false;
-    --d.pins;
-    if (d.pins == 0) d.gathered = false;
+    if (--d.pins == 0) d.gathered = false;
   }
 }
 

@@ -181,12 +181,7 @@ Result<void*> Engine::Impl::Fetch(int g) {
   if (!schedule_.OnFetch(g) && p_sharded_) {
     // Off the recorded order (on every rank alike): copies gathered ahead
     // for fetches that will not come give their pins back.
-    for (int h = 0; h < part_.num_groups(); ++h) {
-      DeviceCopy& c = groups_[static_cast<size_t>(h)].dev;
-      if (h == g || !c.ahead) continue;
-      c.ahead = false;
-      if (--c.pins == 0) c.gathered = false;
-    }
+    DropAheadPinsLocked(g);
   }
   if (p_whole_on_device()) {
     ++gs.dev.pins;
@@ -247,7 +242,7 @@ Result<void*> Engine::Impl::Fetch(int g) {
   if (next >= 0 && next != g) {
     {
       std::lock_guard<std::mutex> cl(comm_mu_);
-      comm_queue_.emplace_back(next, nullptr);
+      comm_queue_.push_back(CommJob{next, nullptr});  // a gather ahead
     }
     comm_cv_.notify_all();
   }

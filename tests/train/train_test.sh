@@ -3,7 +3,8 @@
 # parameters and optimizer state on NVMe under tight budgets gives the same
 # loss sequence and bitwise the same weights; (2) on the built-in corpus the
 # tiny preset's loss falls below 3.0 within 60 steps; (3) --save-every and
-# --resume reproduce the uninterrupted run exactly (fp16 loss scaling, lr schedule).
+# --resume reproduce the uninterrupted run exactly (fp16 loss scaling, lr schedule);
+# the medium preset builds on its default device budget.
 # Usage: train_test.sh STRATA_TRAIN
 set -euo pipefail
 TRAIN=${1:?usage: train_test.sh path/to/strata-train path/to/strata-export}
@@ -23,6 +24,13 @@ grep -q 'state_to_device_budget=' "$WORK/offload.out" || fail "no summary line"
 ratio=$(sed -n 's/.*state_to_device_budget=\([0-9.]*\).*/\1/p' "$WORK/offload.out")
 /usr/bin/python3 -c "import sys; sys.exit(0 if float('$ratio') >= 4 else 1)" || fail "state/device budget $ratio < 4"
 echo "ok: resident == offloaded (10 steps, state/device budget $ratio)"
+
+# The default device budget follows the preset: medium's blocks (1.77 M parameters, 3.4 MiB
+# of bf16) do not fit the 2 MiB that suits the small preset, so it must grow to two of them.
+"$TRAIN" --preset medium --steps 1 --batch 1 --seq 16 --nvme "$WORK" >"$WORK/medium.out" 2>&1 ||
+  { cat "$WORK/medium.out" >&2; fail "the medium preset does not run on the default device budget"; }
+grep -Eq 'device +budget +7\.0 MiB' "$WORK/medium.out" || { cat "$WORK/medium.out" >&2; fail "medium's default device budget is not 7 MiB"; }
+echo "ok: the medium preset runs on its default device budget (7 MiB)"
 
 "$TRAIN" --preset tiny --steps 60 --print-every 100 >"$WORK/learn.out"
 last=$(sed -n 's/.*last_loss=\([0-9.]*\).*/\1/p' "$WORK/learn.out")

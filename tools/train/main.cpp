@@ -22,7 +22,7 @@ namespace {
 
 struct Args {
   std::string preset = "small", data, nvme, config, trace, save, resume, state_format;
-  std::string device_budget = "2MiB", host_budget = "256MiB";
+  std::string device_budget, host_budget = "256MiB";  // device: see DefaultDeviceBudget
   int64_t steps = 100;
   int batch = 0, seq = 0, print_every = 10, save_every = 0, warmup = 10;
   double lr = 3e-3, min_lr_frac = 0.1, weight_decay = 0.0, clip = 1.0;
@@ -45,6 +45,17 @@ int Fail(const std::string& msg) {
 // attention's q·kᵀ and att·v, 2·2·T·C a layer forward, times 3 with the
 // backward: 12·L·T·C. The checkpointed blocks' second forward is not counted,
 // so this is what the model needs, not what the GPU ran.
+// The default device budget: 2 MiB, the figure that makes the small preset
+// offload, or the compute copies (2 bytes a parameter, bf16 or f16) of two of the largest
+// groups, a transformer block, when that is more: the engine refuses a budget
+// below one group, and the second lets the next group be fetched ahead. In
+// whole MiB, as a config string.
+std::string DefaultDeviceBudget(const layers::GptConfig& cfg) {
+  const uint64_t largest = std::max<uint64_t>(layers::BlockParamCount(cfg), layers::EmbedParamCount(cfg));
+  const uint64_t mib = std::max<uint64_t>(2, (2 * 2 * largest + (1u << 20) - 1) >> 20);
+  return std::to_string(mib) + "MiB";
+}
+
 double FlopsPerToken(const layers::GptConfig& cfg, uint64_t params, int seq) {
   return 6.0 * static_cast<double>(params) +
          12.0 * cfg.layers * static_cast<double>(seq) * static_cast<double>(cfg.channels);
@@ -140,7 +151,7 @@ int Run(Args a) {
   ci.clip = a.clip;
   ci.fp16 = a.fp16;
   ci.resident = a.resident;
-  ci.device_budget = a.device_budget;
+  ci.device_budget = a.device_budget.empty() ? DefaultDeviceBudget(cfg) : a.device_budget;
   ci.host_budget = a.host_budget;
   ci.nvme = a.nvme;
   ci.trace = a.trace;
@@ -308,7 +319,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", a.warmup, "warm-up steps")->capture_default_str()->check(CLI::Range(1, 1 << 30));
   app.add_option("--seed", a.seed, "seed of the data, the initialization and the sampler")->capture_default_str();
   app.add_option("--data", a.data, "a text file (bytes are tokens); default: the built-in corpus");
-  app.add_option("--device-budget", a.device_budget, "device tier budget")->capture_default_str();
+  app.add_option("--device-budget", a.device_budget,
+                 "device tier budget (default: 2 MiB, or two of the largest parameter group's compute copies "
+                 "when that is more, so that every preset offloads and builds)");
   app.add_option("--host-budget", a.host_budget, "host tier budget")->capture_default_str();
   app.add_option("--nvme", a.nvme, "swap folder (default: the config's nvme_path, else a fresh one under /var/tmp)");
   app.add_flag("--resident", a.resident, "keep every state resident (no offload, automatic budgets)");
