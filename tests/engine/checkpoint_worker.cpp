@@ -1,7 +1,9 @@
 // A training process for the checkpoint tests: trains the tiny MLP with
 // state on NVMe, fp16 loss scaling and an lr schedule, saving and resuming.
-//   checkpoint_worker SWAP CKPT train FROM TO [save TAG] [resume] [loop]
-// Writes the losses to stdout, one per line, then "master <hash>".
+//   checkpoint_worker SWAP CKPT train FROM TO [save TAG] [resume] [loop] [compact]
+// `compact`: strata.state_format "compact", which needs bf16 (no loss
+// scaling, so no overflow is injected). Writes the losses to stdout, one per
+// line, then "master <hash>".
 #include <xxhash.h>
 
 #include <cmath>
@@ -14,12 +16,16 @@
 
 using namespace strata;
 
-static std::string Json(const std::string& swap) {
-  return R"({"fp16": {"enabled": true, "initial_scale_power": 16, "loss_scale_window": 3, "hysteresis": 1},
+static std::string Json(const std::string& swap, bool compact) {
+  const std::string precision =
+      compact ? R"("bf16": {"enabled": true}, "strata": {"device_budget": "1MiB", "host_budget": "8MiB",
+                  "state_format": "compact"},)"
+              : R"("fp16": {"enabled": true, "initial_scale_power": 16, "loss_scale_window": 3, "hysteresis": 1},
+                  "strata": {"device_budget": "1MiB", "host_budget": "8MiB"},)";
+  return "{" + precision + R"(
     "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap + R"("},
-      "offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"("}},
-    "strata": {"device_budget": "1MiB", "host_budget": "8MiB"}})";
+      "offload_param": {"device": "nvme", "nvme_path": ")" + swap + R"("}}})";
 }
 
 static int Die(const Status& s) {
@@ -32,13 +38,14 @@ int main(int argc, char** argv) {
   const std::string swap = argv[1], ckpt = argv[2];
   const int from = std::stoi(argv[4]), to = std::stoi(argv[5]);
   std::string save_tag;
-  bool resume = false, loop = false;
+  bool resume = false, loop = false, compact = false;
   for (int i = 6; i < argc; ++i) {
     if (!std::strcmp(argv[i], "save") && i + 1 < argc) save_tag = argv[++i];
     else if (!std::strcmp(argv[i], "resume")) resume = true;
     else if (!std::strcmp(argv[i], "loop")) loop = true;
+    else if (!std::strcmp(argv[i], "compact")) compact = true;
   }
-  auto cfg = ParseConfig(Json(swap));
+  auto cfg = ParseConfig(Json(swap, compact));
   if (!cfg.ok()) return Die(cfg.status());
   auto e = Engine::Create(*cfg, {});
   if (!e.ok()) return Die(e.status());
@@ -55,7 +62,7 @@ int main(int argc, char** argv) {
   }
   for (int s = start; s < to || loop; ++s) {
     // Every fifth step overflows (as fp16 would), which the scaler must skip.
-    auto loss = model.TrainStep(eng, nullptr, s % 5 == 2 ? INFINITY : eng.loss_scale());
+    auto loss = model.TrainStep(eng, nullptr, !compact && s % 5 == 2 ? INFINITY : eng.loss_scale());
     if (!loss.ok()) return Die(loss.status());
     StepOptions so;
     so.lr = 0.01 * (1.0 - 0.03 * (s % 30));  // a schedule
