@@ -248,12 +248,14 @@ TEST(Engine, AStepInAnotherOrderStaysCorrect) {
   ExpectBitwiseEqual(plain, permuted, "permuted fetch order in step 5");
 }
 
-// Random fetch/release/grads/step schedules: budgets hold, nothing breaks.
+// Random fetch/release/grads/step schedules: budgets hold, nothing breaks,
+// in both state formats (seeds 13..18: compact, whose blocks are padded).
 TEST(Engine, BudgetsHoldUnderRandomSchedules) {
   TempDir dir;
   TinyMlp model(6, 40);
-  for (uint64_t seed = 1; seed <= 12; ++seed) {
-    auto e = Engine::Create(MustParse(PlacementJson("nvme_all", dir.path())), {});
+  for (uint64_t seed = 1; seed <= 18; ++seed) {
+    const std::string format = seed > 12 ? R"(, "state_format": "compact")" : "";
+    auto e = Engine::Create(MustParse(PlacementJson("nvme_all", dir.path(), format)), {});
     ASSERT_TRUE(e.ok());
     Engine& eng = **e;
     ASSERT_TRUE(model.Register(eng).ok());
