@@ -244,6 +244,7 @@ void Engine::Impl::UndoBuild() {
   io_.reset();
   nvme_.reset();
   device_->Trim();  // the pool's blocks go back too: nothing is left held
+  part_.Reopen();   // not built: add_param works again (it said "already built")
 }
 
 Status Engine::Impl::BuildOnce() {

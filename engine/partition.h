@@ -62,6 +62,9 @@ class Partition {
   uint64_t largest_group_numel() const;
   uint64_t largest_shard_numel() const;
   uint64_t total_numel() const;
+  // After a failed build: parameters may be added again (Finalize recomputes
+  // every layout from the tensors).
+  void Reopen() { finalized_ = false; }
 
  private:
   std::vector<GroupLayout> groups_;

@@ -309,6 +309,13 @@ TEST(Engine, GroupLargerThanDeviceBudgetIsRefusedAtBuild) {
   Status st = (*e)->Build();
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("device"), std::string::npos) << st.ToString();
+  // The engine is not built: parameters may still be added (not "already
+  // built"), and the next build fails for the same reason, not another.
+  auto off = (*e)->AddParam(static_cast<int>((*e)->num_groups()), "late", 10, nullptr);
+  EXPECT_TRUE(off.ok()) << off.status().ToString();
+  st = (*e)->Build();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("device"), std::string::npos) << st.ToString();
 }
 
 TEST(Engine, CallsOutOfOrderAreRefused) {
