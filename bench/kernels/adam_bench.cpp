@@ -114,6 +114,14 @@ class Bench {
     });
   }
 
+  // fp32 -> compact on one path (checkpoint conversion, ReadState, a build
+  // with values): reads w, m, v, writes the compact state, in place of it.
+  double CompactPack(CpuIsa isa) {
+    return SecondsPerStep(1, [&] {
+      Check(kernels::CompactPackOn(isa, args_.n, a_.p.data(), a_.m.data(), a_.v.data(), a_.compact()));
+    });
+  }
+
   // The compact AdamW step: bf16 gradient with a scale, P = w_hi (no copy-out).
   double Compact(CpuIsa isa, int steps) {
     return SecondsPerStep(steps, [&] {
@@ -255,6 +263,17 @@ int Run(const Args& args) {
                 "(%.1f GB/s), compact_bound_ratio %.3f\n",
                 kernels::CpuIsaName(simd[k]), kCompactBytesPerParam, Gps(args.n, Median(compact_t[k])),
                 bound_gps, bound_gps * kCompactBytesPerParam, Median(compact_r[k]));
+  }
+  // The conversion: scalar reference against the SIMD path, a few rounds.
+  if (simd.back() != CpuIsa::kScalar) {
+    std::vector<double> pack_s, pack_v;
+    for (int r = 0; r < 3; ++r) {
+      pack_s.push_back(bench.CompactPack(CpuIsa::kScalar));
+      pack_v.push_back(bench.CompactPack(simd.back()));
+    }
+    std::printf("compact pack (fp32 -> compact) scalar %7.3f G params/s, %s %7.3f G params/s (%.2fx)\n",
+                Gps(args.n, Median(pack_s)), kernels::CpuIsaName(simd.back()), Gps(args.n, Median(pack_v)),
+                Median(pack_s) / Median(pack_v));
   }
   const size_t bi = paths.size() - 1;
   std::printf("adam_vs_peers bound_ratio=%.3f torch_ratio=%s compact_bound_ratio=%.3f\n",

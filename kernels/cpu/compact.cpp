@@ -39,20 +39,33 @@ double CompactSqrtSecondBound(double v, double sqrt_max) {
   return (std::sqrt(std::sqrt(v) * sqrt_max) / 255.0 + sqrt_max / 260100.0) * (1.0 + 0x1p-10) + 0x1p-74;
 }
 
-Status CompactPack(size_t n, const float* w, const float* m, const float* v, const CompactState& s) {
+Status CompactPackOn(CpuIsa isa, size_t n, const float* w, const float* m, const float* v,
+                     const CompactState& s) {
+  STRATA_RETURN_IF_ERROR(CheckCpuIsa(isa));
   if (n == 0) return Status::Ok();
   if (!w || !m || HasNullWM(s) || BadV(v, s)) return InvalidError("CompactPack: null array");
-  ParallelForTiles(n, kElementTile,
-                   [&](size_t begin, size_t end) { internal::CompactPackRange(w, m, v, s, begin, end); });
+  const auto fn = isa == CpuIsa::kScalar ? internal::CompactPackRange : internal::CompactPackRangeAvx2;
+  ParallelForTiles(n, kElementTile, [&](size_t begin, size_t end) { fn(w, m, v, s, begin, end); });
   return Status::Ok();
 }
 
-Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float* v) {
+Status CompactUnpackOn(CpuIsa isa, size_t n, const CompactState& s, float* w, float* m, float* v) {
+  STRATA_RETURN_IF_ERROR(CheckCpuIsa(isa));
   if (n == 0) return Status::Ok();
   if (!w || !m || HasNullWM(s) || BadV(v, s)) return InvalidError("CompactUnpack: null array");
-  ParallelForTiles(n, kElementTile,
-                   [&](size_t begin, size_t end) { internal::CompactUnpackRange(s, w, m, v, begin, end); });
+  const auto fn = isa == CpuIsa::kScalar ? internal::CompactUnpackRange : internal::CompactUnpackRangeAvx2;
+  ParallelForTiles(n, kElementTile, [&](size_t begin, size_t end) { fn(s, w, m, v, begin, end); });
   return Status::Ok();
+}
+
+Status CompactPack(size_t n, const float* w, const float* m, const float* v, const CompactState& s) {
+  STRATA_ASSIGN_OR_RETURN(const CpuIsa isa, ActiveCpuIsa());
+  return CompactPackOn(isa, n, w, m, v, s);
+}
+
+Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float* v) {
+  STRATA_ASSIGN_OR_RETURN(const CpuIsa isa, ActiveCpuIsa());
+  return CompactUnpackOn(isa, n, s, w, m, v);
 }
 
 Status CompactAdamStepOn(CpuIsa isa, const AdamOptions& opt, size_t n, const CompactState& s,

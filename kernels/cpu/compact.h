@@ -101,7 +101,9 @@ struct CompactState {
 };
 
 // fp32 -> compact (checkpoint conversion, ReadState). w, m, v: n floats each.
-// Runs the scalar reference over tiles in parallel. Errors: kInvalid on null.
+// Runs over tiles in parallel, in AVX2 vectors where the active path is
+// SIMD (AVX-512 machines use them too), bitwise the scalar reference's.
+// Errors: kInvalid on null.
 // Lion's state has no v: v, s.v_code and s.v_scale all null (then no zero-v
 // rule applies to m); in CompactUnpack likewise.
 Status CompactPack(size_t n, const float* w, const float* m, const float* v, const CompactState& s);
@@ -110,6 +112,11 @@ Status CompactPack(size_t n, const float* w, const float* m, const float* v, con
 // (its (hi, lo) may move from (h, 127) to (h + 1 ulp, -127) at an exact tie);
 // moments are requantized (within their bounds), not bitwise fixed points.
 Status CompactUnpack(size_t n, const CompactState& s, float* w, float* m, float* v);
+// The same on a chosen path: kScalar (the reference) or a SIMD one (AVX2
+// vectors for kAvx2 and kAvx512). kUnsupported for a path the CPU lacks.
+Status CompactPackOn(CpuIsa isa, size_t n, const float* w, const float* m, const float* v,
+                     const CompactState& s);
+Status CompactUnpackOn(CpuIsa isa, size_t n, const CompactState& s, float* w, float* m, float* v);
 
 // One fused Adam/AdamW step over n elements, in place on `s`, on the active
 // path. Bitwise equal to CompactPack(AdamStep(CompactUnpack(s))) with the same

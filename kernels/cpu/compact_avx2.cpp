@@ -372,6 +372,67 @@ struct CompactLionAvx2 {
 
 }  // namespace
 
+// CompactPackRange's operations in vectors, block by block (the partial last
+// block by the scalar reference): Split, sqrt(v), the scales and codes.
+void CompactPackRangeAvx2(const float* w, const float* m, const float* v, const CompactState& s, size_t begin,
+                          size_t end) {
+  const Ints c;
+  size_t i = begin;
+  for (; i + kCompactBlock <= end; i += kCompactBlock) {
+    __m256i hi[kVectors], lo[kVectors];
+    __m256 mv[kVectors], rv[kVectors];
+#pragma GCC unroll 4
+    for (size_t k = 0; k < kVectors; ++k) {
+      const size_t e = i + k * kAvx2Lanes;
+      Split(c, _mm256_loadu_ps(w + e), &hi[k], &lo[k]);
+      mv[k] = _mm256_loadu_ps(m + e);
+      if (v) rv[k] = _mm256_sqrt_ps(_mm256_loadu_ps(v + e));
+    }
+    Store32(s.w_hi + i, _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[0], hi[1]), 0xd8));
+    Store32(s.w_hi + i + 16, _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[2], hi[3]), 0xd8));
+    Store32(s.w_lo + i, PackBytes(c, lo, true));
+    if (!v) {  // Lion: no v, no zero-v rule
+      StoreM(c, s, i, mv);
+      continue;
+    }
+    // QuantizeM, QuantizeV and ZeroMWhereVZero of compact_elements.h.
+    const size_t b = i / kCompactBlock;
+    const uint32_t amax = MaxAbsBits(c, mv), rmax = MaxAbsBits(c, rv);
+    const float a = BitsF32(amax), big = BitsF32(rmax);
+    const bool m_live = amax < 0x7f800000u && a >= kCompactMinScale;
+    const bool v_live = rmax < 0x7f800000u && big > 0.0f;
+    s.m_scale[b] = m_live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
+    s.v_scale[b] = v_live ? big : (rmax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
+    const __m256 km = _mm256_set1_ps(m_live ? 16129.0f / a : 0.0f);
+    const __m256 kv = _mm256_set1_ps(v_live ? 65025.0f / big : 0.0f);
+    __m256i qm[kVectors], qv[kVectors];
+#pragma GCC unroll 4
+    for (size_t k = 0; k < kVectors; ++k) {
+      qv[k] = v_live ? Codes(c, rv[k], kv, c.c255) : _mm256_setzero_si256();
+      const __m256i q = m_live ? _mm256_sign_epi32(Codes(c, mv[k], km, c.c127), _mm256_castps_si256(mv[k]))
+                               : _mm256_setzero_si256();
+      qm[k] = _mm256_andnot_si256(_mm256_cmpeq_epi32(qv[k], _mm256_setzero_si256()), q);
+    }
+    Store32(s.m_code + i, PackBytes(c, qm, true));
+    Store32(s.v_code + i, PackBytes(c, qv, false));
+  }
+  if (i < end) CompactPackRange(w, m, v, s, i, end);
+}
+
+// CompactUnpackRange's operations in vectors (Rebuild, DequantizeM/V); the
+// last partial vector by the scalar reference.
+void CompactUnpackRangeAvx2(const CompactState& s, float* w, float* m, float* v, size_t begin, size_t end) {
+  const Ints c;
+  size_t i = begin;
+  for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) {
+    const size_t b = i / kCompactBlock;  // a vector never straddles two blocks
+    _mm256_storeu_ps(w + i, Rebuild(c, s.w_hi + i, s.w_lo + i));
+    _mm256_storeu_ps(m + i, DequantizeM(s.m_code + i, _mm256_set1_ps(s.m_scale[b] / 16129.0f)));
+    if (v) _mm256_storeu_ps(v + i, DequantizeV(s.v_code + i, _mm256_set1_ps(s.v_scale[b] / 65025.0f)));
+  }
+  if (i < end) CompactUnpackRange(s, w, m, v, i, end);
+}
+
 CompactLionRangeFn SelectCompactLionAvx2(DType grad, CompactCopy copy) {
   return PickCompactLion<CompactLionAvx2>(grad, copy);
 }

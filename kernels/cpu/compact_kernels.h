@@ -42,5 +42,9 @@ CompactLionRangeFn SelectCompactLionAvx512(DType grad, CompactCopy copy);
 void CompactPackRange(const float* w, const float* m, const float* v, const CompactState& s, size_t begin,
                       size_t end);
 void CompactUnpackRange(const CompactState& s, float* w, float* m, float* v, size_t begin, size_t end);
+// The same in AVX2 vectors, bitwise equal (AVX-512 machines run these too).
+void CompactPackRangeAvx2(const float* w, const float* m, const float* v, const CompactState& s, size_t begin,
+                          size_t end);
+void CompactUnpackRangeAvx2(const CompactState& s, float* w, float* m, float* v, size_t begin, size_t end);
 
 }  // namespace strata::kernels::internal

@@ -1,5 +1,5 @@
-// Every SIMD path of the compact Adam/AdamW step against the scalar reference,
-// bitwise: sizes around the block and vector widths (partial last blocks),
+// Every SIMD path of the compact Adam/AdamW step (and of the fp32 <-> compact
+// conversions) against the scalar reference, bitwise: sizes around the block and vector widths (partial last blocks),
 // misaligned arrays, 30 steps with an lr that changes each step, tiny, huge
 // and non-finite gradients, f32/bf16/f16 gradients, every copy-out, and thread
 // counts.
@@ -101,6 +101,62 @@ std::vector<Variant> AllVariants() {
       for (int copy = 0; copy < 4; ++copy)
         for (float mag : {1.0f, 1e-6f, 3e3f}) all.push_back({mode, g, copy, mag});
   return all;
+}
+
+// fp32 input for the conversions: weights over many binades with every
+// special (±0, subnormals, the top floats past bf16's range, ±inf, NaN);
+// moments with blocks that hold an inf, a NaN, a negative v, only zeros, or
+// only values below kCompactMinScale.
+void FillFp32(std::vector<float>& w, std::vector<float>& m, std::vector<float>& v, uint64_t seed) {
+  Rng rng(seed);
+  const float specials[] = {0.0f, -0.0f, 1e-45f, -3e-39f, 0x1.fffffep127f, -0x1.ff8p127f, INFINITY, -INFINITY,
+                            std::nanf("")};
+  for (size_t i = 0; i < w.size(); ++i) {
+    const size_t block = i / kCompactBlock;
+    w[i] = i % 17 == 5 ? specials[(i / 17) % 9] : std::ldexp(rng.Spread(), static_cast<int>(rng.Next() % 80) - 40);
+    m[i] = 0.01f * rng.Spread();
+    const float g = rng.Spread();
+    v[i] = 1e-3f * g * g;
+    switch (block % 9) {
+      case 2: if (i % kCompactBlock == 3) m[i] = INFINITY; break;
+      case 3: if (i % kCompactBlock == 9) v[i] = std::nanf(""); break;
+      case 4: if (i % kCompactBlock == 1) v[i] = -1e-3f; break;
+      case 5: m[i] = 0.0f, v[i] = 0.0f; break;
+      case 6: m[i] *= 1e-35f; break;
+      case 7: v[i] = i % 2 ? 0.0f : v[i]; break;  // zero v codes force m codes to 0
+      default: break;
+    }
+  }
+}
+
+// CompactPack and CompactUnpack on each SIMD path against the scalar
+// reference, bitwise, with (Adam) and without (Lion) v, misaligned, with
+// partial last blocks and across tiles.
+TEST(CompactPaths, PackAndUnpackEqualTheReference) {
+  for (CpuIsa isa : SimdPathsHere())  // both SIMD paths convert in AVX2 vectors, verified here
+    for (size_t n : {size_t{1}, size_t{7}, size_t{31}, size_t{32}, size_t{33}, size_t{95}, size_t{1025},
+                     (size_t{1} << 18) + 19})
+      for (bool lion : {false, true})
+        for (size_t offset : {size_t{0}, size_t{3}}) {
+          const std::string where = std::string(CpuIsaName(isa)) + " n=" + std::to_string(n) +
+                                    (lion ? " lion" : " adam") + " offset=" + std::to_string(offset);
+          std::vector<float> w(n + offset), m(n + offset), v(n + offset);
+          FillFp32(w, m, v, n + offset);
+          const float* vin = lion ? nullptr : v.data() + offset;
+          CompactBuffers ref(n, offset), simd(n, offset + 5);
+          CompactState rs = ref.state(), ss = simd.state();
+          if (lion) rs.v_code = ss.v_code = nullptr, rs.v_scale = ss.v_scale = nullptr;
+          ASSERT_TRUE(CompactPackOn(CpuIsa::kScalar, n, w.data() + offset, m.data() + offset, vin, rs).ok());
+          const Status st = CompactPackOn(isa, n, w.data() + offset, m.data() + offset, vin, ss);
+          ASSERT_TRUE(st.ok()) << st.ToString();
+          ASSERT_EQ(CompactDiff(ref, simd), "") << "pack " << where;
+          std::vector<float> w1(n), m1(n), v1(n, 7.0f), w2(n), m2(n), v2(n, 7.0f);
+          ASSERT_TRUE(CompactUnpackOn(CpuIsa::kScalar, n, rs, w1.data(), m1.data(), lion ? nullptr : v1.data()).ok());
+          ASSERT_TRUE(CompactUnpackOn(isa, n, ss, w2.data(), m2.data(), lion ? nullptr : v2.data()).ok());
+          ASSERT_EQ(FirstDiff(w1.data(), w2.data(), n), -1) << "unpack w " << where;
+          ASSERT_EQ(FirstDiff(m1.data(), m2.data(), n), -1) << "unpack m " << where;
+          ASSERT_EQ(FirstDiff(v1.data(), v2.data(), n), -1) << "unpack v " << where;
+        }
 }
 
 TEST(CompactPaths, SmallSizesAllVariantsMisaligned) {
