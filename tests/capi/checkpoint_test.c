@@ -1,5 +1,6 @@
 /* Checkpoints through the C API: save, train on, load back, and the errors
- * a caller meets (existing tag, small blob buffer, nothing saved). */
+ * a caller meets (existing tag, small blob buffer, nothing saved), in both
+ * state formats (fp32, and compact with bf16 compute). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,13 +35,14 @@ static int one_step(strata_engine_t* e, float g) {
   return 0;
 }
 
-int main(void) {
+static int run(int compact) {
   char dir[] = "/var/tmp/strata-capi-ckpt-XXXXXX";
   if (!mkdtemp(dir)) return 1;
-  char json[512];
+  char json[640];
   snprintf(json, sizeof json,
            "{\"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.05}}, \"zero_optimization\": "
-           "{\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s\"}}}", dir);
+           "{\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s\"}}%s}", dir,
+           compact ? ", \"bf16\": {\"enabled\": true}, \"strata\": {\"state_format\": \"compact\"}" : "");
   strata_engine_options_t opts = STRATA_ENGINE_OPTIONS_INIT;
   opts.force_no_gpu = 1;
   strata_engine_t* e = NULL;
@@ -94,7 +96,12 @@ int main(void) {
   EXPECT(memcmp(now, w2, sizeof now) == 0);
   void* p = NULL;
   CHECK(strata_engine_fetch(e, 0, NULL, &p));
-  EXPECT(((const float*)p)[7] == 7.0f); /* the parameters follow the master weights */
+  /* The parameters follow the master weights (bf16 of 7.0 in compact). */
+  if (compact) {
+    EXPECT(((const uint16_t*)p)[7] == 0x40e0);
+  } else {
+    EXPECT(((const float*)p)[7] == 7.0f);
+  }
   CHECK(strata_engine_release(e, 0, NULL));
   int64_t steps = 0;
   CHECK(strata_engine_get_steps(e, &steps));
@@ -108,6 +115,11 @@ int main(void) {
   char cmd[700];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
   if (system(cmd) != 0) return 1;
-  printf("capi checkpoint: ok\n");
+  printf("capi checkpoint (%s): ok\n", compact ? "compact" : "fp32");
   return 0;
+}
+
+int main(void) {
+  if (run(0)) return 1;
+  return run(1);
 }
