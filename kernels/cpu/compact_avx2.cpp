@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernels/cpu/compact_kernels.h"
+#include "kernels/cpu/compact_scale.h"
 #include "kernels/cpu/variant_select.h"
 #include "kernels/cpu/optimizer_avx2.h"
 #include "kernels/cpu/compact_tail.h"
@@ -86,7 +87,7 @@ inline __m256 DequantizeV(const uint8_t* code, __m256 step) {
 }
 
 // Largest |x| bits over the block's four vectors (integer max, as MaxAbsBits).
-inline uint32_t MaxAbsBits(const Ints& c, const __m256 (&x)[kVectors]) {
+inline uint32_t MaxAbsBits(const Ints& c, const __m256* x) {
   __m256i mx = _mm256_setzero_si256();
 #pragma GCC unroll 4
   for (size_t k = 0; k < kVectors; ++k)
@@ -115,21 +116,38 @@ inline __m256i PackBytes(const Ints& c, const __m256i (&q)[kVectors], bool is_si
 
 inline void Store32(void* dst, __m256i x) { _mm256_storeu_si256(static_cast<__m256i*>(dst), x); }
 
-// Lion's moment: m codes and scale only (no v, so no zero-v rule).
-[[gnu::always_inline]] inline void StoreM(const Ints& c, const CompactState& s, size_t i,
-                                          const __m256 (&m)[kVectors]) {
-  const size_t b = i / kCompactBlock;
-  const uint32_t amax = MaxAbsBits(c, m);
-  const float a = BitsF32(amax);
-  const bool live = amax < 0x7f800000u && a >= kCompactMinScale;
-  s.m_scale[b] = live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
-  const __m256 km = _mm256_set1_ps(live ? 16129.0f / a : 0.0f);
-  __m256i qm[kVectors];
+// Codes of one block (QuantizeM, QuantizeV, ZeroMWhereVZero in
+// compact_elements.h) from its new moments m and r = sqrt(v), given the
+// block's factors and live flags. r == nullptr: Lion, m codes only (no v, so
+// no zero-v rule).
+[[gnu::always_inline]] inline void StoreCodes(const Ints& c, const CompactState& s, size_t i, const __m256* m,
+                                              const __m256* r, __m256 km, __m256 kv, bool m_live, bool v_live) {
+  __m256i qm[kVectors], qv[kVectors];
 #pragma GCC unroll 4
-  for (size_t k = 0; k < kVectors; ++k)
-    qm[k] = live ? _mm256_sign_epi32(Codes(c, m[k], km, c.c127), _mm256_castps_si256(m[k]))
-                 : _mm256_setzero_si256();
+  for (size_t k = 0; k < kVectors; ++k) {
+    qm[k] = m_live ? _mm256_sign_epi32(Codes(c, m[k], km, c.c127), _mm256_castps_si256(m[k]))
+                   : _mm256_setzero_si256();
+    if (r == nullptr) continue;
+    qv[k] = v_live ? Codes(c, r[k], kv, c.c255) : _mm256_setzero_si256();
+    qm[k] = _mm256_andnot_si256(_mm256_cmpeq_epi32(qv[k], _mm256_setzero_si256()), qm[k]);
+  }
   Store32(s.m_code + i, PackBytes(c, qm, true));
+  if (r != nullptr) Store32(s.v_code + i, PackBytes(c, qv, false));
+}
+
+// One block's scales (compact_scale.h) and codes from its new moments; r ==
+// nullptr for Lion.
+[[gnu::always_inline]] inline void StoreMoments(const Ints& c, const CompactState& s, size_t i,
+                                                const __m256 (&m)[kVectors], const __m256* r) {
+  const size_t b = i / kCompactBlock;
+  const BlockScale ms = MBlockScale(MaxAbsBits(c, m));
+  s.m_scale[b] = ms.stored;
+  BlockScale vs{};
+  if (r != nullptr) {
+    vs = VBlockScale(MaxAbsBits(c, r));
+    s.v_scale[b] = vs.stored;
+  }
+  StoreCodes(c, s, i, m, r, _mm256_set1_ps(ms.k), _mm256_set1_ps(vs.k), ms.live, vs.live);
 }
 
 // The block's new masters, split: w_hi (and a bf16 copy-out), w_lo.
@@ -211,24 +229,6 @@ struct CompactAdamAvx2 {
     alignas(32) float m_step[kGroup], v_step[kGroup], km[kGroup], kv[kGroup];
   };
 
-  // Codes of block b (QuantizeM, QuantizeV, ZeroMWhereVZero in
-  // compact_elements.h), from the block's new moments and live flags.
-  [[gnu::always_inline]] static inline void StoreCodes(const Ints& c, const CompactState& s, size_t i,
-                                                       const Scratch& x, size_t b, bool m_live, bool v_live) {
-    const __m256 km = _mm256_broadcast_ss(&x.km[b]), kv = _mm256_broadcast_ss(&x.kv[b]);
-    __m256i qm[kVectors], qv[kVectors];
-#pragma GCC unroll 4
-    for (size_t v = 0; v < kVectors; ++v) {
-      const size_t j = b * kVectors + v;
-      qv[v] = v_live ? Codes(c, x.r[j], kv, c.c255) : _mm256_setzero_si256();
-      const __m256i q = m_live ? _mm256_sign_epi32(Codes(c, x.m[j], km, c.c127), _mm256_castps_si256(x.m[j]))
-                               : _mm256_setzero_si256();
-      qm[v] = _mm256_andnot_si256(_mm256_cmpeq_epi32(qv[v], _mm256_setzero_si256()), q);
-    }
-    Store32(s.m_code + i, PackBytes(c, qm, true));
-    Store32(s.v_code + i, PackBytes(c, qv, false));
-  }
-
   // nb (1..kGroup) whole blocks at i (a multiple of kCompactBlock):
   // AdamAvx2::Update's operations on the dequantized state, then the split
   // master, the new scales and the codes.
@@ -238,8 +238,8 @@ struct CompactAdamAvx2 {
     // The dequantization steps of the old scales (MStep, VStep), eight at a time.
     alignas(32) float ms[kGroup] = {}, vs[kGroup] = {};
     for (size_t b = 0; b < nb; ++b) ms[b] = a.s.m_scale[b0 + b], vs[b] = a.s.v_scale[b0 + b];
-    _mm256_store_ps(x.m_step, _mm256_div_ps(_mm256_load_ps(ms), _mm256_set1_ps(16129.0f)));
-    _mm256_store_ps(x.v_step, _mm256_div_ps(_mm256_load_ps(vs), _mm256_set1_ps(65025.0f)));
+    _mm256_store_ps(x.m_step, _mm256_div_ps(_mm256_load_ps(ms), _mm256_set1_ps(kMCodeSquared)));
+    _mm256_store_ps(x.v_step, _mm256_div_ps(_mm256_load_ps(vs), _mm256_set1_ps(kVCodeSquared)));
     // Pass 1: the new moments, sqrt(v), and the decayed master.
     for (size_t j = 0; j < nv; ++j) {
       const size_t e = i + j * kAvx2Lanes, b = j / kVectors;
@@ -281,7 +281,8 @@ struct CompactAdamAvx2 {
       x.r_max[b] = r_max;
     }
     for (size_t b = nb; b < kGroup; ++b) x.m_max[b] = x.r_max[b] = _mm256_setzero_si256();
-    // New scales (QuantizeM, QuantizeV): A = max |m|, R = max sqrt(v) a block.
+    // New scales, MBlockScale and VBlockScale (compact_scale.h) eight blocks at
+    // a time: A = max |m|, R = max sqrt(v) a block.
     const __m256i amax = MaxOfEach(x.m_max), rmax = MaxOfEach(x.r_max);
     const __m256 a_f = _mm256_castsi256_ps(amax), r_f = _mm256_castsi256_ps(rmax);
     const __m256 m_finite = _mm256_castsi256_ps(_mm256_cmpgt_epi32(c.inf, amax));
@@ -289,18 +290,20 @@ struct CompactAdamAvx2 {
     const __m256 m_live =
         _mm256_and_ps(m_finite, _mm256_cmp_ps(a_f, _mm256_set1_ps(kCompactMinScale), _CMP_GE_OQ));
     const __m256 v_live = _mm256_and_ps(v_finite, _mm256_cmp_ps(r_f, _mm256_setzero_ps(), _CMP_GT_OQ));
-    const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(kScaleNaNBits)));
     // Live: the maximum; finite but not live: 0; else NaN.
     _mm256_store_ps(ms, _mm256_or_ps(_mm256_and_ps(m_live, a_f), _mm256_andnot_ps(m_finite, nan)));
     _mm256_store_ps(vs, _mm256_or_ps(_mm256_and_ps(v_live, r_f), _mm256_andnot_ps(v_finite, nan)));
     for (size_t b = 0; b < nb; ++b) a.s.m_scale[b0 + b] = ms[b], a.s.v_scale[b0 + b] = vs[b];
-    _mm256_store_ps(x.km, _mm256_div_ps(_mm256_set1_ps(16129.0f), a_f));
-    _mm256_store_ps(x.kv, _mm256_div_ps(_mm256_set1_ps(65025.0f), r_f));
+    _mm256_store_ps(x.km, _mm256_div_ps(_mm256_set1_ps(kMCodeSquared), a_f));
+    _mm256_store_ps(x.kv, _mm256_div_ps(_mm256_set1_ps(kVCodeSquared), r_f));
     const unsigned m_bits = static_cast<unsigned>(_mm256_movemask_ps(m_live));
     const unsigned v_bits = static_cast<unsigned>(_mm256_movemask_ps(v_live));
     // Pass 4: the codes.
     for (size_t b = 0; b < nb; ++b)
-      StoreCodes(c, a.s, i + b * kCompactBlock, x, b, (m_bits >> b) & 1, (v_bits >> b) & 1);
+      StoreCodes(c, a.s, i + b * kCompactBlock, &x.m[b * kVectors], &x.r[b * kVectors],
+                 _mm256_broadcast_ss(&x.km[b]), _mm256_broadcast_ss(&x.kv[b]), (m_bits >> b) & 1,
+                 (v_bits >> b) & 1);
   }
 
   static void Run(const AdamStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
@@ -332,7 +335,7 @@ struct CompactAdamAvx2 {
 template <DType G, CompactCopy C>
 struct CompactLionAvx2 {
   static void Block(const LionConstsx8& k, const Ints& c, const CompactArrays& a, size_t i) {
-    const __m256 m_step = _mm256_set1_ps(a.s.m_scale[i / kCompactBlock] / 16129.0f);
+    const __m256 m_step = _mm256_set1_ps(a.s.m_scale[i / kCompactBlock] / kMCodeSquared);
     __m256 m_new[kVectors];
     __m256i hi[kVectors], lo[kVectors];
 #pragma GCC unroll 4
@@ -348,7 +351,7 @@ struct CompactLionAvx2 {
       m_new[v] = _mm256_fmadd_ps(k.one_minus_beta2, g, _mm256_mul_ps(m, k.beta2));
     }
     StoreMaster<C>(c, a, i, hi, lo);
-    StoreM(c, a.s, i, m_new);
+    StoreMoments(c, a.s, i, m_new, nullptr);
   }
 
   static void Run(const LionStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {
@@ -391,30 +394,7 @@ void CompactPackRangeAvx2(const float* w, const float* m, const float* v, const 
     Store32(s.w_hi + i, _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[0], hi[1]), 0xd8));
     Store32(s.w_hi + i + 16, _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[2], hi[3]), 0xd8));
     Store32(s.w_lo + i, PackBytes(c, lo, true));
-    if (!v) {  // Lion: no v, no zero-v rule
-      StoreM(c, s, i, mv);
-      continue;
-    }
-    // QuantizeM, QuantizeV and ZeroMWhereVZero of compact_elements.h.
-    const size_t b = i / kCompactBlock;
-    const uint32_t amax = MaxAbsBits(c, mv), rmax = MaxAbsBits(c, rv);
-    const float a = BitsF32(amax), big = BitsF32(rmax);
-    const bool m_live = amax < 0x7f800000u && a >= kCompactMinScale;
-    const bool v_live = rmax < 0x7f800000u && big > 0.0f;
-    s.m_scale[b] = m_live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
-    s.v_scale[b] = v_live ? big : (rmax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
-    const __m256 km = _mm256_set1_ps(m_live ? 16129.0f / a : 0.0f);
-    const __m256 kv = _mm256_set1_ps(v_live ? 65025.0f / big : 0.0f);
-    __m256i qm[kVectors], qv[kVectors];
-#pragma GCC unroll 4
-    for (size_t k = 0; k < kVectors; ++k) {
-      qv[k] = v_live ? Codes(c, rv[k], kv, c.c255) : _mm256_setzero_si256();
-      const __m256i q = m_live ? _mm256_sign_epi32(Codes(c, mv[k], km, c.c127), _mm256_castps_si256(mv[k]))
-                               : _mm256_setzero_si256();
-      qm[k] = _mm256_andnot_si256(_mm256_cmpeq_epi32(qv[k], _mm256_setzero_si256()), q);
-    }
-    Store32(s.m_code + i, PackBytes(c, qm, true));
-    Store32(s.v_code + i, PackBytes(c, qv, false));
+    StoreMoments(c, s, i, mv, v ? rv : nullptr);
   }
   if (i < end) CompactPackRange(w, m, v, s, i, end);
 }
@@ -427,8 +407,8 @@ void CompactUnpackRangeAvx2(const CompactState& s, float* w, float* m, float* v,
   for (; i + kAvx2Lanes <= end; i += kAvx2Lanes) {
     const size_t b = i / kCompactBlock;  // a vector never straddles two blocks
     _mm256_storeu_ps(w + i, Rebuild(c, s.w_hi + i, s.w_lo + i));
-    _mm256_storeu_ps(m + i, DequantizeM(s.m_code + i, _mm256_set1_ps(s.m_scale[b] / 16129.0f)));
-    if (v) _mm256_storeu_ps(v + i, DequantizeV(s.v_code + i, _mm256_set1_ps(s.v_scale[b] / 65025.0f)));
+    _mm256_storeu_ps(m + i, DequantizeM(s.m_code + i, _mm256_set1_ps(s.m_scale[b] / kMCodeSquared)));
+    if (v) _mm256_storeu_ps(v + i, DequantizeV(s.v_code + i, _mm256_set1_ps(s.v_scale[b] / kVCodeSquared)));
   }
   if (i < end) CompactUnpackRange(s, w, m, v, i, end);
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/cpu/compact_kernels.h"
+#include "kernels/cpu/compact_scale.h"
 #include "kernels/cpu/variant_select.h"
 #include "kernels/cpu/optimizer_avx512.h"
 #include "kernels/cpu/compact_tail.h"
@@ -60,7 +61,7 @@ inline __m512 DequantizeV(const uint8_t* code, __m512 step) {
 }
 
 // Largest |x| bits over the block's two vectors (integer max, as MaxAbsBits).
-inline uint32_t MaxAbsBits(const __m512 (&x)[kVectors]) {
+inline uint32_t MaxAbsBits(const __m512* x) {
   const __m512i a = _mm512_and_si512(_mm512_castps_si512(x[0]), Set1(0x7fffffff));
   const __m512i b = _mm512_and_si512(_mm512_castps_si512(x[1]), Set1(0x7fffffff));
   return static_cast<uint32_t>(_mm512_reduce_max_epi32(_mm512_max_epi32(a, b)));
@@ -82,49 +83,31 @@ inline void Store16Bytes(void* dst, __m512i q) {
   _mm_storeu_si128(static_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(q));
 }
 
-// The block's new moments -> codes and scales (QuantizeM, QuantizeV,
-// ZeroMWhereVZero in compact_elements.h).
-inline void StoreMoments(const CompactState& s, size_t i, const __m512 (&m)[kVectors],
-                         const __m512 (&r)[kVectors]) {
+// The block's new moments -> scales (compact_scale.h) and codes (QuantizeM,
+// QuantizeV, ZeroMWhereVZero in compact_elements.h). r == nullptr: Lion, m
+// only (no v, so no zero-v rule).
+inline void StoreMoments(const CompactState& s, size_t i, const __m512 (&m)[kVectors], const __m512* r) {
   const size_t b = i / kCompactBlock;
-  const uint32_t amax = MaxAbsBits(m), rmax = MaxAbsBits(r);
-  const float a = BitsF32(amax), big = BitsF32(rmax);
-  const bool m_live = amax < 0x7f800000u && a >= kCompactMinScale;
-  const bool v_live = rmax < 0x7f800000u && big > 0.0f;
-  s.m_scale[b] = m_live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
-  s.v_scale[b] = v_live ? big : (rmax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
-  const __m512 km = _mm512_set1_ps(m_live ? 16129.0f / a : 0.0f);
-  const __m512 kv = _mm512_set1_ps(v_live ? 65025.0f / big : 0.0f);
+  const BlockScale ms = MBlockScale(MaxAbsBits(m));
+  s.m_scale[b] = ms.stored;
+  BlockScale vs{};
+  if (r != nullptr) {
+    vs = VBlockScale(MaxAbsBits(r));
+    s.v_scale[b] = vs.stored;
+  }
+  const __m512 km = _mm512_set1_ps(ms.k), kv = _mm512_set1_ps(vs.k);
 #pragma GCC unroll 4
   for (size_t k = 0; k < kVectors; ++k) {
-    const __m512i qv = v_live ? Codes(r[k], kv, 255) : _mm512_setzero_si512();
     __m512i qm = _mm512_setzero_si512();
-    if (m_live) {
+    if (ms.live) {
       qm = Codes(m[k], km, 127);
       const __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(m[k]), _mm512_setzero_si512());
       qm = _mm512_mask_sub_epi32(qm, neg, _mm512_setzero_si512(), qm);
     }
-    qm = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(qv, qv), qm);
-    Store16Bytes(s.m_code + i + k * kAvx512Lanes, qm);
-    Store16Bytes(s.v_code + i + k * kAvx512Lanes, qv);
-  }
-}
-
-// Lion's moment: m codes and scale only (no v, so no zero-v rule).
-inline void StoreM(const CompactState& s, size_t i, const __m512 (&m)[kVectors]) {
-  const size_t b = i / kCompactBlock;
-  const uint32_t amax = MaxAbsBits(m);
-  const float a = BitsF32(amax);
-  const bool live = amax < 0x7f800000u && a >= kCompactMinScale;
-  s.m_scale[b] = live ? a : (amax < 0x7f800000u ? 0.0f : BitsF32(0x7fc00000u));
-  const __m512 km = _mm512_set1_ps(live ? 16129.0f / a : 0.0f);
-#pragma GCC unroll 4
-  for (size_t k = 0; k < kVectors; ++k) {
-    __m512i qm = _mm512_setzero_si512();
-    if (live) {
-      qm = Codes(m[k], km, 127);
-      const __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(m[k]), _mm512_setzero_si512());
-      qm = _mm512_mask_sub_epi32(qm, neg, _mm512_setzero_si512(), qm);
+    if (r != nullptr) {
+      const __m512i qv = vs.live ? Codes(r[k], kv, 255) : _mm512_setzero_si512();
+      qm = _mm512_maskz_mov_epi32(_mm512_test_epi32_mask(qv, qv), qm);
+      Store16Bytes(s.v_code + i + k * kAvx512Lanes, qv);
     }
     Store16Bytes(s.m_code + i + k * kAvx512Lanes, qm);
   }
@@ -159,8 +142,8 @@ struct CompactAdamAvx512 {
 
   static void Block(const AdamConstsx16& k, const CompactArrays& a, size_t i) {
     const size_t b = i / kCompactBlock;
-    const __m512 m_step = _mm512_set1_ps(a.s.m_scale[b] / 16129.0f);
-    const __m512 v_step = _mm512_set1_ps(a.s.v_scale[b] / 65025.0f);
+    const __m512 m_step = _mm512_set1_ps(a.s.m_scale[b] / kMCodeSquared);
+    const __m512 v_step = _mm512_set1_ps(a.s.v_scale[b] / kVCodeSquared);
     __m512 m[kVectors], r[kVectors];
 #pragma GCC unroll 4
     for (size_t v = 0; v < kVectors; ++v) {
@@ -200,7 +183,7 @@ struct CompactAdamAvx512 {
 template <DType G, CompactCopy C>
 struct CompactLionAvx512 {
   static void Block(const LionConstsx16& k, const CompactArrays& a, size_t i) {
-    const __m512 m_step = _mm512_set1_ps(a.s.m_scale[i / kCompactBlock] / 16129.0f);
+    const __m512 m_step = _mm512_set1_ps(a.s.m_scale[i / kCompactBlock] / kMCodeSquared);
     __m512 m_new[kVectors];
 #pragma GCC unroll 4
     for (size_t v = 0; v < kVectors; ++v) {
@@ -219,7 +202,7 @@ struct CompactLionAvx512 {
       StoreCopy<C>(a.param_copy, e, p);
       m_new[v] = _mm512_fmadd_ps(k.one_minus_beta2, g, _mm512_mul_ps(m, k.beta2));
     }
-    StoreM(a.s, i, m_new);
+    StoreMoments(a.s, i, m_new, nullptr);
   }
 
   static void Run(const LionStepScalars& s, const CompactArrays& a, size_t begin, size_t end) {

@@ -11,14 +11,13 @@
 
 #include "base/dtype.h"
 #include "kernels/cpu/compact.h"
+#include "kernels/cpu/compact_scale.h"
 
 namespace strata::kernels::internal {
 namespace {
 
 inline constexpr uint32_t kAbsMask = 0x7fffffffu;
 inline constexpr uint32_t kInfBits = 0x7f800000u;
-inline constexpr float kMCodeSq = 16129.0f;  // 127^2
-inline constexpr float kVCodeSq = 65025.0f;  // 255^2
 
 struct SplitMaster {
   uint16_t hi;
@@ -59,35 +58,19 @@ inline int32_t CodeOf(float y, int32_t cap) {
 
 // m of one block -> codes and scale (compact.h).
 inline float QuantizeM(const float* m, size_t len, int8_t* code) {
-  const uint32_t amax = MaxAbsBits(m, len);
-  const float a = BitsF32(amax);
-  const bool finite = amax < kInfBits, live = finite && a >= kCompactMinScale;
-  if (!live) {
-    std::fill(code, code + len, int8_t{0});
-    return finite ? 0.0f : BitsF32(0x7fc00000u);
-  }
-  const float k = kMCodeSq / a;
+  const BlockScale sc = MBlockScale(MaxAbsBits(m, len));
   for (size_t j = 0; j < len; ++j) {
-    const int32_t q = CodeOf(std::fabs(m[j]) * k, 127);
+    const int32_t q = sc.live ? CodeOf(std::fabs(m[j]) * sc.k, 127) : 0;
     code[j] = static_cast<int8_t>(std::signbit(m[j]) ? -q : q);
   }
-  return a;
+  return sc.stored;
 }
 
 // r = sqrt(v) of one block -> codes and scale.
 inline float QuantizeV(const float* r, size_t len, uint8_t* code) {
-  const uint32_t rmax = MaxAbsBits(r, len);
-  const float big = BitsF32(rmax);
-  const bool finite = rmax < kInfBits, live = finite && big > 0.0f;
-  if (!live) {
-    std::fill(code, code + len, uint8_t{0});
-    return finite ? 0.0f : BitsF32(0x7fc00000u);
-  }
-  const float k = kVCodeSq / big;
-  for (size_t j = 0; j < len; ++j) {
-    code[j] = static_cast<uint8_t>(CodeOf(std::fabs(r[j]) * k, 255));
-  }
-  return big;
+  const BlockScale sc = VBlockScale(MaxAbsBits(r, len));
+  for (size_t j = 0; j < len; ++j) code[j] = static_cast<uint8_t>(sc.live ? CodeOf(std::fabs(r[j]) * sc.k, 255) : 0);
+  return sc.stored;
 }
 
 // A zero v code forces the m code to zero (compact.h).
@@ -106,8 +89,8 @@ inline float DequantizeV(uint8_t q, float step) {
   return t * t;
 }
 // Per-block dequantization steps from the stored scales.
-inline float MStep(float scale) { return scale / kMCodeSq; }
-inline float VStep(float scale) { return scale / kVCodeSq; }
+inline float MStep(float scale) { return scale / kMCodeSquared; }
+inline float VStep(float scale) { return scale / kVCodeSquared; }
 
 }  // namespace
 }  // namespace strata::kernels::internal

@@ -234,6 +234,34 @@ TEST(CompactMoments, NonFiniteBlocksReadNaNOthersUntouched) {
   }
 }
 
+// The stored scales themselves (compact.h): a live block stores its largest
+// magnitude, a finite dead block 0 (and zero codes), a non-finite block NaN.
+// Unpack reads zero codes as 0 whatever the scale, so only the stored bits
+// (checkpoints, the bitwise contract) can tell a wrong dead scale.
+TEST(CompactMoments, StoredScalesFollowTheFormat) {
+  const size_t n = 4 * kCompactBlock;
+  std::vector<float> w(n, 1.0f), m(n, 0.5f), v(n, 0.25f);
+  for (size_t j = 0; j < kCompactBlock; ++j) m[j] = kCompactMinScale / 2;  // block 0: m dead
+  m[3] = -kCompactMinScale / 4;
+  for (size_t j = 0; j < kCompactBlock; ++j) v[kCompactBlock + j] = 0.0f;  // block 1: v dead
+  m[2 * kCompactBlock + 5] = -3.0f;                                        // block 2: live, max 3
+  v[2 * kCompactBlock + 6] = 16.0f;                                        // sqrt: max 4
+  m[3 * kCompactBlock + 1] = kInf;                                         // block 3: m NaN
+  CompactBuffers c(n, 0);
+  ASSERT_TRUE(CompactPack(n, w.data(), m.data(), v.data(), c.state()).ok());
+  const CompactState s = c.state();
+  EXPECT_EQ(F32Bits(s.m_scale[0]), 0u);
+  for (size_t j = 0; j < kCompactBlock; ++j) ASSERT_EQ(s.m_code[j], 0) << j;
+  EXPECT_EQ(s.v_scale[0], 0.5f);
+  EXPECT_EQ(F32Bits(s.v_scale[1]), 0u);
+  for (size_t j = 0; j < kCompactBlock; ++j) ASSERT_EQ(s.v_code[kCompactBlock + j], 0) << j;
+  EXPECT_EQ(s.m_scale[1], 0.5f);
+  EXPECT_EQ(s.m_scale[2], 3.0f);
+  EXPECT_EQ(s.v_scale[2], 4.0f);
+  EXPECT_TRUE(std::isnan(s.m_scale[3]));
+  EXPECT_EQ(s.v_scale[3], 0.5f);
+}
+
 // The fused step is Pack(AdamStep(Unpack(state))) bit for bit on the scalar
 // path, for every mode, gradient dtype and copy-out.
 TEST(CompactStep, EqualsPackOfAdamStepOfUnpack) {
