@@ -1,10 +1,13 @@
 // AVX2 loops of the memory bound, 8 lanes like the AVX2 kernels: p += g,
-// m += g, v += g, and the copy-out keeps p's top 16 bits.
+// m += g, v += g, and the copy-out keeps p's top 16 bits. They prefetch as
+// the kernels do (kernels/cpu/prefetch.h: each stream kPrefetchAhead elements
+// ahead), so the peer moves its bytes on the kernels' terms.
 #include <immintrin.h>
 
 #include <initializer_list>
 
 #include "bench/kernels/memory_bound.h"
+#include "kernels/cpu/prefetch.h"
 
 namespace strata::bench {
 namespace {
@@ -23,6 +26,8 @@ template <bool kBf16Grad, bool kCopy>
 void BoundAvx2(const BoundArrays& a, size_t begin, size_t end) {
   size_t i = begin;
   for (; i + 8 <= end; i += 8) {
+    kernels::internal::PrefetchStreams(i + kernels::internal::kPrefetchAhead, a.grad, kBf16Grad ? 2 : 4,
+                                       a.param, a.exp_avg, a.exp_avg_sq);
     const __m256 g = LoadGrad<kBf16Grad>(a.grad, i);
     const __m256 p = _mm256_add_ps(_mm256_loadu_ps(a.param + i), g);
     _mm256_storeu_ps(a.param + i, p);
@@ -45,6 +50,13 @@ void BoundAvx2(const BoundArrays& a, size_t begin, size_t end) {
 // 32 elements an iteration: hi += g, and the byte streams += g's low bytes.
 void CompactBoundAvx2(const CompactBoundArrays& a, size_t begin, size_t end) {
   for (size_t i = begin; i < end; i += 32) {
+    // As CompactAdamAvx2::Run: one line of each stream a block, ahead.
+    const size_t ahead = i + kernels::internal::kPrefetchAhead;
+    _mm_prefetch(reinterpret_cast<const char*>(a.s.w_hi + ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.s.w_lo + ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.s.m_code + ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.s.v_code + ahead), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a.grad + ahead), _MM_HINT_T0);
     const __m256i g0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.grad + i));
     const __m256i g1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.grad + i + 16));
     auto* h = reinterpret_cast<__m256i*>(a.s.w_hi + i);
