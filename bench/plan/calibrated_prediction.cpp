@@ -5,8 +5,10 @@
 // rounds. Last line: `calibrated_prediction ratio=R`, the median over rounds of
 // predicted / measured step time (1 is exact; it was within 25% on an idle
 // machine, and misses under load, which is why it is a benchmark, not a test).
-// Usage: strata-calibrated-prediction [DIR]   (a writable disk folder; default
-// STRATA_PLAN_TEST_DIR, else /tmp). Exit 1 when a step fails.
+// Usage: strata-calibrated-prediction [DIR] [fp32|compact]   (a writable disk
+// folder, default STRATA_PLAN_TEST_DIR, else /tmp; the state format, default
+// fp32: compact checks the planner's compact step, its bytes and its CPU rate).
+// Exit 1 when a step fails, 2 on bad arguments.
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,12 +31,13 @@ constexpr uint64_t kPerGroup = 4u << 20;  // 16 x 4M = 64M parameters
 constexpr int kSteps = 3;                 // median of, per round
 constexpr int kRounds = 3;                // calibration + steps, paired
 
-std::string ConfigJson(const std::string& dir) {
+std::string ConfigJson(const std::string& dir, const std::string& format) {
   return R"({"bf16": {"enabled": true}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
          dir + R"("}},
     "aio": {"block_size": 1048576, "queue_depth": 32},
-    "strata": {"host_budget": "1GiB", "device_budget": "1GiB"}})";
+    "strata": {"host_budget": "1GiB", "device_budget": "1GiB", "state_format": ")" +
+         format + R"("}})";
 }
 
 int Fail(const Status& st) {
@@ -60,16 +63,23 @@ class Scenario {
   // Median step time of `steps`.
   Result<double> Steps(int steps) {
     std::vector<double> times;
+    uint64_t read = 0, written = 0;  // by the steps (the grads calls write G too)
     for (int s = 0; s < steps; ++s) {
       for (int g = 0; g < kGroups; ++g) STRATA_RETURN_IF_ERROR(e_->Grads(g, grads_.data(), DType::kBF16));
+      const EngineStats before = e_->stats();
       const auto t0 = std::chrono::steady_clock::now();
       STRATA_RETURN_IF_ERROR(e_->Step({}).status());
       times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      const EngineStats after = e_->stats();
+      read += after.nvme_to_host - before.nvme_to_host;
+      written += after.host_to_nvme - before.host_to_nvme;
     }
     std::sort(times.begin(), times.end());
     const EngineStats st = e_->stats();
-    std::printf("engine, last step: wall %.3f s, disk busy %.3f s, cpu optimizer %.3f s\n", st.step_wall_s,
-                st.disk_busy_s, st.cpu_optimizer_s);
+    std::printf("engine, last step: wall %.3f s, disk busy %.3f s, cpu optimizer %.3f s; a step reads %.0f MB, "
+                "writes %.0f MB (%.0f MB/s over the disk's busy time)\n",
+                st.step_wall_s, st.disk_busy_s, st.cpu_optimizer_s, double(read) / steps / 1e6,
+                double(written) / steps / 1e6, double(read + written) / steps / st.disk_busy_s / 1e6);
     return times[times.size() / 2];
   }
 
@@ -91,12 +101,13 @@ Result<double> Round(int round, const std::string& dir, const ModelSpec& m, cons
   ClusterSpec c = CalibratedCluster(cal);
   c.has_gpu = false;
   STRATA_ASSIGN_OR_RETURN(SimResult sim, Simulate(m, c, cfg, {.optimizer_only = true}));
-  std::printf("round %d: calibration: disk read %.0f MB/s, write %.0f MB/s, mixed x%.2f; Adam %.0f M/s; XXH3 %.1f "
-              "GB/s\n",
+  std::printf("round %d: calibration: disk read %.0f MB/s, write %.0f MB/s, mixed x%.2f; Adam %.0f M/s, compact "
+              "Adam %.0f M/s; XXH3 %.1f GB/s\n",
               round, cal.nvme_read_Bps / 1e6, cal.nvme_write_Bps / 1e6, cal.nvme_mixed_factor, cal.cpu_adam_eps / 1e6,
-              cal.checksum_Bps / 1e9);
-  std::printf("round %d: simulated: disk busy %.3f s, cpu busy %.3f s\n", round, sim.Busy(SimResource::kDisk),
-              sim.Busy(SimResource::kCpu));
+              cal.cpu_compact_adam_eps / 1e6, cal.checksum_Bps / 1e9);
+  std::printf("round %d: simulated: disk busy %.3f s, cpu busy %.3f s; reads %.0f MB, writes %.0f MB\n", round,
+              sim.Busy(SimResource::kDisk), sim.Busy(SimResource::kCpu), double(sim.disk_read_bytes) / 1e6,
+              double(sim.disk_write_bytes) / 1e6);
   std::printf("round %d: optimizer step over %llu parameters on NVMe: predicted %.3f s, measured %.3f s (%+.1f%%), "
               "bound by %s\n",
               round, static_cast<unsigned long long>(m.total_numel()), sim.step_s, measured,
@@ -104,8 +115,8 @@ Result<double> Round(int round, const std::string& dir, const ModelSpec& m, cons
   return sim.step_s / measured;
 }
 
-int Run(const std::filesystem::path& dir) {
-  auto cfg = ParseConfig(ConfigJson(dir.string()));
+int Run(const std::filesystem::path& dir, const std::string& format) {
+  auto cfg = ParseConfig(ConfigJson(dir.string(), format));
   if (!cfg.ok()) return Fail(cfg.status());
   Scenario scenario;
   if (Status st = scenario.Build(*cfg); !st.ok()) return Fail(st);
@@ -120,7 +131,7 @@ int Run(const std::filesystem::path& dir) {
     ratios.push_back(*ratio);
   }
   std::sort(ratios.begin(), ratios.end());
-  std::printf("calibrated_prediction ratio=%.3f\n", ratios[ratios.size() / 2]);
+  std::printf("calibrated_prediction format=%s ratio=%.3f\n", format.c_str(), ratios[ratios.size() / 2]);
   return 0;
 }
 
@@ -129,10 +140,16 @@ int Run(const std::filesystem::path& dir) {
 
 int main(int argc, char** argv) {
   const char* base = argc > 1 ? argv[1] : std::getenv("STRATA_PLAN_TEST_DIR");
+  const std::string format = argc > 2 ? argv[2] : "fp32";
+  if (argc > 3 || (format != "fp32" && format != "compact")) {
+    std::fprintf(stderr, "usage: strata-calibrated-prediction [DIR] [fp32|compact] (got format '%s')\n",
+                 format.c_str());
+    return 2;
+  }
   const std::filesystem::path dir =
       std::filesystem::path(base ? base : "/tmp") / ("strata-plan-calib-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const int rc = strata::plan::Run(dir);
+  const int rc = strata::plan::Run(dir, format);
   std::filesystem::remove_all(dir);
   return rc;
 }

@@ -213,7 +213,8 @@ TEST(Output, StateFormatComparison) {
   EXPECT_LT(other["used"]["nvme"].get<double>(),
             0.6 * j["capacity"]["per_rank"]["nvme"]["used"].get<double>());
   EXPECT_LT(other["step_s"].get<double>(), j["simulation"]["step_s"].get<double>());
-  EXPECT_EQ(other["auto"]["step_s"].get<double>(), other["step_s"].get<double>());
+  // --auto searches the placement fp32 chose too, so compact's best is no slower there.
+  EXPECT_LE(other["auto"]["step_s"].get<double>(), other["step_s"].get<double>());
 
   // Planned in compact (from the config): the rows still read fp32 -> compact.
   const std::string cfg = ::testing::TempDir() + "/strata-plan-compact.json";
@@ -222,8 +223,9 @@ TEST(Output, StateFormatComparison) {
   const auto c = nlohmann::json::parse(RunBinary("--model 1t --cluster dgx2 --auto --json --config " + cfg));
   EXPECT_EQ(c["placement"]["state_format"], "compact");
   EXPECT_EQ(c["state_format"]["other"]["format"], "fp32");
-  EXPECT_EQ(c["state_format"]["other"]["step_s"], j["simulation"]["step_s"]);
-  EXPECT_EQ(c["simulation"]["step_s"], other["step_s"]);
+  EXPECT_GE(c["state_format"]["other"]["step_s"].get<double>(), j["simulation"]["step_s"].get<double>());
+  EXPECT_EQ(c["simulation"]["step_s"], other["auto"]["step_s"]);
+  EXPECT_EQ(c["state_format"]["other"]["auto"]["step_s"], j["simulation"]["step_s"]);
   RunBinary("--model 1t --cluster dgx2 --auto --config " + cfg + " --write-config " + out);
   auto written = LoadConfigFile(out);
   ASSERT_TRUE(written.ok()) << written.status().ToString();

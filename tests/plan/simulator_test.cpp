@@ -131,6 +131,43 @@ TEST(Simulator, CompactUpdateAtItsOwnRate) {
   EXPECT_EQ(slower->bound, SimResource::kCpu);
 }
 
+// strata.step_io "alternate" (the default) as the engine runs it: batches of
+// buffer_count/2 shards; compact updates a batch beside the next batch's
+// reads, and writes it only after, the disk idle for no one. With the update
+// as long as a shard's read and write together, each batch costs its update
+// plus its writes: 2r + 16u + 16w over 8 batches of 2, where the concurrent
+// schedule overlaps the writes with the updates too (about 16u).
+TEST(Simulator, AlternateScheduleSerializesAsTheEngine) {
+  const uint64_t per = 2u << 20;
+  const ModelSpec m = Flat(16, per);
+  ClusterSpec c = PresetCluster("local").value();
+  c.gpus_per_node = 1;
+  c.nvme_read_Bps = 2e9;
+  c.nvme_write_Bps = 1e9;
+  c.nvme_mixed_factor = 1.0;
+  c.checksum_Bps = 1e18;
+  const double r = 7.25 * per / 2e9, w = 3.25 * per / 1e9, u = r + w;
+  c.cpu_adam_eps = c.cpu_compact_adam_eps = per / u;
+  const std::string compact = R"("strata": {"state_format": "compact"}, )";
+  const std::string concurrent = R"("strata": {"state_format": "compact", "step_io": "concurrent"}, )";
+  auto alt = Simulate(m, c, Cfg(3, "none", "nvme", compact), {.optimizer_only = true});
+  auto con = Simulate(m, c, Cfg(3, "none", "nvme", concurrent), {.optimizer_only = true});
+  ASSERT_TRUE(alt.ok() && con.ok());
+  const double expected = 2 * r + 16 * u + 16 * w;
+  EXPECT_NEAR(alt->step_s, expected, 0.01 * expected);
+  EXPECT_LT(con->step_s, 0.8 * alt->step_s);
+  EXPECT_EQ(alt->disk_read_bytes, con->disk_read_bytes);
+  EXPECT_EQ(alt->disk_write_bytes, con->disk_write_bytes);
+  // fp32 updates beside the previous batch's writes instead: with u = w, a
+  // batch costs max(2u, 2w) + 2r, and only the first batch's update shows.
+  const double r32 = 16.0 * per / 2e9, w32 = 12.0 * per / 1e9;
+  c.cpu_adam_eps = per / w32;
+  auto fp32 = Simulate(m, c, Cfg(3, "none", "nvme"), {.optimizer_only = true});
+  ASSERT_TRUE(fp32.ok());
+  const double expected32 = 16 * r32 + 16 * w32 + 2 * w32;
+  EXPECT_NEAR(fp32->step_s, expected32, 0.01 * expected32);
+}
+
 // P on NVMe beside W: fp32 writes P (2 B, a copy of W) besides W, M, V (12 B)
 // and reads W, M, V, G (16 B); in compact P is the master's bf16 half, read
 // and written with W, M, V: 5.25 B each way, plus G's 4 read.

@@ -326,7 +326,8 @@ class StepSim {
     return home == TierKind::kNvme ? DiskWrite(Checksum(t, bytes), bytes) : Pcie(t, bytes);
   }
 
-  // RunOptimizer: job i's loads start when its slot is free, up to K-2 ahead.
+  // RunOptimizer: the GPU's in-place update, or a schedule over step slots
+  // (strata.step_io: "concurrent" here, "alternate" in OptimizerAlternate).
   double Optimizer(const std::vector<int>& order, double t) {
     const int n = static_cast<int>(order.size());
     if (h_.gpu_optimizer) {  // W, M, V, G and P all on the device: one pass over HBM per group
@@ -343,43 +344,98 @@ class StepSim {
       ~Unmixed() { flag = false; }
     } unmixed{step_unmixed_ = cfg_.strata.step_io == "alternate"};
     const int k = static_cast<int>(std::clamp<uint64_t>(cfg_.zero.offload_optimizer.buffer_count, 3, 16));
+    if (step_unmixed_) return OptimizerAlternate(order, t, k);
     std::vector<double> loads(static_cast<size_t>(n), -1), stores(static_cast<size_t>(n), 0);
-    // W, M, V each move as their own stream (fp32 4 B an element each; compact W 3, M and V 1.125).
-    const std::vector<uint64_t (StateBytes::*)(uint64_t) const> states =
-        sb_.has_v ? std::vector{&StateBytes::W, &StateBytes::M, &StateBytes::V}
-                  : std::vector{&StateBytes::W, &StateBytes::M};
+    // Loads start when a job's slot is free, up to K-2 ahead.
     auto start_loads = [&](int i, double at) {
-      const int g = order[static_cast<size_t>(i)];
-      double done = at;
-      if (Staged(h_.opt))
-        for (auto s : states) done = std::max(done, Load(h_.opt, at, OptBytes(g, s)));
-      if (Staged(h_.g) && grads_[static_cast<size_t>(g)])
-        done = std::max(done, Load(h_.g, at, OptNumel(g) * static_cast<double>(sb_.g_size)));
-      // Compact: P's block holds the master's bf16 half, a state the step
-      // reads (fp32: a copy of W, written only).
-      if (sb_.compact && Staged(h_.p)) done = std::max(done, Load(h_.p, at, PHomeNumel(g) * dp_));
-      loads[static_cast<size_t>(i)] = done;
+      loads[static_cast<size_t>(i)] = JobLoads(order[static_cast<size_t>(i)], at);
     };
     if (n > 0) start_loads(0, t);
     for (int i = 0; i < n; ++i) {
       const int g = order[static_cast<size_t>(i)];
-      const double len = OptNumel(g);
       if (i + 2 - k >= 0) t = std::max(t, stores[static_cast<size_t>(i + 2 - k)]);
       for (int a = i + 1; a <= std::min(i + k - 2, n - 1); ++a)
         if (loads[static_cast<size_t>(a)] < 0) start_loads(a, t);
-      t = std::max(t, loads[static_cast<size_t>(i)]);
-      if (h_.opt == TierKind::kNvme) t = Checksum(t, OptBytes(g, &StateBytes::Optimizer));
-      if (sb_.compact && h_.p == TierKind::kNvme) t = Checksum(t, PHomeNumel(g) * dp_);
-      if (h_.g == TierKind::kNvme && grads_[static_cast<size_t>(g)]) t = Checksum(t, len * static_cast<double>(sb_.g_size));
-      t = Cpu(t, len / (sb_.compact ? c_.RankCompactAdamEps() : c_.RankAdamEps()));
+      t = JobUpdate(g, JobVerify(g, std::max(t, loads[static_cast<size_t>(i)])));
       double done = t;
-      if (Staged(h_.p)) done = std::max(done, Store(h_.p, t, (sb_.compact ? PHomeNumel(g) : len) * dp_));
-      if (Staged(h_.opt))
-        for (auto s : states) done = std::max(done, Store(h_.opt, t, OptBytes(g, s)));
+      for (const auto& [home, bytes] : JobStores(g)) done = std::max(done, Store(home, t, bytes));
       stores[static_cast<size_t>(i)] = done;
     }
     for (double s : stores) t = std::max(t, s);
     return t;
+  }
+
+  // The states a step job moves through its slot (W, M, V each its own stream).
+  std::vector<uint64_t (StateBytes::*)(uint64_t) const> OptStates() const {
+    return sb_.has_v ? std::vector{&StateBytes::W, &StateBytes::M, &StateBytes::V}
+                     : std::vector{&StateBytes::W, &StateBytes::M};
+  }
+  // Job g's reads from `at`; returns when the last lands.
+  double JobLoads(int g, double at) {
+    double done = at;
+    if (Staged(h_.opt))
+      for (auto s : OptStates()) done = std::max(done, Load(h_.opt, at, OptBytes(g, s)));
+    if (Staged(h_.g) && grads_[static_cast<size_t>(g)])
+      done = std::max(done, Load(h_.g, at, OptNumel(g) * static_cast<double>(sb_.g_size)));
+    if (sb_.compact && Staged(h_.p)) done = std::max(done, Load(h_.p, at, PHomeNumel(g) * dp_));
+    return done;
+  }
+  // The CPU's check of job g's NVMe reads against their checksums.
+  double JobVerify(int g, double t) {
+    if (h_.opt == TierKind::kNvme) t = Checksum(t, OptBytes(g, &StateBytes::Optimizer));
+    if (sb_.compact && h_.p == TierKind::kNvme) t = Checksum(t, PHomeNumel(g) * dp_);
+    if (h_.g == TierKind::kNvme && grads_[static_cast<size_t>(g)])
+      t = Checksum(t, OptNumel(g) * static_cast<double>(sb_.g_size));
+    return t;
+  }
+  double JobUpdate(int g, double t) {
+    return Cpu(t, OptNumel(g) / (sb_.compact ? c_.RankCompactAdamEps() : c_.RankAdamEps()));
+  }
+  // Job g's outgoing bytes: P, then W, M, V, each on disk or PCIe.
+  std::vector<std::pair<TierKind, double>> JobStores(int g) const {
+    std::vector<std::pair<TierKind, double>> out;
+    if (Staged(h_.p)) out.push_back({h_.p, (sb_.compact ? PHomeNumel(g) : OptNumel(g)) * dp_});
+    if (Staged(h_.opt))
+      for (auto s : OptStates()) out.push_back({h_.opt, static_cast<double>(OptBytes(g, s))});
+    return out;
+  }
+
+  // strata.step_io "alternate" as RunOptimizer runs it (optimizer_driver.cpp):
+  // batches of max(K/2, 1) jobs, the disk reading or writing, never both.
+  // fp32 updates batch k beside batch k-1's writes; compact, beside batch
+  // k+1's reads. Then the CPU checksums batch k's outgoing blocks and checks
+  // batch k+1's as they land, and batch k's writes start once every read has
+  // landed. A batch costs about max(update, write) + read (fp32), or
+  // max(read, update) + write (compact).
+  double OptimizerAlternate(const std::vector<int>& order, double t, int k) {
+    const int n = static_cast<int>(order.size()), batch = std::max(k / 2, 1);
+    auto group = [&](int i) { return order[static_cast<size_t>(i)]; };
+    double landed = t;
+    for (int i = 0; i < std::min(batch, n); ++i) landed = std::max(landed, JobLoads(group(i), t));
+    t = landed;
+    for (int i = 0; i < std::min(batch, n); ++i) t = JobVerify(group(i), t);
+    double writes_done = t;
+    for (int cur = 0; cur < n;) {
+      const int cur_end = std::min(cur + batch, n), next = cur_end, next_end = std::min(next + batch, n);
+      if (!sb_.compact)
+        for (int i = cur; i < cur_end; ++i) t = JobUpdate(group(i), t);
+      t = std::max(t, writes_done);  // the slots batch k+1 reads into are free
+      landed = t;
+      for (int i = next; i < next_end; ++i) landed = std::max(landed, JobLoads(group(i), t));
+      if (sb_.compact)
+        for (int i = cur; i < cur_end; ++i) t = JobUpdate(group(i), t);
+      for (int i = cur; i < cur_end; ++i)
+        for (const auto& [home, bytes] : JobStores(group(i)))
+          if (home == TierKind::kNvme) t = Checksum(t, bytes);
+      for (int i = next; i < next_end; ++i) t = JobVerify(group(i), t);
+      t = std::max(t, landed);
+      writes_done = t;
+      for (int i = cur; i < cur_end; ++i)
+        for (const auto& [home, bytes] : JobStores(group(i)))
+          writes_done = std::max(writes_done, home == TierKind::kNvme ? DiskWrite(t, bytes) : Pcie(t, bytes));
+      cur = next;
+    }
+    return std::max(t, writes_done);
   }
 
   const ModelSpec& m_;
