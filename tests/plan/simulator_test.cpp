@@ -95,6 +95,7 @@ TEST(Simulator, CompactShrinksTheNvmeBoundStepByItsBytes) {
   c.nvme_write_Bps = 1e9;
   c.cpu_adam_eps = 1e15;
   c.checksum_Bps = 1e18;
+  c.host_mem_Bps = 1e18;  // P in place: its copies to the slot and back cost nothing here
   const std::string compact = R"("strata": {"state_format": "compact"}, )";
   auto f = Simulate(m, c, Cfg(3, "none", "nvme"), {.optimizer_only = true});
   auto r = Simulate(m, c, Cfg(3, "none", "nvme", compact), {.optimizer_only = true});
@@ -117,6 +118,7 @@ TEST(Simulator, CompactUpdateAtItsOwnRate) {
   c.gpus_per_node = 1;
   c.nvme_read_Bps = c.nvme_write_Bps = 1e12;
   c.checksum_Bps = 1e18;
+  c.host_mem_Bps = 1e18;  // P in place: its copies to the slot and back cost nothing here
   const double n = 32.0 * (1 << 20);
   c.cpu_adam_eps = n / 10;  // 10 s of fp32 updates
   const Config compact = Cfg(3, "none", "nvme", R"("strata": {"state_format": "compact"}, )");
@@ -146,6 +148,7 @@ TEST(Simulator, AlternateScheduleSerializesAsTheEngine) {
   c.nvme_write_Bps = 1e9;
   c.nvme_mixed_factor = 1.0;
   c.checksum_Bps = 1e18;
+  c.host_mem_Bps = 1e18;  // P in place: its copies to the slot and back cost nothing here
   const double r = 7.25 * per / 2e9, w = 3.25 * per / 1e9, u = r + w;
   c.cpu_adam_eps = c.cpu_compact_adam_eps = per / u;
   const std::string compact = R"("strata": {"state_format": "compact"}, )";
@@ -158,6 +161,15 @@ TEST(Simulator, AlternateScheduleSerializesAsTheEngine) {
   EXPECT_LT(con->step_s, 0.8 * alt->step_s);
   EXPECT_EQ(alt->disk_read_bytes, con->disk_read_bytes);
   EXPECT_EQ(alt->disk_write_bytes, con->disk_write_bytes);
+  // P in place beside a staged W: its slice goes to the slot before the
+  // shard's reads and back at commit, a memcpy of 2 bytes a parameter each
+  // way (read and written: 4 B of host traffic), on the step's path.
+  c.host_mem_Bps = 4.0 * per / (0.1 * u);  // each copy a tenth of an update
+  auto copies = Simulate(m, c, Cfg(3, "none", "nvme", compact), {.optimizer_only = true});
+  ASSERT_TRUE(copies.ok());
+  EXPECT_NEAR(copies->Busy(SimResource::kCpu) - alt->Busy(SimResource::kCpu), 16 * 2 * 0.1 * u, 1e-9);
+  EXPECT_GT(copies->step_s, alt->step_s + 16 * 0.1 * u);
+  c.host_mem_Bps = 1e18;
   // fp32 updates beside the previous batch's writes instead: with u = w, a
   // batch costs max(2u, 2w) + 2r, and only the first batch's update shows.
   const double r32 = 16.0 * per / 2e9, w32 = 12.0 * per / 1e9;

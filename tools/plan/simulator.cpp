@@ -353,7 +353,7 @@ class StepSim {
     if (n > 0) start_loads(0, t);
     for (int i = 0; i < n; ++i) {
       const int g = order[static_cast<size_t>(i)];
-      if (i + 2 - k >= 0) t = std::max(t, stores[static_cast<size_t>(i + 2 - k)]);
+      if (i + 2 - k >= 0) t = PShadowCopy(order[static_cast<size_t>(i + 2 - k)], std::max(t, stores[static_cast<size_t>(i + 2 - k)]));
       for (int a = i + 1; a <= std::min(i + k - 2, n - 1); ++a)
         if (loads[static_cast<size_t>(a)] < 0) start_loads(a, t);
       t = JobUpdate(g, JobVerify(g, std::max(t, loads[static_cast<size_t>(i)])));
@@ -361,7 +361,8 @@ class StepSim {
       for (const auto& [home, bytes] : JobStores(g)) done = std::max(done, Store(home, t, bytes));
       stores[static_cast<size_t>(i)] = done;
     }
-    for (double s : stores) t = std::max(t, s);
+    for (int i = std::max(n + 2 - k, 0); i < n; ++i)
+      t = PShadowCopy(order[static_cast<size_t>(i)], std::max(t, stores[static_cast<size_t>(i)]));
     return t;
   }
 
@@ -370,8 +371,16 @@ class StepSim {
     return sb_.has_v ? std::vector{&StateBytes::W, &StateBytes::M, &StateBytes::V}
                      : std::vector{&StateBytes::W, &StateBytes::M};
   }
+  // Compact with P in place (host) but W staged: the step updates P's slice
+  // in the slot, copied there before the job's reads are issued and back when
+  // the job commits (optimizer_driver.cpp, p_shadow): a memcpy each way.
+  bool PShadow() const { return sb_.compact && !Staged(h_.p) && Staged(h_.opt); }
+  double PShadowCopy(int g, double t) {
+    return PShadow() ? Cpu(t, 2 * PHomeNumel(g) * dp_ / c_.RankHostMem()) : t;
+  }
   // Job g's reads from `at`; returns when the last lands.
   double JobLoads(int g, double at) {
+    at = PShadowCopy(g, at);
     double done = at;
     if (Staged(h_.opt))
       for (auto s : OptStates()) done = std::max(done, Load(h_.opt, at, OptBytes(g, s)));
@@ -420,6 +429,7 @@ class StepSim {
       if (!sb_.compact)
         for (int i = cur; i < cur_end; ++i) t = JobUpdate(group(i), t);
       t = std::max(t, writes_done);  // the slots batch k+1 reads into are free
+      for (int i = std::max(cur - batch, 0); i < cur; ++i) t = PShadowCopy(group(i), t);  // batch k-1 commits
       landed = t;
       for (int i = next; i < next_end; ++i) landed = std::max(landed, JobLoads(group(i), t));
       if (sb_.compact)
@@ -433,6 +443,8 @@ class StepSim {
       for (int i = cur; i < cur_end; ++i)
         for (const auto& [home, bytes] : JobStores(group(i)))
           writes_done = std::max(writes_done, home == TierKind::kNvme ? DiskWrite(t, bytes) : Pcie(t, bytes));
+      if (next >= n)  // the drain: the last batch commits
+        for (int i = cur; i < cur_end; ++i) t = PShadowCopy(group(i), std::max(t, writes_done));
       cur = next;
     }
     return std::max(t, writes_done);
