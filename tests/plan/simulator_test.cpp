@@ -29,6 +29,20 @@ ModelSpec Flat(int groups, uint64_t numel) {
   return m;
 }
 
+// One rank on the local preset with the given disk rates; checksums and host
+// copies free (P in place: its copies to the slot and back cost nothing), a
+// fast CPU: each test sets what it measures.
+ClusterSpec OneRank(double read_Bps, double write_Bps) {
+  ClusterSpec c = PresetCluster("local").value();
+  c.gpus_per_node = 1;
+  c.nvme_read_Bps = read_Bps;
+  c.nvme_write_Bps = write_Bps;
+  c.cpu_adam_eps = 1e15;
+  c.checksum_Bps = 1e18;
+  c.host_mem_Bps = 1e18;
+  return c;
+}
+
 double Seconds(const std::function<void()>& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
@@ -61,12 +75,7 @@ TEST(Simulator, OneTrillionOn512GpusUnderFiveSeconds) {
 // with a fast CPU the disk bounds it: the sum of the read and write times.
 TEST(Simulator, OptimizerOnNvmeIsDiskBound) {
   const ModelSpec m = Flat(16, 2u << 20);
-  ClusterSpec c = PresetCluster("local").value();
-  c.gpus_per_node = 1;
-  c.nvme_read_Bps = 2e9;
-  c.nvme_write_Bps = 1e9;
-  c.cpu_adam_eps = 1e15;
-  c.checksum_Bps = 1e18;
+  ClusterSpec c = OneRank(2e9, 1e9);
   auto r = Simulate(m, c, Cfg(3, "none", "nvme"), {.optimizer_only = true});
   ASSERT_TRUE(r.ok());
   const double n = 32.0 * (1 << 20);
@@ -89,13 +98,7 @@ TEST(Simulator, OptimizerOnNvmeIsDiskBound) {
 // by that byte ratio.
 TEST(Simulator, CompactShrinksTheNvmeBoundStepByItsBytes) {
   const ModelSpec m = Flat(16, 2u << 20);
-  ClusterSpec c = PresetCluster("local").value();
-  c.gpus_per_node = 1;
-  c.nvme_read_Bps = 2e9;
-  c.nvme_write_Bps = 1e9;
-  c.cpu_adam_eps = 1e15;
-  c.checksum_Bps = 1e18;
-  c.host_mem_Bps = 1e18;  // P in place: its copies to the slot and back cost nothing here
+  const ClusterSpec c = OneRank(2e9, 1e9);
   const std::string compact = R"("strata": {"state_format": "compact"}, )";
   auto f = Simulate(m, c, Cfg(3, "none", "nvme"), {.optimizer_only = true});
   auto r = Simulate(m, c, Cfg(3, "none", "nvme", compact), {.optimizer_only = true});
@@ -114,11 +117,7 @@ TEST(Simulator, CompactShrinksTheNvmeBoundStepByItsBytes) {
 // rate (cpu_compact_adam_rate; the fp32 one when a cluster gives none).
 TEST(Simulator, CompactUpdateAtItsOwnRate) {
   const ModelSpec m = Flat(16, 2u << 20);
-  ClusterSpec c = PresetCluster("local").value();
-  c.gpus_per_node = 1;
-  c.nvme_read_Bps = c.nvme_write_Bps = 1e12;
-  c.checksum_Bps = 1e18;
-  c.host_mem_Bps = 1e18;  // P in place: its copies to the slot and back cost nothing here
+  ClusterSpec c = OneRank(1e12, 1e12);
   const double n = 32.0 * (1 << 20);
   c.cpu_adam_eps = n / 10;  // 10 s of fp32 updates
   const Config compact = Cfg(3, "none", "nvme", R"("strata": {"state_format": "compact"}, )");
@@ -142,13 +141,8 @@ TEST(Simulator, CompactUpdateAtItsOwnRate) {
 TEST(Simulator, AlternateScheduleSerializesAsTheEngine) {
   const uint64_t per = 2u << 20;
   const ModelSpec m = Flat(16, per);
-  ClusterSpec c = PresetCluster("local").value();
-  c.gpus_per_node = 1;
-  c.nvme_read_Bps = 2e9;
-  c.nvme_write_Bps = 1e9;
+  ClusterSpec c = OneRank(2e9, 1e9);
   c.nvme_mixed_factor = 1.0;
-  c.checksum_Bps = 1e18;
-  c.host_mem_Bps = 1e18;  // P in place: its copies to the slot and back cost nothing here
   const double r = 7.25 * per / 2e9, w = 3.25 * per / 1e9, u = r + w;
   c.cpu_adam_eps = c.cpu_compact_adam_eps = per / u;
   const std::string compact = R"("strata": {"state_format": "compact"}, )";
