@@ -280,8 +280,9 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     // max(update, write) + read. Compact: the update (about 4x the CPU per
     // byte moved of fp32's, and a third of the bytes) is longer than a
     // batch's writes, so it runs beside the reads instead: batch k-1's
-    // writes finish, batch k+1's reads start, then batch k is updated; a
-    // batch costs about max(read, update) + write.
+    // writes finish, batch k+1's reads start, then batch k is updated, its
+    // writes start once the reads have landed, and batch k+1's loads are
+    // checked beside them; a batch costs about max(read, update) + write.
     const bool update_beside_reads = compact_;
     const int batch = std::max(opt_staging_.count() / 2, 1);
     auto load_batch = [&](int first) {  // starts the loads; returns the end
@@ -302,10 +303,15 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       if (update_beside_reads) update_batch();
       if (!first_error.ok()) break;
       for (int i = cur; i < cur_end; ++i) checksum_stores(jobs[static_cast<size_t>(i)]);
-      BlockMove* last = nullptr;  // the batch's last load: verified beside the writes
+      // fp32: the CPU was idle while batch k+1 read, so it checks each load
+      // as it lands and only the last beside the writes. Compact: the CPU
+      // spent the reads on batch k's update, so they have landed unchecked;
+      // the writes start once all have landed, and every check runs beside them.
+      BlockMove* last = nullptr;
       for (int a = next; a < next_end; ++a)
         for (auto& m : jobs[static_cast<size_t>(a)].loads) {
-          if (last) keep(io_->Finish(*last));
+          if (last && update_beside_reads) io_->WaitIo(*last);
+          else if (last) keep(io_->Finish(*last));
           last = &m;
         }
       if (last) io_->WaitIo(*last);

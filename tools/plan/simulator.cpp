@@ -412,10 +412,11 @@ class StepSim {
   // strata.step_io "alternate" as RunOptimizer runs it (optimizer_driver.cpp):
   // batches of max(K/2, 1) jobs, the disk reading or writing, never both.
   // fp32 updates batch k beside batch k-1's writes; compact, beside batch
-  // k+1's reads. Then the CPU checksums batch k's outgoing blocks and checks
-  // batch k+1's as they land, and batch k's writes start once every read has
-  // landed. A batch costs about max(update, write) + read (fp32), or
-  // max(read, update) + write (compact).
+  // k+1's reads. Then the CPU checksums batch k's outgoing blocks, and batch
+  // k's writes start once every read has landed; batch k+1's loads are
+  // checked as they land (fp32) or beside the writes (compact). A batch costs
+  // about max(update, write) + read (fp32), or max(read, update) + write
+  // (compact).
   double OptimizerAlternate(const std::vector<int>& order, double t, int k) {
     const int n = static_cast<int>(order.size()), batch = std::max(k / 2, 1);
     auto group = [&](int i) { return order[static_cast<size_t>(i)]; };
@@ -437,12 +438,15 @@ class StepSim {
       for (int i = cur; i < cur_end; ++i)
         for (const auto& [home, bytes] : JobStores(group(i)))
           if (home == TierKind::kNvme) t = Checksum(t, bytes);
-      for (int i = next; i < next_end; ++i) t = JobVerify(group(i), t);
+      if (!sb_.compact)  // fp32 checks batch k+1's loads as they land
+        for (int i = next; i < next_end; ++i) t = JobVerify(group(i), t);
       t = std::max(t, landed);
       writes_done = t;
       for (int i = cur; i < cur_end; ++i)
         for (const auto& [home, bytes] : JobStores(group(i)))
           writes_done = std::max(writes_done, home == TierKind::kNvme ? DiskWrite(t, bytes) : Pcie(t, bytes));
+      if (sb_.compact)  // compact checks them beside batch k's writes
+        for (int i = next; i < next_end; ++i) t = JobVerify(group(i), t);
       if (next >= n)  // the drain: the last batch commits
         for (int i = cur; i < cur_end; ++i) t = PShadowCopy(group(i), std::max(t, writes_done));
       cur = next;
