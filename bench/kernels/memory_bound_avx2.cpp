@@ -51,12 +51,8 @@ void BoundAvx2(const BoundArrays& a, size_t begin, size_t end) {
 void CompactBoundAvx2(const CompactBoundArrays& a, size_t begin, size_t end) {
   for (size_t i = begin; i < end; i += 32) {
     // As CompactAdamAvx2::Run: one line of each stream a block, ahead.
-    const size_t ahead = i + kernels::internal::kPrefetchAhead;
-    _mm_prefetch(reinterpret_cast<const char*>(a.s.w_hi + ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.s.w_lo + ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.s.m_code + ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.s.v_code + ahead), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a.grad + ahead), _MM_HINT_T0);
+    kernels::internal::PrefetchStreams(i + kernels::internal::kPrefetchAhead, a.grad, 2, a.s.w_hi, a.s.w_lo,
+                                       a.s.m_code, a.s.v_code);
     const __m256i g0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.grad + i));
     const __m256i g1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.grad + i + 16));
     auto* h = reinterpret_cast<__m256i*>(a.s.w_hi + i);

@@ -9,6 +9,7 @@
 #include <deque>
 #include <iterator>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "engine/prefetch.h"
@@ -358,7 +359,7 @@ class StepSim {
         if (loads[static_cast<size_t>(a)] < 0) start_loads(a, t);
       t = JobUpdate(g, JobVerify(g, std::max(t, loads[static_cast<size_t>(i)])));
       double done = t;
-      for (const auto& [home, bytes] : JobStores(g)) done = std::max(done, Store(home, t, bytes));
+      ForEachStore(g, [&](TierKind home, double bytes) { done = std::max(done, Store(home, t, bytes)); });
       stores[static_cast<size_t>(i)] = done;
     }
     for (int i = std::max(n + 2 - k, 0); i < n; ++i)
@@ -367,9 +368,10 @@ class StepSim {
   }
 
   // The states a step job moves through its slot (W, M, V each its own stream).
-  std::vector<uint64_t (StateBytes::*)(uint64_t) const> OptStates() const {
-    return sb_.has_v ? std::vector{&StateBytes::W, &StateBytes::M, &StateBytes::V}
-                     : std::vector{&StateBytes::W, &StateBytes::M};
+  using StateBytesFn = uint64_t (StateBytes::*)(uint64_t) const;
+  std::span<const StateBytesFn> OptStates() const {
+    static constexpr StateBytesFn kWMV[] = {&StateBytes::W, &StateBytes::M, &StateBytes::V};
+    return {kWMV, sb_.has_v ? 3u : 2u};
   }
   // Compact with P in place (host) but W staged: the step updates P's slice
   // in the slot, copied there before the job's reads are issued and back when
@@ -400,13 +402,12 @@ class StepSim {
   double JobUpdate(int g, double t) {
     return Cpu(t, OptNumel(g) / (sb_.compact ? c_.RankCompactAdamEps() : c_.RankAdamEps()));
   }
-  // Job g's outgoing bytes: P, then W, M, V, each on disk or PCIe.
-  std::vector<std::pair<TierKind, double>> JobStores(int g) const {
-    std::vector<std::pair<TierKind, double>> out;
-    if (Staged(h_.p)) out.push_back({h_.p, (sb_.compact ? PHomeNumel(g) : OptNumel(g)) * dp_});
+  // Job g's outgoing bytes, fn(home, bytes): P, then W, M, V.
+  template <typename Fn>
+  void ForEachStore(int g, Fn&& fn) const {
+    if (Staged(h_.p)) fn(h_.p, (sb_.compact ? PHomeNumel(g) : OptNumel(g)) * dp_);
     if (Staged(h_.opt))
-      for (auto s : OptStates()) out.push_back({h_.opt, static_cast<double>(OptBytes(g, s))});
-    return out;
+      for (auto s : OptStates()) fn(h_.opt, static_cast<double>(OptBytes(g, s)));
   }
 
   // strata.step_io "alternate" as RunOptimizer runs it (optimizer_driver.cpp):
@@ -436,15 +437,17 @@ class StepSim {
       if (sb_.compact)
         for (int i = cur; i < cur_end; ++i) t = JobUpdate(group(i), t);
       for (int i = cur; i < cur_end; ++i)
-        for (const auto& [home, bytes] : JobStores(group(i)))
+        ForEachStore(group(i), [&](TierKind home, double bytes) {
           if (home == TierKind::kNvme) t = Checksum(t, bytes);
+        });
       if (!sb_.compact)  // fp32 checks batch k+1's loads as they land
         for (int i = next; i < next_end; ++i) t = JobVerify(group(i), t);
       t = std::max(t, landed);
       writes_done = t;
       for (int i = cur; i < cur_end; ++i)
-        for (const auto& [home, bytes] : JobStores(group(i)))
+        ForEachStore(group(i), [&](TierKind home, double bytes) {
           writes_done = std::max(writes_done, home == TierKind::kNvme ? DiskWrite(t, bytes) : Pcie(t, bytes));
+        });
       if (sb_.compact)  // compact checks them beside batch k's writes
         for (int i = next; i < next_end; ++i) t = JobVerify(group(i), t);
       if (next >= n)  // the drain: the last batch commits
