@@ -1,11 +1,11 @@
-// The step simulator: its speed requirement (1T parameters on 512 GPUs in
-// under 5 s), the bytes it moves against the engine's schedule, the prefetch
-// cache's behaviour and determinism.
+// The step simulator: the 1T-on-512-GPUs figures (its speed, under 5 s, is
+// bench/plan/simulate_speed.cpp), the bytes it moves and the simulated times
+// against the engine's schedule (model outputs, deterministic: no clock is
+// read), the prefetch cache's behaviour and determinism.
 #include "tools/plan/simulator.h"
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 
 #include "tools/plan/placement.h"
 
@@ -43,31 +43,23 @@ ClusterSpec OneRank(double read_Bps, double write_Bps) {
   return c;
 }
 
-double Seconds(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// A requirement of the issue, asserted as a limit.
-TEST(Simulator, OneTrillionOn512GpusUnderFiveSeconds) {
+// The issue's figures for 1T parameters on 512 GPUs. How long the simulation
+// and --auto take (the issue asks for under 5 s) is a benchmark:
+// bench/plan/simulate_speed.cpp.
+TEST(Simulator, OneTrillionOn512Gpus) {
   const ModelSpec m = PresetModel("1t").value();
   ClusterSpec c = PresetCluster("dgx2").value();
   c.nodes = 32;
   ASSERT_EQ(c.world_size(), 512u);
-  Result<SimResult> r = InvalidError("not run");
-  const double secs = Seconds([&] { r = Simulate(m, c, Cfg(3, "nvme", "nvme"), {}); });
+  Result<SimResult> r = Simulate(m, c, Cfg(3, "nvme", "nvme"), {});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_LT(secs, 5.0);
   EXPECT_GT(r->step_s, 0);
   EXPECT_EQ(r->fetches, 2 * m.groups.size());
   // Every rank gathers the whole model twice and reduce-scatters its gradients once.
   const double psi2 = 2.0 * static_cast<double>(m.total_numel()) * 511 / 512;
   EXPECT_NEAR(static_cast<double>(r->network_bytes), 3 * psi2, 0.01 * psi2);
-  Result<AutoPlan> a = InvalidError("not run");
-  const double auto_secs = Seconds([&] { a = PlanAuto(m, c, Cfg(3, "none", "none"), "/nvme"); });
+  Result<AutoPlan> a = PlanAuto(m, c, Cfg(3, "none", "none"), "/nvme");
   ASSERT_TRUE(a.ok());
-  EXPECT_LT(auto_secs, 5.0) << "--auto over every placement";
 }
 
 // The optimizer alone with W, M, V, G on NVMe and no GPU (the calibration
