@@ -7,7 +7,7 @@ PKGS=(
   build-essential cmake ninja-build pkg-config git
   liburing-dev libtbb-dev libhwloc-dev libboost-dev nlohmann-json3-dev libspdlog-dev
   libxxhash-dev libcli11-dev googletest libgtest-dev libbenchmark-dev libgloo-dev
-  libopenblas-dev fio python3 python3-numpy python3-torch python3-pytest
+  libopenblas-dev fio python3 python3-numpy python3-torch python3-torchvision python3-pytest python3-venv
   python3-pip python3-setuptools python3-wheel  # pip install --no-deps --no-build-isolation ./python, offline
   clang libclang-rt-14-dev  # tests/fuzz: clang++ -fsanitize=fuzzer
 )

@@ -32,9 +32,10 @@ import weakref
 
 import torch
 
-from . import Engine, Error, INVALID
+from . import Engine, Error, INVALID, STATE
+from . import _fetch_on_use as _fou
 
-__all__ = ["OffloadAdam", "offload_module", "OffloadedModule", "OffloadOptimizer"]
+__all__ = ["OffloadAdam", "offload_module", "OffloadedModule", "OffloadOptimizer", "is_fetched"]
 
 _DEFAULT_BUCKET_NUMEL = 1 << 22  # elements per engine group (OffloadAdam)
 
@@ -547,8 +548,7 @@ class OffloadedModule:
                 for _, p in own:
                     owner_of[id(p)] = g
                 needs.insert(0, g)
-            if needs:
-                users.append((m, needs))
+            users.append((m, needs))  # every module: a scope for the parameters its forward reads
         if not self._groups:
             self.engine.close()
             _remove_swap_folders(self._folders)
@@ -561,18 +561,26 @@ class OffloadedModule:
         self.device = torch.device("cuda" if self.engine.on_gpu else "cpu")
         self.dtype = _torch_dtype(self.engine.compute_dtype)
         self._fetched = {}  # group index -> (flat tensor, first byte address, end address)
-        self._refs = {}  # group index -> forwards running that need it
-        self._saved_hooks = []  # saved_tensors_hooks contexts entered by forward pre-hooks
+        self._refs = {}  # group index -> running forwards (scopes) that hold it
+        self._scopes = []  # _Scope per module forward running, innermost last
+        self._pinned = {}  # group index -> group, held until its gradients are in or backward ends
+        self._loose = {}  # group index -> group, used outside any forward: held until backward ends or step
         self._callback_queued = False
         self._clip_next = None
         self._group_of = owner_of
         for g in self._groups:
             g.install()
-            for p in g.params:
+            for p, qual in zip(g.params, g.names):
                 _OWNERS[id(p)] = self
+                _fou.adopt(p, self, g, qual)
+        for qual, p in tied:
+            _fou.adopt(p, self, owner_of[id(p)], _fou._OFFLOADED[id(p)][3])
+        always = _forward_hooks_always_called()
         for m, needs in users:
-            self._handles.append(m.register_forward_pre_hook(lambda mod, inp, needs=needs: self._before_forward(needs)))
-            self._handles.append(m.register_forward_hook(lambda mod, inp, out, needs=needs: self._after_forward(needs)))
+            self._handles.append(m.register_forward_pre_hook(
+                lambda mod, inp, needs=needs: self._before_forward(needs)))
+            self._handles.append(m.register_forward_hook(
+                lambda mod, inp, out: self._after_forward(out), **always))
         self._handles.append(module._register_state_dict_hook(self._state_dict_hook))
         self._handles.append(module._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True))
         self._handles.append(module.register_load_state_dict_post_hook(self._load_post_hook))
@@ -581,28 +589,93 @@ class OffloadedModule:
         # load_state_dict says it here (called otherwise, a load is strict).
         self._load_strict = True
         module.load_state_dict = self._module_load_state_dict
+        module.state_dict = self._module_state_dict
         opt = self.engine.config["optimizer"]["params"]
         self.optimizer = OffloadOptimizer(self, [g.params for g in self._groups], opt)
 
-    # -- forward: fetch before, release after
+    # -- forward: a scope per module forward; parameters fetched on use
+    #
+    # A group is fetched (once; the engine counts nothing else) when a
+    # forward that needs it starts (its module's own parameters, a tied
+    # one's first module) or when torch code reads one of its parameters
+    # (_fetch_on_use: nn.MultiheadAttention's out_proj, a parent reading a
+    # child's weight, F.linear on another module's weight). It is held by
+    # the innermost running forward (its scope) and released when that
+    # forward ends, unless the forward's output aliases it (then the
+    # enclosing forward holds it). A use outside every forward holds it
+    # "loose", until backward ends or the step. While the outermost forward
+    # runs, tensors that autograd saves pass _pack, which saves a view of
+    # a fetched group as its place, so that backward fetches the group
+    # again rather than read a released buffer. Where other saved-tensor
+    # hooks are active at the outermost forward (torch.utils.checkpoint
+    # recomputing a forward inside backward, non-reentrant), those keep the
+    # saved tensors, and the groups the forward fetched stay "pinned" until
+    # their gradients are in or backward ends.
     def _before_forward(self, needs):
+        if _fou.compiling():
+            _fou.refuse_compile(type(self.module).__name__)
+        scope = _Scope()
+        if not self._scopes:
+            if _fou.foreign_saved_tensor_hooks():
+                scope.pin = True
+            else:
+                scope.ctx = _fou.saved_tensor_hooks(self.pack, self.unpack)
+                scope.ctx.__enter__()
+        else:
+            scope.pin = self._scopes[-1].pin
+        self._scopes.append(scope)
         for g in needs:
-            self._refs[g.index] = self._refs.get(g.index, 0) + 1
+            self._hold(scope, g)
             self.fetch(g)
-        # While the module runs, every tensor that autograd saves passes
-        # _pack, which saves a view of a fetched group (weight.t() in
-        # F.linear, ...) as its place, so that backward reads the group
-        # fetched again rather than a released buffer.
-        ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-        ctx.__enter__()
-        self._saved_hooks.append(ctx)
 
-    def _after_forward(self, needs):
-        if self._saved_hooks:
-            self._saved_hooks.pop().__exit__(None, None, None)
-        for g in needs:
-            self._refs[g.index] -= 1
+    def _after_forward(self, output):
+        if not self._scopes:
+            return
+        scope = self._scopes.pop()
+        if scope.ctx is not None:
+            scope.ctx.__exit__(None, None, None)
+        escaping = self._aliased(output, scope.held) if scope.held and not scope.pin else ()
+        for idx, g in scope.held.items():
+            self._refs[idx] -= 1
+            if scope.pin:
+                self._pinned[idx] = g
+            elif idx in escaping:
+                if self._scopes:
+                    self._hold(self._scopes[-1], g)
+                else:
+                    self._loose[idx] = g
             self.release(g)
+
+    def _hold(self, scope, g):
+        if g.index not in scope.held:
+            scope.held[g.index] = g
+            self._refs[g.index] = self._refs.get(g.index, 0) + 1
+
+    def _aliased(self, output, held):
+        """Indices of the held groups whose buffer a tensor of `output` views."""
+        out = set()
+        with _fou.quiet():
+            for t in _fou._each_tensor(output if not hasattr(output, "items") else dict(output.items()), []):
+                if t.device != self.device:
+                    continue
+                ptr = t.data_ptr()
+                for idx in held:
+                    f = self._fetched.get(idx)
+                    if f is not None and f[1] <= ptr < f[2]:
+                        out.add(idx)
+        return out
+
+    def use(self, g, name):
+        """_fetch_on_use: torch code reads a parameter of group g. Returns
+        True when the use is outside every forward (the caller then saves
+        what autograd keeps through pack/unpack)."""
+        if self._scopes:
+            self._hold(self._scopes[-1], g)
+            self.fetch(g)
+            return False
+        self._loose[g.index] = g
+        self.fetch(g)
+        return True
 
     def fetch(self, g):
         if g.index in self._fetched:
@@ -610,50 +683,73 @@ class OffloadedModule:
         flat = self.engine.fetch_tensor(g.index, stream=_current_stream(self.device.type))
         start = flat.data_ptr()
         self._fetched[g.index] = (flat, start, start + flat.numel() * flat.element_size())
-        for p, off, n in zip(g.params, g.offsets, g.numels):
-            p.data = flat[off:off + n].view(g.shapes[p])
+        with _fou.quiet():
+            for p, off, n in zip(g.params, g.offsets, g.numels):
+                p.data = flat[off:off + n].view(g.shapes[p])
 
     def release(self, g):
-        """Releases g unless a running forward (a parent module's, a tied
-        parameter's other user) still needs it."""
-        if g.index not in self._fetched or self._refs.get(g.index, 0) > 0:
+        """Releases g unless something still holds it: a running forward, a
+        pin until its gradients, a use outside every forward."""
+        idx = g.index
+        if idx not in self._fetched or self._refs.get(idx, 0) > 0 or idx in self._pinned or idx in self._loose:
             return
-        for p in g.params:
-            p.data = g.placeholders[p]
-        del self._fetched[g.index]
-        self.engine.release(g.index, stream=_current_stream(self.device.type))
+        with _fou.quiet():
+            for p in g.params:
+                p.data = g.placeholders[p]
+        del self._fetched[idx]
+        self.engine.release(idx, stream=_current_stream(self.device.type))
+
+    def _drop_holds(self):
+        """Backward has ended (or the step came): nothing is pinned or loose."""
+        held = list(self._pinned.values()) + list(self._loose.values())
+        self._pinned.clear()
+        self._loose.clear()
+        for g in held:
+            self.release(g)
 
     # -- saved tensors: a view of a fetched group is saved as (group, place)
-    def _pack(self, t):
+    def pack(self, t):
         if self._fetched and t.device == self.device:
-            ptr = t.data_ptr()
+            with _fou.quiet():
+                ptr = t.data_ptr()
             for index, (flat, start, end) in self._fetched.items():
                 if start <= ptr < end and t.dtype == flat.dtype:
                     return _SavedView(index, (ptr - start) // flat.element_size(), tuple(t.shape), t.stride())
         return t
 
-    def _unpack(self, saved):
+    def unpack(self, saved):
         if not isinstance(saved, _SavedView):
             return saved
+        if self.engine is None:
+            raise Error(STATE, "backward needs an offloaded parameter, but its offload_module was closed")
+        self._queue_end_of_backward()
         g = self._groups[saved.group]
         self.fetch(g)  # backward: bring the group back; it is released when its gradients are in
         flat = self._fetched[g.index][0]
         return flat.as_strided(saved.shape, saved.stride, saved.offset)
 
     # -- backward: gradients to the engine as they are produced
-    def grad_ready(self, g, p):
-        """A parameter's gradient is complete (a tied one's summed over its
-        uses): stage it; a group whose every gradient is in goes to the
-        engine and is released."""
+    def _queue_end_of_backward(self):
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             self._callback_queued = True
+
+    def grad_ready(self, g, p):
+        """A parameter's gradient is in .grad (a tied one's summed over its
+        uses; once more for each backward that reaches it, e.g. a reentrant
+        checkpoint's): stage it; a group whose every gradient is in goes to
+        the engine and is released."""
+        self._queue_end_of_backward()
         g.stage(p)
         if g.complete():
             self._hand(g)
 
     def _hand(self, g):
+        # The engine adds every grads call of a step to the group's
+        # accumulator, so a group handed in parts (a backward that ended
+        # early: a reentrant checkpoint's inner one) sums right.
         self.engine.grads(g.index, g.take_staged(), stream=_current_stream(self.device.type))
+        self._pinned.pop(g.index, None)
         self.release(g)
 
     def _end_of_backward(self):
@@ -663,6 +759,8 @@ class OffloadedModule:
         for g in self._groups:
             if g.pending():
                 self._hand(g)
+        self._drop_holds()
+        for g in self._groups:
             self.release(g)
 
     # -- the optimizer
@@ -673,8 +771,7 @@ class OffloadedModule:
         last step steps with zeros (the engine's rule). Gradients are
         averaged over the ranks and the grad_accumulation_steps backward
         passes (strata.grad_reduce "mean"). Returns (grad_norm, skipped)."""
-        for g in self._groups:
-            self.release(g)  # e.g. fetched by a backward that produced no gradient for it
+        self._settle()
         if max_grad_norm is None:
             max_grad_norm = self._clip_next
         self._clip_next = None
@@ -684,14 +781,23 @@ class OffloadedModule:
     def zero_grad(self, set_to_none=True):
         """Nothing to do: gradients go to the engine, never stay in .grad."""
 
+    def _settle(self):
+        """Between backward and step: a backward that ended without our
+        callback (no gradient reached a group) leaves nothing held."""
+        for g in self._groups:
+            if g.pending():
+                self._hand(g)
+        self._drop_holds()
+        for g in self._groups:
+            self.release(g)
+
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
         """torch.nn.utils.clip_grad_norm_ for the offloaded parameters (which
         the torch function, patched by strata.torch, sends here): returns the
         total L2 norm of this step's gradients (averaged over the ranks) and
         clips them to max_norm at the coming step. A collective."""
         _check_clip_args(max_norm, norm_type)
-        for g in self._groups:
-            self.release(g)
+        self._settle()
         norm = self.engine.grad_norm()
         result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
         self._clip_next = float(max_norm)
@@ -718,10 +824,15 @@ class OffloadedModule:
         become the master weights (the moments stay)."""
         return self.module.load_state_dict(state_dict, strict=strict)
 
+    def _module_state_dict(self, *args, **kwargs):
+        with _fou.quiet():  # the hook puts the masters in the placeholders' places
+            return type(self.module).state_dict(self.module, *args, **kwargs)
+
     def _module_load_state_dict(self, state_dict, strict=True):
         self._load_strict = bool(strict)
         try:
-            return type(self.module).load_state_dict(self.module, state_dict, strict=strict)
+            with _fou.quiet():  # torch copies the values into the parameters' real tensors (the pre hook's)
+                return type(self.module).load_state_dict(self.module, state_dict, strict=strict)
         finally:
             self._load_strict = True
 
@@ -746,13 +857,17 @@ class OffloadedModule:
         # to the engine, or (a refused load) drops them.
         if self.engine is None or self._load_ctx is not None:
             return
+        if self._scopes:
+            raise Error(INVALID, "load_state_dict: a forward is running")
+        self._drop_holds()
         for g in self._groups:
-            if g.index in self._fetched or self._refs.get(g.index, 0):
-                raise Error(INVALID, "load_state_dict: a forward or backward is running")
+            if g.index in self._fetched or self._refs.get(g.index, 0) or g.pending():
+                raise Error(INVALID, "load_state_dict: a backward is running, or its gradients wait for the step")
         masters = self.master_parameters()
-        for name, p in self._names:
-            dtype, _ = self._dtype_device(p)
-            p.data = masters[name].to(dtype=dtype, device=self.device)
+        with _fou.quiet():
+            for name, p in self._names:
+                dtype, _ = self._dtype_device(p)
+                p.data = masters[name].to(dtype=dtype, device=self.device)
         # torch passes strict=True to every hook; the load's own is ours.
         self._load_ctx = (self._load_strict, missing, unexpected, error_msgs)
 
@@ -762,6 +877,10 @@ class OffloadedModule:
         strict, missing, unexpected, error_msgs = self._load_ctx
         self._load_ctx = None
         refused = bool(error_msgs) or (strict and (missing or unexpected))
+        with _fou.quiet():
+            self._load_commit(refused)
+
+    def _load_commit(self, refused):
         try:
             if not refused:
                 for g in self._groups:
@@ -782,18 +901,27 @@ class OffloadedModule:
         the master weights (in their original dtype); the engine is freed."""
         if self.engine is None:
             return
+        while self._scopes:  # a forward that raised: its scopes never ended
+            scope = self._scopes.pop()
+            if scope.ctx is not None:
+                scope.ctx.__exit__(None, None, None)
         masters = self.master_parameters()
         named = dict((id(p), name) for name, p in self._names)
+        self._pinned.clear()
+        self._loose.clear()
         for g in self._groups:
             self._refs[g.index] = 0
             self.release(g)
-            for p in g.params:
-                p.data = masters[named[id(p)]].to(dtype=g.dtypes[p], device=g.devices[p])
-                _OWNERS.pop(id(p), None)
+            with _fou.quiet():
+                for p in g.params:
+                    p.data = masters[named[id(p)]].to(dtype=g.dtypes[p], device=g.devices[p])
+                    _OWNERS.pop(id(p), None)
+                    _fou.disown(p)
         for h in self._handles:
             h.remove()
         self._handles = []
         self.module.__dict__.pop("load_state_dict", None)
+        self.module.__dict__.pop("state_dict", None)
         self.engine.close()
         self.engine = None
         _remove_swap_folders(self._folders)
@@ -889,6 +1017,28 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.param_groups[0].update(hyper)
 
 
+class _Scope:
+    """One module forward running: the groups it holds (index -> group),
+    the saved-tensor hooks it entered (the outermost only), and whether its
+    groups stay pinned after it (foreign saved-tensor hooks keep what
+    autograd saves)."""
+    __slots__ = ("held", "ctx", "pin")
+
+    def __init__(self):
+        self.held, self.ctx, self.pin = {}, None, False
+
+
+def _forward_hooks_always_called():
+    """register_forward_hook's always_call=True where torch has it (2.1+):
+    a forward that raises still ends its scope."""
+    import inspect
+    try:
+        return {"always_call": True} if "always_call" in inspect.signature(
+            torch.nn.Module.register_forward_hook).parameters else {}
+    except (TypeError, ValueError):
+        return {}
+
+
 class _SavedView:
     __slots__ = ("group", "offset", "shape", "stride")
 
@@ -926,7 +1076,8 @@ class _ModuleGroup:
         for p in self.params:
             # The compute dtype first: changing a parameter's dtype gives it a
             # new AccumulateGrad node, which would not have our hook.
-            p.data = self.placeholders[p]
+            with _fou.quiet():
+                p.data = self.placeholders[p]
             # The AccumulateGrad node of p: its hook runs once p.grad holds
             # this backward's gradient.
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
@@ -938,7 +1089,15 @@ class _ModuleGroup:
             self.staged = torch.zeros(self.numel, dtype=self.owner.dtype, device=self.owner.device)
         i = next(k for k, q in enumerate(self.params) if q is p)
         off = self.offsets[i]
-        self.staged[off:off + self.numels[i]].copy_(p.grad.reshape(-1))
+        grad = p.grad
+        if grad.is_sparse:
+            raise Error(INVALID, f"{self.names[i]}: a sparse gradient (e.g. nn.Embedding(sparse=True)); "
+                        "offload_module takes dense gradients only")
+        dst = self.staged[off:off + self.numels[i]]
+        if i in self.arrived:  # another backward reached it (a reentrant checkpoint's, a second loss)
+            dst.add_(grad.reshape(-1))
+        else:
+            dst.copy_(grad.reshape(-1))
         p.grad = None
         self.arrived.add(i)
 
@@ -951,6 +1110,16 @@ class _ModuleGroup:
     def take_staged(self):
         staged, self.staged, self.arrived = self.staged, None, set()
         return staged
+
+
+def is_fetched(p):
+    """Whether a parameter under offload_module holds its values now (its
+    group is fetched) rather than its one-element placeholder. Reads
+    nothing, fetches nothing. A parameter not under offload_module: True."""
+    ent = _fou._OFFLOADED.get(id(p))
+    if ent is None or ent[0]() is not p:
+        return True
+    return ent[2].index in ent[1]._fetched
 
 
 def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1, *, rank=None, world_size=None,

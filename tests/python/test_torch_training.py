@@ -134,7 +134,7 @@ def test_load_state_dict_refused_changes_nothing():
         model.load_state_dict(bad)
     after = off.master_parameters()
     assert all(torch.equal(before[n], after[n]) for n in before), "a refused load changed the weights"
-    assert all(p.stride() == (0,) * p.dim() for p in model.parameters()), "placeholders are back"
+    assert not any(st.is_fetched(p) for p in model.parameters()), "placeholders are back"
     model.load_state_dict(bad, strict=False)
     assert torch.equal(off.master_parameters()["wte.weight"], torch.zeros_like(before["wte.weight"]))
     assert torch.equal(off.master_parameters()["ln_f.bias"], before["ln_f.bias"])

@@ -1,0 +1,284 @@
+"""Parameters that fetch themselves: the placeholder side of offload_module.
+
+An offloaded parameter keeps its Python object (its name in the module,
+its AccumulateGrad node, every reference user code holds) but its .data is
+a one-element placeholder while the engine holds the values. Module hooks
+fetch a module's own parameters around its forward; that is not enough,
+because torch code reads parameters outside their module's forward:
+nn.MultiheadAttention reads out_proj.weight itself, a parent reads a
+child's weight, F.linear(x, other.weight), a head tied by reading the
+embedding's weight.
+
+So each offloaded parameter's class becomes _OffloadedParameter, an
+nn.Parameter whose __torch_function__ runs before every torch function,
+method and attribute access that involves it. One that reads values
+fetches the parameter's group first (its owner decides how long it stays);
+one that only reads metadata (shape, dtype, .grad, requires_grad) passes;
+one that would change the values behind the engine's back (in-place ops,
+.data = ..., out=) raises, naming the parameter. A placeholder therefore
+never takes part in arithmetic: a read either sees the real values or
+fails loudly.
+
+Why not a placeholder tensor subclass (the issue's sketch): .data cannot
+change a parameter's Python type, and autograd, optimizers and hooks hold
+the parameter object itself; changing the object's class keeps identity,
+isinstance(p, nn.Parameter) and the AccumulateGrad node, and costs one
+Python call per torch call that involves an offloaded parameter.
+"""
+
+import threading
+
+import torch
+
+from . import Error, INVALID, STATE
+
+try:  # torch >= 2.0: subclasses only; 1.13: every torch function
+    _NoTorchFunction = torch._C.DisableTorchFunctionSubclass
+except AttributeError:
+    _NoTorchFunction = torch._C.DisableTorchFunction
+
+_tls = threading.local()  # .quiet: strata's own code is handling parameters; .hooks: saved-tensor hook depth
+
+# id(parameter) -> (weakref to it, its owner, its group, its qualified name)
+_OFFLOADED = {}
+
+# Attributes and methods that read no values: a released parameter answers
+# them itself. Getters and setters are named "<attribute>.__get__"/"__set__".
+_NO_VALUES = frozenset(
+    [f"{a}.__get__" for a in (
+        "grad", "_grad", "requires_grad", "shape", "dtype", "device", "is_leaf", "grad_fn", "_grad_fn", "layout",
+        "ndim", "names", "is_sparse", "is_sparse_csr", "is_cuda", "is_cpu", "is_meta", "is_quantized", "is_mkldnn",
+        "is_nested", "is_xpu", "is_mps", "is_vulkan", "is_ipu", "_backward_hooks", "_post_accumulate_grad_hooks",
+        "_version", "output_nr", "_base", "name", "retains_grad", "itemsize", "_cdata", "_python_dispatch")]
+    + [f"{a}.__set__" for a in ("grad", "_grad", "requires_grad", "_backward_hooks", "_post_accumulate_grad_hooks",
+                                "name")]
+    + ["size", "dim", "numel", "nelement", "element_size", "is_floating_point", "is_complex", "get_device",
+       "requires_grad_", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "__len__",
+       "__hash__", "_is_view", "is_inference"])
+
+# In-place methods that do not change values.
+_INPLACE_METADATA = frozenset(["requires_grad_", "retain_grad", "share_memory_"])
+
+
+def _func_key(func):
+    name = getattr(func, "__name__", None) or str(func)
+    if name in ("__get__", "__set__", "__delete__"):
+        return f"{getattr(getattr(func, '__self__', None), '__name__', '?')}.{name}"
+    return name
+
+
+def _each_tensor(x, out):
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _each_tensor(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _each_tensor(y, out)
+    return out
+
+
+class quiet:
+    """Context: strata's own code touches offloaded parameters (sets .data,
+    reads placeholders) without fetching them."""
+
+    def __enter__(self):
+        self.prev = getattr(_tls, "quiet", False)
+        _tls.quiet = True
+
+    def __exit__(self, *exc):
+        _tls.quiet = self.prev
+        return False
+
+
+def compiling():
+    c = getattr(torch, "compiler", None)
+    if c is not None and hasattr(c, "is_compiling"):
+        return c.is_compiling()
+    d = getattr(torch, "_dynamo", None)
+    return bool(d is not None and hasattr(d, "is_compiling") and d.is_compiling())
+
+
+def refuse_compile(what):
+    raise Error(INVALID, f"torch.compile of {what}: not supported on a module under strata.torch.offload_module "
+                "(its parameters are fetched and released by the engine around every use, at run time, which a "
+                "compiled graph would skip); compile the model without offload_module, or offload without "
+                "torch.compile")
+
+
+def foreign_saved_tensor_hooks():
+    """True when saved-tensor hooks other than strata's are active on this
+    thread (torch.utils.checkpoint's, save_on_cpu, the user's own)."""
+    return getattr(_tls, "hooks", 0) > getattr(_tls, "ours", 0)
+
+
+class saved_tensor_hooks:
+    """strata's own saved-tensor hooks (counted apart from foreign ones)."""
+
+    def __init__(self, pack, unpack):
+        self.ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def __enter__(self):
+        self.ctx.__enter__()
+        _tls.ours = getattr(_tls, "ours", 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        _tls.ours -= 1
+        return self.ctx.__exit__(*exc)
+
+
+# Every saved_tensors_hooks context (torch.utils.checkpoint's, save_on_cpu,
+# the user's and strata's) is counted, so that strata knows whether tensors
+# saved for backward pass through its hooks or through someone else's.
+_sth = torch.autograd.graph.saved_tensors_hooks
+if not getattr(_sth, "_strata_counted", False):
+    _orig_enter, _orig_exit = _sth.__enter__, _sth.__exit__
+
+    def _counted_enter(self):
+        r = _orig_enter(self)
+        _tls.hooks = getattr(_tls, "hooks", 0) + 1
+        return r
+
+    def _counted_exit(self, *exc):
+        _tls.hooks = getattr(_tls, "hooks", 0) - 1
+        return _orig_exit(self, *exc)
+
+    _sth.__enter__, _sth.__exit__ = _counted_enter, _counted_exit
+    _sth._strata_counted = True
+
+
+_CONVERSIONS = frozenset(["to", "cpu", "cuda", "float", "double", "half", "bfloat16", "type"])
+
+
+def _noop_conversion(key, t, args, kwargs):
+    """True when t.<key>(...) would return t itself (torch does): no values are read."""
+    rest = args[1:]
+    if key == "to":
+        try:
+            device, dtype, _, fmt = torch._C._nn._parse_to(*rest, **kwargs)
+        except Exception:
+            return False
+        return (device is None or torch.device(device) == t.device) and (dtype is None or dtype == t.dtype) \
+            and fmt is None and not kwargs.get("copy", False)
+    if key == "cpu":
+        return t.device.type == "cpu" and not rest and not kwargs
+    if key == "cuda":
+        return False
+    if key == "type":
+        return False
+    want = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
+    return want.get(key) == t.dtype and not rest and not kwargs
+
+
+class _OffloadedParameter(torch.nn.Parameter):
+    """An nn.Parameter whose values live in a Strata engine (see the module's
+    docstring). Only offload_module makes them, by changing the class of the
+    model's own parameters; close() changes it back."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        if not getattr(_tls, "quiet", False):
+            mine = [t for t in _each_tensor(kwargs, _each_tensor(args, [])) if type(t) is cls]
+            if mine:
+                key = _func_key(func)
+                if key not in _NO_VALUES:
+                    result = _use(func, key, mine, args, kwargs)
+                    if result is not None:
+                        return result[0]
+        with _NoTorchFunction():
+            return func(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        # An ordinary Parameter holding the values (Parameter's own would
+        # make another _OffloadedParameter, owned by no engine).
+        with torch.no_grad():
+            data = self.detach().clone()
+        with quiet():
+            out = torch.nn.Parameter(data, self.requires_grad)
+        memo[id(self)] = out
+        return out
+
+
+def _use(func, key, mine, args, kwargs):
+    """Fetches the groups of the offloaded parameters among a call's
+    arguments, or refuses the call. Returns (result,) when the call is
+    answered here, else None (the caller runs it)."""
+    users = []
+    for t in mine:
+        ent = _OFFLOADED.get(id(t))
+        if ent is None or ent[0]() is not t:
+            continue  # a parameter of a closed offload_module, or a copy
+        owner, group, name = ent[1], ent[2], ent[3]
+        target = args[0] if args else None
+        if target is t:
+            if key in _CONVERSIONS and _noop_conversion(key, t, args, kwargs):
+                return (t,)
+            if key == "data.__set__" and len(args) > 1 and args[1] is t:
+                return (None,)  # p.data = p (Module._apply on a no-op conversion)
+            if key == "data.__set__" or key == "__setitem__" or key in ("set_", "resize_", "resize_as_") or (
+                    key.endswith("_") and not key.endswith("__") and "." not in key and key not in _INPLACE_METADATA):
+                raise Error(INVALID, f"{name}: '{key}' would change an offloaded parameter in place, behind the "
+                            "engine that holds its values (the change would be lost at the next fetch); load new "
+                            "values with load_state_dict, or change the model before offload_module")
+        if kwargs.get("out") is not None and any(o is t for o in _each_tensor(kwargs["out"], [])):
+            raise Error(INVALID, f"{name}: '{key}' writes into an offloaded parameter (out=); not supported")
+        if owner.engine is None:
+            raise Error(STATE, f"{name}: its offload_module was closed, but the parameter was kept from before")
+        if compiling():
+            refuse_compile(f"a function that reads the offloaded parameter {name}")
+        if owner.use(group, name) and owner not in users:
+            users.append(owner)
+    if not users or not torch.is_grad_enabled() or foreign_saved_tensor_hooks():
+        return None
+    # Used outside any module's forward: what autograd saves passes the
+    # owner's hooks, so that backward fetches the group again.
+    with saved_tensor_hooks(users[0].pack, users[0].unpack):
+        with _NoTorchFunction():
+            return (func(*args, **kwargs),)
+
+
+def adopt(p, owner, group, name):
+    """Makes p an offloaded parameter of `owner`."""
+    _OFFLOADED[id(p)] = (_weakref(p), owner, group, name)
+    if type(p) is torch.nn.Parameter:
+        p.__class__ = _OffloadedParameter
+    elif type(p) is not _OffloadedParameter:
+        raise Error(INVALID, f"{name}: a parameter of type {type(p).__name__} (a subclass of nn.Parameter); "
+                    "offload_module takes plain nn.Parameter only")
+
+
+def disown(p):
+    _OFFLOADED.pop(id(p), None)
+    if type(p) is _OffloadedParameter:
+        p.__class__ = torch.nn.Parameter
+
+
+def _weakref(p):
+    import weakref
+    return weakref.ref(p)
+
+
+def is_offloaded(p):
+    ent = _OFFLOADED.get(id(p))
+    return ent is not None and ent[0]() is p
+
+
+# torch.compile (and nn.Module.compile, which calls it) refuses a module
+# under offload_module, naming why, instead of compiling its placeholders.
+_torch_compile = getattr(torch, "compile", None)
+if _torch_compile is not None and not getattr(_torch_compile, "_strata_checked", False):
+    def _compile(model=None, *args, **kwargs):
+        if model is None:
+            return lambda m: _compile(m, *args, **kwargs)
+        target = model if isinstance(model, torch.nn.Module) else getattr(model, "__self__", None)
+        if isinstance(target, torch.nn.Module) and any(is_offloaded(p) for p in target.parameters()):
+            refuse_compile(f"{type(target).__name__}")
+        return _torch_compile(model, *args, **kwargs)
+
+    _compile.__doc__ = _torch_compile.__doc__
+    _compile._strata_checked = True
+    torch.compile = _compile
