@@ -166,6 +166,12 @@ def _separate_swap_folders(cfg, tag):
 
 
 def _subfolder(path, tag):
+    """The engine's own folder under a configured nvme_path, which must
+    exist: a mistyped mount point is refused, never created (the swap files
+    would land on whatever disk holds the new folder)."""
+    if not os.path.isdir(path):
+        raise Error(INVALID, f"nvme_path {path!r} does not exist or is not a folder: the swap files go there; "
+                    "create it (on the NVMe drive) or fix the path")
     sub = os.path.join(path, tag)
     os.makedirs(sub, exist_ok=True)
     return sub
@@ -204,6 +210,46 @@ def _clip_result(norm, norm_type, error_if_nonfinite):
                            "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
                            "by the non-finite norm anyway, set `error_if_nonfinite=False`")
     return torch.tensor(norm)
+
+
+_TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+def _torch_norm_of(g):
+    """The L2 norm of one gradient as this torch's clip_grad_norm_ takes it
+    (2.x: _foreach_norm where it has foreach support, else vector_norm;
+    1.13: torch.norm), so that a norm made of these is bitwise torch's."""
+    if _TORCH2:
+        try:
+            from torch.utils._foreach_utils import _has_foreach_support
+            if _has_foreach_support([g], g.device):
+                return torch._foreach_norm([g], 2.0)[0]
+        except ImportError:
+            pass
+        return torch.linalg.vector_norm(g, 2.0)
+    return torch.norm(g.detach(), 2.0)
+
+
+def _torch_total_norm(norms):
+    stacked = torch.stack([n.to(norms[0].device) for n in norms])
+    return torch.linalg.vector_norm(stacked, 2.0) if _TORCH2 else torch.norm(stacked, 2.0)
+
+
+def _engine_clip_for(coef, engine_norm):
+    """The max_grad_norm that makes the engine scale the gradients by
+    exactly `coef` (a float32 value below 1): the engine takes
+    clip / (norm + 1e-6) in double and its kernels multiply by it in
+    float32, as torch multiplies by its float32 clip_coef."""
+    import numpy as np
+    target = np.float32(coef)
+    clip = float(target) * (engine_norm + 1e-6)
+    for _ in range(4):
+        got = np.float32(clip / (engine_norm + 1e-6))
+        if got == target:
+            return clip
+        clip = float(np.nextafter(clip, np.inf if got < target else -np.inf))
+    raise Error(INVALID, f"clip_grad_norm_: cannot express torch's clip coefficient {float(target)!r} "
+                f"for the engine's norm {engine_norm!r}")
 
 
 # ---- OffloadAdam -------------------------------------------------------------
@@ -254,7 +300,13 @@ class OffloadAdam(torch.optim.Optimizer):
         self._force_no_gpu = force_no_gpu
         self._rank, self._world_size = _resolve_ranks(rank, world_size, "OffloadAdam")
         self._clip_next = None  # from clip_grad_norm_, for the coming step
-        self._engines = []  # one _GroupEngine per param group, in order
+        # Per param group, its cohorts: _GroupEngines whose parameters have
+        # been stepped together since each first had a gradient (so they
+        # share a step count, as torch's per-parameter "step" would be). A
+        # parameter that never had a gradient (frozen) is in none: it has
+        # no state and is never changed.
+        self._cohorts = []
+        self._tags = itertools.count()
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       max_grad_norm=max_grad_norm))
         for group in self.param_groups:
@@ -266,20 +318,69 @@ class OffloadAdam(torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
-        self._engines.append(self._new_engine(len(self.param_groups) - 1))
+        index = len(self.param_groups) - 1
+        _check_params(self.param_groups[index]["params"], self._param_names, "OffloadAdam",
+                      [p for g in self.param_groups[:index] for p in g["params"]])
+        # The trainable parameters' engine is made now, not at the first
+        # step, so that a bad config fails at construction; their initial
+        # master weights are their values now. A group with none gets its
+        # config checked by an engine of one element.
+        trainable = [p for p in self.param_groups[index]["params"] if p.requires_grad]
+        if trainable:
+            self._cohorts.append([self._new_engine(index, trainable)])
+        else:
+            self._new_engine(index, [torch.zeros(1)]).close()
+            self._cohorts.append([])
 
-    def _new_engine(self, index):
-        # Engines are created here, not at the first step, so that a bad
-        # config fails at construction; the initial master weights are the
-        # parameters' values now.
+    def _new_engine(self, index, params):
         group = self.param_groups[index]
-        cfg = _separate_swap_folders(copy.deepcopy(self._config), f"strata-{os.getpid()}-{id(self)}-{index}")
+        tag = f"strata-{os.getpid()}-{id(self)}-{index}-{next(self._tags)}"
+        cfg = _separate_swap_folders(copy.deepcopy(self._config), tag)
         opt = cfg.setdefault("optimizer", {})
         opt["type"] = "AdamW"
         opt.setdefault("params", {}).update(lr=group["lr"], betas=list(group["betas"]), eps=group["eps"],
                                             weight_decay=group["weight_decay"])
-        return _GroupEngine(cfg, group["params"], self._bucket_numel, self._force_no_gpu, self._rank,
+        return _GroupEngine(cfg, params, self._bucket_numel, self._force_no_gpu, self._rank,
                             self._world_size, self._param_names)
+
+    @property
+    def _engines(self):
+        return [ge for cohorts in self._cohorts for ge in cohorts]
+
+    def _regroup(self, index):
+        """The cohorts of param group `index` that step now, as torch
+        AdamW's rule has it: a parameter whose .grad is None is skipped (no
+        decay, moments and step count kept); one with a gradient is
+        stepped. A cohort whose parameters disagree is split (its state
+        read out and written into two engines); parameters with a gradient
+        for the first time form a new cohort, at step 0."""
+        group = self.param_groups[index]
+        stepping, kept = [], []
+        for ge in self._cohorts[index]:
+            have = [p.grad is not None for p in ge.params]
+            if all(have):
+                stepping.append(ge)
+            elif not any(have):
+                kept.append(ge)
+            else:
+                states = ge.read_states()
+                parts = []
+                for flag in (True, False):
+                    ps = [p for p, h in zip(ge.params, have) if h == flag]
+                    sts = [st for st, h in zip(states, have) if h == flag]
+                    part = self._new_engine(index, ps)
+                    part.write_states(sts)
+                    part.engine.steps = ge.engine.steps
+                    parts.append(part)
+                ge.close()
+                stepping.append(parts[0])
+                kept.append(parts[1])
+        known = {id(p) for ge in self._cohorts[index] for p in ge.params}
+        new = [p for p in group["params"] if id(p) not in known and p.grad is not None]
+        if new:
+            stepping.append(self._new_engine(index, new))
+        self._cohorts[index] = stepping + kept
+        return stepping
 
     @property
     def rank(self):
@@ -299,10 +400,18 @@ class OffloadAdam(torch.optim.Optimizer):
         several engines' gradients is not one engine's). A collective with
         several ranks."""
         _check_clip_args(max_norm, norm_type)
-        if len(self._engines) != 1:
-            raise Error(INVALID, f"clip_grad_norm_: {len(self._engines)} param groups; one only (each has its own "
-                        "engine and norm): pass max_grad_norm per group instead")
-        ge = self._engines[0]
+        if self._world_size == 1:
+            # One rank: the gradients are this rank's, in .grad; torch's own
+            # function clips them, bitwise as torch would.
+            params = [p for group in self.param_groups for p in group["params"]]
+            return _torch_clip_grad_norm(params, max_norm, norm_type=norm_type,
+                                         error_if_nonfinite=error_if_nonfinite)
+        engines = self._regroup(0) if len(self.param_groups) == 1 else self._engines
+        if len(self.param_groups) != 1 or len(engines) != 1:
+            raise Error(INVALID, f"clip_grad_norm_ with several ranks: {len(self.param_groups)} param groups, "
+                        f"{len(engines)} engines with gradients; one only (each has its own norm): pass "
+                        "max_grad_norm per group instead")
+        ge = engines[0]
         if not ge.handed:
             ge.hand_grads()
         norm = ge.engine.grad_norm()
@@ -318,26 +427,26 @@ class OffloadAdam(torch.optim.Optimizer):
                 loss = closure()
         results = []
         clip_next, self._clip_next = self._clip_next, None
-        for ge, group in zip(self._engines, self.param_groups):
-            if not ge.handed:
-                ge.hand_grads()
-            clip = clip_next if clip_next is not None else group.get("max_grad_norm")
-            norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
-                                           weight_decay=group["weight_decay"], max_grad_norm=clip)
-            ge.handed = False
-            ge.copy_params_back()
-            results.append((norm, skipped))
-            for p in group["params"]:
-                st = self.state[p]
-                st["step"] = st.get("step", torch.tensor(0.0)) + (0 if skipped else 1)
-        self.last_results = results  # (grad_norm, skipped) per param group
+        for index, group in enumerate(self.param_groups):
+            for ge in self._regroup(index):
+                if not ge.handed:
+                    ge.hand_grads()
+                clip = clip_next if clip_next is not None else group.get("max_grad_norm")
+                norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                                               weight_decay=group["weight_decay"], max_grad_norm=clip)
+                ge.handed = False
+                ge.copy_params_back()
+                results.append((norm, skipped))
+                for p in ge.params:
+                    self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
+        self.last_results = results  # (grad_norm, skipped) per engine that stepped
         return loss
 
     def state_dict(self):
         """torch.optim.AdamW's format, per parameter: "step", "exp_avg",
         "exp_avg_sq", and "master_param" (its fp32 master weights)."""
-        for ge, group in zip(self._engines, self.param_groups):
-            for p, st in zip(group["params"], ge.read_states()):
+        for ge in self._engines:
+            for p, st in zip(ge.params, ge.read_states()):
                 self.state[p].update(st)
                 self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
         out = super().state_dict()
@@ -357,12 +466,22 @@ class OffloadAdam(torch.optim.Optimizer):
                     master = self.state[p].get("master_param")
                     if master is not None:
                         p.copy_(master.to(p.dtype))
-        self._engines = [self._new_engine(i) for i in range(len(self.param_groups))]
-        for ge, group in zip(self._engines, self.param_groups):
-            states = [self.state[p] for p in group["params"]]
-            ge.write_states(states)
-            steps = [float(st["step"]) for st in states if "step" in st]
-            ge.engine.steps = int(max(steps)) if steps else 0
+        # Cohorts again: the parameters with state, by their step count;
+        # those without (never stepped) join one at their first gradient.
+        self._cohorts = []
+        for index, group in enumerate(self.param_groups):
+            by_step = {}
+            for p in group["params"]:
+                st = self.state.get(p, {})
+                if "exp_avg" in st or "master_param" in st:
+                    by_step.setdefault(int(float(st.get("step", 0))), []).append(p)
+            cohorts = []
+            for steps, ps in sorted(by_step.items()):
+                ge = self._new_engine(index, ps)
+                ge.write_states([self.state[p] for p in ps])
+                ge.engine.steps = steps
+                cohorts.append(ge)
+            self._cohorts.append(cohorts)
         for p in list(self.state):  # the engine holds them now
             self.state[p] = {"step": self.state[p].get("step", torch.tensor(0.0))}
 
@@ -370,13 +489,40 @@ class OffloadAdam(torch.optim.Optimizer):
         """Frees the engines (and their swap files). step() no longer works."""
         for ge in self._engines:
             ge.close()
-        self._engines = []
+        self._cohorts = [[] for _ in self._cohorts]
 
     def __del__(self):
         try:
             self.close()
         except Exception:
             pass
+
+
+def _param_label(p, names, where=""):
+    name = (names or {}).get(id(p))
+    return f"parameter '{name}'" if name else f"parameter{where} of shape {tuple(p.shape)}"
+
+
+def _check_params(params, names, who, earlier=()):
+    """Refuses, naming the parameter, what the engine would train wrongly:
+    a parameter listed twice (torch 2.x refuses it too), a float64 one
+    (the engine's masters are float32: it would train in float32 without a
+    word), a sparse or non-floating one."""
+    seen = {id(p) for p in earlier}
+    for j, p in enumerate(params):
+        label = _param_label(p, names, f" {j}")
+        if id(p) in seen:
+            raise ValueError(f"{who}: {label} appears more than once (in a group or across groups); "
+                             "give each parameter once")
+        seen.add(id(p))
+        if p.dtype == torch.float64:
+            raise Error(INVALID, f"{who}: {label} is float64; the engine keeps float32 master weights and "
+                        "would train it in float32 precision: convert the model with .float() (or keep torch's "
+                        "optimizer for float64)")
+        if not p.dtype.is_floating_point:
+            raise Error(INVALID, f"{who}: {label} is {p.dtype}, not a floating-point parameter")
+        if p.is_sparse:
+            raise Error(INVALID, f"{who}: {label} is a sparse tensor; dense parameters only")
 
 
 def _split_names(params):
@@ -426,6 +572,16 @@ class _GroupEngine:
             size += p.numel()
         if current:
             self.buckets.append(current)
+        self.names = names or {}
+        dtype = _torch_dtype(self.engine.compute_dtype)
+        if dtype != torch.float32:
+            for p in self.params:
+                if p.dtype != dtype:
+                    self.engine.close()
+                    _remove_swap_folders(self.folders)
+                    raise Error(INVALID, f"OffloadAdam: the config computes in {dtype} (bf16/fp16 enabled) but "
+                                f"{_param_label(p, names)} is {p.dtype}: the parameters must be that dtype (convert "
+                                "the model), or leave bf16/fp16 off (float32 masters of any parameter dtype)")
         layout = []
         for g, bucket in enumerate(self.buckets):
             entries = []
@@ -449,7 +605,8 @@ class _GroupEngine:
             for p, off in entries:
                 if p.grad is not None:
                     if p.grad.is_sparse:
-                        raise Error(INVALID, "OffloadAdam does not take sparse gradients")
+                        raise Error(INVALID, f"OffloadAdam: {_param_label(p, self.names)} has a sparse gradient "
+                                    "(e.g. nn.Embedding(sparse=True)); dense gradients only")
                     flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
             self.engine.grads(g, flat, stream=_current_stream(self.device))
         self.handed = True
@@ -567,6 +724,8 @@ class OffloadedModule:
         self._loose = {}  # group index -> group, used outside any forward: held until backward ends or step
         self._callback_queued = False
         self._clip_next = None
+        self._norms, self._norms_exact = {}, True  # id(param) -> torch's norm of its staged gradient
+        self.engine_accumulates = grad_accumulation_steps != 1
         self._group_of = owner_of
         for g in self._groups:
             g.install()
@@ -775,6 +934,7 @@ class OffloadedModule:
         if max_grad_norm is None:
             max_grad_norm = self._clip_next
         self._clip_next = None
+        self._norms, self._norms_exact = {}, True
         return self.engine.step(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                 max_grad_norm=max_grad_norm)
 
@@ -791,17 +951,40 @@ class OffloadedModule:
         for g in self._groups:
             self.release(g)
 
-    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, params=None):
         """torch.nn.utils.clip_grad_norm_ for the offloaded parameters (which
         the torch function, patched by strata.torch, sends here): returns the
         total L2 norm of this step's gradients (averaged over the ranks) and
-        clips them to max_norm at the coming step. A collective."""
+        clips them to max_norm at the coming step. On one rank with one
+        backward per step it is torch's arithmetic, bitwise (`params`: the
+        order torch was given them); else the engine's norm (in double). A
+        collective."""
         _check_clip_args(max_norm, norm_type)
         self._settle()
         norm = self.engine.grad_norm()
+        exact = self._exact_norms(params)
+        if exact is not None:
+            # torch's own arithmetic over the gradients as they were staged
+            # (one rank, one backward per step): its norm, and its float32
+            # coefficient, which the engine then applies exactly.
+            total = _torch_total_norm(exact)
+            if error_if_nonfinite and not torch.isfinite(total):
+                _clip_result(float("inf"), norm_type, True)
+            coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+            self._clip_next = _engine_clip_for(float(coef), norm) if float(coef) < 1.0 else 0.0
+            return total
         result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
         self._clip_next = float(max_norm)
         return result
+
+    def _exact_norms(self, params):
+        """torch's per-parameter norms, in the order clip_grad_norm_ was
+        given the parameters, where they are exact: one rank, and every
+        gradient of this step staged once. Else None."""
+        if not self._norms_exact or self.world_size != 1 or self.engine_accumulates or not self._norms:
+            return None
+        order = params if params is not None else [p for g in self._groups for p in g.params]
+        return [self._norms[id(p)] for p in order if id(p) in self._norms] or None
 
     # -- the model's state
     def master_parameters(self):
@@ -1094,10 +1277,16 @@ class _ModuleGroup:
             raise Error(INVALID, f"{self.names[i]}: a sparse gradient (e.g. nn.Embedding(sparse=True)); "
                         "offload_module takes dense gradients only")
         dst = self.staged[off:off + self.numels[i]]
+        o = self.owner
         if i in self.arrived:  # another backward reached it (a reentrant checkpoint's, a second loss)
             dst.add_(grad.reshape(-1))
+            o._norms_exact = False
         else:
             dst.copy_(grad.reshape(-1))
+            if id(p) in o._norms:  # handed in parts this step
+                o._norms_exact = False
+            elif o._norms_exact and not o.engine_accumulates and o.world_size == 1:
+                o._norms[id(p)] = _torch_norm_of(grad)
         p.grad = None
         self.arrived.add(i)
 
@@ -1169,6 +1358,9 @@ def _clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fal
         raise Error(INVALID, "clip_grad_norm_: the parameters must be all those of one OffloadAdam or "
                     "offload_module (their norm is the engine's, over every rank), without others that have "
                     "gradients")
+    if isinstance(owner, OffloadedModule):
+        return owner.clip_grad_norm_(max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite,
+                                     params=params)
     return owner.clip_grad_norm_(max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
 
 
