@@ -679,6 +679,12 @@ class OffloadedModule:
         except Error:
             _remove_swap_folders(self._folders)
             raise
+        try:
+            self._check_module(module)
+        except Exception:
+            self.engine.close()
+            _remove_swap_folders(self._folders)
+            raise
         self._handles = []
         self._groups = []  # _ModuleGroup per module with direct trainable parameters of its own
         self._names = []  # (qualified name, parameter) of every offloaded name, tied ones included
@@ -751,6 +757,30 @@ class OffloadedModule:
         module.state_dict = self._module_state_dict
         opt = self.engine.config["optimizer"]["params"]
         self.optimizer = OffloadOptimizer(self, [g.params for g in self._groups], opt)
+
+    def _check_module(self, module):
+        """Refuses, naming the parameter, what would train wrongly or fail
+        later: float64 (float32 masters), a dtype the config does not
+        compute in (the model would run in the compute dtype), sparse
+        gradients, a parameter subclass."""
+        dtype = _torch_dtype(self.engine.compute_dtype)
+        for name, m in module.named_modules():
+            if getattr(m, "sparse", False) and isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+                raise Error(INVALID, f"offload_module: {name or type(m).__name__}.weight would get sparse gradients "
+                            "(sparse=True); offload_module takes dense gradients only")
+        for name, p in module.named_parameters():
+            if not p.requires_grad:
+                continue
+            if p.dtype == torch.float64:
+                raise Error(INVALID, f"offload_module: parameter '{name}' is float64; the engine keeps float32 "
+                            "master weights and would train it in float32: convert the model with .float()")
+            if p.dtype != dtype:
+                raise Error(INVALID, f"offload_module: parameter '{name}' is {p.dtype} but the config computes in "
+                            f"{dtype} (bf16/fp16 {'enabled' if dtype != torch.float32 else 'off'}): the model "
+                            "would run in the compute dtype; convert the model or set the config to match")
+            if type(p) not in (torch.nn.Parameter, _fou._OffloadedParameter):
+                raise Error(INVALID, f"offload_module: parameter '{name}' is a {type(p).__name__}; plain "
+                            "nn.Parameter only")
 
     # -- forward: a scope per module forward; parameters fetched on use
     #

@@ -1,0 +1,258 @@
+"""offload_module's parameters are real wherever torch code reads them, and
+OffloadAdam follows torch's rule for parameters without a gradient; bad
+input is refused naming what is wrong. Oracle: torch AdamW on a copy."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
+
+import strata  # noqa: E402
+import strata.torch as st  # noqa: E402
+
+LR, WD, STEPS, TOL = 1e-2, 0.01, 5, 5e-6
+ADAMW = {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD, "betas": [0.9, 0.999], "eps": 1e-8}}
+
+
+def config(tmp_path=None):
+    cfg = {"zero_optimization": {"stage": 3}, "optimizer": copy.deepcopy(ADAMW)}
+    if tmp_path is not None:
+        cfg["zero_optimization"]["offload_param"] = {"device": "nvme", "nvme_path": str(tmp_path)}
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": str(tmp_path)}
+    return cfg
+
+
+class ReadsOutside(nn.Module):
+    """Every way of reading a parameter outside its own module's forward."""
+
+    def __init__(self, ckpt=None):
+        super().__init__()
+        self.ckpt = ckpt
+        self.emb = nn.Embedding(40, 16)
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)  # reads out_proj.weight itself
+        self.child = nn.Linear(16, 16)
+        self.other = nn.Linear(16, 16)
+        self.norm = nn.LayerNorm(16)
+
+    def block(self, h):
+        h = h + self.attn(h, h, h, need_weights=False)[0]
+        h = h + F.linear(h, self.other.weight, self.other.bias)  # another module's weight, functionally
+        return torch.tanh(h @ self.child.weight.t() + self.child.bias)  # a parent reads its child's
+
+    def forward(self, x):
+        h = self.emb(x)
+        if self.ckpt is None:
+            h = self.block(h)
+        else:
+            h = torch.utils.checkpoint.checkpoint(self.block, h, use_reentrant=self.ckpt)
+        return F.linear(self.norm(h), self.emb.weight)  # a head tied by reading the embedding
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def train(model, opt, x, y, clip):
+    for _ in range(STEPS):
+        loss = F.cross_entropy(model(x).reshape(-1, 40), y.reshape(-1))
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize("ckpt", [None, True, False], ids=["plain", "checkpoint-reentrant", "checkpoint"])
+@pytest.mark.parametrize("clip", [0.0, 0.5], ids=["noclip", "clip"])
+def test_parameters_read_outside_their_forward(tmp_path, ckpt, clip):
+    torch.manual_seed(0)
+    ref = ReadsOutside(ckpt)
+    model = copy.deepcopy(ref)
+    x, y = torch.randint(0, 40, (4, 7)), torch.randint(0, 40, (4, 7))
+    train(ref, torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD), x, y, clip)
+    off = st.offload_module(model, config(tmp_path), force_no_gpu=True)
+    train(model, off.optimizer, x, y, clip)
+    got = off.state_dict()
+    bad = {k: rel(got[k], v) for k, v in ref.state_dict().items() if not rel(got[k], v) <= TOL}
+    assert not bad, f"tensors beyond {TOL} relative: {bad}"
+    assert not any(st.is_fetched(p) for p in model.parameters()), "a group stayed fetched after the step"
+    ref.eval(), model.eval()
+    with torch.no_grad():
+        assert rel(model(x), ref(x)) <= TOL
+    assert not any(st.is_fetched(p) for p in model.parameters())
+    off.close()
+
+
+def test_use_outside_every_forward(tmp_path):
+    """A weight read by the training loop itself (no module's forward runs)."""
+    torch.manual_seed(1)
+    ref = nn.Sequential(nn.Linear(6, 6), nn.Tanh())
+    model = copy.deepcopy(ref)
+    x = torch.randn(5, 6)
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD)
+    off = st.offload_module(model, config(tmp_path), force_no_gpu=True)
+    for m, o in ((ref, opt), (model, off.optimizer)):
+        for _ in range(STEPS):
+            h = m(x)
+            loss = F.linear(h, m[0].weight).square().mean()  # outside any forward
+            loss.backward()
+            o.step()
+            o.zero_grad()
+    got = off.state_dict()
+    for k, v in ref.state_dict().items():
+        assert rel(got[k], v) <= TOL, k
+    off.close()
+
+
+def test_a_forward_returning_its_own_weight(tmp_path):
+    """A module whose output is (a view of) its own parameter: the group stays
+    fetched while the caller uses it."""
+
+    class Pos(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.randn(10, 4))
+
+        def forward(self, n):
+            return self.table[:n]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pos, self.lin = Pos(), nn.Linear(4, 4)
+
+        def forward(self, x):
+            p = self.pos(x.shape[0])
+            return self.lin(x + p) * p.sum()
+
+    torch.manual_seed(2)
+    ref = Net()
+    model = copy.deepcopy(ref)
+    x = torch.randn(6, 4)
+    off = st.offload_module(model, config(), force_no_gpu=True)
+    with torch.no_grad():
+        assert rel(model(x), ref(x)) == 0.0
+    off.close()
+
+
+def test_in_place_changes_are_refused_naming_the_parameter():
+    model = nn.Sequential(nn.Linear(3, 3))
+    off = st.offload_module(model, config(), force_no_gpu=True)
+    with torch.no_grad():
+        with pytest.raises(strata.Error, match=r"0\.weight.*in place"):
+            model[0].weight.add_(1.0)
+        with pytest.raises(strata.Error, match=r"0\.bias.*in place"):
+            nn.init.zeros_(model[0].bias)
+    with pytest.raises(strata.Error, match=r"0\.weight"):
+        model[0].weight.data = torch.zeros(3, 3)
+    # Values and metadata still read right.
+    assert model[0].weight.shape == (3, 3) and model[0].weight.requires_grad
+    off.close()
+    assert type(model[0].weight) is nn.Parameter
+
+
+def test_torch_compile_is_refused_naming_it():
+    if not hasattr(torch, "compile"):
+        pytest.skip(f"torch {torch.__version__} has no torch.compile")
+    model = nn.Sequential(nn.Linear(3, 3))
+    off = st.offload_module(model, config(), force_no_gpu=True)
+    with pytest.raises(strata.Error, match="torch.compile"):
+        torch.compile(model)
+    if hasattr(model, "compile"):
+        with pytest.raises(strata.Error, match="torch.compile"):
+            model.compile()
+    off.close()
+    torch.compile(model)  # after close, an ordinary module again
+
+
+# ---- OffloadAdam: torch's rule for a parameter without a gradient ------------
+
+def small():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+
+@pytest.mark.parametrize("device", ["cpu", "nvme"])
+def test_offload_adam_frozen_and_unfrozen_follow_torch_bitwise(tmp_path, device):
+    ref, mod = small(), small()
+    for m in (ref, mod):
+        for p in m[0].parameters():
+            p.requires_grad_(False)
+    x = torch.randn(32, 8)
+    o1 = torch.optim.AdamW(ref.parameters(), lr=LR)
+    dev = {"device": "cpu"} if device == "cpu" else {"device": "nvme", "nvme_path": str(tmp_path)}
+    o2 = st.OffloadAdam(mod.parameters(), lr=LR, force_no_gpu=True,
+                        config={"zero_optimization": {"stage": 1, "offload_optimizer": dev}})
+    frozen_bias = mod[0].bias.detach().clone()
+    for step in range(6):
+        if step == 3:  # unfreeze one, freeze another, mid-run
+            for m in (ref, mod):
+                m[0].weight.requires_grad_(True)
+                m[3].bias.requires_grad_(False)
+        for m, o in ((ref, o1), (mod, o2)):
+            m(x).square().mean().backward()
+            o.step()
+            o.zero_grad()
+    for (k, a), b in zip(ref.state_dict().items(), mod.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert torch.equal(frozen_bias, mod[0].bias), "a frozen parameter changed"
+    sa, sb = o1.state_dict()["state"], o2.state_dict()["state"]
+    assert sorted(sa) == sorted(sb), "state for a parameter that never had a gradient"
+    for k in sa:
+        assert float(sa[k]["step"]) == float(sb[k]["step"]), k
+        assert torch.equal(sa[k]["exp_avg"], sb[k]["exp_avg"]) and torch.equal(sa[k]["exp_avg_sq"],
+                                                                               sb[k]["exp_avg_sq"])
+    o2.close()
+
+
+# ---- bad input -----------------------------------------------------------------
+
+def nvme(path):
+    return {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": path},
+                                  "offload_optimizer": {"device": "nvme", "nvme_path": path}}}
+
+
+def test_missing_nvme_path_is_refused_never_created(tmp_path):
+    missing = str(tmp_path / "not-mounted")
+    with pytest.raises(strata.Error, match="not-mounted"):
+        st.OffloadAdam(nn.Linear(2, 2).parameters(), config=nvme(missing))
+    with pytest.raises(strata.Error, match="not-mounted"):
+        st.offload_module(nn.Linear(2, 2), nvme(missing))
+    assert not (tmp_path / "not-mounted").exists()
+
+
+def test_duplicate_parameter_is_refused():
+    lin = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="more than once"):
+        st.OffloadAdam([lin.weight, lin.bias, lin.weight], config={})
+    with pytest.raises(ValueError, match="more than once|more than one parameter group"):  # torch's own
+        st.OffloadAdam([{"params": [lin.weight]}, {"params": [lin.weight, lin.bias]}], config={})
+
+
+def test_float64_is_refused_naming_the_parameter():
+    with pytest.raises(strata.Error, match="weight.*float64"):
+        st.OffloadAdam(nn.Linear(2, 2).double().named_parameters(), config={})
+    with pytest.raises(strata.Error, match="weight.*float64"):
+        st.offload_module(nn.Linear(2, 2).double(), {})
+
+
+def test_a_dtype_the_config_does_not_compute_in_is_refused():
+    bf16 = {"bf16": {"enabled": True}}
+    with pytest.raises(strata.Error, match="weight.*float32"):
+        st.OffloadAdam(nn.Linear(2, 2).named_parameters(), config=bf16)
+    with pytest.raises(strata.Error, match="weight.*float32"):
+        st.offload_module(nn.Linear(2, 2), dict(bf16))
+
+
+def test_sparse_gradients_are_refused_naming_the_parameter():
+    emb = nn.Embedding(10, 3, sparse=True)
+    opt = st.OffloadAdam(emb.named_parameters(), config={}, force_no_gpu=True)
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(strata.Error, match="weight.*sparse"):
+        opt.step()
+    opt.close()
+    with pytest.raises(strata.Error, match="weight.*sparse"):
+        st.offload_module(nn.Embedding(10, 3, sparse=True), {})
