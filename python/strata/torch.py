@@ -691,10 +691,12 @@ class OffloadedModule:
         owner_of = {}  # id(parameter) -> its group
         users = []  # (module, [groups its forward needs])
         tied = []  # (qualified name, parameter) of a tied parameter's later names
+        self._frozen_names = []  # (qualified name, parameter) of the frozen ones
         for name, m in module.named_modules():
             own, needs = [], []
             for n, p in m.named_parameters(recurse=False):
                 if not p.requires_grad:
+                    self._frozen_names.append((f"{name}.{n}" if name else n, p))
                     continue
                 qual = f"{name}.{n}" if name else n
                 self._names.append((qual, p))
@@ -732,6 +734,8 @@ class OffloadedModule:
         self._clip_next = None
         self._norms, self._norms_exact = {}, True  # id(param) -> torch's norm of its staged gradient
         self.engine_accumulates = grad_accumulation_steps != 1
+        self._handed = set()  # groups handed gradients this step
+        self._warned_missed = set()
         self._group_of = owner_of
         for g in self._groups:
             g.install()
@@ -774,10 +778,14 @@ class OffloadedModule:
             if p.dtype == torch.float64:
                 raise Error(INVALID, f"offload_module: parameter '{name}' is float64; the engine keeps float32 "
                             "master weights and would train it in float32: convert the model with .float()")
-            if p.dtype != dtype:
+            if p.dtype != dtype and p.dtype != torch.float32:
+                # float32 parameters under bf16/fp16 compute are mixed
+                # precision (the model runs in the compute dtype, masters
+                # stay float32); a half-precision model under float32
+                # compute would run in float32 behind the user's back.
                 raise Error(INVALID, f"offload_module: parameter '{name}' is {p.dtype} but the config computes in "
-                            f"{dtype} (bf16/fp16 {'enabled' if dtype != torch.float32 else 'off'}): the model "
-                            "would run in the compute dtype; convert the model or set the config to match")
+                            f"{dtype}: enable the matching bf16/fp16 section in the config, or convert the model "
+                            "to float32")
             if type(p) not in (torch.nn.Parameter, _fou._OffloadedParameter):
                 raise Error(INVALID, f"offload_module: parameter '{name}' is a {type(p).__name__}; plain "
                             "nn.Parameter only")
@@ -937,6 +945,8 @@ class OffloadedModule:
         # The engine adds every grads call of a step to the group's
         # accumulator, so a group handed in parts (a backward that ended
         # early: a reentrant checkpoint's inner one) sums right.
+        g.handed_params |= g.arrived
+        self._handed.add(g.index)
         self.engine.grads(g.index, g.take_staged(), stream=_current_stream(self.device.type))
         self._pinned.pop(g.index, None)
         self.release(g)
@@ -965,6 +975,9 @@ class OffloadedModule:
             max_grad_norm = self._clip_next
         self._clip_next = None
         self._norms, self._norms_exact = {}, True
+        self._handed = set()
+        for g in self._groups:
+            g.handed_params = set()
         return self.engine.step(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                 max_grad_norm=max_grad_norm)
 
@@ -973,13 +986,33 @@ class OffloadedModule:
 
     def _settle(self):
         """Between backward and step: a backward that ended without our
-        callback (no gradient reached a group) leaves nothing held."""
+        callback (no gradient reached a group) leaves nothing held; a
+        parameter whose requires_grad changed since offload_module is
+        refused, naming it."""
         for g in self._groups:
             if g.pending():
                 self._hand(g)
         self._drop_holds()
         for g in self._groups:
             self.release(g)
+        for name, p in self._names:
+            if not p.requires_grad:
+                raise Error(INVALID, f"offload_module: parameter '{name}' was made frozen (requires_grad=False) "
+                            "after offload_module; the engine would still step it (torch would skip it): "
+                            "close() and offload the module again with it frozen")
+        for name, p in self._frozen_names:
+            if p.requires_grad or p.grad is not None:
+                raise Error(INVALID, f"offload_module: frozen parameter '{name}' was made trainable after "
+                            "offload_module; its gradients would be dropped: close() and offload the module "
+                            "again")
+        missed = [n for g in self._groups if g.index in self._handed
+                  for n, i in zip(g.names, range(len(g.params))) if i not in g.handed_params]
+        if missed and not self._warned_missed.issuperset(missed):
+            self._warned_missed.update(missed)
+            warnings.warn(f"offload_module: {len(missed)} parameter(s) got no gradient this step while others of "
+                          f"their module did ({', '.join(missed[:5])}{', ...' if len(missed) > 5 else ''}); the "
+                          "engine steps a module's parameters together, so these step with zero gradients "
+                          "(weight decay and moments advance), where torch AdamW would skip them")
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, params=None):
         """torch.nn.utils.clip_grad_norm_ for the offloaded parameters (which
@@ -1275,6 +1308,7 @@ class _ModuleGroup:
         self.numel = sum(self.numels)
         self.staged = None
         self.arrived = set()
+        self.handed_params = set()  # indices of parameters whose gradients went to the engine this step
         self.grad_accs = []  # AccumulateGrad nodes, kept alive so that their hooks stay
 
     def install(self):

@@ -37,6 +37,7 @@ def loss_of(model, x, y):
 
 
 def nvme_config(path, params_too=False):
+    os.makedirs(path, exist_ok=True)  # an nvme_path must exist (a missing one is refused)
     zero = {"stage": 3 if params_too else 1, "offload_optimizer": {"device": "nvme", "nvme_path": str(path)}}
     if params_too:
         zero["offload_param"] = {"device": "nvme", "nvme_path": str(path)}

@@ -23,6 +23,7 @@ TOL = 5e-6  # fp32: measured 3e-7 (see ddp_worker.py)
 def config(path=None):
     cfg = {"optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}}
     if path is not None:
+        os.makedirs(path, exist_ok=True)  # an nvme_path must exist (a missing one is refused)
         cfg["zero_optimization"] = {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": str(path)},
                                     "offload_param": {"device": "nvme", "nvme_path": str(path)}}
     return cfg
