@@ -261,9 +261,22 @@ class OffloadAdam(torch.optim.Optimizer):
     gradient to the engine, steps, and copies the new weights back.
 
     Hyperparameters are read from param_groups at every step, so LR schedulers
-    work. Each param group gets its own engine (and its own swap subfolder).
-    A parameter whose .grad is None steps with a zero gradient (its weight
-    decay and moments still advance, unlike torch, which skips it).
+    work. A parameter whose .grad is None is skipped, as torch skips it: a
+    frozen parameter (requires_grad=False) gets no state and never changes,
+    and one that misses a step keeps its moments and step count. Each set
+    of parameters that have been stepped together has its own engine (and
+    swap subfolder); one param group with no frozen parameters is one
+    engine.
+
+    torch 2.x's AdamW arguments: `amsgrad`, `capturable` and
+    `differentiable` are refused when set (not implemented); `maximize`
+    negates the gradients as torch does; `foreach` is accepted (torch's
+    foreach and single-tensor AdamW compute the same arithmetic, which the
+    engine's kernel reproduces); `fused=True` is refused (torch's fused
+    kernel rounds differently). On one rank clip_grad_norm_ is torch's own.
+    state_dict() has torch's keys; float32 parameters hold their master
+    weights themselves, other dtypes add "master_param". A torch AdamW
+    state_dict loads, and ours loads into torch AdamW.
 
     Ranks (see the module's docstring): with several, OffloadAdam is the
     optimizer of a data-parallel job without DDP — each rank computes the
@@ -289,11 +302,17 @@ class OffloadAdam(torch.optim.Optimizer):
     strata-export of the engine's checkpoint loads into the model.
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, config=None,
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None, config=None,
                  bucket_numel=_DEFAULT_BUCKET_NUMEL, force_no_gpu=False, rank=None, world_size=None,
                  max_grad_norm=None, state_format=None):
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid hyperparameters lr={lr} betas={betas} eps={eps} weight_decay={weight_decay}")
+        for flag, value in (("amsgrad", amsgrad), ("capturable", capturable), ("differentiable", differentiable),
+                            ("fused", fused)):
+            if value:
+                raise Error(INVALID, f"OffloadAdam: {flag}=True is not supported (the engine's AdamW kernel "
+                            "computes torch's single-tensor/foreach AdamW, bitwise); leave it off")
         self._config = _with_state_format(_config_dict(config), state_format)
         params, self._param_names = _split_names(params)
         self._bucket_numel = bucket_numel
@@ -307,8 +326,12 @@ class OffloadAdam(torch.optim.Optimizer):
         # no state and is never changed.
         self._cohorts = []
         self._tags = itertools.count()
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                                      max_grad_norm=max_grad_norm))
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False,
+                        maximize=bool(maximize), foreach=foreach, capturable=False, differentiable=False,
+                        fused=None, max_grad_norm=max_grad_norm)
+        if _TORCH2:
+            defaults["decoupled_weight_decay"] = True  # torch 2.x's AdamW says so in its groups
+        super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
                 _OWNERS[id(p)] = self
@@ -413,7 +436,7 @@ class OffloadAdam(torch.optim.Optimizer):
                         "max_grad_norm per group instead")
         ge = engines[0]
         if not ge.handed:
-            ge.hand_grads()
+            ge.hand_grads(negate=self.param_groups[0].get("maximize", False))
         norm = ge.engine.grad_norm()
         result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
         self._clip_next = float(max_norm)
@@ -430,7 +453,7 @@ class OffloadAdam(torch.optim.Optimizer):
         for index, group in enumerate(self.param_groups):
             for ge in self._regroup(index):
                 if not ge.handed:
-                    ge.hand_grads()
+                    ge.hand_grads(negate=group.get("maximize", False))
                 clip = clip_next if clip_next is not None else group.get("max_grad_norm")
                 norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
                                                weight_decay=group["weight_decay"], max_grad_norm=clip)
@@ -443,10 +466,16 @@ class OffloadAdam(torch.optim.Optimizer):
         return loss
 
     def state_dict(self):
-        """torch.optim.AdamW's format, per parameter: "step", "exp_avg",
-        "exp_avg_sq", and "master_param" (its fp32 master weights)."""
+        """torch.optim.AdamW's format, per parameter that has been stepped:
+        "step", "exp_avg", "exp_avg_sq", and for a parameter that is not
+        float32, "master_param" (its float32 master weights; a float32
+        parameter holds them itself)."""
         for ge in self._engines:
+            if ge.engine.steps == 0:
+                continue  # torch has no state for a parameter before its first step
             for p, st in zip(ge.params, ge.read_states()):
+                if p.dtype == torch.float32:
+                    del st["master_param"]
                 self.state[p].update(st)
                 self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
         out = super().state_dict()
@@ -598,7 +627,7 @@ class _GroupEngine:
             with torch.no_grad():
                 self.copy_params_back()  # every rank starts from rank 0's values
 
-    def hand_grads(self):
+    def hand_grads(self, negate=False):
         for g, entries in self.buckets:
             numel = self.engine.group_numel(g)
             flat = torch.zeros(numel, dtype=torch.float32, device=self.device)
@@ -608,6 +637,8 @@ class _GroupEngine:
                         raise Error(INVALID, f"OffloadAdam: {_param_label(p, self.names)} has a sparse gradient "
                                     "(e.g. nn.Embedding(sparse=True)); dense gradients only")
                     flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
+            if negate:  # maximize: torch steps with -grad
+                flat.neg_()
             self.engine.grads(g, flat, stream=_current_stream(self.device))
         self.handed = True
 

@@ -258,3 +258,73 @@ def test_sparse_gradients_are_refused_naming_the_parameter():
     opt.close()
     with pytest.raises(strata.Error, match="weight.*sparse"):
         st.offload_module(nn.Embedding(10, 3, sparse=True), {})
+
+
+# ---- the torch 2.x Optimizer API ---------------------------------------------
+
+def test_optimizer_api_hooks_keys_and_torch_interop(tmp_path):
+    """Step hooks run; state_dict has torch AdamW's keys; a torch AdamW
+    state_dict loads into OffloadAdam and training goes on bitwise, and back."""
+    ref, mod = small(), small()
+    x = torch.randn(32, 8)
+    o1 = torch.optim.AdamW(ref.parameters(), lr=LR, foreach=True if hasattr(torch, "_foreach_lerp_") else None)
+    cfg = {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)}}}
+    o2 = st.OffloadAdam(mod.parameters(), lr=LR, foreach=True, force_no_gpu=True, config=cfg)
+    calls = []
+    if hasattr(o2, "register_step_pre_hook"):
+        o2.register_step_pre_hook(lambda opt, args, kwargs: calls.append("pre"))
+        o2.register_step_post_hook(lambda opt, args, kwargs: calls.append("post"))
+    sched = torch.optim.lr_scheduler.OneCycleLR(o2, max_lr=LR, total_steps=8)
+    sched_ref = torch.optim.lr_scheduler.OneCycleLR(o1, max_lr=LR, total_steps=8)
+
+    def one(m, o, s):
+        m(x).square().mean().backward()
+        o.step()
+        o.zero_grad()
+        s.step()
+
+    for _ in range(2):
+        one(ref, o1, sched_ref)
+        one(mod, o2, sched)
+    if hasattr(o2, "register_step_pre_hook"):
+        assert calls == ["pre", "post"] * 2
+    a, b = o1.state_dict(), o2.state_dict()
+    assert sorted(a["state"]) == sorted(b["state"])
+    for k in a["state"]:
+        assert set(a["state"][k]) == set(b["state"][k]), "float32 parameters: torch's keys exactly"
+    assert set(a["param_groups"][0]) <= set(b["param_groups"][0])
+    # torch's state into OffloadAdam: go on bitwise.
+    o2.load_state_dict(copy.deepcopy(a))
+    for _ in range(2):
+        one(ref, o1, sched_ref)
+        one(mod, o2, sched)
+    for (k, v), w in zip(ref.state_dict().items(), mod.state_dict().values()):
+        assert torch.equal(v, w), k
+    # And ours into torch's.
+    o3 = torch.optim.AdamW(mod.parameters(), lr=LR)
+    o3.load_state_dict(o2.state_dict())
+    assert all(torch.equal(o3.state_dict()["state"][k]["exp_avg"], o1.state_dict()["state"][k]["exp_avg"])
+               for k in a["state"])
+    o2.close()
+
+
+def test_unsupported_adamw_arguments_are_refused():
+    ps = list(nn.Linear(2, 2).parameters())
+    for kw in ({"amsgrad": True}, {"fused": True}, {"capturable": True}, {"differentiable": True}):
+        with pytest.raises(strata.Error, match=list(kw)[0]):
+            st.OffloadAdam(ps, config={}, **kw)
+
+
+def test_maximize_follows_torch(tmp_path):
+    ref, mod = small(), small()
+    x = torch.randn(32, 8)
+    o1 = torch.optim.AdamW(ref.parameters(), lr=LR, maximize=True)
+    o2 = st.OffloadAdam(mod.parameters(), lr=LR, maximize=True, force_no_gpu=True, config={})
+    for m, o in ((ref, o1), (mod, o2)):
+        for _ in range(3):
+            m(x).square().mean().backward()
+            o.step()
+            o.zero_grad()
+    for (k, v), w in zip(ref.state_dict().items(), mod.state_dict().values()):
+        assert torch.equal(v, w), k
+    o2.close()
