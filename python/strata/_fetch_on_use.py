@@ -54,7 +54,8 @@ _NO_VALUES = frozenset(
                                 "name")]
     + ["size", "dim", "numel", "nelement", "element_size", "is_floating_point", "is_complex", "get_device",
        "requires_grad_", "register_hook", "register_post_accumulate_grad_hook", "retain_grad", "__len__",
-       "__hash__", "_is_view", "is_inference"])
+       "__hash__", "_is_view", "is_inference", "_has_compatible_shallow_copy_type", "is_same_size",
+       "_is_zerotensor", "is_neg", "is_conj", "is_signed"])
 
 # In-place methods that do not change values.
 _INPLACE_METADATA = frozenset(["requires_grad_", "retain_grad", "share_memory_"])
@@ -265,6 +266,28 @@ def _weakref(p):
 def is_offloaded(p):
     ent = _OFFLOADED.get(id(p))
     return ent is not None and ent[0]() is p
+
+
+# An optimizer other than offload_module's own refuses its parameters: their
+# gradients go to the engine, never to .grad, so it would step nothing, with
+# no error (a transformers.Trainer given no optimizers= builds torch's AdamW).
+_torch_add_param_group = torch.optim.Optimizer.add_param_group
+if not getattr(_torch_add_param_group, "_strata_checked", False):
+    def _add_param_group(self, param_group):
+        if not getattr(self, "_strata_offloaded_ok", False):
+            ps = param_group.get("params") if isinstance(param_group, dict) else None
+            ps = [ps] if isinstance(ps, torch.Tensor) else list(ps or ())
+            for p in ps:
+                p = p[1] if isinstance(p, tuple) else p
+                if is_offloaded(p):
+                    raise Error(INVALID, f"{type(self).__name__}: parameter {_OFFLOADED[id(p)][3]} is under "
+                                "strata.torch.offload_module, whose gradients go to the engine and never to .grad: "
+                                "this optimizer would step nothing. Step with the OffloadedModule's .optimizer "
+                                "(transformers.Trainer: optimizers=(off.optimizer, scheduler))")
+        return _torch_add_param_group(self, param_group)
+
+    _add_param_group._strata_checked = True
+    torch.optim.Optimizer.add_param_group = _add_param_group
 
 
 # torch.compile (and nn.Module.compile, which calls it) refuses a module

@@ -32,12 +32,11 @@ import weakref
 
 import torch
 
+from . import _sizing
 from . import Engine, Error, INVALID, STATE
 from . import _fetch_on_use as _fou
 
 __all__ = ["OffloadAdam", "offload_module", "OffloadedModule", "OffloadOptimizer", "is_fetched"]
-
-_DEFAULT_BUCKET_NUMEL = 1 << 22  # elements per engine group (OffloadAdam)
 
 
 def _with_state_format(config, state_format):
@@ -299,12 +298,21 @@ class OffloadAdam(torch.optim.Optimizer):
 
     `params` may come named, as model.named_parameters() yields them: the
     engine then registers each under its name (its state_dict key), so that
-    strata-export of the engine's checkpoint loads into the model.
+    strata-export of the engine's checkpoint loads into the model (a
+    parameter cut over two engine groups, below, is exported flat, in
+    pieces named "name[first:end]").
+
+    `bucket_numel`: elements per engine group; a parameter larger than the
+    room left in one continues in the next. None (the default) sizes them to
+    the model and the host budget (strata._sizing.auto_bucket_numel: 64Ki to
+    4Mi elements with the state on NVMe, 4Mi otherwise). With the state on
+    NVMe, no GPU and one rank, the engine's copy of the parameters goes to
+    NVMe too unless the config places it (strata._sizing.lean_host_config).
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None, config=None,
-                 bucket_numel=_DEFAULT_BUCKET_NUMEL, force_no_gpu=False, rank=None, world_size=None,
+                 bucket_numel=None, force_no_gpu=False, rank=None, world_size=None,
                  max_grad_norm=None, state_format=None):
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid hyperparameters lr={lr} betas={betas} eps={eps} weight_decay={weight_decay}")
@@ -363,7 +371,13 @@ class OffloadAdam(torch.optim.Optimizer):
         opt["type"] = "AdamW"
         opt.setdefault("params", {}).update(lr=group["lr"], betas=list(group["betas"]), eps=group["eps"],
                                             weight_decay=group["weight_decay"])
-        return _GroupEngine(cfg, params, self._bucket_numel, self._force_no_gpu, self._rank,
+        # The groups' size from the model and the host budget, and the
+        # engine's copy of the parameters on NVMe where it would be a second
+        # one in host memory (strata/_sizing.py says why and what it costs).
+        bucket = self._bucket_numel or _sizing.auto_bucket_numel(sum(p.numel() for p in params), cfg)
+        on_gpu = not self._force_no_gpu and torch.cuda.is_available()
+        cfg = _sizing.lean_host_config(cfg, bucket, on_gpu=on_gpu, world_size=self._world_size)
+        return _GroupEngine(cfg, params, bucket, self._force_no_gpu, self._rank,
                             self._world_size, self._param_names)
 
     @property
@@ -467,15 +481,12 @@ class OffloadAdam(torch.optim.Optimizer):
 
     def state_dict(self):
         """torch.optim.AdamW's format, per parameter that has been stepped:
-        "step", "exp_avg", "exp_avg_sq", and for a parameter that is not
-        float32, "master_param" (its float32 master weights; a float32
-        parameter holds them itself)."""
+        "step", "exp_avg", "exp_avg_sq", and "master_param" (its float32
+        master weights; torch AdamW loads the dict and ignores it)."""
         for ge in self._engines:
             if ge.engine.steps == 0:
                 continue  # torch has no state for a parameter before its first step
             for p, st in zip(ge.params, ge.read_states()):
-                if p.dtype == torch.float32:
-                    del st["master_param"]
                 self.state[p].update(st)
                 self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
         out = super().state_dict()
@@ -579,8 +590,9 @@ def _split_names(params):
 
 
 class _GroupEngine:
-    """One torch param group on one engine: parameters packed in buckets of up
-    to bucket_numel elements, one engine group per bucket."""
+    """One torch param group on one engine: parameters packed in buckets of
+    bucket_numel elements (_sizing.split_buckets: a parameter larger than the
+    room left continues in the next bucket), one engine group per bucket."""
 
     def __init__(self, cfg, params, bucket_numel, force_no_gpu, rank=0, world_size=1, names=None):
         self.params = list(params)
@@ -591,16 +603,6 @@ class _GroupEngine:
         except Error:
             _remove_swap_folders(self.folders)
             raise
-        self.buckets = []  # [(group, [(param, offset)])]
-        current, size = [], 0
-        for p in self.params:
-            if current and size + p.numel() > bucket_numel:
-                self.buckets.append(current)
-                current, size = [], 0
-            current.append(p)
-            size += p.numel()
-        if current:
-            self.buckets.append(current)
         self.names = names or {}
         dtype = _torch_dtype(self.engine.compute_dtype)
         if dtype != torch.float32:
@@ -611,16 +613,24 @@ class _GroupEngine:
                     raise Error(INVALID, f"OffloadAdam: the config computes in {dtype} (bf16/fp16 enabled) but "
                                 f"{_param_label(p, names)} is {p.dtype}: the parameters must be that dtype (convert "
                                 "the model), or leave bf16/fp16 off (float32 masters of any parameter dtype)")
-        layout = []
-        for g, bucket in enumerate(self.buckets):
+        # [(group, [(param index, first element, count, offset in the group)])]
+        self.buckets = []
+        for g, bucket in enumerate(_sizing.split_buckets([p.numel() for p in self.params], bucket_numel)):
             entries = []
-            for i, p in enumerate(bucket):
+            for k, (i, start, count) in enumerate(bucket):
+                p = self.params[i]
                 # The model's name (its state_dict key) where the parameters
-                # came named, so that strata-export's file loads into the model.
-                name = (names or {}).get(id(p), f"p{g}.{i}")
-                entries.append((p, self.engine.add_param(g, name, p.detach())))
-            layout.append((g, entries))
-        self.buckets = layout
+                # came named, so that strata-export's file loads into the
+                # model; a piece of a parameter cut over groups is named
+                # "name[first:end]" and exported flat.
+                name = (names or {}).get(id(p), f"p{g}.{k}")
+                if count == p.numel():
+                    off = self.engine.add_param(g, name, p.detach())
+                else:
+                    piece = p.detach().reshape(-1)[start:start + count]
+                    off = self.engine.add_param(g, f"{name}[{start}:{start + count}]", piece)
+                entries.append((i, start, count, off))
+            self.buckets.append((g, entries))
         self.engine.build()
         self.device = "cuda" if self.engine.on_gpu else "cpu"
         if world_size > 1:
@@ -631,54 +641,68 @@ class _GroupEngine:
         for g, entries in self.buckets:
             numel = self.engine.group_numel(g)
             flat = torch.zeros(numel, dtype=torch.float32, device=self.device)
-            for p, off in entries:
+            for i, start, count, off in entries:
+                p = self.params[i]
                 if p.grad is not None:
                     if p.grad.is_sparse:
                         raise Error(INVALID, f"OffloadAdam: {_param_label(p, self.names)} has a sparse gradient "
                                     "(e.g. nn.Embedding(sparse=True)); dense gradients only")
-                    flat[off:off + p.numel()].copy_(p.grad.reshape(-1))
+                    flat[off:off + count].copy_(p.grad.reshape(-1)[start:start + count])
             if negate:  # maximize: torch steps with -grad
                 flat.neg_()
             self.engine.grads(g, flat, stream=_current_stream(self.device))
+            del flat  # one bucket's at a time
         self.handed = True
 
     def copy_params_back(self):
+        pending = {}  # param index -> flat copy of a non-contiguous parameter cut over groups
         for g, entries in self.buckets:
             stream = _current_stream(self.device)
             buf = self.engine.fetch_tensor(g, stream=stream)
-            for p, off in entries:
-                p.copy_(buf[off:off + p.numel()].view_as(p))
+            for i, start, count, off in entries:
+                p = self.params[i]
+                if count == p.numel():
+                    p.copy_(buf[off:off + count].view_as(p))
+                elif p.is_contiguous():
+                    p.view(-1)[start:start + count].copy_(buf[off:off + count])
+                else:
+                    flat = pending.setdefault(i, torch.empty(p.numel(), dtype=p.dtype, device=p.device))
+                    flat[start:start + count].copy_(buf[off:off + count])
+                    if start + count == p.numel():
+                        p.copy_(pending.pop(i).view(p.shape))
             self.engine.release(g, stream=stream)
+
+    def _per_param(self, reads):
+        """Per parameter, shaped like it: {key: values} from `reads(group)`,
+        {key: the group's flat values}, over the pieces in every group."""
+        out = [{} for _ in self.params]
+        for g, entries in self.buckets:
+            full = reads(g)
+            for i, start, count, off in entries:
+                for k, v in full.items():
+                    out[i].setdefault(k, []).append(v[off:off + count])
+        return [{k: torch.cat(v).view_as(p) if len(v) > 1 else v[0].view_as(p).clone() for k, v in st.items()}
+                for p, st in zip(self.params, out)]
 
     def read_states(self):
         """Per parameter: {"master_param", "exp_avg", "exp_avg_sq"} as tensors shaped like it."""
-        out = []
-        for g, entries in self.buckets:
-            full = {k: self.engine.read_state(g, w) for k, w in
-                    (("master_param", "master"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq"))}
-            out += [{k: v[off:off + p.numel()].view_as(p).clone() for k, v in full.items()} for p, off in entries]
-        return out
+        return self._per_param(lambda g: {k: self.engine.read_state(g, w) for k, w in
+                                          (("master_param", "master"), ("exp_avg", "exp_avg"),
+                                           ("exp_avg_sq", "exp_avg_sq"))})
 
     def write_states(self, states):
         """The inverse of read_states (a missing key keeps the engine's value)."""
-        i = 0
         for g, entries in self.buckets:
-            group_states = states[i:i + len(entries)]
-            i += len(entries)
             for key, which in (("master_param", "master"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
-                if not all(key in st for st in group_states):
+                if not all(key in states[i] for i, _, _, _ in entries):
                     continue
                 flat = self.engine.read_state(g, which)
-                for (p, off), st in zip(entries, group_states):
-                    flat[off:off + p.numel()] = st[key].reshape(-1).to(torch.float32).cpu()
+                for i, start, count, off in entries:
+                    flat[off:off + count] = states[i][key].reshape(-1)[start:start + count].to(torch.float32).cpu()
                 self.engine.write_state(g, which, flat)
 
     def read_masters(self):
-        out = []
-        for g, entries in self.buckets:
-            m = self.engine.read_master(g)
-            out += [m[off:off + p.numel()].view_as(p).clone() for p, off in entries]
-        return out
+        return [st["m"] for st in self._per_param(lambda g: {"m": self.engine.read_master(g)})]
 
     def close(self):
         self.engine.close()
@@ -927,6 +951,16 @@ class OffloadedModule:
         del self._fetched[idx]
         self.engine.release(idx, stream=_current_stream(self.device.type))
 
+    def _between_passes(self):
+        """Before reading or writing the engine's state outside a pass: a
+        group held by a use outside every forward is let go (no forward runs;
+        a backward in flight keeps its pinned groups)."""
+        if not self._scopes:
+            held = list(self._loose.values())
+            self._loose.clear()
+            for g in held:
+                self.release(g)
+
     def _drop_holds(self):
         """Backward has ended (or the step came): nothing is pinned or loose."""
         held = list(self._pinned.values()) + list(self._loose.values())
@@ -1084,6 +1118,7 @@ class OffloadedModule:
     def master_parameters(self):
         """{qualified name: fp32 master weights} of every offloaded parameter
         (tied parameters under each of their names). A collective."""
+        self._between_passes()
         masters = {}
         for g in self._groups:
             m = self.engine.read_master(g.index)
@@ -1214,6 +1249,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
     it back, bitwise."""
 
     def __init__(self, owner, group_params, opt):
+        self._strata_offloaded_ok = True  # its parameters are offload_module's (see _fetch_on_use)
         self._owner = owner
         self._group_params = group_params  # per engine group, its parameters in order
         params = [p for ps in group_params for p in ps]
@@ -1244,6 +1280,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def state_dict(self):
         owner = self._owner
+        owner._between_passes()
         steps = torch.tensor(float(owner.engine.steps))
         state, i = {}, 0
         for gi, params in enumerate(self._group_params):
@@ -1262,6 +1299,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         owner = self._owner
+        owner._between_passes()
         groups = state_dict.get("param_groups")
         n = sum(len(ps) for ps in self._group_params)
         if not isinstance(groups, list) or len(groups) != 1 or len(groups[0].get("params", ())) != n:
