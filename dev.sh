@@ -36,6 +36,20 @@ case "$VERB" in
     ;;
   test)
     build
+    # The Python suite runs twice: Debian's torch 1.13 (/usr/bin/python3) and
+    # torch 2 from a venv (tools/make-venv.sh, cached outside the repository;
+    # the first time a download of about 3 GB). STRATA_NO_VENV=1: no venv, the
+    # *_torch2 tests skip. A --label that selects none of them makes none.
+    if [ "${STRATA_NO_VENV:-}" = 1 ]; then
+      echo "dev.sh: STRATA_NO_VENV=1: no torch-2 venv; the python_*_torch2 tests will skip" >&2
+    elif [ -z "$LABEL" ] || (cd "$BUILD" && ctest -N -L "$LABEL" | grep '_torch2$' >/dev/null); then
+      STRATA_TORCH2_PYTHON=$("$ROOT/tools/make-venv.sh") || {
+        echo "dev.sh: tools/make-venv.sh failed: no torch-2 venv, so the python_*_torch2 tests cannot run" \
+          "(its message above; STRATA_NO_VENV=1 tests without them)" >&2
+        exit 1
+      }
+      export STRATA_TORCH2_PYTHON
+    fi
     cd "$BUILD"
     # The exhaustive kernel sweeps take many minutes: only when asked for by label.
     if [ -n "$LABEL" ]; then
