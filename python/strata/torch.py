@@ -747,29 +747,36 @@ class OffloadedModule:
         users = []  # (module, [groups its forward needs])
         tied = []  # (qualified name, parameter) of a tied parameter's later names
         self._frozen_names = []  # (qualified name, parameter) of the frozen ones
+        frozen_api = hasattr(self.engine, "freeze_group")
         for name, m in module.named_modules():
-            own, needs = [], []
+            own, frozen, needs = [], [], []
             for n, p in m.named_parameters(recurse=False):
-                if not p.requires_grad:
-                    self._frozen_names.append((f"{name}.{n}" if name else n, p))
-                    continue
                 qual = f"{name}.{n}" if name else n
+                if not p.requires_grad and not frozen_api:
+                    self._frozen_names.append((qual, p))  # stays an ordinary tensor (no frozen groups)
+                    continue
                 self._names.append((qual, p))
                 g = owner_of.get(id(p))
                 if g is not None:  # tied: one master, in the group of its first module
                     tied.append((qual, p))
                     if g not in needs:
                         needs.append(g)
-                else:
+                elif p.requires_grad:
                     own.append((qual, p))
-            if own:
-                g = _ModuleGroup(self, len(self._groups), m, own)
-                self._groups.append(g)
-                for _, p in own:
-                    owner_of[id(p)] = g
-                needs.insert(0, g)
+                else:
+                    frozen.append((qual, p))
+                    self._frozen_names.append((qual, p))
+            # A module's frozen parameters (a LoRA base layer's weight) are
+            # a group of their own: P only in the engine, never a gradient.
+            for named, is_frozen in ((frozen, True), (own, False)):
+                if named:
+                    g = _ModuleGroup(self, len(self._groups), m, named, frozen=is_frozen)
+                    self._groups.append(g)
+                    for _, p in named:
+                        owner_of[id(p)] = g
+                    needs.insert(0, g)
             users.append((m, needs))  # every module: a scope for the parameters its forward reads
-        if not self._groups:
+        if not any(not g.frozen for g in self._groups):
             self.engine.close()
             _remove_swap_folders(self._folders)
             raise Error(INVALID, "offload_module: the module has no trainable parameters")
@@ -795,7 +802,8 @@ class OffloadedModule:
         for g in self._groups:
             g.install()
             for p, qual in zip(g.params, g.names):
-                _OWNERS[id(p)] = self
+                if not g.frozen:
+                    _OWNERS[id(p)] = self  # clip_grad_norm_: the trainable ones
                 _fou.adopt(p, self, g, qual)
         for qual, p in tied:
             _fou.adopt(p, self, owner_of[id(p)], _fou._OFFLOADED[id(p)][3])
@@ -815,7 +823,7 @@ class OffloadedModule:
         module.load_state_dict = self._module_load_state_dict
         module.state_dict = self._module_state_dict
         opt = self.engine.config["optimizer"]["params"]
-        self.optimizer = OffloadOptimizer(self, [g.params for g in self._groups], opt)
+        self.optimizer = OffloadOptimizer(self, [g for g in self._groups if not g.frozen], opt)
 
     def _check_module(self, module):
         """Refuses, naming the parameter, what would train wrongly or fail
@@ -828,7 +836,7 @@ class OffloadedModule:
                 raise Error(INVALID, f"offload_module: {name or type(m).__name__}.weight would get sparse gradients "
                             "(sparse=True); offload_module takes dense gradients only")
         for name, p in module.named_parameters():
-            if not p.requires_grad:
+            if not p.requires_grad and not hasattr(self.engine, "freeze_group"):
                 continue
             if p.dtype == torch.float64:
                 raise Error(INVALID, f"offload_module: parameter '{name}' is float64; the engine keeps float32 "
@@ -986,9 +994,16 @@ class OffloadedModule:
             raise Error(STATE, "backward needs an offloaded parameter, but its offload_module was closed")
         self._queue_end_of_backward()
         g = self._groups[saved.group]
+        held = g.index in self._fetched
         self.fetch(g)  # backward: bring the group back; it is released when its gradients are in
         flat = self._fetched[g.index][0]
-        return flat.as_strided(saved.shape, saved.stride, saved.offset)
+        view = flat.as_strided(saved.shape, saved.stride, saved.offset)
+        if g.frozen and not held:
+            # No gradient will say when a frozen group is done with: the
+            # backward op gets its own copy, and the group goes at once.
+            view = view.clone()
+            self.release(g)
+        return view
 
     # -- backward: gradients to the engine as they are produced
     def _queue_end_of_backward(self):
@@ -1061,7 +1076,7 @@ class OffloadedModule:
         for g in self._groups:
             self.release(g)
         for name, p in self._names:
-            if not p.requires_grad:
+            if not p.requires_grad and not self._group_of[id(p)].frozen:
                 raise Error(INVALID, f"offload_module: parameter '{name}' was made frozen (requires_grad=False) "
                             "after offload_module; the engine would still step it (torch would skip it): "
                             "close() and offload the module again with it frozen")
@@ -1111,7 +1126,7 @@ class OffloadedModule:
         gradient of this step staged once. Else None."""
         if not self._norms_exact or self.world_size != 1 or self.engine_accumulates or not self._norms:
             return None
-        order = params if params is not None else [p for g in self._groups for p in g.params]
+        order = params if params is not None else [p for g in self._groups if not g.frozen for p in g.params]
         return [self._norms[id(p)] for p in order if id(p) in self._norms] or None
 
     # -- the model's state
@@ -1206,7 +1221,7 @@ class OffloadedModule:
                     p.data = g.placeholders[p]
 
     def _clip_ids(self):
-        return {id(p) for g in self._groups for p in g.params}
+        return {id(p) for g in self._groups if not g.frozen for p in g.params}
 
     def close(self):
         """Removes the hooks; the parameters become ordinary tensors holding
@@ -1248,10 +1263,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
     read from the engine's tiers: a collective) and load_state_dict() puts
     it back, bitwise."""
 
-    def __init__(self, owner, group_params, opt):
+    def __init__(self, owner, groups, opt):
         self._strata_offloaded_ok = True  # its parameters are offload_module's (see _fetch_on_use)
         self._owner = owner
-        self._group_params = group_params  # per engine group, its parameters in order
+        self._groups = groups  # the trainable engine groups (_ModuleGroup), in order
+        group_params = [g.params for g in groups]
+        self._group_params = group_params  # per trainable group, its parameters in order
         params = [p for ps in group_params for p in ps]
         betas = tuple(opt.get("betas", (0.9, 0.999)))
         defaults = dict(lr=opt["lr"], betas=betas, eps=opt["eps"], weight_decay=opt["weight_decay"])
@@ -1283,8 +1300,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         owner._between_passes()
         steps = torch.tensor(float(owner.engine.steps))
         state, i = {}, 0
-        for gi, params in enumerate(self._group_params):
-            g = owner._groups[gi]
+        for g in self._groups:
+            gi = g.index
             full = {k: owner.engine.read_state(gi, w) for k, w in (("exp_avg", "exp_avg"),
                                                                    ("exp_avg_sq", "exp_avg_sq"))}
             for p, off, n in zip(g.params, g.offsets, g.numels):
@@ -1314,8 +1331,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     raise Error(INVALID, f"load_state_dict: parameter {j}'s {k} has shape {tuple(st[k].shape)}, "
                                 f"not {tuple(p.shape)}")
         i = 0
-        for gi, params in enumerate(self._group_params):
-            g = owner._groups[gi]
+        for g, params in zip(self._groups, self._group_params):
+            gi = g.index
             for k in ("exp_avg", "exp_avg_sq"):
                 ids = order[i:i + len(params)]
                 if not all(k in saved.get(pi, {}) for pi in ids):
@@ -1365,14 +1382,16 @@ class _ModuleGroup:
     """The direct trainable parameters of one module (tied ones only in the
     first module that has them): one engine group."""
 
-    def __init__(self, owner, index, module, named_params):
-        self.owner, self.index, self.module = owner, index, module
+    def __init__(self, owner, index, module, named_params, frozen=False):
+        self.owner, self.index, self.module, self.frozen = owner, index, module, frozen
         self.names = [n for n, _ in named_params]
         self.params = [p for _, p in named_params]
         self.shapes = {p: p.shape for p in self.params}
         self.dtypes = {p: p.dtype for p in self.params}
         self.devices = {p: p.device for p in self.params}
         self.offsets = [owner.engine.add_param(index, n, p.detach()) for n, p in zip(self.names, self.params)]
+        if frozen:
+            owner.engine.freeze_group(index)
         self.numels = [p.numel() for p in self.params]  # .data is empty while released
         self.numel = sum(self.numels)
         self.staged = None
@@ -1394,6 +1413,8 @@ class _ModuleGroup:
             # new AccumulateGrad node, which would not have our hook.
             with _fou.quiet():
                 p.data = self.placeholders[p]
+            if self.frozen:
+                continue
             # The AccumulateGrad node of p: its hook runs once p.grad holds
             # this backward's gradient.
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
