@@ -276,6 +276,25 @@ strata_status_t strata_engine_add_alias(strata_engine_t* engine, int group, cons
   });
 }
 
+strata_status_t strata_engine_freeze_group(strata_engine_t* engine, int group) {
+  return OnEngine("strata_engine_freeze_group", engine, [&]() -> Status {
+    if (engine->built)
+      return strata::StateError("group " + std::to_string(group) + ": the engine is already built (freeze before build)");
+    return engine->rep->FreezeGroup(group);
+  });
+}
+
+strata_status_t strata_engine_group_frozen(strata_engine_t* engine, int group, int* out) {
+  return OnEngine("strata_engine_group_frozen", engine, [&]() -> Status {
+    if (out == nullptr) return strata::InvalidError("out must not be NULL");
+    if (engine->built) STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    else if (group < 0 || group > 1'000'000)
+      return strata::InvalidError("group " + std::to_string(group) + " is not in 0..1000000");
+    *out = engine->rep->group_frozen(group) ? 1 : 0;
+    return Status::Ok();
+  });
+}
+
 strata_status_t strata_engine_build(strata_engine_t* engine) {
   return OnEngine("strata_engine_build", engine, [&]() -> Status {
     if (engine->built) return strata::StateError("the engine is already built");

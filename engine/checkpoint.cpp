@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 
 #include "base/align.h"
 #include "base/log.h"
@@ -34,6 +35,7 @@ using Json = nlohmann::json;
 using manifest::Hex;
 using namespace ckpt;  // NOLINT: the checkpoint file helpers
 static const int kSaved[] = {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)};
+static const int kSavedFrozen[] = {int(StateKind::kP)};  // a frozen group's P alone ("P" blocks)
 
 Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
   if (!built_) return StateError(std::string(call) + ": the engine is not built");
@@ -66,16 +68,19 @@ Status Engine::Impl::Agree(const Status& local, const std::string& what) {
   return Status::Ok();
 }
 
-// Writes this rank's shard of every group's W, M, V to `data_path`, returning
-// its manifest entry. A pipeline over K staging slots: the reads of the next
-// K-2 groups and the writes of the last one or two are in flight while a
-// group's blocks are hashed, so the disk always has both queues full. A block
-// read from NVMe brings the checksum the tier verified; it is not hashed again.
+// Writes this rank's shard of every group's W, M, V (a frozen group's: its
+// slice of P) to `data_path`, returning its manifest entry. A pipeline over
+// K staging slots: the reads of the next K-2 groups and the writes of the
+// last one or two are in flight while a group's blocks are hashed, so the
+// disk always has both queues full. A block read from NVMe brings the
+// checksum the tier verified; it is not hashed again. A frozen group's P off
+// the host goes through its one buffer, read when its turn comes (after the
+// write before it, which may hold that buffer, has landed).
 Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, const std::string& name) {
   const int n = part_.num_groups();
   std::vector<uint64_t> offset(static_cast<size_t>(n) + 1, 0);
   for (int g = 0; g < n; ++g) {
-    uint64_t bytes = 0;
+    uint64_t bytes = frozen(g) ? FrozenSavedBytes(g) : 0;
     for (int s : kSaved)
       if (groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)].alloc.charged)
         bytes += manifest::SavedBlockBytes(compact_, s - 1, part_.group(g).shard_numel);
@@ -86,6 +91,8 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
   Status st = ReserveFileSpace(storage_->Info(fid).fd, data_path, total);
   struct Job {
     void* slot = nullptr;
+    StagingPool* pool = nullptr;  // the slot's
+    bool deferred = false;        // a frozen group's P to read at its turn
     void* src[kNumStates] = {};
     BlockMove loads[kNumStates];
     IoTicket write;
@@ -95,14 +102,22 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
   // Compact: P's slice is the master's bf16 half, saved with W.
   std::vector<int> states(std::begin(kSaved), std::end(kSaved));
   if (compact_) states.insert(states.begin(), int(StateKind::kP));
-  auto start = [&](int g) {  // the group's blocks: addressable in place, or read into a slot
+  // The group's blocks: addressable in place, or read into a slot. `now`: a
+  // frozen group's P is read too (else it waits for its turn).
+  auto start = [&](int g, bool now) {
     Job& j = jobs[static_cast<size_t>(g)];
-    for (int s : states) {
+    const bool fz = frozen(g);
+    for (int s : fz ? std::vector<int>{int(StateKind::kP)} : states) {
       const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       if (io_->Direct(b)) { j.src[s] = io_->DirectPtr(b); continue; }
-      if (!j.slot) j.slot = opt_staging_.Acquire();
-      void* dst = static_cast<char*>(j.slot) + opt_slot_offsets_[s];
+      if (fz && !now) { j.deferred = true; continue; }
+      if (!j.slot) {
+        j.pool = fz ? &frozen_staging_ : &opt_staging_;
+        j.slot = j.pool->Acquire();
+      }
+      if (!j.slot) { keep(InternalError("checkpoint save: no staging slot for group " + std::to_string(g))); continue; }
+      void* dst = static_cast<char*>(j.slot) + (fz ? 0 : opt_slot_offsets_[s]);
       j.src[s] = dst;
       auto m = io_->StartLoad(b, dst);
       if (m.ok()) j.loads[s] = std::move(m).value();
@@ -113,26 +128,34 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
     Job& j = jobs[static_cast<size_t>(g)];
     if (j.write) keep(j.write->Wait());
     j.write.reset();
-    if (j.slot) opt_staging_.Release(j.slot);
+    if (j.slot) j.pool->Release(j.slot);
     j.slot = nullptr;
   };
   const int ahead = std::max(opt_staging_.count(), 3) - 2;  // groups read ahead
-  for (int g = 0; g < std::min(ahead, n); ++g) start(g);
+  for (int g = 0; g < std::min(ahead, n); ++g) start(g, false);
   Json blocks = Json::array();
   XXH3_state_t* hs = XXH3_createState();
   XXH3_64bits_reset(hs);
   for (int g = 0; g < n && st.ok(); ++g) {
     Job& j = jobs[static_cast<size_t>(g)];
+    if (j.deferred) {  // the frozen buffer: free once the write before (its holder, maybe) has landed
+      if (g >= 1) retire(g - 1);
+      j.deferred = false;
+      start(g, true);
+      if (!st.ok()) break;
+    }
     std::vector<IoOp> ops;
     uint64_t off = offset[static_cast<size_t>(g)];
-    if (compact_) keep(io_->Finish(j.loads[int(StateKind::kP)]));
-    for (int s : kSaved) {
+    if (compact_ && !frozen(g)) keep(io_->Finish(j.loads[int(StateKind::kP)]));
+    const std::span<const int> saved = frozen(g) ? std::span<const int>(kSavedFrozen) : std::span<const int>(kSaved);
+    for (int s : saved) {
       const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       Piece pieces[2];
       const int np = SavedPieces(g, s, j.src, pieces);
       // A block read from NVMe whole brings the checksum the tier verified.
-      const bool verified = np == 1 && j.loads[s].kind == BlockMove::kNvme && config_.strata.checksums;
+      const bool verified = np == 1 && pieces[0].bytes == b.bytes && j.loads[s].kind == BlockMove::kNvme &&
+                            config_.strata.checksums;
       const uint64_t tier_hash = verified ? j.loads[s].nvme.checksum : 0;
       keep(io_->Finish(j.loads[s]));
       if (!st.ok()) break;
@@ -154,7 +177,7 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
     if (!st.ok()) break;
     j.write = storage_->Submit(ops);
     if (g >= 1) retire(g - 1);  // frees the slot the next read-ahead takes
-    if (g + ahead < n) start(g + ahead);
+    if (g + ahead < n) start(g + ahead, false);
   }
   // Drain whatever is still in flight, whatever happened.
   for (int g = 0; g < n; ++g) {
@@ -171,7 +194,7 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
   return entry.dump();
 }
 
-// The zero-copy save: when this rank's W, M, V all live in the NVMe tier, the
+// The zero-copy save: when this rank's W, M, V (and frozen groups' P) all live in the NVMe tier, the
 // swap file itself becomes the data file (a hard link, see NvmeTier::Snapshot)
 // and the manifest lists where each block is and the checksum the tier keeps.
 // Its file checksum is XXH3 over the blocks' checksums ("hash": "blocks").
@@ -184,10 +207,13 @@ Result<std::string> Engine::Impl::SnapshotShardFile(const std::string& link_path
   std::vector<Allocation> allocs;
   std::vector<std::pair<int, int>> which;  // (group, state) of each allocation
   for (int g = 0; g < part_.num_groups(); ++g)
-    for (int s : kSaved) {
+    for (int s : frozen(g) ? std::span<const int>(kSavedFrozen) : std::span<const int>(kSaved)) {
       const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       if (b.home != TierKind::kNvme) return UnsupportedError("state not homed on NVMe");
+      // A frozen group's saved P is its whole block here (P on NVMe: one rank, or stage 3's shard).
+      if (frozen(g) && (b.bytes != FrozenSavedBytes(g) || PSliceOffset(g) != 0))
+        return UnsupportedError("a frozen group's saved P is not its whole block");
       allocs.push_back(b.alloc);
       which.emplace_back(g, s);
     }
@@ -300,7 +326,9 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
       if (!t.aliases.empty()) tj["aliases"] = t.aliases;
       tensors.push_back(std::move(tj));
     }
-    groups.push_back({{"numel", L.numel}, {"padded", L.padded}, {"shard_numel", L.shard_numel}, {"tensors", tensors}});
+    Json gj = {{"numel", L.numel}, {"padded", L.padded}, {"shard_numel", L.shard_numel}, {"tensors", tensors}};
+    if (frozen(g)) gj["frozen"] = true;  // its blocks are "P", in compute_dtype
+    groups.push_back(std::move(gj));
   }
   // The order of saves in this folder: one more than any checkpoint there.
   uint64_t seq = 0;
@@ -387,11 +415,11 @@ Status Engine::Impl::SameStateAs(const manifest::Manifest& m, const std::string&
     if (g != located) {  // the group's blocks, loaded
       sb.reset();
       sb = std::make_unique<ShardBlocks>();
-      STRATA_RETURN_IF_ERROR(LocateShard(g, true, sb.get()));
+      STRATA_RETURN_IF_ERROR(frozen(g) ? LocateFrozenP(g, true, sb.get()) : LocateShard(g, true, sb.get()));
       located = g;
     }
-    Piece pieces[2];
-    const int np = SavedPieces(g, mb.state + 1, sb->at, pieces);
+    Piece pieces[2];  // CheckManifestLayout: a frozen group's blocks are P, the others' W, M, V
+    const int np = SavedPieces(g, mb.state == manifest::kSavedP ? int(StateKind::kP) : mb.state + 1, sb->at, pieces);
     XXH3_state_t* bh = XXH3_createState();
     XXH3_64bits_reset(bh);
     uint64_t bytes = 0;

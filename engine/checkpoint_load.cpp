@@ -17,6 +17,7 @@
 #include "base/sizes.h"
 #include "engine/checkpoint_files.h"
 #include "engine/engine_impl.h"
+#include "engine/preflight.h"
 #include "kernels/cpu/cast.h"
 
 namespace strata {
@@ -110,9 +111,9 @@ Status Engine::Impl::FindCheckpoint(const std::string& dir, const std::string& t
 }
 
 // The saved model must be this model: groups, tensor names and sizes (and
-// shapes, where both the checkpoint and the engine have one), the
-// optimizer and the states it keeps. The number of ranks may differ (the
-// shards are recut).
+// shapes, where both the checkpoint and the engine have one), which groups
+// are frozen, the optimizer and the states it keeps. The number of ranks
+// may differ (the shards are recut).
 Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std::string& mpath) {
   if (m.optimizer != config_.optimizer.type)
     return InvalidError("checkpoint load: " + mpath + " holds " + m.optimizer + " state; this engine runs " +
@@ -125,6 +126,11 @@ Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std:
     const manifest::Group& G = m.groups[static_cast<size_t>(g)];
     if (G.numel != L.numel || G.tensors.size() != L.tensors.size())
       return InvalidError("checkpoint load: group " + std::to_string(g) + " of " + mpath + " has another layout");
+    if (G.frozen != frozen(g))
+      return InvalidError("checkpoint load: group " + std::to_string(g) + " is " +
+                          (G.frozen ? "frozen" : "not frozen") + " in " + mpath + " but " +
+                          (frozen(g) ? "frozen (freeze_group)" : "not frozen") +
+                          " in the engine; freeze the groups the saving run froze");
     for (size_t t = 0; t < L.tensors.size(); ++t)
       if (G.tensors[t].name != L.tensors[t].name || G.tensors[t].numel != L.tensors[t].numel)
         return InvalidError("checkpoint load: tensor '" + L.tensors[t].name + "' of group " + std::to_string(g) +
@@ -134,9 +140,9 @@ Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std:
                             std::to_string(g) + " has shape " + ShapeString(G.tensors[t].shape) + " in " +
                             mpath + "; the engine's is " + ShapeString(L.tensors[t].shape));
   }
-  uint32_t kept = 0;  // the saved states this engine keeps
-  for (int s = 0; s < manifest::kNumSaved; ++s)
-    if (groups_[0].blocks[static_cast<size_t>(s + 1)].alloc.charged) kept |= 1u << s;
+  uint32_t kept = 0;  // the saved states this engine keeps (of the groups that train)
+  for (int s = 0; s < manifest::kNumSaved && any_trainable(); ++s)
+    if (StateUsed(*this, s + 1)) kept |= 1u << s;
   if (kept != m.saved_states)
     return CorruptError("checkpoint load: " + mpath + " holds states " + StatesOf(m.saved_states) + " of each group; " +
                         config_.optimizer.type + " keeps " + StatesOf(kept));
@@ -206,7 +212,7 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
     fds.push_back(fd);
   }
   // [file][group][state] -> the block's offset in that file.
-  std::vector<std::vector<std::array<uint64_t, manifest::kNumSaved>>> at(m.files.size());
+  std::vector<std::vector<std::array<uint64_t, manifest::kNumBlockStates>>> at(m.files.size());
   for (size_t k = 0; k < m.files.size(); ++k) {
     at[k].resize(m.groups.size());
     for (const manifest::Block& b : m.files[k].blocks) at[k][b.group][static_cast<size_t>(b.state)] = b.offset;
@@ -218,7 +224,7 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
   std::vector<char> tmp;
   FormatView tv;
   tv.compact = saved_compact;
-  const bool has_v = groups_[0].blocks[int(StateKind::kV)].alloc.charged != 0;
+  const bool has_v = StateUsed(*this, int(StateKind::kV));
   if (saved_compact != compact_) {
     uint64_t bytes = 0, put[3][2] = {};
     for (int s = 0; s < manifest::kNumSaved; ++s) {
@@ -241,7 +247,46 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
       if (!has_v) tv.f[2] = nullptr;
     }
   }
+  // A frozen group's P (CheckManifestLayout: frozen there too): the part of
+  // the group this rank holds (its shard at stage 3, else all of it), from
+  // the saved shards' P blocks, in the saved compute dtype, cast to ours.
+  auto apply_frozen = [&](int g) -> Status {
+    const GroupLayout& L = part_.group(g);
+    const uint64_t old_shard = m.groups[static_cast<size_t>(g)].shard_numel;
+    STRATA_ASSIGN_OR_RETURN(const DType saved, ParseDType(m.compute_dtype));  // the parse checked it
+    const uint64_t ssize = DTypeSize(saved), dsize = DTypeSize(dtype_);
+    ShardBlocks sb;
+    STRATA_RETURN_IF_ERROR(LocateFrozenP(g, false, &sb));
+    char* p = static_cast<char*>(sb.at[int(StateKind::kP)]);
+    std::memset(p, 0, PHomeNumel(g) * dsize);  // the padding: zeros
+    const uint64_t a0 = p_sharded_ ? static_cast<uint64_t>(srank_) * L.shard_numel : 0;
+    const uint64_t end = a0 + (p_sharded_ ? L.RealInShard(srank_) : L.numel);
+    std::vector<char> chunk(saved == dtype_ ? 0 : kChunk * ssize);
+    std::vector<float> wide(saved != dtype_ && saved != DType::kF32 && dtype_ != DType::kF32 ? kChunk : 0);
+    for (uint64_t a = a0; a < end;) {  // f < files: shard_numel * shard_world = padded >= numel
+      const uint64_t f = a / old_shard, within = a % old_shard;
+      uint64_t run = std::min(end - a, old_shard - within);
+      if (!chunk.empty()) run = std::min(run, kChunk);
+      char* into = chunk.empty() ? p + (a - a0) * dsize : chunk.data();
+      STRATA_RETURN_IF_ERROR(PreadFull(fds[f], into, run * ssize,
+                                       at[f][static_cast<size_t>(g)][manifest::kSavedP] + within * ssize,
+                                       folder + "/" + m.files[f].name));
+      if (!chunk.empty() && wide.empty()) {
+        STRATA_RETURN_IF_ERROR(kernels::Cast(saved, into, dtype_, p + (a - a0) * dsize, run));
+      } else if (!chunk.empty()) {  // bf16 <-> f16: through fp32
+        STRATA_RETURN_IF_ERROR(kernels::Cast(saved, into, DType::kF32, wide.data(), run));
+        STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, wide.data(), dtype_, p + (a - a0) * dsize, run));
+      }
+      a += run;
+    }
+    return StoreShard(g, sb);
+  };
   for (int g = 0; g < part_.num_groups(); ++g) {
+    if (frozen(g)) {
+      STRATA_RETURN_IF_ERROR(apply_frozen(g));
+      if (g == 0) STRATA_RETURN_IF_ERROR(FaultPoint("apply"));  // tests: fail with the state partly written
+      continue;
+    }
     const GroupLayout& L = part_.group(g);
     const uint64_t n = L.shard_numel, old_shard = m.groups[static_cast<size_t>(g)].shard_numel;
     const uint64_t lo = static_cast<uint64_t>(srank_) * n, real = L.RealInShard(srank_);
@@ -292,11 +337,13 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
 // P = W in the compute dtype, as after every step: this rank's shard, then
 // (stages 1-2 with several ranks) the other ranks' slices gathered.
 Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
-  for (int g = 0; g < part_.num_groups(); ++g) STRATA_RETURN_IF_ERROR(RecomputePGroup(g, buf, buf_bytes));
+  for (int g = 0; g < part_.num_groups(); ++g)
+    if (!frozen(g)) STRATA_RETURN_IF_ERROR(RecomputePGroup(g, buf, buf_bytes));  // a frozen P is loaded as saved
   return Status::Ok();
 }
 
 Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
+  if (frozen(g)) return InternalError("P of frozen group " + std::to_string(g) + " recomputed from a master it has not");
   GroupState& gs = groups_[static_cast<size_t>(g)];
   if (compact_) {  // this rank's slice of P is the master's bf16 half: only the others' slices to gather
     const StateBlock& p = gs.blocks[int(StateKind::kP)];

@@ -196,13 +196,15 @@ Result<uint64_t> Engine::AddShapedParam(int group, const std::string& name,
 }
 
 // Fills a block through `fill(ptr)`: in place when addressable, else through
-// a staging slot.
-static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::function<Status(void*)>& fill) {
+// a slot of `pool` (the step's slots, or a frozen group's buffer).
+static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::function<Status(void*)>& fill,
+                        StagingPool& pool) {
   if (m.io_->Direct(b)) return fill(m.io_->DirectPtr(b));
-  void* buf = m.opt_staging_.Acquire();
+  void* buf = pool.Acquire();
+  if (!buf) return InternalError("build: no staging slot for a block off the host");
   Status st = fill(buf);
   if (st.ok()) st = m.io_->Store(b, buf);
-  m.opt_staging_.Release(buf);
+  pool.Release(buf);
   return st;
 }
 
@@ -215,6 +217,7 @@ static Status InitStaging(Engine::Impl& m) {
   Status st = m.opt_staging_.Init(m.host_.get(), z.opt_slots, z.opt_offsets[kNumStates]);
   if (st.ok()) st = m.param_staging_.Init(m.host_.get(), z.param_slots, z.param_bytes);
   if (st.ok()) st = m.grad_staging_.Init(m.host_.get(), z.grad_slots, z.grad_bytes);
+  if (st.ok()) st = m.frozen_staging_.Init(m.host_.get(), z.frozen_slots, z.frozen_bytes);
   return st.WithContext("build: staging (strata.host_budget " + FormatBytes(m.host_->budget()) + ")");
 }
 
@@ -241,6 +244,7 @@ void Engine::Impl::UndoBuild() {
   param_staging_.Clear();
   opt_staging_.Clear();
   grad_staging_.Clear();
+  frozen_staging_.Clear();
   io_.reset();
   nvme_.reset();
   device_->Trim();  // the pool's blocks go back too: nothing is left held
@@ -249,6 +253,11 @@ void Engine::Impl::UndoBuild() {
 
 Status Engine::Impl::BuildOnce() {
   STRATA_RETURN_IF_ERROR(part_.Finalize(sworld_));
+  for (size_t g = static_cast<size_t>(part_.num_groups()); g < frozen_.size(); ++g)
+    if (frozen_[g])
+      return StateError("build: group " + std::to_string(g) + " is frozen (freeze_group) but has no parameters "
+                        "(groups are numbered 0.." + std::to_string(part_.num_groups() - 1) + " without gaps)");
+  frozen_.resize(static_cast<size_t>(part_.num_groups()), 0);  // what is dropped was never frozen
   if (multi() && !p_sharded_ && config_.zero.offload_param.device == OffloadDevice::kNvme)
     return ConfigError("zero_optimization.offload_param.device: nvme needs stage 3 (as in DeepSpeed); stage " +
                        std::to_string(config_.zero.stage) + " keeps every parameter on every rank");
@@ -268,6 +277,7 @@ Status Engine::Impl::BuildOnce() {
       STRATA_RETURN_IF_ERROR(comm_->Broadcast(w0.data(), w0.size() * sizeof(float), 0)
                                  .WithContext("build: rank 0's initial values of group " + std::to_string(g)));
     }
+  if (multi()) STRATA_RETURN_IF_ERROR(AgreeOnFrozen());
 
   home_[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
   const TierKind opt_home = HomeOf(config_.zero.offload_optimizer.device);
@@ -276,27 +286,31 @@ Status Engine::Impl::BuildOnce() {
   STRATA_RETURN_IF_ERROR(CheckHostPlan(*this));  // before anything is allocated
   const int ngroups = part_.num_groups();
   auto used = [&](int s) { return StateUsed(*this, s); };
+  auto used_by = [&](int s, int g) { return StateUsedBy(*this, s, g); };
 
   // The NVMe tier holds exactly the blocks homed there.
   std::vector<std::string> dirs = config_.OptimizerSwapPaths();
   for (const auto& d : config_.ParamSwapPaths())
     if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
-  uint64_t nvme_bytes = 0, largest_stored = 0;
+  uint64_t nvme_bytes = 0, largest_stored = 0, largest_frozen = 0;
   for (int s = 0; s < kNumStates; ++s) {
     if (!used(s) || home_[s] != TierKind::kNvme) continue;
     uint64_t largest = 0;
     for (int g = 0; g < ngroups; ++g) {
+      if (!used_by(s, g)) continue;  // a frozen group keeps P alone
       // Each block takes its padded size, no more: small groups pack densely.
       const uint64_t padded = NvmeTier::PaddedSizeFor(StateBytes(*this, s, g), dirs.size());
       nvme_bytes += padded;
-      largest = std::max(largest, padded);
+      if (frozen(g)) largest_frozen = std::max(largest_frozen, padded);
+      else largest = std::max(largest, padded);
     }
     largest_stored += largest;
   }
   // Writes are copy on write: each block written at once needs a second
   // extent until it is settled — a slot's blocks per step job, plus a G
-  // store from grads and a P store from a recompute beside them.
-  const uint64_t cow_spare = static_cast<uint64_t>(StepSlots(config_) + 2) * largest_stored;
+  // store from grads and a P store from a recompute beside them. A frozen
+  // group's P is written only between steps (write_state, a load), alone.
+  const uint64_t cow_spare = static_cast<uint64_t>(StepSlots(config_) + 2) * largest_stored + largest_frozen;
   if (nvme_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .spare = cow_spare,
                                                      .rank = options_.rank, .checksums = config_.strata.checksums,
@@ -308,7 +322,7 @@ Status Engine::Impl::BuildOnce() {
   groups_.resize(static_cast<size_t>(ngroups));
   for (int g = 0; g < ngroups; ++g)
     for (int s = 0; s < kNumStates; ++s) {
-      if (!used(s)) continue;
+      if (!used_by(s, g)) continue;
       auto b = io_->Allocate(home_[s], StateBytes(*this, s, g));
       if (!b.ok())
         return b.status().WithContext(std::string("build: state ") + StateName(StateKind(s)) + " of group " +
@@ -343,18 +357,23 @@ Status Engine::Impl::BuildOnce() {
       std::memset(p, 0, StateBytes(*this, zeroing, g));
       return Status::Ok();
     };
-    STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kP)], fill_p));
+    if (frozen(g)) {  // P alone, the values given in the compute dtype
+      STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kP)], fill_p, frozen_staging_)
+                                 .WithContext("build: P of frozen group " + std::to_string(g)));
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kP)], fill_p, opt_staging_));
     if (compact_) {  // W, M, V packed (and this rank's slice of P: the same bf16 bits)
       std::vector<float> w(L.shard_numel), zeros(L.shard_numel, 0.0f);
       STRATA_RETURN_IF_ERROR(fill_w(w.data()));
       STRATA_RETURN_IF_ERROR(WriteShardF32(g, w.data(), zeros.data(), used(int(StateKind::kV)) ? zeros.data() : nullptr));
     } else {
-      STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kW)], fill_w));
+      STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kW)], fill_w, opt_staging_));
     }
     for (int s : {int(StateKind::kM), int(StateKind::kV), int(StateKind::kG)})
       if (used(s) && (!compact_ || s == int(StateKind::kG))) {
         zeroing = s;
-        STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[static_cast<size_t>(s)], zero));
+        STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[static_cast<size_t>(s)], zero, opt_staging_));
       }
   }
   init_.clear();
@@ -369,8 +388,9 @@ Status Engine::Impl::BuildOnce() {
                                  "on every gradient; collectives keep one order); stepping after backward instead");
   }
   built_ = true;
-  STRATA_LOG_DEBUG("built {} groups, {} parameters; P on {}, W/M/V on {}, G on {}", ngroups, part_.total_numel(),
-                   TierName(home_[0]), TierName(opt_home), TierName(home_[int(StateKind::kG)]));
+  STRATA_LOG_DEBUG("built {} groups ({} frozen), {} parameters; P on {}, W/M/V on {}, G on {}", ngroups,
+                   std::count(frozen_.begin(), frozen_.end(), 1), part_.total_numel(), TierName(home_[0]),
+                   TierName(opt_home), TierName(home_[int(StateKind::kG)]));
   return Status::Ok();
 }
 
@@ -385,6 +405,9 @@ static Status CheckGroup(const Engine::Impl& m, int group, const char* call) {
 Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "grads"));
   if (!grads) return InvalidError("grads: null gradient pointer for group " + std::to_string(group));
+  if (frozen(group))
+    return InvalidError("grads: group " + std::to_string(group) +
+                        " is frozen (freeze_group): it keeps its parameters alone and takes no gradients");
   GroupState& gs = groups_[static_cast<size_t>(group)];
   // The overlapped step updated this group once its gradients were complete:
   // one more would land in a G the update already read (or is reading).
@@ -601,7 +624,7 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
   Status st = overlap_ ? WaitOverlapIdle() : Status::Ok();
   std::vector<int> rest;
   for (int g = 0; g < part_.num_groups(); ++g)
-    if (!groups_[static_cast<size_t>(g)].committed) rest.push_back(g);
+    if (!frozen(g) && !groups_[static_cast<size_t>(g)].committed) rest.push_back(g);  // frozen groups never change
   if (st.ok()) st = RunOptimizer(rest, grad_scale, so, step_count_ + 1);
   if (st.ok()) st = RepairStaleP();
   if (!broken_.empty())
@@ -609,7 +632,7 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
                     st.message() + ")");
   st = Agree(st, "step");  // none gathers alone
   for (int g = 0; st.ok() && p_gathered_after_step() && g < part_.num_groups(); ++g)
-    st = GatherP(g, io_->DirectPtr(groups_[static_cast<size_t>(g)].blocks[int(StateKind::kP)]));
+    if (!frozen(g)) st = GatherP(g, io_->DirectPtr(groups_[static_cast<size_t>(g)].blocks[int(StateKind::kP)]));
   return st;
 }
 
@@ -664,7 +687,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     pending_ = so;
     for (auto& gs : groups_) gs.updated = false;
   }
-  DropDeviceCopies();  // P changed (for the committed groups, at least)
+  DropDeviceCopies(/*keep_frozen=*/true);  // P changed (for the committed groups, at least); frozen P never does
   std::vector<int> ahead;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -689,9 +712,20 @@ int Engine::Impl::CountCommitted() const {
   return n;
 }
 
+// The refusal of an optimizer state that a frozen group does not keep.
+static Status FrozenKeepsNo(const char* call, int group, StateKind kind) {
+  return InvalidError(std::string(call) + ": group " + std::to_string(group) + " is frozen (freeze_group): it keeps " +
+                      "its parameters alone (read as the master weights), no optimizer state " +
+                      (kind == StateKind::kM ? "exp_avg" : kind == StateKind::kV ? "exp_avg_sq" : StateName(kind)));
+}
+
 Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "read_state"));
   if (!out) return InvalidError("read_state: null output for group " + std::to_string(group));
+  if (frozen(group)) {
+    if (kind != StateKind::kW) return FrozenKeepsNo("read_state", group, kind);
+    return ReadFrozen(group, out).WithContext("read_state: frozen group " + std::to_string(group));
+  }
   const StateBlock& w = groups_[static_cast<size_t>(group)].blocks[static_cast<size_t>(kind)];
   if (!w.alloc.charged)
     return InvalidError(std::string("read_state: the ") + config_.optimizer.type + " optimizer keeps no state " +
@@ -732,7 +766,9 @@ Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
 Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "write_state"));
   if (!in) return InvalidError("write_state: null input for group " + std::to_string(group));
+  if (frozen(group) && kind != StateKind::kW) return FrozenKeepsNo("write_state", group, kind);
   STRATA_RETURN_IF_ERROR(CheckBetweenSteps("write_state"));
+  if (frozen(group)) return WriteFrozen(group, in).WithContext("write_state: frozen group " + std::to_string(group));
   const StateBlock& b = groups_[static_cast<size_t>(group)].blocks[static_cast<size_t>(kind)];
   if (!b.alloc.charged)
     return InvalidError(std::string("write_state: the ") + config_.optimizer.type + " optimizer keeps no state " +

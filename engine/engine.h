@@ -129,6 +129,16 @@ class Engine {
   // modules): checkpoints record it, and strata-export writes the values
   // under both names. REQUIRES: before Build. Errors (INVALID) name both.
   Status AddAlias(int group, const std::string& alias, const std::string& of);
+  // Marks `group` frozen (a fine-tune's base weights): it keeps P alone, in
+  // the compute dtype, homed where offload_param says, and no G, W, M or V
+  // anywhere; Fetch and Release work on it as on any group, Grads refuses
+  // it, and Step leaves it bitwise unchanged. ReadMaster gives its P as
+  // fp32, WriteState(kMaster) sets it, checkpoints save and load it. A group
+  // may be frozen before its tensors are added. Idempotent.
+  // REQUIRES: before Build. Errors: INVALID (group outside 0..1000000), STATE.
+  Status FreezeGroup(int group);
+  // Whether FreezeGroup marked `group` (false for a group never marked).
+  bool group_frozen(int group) const;
   // Lays out and shards the groups, allocates every block in its home tier,
   // reserves swap space and writes the initial state. Budget contradictions
   // (a group larger than a budget) are refused here.

@@ -131,13 +131,39 @@ class Engine::Impl {
   Status StoreShard(int g, const ShardBlocks& sb);
   // What a checkpoint saves of state s (kW, kM, kV) of group g, as up to two
   // pieces in memory, from where the blocks are (`at`, by StateKind): fp32
-  // the block; compact W the bf16 half (P's slice) then the corrections.
+  // the block; compact W the bf16 half (P's slice) then the corrections; a
+  // frozen group's (s = kP) its slice of P (FrozenSavedBytes).
   struct Piece {
     const void* ptr;
     uint64_t bytes;
   };
   int SavedPieces(int g, int s, void* const at[kNumStates], Piece out[2]) const;
   FormatView ShardView(int g, const ShardBlocks& sb) const;  // the engine's format
+
+  // frozen.cpp: groups marked by FreezeGroup keep P alone (block kP; no G,
+  // W, M, V), never updated. Whether group g is one:
+  bool frozen(int g) const { return static_cast<size_t>(g) < frozen_.size() && frozen_[static_cast<size_t>(g)] != 0; }
+  bool any_trainable() const;  // a group that is not frozen exists
+  // The largest shard (or, `padded`, the largest padded group) among the
+  // groups that train; 0 when every group is frozen. Sizes what only they use
+  // (G, W, M, V, their staging, the GPU update's scratch, reduce buffers).
+  uint64_t LargestTrainable(bool padded) const;
+  // A frozen group's P where the CPU addresses it: in place, or in the slot
+  // of frozen_staging_ (read from its home when `load`). sb->at[kP] holds
+  // PHomeNumel(g) elements of the compute dtype; StoreShard writes it back.
+  Status LocateFrozenP(int g, bool load, ShardBlocks* sb);
+  // read_master of a frozen group: its P widened to fp32 (stage 3 with
+  // several ranks: the shards gathered; every rank calls it).
+  Status ReadFrozen(int g, float* out);
+  // write_state(kMaster) of a frozen group: P := `in` in the compute dtype
+  // (this rank's shard at stage 3, else the whole group).
+  Status WriteFrozen(int g, const float* in);
+  // Build, several ranks: INVALID naming the first group that some rank
+  // froze and rank 0 did not (or the reverse); every rank returns an error.
+  Status AgreeOnFrozen();
+  // A checkpoint's "P" block of frozen group g: this rank's slice of P (the
+  // whole P home, or at stages 1-2 with several ranks its shard of it).
+  uint64_t FrozenSavedBytes(int g) const { return part_.group(g).shard_numel * DTypeSize(dtype_); }
 
   // A thread the engine starts calls this first: the CUDA current device is
   // per thread, and this process's GPU is placement_.device.
@@ -158,7 +184,9 @@ class Engine::Impl {
   // Called with mu_ held (lock passed to allow waiting). `demand`: a fetch
   // waits; a prefetch gives up when only nearer-used copies could go.
   Status AllocateDeviceCopy(int g, std::unique_lock<std::mutex>& lock, bool demand);
-  void DropDeviceCopies();  // after a step: P changed. REQUIRES: no pins, no loads.
+  // After a step or a write of P: P changed. `keep_frozen`: a frozen group's
+  // copy stays (its P never changes). REQUIRES: no pins, no loads.
+  void DropDeviceCopies(bool keep_frozen = false);
   void WaitPrefetchIdle();
 
   // checkpoint.cpp (save), checkpoint_load.cpp (load)
@@ -274,6 +302,7 @@ class Engine::Impl {
   DType gdtype_ = DType::kF32;  // of G: data_types.grad_accum_dtype
   Partition part_;
   std::vector<std::vector<float>> init_;  // per group, until Build
+  std::vector<uint8_t> frozen_;           // per group: FreezeGroup marked it (sized to the groups at Build)
   bool built_ = false;
   std::vector<GroupState> groups_;
   TierKind home_[kNumStates] = {};
@@ -288,6 +317,7 @@ class Engine::Impl {
   StagingPool param_staging_;  // P: nvme -> host -> device
   StagingPool opt_staging_;    // W, M, V, G (and P) slots of the step pipeline
   StagingPool grad_staging_;   // G when not addressable in place, grads off the GPU
+  StagingPool frozen_staging_; // a frozen group's P off the CPU's reach (build, read, write, checkpoints)
   uint64_t opt_slot_offsets_[kNumStates + 1] = {};
   // The GPU update (gpu_update.cpp), set at build. The scratch is used by one
   // RunOptimizer at a time (the overlap thread's, or Step's after

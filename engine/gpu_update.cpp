@@ -176,13 +176,15 @@ void Engine::Impl::SetUpGpuUpdate() {
     f.used[static_cast<size_t>(s)] = StateUsed(*this, s);
   }
   const GpuUpdateChoice c = ChooseGpuUpdate(f);
+  if (!any_trainable()) return;  // every group frozen: the step updates nothing
   if (!c.gpu) {
     if (c.warn)
       WarnOnce("gpu-optimizer " + c.why, "step: W, M, V are on the GPU and updated on the CPU: " + c.why);
     return;
   }
   const bool p_on_device = home_[int(StateKind::kP)] == TierKind::kDevice;
-  const GpuScratchPlan plan = PlanGpuScratch(part_.largest_shard_numel(), gdtype_, dtype_, p_on_device);
+  // The groups the step updates (frozen ones never reach it).
+  const GpuScratchPlan plan = PlanGpuScratch(LargestTrainable(false), gdtype_, dtype_, p_on_device);
   uint64_t reserve = 0;  // a fetch's device copy of the largest group, when P lives elsewhere
   for (int g = 0; !p_on_device && g < part_.num_groups(); ++g)
     reserve = std::max(reserve, AlignUp(PBytes(g), kDeviceGrain));

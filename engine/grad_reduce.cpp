@@ -146,9 +146,8 @@ Status Engine::Impl::InitReduce() {
   packed_in_use_ = 0;
   comm_overlap_ = config_.zero.overlap_comm;
   if (device) {
-    uint64_t largest = 0;
-    for (int g = 0; g < part_.num_groups(); ++g) largest = std::max(largest, part_.group(g).padded);
-    const int count = comm_overlap_ ? 2 : 1;
+    const uint64_t largest = LargestTrainable(true);  // frozen groups take no gradients
+    const int count = largest == 0 ? 0 : comm_overlap_ ? 2 : 1;
     for (int i = 0; i < count; ++i) {
       auto a = device_->Allocate(largest * 4);
       if (!a.ok())

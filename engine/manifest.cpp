@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include "base/dtype.h"
 #include "kernels/cpu/compact.h"
 #include <set>
 
@@ -181,6 +182,10 @@ Status ReadGroups(const Json& j, const Reader& r, Manifest* m) {
       return r.Bad(where, "has an impossible layout: numel " + std::to_string(G.numel) + ", padded " +
                               std::to_string(G.padded) + ", shard_numel " + std::to_string(G.shard_numel) + " for " +
                               std::to_string(m->shard_world) + " shards");
+    if (e.contains("frozen")) {
+      if (!e["frozen"].is_boolean()) return r.Bad(where + ".frozen", "is not true or false: " + e["frozen"].dump());
+      G.frozen = e["frozen"].get<bool>();
+    }
     STRATA_ASSIGN_OR_RETURN(const Json* tj, r.Array(e, "tensors", where, G.numel));
     std::set<std::string> names;
     uint64_t end = 0;
@@ -219,13 +224,24 @@ Result<Block> ReadBlock(const Json& e, const Reader& r, const Manifest& m, const
   STRATA_ASSIGN_OR_RETURN(b.group, r.U64(e, "group", where, m.groups.size() - 1));
   STRATA_ASSIGN_OR_RETURN(std::string state, r.Str(e, "state", where));
   b.state = -1;
-  for (int s = 0; s < kNumSaved; ++s)
+  for (int s = 0; s < kNumBlockStates; ++s)
     if (state == SavedStateName(s)) b.state = s;
-  if (b.state < 0) return r.Bad(where + ".state", "'" + state + "' is not one of W, M, V");
+  if (b.state < 0) return r.Bad(where + ".state", "'" + state + "' is not one of W, M, V, P");
+  const Group& G = m.groups[b.group];
+  if ((b.state == kSavedP) != G.frozen)
+    return r.Bad(where + ".state", "'" + state + "' in group " + std::to_string(b.group) + ", which is " +
+                                       (G.frozen ? "frozen (it holds P alone)" : "not frozen (P is for frozen groups)"));
   STRATA_ASSIGN_OR_RETURN(b.offset, r.U64(e, "offset", where, UINT64_MAX));
   STRATA_ASSIGN_OR_RETURN(b.bytes, r.U64(e, "bytes", where, UINT64_MAX));
   STRATA_ASSIGN_OR_RETURN(b.xxh3, r.Hash(e, "xxh3", where));
-  const uint64_t want = SavedBlockBytes(m.state_format == "compact", b.state, m.groups[b.group].shard_numel);
+  uint64_t want = 0;
+  if (b.state == kSavedP) {  // the parameters, in the compute dtype
+    auto dt = ParseDType(m.compute_dtype);
+    if (!dt.ok()) return r.Bad("compute_dtype", "'" + m.compute_dtype + "' is not an element type (f32, bf16, f16)");
+    want = G.shard_numel * DTypeSize(*dt);
+  } else {
+    want = SavedBlockBytes(m.state_format == "compact", b.state, G.shard_numel);
+  }
   if (b.bytes != want)
     return r.Bad(where + ".bytes", "is " + std::to_string(b.bytes) + "; a shard of group " + std::to_string(b.group) +
                                        " in the " + m.state_format + " format is " + std::to_string(want));
@@ -288,11 +304,20 @@ Status ReadFiles(const Json& j, const Reader& r, Manifest* m) {
       have[b.group] |= 1u << b.state;
       f.blocks.push_back(b);
     }
-    if (k == 0) m->saved_states = have[0];
-    if (!(m->saved_states & 1u)) return r.Bad(where, "holds no W of group 0");
-    for (size_t g = 0; g < have.size(); ++g)
-      if (have[g] != m->saved_states)
-        return r.Bad(where, "holds other states of group " + std::to_string(g) + " than of group 0 (a block is missing)");
+    // The states of the first group that is not frozen are every such group's.
+    size_t first = 0;
+    while (first < have.size() && m->groups[first].frozen) ++first;
+    if (k == 0) m->saved_states = first < have.size() ? have[first] : 0;
+    if (first < have.size() && !(m->saved_states & 1u))
+      return r.Bad(where, "holds no W of group " + std::to_string(first));
+    for (size_t g = 0; g < have.size(); ++g) {
+      const uint32_t want = m->groups[g].frozen ? 1u << kSavedP : m->saved_states;
+      if (have[g] != want)
+        return r.Bad(where, "holds other states of group " + std::to_string(g) +
+                                (m->groups[g].frozen ? " than P (it is frozen)"
+                                                     : " than of group " + std::to_string(first)) +
+                                " (a block is missing)");
+    }
     STRATA_RETURN_IF_ERROR(CheckBlockPlaces(f, r, where));
     m->files.push_back(std::move(f));
   }
@@ -303,8 +328,8 @@ Status ReadFiles(const Json& j, const Reader& r, Manifest* m) {
 }  // namespace
 
 const char* SavedStateName(int s) {
-  static const char* const kNames[kNumSaved] = {"W", "M", "V"};
-  return s >= 0 && s < kNumSaved ? kNames[s] : "?";
+  static const char* const kNames[kNumBlockStates] = {"W", "M", "V", "P"};
+  return s >= 0 && s < kNumBlockStates ? kNames[s] : "?";
 }
 
 std::string Hex(uint64_t v) {

@@ -17,7 +17,12 @@ namespace strata::manifest {
 inline constexpr int kFormatVersion = 1;
 // The saved states, in the order the manifest names them ("W", "M", "V").
 inline constexpr int kNumSaved = 3;
-const char* SavedStateName(int s);  // "W", "M", "V"
+// A frozen group's block ("P"): its parameters in compute_dtype, shard_numel
+// elements, the only block such a group has. Block::state values run over
+// 0..kNumBlockStates-1.
+inline constexpr int kSavedP = 3;
+inline constexpr int kNumBlockStates = 4;
+const char* SavedStateName(int s);  // "W", "M", "V", "P"
 
 struct Tensor {
   std::string name;
@@ -38,11 +43,14 @@ inline constexpr size_t kMaxDims = 32;
 struct Group {
   uint64_t numel = 0, padded = 0, shard_numel = 0;
   std::vector<Tensor> tensors;
+  // "frozen": true (Engine::FreezeGroup): every file holds one "P" block of
+  // the group and nothing else; absent (every group of older manifests): false.
+  bool frozen = false;
 };
 
 struct Block {
   uint64_t group = 0;
-  int state = 0;  // 0 W, 1 M, 2 V
+  int state = 0;  // 0 W, 1 M, 2 V, 3 P (kSavedP: a frozen group's)
   uint64_t offset = 0, bytes = 0, xxh3 = 0;
 };
 
@@ -74,7 +82,7 @@ struct Manifest {
   std::string blob_file;
   uint64_t blob_bytes = 0, blob_xxh3 = 0;
   bool sealed = false;  // carried its own checksum, and it matched
-  uint32_t saved_states = 0;  // bit s: every file holds state s of every group
+  uint32_t saved_states = 0;  // bit s: every file holds state s of every group that is not frozen (0: all are)
 };
 
 // The manifest's text: `json` (a JSON object) with "manifest_xxh3", the XXH3
@@ -85,7 +93,9 @@ std::string Seal(const std::string& json_text);
 // checked that can be without the data files: its checksum (a manifest
 // without one was written before manifests carried it: accepted, `sealed`
 // false; one that does not match is CORRUPT), every field's type and range,
-// and that the layout is self-consistent (tensors tile their groups, a
+// and that the layout is self-consistent (frozen groups hold "P" blocks of
+// shard_numel elements of compute_dtype and nothing else, the others no
+// "P"; tensors tile their groups, a
 // tensor's shape has at most kMaxDims dims, each at least 1, whose product is its numel, shards
 // their padded groups, one file per shard (files[k] is shard k's after the
 // parse, in whatever order the manifest lists them), each file holds the
@@ -113,7 +123,7 @@ struct SavedArray {
   uint64_t offset = 0, unit = 0, per = 1;
 };
 int SavedArrays(bool compact, int s, uint64_t n, SavedArray out[2]);  // returns how many (1 or 2)
-uint64_t SavedBlockBytes(bool compact, int s, uint64_t n);  // padding included
+uint64_t SavedBlockBytes(bool compact, int s, uint64_t n);  // padding included (s: W, M, V)
 inline constexpr uint64_t kCompactBlockAlign = 4096;
 
 }  // namespace strata::manifest

@@ -37,6 +37,10 @@ bool StateUsed(const Engine::Impl& m, int s) {
   return s != int(StateKind::kV) || type == "adam" || type == "adamw";
 }
 
+bool StateUsedBy(const Engine::Impl& m, int s, int g) {
+  return StateUsed(m, s) && (s == int(StateKind::kP) || !m.frozen(g));
+}
+
 uint64_t StateBytes(const Engine::Impl& m, int s, int g) {
   if (s == int(StateKind::kP)) return m.PHomeNumel(g) * DTypeSize(m.dtype_);
   const uint64_t n = m.part_.group(g).shard_numel;
@@ -64,14 +68,16 @@ StagingSizes PlanStaging(const Engine::Impl& m, const std::function<uint64_t(uin
   StagingSizes z;
   const bool gpu = m.device_->on_gpu();
   const int ngroups = m.part_.num_groups();
-  // The step's slots: every state that the CPU cannot address in place.
+  // The step's slots: every state that the CPU cannot address in place, of
+  // the groups the step updates (frozen groups never pass through them).
   uint64_t off = 0;
   for (int s = 0; s < kNumStates; ++s) {
     z.opt_offsets[s] = off;
     if (!StagedInSlot(m, s, gpu)) continue;
-    uint64_t largest = 0;  // bytes of this state on this rank, largest group
-    for (int g = 0; g < ngroups; ++g) largest = std::max(largest, StateBytes(m, s, g));
-    off += AlignUp(padded(largest), 64 * kKiB);
+    uint64_t largest = 0;  // bytes of this state on this rank, largest group that trains
+    for (int g = 0; g < ngroups; ++g)
+      if (!m.frozen(g)) largest = std::max(largest, StateBytes(m, s, g));
+    if (largest > 0) off += AlignUp(padded(largest), 64 * kKiB);
   }
   z.opt_offsets[kNumStates] = off;
   if (off > 0) z.opt_slots = StepSlots(m.config_);
@@ -80,13 +86,20 @@ StagingSizes PlanStaging(const Engine::Impl& m, const std::function<uint64_t(uin
     z.param_slots = static_cast<int>(std::clamp<uint64_t>(m.config_.zero.offload_param.buffer_count, 1, 4));
     z.param_bytes = padded(shard * DTypeSize(m.dtype_));
   }
-  if (m.home_[int(StateKind::kG)] == TierKind::kNvme) z.grad_bytes = padded(shard * DTypeSize(m.gdtype_));
-  if (gpu) z.grad_bytes = std::max(z.grad_bytes, m.part_.largest_group_numel() * 4);
-  uint64_t largest_padded = 0;
-  for (int g = 0; g < ngroups; ++g) largest_padded = std::max(largest_padded, m.part_.group(g).padded);
+  // Gradients: only groups that train get them.
+  uint64_t trained_shard = 0, trained_numel = 0, largest_padded = 0;
+  for (int g = 0; g < ngroups; ++g) {
+    if (m.frozen(g)) continue;
+    trained_shard = std::max(trained_shard, m.part_.group(g).shard_numel);
+    trained_numel = std::max(trained_numel, m.part_.group(g).numel);
+    largest_padded = std::max(largest_padded, m.part_.group(g).padded);
+  }
+  if (m.home_[int(StateKind::kG)] == TierKind::kNvme && trained_shard)
+    z.grad_bytes = padded(trained_shard * DTypeSize(m.gdtype_));
+  if (gpu) z.grad_bytes = std::max(z.grad_bytes, trained_numel * 4);
   if (m.reduces()) z.grad_bytes = std::max(z.grad_bytes, AlignUp(largest_padded * 4, 4096));  // a whole group's fp32 grads
   if (z.grad_bytes) z.grad_slots = gpu || (m.multi() && m.home_[int(StateKind::kG)] == TierKind::kNvme) ? 2 : 1;
-  if (m.reduces() && !m.comm_->device_buffers()) {
+  if (z.grad_bytes && m.reduces() && !m.comm_->device_buffers()) {
     // Host buffers: the group being packed, the one being reduced on the
     // communication thread (overlap_comm), and G's staging when G is not
     // addressable in place — each in a slot of its own, or the thread and
@@ -94,6 +107,10 @@ StagingSizes PlanStaging(const Engine::Impl& m, const std::function<uint64_t(uin
     const bool g_staged = !BlockIo::DirectAt(m.home_[int(StateKind::kG)], gpu);
     z.grad_slots = 1 + (m.config_.zero.overlap_comm ? 1 : 0) + (g_staged ? 1 : 0);
   }
+  if (!BlockIo::DirectAt(m.home_[int(StateKind::kP)], gpu))
+    for (int g = 0; g < ngroups; ++g)
+      if (m.frozen(g)) z.frozen_bytes = std::max(z.frozen_bytes, padded(StateBytes(m, int(StateKind::kP), g)));
+  if (z.frozen_bytes) z.frozen_slots = 1;
   return z;
 }
 
@@ -102,13 +119,14 @@ Status CheckHostPlan(const Engine::Impl& m) {
   uint64_t homed = 0;
   for (int g = 0; g < m.part_.num_groups(); ++g)
     for (int s = 0; s < kNumStates; ++s)
-      if (StateUsed(m, s) && m.home_[s] == TierKind::kHost) homed += AlignUp(StateBytes(m, s, g), 4096);
+      if (StateUsedBy(m, s, g) && m.home_[s] == TierKind::kHost) homed += AlignUp(StateBytes(m, s, g), 4096);
   // Before the NVMe tier exists its padding is unknown; none is a lower bound.
   const StagingSizes z = PlanStaging(m, [](uint64_t bytes) { return bytes; });
   const uint64_t step = z.opt_slots * AlignUp(z.opt_offsets[kNumStates], 4096);
   const uint64_t param = z.param_slots * AlignUp(z.param_bytes, 4096);
   const uint64_t grad = z.grad_slots * AlignUp(z.grad_bytes, 4096);
-  const uint64_t need = homed + step + param + grad, budget = m.host_->budget();
+  const uint64_t frozen = z.frozen_slots * AlignUp(z.frozen_bytes, 4096);
+  const uint64_t need = homed + step + param + grad + frozen, budget = m.host_->budget();
   if (need <= budget) return Status::Ok();
   const std::string setting = m.config_.strata.host_budget ? "" : " (\"auto\": half of RAM)";
   return ConfigError("strata.host_budget: " + FormatBytes(budget) + setting + " is too small for this model; Build needs at least " +
@@ -116,7 +134,9 @@ Status CheckHostPlan(const Engine::Impl& m) {
                      std::to_string(z.opt_slots) + " step staging slots of " + FormatBytes(z.opt_offsets[kNumStates]) +
                      " (each holds the largest shard's states that live off the host; "
                      "zero_optimization.offload_optimizer.buffer_count, at least 3), " +
-                     FormatBytes(param) + " of parameter staging and " + FormatBytes(grad) + " of gradient staging");
+                     FormatBytes(param) + " of parameter staging" +
+                     (frozen ? ", " + FormatBytes(frozen) + " of staging for the frozen groups' parameters" : "") +
+                     " and " + FormatBytes(grad) + " of gradient staging");
 }
 
 // A NaN option used to slip through `v >= 0 ? v : config` as "from the

@@ -29,11 +29,17 @@ struct StagingSizes {
   uint64_t param_bytes = 0;
   int grad_slots = 0;
   uint64_t grad_bytes = 0;
+  // A frozen group's P off the CPU's reach (NVMe, a GPU): one buffer of the
+  // largest, for build, read_master, write_state and checkpoints.
+  int frozen_slots = 0;
+  uint64_t frozen_bytes = 0;
 };
 
 // Which states the optimizer keeps (V: Adam only), and the bytes of state s
 // of group g on this rank (P: whole group or this rank's shard; else a shard).
 bool StateUsed(const Engine::Impl& m, int s);
+// Whether group g has a block of state s: a frozen group keeps P alone.
+bool StateUsedBy(const Engine::Impl& m, int s, int g);
 uint64_t StateBytes(const Engine::Impl& m, int s, int g);
 // Whether state s has a region in the step's staging slots.
 bool StagedInSlot(const Engine::Impl& m, int s, bool gpu);
@@ -42,6 +48,9 @@ bool StagedInSlot(const Engine::Impl& m, int s, bool gpu);
 int StepSlots(const Config& c);
 
 // The pools' sizes; `padded` is the NVMe tier's padding of a block's bytes.
+// The step's slots, G's staging and the reduction's buffers are sized by
+// the groups that train; frozen groups count only in P's fetch staging and
+// their own buffer.
 StagingSizes PlanStaging(const Engine::Impl& m, const std::function<uint64_t(uint64_t)>& padded);
 
 // At Build's start, with homes chosen and nothing allocated: CONFIG naming

@@ -152,9 +152,10 @@ Status Engine::Impl::AllocateDeviceCopy(int g, std::unique_lock<std::mutex>& loc
   }
 }
 
-void Engine::Impl::DropDeviceCopies() {
+void Engine::Impl::DropDeviceCopies(bool keep_frozen) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& gs : groups_) DropCopy(gs.dev);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (!keep_frozen || !frozen(static_cast<int>(g))) DropCopy(groups_[g].dev);
 }
 
 void Engine::Impl::DropCopy(DeviceCopy& d) {

@@ -31,6 +31,7 @@ ShardBlocks::~ShardBlocks() {
 // Where each block is addressable: in place, or (staged) in one slot,
 // loaded first when `load`. A P homed on the host is used in place here.
 Status Engine::Impl::LocateShard(int g, bool load, ShardBlocks* sb) {
+  if (frozen(g)) return InternalError("the optimizer state of frozen group " + std::to_string(g) + " (it has none)");
   GroupState& gs = groups_[static_cast<size_t>(g)];
   const bool gpu = device_->on_gpu();
   for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
@@ -98,6 +99,10 @@ Status Engine::Impl::WriteShardF32(int g, const float* w, const float* m, const 
 
 int Engine::Impl::SavedPieces(int g, int s, void* const at[kNumStates], Piece out[2]) const {
   const uint64_t n = part_.group(g).shard_numel;
+  if (frozen(g)) {  // "P": this rank's slice of P, in the compute dtype
+    out[0] = {static_cast<const char*>(at[int(StateKind::kP)]) + PSliceOffset(g), FrozenSavedBytes(g)};
+    return 1;
+  }
   if (compact_ && s == int(StateKind::kW)) {
     out[0] = {static_cast<const char*>(at[int(StateKind::kP)]) + PSliceOffset(g), 2 * n};
     out[1] = {at[s], StateBytes(*this, s, g)};  // the corrections, then zeros to 4 KiB

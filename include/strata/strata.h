@@ -214,6 +214,42 @@ STRATA_API strata_status_t strata_engine_add_param_shaped(strata_engine_t* engin
 STRATA_API strata_status_t strata_engine_add_alias(strata_engine_t* engine, int group, const char* alias,
                                                    const char* of);
 
+/* Marks `group` frozen: parameters that forward and backward read but that
+ * never train (a LoRA fine-tune's base weights). A frozen group keeps its
+ * parameters P alone, in the compute dtype (strata_engine_compute_dtype),
+ * homed where zero_optimization.offload_param.device says, as every group's
+ * P is: it has no gradient accumulator, no fp32 master and no moments in
+ * any tier or staging buffer, and the budgets and build's checks count its
+ * P alone. Its values are the values given to add_param in the compute
+ * dtype: with bf16 (or fp16) an fp32 original is rounded to nearest even,
+ * with fp32 it is kept exactly.
+ *   - strata_engine_fetch and _release work on it as on any group (at
+ *     stage 3 its shards are gathered).
+ *   - strata_engine_grads on it is INVALID, naming it. strata_engine_step,
+ *     _grad_norm, clipping, overlap_step and the GPU update leave it out:
+ *     it stays bitwise unchanged, and the other groups step bitwise as if
+ *     it were not there.
+ *   - strata_engine_read_master gives its P widened to fp32 (exact);
+ *     strata_engine_write_state(STRATA_STATE_MASTER) sets its P (rounded to
+ *     the compute dtype): this is how a trainer's load_state_dict reaches
+ *     it. EXP_AVG and EXP_AVG_SQ are INVALID, naming it.
+ *   - Checkpoints save its P as it is (in the compute dtype) and load it
+ *     into an engine that freezes the same groups; a checkpoint whose
+ *     groups are frozen otherwise is INVALID naming the first that differs.
+ *     strata-export writes it as it writes every tensor.
+ * A group may be frozen before any of its tensors is added; freezing it
+ * again does nothing. With several ranks, every rank freezes the same
+ * groups (else build is INVALID naming the group).
+ * REQUIRES: before strata_engine_build. Errors: INVALID (group outside
+ * 0..1000000), STATE (after build; at build: a frozen group with no
+ * tensors). */
+STRATA_API strata_status_t strata_engine_freeze_group(strata_engine_t* engine, int group);
+
+/* *out = 1 when strata_engine_freeze_group marked `group`, else 0. Before
+ * build any group in 0..1000000 may be asked; after build, the engine's.
+ * Errors: INVALID. */
+STRATA_API strata_status_t strata_engine_group_frozen(strata_engine_t* engine, int group, int* out);
+
 /* Lays the groups out, allocates every block in its home tier, reserves swap
  * space and writes the initial state. Swap files are created in the swap
  * folders (zero_optimization.offload_*.nvme_path or strata.nvme_paths),
@@ -257,7 +293,8 @@ STRATA_API strata_status_t strata_engine_release(strata_engine_t* engine, int gr
  * with strata.grad_reduce "mean" (the default) the step then divides the sum
  * by world_size x grad_accumulation_steps, so each rank hands the gradient of
  * its own mean loss and the step sees the global batch's mean, as under torch
- * DDP; "sum" leaves the sum as it is. Errors: INVALID, STATE, IO, NOMEM, COMM. */
+ * DDP; "sum" leaves the sum as it is. A frozen group (strata_engine_freeze_group)
+ * takes none: INVALID naming it. Errors: INVALID, STATE, IO, NOMEM, COMM. */
 STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const void* grads,
                                                strata_dtype_t dtype, void* cuda_stream);
 
@@ -303,7 +340,8 @@ STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
  * and writes the new parameters to their home tier. `options` may be NULL
  * (all from the config); `result` may be NULL. A group that got no
  * gradients this step is updated as with zero gradients (its moments decay
- * and weight decay applies), as DeepSpeed's flat optimizer does. Non-finite
+ * and weight decay applies), as DeepSpeed's flat optimizer does; a frozen
+ * group (strata_engine_freeze_group) is not updated at all. Non-finite
  * gradients follow strata.nonfinite (default "skip": nothing is updated and
  * result->skipped is set).
  *
@@ -336,12 +374,14 @@ STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const str
 STRATA_API strata_status_t strata_engine_grad_norm(strata_engine_t* engine, double* norm);
 
 /* Copies the group's fp32 master weights, without padding, into `out`
- * (strata_engine_group_numel floats, caller-owned host memory).
+ * (strata_engine_group_numel floats, caller-owned host memory); a frozen
+ * group's parameters, widened from the compute dtype.
  * REQUIRES: after build. Errors: INVALID, STATE, IO, CORRUPT. */
 STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, int group, float* out);
 
 /* Checkpoints. Save writes this rank's master weights and moments (from
- * whatever tier they live in), the step count, the loss scaler and the
+ * whatever tier they live in; a frozen group's parameters, in the compute
+ * dtype), the step count, the loss scaler and the
  * caller's opaque `blob` (its data position, RNG, scheduler: `blob_bytes`
  * bytes, may be 0) to DIR/TAG, then points DIR/latest at it. DIR is
  * created if missing. An existing TAG is never overwritten: saving to it is
@@ -376,7 +416,8 @@ STRATA_API strata_status_t strata_engine_loss_scale(strata_engine_t* engine, dou
  * the shards across ranks (every rank calls it). Write takes the whole
  * group's values (every rank passes the same) and, for the master weights,
  * refreshes the parameters; it works between steps. EXP_AVG_SQ exists for
- * Adam and AdamW only. The step count drives bias correction.
+ * Adam and AdamW only. A frozen group has MASTER alone (its parameters: see
+ * strata_engine_freeze_group). The step count drives bias correction.
  * Errors: INVALID, STATE, IO, CORRUPT, COMM. */
 typedef enum strata_state {
   STRATA_STATE_MASTER = 0,    /* fp32 master weights */

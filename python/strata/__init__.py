@@ -121,6 +121,8 @@ def _load():
         "strata_engine_add_param_shaped": ([P, I, ctypes.c_char_p, I, ctypes.POINTER(ctypes.c_int64), P,
                                             ctypes.POINTER(U64)], S),
         "strata_engine_build": ([P], S),
+        "strata_engine_freeze_group": ([P, I], S),
+        "strata_engine_group_frozen": ([P, I, ctypes.POINTER(I)], S),
         "strata_engine_add_alias": ([P, I, ctypes.c_char_p, ctypes.c_char_p], S),
         "strata_engine_fetch": ([P, I, P, ctypes.POINTER(P)], S),
         "strata_engine_release": ([P, I, P], S),
@@ -316,6 +318,24 @@ class Engine:
         """Names tensor `of` of `group` also `alias` (a tied weight):
         checkpoints record it and strata-export writes both names."""
         _check(self._lib.strata_engine_add_alias(self.handle, group, alias.encode(), of.encode()))
+
+    def freeze_group(self, group):
+        """Marks `group` frozen, before build(): parameters that forward and
+        backward read but that never train (a LoRA fine-tune's base weights).
+        The group keeps its parameters alone, in the compute dtype (an fp32
+        init is rounded to bf16 under bf16), homed where offload_param says:
+        no gradients, master or moments anywhere. fetch()/release() work as
+        for any group; grads() on it raises INVALID; step() leaves it bitwise
+        unchanged; read_master()/read_state("master") give its parameters as
+        fp32 and write_state(group, "master", values) sets them; "exp_avg" and
+        "exp_avg_sq" raise INVALID; checkpoints save and load it."""
+        _check(self._lib.strata_engine_freeze_group(self.handle, int(group)))
+
+    def group_frozen(self, group):
+        """Whether freeze_group() marked `group`."""
+        out = ctypes.c_int()
+        _check(self._lib.strata_engine_group_frozen(self.handle, int(group), ctypes.byref(out)))
+        return bool(out.value)
 
     def build(self):
         _check(self._lib.strata_engine_build(self.handle))

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/dtype.h"
 #include "engine/manifest.h"
 
 using namespace strata;
@@ -29,9 +30,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const manifest::File& f = m->files[k];
     Require(f.rank == static_cast<int>(k));
     for (const manifest::Block& b : f.blocks) {
-      Require(b.group < m->groups.size() && b.state >= 0 && b.state < manifest::kNumSaved);
+      Require(b.group < m->groups.size() && b.state >= 0 && b.state < manifest::kNumBlockStates);
+      Require((b.state == manifest::kSavedP) == m->groups[b.group].frozen);  // P: a frozen group's only block
       Require(b.offset <= f.bytes && b.bytes <= f.bytes - b.offset);
-      Require(b.bytes == m->groups[b.group].shard_numel * 4);
+      const uint64_t n = m->groups[b.group].shard_numel;
+      if (b.state == manifest::kSavedP) {
+        auto dt = ParseDType(m->compute_dtype);
+        Require(dt.ok() && b.bytes == n * DTypeSize(*dt));
+      } else {
+        Require(b.bytes == manifest::SavedBlockBytes(m->state_format == "compact", b.state, n));
+      }
     }
   }
   for (const manifest::Group& g : m->groups)

@@ -46,7 +46,7 @@ Result<std::string> ResolveFolder(const std::string& path) {
 
 // The plan from a parsed manifest (engine/manifest checked its checksum and
 // layout: tensors tile their groups, one file per shard in rank order, each
-// holding a W block of every group within its bytes).
+// holding a W block of every group (a P block of a frozen one) within its bytes).
 Status Fill(const manifest::Manifest& m, CheckpointPlan& plan) {
   STRATA_RETURN_IF_ERROR(manifest::CheckFiles(m, plan.folder));
   plan.world_size = m.world_size;
@@ -54,6 +54,11 @@ Status Fill(const manifest::Manifest& m, CheckpointPlan& plan) {
   plan.step = m.step;
   plan.tag = m.tag;
   plan.compact = m.state_format == "compact";
+  for (const manifest::Group& mg : m.groups)
+    if (mg.frozen) {  // the manifest's parse checked that it names an element type
+      STRATA_ASSIGN_OR_RETURN(plan.p_dtype, ParseDType(m.compute_dtype));
+      break;
+    }
   std::set<std::string> names;
   for (const manifest::Group& mg : m.groups) {
     GroupRef g;
@@ -73,11 +78,12 @@ Status Fill(const manifest::Manifest& m, CheckpointPlan& plan) {
           {t.name, t.offset, t.numel, t.shaped ? t.shape : std::vector<uint64_t>{t.numel}, t.aliases});
     }
     g.shards.resize(static_cast<size_t>(m.shard_world));
+    g.frozen = mg.frozen;
     plan.groups.push_back(std::move(g));
   }
   for (const manifest::File& f : m.files)
     for (const manifest::Block& b : f.blocks)
-      if (b.state == 0)  // W
+      if (b.state == 0 || b.state == manifest::kSavedP)  // W (a frozen group: P)
         plan.groups[b.group].shards[static_cast<size_t>(f.rank)] =
             ShardRef{plan.folder + "/" + f.name, b.offset, b.bytes, manifest::Hex(b.xxh3)};
   return Status::Ok();

@@ -1,6 +1,7 @@
-// strata-export's copy loop: for each group, each rank's W shard in rank
-// order, read in chunks, hashed, and the chunk's real elements written (as
-// f32 or bf16) where their tensor lies in the safetensors data section.
+// strata-export's copy loop: for each group, each rank's W shard (a frozen
+// group's P shard) in rank order, read in chunks, hashed, and the chunk's
+// real elements written (as f32 or bf16) where their tensor lies in the
+// safetensors data section.
 #include "tools/export/export.h"
 
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "base/sizes.h"
+#include "kernels/cpu/cast.h"
 #include "kernels/cpu/compact.h"
 #include "tools/export/safetensors.h"
 
@@ -150,7 +152,8 @@ Status ReadHashed(const GroupRef& g, size_t gi, uint64_t r, Files& files, Buffer
   const uint64_t h = XXH3_64bits_digest(hs);
   XXH3_freeState(hs);
   if (st.ok() && Hex(h) != s.xxh3)
-    st = CorruptError("checksum mismatch in " + s.path + ": the W block of group " + std::to_string(gi) + " at offset " +
+    st = CorruptError("checksum mismatch in " + s.path + ": the " + (g.frozen ? "P" : "W") + " block of group " +
+                      std::to_string(gi) + " at offset " +
                       std::to_string(s.offset) + " (" + std::to_string(s.bytes) + " bytes)");
   return st;
 }
@@ -161,6 +164,23 @@ Status CopyShard(const GroupRef& g, size_t gi, uint64_t r, const std::vector<Saf
   return ReadHashed(g, gi, r, files, bufs, [&](uint64_t done, uint64_t n) {
     const uint64_t a = r * g.shard_numel + done / 4;
     return WriteChunk(g, entries, first_entry, data_base, a, a + n / 4, bufs.read.get(), files, bufs);
+  });
+}
+
+// A frozen group's P shard (its parameters in the compute dtype `dt`): read
+// chunk by chunk, hashed, widened to f32 (exact), its real elements written.
+Status CopyFrozenShard(const GroupRef& g, size_t gi, uint64_t r, DType dt, const std::vector<SafetensorsEntry>& entries,
+                       size_t first_entry, uint64_t data_base, Files& files, Buffers& bufs) {
+  const uint64_t es = DTypeSize(dt);
+  std::vector<float> wide(dt == DType::kF32 ? 0 : bufs.bytes / es);
+  return ReadHashed(g, gi, r, files, bufs, [&](uint64_t done, uint64_t n) -> Status {
+    const uint64_t a = r * g.shard_numel + done / es, count = n / es;
+    const float* src = bufs.read.get();
+    if (dt != DType::kF32) {
+      STRATA_RETURN_IF_ERROR(kernels::Cast(dt, bufs.read.get(), DType::kF32, wide.data(), count));
+      src = wide.data();
+    }
+    return WriteChunk(g, entries, first_entry, data_base, a, a + count, src, files, bufs);
   });
 }
 
@@ -228,7 +248,7 @@ Result<ExportSummary> ExportSafetensors(const CheckpointPlan& plan, const std::s
   void* p = nullptr;
   if (posix_memalign(&p, 4096, bufs.bytes) != 0) return NoMemError("strata-export: no memory for a read buffer");
   bufs.read.reset(static_cast<float*>(p));
-  if (options.dtype == DType::kBF16) bufs.bf16.resize(bufs.bytes / 4);
+  if (options.dtype == DType::kBF16) bufs.bf16.resize(bufs.bytes / 2);  // a chunk of 16-bit P: bytes / 2 elements
 
   Files files(out_path + ".partial");
   STRATA_RETURN_IF_ERROR(files.OpenOut());
@@ -242,8 +262,12 @@ Result<ExportSummary> ExportSafetensors(const CheckpointPlan& plan, const std::s
   STRATA_RETURN_IF_ERROR(PwriteFull(files.out(), files.tmp(), prefix.data(), prefix.size(), 0));
   for (size_t g = 0; g < plan.groups.size(); ++g)
     for (uint64_t r = 0; r < plan.groups[g].shards.size(); ++r) {
-      STRATA_RETURN_IF_ERROR((plan.compact ? CopyCompactShard : CopyShard)(plan.groups[g], g, r, entries, first_entry[g],
-                                                                           prefix.size(), files, bufs));
+      if (plan.groups[g].frozen)
+        STRATA_RETURN_IF_ERROR(CopyFrozenShard(plan.groups[g], g, r, plan.p_dtype, entries, first_entry[g],
+                                               prefix.size(), files, bufs));
+      else
+        STRATA_RETURN_IF_ERROR((plan.compact ? CopyCompactShard : CopyShard)(plan.groups[g], g, r, entries,
+                                                                             first_entry[g], prefix.size(), files, bufs));
       sum.read_bytes += plan.groups[g].shards[r].bytes;
     }
   for (const auto& [a, t] : alias_of) {  // copied from the file as written, a buffer at a time
