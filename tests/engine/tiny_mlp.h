@@ -125,6 +125,7 @@ struct TinyMlp {
         }
       for (auto& v : g) v *= static_cast<float>(loss_scale);
       dh.swap(dprev);
+      if (e.group_frozen(l)) continue;  // a frozen layer (FreezeGroup) takes no gradients
       if (Status st = e.Grads(l, g.data(), DType::kF32); !st.ok()) return st;
     }
     return loss;

@@ -15,7 +15,10 @@ ranks; 4 ranks run 6 steps, compared among themselves), and
 overlap_comm never changes the bits (at stage 3 it also gathers the next
 group ahead, and does: the count is checked); a rank that dies mid-backward fails the
 others, naming the collective, through the communication thread.
-Usage: zero_test.py STRATA_LAUNCH ZERO_WORKER [buckets]"""
+With `frozen`, a frozen group (FreezeGroup) over 1, 2 and 3 ranks at every
+stage: never stepped, the rest as at 1 rank, checkpoints resharded, and
+ranks that freeze differently refused at build.
+Usage: zero_test.py STRATA_LAUNCH ZERO_WORKER [buckets|frozen]"""
 import os
 import socket
 import subprocess
@@ -123,6 +126,48 @@ if sys.argv[3:] == ["buckets"]:
           f"exit {procs[0].returncode}: {err.strip()[-300:]}")
     check("overlap_comm: the survivor stops within the timeout", time.time() - start < 4 + 30)
     finish()
+if sys.argv[3:] == ["frozen"]:
+    # Layer 1 frozen (FreezeGroup): its parameters are never stepped (they
+    # equal the initial values bitwise after the steps, at every stage and
+    # rank count); the other groups match the 1-rank run with it frozen;
+    # checkpoints with it reshard exactly; ranks that freeze differently are
+    # refused at build, naming the group.
+    fz = ("frozen", "1")
+    lo, hi = 600, 1200  # layer 1 of TinyMlp(3, 24): 24 * 24 + 24 elements after layer 0's
+    init = run(1, 0, "device", "finit", fz + ("steps", "0"))
+    fref = run(1, 0, "device", "fref", fz)
+    if init is None or fref is None:
+        finish()
+    fscale = np.abs(fref).max()
+    check("1 rank: the frozen layer is unchanged bitwise, the others trained",
+          np.array_equal(fref[lo:hi], init[lo:hi]) and not np.array_equal(fref[:lo], init[:lo]))
+    for world in (2, 3):
+        for stage in (0, 1, 2, 3):
+            for place in ("device", "nvme") if world == 2 or stage == 3 else ("device",):
+                w = run(world, stage, place, f"fz{world}s{stage}{place}", fz)
+                if w is None:
+                    continue
+                err = np.abs(w - fref).max() / fscale
+                check(f"frozen, world {world} stage {stage} on {place}: frozen layer unchanged bitwise, the rest "
+                      f"matches 1 rank", np.array_equal(w[lo:hi], init[lo:hi]) and err <= 1e-6,
+                      f"max rel diff {err:.2e}")
+    # Saved at n ranks, loaded at m (stage 3: P sharded; stage 1: every rank
+    # holds all of it and saves its slice), then trained on: the same weights.
+    for n, m, stage in ((2, 3, 3), (3, 2, 3), (2, 3, 1), (2, 1, 3)):
+        ck = os.path.join(work, f"fck{n}{m}{stage}")
+        saved = run(n, stage, "nvme", f"fsave{n}{m}{stage}", fz + ("steps", "4", "save", ck))
+        loaded = run(m, stage, "nvme", f"fload{n}{m}{stage}", fz + ("steps", "0", "load", ck))
+        if saved is None or loaded is None:
+            continue
+        check(f"frozen, stage {stage}: saved at {n} ranks, loaded at {m}: weights identical",
+              np.array_equal(saved, loaded) and np.array_equal(loaded[lo:hi], init[lo:hi]))
+    p = run(2, 3, "device", "fmismatch", ("frozen", "1", "frozen-on-rank", "1"), expect_fail=True)
+    err = p.stdout + p.stderr
+    check("ranks freezing different groups: every rank fails at build, naming the group",
+          p.returncode != 0 and "group 1 is frozen on rank 1 but not frozen on rank 0" in err
+          and "failed on rank 1" in err, f"exit {p.returncode}: {err.strip()[-400:]}")
+    finish()
+
 results = {}
 for world in (1, 2, 4):
     for stage in (0, 1, 2, 3):

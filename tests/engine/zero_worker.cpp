@@ -4,6 +4,7 @@
 //   zero_worker STAGE device|host|nvme SWAP OUT [kill-rank-1-at-step K] [timeout S]
 //               [steps N] [save DIR] [load DIR] [tag-by-rank 1]
 //               [bucket N] [overlap 0|1]   (reduce_bucket_size, overlap_comm)
+//               [frozen G] [frozen-on-rank R]   (FreezeGroup(G), on every rank or on rank R only)
 // Rank 0 writes the gathered master weights (fp32) to OUT. With `load`, the
 // run resumes from DIR's latest checkpoint (saved by any number of ranks);
 // with `save`, it saves to DIR after its steps (tag "t", or "t<rank>" with
@@ -30,7 +31,7 @@ static int Die(const Status& s) {
 int main(int argc, char** argv) {
   if (argc < 5) return 2;
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
-  int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1;
+  int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1, frozen = -1, frozen_on = -1;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
   bool tag_by_rank = false, compact = false, bf16 = false;
   std::string timeout = "60", save_dir, load_dir, buckets;
@@ -46,6 +47,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "diverge-rank-1-at-step")) diverge_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "diverge")) diverge = argv[i + 1];
     if (!std::strcmp(argv[i], "compact")) compact = true;
+    if (!std::strcmp(argv[i], "frozen")) frozen = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "frozen-on-rank")) frozen_on = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "bf16")) bf16 = true;
     if (!std::strcmp(argv[i], "bucket")) buckets += R"(, "reduce_bucket_size": )" + std::string(argv[i + 1]);
     if (!std::strcmp(argv[i], "overlap"))
@@ -89,6 +92,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 53; ++i) extra[static_cast<size_t>(i)] = 0.01f * static_cast<float>(i % 7);
   auto off = eng.AddParam(model.layers, "uneven", 53, extra.data());
   if (!off.ok()) return Die(off.status());
+  if (frozen >= 0 && (frozen_on < 0 || frozen_on == info->rank))
+    if (Status st = eng.FreezeGroup(frozen); !st.ok()) return Die(st);
   if (Status st = eng.Build(); !st.ok()) return Die(st);
   int first = 0;
   if (!load_dir.empty()) {

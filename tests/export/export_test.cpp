@@ -2,7 +2,9 @@
 // back by hand with numpy (check_safetensors.py) equals the engine's gathered
 // master weights; a 3-rank checkpoint of the same weights (written here in
 // the manifest's general form) exports the same; a corrupt or truncated data
-// file is refused with a message naming it, and no output is left behind.
+// file is refused with a message naming it, and no output is left behind. A
+// frozen group (freeze_group: its parameters saved alone, in bf16) exports
+// as its read_master gives it.
 // Usage: export_test STRATA_EXPORT CHECK_SAFETENSORS_PY (exit 77 without numpy)
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -75,7 +77,8 @@ std::vector<float> Init(const Tensor& t, std::mt19937_64& rng) {
 }
 
 // Trains two steps, saves DIR/step2, reads the master weights back.
-void MakeCheckpoint(Saved& s, const std::string& format) {
+// `frozen`: group 1 is frozen (it takes no gradients).
+void MakeCheckpoint(Saved& s, const std::string& format, bool frozen = false) {
   auto cfg = ParseConfig(Config(s.swap.path(), format));
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   EngineOptions opt;
@@ -85,6 +88,9 @@ void MakeCheckpoint(Saved& s, const std::string& format) {
   Engine& eng = **e;
   std::mt19937_64 rng(7);
   for (const Tensor& t : kTensors) ASSERT_TRUE(eng.AddParam(t.group, t.name, t.numel, Init(t, rng).data()).ok());
+  if (frozen) {
+    ASSERT_TRUE(eng.FreezeGroup(1).ok());
+  }
   ASSERT_TRUE(eng.Build().ok());
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int step = 0; step < 2; ++step) {
@@ -92,6 +98,7 @@ void MakeCheckpoint(Saved& s, const std::string& format) {
       std::vector<float> grads(eng.group_numel(g));
       for (auto& x : grads) x = nd(rng);
       if (g == 2) std::fill(grads.begin() + 5000, grads.end(), 0.0f);  // edge.values
+      if (frozen && g == 1) continue;
       ASSERT_TRUE(eng.Grads(g, grads.data(), DType::kF32).ok());
     }
     auto r = eng.Step({});
@@ -125,14 +132,15 @@ void WriteReference(Saved& s) {
   s.ref_bin = s.dir.path() + "/ref.bin";
 }
 
-std::unique_ptr<Saved> g_saved, g_saved_compact;  // made by the first test that needs one
+std::unique_ptr<Saved> g_saved, g_saved_compact, g_saved_frozen[2];  // made by the first test that needs one
 
-// strata.state_format "fp32" (the default) or "compact".
-Saved& Checkpoint(const std::string& format = "fp32") {
-  std::unique_ptr<Saved>& saved = format == "compact" ? g_saved_compact : g_saved;
+// strata.state_format "fp32" (the default) or "compact"; `frozen`: group 1 frozen.
+Saved& Checkpoint(const std::string& format = "fp32", bool frozen = false) {
+  std::unique_ptr<Saved>& saved =
+      frozen ? g_saved_frozen[format == "compact"] : format == "compact" ? g_saved_compact : g_saved;
   if (!saved) {
     saved = std::make_unique<Saved>();
-    MakeCheckpoint(*saved, format);
+    MakeCheckpoint(*saved, format, frozen);
     WriteReference(*saved);
   }
   return *saved;
@@ -227,13 +235,14 @@ void WriteRankCheckpoint(const Saved& s, const std::string& folder, int world, i
   std::ofstream(folder + "/manifest.json") << manifest::Seal(m.dump());
 }
 
-// Flips one byte `at` bytes into the W block of `group` in `file` of `folder`.
-void FlipInWBlock(const std::string& folder, const std::string& file, int group, uint64_t at) {
+// Flips one byte `at` bytes into the `state` block of `group` in `file` of `folder`.
+void FlipInWBlock(const std::string& folder, const std::string& file, int group, uint64_t at,
+                  const std::string& state = "W") {
   const Json m = Json::parse(std::ifstream(folder + "/manifest.json"));
   for (const Json& fj : m["files"])
     if (fj["name"] == file)
       for (const Json& b : fj["blocks"])
-        if (b["group"] == group && b["state"] == "W") {
+        if (b["group"] == group && b["state"] == state) {
           std::fstream f(folder + "/" + file, std::ios::in | std::ios::out | std::ios::binary);
           f.seekg(static_cast<std::streamoff>(b["offset"].get<uint64_t>() + at));
           char c = 0;
@@ -243,7 +252,7 @@ void FlipInWBlock(const std::string& folder, const std::string& file, int group,
           f.write(&c, 1);
           return;
         }
-  FAIL() << "no W block of group " << group << " in " << file;
+  FAIL() << "no " << state << " block of group " << group << " in " << file;
 }
 
 void ExpectRefused(const std::string& ckpt, const Saved& s, const std::string& file, const std::string& why) {
@@ -308,6 +317,24 @@ TEST(Export, CompactCheckpointEqualsGatheredMaster) {
   fs::copy(s.dir.path() + "/step2", folder, fs::copy_options::recursive);
   FlipInWBlock(folder, "rank00000.bin", 1, 2 * 4099 + 1);  // a bf16 half inside blocks.0.ln_1.weight
   ExpectRefused(folder, s, folder + "/rank00000.bin", "checksum mismatch");
+}
+
+// A frozen group's P block (bf16, the compute dtype) is exported widened,
+// as read_master gives it, beside the masters of the others; in both state
+// formats. A flipped bit in it is refused.
+TEST(Export, FrozenGroupExportsItsParameters) {
+  for (const char* format : {"fp32", "compact"}) {
+    Saved& s = Checkpoint(format, /*frozen=*/true);
+    const Json m = Json::parse(std::ifstream(s.dir.path() + "/step2/manifest.json"));
+    ASSERT_EQ(m["groups"][1].value("frozen", false), true) << format;
+    ExpectExportsEqual(s.dir.path(), s);
+    for (float x : s.master[1]) ASSERT_EQ(x, BF16ToF32(F32ToBF16(x))) << "the frozen group holds bf16 values";
+    const std::string folder = s.dir.path() + "/corrupt";
+    fs::copy(s.dir.path() + "/step2", folder, fs::copy_options::recursive);
+    FlipInWBlock(folder, "rank00000.bin", 1, 2 * 4099 + 1, "P");  // inside blocks.0.ln_1.weight
+    ExpectRefused(folder, s, folder + "/rank00000.bin", "checksum mismatch");
+    fs::remove_all(folder);
+  }
 }
 
 TEST(Export, RefusesCorruptBlock) {
