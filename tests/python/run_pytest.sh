@@ -12,7 +12,8 @@
 #                           STRATA_NO_VENV=1: skipped (77) saying why. Its bin/ goes
 #                           first on PATH (torchrun) and STRATA_REQUIRE_HF=1 is set:
 #                           there the transformers/peft/accelerate/torchvision
-#                           tests fail rather than skip. Not torch 2: a failure.
+#                           tests fail rather than skip; OMP_WAIT_POLICY defaults
+#                           to PASSIVE. Not torch 2: a failure.
 here=$(cd "$(dirname "$0")" && pwd)
 if [ "${STRATA_TEST_VENV:-}" = torch2 ]; then
   if [ "${STRATA_NO_VENV:-}" = 1 ]; then
@@ -26,7 +27,12 @@ if [ "${STRATA_TEST_VENV:-}" = torch2 ]; then
   fi
   PATH=$(dirname "$py"):$PATH
   STRATA_REQUIRE_HF=1
-  export PATH STRATA_REQUIRE_HF
+  # PyPI's torch 2 (libgomp) spins its OpenMP threads between ops; beside the
+  # engine's threads and the other ctest jobs on few cores that made the suite
+  # several times slower (resnet18 test: 15 s spinning, 4 s passive, 2.4 s on
+  # Debian's 1.13). The wait policy changes no result.
+  OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+  export PATH STRATA_REQUIRE_HF OMP_WAIT_POLICY
   v=$("$py" -c 'import torch, pytest; print(torch.__version__)') ||
     { echo "the torch-2 venv's $py cannot import torch and pytest: a broken venv (remove it; tools/make-venv.sh remakes it)"; exit 1; }
   case "$v" in
