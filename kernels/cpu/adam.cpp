@@ -21,10 +21,11 @@ Status AdamStepOn(CpuIsa isa, const AdamOptions& opt, size_t n, float* param, fl
   const AdamStepScalars s = MakeAdamStepScalars(opt);
   const CopyOut copy = internal::CopyOutFor(param_copy, opt.param_copy_dtype);
   const bool l2 = opt.mode == AdamMode::kAdam && opt.weight_decay != 0;
-  AdamRangeFn fn = internal::SelectAdamScalar(opt.grad_dtype, copy, l2);
-  if (isa == CpuIsa::kAvx2) fn = internal::SelectAdamAvx2(opt.grad_dtype, copy, l2);
+  const bool lerp = opt.moment_update == MomentUpdate::kLerp;
+  AdamRangeFn fn = internal::SelectAdamScalar(opt.grad_dtype, copy, l2, lerp);
+  if (isa == CpuIsa::kAvx2) fn = internal::SelectAdamAvx2(opt.grad_dtype, copy, l2, lerp);
   if (isa == CpuIsa::kAvx512)
-    fn = internal::SelectAdamAvx512(opt.grad_dtype, copy, l2, DetectCpuFeatures().avx512_bf16);
+    fn = internal::SelectAdamAvx512(opt.grad_dtype, copy, l2, lerp, DetectCpuFeatures().avx512_bf16);
   const AdamArrays a{param, exp_avg, exp_avg_sq, grad, param_copy};
   ParallelForTiles(n, kElementTile, [&](size_t begin, size_t end) { fn(s, a, begin, end); });
   return Status::Ok();

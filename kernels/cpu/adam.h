@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -20,6 +21,19 @@ enum class AdamMode : uint8_t {
   kAdamW = 0,  // decoupled weight decay: p *= 1 - lr*wd (torch.optim.AdamW)
   kAdam = 1,   // L2 penalty in the gradient: g += wd*p (torch.optim.Adam)
 };
+
+// How the first moment takes the gradient in; w = float(1 - beta1). Both are
+// torch's arithmetic to the last bit, of different versions:
+//   kMulAdd: m = fma(w, g, m*beta1)       exp_avg.mul_(beta1).add_(grad, alpha=1-beta1), torch 1.x
+//   kLerp:   m = fma(w, g - m, m)         exp_avg.lerp_(grad, 1-beta1), torch >= 2.0
+//                (|w| < 0.5; else m = fma(w - 1, g - m, g), lerp's other branch)
+enum class MomentUpdate : uint8_t {
+  kMulAdd = 0,
+  kLerp = 1,
+};
+// "mul_add", "lerp"; and back (kInvalid naming the allowed names).
+const char* MomentUpdateName(MomentUpdate u);
+Result<MomentUpdate> ParseMomentUpdate(std::string_view name);
 
 // Hyperparameters may change every step. Doubles, like torch's Python floats;
 // per-step scalars are derived once in double and rounded once to float.
@@ -34,6 +48,7 @@ struct AdamOptions {
   double grad_scale = 1.0;              // multiplies the gradient first: clip / loss_scale
   DType grad_dtype = DType::kF32;       // element type of `grad`
   DType param_copy_dtype = DType::kBF16;  // element type of `param_copy` (bf16 or f16)
+  MomentUpdate moment_update = MomentUpdate::kMulAdd;
 };
 
 // One optimizer step over n elements, in place, on the active path

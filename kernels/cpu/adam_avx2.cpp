@@ -10,7 +10,7 @@
 namespace strata::kernels::internal {
 namespace {
 
-template <DType G, CopyOut C, bool kL2>
+template <DType G, CopyOut C, bool kL2, bool kLerp>
 struct AdamAvx2 {
   static void Block(const AdamConstsx8& k, const AdamArrays& a, size_t i) {
     StoreCopyx8<C>(a.param_copy, i, Update(k, a, i));
@@ -22,8 +22,7 @@ struct AdamAvx2 {
     __m256 p = _mm256_loadu_ps(a.param + i);
     if constexpr (kL2) g = _mm256_fmadd_ps(p, k.l2, g);
     p = _mm256_mul_ps(p, k.decay);
-    const __m256 m = _mm256_fmadd_ps(k.one_minus_beta1, g,
-                                     _mm256_mul_ps(_mm256_loadu_ps(a.exp_avg + i), k.beta1));
+    const __m256 m = FirstMoment<kLerp>(k, _mm256_loadu_ps(a.exp_avg + i), g);
     const __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(k.one_minus_beta2, g), g,
                                      _mm256_mul_ps(_mm256_loadu_ps(a.exp_avg_sq + i), k.beta2));
     const __m256 denom = _mm256_add_ps(DivideBySqrtBc2(k, _mm256_sqrt_ps(v)), k.eps);
@@ -59,8 +58,8 @@ struct AdamAvx2 {
 
 }  // namespace
 
-AdamRangeFn SelectAdamAvx2(DType grad, CopyOut copy, bool l2) {
-  return PickVariant<AdamAvx2>(grad, copy, l2);
+AdamRangeFn SelectAdamAvx2(DType grad, CopyOut copy, bool l2, bool lerp) {
+  return PickVariant<AdamAvx2>(grad, copy, l2, lerp);
 }
 
 }  // namespace strata::kernels::internal

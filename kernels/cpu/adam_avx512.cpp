@@ -10,15 +10,14 @@
 namespace strata::kernels::internal {
 namespace {
 
-template <DType G, CopyOut C, bool kL2, bool kBf16Insn>
+template <DType G, CopyOut C, bool kL2, bool kLerp, bool kBf16Insn>
 struct AdamAvx512 {
   static void Block(const AdamConstsx16& k, const AdamArrays& a, size_t i) {
     __m512 g = _mm512_mul_ps(LoadAsF32x16<G>(a.grad, i), k.grad_scale);
     __m512 p = _mm512_loadu_ps(a.param + i);
     if constexpr (kL2) g = _mm512_fmadd_ps(p, k.l2, g);
     p = _mm512_mul_ps(p, k.decay);
-    const __m512 m = _mm512_fmadd_ps(k.one_minus_beta1, g,
-                                     _mm512_mul_ps(_mm512_loadu_ps(a.exp_avg + i), k.beta1));
+    const __m512 m = FirstMoment<kLerp>(k, _mm512_loadu_ps(a.exp_avg + i), g);
     const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(k.one_minus_beta2, g), g,
                                      _mm512_mul_ps(_mm512_loadu_ps(a.exp_avg_sq + i), k.beta2));
     const __m512 denom = _mm512_add_ps(DivideBySqrtBc2(k, _mm512_sqrt_ps(v)), k.eps);
@@ -47,16 +46,16 @@ struct AdamAvx512 {
   }
 };
 
-template <DType G, CopyOut C, bool kL2>
-using AdamAvx512Int = AdamAvx512<G, C, kL2, false>;
-template <DType G, CopyOut C, bool kL2>
-using AdamAvx512Bf16 = AdamAvx512<G, C, kL2, true>;
+template <DType G, CopyOut C, bool kL2, bool kLerp>
+using AdamAvx512Int = AdamAvx512<G, C, kL2, kLerp, false>;
+template <DType G, CopyOut C, bool kL2, bool kLerp>
+using AdamAvx512Bf16 = AdamAvx512<G, C, kL2, kLerp, true>;
 
 }  // namespace
 
-AdamRangeFn SelectAdamAvx512(DType grad, CopyOut copy, bool l2, bool bf16_insn) {
-  if (bf16_insn && copy == CopyOut::kBF16) return PickVariant<AdamAvx512Bf16>(grad, copy, l2);
-  return PickVariant<AdamAvx512Int>(grad, copy, l2);
+AdamRangeFn SelectAdamAvx512(DType grad, CopyOut copy, bool l2, bool lerp, bool bf16_insn) {
+  if (bf16_insn && copy == CopyOut::kBF16) return PickVariant<AdamAvx512Bf16>(grad, copy, l2, lerp);
+  return PickVariant<AdamAvx512Int>(grad, copy, l2, lerp);
 }
 
 }  // namespace strata::kernels::internal

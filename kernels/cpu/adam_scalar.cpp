@@ -9,7 +9,7 @@
 namespace strata::kernels::internal {
 namespace {
 
-template <DType G, CopyOut C, bool kL2>
+template <DType G, CopyOut C, bool kL2, bool kLerp>
 struct AdamScalar {
   static void Run(const AdamStepScalars& s, const AdamArrays& a, size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
@@ -17,7 +17,7 @@ struct AdamScalar {
       float p = a.param[i];
       if constexpr (kL2) g = std::fma(p, s.l2, g);
       p = p * s.decay;
-      const float m = std::fma(s.one_minus_beta1, g, a.exp_avg[i] * s.beta1);
+      const float m = FirstMoment<kLerp>(s, a.exp_avg[i], g);
       const float v = std::fma(s.one_minus_beta2 * g, g, a.exp_avg_sq[i] * s.beta2);
       const float denom = std::sqrt(v) / s.sqrt_bc2 + s.eps;
       p = p + (s.neg_step_size * m) / denom;  // torch addcdiv_ order
@@ -31,8 +31,8 @@ struct AdamScalar {
 
 }  // namespace
 
-AdamRangeFn SelectAdamScalar(DType grad, CopyOut copy, bool l2) {
-  return PickVariant<AdamScalar>(grad, copy, l2);
+AdamRangeFn SelectAdamScalar(DType grad, CopyOut copy, bool l2, bool lerp) {
+  return PickVariant<AdamScalar>(grad, copy, l2, lerp);
 }
 
 }  // namespace strata::kernels::internal

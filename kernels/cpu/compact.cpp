@@ -81,9 +81,10 @@ Status CompactAdamStepOn(CpuIsa isa, const AdamOptions& opt, size_t n, const Com
   const AdamStepScalars sc = MakeAdamStepScalars(opt);
   const internal::CompactCopy copy = CompactCopyFor(param_copy, opt.param_copy_dtype);
   const bool l2 = opt.mode == AdamMode::kAdam && opt.weight_decay != 0;
-  internal::CompactAdamRangeFn fn = internal::SelectCompactAdamScalar(opt.grad_dtype, copy, l2);
-  if (isa == CpuIsa::kAvx2) fn = internal::SelectCompactAdamAvx2(opt.grad_dtype, copy, l2);
-  if (isa == CpuIsa::kAvx512) fn = internal::SelectCompactAdamAvx512(opt.grad_dtype, copy, l2);
+  const bool lerp = opt.moment_update == MomentUpdate::kLerp;
+  internal::CompactAdamRangeFn fn = internal::SelectCompactAdamScalar(opt.grad_dtype, copy, l2, lerp);
+  if (isa == CpuIsa::kAvx2) fn = internal::SelectCompactAdamAvx2(opt.grad_dtype, copy, l2, lerp);
+  if (isa == CpuIsa::kAvx512) fn = internal::SelectCompactAdamAvx512(opt.grad_dtype, copy, l2, lerp);
   const internal::CompactArrays a{s, grad, param_copy};
   ParallelForTiles(n, kElementTile, [&](size_t begin, size_t end) { fn(sc, a, begin, end); });
   return Status::Ok();

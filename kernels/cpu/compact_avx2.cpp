@@ -212,7 +212,7 @@ inline __m256i MaxOfEach(const __m256i (&x)[8]) {
   return _mm256_max_epi32(lo, hi);  // block order: 0 1 2 3 4 5 6 7
 }
 
-template <DType G, CompactCopy C, bool kL2>
+template <DType G, CompactCopy C, bool kL2, bool kLerp>
 struct CompactAdamAvx2 {
   // A group of blocks goes through short passes, each a loop of independent
   // iterations: one element's whole chain (dequantize, square root, divisions,
@@ -247,8 +247,7 @@ struct CompactAdamAvx2 {
       __m256 p = Rebuild(c, a.s.w_hi + e, a.s.w_lo + e);
       if constexpr (kL2) g = _mm256_fmadd_ps(p, k.l2, g);
       x.p[j] = _mm256_mul_ps(p, k.decay);
-      const __m256 m = _mm256_fmadd_ps(
-          k.one_minus_beta1, g, _mm256_mul_ps(DequantizeM(a.s.m_code + e, _mm256_broadcast_ss(&x.m_step[b])), k.beta1));
+      const __m256 m = FirstMoment<kLerp>(k, DequantizeM(a.s.m_code + e, _mm256_broadcast_ss(&x.m_step[b])), g);
       const __m256 vv = _mm256_fmadd_ps(
           _mm256_mul_ps(k.one_minus_beta2, g), g,
           _mm256_mul_ps(DequantizeV(a.s.v_code + e, _mm256_broadcast_ss(&x.v_step[b])), k.beta2));
@@ -417,8 +416,8 @@ CompactLionRangeFn SelectCompactLionAvx2(DType grad, CompactCopy copy) {
   return PickCompactLion<CompactLionAvx2>(grad, copy);
 }
 
-CompactAdamRangeFn SelectCompactAdamAvx2(DType grad, CompactCopy copy, bool l2) {
-  return PickCompactAdam<CompactAdamAvx2>(grad, copy, l2);
+CompactAdamRangeFn SelectCompactAdamAvx2(DType grad, CompactCopy copy, bool l2, bool lerp) {
+  return PickCompactAdam<CompactAdamAvx2>(grad, copy, l2, lerp);
 }
 
 }  // namespace strata::kernels::internal

@@ -119,7 +119,7 @@ inline void StoreCopy(void* copy, size_t i, __m512 p) {
   if constexpr (C == CompactCopy::kF32) _mm512_storeu_ps(static_cast<float*>(copy) + i, p);
 }
 
-template <DType G, CompactCopy C, bool kL2>
+template <DType G, CompactCopy C, bool kL2, bool kLerp>
 struct CompactAdamAvx512 {
   // AdamAvx512::Block's update of 16 elements at e on dequantized state;
   // returns the new param and sets *m, *r = new m, sqrt(new v).
@@ -129,8 +129,7 @@ struct CompactAdamAvx512 {
     __m512 p = Rebuild(a.s.w_hi + e, a.s.w_lo + e);
     if constexpr (kL2) g = _mm512_fmadd_ps(p, k.l2, g);
     p = _mm512_mul_ps(p, k.decay);
-    const __m512 m =
-        _mm512_fmadd_ps(k.one_minus_beta1, g, _mm512_mul_ps(DequantizeM(a.s.m_code + e, m_step), k.beta1));
+    const __m512 m = FirstMoment<kLerp>(k, DequantizeM(a.s.m_code + e, m_step), g);
     const __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(k.one_minus_beta2, g), g,
                                      _mm512_mul_ps(DequantizeV(a.s.v_code + e, v_step), k.beta2));
     const __m512 r = _mm512_sqrt_ps(v);
@@ -229,8 +228,8 @@ CompactLionRangeFn SelectCompactLionAvx512(DType grad, CompactCopy copy) {
   return PickCompactLion<CompactLionAvx512>(grad, copy);
 }
 
-CompactAdamRangeFn SelectCompactAdamAvx512(DType grad, CompactCopy copy, bool l2) {
-  return PickCompactAdam<CompactAdamAvx512>(grad, copy, l2);
+CompactAdamRangeFn SelectCompactAdamAvx512(DType grad, CompactCopy copy, bool l2, bool lerp) {
+  return PickCompactAdam<CompactAdamAvx512>(grad, copy, l2, lerp);
 }
 
 }  // namespace strata::kernels::internal

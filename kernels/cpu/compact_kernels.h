@@ -26,10 +26,10 @@ struct CompactArrays {
 // kCompactBlock (end may not be: the last block of the array).
 using CompactAdamRangeFn = void (*)(const AdamStepScalars& s, const CompactArrays& a, size_t begin,
                                     size_t end);
-// l2: Adam mode with weight_decay != 0.
-CompactAdamRangeFn SelectCompactAdamScalar(DType grad, CompactCopy copy, bool l2);
-CompactAdamRangeFn SelectCompactAdamAvx2(DType grad, CompactCopy copy, bool l2);
-CompactAdamRangeFn SelectCompactAdamAvx512(DType grad, CompactCopy copy, bool l2);
+// l2: Adam mode with weight_decay != 0; lerp: MomentUpdate::kLerp.
+CompactAdamRangeFn SelectCompactAdamScalar(DType grad, CompactCopy copy, bool l2, bool lerp);
+CompactAdamRangeFn SelectCompactAdamAvx2(DType grad, CompactCopy copy, bool l2, bool lerp);
+CompactAdamRangeFn SelectCompactAdamAvx512(DType grad, CompactCopy copy, bool l2, bool lerp);
 
 // Lion on the compact state (v arrays unused).
 using CompactLionRangeFn = void (*)(const LionStepScalars& s, const CompactArrays& a, size_t begin,

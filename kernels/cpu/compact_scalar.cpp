@@ -26,7 +26,7 @@ inline void StoreMoments(const CompactState& s, size_t i, size_t len, const floa
   ZeroMWhereVZero(s.v_code + i, s.m_code + i, len);
 }
 
-template <DType G, CompactCopy C, bool kL2>
+template <DType G, CompactCopy C, bool kL2, bool kLerp>
 struct CompactAdamScalar {
   // The block of len (<= kCompactBlock) elements at i.
   static void Block(const AdamStepScalars& s, const CompactArrays& a, size_t i, size_t len) {
@@ -39,7 +39,7 @@ struct CompactAdamScalar {
       float p = Rebuild(a.s.w_hi[e], a.s.w_lo[e]);
       if constexpr (kL2) g = std::fma(p, s.l2, g);
       p = p * s.decay;
-      const float m = std::fma(s.one_minus_beta1, g, DequantizeM(a.s.m_code[e], m_step) * s.beta1);
+      const float m = FirstMoment<kLerp>(s, DequantizeM(a.s.m_code[e], m_step), g);
       const float v = std::fma(s.one_minus_beta2 * g, g, DequantizeV(a.s.v_code[e], v_step) * s.beta2);
       const float r = std::sqrt(v);
       const float denom = r / s.sqrt_bc2 + s.eps;
@@ -93,8 +93,8 @@ struct CompactLionScalar {
 
 }  // namespace
 
-CompactAdamRangeFn SelectCompactAdamScalar(DType grad, CompactCopy copy, bool l2) {
-  return PickCompactAdam<CompactAdamScalar>(grad, copy, l2);
+CompactAdamRangeFn SelectCompactAdamScalar(DType grad, CompactCopy copy, bool l2, bool lerp) {
+  return PickCompactAdam<CompactAdamScalar>(grad, copy, l2, lerp);
 }
 
 CompactLionRangeFn SelectCompactLionScalar(DType grad, CompactCopy copy) {

@@ -18,10 +18,21 @@ struct AdamConstsx8 {
         one_minus_beta1(_mm256_set1_ps(s.one_minus_beta1)), beta2(_mm256_set1_ps(s.beta2)),
         one_minus_beta2(_mm256_set1_ps(s.one_minus_beta2)),
         sqrt_bc2(_mm256_set1_ps(s.sqrt_bc2)), inv_sqrt_bc2(_mm256_set1_ps(s.inv_sqrt_bc2)), eps(_mm256_set1_ps(s.eps)),
-        neg_step_size(_mm256_set1_ps(s.neg_step_size)) {}
+        neg_step_size(_mm256_set1_ps(s.neg_step_size)), lerp_weight(_mm256_set1_ps(s.lerp_weight)),
+        lerp_from_grad(_mm256_castsi256_ps(_mm256_set1_epi32(s.lerp_from_grad ? -1 : 0))) {}
   __m256 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
-      neg_step_size;
+      neg_step_size, lerp_weight;
+  __m256 lerp_from_grad;  // all ones or all zeros: the lerp's base is g, else m
 };
+
+// Adam's new first moment from the old one and the gradient, as the scalar
+// FirstMoment (scalar_elements.h): the same FMA, the base picked exactly.
+template <bool kLerp>
+inline __m256 FirstMoment(const AdamConstsx8& k, __m256 m, __m256 g) {
+  if constexpr (kLerp)
+    return _mm256_fmadd_ps(k.lerp_weight, _mm256_sub_ps(g, m), _mm256_blendv_ps(m, g, k.lerp_from_grad));
+  return _mm256_fmadd_ps(k.one_minus_beta1, g, _mm256_mul_ps(m, k.beta1));
+}
 
 // x / sqrt_bc2 correctly rounded without vdivps (see step_scalars.h). x is
 // sqrt(v) >= 0 or NaN; x = inf keeps q0 = inf (the FMA residual would be NaN).

@@ -18,10 +18,21 @@ struct AdamConstsx16 {
         one_minus_beta1(_mm512_set1_ps(s.one_minus_beta1)), beta2(_mm512_set1_ps(s.beta2)),
         one_minus_beta2(_mm512_set1_ps(s.one_minus_beta2)),
         sqrt_bc2(_mm512_set1_ps(s.sqrt_bc2)), inv_sqrt_bc2(_mm512_set1_ps(s.inv_sqrt_bc2)), eps(_mm512_set1_ps(s.eps)),
-        neg_step_size(_mm512_set1_ps(s.neg_step_size)) {}
+        neg_step_size(_mm512_set1_ps(s.neg_step_size)), lerp_weight(_mm512_set1_ps(s.lerp_weight)),
+        lerp_from_grad(s.lerp_from_grad ? __mmask16(0xffff) : __mmask16(0)) {}
   __m512 grad_scale, l2, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, inv_sqrt_bc2, eps,
-      neg_step_size;
+      neg_step_size, lerp_weight;
+  __mmask16 lerp_from_grad;  // all lanes or none: the lerp's base is g, else m
 };
+
+// Adam's new first moment from the old one and the gradient, as the scalar
+// FirstMoment (scalar_elements.h): the same FMA, the base picked exactly.
+template <bool kLerp>
+inline __m512 FirstMoment(const AdamConstsx16& k, __m512 m, __m512 g) {
+  if constexpr (kLerp)
+    return _mm512_fmadd_ps(k.lerp_weight, _mm512_sub_ps(g, m), _mm512_mask_mov_ps(m, k.lerp_from_grad, g));
+  return _mm512_fmadd_ps(k.one_minus_beta1, g, _mm512_mul_ps(m, k.beta1));
+}
 
 // x / sqrt_bc2 correctly rounded without vdivps (see step_scalars.h). x is
 // sqrt(v) >= 0 or NaN; x = inf keeps q0 = inf (the FMA residual would be NaN).

@@ -25,10 +25,11 @@ struct AdamArrays {
 };
 using AdamRangeFn = void (*)(const AdamStepScalars& s, const AdamArrays& a, size_t begin,
                              size_t end);
-// l2: Adam mode with weight_decay != 0 (adds wd*p to the gradient).
-AdamRangeFn SelectAdamScalar(DType grad, CopyOut copy, bool l2);
-AdamRangeFn SelectAdamAvx2(DType grad, CopyOut copy, bool l2);
-AdamRangeFn SelectAdamAvx512(DType grad, CopyOut copy, bool l2, bool bf16_insn);
+// l2: Adam mode with weight_decay != 0 (adds wd*p to the gradient);
+// lerp: MomentUpdate::kLerp (step_scalars.h).
+AdamRangeFn SelectAdamScalar(DType grad, CopyOut copy, bool l2, bool lerp);
+AdamRangeFn SelectAdamAvx2(DType grad, CopyOut copy, bool l2, bool lerp);
+AdamRangeFn SelectAdamAvx512(DType grad, CopyOut copy, bool l2, bool lerp, bool bf16_insn);
 
 struct LionArrays {
   float* param;

@@ -32,5 +32,12 @@ inline void StoreCopy(void* copy, size_t i, float p) {
   if constexpr (C == CopyOut::kF16) StoreFromF32<DType::kF16>(copy, i, p);
 }
 
+// Adam's new first moment from the old one and the gradient (step_scalars.h).
+template <bool kLerp>
+inline float FirstMoment(const AdamStepScalars& s, float m, float g) {
+  if constexpr (kLerp) return std::fma(s.lerp_weight, g - m, s.lerp_from_grad ? g : m);
+  return std::fma(s.one_minus_beta1, g, m * s.beta1);
+}
+
 }  // namespace
 }  // namespace strata::kernels::internal

@@ -25,6 +25,20 @@ Status CheckBeta(const char* who, const char* name, double beta) {
 
 }  // namespace
 
+const char* MomentUpdateName(MomentUpdate u) {
+  switch (u) {
+    case MomentUpdate::kMulAdd: return "mul_add";
+    case MomentUpdate::kLerp: return "lerp";
+  }
+  return "unknown";
+}
+
+Result<MomentUpdate> ParseMomentUpdate(std::string_view name) {
+  if (name == "mul_add") return MomentUpdate::kMulAdd;
+  if (name == "lerp") return MomentUpdate::kLerp;
+  return InvalidError("moment_update: unknown value \"" + std::string(name) + "\"; allowed: mul_add, lerp");
+}
+
 Status ValidateAdamOptions(const AdamOptions& o) {
   STRATA_RETURN_IF_ERROR(CheckCommon("Adam", o.lr, o.grad_scale, o.grad_dtype, o.param_copy_dtype));
   STRATA_RETURN_IF_ERROR(CheckBeta("Adam", "beta1", o.beta1));
@@ -34,6 +48,9 @@ Status ValidateAdamOptions(const AdamOptions& o) {
   if (!(o.weight_decay >= 0)) return InvalidError("Adam: weight_decay must be >= 0");
   if (o.mode != AdamMode::kAdam && o.mode != AdamMode::kAdamW)
     return InvalidError("Adam: unknown mode");
+  if (o.moment_update != MomentUpdate::kMulAdd && o.moment_update != MomentUpdate::kLerp)
+    return InvalidError("Adam: unknown moment_update " + std::to_string(static_cast<int>(o.moment_update)) +
+                        "; allowed: mul_add, lerp");
   // sqrt(v) <= 2^64 for any float v: keep sqrt(v)/sqrt_bc2 finite and normal.
   const double sqrt_bc2 = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(o.step)));
   if (static_cast<float>(sqrt_bc2) < 0x1p-60f)
@@ -58,6 +75,9 @@ AdamStepScalars MakeAdamStepScalars(const AdamOptions& o) {
   s.inv_sqrt_bc2 = 1.0f / s.sqrt_bc2;
   s.eps = static_cast<float>(o.eps);
   s.neg_step_size = static_cast<float>(-o.lr / bc1);
+  // torch's is_lerp_weight_small and its `weight - 1`, both on the float weight.
+  s.lerp_from_grad = !(std::fabs(s.one_minus_beta1) < 0.5f);
+  s.lerp_weight = s.lerp_from_grad ? s.one_minus_beta1 - 1.0f : s.one_minus_beta1;
   return s;
 }
 

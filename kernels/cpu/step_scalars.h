@@ -15,7 +15,11 @@ namespace strata::kernels {
 //   p = p + (neg_step_size*m) / (sqrt(v)/sqrt_bc2 + eps)
 // which is torch 1.13's CPU arithmetic rounding for rounding (its add_ with
 // alpha is an FMA, its tensor/scalar a true division), so that we agree with
-// torch.optim to the last bit, not just to 1e-6.
+// torch.optim to the last bit, not just to 1e-6. With MomentUpdate::kLerp
+// (torch >= 2.0's exp_avg.lerp_(grad, 1-b1)) the first moment is instead
+//   m = fma(lerp_weight, g - m, lerp_from_grad ? g : m)
+// torch's lerp: self + w*(end - self) for |w| < 0.5, else end - (end - self)*(1 - w),
+// each one FMA in its vector body and (contracted) in its scalar tail.
 // The SIMD paths divide by sqrt_bc2 without the divider: q = x*inv_sqrt_bc2,
 // corrected once by an FMA. With inv_sqrt_bc2 = RN(1/sqrt_bc2) and x/sqrt_bc2
 // normal, that is the correctly rounded quotient (Markstein's theorem; checked
@@ -31,6 +35,10 @@ struct AdamStepScalars {
   float inv_sqrt_bc2;     // 1.0f / sqrt_bc2, rounded to nearest (see DivideBySqrtBc2)
   float eps;
   float neg_step_size;    // -lr / (1 - beta1^step)
+  // MomentUpdate::kLerp, w = one_minus_beta1: w if |w| < 0.5 (lerp_from_grad
+  // false), else w - 1 in float (true). Unused by kMulAdd.
+  float lerp_weight;
+  bool lerp_from_grad;
 };
 Status ValidateAdamOptions(const AdamOptions& opt);
 AdamStepScalars MakeAdamStepScalars(const AdamOptions& opt);  // REQUIRES: valid opt

@@ -4,6 +4,8 @@
 // linkage and stays compiled with that file's ISA flags.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/cpu/compact_kernels.h"
 #include "kernels/cpu/range_kernels.h"
 
@@ -48,8 +50,27 @@ auto PickVariant(DType grad, CopyOut copy, bool flag) {
   return WithDType(grad, [&](auto g) { return PickCopy<Kernel, decltype(g)::value>(copy, flag); });
 }
 
+// Adam: Kernel<G, C, L2, Lerp>::Run for (gradient dtype, copy-out, two flags).
+template <template <DType, CopyOut, bool, bool> class Kernel>
+auto PickVariant(DType grad, CopyOut copy, bool flag, bool flag2) {
+  return WithDType(grad, [&](auto g) {
+    constexpr DType G = decltype(g)::value;
+    auto pick = [&](auto c) {
+      constexpr CopyOut C = decltype(c)::value;
+      if (flag) return flag2 ? &Kernel<G, C, true, true>::Run : &Kernel<G, C, true, false>::Run;
+      return flag2 ? &Kernel<G, C, false, true>::Run : &Kernel<G, C, false, false>::Run;
+    };
+    switch (copy) {
+      case CopyOut::kBF16: return pick(std::integral_constant<CopyOut, CopyOut::kBF16>{});
+      case CopyOut::kF16: return pick(std::integral_constant<CopyOut, CopyOut::kF16>{});
+      case CopyOut::kNone: break;
+    }
+    return pick(std::integral_constant<CopyOut, CopyOut::kNone>{});
+  });
+}
+
 // The compact state's kernels: Kernel<G, C>::Run (Lion) and
-// Kernel<G, C, L2>::Run (Adam) for (gradient dtype, CompactCopy).
+// Kernel<G, C, L2, Lerp>::Run (Adam) for (gradient dtype, CompactCopy).
 template <CompactCopy C>
 struct CompactCopyTag {
   static constexpr CompactCopy value = C;
@@ -75,13 +96,14 @@ CompactLionRangeFn PickCompactLion(DType grad, CompactCopy copy) {
   });
 }
 
-template <template <DType, CompactCopy, bool> class Kernel>
-CompactAdamRangeFn PickCompactAdam(DType grad, CompactCopy copy, bool l2) {
+template <template <DType, CompactCopy, bool, bool> class Kernel>
+CompactAdamRangeFn PickCompactAdam(DType grad, CompactCopy copy, bool l2, bool lerp) {
   return WithDType(grad, [&](auto g) {
     return WithCompactCopy(copy, [&](auto c) -> CompactAdamRangeFn {
       constexpr DType G = decltype(g)::value;
       constexpr CompactCopy C = decltype(c)::value;
-      return l2 ? &Kernel<G, C, true>::Run : &Kernel<G, C, false>::Run;
+      if (l2) return lerp ? &Kernel<G, C, true, true>::Run : &Kernel<G, C, true, false>::Run;
+      return lerp ? &Kernel<G, C, false, true>::Run : &Kernel<G, C, false, false>::Run;
     });
   });
 }

@@ -12,12 +12,13 @@
 namespace strata::kernels {
 namespace {
 
+using cuda_detail::FirstMoment;
 using cuda_detail::LoadAsF32;
 using cuda_detail::StoreFromF32;
 
 constexpr int kThreads = 256;
 
-template <DType G, int kCopy, bool kL2>  // kCopy: 0 none, 1 bf16, 2 f16
+template <DType G, int kCopy, bool kL2, bool kLerp>  // kCopy: 0 none, 1 bf16, 2 f16
 __global__ void AdamKernel(AdamStepScalars s, size_t n, float* __restrict__ param,
                            float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
                            const void* __restrict__ grad, void* __restrict__ param_copy) {
@@ -27,7 +28,7 @@ __global__ void AdamKernel(AdamStepScalars s, size_t n, float* __restrict__ para
     float p = param[i];
     if constexpr (kL2) g = __fmaf_rn(p, s.l2, g);
     p = __fmul_rn(p, s.decay);
-    const float m = __fmaf_rn(s.one_minus_beta1, g, __fmul_rn(exp_avg[i], s.beta1));
+    const float m = FirstMoment<kLerp>(s, exp_avg[i], g);
     const float v = __fmaf_rn(__fmul_rn(s.one_minus_beta2, g), g, __fmul_rn(exp_avg_sq[i], s.beta2));
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), s.sqrt_bc2), s.eps);
     p = __fadd_rn(p, __fdiv_rn(__fmul_rn(s.neg_step_size, m), denom));
@@ -42,21 +43,22 @@ __global__ void AdamKernel(AdamStepScalars s, size_t n, float* __restrict__ para
 using AdamKernelFn = void (*)(AdamStepScalars, size_t, float*, float*, float*, const void*, void*);
 
 template <DType G, int kCopy>
-AdamKernelFn PickL2(bool l2) {
-  return l2 ? &AdamKernel<G, kCopy, true> : &AdamKernel<G, kCopy, false>;
+AdamKernelFn PickL2(bool l2, bool lerp) {
+  if (l2) return lerp ? &AdamKernel<G, kCopy, true, true> : &AdamKernel<G, kCopy, true, false>;
+  return lerp ? &AdamKernel<G, kCopy, false, true> : &AdamKernel<G, kCopy, false, false>;
 }
 
 template <DType G>
-AdamKernelFn PickCopy(int copy, bool l2) {
-  if (copy == 1) return PickL2<G, 1>(l2);
-  if (copy == 2) return PickL2<G, 2>(l2);
-  return PickL2<G, 0>(l2);
+AdamKernelFn PickCopy(int copy, bool l2, bool lerp) {
+  if (copy == 1) return PickL2<G, 1>(l2, lerp);
+  if (copy == 2) return PickL2<G, 2>(l2, lerp);
+  return PickL2<G, 0>(l2, lerp);
 }
 
-AdamKernelFn PickAdam(DType grad, int copy, bool l2) {
-  if (grad == DType::kBF16) return PickCopy<DType::kBF16>(copy, l2);
-  if (grad == DType::kF16) return PickCopy<DType::kF16>(copy, l2);
-  return PickCopy<DType::kF32>(copy, l2);
+AdamKernelFn PickAdam(DType grad, int copy, bool l2, bool lerp) {
+  if (grad == DType::kBF16) return PickCopy<DType::kBF16>(copy, l2, lerp);
+  if (grad == DType::kF16) return PickCopy<DType::kF16>(copy, l2, lerp);
+  return PickCopy<DType::kF32>(copy, l2, lerp);
 }
 
 Status CudaError(const char* op, cudaError_t e) {
@@ -85,7 +87,8 @@ Status AdamStepCuda(const AdamOptions& opt, size_t n, float* param, float* exp_a
   const AdamStepScalars s = MakeAdamStepScalars(opt);
   const int copy = param_copy == nullptr ? 0 : (opt.param_copy_dtype == DType::kF16 ? 2 : 1);
   const bool l2 = opt.mode == AdamMode::kAdam && opt.weight_decay != 0;
-  PickAdam(opt.grad_dtype, copy, l2)<<<CudaGridFor(n, kThreads), kThreads, 0,
+  const bool lerp = opt.moment_update == MomentUpdate::kLerp;
+  PickAdam(opt.grad_dtype, copy, l2, lerp)<<<CudaGridFor(n, kThreads), kThreads, 0,
                                        static_cast<cudaStream_t>(stream)>>>(
       s, n, param, exp_avg, exp_avg_sq, grad, param_copy);
   const cudaError_t e = cudaGetLastError();

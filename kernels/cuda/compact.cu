@@ -131,7 +131,7 @@ __device__ __forceinline__ WarpBlocks MyBlocks() {
 }
 
 // compact_scalar.cpp's CompactAdamScalar::Block, one warp per block.
-template <DType G, int kCopy, bool kL2>
+template <DType G, int kCopy, bool kL2, bool kLerp>
 __global__ void CompactAdamKernel(AdamStepScalars s, size_t n, CompactState st, const void* __restrict__ grad,
                                   void* __restrict__ copy) {
   const WarpBlocks w = MyBlocks();
@@ -147,7 +147,7 @@ __global__ void CompactAdamKernel(AdamStepScalars s, size_t n, CompactState st, 
       float p = Rebuild(st.w_hi[e], st.w_lo[e]);
       if constexpr (kL2) g = __fmaf_rn(p, s.l2, g);
       p = __fmul_rn(p, s.decay);
-      m = __fmaf_rn(s.one_minus_beta1, g, __fmul_rn(DequantizeM(st.m_code[e], m_step), s.beta1));
+      m = cuda_detail::FirstMoment<kLerp>(s, DequantizeM(st.m_code[e], m_step), g);
       const float v =
           __fmaf_rn(__fmul_rn(s.one_minus_beta2, g), g, __fmul_rn(DequantizeV(st.v_code[e], v_step), s.beta2));
       r = __fsqrt_rn(v);
@@ -218,22 +218,23 @@ using CompactAdamKernelFn = void (*)(AdamStepScalars, size_t, CompactState, cons
 using CompactLionKernelFn = void (*)(LionStepScalars, size_t, CompactState, const void*, void*);
 
 template <DType G, int kCopy>
-CompactAdamKernelFn PickAdamL2(bool l2) {
-  return l2 ? &CompactAdamKernel<G, kCopy, true> : &CompactAdamKernel<G, kCopy, false>;
+CompactAdamKernelFn PickAdamL2(bool l2, bool lerp) {
+  if (l2) return lerp ? &CompactAdamKernel<G, kCopy, true, true> : &CompactAdamKernel<G, kCopy, true, false>;
+  return lerp ? &CompactAdamKernel<G, kCopy, false, true> : &CompactAdamKernel<G, kCopy, false, false>;
 }
 
 template <DType G>
-CompactAdamKernelFn PickAdamCopy(int copy, bool l2) {
-  if (copy == 1) return PickAdamL2<G, 1>(l2);
-  if (copy == 2) return PickAdamL2<G, 2>(l2);
-  if (copy == 3) return PickAdamL2<G, 3>(l2);
-  return PickAdamL2<G, 0>(l2);
+CompactAdamKernelFn PickAdamCopy(int copy, bool l2, bool lerp) {
+  if (copy == 1) return PickAdamL2<G, 1>(l2, lerp);
+  if (copy == 2) return PickAdamL2<G, 2>(l2, lerp);
+  if (copy == 3) return PickAdamL2<G, 3>(l2, lerp);
+  return PickAdamL2<G, 0>(l2, lerp);
 }
 
-CompactAdamKernelFn PickAdam(DType grad, int copy, bool l2) {
-  if (grad == DType::kBF16) return PickAdamCopy<DType::kBF16>(copy, l2);
-  if (grad == DType::kF16) return PickAdamCopy<DType::kF16>(copy, l2);
-  return PickAdamCopy<DType::kF32>(copy, l2);
+CompactAdamKernelFn PickAdam(DType grad, int copy, bool l2, bool lerp) {
+  if (grad == DType::kBF16) return PickAdamCopy<DType::kBF16>(copy, l2, lerp);
+  if (grad == DType::kF16) return PickAdamCopy<DType::kF16>(copy, l2, lerp);
+  return PickAdamCopy<DType::kF32>(copy, l2, lerp);
 }
 
 template <DType G>
@@ -278,7 +279,9 @@ Status CompactAdamStepCuda(const AdamOptions& opt, size_t n, const CompactState&
     return InvalidError("CompactAdamStepCuda: null array");
   const AdamStepScalars sc = MakeAdamStepScalars(opt);
   const bool l2 = opt.mode == AdamMode::kAdam && opt.weight_decay != 0;
-  const CompactAdamKernelFn kernel = PickAdam(opt.grad_dtype, CopyKind(param_copy, opt.param_copy_dtype), l2);
+  const bool lerp = opt.moment_update == MomentUpdate::kLerp;
+  const CompactAdamKernelFn kernel =
+      PickAdam(opt.grad_dtype, CopyKind(param_copy, opt.param_copy_dtype), l2, lerp);
   kernel<<<GridFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(sc, n, s, grad, param_copy);
   return LaunchResult("CompactAdamStepCuda");
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "base/dtype.h"
+#include "kernels/cpu/step_scalars.h"
 
 namespace strata::kernels::cuda_detail {
 
@@ -45,6 +46,14 @@ __device__ __forceinline__ void StoreFromF32(void* x, size_t i, float f) {
   } else {
     static_cast<uint16_t*>(x)[i] = ToF16(f);
   }
+}
+
+// Adam's new first moment from the old one and the gradient, as the CPU's
+// FirstMoment (kernels/cpu/scalar_elements.h, step_scalars.h), rounding for rounding.
+template <bool kLerp>
+__device__ __forceinline__ float FirstMoment(const AdamStepScalars& s, float m, float g) {
+  if constexpr (kLerp) return __fmaf_rn(s.lerp_weight, __fsub_rn(g, m), s.lerp_from_grad ? g : m);
+  return __fmaf_rn(s.one_minus_beta1, g, __fmul_rn(m, s.beta1));
 }
 
 }  // namespace strata::kernels::cuda_detail

@@ -2,10 +2,15 @@
 // vector widths, misaligned starts, 100 steps with an lr that changes each
 // step, tiny and huge gradients, f32/bf16/f16 gradients, gradient scale, and
 // bf16/f16 copy-out equal to base's rounding of the fp32 master. Bitwise.
+// Both first-moment formulas (MomentUpdate: mul_add, lerp with either weight
+// branch) on every path, the scalar one included, against a reference of
+// each formula written out here from torch's definitions.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/parallel.h"
@@ -22,13 +27,16 @@ struct Variant {
   bool copy;
   DType copy_dtype;
   Magnitude magnitude;
+  MomentUpdate moment = MomentUpdate::kMulAdd;
+  double beta1 = 0.9;
 };
 
 std::string Name(const Variant& v) {
   const char* mags[] = {"normal", "tiny", "huge"};
   return std::string(v.mode == AdamMode::kAdamW ? "adamw" : "adam") + " grad=" +
          DTypeName(v.grad) + " copy=" + (v.copy ? DTypeName(v.copy_dtype) : "none") + " " +
-         mags[static_cast<int>(v.magnitude)];
+         mags[static_cast<int>(v.magnitude)] + " moment_update=" + MomentUpdateName(v.moment) +
+         " beta1=" + std::to_string(v.beta1);
 }
 
 // Gradient scale of the magnitude; f16 cannot hold 1e30 or 1e-30.
@@ -83,6 +91,8 @@ void CompareRun(CpuIsa isa, const Variant& var, size_t n, size_t offset, int ste
     opt.grad_scale = t % 3 == 0 ? 1.0 : 1.0 / (1024.0 + t);  // 1/loss_scale × clip
     opt.grad_dtype = var.grad;
     opt.param_copy_dtype = var.copy_dtype;
+    opt.moment_update = var.moment;
+    opt.beta1 = var.beta1;
     FillGrad(ref, n, var.grad, mag, n * 1000 + t);
     std::memcpy(simd.g.data(), ref.g.data(), n * DTypeSize(var.grad));
     ASSERT_TRUE(AdamStepOn(CpuIsa::kScalar, opt, n, ref.p.as<float>(), ref.m.as<float>(),
@@ -122,6 +132,20 @@ TEST(AdamPaths, SmallSizesAllVariantsMisaligned) {
           ASSERT_NO_FATAL_FAILURE(CompareRun(isa, var, n, offset, 100));
 }
 
+// The lerp first moment on every variant, both weight branches (beta1 0.9:
+// w = 0.1; beta1 0.3: w = 0.7), sizes around both vector widths.
+TEST(AdamPaths, LerpAllVariantsMisaligned) {
+  const std::vector<Variant> all = AllVariants();
+  for (CpuIsa isa : SimdPathsHere())
+    for (size_t k = 0; k < all.size(); ++k) {
+      Variant var = all[k];
+      var.moment = MomentUpdate::kLerp;
+      var.beta1 = k % 2 ? 0.3 : 0.9;
+      for (size_t n : {1, 7, 15, 16, 17, 1025})
+        for (size_t offset : {0, 7}) ASSERT_NO_FATAL_FAILURE(CompareRun(isa, var, n, offset, 20));
+    }
+}
+
 TEST(AdamPaths, LargeSizeManyTiles) {
   const size_t n = (1u << 20) + 3;
   for (CpuIsa isa : SimdPathsHere()) {
@@ -131,7 +155,143 @@ TEST(AdamPaths, LargeSizeManyTiles) {
         isa, {AdamMode::kAdam, DType::kBF16, true, DType::kBF16, Magnitude::kHuge}, n, 9, 100));
     ASSERT_NO_FATAL_FAILURE(CompareRun(
         isa, {AdamMode::kAdamW, DType::kF16, true, DType::kF16, Magnitude::kTiny}, n, 14, 100));
+    ASSERT_NO_FATAL_FAILURE(CompareRun(
+        isa, {AdamMode::kAdamW, DType::kBF16, true, DType::kBF16, Magnitude::kNormal, MomentUpdate::kLerp}, n, 5,
+        20));
   }
+}
+
+// ---- The first moment's formulas, from torch's definitions ----
+
+// exp_avg after one step of torch's code, rounding for rounding (w and beta1
+// are float in torch's float kernels; a fused multiply-add where torch's
+// kernel has one):
+//   mul_add (torch 1.x): exp_avg.mul_(beta1).add_(grad, alpha=1-beta1)
+//   lerp (torch >= 2.0): exp_avg.lerp_(grad, 1-beta1), that is
+//     self + w*(end - self)          for |w| < 0.5
+//     end - (end - self)*(1 - w)     otherwise
+float RefFirstMoment(MomentUpdate u, double beta1, float m, float g) {
+  const float w = static_cast<float>(1.0 - beta1);
+  if (u == MomentUpdate::kMulAdd) return std::fma(w, g, m * static_cast<float>(beta1));
+  const float d = g - m;
+  if (std::fabs(w) < 0.5f) return std::fma(w, d, m);
+  return std::fma(-d, 1.0f - w, g);
+}
+
+// One Adam/AdamW step of torch.optim's single-tensor code on fp32 gradients:
+// the scalars in double rounded once to float, then per element
+//   g *= grad_scale; Adam: g = g + wd*p (add_ with alpha: an FMA); AdamW: p *= 1 - lr*wd
+//   m = RefFirstMoment;  v = v*b2 + (1-b2)*g*g (addcmul_: one FMA)
+//   p = p + (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)   (addcdiv_)
+void RefAdamStep(const AdamOptions& o, size_t n, float* p, float* m, float* v, const float* g_in) {
+  const double t = static_cast<double>(o.step);
+  const bool adamw = o.mode == AdamMode::kAdamW;
+  const float scale = static_cast<float>(o.grad_scale);
+  const float decay = adamw ? static_cast<float>(1.0 - o.lr * o.weight_decay) : 1.0f;
+  const float wd = static_cast<float>(o.weight_decay);
+  const float b2 = static_cast<float>(o.beta2), w2 = static_cast<float>(1.0 - o.beta2);
+  const float sqrt_bc2 = static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, t)));
+  const float neg_step = static_cast<float>(-o.lr / (1.0 - std::pow(o.beta1, t)));
+  const float eps = static_cast<float>(o.eps);
+  for (size_t i = 0; i < n; ++i) {
+    float g = g_in[i] * scale;
+    if (!adamw && o.weight_decay != 0) g = std::fma(p[i], wd, g);
+    const float pd = p[i] * decay;
+    m[i] = RefFirstMoment(o.moment_update, o.beta1, m[i], g);
+    v[i] = std::fma(w2 * g, g, v[i] * b2);
+    p[i] = pd + (neg_step * m[i]) / (std::sqrt(v[i]) / sqrt_bc2 + eps);
+  }
+}
+
+// A state with moments of a few steps' worth (non-zero m: from m = 0 the two
+// formulas agree on the first step).
+struct RefState {
+  RefState(size_t n, uint64_t seed) : p(n), m(n), v(n) {
+    Rng rng(seed);
+    for (size_t i = 0; i < n; ++i) {
+      p[i] = rng.Spread();
+      m[i] = i % 9 == 4 ? 0.0f : 0.05f * rng.Spread();
+      const float g = rng.Spread();
+      v[i] = i % 13 == 6 ? 0.0f : 1e-3f * g * g;
+    }
+  }
+  std::vector<float> p, m, v;
+};
+
+std::vector<CpuIsa> AllPathsHere() {
+  std::vector<CpuIsa> paths = {CpuIsa::kScalar};
+  for (CpuIsa isa : SimdPathsHere()) paths.push_back(isa);
+  return paths;
+}
+
+// Every path (scalar too), each formula, both lerp branches (w = 1 - beta1:
+// 0.1, 0.001, 0.4 small; 0.5, 0.7, 1 large), both modes, lengths around the
+// vector widths (body and tail), several steps: bitwise the reference.
+TEST(AdamMoment, EveryPathMatchesTheFormulaReference) {
+  for (CpuIsa isa : AllPathsHere())
+    for (MomentUpdate u : {MomentUpdate::kMulAdd, MomentUpdate::kLerp})
+      for (double beta1 : {0.9, 0.999, 0.6, 0.5, 0.3, 0.0})
+        for (AdamMode mode : {AdamMode::kAdamW, AdamMode::kAdam})
+          for (size_t n : {1, 5, 8, 9, 15, 16, 17, 31, 33, 100, 1031}) {
+            RefState ref(n, n * 17 + 3), got = ref;
+            std::vector<float> g(n);
+            for (int t = 1; t <= 4; ++t) {
+              Rng rng(n * 1000 + t);
+              for (float& x : g) x = rng.Spread();
+              AdamOptions opt;
+              opt.mode = mode;
+              opt.lr = 1e-2 * (1.0 + 0.5 * std::sin(t));
+              opt.beta1 = beta1;
+              opt.weight_decay = 0.05;
+              opt.step = t;
+              opt.grad_scale = t == 2 ? 0.25 : 1.0;
+              opt.moment_update = u;
+              RefAdamStep(opt, n, ref.p.data(), ref.m.data(), ref.v.data(), g.data());
+              ASSERT_TRUE(AdamStepOn(isa, opt, n, got.p.data(), got.m.data(), got.v.data(), g.data(), nullptr).ok());
+              const std::string where = std::string(CpuIsaName(isa)) + " " + MomentUpdateName(u) + " beta1=" +
+                                        std::to_string(beta1) + (mode == AdamMode::kAdam ? " adam" : " adamw") +
+                                        " n=" + std::to_string(n) + " step=" + std::to_string(t);
+              ASSERT_EQ(FirstDiff(ref.m.data(), got.m.data(), n), -1) << "exp_avg " << where;
+              ASSERT_EQ(FirstDiff(ref.v.data(), got.v.data(), n), -1) << "exp_avg_sq " << where;
+              ASSERT_EQ(FirstDiff(ref.p.data(), got.p.data(), n), -1) << "param " << where;
+            }
+          }
+}
+
+// The option is not ignored: lerp and mul_add give different moments (and
+// so weights), and each lerp branch is the one torch takes: the other
+// branch's formula differs somewhere on the same data. Every path.
+TEST(AdamMoment, FormulasAndBranchesDiffer) {
+  const size_t n = 4099;
+  for (CpuIsa isa : AllPathsHere())
+    for (double beta1 : {0.9, 0.3}) {
+      const RefState start(n, 11);
+      std::vector<float> g(n);
+      Rng rng(5);
+      for (float& x : g) x = rng.Spread();
+      AdamOptions opt;
+      opt.beta1 = beta1;
+      opt.step = 3;
+      RefState mul = start, lerp = start;
+      ASSERT_TRUE(AdamStepOn(isa, opt, n, mul.p.data(), mul.m.data(), mul.v.data(), g.data(), nullptr).ok());
+      opt.moment_update = MomentUpdate::kLerp;
+      ASSERT_TRUE(AdamStepOn(isa, opt, n, lerp.p.data(), lerp.m.data(), lerp.v.data(), g.data(), nullptr).ok());
+      const float w = static_cast<float>(1.0 - beta1);
+      size_t moments_differ = 0, params_differ = 0, other_branch_differs = 0;
+      for (size_t i = 0; i < n; ++i) {
+        moments_differ += !SameFloat(mul.m[i], lerp.m[i]);
+        params_differ += !SameFloat(mul.p[i], lerp.p[i]);
+        const float d = g[i] - start.m[i];
+        const float other = w < 0.5f ? std::fma(-d, 1.0f - w, g[i]) : std::fma(w, d, start.m[i]);
+        other_branch_differs += !SameFloat(other, lerp.m[i]);
+      }
+      const std::string where = std::string(CpuIsaName(isa)) + " beta1=" + std::to_string(beta1);
+      EXPECT_GT(moments_differ, n / 100) << where;
+      EXPECT_GT(params_differ, 0u) << where;
+      EXPECT_GT(other_branch_differs, n / 100) << where;
+      std::printf("%s: lerp vs mul_add: %zu of %zu moments differ, %zu params; the other lerp branch: %zu\n",
+                  where.c_str(), moments_differ, n, params_differ, other_branch_differs);
+    }
 }
 
 TEST(AdamPaths, ResultDoesNotDependOnThreadCount) {
@@ -193,6 +353,22 @@ TEST(AdamOptions, BadOptionsAreRefused) {
   opt.beta2 = 0.999;
   opt.param_copy_dtype = DType::kF32;
   EXPECT_EQ(AdamStep(opt, 1, &p, &m, &v, &g, &p).code(), Code::kInvalid);
+  opt.param_copy_dtype = DType::kBF16;
+  opt.moment_update = static_cast<MomentUpdate>(7);
+  const Status st = AdamStep(opt, 1, &p, &m, &v, &g, nullptr);
+  EXPECT_EQ(st.code(), Code::kInvalid);
+  EXPECT_NE(st.message().find("moment_update"), std::string::npos) << st.ToString();
+}
+
+TEST(AdamOptions, MomentUpdateNames) {
+  for (MomentUpdate u : {MomentUpdate::kMulAdd, MomentUpdate::kLerp}) {
+    const Result<MomentUpdate> back = ParseMomentUpdate(MomentUpdateName(u));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(back.value(), u);
+  }
+  const Result<MomentUpdate> bad = ParseMomentUpdate("lerp2");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("mul_add, lerp"), std::string::npos) << bad.status().ToString();
 }
 
 TEST(AdamOptions, MissingPathIsRefusedNotRun) {

@@ -1,6 +1,6 @@
 // Runs AdamStepOn over a problem written by adam_torch_oracle_test.py and
 // writes the final param, exp_avg and exp_avg_sq for comparison with torch.
-//   adam_torch_driver <scalar|avx2|avx512> <in> <out> [weight_decay override]
+//   adam_torch_driver <scalar|avx2|avx512> <mul_add|lerp> <in> <out> [weight_decay override]
 // in:  int64 n, int64 steps, int64 mode (0 AdamW, 1 Adam), double beta1,
 //      beta2, eps, weight_decay; float param[n]; per step: double lr, float grad[n]
 // out: float param[n], exp_avg[n], exp_avg_sq[n]
@@ -16,10 +16,11 @@ namespace {
 using strata::kernels::AdamMode;
 using strata::kernels::AdamOptions;
 using strata::kernels::CpuIsa;
+using strata::kernels::MomentUpdate;
 
 bool Read(FILE* f, void* p, size_t bytes) { return std::fread(p, 1, bytes, f) == bytes; }
 
-int Run(CpuIsa isa, FILE* in, FILE* out, const char* wd_override) {
+int Run(CpuIsa isa, MomentUpdate moment, FILE* in, FILE* out, const char* wd_override) {
   int64_t n = 0, steps = 0, mode = 0;
   double hyper[4];  // beta1, beta2, eps, weight_decay
   if (!Read(in, &n, 8) || !Read(in, &steps, 8) || !Read(in, &mode, 8) || !Read(in, hyper, 32))
@@ -32,6 +33,7 @@ int Run(CpuIsa isa, FILE* in, FILE* out, const char* wd_override) {
   opt.beta2 = hyper[1];
   opt.eps = hyper[2];
   opt.weight_decay = wd_override ? std::strtod(wd_override, nullptr) : hyper[3];
+  opt.moment_update = moment;
   for (int64_t t = 1; t <= steps; ++t) {
     if (!Read(in, &opt.lr, 8) || !Read(in, g.data(), n * 4)) return 2;
     opt.step = t;
@@ -51,20 +53,25 @@ int Run(CpuIsa isa, FILE* in, FILE* out, const char* wd_override) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) {
-    std::fprintf(stderr, "usage: adam_torch_driver <isa> <in> <out> [weight_decay]\n");
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: adam_torch_driver <isa> <mul_add|lerp> <in> <out> [weight_decay]\n");
     return 2;
   }
   const strata::Result<CpuIsa> isa = strata::kernels::ParseCpuIsa(argv[1]);
   if (!isa.ok()) return 2;
+  const strata::Result<MomentUpdate> moment = strata::kernels::ParseMomentUpdate(argv[2]);
+  if (!moment.ok()) {
+    std::fprintf(stderr, "%s\n", moment.status().ToString().c_str());
+    return 2;
+  }
   if (!strata::kernels::CpuSupports(isa.value())) {
     std::printf("skipped: CPU lacks path %s\n", argv[1]);
     return 77;
   }
-  FILE* in = std::fopen(argv[2], "rb");
-  FILE* out = std::fopen(argv[3], "wb");
+  FILE* in = std::fopen(argv[3], "rb");
+  FILE* out = std::fopen(argv[4], "wb");
   if (!in || !out) return 2;
-  const int rc = Run(isa.value(), in, out, argc > 4 ? argv[4] : nullptr);
+  const int rc = Run(isa.value(), moment.value(), in, out, argc > 5 ? argv[5] : nullptr);
   std::fclose(in);
   return std::fclose(out) == 0 ? rc : 2;
 }

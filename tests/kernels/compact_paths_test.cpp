@@ -2,7 +2,7 @@
 // conversions) against the scalar reference, bitwise: sizes around the block and vector widths (partial last blocks),
 // misaligned arrays, 30 steps with an lr that changes each step, tiny, huge
 // and non-finite gradients, f32/bf16/f16 gradients, every copy-out, and thread
-// counts.
+// counts. Both first-moment formulas (MomentUpdate), both lerp branches.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -22,6 +22,8 @@ struct Variant {
   DType grad;
   int copy;  // 0 none, 1 bf16, 2 f16, 3 f32
   float magnitude;
+  MomentUpdate moment = MomentUpdate::kMulAdd;
+  double beta1 = 0.9;
 };
 
 DType CopyDType(int copy) { return copy == 1 ? DType::kBF16 : copy == 2 ? DType::kF16 : DType::kF32; }
@@ -29,7 +31,8 @@ DType CopyDType(int copy) { return copy == 1 ? DType::kBF16 : copy == 2 ? DType:
 std::string Name(const Variant& v) {
   return std::string(v.mode == AdamMode::kAdamW ? "adamw" : "adam") + " grad=" + DTypeName(v.grad) +
          " copy=" + (v.copy ? DTypeName(CopyDType(v.copy)) : "none") +
-         " magnitude=" + std::to_string(v.magnitude);
+         " magnitude=" + std::to_string(v.magnitude) + " moment_update=" + MomentUpdateName(v.moment) +
+         " beta1=" + std::to_string(v.beta1);
 }
 
 // A packed random state: weights over several binades, moments of a few
@@ -60,6 +63,8 @@ AdamOptions Options(const Variant& var, int t) {
   opt.grad_scale = t % 3 == 0 ? 1.0 : 1.0 / (1024.0 + t);
   opt.grad_dtype = var.grad;
   opt.param_copy_dtype = CopyDType(var.copy);
+  opt.moment_update = var.moment;
+  opt.beta1 = var.beta1;
   return opt;
 }
 
@@ -164,6 +169,18 @@ TEST(CompactPaths, SmallSizesAllVariantsMisaligned) {
     for (const Variant& var : AllVariants())
       for (size_t n : {1, 7, 16, 31, 32, 33, 47, 64, 95, 1025})
         for (size_t offset : {0, 1, 7}) ASSERT_NO_FATAL_FAILURE(CompareRun(isa, var, n, offset, 30));
+}
+
+// The lerp first moment, both weight branches (beta1 0.9: w = 0.1; 0.3: w = 0.7).
+TEST(CompactPaths, LerpAllVariantsMisaligned) {
+  const std::vector<Variant> all = AllVariants();
+  for (CpuIsa isa : CompactSimdPaths())
+    for (size_t k = 0; k < all.size(); ++k) {
+      Variant var = all[k];
+      var.moment = MomentUpdate::kLerp;
+      var.beta1 = k % 2 ? 0.3 : 0.9;
+      for (size_t n : {1, 7, 33, 95, 1025}) ASSERT_NO_FATAL_FAILURE(CompareRun(isa, var, n, k % 3, 10));
+    }
 }
 
 TEST(CompactPaths, TinyAndHugeMagnitudes) {

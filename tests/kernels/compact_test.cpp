@@ -263,9 +263,16 @@ TEST(CompactMoments, StoredScalesFollowTheFormat) {
 }
 
 // The fused step is Pack(AdamStep(Unpack(state))) bit for bit on the scalar
-// path, for every mode, gradient dtype and copy-out.
+// path, for every mode, gradient dtype, copy-out and first-moment formula
+// (lerp with each weight branch: beta1 0.9 and 0.3).
 TEST(CompactStep, EqualsPackOfAdamStepOfUnpack) {
   const size_t n = 40 * kCompactBlock + 13;
+  struct Moment {
+    MomentUpdate u;
+    double beta1;
+  };
+  for (const Moment mo : {Moment{MomentUpdate::kMulAdd, 0.9}, Moment{MomentUpdate::kLerp, 0.9},
+                          Moment{MomentUpdate::kLerp, 0.3}})
   for (AdamMode mode : {AdamMode::kAdamW, AdamMode::kAdam})
     for (DType gd : {DType::kF32, DType::kBF16, DType::kF16})
       for (int copy = 0; copy < 4; ++copy) {
@@ -282,6 +289,7 @@ TEST(CompactStep, EqualsPackOfAdamStepOfUnpack) {
           AdamOptions opt;
           opt.mode = mode, opt.lr = 1e-2, opt.weight_decay = 0.1, opt.step = t;
           opt.grad_dtype = gd, opt.param_copy_dtype = cd, opt.grad_scale = 0.5;
+          opt.moment_update = mo.u, opt.beta1 = mo.beta1;
           ASSERT_TRUE(CompactUnpack(n, c.state(), w.data(), m.data(), v.data()).ok());
           AdamOptions ropt = opt;
           ropt.param_copy_dtype = cd == DType::kF32 ? DType::kBF16 : cd;
@@ -294,7 +302,8 @@ TEST(CompactStep, EqualsPackOfAdamStepOfUnpack) {
               CompactAdamStepOn(CpuIsa::kScalar, opt, n, c.state(), g.data(), copy ? copy_c.data() : nullptr)
                   .ok());
           ASSERT_EQ(CompactDiff(c, ref), "")
-              << "mode " << int(mode) << " grad " << DTypeName(gd) << " copy " << copy << " step " << t;
+              << "mode " << int(mode) << " grad " << DTypeName(gd) << " copy " << copy << " step " << t << " "
+              << MomentUpdateName(mo.u) << " beta1 " << mo.beta1;
           if (copy) {
             ASSERT_EQ(std::memcmp(copy_c.data(), copy_r.data(), n * DTypeSize(cd)), 0) << copy;
           }

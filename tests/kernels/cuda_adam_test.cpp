@@ -1,6 +1,7 @@
 // CUDA Adam/AdamW and casts against the CPU scalar reference, bitwise: sizes
 // around warp and block widths, 100 steps with an lr that changes each step,
-// tiny and huge gradients, all gradient dtypes and copy-outs. Exits 77 with
+// tiny and huge gradients, all gradient dtypes and copy-outs, both first-moment
+// formulas (MomentUpdate; lerp with each weight branch). Exits 77 with
 // "skipped: no GPU (...)" when cudaGetDeviceCount fails or finds none.
 #include <cuda_runtime.h>
 
@@ -20,7 +21,8 @@
 namespace strata::kernels::test {
 namespace {
 
-void CompareAdam(AdamMode mode, DType grad, int copy, float mag, size_t n) {
+void CompareAdam(AdamMode mode, DType grad, int copy, float mag, size_t n,
+                 MomentUpdate moment = MomentUpdate::kMulAdd, double beta1 = 0.9) {
   std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), dp(n), dm(n), dv(n);
   std::vector<uint8_t> g(n * DTypeSize(grad)), c(n * 2), dc(n * 2);
   Rng rng(n + static_cast<int>(grad) * 7 + copy);
@@ -31,7 +33,8 @@ void CompareAdam(AdamMode mode, DType grad, int copy, float mag, size_t n) {
   bv.Put(v.data());
   const std::string name = std::string(mode == AdamMode::kAdamW ? "adamw" : "adam") +
                            " grad=" + DTypeName(grad) + " copy=" + std::to_string(copy) +
-                           " mag=" + std::to_string(mag) + " n=" + std::to_string(n);
+                           " mag=" + std::to_string(mag) + " n=" + std::to_string(n) +
+                           " moment_update=" + MomentUpdateName(moment) + " beta1=" + std::to_string(beta1);
   for (int t = 1; t <= 100; ++t) {
     AdamOptions opt;
     opt.mode = mode;
@@ -41,6 +44,8 @@ void CompareAdam(AdamMode mode, DType grad, int copy, float mag, size_t n) {
     opt.grad_scale = t % 3 ? 1.0 / 1024 : 1.0;
     opt.grad_dtype = grad;
     opt.param_copy_dtype = copy == 2 ? DType::kF16 : DType::kBF16;
+    opt.moment_update = moment;
+    opt.beta1 = beta1;
     for (size_t i = 0; i < n; ++i) StoreAs(grad, g.data(), i, rng.Spread() * mag);
     bg.Put(g.data());
     const Status ref = AdamStepOn(CpuIsa::kScalar, opt, n, p.data(), m.data(), v.data(),
@@ -115,6 +120,15 @@ int main() {
             // The large size (many blocks, grid-stride) for one copy-out per dtype.
             if (n > 4096 && (mag != 1.0f || copy != static_cast<int>(g))) continue;
             test::CompareAdam(mode, g, copy, mag, n);
+          }
+  // lerp, each weight branch: every dtype and copy-out, sizes around warp and block.
+  for (AdamMode mode : {AdamMode::kAdamW, AdamMode::kAdam})
+    for (strata::DType g : {strata::DType::kF32, strata::DType::kBF16, strata::DType::kF16})
+      for (int copy = 0; copy < 3; ++copy)
+        for (double beta1 : {0.9, 0.3})
+          for (size_t n : {1, 33, 257, 1025, (1 << 20) + 3}) {
+            if (n > 4096 && copy != static_cast<int>(g)) continue;
+            test::CompareAdam(mode, g, copy, 1.0f, n, MomentUpdate::kLerp, beta1);
           }
   test::CompareCasts();
   std::printf("%s: %d failures\n", test::g_failures ? "FAIL" : "ok", test::g_failures);

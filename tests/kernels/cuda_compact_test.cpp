@@ -7,7 +7,8 @@
 // the split's edges (subnormals, a binade crossing, bf16 overflow, ±inf, NaN)
 // and blocks of every kind side by side (all zero, below kCompactMinScale,
 // subnormal v, NaN). NaN payloads are the GPU's own (both sides NaN is
-// equal). Exits 77 with "skipped: no GPU (...)" when there is none.
+// equal). Both first-moment formulas (MomentUpdate), both lerp branches.
+// Exits 77 with "skipped: no GPU (...)" when there is none.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -93,13 +94,16 @@ struct Case {
   double lr = 1e-3;
   int steps = 8;
   size_t shift = 0;  // kMixed: which kind of block comes first
+  MomentUpdate moment = MomentUpdate::kMulAdd;  // Adam, AdamW
+  double beta1 = 0.9;                           // Adam, AdamW
   std::string Name() const {
     static const char* kOpt[] = {"adamw", "adam", "lion"};
     static const char* kInit[] = {"random", "edge", "mixed"};
     return std::string(kOpt[int(opt)]) + " grad=" + DTypeName(grad) +
            " copy=" + (copy ? DTypeName(CopyDType(copy)) : "none") + " wd=" + std::to_string(wd) +
            " n=" + std::to_string(n) + " init=" + kInit[int(init)] + " mag=" + std::to_string(mag) +
-           " lr=" + std::to_string(lr) + " shift=" + std::to_string(shift);
+           " lr=" + std::to_string(lr) + " shift=" + std::to_string(shift) +
+           " moment_update=" + MomentUpdateName(moment) + " beta1=" + std::to_string(beta1);
   }
 };
 
@@ -226,6 +230,8 @@ void Compare(const Case& k) {
       o.grad_scale = scale;
       o.grad_dtype = k.grad;
       o.param_copy_dtype = copy_dtype;
+      o.moment_update = k.moment;
+      o.beta1 = k.beta1;
       ref = CompactAdamStepOn(CpuIsa::kScalar, o, n, cpu.state(), g.data(), host_copy);
       out = CompactAdamStepCuda(o, n, dev.state(), dg.ptr, dev_copy, nullptr);
     }
@@ -292,6 +298,20 @@ void EdgeAndMixedCases() {
       }
 }
 
+// The lerp first moment, each weight branch (beta1 0.9: w = 0.1; 0.3: w = 0.7).
+void LerpCases() {
+  for (Opt opt : {Opt::kAdamW, Opt::kAdam})
+    for (DType g : {DType::kF32, DType::kBF16, DType::kF16})
+      for (int copy = 0; copy < 4; ++copy)
+        for (double beta1 : {0.9, 0.3})
+          for (size_t n : {size_t{1}, size_t{33}, size_t{1000}, size_t{65536 + 7}}) {
+            Case k;
+            k.opt = opt, k.grad = g, k.copy = copy, k.wd = 0.01, k.n = n;
+            k.moment = MomentUpdate::kLerp, k.beta1 = beta1;
+            Compare(k);
+          }
+}
+
 // Past what one grid covers (65536 blocks of 8 warps): the grid-stride loop.
 void GridStrideCase() {
   Case k;
@@ -315,6 +335,7 @@ int main() {
   test::CompareRefusals();
   test::RandomCases();
   test::EdgeAndMixedCases();
+  test::LerpCases();
   test::GridStrideCase();
   std::printf("%s: %d failures\n", test::g_failures ? "FAIL" : "ok", test::g_failures);
   return test::g_failures ? 1 : 0;
