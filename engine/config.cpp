@@ -202,6 +202,10 @@ Status ReadOptimizerParams(ObjectReader r, OptimizerConfig* o, std::vector<std::
   STRATA_RETURN_IF_ERROR(r.Bool("adam_w_mode", &o->adam_w_mode));
   if (o->type == "adamw") o->adam_w_mode = true;  // as in DeepSpeed: AdamW is always decoupled
   STRATA_RETURN_IF_ERROR(r.Bool("bias_correction", &o->bias_correction));
+  STRATA_RETURN_IF_ERROR(r.Choice("moment_update", &o->moment_update, {"mul_add", "lerp"}));
+  if (o->moment_update != "mul_add" && o->type != "adam" && o->type != "adamw")
+    return ConfigError(r.KeyPath("moment_update") + ": \"" + o->moment_update + "\" is Adam's and AdamW's; " +
+                       o->type + " has no first moment of that form; allowed: mul_add (or leave it out)");
   // The kernels always correct the bias; false would be ignored, so it is refused.
   if (!o->bias_correction)
     return ConfigError(r.KeyPath("bias_correction") + ": false is not supported (the update always corrects the "
@@ -429,7 +433,7 @@ std::string ConfigToJson(const Config& c) {
         {"params",
          {{"lr", c.optimizer.lr}, {"betas", {c.optimizer.beta1, c.optimizer.beta2}}, {"eps", c.optimizer.eps},
           {"weight_decay", c.optimizer.weight_decay}, {"adam_w_mode", c.optimizer.adam_w_mode},
-          {"bias_correction", c.optimizer.bias_correction}}}}},
+          {"bias_correction", c.optimizer.bias_correction}, {"moment_update", c.optimizer.moment_update}}}}},
       {"strata",
        {{"device_budget", budget(c.strata.device_budget)}, {"host_budget", budget(c.strata.host_budget)},
         {"nvme_paths", c.strata.nvme_paths}, {"trace_path", c.strata.trace_path},

@@ -106,6 +106,10 @@ struct OptimizerConfig {
   double weight_decay = 0;
   bool adam_w_mode = true;  // decoupled weight decay; DeepSpeed's "Adam" defaults to it too
   bool bias_correction = true;
+  // Adam/AdamW's first-moment arithmetic (kernels::MomentUpdate): "mul_add",
+  // torch 1.x's exp_avg.mul_(b1).add_(g, alpha=1-b1), or "lerp", torch >= 2.0's
+  // exp_avg.lerp_(g, 1-b1); each bitwise its torch. An option, not state.
+  std::string moment_update = "mul_add";
   bool operator==(const OptimizerConfig&) const = default;
 };
 

@@ -115,6 +115,12 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   if (!c.optimizer.bias_correction)
     return ConfigError("optimizer.params.bias_correction: false is not supported (the update always corrects the "
                        "moments' bias); allowed: true");
+  const std::string& mu = c.optimizer.moment_update;
+  if (mu != "mul_add" && mu != "lerp")
+    return ConfigError("optimizer.params.moment_update: \"" + mu + "\" is not one of mul_add, lerp");
+  if (mu != "mul_add" && c.optimizer.type != "adam" && c.optimizer.type != "adamw")
+    return ConfigError("optimizer.params.moment_update: \"" + mu + "\" is Adam's and AdamW's; " + c.optimizer.type +
+                       " has no first moment of that form; allowed: mul_add (or leave it out)");
   const std::string& gr = c.strata.grad_reduce;
   if (gr != "mean" && gr != "sum")
     return ConfigError("strata.grad_reduce: \"" + gr + "\" is not one of mean, sum");

@@ -29,6 +29,14 @@ struct StepHyper {
   double lr, beta1, beta2, eps, weight_decay, grad_scale;
   int64_t step;
 };
+// optimizer.params.moment_update as the kernels' option (the step sets
+// StepKernelOptions::adam.moment_update from it, for the CPU and GPU updates
+// alike). The config has refused any other name; one that got past it anyway
+// maps to a value that ValidateAdamOptions refuses, never to a silent default.
+inline kernels::MomentUpdate MomentUpdateOf(const std::string& name) {
+  const Result<kernels::MomentUpdate> u = kernels::ParseMomentUpdate(name);
+  return u.ok() ? u.value() : static_cast<kernels::MomentUpdate>(0xff);
+}
 // `adamw`: decoupled weight decay (type adamw, or adam with adam_w_mode);
 // `copy`: the dtype of the parameter copy the kernels write (bf16 or f16).
 StepKernelOptions MakeStepKernelOptions(const std::string& type, bool adamw, const StepHyper& h, DType grad,

@@ -67,9 +67,13 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   const double lr = pick(so.lr, oc.lr), b1 = pick(so.beta1, oc.beta1), b2 = pick(so.beta2, oc.beta2);
   const double eps = pick(so.eps, oc.eps), wd = pick(so.weight_decay, oc.weight_decay);
   const bool copy_f32 = dtype_ == DType::kF32;  // fp32 compute: P is a copy of W, no kernel copy-out
-  const StepKernelOptions ko =
-      MakeStepKernelOptions(oc.type, oc.type == "adamw" || oc.adam_w_mode,
-                            StepHyper{lr, b1, b2, eps, wd, grad_scale, step}, gdtype_, copy_f32 ? DType::kBF16 : dtype_);
+  const StepKernelOptions ko = [&] {
+    StepKernelOptions o = MakeStepKernelOptions(oc.type, oc.type == "adamw" || oc.adam_w_mode,
+                                                StepHyper{lr, b1, b2, eps, wd, grad_scale, step}, gdtype_,
+                                                copy_f32 ? DType::kBF16 : dtype_);
+    o.adam.moment_update = MomentUpdateOf(oc.moment_update);  // the CPU and GPU updates alike
+    return o;
+  }();
   std::vector<Job> jobs(static_cast<size_t>(n));
   Status first_error;
   auto keep = [&](Status s) { if (first_error.ok() && !s.ok()) first_error = std::move(s); };

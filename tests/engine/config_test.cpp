@@ -326,6 +326,39 @@ TEST(Config, GpuOptimizerIsAutoOrOff) {
   EXPECT_EQ(st.message(), "strata.gpu_optimizer: \"cuda\" is not one of auto, off") << st.ToString();
 }
 
+// optimizer.params.moment_update: Adam/AdamW's first-moment arithmetic,
+// "mul_add" (torch 1.x, the default) or "lerp" (torch >= 2.0).
+TEST(Config, MomentUpdateIsMulAddOrLerp) {
+  EXPECT_EQ(Config{}.optimizer.moment_update, "mul_add");
+  EXPECT_EQ(MustParse("{}").optimizer.moment_update, "mul_add");
+  for (const char* type : {"Adam", "AdamW"}) {
+    const Config c = MustParse(std::string(R"({"optimizer": {"type": ")") + type +
+                               R"(", "params": {"moment_update": "LERP"}}})");
+    EXPECT_EQ(c.optimizer.moment_update, "lerp") << type;
+    EXPECT_EQ(MustParse(ConfigToJson(c)), c) << type;  // the resolved config keeps it
+  }
+  EXPECT_EQ(MustParse(R"({"optimizer": {"params": {"moment_update": "mul_add"}}})").optimizer.moment_update,
+            "mul_add");
+  EXPECT_EQ(Refusal(R"({"optimizer": {"params": {"moment_update": "fma"}}})"),
+            "optimizer.params.moment_update: \"fma\" is not one of mul_add, lerp");
+  EXPECT_EQ(Refusal(R"({"optimizer": {"params": {"moment_update": 1}}})").rfind("optimizer.params.moment_update: ", 0),
+            0u);
+  EXPECT_EQ(Refusal(R"({"optimizer": {"type": "Lion", "params": {"moment_update": "lerp"}}})"),
+            "optimizer.params.moment_update: \"lerp\" is Adam's and AdamW's; lion has no first moment of that form; "
+            "allowed: mul_add (or leave it out)");
+  EXPECT_EQ(MustParse(R"({"optimizer": {"type": "Adagrad", "params": {"moment_update": "mul_add"}}})")
+                .optimizer.moment_update,
+            "mul_add");
+  Config bad;
+  bad.optimizer.moment_update = "Lerp";  // built in code: held to the parse rules
+  EXPECT_EQ(Refusal(ValidateConfig(bad, ConfigFacts{})),
+            "optimizer.params.moment_update: \"Lerp\" is not one of mul_add, lerp");
+  bad.optimizer.moment_update = "lerp";
+  bad.optimizer.type = "adagrad";
+  EXPECT_EQ(Refusal(ValidateConfig(bad, ConfigFacts{})).rfind("optimizer.params.moment_update: \"lerp\" is Adam's", 0),
+            0u);
+}
+
 TEST(Config, ToJsonRoundTrips) {
   Config c = MustParse(kInfinityConfig);
   const Config back = MustParse(ConfigToJson(c));

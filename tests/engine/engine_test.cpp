@@ -10,6 +10,7 @@
 #include "base/sizes.h"
 #include "engine/engine.h"
 #include "engine/prefetch.h"
+#include "kernels/cpu/adam.h"
 #include "tests/engine/tiny_mlp.h"
 #include "tests/util/temp_dir.h"
 
@@ -449,6 +450,119 @@ TEST(Engine, GradReduceMeanAveragesAccumulationCalls) {
     EXPECT_NE(sum2.w, one.w) << "the two reductions must differ here (eps makes Adam scale-sensitive)";
     EXPECT_EQ(sum1x2.norm, 2 * one.norm);
   }
+}
+
+// optimizer.params.moment_update reaches the kernels. From a state with
+// non-zero moments (where the formulas part on the first step), 3 steps
+// with "lerp" are bitwise AdamStep's lerp and not its mul_add, and the
+// default is bitwise its mul_add, in both lerp weight branches (beta1 0.9:
+// w = 0.1; 0.3: w = 0.7). The compact format takes it too (its steps differ
+// by it; kernels_compact_test shows the compact lerp is the fp32 one). It is
+// an option, not state: 1 step, a checkpoint, 2 steps after loading it is
+// the 3 steps. A value that is not one of them is refused naming the key.
+TEST(Engine, MomentUpdateReachesTheKernel) {
+  using OS = Engine::OptimizerState;
+  const size_t n = 1031;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> w0(n), m0(n), v0(n);
+  std::vector<std::vector<float>> grads(3, std::vector<float>(n));
+  for (size_t i = 0; i < n; ++i) {
+    w0[i] = u(rng);
+    m0[i] = 0.05f * u(rng);
+    const float g = u(rng);
+    v0[i] = 1e-3f * g * g + 1e-6f;
+  }
+  for (auto& g : grads)
+    for (float& x : g) x = u(rng);
+  struct Out {
+    std::vector<float> w, m, v;
+  };
+  // The engine's steps [from, 3) (from the checkpoint `load` when given, else
+  // from w0, m0, v0), then a checkpoint to `save` when given; `moment`: the
+  // key's value, or none for no key.
+  auto run = [&](double beta1, const char* moment, const std::string& extra, int from = 0,
+                 const std::string& load = "", const std::string& save = "", int to = 3) {
+    Out out;
+    std::string params = R"("lr": 0.01, "weight_decay": 0.01, "betas": [)" + std::to_string(beta1) + ", 0.999]";
+    if (moment) params += std::string(R"(, "moment_update": ")") + moment + "\"";
+    auto e = Engine::Create(MustParse(R"({"optimizer": {"type": "AdamW", "params": {)" + params + "}}" + extra + "}"),
+                            {});
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (!e.ok()) return out;
+    Engine& eng = **e;
+    EXPECT_TRUE(eng.AddParam(0, "w", n, w0.data()).ok());
+    EXPECT_TRUE(eng.Build().ok());
+    if (load.empty()) {
+      EXPECT_TRUE(eng.WriteState(0, OS::kExpAvgSq, v0.data()).ok());
+      EXPECT_TRUE(eng.WriteState(0, OS::kExpAvg, m0.data()).ok());
+    } else {
+      std::vector<uint8_t> blob;
+      const Status st = eng.LoadCheckpoint(load, "", &blob);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+    }
+    for (int t = from; t < to; ++t) {
+      EXPECT_TRUE(eng.Fetch(0).ok());
+      EXPECT_TRUE(eng.Release(0).ok());
+      EXPECT_TRUE(eng.Grads(0, grads[static_cast<size_t>(t)].data(), DType::kF32).ok());
+      auto r = eng.Step({});
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (!r.ok()) return out;
+      EXPECT_FALSE(r->skipped);
+    }
+    if (!save.empty()) {
+      EXPECT_TRUE(eng.SaveCheckpoint(save, "t", nullptr, 0).ok());
+    }
+    out.w.resize(n), out.m.resize(n), out.v.resize(n);
+    EXPECT_TRUE(eng.ReadState(0, OS::kMaster, out.w.data()).ok());
+    EXPECT_TRUE(eng.ReadState(0, OS::kExpAvg, out.m.data()).ok());
+    EXPECT_TRUE(eng.ReadState(0, OS::kExpAvgSq, out.v.data()).ok());
+    return out;
+  };
+  // The kernel's 3 steps from the same state.
+  auto reference = [&](double beta1, kernels::MomentUpdate mu) {
+    Out out{w0, m0, v0};
+    for (int t = 1; t <= 3; ++t) {
+      kernels::AdamOptions o;
+      o.lr = 0.01, o.weight_decay = 0.01, o.beta1 = beta1, o.beta2 = 0.999, o.eps = 1e-8, o.step = t;
+      o.mode = kernels::AdamMode::kAdamW;
+      o.moment_update = mu;
+      EXPECT_TRUE(kernels::AdamStepOn(kernels::CpuIsa::kScalar, o, n, out.w.data(), out.m.data(), out.v.data(),
+                                      grads[static_cast<size_t>(t - 1)].data(), nullptr)
+                      .ok());
+    }
+    return out;
+  };
+  auto same = [](const Out& a, const Out& b) {
+    return a.w.size() == b.w.size() && a.w == b.w && a.m == b.m && a.v == b.v;  // no NaN here
+  };
+  for (double beta1 : {0.9, 0.3}) {
+    SCOPED_TRACE("beta1 " + std::to_string(beta1));
+    const Out mul_ref = reference(beta1, kernels::MomentUpdate::kMulAdd);
+    const Out lerp_ref = reference(beta1, kernels::MomentUpdate::kLerp);
+    ASSERT_FALSE(same(mul_ref, lerp_ref)) << "the two formulas must differ on this data";
+    const Out lerp = run(beta1, "lerp", "");
+    EXPECT_TRUE(same(lerp, lerp_ref)) << "\"lerp\" is not the kernel's lerp";
+    EXPECT_TRUE(same(run(beta1, "mul_add", ""), mul_ref)) << "\"mul_add\" is not the kernel's mul_add";
+    EXPECT_TRUE(same(run(beta1, nullptr, ""), mul_ref)) << "the default is not mul_add";
+    // Host-homed and NVMe-homed state: the same kernel options through the staged step.
+    TempDir dir;
+    const std::string nvme = R"(, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", )"
+                             R"("nvme_path": ")" + dir.path() + R"("}})";
+    EXPECT_TRUE(same(run(beta1, "lerp", nvme), lerp_ref)) << "nvme";
+    // Resume: 1 step, checkpoint, load, 2 steps.
+    TempDir ckpt;
+    run(beta1, "lerp", "", 0, "", ckpt.path(), 1);
+    EXPECT_TRUE(same(run(beta1, "lerp", "", 1, ckpt.path()), lerp_ref)) << "resumed from a checkpoint";
+    // Compact state: the key reaches its kernel too.
+    const std::string compact = R"(, "bf16": {"enabled": true}, "strata": {"state_format": "compact"})";
+    const Out c_mul = run(beta1, "mul_add", compact), c_lerp = run(beta1, "lerp", compact);
+    ASSERT_EQ(c_lerp.m.size(), n);
+    EXPECT_FALSE(same(c_mul, c_lerp)) << "compact: lerp and mul_add steps must differ";
+  }
+  auto bad = ParseConfig(R"({"optimizer": {"type": "AdamW", "params": {"moment_update": "lerp_"}}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "optimizer.params.moment_update: \"lerp_\" is not one of mul_add, lerp");
 }
 
 // The device pool: with P evicted and fetched again all the time (the
