@@ -212,6 +212,18 @@ def _clip_result(norm, norm_type, error_if_nonfinite):
 
 
 _TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+# The first moment as this torch's AdamW computes it: 1.x exp_avg.mul_(b1).add_(g, alpha=1-b1),
+# 2.x exp_avg.lerp_(g, 1-b1) (engine config optimizer.params.moment_update).
+_MOMENT_UPDATE = "lerp" if _TORCH2 else "mul_add"
+
+
+def _with_torch_moment(config):
+    """config whose Adam/AdamW (the default optimizer) computes the first
+    moment as this torch does, unless the config says otherwise."""
+    opt = config.setdefault("optimizer", {})
+    if str(opt.get("type", "AdamW")).lower() in ("adam", "adamw"):
+        opt.setdefault("params", {}).setdefault("moment_update", _MOMENT_UPDATE)
+    return config
 
 
 def _torch_norm_of(g):
@@ -369,8 +381,9 @@ class OffloadAdam(torch.optim.Optimizer):
         cfg = _separate_swap_folders(copy.deepcopy(self._config), tag)
         opt = cfg.setdefault("optimizer", {})
         opt["type"] = "AdamW"
-        opt.setdefault("params", {}).update(lr=group["lr"], betas=list(group["betas"]), eps=group["eps"],
-                                            weight_decay=group["weight_decay"])
+        hyper = opt.setdefault("params", {})
+        hyper.update(lr=group["lr"], betas=list(group["betas"]), eps=group["eps"], weight_decay=group["weight_decay"])
+        hyper.setdefault("moment_update", _MOMENT_UPDATE)  # as this torch's AdamW computes the first moment
         # The groups' size from the model and the host budget, and the
         # engine's copy of the parameters on NVMe where it would be a second
         # one in host memory (strata/_sizing.py says why and what it costs).
@@ -1487,7 +1500,8 @@ def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1
     parameter instead of 12 (strata.state_format; needs bf16 in the config);
     None keeps the config's (fp32 by default).
     """
-    return OffloadedModule(module, _with_state_format(_config_dict(config), state_format), force_no_gpu,
+    return OffloadedModule(module, _with_torch_moment(_with_state_format(_config_dict(config), state_format)),
+                           force_no_gpu,
                            grad_accumulation_steps, rank, world_size)
 
 
