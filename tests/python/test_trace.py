@@ -3,6 +3,7 @@ and step spans beside the trainer's own (Engine.span), on their tracks,
 nested, whenever it is written: mid-run by write_trace() and at close."""
 import json
 import threading
+from decimal import Decimal
 
 import pytest
 
@@ -10,6 +11,15 @@ torch = pytest.importorskip("torch")
 import strata  # noqa: E402
 
 CONFIG = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}}}
+
+
+def read_trace(text):
+    """The trace's JSON with its times exact. ts and dur are microseconds with
+    three decimals (whole nanoseconds); read as floats, ts + dur rounds, and a
+    span that ends exactly where its parent ends (both open at a write_trace,
+    both cut at it) may seem to end after it: 7206.817 + 4444.926 >
+    7205.735 + 4446.008 in floats. Read as Decimal, sums and comparisons are exact."""
+    return json.loads(text, parse_float=Decimal)
 
 
 def spans_of(trace):
@@ -74,11 +84,11 @@ def test_trace_holds_engine_and_trainer_spans(tmp_path):
                 pass
             train_traced(e, 2)
             e.write_trace()  # mid-run, inside the open "epoch" span
-            mid = json.loads(path.read_text())
+            mid = read_trace(path.read_text())
         stop.set()
         t.join()
         train_traced(e, 1)
-    final = json.loads(path.read_text())  # written again at close
+    final = read_trace(path.read_text())  # written again at close
 
     spans = spans_of(mid)
     by_name = {}
@@ -123,6 +133,51 @@ def test_trace_holds_engine_and_trainer_spans(tmp_path):
     assert sum(ev["name"] == "step" for ev in final_spans) == 3
     (epoch,) = [ev for ev in final_spans if ev["name"] == epoch["name"]]
     assert "unfinished" not in epoch["args"]
+
+
+def test_spans_open_at_a_write_end_together_and_nest_exactly(tmp_path):
+    """Spans still open at write_trace are all cut at one time, taken once:
+    on each thread each ends exactly where its parent does and nests in it,
+    as the trace's times are read exactly (as floats the sums of a deep stack
+    would round apart)."""
+    path = tmp_path / "trace.json"
+    cfg = dict(CONFIG, strata={"trace_path": str(path)})
+    depth = 64
+    with strata.Engine(cfg, force_no_gpu=True) as e:
+        opened, go_on = threading.Event(), threading.Event()
+
+        def other():  # a second thread's stack, open across the write too
+            with e.span("other 0"):
+                with e.span("other 1"):
+                    opened.set()
+                    assert go_on.wait(60)
+
+        t = threading.Thread(target=other)
+        t.start()
+        try:
+            assert opened.wait(60), "the other thread never opened its spans"
+            spans = [e.span(f"level {k}") for k in range(depth)]
+            for s in spans:
+                s.__enter__()
+            e.write_trace()
+            mid = spans_of(read_trace(path.read_text()))
+            for s in reversed(spans):
+                s.__exit__(None, None, None)
+        finally:
+            go_on.set()
+            t.join()
+    assert len(mid) == depth + 2 and all(ev["args"].get("unfinished") is True for ev in mid)
+    assert len({ev["ts"] + ev["dur"] for ev in mid}) == 1, "open spans are all cut at the write's one time"
+    levels = sorted((ev for ev in mid if ev["name"].startswith("level")), key=lambda ev: int(ev["name"][6:]))
+    assert [ev["name"] for ev in levels] == [f"level {k}" for k in range(depth)]
+    assert len({ev["tid"] for ev in levels}) == 1 and levels[0]["tid"] != next(
+        ev["tid"] for ev in mid if ev["name"] == "other 0")
+    for outer, inner in zip(levels, levels[1:]):
+        assert outer["ts"] < inner["ts"] and inside(inner, outer), (inner, outer)
+    assert_nested_per_track(mid)
+    final = spans_of(read_trace(path.read_text()))  # at close: all ended, none unfinished, nested
+    assert len(final) == depth + 2 and not any("unfinished" in ev["args"] for ev in final)
+    assert_nested_per_track(final)
 
 
 def test_trace_calls_refuse_what_they_cannot_do(tmp_path):
