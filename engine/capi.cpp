@@ -209,6 +209,7 @@ strata_status_t strata_engine_create(const char* json, const strata_engine_optio
     eo.force_no_gpu = o.force_no_gpu != 0;
     eo.overlap_step = o.overlap_step != 0;
     eo.device = o.device;
+    eo.skip_groups_without_grads = o.skip_groups_without_grads != 0;
     e = std::make_unique<strata_engine_t>();
     STRATA_ASSIGN_OR_RETURN(e->rep, strata::Engine::Create(config, eo));
     e->device = e->rep->placement().device;
@@ -449,6 +450,22 @@ strata_status_t strata_engine_get_steps(strata_engine_t* engine, int64_t* out) {
 
 strata_status_t strata_engine_set_steps(strata_engine_t* engine, int64_t steps) {
   return OnEngine("strata_engine_set_steps", engine, [&]() -> Status { return engine->rep->SetStepsApplied(steps); });
+}
+
+strata_status_t strata_engine_group_steps(strata_engine_t* engine, int group, int64_t* out) {
+  return OnEngine("strata_engine_group_steps", engine, [&]() -> Status {
+    if (out == nullptr) return strata::InvalidError("out must not be NULL");
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    STRATA_ASSIGN_OR_RETURN(*out, engine->rep->GroupSteps(group));
+    return Status::Ok();
+  });
+}
+
+strata_status_t strata_engine_set_group_steps(strata_engine_t* engine, int group, int64_t steps) {
+  return OnEngine("strata_engine_set_group_steps", engine, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    return engine->rep->SetGroupSteps(group, steps);
+  });
 }
 
 strata_status_t strata_engine_num_groups(strata_engine_t* engine, int* out) {

@@ -328,6 +328,7 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
     }
     Json gj = {{"numel", L.numel}, {"padded", L.padded}, {"shard_numel", L.shard_numel}, {"tensors", tensors}};
     if (frozen(g)) gj["frozen"] = true;  // its blocks are "P", in compute_dtype
+    else if (skips_gradless()) gj["steps"] = group_steps_[static_cast<size_t>(g)];  // its own update count
     groups.push_back(std::move(gj));
   }
   // The order of saves in this folder: one more than any checkpoint there.
@@ -401,6 +402,12 @@ Status Engine::Impl::SameStateAs(const manifest::Manifest& m, const std::string&
   if (m.loss_scale != ls.scale || m.hysteresis_left != ls.hysteresis_left || m.clean_steps != ls.clean_steps)
     return differs("another loss scaler state");
   if (m.shard_world != sworld_ || m.world_size != options_.world_size) return differs("another number of ranks");
+  for (int g = 0; skips_gradless() && g < part_.num_groups() && static_cast<size_t>(g) < m.groups.size(); ++g) {
+    const int64_t saved = m.groups[static_cast<size_t>(g)].steps >= 0 ? m.groups[static_cast<size_t>(g)].steps : m.step;
+    if (!frozen(g) && saved != group_steps_[static_cast<size_t>(g)])
+      return differs("group " + std::to_string(g) + " has " + std::to_string(saved) + " updates there, " +
+                     std::to_string(group_steps_[static_cast<size_t>(g)]) + " in the engine");
+  }
   STRATA_RETURN_IF_ERROR(CheckManifestLayout(m, folder + "/manifest.json"));
   if (!(sworld_ > 1 || options_.rank == 0)) return Status::Ok();  // stage 0: rank 0's file holds it all
   const manifest::File& file = m.files[static_cast<size_t>(srank_)];

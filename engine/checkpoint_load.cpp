@@ -62,6 +62,10 @@ Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& t
   }
   AbandonStep();  // the way back from a failed or broken step (or load): none is pending now
   step_count_ = m.step;
+  for (int g = 0; g < part_.num_groups(); ++g) {  // each group's own count (an engine that skips groups without grads)
+    const int64_t saved = m.groups[static_cast<size_t>(g)].steps;
+    group_steps_[static_cast<size_t>(g)] = frozen(g) ? 0 : saved >= 0 ? saved : m.step;
+  }
   scaler_.set_state({m.loss_scale, m.hysteresis_left, m.clean_steps});
   if (blob) blob->assign(btext.begin(), btext.end());
   return Status::Ok();

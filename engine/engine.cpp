@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "io/net/launch_env.h"
@@ -378,6 +379,7 @@ Status Engine::Impl::BuildOnce() {
   }
   init_.clear();
   init_.shrink_to_fit();
+  group_steps_.assign(static_cast<size_t>(ngroups), 0);
   scaler_.Init(config_.fp16);
   STRATA_RETURN_IF_ERROR(InitReduce());
   StartPrefetcher();
@@ -619,13 +621,20 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
 
 // Updates every group not yet committed in this step, rewrites P where only
 // its store failed, and (stages 1-2, several ranks) gathers P — after every
-// rank has learnt that every rank's update is done.
+// rank has learnt that every rank's update is done. Frozen groups never
+// change; with skip_groups_without_grads neither do groups without
+// gradients, and the others are updated in cohorts of one update count
+// (their bias correction).
 Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
   Status st = overlap_ ? WaitOverlapIdle() : Status::Ok();
-  std::vector<int> rest;
-  for (int g = 0; g < part_.num_groups(); ++g)
-    if (!frozen(g) && !groups_[static_cast<size_t>(g)].committed) rest.push_back(g);  // frozen groups never change
-  if (st.ok()) st = RunOptimizer(rest, grad_scale, so, step_count_ + 1);
+  std::map<int64_t, std::vector<int>> cohorts;  // by update count: one pipeline each
+  for (int g = 0; g < part_.num_groups(); ++g) {
+    const GroupState& gs = groups_[static_cast<size_t>(g)];
+    if (frozen(g) || gs.committed || (skips_gradless() && gs.grad_calls == 0)) continue;
+    cohorts[StepsOf(g)].push_back(g);
+  }
+  for (const auto& [steps, groups] : cohorts)
+    if (st.ok()) st = RunOptimizer(groups, grad_scale, so, steps + 1);
   if (st.ok()) st = RepairStaleP();
   if (!broken_.empty())
     st = StateError("step: cannot be finished: " + broken_ + "; load the last checkpoint to go on (" +
@@ -676,6 +685,8 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     st = ApplyStep(so, grad_scale);
     if (st.ok()) {
       ++step_count_;
+      for (int g = 0; skips_gradless() && g < part_.num_groups(); ++g)  // the groups this step updated
+        if (!frozen(g) && groups_[static_cast<size_t>(g)].grad_calls > 0) ++group_steps_[static_cast<size_t>(g)];
       scaler_.Update(false);
     }
   }
@@ -880,6 +891,28 @@ Status Engine::SetStepsApplied(int64_t steps) {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("set_steps"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_steps", false));
   impl_->step_count_ = steps;
+  for (int g = 0; g < static_cast<int>(impl_->group_steps_.size()); ++g)
+    if (!impl_->frozen(g)) impl_->group_steps_[static_cast<size_t>(g)] = steps;
+  return Status::Ok();
+}
+Result<int64_t> Engine::GroupSteps(int group) const {
+  STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "group_steps"));
+  if (impl_->frozen(group)) return int64_t{0};  // never updated
+  return impl_->StepsOf(group);
+}
+Status Engine::SetGroupSteps(int group, int64_t steps) {
+  const std::string what = "set_group_steps: group " + std::to_string(group);
+  STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "set_group_steps"));
+  if (steps < 0) return InvalidError(what + ": " + std::to_string(steps) + " is negative");
+  if (impl_->frozen(group)) return InvalidError(what + " is frozen (freeze_group): it is never updated");
+  if (!impl_->skips_gradless())
+    return InvalidError(what + ": every group counts the engine's steps (set_steps) unless the engine skips groups "
+                        "without gradients (skip_groups_without_grads)");
+  STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("set_group_steps"));
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_group_steps", false));
+  for (const auto& gs : impl_->groups_)
+    if (gs.grad_calls > 0) return StateError(what + ": gradients of this step are pending; set it between steps");
+  impl_->group_steps_[static_cast<size_t>(group)] = steps;
   return Status::Ok();
 }
 EngineStats Engine::stats() const { return impl_->Stats(); }

@@ -59,6 +59,13 @@ struct EngineOptions {
   // Needs gradient_clipping 0 and no fp16 (else it is off, with a warning),
   // and PrepareStep before the step's first Grads. Bitwise the same result.
   bool overlap_step = false;
+  // A group that got no gradients in a step (no Grads call): false (the
+  // default, as DeepSpeed's flat optimizer) updates it as with zero
+  // gradients (its moments decay, weight decay applies); true leaves it
+  // untouched, W, M, V and P bitwise as they were, as torch's optimizers
+  // skip a parameter whose .grad is None. Each group then counts its own
+  // updates for bias correction (group_steps), saved in checkpoints.
+  bool skip_groups_without_grads = false;
   // Tests: faults injected into the storage's completions (io/fault.h).
   std::shared_ptr<FaultPlan> faults;
 };
@@ -185,8 +192,16 @@ class Engine {
   enum class OptimizerState { kMaster = 0, kExpAvg = 1, kExpAvgSq = 2 };
   Status ReadState(int group, OptimizerState which, float* out);
   Status WriteState(int group, OptimizerState which, const float* in);
-  // Optimizer updates applied so far (bias correction counts from it).
+  // Optimizer updates applied so far (bias correction counts from it); with
+  // skip_groups_without_grads every group's own count becomes `steps` too.
   Status SetStepsApplied(int64_t steps);
+  // The updates applied to `group`, which its bias correction counts from:
+  // steps_applied() unless skip_groups_without_grads (then only the steps in
+  // which it got gradients); 0 for a frozen group. SetGroupSteps sets it
+  // (between steps; INVALID without skip_groups_without_grads, where every
+  // group follows steps_applied(), and for a frozen group).
+  Result<int64_t> GroupSteps(int group) const;
+  Status SetGroupSteps(int group, int64_t steps);
 
   // The fp32 master weights of a group, without padding (tests, export).
   // With several ranks and partitioned state this gathers the shards: every

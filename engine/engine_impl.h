@@ -346,6 +346,12 @@ class Engine::Impl {
 
   LossScaler scaler_;
   int64_t step_count_ = 0;  // optimizer updates applied
+  // skip_groups_without_grads: each group's own updates (bias correction),
+  // sized at build. Without it every group follows step_count_.
+  std::vector<int64_t> group_steps_;
+  bool skips_gradless() const { return options_.skip_groups_without_grads; }
+  // The update count group g's next update follows (its bias correction: + 1).
+  int64_t StepsOf(int g) const { return skips_gradless() ? group_steps_[static_cast<size_t>(g)] : step_count_; }
   uint64_t fetch_counter_ = 0;
 
   std::mutex mu_;  // guards groups_[*].dev, schedule_, prefetch_queue_, stop_

@@ -186,6 +186,10 @@ Status ReadGroups(const Json& j, const Reader& r, Manifest* m) {
       if (!e["frozen"].is_boolean()) return r.Bad(where + ".frozen", "is not true or false: " + e["frozen"].dump());
       G.frozen = e["frozen"].get<bool>();
     }
+    if (e.contains("steps")) {
+      STRATA_ASSIGN_OR_RETURN(uint64_t steps, r.U64(e, "steps", where, INT64_MAX));
+      G.steps = static_cast<int64_t>(steps);
+    }
     STRATA_ASSIGN_OR_RETURN(const Json* tj, r.Array(e, "tensors", where, G.numel));
     std::set<std::string> names;
     uint64_t end = 0;

@@ -46,6 +46,10 @@ struct Group {
   // "frozen": true (Engine::FreezeGroup): every file holds one "P" block of
   // the group and nothing else; absent (every group of older manifests): false.
   bool frozen = false;
+  // "steps": the group's own update count (an engine that skips groups
+  // without gradients: its bias correction counts from it); -1 when absent
+  // (the group follows the manifest's step).
+  int64_t steps = -1;
 };
 
 struct Block {

@@ -345,7 +345,8 @@ void Engine::Impl::StartOverlap() {
       overlap_queue_.pop_front();
       overlap_busy_ = true;
       lock.unlock();
-      Status st = RunOptimizer({g}, 1.0 / GradMeanDivisor(), prepared_opts_, step_count_ + 1);
+      // Its own update count with skip_groups_without_grads (bias correction), else the engine's.
+      Status st = RunOptimizer({g}, 1.0 / GradMeanDivisor(), prepared_opts_, StepsOf(g) + 1);
       lock.lock();
       overlap_busy_ = false;
       if (!st.ok() && overlap_error_.ok()) overlap_error_ = st;

@@ -148,9 +148,18 @@ typedef struct strata_engine_options {
    * With a GPU the engine makes it current on the thread that creates the
    * engine and on its own threads (see strata_engine_placement). */
   int device;
+  /* Appended (a struct_size that ends before it reads as 0): a group that
+   * got no gradients in a step (no strata_engine_grads call for it). 0: it
+   * is updated as with zero gradients (its moments decay, weight decay
+   * applies), as DeepSpeed's flat optimizer does. Nonzero: it is left
+   * untouched, its parameters, master and moments bitwise as they were, as
+   * torch's optimizers skip a parameter whose .grad is None; each group then
+   * counts its own updates, which its bias correction follows
+   * (strata_engine_group_steps), and checkpoints save the counts. */
+  int skip_groups_without_grads;
 } strata_engine_options_t;
 #define STRATA_ENGINE_OPTIONS_INIT \
-  { sizeof(strata_engine_options_t), 0, 0, 1, 0, 0, -1 }
+  { sizeof(strata_engine_options_t), 0, 0, 1, 0, 0, -1, 0 }
 
 /* Creates an engine from a JSON config (DeepSpeed dialect plus a "strata"
  * section). `options` may be NULL (rank 0 of 1). On STRATA_OK *out owns the
@@ -340,8 +349,10 @@ STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
  * and writes the new parameters to their home tier. `options` may be NULL
  * (all from the config); `result` may be NULL. A group that got no
  * gradients this step is updated as with zero gradients (its moments decay
- * and weight decay applies), as DeepSpeed's flat optimizer does; a frozen
- * group (strata_engine_freeze_group) is not updated at all. Non-finite
+ * and weight decay applies), as DeepSpeed's flat optimizer does, or, with
+ * the option skip_groups_without_grads, left untouched as torch leaves a
+ * parameter whose .grad is None; a frozen group
+ * (strata_engine_freeze_group) is not updated at all. Non-finite
  * gradients follow strata.nonfinite (default "skip": nothing is updated and
  * result->skipped is set).
  *
@@ -428,8 +439,19 @@ STRATA_API strata_status_t strata_engine_read_state(strata_engine_t* engine, int
                                                     float* out);
 STRATA_API strata_status_t strata_engine_write_state(strata_engine_t* engine, int group, strata_state_t which,
                                                      const float* in);
+/* The optimizer updates applied so far (steps that were not skipped). Set
+ * also sets every group's own count (strata_engine_group_steps). */
 STRATA_API strata_status_t strata_engine_get_steps(strata_engine_t* engine, int64_t* out);
 STRATA_API strata_status_t strata_engine_set_steps(strata_engine_t* engine, int64_t steps);
+/* The updates applied to `group`, which its bias correction counts from:
+ * strata_engine_get_steps' count, unless the engine was created with
+ * skip_groups_without_grads, where a group counts only the steps in which
+ * it got gradients (torch's per-parameter state["step"]); 0 for a frozen
+ * group. Set works between steps, with skip_groups_without_grads only (else
+ * INVALID: every group follows strata_engine_set_steps), not on a frozen
+ * group (INVALID). REQUIRES: after build. Errors: INVALID, STATE. */
+STRATA_API strata_status_t strata_engine_group_steps(strata_engine_t* engine, int group, int64_t* out);
+STRATA_API strata_status_t strata_engine_set_group_steps(strata_engine_t* engine, int group, int64_t steps);
 
 /* The engine's resolved config as JSON (every key, defaults filled in, in
  * DeepSpeed's spelling; budgets as given, bytes or "auto"), NUL-terminated,

@@ -47,7 +47,8 @@ class Error(RuntimeError):
 class _EngineOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("rank", ctypes.c_int), ("world_size", ctypes.c_int),
                 ("grad_accumulation_steps", ctypes.c_int), ("force_no_gpu", ctypes.c_int),
-                ("overlap_step", ctypes.c_int), ("device", ctypes.c_int)]
+                ("overlap_step", ctypes.c_int), ("device", ctypes.c_int),
+                ("skip_groups_without_grads", ctypes.c_int)]
 
 
 class _StepOptions(ctypes.Structure):
@@ -144,6 +145,8 @@ def _load():
         "strata_engine_write_state": ([P, I, I, P], S),
         "strata_engine_get_steps": ([P, ctypes.POINTER(ctypes.c_int64)], S),
         "strata_engine_set_steps": ([P, ctypes.c_int64], S),
+        "strata_engine_group_steps": ([P, I, ctypes.POINTER(ctypes.c_int64)], S),
+        "strata_engine_set_group_steps": ([P, I, ctypes.c_int64], S),
         "strata_engine_span_begin": ([P, ctypes.c_char_p, ctypes.POINTER(U64)], S),
         "strata_engine_span_end": ([P, U64], S),
         "strata_engine_write_trace": ([P], S),
@@ -238,16 +241,21 @@ class Engine:
     the launcher's variables (torchrun, OpenMPI, Slurm; one rank without
     them); 1 runs alone. `device` is the GPU this process drives (one process
     per GPU): -1 (the default) takes the launcher's local rank (LOCAL_RANK).
+    `skip_groups_without_grads`: a group that got no grads() in a step is
+    left untouched (torch's rule for a parameter whose .grad is None: no
+    weight decay, moments as they were, its own step count, group_steps);
+    False (the default) updates it as with zero gradients (DeepSpeed's rule).
     """
 
     def __init__(self, config, rank=0, world_size=0, grad_accumulation_steps=1, force_no_gpu=False,
-                 overlap_step=False, device=-1):
+                 overlap_step=False, device=-1, skip_groups_without_grads=False):
         self._lib = _load()
         self._h = None
         text = config if isinstance(config, str) else json.dumps(config)
         opts = _sized(_EngineOptions, rank=rank, world_size=world_size,
                       grad_accumulation_steps=grad_accumulation_steps, force_no_gpu=1 if force_no_gpu else 0,
-                      overlap_step=1 if overlap_step else 0, device=device)
+                      overlap_step=1 if overlap_step else 0, device=device,
+                      skip_groups_without_grads=1 if skip_groups_without_grads else 0)
         h = ctypes.c_void_p()
         _check(self._lib.strata_engine_create(text.encode(), ctypes.byref(opts), ctypes.byref(h)))
         self._h = h
@@ -440,6 +448,19 @@ class Engine:
     @steps.setter
     def steps(self, value):
         _check(self._lib.strata_engine_set_steps(self.handle, int(value)))
+
+    def group_steps(self, group):
+        """The updates applied to `group` (its bias correction counts from it):
+        `steps`, unless the engine was made with skip_groups_without_grads,
+        where a group counts only the steps it got gradients in (torch's
+        per-parameter state["step"]); 0 for a frozen group."""
+        n = ctypes.c_int64()
+        _check(self._lib.strata_engine_group_steps(self.handle, int(group), ctypes.byref(n)))
+        return n.value
+
+    def set_group_steps(self, group, value):
+        """Sets group_steps(group), between steps (skip_groups_without_grads only)."""
+        _check(self._lib.strata_engine_set_group_steps(self.handle, int(group), int(value)))
 
     # -- checkpoints
     def save_checkpoint(self, directory, tag, blob=b""):
