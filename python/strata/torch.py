@@ -217,6 +217,13 @@ _TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 _MOMENT_UPDATE = "lerp" if _TORCH2 else "mul_add"
 
 
+def _skip_gradless():
+    """Engine(skip_groups_without_grads=True) where the library has it."""
+    import inspect
+    ok = "skip_groups_without_grads" in inspect.signature(Engine.__init__).parameters
+    return {"skip_groups_without_grads": True} if ok else {}
+
+
 def _with_torch_moment(config):
     """config whose Adam/AdamW (the default optimizer) computes the first
     moment as this torch does, unless the config says otherwise."""
@@ -742,8 +749,11 @@ class OffloadedModule:
         config = _separate_swap_folders(config, f"strata-{os.getpid()}-{id(self)}")
         self._folders = _swap_folders(config)
         try:
+            # A group that got no gradient in a step (a module unused in it,
+            # or whose parameters were all frozen since) is left untouched,
+            # with its own step count: torch AdamW's rule for .grad None.
             self.engine = _new_engine(config, self.rank, self.world_size, force_no_gpu=force_no_gpu,
-                                      grad_accumulation_steps=grad_accumulation_steps)
+                                      grad_accumulation_steps=grad_accumulation_steps, **_skip_gradless())
         except Error:
             _remove_swap_folders(self._folders)
             raise
@@ -809,6 +819,7 @@ class OffloadedModule:
         self._clip_next = None
         self._norms, self._norms_exact = {}, True  # id(param) -> torch's norm of its staged gradient
         self.engine_accumulates = grad_accumulation_steps != 1
+        self._keep_zero_grads = not _TORCH2  # zero_grad()'s default meaning in this torch
         self._handed = set()  # groups handed gradients this step
         self._warned_missed = set()
         self._group_of = owner_of
@@ -1039,6 +1050,7 @@ class OffloadedModule:
         # accumulator, so a group handed in parts (a backward that ended
         # early: a reentrant checkpoint's inner one) sums right.
         g.handed_params |= g.arrived
+        g.ever_handed = True
         self._handed.add(g.index)
         self.engine.grads(g.index, g.take_staged(), stream=_current_stream(self.device.type))
         self._pinned.pop(g.index, None)
@@ -1064,6 +1076,11 @@ class OffloadedModule:
         averaged over the ranks and the grad_accumulation_steps backward
         passes (strata.grad_reduce "mean"). Returns (grad_norm, skipped)."""
         self._settle()
+        if self._keep_zero_grads and hasattr(self.engine, "group_steps"):
+            for g in self._groups:  # torch would step their zero .grad
+                if not g.frozen and g.ever_handed and g.index not in self._handed:
+                    self.engine.grads(g.index, torch.zeros(g.numel, dtype=self.dtype, device=self.device),
+                                      stream=_current_stream(self.device.type))
         if max_grad_norm is None:
             max_grad_norm = self._clip_next
         self._clip_next = None
@@ -1074,8 +1091,14 @@ class OffloadedModule:
         return self.engine.step(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                 max_grad_norm=max_grad_norm)
 
-    def zero_grad(self, set_to_none=True):
-        """Nothing to do: gradients go to the engine, never stay in .grad."""
+    def zero_grad(self, set_to_none=None):
+        """Gradients go to the engine and never stay in .grad; what is
+        recorded is torch's meaning of the call for the next step: with
+        set_to_none=False (torch 1.x's default) a parameter that had a
+        gradient keeps a zero one, so a step it gets no new gradient in
+        still updates it (decay, moments), as torch would; with True (torch
+        2.x's default) it is skipped."""
+        self._keep_zero_grads = not (_TORCH2 if set_to_none is None else bool(set_to_none))
 
     def _settle(self):
         """Between backward and step: a backward that ended without our
@@ -1088,11 +1111,12 @@ class OffloadedModule:
         self._drop_holds()
         for g in self._groups:
             self.release(g)
-        for name, p in self._names:
-            if not p.requires_grad and not self._group_of[id(p)].frozen:
-                raise Error(INVALID, f"offload_module: parameter '{name}' was made frozen (requires_grad=False) "
-                            "after offload_module; the engine would still step it (torch would skip it): "
-                            "close() and offload the module again with it frozen")
+        if not hasattr(self.engine, "group_steps"):  # a library without skip_groups_without_grads
+            for name, p in self._names:
+                if not p.requires_grad and not self._group_of[id(p)].frozen:
+                    raise Error(INVALID, f"offload_module: parameter '{name}' was made frozen (requires_grad=False)"
+                                " after offload_module; the engine would still step it (torch would skip it): "
+                                "close() and offload the module again with it frozen")
         for name, p in self._frozen_names:
             if p.requires_grad or p.grad is not None:
                 raise Error(INVALID, f"offload_module: frozen parameter '{name}' was made trainable after "
@@ -1305,16 +1329,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                             weight_decay=g["weight_decay"])
         return loss
 
-    def zero_grad(self, set_to_none=True):
-        """Nothing to do: gradients go to the engine, never stay in .grad."""
+    def zero_grad(self, set_to_none=None):
+        """See OffloadedModule.zero_grad: gradients are in the engine; the
+        call says what torch would keep in .grad."""
+        self._owner.zero_grad(set_to_none)
 
     def state_dict(self):
         owner = self._owner
         owner._between_passes()
-        steps = torch.tensor(float(owner.engine.steps))
+        per_group = hasattr(owner.engine, "group_steps")
         state, i = {}, 0
         for g in self._groups:
             gi = g.index
+            steps = torch.tensor(float(owner.engine.group_steps(gi) if per_group else owner.engine.steps))
+            if per_group and float(steps) == 0:
+                i += len(g.params)  # torch has no state for a parameter before its first step
+                continue
             full = {k: owner.engine.read_state(gi, w) for k, w in (("exp_avg", "exp_avg"),
                                                                    ("exp_avg_sq", "exp_avg_sq"))}
             for p, off, n in zip(g.params, g.offsets, g.numels):
@@ -1358,6 +1388,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         steps = [float(st["step"]) for st in saved.values() if "step" in st]
         if steps:
             owner.engine.steps = int(max(steps))
+        if hasattr(owner.engine, "set_group_steps"):  # each group's own count (torch's per-parameter step)
+            i = 0
+            for g, params in zip(self._groups, self._group_params):
+                ids = order[i:i + len(params)]
+                i += len(params)
+                gs = [float(saved[pi]["step"]) for pi in ids if "step" in saved.get(pi, {})]
+                owner.engine.set_group_steps(g.index, int(max(gs)) if gs else 0)
         hyper = {k: v for k, v in groups[0].items() if k != "params"}
         self.param_groups[0].update(hyper)
 
@@ -1409,6 +1446,7 @@ class _ModuleGroup:
         self.numel = sum(self.numels)
         self.staged = None
         self.arrived = set()
+        self.ever_handed = False  # had a gradient in some step (torch would keep a zero .grad for it)
         self.handed_params = set()  # indices of parameters whose gradients went to the engine this step
         self.grad_accs = []  # AccumulateGrad nodes, kept alive so that their hooks stay
 

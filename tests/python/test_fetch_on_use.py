@@ -356,3 +356,43 @@ def test_another_optimizer_on_offloaded_parameters_is_refused():
         st.OffloadAdam(m.parameters(), config={})
     off.close()
     torch.optim.AdamW(m.parameters())  # after close, ordinary parameters
+
+
+def test_offload_module_skips_what_gets_no_gradient_as_torch():
+    """A module unused in a step, and one frozen mid-run, are left alone
+    (no decay, moments and step count kept), as torch AdamW leaves a
+    parameter whose .grad is None; unfrozen again, it goes on from its count."""
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(6, 6), nn.Linear(6, 6)
+
+        def forward(self, x, use_b):
+            h = torch.tanh(self.a(x))
+            return self.b(h) if use_b else h
+
+    torch.manual_seed(3)
+    ref = Two()
+    model = copy.deepcopy(ref)
+    x = torch.randn(5, 6)
+    o1 = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD)
+    off = st.offload_module(model, config(), force_no_gpu=True)
+    plan = [True, False, True, "freeze-a", True, "unfreeze-a", True]
+    for m, o in ((ref, o1), (model, off.optimizer)):
+        for what in plan:
+            if what == "freeze-a":
+                m.a.requires_grad_(False)
+            if what == "unfreeze-a":
+                m.a.requires_grad_(True)
+            m(x, use_b=what is not False).square().mean().backward()
+            o.step()
+            o.zero_grad()
+    got = off.state_dict()
+    for k, v in ref.state_dict().items():
+        assert rel(got[k], v) <= TOL, (k, rel(got[k], v))
+    sa, sb = o1.state_dict()["state"], off.optimizer.state_dict()["state"]
+    assert sorted(sa) == sorted(sb)
+    for k in sa:
+        assert float(sa[k]["step"]) == float(sb[k]["step"]), (k, sa[k]["step"], sb[k]["step"])
+    off.close()
