@@ -1057,9 +1057,12 @@ class OffloadedModule:
         self.release(g)
 
     def _end_of_backward(self):
+        self._callback_queued = False
+        self._hand_pending_and_let_go()
+
+    def _hand_pending_and_let_go(self):
         # A group with a parameter that got no gradient (unused in this
         # forward) goes with zeros there; groups still fetched are released.
-        self._callback_queued = False
         for g in self._groups:
             if g.pending():
                 self._hand(g)
@@ -1072,7 +1075,8 @@ class OffloadedModule:
         """One optimizer step over every group; None takes the config's
         value (max_grad_norm: the clip_grad_norm_ of this step, else the
         config's gradient_clipping). A group that got no gradient since the
-        last step steps with zeros (the engine's rule). Gradients are
+        last step is left alone, as torch leaves a parameter whose .grad is
+        None (but see zero_grad). Gradients are
         averaged over the ranks and the grad_accumulation_steps backward
         passes (strata.grad_reduce "mean"). Returns (grad_norm, skipped)."""
         self._settle()
@@ -1105,12 +1109,7 @@ class OffloadedModule:
         callback (no gradient reached a group) leaves nothing held; a
         parameter whose requires_grad changed since offload_module is
         refused, naming it."""
-        for g in self._groups:
-            if g.pending():
-                self._hand(g)
-        self._drop_holds()
-        for g in self._groups:
-            self.release(g)
+        self._hand_pending_and_let_go()
         if not hasattr(self.engine, "group_steps"):  # a library without skip_groups_without_grads
             for name, p in self._names:
                 if not p.requires_grad and not self._group_of[id(p)].frozen:
