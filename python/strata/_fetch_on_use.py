@@ -27,6 +27,7 @@ Python call per torch call that involves an offloaded parameter.
 """
 
 import threading
+import weakref
 
 import torch
 
@@ -244,7 +245,7 @@ def _use(func, key, mine, args, kwargs):
 
 def adopt(p, owner, group, name):
     """Makes p an offloaded parameter of `owner`."""
-    _OFFLOADED[id(p)] = (_weakref(p), owner, group, name)
+    _OFFLOADED[id(p)] = (weakref.ref(p), owner, group, name)
     if type(p) is torch.nn.Parameter:
         p.__class__ = _OffloadedParameter
     elif type(p) is not _OffloadedParameter:
@@ -256,11 +257,6 @@ def disown(p):
     _OFFLOADED.pop(id(p), None)
     if type(p) is _OffloadedParameter:
         p.__class__ = torch.nn.Parameter
-
-
-def _weakref(p):
-    import weakref
-    return weakref.ref(p)
 
 
 def is_offloaded(p):

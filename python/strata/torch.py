@@ -217,13 +217,6 @@ _TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 _MOMENT_UPDATE = "lerp" if _TORCH2 else "mul_add"
 
 
-def _skip_gradless():
-    """Engine(skip_groups_without_grads=True) where the library has it."""
-    import inspect
-    ok = "skip_groups_without_grads" in inspect.signature(Engine.__init__).parameters
-    return {"skip_groups_without_grads": True} if ok else {}
-
-
 def _with_torch_moment(config):
     """config whose Adam/AdamW (the default optimizer) computes the first
     moment as this torch does, unless the config says otherwise."""
@@ -753,7 +746,7 @@ class OffloadedModule:
             # or whose parameters were all frozen since) is left untouched,
             # with its own step count: torch AdamW's rule for .grad None.
             self.engine = _new_engine(config, self.rank, self.world_size, force_no_gpu=force_no_gpu,
-                                      grad_accumulation_steps=grad_accumulation_steps, **_skip_gradless())
+                                      grad_accumulation_steps=grad_accumulation_steps, skip_groups_without_grads=True)
         except Error:
             _remove_swap_folders(self._folders)
             raise
@@ -770,14 +763,10 @@ class OffloadedModule:
         users = []  # (module, [groups its forward needs])
         tied = []  # (qualified name, parameter) of a tied parameter's later names
         self._frozen_names = []  # (qualified name, parameter) of the frozen ones
-        frozen_api = hasattr(self.engine, "freeze_group")
         for name, m in module.named_modules():
             own, frozen, needs = [], [], []
             for n, p in m.named_parameters(recurse=False):
                 qual = f"{name}.{n}" if name else n
-                if not p.requires_grad and not frozen_api:
-                    self._frozen_names.append((qual, p))  # stays an ordinary tensor (no frozen groups)
-                    continue
                 self._names.append((qual, p))
                 g = owner_of.get(id(p))
                 if g is not None:  # tied: one master, in the group of its first module
@@ -860,8 +849,6 @@ class OffloadedModule:
                 raise Error(INVALID, f"offload_module: {name or type(m).__name__}.weight would get sparse gradients "
                             "(sparse=True); offload_module takes dense gradients only")
         for name, p in module.named_parameters():
-            if not p.requires_grad and not hasattr(self.engine, "freeze_group"):
-                continue
             if p.dtype == torch.float64:
                 raise Error(INVALID, f"offload_module: parameter '{name}' is float64; the engine keeps float32 "
                             "master weights and would train it in float32: convert the model with .float()")
@@ -939,7 +926,7 @@ class OffloadedModule:
         """Indices of the held groups whose buffer a tensor of `output` views."""
         out = set()
         with _fou.quiet():
-            for t in _fou._each_tensor(output if not hasattr(output, "items") else dict(output.items()), []):
+            for t in _fou._each_tensor(output, []):  # tensors, tuples, lists, dicts (HF's ModelOutput)
                 if t.device != self.device:
                     continue
                 ptr = t.data_ptr()
@@ -1080,7 +1067,7 @@ class OffloadedModule:
         averaged over the ranks and the grad_accumulation_steps backward
         passes (strata.grad_reduce "mean"). Returns (grad_norm, skipped)."""
         self._settle()
-        if self._keep_zero_grads and hasattr(self.engine, "group_steps"):
+        if self._keep_zero_grads:
             for g in self._groups:  # torch would step their zero .grad
                 if not g.frozen and g.ever_handed and g.index not in self._handed:
                     self.engine.grads(g.index, torch.zeros(g.numel, dtype=self.dtype, device=self.device),
@@ -1106,23 +1093,17 @@ class OffloadedModule:
 
     def _settle(self):
         """Between backward and step: a backward that ended without our
-        callback (no gradient reached a group) leaves nothing held; a
-        parameter whose requires_grad changed since offload_module is
-        refused, naming it."""
+        callback (no gradient reached a group) leaves nothing held; a frozen
+        parameter made trainable since offload_module is refused, naming it;
+        one that got no gradient beside others of its group is warned of."""
         self._hand_pending_and_let_go()
-        if not hasattr(self.engine, "group_steps"):  # a library without skip_groups_without_grads
-            for name, p in self._names:
-                if not p.requires_grad and not self._group_of[id(p)].frozen:
-                    raise Error(INVALID, f"offload_module: parameter '{name}' was made frozen (requires_grad=False)"
-                                " after offload_module; the engine would still step it (torch would skip it): "
-                                "close() and offload the module again with it frozen")
         for name, p in self._frozen_names:
             if p.requires_grad or p.grad is not None:
                 raise Error(INVALID, f"offload_module: frozen parameter '{name}' was made trainable after "
                             "offload_module; its gradients would be dropped: close() and offload the module "
                             "again")
         missed = [n for g in self._groups if g.index in self._handed
-                  for n, i in zip(g.names, range(len(g.params))) if i not in g.handed_params]
+                  for i, n in enumerate(g.names) if i not in g.handed_params]
         if missed and not self._warned_missed.issuperset(missed):
             self._warned_missed.update(missed)
             warnings.warn(f"offload_module: {len(missed)} parameter(s) got no gradient this step while others of "
@@ -1336,12 +1317,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         owner = self._owner
         owner._between_passes()
-        per_group = hasattr(owner.engine, "group_steps")
         state, i = {}, 0
         for g in self._groups:
             gi = g.index
-            steps = torch.tensor(float(owner.engine.group_steps(gi) if per_group else owner.engine.steps))
-            if per_group and float(steps) == 0:
+            steps = torch.tensor(float(owner.engine.group_steps(gi)))
+            if float(steps) == 0:
                 i += len(g.params)  # torch has no state for a parameter before its first step
                 continue
             full = {k: owner.engine.read_state(gi, w) for k, w in (("exp_avg", "exp_avg"),
@@ -1387,13 +1367,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         steps = [float(st["step"]) for st in saved.values() if "step" in st]
         if steps:
             owner.engine.steps = int(max(steps))
-        if hasattr(owner.engine, "set_group_steps"):  # each group's own count (torch's per-parameter step)
-            i = 0
-            for g, params in zip(self._groups, self._group_params):
-                ids = order[i:i + len(params)]
-                i += len(params)
-                gs = [float(saved[pi]["step"]) for pi in ids if "step" in saved.get(pi, {})]
-                owner.engine.set_group_steps(g.index, int(max(gs)) if gs else 0)
+        i = 0
+        for g, params in zip(self._groups, self._group_params):  # each group's own count (torch's per-parameter step)
+            ids = order[i:i + len(params)]
+            i += len(params)
+            gs = [float(saved[pi]["step"]) for pi in ids if "step" in saved.get(pi, {})]
+            owner.engine.set_group_steps(g.index, int(max(gs)) if gs else 0)
         hyper = {k: v for k, v in groups[0].items() if k != "params"}
         self.param_groups[0].update(hyper)
 
