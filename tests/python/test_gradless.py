@@ -11,6 +11,18 @@ CONFIG = {"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 
           "strata": {"device_budget": "8MiB", "host_budget": "8MiB"}}
 
 
+def train(e, a0, b0, grads, with_b):
+    """Two groups, a and b; b gets its gradient only at the steps in with_b."""
+    e.add_param(0, "a", a0)
+    e.add_param(1, "b", b0)
+    e.build()
+    for s, (ga, gb) in enumerate(grads):
+        e.grads(0, ga)
+        if s in with_b:
+            e.grads(1, gb)
+        e.step()
+
+
 def test_skipped_group_matches_torch_adamw():
     torch.manual_seed(0)
     a0, b0 = torch.randn(300), torch.randn(200)
@@ -23,14 +35,7 @@ def test_skipped_group_matches_torch_adamw():
         pb.grad = gb.clone() if s in with_b else None
         opt.step()
     with strata.Engine(CONFIG, force_no_gpu=True, skip_groups_without_grads=True) as e:
-        e.add_param(0, "a", a0)
-        e.add_param(1, "b", b0)
-        e.build()
-        for s, (ga, gb) in enumerate(grads):
-            e.grads(0, ga)
-            if s in with_b:
-                e.grads(1, gb)
-            e.step()
+        train(e, a0, b0, grads, with_b)
         assert e.steps == 6 and e.group_steps(0) == 6 and e.group_steps(1) == 4
         assert opt.state[pb]["step"] == 4
         torch.testing.assert_close(e.read_master(0), pa.detach(), rtol=1e-5, atol=1e-6)
@@ -39,14 +44,7 @@ def test_skipped_group_matches_torch_adamw():
         e.set_group_steps(1, 10)
         assert e.group_steps(1) == 10
     with strata.Engine(CONFIG, force_no_gpu=True) as e:  # the default: DeepSpeed's rule, every group every step
-        e.add_param(0, "a", a0)
-        e.add_param(1, "b", b0)
-        e.build()
-        for s, (ga, gb) in enumerate(grads):
-            e.grads(0, ga)
-            if s in with_b:
-                e.grads(1, gb)
-            e.step()
+        train(e, a0, b0, grads, with_b)
         assert e.group_steps(1) == 6
         assert not torch.allclose(e.read_master(1), pb.detach(), rtol=1e-5, atol=1e-6)
         with pytest.raises(strata.Error) as info:
