@@ -301,6 +301,15 @@ def test_trainer_with_its_own_optimizer_under_offload_module_is_not_silent(tmp_p
 
 # ---- 3. save_pretrained / from_pretrained -----------------------------------------
 
+def assert_reloads(tf, directory, expected, what, like=None):
+    """from_pretrained(directory) holds `expected` bitwise (and is a model of
+    `like`'s type, when given)."""
+    loaded = tf.AutoModelForCausalLM.from_pretrained(str(directory))
+    if like is not None:
+        assert type(loaded) is type(like)
+    assert_bitwise(dict(loaded.state_dict().items()), expected, what)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_save_pretrained_after_offload_module(kind, tmp_path):
     tf = need("transformers")
@@ -313,10 +322,7 @@ def test_save_pretrained_after_offload_module(kind, tmp_path):
     trainer.save_model(str(tmp_path / "by-trainer"))
     model.save_pretrained(str(tmp_path / "by-model"))
     for d in ("by-trainer", "by-model"):
-        loaded = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path / d))
-        assert type(loaded) is type(model)
-        got = {n: t for n, t in loaded.state_dict().items()}
-        assert_bitwise(got, masters, f"{kind}: from_pretrained({d})")
+        assert_reloads(tf, tmp_path / d, masters, f"{kind}: from_pretrained({d})", like=model)
     off.close()
 
 
@@ -332,8 +338,7 @@ def test_save_pretrained_after_offload_adam(kind, tmp_path):
     masters = dict(zip((n for n, _ in model.named_parameters()), opt._engines[0].read_masters()))
     assert_bitwise(final, masters, f"{kind}: the parameters are the masters")
     model.save_pretrained(str(tmp_path / "saved"))
-    loaded = tf.AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"))
-    assert_bitwise(weights(loaded), final, f"{kind}: from_pretrained after OffloadAdam")
+    assert_reloads(tf, tmp_path / "saved", final, f"{kind}: from_pretrained after OffloadAdam")
 
 
 # ---- 4. PEFT LoRA -------------------------------------------------------------------
