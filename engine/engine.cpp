@@ -17,7 +17,7 @@
 #include "base/align.h"
 #include "base/log.h"
 #include "base/sizes.h"
-#include "engine/preflight.h"
+#include "engine/layout/preflight.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/norm.h"
 #include "tiers/gpu.h"

@@ -25,8 +25,8 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
-#include "engine/config.h"
-#include "engine/placement.h"
+#include "engine/config/config.h"
+#include "engine/layout/placement.h"
 
 namespace strata {
 

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 
 namespace {
 

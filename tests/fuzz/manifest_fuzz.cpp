@@ -8,7 +8,7 @@
 #include <string>
 
 #include "base/dtype.h"
-#include "engine/manifest.h"
+#include "engine/checkpoint/manifest.h"
 
 using namespace strata;
 

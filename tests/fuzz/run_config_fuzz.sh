@@ -28,8 +28,8 @@ SPDLOG=$(pkg-config --cflags --libs spdlog fmt 2>/dev/null || echo "-DSPDLOG_FMT
 # shellcheck disable=SC2086
 "$CXX" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
   -I"$ROOT" -I"$ROOT/include" \
-  "$ROOT/tests/fuzz/config_fuzz.cpp" "$ROOT/engine/config.cpp" "$ROOT/engine/config_json.cpp" \
-  "$ROOT/engine/config_reader.cpp" "$ROOT/engine/config_validate.cpp" \
+  "$ROOT/tests/fuzz/config_fuzz.cpp" "$ROOT/engine/config/config.cpp" "$ROOT/engine/config/config_json.cpp" \
+  "$ROOT/engine/config/config_reader.cpp" "$ROOT/engine/config/config_validate.cpp" \
   "$ROOT/base/status.cpp" "$ROOT/base/check.cpp" "$ROOT/base/log.cpp" "$ROOT/base/sizes.cpp" \
   "$ROOT/base/dtype.cpp" $SPDLOG -pthread -o "$WORK/config_fuzz"
 cd "$WORK"

@@ -2,7 +2,7 @@
 // create, the host memory at build, finite step options, and the
 // strata.nonfinite policy at step. Kept apart from the bodies of Build and
 // Step so that they only ask; the rules live here.
-#include "engine/preflight.h"
+#include "engine/layout/preflight.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/engine_impl.h"
-#include "engine/manifest.h"
+#include "engine/checkpoint/manifest.h"
 #include "kernels/cpu/compact.h"
 #include "kernels/cpu/isa.h"
 

@@ -25,7 +25,7 @@
 #include "base/align.h"
 #include "base/log.h"
 #include "base/sizes.h"
-#include "engine/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_files.h"
 #include "engine/engine_impl.h"
 #include "io/direct_file.h"
 

@@ -1,5 +1,5 @@
 // Group layout and shard arithmetic.
-#include "engine/partition.h"
+#include "engine/layout/partition.h"
 
 #include <algorithm>
 

@@ -16,10 +16,10 @@
 #define STRATA_BUILDING_LIBRARY 1
 #include "base/dtype.h"
 #include "base/status.h"
-#include "engine/capi_testing.h"
-#include "engine/config.h"
+#include "engine/capi/capi_testing.h"
+#include "engine/config/config.h"
 #include "engine/engine.h"
-#include "engine/partition.h"
+#include "engine/layout/partition.h"
 #include "io/net/launch_env.h"
 #include "kernels/cpu/adam.h"
 #include "strata/strata.h"

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 
 namespace strata {
 

@@ -2,7 +2,7 @@
 // once, at build), the device scratch it reserves there, and one group's
 // update in place — G copied in, the CUDA twin of the CPU kernel, P written
 // on the device or copied home. The pipeline around it is optimizer_driver.cpp.
-#include "engine/gpu_update.h"
+#include "engine/step/gpu_update.h"
 
 #include <algorithm>
 #include <cstring>
@@ -11,7 +11,7 @@
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/engine_impl.h"
-#include "engine/preflight.h"
+#include "engine/layout/preflight.h"
 #include "kernels/cpu/step_scalars.h"
 #include "tiers/gpu.h"
 #if STRATA_HAVE_CUDA

@@ -1,5 +1,5 @@
 // Typed reads from one JSON object of the config, with key paths in errors.
-#include "engine/config_reader.h"
+#include "engine/config/config_reader.h"
 
 #include <algorithm>
 #include <cctype>

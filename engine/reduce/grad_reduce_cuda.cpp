@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "engine/grad_reduce.h"
+#include "engine/reduce/grad_reduce.h"
 #include "kernels/cuda/adam_cuda.h"
 
 namespace strata {

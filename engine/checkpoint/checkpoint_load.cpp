@@ -15,9 +15,9 @@
 #include "base/align.h"
 #include "base/log.h"
 #include "base/sizes.h"
-#include "engine/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_files.h"
 #include "engine/engine_impl.h"
-#include "engine/preflight.h"
+#include "engine/layout/preflight.h"
 #include "kernels/cpu/cast.h"
 
 namespace strata {

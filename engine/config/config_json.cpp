@@ -5,7 +5,7 @@
 #include <set>
 #include <vector>
 
-#include "engine/config_reader.h"
+#include "engine/config/config_reader.h"
 
 namespace strata::config_internal {
 namespace {

@@ -1,5 +1,5 @@
 // Trace recording and look-ahead.
-#include "engine/prefetch.h"
+#include "engine/residency/prefetch.h"
 
 #include <algorithm>
 

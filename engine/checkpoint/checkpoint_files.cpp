@@ -1,5 +1,5 @@
 // Checkpoint folders on disk: durable small files, tags, scans, leftovers.
-#include "engine/checkpoint_files.h"
+#include "engine/checkpoint/checkpoint_files.h"
 
 #include <dirent.h>
 #include <fcntl.h>

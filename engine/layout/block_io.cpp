@@ -1,5 +1,5 @@
 // Block moves between the tiers and host memory.
-#include "engine/block_io.h"
+#include "engine/layout/block_io.h"
 
 #include <cstring>
 

@@ -1,5 +1,5 @@
 // Counters, busy clocks, the trainer's spans and the Chrome trace writer.
-#include "engine/stats.h"
+#include "engine/stats/stats.h"
 
 #include <unistd.h>
 

@@ -8,8 +8,8 @@
 
 #include "base/sizes.h"
 #include "base/log.h"
-#include "engine/config.h"
-#include "engine/config_reader.h"
+#include "engine/config/config.h"
+#include "engine/config/config_reader.h"
 #include "io/uring_storage.h"
 
 namespace strata {

@@ -2,7 +2,7 @@
 // engine's use of it: Engine::Impl::GradsMulti and the communication thread
 // that runs a group's reduction beside the trainer's backward
 // (zero_optimization.overlap_comm).
-#include "engine/grad_reduce.h"
+#include "engine/reduce/grad_reduce.h"
 
 #include <algorithm>
 #include <cstring>

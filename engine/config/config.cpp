@@ -1,6 +1,6 @@
 // ParseConfig: DeepSpeed's ds_config.json schema plus the "strata" section,
 // section by section; LoadConfigFile; ConfigToJson.
-#include "engine/config.h"
+#include "engine/config/config.h"
 
 #include <cerrno>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "base/log.h"
-#include "engine/config_reader.h"
+#include "engine/config/config_reader.h"
 #include "io/uring_storage.h"
 
 namespace strata {

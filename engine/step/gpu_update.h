@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/block_io.h"
+#include "engine/layout/block_io.h"
 #include "kernels/cpu/adagrad.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/compact.h"

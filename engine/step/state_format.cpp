@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "engine/engine_impl.h"
-#include "engine/manifest.h"
-#include "engine/preflight.h"
+#include "engine/checkpoint/manifest.h"
+#include "engine/layout/preflight.h"
 
 namespace strata {
 

@@ -1,5 +1,5 @@
 // Placement: GPU choice, NUMA binding and their description.
-#include "engine/placement.h"
+#include "engine/layout/placement.h"
 
 #include "base/log.h"
 #include "io/net/launch_env.h"

@@ -5,7 +5,7 @@
 // need no move at all: Direct() says so and DirectPtr() gives the memory.
 #pragma once
 
-#include "engine/stats.h"
+#include "engine/stats/stats.h"
 #include "tiers/device_tier.h"
 #include "tiers/host_tier.h"
 #include "tiers/nvme_tier.h"

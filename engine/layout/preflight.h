@@ -8,7 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/block_io.h"
+#include "engine/layout/block_io.h"
 #include "engine/engine.h"
 
 namespace strata {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/manifest.h"
+#include "engine/checkpoint/manifest.h"
 
 namespace strata::ckpt {
 
