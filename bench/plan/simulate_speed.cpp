@@ -11,7 +11,7 @@
 #include <functional>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "tools/plan/placement.h"
 #include "tools/plan/simulator.h"
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/capi_testing.h"
+#include "engine/capi/capi_testing.h"
 #include "strata/strata.h"
 
 #include "tests/capi/expect.h"

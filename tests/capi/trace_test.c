@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine/capi_testing.h"
+#include "engine/capi/capi_testing.h"
 #include "strata/strata.h"
 
 #include "tests/capi/expect.h"

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "engine/config.h"
-#include "engine/config_reader.h"
+#include "engine/config/config.h"
+#include "engine/config/config_reader.h"
 
 namespace strata {
 namespace {

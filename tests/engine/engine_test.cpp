@@ -9,7 +9,7 @@
 #include "base/align.h"
 #include "base/sizes.h"
 #include "engine/engine.h"
-#include "engine/prefetch.h"
+#include "engine/residency/prefetch.h"
 #include "kernels/cpu/adam.h"
 #include "tests/engine/tiny_mlp.h"
 #include "tests/util/temp_dir.h"

@@ -2,7 +2,7 @@
 // scratch it reserves, and the kernel options both devices share — the
 // decisions, tested without a GPU; and, on the CPU, that strata.gpu_optimizer
 // never changes a bit (tests/engine/gpu_optimizer_test.cpp runs the GPU).
-#include "engine/gpu_update.h"
+#include "engine/step/gpu_update.h"
 
 #include <gtest/gtest.h>
 

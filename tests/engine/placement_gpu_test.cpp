@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "engine/engine.h"
-#include "engine/placement.h"
+#include "engine/layout/placement.h"
 #include "tiers/gpu.h"
 
 namespace strata {

@@ -2,7 +2,7 @@
 // per GPU), where it binds (the GPU's NUMA node), what the line says, and
 // strata.numa_bind's refusals. Runs without a GPU; placement_gpu_test checks
 // the same on GPUs.
-#include "engine/placement.h"
+#include "engine/layout/placement.h"
 
 #include <gtest/gtest.h>
 

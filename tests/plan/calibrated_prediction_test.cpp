@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "tools/plan/calibrate.h"
 #include "tools/plan/simulator.h"
 

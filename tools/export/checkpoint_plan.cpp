@@ -11,7 +11,7 @@
 #include <map>
 #include <set>
 
-#include "engine/manifest.h"
+#include "engine/checkpoint/manifest.h"
 
 namespace strata::exporter {
 

@@ -13,7 +13,7 @@
 #include <algorithm>
 
 #include "base/sizes.h"
-#include "engine/partition.h"
+#include "engine/layout/partition.h"
 #include "kernels/cpu/compact.h"
 
 namespace strata::plan {

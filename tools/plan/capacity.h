@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "tiers/tier.h"
 #include "tools/plan/cluster.h"
 #include "tools/plan/model.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "tools/plan/capacity.h"
 #include "tools/plan/simulator.h"
 

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "tools/plan/capacity.h"
 #include "tools/plan/placement.h"
 #include "tools/plan/simulator.h"

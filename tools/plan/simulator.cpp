@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/prefetch.h"
+#include "engine/residency/prefetch.h"
 
 namespace strata::plan {
 

@@ -12,7 +12,7 @@
 #include <array>
 #include <cstdint>
 
-#include "engine/config.h"
+#include "engine/config/config.h"
 #include "tools/plan/capacity.h"
 #include "tools/plan/cluster.h"
 #include "tools/plan/model.h"
