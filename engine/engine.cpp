@@ -17,7 +17,8 @@
 #include "base/align.h"
 #include "base/log.h"
 #include "base/sizes.h"
-#include "engine/layout/preflight.h"
+#include "engine/layout/staging_plan.h"
+#include "engine/step/step_checks.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/norm.h"
 #include "tiers/gpu.h"
@@ -28,17 +29,17 @@ static TierKind HomeOf(OffloadDevice d) {
   return d == OffloadDevice::kNone ? TierKind::kDevice : d == OffloadDevice::kCpu ? TierKind::kHost : TierKind::kNvme;
 }
 
-Engine::Impl::Impl(const Config& config, const EngineOptions& options) : config_(config), options_(options) {}
+Engine::Impl::Impl(const Config& config, const EngineOptions& options) : config_(config), options_(options) {
+  lay_.config = &config_;
+}
 
 Engine::Impl::~Impl() {
-  StopComm();
+  reducer_.reset();
   StopOverlap();
-  StopPrefetcher();
+  residency_.reset();  // its thread stops, its copies go back to the device tier
   TearDownGpuUpdate();
-  for (auto& g : groups_) {
-    if (g.dev.alloc.charged) device_->Free(g.dev.alloc);
-    for (auto& b : g.blocks) io_->Free(b);
-  }
+  for (auto& blocks : blocks_)
+    for (auto& b : blocks) io_->Free(b);
   // The trace, if any, is written a last time by ~StatsRecorder.
 }
 
@@ -76,20 +77,23 @@ Status Engine::Impl::InitRanks() {
     options_.world_size = comm_->world_size();
   }
   if (options_.world_size < 1) options_.world_size = 1;
-  if (multi()) {
+  lay_.multi = comm_ != nullptr && comm_->world_size() > 1;
+  if (lay_.multi) {
     if (config_.zero.stage >= 1) {
-      srank_ = options_.rank;
-      sworld_ = options_.world_size;
+      lay_.srank = options_.rank;
+      lay_.sworld = options_.world_size;
     }
-    p_sharded_ = config_.zero.stage == 3;
+    lay_.p_sharded = config_.zero.stage == 3;
   }
+  lay_.device_buffers = comm_ != nullptr && comm_->device_buffers();
+  lay_.reduces = comm_ != nullptr && (lay_.multi || lay_.device_buffers);
   return Status::Ok();
 }
 
 // With several ranks each writes its own trace: "run/trace.json" becomes
 // "run/trace.rank1.json" (one file, overwritten by every rank, otherwise).
 std::string Engine::Impl::RankTracePath(const std::string& path) const {
-  if (path.empty() || !multi()) return path;
+  if (path.empty() || !lay_.multi) return path;
   const std::string tag = ".rank" + std::to_string(options_.rank);
   const size_t slash = path.rfind('/');
   const size_t dot = path.rfind('.');
@@ -109,9 +113,9 @@ Status Engine::Impl::Init() {
   const std::string& opt = config_.optimizer.type;
   if (opt != "adam" && opt != "adamw" && opt != "lion" && opt != "adagrad")
     return ConfigError("optimizer.type: '" + opt + "' is not one of Adam, AdamW, Lion, Adagrad");
-  dtype_ = config_.compute_dtype();
-  compact_ = config_.strata.state_format == "compact";
-  gdtype_ = config_.grad_dtype();
+  lay_.dtype = config_.compute_dtype();
+  lay_.compact = config_.strata.state_format == "compact";
+  lay_.gdtype = config_.grad_dtype();
   stats_ = std::make_unique<StatsRecorder>(options_.rank, RankTracePath(config_.strata.trace_path));
   UringOptions uo;
   uo.rings = config_.strata.io_rings;
@@ -129,7 +133,7 @@ Status Engine::Impl::Init() {
   // Gloo moves host buffers only; staging every gradient and every stage-3
   // gather through pinned host memory would hide a misconfigured cluster
   // behind a slow one, so it is refused, naming the way out.
-  if (gpu && multi() && !comm_->device_buffers())
+  if (gpu && lay_.multi && !comm_->device_buffers())
     return UnsupportedError(std::string("several ranks with a GPU device tier need NCCL (device buffers); the ") +
                             "communicator is " + comm_->backend() + " (NCCL in this build: " +
                             (net::NcclAvailable() ? "yes" : "no") + "); pass force_no_gpu to train the ranks on the "
@@ -149,6 +153,7 @@ Status Engine::Impl::Init() {
   STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget, .device = device,
                                                        .force_host_arena = !gpu,
                                                        .pool = config_.strata.device_pool}));
+  lay_.device_on_gpu = device_->on_gpu();
   host_ = std::make_unique<HostTier>(HostTierOptions{.budget = host_budget,
                                                      .pin = gpu,
                                                      .numa_node = gpu ? placement_.gpu_node : -1,
@@ -182,18 +187,18 @@ static uint64_t KeepInit(Engine::Impl& m, int group, uint64_t off, uint64_t nume
 }
 
 Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t numel, const float* init) {
-  STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->part_.Add(group, name, numel));
+  STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->lay_.part.Add(group, name, numel));
   return KeepInit(*impl_, group, off, numel, init);
 }
 
 Status Engine::AddAlias(int group, const std::string& alias, const std::string& of) {
-  return impl_->part_.AddAlias(group, alias, of);
+  return impl_->lay_.part.AddAlias(group, alias, of);
 }
 
 Result<uint64_t> Engine::AddShapedParam(int group, const std::string& name,
                                         const std::vector<uint64_t>& shape, const float* init) {
-  STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->part_.AddShaped(group, name, shape));
-  return KeepInit(*impl_, group, off, impl_->part_.group(group).tensors.back().numel, init);
+  STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->lay_.part.AddShaped(group, name, shape));
+  return KeepInit(*impl_, group, off, impl_->lay_.part.group(group).tensors.back().numel, init);
 }
 
 // Fills a block through `fill(ptr)`: in place when addressable, else through
@@ -213,8 +218,8 @@ static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::functio
 // budget with the same sizes, less the NVMe tier's padding, which a refusal
 // here names too).
 static Status InitStaging(Engine::Impl& m) {
-  const StagingSizes z = PlanStaging(m, [&](uint64_t bytes) { return m.io_->NvmePadded(bytes); });
-  std::copy(std::begin(z.opt_offsets), std::end(z.opt_offsets), std::begin(m.opt_slot_offsets_));
+  const StagingSizes z = PlanStaging(m.lay_, [&](uint64_t bytes) { return m.io_->NvmePadded(bytes); });
+  std::copy(std::begin(z.opt_offsets), std::end(z.opt_offsets), std::begin(m.lay_.opt_slot_offsets));
   Status st = m.opt_staging_.Init(m.host_.get(), z.opt_slots, z.opt_offsets[kNumStates]);
   if (st.ok()) st = m.param_staging_.Init(m.host_.get(), z.param_slots, z.param_bytes);
   if (st.ok()) st = m.grad_staging_.Init(m.host_.get(), z.grad_slots, z.grad_bytes);
@@ -232,16 +237,16 @@ Status Engine::Impl::Build() {
 }
 
 void Engine::Impl::UndoBuild() {
-  StopComm();
+  reducer_.reset();
   StopOverlap();
-  StopPrefetcher();
-  for (auto& gs : groups_) {
-    if (gs.dev.alloc.charged) device_->Free(gs.dev.alloc);
-    gs.dev.alloc = {};
-    for (auto& b : gs.blocks) if (io_) io_->Free(b);
-  }
+  residency_.reset();
+  p_home_.reset();
+  for (auto& blocks : blocks_)
+    for (auto& b : blocks)
+      if (io_) io_->Free(b);
   TearDownGpuUpdate();
-  groups_.clear();
+  blocks_.clear();
+  steps_.clear();
   param_staging_.Clear();
   opt_staging_.Clear();
   grad_staging_.Clear();
@@ -249,45 +254,45 @@ void Engine::Impl::UndoBuild() {
   io_.reset();
   nvme_.reset();
   device_->Trim();  // the pool's blocks go back too: nothing is left held
-  part_.Reopen();   // not built: add_param works again (it said "already built")
+  lay_.part.Reopen();   // not built: add_param works again (it said "already built")
 }
 
 Status Engine::Impl::BuildOnce() {
-  STRATA_RETURN_IF_ERROR(part_.Finalize(sworld_));
-  for (size_t g = static_cast<size_t>(part_.num_groups()); g < frozen_.size(); ++g)
-    if (frozen_[g])
+  STRATA_RETURN_IF_ERROR(lay_.part.Finalize(lay_.sworld));
+  for (size_t g = static_cast<size_t>(lay_.part.num_groups()); g < lay_.frozen_groups.size(); ++g)
+    if (lay_.frozen_groups[g])
       return StateError("build: group " + std::to_string(g) + " is frozen (freeze_group) but has no parameters "
-                        "(groups are numbered 0.." + std::to_string(part_.num_groups() - 1) + " without gaps)");
-  frozen_.resize(static_cast<size_t>(part_.num_groups()), 0);  // what is dropped was never frozen
-  if (multi() && !p_sharded_ && config_.zero.offload_param.device == OffloadDevice::kNvme)
+                        "(groups are numbered 0.." + std::to_string(lay_.part.num_groups() - 1) + " without gaps)");
+  lay_.frozen_groups.resize(static_cast<size_t>(lay_.part.num_groups()), 0);  // what is dropped was never frozen
+  if (lay_.multi && !lay_.p_sharded && config_.zero.offload_param.device == OffloadDevice::kNvme)
     return ConfigError("zero_optimization.offload_param.device: nvme needs stage 3 (as in DeepSpeed); stage " +
                        std::to_string(config_.zero.stage) + " keeps every parameter on every rank");
   ConfigFacts facts = ProbeMachineFacts();
-  facts.largest_group_numel = part_.largest_group_numel();
-  facts.world_size = static_cast<uint32_t>(sworld_);
+  facts.largest_group_numel = lay_.part.largest_group_numel();
+  facts.world_size = static_cast<uint32_t>(lay_.sworld);
   facts.has_gpu = device_->on_gpu();
   STRATA_RETURN_IF_ERROR(ValidateConfig(config_, facts));
   // Several ranks start from rank 0's initial values, as torch DDP does: a
   // rank whose model was initialized from another seed still trains the
   // same model. (A rank that registered other groups fails here, naming it.)
-  if (multi())
-    for (int g = 0; g < part_.num_groups(); ++g) {
+  if (lay_.multi)
+    for (int g = 0; g < lay_.part.num_groups(); ++g) {
       std::vector<float>& w0 = init_[static_cast<size_t>(g)];
-      w0.resize(part_.group(g).numel, 0.0f);  // zeros registered without values, on every rank alike
+      w0.resize(lay_.part.group(g).numel, 0.0f);  // zeros registered without values, on every rank alike
       comm_->SetLabel("init g" + std::to_string(g));
       STRATA_RETURN_IF_ERROR(comm_->Broadcast(w0.data(), w0.size() * sizeof(float), 0)
                                  .WithContext("build: rank 0's initial values of group " + std::to_string(g)));
     }
-  if (multi()) STRATA_RETURN_IF_ERROR(AgreeOnFrozen());
+  if (lay_.multi) STRATA_RETURN_IF_ERROR(AgreeOnFrozen());
 
-  home_[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
+  lay_.home[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
   const TierKind opt_home = HomeOf(config_.zero.offload_optimizer.device);
-  home_[int(StateKind::kW)] = home_[int(StateKind::kM)] = home_[int(StateKind::kV)] = opt_home;
-  home_[int(StateKind::kG)] = opt_home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost;
-  STRATA_RETURN_IF_ERROR(CheckHostPlan(*this));  // before anything is allocated
-  const int ngroups = part_.num_groups();
-  auto used = [&](int s) { return StateUsed(*this, s); };
-  auto used_by = [&](int s, int g) { return StateUsedBy(*this, s, g); };
+  lay_.home[int(StateKind::kW)] = lay_.home[int(StateKind::kM)] = lay_.home[int(StateKind::kV)] = opt_home;
+  lay_.home[int(StateKind::kG)] = opt_home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost;
+  STRATA_RETURN_IF_ERROR(CheckHostPlan(lay_, host_->budget()));  // before anything is allocated
+  const int ngroups = lay_.part.num_groups();
+  auto used = [&](int s) { return lay_.StateUsed(s); };
+  auto used_by = [&](int s, int g) { return lay_.StateUsedBy(s, g); };
 
   // The NVMe tier holds exactly the blocks homed there.
   std::vector<std::string> dirs = config_.OptimizerSwapPaths();
@@ -295,14 +300,14 @@ Status Engine::Impl::BuildOnce() {
     if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
   uint64_t nvme_bytes = 0, largest_stored = 0, largest_frozen = 0;
   for (int s = 0; s < kNumStates; ++s) {
-    if (!used(s) || home_[s] != TierKind::kNvme) continue;
+    if (!used(s) || lay_.home[s] != TierKind::kNvme) continue;
     uint64_t largest = 0;
     for (int g = 0; g < ngroups; ++g) {
       if (!used_by(s, g)) continue;  // a frozen group keeps P alone
       // Each block takes its padded size, no more: small groups pack densely.
-      const uint64_t padded = NvmeTier::PaddedSizeFor(StateBytes(*this, s, g), dirs.size());
+      const uint64_t padded = NvmeTier::PaddedSizeFor(lay_.StateBytes(s, g), dirs.size());
       nvme_bytes += padded;
-      if (frozen(g)) largest_frozen = std::max(largest_frozen, padded);
+      if (lay_.frozen(g)) largest_frozen = std::max(largest_frozen, padded);
       else largest = std::max(largest, padded);
     }
     largest_stored += largest;
@@ -320,107 +325,109 @@ Status Engine::Impl::BuildOnce() {
   io_ = std::make_unique<BlockIo>(device_.get(), host_.get(), nvme_.get(), stats_.get());
 
   // Home blocks first: they are the model; staging comes out of what is left.
-  groups_.resize(static_cast<size_t>(ngroups));
+  steps_.assign(static_cast<size_t>(ngroups), GroupStep{});
+  blocks_.assign(static_cast<size_t>(ngroups), {});
   for (int g = 0; g < ngroups; ++g)
     for (int s = 0; s < kNumStates; ++s) {
       if (!used_by(s, g)) continue;
-      auto b = io_->Allocate(home_[s], StateBytes(*this, s, g));
+      auto b = io_->Allocate(lay_.home[s], lay_.StateBytes(s, g));
       if (!b.ok())
         return b.status().WithContext(std::string("build: state ") + StateName(StateKind(s)) + " of group " +
                                       std::to_string(g) + " in its home tier");
-      groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)] = *b;
+      blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)] = *b;
     }
   STRATA_RETURN_IF_ERROR(InitStaging(*this));
   SetUpGpuUpdate();  // its scratch from the device budget the home blocks left
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
   for (int g = 0; g < ngroups; ++g) {
-    GroupState& gs = groups_[static_cast<size_t>(g)];
-    const GroupLayout& L = part_.group(g);
+    const GroupLayout& L = lay_.part.group(g);
     const std::vector<float>& w0 = init_[static_cast<size_t>(g)];
-    const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel, real = L.RealInShard(srank_);
+    const uint64_t lo = static_cast<uint64_t>(lay_.srank) * L.shard_numel, real = L.RealInShard(lay_.srank);
     auto fill_w = [&](void* p) {  // this rank's shard of the initial values
       std::memset(p, 0, L.shard_numel * 4);
       std::memcpy(p, w0.data() + lo, std::min<uint64_t>(real, w0.size() > lo ? w0.size() - lo : 0) * 4);
       return Status::Ok();
     };
     auto fill_p = [&](void* p) {  // the whole group, or this rank's shard (stage 3)
-      const uint64_t n = PHomeNumel(g);
-      std::memset(p, 0, n * DTypeSize(dtype_));
-      const uint64_t from = p_sharded_ ? lo : 0, count = p_sharded_ ? real : L.numel;
+      const uint64_t n = lay_.PHomeNumel(g);
+      std::memset(p, 0, n * DTypeSize(lay_.dtype));
+      const uint64_t from = lay_.p_sharded ? lo : 0, count = lay_.p_sharded ? real : L.numel;
       // Fails when the kernels cannot run (STRATA_CPU_ISA): P would stay zeros.
       const uint64_t have = std::min<uint64_t>(count, w0.size() > from ? w0.size() - from : 0);
       if (have == 0) return Status::Ok();
-      return kernels::Cast(DType::kF32, w0.data() + from, dtype_, p, have);
+      return kernels::Cast(DType::kF32, w0.data() + from, lay_.dtype, p, have);
     };
     int zeroing = 0;  // the state `zero` fills
     auto zero = [&](void* p) {
-      std::memset(p, 0, StateBytes(*this, zeroing, g));
+      std::memset(p, 0, lay_.StateBytes(zeroing, g));
       return Status::Ok();
     };
-    if (frozen(g)) {  // P alone, the values given in the compute dtype
-      STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kP)], fill_p, frozen_staging_)
+    if (lay_.frozen(g)) {  // P alone, the values given in the compute dtype
+      STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][int(StateKind::kP)], fill_p, frozen_staging_)
                                  .WithContext("build: P of frozen group " + std::to_string(g)));
       continue;
     }
-    STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kP)], fill_p, opt_staging_));
-    if (compact_) {  // W, M, V packed (and this rank's slice of P: the same bf16 bits)
+    STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][int(StateKind::kP)], fill_p, opt_staging_));
+    if (lay_.compact) {  // W, M, V packed (and this rank's slice of P: the same bf16 bits)
       std::vector<float> w(L.shard_numel), zeros(L.shard_numel, 0.0f);
       STRATA_RETURN_IF_ERROR(fill_w(w.data()));
       STRATA_RETURN_IF_ERROR(WriteShardF32(g, w.data(), zeros.data(), used(int(StateKind::kV)) ? zeros.data() : nullptr));
     } else {
-      STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[int(StateKind::kW)], fill_w, opt_staging_));
+      STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][int(StateKind::kW)], fill_w, opt_staging_));
     }
     for (int s : {int(StateKind::kM), int(StateKind::kV), int(StateKind::kG)})
-      if (used(s) && (!compact_ || s == int(StateKind::kG))) {
+      if (used(s) && (!lay_.compact || s == int(StateKind::kG))) {
         zeroing = s;
-        STRATA_RETURN_IF_ERROR(FillBlock(*this, gs.blocks[static_cast<size_t>(s)], zero, opt_staging_));
+        STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)], zero, opt_staging_));
       }
   }
   init_.clear();
   init_.shrink_to_fit();
   group_steps_.assign(static_cast<size_t>(ngroups), 0);
   scaler_.Init(config_.fp16);
-  STRATA_RETURN_IF_ERROR(InitReduce());
-  StartPrefetcher();
+  STRATA_RETURN_IF_ERROR(StartComponents());
   if (options_.overlap_step) {
-    overlap_ = config_.gradient_clipping == 0 && !config_.fp16.enabled && !multi() && !reduces();
+    overlap_ = config_.gradient_clipping == 0 && !config_.fp16.enabled && !lay_.multi && !lay_.reduces;
     if (overlap_) StartOverlap();
     else WarnOnce("overlap-off", "overlap_step needs gradient_clipping 0, no fp16 and one rank without a communicator (the update depends "
                                  "on every gradient; collectives keep one order); stepping after backward instead");
   }
   built_ = true;
   STRATA_LOG_DEBUG("built {} groups ({} frozen), {} parameters; P on {}, W/M/V on {}, G on {}", ngroups,
-                   std::count(frozen_.begin(), frozen_.end(), 1), part_.total_numel(), TierName(home_[0]),
-                   TierName(opt_home), TierName(home_[int(StateKind::kG)]));
+                   std::count(lay_.frozen_groups.begin(), lay_.frozen_groups.end(), 1), lay_.part.total_numel(), TierName(lay_.home[0]),
+                   TierName(opt_home), TierName(lay_.home[int(StateKind::kG)]));
   return Status::Ok();
 }
 
 static Status CheckGroup(const Engine::Impl& m, int group, const char* call) {
   if (!m.built_) return StateError(std::string(call) + ": the engine is not built");
-  if (group < 0 || group >= m.part_.num_groups())
+  if (group < 0 || group >= m.lay_.part.num_groups())
     return InvalidError(std::string(call) + ": group " + std::to_string(group) + " is not in 0.." +
-                        std::to_string(m.part_.num_groups() - 1));
+                        std::to_string(m.lay_.part.num_groups() - 1));
   return Status::Ok();
 }
 
 Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "grads"));
   if (!grads) return InvalidError("grads: null gradient pointer for group " + std::to_string(group));
-  if (frozen(group))
+  if (lay_.frozen(group))
     return InvalidError("grads: group " + std::to_string(group) +
                         " is frozen (freeze_group): it keeps its parameters alone and takes no gradients");
-  GroupState& gs = groups_[static_cast<size_t>(group)];
+  GroupStep& gs = steps_[static_cast<size_t>(group)];
   // The overlapped step updated this group once its gradients were complete:
   // one more would land in a G the update already read (or is reading).
   if (overlap_ && gs.updated)
     return StateError("grads: group " + std::to_string(group) + " already had its " +
                       std::to_string(options_.grad_accumulation_steps) +
                       " grads call(s) of this step and was updated (overlap_step); call step first");
-  if (reduces()) return GradsMulti(group, grads, dtype);
-  const GroupLayout& L = part_.group(group);
-  const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel;  // one shard here: srank_ is 0
-  const uint64_t real = L.RealInShard(srank_);
+  if (lay_.reduces) {
+    STRATA_RETURN_IF_ERROR(DrainComm(/*wait=*/false));  // an earlier background failure: now
+    return reducer_->Grads(group, grads, dtype);
+  }
+  const GroupLayout& L = lay_.part.group(group);
+  const uint64_t lo = static_cast<uint64_t>(lay_.srank) * L.shard_numel;  // one shard here: lay_.srank is 0
+  const uint64_t real = L.RealInShard(lay_.srank);
   const char* src = static_cast<const char*>(grads) + lo * DTypeSize(dtype);
   void* src_buf = nullptr;
   if (device_->on_gpu()) {  // bring the gradients to the host first
@@ -436,7 +443,7 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   if (!st.ok()) return st.WithContext("grads: group " + std::to_string(group));
   // An update before the step needs no norm: none with clipping asked for.
   if (overlap_ && prepared_ && prepared_opts_.max_grad_norm <= 0 &&
-      gs.grad_calls == options_.grad_accumulation_steps && OverlapMayUpdate(*this, gs)) {
+      gs.grad_calls == options_.grad_accumulation_steps && OverlapMayUpdate(config_, gs)) {
     gs.updated = true;
     EnqueueUpdate(group);
   }
@@ -447,16 +454,16 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
 // of the group's G — the step's first call overwrites, the padding stays
 // zero — and records the shard's sum of squares for the global norm.
 Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64_t count) {
-  GroupState& gs = groups_[static_cast<size_t>(group)];
-  const uint64_t n = part_.group(group).shard_numel, gsize = DTypeSize(gdtype_);
-  const StateBlock& gb = gs.blocks[int(StateKind::kG)];
+  GroupStep& gs = steps_[static_cast<size_t>(group)];
+  const uint64_t n = lay_.part.group(group).shard_numel, gsize = DTypeSize(lay_.gdtype);
+  const StateBlock& gb = blocks_[static_cast<size_t>(group)][int(StateKind::kG)];
   const bool direct = io_->Direct(gb);
   void* G = direct ? io_->DirectPtr(gb) : grad_staging_.Acquire();
   Status st;
   if (gs.grad_calls > 0 && !direct) st = io_->Load(gb, G);
-  if (gs.grad_calls == 0 && dtype == gdtype_) {  // stored as handed in
+  if (gs.grad_calls == 0 && dtype == lay_.gdtype) {  // stored as handed in
     std::memcpy(G, src, count * gsize);
-  } else if (gs.grad_calls == 0 && gdtype_ == DType::kF32) {
+  } else if (gs.grad_calls == 0 && lay_.gdtype == DType::kF32) {
     st = kernels::Cast(dtype, src, DType::kF32, G, count);
   } else if (st.ok()) {  // a tile at a time: widen, add in fp32, store in G's dtype (nearest even)
     constexpr uint64_t kTile = 4096;
@@ -468,24 +475,24 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
       else st = kernels::Cast(dtype, static_cast<const char*>(src) + at * DTypeSize(dtype), DType::kF32, wide, k);
       char* g = static_cast<char*>(G) + at * gsize;
       if (!st.ok()) break;
-      if (gdtype_ == DType::kF32) {
+      if (lay_.gdtype == DType::kF32) {
         float* gf = reinterpret_cast<float*>(g);
         if (gs.grad_calls == 0) std::memcpy(gf, x, k * 4);
         else for (uint64_t i = 0; i < k; ++i) gf[i] += x[i];
         continue;
       }
       if (gs.grad_calls == 0) {
-        st = kernels::Cast(DType::kF32, x, gdtype_, g, k);
+        st = kernels::Cast(DType::kF32, x, lay_.gdtype, g, k);
         continue;
       }
-      st = kernels::Cast(gdtype_, g, DType::kF32, sum, k);
+      st = kernels::Cast(lay_.gdtype, g, DType::kF32, sum, k);
       for (uint64_t i = 0; st.ok() && i < k; ++i) sum[i] += x[i];
-      if (st.ok()) st = kernels::Cast(DType::kF32, sum, gdtype_, g, k);
+      if (st.ok()) st = kernels::Cast(DType::kF32, sum, lay_.gdtype, g, k);
     }
   }
   if (st.ok() && gs.grad_calls == 0) std::memset(static_cast<char*>(G) + count * gsize, 0, (n - count) * gsize);
   kernels::SquaresSum sq;
-  if (st.ok()) st = kernels::SumSquares(gdtype_, G, n, &sq);
+  if (st.ok()) st = kernels::SumSquares(lay_.gdtype, G, n, &sq);
   if (st.ok() && !direct) st = io_->Store(gb, G);
   if (!direct) grad_staging_.Release(G);
   if (!st.ok()) return st;
@@ -495,23 +502,10 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
   return Status::Ok();
 }
 
-Status Engine::Impl::GatherP(int g, void* full) {
-  STRATA_RETURN_IF_ERROR(DrainComm().WithContext("gathering the parameters of group " + std::to_string(g)));
-  return GatherPNow(g, full);
-}
-
-Status Engine::Impl::GatherPNow(int g, void* full) {
-  const GroupLayout& L = part_.group(g);
-  const uint64_t slice = L.shard_numel * DTypeSize(dtype_);
-  comm_->SetLabel("P of g" + std::to_string(g) + " s" + std::to_string(step_count_));
-  Status st = comm_->AllGather(static_cast<char*>(full) + static_cast<uint64_t>(srank_) * slice, full, slice);
-  return st.WithContext("gathering the parameters of group " + std::to_string(g));
-}
-
 Status Engine::Impl::PrepareStep(const StepOptions& so) {
   STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "prepare_step"));
   if (!built_) return StateError("prepare_step: the engine is not built");
-  for (const auto& gs : groups_)
+  for (const auto& gs : steps_)
     if (gs.grad_calls > 0) return StateError("prepare_step: gradients of this step have already arrived");
   prepared_ = true;
   prepared_opts_ = so;
@@ -537,7 +531,7 @@ void Engine::Impl::AbandonStep() {
   pending_.reset();
   broken_.clear();
   prepared_ = false;
-  for (auto& gs : groups_) {
+  for (auto& gs : steps_) {
     gs.grad_calls = 0;
     gs.updated = gs.committed = gs.p_stale = false;
   }
@@ -546,8 +540,8 @@ void Engine::Impl::AbandonStep() {
 Status Engine::Impl::RepairStaleP() {
   Status st;
   void* buf = nullptr;
-  for (int g = 0; st.ok() && g < part_.num_groups(); ++g) {
-    GroupState& gs = groups_[static_cast<size_t>(g)];
+  for (int g = 0; st.ok() && g < lay_.part.num_groups(); ++g) {
+    GroupStep& gs = steps_[static_cast<size_t>(g)];
     if (!gs.p_stale) continue;
     if (!buf) buf = opt_staging_.Acquire();
     st = RecomputePGroup(g, buf, buf ? opt_staging_.bytes() : 0);
@@ -560,15 +554,15 @@ Status Engine::Impl::RepairStaleP() {
 Status Engine::Impl::GlobalSquares(double* sum_out, bool* finite_out) {
   double sum = 0;
   bool finite = true;
-  for (const auto& gs : groups_) {
+  for (const auto& gs : steps_) {
     if (gs.grad_calls == 0) continue;
     sum += gs.sum_squares;
     finite = finite && gs.finite;
   }
-  if (multi() && sworld_ > 1) {  // each rank holds a shard of G
-    std::vector<double> sums(static_cast<size_t>(sworld_));
-    sums[static_cast<size_t>(srank_)] = sum;  // the label: the caller's
-    STRATA_RETURN_IF_ERROR(comm_->AllGather(&sums[static_cast<size_t>(srank_)], sums.data(), sizeof(double))
+  if (lay_.multi && lay_.sworld > 1) {  // each rank holds a shard of G
+    std::vector<double> sums(static_cast<size_t>(lay_.sworld));
+    sums[static_cast<size_t>(lay_.srank)] = sum;  // the label: the caller's
+    STRATA_RETURN_IF_ERROR(comm_->AllGather(&sums[static_cast<size_t>(lay_.srank)], sums.data(), sizeof(double))
                                .WithContext("gradient norm"));
     sum = 0;
     for (double x : sums) sum += x;
@@ -584,7 +578,7 @@ Result<double> Engine::Impl::GradNorm() {
   STRATA_RETURN_IF_ERROR(CheckUsable("grad_norm"));
   double sum = 0;
   bool finite = true;
-  if (multi()) comm_->SetLabel("grad_norm s" + std::to_string(step_count_ + 1));
+  if (lay_.multi) comm_->SetLabel("grad_norm s" + std::to_string(step_count_ + 1));
   STRATA_RETURN_IF_ERROR(GlobalSquares(&sum, &finite).WithContext("grad_norm"));
   if (!finite) return INFINITY;
   return std::sqrt(sum) / scaler_.scale() / GradMeanDivisor();
@@ -605,7 +599,9 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
   const double mean = GradMeanDivisor();
   const double scale = scaler_.scale();
   r->grad_norm = std::sqrt(sum) / scale / mean;
-  if (HoldBackNonfinite(*this, finite, held)) {
+  std::function<Status()> wait_overlap;
+  if (overlap_) wait_overlap = [this] { return WaitOverlapIdle(); };
+  if (HoldBackNonfinite(config_, steps_, finite, wait_overlap, held)) {
     r->skipped = true;
     r->grad_norm = INFINITY;
     return Status::Ok();
@@ -628,9 +624,9 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
 Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
   Status st = overlap_ ? WaitOverlapIdle() : Status::Ok();
   std::map<int64_t, std::vector<int>> cohorts;  // by update count: one pipeline each
-  for (int g = 0; g < part_.num_groups(); ++g) {
-    const GroupState& gs = groups_[static_cast<size_t>(g)];
-    if (frozen(g) || gs.committed || (skips_gradless() && gs.grad_calls == 0)) continue;
+  for (int g = 0; g < lay_.part.num_groups(); ++g) {
+    const GroupStep& gs = steps_[static_cast<size_t>(g)];
+    if (lay_.frozen(g) || gs.committed || (skips_gradless() && gs.grad_calls == 0)) continue;
     cohorts[StepsOf(g)].push_back(g);
   }
   for (const auto& [steps, groups] : cohorts)
@@ -640,8 +636,8 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
     st = StateError("step: cannot be finished: " + broken_ + "; load the last checkpoint to go on (" +
                     st.message() + ")");
   st = Agree(st, "step");  // none gathers alone
-  for (int g = 0; st.ok() && p_gathered_after_step() && g < part_.num_groups(); ++g)
-    if (!frozen(g)) st = GatherP(g, io_->DirectPtr(groups_[static_cast<size_t>(g)].blocks[int(StateKind::kP)]));
+  for (int g = 0; st.ok() && lay_.p_gathered_after_step() && g < lay_.part.num_groups(); ++g)
+    if (!lay_.frozen(g)) st = reducer_->Gather(g, io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(StateKind::kP)]));
   return st;
 }
 
@@ -649,18 +645,18 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "step"));
   if (!built_) return StateError("step: the engine is not built");
   STRATA_RETURN_IF_ERROR(CheckUsable("step"));
-  DropAheadPins();
-  for (int g = 0; g < part_.num_groups(); ++g)
-    if (groups_[static_cast<size_t>(g)].dev.pins > 0)
+  residency_->DropAheadPins();
+  for (int g = 0; g < lay_.part.num_groups(); ++g)
+    if (residency_->pins(g) > 0)
       return StateError("step: group " + std::to_string(g) + " is fetched and not released");
   if (pending_ && !SameOptions(*pending_, so))
     return InvalidError("step: a failed step is pending; finish it with the options it was called with (or load a "
                         "checkpoint); nothing was changed");
-  WaitPrefetchIdle();
+  residency_->WaitIdle();
   if (!pending_ && overlap_ && prepared_ && !SameOptions(prepared_opts_, so))
     return InvalidError("step: options differ from those given to prepare_step, which the overlapped "
                         "updates already used");
-  if (multi()) {
+  if (lay_.multi) {
     // Ranks agree on the step and its options before anything changes: the
     // label rides on the step's first collective, the norm's all-gather
     // (stages 1-3), or on a barrier where there is none (stage 0).
@@ -668,7 +664,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     std::snprintf(hash, sizeof hash, "%08llx",
                   static_cast<unsigned long long>(XXH3_64bits(&so, sizeof so) & 0xffffffffu));
     comm_->SetLabel("step " + std::to_string(step_count_ + 1) + " opts " + hash);
-    if (sworld_ == 1) STRATA_RETURN_IF_ERROR(comm_->Barrier().WithContext("step: agreeing with the other ranks"));
+    if (lay_.sworld == 1) STRATA_RETURN_IF_ERROR(comm_->Barrier().WithContext("step: agreeing with the other ranks"));
   }
   stats_->StepBegin();
   StepResult r;
@@ -685,8 +681,8 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     st = ApplyStep(so, grad_scale);
     if (st.ok()) {
       ++step_count_;
-      for (int g = 0; skips_gradless() && g < part_.num_groups(); ++g)  // the groups this step updated
-        if (!frozen(g) && groups_[static_cast<size_t>(g)].grad_calls > 0) ++group_steps_[static_cast<size_t>(g)];
+      for (int g = 0; skips_gradless() && g < lay_.part.num_groups(); ++g)  // the groups this step updated
+        if (!lay_.frozen(g) && steps_[static_cast<size_t>(g)].grad_calls > 0) ++group_steps_[static_cast<size_t>(g)];
       scaler_.Update(false);
     }
   }
@@ -696,30 +692,24 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     AbandonStep();  // the step is done (or held back): nothing pending, every group fresh for the next
   } else if (broken_.empty()) {
     pending_ = so;
-    for (auto& gs : groups_) gs.updated = false;
+    for (auto& gs : steps_) gs.updated = false;
   }
   DropDeviceCopies(/*keep_frozen=*/true);  // P changed (for the committed groups, at least); frozen P never does
-  std::vector<int> ahead;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    schedule_.OnStep();
-    const uint64_t window = config_.zero.prefetch_bucket_size * DTypeSize(dtype_);
-    ahead = schedule_.Ahead(window, [&](int g) { return PBytes(g); });
-  }
+  const std::vector<int> ahead = residency_->OnStep();
   stats_->StepEnd(r.skipped);
   if (!st.ok()) {
     if (!broken_.empty() || r.skipped) return st;
     return st.WithContext("step " + std::to_string(step_count_ + 1) + " is not finished (" +
-                          std::to_string(CountCommitted()) + " of " + std::to_string(part_.num_groups()) +
+                          std::to_string(CountCommitted()) + " of " + std::to_string(lay_.part.num_groups()) +
                           " groups updated); call step again with the same options to finish it");
   }
-  EnqueuePrefetch(ahead);
+  residency_->Prefetch(ahead);
   return r;
 }
 
 int Engine::Impl::CountCommitted() const {
   int n = 0;
-  for (const auto& gs : groups_) n += gs.committed;
+  for (const auto& gs : steps_) n += gs.committed;
   return n;
 }
 
@@ -733,29 +723,29 @@ static Status FrozenKeepsNo(const char* call, int group, StateKind kind) {
 Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "read_state"));
   if (!out) return InvalidError("read_state: null output for group " + std::to_string(group));
-  if (frozen(group)) {
+  if (lay_.frozen(group)) {
     if (kind != StateKind::kW) return FrozenKeepsNo("read_state", group, kind);
     return ReadFrozen(group, out).WithContext("read_state: frozen group " + std::to_string(group));
   }
-  const StateBlock& w = groups_[static_cast<size_t>(group)].blocks[static_cast<size_t>(kind)];
+  const StateBlock& w = blocks_[static_cast<size_t>(group)][static_cast<size_t>(kind)];
   if (!w.alloc.charged)
     return InvalidError(std::string("read_state: the ") + config_.optimizer.type + " optimizer keeps no state " +
                         StateName(kind));
-  const GroupLayout& L = part_.group(group);
+  const GroupLayout& L = lay_.part.group(group);
   const uint64_t n = L.numel;
   // This rank's shard, into `all` at its place (or straight out, with one shard).
   std::vector<float> all;
   float* mine = out;
-  if (sworld_ > 1) {
+  if (lay_.sworld > 1) {
     all.resize(L.padded);
-    mine = all.data() + static_cast<uint64_t>(srank_) * L.shard_numel;
+    mine = all.data() + static_cast<uint64_t>(lay_.srank) * L.shard_numel;
   }
-  const uint64_t take = sworld_ > 1 ? L.shard_numel : n;
+  const uint64_t take = lay_.sworld > 1 ? L.shard_numel : n;
   Status st;
-  if (compact_) {  // the three unpacked together (M's codes depend on V's)
+  if (lay_.compact) {  // the three unpacked together (M's codes depend on V's)
     std::vector<float> f(3 * L.shard_numel);
     float* wmv[3] = {f.data(), f.data() + L.shard_numel, f.data() + 2 * L.shard_numel};
-    const bool has_v = groups_[static_cast<size_t>(group)].blocks[int(StateKind::kV)].alloc.charged != 0;
+    const bool has_v = blocks_[static_cast<size_t>(group)][int(StateKind::kV)].alloc.charged != 0;
     st = ReadShardF32(group, wmv[0], wmv[1], has_v ? wmv[2] : nullptr);
     if (st.ok()) std::memcpy(mine, wmv[static_cast<int>(kind) - 1], take * 4);
   } else if (io_->Direct(w)) {
@@ -766,7 +756,7 @@ Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
     if (st.ok()) std::memcpy(mine, buf, take * 4);
     opt_staging_.Release(buf);
   }
-  if (st.ok() && sworld_ > 1) {
+  if (st.ok() && lay_.sworld > 1) {
     comm_->SetLabel(std::string("read ") + StateName(kind) + " of g" + std::to_string(group));
     st = comm_->AllGather(mine, all.data(), L.shard_numel * 4);
     if (st.ok()) std::memcpy(out, all.data(), n * 4);
@@ -777,19 +767,19 @@ Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
 Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
   STRATA_RETURN_IF_ERROR(CheckGroup(*this, group, "write_state"));
   if (!in) return InvalidError("write_state: null input for group " + std::to_string(group));
-  if (frozen(group) && kind != StateKind::kW) return FrozenKeepsNo("write_state", group, kind);
+  if (lay_.frozen(group) && kind != StateKind::kW) return FrozenKeepsNo("write_state", group, kind);
   STRATA_RETURN_IF_ERROR(CheckBetweenSteps("write_state"));
-  if (frozen(group)) return WriteFrozen(group, in).WithContext("write_state: frozen group " + std::to_string(group));
-  const StateBlock& b = groups_[static_cast<size_t>(group)].blocks[static_cast<size_t>(kind)];
+  if (lay_.frozen(group)) return WriteFrozen(group, in).WithContext("write_state: frozen group " + std::to_string(group));
+  const StateBlock& b = blocks_[static_cast<size_t>(group)][static_cast<size_t>(kind)];
   if (!b.alloc.charged)
     return InvalidError(std::string("write_state: the ") + config_.optimizer.type + " optimizer keeps no state " +
                         StateName(kind));
-  const GroupLayout& L = part_.group(group);
-  const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel, real = L.RealInShard(srank_);
-  if (compact_) {  // unpack all three, replace one, pack all three (M's codes depend on V's)
+  const GroupLayout& L = lay_.part.group(group);
+  const uint64_t lo = static_cast<uint64_t>(lay_.srank) * L.shard_numel, real = L.RealInShard(lay_.srank);
+  if (lay_.compact) {  // unpack all three, replace one, pack all three (M's codes depend on V's)
     std::vector<float> f(3 * L.shard_numel);
     float* wmv[3] = {f.data(), f.data() + L.shard_numel, f.data() + 2 * L.shard_numel};
-    const bool has_v = groups_[static_cast<size_t>(group)].blocks[int(StateKind::kV)].alloc.charged != 0;
+    const bool has_v = blocks_[static_cast<size_t>(group)][int(StateKind::kV)].alloc.charged != 0;
     float* v = has_v ? wmv[2] : nullptr;
     Status st = ReadShardF32(group, wmv[0], wmv[1], v);
     if (st.ok()) {
@@ -798,7 +788,7 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
       std::memcpy(dst, in + lo, real * 4);
       st = WriteShardF32(group, wmv[0], wmv[1], v);
     }
-    if (st.ok() && kind == StateKind::kW && p_gathered_after_step()) st = RecomputePGroup(group, nullptr, 0);
+    if (st.ok() && kind == StateKind::kW && lay_.p_gathered_after_step()) st = RecomputePGroup(group, nullptr, 0);
     DropDeviceCopies();
     return st.WithContext("write_state: group " + std::to_string(group));
   }
@@ -823,8 +813,10 @@ EngineStats Engine::Impl::Stats() const {
   s.device_cached = pool.cached;
   s.device_raw_allocs = pool.raw_allocs;
   s.device_pool_hits = pool.hits;
-  s.gathers_ahead = gathers_ahead_.load();
-  s.gathers_ahead_declined = gathers_ahead_declined_.load();
+  if (reducer_) {
+    s.gathers_ahead = reducer_->gathers_ahead();
+    s.gathers_ahead_declined = reducer_->gathers_ahead_declined();
+  }
   s.host = {host_->budget(), host_->used(), host_->peak()};
   if (nvme_) s.nvme = {nvme_->budget(), nvme_->used(), nvme_->peak()};
   return s;
@@ -892,25 +884,25 @@ Status Engine::SetStepsApplied(int64_t steps) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_steps", false));
   impl_->step_count_ = steps;
   for (int g = 0; g < static_cast<int>(impl_->group_steps_.size()); ++g)
-    if (!impl_->frozen(g)) impl_->group_steps_[static_cast<size_t>(g)] = steps;
+    if (!impl_->lay_.frozen(g)) impl_->group_steps_[static_cast<size_t>(g)] = steps;
   return Status::Ok();
 }
 Result<int64_t> Engine::GroupSteps(int group) const {
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "group_steps"));
-  if (impl_->frozen(group)) return int64_t{0};  // never updated
+  if (impl_->lay_.frozen(group)) return int64_t{0};  // never updated
   return impl_->StepsOf(group);
 }
 Status Engine::SetGroupSteps(int group, int64_t steps) {
   const std::string what = "set_group_steps: group " + std::to_string(group);
   STRATA_RETURN_IF_ERROR(CheckGroup(*impl_, group, "set_group_steps"));
   if (steps < 0) return InvalidError(what + ": " + std::to_string(steps) + " is negative");
-  if (impl_->frozen(group)) return InvalidError(what + " is frozen (freeze_group): it is never updated");
+  if (impl_->lay_.frozen(group)) return InvalidError(what + " is frozen (freeze_group): it is never updated");
   if (!impl_->skips_gradless())
     return InvalidError(what + ": every group counts the engine's steps (set_steps) unless the engine skips groups "
                         "without gradients (skip_groups_without_grads)");
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("set_group_steps"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_group_steps", false));
-  for (const auto& gs : impl_->groups_)
+  for (const auto& gs : impl_->steps_)
     if (gs.grad_calls > 0) return StateError(what + ": gradients of this step are pending; set it between steps");
   impl_->group_steps_[static_cast<size_t>(group)] = steps;
   return Status::Ok();
@@ -928,13 +920,13 @@ Status Engine::WriteTrace() {
     return ConfigError("write_trace: strata.trace_path is not set: nothing is traced");
   return impl_->stats_->WriteTrace();
 }
-int Engine::num_groups() const { return impl_->part_.num_groups(); }
+int Engine::num_groups() const { return impl_->lay_.part.num_groups(); }
 double Engine::loss_scale() const { return impl_->scaler_.scale(); }
 int64_t Engine::steps_applied() const { return impl_->step_count_; }
 uint64_t Engine::group_numel(int group) const {
-  return group >= 0 && group < impl_->part_.num_groups() ? impl_->part_.group(group).numel : 0;
+  return group >= 0 && group < impl_->lay_.part.num_groups() ? impl_->lay_.part.group(group).numel : 0;
 }
-DType Engine::compute_dtype() const { return impl_->dtype_; }
+DType Engine::compute_dtype() const { return impl_->lay_.dtype; }
 const Config& Engine::config() const { return impl_->config_; }
 
 }  // namespace strata

@@ -1,6 +1,6 @@
-// Engine::Impl: the engine's state, shared by engine.cpp (registration,
-// build, fetch, grads), residency.cpp (the device cache of P and its
-// prefetch thread) and optimizer_driver.cpp (the pipelined step).
+// Engine::Impl: the composition. It creates the components (layout/,
+// residency/, reduce/, step/, checkpoint/), wires them, and routes the API's
+// calls to them; docs/architecture.md draws it.
 #pragma once
 
 #include <array>
@@ -13,12 +13,15 @@
 
 #include "engine/layout/block_io.h"
 #include "engine/engine.h"
-#include "engine/reduce/grad_reduce.h"
+#include "engine/layout/layout.h"
+#include "engine/reduce/reducer.h"
+#include "engine/residency/p_home.h"
+#include "engine/residency/residency.h"
+#include "engine/step/group_step.h"
 #include "engine/step/gpu_update.h"
 #include "engine/step/loss_scaler.h"
-#include "engine/checkpoint/manifest.h"
+#include "engine/format/manifest.h"
 #include "engine/layout/partition.h"
-#include "engine/residency/prefetch.h"
 #include "engine/layout/staging.h"
 #include "engine/stats/stats.h"
 #include "io/net/comm.h"
@@ -28,38 +31,11 @@
 
 namespace strata {
 
-// The device copy of one group's parameters (compute dtype), when P's home
-// is not the device. Guarded by Impl::mu_.
-struct DeviceCopy {
-  enum State : uint8_t { kAbsent, kLoading, kResident } state = kAbsent;
-  Allocation alloc;
-  int pins = 0;           // Fetch without Release
-  bool gathered = false;  // stage 3, many ranks: the other ranks' shards are in
-  // Stage 3 with overlap_comm: gathered ahead by the communication thread,
-  // which holds a pin on it for the next fetch (that fetch takes the pin over).
-  bool ahead = false;
-  uint64_t last_use = 0;  // fetch counter, for LRU before a trace exists
-};
-
 // How far a group's update on the GPU got (UpdateOnGpu).
 enum class GpuUpdateOutcome : uint8_t {
   kUntouched,  // failed before the kernel: W, M, V are as they were
   kPartial,    // failed from the kernel's launch on: W, M, V may be neither old nor new
   kUpdated,    // W, M, V are new (P may still have failed to reach its home)
-};
-
-struct GroupState {
-  std::array<StateBlock, kNumStates> blocks;  // this rank's shard of each state
-  DeviceCopy dev;
-  int grad_calls = 0;     // Grads calls in this step
-  double sum_squares = 0;  // of G, after the last Grads call
-  bool finite = true;
-  bool updated = false;   // overlap: updated (or queued) in this step
-  // This step's update of W, M, V is in their homes (all three, or none:
-  // NVMe writes are published together). A failed step leaves the others
-  // for the next Step call to finish.
-  bool committed = false;
-  bool p_stale = false;  // committed, but P's store failed: P is recomputed from W
 };
 
 // A shard's P (compact), W, M, V blocks where the CPU addresses them: in
@@ -99,8 +75,6 @@ class Engine::Impl {
   Status Build();
   Status BuildOnce();
   void UndoBuild();
-  Result<void*> Fetch(int group);
-  Status Release(int group);
   Status Grads(int group, const void* grads, DType dtype);
   Result<StepResult> Step(const StepOptions& options);
   Status ReadMaster(int group, float* out) { return ReadState(group, StateKind::kW, out); }
@@ -142,15 +116,9 @@ class Engine::Impl {
 
   // frozen.cpp: groups marked by FreezeGroup keep P alone (block kP; no G,
   // W, M, V), never updated. Whether group g is one:
-  bool frozen(int g) const { return static_cast<size_t>(g) < frozen_.size() && frozen_[static_cast<size_t>(g)] != 0; }
-  bool any_trainable() const;  // a group that is not frozen exists
-  // The largest shard (or, `padded`, the largest padded group) among the
-  // groups that train; 0 when every group is frozen. Sizes what only they use
-  // (G, W, M, V, their staging, the GPU update's scratch, reduce buffers).
-  uint64_t LargestTrainable(bool padded) const;
   // A frozen group's P where the CPU addresses it: in place, or in the slot
   // of frozen_staging_ (read from its home when `load`). sb->at[kP] holds
-  // PHomeNumel(g) elements of the compute dtype; StoreShard writes it back.
+  // lay_.PHomeNumel(g) elements of the compute dtype; StoreShard writes it back.
   Status LocateFrozenP(int g, bool load, ShardBlocks* sb);
   // read_master of a frozen group: its P widened to fp32 (stage 3 with
   // several ranks: the shards gathered; every rank calls it).
@@ -161,33 +129,20 @@ class Engine::Impl {
   // Build, several ranks: INVALID naming the first group that some rank
   // froze and rank 0 did not (or the reverse); every rank returns an error.
   Status AgreeOnFrozen();
-  // A checkpoint's "P" block of frozen group g: this rank's slice of P (the
-  // whole P home, or at stages 1-2 with several ranks its shard of it).
-  uint64_t FrozenSavedBytes(int g) const { return part_.group(g).shard_numel * DTypeSize(dtype_); }
 
   // A thread the engine starts calls this first: the CUDA current device is
   // per thread, and this process's GPU is placement_.device.
   void UseDeviceOnThisThread() const;
 
-  // residency.cpp
-  void StartPrefetcher();
-  void StopPrefetcher();
-  void EnqueuePrefetch(const std::vector<int>& groups);
-  // Loads group g's P into a device copy. REQUIRES: state was set to kLoading
-  // by the caller, with alloc made.
-  Status LoadDeviceCopy(int g);
-  // With g's device copy allocated and absent: loads it (the lock released
-  // meanwhile) and leaves it resident, or absent and freed on error.
-  Status LoadAllocated(int g, std::unique_lock<std::mutex>& lock);
-  void DropCopy(DeviceCopy& d);  // frees its memory; absent. REQUIRES: mu_ held, no load in flight on it
-  // Allocates device memory for g's copy, evicting farther-used copies.
-  // Called with mu_ held (lock passed to allow waiting). `demand`: a fetch
-  // waits; a prefetch gives up when only nearer-used copies could go.
-  Status AllocateDeviceCopy(int g, std::unique_lock<std::mutex>& lock, bool demand);
-  // After a step or a write of P: P changed. `keep_frozen`: a frozen group's
-  // copy stays (its P never changes). REQUIRES: no pins, no loads.
+  // wiring.cpp: the reduction (several ranks) and residency, made and
+  // connected at build; their threads start.
+  Status StartComponents();
+  // Fetch and release: residency's, after the step's own refusal.
+  Result<void*> Fetch(int group);
+  Status Release(int group);
+  // P changed (a step, a write of P): the device copies go; `keep_frozen`:
+  // a frozen group's stays (its P never changes). REQUIRES: no pins, no loads.
   void DropDeviceCopies(bool keep_frozen = false);
-  void WaitPrefetchIdle();
 
   // checkpoint.cpp (save), checkpoint_load.cpp (load)
   Status SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
@@ -236,76 +191,28 @@ class Engine::Impl {
   Status UpdateCompactOnGpu(int g, float* const at[kNumStates], const StepKernelOptions& ko,
                             GpuUpdateOutcome* outcome);  // UpdateOnGpu's compact case
 
-  // The device copy holds the whole group; P's home holds the whole group
-  // (stages 0-2: every rank keeps all parameters) or this rank's shard (stage 3).
-  uint64_t PBytes(int g) const { return part_.group(g).padded * DTypeSize(dtype_); }
-  uint64_t PHomeNumel(int g) const { return p_sharded_ ? part_.group(g).shard_numel : part_.group(g).padded; }
-  bool multi() const { return comm_ != nullptr && comm_->world_size() > 1; }
   // What G's sum is divided by: world size x grad_accumulation_steps with
   // strata.grad_reduce "mean", else 1.
   double GradMeanDivisor() const {
     if (config_.strata.grad_reduce != "mean") return 1.0;
-    const int world = multi() ? comm_->world_size() : 1;
+    const int world = lay_.multi ? comm_->world_size() : 1;
     return static_cast<double>(world) * static_cast<double>(options_.grad_accumulation_steps);
   }
-  // P's home is the device and holds whole groups: fetches hand it out as is.
-  bool p_whole_on_device() const { return home_[0] == TierKind::kDevice && !p_sharded_; }
-  // Stages 1-2 with several ranks: P's home holds the whole group on every
-  // rank, each rank updates its slice (at this byte offset) and gathers the rest.
-  bool p_gathered_after_step() const { return sworld_ > 1 && !p_sharded_; }
-  uint64_t PSliceOffset(int g) const {
-    return p_gathered_after_step() ? static_cast<uint64_t>(srank_) * part_.group(g).shard_numel * DTypeSize(dtype_) : 0;
-  }
-  // grad_reduce.cpp. With a communicator: a group's gradients are packed
-  // into a buffer of the reduction (host memory; a GPU's with NCCL),
-  // reduced over the ranks in buckets, and accumulated into G — on the
-  // communication thread with overlap_comm, else before the call returns.
-  bool reduces() const { return comm_ != nullptr && (multi() || comm_->device_buffers()); }
-  Status GradsMulti(int group, const void* grads, DType dtype);
-  Status ReduceGroup(int group, float* packed);
-  // The group's buckets: columns of the shard (stages 2-3) or ranges of the
-  // padded group (0-1), at most reduce_bucket_size elements each.
-  std::vector<ReduceBucket> ReducePlanOf(int group) const;
-  Status InitReduce();  // at build: the device buffers and the thread
-  void StopComm();
-  // Waits for the communication thread's work (wait) or only looks (not);
-  // a background failure is returned once and breaks the engine.
+  // Several ranks: the reduction's (GradReducer); drains its thread (wait)
+  // or only looks, and a background failure breaks the engine.
   Status DrainComm(bool wait = true);
-  float* AcquirePacked();
-  void ReleasePacked(float* p);
-  // Stage 3 with overlap_comm: gathers group h's copy on the communication
-  // thread, queued by the fetch before it, when every rank has its shard of
-  // h loaded (the ranks agree first; none gathers alone).
-  Status GatherAhead(int h);
-  // Gives back the pins of copies gathered ahead that no fetch took (the
-  // step, a save or a load comes first). REQUIRES: no communication work queued.
-  void DropAheadPins();
-  // DropAheadPins' loop, except group `keep` (-1: none). REQUIRES: mu_ held.
-  void DropAheadPinsLocked(int keep);
-  // Waits until no gather ahead of group g is queued or running.
-  void WaitAheadOf(int g);
   Status AccumulateG(int group, const void* src, DType dtype, uint64_t count);
-  Status GatherP(int g, void* full);  // in place: this rank's slice is at its offset
-  Status GatherPNow(int g, void* full);  // GatherP without waiting for the communication thread
 
   Config config_;
   EngineOptions options_;
-  // Ranks. State is cut into `sworld_` shards and this rank owns `srank_`:
-  // stage 0 keeps everything everywhere (1, 0); stages 1-3 shard (world, rank).
-  int srank_ = 0, sworld_ = 1;
-  bool p_sharded_ = false;  // stage 3 with several ranks
   std::unique_ptr<net::RendezvousStore> store_;
   std::unique_ptr<net::Communicator> own_comm_;
   net::Communicator* comm_ = nullptr;
-  DType dtype_ = DType::kF32;
-  bool compact_ = false;  // strata.state_format "compact"
-  DType gdtype_ = DType::kF32;  // of G: data_types.grad_accum_dtype
-  Partition part_;
+  Layout lay_;  // constant after build
   std::vector<std::vector<float>> init_;  // per group, until Build
-  std::vector<uint8_t> frozen_;           // per group: FreezeGroup marked it (sized to the groups at Build)
   bool built_ = false;
-  std::vector<GroupState> groups_;
-  TierKind home_[kNumStates] = {};
+  std::vector<std::array<StateBlock, kNumStates>> blocks_;  // per group: its blocks in their homes (set at build)
+  std::vector<GroupStep> steps_;  // per group: its part in the step in progress
 
   Placement placement_;  // set by Init, constant after
   std::unique_ptr<StatsRecorder> stats_;
@@ -318,7 +225,6 @@ class Engine::Impl {
   StagingPool opt_staging_;    // W, M, V, G (and P) slots of the step pipeline
   StagingPool grad_staging_;   // G when not addressable in place, grads off the GPU
   StagingPool frozen_staging_; // a frozen group's P off the CPU's reach (build, read, write, checkpoints)
-  uint64_t opt_slot_offsets_[kNumStates + 1] = {};
   // The GPU update (gpu_update.cpp), set at build. The scratch is used by one
   // RunOptimizer at a time (the overlap thread's, or Step's after
   // WaitOverlapIdle), one group at a time: each update ends synchronized.
@@ -352,39 +258,10 @@ class Engine::Impl {
   bool skips_gradless() const { return options_.skip_groups_without_grads; }
   // The update count group g's next update follows (its bias correction: + 1).
   int64_t StepsOf(int g) const { return skips_gradless() ? group_steps_[static_cast<size_t>(g)] : step_count_; }
-  uint64_t fetch_counter_ = 0;
-
-  std::mutex mu_;  // guards groups_[*].dev, schedule_, prefetch_queue_, stop_
-  std::condition_variable cv_;
-  PrefetchSchedule schedule_;
-  std::deque<int> prefetch_queue_;
-  int loads_in_flight_ = 0;
-  bool stop_ = false;
-  std::thread prefetcher_;
-
-  std::unique_ptr<ReduceMemory> reduce_mem_;
-  std::vector<Allocation> reduce_dev_;  // the device's packed buffers (NCCL)
-  std::vector<float*> reduce_dev_free_;  // guarded by comm_mu_
-  // Host buffers: packed groups in use (being packed, queued or reduced),
-  // at most max_packed_, so that the communication thread always finds a
-  // staging slot for G (guarded by comm_mu_).
-  int packed_in_use_ = 0, max_packed_ = 1;
-  bool comm_overlap_ = false;  // zero_optimization.overlap_comm, with a thread
-  std::mutex comm_mu_;  // guards comm_queue_, comm_busy_, comm_stop_, comm_error_, reduce_dev_free_
-  std::condition_variable comm_cv_;
-  // A job of the communication thread: reduce a group's packed gradients, or
-  // (stage 3) gather its parameters ahead of their fetch.
-  struct CommJob {
-    int group = -1;
-    float* packed = nullptr;  // ReduceGroup's input; null for a gather ahead
-    bool gather_ahead() const { return group >= 0 && packed == nullptr; }
-  };
-  std::deque<CommJob> comm_queue_;
-  CommJob comm_current_;  // the job running
-  std::atomic<uint64_t> gathers_ahead_{0}, gathers_ahead_declined_{0};
-  bool comm_busy_ = false, comm_stop_ = false;
-  Status comm_error_;
-  std::thread comm_thread_;
+  // The components with threads of their own (set at build).
+  std::unique_ptr<PHome> p_home_;
+  std::unique_ptr<Residency> residency_;
+  std::unique_ptr<GradReducer> reducer_;
 
   bool overlap_ = false;
   bool prepared_ = false;

@@ -17,29 +17,16 @@ Status Engine::FreezeGroup(int group) {
   const std::string what = "freeze_group " + std::to_string(group);
   if (group < 0 || group > 1'000'000) return InvalidError(what + ": the group is not in 0..1000000");
   if (impl_->built_) return StateError(what + ": the engine is already built (freeze groups before build)");
-  std::vector<uint8_t>& f = impl_->frozen_;
+  std::vector<uint8_t>& f = impl_->lay_.frozen_groups;
   if (static_cast<size_t>(group) >= f.size()) f.resize(static_cast<size_t>(group) + 1, 0);
   f[static_cast<size_t>(group)] = 1;
   return Status::Ok();
 }
 
-bool Engine::group_frozen(int group) const { return group >= 0 && impl_->frozen(group); }
-
-bool Engine::Impl::any_trainable() const {
-  for (int g = 0; g < part_.num_groups(); ++g)
-    if (!frozen(g)) return true;
-  return false;
-}
-
-uint64_t Engine::Impl::LargestTrainable(bool padded) const {
-  uint64_t m = 0;
-  for (int g = 0; g < part_.num_groups(); ++g)
-    if (!frozen(g)) m = std::max(m, padded ? part_.group(g).padded : part_.group(g).shard_numel);
-  return m;
-}
+bool Engine::group_frozen(int group) const { return group >= 0 && impl_->lay_.frozen(group); }
 
 Status Engine::Impl::LocateFrozenP(int g, bool load, ShardBlocks* sb) {
-  const StateBlock& p = groups_[static_cast<size_t>(g)].blocks[int(StateKind::kP)];
+  const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
   if (io_->Direct(p)) {
     sb->at[int(StateKind::kP)] = io_->DirectPtr(p);
     return Status::Ok();
@@ -54,15 +41,15 @@ Status Engine::Impl::LocateFrozenP(int g, bool load, ShardBlocks* sb) {
 }
 
 Status Engine::Impl::ReadFrozen(int g, float* out) {
-  const GroupLayout& L = part_.group(g);
+  const GroupLayout& L = lay_.part.group(g);
   ShardBlocks sb;
   STRATA_RETURN_IF_ERROR(LocateFrozenP(g, true, &sb));
   const void* p = sb.at[int(StateKind::kP)];
   // Stages 0-2: every rank holds the whole group; nothing to gather.
-  if (!p_sharded_) return kernels::Cast(dtype_, p, DType::kF32, out, L.numel);
+  if (!lay_.p_sharded) return kernels::Cast(lay_.dtype, p, DType::kF32, out, L.numel);
   std::vector<float> all(L.padded);
-  float* mine = all.data() + static_cast<uint64_t>(srank_) * L.shard_numel;
-  STRATA_RETURN_IF_ERROR(kernels::Cast(dtype_, p, DType::kF32, mine, L.shard_numel));
+  float* mine = all.data() + static_cast<uint64_t>(lay_.srank) * L.shard_numel;
+  STRATA_RETURN_IF_ERROR(kernels::Cast(lay_.dtype, p, DType::kF32, mine, L.shard_numel));
   comm_->SetLabel("read P of frozen g" + std::to_string(g));
   STRATA_RETURN_IF_ERROR(comm_->AllGather(mine, all.data(), L.shard_numel * 4));
   std::memcpy(out, all.data(), L.numel * 4);
@@ -70,15 +57,15 @@ Status Engine::Impl::ReadFrozen(int g, float* out) {
 }
 
 Status Engine::Impl::WriteFrozen(int g, const float* in) {
-  const GroupLayout& L = part_.group(g);
-  const uint64_t lo = static_cast<uint64_t>(srank_) * L.shard_numel;
+  const GroupLayout& L = lay_.part.group(g);
+  const uint64_t lo = static_cast<uint64_t>(lay_.srank) * L.shard_numel;
   ShardBlocks sb;
   STRATA_RETURN_IF_ERROR(LocateFrozenP(g, false, &sb));
   void* p = sb.at[int(StateKind::kP)];
-  std::memset(p, 0, PHomeNumel(g) * DTypeSize(dtype_));  // the padding stays zero
+  std::memset(p, 0, lay_.PHomeNumel(g) * DTypeSize(lay_.dtype));  // the padding stays zero
   // Stage 3 with several ranks: this rank's shard; else the whole group.
-  const uint64_t from = p_sharded_ ? lo : 0, count = p_sharded_ ? L.RealInShard(srank_) : L.numel;
-  if (count > 0) STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, in + from, dtype_, p, count));
+  const uint64_t from = lay_.p_sharded ? lo : 0, count = lay_.p_sharded ? L.RealInShard(lay_.srank) : L.numel;
+  if (count > 0) STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, in + from, lay_.dtype, p, count));
   STRATA_RETURN_IF_ERROR(StoreShard(g, sb));
   DropDeviceCopies();  // fetched copies hold the old values
   return Status::Ok();
@@ -87,9 +74,9 @@ Status Engine::Impl::WriteFrozen(int g, const float* in) {
 // Rank 0's flags against ours. Every rank learns the outcome (Agree), so
 // none goes on to allocate while another has refused.
 Status Engine::Impl::AgreeOnFrozen() {
-  const size_t n = static_cast<size_t>(part_.num_groups());
+  const size_t n = static_cast<size_t>(lay_.part.num_groups());
   std::vector<uint8_t> mine(n), first(n);
-  for (size_t g = 0; g < n; ++g) mine[g] = first[g] = frozen(static_cast<int>(g)) ? 1 : 0;
+  for (size_t g = 0; g < n; ++g) mine[g] = first[g] = lay_.frozen(static_cast<int>(g)) ? 1 : 0;
   comm_->SetLabel("build: frozen groups");
   STRATA_RETURN_IF_ERROR(comm_->Broadcast(first.data(), n, 0).WithContext("build: rank 0's frozen groups"));
   Status local;

@@ -23,11 +23,11 @@ Status Engine::SumOverRanks(double* values, size_t n) {
   STRATA_RETURN_IF_ERROR(m.DrainComm().WithContext("sum_over_ranks"));
   STRATA_RETURN_IF_ERROR(m.CheckUsable("sum_over_ranks", /*pending_ok=*/false));
   // Mid-step, the overlapped step's thread may be running collectives of its own.
-  for (int g = 0; g < m.part_.num_groups() && m.built_; ++g)
-    if (m.groups_[static_cast<size_t>(g)].grad_calls > 0)
+  for (int g = 0; g < m.lay_.part.num_groups() && m.built_; ++g)
+    if (m.steps_[static_cast<size_t>(g)].grad_calls > 0)
       return StateError("sum_over_ranks: gradients of group " + std::to_string(g) +
                         " are pending; call it before the step's first grads or after its step");
-  if (!m.multi() || n == 0) return Status::Ok();
+  if (!m.lay_.multi || n == 0) return Status::Ok();
   const size_t w = static_cast<size_t>(m.comm_->world_size()), r = static_cast<size_t>(m.comm_->rank());
   std::vector<double> all(n * w);
   std::memcpy(all.data() + r * n, values, n * sizeof(double));

@@ -40,21 +40,21 @@ static const int kSavedFrozen[] = {int(StateKind::kP)};  // a frozen group's P a
 Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
   if (!built_) return StateError(std::string(call) + ": the engine is not built");
   if (!recovers) STRATA_RETURN_IF_ERROR(CheckUsable(call, false));
-  DropAheadPins();
-  for (int g = 0; g < part_.num_groups(); ++g) {
-    const GroupState& gs = groups_[static_cast<size_t>(g)];
-    if (gs.dev.pins > 0) return StateError(std::string(call) + ": group " + std::to_string(g) + " is fetched");
+  residency_->DropAheadPins();
+  for (int g = 0; g < lay_.part.num_groups(); ++g) {
+    const GroupStep& gs = steps_[static_cast<size_t>(g)];
+    if (residency_->pins(g) > 0) return StateError(std::string(call) + ": group " + std::to_string(g) + " is fetched");
     if (gs.grad_calls > 0 && !(recovers && (pending_ || !broken_.empty())))  // a load abandons a failed step
       return StateError(std::string(call) + ": gradients of group " + std::to_string(g) +
                         " are pending; save or load between steps");
   }
-  WaitPrefetchIdle();
+  residency_->WaitIdle();
   return Status::Ok();
 }
 
 // Every rank learns whether every rank succeeded; a failure elsewhere names its rank.
 Status Engine::Impl::Agree(const Status& local, const std::string& what) {
-  if (!multi()) return local;
+  if (!lay_.multi) return local;
   const int w = comm_->world_size(), r = comm_->rank();
   std::vector<int32_t> codes(static_cast<size_t>(w));
   codes[static_cast<size_t>(r)] = local.ok() ? 0 : 1 + static_cast<int32_t>(local.code());
@@ -77,13 +77,13 @@ Status Engine::Impl::Agree(const Status& local, const std::string& what) {
 // the host goes through its one buffer, read when its turn comes (after the
 // write before it, which may hold that buffer, has landed).
 Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, const std::string& name) {
-  const int n = part_.num_groups();
+  const int n = lay_.part.num_groups();
   std::vector<uint64_t> offset(static_cast<size_t>(n) + 1, 0);
   for (int g = 0; g < n; ++g) {
-    uint64_t bytes = frozen(g) ? FrozenSavedBytes(g) : 0;
+    uint64_t bytes = lay_.frozen(g) ? lay_.FrozenSavedBytes(g) : 0;
     for (int s : kSaved)
-      if (groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)].alloc.charged)
-        bytes += manifest::SavedBlockBytes(compact_, s - 1, part_.group(g).shard_numel);
+      if (blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)].alloc.charged)
+        bytes += manifest::SavedBlockBytes(lay_.compact, s - 1, lay_.part.group(g).shard_numel);
     offset[static_cast<size_t>(g) + 1] = offset[static_cast<size_t>(g)] + bytes;
   }
   const uint64_t total = offset[static_cast<size_t>(n)];
@@ -101,14 +101,14 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
   auto keep = [&](Status s) { if (st.ok() && !s.ok()) st = std::move(s); };
   // Compact: P's slice is the master's bf16 half, saved with W.
   std::vector<int> states(std::begin(kSaved), std::end(kSaved));
-  if (compact_) states.insert(states.begin(), int(StateKind::kP));
+  if (lay_.compact) states.insert(states.begin(), int(StateKind::kP));
   // The group's blocks: addressable in place, or read into a slot. `now`: a
   // frozen group's P is read too (else it waits for its turn).
   auto start = [&](int g, bool now) {
     Job& j = jobs[static_cast<size_t>(g)];
-    const bool fz = frozen(g);
+    const bool fz = lay_.frozen(g);
     for (int s : fz ? std::vector<int>{int(StateKind::kP)} : states) {
-      const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
+      const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       if (io_->Direct(b)) { j.src[s] = io_->DirectPtr(b); continue; }
       if (fz && !now) { j.deferred = true; continue; }
@@ -117,7 +117,7 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
         j.slot = j.pool->Acquire();
       }
       if (!j.slot) { keep(InternalError("checkpoint save: no staging slot for group " + std::to_string(g))); continue; }
-      void* dst = static_cast<char*>(j.slot) + (fz ? 0 : opt_slot_offsets_[s]);
+      void* dst = static_cast<char*>(j.slot) + (fz ? 0 : lay_.opt_slot_offsets[s]);
       j.src[s] = dst;
       auto m = io_->StartLoad(b, dst);
       if (m.ok()) j.loads[s] = std::move(m).value();
@@ -146,10 +146,10 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
     }
     std::vector<IoOp> ops;
     uint64_t off = offset[static_cast<size_t>(g)];
-    if (compact_ && !frozen(g)) keep(io_->Finish(j.loads[int(StateKind::kP)]));
-    const std::span<const int> saved = frozen(g) ? std::span<const int>(kSavedFrozen) : std::span<const int>(kSaved);
+    if (lay_.compact && !lay_.frozen(g)) keep(io_->Finish(j.loads[int(StateKind::kP)]));
+    const std::span<const int> saved = lay_.frozen(g) ? std::span<const int>(kSavedFrozen) : std::span<const int>(kSaved);
     for (int s : saved) {
-      const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
+      const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       Piece pieces[2];
       const int np = SavedPieces(g, s, j.src, pieces);
@@ -190,7 +190,7 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
   if (st.ok() && ::fsync(storage_->Info(fid).fd) != 0) st = PosixError("fsync", data_path, errno);
   storage_->Close(fid).IgnoreError();
   if (!st.ok()) return st;
-  Json entry = {{"name", name}, {"rank", srank_}, {"bytes", total}, {"xxh3", Hex(file_hash)}, {"blocks", blocks}};
+  Json entry = {{"name", name}, {"rank", lay_.srank}, {"bytes", total}, {"xxh3", Hex(file_hash)}, {"blocks", blocks}};
   return entry.dump();
 }
 
@@ -203,16 +203,16 @@ Result<std::string> Engine::Impl::SnapshotShardFile(const std::string& link_path
   const char* copy = std::getenv("STRATA_CHECKPOINT_COPY");
   if (copy && *copy && std::strcmp(copy, "0") != 0) return UnsupportedError("STRATA_CHECKPOINT_COPY is set");
   if (!nvme_) return UnsupportedError("no state on NVMe");
-  if (compact_) return UnsupportedError("compact: a saved W joins P's bf16 half and W's corrections");
+  if (lay_.compact) return UnsupportedError("compact: a saved W joins P's bf16 half and W's corrections");
   std::vector<Allocation> allocs;
   std::vector<std::pair<int, int>> which;  // (group, state) of each allocation
-  for (int g = 0; g < part_.num_groups(); ++g)
-    for (int s : frozen(g) ? std::span<const int>(kSavedFrozen) : std::span<const int>(kSaved)) {
-      const StateBlock& b = groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s)];
+  for (int g = 0; g < lay_.part.num_groups(); ++g)
+    for (int s : lay_.frozen(g) ? std::span<const int>(kSavedFrozen) : std::span<const int>(kSaved)) {
+      const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       if (b.home != TierKind::kNvme) return UnsupportedError("state not homed on NVMe");
       // A frozen group's saved P is its whole block here (P on NVMe: one rank, or stage 3's shard).
-      if (frozen(g) && (b.bytes != FrozenSavedBytes(g) || PSliceOffset(g) != 0))
+      if (lay_.frozen(g) && (b.bytes != lay_.FrozenSavedBytes(g) || lay_.PSliceOffset(g) != 0))
         return UnsupportedError("a frozen group's saved P is not its whole block");
       allocs.push_back(b.alloc);
       which.emplace_back(g, s);
@@ -228,7 +228,7 @@ Result<std::string> Engine::Impl::SnapshotShardFile(const std::string& link_path
     hashes.push_back(refs[i].checksum);
     end = std::max(end, refs[i].offset + refs[i].bytes);
   }
-  Json entry = {{"name", name}, {"rank", srank_}, {"bytes", end}, {"hash", "blocks"},
+  Json entry = {{"name", name}, {"rank", lay_.srank}, {"bytes", end}, {"hash", "blocks"},
                 {"xxh3", Hex(XXH3_64bits(hashes.data(), hashes.size() * sizeof(uint64_t)))}, {"blocks", blocks}};
   return entry.dump();
 }
@@ -243,7 +243,7 @@ Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& t
   else if (blob_bytes > 0 && !blob)
     local = InvalidError("checkpoint save: a blob length without a blob");
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
-  if (multi()) {  // every rank must name the same checkpoint
+  if (lay_.multi) {  // every rank must name the same checkpoint
     const uint64_t mine = XXH3_64bits((dir + "\n" + tag).data(), dir.size() + 1 + tag.size());
     std::vector<uint64_t> all(static_cast<size_t>(comm_->world_size()));
     all[static_cast<size_t>(comm_->rank())] = mine;
@@ -280,9 +280,9 @@ Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& t
   }
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
   // Data: each shard's owner writes it (stage 0 keeps whole copies: rank 0 alone).
-  const bool writer = sworld_ > 1 || lead;
+  const bool writer = lay_.sworld > 1 || lead;
   if (writer) {
-    const std::string name = RankFile(srank_);
+    const std::string name = RankFile(lay_.srank);
     auto entry = SnapshotShardFile(part + "/" + name, name);
     if (!entry.ok() && entry.status().code() == Code::kUnsupported) {
       STRATA_LOG_DEBUG("checkpoint save: copying the state ({})", entry.status().message());
@@ -310,15 +310,15 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
                                    const void* blob, uint64_t blob_bytes) {
   const std::string final_dir = dir + "/" + tag;
   Json files = Json::array();
-  for (int k = 0; k < sworld_; ++k) {
+  for (int k = 0; k < lay_.sworld; ++k) {
     const std::string name = RankFile(k);
     STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(part + "/" + name + ".json", 64 * kMiB));
     files.push_back(Json::parse(text));
     ::unlink((part + "/" + name + ".json").c_str());
   }
   Json groups = Json::array();
-  for (int g = 0; g < part_.num_groups(); ++g) {
-    const GroupLayout& L = part_.group(g);
+  for (int g = 0; g < lay_.part.num_groups(); ++g) {
+    const GroupLayout& L = lay_.part.group(g);
     Json tensors = Json::array();
     for (const auto& t : L.tensors) {
       Json tj = {{"name", t.name}, {"offset", t.offset}, {"numel", t.numel}};
@@ -327,7 +327,7 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
       tensors.push_back(std::move(tj));
     }
     Json gj = {{"numel", L.numel}, {"padded", L.padded}, {"shard_numel", L.shard_numel}, {"tensors", tensors}};
-    if (frozen(g)) gj["frozen"] = true;  // its blocks are "P", in compute_dtype
+    if (lay_.frozen(g)) gj["frozen"] = true;  // its blocks are "P", in compute_dtype
     else if (skips_gradless()) gj["steps"] = group_steps_[static_cast<size_t>(g)];  // its own update count
     groups.push_back(std::move(gj));
   }
@@ -337,8 +337,8 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
     if (f.manifest.ok()) seq = std::max(seq, f.manifest->save_seq);
   const LossScaler::State ls = scaler_.state();
   Json m = {{"format", "strata-checkpoint"}, {"version", manifest::kFormatVersion}, {"tag", tag},
-            {"world_size", options_.world_size}, {"shard_world", sworld_}, {"stage", config_.zero.stage},
-            {"compute_dtype", DTypeName(dtype_)}, {"optimizer", config_.optimizer.type},
+            {"world_size", options_.world_size}, {"shard_world", lay_.sworld}, {"stage", config_.zero.stage},
+            {"compute_dtype", DTypeName(lay_.dtype)}, {"optimizer", config_.optimizer.type},
             {"state_format", config_.strata.state_format},
             {"step", step_count_}, {"save_seq", seq + 1},
             {"loss_scaler", {{"scale", ls.scale}, {"hysteresis_left", ls.hysteresis_left}, {"clean_steps", ls.clean_steps}}},
@@ -401,19 +401,19 @@ Status Engine::Impl::SameStateAs(const manifest::Manifest& m, const std::string&
     return differs("it is of step " + std::to_string(m.step) + ", the engine is at step " + std::to_string(step_count_));
   if (m.loss_scale != ls.scale || m.hysteresis_left != ls.hysteresis_left || m.clean_steps != ls.clean_steps)
     return differs("another loss scaler state");
-  if (m.shard_world != sworld_ || m.world_size != options_.world_size) return differs("another number of ranks");
-  for (int g = 0; skips_gradless() && g < part_.num_groups() && static_cast<size_t>(g) < m.groups.size(); ++g) {
+  if (m.shard_world != lay_.sworld || m.world_size != options_.world_size) return differs("another number of ranks");
+  for (int g = 0; skips_gradless() && g < lay_.part.num_groups() && static_cast<size_t>(g) < m.groups.size(); ++g) {
     const int64_t saved = m.groups[static_cast<size_t>(g)].steps >= 0 ? m.groups[static_cast<size_t>(g)].steps : m.step;
-    if (!frozen(g) && saved != group_steps_[static_cast<size_t>(g)])
+    if (!lay_.frozen(g) && saved != group_steps_[static_cast<size_t>(g)])
       return differs("group " + std::to_string(g) + " has " + std::to_string(saved) + " updates there, " +
                      std::to_string(group_steps_[static_cast<size_t>(g)]) + " in the engine");
   }
   STRATA_RETURN_IF_ERROR(CheckManifestLayout(m, folder + "/manifest.json"));
-  if (!(sworld_ > 1 || options_.rank == 0)) return Status::Ok();  // stage 0: rank 0's file holds it all
-  const manifest::File& file = m.files[static_cast<size_t>(srank_)];
+  if (!(lay_.sworld > 1 || options_.rank == 0)) return Status::Ok();  // stage 0: rank 0's file holds it all
+  const manifest::File& file = m.files[static_cast<size_t>(lay_.srank)];
   STRATA_RETURN_IF_ERROR(manifest::CheckFiles(m, folder));
   STRATA_RETURN_IF_ERROR(VerifyFile(file, folder));
-  if ((m.state_format == "compact") != compact_)
+  if ((m.state_format == "compact") != lay_.compact)
     return differs("it holds state_format " + m.state_format + "; the engine's is " + config_.strata.state_format);
   std::unique_ptr<ShardBlocks> sb;
   int located = -1;
@@ -422,7 +422,7 @@ Status Engine::Impl::SameStateAs(const manifest::Manifest& m, const std::string&
     if (g != located) {  // the group's blocks, loaded
       sb.reset();
       sb = std::make_unique<ShardBlocks>();
-      STRATA_RETURN_IF_ERROR(frozen(g) ? LocateFrozenP(g, true, sb.get()) : LocateShard(g, true, sb.get()));
+      STRATA_RETURN_IF_ERROR(lay_.frozen(g) ? LocateFrozenP(g, true, sb.get()) : LocateShard(g, true, sb.get()));
       located = g;
     }
     Piece pieces[2];  // CheckManifestLayout: a frozen group's blocks are P, the others' W, M, V

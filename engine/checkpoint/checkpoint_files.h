@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "engine/checkpoint/manifest.h"
+#include "engine/format/manifest.h"
 
 namespace strata::ckpt {
 

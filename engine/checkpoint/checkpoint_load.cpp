@@ -17,7 +17,8 @@
 #include "base/sizes.h"
 #include "engine/checkpoint/checkpoint_files.h"
 #include "engine/engine_impl.h"
-#include "engine/layout/preflight.h"
+#include "engine/layout/staging_plan.h"
+#include "engine/step/step_checks.h"
 #include "kernels/cpu/cast.h"
 
 namespace strata {
@@ -62,9 +63,9 @@ Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& t
   }
   AbandonStep();  // the way back from a failed or broken step (or load): none is pending now
   step_count_ = m.step;
-  for (int g = 0; g < part_.num_groups(); ++g) {  // each group's own count (an engine that skips groups without grads)
+  for (int g = 0; g < lay_.part.num_groups(); ++g) {  // each group's own count (an engine that skips groups without grads)
     const int64_t saved = m.groups[static_cast<size_t>(g)].steps;
-    group_steps_[static_cast<size_t>(g)] = frozen(g) ? 0 : saved >= 0 ? saved : m.step;
+    group_steps_[static_cast<size_t>(g)] = lay_.frozen(g) ? 0 : saved >= 0 ? saved : m.step;
   }
   scaler_.set_state({m.loss_scale, m.hysteresis_left, m.clean_steps});
   if (blob) blob->assign(btext.begin(), btext.end());
@@ -122,18 +123,18 @@ Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std:
   if (m.optimizer != config_.optimizer.type)
     return InvalidError("checkpoint load: " + mpath + " holds " + m.optimizer + " state; this engine runs " +
                         config_.optimizer.type);
-  if (m.groups.size() != static_cast<size_t>(part_.num_groups()))
+  if (m.groups.size() != static_cast<size_t>(lay_.part.num_groups()))
     return InvalidError("checkpoint load: " + mpath + " has " + std::to_string(m.groups.size()) +
-                        " groups; the engine has " + std::to_string(part_.num_groups()));
-  for (int g = 0; g < part_.num_groups(); ++g) {
-    const GroupLayout& L = part_.group(g);
+                        " groups; the engine has " + std::to_string(lay_.part.num_groups()));
+  for (int g = 0; g < lay_.part.num_groups(); ++g) {
+    const GroupLayout& L = lay_.part.group(g);
     const manifest::Group& G = m.groups[static_cast<size_t>(g)];
     if (G.numel != L.numel || G.tensors.size() != L.tensors.size())
       return InvalidError("checkpoint load: group " + std::to_string(g) + " of " + mpath + " has another layout");
-    if (G.frozen != frozen(g))
+    if (G.frozen != lay_.frozen(g))
       return InvalidError("checkpoint load: group " + std::to_string(g) + " is " +
                           (G.frozen ? "frozen" : "not frozen") + " in " + mpath + " but " +
-                          (frozen(g) ? "frozen (freeze_group)" : "not frozen") +
+                          (lay_.frozen(g) ? "frozen (freeze_group)" : "not frozen") +
                           " in the engine; freeze the groups the saving run froze");
     for (size_t t = 0; t < L.tensors.size(); ++t)
       if (G.tensors[t].name != L.tensors[t].name || G.tensors[t].numel != L.tensors[t].numel)
@@ -145,8 +146,8 @@ Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std:
                             mpath + "; the engine's is " + ShapeString(L.tensors[t].shape));
   }
   uint32_t kept = 0;  // the saved states this engine keeps (of the groups that train)
-  for (int s = 0; s < manifest::kNumSaved && any_trainable(); ++s)
-    if (StateUsed(*this, s + 1)) kept |= 1u << s;
+  for (int s = 0; s < manifest::kNumSaved && lay_.any_trainable(); ++s)
+    if (lay_.StateUsed(s + 1)) kept |= 1u << s;
   if (kept != m.saved_states)
     return CorruptError("checkpoint load: " + mpath + " holds states " + StatesOf(m.saved_states) + " of each group; " +
                         config_.optimizer.type + " keeps " + StatesOf(kept));
@@ -228,8 +229,8 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
   std::vector<char> tmp;
   FormatView tv;
   tv.compact = saved_compact;
-  const bool has_v = StateUsed(*this, int(StateKind::kV));
-  if (saved_compact != compact_) {
+  const bool has_v = lay_.StateUsed(int(StateKind::kV));
+  if (saved_compact != lay_.compact) {
     uint64_t bytes = 0, put[3][2] = {};
     for (int s = 0; s < manifest::kNumSaved; ++s) {
       manifest::SavedArray arr[2];
@@ -255,18 +256,18 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
   // the group this rank holds (its shard at stage 3, else all of it), from
   // the saved shards' P blocks, in the saved compute dtype, cast to ours.
   auto apply_frozen = [&](int g) -> Status {
-    const GroupLayout& L = part_.group(g);
+    const GroupLayout& L = lay_.part.group(g);
     const uint64_t old_shard = m.groups[static_cast<size_t>(g)].shard_numel;
     STRATA_ASSIGN_OR_RETURN(const DType saved, ParseDType(m.compute_dtype));  // the parse checked it
-    const uint64_t ssize = DTypeSize(saved), dsize = DTypeSize(dtype_);
+    const uint64_t ssize = DTypeSize(saved), dsize = DTypeSize(lay_.dtype);
     ShardBlocks sb;
     STRATA_RETURN_IF_ERROR(LocateFrozenP(g, false, &sb));
     char* p = static_cast<char*>(sb.at[int(StateKind::kP)]);
-    std::memset(p, 0, PHomeNumel(g) * dsize);  // the padding: zeros
-    const uint64_t a0 = p_sharded_ ? static_cast<uint64_t>(srank_) * L.shard_numel : 0;
-    const uint64_t end = a0 + (p_sharded_ ? L.RealInShard(srank_) : L.numel);
-    std::vector<char> chunk(saved == dtype_ ? 0 : kChunk * ssize);
-    std::vector<float> wide(saved != dtype_ && saved != DType::kF32 && dtype_ != DType::kF32 ? kChunk : 0);
+    std::memset(p, 0, lay_.PHomeNumel(g) * dsize);  // the padding: zeros
+    const uint64_t a0 = lay_.p_sharded ? static_cast<uint64_t>(lay_.srank) * L.shard_numel : 0;
+    const uint64_t end = a0 + (lay_.p_sharded ? L.RealInShard(lay_.srank) : L.numel);
+    std::vector<char> chunk(saved == lay_.dtype ? 0 : kChunk * ssize);
+    std::vector<float> wide(saved != lay_.dtype && saved != DType::kF32 && lay_.dtype != DType::kF32 ? kChunk : 0);
     for (uint64_t a = a0; a < end;) {  // f < files: shard_numel * shard_world = padded >= numel
       const uint64_t f = a / old_shard, within = a % old_shard;
       uint64_t run = std::min(end - a, old_shard - within);
@@ -276,24 +277,24 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
                                        at[f][static_cast<size_t>(g)][manifest::kSavedP] + within * ssize,
                                        folder + "/" + m.files[f].name));
       if (!chunk.empty() && wide.empty()) {
-        STRATA_RETURN_IF_ERROR(kernels::Cast(saved, into, dtype_, p + (a - a0) * dsize, run));
+        STRATA_RETURN_IF_ERROR(kernels::Cast(saved, into, lay_.dtype, p + (a - a0) * dsize, run));
       } else if (!chunk.empty()) {  // bf16 <-> f16: through fp32
         STRATA_RETURN_IF_ERROR(kernels::Cast(saved, into, DType::kF32, wide.data(), run));
-        STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, wide.data(), dtype_, p + (a - a0) * dsize, run));
+        STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, wide.data(), lay_.dtype, p + (a - a0) * dsize, run));
       }
       a += run;
     }
     return StoreShard(g, sb);
   };
-  for (int g = 0; g < part_.num_groups(); ++g) {
-    if (frozen(g)) {
+  for (int g = 0; g < lay_.part.num_groups(); ++g) {
+    if (lay_.frozen(g)) {
       STRATA_RETURN_IF_ERROR(apply_frozen(g));
       if (g == 0) STRATA_RETURN_IF_ERROR(FaultPoint("apply"));  // tests: fail with the state partly written
       continue;
     }
-    const GroupLayout& L = part_.group(g);
+    const GroupLayout& L = lay_.part.group(g);
     const uint64_t n = L.shard_numel, old_shard = m.groups[static_cast<size_t>(g)].shard_numel;
-    const uint64_t lo = static_cast<uint64_t>(srank_) * n, real = L.RealInShard(srank_);
+    const uint64_t lo = static_cast<uint64_t>(lay_.srank) * n, real = L.RealInShard(lay_.srank);
     ShardBlocks sb;
     STRATA_RETURN_IF_ERROR(LocateShard(g, false, &sb));
     const FormatView dst = ShardView(g, sb);
@@ -301,7 +302,7 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
     // (at its element 0), from whichever saved shards hold them.
     auto read = [&](const FormatView& into, uint64_t a0, uint64_t count) -> Status {
       for (int s = 0; s < manifest::kNumSaved; ++s) {
-        if (!groups_[static_cast<size_t>(g)].blocks[static_cast<size_t>(s + 1)].alloc.charged) continue;
+        if (!blocks_[static_cast<size_t>(g)][static_cast<size_t>(s + 1)].alloc.charged) continue;
         manifest::SavedArray arr[2];
         const int karr = manifest::SavedArrays(saved_compact, s, old_shard, arr);
         for (int k = 0; k < karr; ++k)
@@ -319,11 +320,11 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
     };
     for (int s = 0; s < manifest::kNumSaved; ++s) {  // padding, and what the saved shards leave: zeros
       manifest::SavedArray arr[2];
-      const int karr = manifest::SavedArrays(compact_, s, n, arr);
+      const int karr = manifest::SavedArrays(lay_.compact, s, n, arr);
       for (int k = 0; k < karr; ++k)
         if (char* p = dst.Array(s, k, 0)) std::memset(p, 0, (n + arr[k].per - 1) / arr[k].per * arr[k].unit);
     }
-    if (saved_compact == compact_) {
+    if (saved_compact == lay_.compact) {
       STRATA_RETURN_IF_ERROR(read(dst, lo, real));
     } else {
       for (uint64_t c0 = 0; c0 < real; c0 += kChunk) {
@@ -341,35 +342,34 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
 // P = W in the compute dtype, as after every step: this rank's shard, then
 // (stages 1-2 with several ranks) the other ranks' slices gathered.
 Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
-  for (int g = 0; g < part_.num_groups(); ++g)
-    if (!frozen(g)) STRATA_RETURN_IF_ERROR(RecomputePGroup(g, buf, buf_bytes));  // a frozen P is loaded as saved
+  for (int g = 0; g < lay_.part.num_groups(); ++g)
+    if (!lay_.frozen(g)) STRATA_RETURN_IF_ERROR(RecomputePGroup(g, buf, buf_bytes));  // a frozen P is loaded as saved
   return Status::Ok();
 }
 
 Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
-  if (frozen(g)) return InternalError("P of frozen group " + std::to_string(g) + " recomputed from a master it has not");
-  GroupState& gs = groups_[static_cast<size_t>(g)];
-  if (compact_) {  // this rank's slice of P is the master's bf16 half: only the others' slices to gather
-    const StateBlock& p = gs.blocks[int(StateKind::kP)];
-    if (!p_gathered_after_step()) return Status::Ok();
+  if (lay_.frozen(g)) return InternalError("P of frozen group " + std::to_string(g) + " recomputed from a master it has not");
+  if (lay_.compact) {  // this rank's slice of P is the master's bf16 half: only the others' slices to gather
+    const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
+    if (!lay_.p_gathered_after_step()) return Status::Ok();
     if (!io_->Direct(p)) return InternalError("several ranks in stages 1-2 with P off the host");
-    return GatherP(g, io_->DirectPtr(p));
+    return reducer_->Gather(g, io_->DirectPtr(p));
   }
-  const uint64_t n = part_.group(g).shard_numel;
-  const StateBlock& wb = gs.blocks[int(StateKind::kW)];
+  const uint64_t n = lay_.part.group(g).shard_numel;
+  const StateBlock& wb = blocks_[static_cast<size_t>(g)][int(StateKind::kW)];
   float* w = static_cast<float*>(buf);
   if (io_->Direct(wb)) w = static_cast<float*>(io_->DirectPtr(wb));
   else STRATA_RETURN_IF_ERROR(io_->Load(wb, w));
-  const StateBlock& p = gs.blocks[int(StateKind::kP)];
+  const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
   if (io_->Direct(p)) {  // our slice (or all of it), then the other ranks' slices
-    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, static_cast<char*>(io_->DirectPtr(p)) + PSliceOffset(g), n));
-    if (p_gathered_after_step()) STRATA_RETURN_IF_ERROR(GatherP(g, io_->DirectPtr(p)));
+    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, lay_.dtype, static_cast<char*>(io_->DirectPtr(p)) + lay_.PSliceOffset(g), n));
+    if (lay_.p_gathered_after_step()) STRATA_RETURN_IF_ERROR(reducer_->Gather(g, io_->DirectPtr(p)));
     return Status::Ok();
   }
   const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer
   if (!buf || at + p.bytes > buf_bytes) return InternalError("the staging slot cannot hold W and P");
   char* pbuf = static_cast<char*>(buf) + at;
-  STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, dtype_, pbuf, n));
+  STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, lay_.dtype, pbuf, n));
   return io_->Store(p, pbuf);
 }
 

@@ -1,267 +1,270 @@
-// The device copies of P: fetch and release, the prefetch thread that loads
-// them ahead on the trace, and eviction of the copy used farthest ahead
-// (least recently used before a trace exists). Budgets are never exceeded:
-// a copy is allocated from the device tier or not at all.
-#include <algorithm>
-#include <chrono>
+// Residency (residency.h): fetch and release, the prefetch thread, eviction
+// of the copy used farthest ahead.
+#include "engine/residency/residency.h"
 
-#include "base/log.h"
+#include <algorithm>
+
 #include "base/sizes.h"
-#include "engine/engine_impl.h"
-#include "tiers/gpu.h"
 
 namespace strata {
 
-void Engine::Impl::UseDeviceOnThisThread() const {
-  if (placement_.device < 0) return;
-  // The device tier sets it again before each of its CUDA calls; a failure
-  // here shows there too, so a warning is enough.
-  const Status st = gpu::SetDevice(placement_.device);
-  if (!st.ok()) STRATA_LOG_WARN("engine thread: {}", st.ToString());
+Residency::Residency(ResidencyOptions options, DeviceTier& device, PSource& source, StatsRecorder& stats,
+                     Gatherer gatherer)
+    : options_(std::move(options)),
+      device_(device),
+      source_(source),
+      stats_(stats),
+      gatherer_(std::move(gatherer)),
+      copies_(static_cast<size_t>(options_.groups)) {}
+
+Residency::~Residency() {
+  Stop();
+  for (Copy& c : copies_) DropCopy(c);
 }
 
-void Engine::Impl::StartPrefetcher() {
-  prefetcher_ = std::thread([this] {
-    UseDeviceOnThisThread();
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !prefetch_queue_.empty(); });
-      if (stop_) return;
-      const int g = prefetch_queue_.front();
-      prefetch_queue_.pop_front();
-      DeviceCopy& d = groups_[static_cast<size_t>(g)].dev;
-      if (d.state != DeviceCopy::kAbsent) continue;
-      if (!AllocateDeviceCopy(g, lock, /*demand=*/false).ok()) continue;  // no room now: a fetch will load it
-      LoadAllocated(g, lock).IgnoreError();  // a failure leaves it absent: the fetch loads again and reports
-    }
-  });
+void Residency::Start() {
+  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
 }
 
-void Engine::Impl::StopPrefetcher() {
-  if (!prefetcher_.joinable()) return;
+void Residency::Run() {
+  if (options_.on_thread_start) options_.on_thread_start();
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    const int g = queue_.front();
+    queue_.pop_front();
+    if (copies_[static_cast<size_t>(g)].state != Copy::kAbsent) continue;
+    if (!Allocate(g, lock, /*demand=*/false).ok()) continue;  // no room now: a fetch will load it
+    LoadAllocated(g, lock).IgnoreError();  // a failure leaves it absent: the fetch loads again and reports
+  }
+}
+
+void Residency::Stop() {
+  if (!thread_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  prefetcher_.join();
+  thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_ = false;
+  queue_.clear();
 }
 
-void Engine::Impl::EnqueuePrefetch(const std::vector<int>& groups) {
-  if (p_whole_on_device()) return;  // nothing to fetch
+void Residency::Prefetch(const std::vector<int>& groups) {
+  if (options_.home) return;  // nothing to fetch
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (int g : groups)
-      if (groups_[static_cast<size_t>(g)].dev.state == DeviceCopy::kAbsent &&
-          std::find(prefetch_queue_.begin(), prefetch_queue_.end(), g) == prefetch_queue_.end())
-        prefetch_queue_.push_back(g);
+      if (copies_[static_cast<size_t>(g)].state == Copy::kAbsent &&
+          std::find(queue_.begin(), queue_.end(), g) == queue_.end())
+        queue_.push_back(g);
   }
   cv_.notify_all();
 }
 
-void Engine::Impl::WaitPrefetchIdle() {
+void Residency::WaitIdle() {
   std::unique_lock<std::mutex> lock(mu_);
-  prefetch_queue_.clear();
+  queue_.clear();
   cv_.wait(lock, [&] { return loads_in_flight_ == 0; });
 }
 
-Status Engine::Impl::LoadAllocated(int g, std::unique_lock<std::mutex>& lock) {
-  DeviceCopy& d = groups_[static_cast<size_t>(g)].dev;
-  d.state = DeviceCopy::kLoading;
+std::vector<int> Residency::OnStep() {
+  std::lock_guard<std::mutex> lock(mu_);
+  schedule_.OnStep();
+  return schedule_.Ahead(options_.window, options_.bytes);
+}
+
+int Residency::pins(int g) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return copies_[static_cast<size_t>(g)].pins;
+}
+
+Status Residency::LoadAllocated(int g, std::unique_lock<std::mutex>& lock) {
+  Copy& c = copies_[static_cast<size_t>(g)];
+  c.state = Copy::kLoading;
   ++loads_in_flight_;
   lock.unlock();
-  Status st = LoadDeviceCopy(g);
+  Status st = source_.Load(g, c.alloc.ptr);
   lock.lock();
   --loads_in_flight_;
   if (st.ok()) {
-    d.state = DeviceCopy::kResident;
+    c.state = Copy::kResident;
   } else {
-    DropCopy(d);
+    DropCopy(c);
   }
   cv_.notify_all();
   return st;
 }
 
-Status Engine::Impl::LoadDeviceCopy(int g) {
-  GroupState& gs = groups_[static_cast<size_t>(g)];
-  const StateBlock& p = gs.blocks[int(StateKind::kP)];
-  void* dst = gs.dev.alloc.ptr;
-  uint64_t bytes = PBytes(g);
-  if (p_sharded_) {  // stage 3, several ranks: our shard now, the others' at Fetch
-    bytes = p.bytes;
-    dst = static_cast<char*>(dst) + static_cast<uint64_t>(srank_) * bytes;
-  }
-  if (!device_->on_gpu()) {
-    // The device tier is host memory: read or copy straight into it.
-    if (p.home == TierKind::kNvme) return io_->Load(p, dst);
-    stats_->Begin(Resource::kCopy);
-    std::memcpy(dst, io_->DirectPtr(p), bytes);
-    stats_->End(Resource::kCopy);
-    stats_->AddMoved(TierKind::kHost, TierKind::kDevice, bytes);
-    return Status::Ok();
-  }
-  void* src = p.home == TierKind::kHost ? io_->DirectPtr(p) : nullptr;
-  if (!src) {
-    src = param_staging_.Acquire();
-    Status st = io_->Load(p, src);
-    if (!st.ok()) { param_staging_.Release(src); return st; }
-  }
-  stats_->Begin(Resource::kCopy);
-  auto t = device_->CopyIn(dst, src, bytes);
-  Status st = t.ok() ? (*t)->Wait() : t.status();
-  stats_->End(Resource::kCopy);
-  stats_->AddMoved(TierKind::kHost, TierKind::kDevice, bytes);
-  if (p.home != TierKind::kHost) param_staging_.Release(src);
-  return st;
-}
-
-Status Engine::Impl::AllocateDeviceCopy(int g, std::unique_lock<std::mutex>& lock, bool demand) {
-  DeviceCopy& d = groups_[static_cast<size_t>(g)].dev;
-  const uint64_t bytes = PBytes(g);
+Status Residency::Allocate(int g, std::unique_lock<std::mutex>& lock, bool demand) {
+  Copy& c = copies_[static_cast<size_t>(g)];
+  const uint64_t bytes = options_.bytes(g);
   for (;;) {
-    auto a = device_->Allocate(bytes);
+    auto a = device_.Allocate(bytes);
     if (a.ok()) {
-      d.alloc = *a;
+      c.alloc = *a;
       return Status::Ok();
     }
     // Victim: an unpinned resident copy, the one used farthest ahead (or least recently).
     int victim = -1;
     uint64_t best = 0;
     const uint64_t mine = schedule_.NextUse(g);
-    for (int h = 0; h < part_.num_groups(); ++h) {
-      const DeviceCopy& c = groups_[static_cast<size_t>(h)].dev;
-      if (h == g || c.state != DeviceCopy::kResident || c.pins > 0) continue;
-      const uint64_t score = schedule_.has_trace() ? schedule_.NextUse(h) : UINT64_MAX - c.last_use;
+    for (int h = 0; h < options_.groups; ++h) {
+      const Copy& o = copies_[static_cast<size_t>(h)];
+      if (h == g || o.state != Copy::kResident || o.pins > 0) continue;
+      const uint64_t score = schedule_.has_trace() ? schedule_.NextUse(h) : UINT64_MAX - o.last_use;
       if (victim < 0 || score > best) { victim = h; best = score; }
     }
     if (victim >= 0 && (demand || !schedule_.has_trace() || best > mine)) {
-      DropCopy(groups_[static_cast<size_t>(victim)].dev);
+      DropCopy(copies_[static_cast<size_t>(victim)]);
       continue;
     }
     if (!demand) return a.status();
     if (loads_in_flight_ > 0) {  // a prefetch will finish and become evictable
       cv_.wait(lock);
-      if (d.state != DeviceCopy::kAbsent) return Status::Ok();  // someone loaded it meanwhile
+      if (c.state != Copy::kAbsent) return Status::Ok();  // someone loaded it meanwhile
       continue;
     }
     int pinned = 0;
-    for (const auto& gs : groups_) pinned += gs.dev.pins > 0;
+    for (const Copy& o : copies_) pinned += o.pins > 0;
     return NoMemError("fetch of group " + std::to_string(g) + " (" + FormatBytes(bytes) + "): device tier budget " +
-                      FormatBytes(device_->budget()) + " is full: " + FormatBytes(device_->used()) + " in use, " +
+                      FormatBytes(device_.budget()) + " is full: " + FormatBytes(device_.used()) + " in use, " +
                       std::to_string(pinned) + " groups fetched and not released; nothing can be evicted");
   }
 }
 
-void Engine::Impl::DropDeviceCopies(bool keep_frozen) {
+void Residency::Drop(const std::function<bool(int)>& keep) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t g = 0; g < groups_.size(); ++g)
-    if (!keep_frozen || !frozen(static_cast<int>(g))) DropCopy(groups_[g].dev);
+  for (size_t g = 0; g < copies_.size(); ++g)
+    if (!keep || !keep(static_cast<int>(g))) DropCopy(copies_[g]);
 }
 
-void Engine::Impl::DropCopy(DeviceCopy& d) {
-  if (d.alloc.charged) device_->Free(d.alloc);
-  d.alloc = {};
-  d.state = DeviceCopy::kAbsent;
-  d.gathered = false;
+void Residency::DropCopy(Copy& c) {
+  if (c.alloc.charged) device_.Free(c.alloc);
+  c.alloc = {};
+  c.state = Copy::kAbsent;
+  c.gathered = false;
 }
 
-Result<void*> Engine::Impl::Fetch(int g) {
-  // Stage 3: whether this fetch gathers depends on the communication
+Result<void*> Residency::Fetch(int g) {
+  // Sharded: whether this fetch gathers depends on the communication
   // thread's gathers ahead of this group: they are done first, on every
   // rank alike (a gather here then waits for everything queued before it).
-  if (p_sharded_) {
-    WaitAheadOf(g);
-    STRATA_RETURN_IF_ERROR(DrainComm(/*wait=*/false).WithContext("fetch"));
-  }
-  GroupState& gs = groups_[static_cast<size_t>(g)];
-  if (gs.updated)
-    return StateError("fetch: group " + std::to_string(g) + " was already updated by the overlapped step; "
-                      "with overlap_step a group is not fetched after its gradients are complete");
+  if (options_.sharded && gatherer_.before_fetch) STRATA_RETURN_IF_ERROR(gatherer_.before_fetch(g));
   std::unique_lock<std::mutex> lock(mu_);
   const bool counted = schedule_.has_trace();
-  if (!schedule_.OnFetch(g) && p_sharded_) {
-    // Off the recorded order (on every rank alike): copies gathered ahead
-    // for fetches that will not come give their pins back.
-    DropAheadPinsLocked(g);
-  }
-  if (p_whole_on_device()) {
-    ++gs.dev.pins;
+  // Off the recorded order (on every rank alike): copies gathered ahead for
+  // fetches that will not come give their pins back.
+  if (!schedule_.OnFetch(g) && options_.sharded) DropAheadPinsLocked(g);
+  Copy& c = copies_[static_cast<size_t>(g)];
+  if (options_.home) {
+    ++c.pins;
     lock.unlock();
-    stats_->OnFetch(counted, true, 0);
-    return io_->DirectPtr(gs.blocks[int(StateKind::kP)]);
+    stats_.OnFetch(counted, true, 0);
+    return options_.home(g);
   }
-  DeviceCopy& d = gs.dev;
   // A hit: the schedule foresaw this fetch and issued its load (resident,
   // loading, or queued). Whether the load was done in time shows in stalls.
-  auto queued = std::find(prefetch_queue_.begin(), prefetch_queue_.end(), g);
-  const bool hit = d.state != DeviceCopy::kAbsent || queued != prefetch_queue_.end();
-  if (queued != prefetch_queue_.end()) prefetch_queue_.erase(queued);  // loaded below, now
-  const double t0 = stats_->Now();
+  auto queued = std::find(queue_.begin(), queue_.end(), g);
+  const bool hit = c.state != Copy::kAbsent || queued != queue_.end();
+  if (queued != queue_.end()) queue_.erase(queued);  // loaded below, now
+  const double t0 = stats_.Now();
   bool stalled = false;
   for (;;) {
-    if (d.state == DeviceCopy::kResident) break;
-    if (d.state == DeviceCopy::kLoading) {
+    if (c.state == Copy::kResident) break;
+    if (c.state == Copy::kLoading) {
       stalled = true;
       cv_.wait(lock);
       continue;
     }
     // Absent: load it now, in this thread.
     stalled = true;
-    STRATA_RETURN_IF_ERROR(AllocateDeviceCopy(g, lock, /*demand=*/true));
-    if (d.state != DeviceCopy::kAbsent) continue;
+    STRATA_RETURN_IF_ERROR(Allocate(g, lock, /*demand=*/true));
+    if (c.state != Copy::kAbsent) continue;
     if (Status st = LoadAllocated(g, lock); !st.ok()) return st.WithContext("fetch: group " + std::to_string(g));
   }
   // Gathered ahead: the communication thread's pin becomes this fetch's.
-  const bool took_ahead_pin = d.ahead;
-  d.ahead = false;
-  if (p_sharded_ && !d.gathered) {
+  const bool took_ahead_pin = c.ahead;
+  c.ahead = false;
+  if (options_.sharded && !c.gathered) {
     // The all-gather runs here, in the caller's thread, so that every rank
-    // issues its collectives in one program order (the prefetch thread only
-    // reads this rank's shard ahead of time).
-    ++d.pins;
+    // issues its collectives in one program order.
+    ++c.pins;
     lock.unlock();
-    Status st = GatherP(g, d.alloc.ptr);
+    Status st = gatherer_.gather(g, c.alloc.ptr);
     lock.lock();
-    --d.pins;
+    --c.pins;
     if (!st.ok()) return st.WithContext("fetch");
-    d.gathered = true;
+    c.gathered = true;
   }
-  if (!took_ahead_pin) ++d.pins;
-  d.last_use = ++fetch_counter_;
-  void* ptr = d.alloc.ptr;
-  const uint64_t window = config_.zero.prefetch_bucket_size * DTypeSize(dtype_);
-  std::vector<int> ahead = schedule_.Ahead(window, [&](int h) { return PBytes(h); });
-  // Stage 3 with overlap_comm: the next group's gather runs on the
-  // communication thread while this one computes. Queued from the trace
-  // alone (the same on every rank), never from what is resident here.
-  const int next = p_sharded_ && comm_thread_.joinable() && schedule_.has_trace() && !ahead.empty() ? ahead[0] : -1;
+  if (!took_ahead_pin) ++c.pins;
+  c.last_use = ++fetch_counter_;
+  void* ptr = c.alloc.ptr;
+  std::vector<int> ahead = schedule_.Ahead(options_.window, options_.bytes);
+  // Sharded with a communication thread: the next group's gather runs there
+  // while this one computes. Queued from the trace alone (the same on every
+  // rank), never from what is resident here.
+  const int next =
+      options_.sharded && gatherer_.queue_ahead && schedule_.has_trace() && !ahead.empty() ? ahead[0] : -1;
   lock.unlock();
-  const double t1 = stalled ? stats_->Now() : t0;
-  if (stalled) stats_->CallSpan("stall", g, t0, t1);  // inside this fetch's span (Engine::Fetch)
-  stats_->OnFetch(counted, hit, t1 - t0);
-  EnqueuePrefetch(ahead);  // first: the gather ahead waits for the shard these load
-  if (next >= 0 && next != g) {
-    {
-      std::lock_guard<std::mutex> cl(comm_mu_);
-      comm_queue_.push_back(CommJob{next, nullptr});  // a gather ahead
-    }
-    comm_cv_.notify_all();
-  }
+  const double t1 = stalled ? stats_.Now() : t0;
+  if (stalled) stats_.CallSpan("stall", g, t0, t1);  // inside this fetch's span (Engine::Fetch)
+  stats_.OnFetch(counted, hit, t1 - t0);
+  Prefetch(ahead);  // first: the gather ahead waits for the shard these load
+  if (next >= 0 && next != g) gatherer_.queue_ahead(next);
   return ptr;
 }
 
-Status Engine::Impl::Release(int g) {
+Status Residency::Release(int g) {
   std::lock_guard<std::mutex> lock(mu_);
-  DeviceCopy& d = groups_[static_cast<size_t>(g)].dev;
-  if (d.pins == 0) return StateError("release: group " + std::to_string(g) + " is not fetched");
-  --d.pins;
-  // Stage 3, several ranks: whether a copy is still resident at the next
-  // fetch depends on this rank's prefetch timing, so whether that fetch
-  // gathers must not: every fetch from zero pins gathers again (as
-  // DeepSpeed gathers in forward and again in backward). A copy kept
-  // gathered would let one rank skip an all-gather that another issues.
-  if (d.pins == 0 && p_sharded_) d.gathered = false;
+  Copy& c = copies_[static_cast<size_t>(g)];
+  if (c.pins == 0) return StateError("release: group " + std::to_string(g) + " is not fetched");
+  --c.pins;
+  // Sharded: whether a copy is still resident at the next fetch depends on
+  // this rank's prefetch timing, so whether that fetch gathers must not:
+  // every fetch from zero pins gathers again (as DeepSpeed gathers in
+  // forward and again in backward). A copy kept gathered would let one rank
+  // skip an all-gather that another issues.
+  if (c.pins == 0 && options_.sharded) c.gathered = false;
   return Status::Ok();
+}
+
+void* Residency::PinForAhead(int g) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Copy& c = copies_[static_cast<size_t>(g)];
+  // Its shard may be on its way (queued or loading): the prefetcher ends
+  // either way, resident or absent.
+  cv_.wait(lock, [&] {
+    return stop_ || (c.state != Copy::kLoading && std::find(queue_.begin(), queue_.end(), g) == queue_.end());
+  });
+  if (c.state != Copy::kResident || c.gathered || c.ahead) return nullptr;
+  ++c.pins;  // kept while the ranks decide, and after for the fetch
+  return c.alloc.ptr;
+}
+
+void Residency::EndAhead(int g, bool gathered) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Copy& c = copies_[static_cast<size_t>(g)];
+  if (gathered) c.gathered = c.ahead = true;
+  else --c.pins;
+  cv_.notify_all();
+}
+
+void Residency::DropAheadPins() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DropAheadPinsLocked(-1);
+}
+
+void Residency::DropAheadPinsLocked(int keep) {
+  for (int h = 0; h < options_.groups; ++h) {
+    Copy& c = copies_[static_cast<size_t>(h)];
+    if (h == keep || !c.ahead) continue;
+    c.ahead = false;
+    if (--c.pins == 0) c.gathered = false;
+  }
 }
 
 }  // namespace strata

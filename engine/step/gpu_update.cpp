@@ -11,7 +11,8 @@
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/engine_impl.h"
-#include "engine/layout/preflight.h"
+#include "engine/layout/staging_plan.h"
+#include "engine/step/step_checks.h"
 #include "kernels/cpu/step_scalars.h"
 #include "tiers/gpu.h"
 #if STRATA_HAVE_CUDA
@@ -169,25 +170,25 @@ void Engine::Impl::SetUpGpuUpdate() {
   const bool twin = options_.gpu_optimizer_twin && !device_->on_gpu();  // tests: the CPU stands in
   f.cuda_built = kCudaBuilt || twin;
   f.device_on_gpu = device_->on_gpu() || twin;
-  f.compact = compact_;
+  f.compact = lay_.compact;
   f.optimizer = config_.optimizer.type;
   for (int s = 0; s < kNumStates; ++s) {
-    f.home[static_cast<size_t>(s)] = home_[s];
-    f.used[static_cast<size_t>(s)] = StateUsed(*this, s);
+    f.home[static_cast<size_t>(s)] = lay_.home[s];
+    f.used[static_cast<size_t>(s)] = lay_.StateUsed(s);
   }
   const GpuUpdateChoice c = ChooseGpuUpdate(f);
-  if (!any_trainable()) return;  // every group frozen: the step updates nothing
+  if (!lay_.any_trainable()) return;  // every group frozen: the step updates nothing
   if (!c.gpu) {
     if (c.warn)
       WarnOnce("gpu-optimizer " + c.why, "step: W, M, V are on the GPU and updated on the CPU: " + c.why);
     return;
   }
-  const bool p_on_device = home_[int(StateKind::kP)] == TierKind::kDevice;
+  const bool p_on_device = lay_.home[int(StateKind::kP)] == TierKind::kDevice;
   // The groups the step updates (frozen ones never reach it).
-  const GpuScratchPlan plan = PlanGpuScratch(LargestTrainable(false), gdtype_, dtype_, p_on_device);
+  const GpuScratchPlan plan = PlanGpuScratch(lay_.LargestTrainable(false), lay_.gdtype, lay_.dtype, p_on_device);
   uint64_t reserve = 0;  // a fetch's device copy of the largest group, when P lives elsewhere
-  for (int g = 0; !p_on_device && g < part_.num_groups(); ++g)
-    reserve = std::max(reserve, AlignUp(PBytes(g), kDeviceGrain));
+  for (int g = 0; !p_on_device && g < lay_.part.num_groups(); ++g)
+    reserve = std::max(reserve, AlignUp(lay_.PBytes(g), kDeviceGrain));
   const uint64_t used = device_->used(), left = device_->budget() > used ? device_->budget() - used : 0;
   auto fall_back = [&](const std::string& why) {
     const std::string what =
@@ -226,10 +227,10 @@ void Engine::Impl::TearDownGpuUpdate() {
 }
 
 bool Engine::Impl::UpdatesOnGpu(int g) const {
-  const auto& blocks = groups_[static_cast<size_t>(g)].blocks;
+  const auto& blocks = blocks_[static_cast<size_t>(g)];
   // Compact: P's slice (the bf16 half) is updated in place with W, M, V.
   return gpu_update_ && OptimizerStateOnDevice(blocks) &&
-         (!compact_ || blocks[int(StateKind::kP)].home == TierKind::kDevice);
+         (!lay_.compact || blocks[int(StateKind::kP)].home == TierKind::kDevice);
 }
 
 // W, M, V (and a device-homed P) are device pointers in `at`; G and any P
@@ -239,21 +240,20 @@ Status Engine::Impl::UpdateOnGpu(int g, float* const at[kNumStates], const StepK
                                  GpuUpdateOutcome* outcome) {
   *outcome = GpuUpdateOutcome::kUntouched;
   STRATA_RETURN_IF_ERROR(ValidateStepKernelOptions(ko));  // refused as the CPU kernel would: nothing changed
-  const uint64_t len = part_.group(g).shard_numel;
-  const GroupState& gs = groups_[static_cast<size_t>(g)];
+  const uint64_t len = lay_.part.group(g).shard_numel;
   char* scratch = static_cast<char*>(gpu_scratch_.ptr);
   const std::string where = "the optimizer on the GPU, group " + std::to_string(g);
-  const uint64_t g_bytes = len * DTypeSize(gdtype_);
+  const uint64_t g_bytes = len * DTypeSize(lay_.gdtype);
   STRATA_ASSIGN_OR_RETURN(CopyTicket in, device_->CopyIn(scratch, at[int(StateKind::kG)], g_bytes));
   // The kernel reads the scratch on its own stream: the copy must have landed.
   STRATA_RETURN_IF_ERROR(in->Wait().WithContext(where + ": copying G in"));
   stats_->AddMoved(TierKind::kHost, TierKind::kDevice, g_bytes);
 
-  if (compact_) return UpdateCompactOnGpu(g, at, ko, outcome);
-  const bool p_on_device = gs.blocks[int(StateKind::kP)].home == TierKind::kDevice;
-  const bool copy_f32 = dtype_ == DType::kF32;
+  if (lay_.compact) return UpdateCompactOnGpu(g, at, ko, outcome);
+  const bool p_on_device = blocks_[static_cast<size_t>(g)][int(StateKind::kP)].home == TierKind::kDevice;
+  const bool copy_f32 = lay_.dtype == DType::kF32;
   float* W = at[int(StateKind::kW)];
-  char* p_dev = p_on_device ? reinterpret_cast<char*>(at[int(StateKind::kP)]) + PSliceOffset(g)
+  char* p_dev = p_on_device ? reinterpret_cast<char*>(at[int(StateKind::kP)]) + lay_.PSliceOffset(g)
                             : scratch + gpu_scratch_plan_.p_offset;
   *outcome = GpuUpdateOutcome::kPartial;  // from the launch on, W, M, V may be neither old nor new
   float* M = at[int(StateKind::kM)];
@@ -275,9 +275,9 @@ Status Engine::Impl::UpdateOnGpu(int g, float* const at[kNumStates], const StepK
   if (p_on_device) return Status::Ok();
 
   // P lives on the host (or NVMe, through the slot the caller then stores).
-  const uint64_t p_bytes = len * DTypeSize(dtype_);
+  const uint64_t p_bytes = len * DTypeSize(lay_.dtype);
   const void* p_src = copy_f32 ? static_cast<const void*>(W) : p_dev;
-  char* p_host = reinterpret_cast<char*>(at[int(StateKind::kP)]) + PSliceOffset(g);
+  char* p_host = reinterpret_cast<char*>(at[int(StateKind::kP)]) + lay_.PSliceOffset(g);
   STRATA_ASSIGN_OR_RETURN(CopyTicket out, device_->CopyOut(p_host, p_src, p_bytes));
   STRATA_RETURN_IF_ERROR(out->Wait().WithContext(where + ": copying P out"));
   stats_->AddMoved(TierKind::kDevice, TierKind::kHost, p_bytes);
@@ -288,7 +288,7 @@ Status Engine::Impl::UpdateOnGpu(int g, float* const at[kNumStates], const StepK
 // device (UpdatesOnGpu) and updated there in place; nothing goes home after.
 Status Engine::Impl::UpdateCompactOnGpu(int g, float* const at[kNumStates], const StepKernelOptions& ko,
                                         GpuUpdateOutcome* outcome) {
-  const uint64_t len = part_.group(g).shard_numel;
+  const uint64_t len = lay_.part.group(g).shard_numel;
   const kernels::CompactState cs =
       CompactAt(g, at[int(StateKind::kP)], at[int(StateKind::kW)], at[int(StateKind::kM)], at[int(StateKind::kV)]);
   *outcome = GpuUpdateOutcome::kPartial;  // from the launch on, P's slice, W, M, V may be neither old nor new

@@ -66,11 +66,11 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   auto pick = [](double v, double dflt) { return v >= 0 ? v : dflt; };
   const double lr = pick(so.lr, oc.lr), b1 = pick(so.beta1, oc.beta1), b2 = pick(so.beta2, oc.beta2);
   const double eps = pick(so.eps, oc.eps), wd = pick(so.weight_decay, oc.weight_decay);
-  const bool copy_f32 = dtype_ == DType::kF32;  // fp32 compute: P is a copy of W, no kernel copy-out
+  const bool copy_f32 = lay_.dtype == DType::kF32;  // fp32 compute: P is a copy of W, no kernel copy-out
   const StepKernelOptions ko = [&] {
     StepKernelOptions o = MakeStepKernelOptions(oc.type, oc.type == "adamw" || oc.adam_w_mode,
-                                                StepHyper{lr, b1, b2, eps, wd, grad_scale, step}, gdtype_,
-                                                copy_f32 ? DType::kBF16 : dtype_);
+                                                StepHyper{lr, b1, b2, eps, wd, grad_scale, step}, lay_.gdtype,
+                                                copy_f32 ? DType::kBF16 : lay_.dtype);
     o.adam.moment_update = MomentUpdateOf(oc.moment_update);  // the CPU and GPU updates alike
     return o;
   }();
@@ -80,7 +80,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
 
   // Compact: P's slice is the master's bf16 half, a state like W, M, V (its
   // store is part of the commit, never recomputed); fp32: a copy of W.
-  auto is_copy = [&](int s) { return s == int(StateKind::kP) && !compact_; };
+  auto is_copy = [&](int s) { return s == int(StateKind::kP) && !lay_.compact; };
   // Whether j's update leaves block b in its home: the CPU addresses it in
   // place, or the GPU updated it there.
   auto at_home = [&](const Job& j, const StateBlock& b) {
@@ -88,9 +88,8 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   };
   // f(s, block) for each state of j that goes back home after the update.
   auto for_each_stored = [&](Job& j, auto&& f) {
-    GroupState& gs = groups_[static_cast<size_t>(j.group)];
     for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-      StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+      StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
       if (b.alloc.charged != 0 && !at_home(j, b)) f(s, b);
     }
   };
@@ -99,7 +98,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   auto finish_stores = [&](Job& j) {
     if (j.group < 0 || j.settled) return;
     j.settled = true;
-    GroupState& gs = groups_[static_cast<size_t>(j.group)];
+    GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     Status state_st, p_st;
     int state_stores = 0, state_homes = 0;  // W, M, V moves started; of those that go home
     bool p_stored = false;
@@ -119,22 +118,22 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     // group's state is neither old nor new (NVMe writes are copy on write).
     // (A device tier without a GPU is a host arena, used in place: no copies.)
     auto copied_to_device = [&](StateKind k) {
-      const StateBlock& b = gs.blocks[int(k)];
+      const StateBlock& b = blocks_[static_cast<size_t>(j.group)][int(k)];
       return b.home == TierKind::kDevice && !io_->Direct(b);
     };
-    const bool on_device = gs.blocks[int(StateKind::kW)].home == TierKind::kDevice ||
-                           (compact_ && copied_to_device(StateKind::kP));
+    const bool on_device = blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)].home == TierKind::kDevice ||
+                           (lay_.compact && copied_to_device(StateKind::kP));
     if (!commit && state_stores > 0 && on_device && broken_.empty())
       broken_ = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
                 state_st.message() + ")";
     // Compact with W, M, V updated in place and P's bf16 half staged: a
     // failed store of that half leaves a master that is neither old nor new.
-    if (!commit && compact_ && j.updated && io_->Direct(gs.blocks[int(StateKind::kW)]) && broken_.empty())
+    if (!commit && lay_.compact && j.updated && io_->Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]) && broken_.empty())
       broken_ = "the master weights of group " + std::to_string(j.group) + " are partly written (their bf16 half " +
                 "did not land: " + state_st.message() + ")";
     if (commit && j.p_shadow) {
-      const uint64_t off = PSliceOffset(j.group), bytes = part_.group(j.group).shard_numel * 2;
-      std::memcpy(static_cast<char*>(io_->DirectPtr(gs.blocks[int(StateKind::kP)])) + off,
+      const uint64_t off = lay_.PSliceOffset(j.group), bytes = lay_.part.group(j.group).shard_numel * 2;
+      std::memcpy(static_cast<char*>(io_->DirectPtr(blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)])) + off,
                   reinterpret_cast<char*>(j.ptr[int(StateKind::kP)]) + off, bytes);
     }
     for (int k = 0; k < j.stores.n; ++k) {
@@ -142,8 +141,8 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       io_->SettleStore(j.stores.m[static_cast<size_t>(k)], commit && (!is_p || p_st.ok()));
     }
     j.stores.n = 0;
-    const StateBlock& pb = gs.blocks[int(StateKind::kP)];
-    if (commit && !compact_ && !at_home(j, pb) && (!p_stored || !p_st.ok())) gs.p_stale = true;
+    const StateBlock& pb = blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)];
+    if (commit && !lay_.compact && !at_home(j, pb) && (!p_stored || !p_st.ok())) gs.p_stale = true;
     if (commit) gs.committed = true;
     keep(std::move(state_st));
     keep(std::move(p_st));
@@ -152,25 +151,25 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   auto start_loads = [&](int i) {
     Job& j = jobs[static_cast<size_t>(i)];
     j.group = order[static_cast<size_t>(i)];
-    GroupState& gs = groups_[static_cast<size_t>(j.group)];
+    GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     const bool has_grads = gs.grad_calls > 0;
     j.gpu = UpdatesOnGpu(j.group);
     for (int s = 0; s < kNumStates; ++s) {
-      StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+      StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
       if (b.alloc.charged == 0) continue;  // state unused by this optimizer
       if (j.gpu && b.home == TierKind::kDevice) {  // a device pointer: the GPU updates it in place
         j.ptr[s] = static_cast<float*>(io_->DirectPtr(b));
         continue;
       }
-      const bool shadow = compact_ && s == int(StateKind::kP) && io_->Direct(b) &&
-                          !io_->Direct(gs.blocks[int(StateKind::kW)]);
+      const bool shadow = lay_.compact && s == int(StateKind::kP) && io_->Direct(b) &&
+                          !io_->Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]);
       if (io_->Direct(b) && !shadow) { j.ptr[s] = static_cast<float*>(io_->DirectPtr(b)); continue; }
       if (!j.slot) j.slot = opt_staging_.Acquire();  // blocks until a slot's writes are done
-      j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + opt_slot_offsets_[s]);
+      j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + lay_.opt_slot_offsets[s]);
       if (shadow) {  // this rank's slice, updated here and copied back when the group commits
-        const uint64_t off = PSliceOffset(j.group);
+        const uint64_t off = lay_.PSliceOffset(j.group);
         std::memcpy(reinterpret_cast<char*>(j.ptr[s]) + off, static_cast<const char*>(io_->DirectPtr(b)) + off,
-                    part_.group(j.group).shard_numel * 2);
+                    lay_.part.group(j.group).shard_numel * 2);
         j.p_shadow = true;
         continue;
       }
@@ -209,11 +208,11 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   // breaks the engine as a failed device copy does. P follows W: when only
   // P failed to reach home it is recomputed from W.
   auto update_on_gpu = [&](Job& j) {
-    GroupState& gs = groups_[static_cast<size_t>(j.group)];
+    GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     const double t0 = stats_->Now();
     GpuUpdateOutcome outcome = GpuUpdateOutcome::kUntouched;
     Status st = UpdateOnGpu(j.group, j.ptr, ko, &outcome);
-    stats_->Span(Resource::kCpuOptimizer, "gpu update", t0, stats_->Now(), part_.group(j.group).shard_numel);
+    stats_->Span(Resource::kCpuOptimizer, "gpu update", t0, stats_->Now(), lay_.part.group(j.group).shard_numel);
     if (outcome == GpuUpdateOutcome::kPartial && broken_.empty())
       broken_ = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
                 st.message() + ")";
@@ -228,16 +227,16 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   // The update of one job whose states are in place (the CPU's, or the
   // GPU's); false on error.
   auto update = [&](Job& j) {
-    GroupState& gs = groups_[static_cast<size_t>(j.group)];
-    const uint64_t len = part_.group(j.group).shard_numel;
-    if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * DTypeSize(gdtype_));  // host memory
+    GroupStep& gs = steps_[static_cast<size_t>(j.group)];
+    const uint64_t len = lay_.part.group(j.group).shard_numel;
+    if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * DTypeSize(lay_.gdtype));  // host memory
     if (j.gpu) return update_on_gpu(j);
     float* W = j.ptr[int(StateKind::kW)];
-    void* P = static_cast<char*>(static_cast<void*>(j.ptr[int(StateKind::kP)])) + PSliceOffset(j.group);
+    void* P = static_cast<char*>(static_cast<void*>(j.ptr[int(StateKind::kP)])) + lay_.PSliceOffset(j.group);
     stats_->Begin(Resource::kCpuOptimizer);
     const double t0 = stats_->Now();
     Status st;
-    if (compact_) {  // P's slice is the bf16 half: nothing more to write
+    if (lay_.compact) {  // P's slice is the bf16 half: nothing more to write
       const kernels::CompactState cs = CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
                                                  j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
       st = CompactStepKernelCpu(ko, len, cs, j.ptr[int(StateKind::kG)]);
@@ -245,14 +244,14 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       st = StepKernelCpu(ko, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)], j.ptr[int(StateKind::kG)],
                          copy_f32 ? nullptr : P);
     }
-    if (copy_f32 && !compact_) std::memcpy(P, W, len * 4);
+    if (copy_f32 && !lay_.compact) std::memcpy(P, W, len * 4);
     stats_->End(Resource::kCpuOptimizer);
     stats_->Span(Resource::kCpuOptimizer, "update", t0, stats_->Now(), len);
     if (st.ok()) {
       j.updated = true;
       // W, M, V updated in place (host homes): committed now; P follows
       // through its store (or, when that fails, a recompute from W).
-      if (io_->Direct(gs.blocks[int(StateKind::kW)]) && (!compact_ || io_->Direct(gs.blocks[int(StateKind::kP)])) &&
+      if (io_->Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]) && (!lay_.compact || io_->Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)])) &&
           !j.p_shadow)
         gs.committed = true;
     }
@@ -287,7 +286,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     // writes finish, batch k+1's reads start, then batch k is updated, its
     // writes start once the reads have landed, and batch k+1's loads are
     // checked beside them; a batch costs about max(read, update) + write.
-    const bool update_beside_reads = compact_;
+    const bool update_beside_reads = lay_.compact;
     const int batch = std::max(opt_staging_.count() / 2, 1);
     auto load_batch = [&](int first) {  // starts the loads; returns the end
       const int end = std::min(first + batch, n);

@@ -5,15 +5,16 @@
 #include <vector>
 
 #include "engine/engine_impl.h"
-#include "engine/checkpoint/manifest.h"
-#include "engine/layout/preflight.h"
+#include "engine/format/manifest.h"
+#include "engine/layout/staging_plan.h"
+#include "engine/step/step_checks.h"
 
 namespace strata {
 
 kernels::CompactState Engine::Impl::CompactAt(int g, void* p, void* w, void* m, void* v) const {
-  const uint64_t n = part_.group(g).shard_numel;
+  const uint64_t n = lay_.part.group(g).shard_numel;
   kernels::CompactState s{};
-  s.w_hi = reinterpret_cast<uint16_t*>(static_cast<char*>(p) + PSliceOffset(g));
+  s.w_hi = reinterpret_cast<uint16_t*>(static_cast<char*>(p) + lay_.PSliceOffset(g));
   s.w_lo = static_cast<int8_t*>(w);
   s.m_code = static_cast<int8_t*>(m);
   s.m_scale = reinterpret_cast<float*>(static_cast<char*>(m) + n);
@@ -31,39 +32,36 @@ ShardBlocks::~ShardBlocks() {
 // Where each block is addressable: in place, or (staged) in one slot,
 // loaded first when `load`. A P homed on the host is used in place here.
 Status Engine::Impl::LocateShard(int g, bool load, ShardBlocks* sb) {
-  if (frozen(g)) return InternalError("the optimizer state of frozen group " + std::to_string(g) + " (it has none)");
-  GroupState& gs = groups_[static_cast<size_t>(g)];
-  const bool gpu = device_->on_gpu();
+  if (lay_.frozen(g)) return InternalError("the optimizer state of frozen group " + std::to_string(g) + " (it has none)");
   for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-    if (s == int(StateKind::kP) && !compact_) continue;
-    const StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+    if (s == int(StateKind::kP) && !lay_.compact) continue;
+    const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
     if (!b.alloc.charged) continue;
     if (io_->Direct(b)) { sb->at[s] = io_->DirectPtr(b); continue; }
-    if (!StagedInSlot(*this, s, gpu)) return InternalError("state " + std::string(StateName(StateKind(s))) + " has no slot");
+    if (!lay_.StagedInSlot(s)) return InternalError("state " + std::string(StateName(StateKind(s))) + " has no slot");
     if (!sb->slot) {
       sb->pool = &opt_staging_;
       sb->slot = opt_staging_.Acquire();
       if (!sb->slot) return InternalError("no staging slot for a staged block");
     }
-    sb->at[s] = static_cast<char*>(sb->slot) + opt_slot_offsets_[s];
+    sb->at[s] = static_cast<char*>(sb->slot) + lay_.opt_slot_offsets[s];
     // A P that holds the whole group (stages 1-2, several ranks) is loaded
     // whole even to write this rank's slice: the others' stay as they are.
-    if (load || (s == int(StateKind::kP) && p_gathered_after_step())) STRATA_RETURN_IF_ERROR(io_->Load(b, sb->at[s]));
+    if (load || (s == int(StateKind::kP) && lay_.p_gathered_after_step())) STRATA_RETURN_IF_ERROR(io_->Load(b, sb->at[s]));
   }
   // Compact blocks end in zeros (checkpoints save them): a slot holds another block's bytes there.
-  if (compact_)
+  if (lay_.compact)
     for (int s : {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
       if (!sb->at[s]) continue;
-      const uint64_t n = part_.group(g).shard_numel, used = s == int(StateKind::kW) ? n : n + 4 * kernels::CompactScaleCount(n);
-      std::memset(static_cast<char*>(sb->at[s]) + used, 0, StateBytes(*this, s, g) - used);
+      const uint64_t n = lay_.part.group(g).shard_numel, used = s == int(StateKind::kW) ? n : n + 4 * kernels::CompactScaleCount(n);
+      std::memset(static_cast<char*>(sb->at[s]) + used, 0, lay_.StateBytes(s, g) - used);
     }
   return Status::Ok();
 }
 
 Status Engine::Impl::StoreShard(int g, const ShardBlocks& sb) {
-  GroupState& gs = groups_[static_cast<size_t>(g)];
   for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-    const StateBlock& b = gs.blocks[static_cast<size_t>(s)];
+    const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
     if (!sb.at[s] || io_->Direct(b)) continue;
     STRATA_RETURN_IF_ERROR(io_->Store(b, sb.at[s]));
   }
@@ -71,11 +69,11 @@ Status Engine::Impl::StoreShard(int g, const ShardBlocks& sb) {
 }
 
 Status Engine::Impl::ReadShardF32(int g, float* w, float* m, float* v) {
-  const uint64_t n = part_.group(g).shard_numel;
+  const uint64_t n = lay_.part.group(g).shard_numel;
   ShardBlocks sb;
   STRATA_RETURN_IF_ERROR(LocateShard(g, true, &sb));
   const FormatView from = ShardView(g, sb);  // V's arrays are null exactly when v is (no V kept)
-  if (compact_) return kernels::CompactUnpack(n, from.cs, w, m, v);
+  if (lay_.compact) return kernels::CompactUnpack(n, from.cs, w, m, v);
   float* to[3] = {w, m, v};
   for (int s = 0; s < 3; ++s)
     if (to[s]) std::memcpy(to[s], from.f[s], n * 4);
@@ -83,11 +81,11 @@ Status Engine::Impl::ReadShardF32(int g, float* w, float* m, float* v) {
 }
 
 Status Engine::Impl::WriteShardF32(int g, const float* w, const float* m, const float* v) {
-  const uint64_t n = part_.group(g).shard_numel;
+  const uint64_t n = lay_.part.group(g).shard_numel;
   ShardBlocks sb;
   STRATA_RETURN_IF_ERROR(LocateShard(g, false, &sb));
   const FormatView to = ShardView(g, sb);
-  if (compact_) {
+  if (lay_.compact) {
     STRATA_RETURN_IF_ERROR(kernels::CompactPack(n, w, m, v, to.cs));
   } else {
     const float* from[3] = {w, m, v};
@@ -98,17 +96,17 @@ Status Engine::Impl::WriteShardF32(int g, const float* w, const float* m, const 
 }
 
 int Engine::Impl::SavedPieces(int g, int s, void* const at[kNumStates], Piece out[2]) const {
-  const uint64_t n = part_.group(g).shard_numel;
-  if (frozen(g)) {  // "P": this rank's slice of P, in the compute dtype
-    out[0] = {static_cast<const char*>(at[int(StateKind::kP)]) + PSliceOffset(g), FrozenSavedBytes(g)};
+  const uint64_t n = lay_.part.group(g).shard_numel;
+  if (lay_.frozen(g)) {  // "P": this rank's slice of P, in the compute dtype
+    out[0] = {static_cast<const char*>(at[int(StateKind::kP)]) + lay_.PSliceOffset(g), lay_.FrozenSavedBytes(g)};
     return 1;
   }
-  if (compact_ && s == int(StateKind::kW)) {
-    out[0] = {static_cast<const char*>(at[int(StateKind::kP)]) + PSliceOffset(g), 2 * n};
-    out[1] = {at[s], StateBytes(*this, s, g)};  // the corrections, then zeros to 4 KiB
+  if (lay_.compact && s == int(StateKind::kW)) {
+    out[0] = {static_cast<const char*>(at[int(StateKind::kP)]) + lay_.PSliceOffset(g), 2 * n};
+    out[1] = {at[s], lay_.StateBytes(s, g)};  // the corrections, then zeros to 4 KiB
     return 2;
   }
-  out[0] = {at[s], manifest::SavedBlockBytes(compact_, s - 1, n)};
+  out[0] = {at[s], manifest::SavedBlockBytes(lay_.compact, s - 1, n)};
   return 1;
 }
 
@@ -150,8 +148,8 @@ Status ConvertView(const FormatView& from, const FormatView& to, uint64_t n) {
 
 FormatView Engine::Impl::ShardView(int g, const ShardBlocks& sb) const {
   FormatView v;
-  v.compact = compact_;
-  if (compact_) {
+  v.compact = lay_.compact;
+  if (lay_.compact) {
     v.cs = CompactAt(g, sb.at[int(StateKind::kP)], sb.at[int(StateKind::kW)], sb.at[int(StateKind::kM)],
                      sb.at[int(StateKind::kV)]);
   } else {

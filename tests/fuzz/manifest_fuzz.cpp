@@ -8,7 +8,7 @@
 #include <string>
 
 #include "base/dtype.h"
-#include "engine/checkpoint/manifest.h"
+#include "engine/format/manifest.h"
 
 using namespace strata;
 

@@ -23,7 +23,7 @@ fi
 flags=$(pkg-config --cflags --libs libxxhash 2>/dev/null || echo -lxxhash)
 # shellcheck disable=SC2086
 "$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$src" \
-  "$src/tests/fuzz/manifest_fuzz.cpp" "$src/engine/checkpoint/manifest.cpp" "$src/base/status.cpp" "$src/base/dtype.cpp" $flags -o "$work/manifest_fuzz"
+  "$src/tests/fuzz/manifest_fuzz.cpp" "$src/engine/format/manifest.cpp" "$src/base/status.cpp" "$src/base/dtype.cpp" $flags -o "$work/manifest_fuzz"
 # The seeds stay as they are in the source tree; new inputs go to the work corpus.
 "$work/manifest_fuzz" -max_total_time="$seconds" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
   -artifact_prefix="$work/" "$work/corpus" "$src/tests/fuzz/corpus/manifest"

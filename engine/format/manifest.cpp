@@ -1,7 +1,7 @@
 // The checkpoint manifest: parse, verify its checksum, check its layout.
 // The JSON comes from disk: every field is type- and range-checked here, so
 // that nothing downstream can index, allocate or seek by an unchecked value.
-#include "engine/checkpoint/manifest.h"
+#include "engine/format/manifest.h"
 
 #include <sys/stat.h>
 #include <xxhash.h>

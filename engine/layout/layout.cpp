@@ -1,0 +1,48 @@
+// Layout's derived facts: which states exist and how large their blocks are.
+#include "engine/layout/layout.h"
+
+#include <algorithm>
+
+#include "base/align.h"
+#include "engine/format/manifest.h"
+
+namespace strata {
+
+bool Layout::any_trainable() const {
+  for (int g = 0; g < part.num_groups(); ++g)
+    if (!frozen(g)) return true;
+  return false;
+}
+
+uint64_t Layout::LargestTrainable(bool padded) const {
+  uint64_t m = 0;
+  for (int g = 0; g < part.num_groups(); ++g)
+    if (!frozen(g)) m = std::max(m, padded ? part.group(g).padded : part.group(g).shard_numel);
+  return m;
+}
+
+bool Layout::StateUsed(int s) const {
+  const std::string& type = config->optimizer.type;
+  return s != int(StateKind::kV) || type == "adam" || type == "adamw";
+}
+
+uint64_t Layout::StateBytes(int s, int g) const {
+  if (s == int(StateKind::kP)) return PHomeNumel(g) * DTypeSize(dtype);
+  const uint64_t n = part.group(g).shard_numel;
+  if (s == int(StateKind::kG)) return n * DTypeSize(gdtype);
+  if (!compact) return n * 4;
+  // W: the int8 corrections (the bf16 half is P); M, V: codes, then a float
+  // scale a block. Zeros to 4 KiB: a checkpoint writes them with O_DIRECT.
+  if (s == int(StateKind::kW)) return AlignUp(n, manifest::kCompactBlockAlign);
+  return manifest::SavedBlockBytes(true, s - 1, n);
+}
+
+bool Layout::StagedInSlot(int s) const {
+  if (!StateUsed(s)) return false;
+  if (!BlockIo::DirectAt(home[s], device_on_gpu)) return true;
+  // Compact: a host-homed P whose W is staged is updated in a slot too and
+  // copied back once W, M, V landed, so that a failed store leaves it old.
+  return s == int(StateKind::kP) && compact && !BlockIo::DirectAt(home[int(StateKind::kW)], device_on_gpu);
+}
+
+}  // namespace strata

@@ -1,0 +1,77 @@
+// Layout: where the engine's state is, decided at create (ranks) and build
+// (partition, homes, frozen groups, step slots) and constant after build.
+// Every component reads it; none changes it after build.
+//
+// Invariants (after build):
+// - `part` is finalized for `sworld` shards; every group g has
+//   part.group(g).shard_numel elements per shard and `padded` in all.
+// - A group's P home holds the whole group (stages 0-2) or this rank's shard
+//   (stage 3 with several ranks: p_sharded); W, M, V, G hold this rank's shard.
+// - A frozen group keeps P alone (no G, W, M, V anywhere).
+// No lock: written only before build returns (the composition's thread).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/dtype.h"
+#include "engine/config/config.h"
+#include "engine/layout/block_io.h"
+#include "engine/layout/partition.h"
+
+namespace strata {
+
+struct Layout {
+  const Config* config = nullptr;  // the engine's, outlives the layout
+  Partition part;
+  DType dtype = DType::kF32;    // of P: the compute dtype
+  DType gdtype = DType::kF32;   // of G: data_types.grad_accum_dtype
+  bool compact = false;         // strata.state_format "compact"
+  // Ranks. State is cut into `sworld` shards and this rank owns `srank`:
+  // stage 0 keeps everything everywhere (1, 0); stages 1-3 shard (world, rank).
+  int srank = 0, sworld = 1;
+  bool p_sharded = false;     // stage 3 with several ranks
+  bool multi = false;         // a communicator with several ranks
+  bool reduces = false;       // gradients go through the reduction (several ranks, or device buffers)
+  bool device_buffers = false;  // the communicator moves device memory (NCCL)
+  bool device_on_gpu = false;   // the device tier is a GPU (else a host arena)
+  TierKind home[kNumStates] = {};
+  std::vector<uint8_t> frozen_groups;          // per group: freeze_group marked it (sized at build)
+  uint64_t opt_slot_offsets[kNumStates + 1] = {};  // of each state in a step slot; [kNumStates]: slot bytes
+
+  int num_groups() const { return part.num_groups(); }
+  const GroupLayout& group(int g) const { return part.group(g); }
+  bool frozen(int g) const {
+    return static_cast<size_t>(g) < frozen_groups.size() && frozen_groups[static_cast<size_t>(g)] != 0;
+  }
+  bool any_trainable() const;  // a group that is not frozen exists
+  // The largest shard (or, `padded`, the largest padded group) among the
+  // groups that train; 0 when every group is frozen. Sizes what only they use
+  // (G, W, M, V, their staging, the GPU update's scratch, reduce buffers).
+  uint64_t LargestTrainable(bool padded) const;
+  // The device copy holds the whole group; P's home holds the whole group
+  // (stages 0-2: every rank keeps all parameters) or this rank's shard (stage 3).
+  uint64_t PBytes(int g) const { return part.group(g).padded * DTypeSize(dtype); }
+  uint64_t PHomeNumel(int g) const { return p_sharded ? part.group(g).shard_numel : part.group(g).padded; }
+  // P's home is the device and holds whole groups: fetches hand it out as is.
+  bool p_whole_on_device() const { return home[0] == TierKind::kDevice && !p_sharded; }
+  // Stages 1-2 with several ranks: P's home holds the whole group on every
+  // rank, each rank updates its slice (at this byte offset) and gathers the rest.
+  bool p_gathered_after_step() const { return sworld > 1 && !p_sharded; }
+  uint64_t PSliceOffset(int g) const {
+    return p_gathered_after_step() ? static_cast<uint64_t>(srank) * part.group(g).shard_numel * DTypeSize(dtype) : 0;
+  }
+  // A checkpoint's "P" block of frozen group g: this rank's slice of P.
+  uint64_t FrozenSavedBytes(int g) const { return part.group(g).shard_numel * DTypeSize(dtype); }
+  // Which states the optimizer keeps (V: Adam only).
+  bool StateUsed(int s) const;
+  // Whether group g has a block of state s: a frozen group keeps P alone.
+  bool StateUsedBy(int s, int g) const { return StateUsed(s) && (s == 0 || !frozen(g)); }
+  // The bytes of state s of group g on this rank (P: whole group or this
+  // rank's shard; else a shard; compact: the packed arrays).
+  uint64_t StateBytes(int s, int g) const;
+  // Whether state s has a region in the step's staging slots.
+  bool StagedInSlot(int s) const;
+};
+
+}  // namespace strata

@@ -1,0 +1,41 @@
+// The host staging pools Build allocates (engine/layout/staging.h), sized in
+// one place so that the check at Build's start and the allocation agree, and
+// that check.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "engine/layout/layout.h"
+
+namespace strata {
+
+struct StagingSizes {
+  uint64_t opt_offsets[kNumStates + 1] = {};  // of each state in a step slot; [kNumStates]: slot bytes
+  int opt_slots = 0;                          // 0: every state is addressed in place
+  int param_slots = 0;
+  uint64_t param_bytes = 0;
+  int grad_slots = 0;
+  uint64_t grad_bytes = 0;
+  // A frozen group's P off the CPU's reach (NVMe, a GPU): one buffer of the
+  // largest, for build, read_master, write_state and checkpoints.
+  int frozen_slots = 0;
+  uint64_t frozen_bytes = 0;
+};
+
+// Slots of the step's pipeline: offload_optimizer.buffer_count, at least 3
+// (read ahead, update, write behind), at most 16.
+int StepSlots(const Config& c);
+
+// The pools' sizes for layout `m` (homes chosen); `padded` is the NVMe
+// tier's padding of a block's bytes. The step's slots, G's staging and the
+// reduction's buffers are sized by the groups that train; frozen groups
+// count only in P's fetch staging and their own buffer.
+StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)>& padded);
+
+// At Build's start, with homes chosen and nothing allocated: CONFIG naming
+// strata.host_budget, the least host memory Build needs and what for, when
+// `host_budget` cannot hold the host-homed blocks and the staging pools.
+Status CheckHostPlan(const Layout& m, uint64_t host_budget);
+
+}  // namespace strata

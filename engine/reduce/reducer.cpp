@@ -1,0 +1,248 @@
+// GradReducer (reducer.h): the engine's reductions and gathers, and the
+// communication thread that runs them beside the trainer's backward.
+#include "engine/reduce/reducer.h"
+
+#include <algorithm>
+
+#include "base/sizes.h"
+
+namespace strata {
+
+GradReducer::GradReducer(const Layout& layout, net::Communicator& comm, DeviceTier& device,
+                         StagingPool& grad_staging, bool g_staged, Hooks hooks)
+    : layout_(layout),
+      comm_(comm),
+      device_(device),
+      grad_staging_(grad_staging),
+      g_staged_(g_staged),
+      hooks_(std::move(hooks)),
+      scatter_(layout.config->zero.stage >= 2) {}
+
+GradReducer::~GradReducer() { Stop(); }
+
+// Host buffers: the gradient staging pool (PlanStaging gives it a slot for
+// the group being packed, one for the group being reduced with
+// overlap_comm, and one for G's staging). Device buffers: Init's.
+float* GradReducer::AcquirePacked() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!mem_->on_device()) {
+    cv_.wait(lock, [&] { return packed_in_use_ < max_packed_; });
+    ++packed_in_use_;
+    lock.unlock();
+    return static_cast<float*>(grad_staging_.Acquire());
+  }
+  cv_.wait(lock, [&] { return !device_free_.empty(); });
+  float* p = device_free_.back();
+  device_free_.pop_back();
+  return p;
+}
+
+void GradReducer::ReleasePacked(float* p) {
+  if (!mem_->on_device()) {
+    grad_staging_.Release(p);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --packed_in_use_;
+    }
+    cv_.notify_all();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_free_.push_back(p);
+  }
+  cv_.notify_all();
+}
+
+Status GradReducer::Init() {
+  const bool device = comm_.device_buffers();
+  if (device) {
+    mem_ = device_.on_gpu() ? MakeDeviceReduceMemory(nullptr) : nullptr;
+    if (!mem_)
+      return UnsupportedError("a communicator on device buffers (" + std::string(comm_.backend()) +
+                              ") needs a GPU device tier and a CUDA build");
+  } else {
+    mem_ = MakeHostReduceMemory();
+    // PlanStaging's slots: the packed groups, and one for G's staging when
+    // G is not addressable in place (accumulate on the communication thread).
+    max_packed_ = std::max(1, grad_staging_.count() - (g_staged_ ? 1 : 0));
+  }
+  packed_in_use_ = 0;
+  const bool overlap = layout_.config->zero.overlap_comm;
+  if (device) {
+    const uint64_t largest = layout_.LargestTrainable(true);  // frozen groups take no gradients
+    const int count = largest == 0 ? 0 : overlap ? 2 : 1;
+    for (int i = 0; i < count; ++i) {
+      auto a = device_.Allocate(largest * 4);
+      if (!a.ok())
+        return a.status().WithContext("build: " + std::to_string(count) + " gradient reduction buffer(s) of " +
+                                      FormatBytes(largest * 4) + " on the device (the largest group's fp32 "
+                                      "gradients; strata.device_budget " + FormatBytes(device_.budget()) + ")");
+      device_bufs_.push_back(*a);
+      device_free_.push_back(static_cast<float*>(a->ptr));
+    }
+  }
+  if (!overlap) return Status::Ok();
+  stop_ = false;
+  thread_ = std::thread([this] { Run(); });
+  return Status::Ok();
+}
+
+void GradReducer::Run() {
+  if (hooks_.on_thread_start) hooks_.on_thread_start();  // the casts and copies of NCCL's buffers
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) {  // what is queued is dropped: the engine is going away
+      for (const Job& j : queue_) {
+        if (!j.packed) continue;
+        lock.unlock();
+        ReleasePacked(j.packed);
+        lock.lock();
+      }
+      queue_.clear();
+      cv_.notify_all();
+      return;
+    }
+    const Job job = queue_.front();
+    queue_.pop_front();
+    busy_ = true;
+    current_ = job;
+    const bool failed = !error_.ok();
+    lock.unlock();
+    // After a failure nothing more is reduced: the ranks no longer agree.
+    Status st = failed              ? Status::Ok()
+                : job.gather_ahead() ? GatherAhead(job.group)
+                                     : Reduce(job.group, job.packed);
+    if (job.packed) ReleasePacked(job.packed);
+    lock.lock();
+    busy_ = false;
+    current_ = {};
+    if (!st.ok() && error_.ok()) error_ = std::move(st);
+    cv_.notify_all();
+  }
+}
+
+void GradReducer::Stop() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.clear();
+  error_ = Status::Ok();
+  for (auto& a : device_bufs_) device_.Free(a);
+  device_bufs_.clear();
+  device_free_.clear();
+  mem_.reset();
+}
+
+Status GradReducer::Drain(bool wait) {
+  if (!thread_.joinable()) return Status::Ok();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (wait) cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  Status st = std::move(error_);
+  error_ = Status::Ok();
+  return st;
+}
+
+std::vector<ReduceBucket> GradReducer::PlanOf(int g) const {
+  const GroupLayout& L = layout_.group(g);
+  const uint64_t bucket = layout_.config->zero.reduce_bucket_size;
+  return scatter_ ? PlanReduceBuckets(L.shard_numel, comm_.world_size(), bucket, true)
+                  : PlanReduceBuckets(L.padded, comm_.world_size(), bucket, false);
+}
+
+// The group's reduction and its accumulation into G, on the communication
+// thread or the caller's. `packed`: PackGradients' layout.
+Status GradReducer::Reduce(int g, float* packed) {
+  const GroupLayout& L = layout_.group(g);
+  const auto buckets = PlanOf(g);
+  comm_.SetLabel("grads g" + std::to_string(g) + " s" + std::to_string(hooks_.step()) + " #" +
+                 std::to_string(hooks_.grad_calls(g) + 1));
+  float* out = packed;
+  void* host = nullptr;
+  if (mem_->on_device()) out = static_cast<float*>(host = grad_staging_.Acquire());
+  Status st = ReduceBuckets(comm_, *mem_, buckets, scatter_, L.shard_numel, layout_.srank, packed, out);
+  if (st.ok()) st = hooks_.accumulate(g, out, L.shard_numel);
+  grad_staging_.Release(host);
+  return st.WithContext("grads: group " + std::to_string(g) + " (" + std::to_string(buckets.size()) +
+                        (scatter_ ? " reduce-scatter" : " all-reduce") + " bucket(s))");
+}
+
+Status GradReducer::Grads(int g, const void* grads, DType dtype) {
+  const GroupLayout& L = layout_.group(g);
+  const auto buckets = PlanOf(g);
+  float* packed = AcquirePacked();
+  Status st = scatter_ ? PackGradients(*mem_, grads, dtype, L.numel, L.shard_numel, comm_.world_size(), buckets,
+                                       true, packed)
+                       : PackGradients(*mem_, grads, dtype, L.numel, L.padded, 1, buckets, false, packed);
+  if (!st.ok()) {
+    ReleasePacked(packed);
+    return st.WithContext("grads: group " + std::to_string(g) + ": packing its gradients");
+  }
+  if (!thread_.joinable()) {
+    st = Reduce(g, packed);
+    ReleasePacked(packed);
+    return st;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Job{g, packed});
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status GradReducer::Gather(int g, void* full) {
+  STRATA_RETURN_IF_ERROR(Drain().WithContext("gathering the parameters of group " + std::to_string(g)));
+  return GatherNow(g, full);
+}
+
+Status GradReducer::GatherNow(int g, void* full) {
+  const uint64_t slice = layout_.group(g).shard_numel * DTypeSize(layout_.dtype);
+  comm_.SetLabel("P of g" + std::to_string(g) + " s" + std::to_string(hooks_.step() - 1));
+  Status st = comm_.AllGather(static_cast<char*>(full) + static_cast<uint64_t>(layout_.srank) * slice, full, slice);
+  return st.WithContext("gathering the parameters of group " + std::to_string(g));
+}
+
+void GradReducer::QueueGatherAhead(int g) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Job{g, nullptr});
+  }
+  cv_.notify_all();
+}
+
+Status GradReducer::GatherAhead(int g) {
+  void* copy = hooks_.pin_ahead(g);
+  // Whether a copy is ready depends on this rank's prefetch timing: the
+  // ranks agree, and all gather or none does (the fetch then gathers).
+  const int w = comm_.world_size(), r = comm_.rank();
+  std::vector<int32_t> all(static_cast<size_t>(w), 0);
+  all[static_cast<size_t>(r)] = copy ? 1 : 0;
+  comm_.SetLabel("ahead P of g" + std::to_string(g) + " s" + std::to_string(hooks_.step() - 1));
+  Status st = comm_.AllGather(&all[static_cast<size_t>(r)], all.data(), sizeof(int32_t));
+  const bool go = st.ok() && std::all_of(all.begin(), all.end(), [](int32_t x) { return x == 1; });
+  if (go) st = GatherNow(g, copy);
+  const bool gathered = go && st.ok();
+  if (copy) hooks_.end_ahead(g, gathered);
+  if (gathered) ++gathers_ahead_;
+  else if (st.ok()) ++gathers_ahead_declined_;
+  return st.WithContext("gathering group " + std::to_string(g) + " ahead (zero_optimization.overlap_comm)");
+}
+
+void GradReducer::WaitAheadOf(int g) {
+  if (!thread_.joinable()) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    if (busy_ && current_.gather_ahead() && current_.group == g) return false;
+    return std::none_of(queue_.begin(), queue_.end(), [&](const Job& j) { return j.gather_ahead() && j.group == g; });
+  });
+}
+
+}  // namespace strata

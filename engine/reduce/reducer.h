@@ -1,0 +1,128 @@
+// GradReducer: several ranks' gradients summed into this rank's G, and the
+// parameter gathers of stage 3 — the engine's collectives other than the
+// step's agreement. A group's gradients are packed (cast to fp32, in the
+// buckets' layout, grad_reduce.h) into a buffer (host memory; a GPU's with
+// NCCL), reduced over the ranks in buckets, and handed to `accumulate` — on
+// the communication thread with zero_optimization.overlap_comm, else before
+// Grads returns. With the thread, stage 3's next group is gathered there
+// ahead of its fetch (when every rank has its shard loaded: they agree
+// first; none gathers alone).
+//
+// Invariants:
+// - Every rank issues the same collectives in the same order: the caller's
+//   thread and the communication thread never run collectives at once (the
+//   caller drains the thread first), and what is queued is the same on
+//   every rank.
+// - At most max_packed host buffers are in use, so that the communication
+//   thread always finds a staging slot for G; device buffers: two with the
+//   thread, one without.
+// - After a background failure nothing more is reduced; the failure is
+//   returned once, by Drain, and the caller's step cannot finish.
+//
+// Lock: mu_ guards queue_, current_, busy_, stop_, error_, device_free_,
+// packed_in_use_. The communication thread is this component's own. It
+// touches nothing of the others but through the Hooks the composition gives
+// it (G's accumulation, residency's pins for gathers ahead, labels).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/layout/layout.h"
+#include "engine/layout/staging.h"
+#include "engine/reduce/grad_reduce.h"
+#include "io/net/comm.h"
+
+namespace strata {
+
+class GradReducer {
+ public:
+  struct Hooks {
+    // This rank's n sums of group g's gradients (host memory, fp32) into G.
+    std::function<Status(int g, const float* sums, uint64_t n)> accumulate;
+    // The step number the labels name (the step in progress: applied + 1).
+    std::function<int64_t()> step;
+    // The grads calls group g has had in this step (the label's "#k").
+    std::function<int(int g)> grad_calls;
+    // Gathers ahead: residency's copy of g, pinned, or null (Residency::PinForAhead),
+    // and the end of the ranks' decision on it (Residency::EndAhead).
+    std::function<void*(int g)> pin_ahead;
+    std::function<void(int g, bool gathered)> end_ahead;
+    std::function<void()> on_thread_start;  // the CUDA device of the thread
+  };
+  // `grad_staging`: the host buffers of packed groups and of G's staging
+  // (`g_staged`: one of them is G's). `comm` and `device` outlive the reducer.
+  GradReducer(const Layout& layout, net::Communicator& comm, DeviceTier& device, StagingPool& grad_staging,
+              bool g_staged, Hooks hooks);
+  ~GradReducer();  // Stop()
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // At build: the device buffers (NCCL) and the communication thread.
+  Status Init();
+  void Stop();  // drops what is queued; frees the device buffers
+  bool threaded() const { return thread_.joinable(); }
+
+  // Packs group g's gradients (all `numel` of `dtype` at `grads`), then
+  // reduces them and accumulates the sums: here, or queued on the thread.
+  Status Grads(int g, const void* grads, DType dtype);
+  // Waits for the thread's work (wait) or only looks (not); a background
+  // failure is returned once.
+  Status Drain(bool wait = true);
+  // Stage 3: all-gathers group g's P into `full` (this rank's slice at its
+  // offset), after the thread's work (GatherNow: without waiting for it).
+  Status Gather(int g, void* full);
+  Status GatherNow(int g, void* full);
+  // Queues a gather ahead of group g on the thread; waits until none of g is
+  // queued or running.
+  void QueueGatherAhead(int g);
+  void WaitAheadOf(int g);
+
+  uint64_t gathers_ahead() const { return gathers_ahead_.load(); }
+  uint64_t gathers_ahead_declined() const { return gathers_ahead_declined_.load(); }
+
+ private:
+  // A job of the thread: reduce a group's packed gradients, or (stage 3)
+  // gather its parameters ahead of their fetch.
+  struct Job {
+    int group = -1;
+    float* packed = nullptr;  // Reduce's input; null for a gather ahead
+    bool gather_ahead() const { return group >= 0 && packed == nullptr; }
+  };
+  std::vector<ReduceBucket> PlanOf(int g) const;
+  Status Reduce(int g, float* packed);
+  Status GatherAhead(int g);
+  float* AcquirePacked();
+  void ReleasePacked(float* p);
+  void Run();
+
+  const Layout& layout_;
+  net::Communicator& comm_;
+  DeviceTier& device_;
+  StagingPool& grad_staging_;
+  const bool g_staged_;
+  const Hooks hooks_;
+  const bool scatter_;  // stages 2-3: reduce-scatter, else all-reduce
+  std::unique_ptr<ReduceMemory> mem_;
+  std::vector<Allocation> device_bufs_;  // the device's packed buffers (NCCL)
+  int max_packed_ = 1;
+  std::atomic<uint64_t> gathers_ahead_{0}, gathers_ahead_declined_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<float*> device_free_;
+  int packed_in_use_ = 0;
+  std::deque<Job> queue_;
+  Job current_;  // the job running
+  bool busy_ = false, stop_ = false;
+  Status error_;
+  std::thread thread_;
+};
+
+}  // namespace strata

@@ -1,0 +1,133 @@
+// Residency: the device copies of P. A fetch hands the trainer a device
+// pointer to a whole group's parameters and pins it until release; a
+// prefetch thread loads the groups the trace says come next; eviction drops
+// the unpinned copy used farthest ahead (least recently used before a trace
+// exists).
+//
+// Invariants:
+// - A copy's memory comes from the device tier or not at all: the device
+//   budget is never exceeded. A fetch that finds no room and nothing to
+//   evict fails (NOMEM, naming the budget and the pins), never waits forever.
+// - A pinned copy (fetched and not released, or gathered ahead for the next
+//   fetch) is never evicted; a copy is loaded by one thread at a time.
+// - Sharded P (stage 3, several ranks): a copy is gathered (every rank's
+//   shard in) by its fetch from zero pins, in the caller's thread, and stays
+//   gathered only while pinned, so that every rank issues the same
+//   collectives whatever its prefetch timing. The prefetch thread loads this
+//   rank's shard only and never runs a collective.
+//
+// Lock: mu_ guards every field below it (copies_, schedule_, queue_,
+// loads_in_flight_, stop_, fetch_counter_). The prefetch thread is this
+// component's own. What it uses of others is what its constructor takes:
+// the device tier, the source of P's home (PSource), the stats, and (sharded
+// P) the Gatherer's calls, which the composition wires to the reduction.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/residency/prefetch.h"
+#include "engine/stats/stats.h"
+#include "tiers/device_tier.h"
+
+namespace strata {
+
+// Where a device copy's contents come from: P's home.
+class PSource {
+ public:
+  virtual ~PSource() = default;
+  // Fills `copy` (device memory of the group's PBytes) with this rank's part
+  // of group g's P: the whole group, or (sharded) this rank's shard at its offset.
+  virtual Status Load(int g, void* copy) = 0;
+};
+
+struct ResidencyOptions {
+  int groups = 0;
+  std::function<uint64_t(int)> bytes;  // a group's device copy (its whole padded P)
+  uint64_t window = 0;                 // prefetch window, bytes (zero_optimization.stage3_prefetch_bucket_size)
+  bool sharded = false;                // stage 3 with several ranks: fetches gather
+  // Set when P's home is the device and holds whole groups: a fetch hands
+  // out the home itself (nothing is copied, evicted or prefetched).
+  std::function<void*(int)> home;
+  std::function<void()> on_thread_start;  // the prefetch thread's first call (the CUDA device)
+};
+
+// What residency asks of the ranks when P is sharded; the composition wires
+// these to the gradient reduction's communication thread.
+struct Gatherer {
+  std::function<Status(int g, void* copy)> gather;  // all-gather the shards into the copy, now
+  std::function<Status(int g)> before_fetch;        // waits for gathers ahead of g; reports a background failure
+  std::function<void(int g)> queue_ahead;           // null: no gathers ahead (no communication thread)
+};
+
+class Residency {
+ public:
+  Residency(ResidencyOptions options, DeviceTier& device, PSource& source, StatsRecorder& stats, Gatherer gatherer);
+  ~Residency();  // stops the thread; frees every copy
+  Residency(const Residency&) = delete;
+  Residency& operator=(const Residency&) = delete;
+
+  void Start();  // the prefetch thread
+  void Stop();
+
+  Result<void*> Fetch(int g);
+  Status Release(int g);
+  int pins(int g) const;
+
+  // At the end of a step: the recorded trace takes effect; returns the groups
+  // to prefetch for the next step's first fetches.
+  std::vector<int> OnStep();
+  void Prefetch(const std::vector<int>& groups);
+  // Clears what is queued and waits for the loads in flight.
+  void WaitIdle();
+  // P changed: every copy but those `keep` names is dropped.
+  // REQUIRES: none of them pinned, no load in flight (WaitIdle).
+  void Drop(const std::function<bool(int)>& keep = nullptr);
+
+  // Gathers ahead (the communication thread). Waits until g's load, if any,
+  // has ended; when its copy is resident, not gathered and not already
+  // ahead, pins it and returns it, else null.
+  void* PinForAhead(int g);
+  // After the ranks' decision on a copy PinForAhead returned: `gathered`,
+  // its pin waits for the next fetch; else the pin is given back.
+  void EndAhead(int g, bool gathered);
+  // Gives back the pins of copies gathered ahead that no fetch took.
+  void DropAheadPins();
+
+ private:
+  struct Copy {
+    enum State : uint8_t { kAbsent, kLoading, kResident } state = kAbsent;
+    Allocation alloc;
+    int pins = 0;           // fetches without release (and a gather ahead's)
+    bool gathered = false;  // sharded: the other ranks' shards are in
+    bool ahead = false;     // gathered ahead, holding a pin for the next fetch
+    uint64_t last_use = 0;  // fetch counter, for LRU before a trace exists
+  };
+  Status Allocate(int g, std::unique_lock<std::mutex>& lock, bool demand);
+  Status LoadAllocated(int g, std::unique_lock<std::mutex>& lock);
+  void DropCopy(Copy& c);
+  void DropAheadPinsLocked(int keep);
+  void Run();  // the prefetch thread
+
+  const ResidencyOptions options_;
+  DeviceTier& device_;
+  PSource& source_;
+  StatsRecorder& stats_;
+  const Gatherer gatherer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Copy> copies_;
+  PrefetchSchedule schedule_;
+  std::deque<int> queue_;
+  int loads_in_flight_ = 0;
+  bool stop_ = false;
+  uint64_t fetch_counter_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace strata

@@ -1,0 +1,21 @@
+// GroupStep: one group's part in the step in progress — its gradients'
+// arrival and figures, and how far its update got. Owned by the step (the
+// composition's Step, and the pipeline that updates the group); read by the
+// checks before the update.
+#pragma once
+
+namespace strata {
+
+struct GroupStep {
+  int grad_calls = 0;      // grads calls in this step
+  double sum_squares = 0;  // of G, after the last grads call
+  bool finite = true;
+  bool updated = false;    // overlap: updated (or queued) in this step
+  // This step's update of W, M, V is in their homes (all three, or none:
+  // NVMe writes are published together). A failed step leaves the others
+  // for the next Step call to finish.
+  bool committed = false;
+  bool p_stale = false;  // committed, but P's store failed: P is recomputed from W
+};
+
+}  // namespace strata

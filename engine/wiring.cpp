@@ -1,0 +1,81 @@
+// The composition's wiring: the components with threads (residency, the
+// gradient reduction) created at build and connected through the calls
+// their headers ask for; the API's fetch and release routed to residency.
+#include "base/log.h"
+#include "engine/engine_impl.h"
+#include "tiers/gpu.h"
+
+namespace strata {
+
+void Engine::Impl::UseDeviceOnThisThread() const {
+  if (placement_.device < 0) return;
+  // The device tier sets it again before each of its CUDA calls; a failure
+  // here shows there too, so a warning is enough.
+  const Status st = gpu::SetDevice(placement_.device);
+  if (!st.ok()) STRATA_LOG_WARN("engine thread: {}", st.ToString());
+}
+
+Status Engine::Impl::StartComponents() {
+  auto on_thread = [this] { UseDeviceOnThisThread(); };
+  if (lay_.reduces) {
+    GradReducer::Hooks h;
+    h.accumulate = [this](int g, const float* sums, uint64_t n) { return AccumulateG(g, sums, DType::kF32, n); };
+    h.step = [this] { return step_count_ + 1; };
+    h.grad_calls = [this](int g) { return steps_[static_cast<size_t>(g)].grad_calls; };
+    h.pin_ahead = [this](int g) { return residency_->PinForAhead(g); };
+    h.end_ahead = [this](int g, bool gathered) { residency_->EndAhead(g, gathered); };
+    h.on_thread_start = on_thread;
+    const bool g_staged = !BlockIo::DirectAt(lay_.home[int(StateKind::kG)], lay_.device_on_gpu);
+    reducer_ = std::make_unique<GradReducer>(lay_, *comm_, *device_, grad_staging_, g_staged, std::move(h));
+    STRATA_RETURN_IF_ERROR(reducer_->Init());
+  }
+  p_home_ = std::make_unique<PHome>(
+      lay_, [this](int g) -> const StateBlock& { return blocks_[static_cast<size_t>(g)][int(StateKind::kP)]; },
+      *io_, *device_, param_staging_, *stats_);
+  ResidencyOptions ro;
+  ro.groups = lay_.num_groups();
+  ro.bytes = [this](int g) { return lay_.PBytes(g); };
+  ro.window = config_.zero.prefetch_bucket_size * DTypeSize(lay_.dtype);
+  ro.sharded = lay_.p_sharded;
+  if (lay_.p_whole_on_device())
+    ro.home = [this](int g) { return io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(StateKind::kP)]); };
+  ro.on_thread_start = on_thread;
+  Gatherer ga;
+  if (lay_.p_sharded) {
+    ga.gather = [this](int g, void* copy) { return reducer_->Gather(g, copy); };
+    ga.before_fetch = [this](int g) {
+      reducer_->WaitAheadOf(g);
+      return DrainComm(/*wait=*/false).WithContext("fetch");
+    };
+    if (reducer_->threaded()) ga.queue_ahead = [this](int g) { reducer_->QueueGatherAhead(g); };
+  }
+  residency_ = std::make_unique<Residency>(std::move(ro), *device_, *p_home_, *stats_, std::move(ga));
+  residency_->Start();
+  return Status::Ok();
+}
+
+Result<void*> Engine::Impl::Fetch(int g) {
+  if (steps_[static_cast<size_t>(g)].updated)
+    return StateError("fetch: group " + std::to_string(g) + " was already updated by the overlapped step; "
+                      "with overlap_step a group is not fetched after its gradients are complete");
+  return residency_->Fetch(g);
+}
+
+Status Engine::Impl::Release(int g) { return residency_->Release(g); }
+
+void Engine::Impl::DropDeviceCopies(bool keep_frozen) {
+  if (!residency_) return;
+  if (keep_frozen) residency_->Drop([this](int g) { return lay_.frozen(g); });
+  else residency_->Drop();
+}
+
+Status Engine::Impl::DrainComm(bool wait) {
+  if (!reducer_) return Status::Ok();
+  Status st = reducer_->Drain(wait);
+  if (st.ok()) return st;
+  if (broken_.empty())
+    broken_ = "gradients reduced in the background (zero_optimization.overlap_comm) were lost: " + st.message();
+  return st.WithContext("a background gradient reduction (zero_optimization.overlap_comm) failed");
+}
+
+}  // namespace strata
