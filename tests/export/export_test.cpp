@@ -24,7 +24,7 @@
 #include <sstream>
 
 #include "engine/engine.h"
-#include "engine/checkpoint/manifest.h"
+#include "engine/format/manifest.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {

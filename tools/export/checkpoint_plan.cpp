@@ -11,7 +11,7 @@
 #include <map>
 #include <set>
 
-#include "engine/checkpoint/manifest.h"
+#include "engine/format/manifest.h"
 
 namespace strata::exporter {
 
