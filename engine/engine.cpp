@@ -37,7 +37,7 @@ Engine::Impl::~Impl() {
   reducer_.reset();
   StopOverlap();
   residency_.reset();  // its thread stops, its copies go back to the device tier
-  TearDownGpuUpdate();
+  gpu_.reset();
   for (auto& blocks : blocks_)
     for (auto& b : blocks) io_->Free(b);
   // The trace, if any, is written a last time by ~StatsRecorder.
@@ -244,9 +244,10 @@ void Engine::Impl::UndoBuild() {
   for (auto& blocks : blocks_)
     for (auto& b : blocks)
       if (io_) io_->Free(b);
-  TearDownGpuUpdate();
+  gpu_.reset();
   blocks_.clear();
   steps_.clear();
+  shards_.reset();
   param_staging_.Clear();
   opt_staging_.Clear();
   grad_staging_.Clear();
@@ -323,6 +324,7 @@ Status Engine::Impl::BuildOnce() {
                                                      .storage = storage_.get()}));
   }
   io_ = std::make_unique<BlockIo>(device_.get(), host_.get(), nvme_.get(), stats_.get());
+  shards_ = std::make_unique<ShardStore>(lay_, blocks_, *io_, opt_staging_, frozen_staging_);
 
   // Home blocks first: they are the model; staging comes out of what is left.
   steps_.assign(static_cast<size_t>(ngroups), GroupStep{});
@@ -337,7 +339,8 @@ Status Engine::Impl::BuildOnce() {
       blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)] = *b;
     }
   STRATA_RETURN_IF_ERROR(InitStaging(*this));
-  SetUpGpuUpdate();  // its scratch from the device budget the home blocks left
+  gpu_ = std::make_unique<GpuUpdater>(lay_, blocks_, *device_, *stats_, *shards_, options_.gpu_optimizer_twin);
+  gpu_->SetUp();  // its scratch from the device budget the home blocks left
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
   for (int g = 0; g < ngroups; ++g) {
@@ -372,7 +375,7 @@ Status Engine::Impl::BuildOnce() {
     if (lay_.compact) {  // W, M, V packed (and this rank's slice of P: the same bf16 bits)
       std::vector<float> w(L.shard_numel), zeros(L.shard_numel, 0.0f);
       STRATA_RETURN_IF_ERROR(fill_w(w.data()));
-      STRATA_RETURN_IF_ERROR(WriteShardF32(g, w.data(), zeros.data(), used(int(StateKind::kV)) ? zeros.data() : nullptr));
+      STRATA_RETURN_IF_ERROR(shards_->WriteShardF32(g, w.data(), zeros.data(), used(int(StateKind::kV)) ? zeros.data() : nullptr));
     } else {
       STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][int(StateKind::kW)], fill_w, opt_staging_));
     }
@@ -746,7 +749,7 @@ Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
     std::vector<float> f(3 * L.shard_numel);
     float* wmv[3] = {f.data(), f.data() + L.shard_numel, f.data() + 2 * L.shard_numel};
     const bool has_v = blocks_[static_cast<size_t>(group)][int(StateKind::kV)].alloc.charged != 0;
-    st = ReadShardF32(group, wmv[0], wmv[1], has_v ? wmv[2] : nullptr);
+    st = shards_->ReadShardF32(group, wmv[0], wmv[1], has_v ? wmv[2] : nullptr);
     if (st.ok()) std::memcpy(mine, wmv[static_cast<int>(kind) - 1], take * 4);
   } else if (io_->Direct(w)) {
     std::memcpy(mine, io_->DirectPtr(w), take * 4);
@@ -781,12 +784,12 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
     float* wmv[3] = {f.data(), f.data() + L.shard_numel, f.data() + 2 * L.shard_numel};
     const bool has_v = blocks_[static_cast<size_t>(group)][int(StateKind::kV)].alloc.charged != 0;
     float* v = has_v ? wmv[2] : nullptr;
-    Status st = ReadShardF32(group, wmv[0], wmv[1], v);
+    Status st = shards_->ReadShardF32(group, wmv[0], wmv[1], v);
     if (st.ok()) {
       float* dst = wmv[static_cast<int>(kind) - 1];
       std::memset(dst, 0, L.shard_numel * 4);
       std::memcpy(dst, in + lo, real * 4);
-      st = WriteShardF32(group, wmv[0], wmv[1], v);
+      st = shards_->WriteShardF32(group, wmv[0], wmv[1], v);
     }
     if (st.ok() && kind == StateKind::kW && lay_.p_gathered_after_step()) st = RecomputePGroup(group, nullptr, 0);
     DropDeviceCopies();

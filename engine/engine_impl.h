@@ -18,7 +18,8 @@
 #include "engine/residency/p_home.h"
 #include "engine/residency/residency.h"
 #include "engine/step/group_step.h"
-#include "engine/step/gpu_update.h"
+#include "engine/step/gpu_updater.h"
+#include "engine/step/shard_store.h"
 #include "engine/step/loss_scaler.h"
 #include "engine/format/manifest.h"
 #include "engine/layout/partition.h"
@@ -31,39 +32,6 @@
 
 namespace strata {
 
-// How far a group's update on the GPU got (UpdateOnGpu).
-enum class GpuUpdateOutcome : uint8_t {
-  kUntouched,  // failed before the kernel: W, M, V are as they were
-  kPartial,    // failed from the kernel's launch on: W, M, V may be neither old nor new
-  kUpdated,    // W, M, V are new (P may still have failed to reach its home)
-};
-
-// A shard's P (compact), W, M, V blocks where the CPU addresses them: in
-// place, or in one staging slot held until destruction.
-struct ShardBlocks {
-  void* at[kNumStates] = {};
-  void* slot = nullptr;
-  StagingPool* pool = nullptr;
-  ShardBlocks() = default;
-  ShardBlocks(const ShardBlocks&) = delete;
-  ShardBlocks& operator=(const ShardBlocks&) = delete;
-  ~ShardBlocks();
-};
-
-// A shard's W, M, V in one format, for conversions: fp32 (f: W, M, V; V
-// null for Lion) or compact (cs).
-struct FormatView {
-  bool compact = false;
-  float* f[3] = {};
-  kernels::CompactState cs{};
-  // Array k of saved state s (0 W, 1 M, 2 V; manifest::SavedArrays' order)
-  // at element `at` (a multiple of kCompactBlock for the scales); null for
-  // a state not kept.
-  char* Array(int s, int k, uint64_t at) const;
-  FormatView Shift(uint64_t at) const;  // every array from element `at` on
-};
-// n elements of `from` into `to`: packs fp32 into compact, or unpacks.
-Status ConvertView(const FormatView& from, const FormatView& to, uint64_t n);
 
 class Engine::Impl {
  public:
@@ -83,43 +51,8 @@ class Engine::Impl {
   Status RecomputePGroup(int g, void* buf, uint64_t buf_bytes);
   EngineStats Stats() const;
 
-  // state_format.cpp. strata.state_format "compact" (bf16 compute only): W's
-  // block holds the master's int8 corrections, M's and V's their codes then
-  // their scales, and P's block (this rank's slice of it, at PSliceOffset)
-  // is the master's bf16 half: P is part of the optimizer state.
-  // The compact arrays of group g's shard, from where its P, W, M, V blocks
-  // are in memory (v null for Lion).
-  kernels::CompactState CompactAt(int g, void* p, void* w, void* m, void* v) const;
-  // This rank's shard of group g's W, M, V as fp32, whatever the format (n =
-  // shard_numel floats each; v null when the optimizer keeps none).
-  // Not the step's path: checkpoints, read_state, write_state, build.
-  Status ReadShardF32(int g, float* w, float* m, float* v);
-  // The reverse: packs (compact) or copies them into their homes; with
-  // compact, P's slice too (with several ranks in stages 1-2 the caller
-  // gathers the other slices).
-  Status WriteShardF32(int g, const float* w, const float* m, const float* v);
-  // Where group g's blocks are for the CPU: in place, or in a slot (read
-  // from their homes when `load`; a P holding the whole group always is).
-  Status LocateShard(int g, bool load, ShardBlocks* sb);
-  // Writes the slot-staged blocks of `sb` back to their homes.
-  Status StoreShard(int g, const ShardBlocks& sb);
-  // What a checkpoint saves of state s (kW, kM, kV) of group g, as up to two
-  // pieces in memory, from where the blocks are (`at`, by StateKind): fp32
-  // the block; compact W the bf16 half (P's slice) then the corrections; a
-  // frozen group's (s = kP) its slice of P (FrozenSavedBytes).
-  struct Piece {
-    const void* ptr;
-    uint64_t bytes;
-  };
-  int SavedPieces(int g, int s, void* const at[kNumStates], Piece out[2]) const;
-  FormatView ShardView(int g, const ShardBlocks& sb) const;  // the engine's format
-
   // frozen.cpp: groups marked by FreezeGroup keep P alone (block kP; no G,
-  // W, M, V), never updated. Whether group g is one:
-  // A frozen group's P where the CPU addresses it: in place, or in the slot
-  // of frozen_staging_ (read from its home when `load`). sb->at[kP] holds
-  // lay_.PHomeNumel(g) elements of the compute dtype; StoreShard writes it back.
-  Status LocateFrozenP(int g, bool load, ShardBlocks* sb);
+  // W, M, V), never updated.
   // read_master of a frozen group: its P widened to fp32 (stage 3 with
   // several ranks: the shards gathered; every rank calls it).
   Status ReadFrozen(int g, float* out);
@@ -178,18 +111,6 @@ class Engine::Impl {
   Status WaitOverlapIdle();
   Status PrepareStep(const StepOptions& so);
 
-  // gpu_update.cpp: the optimizer on the GPU for W, M, V homed there.
-  // Decides at build (strata.gpu_optimizer, a GPU, a CUDA twin, the budget)
-  // and reserves the scratch; logs once when the CPU updates device state.
-  void SetUpGpuUpdate();
-  void TearDownGpuUpdate();
-  bool UpdatesOnGpu(int g) const;  // this group's W, M, V are updated on the GPU, in place
-  // One group's update on the GPU: `at` holds W, M, V (and P when homed on
-  // the device) as device pointers, G and any other P as host memory. Returns
-  // after the stream's synchronization, with *outcome saying what changed.
-  Status UpdateOnGpu(int g, float* const at[kNumStates], const StepKernelOptions& ko, GpuUpdateOutcome* outcome);
-  Status UpdateCompactOnGpu(int g, float* const at[kNumStates], const StepKernelOptions& ko,
-                            GpuUpdateOutcome* outcome);  // UpdateOnGpu's compact case
 
   // What G's sum is divided by: world size x grad_accumulation_steps with
   // strata.grad_reduce "mean", else 1.
@@ -211,7 +132,7 @@ class Engine::Impl {
   Layout lay_;  // constant after build
   std::vector<std::vector<float>> init_;  // per group, until Build
   bool built_ = false;
-  std::vector<std::array<StateBlock, kNumStates>> blocks_;  // per group: its blocks in their homes (set at build)
+  std::vector<GroupBlocks> blocks_;  // per group: its blocks in their homes (set at build)
   std::vector<GroupStep> steps_;  // per group: its part in the step in progress
 
   Placement placement_;  // set by Init, constant after
@@ -225,13 +146,7 @@ class Engine::Impl {
   StagingPool opt_staging_;    // W, M, V, G (and P) slots of the step pipeline
   StagingPool grad_staging_;   // G when not addressable in place, grads off the GPU
   StagingPool frozen_staging_; // a frozen group's P off the CPU's reach (build, read, write, checkpoints)
-  // The GPU update (gpu_update.cpp), set at build. The scratch is used by one
-  // RunOptimizer at a time (the overlap thread's, or Step's after
-  // WaitOverlapIdle), one group at a time: each update ends synchronized.
-  bool gpu_update_ = false;
-  Allocation gpu_scratch_;  // device: one shard's G, then (P homed elsewhere, bf16/fp16) its new P
-  GpuScratchPlan gpu_scratch_plan_;
-  gpu::Stream gpu_stream_ = nullptr;  // the kernels' stream
+  std::unique_ptr<GpuUpdater> gpu_;  // the optimizer on the GPU (set at build)
 
   // Set when a step cannot be finished (its gradients are lost, or a device
   // copy failed in place) or a load failed while writing the state: only a
@@ -258,6 +173,7 @@ class Engine::Impl {
   bool skips_gradless() const { return options_.skip_groups_without_grads; }
   // The update count group g's next update follows (its bias correction: + 1).
   int64_t StepsOf(int g) const { return skips_gradless() ? group_steps_[static_cast<size_t>(g)] : step_count_; }
+  std::unique_ptr<ShardStore> shards_;  // set at build
   // The components with threads of their own (set at build).
   std::unique_ptr<PHome> p_home_;
   std::unique_ptr<Residency> residency_;

@@ -25,25 +25,10 @@ Status Engine::FreezeGroup(int group) {
 
 bool Engine::group_frozen(int group) const { return group >= 0 && impl_->lay_.frozen(group); }
 
-Status Engine::Impl::LocateFrozenP(int g, bool load, ShardBlocks* sb) {
-  const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
-  if (io_->Direct(p)) {
-    sb->at[int(StateKind::kP)] = io_->DirectPtr(p);
-    return Status::Ok();
-  }
-  if (frozen_staging_.count() == 0 || frozen_staging_.bytes() < p.bytes)
-    return InternalError("frozen group " + std::to_string(g) + ": no staging buffer holds its P");
-  sb->pool = &frozen_staging_;
-  sb->slot = frozen_staging_.Acquire();
-  sb->at[int(StateKind::kP)] = sb->slot;
-  if (load) return io_->Load(p, sb->slot);
-  return Status::Ok();
-}
-
 Status Engine::Impl::ReadFrozen(int g, float* out) {
   const GroupLayout& L = lay_.part.group(g);
   ShardBlocks sb;
-  STRATA_RETURN_IF_ERROR(LocateFrozenP(g, true, &sb));
+  STRATA_RETURN_IF_ERROR(shards_->LocateFrozenP(g, true, &sb));
   const void* p = sb.at[int(StateKind::kP)];
   // Stages 0-2: every rank holds the whole group; nothing to gather.
   if (!lay_.p_sharded) return kernels::Cast(lay_.dtype, p, DType::kF32, out, L.numel);
@@ -60,13 +45,13 @@ Status Engine::Impl::WriteFrozen(int g, const float* in) {
   const GroupLayout& L = lay_.part.group(g);
   const uint64_t lo = static_cast<uint64_t>(lay_.srank) * L.shard_numel;
   ShardBlocks sb;
-  STRATA_RETURN_IF_ERROR(LocateFrozenP(g, false, &sb));
+  STRATA_RETURN_IF_ERROR(shards_->LocateFrozenP(g, false, &sb));
   void* p = sb.at[int(StateKind::kP)];
   std::memset(p, 0, lay_.PHomeNumel(g) * DTypeSize(lay_.dtype));  // the padding stays zero
   // Stage 3 with several ranks: this rank's shard; else the whole group.
   const uint64_t from = lay_.p_sharded ? lo : 0, count = lay_.p_sharded ? L.RealInShard(lay_.srank) : L.numel;
   if (count > 0) STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, in + from, lay_.dtype, p, count));
-  STRATA_RETURN_IF_ERROR(StoreShard(g, sb));
+  STRATA_RETURN_IF_ERROR(shards_->StoreShard(g, sb));
   DropDeviceCopies();  // fetched copies hold the old values
   return Status::Ok();
 }

@@ -151,8 +151,8 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
     for (int s : saved) {
       const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
-      Piece pieces[2];
-      const int np = SavedPieces(g, s, j.src, pieces);
+      ShardStore::Piece pieces[2];
+      const int np = shards_->SavedPieces(g, s, j.src, pieces);
       // A block read from NVMe whole brings the checksum the tier verified.
       const bool verified = np == 1 && pieces[0].bytes == b.bytes && j.loads[s].kind == BlockMove::kNvme &&
                             config_.strata.checksums;
@@ -422,11 +422,11 @@ Status Engine::Impl::SameStateAs(const manifest::Manifest& m, const std::string&
     if (g != located) {  // the group's blocks, loaded
       sb.reset();
       sb = std::make_unique<ShardBlocks>();
-      STRATA_RETURN_IF_ERROR(lay_.frozen(g) ? LocateFrozenP(g, true, sb.get()) : LocateShard(g, true, sb.get()));
+      STRATA_RETURN_IF_ERROR(lay_.frozen(g) ? shards_->LocateFrozenP(g, true, sb.get()) : shards_->LocateShard(g, true, sb.get()));
       located = g;
     }
-    Piece pieces[2];  // CheckManifestLayout: a frozen group's blocks are P, the others' W, M, V
-    const int np = SavedPieces(g, mb.state == manifest::kSavedP ? int(StateKind::kP) : mb.state + 1, sb->at, pieces);
+    ShardStore::Piece pieces[2];  // CheckManifestLayout: a frozen group's blocks are P, the others' W, M, V
+    const int np = shards_->SavedPieces(g, mb.state == manifest::kSavedP ? int(StateKind::kP) : mb.state + 1, sb->at, pieces);
     XXH3_state_t* bh = XXH3_createState();
     XXH3_64bits_reset(bh);
     uint64_t bytes = 0;

@@ -261,7 +261,7 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
     STRATA_ASSIGN_OR_RETURN(const DType saved, ParseDType(m.compute_dtype));  // the parse checked it
     const uint64_t ssize = DTypeSize(saved), dsize = DTypeSize(lay_.dtype);
     ShardBlocks sb;
-    STRATA_RETURN_IF_ERROR(LocateFrozenP(g, false, &sb));
+    STRATA_RETURN_IF_ERROR(shards_->LocateFrozenP(g, false, &sb));
     char* p = static_cast<char*>(sb.at[int(StateKind::kP)]);
     std::memset(p, 0, lay_.PHomeNumel(g) * dsize);  // the padding: zeros
     const uint64_t a0 = lay_.p_sharded ? static_cast<uint64_t>(lay_.srank) * L.shard_numel : 0;
@@ -284,7 +284,7 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
       }
       a += run;
     }
-    return StoreShard(g, sb);
+    return shards_->StoreShard(g, sb);
   };
   for (int g = 0; g < lay_.part.num_groups(); ++g) {
     if (lay_.frozen(g)) {
@@ -296,8 +296,8 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
     const uint64_t n = L.shard_numel, old_shard = m.groups[static_cast<size_t>(g)].shard_numel;
     const uint64_t lo = static_cast<uint64_t>(lay_.srank) * n, real = L.RealInShard(lay_.srank);
     ShardBlocks sb;
-    STRATA_RETURN_IF_ERROR(LocateShard(g, false, &sb));
-    const FormatView dst = ShardView(g, sb);
+    STRATA_RETURN_IF_ERROR(shards_->LocateShard(g, false, &sb));
+    const FormatView dst = shards_->ShardView(g, sb);
     // Elements [a0, a0 + count) of the group, every saved state, into `into`
     // (at its element 0), from whichever saved shards hold them.
     auto read = [&](const FormatView& into, uint64_t a0, uint64_t count) -> Status {
@@ -333,7 +333,7 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
         STRATA_RETURN_IF_ERROR(ConvertView(tv, dst.Shift(c0), c));
       }
     }
-    STRATA_RETURN_IF_ERROR(StoreShard(g, sb));
+    STRATA_RETURN_IF_ERROR(shards_->StoreShard(g, sb));
     if (g == 0) STRATA_RETURN_IF_ERROR(FaultPoint("apply"));  // tests: fail with the state partly written
   }
   return Status::Ok();

@@ -153,7 +153,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     j.group = order[static_cast<size_t>(i)];
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     const bool has_grads = gs.grad_calls > 0;
-    j.gpu = UpdatesOnGpu(j.group);
+    j.gpu = gpu_->UpdatesOnGpu(j.group);
     for (int s = 0; s < kNumStates; ++s) {
       StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
       if (b.alloc.charged == 0) continue;  // state unused by this optimizer
@@ -211,7 +211,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     const double t0 = stats_->Now();
     GpuUpdateOutcome outcome = GpuUpdateOutcome::kUntouched;
-    Status st = UpdateOnGpu(j.group, j.ptr, ko, &outcome);
+    Status st = gpu_->Update(j.group, j.ptr, ko, &outcome);
     stats_->Span(Resource::kCpuOptimizer, "gpu update", t0, stats_->Now(), lay_.part.group(j.group).shard_numel);
     if (outcome == GpuUpdateOutcome::kPartial && broken_.empty())
       broken_ = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
@@ -237,7 +237,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     const double t0 = stats_->Now();
     Status st;
     if (lay_.compact) {  // P's slice is the bf16 half: nothing more to write
-      const kernels::CompactState cs = CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
+      const kernels::CompactState cs = shards_->CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
                                                  j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
       st = CompactStepKernelCpu(ko, len, cs, j.ptr[int(StateKind::kG)]);
     } else {
