@@ -104,13 +104,86 @@ Status ReadRanks(const Env& env, const Family& f, RankInfo* r) {
   return Status::Ok();
 }
 
+// The node's index under torchrun-style launchers: GROUP_RANK (torchrun's
+// own) or NODE_RANK (what job scripts and other launchers export); -1 when
+// neither is set. Both set and different is an error naming both.
+Result<int> TorchrunNode(const Env& env) {
+  int group = -1, node = -1;
+  if (env.Has("GROUP_RANK")) {
+    STRATA_ASSIGN_OR_RETURN(group, env.Int("GROUP_RANK"));
+  }
+  if (env.Has("NODE_RANK")) {
+    STRATA_ASSIGN_OR_RETURN(node, env.Int("NODE_RANK"));
+  }
+  if (env.Has("GROUP_RANK") && group < 0) return InvalidError("GROUP_RANK=" + std::to_string(group) + " is negative");
+  if (env.Has("NODE_RANK") && node < 0) return InvalidError("NODE_RANK=" + std::to_string(node) + " is negative");
+  if (group >= 0 && node >= 0 && group != node)
+    return InvalidError("torchrun launch variables inconsistent: GROUP_RANK=" + std::to_string(group) +
+                        " but NODE_RANK=" + std::to_string(node) + " (both name this node's index)");
+  return group >= 0 ? group : node;
+}
+
+const char* NodeVar(const Env& env) { return env.Has("GROUP_RANK") ? "GROUP_RANK" : "NODE_RANK"; }
+
+// Ranks are node-major when every node runs LOCAL_WORLD_SIZE ranks (torchrun
+// with one --nproc_per_node, strata-launch --nnodes): RANK = node *
+// LOCAL_WORLD_SIZE + LOCAL_RANK. RANK may then be left out; when given it
+// must agree. Uniform means GROUP_WORLD_SIZE * LOCAL_WORLD_SIZE == WORLD_SIZE
+// (without GROUP_WORLD_SIZE: LOCAL_WORLD_SIZE divides WORLD_SIZE).
+Status TorchrunNodeRanks(const Env& env, bool have_rank, RankInfo* r) {
+  STRATA_ASSIGN_OR_RETURN(int node, TorchrunNode(env));
+  if (node < 0) return Status::Ok();
+  const char* nv = NodeVar(env);
+  int nodes = 0;
+  if (env.Has("GROUP_WORLD_SIZE")) {
+    STRATA_ASSIGN_OR_RETURN(nodes, env.Int("GROUP_WORLD_SIZE"));
+  } else if (r->local_world_size > 0 && r->world_size % r->local_world_size == 0) {
+    nodes = r->world_size / r->local_world_size;
+  }
+  const bool uniform = nodes > 0 && static_cast<int64_t>(nodes) * r->local_world_size == r->world_size;
+  if (!uniform) {
+    if (have_rank) return Status::Ok();  // nodes of different sizes: RANK alone says
+    return InvalidError("torchrun launch variables incomplete: RANK missing, and it cannot be derived from " +
+                        std::string(nv) + ": WORLD_SIZE=" + std::to_string(r->world_size) +
+                        " is not LOCAL_WORLD_SIZE=" + std::to_string(r->local_world_size) +
+                        " times the number of nodes" +
+                        (env.Has("GROUP_WORLD_SIZE") ? " (GROUP_WORLD_SIZE=" + std::to_string(nodes) + ")" : ""));
+  }
+  if (node >= nodes)
+    return InvalidError("torchrun launch variables inconsistent: " + std::string(nv) + "=" + std::to_string(node) +
+                        " but there are " + std::to_string(nodes) + " nodes (WORLD_SIZE " +
+                        std::to_string(r->world_size) + " / LOCAL_WORLD_SIZE " + std::to_string(r->local_world_size) + ")");
+  const int64_t expect = static_cast<int64_t>(node) * r->local_world_size + r->local_rank;
+  if (!have_rank) {
+    r->rank = static_cast<int>(expect);
+    return Status::Ok();
+  }
+  if (r->rank != expect)
+    return InvalidError("torchrun launch variables inconsistent: RANK=" + std::to_string(r->rank) + " but " + nv +
+                        "=" + std::to_string(node) + " x LOCAL_WORLD_SIZE=" + std::to_string(r->local_world_size) +
+                        " + LOCAL_RANK=" + std::to_string(r->local_rank) + " = " + std::to_string(expect));
+  return Status::Ok();
+}
+
 Result<RankInfo> FromTorchrun(const Env& env) {
   RankInfo r;
-  STRATA_RETURN_IF_ERROR(
-      RequireAll(env, "torchrun", {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}));
-  STRATA_RETURN_IF_ERROR(ReadRanks(env, kTorchrun, &r));
+  // RANK may be left out when the node index says it (see TorchrunNodeRanks).
+  const bool have_rank = env.Has("RANK");
+  const bool node_given = env.Has("GROUP_RANK") || env.Has("NODE_RANK");
+  if (!have_rank && node_given) {
+    STRATA_RETURN_IF_ERROR(RequireAll(env, "torchrun", {"WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}));
+    STRATA_ASSIGN_OR_RETURN(r.world_size, env.Int("WORLD_SIZE"));
+    STRATA_ASSIGN_OR_RETURN(r.local_rank, env.Int("LOCAL_RANK"));
+    STRATA_ASSIGN_OR_RETURN(r.local_world_size, env.Int("LOCAL_WORLD_SIZE"));
+    r.source = kTorchrun.source;
+  } else {
+    STRATA_RETURN_IF_ERROR(
+        RequireAll(env, "torchrun", {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}));
+    STRATA_RETURN_IF_ERROR(ReadRanks(env, kTorchrun, &r));
+  }
+  STRATA_RETURN_IF_ERROR(TorchrunNodeRanks(env, have_rank, &r));
   if (r.world_size > 1)
-    STRATA_RETURN_IF_ERROR(RequireAll(env, "torchrun", {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}));
+    STRATA_RETURN_IF_ERROR(RequireAll(env, "torchrun", {"WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}));
   STRATA_RETURN_IF_ERROR(ReadMaster(env, &r));
   STRATA_RETURN_IF_ERROR(CheckRanks(r, kTorchrun));
   return r;
@@ -142,13 +215,44 @@ int SlurmLocalWorld(const Env& env, int world) {
   return world;
 }
 
+// The nodes of this job step: SLURM_STEP_NODELIST (srun's step, which may
+// be a subset of the allocation), else SLURM_JOB_NODELIST.
+const char* SlurmNodelistVar(const Env& env) {
+  return env.Has("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
+}
+
 Result<RankInfo> FromSlurm(const Env& env) {
   RankInfo r;
-  STRATA_RETURN_IF_ERROR(
-      RequireAll(env, "slurm", {kSlurm.rank, kSlurm.world, kSlurm.local_rank, "SLURM_JOB_NODELIST"}));
+  const char* nodelist = SlurmNodelistVar(env);
+  STRATA_RETURN_IF_ERROR(RequireAll(env, "slurm", {kSlurm.rank, kSlurm.world, kSlurm.local_rank}));
+  if (!env.Has("MASTER_ADDR") && !env.Has(nodelist))
+    return InvalidError("slurm launch variables incomplete: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID set but "
+                        "SLURM_JOB_NODELIST missing (and no MASTER_ADDR names rank 0's host)");
   STRATA_RETURN_IF_ERROR(ReadRanks(env, kSlurm, &r));
   r.local_world_size = SlurmLocalWorld(env, r.world_size);
-  STRATA_ASSIGN_OR_RETURN(r.master_addr, FirstSlurmHost(env.Get("SLURM_JOB_NODELIST")));
+  // SLURM_NODEID: this task's node among the step's. Task 0 runs on the
+  // step's first node under srun's distributions; if it says otherwise, the
+  // nodelist's first host is not rank 0's and only MASTER_ADDR can say which.
+  int node = -1;
+  if (env.Has("SLURM_NODEID")) {
+    STRATA_ASSIGN_OR_RETURN(node, env.Int("SLURM_NODEID"));
+    int nnodes = 0;
+    if (env.Has("SLURM_NNODES")) {
+      STRATA_ASSIGN_OR_RETURN(nnodes, env.Int("SLURM_NNODES"));
+    }
+    if (node < 0 || (nnodes > 0 && node >= nnodes))
+      return InvalidError("slurm launch variables inconsistent: SLURM_NODEID=" + std::to_string(node) +
+                          (nnodes > 0 ? " not in [0, SLURM_NNODES=" + std::to_string(nnodes) + ")" : " is negative"));
+  }
+  if (env.Has("MASTER_ADDR")) {
+    r.master_addr = env.Get("MASTER_ADDR");
+  } else {
+    if (r.rank == 0 && node > 0)
+      return InvalidError("slurm: rank 0 (SLURM_PROCID=0) runs on SLURM_NODEID=" + std::to_string(node) +
+                          ", not on the first host of " + nodelist +
+                          ", which would serve the rendezvous: set MASTER_ADDR to rank 0's host");
+    STRATA_ASSIGN_OR_RETURN(r.master_addr, FirstSlurmHost(env.Get(nodelist)));
+  }
   STRATA_RETURN_IF_ERROR(ReadMaster(env, &r));
   STRATA_RETURN_IF_ERROR(CheckRanks(r, kSlurm));
   return r;

@@ -32,15 +32,28 @@ using GetEnvFn = std::function<const char*(const char*)>;
 // Reads the launch variables through `getenv` (injectable for tests).
 //   torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 //             MASTER_PORT (the last two may be absent when WORLD_SIZE is 1).
+//             Many nodes: GROUP_RANK (torchrun's) or NODE_RANK, the node's
+//             index; with GROUP_WORLD_SIZE * LOCAL_WORLD_SIZE == WORLD_SIZE
+//             (every node runs LOCAL_WORLD_SIZE ranks; without
+//             GROUP_WORLD_SIZE, LOCAL_WORLD_SIZE must divide WORLD_SIZE)
+//             RANK must be node * LOCAL_WORLD_SIZE + LOCAL_RANK, and may be
+//             left out. GROUP_RANK and NODE_RANK both set must agree.
 //   OpenMPI:  OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE;
 //             MASTER_ADDR (needed unless every rank is local), MASTER_PORT
 //             (default 29500).
-//   Slurm:    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_JOB_NODELIST
-//             (its first host is the master unless MASTER_ADDR is set);
-//             local world from SLURM_NTASKS_PER_NODE, else the leading count
-//             of SLURM_TASKS_PER_NODE; MASTER_PORT default 29500.
-// A family is chosen when any of its rank variables is set (torchrun first);
-// then all of its required variables must be present, be integers, and agree
+//   Slurm:    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the master is
+//             MASTER_ADDR, else the first host of SLURM_STEP_NODELIST (else
+//             SLURM_JOB_NODELIST), which must then be given; SLURM_NODEID,
+//             when set, in [0, SLURM_NNODES), and 0 on rank 0 unless
+//             MASTER_ADDR names its host; local world from
+//             SLURM_NTASKS_PER_NODE, else the leading count of
+//             SLURM_TASKS_PER_NODE; MASTER_PORT default 29500.
+//             (SLURM_LAUNCH_NODE_IPADDR is srun's host, rank 0's only when
+//             srun runs on the first node, as in an sbatch script: it is not
+//             used unless a script exports it as MASTER_ADDR.)
+// A family is chosen when any of its rank variables is set (torchrun first:
+// torchrun started by srun or mpirun sees their variables too); then all of
+// its required variables must be present, be integers, and agree
 // (0 <= rank < world, 0 <= local_rank < local_world <= world). Errors are
 // kInvalid and name the variables.
 Result<RankInfo> RankInfoFromEnv(const GetEnvFn& getenv = ::getenv);

@@ -123,6 +123,22 @@ TEST(LaunchEnv, OpenMpi) {
   ExpectError(From(env), {"openmpi launch variables incomplete", "OMPI_COMM_WORLD_SIZE missing"});
 }
 
+// mpirun over 2 hosts of 2 ranks, as the hosts tests start them.
+TEST(LaunchEnv, OpenMpiManyHosts) {
+  std::map<std::string, std::string> env = {{"OMPI_COMM_WORLD_RANK", "3"},       {"OMPI_COMM_WORLD_SIZE", "4"},
+                                            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                            {"MASTER_ADDR", "10.213.0.1"},       {"MASTER_PORT", "29411"}};
+  auto r = From(env);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->rank, 3);
+  EXPECT_EQ(r->local_rank, 1);
+  EXPECT_EQ(r->local_world_size, 2);
+  EXPECT_EQ(r->master_addr, "10.213.0.1");
+  EXPECT_EQ(r->store_port, 29411);
+  env["OMPI_COMM_WORLD_LOCAL_RANK"] = "2";
+  ExpectError(From(env), {"OMPI_COMM_WORLD_LOCAL_RANK must be in [0, OMPI_COMM_WORLD_LOCAL_SIZE)"});
+}
+
 TEST(LaunchEnv, Slurm) {
   std::map<std::string, std::string> env = {{"SLURM_PROCID", "5"},
                                             {"SLURM_NTASKS", "8"},
@@ -139,8 +155,94 @@ TEST(LaunchEnv, Slurm) {
   EXPECT_EQ(r->master_addr, "gpu-a017");
   env["MASTER_ADDR"] = "10.1.1.1";
   EXPECT_EQ(From(env)->master_addr, "10.1.1.1");
+  // An explicit master needs no node list; without either, both are named.
   env.erase("SLURM_JOB_NODELIST");
-  ExpectError(From(env), {"slurm", "SLURM_JOB_NODELIST missing"});
+  EXPECT_EQ(From(env)->master_addr, "10.1.1.1");
+  env.erase("MASTER_ADDR");
+  ExpectError(From(env), {"slurm", "SLURM_JOB_NODELIST missing", "MASTER_ADDR"});
+}
+
+// Many nodes under srun: the step's node list (a subset of the job's) names
+// the master; SLURM_NODEID is checked; srun's own host is never guessed.
+TEST(LaunchEnv, SlurmManyNodes) {
+  std::map<std::string, std::string> env = {{"SLURM_PROCID", "3"},          {"SLURM_NTASKS", "4"},
+                                            {"SLURM_LOCALID", "1"},         {"SLURM_NODEID", "1"},
+                                            {"SLURM_NNODES", "2"},          {"SLURM_NTASKS_PER_NODE", "2"},
+                                            {"SLURM_JOB_NODELIST", "n[1-4]"}, {"SLURM_STEP_NODELIST", "n[3-4]"},
+                                            {"SLURM_LAUNCH_NODE_IPADDR", "10.9.9.9"}};
+  auto r = From(env);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->rank, 3);
+  EXPECT_EQ(r->local_rank, 1);
+  EXPECT_EQ(r->local_world_size, 2);
+  EXPECT_EQ(r->master_addr, "n3") << "the step's first node, not the job's, not srun's host";
+  env["MASTER_ADDR"] = "10.213.0.1";
+  EXPECT_EQ(From(env)->master_addr, "10.213.0.1");
+  env.erase("MASTER_ADDR");
+  env["SLURM_NODEID"] = "2";
+  ExpectError(From(env), {"SLURM_NODEID=2 not in [0, SLURM_NNODES=2)"});
+  env["SLURM_NODEID"] = "one";
+  ExpectError(From(env), {"SLURM_NODEID='one' is not an integer"});
+  // Rank 0 on another node than the list's first: only MASTER_ADDR can say.
+  env["SLURM_PROCID"] = "0";
+  env["SLURM_LOCALID"] = "0";
+  env["SLURM_NODEID"] = "1";
+  ExpectError(From(env), {"rank 0 (SLURM_PROCID=0) runs on SLURM_NODEID=1", "SLURM_STEP_NODELIST", "MASTER_ADDR"});
+  env["MASTER_ADDR"] = "10.213.0.2";
+  EXPECT_EQ(From(env)->master_addr, "10.213.0.2");
+}
+
+// torchrun on several nodes: RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK.
+std::map<std::string, std::string> TorchrunNode1() {  // node 1 of 2, 2 ranks a node
+  return {{"RANK", "3"},           {"WORLD_SIZE", "4"},        {"LOCAL_RANK", "1"},
+          {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"},      {"GROUP_WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "10.213.0.1"}, {"MASTER_PORT", "29400"}};
+}
+
+TEST(LaunchEnv, TorchrunManyNodes) {
+  auto r = From(TorchrunNode1());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->rank, 3);
+  EXPECT_EQ(r->master_addr, "10.213.0.1");
+  // NODE_RANK alone (a job script's), agreeing: fine; disagreeing: both named.
+  auto env = TorchrunNode1();
+  env.erase("GROUP_RANK");
+  env["NODE_RANK"] = "1";
+  EXPECT_TRUE(From(env).ok());
+  env["GROUP_RANK"] = "0";
+  ExpectError(From(env), {"GROUP_RANK=0 but NODE_RANK=1"});
+  // RANK that is not node-major.
+  env = TorchrunNode1();
+  env["RANK"] = "1";
+  ExpectError(From(env), {"RANK=1 but GROUP_RANK=1 x LOCAL_WORLD_SIZE=2 + LOCAL_RANK=1 = 3"});
+  env = TorchrunNode1();
+  env["GROUP_RANK"] = "2";
+  ExpectError(From(env), {"GROUP_RANK=2 but there are 2 nodes"});
+  env = TorchrunNode1();
+  env["GROUP_RANK"] = "-1";
+  ExpectError(From(env), {"GROUP_RANK=-1 is negative"});
+  // RANK left out: derived from the node's index.
+  env = TorchrunNode1();
+  env.erase("RANK");
+  env.erase("GROUP_RANK");
+  env["NODE_RANK"] = "1";
+  env["LOCAL_RANK"] = "0";
+  r = From(env);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->rank, 2);
+  // ... but not when the nodes' sizes do not multiply out.
+  env["WORLD_SIZE"] = "5";
+  env.erase("GROUP_WORLD_SIZE");
+  ExpectError(From(env), {"RANK missing", "cannot be derived from NODE_RANK", "WORLD_SIZE=5"});
+  // Nodes of different sizes (GROUP_WORLD_SIZE * LOCAL_WORLD_SIZE != WORLD_SIZE): RANK alone says.
+  env = TorchrunNode1();
+  env["WORLD_SIZE"] = "5";
+  env["RANK"] = "4";
+  EXPECT_EQ(From(env)->rank, 4);
+  // The master is still required on many ranks.
+  env = TorchrunNode1();
+  env.erase("MASTER_ADDR");
+  ExpectError(From(env), {"MASTER_ADDR missing"});
 }
 
 TEST(LaunchEnv, TorchrunWinsOverSlurm) {
