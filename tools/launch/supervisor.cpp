@@ -51,24 +51,33 @@ struct Stream {
 };
 
 struct Rank {
-  int rank = 0;
+  int rank = 0;   // global: node_rank * nproc + local
+  int local = 0;  // index on this node
   pid_t pid = -1;
   bool running = false;
   Stream streams[2];
 };
 
-std::vector<std::string> RankEnv(const LaunchSpec& spec, int rank) {
+// `local` is the rank's index on this node; its global rank is node-major.
+std::vector<std::string> RankEnv(const LaunchSpec& spec, int local) {
+  const int rank = spec.node_rank * spec.nproc + local;
   std::map<std::string, std::string> set = {
-      {"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(spec.nproc)},
-      {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(spec.nproc)},
-      {"MASTER_ADDR", spec.master_addr},    {"MASTER_PORT", std::to_string(spec.master_port)},
+      {"RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(spec.nnodes * spec.nproc)},
+      {"LOCAL_RANK", std::to_string(local)},
+      {"LOCAL_WORLD_SIZE", std::to_string(spec.nproc)},
+      {"GROUP_RANK", std::to_string(spec.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(spec.nnodes)},
+      {"MASTER_ADDR", spec.master_addr},
+      {"MASTER_PORT", std::to_string(spec.master_port)},
   };
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string kv = *e, key = kv.substr(0, kv.find('='));
     // Our variables replace inherited ones; torchrun's agent-store flag
-    // would move the store port, and there is no agent here.
-    if (!set.count(key) && key != "TORCHELASTIC_USE_AGENT_STORE") env.push_back(kv);
+    // would move the store port, and there is no agent here. A NODE_RANK
+    // inherited from a job script would contradict GROUP_RANK if stale.
+    if (!set.count(key) && key != "TORCHELASTIC_USE_AGENT_STORE" && key != "NODE_RANK") env.push_back(kv);
   }
   for (const auto& [k, v] : set) env.push_back(k + "=" + v);
   return env;
@@ -85,7 +94,7 @@ std::vector<char*> CStrings(std::vector<std::string>& v) {
 bool Spawn(const LaunchSpec& spec, Rank* r) {
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return false;
-  std::vector<std::string> env = RankEnv(spec, r->rank), args = spec.argv;
+  std::vector<std::string> env = RankEnv(spec, r->local), args = spec.argv;
   std::vector<char*> envp = CStrings(env), argv = CStrings(args);
   const pid_t parent = getpid();
   pid_t pid = fork();
@@ -152,7 +161,8 @@ class Supervisor {
 
   int Run() {
     for (int i = 0; i < spec_.nproc; ++i) {
-      ranks_[i].rank = i;
+      ranks_[i].local = i;
+      ranks_[i].rank = spec_.node_rank * spec_.nproc + i;
       if (!Spawn(spec_, &ranks_[i])) {
         Say("cannot start rank " + std::to_string(i) + ": " + std::strerror(errno));
         Stop(1);
