@@ -2,6 +2,9 @@
 // through our store. Gloo reports failures by throwing; every entry point
 // here catches and returns a Status, so nothing escapes the Communicator.
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <poll.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -17,9 +20,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <thread>
 
+#include "base/log.h"
 #include "io/net/comm_backends.h"
 #include "io/net/deadline.h"
 
@@ -102,6 +108,136 @@ Result<std::string> RouteAddress(const std::string& master, int port) {
   return std::string(buf);
 }
 
+// The IPv4 address of interface `ifname`, named by variable `var`; kInvalid
+// listing this host's interfaces when it has none. A comma-separated list
+// (torch's GLOO_SOCKET_IFNAME may hold one) uses its first name.
+Result<std::string> InterfaceAddress(const char* var, std::string ifname) {
+  if (auto comma = ifname.find(','); comma != std::string::npos) ifname.resize(comma);
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return PosixError(std::string("gloo: list the interfaces for ") + var, ifname, errno);
+  std::string found, have;
+  for (ifaddrs* a = all; a; a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
+    char buf[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, buf, sizeof buf);
+    if (found.empty() && ifname == a->ifa_name) found = buf;
+    have += (have.empty() ? "" : ", ") + std::string(a->ifa_name) + " " + buf;
+  }
+  freeifaddrs(all);
+  if (found.empty())
+    return InvalidError(std::string(var) + "=" + ifname + ": this host has no interface of that name with an IPv4 " +
+                        "address (it has: " + (have.empty() ? "none" : have) + ")");
+  return found;
+}
+
+// Where Gloo listens, and why: STRATA_SOCKET_IFNAME, else GLOO_SOCKET_IFNAME
+// (an interface's address), else the address that routes to the master.
+Result<std::string> ListenAddress(const RankInfo& r, std::string* why) {
+  for (const char* var : {"STRATA_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    const char* v = std::getenv(var);
+    if (v && *v) {
+      *why = std::string(var) + "=" + v;
+      return InterfaceAddress(var, v);
+    }
+  }
+  *why = "the route to MASTER_ADDR " + r.master_addr;
+  return RouteAddress(r.master_addr, r.master_port);
+}
+
+// A listening socket that only says "this process is alive": the kernel
+// completes a peer's connect from the backlog, nobody accepts. After a failed
+// collective every rank connects to every peer's to tell a lost peer (no
+// answer, unreachable, refused: its process is gone) from one that lives.
+class AliveSocket {
+ public:
+  ~AliveSocket() {
+    if (fd_ >= 0) close(fd_);
+  }
+  // "addr:port", or "" when no socket could be made (then nobody is probed).
+  std::string Open(const std::string& addr) {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1 ||
+        bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 256) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      if (fd_ >= 0) close(fd_);
+      fd_ = -1;
+      return "";
+    }
+    return addr + ":" + std::to_string(ntohs(a.sin_port));
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Connects to each peer's alive socket at once, for at most `limit`; one
+// line naming the peers lost (and why) and those that answered.
+std::string ProbePeers(const std::vector<std::string>& peers, int self, Millis limit) {
+  struct Try {
+    int rank, fd = -1;
+    std::string addr, result;  // result empty: still waiting
+  };
+  std::vector<Try> tries;
+  for (int k = 0; k < static_cast<int>(peers.size()); ++k) {
+    if (k == self || peers[k].empty()) continue;
+    Try t{k, -1, peers[k], ""};
+    const auto colon = t.addr.rfind(':');
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(std::atoi(t.addr.c_str() + colon + 1)));
+    inet_pton(AF_INET, t.addr.substr(0, colon).c_str(), &a.sin_addr);
+    t.fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (t.fd < 0) {
+      t.result = std::strerror(errno);
+    } else if (connect(t.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      t.result = "ok";
+    } else if (errno != EINPROGRESS) {
+      t.result = std::strerror(errno);
+    }
+    tries.push_back(std::move(t));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<Try*> who;
+    for (auto& t : tries)
+      if (t.result.empty()) {
+        fds.push_back({t.fd, POLLOUT, 0});
+        who.push_back(&t);
+      }
+    auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+    if (fds.empty() || left <= Millis(0)) break;
+    if (poll(fds.data(), fds.size(), static_cast<int>(left.count())) <= 0) continue;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      int err = 0;
+      socklen_t len = sizeof err;
+      getsockopt(who[i]->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      who[i]->result = err == 0 ? "ok" : std::strerror(err);
+    }
+  }
+  std::string lost, alive;
+  for (auto& t : tries) {
+    if (t.fd >= 0) close(t.fd);
+    const std::string where = "rank " + std::to_string(t.rank) + " at " + t.addr;
+    if (t.result == "ok") {
+      alive += (alive.empty() ? "" : ", ") + std::to_string(t.rank);
+    } else if (t.result.empty()) {
+      lost += (lost.empty() ? "" : ", ") + where + " (no answer within " + FormatSeconds(limit) + ")";
+    } else if (t.result == std::strerror(ECONNREFUSED)) {
+      lost += (lost.empty() ? "" : ", ") + where + " (connection refused: its process is gone)";
+    } else {
+      lost += (lost.empty() ? "" : ", ") + where + " (" + t.result + ")";
+    }
+  }
+  if (lost.empty()) return "every peer answers (rank" + std::string(tries.size() > 1 ? "s " : " ") + alive + ")";
+  return "lost peer" + std::string(lost.find(", rank ") != std::string::npos ? "s " : " ") + lost +
+         (alive.empty() ? "; no peer answers" : "; answering: rank" + std::string(alive.find(',') != std::string::npos ? "s " : " ") + alive);
+}
+
 void SumFloats(void* c, const void* a, const void* b, size_t n) {
   auto* out = static_cast<float*>(c);
   auto* x = static_cast<const float*>(a);
@@ -112,8 +248,12 @@ void SumFloats(void* c, const void* a, const void* b, size_t n) {
 class GlooComm final : public Communicator {
  public:
   GlooComm(std::shared_ptr<gloo::transport::Device> dev, std::shared_ptr<gloo::rendezvous::Context> ctx,
-           Millis timeout)
-      : dev_(std::move(dev)), ctx_(std::move(ctx)), timeout_(timeout) {}
+           Millis timeout, std::unique_ptr<AliveSocket> alive, std::vector<std::string> peers)
+      : dev_(std::move(dev)),
+        ctx_(std::move(ctx)),
+        timeout_(timeout),
+        alive_(std::move(alive)),
+        peers_(std::move(peers)) {}
 
   int rank() const override { return ctx_->rank; }
   int world_size() const override { return ctx_->size; }
@@ -188,17 +328,24 @@ class GlooComm final : public Communicator {
     gloo::barrier(opts);
   }
 
+  // A failure says which peers are lost (see AliveSocket), probed once: the
+  // communicator is broken after its first failure.
   template <typename Fn>
   Status Guard(Fn&& fn) {
+    Status s;
     try {
       fn();
       return Status::Ok();
     } catch (const std::exception& e) {
-      return FromGloo(e, timeout_);
+      s = FromGloo(e, timeout_);
     } catch (...) {
-      return CommError("gloo threw an unknown exception");
+      s = CommError("gloo threw an unknown exception");
     }
+    if (probed_ || peers_.empty()) return s;
+    probed_ = true;
+    return Status(s.code(), s.message() + "; " + ProbePeers(peers_, rank(), std::min(timeout_, kProbeLimit)));
   }
+  static constexpr Millis kProbeLimit{1000};
 
   // Ring reduce-scatter over two halves of scratch_: at step s this rank
   // sends the partial sum of chunk (r-s-1) to the right and receives the
@@ -239,6 +386,9 @@ class GlooComm final : public Communicator {
   std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   Millis timeout_;
+  std::unique_ptr<AliveSocket> alive_;  // open as long as this communicator
+  std::vector<std::string> peers_;      // every rank's alive socket, "addr:port" ("" unknown)
+  bool probed_ = false;
   std::vector<float> scratch_;  // (2, n): reduce-scatter send/receive halves
 };
 
@@ -250,9 +400,18 @@ Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
   const std::string where =
       "gloo rendezvous on rank " + std::to_string(r.rank) + " of " + std::to_string(r.world_size);
   IgnoreSigpipeUnlessHandled();
-  std::string local = o.local_addr;
+  std::string local = o.local_addr, why = "CommOptions::local_addr";
   if (local.empty()) {
-    STRATA_ASSIGN_OR_RETURN(local, RouteAddress(r.master_addr, r.master_port));
+    STRATA_ASSIGN_OR_RETURN(local, ListenAddress(r, &why));
+  }
+  STRATA_LOG_DEBUG("gloo rank {} of {} listens on {} ({}); store {}:{}", r.rank, r.world_size, local, why,
+                   r.master_addr, r.store_port);
+  auto alive = std::make_unique<AliveSocket>();
+  const std::string alive_at = r.world_size > 1 && o.store ? alive->Open(local) : "";
+  if (o.store && r.world_size > 1) {
+    STRATA_RETURN_IF_ERROR(o.store->Set(o.prefix + "/alive/" + std::to_string(r.rank),
+                                        Bytes(alive_at.begin(), alive_at.end()))
+                               .WithContext(where));
   }
   gloo::rendezvous::HashStore private_store;  // one rank, no store given
   std::unique_ptr<GlooStoreAdapter> adapter;
@@ -266,10 +425,16 @@ Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
     auto ctx = std::make_shared<gloo::rendezvous::Context>(r.rank, r.world_size);
     ctx->setTimeout(timeout);
     ctx->connectFullMesh(store, dev);
-    comm = std::make_unique<GlooComm>(std::move(dev), std::move(ctx), timeout);
+    std::vector<std::string> peers;
+    for (int k = 0; o.store && r.world_size > 1 && k < r.world_size; ++k) {
+      auto v = o.store->Get(o.prefix + "/alive/" + std::to_string(k), timeout);
+      if (!v.ok()) return v.status().WithContext(where);
+      peers.emplace_back(v->begin(), v->end());
+    }
+    comm = std::make_unique<GlooComm>(std::move(dev), std::move(ctx), timeout, std::move(alive), std::move(peers));
   } catch (const std::exception& e) {
     if (adapter && !adapter->first_error().ok()) return adapter->first_error().WithContext(where);
-    return FromGloo(e, timeout).WithContext(where + " (listening on " + local + ")");
+    return FromGloo(e, timeout).WithContext(where + " (listening on " + local + ", from " + why + ")");
   }
   STRATA_RETURN_IF_ERROR(comm->FirstBarrier().WithContext(where + ": first barrier"));
   return std::unique_ptr<Communicator>(std::move(comm));
