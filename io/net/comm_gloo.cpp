@@ -343,9 +343,13 @@ class GlooComm final : public Communicator {
     }
     if (probed_ || peers_.empty()) return s;
     probed_ = true;
+    // A peer that closed its connection may be the first of several dying at
+    // once (a host lost): let the others' deaths land before asking who lives.
+    if (s.code() == Code::kComm) std::this_thread::sleep_for(kSettle);
     return Status(s.code(), s.message() + "; " + ProbePeers(peers_, rank(), std::min(timeout_, kProbeLimit)));
   }
   static constexpr Millis kProbeLimit{1000};
+  static constexpr Millis kSettle{200};
 
   // Ring reduce-scatter over two halves of scratch_: at step s this rank
   // sends the partial sum of chunk (r-s-1) to the right and receives the

@@ -83,8 +83,11 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const std::string& add
     conn->sock.close(ignored);  // a failed attempt leaves the socket open
     std::this_thread::sleep_for(std::min(left, Millis(100)));
   }
-  return TimeoutError("store " + c->name_ + ": no answer within " + FormatSeconds(timeout) +
-                      " (last error: " + ec.message() + "); is rank 0 running?");
+  // Unreachable is a communication failure (kComm), whatever the last
+  // attempt said: nobody answered at this address and port within the timeout.
+  return CommError("store " + c->name_ + " (rank 0's rendezvous, MASTER_ADDR:port): no answer within " +
+                   FormatSeconds(timeout) + " (last error: " + ec.message() +
+                   "); is rank 0 running there, and is that address reachable from this host?");
 }
 
 Result<Bytes> StoreClient::Call(const char* op, const std::string& key, const Bytes& request, Millis wait) {

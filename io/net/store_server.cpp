@@ -201,6 +201,10 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& bind_
   if (!ec) impl->acceptor.bind(ep, ec);
   if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (!ec) impl->port = impl->acceptor.local_endpoint(ec).port();
+  if (ec == asio::error::address_in_use)
+    return CommError(where + ": cannot listen: port " + std::to_string(port) +
+                     " is in use on this host (another job, or a rank of an earlier run still alive); give another "
+                     "MASTER_PORT, or STRATA_STORE_PORT");
   if (ec) return CommError(where + ": cannot listen: " + ec.message());
   impl->Accept();
   Impl* raw = impl.get();

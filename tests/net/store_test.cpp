@@ -108,11 +108,22 @@ TEST(Store, ConnectRetriesUntilTheServerListens) {
   EXPECT_TRUE((*c)->Set("x", {1}).ok());
 }
 
-TEST(Store, ConnectTimesOutNamingTheAddress) {
+TEST(Store, UnreachableIsCommNamingTheAddress) {
   int port = StoreServer::Start("127.0.0.1", 0).value()->port();  // closed again
   auto c = StoreClient::Connect("127.0.0.1", port, 300ms);
-  ASSERT_EQ(c.status().code(), Code::kTimeout);
+  ASSERT_EQ(c.status().code(), Code::kComm);
   EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos);
+  EXPECT_NE(c.status().message().find("no answer within 0.3 s"), std::string::npos) << c.status().ToString();
+}
+
+TEST(Store, PortInUseIsNamed) {
+  auto first = StoreServer::Start("127.0.0.1", 0).value();
+  auto second = StoreServer::Start("127.0.0.1", first->port());
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Code::kComm);
+  EXPECT_NE(second.status().message().find("port " + std::to_string(first->port()) + " is in use"), std::string::npos)
+      << second.status().ToString();
+  EXPECT_NE(second.status().message().find("MASTER_PORT"), std::string::npos);
 }
 
 TEST(Store, RendezvousStoreOnRankZeroAndOne) {
