@@ -35,8 +35,9 @@ Engine::Impl::Impl(const Config& config, const EngineOptions& options) : config_
 
 Engine::Impl::~Impl() {
   reducer_.reset();
-  StopOverlap();
+  worker_.reset();
   residency_.reset();  // its thread stops, its copies go back to the device tier
+  pipeline_.reset();
   gpu_.reset();
   for (auto& blocks : blocks_)
     for (auto& b : blocks) io_->Free(b);
@@ -238,12 +239,13 @@ Status Engine::Impl::Build() {
 
 void Engine::Impl::UndoBuild() {
   reducer_.reset();
-  StopOverlap();
+  worker_.reset();
   residency_.reset();
   p_home_.reset();
   for (auto& blocks : blocks_)
     for (auto& b : blocks)
       if (io_) io_->Free(b);
+  pipeline_.reset();
   gpu_.reset();
   blocks_.clear();
   steps_.clear();
@@ -341,6 +343,7 @@ Status Engine::Impl::BuildOnce() {
   STRATA_RETURN_IF_ERROR(InitStaging(*this));
   gpu_ = std::make_unique<GpuUpdater>(lay_, blocks_, *device_, *stats_, *shards_, options_.gpu_optimizer_twin);
   gpu_->SetUp();  // its scratch from the device budget the home blocks left
+  pipeline_ = std::make_unique<StepPipeline>(lay_, blocks_, *io_, opt_staging_, *stats_, *gpu_, *shards_, steps_);
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
   for (int g = 0; g < ngroups; ++g) {
@@ -392,7 +395,13 @@ Status Engine::Impl::BuildOnce() {
   STRATA_RETURN_IF_ERROR(StartComponents());
   if (options_.overlap_step) {
     overlap_ = config_.gradient_clipping == 0 && !config_.fp16.enabled && !lay_.multi && !lay_.reduces;
-    if (overlap_) StartOverlap();
+    if (overlap_) {
+      // Its own update count with skip_groups_without_grads (bias correction), else the engine's.
+      worker_ = std::make_unique<UpdateWorker>(
+          [this](int g) { return pipeline_->Run({g}, 1.0 / GradMeanDivisor(), prepared_opts_, StepsOf(g) + 1, &broken_); },
+          [this] { UseDeviceOnThisThread(); });
+      worker_->Start();
+    }
     else WarnOnce("overlap-off", "overlap_step needs gradient_clipping 0, no fp16 and one rank without a communicator (the update depends "
                                  "on every gradient; collectives keep one order); stepping after backward instead");
   }
@@ -448,7 +457,7 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   if (overlap_ && prepared_ && prepared_opts_.max_grad_norm <= 0 &&
       gs.grad_calls == options_.grad_accumulation_steps && OverlapMayUpdate(config_, gs)) {
     gs.updated = true;
-    EnqueueUpdate(group);
+    worker_->Enqueue(group);
   }
   return Status::Ok();
 }
@@ -603,7 +612,7 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
   const double scale = scaler_.scale();
   r->grad_norm = std::sqrt(sum) / scale / mean;
   std::function<Status()> wait_overlap;
-  if (overlap_) wait_overlap = [this] { return WaitOverlapIdle(); };
+  if (worker_) wait_overlap = [this] { return worker_->WaitIdle(); };
   if (HoldBackNonfinite(config_, steps_, finite, wait_overlap, held)) {
     r->skipped = true;
     r->grad_norm = INFINITY;
@@ -625,7 +634,7 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
 // gradients, and the others are updated in cohorts of one update count
 // (their bias correction).
 Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
-  Status st = overlap_ ? WaitOverlapIdle() : Status::Ok();
+  Status st = worker_ ? worker_->WaitIdle() : Status::Ok();
   std::map<int64_t, std::vector<int>> cohorts;  // by update count: one pipeline each
   for (int g = 0; g < lay_.part.num_groups(); ++g) {
     const GroupStep& gs = steps_[static_cast<size_t>(g)];
@@ -633,7 +642,7 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
     cohorts[StepsOf(g)].push_back(g);
   }
   for (const auto& [steps, groups] : cohorts)
-    if (st.ok()) st = RunOptimizer(groups, grad_scale, so, steps + 1);
+    if (st.ok()) st = pipeline_->Run(groups, grad_scale, so, steps + 1, &broken_);
   if (st.ok()) st = RepairStaleP();
   if (!broken_.empty())
     st = StateError("step: cannot be finished: " + broken_ + "; load the last checkpoint to go on (" +

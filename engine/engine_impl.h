@@ -19,7 +19,9 @@
 #include "engine/residency/residency.h"
 #include "engine/step/group_step.h"
 #include "engine/step/gpu_updater.h"
+#include "engine/step/pipeline.h"
 #include "engine/step/shard_store.h"
+#include "engine/step/update_worker.h"
 #include "engine/step/loss_scaler.h"
 #include "engine/format/manifest.h"
 #include "engine/layout/partition.h"
@@ -102,13 +104,6 @@ class Engine::Impl {
   Status ApplyResharded(const manifest::Manifest& m, const std::string& folder);
   Status RecomputeP(void* buf, uint64_t buf_bytes);
 
-  // optimizer_driver.cpp
-  Status RunOptimizer(const std::vector<int>& groups, double grad_scale, const StepOptions& so, int64_t step);
-  // The overlapped step's thread: updates groups whose gradients are complete.
-  void StartOverlap();
-  void StopOverlap();
-  void EnqueueUpdate(int group);
-  Status WaitOverlapIdle();
   Status PrepareStep(const StepOptions& so);
 
 
@@ -182,12 +177,8 @@ class Engine::Impl {
   bool overlap_ = false;
   bool prepared_ = false;
   StepOptions prepared_opts_;
-  std::mutex overlap_mu_;  // guards overlap_queue_, overlap_busy_, overlap_error_, overlap_stop_
-  std::condition_variable overlap_cv_;
-  std::deque<int> overlap_queue_;
-  bool overlap_busy_ = false, overlap_stop_ = false;
-  Status overlap_error_;
-  std::thread overlap_thread_;
+  std::unique_ptr<StepPipeline> pipeline_;  // set at build
+  std::unique_ptr<UpdateWorker> worker_;     // overlap_step's thread (set at build when it applies)
 };
 
 }  // namespace strata

@@ -1,7 +1,7 @@
 // The optimizer on the GPU for W, M, V homed on the device: the choice (made
 // once, at build), the device scratch it reserves there, and one group's
 // update in place — G copied in, the CUDA twin of the CPU kernel, P written
-// on the device or copied home. The pipeline around it is optimizer_driver.cpp.
+// on the device or copied home. The pipeline around it is pipeline.cpp.
 #include "engine/step/gpu_update.h"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // GpuUpdater (gpu_updater.h): the choice at build, the scratch, and one
-// group's update on the GPU. The pipeline around it is optimizer_driver.cpp.
+// group's update on the GPU. The pipeline around it is pipeline.cpp.
 #include "engine/step/gpu_updater.h"
 
 #include <algorithm>

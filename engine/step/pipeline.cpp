@@ -17,11 +17,12 @@
 // failed step leaves every group wholly old or wholly new, and the next Step
 // finishes the uncommitted ones from their old state and the gradients still
 // in G. P follows W: when only P's store fails, P is recomputed from W.
+#include "engine/step/pipeline.h"
+
 #include <algorithm>
 #include <array>
 #include <cstring>
 
-#include "engine/engine_impl.h"
 #include "kernels/cpu/adagrad.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/compact.h"
@@ -59,18 +60,19 @@ struct Job {
 
 }  // namespace
 
-Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_scale, const StepOptions& so,
-                                  int64_t step) {
+Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
+                         std::string* broken) {
+  const Config& config = *layout_.config;
   const int n = static_cast<int>(order.size());
-  const OptimizerConfig& oc = config_.optimizer;
+  const OptimizerConfig& oc = config.optimizer;
   auto pick = [](double v, double dflt) { return v >= 0 ? v : dflt; };
   const double lr = pick(so.lr, oc.lr), b1 = pick(so.beta1, oc.beta1), b2 = pick(so.beta2, oc.beta2);
   const double eps = pick(so.eps, oc.eps), wd = pick(so.weight_decay, oc.weight_decay);
-  const bool copy_f32 = lay_.dtype == DType::kF32;  // fp32 compute: P is a copy of W, no kernel copy-out
+  const bool copy_f32 = layout_.dtype == DType::kF32;  // fp32 compute: P is a copy of W, no kernel copy-out
   const StepKernelOptions ko = [&] {
     StepKernelOptions o = MakeStepKernelOptions(oc.type, oc.type == "adamw" || oc.adam_w_mode,
-                                                StepHyper{lr, b1, b2, eps, wd, grad_scale, step}, lay_.gdtype,
-                                                copy_f32 ? DType::kBF16 : lay_.dtype);
+                                                StepHyper{lr, b1, b2, eps, wd, grad_scale, step}, layout_.gdtype,
+                                                copy_f32 ? DType::kBF16 : layout_.dtype);
     o.adam.moment_update = MomentUpdateOf(oc.moment_update);  // the CPU and GPU updates alike
     return o;
   }();
@@ -80,16 +82,16 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
 
   // Compact: P's slice is the master's bf16 half, a state like W, M, V (its
   // store is part of the commit, never recomputed); fp32: a copy of W.
-  auto is_copy = [&](int s) { return s == int(StateKind::kP) && !lay_.compact; };
+  auto is_copy = [&](int s) { return s == int(StateKind::kP) && !layout_.compact; };
   // Whether j's update leaves block b in its home: the CPU addresses it in
   // place, or the GPU updated it there.
   auto at_home = [&](const Job& j, const StateBlock& b) {
-    return io_->Direct(b) || (j.gpu && b.home == TierKind::kDevice);
+    return io_.Direct(b) || (j.gpu && b.home == TierKind::kDevice);
   };
   // f(s, block) for each state of j that goes back home after the update.
   auto for_each_stored = [&](Job& j, auto&& f) {
     for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-      StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
+      const StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
       if (b.alloc.charged != 0 && !at_home(j, b)) f(s, b);
     }
   };
@@ -106,11 +108,11 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       const bool is_p = is_copy(j.stores.state[static_cast<size_t>(k)]);
       if (is_p) p_stored = true;
       else ++state_stores;
-      Status s = io_->WaitStore(j.stores.m[static_cast<size_t>(k)]);
+      Status s = io_.WaitStore(j.stores.m[static_cast<size_t>(k)]);
       Status& into = is_p ? p_st : state_st;
       if (into.ok() && !s.ok()) into = std::move(s);
     }
-    for_each_stored(j, [&](int s, StateBlock&) { state_homes += !is_copy(s); });
+    for_each_stored(j, [&](int s, const StateBlock&) { state_homes += !is_copy(s); });
     // Committed: updated, and every W, M, V store started and landed (or,
     // host homes and the GPU's, updated in place already).
     const bool commit = gs.committed || (j.updated && state_stores == state_homes && state_st.ok());
@@ -119,30 +121,30 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     // (A device tier without a GPU is a host arena, used in place: no copies.)
     auto copied_to_device = [&](StateKind k) {
       const StateBlock& b = blocks_[static_cast<size_t>(j.group)][int(k)];
-      return b.home == TierKind::kDevice && !io_->Direct(b);
+      return b.home == TierKind::kDevice && !io_.Direct(b);
     };
     const bool on_device = blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)].home == TierKind::kDevice ||
-                           (lay_.compact && copied_to_device(StateKind::kP));
-    if (!commit && state_stores > 0 && on_device && broken_.empty())
-      broken_ = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
+                           (layout_.compact && copied_to_device(StateKind::kP));
+    if (!commit && state_stores > 0 && on_device && broken->empty())
+      *broken = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
                 state_st.message() + ")";
     // Compact with W, M, V updated in place and P's bf16 half staged: a
     // failed store of that half leaves a master that is neither old nor new.
-    if (!commit && lay_.compact && j.updated && io_->Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]) && broken_.empty())
-      broken_ = "the master weights of group " + std::to_string(j.group) + " are partly written (their bf16 half " +
+    if (!commit && layout_.compact && j.updated && io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]) && broken->empty())
+      *broken = "the master weights of group " + std::to_string(j.group) + " are partly written (their bf16 half " +
                 "did not land: " + state_st.message() + ")";
     if (commit && j.p_shadow) {
-      const uint64_t off = lay_.PSliceOffset(j.group), bytes = lay_.part.group(j.group).shard_numel * 2;
-      std::memcpy(static_cast<char*>(io_->DirectPtr(blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)])) + off,
+      const uint64_t off = layout_.PSliceOffset(j.group), bytes = layout_.part.group(j.group).shard_numel * 2;
+      std::memcpy(static_cast<char*>(io_.DirectPtr(blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)])) + off,
                   reinterpret_cast<char*>(j.ptr[int(StateKind::kP)]) + off, bytes);
     }
     for (int k = 0; k < j.stores.n; ++k) {
       const bool is_p = is_copy(j.stores.state[static_cast<size_t>(k)]);
-      io_->SettleStore(j.stores.m[static_cast<size_t>(k)], commit && (!is_p || p_st.ok()));
+      io_.SettleStore(j.stores.m[static_cast<size_t>(k)], commit && (!is_p || p_st.ok()));
     }
     j.stores.n = 0;
     const StateBlock& pb = blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)];
-    if (commit && !lay_.compact && !at_home(j, pb) && (!p_stored || !p_st.ok())) gs.p_stale = true;
+    if (commit && !layout_.compact && !at_home(j, pb) && (!p_stored || !p_st.ok())) gs.p_stale = true;
     if (commit) gs.committed = true;
     keep(std::move(state_st));
     keep(std::move(p_st));
@@ -153,28 +155,28 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     j.group = order[static_cast<size_t>(i)];
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     const bool has_grads = gs.grad_calls > 0;
-    j.gpu = gpu_->UpdatesOnGpu(j.group);
+    j.gpu = gpu_.UpdatesOnGpu(j.group);
     for (int s = 0; s < kNumStates; ++s) {
-      StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
+      const StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
       if (b.alloc.charged == 0) continue;  // state unused by this optimizer
       if (j.gpu && b.home == TierKind::kDevice) {  // a device pointer: the GPU updates it in place
-        j.ptr[s] = static_cast<float*>(io_->DirectPtr(b));
+        j.ptr[s] = static_cast<float*>(io_.DirectPtr(b));
         continue;
       }
-      const bool shadow = lay_.compact && s == int(StateKind::kP) && io_->Direct(b) &&
-                          !io_->Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]);
-      if (io_->Direct(b) && !shadow) { j.ptr[s] = static_cast<float*>(io_->DirectPtr(b)); continue; }
+      const bool shadow = layout_.compact && s == int(StateKind::kP) && io_.Direct(b) &&
+                          !io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]);
+      if (io_.Direct(b) && !shadow) { j.ptr[s] = static_cast<float*>(io_.DirectPtr(b)); continue; }
       if (!j.slot) j.slot = opt_staging_.Acquire();  // blocks until a slot's writes are done
-      j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + lay_.opt_slot_offsets[s]);
+      j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + layout_.opt_slot_offsets[s]);
       if (shadow) {  // this rank's slice, updated here and copied back when the group commits
-        const uint64_t off = lay_.PSliceOffset(j.group);
-        std::memcpy(reinterpret_cast<char*>(j.ptr[s]) + off, static_cast<const char*>(io_->DirectPtr(b)) + off,
-                    lay_.part.group(j.group).shard_numel * 2);
+        const uint64_t off = layout_.PSliceOffset(j.group);
+        std::memcpy(reinterpret_cast<char*>(j.ptr[s]) + off, static_cast<const char*>(io_.DirectPtr(b)) + off,
+                    layout_.part.group(j.group).shard_numel * 2);
         j.p_shadow = true;
         continue;
       }
       if (is_copy(s) || (s == int(StateKind::kG) && !has_grads)) continue;  // written, not read
-      auto m = io_->StartLoad(b, j.ptr[s]);
+      auto m = io_.StartLoad(b, j.ptr[s]);
       if (m.ok()) j.loads.Add(s, std::move(m).value());
       else keep(m.status());
     }
@@ -184,21 +186,21 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   // that cannot be finished: the engine is broken, not resumable.
   auto finish_loads = [&](Job& j) {
     for (int k = 0; k < j.loads.n; ++k) {
-      Status s = io_->Finish(j.loads.m[static_cast<size_t>(k)]);
+      Status s = io_.Finish(j.loads.m[static_cast<size_t>(k)]);
       if (!s.ok() && j.loads.state[static_cast<size_t>(k)] == int(StateKind::kG) &&
-          (s.code() == Code::kCorrupt || s.code() == Code::kState) && broken_.empty())
-        broken_ = "the gradients of group " + std::to_string(j.group) + " are lost (" + s.message() + ")";
+          (s.code() == Code::kCorrupt || s.code() == Code::kState) && broken->empty())
+        *broken = "the gradients of group " + std::to_string(j.group) + " are lost (" + s.message() + ")";
       keep(std::move(s));
     }
     j.loads.n = 0;
   };
   auto checksum_stores = [&](Job& j) {
-    for_each_stored(j, [&](int s, StateBlock& b) { j.sum[s] = io_->StoreChecksum(b, j.ptr[s]); });
+    for_each_stored(j, [&](int s, const StateBlock& b) { j.sum[s] = io_.StoreChecksum(b, j.ptr[s]); });
     j.summed = true;
   };
   auto start_stores = [&](Job& j) {
-    for_each_stored(j, [&](int s, StateBlock& b) {
-      auto m = io_->StartStore(b, j.ptr[s], j.summed ? &j.sum[s] : nullptr);
+    for_each_stored(j, [&](int s, const StateBlock& b) {
+      auto m = io_.StartStore(b, j.ptr[s], j.summed ? &j.sum[s] : nullptr);
       if (m.ok()) j.stores.Add(s, std::move(m).value());
       else keep(m.status());
     });
@@ -209,12 +211,12 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   // P failed to reach home it is recomputed from W.
   auto update_on_gpu = [&](Job& j) {
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
-    const double t0 = stats_->Now();
+    const double t0 = stats_.Now();
     GpuUpdateOutcome outcome = GpuUpdateOutcome::kUntouched;
-    Status st = gpu_->Update(j.group, j.ptr, ko, &outcome);
-    stats_->Span(Resource::kCpuOptimizer, "gpu update", t0, stats_->Now(), lay_.part.group(j.group).shard_numel);
-    if (outcome == GpuUpdateOutcome::kPartial && broken_.empty())
-      broken_ = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
+    Status st = gpu_.Update(j.group, j.ptr, ko, &outcome);
+    stats_.Span(Resource::kCpuOptimizer, "gpu update", t0, stats_.Now(), layout_.part.group(j.group).shard_numel);
+    if (outcome == GpuUpdateOutcome::kPartial && broken->empty())
+      *broken = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
                 st.message() + ")";
     if (outcome == GpuUpdateOutcome::kUpdated) {
       j.updated = true;
@@ -228,30 +230,30 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
   // GPU's); false on error.
   auto update = [&](Job& j) {
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
-    const uint64_t len = lay_.part.group(j.group).shard_numel;
-    if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * DTypeSize(lay_.gdtype));  // host memory
+    const uint64_t len = layout_.part.group(j.group).shard_numel;
+    if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * DTypeSize(layout_.gdtype));  // host memory
     if (j.gpu) return update_on_gpu(j);
     float* W = j.ptr[int(StateKind::kW)];
-    void* P = static_cast<char*>(static_cast<void*>(j.ptr[int(StateKind::kP)])) + lay_.PSliceOffset(j.group);
-    stats_->Begin(Resource::kCpuOptimizer);
-    const double t0 = stats_->Now();
+    void* P = static_cast<char*>(static_cast<void*>(j.ptr[int(StateKind::kP)])) + layout_.PSliceOffset(j.group);
+    stats_.Begin(Resource::kCpuOptimizer);
+    const double t0 = stats_.Now();
     Status st;
-    if (lay_.compact) {  // P's slice is the bf16 half: nothing more to write
-      const kernels::CompactState cs = shards_->CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
+    if (layout_.compact) {  // P's slice is the bf16 half: nothing more to write
+      const kernels::CompactState cs = shards_.CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
                                                  j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
       st = CompactStepKernelCpu(ko, len, cs, j.ptr[int(StateKind::kG)]);
     } else {
       st = StepKernelCpu(ko, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)], j.ptr[int(StateKind::kG)],
                          copy_f32 ? nullptr : P);
     }
-    if (copy_f32 && !lay_.compact) std::memcpy(P, W, len * 4);
-    stats_->End(Resource::kCpuOptimizer);
-    stats_->Span(Resource::kCpuOptimizer, "update", t0, stats_->Now(), len);
+    if (copy_f32 && !layout_.compact) std::memcpy(P, W, len * 4);
+    stats_.End(Resource::kCpuOptimizer);
+    stats_.Span(Resource::kCpuOptimizer, "update", t0, stats_.Now(), len);
     if (st.ok()) {
       j.updated = true;
       // W, M, V updated in place (host homes): committed now; P follows
       // through its store (or, when that fails, a recompute from W).
-      if (io_->Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]) && (!lay_.compact || io_->Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)])) &&
+      if (io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]) && (!layout_.compact || io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)])) &&
           !j.p_shadow)
         gs.committed = true;
     }
@@ -259,7 +261,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     return first_error.ok();
   };
 
-  if (config_.strata.step_io == "concurrent") {
+  if (config.strata.step_io == "concurrent") {
     if (n > 0) start_loads(0);
     for (int i = 0; i < n && first_error.ok(); ++i) {
       // Slot reuse: with K slots, job i+1 takes the slot of job i+1-K, once its
@@ -286,7 +288,7 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     // writes finish, batch k+1's reads start, then batch k is updated, its
     // writes start once the reads have landed, and batch k+1's loads are
     // checked beside them; a batch costs about max(read, update) + write.
-    const bool update_beside_reads = lay_.compact;
+    const bool update_beside_reads = layout_.compact;
     const int batch = std::max(opt_staging_.count() / 2, 1);
     auto load_batch = [&](int first) {  // starts the loads; returns the end
       const int end = std::min(first + batch, n);
@@ -313,11 +315,11 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
       BlockMove* last = nullptr;
       for (int a = next; a < next_end; ++a)
         for (auto& m : jobs[static_cast<size_t>(a)].loads) {
-          if (last && update_beside_reads) io_->WaitIo(*last);
-          else if (last) keep(io_->Finish(*last));
+          if (last && update_beside_reads) io_.WaitIo(*last);
+          else if (last) keep(io_.Finish(*last));
           last = &m;
         }
-      if (last) io_->WaitIo(*last);
+      if (last) io_.WaitIo(*last);
       for (int i = cur; i < cur_end; ++i) start_stores(jobs[static_cast<size_t>(i)]);
       for (int a = next; a < next_end; ++a) finish_loads(jobs[static_cast<size_t>(a)]);
       prev = cur;
@@ -331,53 +333,6 @@ Status Engine::Impl::RunOptimizer(const std::vector<int>& order, double grad_sca
     finish_stores(j);
   }
   return first_error.WithContext("step");
-}
-
-void Engine::Impl::StartOverlap() {
-  overlap_thread_ = std::thread([this] {
-    UseDeviceOnThisThread();
-    std::unique_lock<std::mutex> lock(overlap_mu_);
-    for (;;) {
-      overlap_cv_.wait(lock, [&] { return overlap_stop_ || !overlap_queue_.empty(); });
-      if (overlap_stop_) return;
-      const int g = overlap_queue_.front();
-      overlap_queue_.pop_front();
-      overlap_busy_ = true;
-      lock.unlock();
-      // Its own update count with skip_groups_without_grads (bias correction), else the engine's.
-      Status st = RunOptimizer({g}, 1.0 / GradMeanDivisor(), prepared_opts_, StepsOf(g) + 1);
-      lock.lock();
-      overlap_busy_ = false;
-      if (!st.ok() && overlap_error_.ok()) overlap_error_ = st;
-      overlap_cv_.notify_all();
-    }
-  });
-}
-
-void Engine::Impl::StopOverlap() {
-  if (!overlap_thread_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(overlap_mu_);
-    overlap_stop_ = true;
-  }
-  overlap_cv_.notify_all();
-  overlap_thread_.join();
-}
-
-void Engine::Impl::EnqueueUpdate(int group) {
-  {
-    std::lock_guard<std::mutex> lock(overlap_mu_);
-    overlap_queue_.push_back(group);
-  }
-  overlap_cv_.notify_all();
-}
-
-Status Engine::Impl::WaitOverlapIdle() {
-  std::unique_lock<std::mutex> lock(overlap_mu_);
-  overlap_cv_.wait(lock, [&] { return overlap_queue_.empty() && !overlap_busy_; });
-  Status st = overlap_error_;
-  overlap_error_ = Status::Ok();
-  return st;
 }
 
 }  // namespace strata

@@ -1,0 +1,62 @@
+// StepPipeline: the optimizer step over a list of groups, each shard's W, M,
+// V, G in a staging slot while it is read, updated and written back, on the
+// disk schedule strata.step_io names (pipeline.cpp says how). States the CPU
+// addresses in place are not moved; W, M, V homed on a GPU that the GPU
+// updates (GpuUpdater) stay there.
+//
+// Invariants: nothing half-happens. A group's new W, M, V are written to
+// fresh extents and published together once all three writes are done, or
+// all discarded; the group is then committed for this step (its GroupStep).
+// A failed run leaves every group wholly old or wholly new, and a later run
+// finishes the uncommitted ones from their old state and the gradients still
+// in G. P follows W: when only P's store fails, the group is marked p_stale.
+// What cannot be resumed (lost gradients, device state partly written) is
+// reported through `broken`.
+//
+// Touches: the layout and blocks (read), the blocks' I/O, the step's staging
+// slots, the stats, the GPU update, the shard store's compact arrays, and
+// the GroupStep of each group it is given (no other). No lock and no thread:
+// one run at a time (the overlap thread's, or the step's after it is idle).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/step/group_step.h"
+#include "engine/step/gpu_updater.h"
+#include "engine/step/shard_store.h"
+
+namespace strata {
+
+class StepPipeline {
+ public:
+  StepPipeline(const Layout& layout, const std::vector<GroupBlocks>& blocks, BlockIo& io, StagingPool& opt_staging,
+               StatsRecorder& stats, GpuUpdater& gpu, const ShardStore& shards, std::vector<GroupStep>& steps)
+      : layout_(layout),
+        blocks_(blocks),
+        io_(io),
+        opt_staging_(opt_staging),
+        stats_(stats),
+        gpu_(gpu),
+        shards_(shards),
+        steps_(steps) {}
+
+  // Updates `order`'s groups with the step's options, G multiplied by
+  // `grad_scale`, bias correction for update number `step`. *broken (when
+  // empty) says why the step cannot be finished, when it cannot.
+  Status Run(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
+             std::string* broken);
+
+ private:
+  const Layout& layout_;
+  const std::vector<GroupBlocks>& blocks_;
+  BlockIo& io_;
+  StagingPool& opt_staging_;
+  StatsRecorder& stats_;
+  GpuUpdater& gpu_;
+  const ShardStore& shards_;
+  std::vector<GroupStep>& steps_;
+};
+
+}  // namespace strata

@@ -1,0 +1,62 @@
+// UpdateWorker (update_worker.h): the overlapped step's thread.
+#include "engine/step/update_worker.h"
+
+namespace strata {
+
+UpdateWorker::UpdateWorker(std::function<Status(int g)> update, std::function<void()> on_thread_start)
+    : update_(std::move(update)), on_thread_start_(std::move(on_thread_start)) {}
+
+UpdateWorker::~UpdateWorker() { Stop(); }
+
+void UpdateWorker::Start() {
+  if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+}
+
+void UpdateWorker::Run() {
+  if (on_thread_start_) on_thread_start_();
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    const int g = queue_.front();
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    Status st = update_(g);
+    lock.lock();
+    busy_ = false;
+    if (!st.ok() && error_.ok()) error_ = st;
+    cv_.notify_all();
+  }
+}
+
+void UpdateWorker::Stop() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.clear();
+  stop_ = false;
+}
+
+void UpdateWorker::Enqueue(int g) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(g);
+  }
+  cv_.notify_all();
+}
+
+Status UpdateWorker::WaitIdle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  Status st = error_;
+  error_ = Status::Ok();
+  return st;
+}
+
+}  // namespace strata
