@@ -21,8 +21,8 @@
 #include "engine/step/gpu_updater.h"
 #include "engine/step/pipeline.h"
 #include "engine/step/shard_store.h"
+#include "engine/step/step_state.h"
 #include "engine/step/update_worker.h"
-#include "engine/step/loss_scaler.h"
 #include "engine/format/manifest.h"
 #include "engine/layout/partition.h"
 #include "engine/layout/staging.h"
@@ -45,6 +45,8 @@ class Engine::Impl {
   Status Build();
   Status BuildOnce();
   void UndoBuild();
+  // INVALID unless the engine is built and `group` is one of its groups.
+  Status CheckGroup(int group, const char* call) const;
   Status Grads(int group, const void* grads, DType dtype);
   Result<StepResult> Step(const StepOptions& options);
   Status ReadMaster(int group, float* out) { return ReadState(group, StateKind::kW, out); }
@@ -137,20 +139,10 @@ class Engine::Impl {
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<NvmeTier> nvme_;
   std::unique_ptr<BlockIo> io_;
-  StagingPool param_staging_;  // P: nvme -> host -> device
-  StagingPool opt_staging_;    // W, M, V, G (and P) slots of the step pipeline
-  StagingPool grad_staging_;   // G when not addressable in place, grads off the GPU
-  StagingPool frozen_staging_; // a frozen group's P off the CPU's reach (build, read, write, checkpoints)
+  StagingPools staging_;  // the host buffers Build takes (layout/staging.h)
   std::unique_ptr<GpuUpdater> gpu_;  // the optimizer on the GPU (set at build)
 
-  // Set when a step cannot be finished (its gradients are lost, or a device
-  // copy failed in place) or a load failed while writing the state: only a
-  // checkpoint load brings the engine back.
-  std::string broken_;
-  // The options of a step that failed part-way; the next Step (with these)
-  // finishes it. Its norm and scale need no keeping: G and the loss scale
-  // stay as they were until it is done.
-  std::optional<StepOptions> pending_;
+  StepState step_;  // the step's standing between calls: counts, scale, pending, broken
   Status RepairStaleP();  // pending step: P of committed groups whose P store failed
   Status ScaleGradients(const StepOptions& so, StepResult* r, double* grad_scale, Status* held);
   // This rank's groups' sums of squares summed over the ranks, and whether
@@ -160,23 +152,15 @@ class Engine::Impl {
   Status ApplyStep(const StepOptions& so, double grad_scale);
   int CountCommitted() const;
 
-  LossScaler scaler_;
-  int64_t step_count_ = 0;  // optimizer updates applied
-  // skip_groups_without_grads: each group's own updates (bias correction),
-  // sized at build. Without it every group follows step_count_.
-  std::vector<int64_t> group_steps_;
   bool skips_gradless() const { return options_.skip_groups_without_grads; }
   // The update count group g's next update follows (its bias correction: + 1).
-  int64_t StepsOf(int g) const { return skips_gradless() ? group_steps_[static_cast<size_t>(g)] : step_count_; }
+  int64_t StepsOf(int g) const { return skips_gradless() ? step_.group_steps[static_cast<size_t>(g)] : step_.applied; }
   std::unique_ptr<ShardStore> shards_;  // set at build
   // The components with threads of their own (set at build).
   std::unique_ptr<PHome> p_home_;
   std::unique_ptr<Residency> residency_;
   std::unique_ptr<GradReducer> reducer_;
 
-  bool overlap_ = false;
-  bool prepared_ = false;
-  StepOptions prepared_opts_;
   std::unique_ptr<StepPipeline> pipeline_;  // set at build
   std::unique_ptr<UpdateWorker> worker_;     // overlap_step's thread (set at build when it applies)
 };

@@ -20,18 +20,18 @@ Status Engine::Impl::StartComponents() {
   if (lay_.reduces) {
     GradReducer::Hooks h;
     h.accumulate = [this](int g, const float* sums, uint64_t n) { return AccumulateG(g, sums, DType::kF32, n); };
-    h.step = [this] { return step_count_ + 1; };
+    h.step = [this] { return step_.applied + 1; };
     h.grad_calls = [this](int g) { return steps_[static_cast<size_t>(g)].grad_calls; };
     h.pin_ahead = [this](int g) { return residency_->PinForAhead(g); };
     h.end_ahead = [this](int g, bool gathered) { residency_->EndAhead(g, gathered); };
     h.on_thread_start = on_thread;
     const bool g_staged = !BlockIo::DirectAt(lay_.home[int(StateKind::kG)], lay_.device_on_gpu);
-    reducer_ = std::make_unique<GradReducer>(lay_, *comm_, *device_, grad_staging_, g_staged, std::move(h));
+    reducer_ = std::make_unique<GradReducer>(lay_, *comm_, *device_, staging_.grad, g_staged, std::move(h));
     STRATA_RETURN_IF_ERROR(reducer_->Init());
   }
   p_home_ = std::make_unique<PHome>(
       lay_, [this](int g) -> const StateBlock& { return blocks_[static_cast<size_t>(g)][int(StateKind::kP)]; },
-      *io_, *device_, param_staging_, *stats_);
+      *io_, *device_, staging_.param, *stats_);
   ResidencyOptions ro;
   ro.groups = lay_.num_groups();
   ro.bytes = [this](int g) { return lay_.PBytes(g); };
@@ -73,8 +73,8 @@ Status Engine::Impl::DrainComm(bool wait) {
   if (!reducer_) return Status::Ok();
   Status st = reducer_->Drain(wait);
   if (st.ok()) return st;
-  if (broken_.empty())
-    broken_ = "gradients reduced in the background (zero_optimization.overlap_comm) were lost: " + st.message();
+  if (step_.broken.empty())
+    step_.broken = "gradients reduced in the background (zero_optimization.overlap_comm) were lost: " + st.message();
   return st.WithContext("a background gradient reduction (zero_optimization.overlap_comm) failed");
 }
 

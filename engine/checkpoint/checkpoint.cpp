@@ -44,7 +44,7 @@ Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
   for (int g = 0; g < lay_.part.num_groups(); ++g) {
     const GroupStep& gs = steps_[static_cast<size_t>(g)];
     if (residency_->pins(g) > 0) return StateError(std::string(call) + ": group " + std::to_string(g) + " is fetched");
-    if (gs.grad_calls > 0 && !(recovers && (pending_ || !broken_.empty())))  // a load abandons a failed step
+    if (gs.grad_calls > 0 && !(recovers && (step_.pending || !step_.broken.empty())))  // a load abandons a failed step
       return StateError(std::string(call) + ": gradients of group " + std::to_string(g) +
                         " are pending; save or load between steps");
   }
@@ -113,7 +113,7 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
       if (io_->Direct(b)) { j.src[s] = io_->DirectPtr(b); continue; }
       if (fz && !now) { j.deferred = true; continue; }
       if (!j.slot) {
-        j.pool = fz ? &frozen_staging_ : &opt_staging_;
+        j.pool = fz ? &staging_.frozen : &staging_.opt;
         j.slot = j.pool->Acquire();
       }
       if (!j.slot) { keep(InternalError("checkpoint save: no staging slot for group " + std::to_string(g))); continue; }
@@ -131,7 +131,7 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
     if (j.slot) j.pool->Release(j.slot);
     j.slot = nullptr;
   };
-  const int ahead = std::max(opt_staging_.count(), 3) - 2;  // groups read ahead
+  const int ahead = std::max(staging_.opt.count(), 3) - 2;  // groups read ahead
   for (int g = 0; g < std::min(ahead, n); ++g) start(g, false);
   Json blocks = Json::array();
   XXH3_state_t* hs = XXH3_createState();
@@ -328,19 +328,19 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
     }
     Json gj = {{"numel", L.numel}, {"padded", L.padded}, {"shard_numel", L.shard_numel}, {"tensors", tensors}};
     if (lay_.frozen(g)) gj["frozen"] = true;  // its blocks are "P", in compute_dtype
-    else if (skips_gradless()) gj["steps"] = group_steps_[static_cast<size_t>(g)];  // its own update count
+    else if (skips_gradless()) gj["steps"] = step_.group_steps[static_cast<size_t>(g)];  // its own update count
     groups.push_back(std::move(gj));
   }
   // The order of saves in this folder: one more than any checkpoint there.
   uint64_t seq = 0;
   for (const Found& f : ScanCheckpoints(dir))
     if (f.manifest.ok()) seq = std::max(seq, f.manifest->save_seq);
-  const LossScaler::State ls = scaler_.state();
+  const LossScaler::State ls = step_.scaler.state();
   Json m = {{"format", "strata-checkpoint"}, {"version", manifest::kFormatVersion}, {"tag", tag},
             {"world_size", options_.world_size}, {"shard_world", lay_.sworld}, {"stage", config_.zero.stage},
             {"compute_dtype", DTypeName(lay_.dtype)}, {"optimizer", config_.optimizer.type},
             {"state_format", config_.strata.state_format},
-            {"step", step_count_}, {"save_seq", seq + 1},
+            {"step", step_.applied}, {"save_seq", seq + 1},
             {"loss_scaler", {{"scale", ls.scale}, {"hysteresis_left", ls.hysteresis_left}, {"clean_steps", ls.clean_steps}}},
             {"groups", groups}, {"files", files},
             {"trainer_blob", {{"file", "trainer.bin"}, {"bytes", blob_bytes},
@@ -396,17 +396,17 @@ Status Engine::Impl::ResaveExisting(const std::string& dir, const std::string& t
 // against its checksums, equal to this rank's blocks.
 Status Engine::Impl::SameStateAs(const manifest::Manifest& m, const std::string& folder) {
   auto differs = [&](const std::string& what) { return InvalidError("differs (" + what + ")"); };
-  const LossScaler::State ls = scaler_.state();
-  if (m.step != step_count_)
-    return differs("it is of step " + std::to_string(m.step) + ", the engine is at step " + std::to_string(step_count_));
+  const LossScaler::State ls = step_.scaler.state();
+  if (m.step != step_.applied)
+    return differs("it is of step " + std::to_string(m.step) + ", the engine is at step " + std::to_string(step_.applied));
   if (m.loss_scale != ls.scale || m.hysteresis_left != ls.hysteresis_left || m.clean_steps != ls.clean_steps)
     return differs("another loss scaler state");
   if (m.shard_world != lay_.sworld || m.world_size != options_.world_size) return differs("another number of ranks");
   for (int g = 0; skips_gradless() && g < lay_.part.num_groups() && static_cast<size_t>(g) < m.groups.size(); ++g) {
     const int64_t saved = m.groups[static_cast<size_t>(g)].steps >= 0 ? m.groups[static_cast<size_t>(g)].steps : m.step;
-    if (!lay_.frozen(g) && saved != group_steps_[static_cast<size_t>(g)])
+    if (!lay_.frozen(g) && saved != step_.group_steps[static_cast<size_t>(g)])
       return differs("group " + std::to_string(g) + " has " + std::to_string(saved) + " updates there, " +
-                     std::to_string(group_steps_[static_cast<size_t>(g)]) + " in the engine");
+                     std::to_string(step_.group_steps[static_cast<size_t>(g)]) + " in the engine");
   }
   STRATA_RETURN_IF_ERROR(CheckManifestLayout(m, folder + "/manifest.json"));
   if (!(lay_.sworld > 1 || options_.rank == 0)) return Status::Ok();  // stage 0: rank 0's file holds it all

@@ -50,24 +50,24 @@ Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& t
   // What can fail now is I/O, which leaves the state partly written.
   local = ApplyResharded(m, folder);
   if (local.ok()) local = FaultPoint("recompute");
-  void* buf = opt_staging_.Acquire();
-  if (local.ok()) local = RecomputeP(buf, buf ? opt_staging_.bytes() : 0);
-  opt_staging_.Release(buf);
+  void* buf = staging_.opt.Acquire();
+  if (local.ok()) local = RecomputeP(buf, buf ? staging_.opt.bytes() : 0);
+  staging_.opt.Release(buf);
   Status st = Agree(local, "checkpoint load");
   DropDeviceCopies();
   if (!st.ok()) {
-    broken_ = "the engine's state is partly loaded: a checkpoint load from " + folder + " failed while writing it (" +
+    step_.broken = "the engine's state is partly loaded: a checkpoint load from " + folder + " failed while writing it (" +
               st.ToString() + "); load a checkpoint again";
     return st.WithContext("checkpoint load " + folder + " (the state is partly written: the engine refuses every "
                           "call but a load until a load succeeds)");
   }
   AbandonStep();  // the way back from a failed or broken step (or load): none is pending now
-  step_count_ = m.step;
+  step_.applied = m.step;
   for (int g = 0; g < lay_.part.num_groups(); ++g) {  // each group's own count (an engine that skips groups without grads)
     const int64_t saved = m.groups[static_cast<size_t>(g)].steps;
-    group_steps_[static_cast<size_t>(g)] = lay_.frozen(g) ? 0 : saved >= 0 ? saved : m.step;
+    step_.group_steps[static_cast<size_t>(g)] = lay_.frozen(g) ? 0 : saved >= 0 ? saved : m.step;
   }
-  scaler_.set_state({m.loss_scale, m.hysteresis_left, m.clean_steps});
+  step_.scaler.set_state({m.loss_scale, m.hysteresis_left, m.clean_steps});
   if (blob) blob->assign(btext.begin(), btext.end());
   return Status::Ok();
 }

@@ -64,4 +64,12 @@ class StagingPool {
   std::vector<void*> free_;
 };
 
+// The engine's four pools (sized by staging_plan.h's PlanStaging).
+struct StagingPools {
+  StagingPool param;   // P: nvme -> host -> device
+  StagingPool opt;     // W, M, V, G (and P) slots of the step pipeline
+  StagingPool grad;    // G when not addressable in place, grads off the GPU
+  StagingPool frozen;  // a frozen group's P off the CPU's reach (build, read, write, checkpoints)
+};
+
 }  // namespace strata

@@ -221,7 +221,8 @@ Result<void*> Residency::Fetch(int g) {
 Status Residency::Release(int g) {
   std::lock_guard<std::mutex> lock(mu_);
   Copy& c = copies_[static_cast<size_t>(g)];
-  if (c.pins == 0) return StateError("release: group " + std::to_string(g) + " is not fetched");
+  // A pin held for a gather ahead is the next fetch's, not the trainer's.
+  if (c.pins - (c.ahead ? 1 : 0) == 0) return StateError("release: group " + std::to_string(g) + " is not fetched");
   --c.pins;
   // Sharded: whether a copy is still resident at the next fetch depends on
   // this rank's prefetch timing, so whether that fetch gathers must not:

@@ -719,7 +719,7 @@ TEST(ResidencySharded, PrefetchLoadsWithoutGathering) {
 // a fetch's, so it returns OK, pins drop to 0 with `ahead` still set, and the
 // next fetch takes a pin that is gone: the fetched copy is evicted and
 // overwritten while in use). Enable with the fix.
-TEST(ResidencySharded, DISABLED_AReleaseWithoutAFetchDoesNotTakeAPinHeldAhead) {
+TEST(ResidencySharded, AReleaseWithoutAFetchDoesNotTakeAPinHeldAhead) {
   GatherLog log;
   Rig rig(std::vector<uint64_t>(3, kS), 2 * kS, false, 0, true, log.Make(false));
   void* p0 = rig.FetchChecked(0);

@@ -1,0 +1,243 @@
+// Build: the layout (partition, homes, frozen groups), the NVMe tier and
+// the home blocks, the staging pools, the initial state, the components;
+// a failed build leaves nothing behind.
+#include "engine/engine_impl.h"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "io/net/launch_env.h"
+
+#include "base/align.h"
+#include "base/log.h"
+#include "base/sizes.h"
+#include "engine/layout/staging_plan.h"
+#include "engine/step/step_checks.h"
+#include "kernels/cpu/cast.h"
+#include "kernels/cpu/norm.h"
+#include "tiers/gpu.h"
+
+namespace strata {
+
+static TierKind HomeOf(OffloadDevice d) {
+  return d == OffloadDevice::kNone ? TierKind::kDevice : d == OffloadDevice::kCpu ? TierKind::kHost : TierKind::kNvme;
+}
+
+// Fills a block through `fill(ptr)`: in place when addressable, else through
+// a slot of `pool` (the step's slots, or a frozen group's buffer).
+static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::function<Status(void*)>& fill,
+                        StagingPool& pool) {
+  if (m.io_->Direct(b)) return fill(m.io_->DirectPtr(b));
+  void* buf = pool.Acquire();
+  if (!buf) return InternalError("build: no staging slot for a block off the host");
+  Status st = fill(buf);
+  if (st.ok()) st = m.io_->Store(b, buf);
+  pool.Release(buf);
+  return st;
+}
+
+// The staging pools, as PlanStaging sizes them (CheckHostPlan checked the
+// budget with the same sizes, less the NVMe tier's padding, which a refusal
+// here names too).
+static Status InitStaging(Engine::Impl& m) {
+  const StagingSizes z = PlanStaging(m.lay_, [&](uint64_t bytes) { return m.io_->NvmePadded(bytes); });
+  std::copy(std::begin(z.opt_offsets), std::end(z.opt_offsets), std::begin(m.lay_.opt_slot_offsets));
+  Status st = m.staging_.opt.Init(m.host_.get(), z.opt_slots, z.opt_offsets[kNumStates]);
+  if (st.ok()) st = m.staging_.param.Init(m.host_.get(), z.param_slots, z.param_bytes);
+  if (st.ok()) st = m.staging_.grad.Init(m.host_.get(), z.grad_slots, z.grad_bytes);
+  if (st.ok()) st = m.staging_.frozen.Init(m.host_.get(), z.frozen_slots, z.frozen_bytes);
+  return st.WithContext("build: staging (strata.host_budget " + FormatBytes(m.host_->budget()) + ")");
+}
+
+// A failed build leaves nothing behind (swap files and their locks, blocks,
+// staging), so that build may be called again.
+Status Engine::Impl::Build() {
+  if (built_) return StateError("build: already built");
+  Status st = BuildOnce();
+  if (!st.ok()) UndoBuild();
+  return st;
+}
+
+void Engine::Impl::UndoBuild() {
+  reducer_.reset();
+  worker_.reset();
+  residency_.reset();
+  p_home_.reset();
+  for (auto& blocks : blocks_)
+    for (auto& b : blocks)
+      if (io_) io_->Free(b);
+  pipeline_.reset();
+  gpu_.reset();
+  blocks_.clear();
+  steps_.clear();
+  shards_.reset();
+  staging_.param.Clear();
+  staging_.opt.Clear();
+  staging_.grad.Clear();
+  staging_.frozen.Clear();
+  io_.reset();
+  nvme_.reset();
+  device_->Trim();  // the pool's blocks go back too: nothing is left held
+  lay_.part.Reopen();   // not built: add_param works again (it said "already built")
+}
+
+Status Engine::Impl::BuildOnce() {
+  STRATA_RETURN_IF_ERROR(lay_.part.Finalize(lay_.sworld));
+  for (size_t g = static_cast<size_t>(lay_.part.num_groups()); g < lay_.frozen_groups.size(); ++g)
+    if (lay_.frozen_groups[g])
+      return StateError("build: group " + std::to_string(g) + " is frozen (freeze_group) but has no parameters "
+                        "(groups are numbered 0.." + std::to_string(lay_.part.num_groups() - 1) + " without gaps)");
+  lay_.frozen_groups.resize(static_cast<size_t>(lay_.part.num_groups()), 0);  // what is dropped was never frozen
+  if (lay_.multi && !lay_.p_sharded && config_.zero.offload_param.device == OffloadDevice::kNvme)
+    return ConfigError("zero_optimization.offload_param.device: nvme needs stage 3 (as in DeepSpeed); stage " +
+                       std::to_string(config_.zero.stage) + " keeps every parameter on every rank");
+  ConfigFacts facts = ProbeMachineFacts();
+  facts.largest_group_numel = lay_.part.largest_group_numel();
+  facts.world_size = static_cast<uint32_t>(lay_.sworld);
+  facts.has_gpu = device_->on_gpu();
+  STRATA_RETURN_IF_ERROR(ValidateConfig(config_, facts));
+  // Several ranks start from rank 0's initial values, as torch DDP does: a
+  // rank whose model was initialized from another seed still trains the
+  // same model. (A rank that registered other groups fails here, naming it.)
+  if (lay_.multi)
+    for (int g = 0; g < lay_.part.num_groups(); ++g) {
+      std::vector<float>& w0 = init_[static_cast<size_t>(g)];
+      w0.resize(lay_.part.group(g).numel, 0.0f);  // zeros registered without values, on every rank alike
+      comm_->SetLabel("init g" + std::to_string(g));
+      STRATA_RETURN_IF_ERROR(comm_->Broadcast(w0.data(), w0.size() * sizeof(float), 0)
+                                 .WithContext("build: rank 0's initial values of group " + std::to_string(g)));
+    }
+  if (lay_.multi) STRATA_RETURN_IF_ERROR(AgreeOnFrozen());
+
+  lay_.home[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
+  const TierKind opt_home = HomeOf(config_.zero.offload_optimizer.device);
+  lay_.home[int(StateKind::kW)] = lay_.home[int(StateKind::kM)] = lay_.home[int(StateKind::kV)] = opt_home;
+  lay_.home[int(StateKind::kG)] = opt_home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost;
+  STRATA_RETURN_IF_ERROR(CheckHostPlan(lay_, host_->budget()));  // before anything is allocated
+  const int ngroups = lay_.part.num_groups();
+  auto used = [&](int s) { return lay_.StateUsed(s); };
+  auto used_by = [&](int s, int g) { return lay_.StateUsedBy(s, g); };
+
+  // The NVMe tier holds exactly the blocks homed there.
+  std::vector<std::string> dirs = config_.OptimizerSwapPaths();
+  for (const auto& d : config_.ParamSwapPaths())
+    if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  uint64_t nvme_bytes = 0, largest_stored = 0, largest_frozen = 0;
+  for (int s = 0; s < kNumStates; ++s) {
+    if (!used(s) || lay_.home[s] != TierKind::kNvme) continue;
+    uint64_t largest = 0;
+    for (int g = 0; g < ngroups; ++g) {
+      if (!used_by(s, g)) continue;  // a frozen group keeps P alone
+      // Each block takes its padded size, no more: small groups pack densely.
+      const uint64_t padded = NvmeTier::PaddedSizeFor(lay_.StateBytes(s, g), dirs.size());
+      nvme_bytes += padded;
+      if (lay_.frozen(g)) largest_frozen = std::max(largest_frozen, padded);
+      else largest = std::max(largest, padded);
+    }
+    largest_stored += largest;
+  }
+  // Writes are copy on write: each block written at once needs a second
+  // extent until it is settled — a slot's blocks per step job, plus a G
+  // store from grads and a P store from a recompute beside them. A frozen
+  // group's P is written only between steps (write_state, a load), alone.
+  const uint64_t cow_spare = static_cast<uint64_t>(StepSlots(config_) + 2) * largest_stored + largest_frozen;
+  if (nvme_bytes > 0) {
+    STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .spare = cow_spare,
+                                                     .rank = options_.rank, .checksums = config_.strata.checksums,
+                                                     .storage = storage_.get()}));
+  }
+  io_ = std::make_unique<BlockIo>(device_.get(), host_.get(), nvme_.get(), stats_.get());
+  shards_ = std::make_unique<ShardStore>(lay_, blocks_, *io_, staging_.opt, staging_.frozen);
+
+  // Home blocks first: they are the model; staging comes out of what is left.
+  steps_.assign(static_cast<size_t>(ngroups), GroupStep{});
+  blocks_.assign(static_cast<size_t>(ngroups), {});
+  for (int g = 0; g < ngroups; ++g)
+    for (int s = 0; s < kNumStates; ++s) {
+      if (!used_by(s, g)) continue;
+      auto b = io_->Allocate(lay_.home[s], lay_.StateBytes(s, g));
+      if (!b.ok())
+        return b.status().WithContext(std::string("build: state ") + StateName(StateKind(s)) + " of group " +
+                                      std::to_string(g) + " in its home tier");
+      blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)] = *b;
+    }
+  STRATA_RETURN_IF_ERROR(InitStaging(*this));
+  gpu_ = std::make_unique<GpuUpdater>(lay_, blocks_, *device_, *stats_, *shards_, options_.gpu_optimizer_twin);
+  gpu_->SetUp();  // its scratch from the device budget the home blocks left
+  pipeline_ = std::make_unique<StepPipeline>(lay_, blocks_, *io_, staging_.opt, *stats_, *gpu_, *shards_, steps_);
+
+  // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
+  for (int g = 0; g < ngroups; ++g) {
+    const GroupLayout& L = lay_.part.group(g);
+    const std::vector<float>& w0 = init_[static_cast<size_t>(g)];
+    const uint64_t lo = static_cast<uint64_t>(lay_.srank) * L.shard_numel, real = L.RealInShard(lay_.srank);
+    auto fill_w = [&](void* p) {  // this rank's shard of the initial values
+      std::memset(p, 0, L.shard_numel * 4);
+      std::memcpy(p, w0.data() + lo, std::min<uint64_t>(real, w0.size() > lo ? w0.size() - lo : 0) * 4);
+      return Status::Ok();
+    };
+    auto fill_p = [&](void* p) {  // the whole group, or this rank's shard (stage 3)
+      const uint64_t n = lay_.PHomeNumel(g);
+      std::memset(p, 0, n * DTypeSize(lay_.dtype));
+      const uint64_t from = lay_.p_sharded ? lo : 0, count = lay_.p_sharded ? real : L.numel;
+      // Fails when the kernels cannot run (STRATA_CPU_ISA): P would stay zeros.
+      const uint64_t have = std::min<uint64_t>(count, w0.size() > from ? w0.size() - from : 0);
+      if (have == 0) return Status::Ok();
+      return kernels::Cast(DType::kF32, w0.data() + from, lay_.dtype, p, have);
+    };
+    int zeroing = 0;  // the state `zero` fills
+    auto zero = [&](void* p) {
+      std::memset(p, 0, lay_.StateBytes(zeroing, g));
+      return Status::Ok();
+    };
+    if (lay_.frozen(g)) {  // P alone, the values given in the compute dtype
+      STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][int(StateKind::kP)], fill_p, staging_.frozen)
+                                 .WithContext("build: P of frozen group " + std::to_string(g)));
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][int(StateKind::kP)], fill_p, staging_.opt));
+    if (lay_.compact) {  // W, M, V packed (and this rank's slice of P: the same bf16 bits)
+      std::vector<float> w(L.shard_numel), zeros(L.shard_numel, 0.0f);
+      STRATA_RETURN_IF_ERROR(fill_w(w.data()));
+      STRATA_RETURN_IF_ERROR(shards_->WriteShardF32(g, w.data(), zeros.data(), used(int(StateKind::kV)) ? zeros.data() : nullptr));
+    } else {
+      STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][int(StateKind::kW)], fill_w, staging_.opt));
+    }
+    for (int s : {int(StateKind::kM), int(StateKind::kV), int(StateKind::kG)})
+      if (used(s) && (!lay_.compact || s == int(StateKind::kG))) {
+        zeroing = s;
+        STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)], zero, staging_.opt));
+      }
+  }
+  init_.clear();
+  init_.shrink_to_fit();
+  step_.group_steps.assign(static_cast<size_t>(ngroups), 0);
+  step_.scaler.Init(config_.fp16);
+  STRATA_RETURN_IF_ERROR(StartComponents());
+  if (options_.overlap_step) {
+    step_.overlap = config_.gradient_clipping == 0 && !config_.fp16.enabled && !lay_.multi && !lay_.reduces;
+    if (step_.overlap) {
+      // Its own update count with skip_groups_without_grads (bias correction), else the engine's.
+      worker_ = std::make_unique<UpdateWorker>(
+          [this](int g) { return pipeline_->Run({g}, 1.0 / GradMeanDivisor(), step_.prepared_opts, StepsOf(g) + 1, &step_.broken); },
+          [this] { UseDeviceOnThisThread(); });
+      worker_->Start();
+    }
+    else WarnOnce("overlap-off", "overlap_step needs gradient_clipping 0, no fp16 and one rank without a communicator (the update depends "
+                                 "on every gradient; collectives keep one order); stepping after backward instead");
+  }
+  built_ = true;
+  STRATA_LOG_DEBUG("built {} groups ({} frozen), {} parameters; P on {}, W/M/V on {}, G on {}", ngroups,
+                   std::count(lay_.frozen_groups.begin(), lay_.frozen_groups.end(), 1), lay_.part.total_numel(), TierName(lay_.home[0]),
+                   TierName(opt_home), TierName(lay_.home[int(StateKind::kG)]));
+  return Status::Ok();
+}
+
+}  // namespace strata

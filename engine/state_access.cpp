@@ -1,0 +1,121 @@
+// read_state and write_state: one state of one group, whole, through the
+// shard store (either format) and, with several ranks, an all-gather.
+#include "engine/engine_impl.h"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "io/net/launch_env.h"
+
+#include "base/align.h"
+#include "base/log.h"
+#include "base/sizes.h"
+#include "engine/layout/staging_plan.h"
+#include "engine/step/step_checks.h"
+#include "kernels/cpu/cast.h"
+#include "kernels/cpu/norm.h"
+#include "tiers/gpu.h"
+
+namespace strata {
+
+// The refusal of an optimizer state that a frozen group does not keep.
+static Status FrozenKeepsNo(const char* call, int group, StateKind kind) {
+  return InvalidError(std::string(call) + ": group " + std::to_string(group) + " is frozen (freeze_group): it keeps " +
+                      "its parameters alone (read as the master weights), no optimizer state " +
+                      (kind == StateKind::kM ? "exp_avg" : kind == StateKind::kV ? "exp_avg_sq" : StateName(kind)));
+}
+
+Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
+  STRATA_RETURN_IF_ERROR(CheckGroup(group, "read_state"));
+  if (!out) return InvalidError("read_state: null output for group " + std::to_string(group));
+  if (lay_.frozen(group)) {
+    if (kind != StateKind::kW) return FrozenKeepsNo("read_state", group, kind);
+    return ReadFrozen(group, out).WithContext("read_state: frozen group " + std::to_string(group));
+  }
+  const StateBlock& w = blocks_[static_cast<size_t>(group)][static_cast<size_t>(kind)];
+  if (!w.alloc.charged)
+    return InvalidError(std::string("read_state: the ") + config_.optimizer.type + " optimizer keeps no state " +
+                        StateName(kind));
+  const GroupLayout& L = lay_.part.group(group);
+  const uint64_t n = L.numel;
+  // This rank's shard, into `all` at its place (or straight out, with one shard).
+  std::vector<float> all;
+  float* mine = out;
+  if (lay_.sworld > 1) {
+    all.resize(L.padded);
+    mine = all.data() + static_cast<uint64_t>(lay_.srank) * L.shard_numel;
+  }
+  const uint64_t take = lay_.sworld > 1 ? L.shard_numel : n;
+  Status st;
+  if (lay_.compact) {  // the three unpacked together (M's codes depend on V's)
+    std::vector<float> f(3 * L.shard_numel);
+    float* wmv[3] = {f.data(), f.data() + L.shard_numel, f.data() + 2 * L.shard_numel};
+    const bool has_v = blocks_[static_cast<size_t>(group)][int(StateKind::kV)].alloc.charged != 0;
+    st = shards_->ReadShardF32(group, wmv[0], wmv[1], has_v ? wmv[2] : nullptr);
+    if (st.ok()) std::memcpy(mine, wmv[static_cast<int>(kind) - 1], take * 4);
+  } else if (io_->Direct(w)) {
+    std::memcpy(mine, io_->DirectPtr(w), take * 4);
+  } else {
+    void* buf = staging_.opt.Acquire();
+    st = io_->Load(w, buf);
+    if (st.ok()) std::memcpy(mine, buf, take * 4);
+    staging_.opt.Release(buf);
+  }
+  if (st.ok() && lay_.sworld > 1) {
+    comm_->SetLabel(std::string("read ") + StateName(kind) + " of g" + std::to_string(group));
+    st = comm_->AllGather(mine, all.data(), L.shard_numel * 4);
+    if (st.ok()) std::memcpy(out, all.data(), n * 4);
+  }
+  return st.WithContext("read_state: group " + std::to_string(group));
+}
+
+Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
+  STRATA_RETURN_IF_ERROR(CheckGroup(group, "write_state"));
+  if (!in) return InvalidError("write_state: null input for group " + std::to_string(group));
+  if (lay_.frozen(group) && kind != StateKind::kW) return FrozenKeepsNo("write_state", group, kind);
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("write_state"));
+  if (lay_.frozen(group)) return WriteFrozen(group, in).WithContext("write_state: frozen group " + std::to_string(group));
+  const StateBlock& b = blocks_[static_cast<size_t>(group)][static_cast<size_t>(kind)];
+  if (!b.alloc.charged)
+    return InvalidError(std::string("write_state: the ") + config_.optimizer.type + " optimizer keeps no state " +
+                        StateName(kind));
+  const GroupLayout& L = lay_.part.group(group);
+  const uint64_t lo = static_cast<uint64_t>(lay_.srank) * L.shard_numel, real = L.RealInShard(lay_.srank);
+  if (lay_.compact) {  // unpack all three, replace one, pack all three (M's codes depend on V's)
+    std::vector<float> f(3 * L.shard_numel);
+    float* wmv[3] = {f.data(), f.data() + L.shard_numel, f.data() + 2 * L.shard_numel};
+    const bool has_v = blocks_[static_cast<size_t>(group)][int(StateKind::kV)].alloc.charged != 0;
+    float* v = has_v ? wmv[2] : nullptr;
+    Status st = shards_->ReadShardF32(group, wmv[0], wmv[1], v);
+    if (st.ok()) {
+      float* dst = wmv[static_cast<int>(kind) - 1];
+      std::memset(dst, 0, L.shard_numel * 4);
+      std::memcpy(dst, in + lo, real * 4);
+      st = shards_->WriteShardF32(group, wmv[0], wmv[1], v);
+    }
+    if (st.ok() && kind == StateKind::kW && lay_.p_gathered_after_step()) st = RecomputePGroup(group, nullptr, 0);
+    DropDeviceCopies();
+    return st.WithContext("write_state: group " + std::to_string(group));
+  }
+  void* slot = staging_.opt.Acquire();
+  float* dst = io_->Direct(b) ? static_cast<float*>(io_->DirectPtr(b)) : static_cast<float*>(slot);
+  Status st = dst ? Status::Ok() : InternalError("write_state: no staging slot for a staged block");
+  if (st.ok()) {
+    std::memset(dst, 0, L.shard_numel * 4);
+    std::memcpy(dst, in + lo, real * 4);
+    if (!io_->Direct(b)) st = io_->Store(b, dst);
+  }
+  if (st.ok() && kind == StateKind::kW) st = RecomputePGroup(group, slot, slot ? staging_.opt.bytes() : 0);
+  staging_.opt.Release(slot);
+  DropDeviceCopies();
+  return st.WithContext("write_state: group " + std::to_string(group));
+}
+
+}  // namespace strata

@@ -1,0 +1,240 @@
+// Step: the norm, clipping and loss scale over the ranks, then the update
+// (StepPipeline), its agreement and P's gather; a failed step stays pending
+// (StepState) until it is finished or a checkpoint is loaded.
+#include "engine/engine_impl.h"
+
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "io/net/launch_env.h"
+
+#include "base/align.h"
+#include "base/log.h"
+#include "base/sizes.h"
+#include "engine/layout/staging_plan.h"
+#include "engine/step/step_checks.h"
+#include "kernels/cpu/cast.h"
+#include "kernels/cpu/norm.h"
+#include "tiers/gpu.h"
+
+namespace strata {
+
+Status Engine::Impl::PrepareStep(const StepOptions& so) {
+  STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "prepare_step"));
+  if (!built_) return StateError("prepare_step: the engine is not built");
+  for (const auto& gs : steps_)
+    if (gs.grad_calls > 0) return StateError("prepare_step: gradients of this step have already arrived");
+  step_.prepared = true;
+  step_.prepared_opts = so;
+  return Status::Ok();
+}
+
+static bool SameOptions(const StepOptions& a, const StepOptions& b) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay && a.max_grad_norm == b.max_grad_norm;
+}
+
+Status Engine::Impl::CheckUsable(const char* call, bool pending_ok) const {
+  if (!step_.broken.empty())
+    return StateError(std::string(call) + ": the engine is broken: " + step_.broken +
+                      "; load the last checkpoint to go on");
+  if (step_.pending && !pending_ok)
+    return StateError(std::string(call) + ": a failed step is pending; call step again with the same options to "
+                      "finish it, or load a checkpoint");
+  return Status::Ok();
+}
+
+void Engine::Impl::AbandonStep() {
+  step_.pending.reset();
+  step_.broken.clear();
+  step_.prepared = false;
+  for (auto& gs : steps_) {
+    gs.grad_calls = 0;
+    gs.updated = gs.committed = gs.p_stale = false;
+  }
+}
+
+Status Engine::Impl::RepairStaleP() {
+  Status st;
+  void* buf = nullptr;
+  for (int g = 0; st.ok() && g < lay_.part.num_groups(); ++g) {
+    GroupStep& gs = steps_[static_cast<size_t>(g)];
+    if (!gs.p_stale) continue;
+    if (!buf) buf = staging_.opt.Acquire();
+    st = RecomputePGroup(g, buf, buf ? staging_.opt.bytes() : 0);
+    if (st.ok()) gs.p_stale = false;
+  }
+  staging_.opt.Release(buf);
+  return st.WithContext("step: rewriting P from the committed master weights");
+}
+
+Status Engine::Impl::GlobalSquares(double* sum_out, bool* finite_out) {
+  double sum = 0;
+  bool finite = true;
+  for (const auto& gs : steps_) {
+    if (gs.grad_calls == 0) continue;
+    sum += gs.sum_squares;
+    finite = finite && gs.finite;
+  }
+  if (lay_.multi && lay_.sworld > 1) {  // each rank holds a shard of G
+    std::vector<double> sums(static_cast<size_t>(lay_.sworld));
+    sums[static_cast<size_t>(lay_.srank)] = sum;  // the label: the caller's
+    STRATA_RETURN_IF_ERROR(comm_->AllGather(&sums[static_cast<size_t>(lay_.srank)], sums.data(), sizeof(double))
+                               .WithContext("gradient norm"));
+    sum = 0;
+    for (double x : sums) sum += x;
+    finite = std::isfinite(sum);
+  }
+  *sum_out = sum;
+  *finite_out = finite;
+  return Status::Ok();
+}
+
+Result<double> Engine::Impl::GradNorm() {
+  if (!built_) return StateError("grad_norm: the engine is not built");
+  STRATA_RETURN_IF_ERROR(CheckUsable("grad_norm"));
+  double sum = 0;
+  bool finite = true;
+  if (lay_.multi) comm_->SetLabel("grad_norm s" + std::to_string(step_.applied + 1));
+  STRATA_RETURN_IF_ERROR(GlobalSquares(&sum, &finite).WithContext("grad_norm"));
+  if (!finite) return INFINITY;
+  return std::sqrt(sum) / step_.scaler.scale() / GradMeanDivisor();
+}
+
+// The global norm of this step's gradients (the ranks' shards summed in
+// rank order) and the factor the update applies to them: clipping over the
+// loss scale. r->skipped when the step is held back (fp16 overflow,
+// strata.nonfinite), with *held saying why when that is an error. A resumed
+// step gets the same figures again: G and the loss scale are as they were.
+Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double* grad_scale, Status* held) {
+  double sum = 0;
+  bool finite = true;
+  // The label: Step's, naming the step and its options.
+  STRATA_RETURN_IF_ERROR(GlobalSquares(&sum, &finite).WithContext("step"));
+  // strata.grad_reduce "mean": G holds the sum over the ranks and the
+  // step's grads calls; the step, its norm and its clipping see the mean.
+  const double mean = GradMeanDivisor();
+  const double scale = step_.scaler.scale();
+  r->grad_norm = std::sqrt(sum) / scale / mean;
+  std::function<Status()> wait_overlap;
+  if (worker_) wait_overlap = [this] { return worker_->WaitIdle(); };
+  if (HoldBackNonfinite(config_, steps_, finite, wait_overlap, held)) {
+    r->skipped = true;
+    r->grad_norm = INFINITY;
+    return Status::Ok();
+  }
+  // torch's clip_grad_norm_ (and DeepSpeed's): scaled by max/(norm + 1e-6)
+  // whenever that is below 1.
+  const double clip = so.max_grad_norm >= 0 ? so.max_grad_norm : config_.gradient_clipping;
+  const double c = clip / (r->grad_norm + 1e-6);
+  const double coef = (clip > 0 && c < 1.0) ? c : 1.0;
+  *grad_scale = coef / (scale * mean);
+  return Status::Ok();
+}
+
+// Updates every group not yet committed in this step, rewrites P where only
+// its store failed, and (stages 1-2, several ranks) gathers P — after every
+// rank has learnt that every rank's update is done. Frozen groups never
+// change; with skip_groups_without_grads neither do groups without
+// gradients, and the others are updated in cohorts of one update count
+// (their bias correction).
+Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
+  Status st = worker_ ? worker_->WaitIdle() : Status::Ok();
+  std::map<int64_t, std::vector<int>> cohorts;  // by update count: one pipeline each
+  for (int g = 0; g < lay_.part.num_groups(); ++g) {
+    const GroupStep& gs = steps_[static_cast<size_t>(g)];
+    if (lay_.frozen(g) || gs.committed || (skips_gradless() && gs.grad_calls == 0)) continue;
+    cohorts[StepsOf(g)].push_back(g);
+  }
+  for (const auto& [steps, groups] : cohorts)
+    if (st.ok()) st = pipeline_->Run(groups, grad_scale, so, steps + 1, &step_.broken);
+  if (st.ok()) st = RepairStaleP();
+  if (!step_.broken.empty())
+    st = StateError("step: cannot be finished: " + step_.broken + "; load the last checkpoint to go on (" +
+                    st.message() + ")");
+  st = Agree(st, "step");  // none gathers alone
+  for (int g = 0; st.ok() && lay_.p_gathered_after_step() && g < lay_.part.num_groups(); ++g)
+    if (!lay_.frozen(g)) st = reducer_->Gather(g, io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(StateKind::kP)]));
+  return st;
+}
+
+Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
+  STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "step"));
+  if (!built_) return StateError("step: the engine is not built");
+  STRATA_RETURN_IF_ERROR(CheckUsable("step"));
+  residency_->DropAheadPins();
+  for (int g = 0; g < lay_.part.num_groups(); ++g)
+    if (residency_->pins(g) > 0)
+      return StateError("step: group " + std::to_string(g) + " is fetched and not released");
+  if (step_.pending && !SameOptions(*step_.pending, so))
+    return InvalidError("step: a failed step is pending; finish it with the options it was called with (or load a "
+                        "checkpoint); nothing was changed");
+  residency_->WaitIdle();
+  if (!step_.pending && step_.overlap && step_.prepared && !SameOptions(step_.prepared_opts, so))
+    return InvalidError("step: options differ from those given to prepare_step, which the overlapped "
+                        "updates already used");
+  if (lay_.multi) {
+    // Ranks agree on the step and its options before anything changes: the
+    // label rides on the step's first collective, the norm's all-gather
+    // (stages 1-3), or on a barrier where there is none (stage 0).
+    char hash[24];
+    std::snprintf(hash, sizeof hash, "%08llx",
+                  static_cast<unsigned long long>(XXH3_64bits(&so, sizeof so) & 0xffffffffu));
+    comm_->SetLabel("step " + std::to_string(step_.applied + 1) + " opts " + hash);
+    if (lay_.sworld == 1) STRATA_RETURN_IF_ERROR(comm_->Barrier().WithContext("step: agreeing with the other ranks"));
+  }
+  stats_->StepBegin();
+  StepResult r;
+  double grad_scale = 1;
+  Status held;
+  if (Status st = ScaleGradients(so, &r, &grad_scale, &held); !st.ok()) {
+    stats_->StepEnd(false);
+    return st;
+  }
+  Status st = held;
+  if (r.skipped) {
+    step_.scaler.Update(true);
+  } else {
+    st = ApplyStep(so, grad_scale);
+    if (st.ok()) {
+      ++step_.applied;
+      for (int g = 0; skips_gradless() && g < lay_.part.num_groups(); ++g)  // the groups this step updated
+        if (!lay_.frozen(g) && steps_[static_cast<size_t>(g)].grad_calls > 0) ++step_.group_steps[static_cast<size_t>(g)];
+      step_.scaler.Update(false);
+    }
+  }
+  r.loss_scale = step_.scaler.scale();
+  step_.prepared = false;
+  if (st.ok() || r.skipped) {
+    AbandonStep();  // the step is done (or held back): nothing pending, every group fresh for the next
+  } else if (step_.broken.empty()) {
+    step_.pending = so;
+    for (auto& gs : steps_) gs.updated = false;
+  }
+  DropDeviceCopies(/*keep_frozen=*/true);  // P changed (for the committed groups, at least); frozen P never does
+  const std::vector<int> ahead = residency_->OnStep();
+  stats_->StepEnd(r.skipped);
+  if (!st.ok()) {
+    if (!step_.broken.empty() || r.skipped) return st;
+    return st.WithContext("step " + std::to_string(step_.applied + 1) + " is not finished (" +
+                          std::to_string(CountCommitted()) + " of " + std::to_string(lay_.part.num_groups()) +
+                          " groups updated); call step again with the same options to finish it");
+  }
+  residency_->Prefetch(ahead);
+  return r;
+}
+
+int Engine::Impl::CountCommitted() const {
+  int n = 0;
+  for (const auto& gs : steps_) n += gs.committed;
+  return n;
+}
+
+}  // namespace strata

@@ -1,0 +1,38 @@
+// StepState: where the engine's step stands between calls — the updates
+// applied, the loss scale, a step that failed part-way (pending) or cannot
+// be finished (broken), and overlap_step's prepared options. Owned by the
+// composition's step (engine/step.cpp); checkpoints save and restore the
+// counts and the scale. No lock: the API's calls are made from one thread
+// at a time, and the overlap thread reads prepared_opts only while
+// `prepared` holds (set before the first grads call of a step).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/step/loss_scaler.h"
+
+namespace strata {
+
+struct StepState {
+  int64_t applied = 0;  // optimizer updates applied (steps_applied)
+  // skip_groups_without_grads: each group's own updates (bias correction),
+  // sized at build. Without it every group follows `applied`.
+  std::vector<int64_t> group_steps;
+  LossScaler scaler;
+  // Set when a step cannot be finished (its gradients are lost, or a device
+  // copy failed in place) or a load failed while writing the state: only a
+  // checkpoint load brings the engine back.
+  std::string broken;
+  // The options of a step that failed part-way; the next Step (with these)
+  // finishes it. Its norm and scale need no keeping: G and the loss scale
+  // stay as they were until it is done.
+  std::optional<StepOptions> pending;
+  bool overlap = false;   // overlap_step applies (decided at build)
+  bool prepared = false;  // prepare_step was called for the step in progress
+  StepOptions prepared_opts;
+};
+
+}  // namespace strata
