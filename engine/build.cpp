@@ -66,6 +66,7 @@ Status Engine::Impl::Build() {
 }
 
 void Engine::Impl::UndoBuild() {
+  checkpointer_.reset();
   reducer_.reset();
   worker_.reset();
   residency_.reset();

@@ -13,7 +13,9 @@
 
 #include "engine/layout/block_io.h"
 #include "engine/engine.h"
+#include "engine/checkpoint/checkpointer.h"
 #include "engine/layout/layout.h"
+#include "engine/reduce/agree.h"
 #include "engine/reduce/reducer.h"
 #include "engine/residency/p_home.h"
 #include "engine/residency/residency.h"
@@ -81,7 +83,7 @@ class Engine::Impl {
   // a frozen group's stays (its P never changes). REQUIRES: no pins, no loads.
   void DropDeviceCopies(bool keep_frozen = false);
 
-  // checkpoint.cpp (save), checkpoint_load.cpp (load)
+  // Save and load (checkpoint/'s Checkpointer, after CheckBetweenSteps).
   Status SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
   Status LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob);
   // `recovers`: a checkpoint load, which may abandon a pending failed step.
@@ -92,18 +94,7 @@ class Engine::Impl {
   // Ends the step (one that finished, or any after a successful load):
   // nothing pending or broken, every group's gradients and flags reset.
   void AbandonStep();
-  Status Agree(const Status& local, const std::string& what);
-  Result<std::string> WriteShardFile(const std::string& data_path, const std::string& name);
-  Result<std::string> SnapshotShardFile(const std::string& link_path, const std::string& name);
-  Status WriteManifest(const std::string& dir, const std::string& tag, const std::string& part, const void* blob,
-                       uint64_t blob_bytes);
-  Status ResaveExisting(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
-  Status SameStateAs(const manifest::Manifest& m, const std::string& folder);
-  Status FindCheckpoint(const std::string& dir, const std::string& tag, std::string* folder, manifest::Manifest* m);
-  Status CheckManifestLayout(const manifest::Manifest& m, const std::string& mpath);
-  static std::string StatesOf(uint32_t bits);
-  Status VerifyFile(const manifest::File& file, const std::string& folder);
-  Status ApplyResharded(const manifest::Manifest& m, const std::string& folder);
+  Status Agree(const Status& local, const std::string& what) { return AgreeOverRanks(comm_, local, what); }
   Status RecomputeP(void* buf, uint64_t buf_bytes);
 
   Status PrepareStep(const StepOptions& so);
@@ -162,7 +153,8 @@ class Engine::Impl {
   std::unique_ptr<GradReducer> reducer_;
 
   std::unique_ptr<StepPipeline> pipeline_;  // set at build
-  std::unique_ptr<UpdateWorker> worker_;     // overlap_step's thread (set at build when it applies)
+  std::unique_ptr<UpdateWorker> worker_;
+  std::unique_ptr<Checkpointer> checkpointer_;  // set at build     // overlap_step's thread (set at build when it applies)
 };
 
 }  // namespace strata

@@ -118,4 +118,66 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
   return st.WithContext("write_state: group " + std::to_string(group));
 }
 
+// Save, load and write_state run between steps: nothing fetched, no
+// gradients pending, nothing loading.
+Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
+  if (!built_) return StateError(std::string(call) + ": the engine is not built");
+  if (!recovers) STRATA_RETURN_IF_ERROR(CheckUsable(call, false));
+  residency_->DropAheadPins();
+  for (int g = 0; g < lay_.part.num_groups(); ++g) {
+    const GroupStep& gs = steps_[static_cast<size_t>(g)];
+    if (residency_->pins(g) > 0) return StateError(std::string(call) + ": group " + std::to_string(g) + " is fetched");
+    if (gs.grad_calls > 0 && !(recovers && (step_.pending || !step_.broken.empty())))  // a load abandons a failed step
+      return StateError(std::string(call) + ": gradients of group " + std::to_string(g) +
+                        " are pending; save or load between steps");
+  }
+  residency_->WaitIdle();
+  return Status::Ok();
+}
+
+Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob,
+                                    uint64_t blob_bytes) {
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint save"));
+  return checkpointer_->Save(dir, tag, blob, blob_bytes);
+}
+
+Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint load", /*recovers=*/true));
+  return checkpointer_->Load(dir, tag, blob);
+}
+
+// P = W in the compute dtype, as after every step: this rank's shard, then
+// (stages 1-2 with several ranks) the other ranks' slices gathered.
+Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
+  for (int g = 0; g < lay_.part.num_groups(); ++g)
+    if (!lay_.frozen(g)) STRATA_RETURN_IF_ERROR(RecomputePGroup(g, buf, buf_bytes));  // a frozen P is loaded as saved
+  return Status::Ok();
+}
+
+Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
+  if (lay_.frozen(g)) return InternalError("P of frozen group " + std::to_string(g) + " recomputed from a master it has not");
+  if (lay_.compact) {  // this rank's slice of P is the master's bf16 half: only the others' slices to gather
+    const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
+    if (!lay_.p_gathered_after_step()) return Status::Ok();
+    if (!io_->Direct(p)) return InternalError("several ranks in stages 1-2 with P off the host");
+    return reducer_->Gather(g, io_->DirectPtr(p));
+  }
+  const uint64_t n = lay_.part.group(g).shard_numel;
+  const StateBlock& wb = blocks_[static_cast<size_t>(g)][int(StateKind::kW)];
+  float* w = static_cast<float*>(buf);
+  if (io_->Direct(wb)) w = static_cast<float*>(io_->DirectPtr(wb));
+  else STRATA_RETURN_IF_ERROR(io_->Load(wb, w));
+  const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
+  if (io_->Direct(p)) {  // our slice (or all of it), then the other ranks' slices
+    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, lay_.dtype, static_cast<char*>(io_->DirectPtr(p)) + lay_.PSliceOffset(g), n));
+    if (lay_.p_gathered_after_step()) STRATA_RETURN_IF_ERROR(reducer_->Gather(g, io_->DirectPtr(p)));
+    return Status::Ok();
+  }
+  const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer
+  if (!buf || at + p.bytes > buf_bytes) return InternalError("the staging slot cannot hold W and P");
+  char* pbuf = static_cast<char*>(buf) + at;
+  STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, lay_.dtype, pbuf, n));
+  return io_->Store(p, pbuf);
+}
+
 }  // namespace strata

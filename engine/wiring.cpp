@@ -1,5 +1,5 @@
-// The composition's wiring: the components with threads (residency, the
-// gradient reduction) created at build and connected through the calls
+// The composition's wiring: the components (the gradient reduction,
+// residency, checkpoints) created at build and connected through the calls
 // their headers ask for; the API's fetch and release routed to residency.
 #include "base/log.h"
 #include "engine/engine_impl.h"
@@ -51,6 +51,14 @@ Status Engine::Impl::StartComponents() {
   }
   residency_ = std::make_unique<Residency>(std::move(ro), *device_, *p_home_, *stats_, std::move(ga));
   residency_->Start();
+  Checkpointer::Hooks ch;
+  ch.recompute_p = [this](void* buf, uint64_t bytes) { return RecomputeP(buf, bytes); };
+  ch.drop_copies = [this] { DropDeviceCopies(); };
+  ch.abandon_step = [this] { AbandonStep(); };
+  checkpointer_ = std::make_unique<Checkpointer>(
+      Checkpointer::Deps{config_, lay_, blocks_, *shards_, *io_, staging_, *storage_, nvme_.get(), comm_,
+                         options_.rank, options_.world_size, step_, skips_gradless(), *stats_},
+      std::move(ch));
   return Status::Ok();
 }
 

@@ -26,7 +26,7 @@
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/checkpoint/checkpoint_files.h"
-#include "engine/engine_impl.h"
+#include "engine/checkpoint/checkpointer.h"
 #include "io/direct_file.h"
 
 namespace strata {
@@ -37,37 +37,6 @@ using namespace ckpt;  // NOLINT: the checkpoint file helpers
 static const int kSaved[] = {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)};
 static const int kSavedFrozen[] = {int(StateKind::kP)};  // a frozen group's P alone ("P" blocks)
 
-Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
-  if (!built_) return StateError(std::string(call) + ": the engine is not built");
-  if (!recovers) STRATA_RETURN_IF_ERROR(CheckUsable(call, false));
-  residency_->DropAheadPins();
-  for (int g = 0; g < lay_.part.num_groups(); ++g) {
-    const GroupStep& gs = steps_[static_cast<size_t>(g)];
-    if (residency_->pins(g) > 0) return StateError(std::string(call) + ": group " + std::to_string(g) + " is fetched");
-    if (gs.grad_calls > 0 && !(recovers && (step_.pending || !step_.broken.empty())))  // a load abandons a failed step
-      return StateError(std::string(call) + ": gradients of group " + std::to_string(g) +
-                        " are pending; save or load between steps");
-  }
-  residency_->WaitIdle();
-  return Status::Ok();
-}
-
-// Every rank learns whether every rank succeeded; a failure elsewhere names its rank.
-Status Engine::Impl::Agree(const Status& local, const std::string& what) {
-  if (!lay_.multi) return local;
-  const int w = comm_->world_size(), r = comm_->rank();
-  std::vector<int32_t> codes(static_cast<size_t>(w));
-  codes[static_cast<size_t>(r)] = local.ok() ? 0 : 1 + static_cast<int32_t>(local.code());
-  comm_->SetLabel(what);
-  Status st = comm_->AllGather(&codes[static_cast<size_t>(r)], codes.data(), sizeof(int32_t));
-  if (!st.ok()) return st.WithContext(what);
-  if (!local.ok()) return local;
-  for (int k = 0; k < w; ++k)
-    if (codes[static_cast<size_t>(k)])
-      return Status(static_cast<Code>(codes[static_cast<size_t>(k)] - 1), what + ": failed on rank " + std::to_string(k) + " (see its log)");
-  return Status::Ok();
-}
-
 // Writes this rank's shard of every group's W, M, V (a frozen group's: its
 // slice of P) to `data_path`, returning its manifest entry. A pipeline over
 // K staging slots: the reads of the next K-2 groups and the writes of the
@@ -76,19 +45,19 @@ Status Engine::Impl::Agree(const Status& local, const std::string& what) {
 // checksum the tier verified; it is not hashed again. A frozen group's P off
 // the host goes through its one buffer, read when its turn comes (after the
 // write before it, which may hold that buffer, has landed).
-Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, const std::string& name) {
-  const int n = lay_.part.num_groups();
+Result<std::string> Checkpointer::WriteShardFile(const std::string& data_path, const std::string& name) {
+  const int n = d_.layout.part.num_groups();
   std::vector<uint64_t> offset(static_cast<size_t>(n) + 1, 0);
   for (int g = 0; g < n; ++g) {
-    uint64_t bytes = lay_.frozen(g) ? lay_.FrozenSavedBytes(g) : 0;
+    uint64_t bytes = d_.layout.frozen(g) ? d_.layout.FrozenSavedBytes(g) : 0;
     for (int s : kSaved)
-      if (blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)].alloc.charged)
-        bytes += manifest::SavedBlockBytes(lay_.compact, s - 1, lay_.part.group(g).shard_numel);
+      if (d_.blocks[static_cast<size_t>(g)][static_cast<size_t>(s)].alloc.charged)
+        bytes += manifest::SavedBlockBytes(d_.layout.compact, s - 1, d_.layout.part.group(g).shard_numel);
     offset[static_cast<size_t>(g) + 1] = offset[static_cast<size_t>(g)] + bytes;
   }
   const uint64_t total = offset[static_cast<size_t>(n)];
-  STRATA_ASSIGN_OR_RETURN(FileId fid, storage_->Open(data_path, OpenMode::kCreate));
-  Status st = ReserveFileSpace(storage_->Info(fid).fd, data_path, total);
+  STRATA_ASSIGN_OR_RETURN(FileId fid, d_.storage.Open(data_path, OpenMode::kCreate));
+  Status st = ReserveFileSpace(d_.storage.Info(fid).fd, data_path, total);
   struct Job {
     void* slot = nullptr;
     StagingPool* pool = nullptr;  // the slot's
@@ -101,25 +70,25 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
   auto keep = [&](Status s) { if (st.ok() && !s.ok()) st = std::move(s); };
   // Compact: P's slice is the master's bf16 half, saved with W.
   std::vector<int> states(std::begin(kSaved), std::end(kSaved));
-  if (lay_.compact) states.insert(states.begin(), int(StateKind::kP));
+  if (d_.layout.compact) states.insert(states.begin(), int(StateKind::kP));
   // The group's blocks: addressable in place, or read into a slot. `now`: a
   // frozen group's P is read too (else it waits for its turn).
   auto start = [&](int g, bool now) {
     Job& j = jobs[static_cast<size_t>(g)];
-    const bool fz = lay_.frozen(g);
+    const bool fz = d_.layout.frozen(g);
     for (int s : fz ? std::vector<int>{int(StateKind::kP)} : states) {
-      const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
+      const StateBlock& b = d_.blocks[static_cast<size_t>(g)][static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
-      if (io_->Direct(b)) { j.src[s] = io_->DirectPtr(b); continue; }
+      if (d_.io.Direct(b)) { j.src[s] = d_.io.DirectPtr(b); continue; }
       if (fz && !now) { j.deferred = true; continue; }
       if (!j.slot) {
-        j.pool = fz ? &staging_.frozen : &staging_.opt;
+        j.pool = fz ? &d_.staging.frozen : &d_.staging.opt;
         j.slot = j.pool->Acquire();
       }
       if (!j.slot) { keep(InternalError("checkpoint save: no staging slot for group " + std::to_string(g))); continue; }
-      void* dst = static_cast<char*>(j.slot) + (fz ? 0 : lay_.opt_slot_offsets[s]);
+      void* dst = static_cast<char*>(j.slot) + (fz ? 0 : d_.layout.opt_slot_offsets[s]);
       j.src[s] = dst;
-      auto m = io_->StartLoad(b, dst);
+      auto m = d_.io.StartLoad(b, dst);
       if (m.ok()) j.loads[s] = std::move(m).value();
       else keep(m.status());
     }
@@ -131,7 +100,7 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
     if (j.slot) j.pool->Release(j.slot);
     j.slot = nullptr;
   };
-  const int ahead = std::max(staging_.opt.count(), 3) - 2;  // groups read ahead
+  const int ahead = std::max(d_.staging.opt.count(), 3) - 2;  // groups read ahead
   for (int g = 0; g < std::min(ahead, n); ++g) start(g, false);
   Json blocks = Json::array();
   XXH3_state_t* hs = XXH3_createState();
@@ -146,18 +115,18 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
     }
     std::vector<IoOp> ops;
     uint64_t off = offset[static_cast<size_t>(g)];
-    if (lay_.compact && !lay_.frozen(g)) keep(io_->Finish(j.loads[int(StateKind::kP)]));
-    const std::span<const int> saved = lay_.frozen(g) ? std::span<const int>(kSavedFrozen) : std::span<const int>(kSaved);
+    if (d_.layout.compact && !d_.layout.frozen(g)) keep(d_.io.Finish(j.loads[int(StateKind::kP)]));
+    const std::span<const int> saved = d_.layout.frozen(g) ? std::span<const int>(kSavedFrozen) : std::span<const int>(kSaved);
     for (int s : saved) {
-      const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
+      const StateBlock& b = d_.blocks[static_cast<size_t>(g)][static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       ShardStore::Piece pieces[2];
-      const int np = shards_->SavedPieces(g, s, j.src, pieces);
+      const int np = d_.shards.SavedPieces(g, s, j.src, pieces);
       // A block read from NVMe whole brings the checksum the tier verified.
       const bool verified = np == 1 && pieces[0].bytes == b.bytes && j.loads[s].kind == BlockMove::kNvme &&
-                            config_.strata.checksums;
+                            d_.config.strata.checksums;
       const uint64_t tier_hash = verified ? j.loads[s].nvme.checksum : 0;
-      keep(io_->Finish(j.loads[s]));
+      keep(d_.io.Finish(j.loads[s]));
       if (!st.ok()) break;
       XXH3_state_t* bh = XXH3_createState();
       XXH3_64bits_reset(bh);
@@ -171,26 +140,26 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
       const uint64_t h = verified ? tier_hash : XXH3_64bits_digest(bh);
       XXH3_freeState(bh);
       blocks.push_back({{"group", g}, {"state", StateName(StateKind(s))}, {"offset", off}, {"bytes", bytes}, {"xxh3", Hex(h)}});
-      stats_->AddMoved(b.home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost, TierKind::kNvme, bytes);
+      d_.stats.AddMoved(b.home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost, TierKind::kNvme, bytes);
       off += bytes;
     }
     if (!st.ok()) break;
-    j.write = storage_->Submit(ops);
+    j.write = d_.storage.Submit(ops);
     if (g >= 1) retire(g - 1);  // frees the slot the next read-ahead takes
     if (g + ahead < n) start(g + ahead, false);
   }
   // Drain whatever is still in flight, whatever happened.
   for (int g = 0; g < n; ++g) {
     Job& j = jobs[static_cast<size_t>(g)];
-    for (auto& m : j.loads) keep(io_->Finish(m));
+    for (auto& m : j.loads) keep(d_.io.Finish(m));
     retire(g);
   }
   const uint64_t file_hash = XXH3_64bits_digest(hs);
   XXH3_freeState(hs);
-  if (st.ok() && ::fsync(storage_->Info(fid).fd) != 0) st = PosixError("fsync", data_path, errno);
-  storage_->Close(fid).IgnoreError();
+  if (st.ok() && ::fsync(d_.storage.Info(fid).fd) != 0) st = PosixError("fsync", data_path, errno);
+  d_.storage.Close(fid).IgnoreError();
   if (!st.ok()) return st;
-  Json entry = {{"name", name}, {"rank", lay_.srank}, {"bytes", total}, {"xxh3", Hex(file_hash)}, {"blocks", blocks}};
+  Json entry = {{"name", name}, {"rank", d_.layout.srank}, {"bytes", total}, {"xxh3", Hex(file_hash)}, {"blocks", blocks}};
   return entry.dump();
 }
 
@@ -199,26 +168,26 @@ Result<std::string> Engine::Impl::WriteShardFile(const std::string& data_path, c
 // and the manifest lists where each block is and the checksum the tier keeps.
 // Its file checksum is XXH3 over the blocks' checksums ("hash": "blocks").
 // kUnsupported when it does not apply (the caller copies instead).
-Result<std::string> Engine::Impl::SnapshotShardFile(const std::string& link_path, const std::string& name) {
+Result<std::string> Checkpointer::SnapshotShardFile(const std::string& link_path, const std::string& name) {
   const char* copy = std::getenv("STRATA_CHECKPOINT_COPY");
   if (copy && *copy && std::strcmp(copy, "0") != 0) return UnsupportedError("STRATA_CHECKPOINT_COPY is set");
-  if (!nvme_) return UnsupportedError("no state on NVMe");
-  if (lay_.compact) return UnsupportedError("compact: a saved W joins P's bf16 half and W's corrections");
+  if (!d_.nvme) return UnsupportedError("no state on NVMe");
+  if (d_.layout.compact) return UnsupportedError("compact: a saved W joins P's bf16 half and W's corrections");
   std::vector<Allocation> allocs;
   std::vector<std::pair<int, int>> which;  // (group, state) of each allocation
-  for (int g = 0; g < lay_.part.num_groups(); ++g)
-    for (int s : lay_.frozen(g) ? std::span<const int>(kSavedFrozen) : std::span<const int>(kSaved)) {
-      const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
+  for (int g = 0; g < d_.layout.part.num_groups(); ++g)
+    for (int s : d_.layout.frozen(g) ? std::span<const int>(kSavedFrozen) : std::span<const int>(kSaved)) {
+      const StateBlock& b = d_.blocks[static_cast<size_t>(g)][static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       if (b.home != TierKind::kNvme) return UnsupportedError("state not homed on NVMe");
       // A frozen group's saved P is its whole block here (P on NVMe: one rank, or stage 3's shard).
-      if (lay_.frozen(g) && (b.bytes != lay_.FrozenSavedBytes(g) || lay_.PSliceOffset(g) != 0))
+      if (d_.layout.frozen(g) && (b.bytes != d_.layout.FrozenSavedBytes(g) || d_.layout.PSliceOffset(g) != 0))
         return UnsupportedError("a frozen group's saved P is not its whole block");
       allocs.push_back(b.alloc);
       which.emplace_back(g, s);
     }
   std::vector<NvmeTier::SnapshotRef> refs;
-  STRATA_RETURN_IF_ERROR(nvme_->Snapshot(link_path, allocs, &refs));
+  STRATA_RETURN_IF_ERROR(d_.nvme->Snapshot(link_path, allocs, &refs));
   Json blocks = Json::array();
   std::vector<uint64_t> hashes;
   uint64_t end = 0;
@@ -228,37 +197,36 @@ Result<std::string> Engine::Impl::SnapshotShardFile(const std::string& link_path
     hashes.push_back(refs[i].checksum);
     end = std::max(end, refs[i].offset + refs[i].bytes);
   }
-  Json entry = {{"name", name}, {"rank", lay_.srank}, {"bytes", end}, {"hash", "blocks"},
+  Json entry = {{"name", name}, {"rank", d_.layout.srank}, {"bytes", end}, {"hash", "blocks"},
                 {"xxh3", Hex(XXH3_64bits(hashes.data(), hashes.size() * sizeof(uint64_t)))}, {"blocks", blocks}};
   return entry.dump();
 }
 
 
-Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob,
+Status Checkpointer::Save(const std::string& dir, const std::string& tag, const void* blob,
                                     uint64_t blob_bytes) {
-  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint save"));
   Status local;
   if (!ValidTag(tag))
     local = InvalidError("checkpoint save: tag '" + tag + "' must be 1-200 of [A-Za-z0-9._-], not starting with '.', not 'latest'");
   else if (blob_bytes > 0 && !blob)
     local = InvalidError("checkpoint save: a blob length without a blob");
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
-  if (lay_.multi) {  // every rank must name the same checkpoint
+  if (d_.layout.multi) {  // every rank must name the same checkpoint
     const uint64_t mine = XXH3_64bits((dir + "\n" + tag).data(), dir.size() + 1 + tag.size());
-    std::vector<uint64_t> all(static_cast<size_t>(comm_->world_size()));
-    all[static_cast<size_t>(comm_->rank())] = mine;
-    STRATA_RETURN_IF_ERROR(comm_->AllGather(&all[static_cast<size_t>(comm_->rank())], all.data(), 8));
+    std::vector<uint64_t> all(static_cast<size_t>(d_.comm->world_size()));
+    all[static_cast<size_t>(d_.comm->rank())] = mine;
+    STRATA_RETURN_IF_ERROR(d_.comm->AllGather(&all[static_cast<size_t>(d_.comm->rank())], all.data(), 8));
     for (size_t k = 0; k < all.size(); ++k)
       if (all[k] != mine)
         return InvalidError("checkpoint save: ranks passed different folders or tags (rank " + std::to_string(k) +
-                            " differs from rank " + std::to_string(comm_->rank()) + "'s " + dir + "/" + tag +
+                            " differs from rank " + std::to_string(d_.comm->rank()) + "'s " + dir + "/" + tag +
                             "); nothing was written");
   }
   const std::string final_dir = dir + "/" + tag, part = dir + "/." + tag + ".partial";
   // The tag exists (ranks share the file system): a save that was killed
   // before it updated `latest`, repeated with the same state, completes it.
   if (Exists(final_dir)) return ResaveExisting(dir, tag, blob, blob_bytes);
-  const bool lead = options_.rank == 0;
+  const bool lead = d_.rank == 0;
   auto cleanup = [&] {
     std::error_code e2;
     if (lead) std::filesystem::remove_all(part, e2);
@@ -280,9 +248,9 @@ Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& t
   }
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
   // Data: each shard's owner writes it (stage 0 keeps whole copies: rank 0 alone).
-  const bool writer = lay_.sworld > 1 || lead;
+  const bool writer = d_.layout.sworld > 1 || lead;
   if (writer) {
-    const std::string name = RankFile(lay_.srank);
+    const std::string name = RankFile(d_.layout.srank);
     auto entry = SnapshotShardFile(part + "/" + name, name);
     if (!entry.ok() && entry.status().code() == Code::kUnsupported) {
       STRATA_LOG_DEBUG("checkpoint save: copying the state ({})", entry.status().message());
@@ -306,19 +274,19 @@ Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& t
 static_assert(manifest::kMaxDims == kMaxShapeDims, "the manifest's and the engine's most dims differ");
 
 // Rank 0: the manifest from every shard's entry, then the renames.
-Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& tag, const std::string& part,
+Status Checkpointer::WriteManifest(const std::string& dir, const std::string& tag, const std::string& part,
                                    const void* blob, uint64_t blob_bytes) {
   const std::string final_dir = dir + "/" + tag;
   Json files = Json::array();
-  for (int k = 0; k < lay_.sworld; ++k) {
+  for (int k = 0; k < d_.layout.sworld; ++k) {
     const std::string name = RankFile(k);
     STRATA_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(part + "/" + name + ".json", 64 * kMiB));
     files.push_back(Json::parse(text));
     ::unlink((part + "/" + name + ".json").c_str());
   }
   Json groups = Json::array();
-  for (int g = 0; g < lay_.part.num_groups(); ++g) {
-    const GroupLayout& L = lay_.part.group(g);
+  for (int g = 0; g < d_.layout.part.num_groups(); ++g) {
+    const GroupLayout& L = d_.layout.part.group(g);
     Json tensors = Json::array();
     for (const auto& t : L.tensors) {
       Json tj = {{"name", t.name}, {"offset", t.offset}, {"numel", t.numel}};
@@ -327,20 +295,20 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
       tensors.push_back(std::move(tj));
     }
     Json gj = {{"numel", L.numel}, {"padded", L.padded}, {"shard_numel", L.shard_numel}, {"tensors", tensors}};
-    if (lay_.frozen(g)) gj["frozen"] = true;  // its blocks are "P", in compute_dtype
-    else if (skips_gradless()) gj["steps"] = step_.group_steps[static_cast<size_t>(g)];  // its own update count
+    if (d_.layout.frozen(g)) gj["frozen"] = true;  // its blocks are "P", in compute_dtype
+    else if (d_.skips_gradless) gj["steps"] = d_.step.group_steps[static_cast<size_t>(g)];  // its own update count
     groups.push_back(std::move(gj));
   }
   // The order of saves in this folder: one more than any checkpoint there.
   uint64_t seq = 0;
   for (const Found& f : ScanCheckpoints(dir))
     if (f.manifest.ok()) seq = std::max(seq, f.manifest->save_seq);
-  const LossScaler::State ls = step_.scaler.state();
+  const LossScaler::State ls = d_.step.scaler.state();
   Json m = {{"format", "strata-checkpoint"}, {"version", manifest::kFormatVersion}, {"tag", tag},
-            {"world_size", options_.world_size}, {"shard_world", lay_.sworld}, {"stage", config_.zero.stage},
-            {"compute_dtype", DTypeName(lay_.dtype)}, {"optimizer", config_.optimizer.type},
-            {"state_format", config_.strata.state_format},
-            {"step", step_.applied}, {"save_seq", seq + 1},
+            {"world_size", d_.world_size}, {"shard_world", d_.layout.sworld}, {"stage", d_.config.zero.stage},
+            {"compute_dtype", DTypeName(d_.layout.dtype)}, {"optimizer", d_.config.optimizer.type},
+            {"state_format", d_.config.strata.state_format},
+            {"step", d_.step.applied}, {"save_seq", seq + 1},
             {"loss_scaler", {{"scale", ls.scale}, {"hysteresis_left", ls.hysteresis_left}, {"clean_steps", ls.clean_steps}}},
             {"groups", groups}, {"files", files},
             {"trainer_blob", {{"file", "trainer.bin"}, {"bytes", blob_bytes},
@@ -363,7 +331,7 @@ Status Engine::Impl::WriteManifest(const std::string& dir, const std::string& ta
 // this state (step, loss scaler, layout, every block's checksum, its data
 // verified), the save has nothing to write: it points `latest` at it and
 // succeeds. Anything else is refused; checkpoints are never overwritten.
-Status Engine::Impl::ResaveExisting(const std::string& dir, const std::string& tag, const void* blob,
+Status Checkpointer::ResaveExisting(const std::string& dir, const std::string& tag, const void* blob,
                                     uint64_t blob_bytes) {
   const std::string final_dir = dir + "/" + tag;
   auto refuse = [&](const std::string& why) {
@@ -384,7 +352,7 @@ Status Engine::Impl::ResaveExisting(const std::string& dir, const std::string& t
   if (local.ok() && XXH3_64bits(blob, blob_bytes) != m->blob_xxh3)
     STRATA_LOG_WARN("checkpoint save: {} holds this state but another trainer blob; keeping the saved one", final_dir);
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
-  if (options_.rank == 0)
+  if (d_.rank == 0)
     local = ReplaceFile(dir, "latest", tag + "\n").WithContext("checkpoint save: updating " + dir + "/latest");
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
   STRATA_LOG_INFO("checkpoint save: {} already holds this state; {}/latest names it", final_dir, dir);
@@ -394,27 +362,27 @@ Status Engine::Impl::ResaveExisting(const std::string& dir, const std::string& t
 // Whether the checkpoint `m` in `folder` holds this engine's state: the
 // step, the loss scaler, the layout, and this rank's file's data, verified
 // against its checksums, equal to this rank's blocks.
-Status Engine::Impl::SameStateAs(const manifest::Manifest& m, const std::string& folder) {
+Status Checkpointer::SameStateAs(const manifest::Manifest& m, const std::string& folder) {
   auto differs = [&](const std::string& what) { return InvalidError("differs (" + what + ")"); };
-  const LossScaler::State ls = step_.scaler.state();
-  if (m.step != step_.applied)
-    return differs("it is of step " + std::to_string(m.step) + ", the engine is at step " + std::to_string(step_.applied));
+  const LossScaler::State ls = d_.step.scaler.state();
+  if (m.step != d_.step.applied)
+    return differs("it is of step " + std::to_string(m.step) + ", the engine is at step " + std::to_string(d_.step.applied));
   if (m.loss_scale != ls.scale || m.hysteresis_left != ls.hysteresis_left || m.clean_steps != ls.clean_steps)
     return differs("another loss scaler state");
-  if (m.shard_world != lay_.sworld || m.world_size != options_.world_size) return differs("another number of ranks");
-  for (int g = 0; skips_gradless() && g < lay_.part.num_groups() && static_cast<size_t>(g) < m.groups.size(); ++g) {
+  if (m.shard_world != d_.layout.sworld || m.world_size != d_.world_size) return differs("another number of ranks");
+  for (int g = 0; d_.skips_gradless && g < d_.layout.part.num_groups() && static_cast<size_t>(g) < m.groups.size(); ++g) {
     const int64_t saved = m.groups[static_cast<size_t>(g)].steps >= 0 ? m.groups[static_cast<size_t>(g)].steps : m.step;
-    if (!lay_.frozen(g) && saved != step_.group_steps[static_cast<size_t>(g)])
+    if (!d_.layout.frozen(g) && saved != d_.step.group_steps[static_cast<size_t>(g)])
       return differs("group " + std::to_string(g) + " has " + std::to_string(saved) + " updates there, " +
-                     std::to_string(step_.group_steps[static_cast<size_t>(g)]) + " in the engine");
+                     std::to_string(d_.step.group_steps[static_cast<size_t>(g)]) + " in the engine");
   }
   STRATA_RETURN_IF_ERROR(CheckManifestLayout(m, folder + "/manifest.json"));
-  if (!(lay_.sworld > 1 || options_.rank == 0)) return Status::Ok();  // stage 0: rank 0's file holds it all
-  const manifest::File& file = m.files[static_cast<size_t>(lay_.srank)];
+  if (!(d_.layout.sworld > 1 || d_.rank == 0)) return Status::Ok();  // stage 0: rank 0's file holds it all
+  const manifest::File& file = m.files[static_cast<size_t>(d_.layout.srank)];
   STRATA_RETURN_IF_ERROR(manifest::CheckFiles(m, folder));
   STRATA_RETURN_IF_ERROR(VerifyFile(file, folder));
-  if ((m.state_format == "compact") != lay_.compact)
-    return differs("it holds state_format " + m.state_format + "; the engine's is " + config_.strata.state_format);
+  if ((m.state_format == "compact") != d_.layout.compact)
+    return differs("it holds state_format " + m.state_format + "; the engine's is " + d_.config.strata.state_format);
   std::unique_ptr<ShardBlocks> sb;
   int located = -1;
   for (const manifest::Block& mb : file.blocks) {
@@ -422,11 +390,11 @@ Status Engine::Impl::SameStateAs(const manifest::Manifest& m, const std::string&
     if (g != located) {  // the group's blocks, loaded
       sb.reset();
       sb = std::make_unique<ShardBlocks>();
-      STRATA_RETURN_IF_ERROR(lay_.frozen(g) ? shards_->LocateFrozenP(g, true, sb.get()) : shards_->LocateShard(g, true, sb.get()));
+      STRATA_RETURN_IF_ERROR(d_.layout.frozen(g) ? d_.shards.LocateFrozenP(g, true, sb.get()) : d_.shards.LocateShard(g, true, sb.get()));
       located = g;
     }
     ShardStore::Piece pieces[2];  // CheckManifestLayout: a frozen group's blocks are P, the others' W, M, V
-    const int np = shards_->SavedPieces(g, mb.state == manifest::kSavedP ? int(StateKind::kP) : mb.state + 1, sb->at, pieces);
+    const int np = d_.shards.SavedPieces(g, mb.state == manifest::kSavedP ? int(StateKind::kP) : mb.state + 1, sb->at, pieces);
     XXH3_state_t* bh = XXH3_createState();
     XXH3_64bits_reset(bh);
     uint64_t bytes = 0;

@@ -16,7 +16,7 @@
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/checkpoint/checkpoint_files.h"
-#include "engine/engine_impl.h"
+#include "engine/checkpoint/checkpointer.h"
 #include "engine/layout/staging_plan.h"
 #include "engine/step/step_checks.h"
 #include "kernels/cpu/cast.h"
@@ -26,8 +26,7 @@ namespace strata {
 using manifest::Hex;
 using namespace ckpt;  // NOLINT: the checkpoint file helpers
 
-Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
-  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint load", /*recovers=*/true));
+Status Checkpointer::Load(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
   manifest::Manifest m;
   std::string folder = tag.empty() ? dir : dir + "/" + tag;
   // Everything is checked before anything changes: the manifest, the layout,
@@ -50,24 +49,24 @@ Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& t
   // What can fail now is I/O, which leaves the state partly written.
   local = ApplyResharded(m, folder);
   if (local.ok()) local = FaultPoint("recompute");
-  void* buf = staging_.opt.Acquire();
-  if (local.ok()) local = RecomputeP(buf, buf ? staging_.opt.bytes() : 0);
-  staging_.opt.Release(buf);
+  void* buf = d_.staging.opt.Acquire();
+  if (local.ok()) local = hooks_.recompute_p(buf, buf ? d_.staging.opt.bytes() : 0);
+  d_.staging.opt.Release(buf);
   Status st = Agree(local, "checkpoint load");
-  DropDeviceCopies();
+  hooks_.drop_copies();
   if (!st.ok()) {
-    step_.broken = "the engine's state is partly loaded: a checkpoint load from " + folder + " failed while writing it (" +
+    d_.step.broken = "the engine's state is partly loaded: a checkpoint load from " + folder + " failed while writing it (" +
               st.ToString() + "); load a checkpoint again";
     return st.WithContext("checkpoint load " + folder + " (the state is partly written: the engine refuses every "
                           "call but a load until a load succeeds)");
   }
-  AbandonStep();  // the way back from a failed or broken step (or load): none is pending now
-  step_.applied = m.step;
-  for (int g = 0; g < lay_.part.num_groups(); ++g) {  // each group's own count (an engine that skips groups without grads)
+  hooks_.abandon_step();  // the way back from a failed or broken step (or load): none is pending now
+  d_.step.applied = m.step;
+  for (int g = 0; g < d_.layout.part.num_groups(); ++g) {  // each group's own count (an engine that skips groups without grads)
     const int64_t saved = m.groups[static_cast<size_t>(g)].steps;
-    step_.group_steps[static_cast<size_t>(g)] = lay_.frozen(g) ? 0 : saved >= 0 ? saved : m.step;
+    d_.step.group_steps[static_cast<size_t>(g)] = d_.layout.frozen(g) ? 0 : saved >= 0 ? saved : m.step;
   }
-  step_.scaler.set_state({m.loss_scale, m.hysteresis_left, m.clean_steps});
+  d_.step.scaler.set_state({m.loss_scale, m.hysteresis_left, m.clean_steps});
   if (blob) blob->assign(btext.begin(), btext.end());
   return Status::Ok();
 }
@@ -77,7 +76,7 @@ Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& t
 // the checkpoints already there), then step (checkpoints of older Strata
 // have no save_seq), then the one `latest` names. `latest` alone would be one
 // behind after a save killed between its rename and the update of latest.
-Status Engine::Impl::FindCheckpoint(const std::string& dir, const std::string& tag, std::string* folder,
+Status Checkpointer::FindCheckpoint(const std::string& dir, const std::string& tag, std::string* folder,
                                     manifest::Manifest* m) {
   if (!IsDir(dir)) return NotFoundError("checkpoint load: " + dir + " does not exist (no checkpoint saved there)");
   if (!tag.empty()) {
@@ -119,22 +118,22 @@ Status Engine::Impl::FindCheckpoint(const std::string& dir, const std::string& t
 // shapes, where both the checkpoint and the engine have one), which groups
 // are frozen, the optimizer and the states it keeps. The number of ranks
 // may differ (the shards are recut).
-Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std::string& mpath) {
-  if (m.optimizer != config_.optimizer.type)
+Status Checkpointer::CheckManifestLayout(const manifest::Manifest& m, const std::string& mpath) {
+  if (m.optimizer != d_.config.optimizer.type)
     return InvalidError("checkpoint load: " + mpath + " holds " + m.optimizer + " state; this engine runs " +
-                        config_.optimizer.type);
-  if (m.groups.size() != static_cast<size_t>(lay_.part.num_groups()))
+                        d_.config.optimizer.type);
+  if (m.groups.size() != static_cast<size_t>(d_.layout.part.num_groups()))
     return InvalidError("checkpoint load: " + mpath + " has " + std::to_string(m.groups.size()) +
-                        " groups; the engine has " + std::to_string(lay_.part.num_groups()));
-  for (int g = 0; g < lay_.part.num_groups(); ++g) {
-    const GroupLayout& L = lay_.part.group(g);
+                        " groups; the engine has " + std::to_string(d_.layout.part.num_groups()));
+  for (int g = 0; g < d_.layout.part.num_groups(); ++g) {
+    const GroupLayout& L = d_.layout.part.group(g);
     const manifest::Group& G = m.groups[static_cast<size_t>(g)];
     if (G.numel != L.numel || G.tensors.size() != L.tensors.size())
       return InvalidError("checkpoint load: group " + std::to_string(g) + " of " + mpath + " has another layout");
-    if (G.frozen != lay_.frozen(g))
+    if (G.frozen != d_.layout.frozen(g))
       return InvalidError("checkpoint load: group " + std::to_string(g) + " is " +
                           (G.frozen ? "frozen" : "not frozen") + " in " + mpath + " but " +
-                          (lay_.frozen(g) ? "frozen (freeze_group)" : "not frozen") +
+                          (d_.layout.frozen(g) ? "frozen (freeze_group)" : "not frozen") +
                           " in the engine; freeze the groups the saving run froze");
     for (size_t t = 0; t < L.tensors.size(); ++t)
       if (G.tensors[t].name != L.tensors[t].name || G.tensors[t].numel != L.tensors[t].numel)
@@ -146,15 +145,15 @@ Status Engine::Impl::CheckManifestLayout(const manifest::Manifest& m, const std:
                             mpath + "; the engine's is " + ShapeString(L.tensors[t].shape));
   }
   uint32_t kept = 0;  // the saved states this engine keeps (of the groups that train)
-  for (int s = 0; s < manifest::kNumSaved && lay_.any_trainable(); ++s)
-    if (lay_.StateUsed(s + 1)) kept |= 1u << s;
+  for (int s = 0; s < manifest::kNumSaved && d_.layout.any_trainable(); ++s)
+    if (d_.layout.StateUsed(s + 1)) kept |= 1u << s;
   if (kept != m.saved_states)
     return CorruptError("checkpoint load: " + mpath + " holds states " + StatesOf(m.saved_states) + " of each group; " +
-                        config_.optimizer.type + " keeps " + StatesOf(kept));
+                        d_.config.optimizer.type + " keeps " + StatesOf(kept));
   return Status::Ok();
 }
 
-std::string Engine::Impl::StatesOf(uint32_t bits) {
+std::string Checkpointer::StatesOf(uint32_t bits) {
   std::string s;
   for (int k = 0; k < manifest::kNumSaved; ++k)
     if (bits & (1u << k)) s += manifest::SavedStateName(k);
@@ -163,7 +162,7 @@ std::string Engine::Impl::StatesOf(uint32_t bits) {
 
 // One data file against its checksums: the whole file's, or (a snapshot)
 // each block's and the one over the blocks' checksums.
-Status Engine::Impl::VerifyFile(const manifest::File& file, const std::string& folder) {
+Status Checkpointer::VerifyFile(const manifest::File& file, const std::string& folder) {
   const std::string path = folder + "/" + file.name;
   const uint64_t buf_bytes = 8 * kMiB;
   void* buf = nullptr;
@@ -207,7 +206,7 @@ Status Engine::Impl::VerifyFile(const manifest::File& file, const std::string& f
 // This rank's shard of every group's W, M, V, cut from the saved shards
 // (which may have been cut for another number of ranks). The manifest was
 // checked: every shard's file holds every state of every group.
-Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::string& folder) {
+Status Checkpointer::ApplyResharded(const manifest::Manifest& m, const std::string& folder) {
   std::vector<int> fds;
   struct Closer { std::vector<int>& v; ~Closer() { for (int x : v) ::close(x); } } closer{fds};
   for (const manifest::File& f : m.files) {
@@ -229,8 +228,8 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
   std::vector<char> tmp;
   FormatView tv;
   tv.compact = saved_compact;
-  const bool has_v = lay_.StateUsed(int(StateKind::kV));
-  if (saved_compact != lay_.compact) {
+  const bool has_v = d_.layout.StateUsed(int(StateKind::kV));
+  if (saved_compact != d_.layout.compact) {
     uint64_t bytes = 0, put[3][2] = {};
     for (int s = 0; s < manifest::kNumSaved; ++s) {
       manifest::SavedArray arr[2];
@@ -256,18 +255,18 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
   // the group this rank holds (its shard at stage 3, else all of it), from
   // the saved shards' P blocks, in the saved compute dtype, cast to ours.
   auto apply_frozen = [&](int g) -> Status {
-    const GroupLayout& L = lay_.part.group(g);
+    const GroupLayout& L = d_.layout.part.group(g);
     const uint64_t old_shard = m.groups[static_cast<size_t>(g)].shard_numel;
     STRATA_ASSIGN_OR_RETURN(const DType saved, ParseDType(m.compute_dtype));  // the parse checked it
-    const uint64_t ssize = DTypeSize(saved), dsize = DTypeSize(lay_.dtype);
+    const uint64_t ssize = DTypeSize(saved), dsize = DTypeSize(d_.layout.dtype);
     ShardBlocks sb;
-    STRATA_RETURN_IF_ERROR(shards_->LocateFrozenP(g, false, &sb));
+    STRATA_RETURN_IF_ERROR(d_.shards.LocateFrozenP(g, false, &sb));
     char* p = static_cast<char*>(sb.at[int(StateKind::kP)]);
-    std::memset(p, 0, lay_.PHomeNumel(g) * dsize);  // the padding: zeros
-    const uint64_t a0 = lay_.p_sharded ? static_cast<uint64_t>(lay_.srank) * L.shard_numel : 0;
-    const uint64_t end = a0 + (lay_.p_sharded ? L.RealInShard(lay_.srank) : L.numel);
-    std::vector<char> chunk(saved == lay_.dtype ? 0 : kChunk * ssize);
-    std::vector<float> wide(saved != lay_.dtype && saved != DType::kF32 && lay_.dtype != DType::kF32 ? kChunk : 0);
+    std::memset(p, 0, d_.layout.PHomeNumel(g) * dsize);  // the padding: zeros
+    const uint64_t a0 = d_.layout.p_sharded ? static_cast<uint64_t>(d_.layout.srank) * L.shard_numel : 0;
+    const uint64_t end = a0 + (d_.layout.p_sharded ? L.RealInShard(d_.layout.srank) : L.numel);
+    std::vector<char> chunk(saved == d_.layout.dtype ? 0 : kChunk * ssize);
+    std::vector<float> wide(saved != d_.layout.dtype && saved != DType::kF32 && d_.layout.dtype != DType::kF32 ? kChunk : 0);
     for (uint64_t a = a0; a < end;) {  // f < files: shard_numel * shard_world = padded >= numel
       const uint64_t f = a / old_shard, within = a % old_shard;
       uint64_t run = std::min(end - a, old_shard - within);
@@ -277,32 +276,32 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
                                        at[f][static_cast<size_t>(g)][manifest::kSavedP] + within * ssize,
                                        folder + "/" + m.files[f].name));
       if (!chunk.empty() && wide.empty()) {
-        STRATA_RETURN_IF_ERROR(kernels::Cast(saved, into, lay_.dtype, p + (a - a0) * dsize, run));
+        STRATA_RETURN_IF_ERROR(kernels::Cast(saved, into, d_.layout.dtype, p + (a - a0) * dsize, run));
       } else if (!chunk.empty()) {  // bf16 <-> f16: through fp32
         STRATA_RETURN_IF_ERROR(kernels::Cast(saved, into, DType::kF32, wide.data(), run));
-        STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, wide.data(), lay_.dtype, p + (a - a0) * dsize, run));
+        STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, wide.data(), d_.layout.dtype, p + (a - a0) * dsize, run));
       }
       a += run;
     }
-    return shards_->StoreShard(g, sb);
+    return d_.shards.StoreShard(g, sb);
   };
-  for (int g = 0; g < lay_.part.num_groups(); ++g) {
-    if (lay_.frozen(g)) {
+  for (int g = 0; g < d_.layout.part.num_groups(); ++g) {
+    if (d_.layout.frozen(g)) {
       STRATA_RETURN_IF_ERROR(apply_frozen(g));
       if (g == 0) STRATA_RETURN_IF_ERROR(FaultPoint("apply"));  // tests: fail with the state partly written
       continue;
     }
-    const GroupLayout& L = lay_.part.group(g);
+    const GroupLayout& L = d_.layout.part.group(g);
     const uint64_t n = L.shard_numel, old_shard = m.groups[static_cast<size_t>(g)].shard_numel;
-    const uint64_t lo = static_cast<uint64_t>(lay_.srank) * n, real = L.RealInShard(lay_.srank);
+    const uint64_t lo = static_cast<uint64_t>(d_.layout.srank) * n, real = L.RealInShard(d_.layout.srank);
     ShardBlocks sb;
-    STRATA_RETURN_IF_ERROR(shards_->LocateShard(g, false, &sb));
-    const FormatView dst = shards_->ShardView(g, sb);
+    STRATA_RETURN_IF_ERROR(d_.shards.LocateShard(g, false, &sb));
+    const FormatView dst = d_.shards.ShardView(g, sb);
     // Elements [a0, a0 + count) of the group, every saved state, into `into`
     // (at its element 0), from whichever saved shards hold them.
     auto read = [&](const FormatView& into, uint64_t a0, uint64_t count) -> Status {
       for (int s = 0; s < manifest::kNumSaved; ++s) {
-        if (!blocks_[static_cast<size_t>(g)][static_cast<size_t>(s + 1)].alloc.charged) continue;
+        if (!d_.blocks[static_cast<size_t>(g)][static_cast<size_t>(s + 1)].alloc.charged) continue;
         manifest::SavedArray arr[2];
         const int karr = manifest::SavedArrays(saved_compact, s, old_shard, arr);
         for (int k = 0; k < karr; ++k)
@@ -320,11 +319,11 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
     };
     for (int s = 0; s < manifest::kNumSaved; ++s) {  // padding, and what the saved shards leave: zeros
       manifest::SavedArray arr[2];
-      const int karr = manifest::SavedArrays(lay_.compact, s, n, arr);
+      const int karr = manifest::SavedArrays(d_.layout.compact, s, n, arr);
       for (int k = 0; k < karr; ++k)
         if (char* p = dst.Array(s, k, 0)) std::memset(p, 0, (n + arr[k].per - 1) / arr[k].per * arr[k].unit);
     }
-    if (saved_compact == lay_.compact) {
+    if (saved_compact == d_.layout.compact) {
       STRATA_RETURN_IF_ERROR(read(dst, lo, real));
     } else {
       for (uint64_t c0 = 0; c0 < real; c0 += kChunk) {
@@ -333,44 +332,10 @@ Status Engine::Impl::ApplyResharded(const manifest::Manifest& m, const std::stri
         STRATA_RETURN_IF_ERROR(ConvertView(tv, dst.Shift(c0), c));
       }
     }
-    STRATA_RETURN_IF_ERROR(shards_->StoreShard(g, sb));
+    STRATA_RETURN_IF_ERROR(d_.shards.StoreShard(g, sb));
     if (g == 0) STRATA_RETURN_IF_ERROR(FaultPoint("apply"));  // tests: fail with the state partly written
   }
   return Status::Ok();
-}
-
-// P = W in the compute dtype, as after every step: this rank's shard, then
-// (stages 1-2 with several ranks) the other ranks' slices gathered.
-Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
-  for (int g = 0; g < lay_.part.num_groups(); ++g)
-    if (!lay_.frozen(g)) STRATA_RETURN_IF_ERROR(RecomputePGroup(g, buf, buf_bytes));  // a frozen P is loaded as saved
-  return Status::Ok();
-}
-
-Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
-  if (lay_.frozen(g)) return InternalError("P of frozen group " + std::to_string(g) + " recomputed from a master it has not");
-  if (lay_.compact) {  // this rank's slice of P is the master's bf16 half: only the others' slices to gather
-    const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
-    if (!lay_.p_gathered_after_step()) return Status::Ok();
-    if (!io_->Direct(p)) return InternalError("several ranks in stages 1-2 with P off the host");
-    return reducer_->Gather(g, io_->DirectPtr(p));
-  }
-  const uint64_t n = lay_.part.group(g).shard_numel;
-  const StateBlock& wb = blocks_[static_cast<size_t>(g)][int(StateKind::kW)];
-  float* w = static_cast<float*>(buf);
-  if (io_->Direct(wb)) w = static_cast<float*>(io_->DirectPtr(wb));
-  else STRATA_RETURN_IF_ERROR(io_->Load(wb, w));
-  const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
-  if (io_->Direct(p)) {  // our slice (or all of it), then the other ranks' slices
-    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, lay_.dtype, static_cast<char*>(io_->DirectPtr(p)) + lay_.PSliceOffset(g), n));
-    if (lay_.p_gathered_after_step()) STRATA_RETURN_IF_ERROR(reducer_->Gather(g, io_->DirectPtr(p)));
-    return Status::Ok();
-  }
-  const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer
-  if (!buf || at + p.bytes > buf_bytes) return InternalError("the staging slot cannot hold W and P");
-  char* pbuf = static_cast<char*>(buf) + at;
-  STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, lay_.dtype, pbuf, n));
-  return io_->Store(p, pbuf);
 }
 
 }  // namespace strata

@@ -1,0 +1,24 @@
+// AgreeOverRanks (agree.h).
+#include "engine/reduce/agree.h"
+
+#include <vector>
+
+namespace strata {
+
+Status AgreeOverRanks(net::Communicator* comm, const Status& local, const std::string& what) {
+  if (!comm || comm->world_size() <= 1) return local;
+  const int w = comm->world_size(), r = comm->rank();
+  std::vector<int32_t> codes(static_cast<size_t>(w));
+  codes[static_cast<size_t>(r)] = local.ok() ? 0 : 1 + static_cast<int32_t>(local.code());
+  comm->SetLabel(what);
+  Status st = comm->AllGather(&codes[static_cast<size_t>(r)], codes.data(), sizeof(int32_t));
+  if (!st.ok()) return st.WithContext(what);
+  if (!local.ok()) return local;
+  for (int k = 0; k < w; ++k)
+    if (codes[static_cast<size_t>(k)])
+      return Status(static_cast<Code>(codes[static_cast<size_t>(k)] - 1),
+                    what + ": failed on rank " + std::to_string(k) + " (see its log)");
+  return Status::Ok();
+}
+
+}  // namespace strata
