@@ -18,8 +18,8 @@ if(NOT _strata_ver STREQUAL PROJECT_VERSION)
   message(FATAL_ERROR "include/strata/strata.h says version ${_strata_ver}, the project ${PROJECT_VERSION}")
 endif()
 
-# capi.cpp once, for the shared library and for tests that link it statically.
-add_library(strata_capi_objects OBJECT ${CMAKE_CURRENT_LIST_DIR}/capi.cpp)
+# capi.cpp and capi_state.cpp once, for the shared library and for tests that link it statically.
+add_library(strata_capi_objects OBJECT ${CMAKE_CURRENT_LIST_DIR}/capi.cpp ${CMAKE_CURRENT_LIST_DIR}/capi_state.cpp)
 target_link_libraries(strata_capi_objects PUBLIC strata_engine)
 set_target_properties(strata_capi_objects PROPERTIES C_VISIBILITY_PRESET hidden CXX_VISIBILITY_PRESET hidden
                                                      VISIBILITY_INLINES_HIDDEN ON)
