@@ -20,6 +20,9 @@
 #   resume   a checkpoint of 2 hosts x 2 ranks resumes on 1 host x 2 ranks and
 #            on 3 hosts x 1 rank (resharded), bitwise as a resume at that world
 #            size on one host over loopback
+#   torch    strata.torch.offload_module (stage 3, NVMe, fp32 and compact) on 2
+#            hosts x 2 ranks under torchrun --nnodes 2 == torchrun on one host
+#            with 4 ranks, bitwise (skipped without torch's torchrun)
 #   addr     two interfaces a host: Gloo follows the route to the master, or
 #            STRATA_SOCKET_IFNAME / GLOO_SOCKET_IFNAME (checked by the
 #            interfaces' byte counters); an unknown interface, an unreachable
@@ -412,6 +415,54 @@ open('$WORK/taken', 'w').close(); time.sleep(60)" &
   [ "$code" = 1 ] || fail "port in use: exit $code: $(cat "$WORK/taken.out")"
   grep -q "^COMM: .*port $PORT is in use on this host" <<<"$msg" || fail "port in use: $msg"
   echo "7 passed, 0 failed"
+  ;;
+torch)
+  "$PY" -c "import torch.distributed.run" 2>/dev/null || hosts_skip "torch.distributed.run is not importable by $PY"
+  # --redirects/--tee given: Debian's torch 1.13 under Python 3.11 fails on their defaults.
+  trun=("$PY" -m torch.distributed.run --redirects 1 --tee 1)
+  # One host: torchrun's store on a free port, ours on the next.
+  port=$("$PY" - <<'PY'
+import socket
+while True:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        p = s.getsockname()[1]
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", p + 1))
+            break
+        except OSError:
+            pass
+print(p)
+PY
+)
+  mkdir -p "$WORK/ref-swap"
+  timeout -k 5 "$GUARD_S" "${trun[@]}" --nproc_per_node 4 --master_addr 127.0.0.1 --master_port "$port" \
+    "$HERE/torch_worker.py" "$WORK/ref" "$WORK/ref-swap" >"$WORK/ref.out" 2>&1 || { grep -v "^\s*$" "$WORK/ref.out" | grep -m5 -i "error\|Traceback" -A3; fail "torchrun on one host"; }
+  hosts_up 2
+  pids=()
+  for i in 0 1; do
+    hosts_exec "$i" timeout -k 5 "$GUARD_S" "${trun[@]}" --nnodes 2 --node_rank "$i" --nproc_per_node 2 \
+      --master_addr "$(hosts_addr 0)" --master_port "$PORT" "$HERE/torch_worker.py" "$WORK/hosts" \
+      "$HOSTS_DIR/h$i/swap" >"$WORK/hosts.h$i" 2>&1 &
+    pids+=($!)
+  done
+  rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  [ "$rc" = 0 ] || { tail -n 8 "$WORK"/hosts.h*; fail "torchrun --nnodes 2"; }
+  for fmt in fp32 compact; do
+    for r in 0 1 2 3; do
+      [ -s "$WORK/hosts/$fmt.r$r" ] || fail "$fmt: rank $r wrote nothing"
+      cmp -s "$WORK/ref/$fmt.r$r" "$WORK/hosts/$fmt.r$r" ||
+        fail "$fmt rank $r: on 2 hosts $(cat "$WORK/hosts/$fmt.r$r"), on one host $(cat "$WORK/ref/$fmt.r$r")"
+      [ "$(cut -d' ' -f1 "$WORK/hosts/$fmt.r$r")" = "$(cut -d' ' -f1 "$WORK/hosts/$fmt.r0")" ] ||
+        fail "$fmt: rank $r holds other weights than rank 0"
+    done
+    echo "ok: offload_module $fmt: torchrun --nnodes 2 x --nproc_per_node 2 == --nproc_per_node 4 on one host:" \
+      "every rank's 4 losses and weights sha256 $(cut -c1-16 "$WORK/hosts/$fmt.r0") bitwise equal"
+  done
+  [ "$(cut -d' ' -f1 "$WORK/hosts/fp32.r0")" != "$(cut -d' ' -f1 "$WORK/hosts/compact.r0")" ] || fail "compact gave fp32's weights"
+  echo "2 passed, 0 failed"
   ;;
 *)
   fail "unknown mode $MODE"
