@@ -23,6 +23,11 @@
 #   torch    strata.torch.offload_module (stage 3, NVMe, fp32 and compact) on 2
 #            hosts x 2 ranks under torchrun --nnodes 2 == torchrun on one host
 #            with 4 ranks, bitwise (skipped without torch's torchrun)
+#   elastic  torchrun --nnodes 1:2 --max_restarts (c10d rendezvous) on 2 hosts x 2
+#            ranks: host 1 is killed mid-run, host 0's torchrun restarts its
+#            ranks as a world of 2, which resume from the shared checkpoint
+#            (resharded) and finish bitwise as a resume of that checkpoint on
+#            2 ranks over loopback (skipped without torchrun or unshare)
 #   addr     two interfaces a host: Gloo follows the route to the master, or
 #            STRATA_SOCKET_IFNAME / GLOO_SOCKET_IFNAME (checked by the
 #            interfaces' byte counters); an unknown interface, an unreachable
@@ -462,6 +467,64 @@ PY
       "every rank's 4 losses and weights sha256 $(cut -c1-16 "$WORK/hosts/$fmt.r0") bitwise equal"
   done
   [ "$(cut -d' ' -f1 "$WORK/hosts/fp32.r0")" != "$(cut -d' ' -f1 "$WORK/hosts/compact.r0")" ] || fail "compact gave fp32's weights"
+  echo "2 passed, 0 failed"
+  ;;
+elastic)
+  "$PY" -c "import torch.distributed.run" 2>/dev/null || hosts_skip "torch.distributed.run is not importable by $PY"
+  command -v unshare >/dev/null || hosts_skip "util-linux's unshare is not installed"
+  hosts_up 2
+  config "$WORK/c.json" 3 "$TIMEOUT_S"
+  ck=$HOSTS_DIR/shared/ckpt
+  run=("${args[@]}" --steps 40 --config "$WORK/c.json" --save "$ck" --save-every 2)
+  # What torchrun starts on each host: resume when a checkpoint is there.
+  cat >"$WORK/rank.sh" <<EOS
+#!/usr/bin/env bash
+res=()
+[ -e "$ck/latest" ] && res=(--resume "$ck")
+echo "started as rank \$RANK of \$WORLD_SIZE (restart \$TORCHELASTIC_RESTART_COUNT) \${res[*]}" >&2
+exec "$TRAIN" ${run[*]} --nvme "\$1" "\${res[@]}"
+EOS
+  chmod +x "$WORK/rank.sh"
+  # torchrun's c10d rendezvous and its MASTER_ADDR go by host name: each host
+  # gets its own (a UTS namespace) and a hosts file naming the others (a
+  # private bind mount over /etc/hosts, seen by that host's processes only).
+  printf '127.0.0.1 localhost\n%s strata-h0\n%s strata-h1\n' "$(hosts_addr 0)" "$(hosts_addr 1)" >"$WORK/hosts"
+  for i in 0 1; do
+    hosts_exec "$i" unshare --uts --mount --propagation private sh -c \
+      "hostname strata-h$i && mount --bind '$WORK/hosts' /etc/hosts && exec \"\$@\"" sh \
+      timeout -k 5 "$GUARD_S" "$PY" -m torch.distributed.run --redirects 1 --tee 1 --nnodes 1:2 --nproc_per_node 2 \
+      --rdzv_backend c10d --rdzv_endpoint strata-h0:29400 --rdzv_id strata-hosts --rdzv_conf last_call_timeout=1 \
+      --max_restarts 1 --monitor_interval 1 --no_python "$WORK/rank.sh" "$HOSTS_DIR/h$i/swap" >"$WORK/t$i" 2>&1 &
+    tpid[$i]=$!
+  done
+  for ((k = 0; k < GUARD_S * 20; k++)); do
+    [ -e "$ck/step00000008" ] && break
+    sleep 0.05
+  done
+  [ -e "$ck/step00000008" ] || { tail "$WORK/t0"; fail "no checkpoint at step 8"; }
+  hosts_kill 1
+  t0=$(now)
+  echo "killed every process on host 1 (its torchrun too) once step 8 was saved"
+  code=0
+  wait "${tpid[0]}" || code=$?
+  wait "${tpid[1]}" 2>/dev/null || true
+  grep -h 'started as rank' "$WORK/t0" | sed 's/^/  host 0: /'
+  [ "$code" = 0 ] || { tail -n 20 "$WORK/t0"; fail "host 0's torchrun exited $code"; }
+  grep -q 'started as rank 0 of 2 (restart 1) --resume' "$WORK/t0" || fail "host 0's torchrun did not restart rank 0 as 1 of 2"
+  from=$(sed -n 's/.*resumed from .* at step \([0-9]*\)$/\1/p' "$WORK/t0" | tail -1)
+  [ -n "$from" ] || fail "the restarted ranks did not resume"
+  echo "ok: torchrun restarted host 0's ranks as a world of 2 ($(elapsed "$t0" "$(now)") s after the kill, to the end);" \
+    "they resumed from step $from"
+  tag=$(printf 'step%08d' "$from")
+  mkdir -p "$WORK/ref-ckpt"
+  cp -r "$ck/$tag" "$WORK/ref-ckpt/"
+  echo "$tag" >"$WORK/ref-ckpt/latest"
+  ref=("${args[@]}" --steps 40 --config "$WORK/c.json" --resume "$WORK/ref-ckpt")
+  local_ranks 2 "$WORK/ref" "${ref[@]}"
+  a=$(grep -o 'strata-train weights_hash=.*' "$WORK/t0" | tail -1)
+  b=$(grep -o 'strata-train weights_hash=.*' "$WORK/ref" | tail -1)
+  [ -n "$a" ] && [ "$a" = "$b" ] || fail "after the elastic restart $a; resumed from $tag on 2 ranks on one host: $b"
+  echo "ok: the elastic restart's weights == a resume of $tag on 2 ranks on one host: ${a#strata-train }"
   echo "2 passed, 0 failed"
   ;;
 *)
