@@ -15,7 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/engine.h"
+#include "engine/stats/engine_stats.h"
 #include "tiers/tier.h"
 
 namespace strata {

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
+#include "engine/config/engine_options.h"
 #include "engine/step/group_step.h"
 #include "engine/step/gpu_updater.h"
 #include "engine/step/shard_store.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "engine/config/config.h"
-#include "engine/engine.h"
+#include "engine/config/engine_options.h"
 #include "engine/step/group_step.h"
 
 namespace strata {

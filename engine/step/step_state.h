@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/engine.h"
+#include "engine/config/engine_options.h"
 #include "engine/step/loss_scaler.h"
 
 namespace strata {

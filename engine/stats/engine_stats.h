@@ -1,0 +1,34 @@
+// The engine's figures (EngineStats): tiers, moves, fetches, the last
+// step's busy times. StatsRecorder (stats.h) keeps them; engine.h returns them.
+#pragma once
+
+#include <cstdint>
+
+namespace strata {
+
+// Per-tier and per-step figures.
+struct TierStats {
+  uint64_t budget = 0, used = 0, peak = 0;
+};
+struct EngineStats {
+  TierStats device, host, nvme;
+  // Bytes moved between tiers, cumulative.
+  uint64_t nvme_to_host = 0, host_to_nvme = 0, host_to_device = 0, device_to_host = 0;
+  uint64_t fetches = 0, prefetch_hits = 0;  // fetches after the trace exists
+  uint64_t fetch_stalls = 0;
+  double fetch_stall_s = 0;
+  // Busy seconds of each resource in the last step, and its wall time.
+  double disk_busy_s = 0, copy_busy_s = 0, cpu_optimizer_s = 0, step_wall_s = 0;
+  double prefetch_hit_rate() const { return fetches ? double(prefetch_hits) / double(fetches) : 0; }
+  double overlap_efficiency = 0;  // largest busy time / wall time, last step
+  uint64_t steps = 0, skipped_steps = 0;
+  // The device tier's pool: bytes of free blocks kept (within device.used),
+  // cudaMalloc calls so far, and allocations served from the cache.
+  uint64_t device_cached = 0, device_raw_allocs = 0, device_pool_hits = 0;
+  // Stage 3 with overlap_comm: groups gathered ahead on the communication
+  // thread (the fetch that followed found them gathered), and those the
+  // ranks let the fetch gather instead (a shard not loaded on some rank).
+  uint64_t gathers_ahead = 0, gathers_ahead_declined = 0;
+};
+
+}  // namespace strata
