@@ -336,6 +336,34 @@ resume)
     done
     rm -rf "$WORK/ckpt"
   done
+  # Host-local disks only: the same path on each host is its own folder (a
+  # private bind mount). The save fails on every rank and leaves nothing that
+  # a load would take for a checkpoint.
+  if command -v unshare >/dev/null; then
+    mkdir -p "$WORK/ck" "$WORK/ck0" "$WORK/ck1"
+    pids=()
+    for i in 0 1; do
+      hosts_exec "$i" unshare --mount --propagation private sh -c "mount --bind '$WORK/ck$i' '$WORK/ck' && exec \"\$@\"" sh \
+        timeout -k 5 "$GUARD_S" "$LAUNCH" --nnodes 2 --node-rank "$i" --nproc 1 --master-addr "$(hosts_addr 0)" \
+        --master-port "$PORT" -- "$TRAIN" "${run[@]}" --steps 2 --save "$WORK/ck" --nvme "$HOSTS_DIR/h$i/swap" \
+        >"$WORK/local.h$i" 2>&1 &
+      pids+=($!)
+    done
+    codes=""
+    for p in "${pids[@]}"; do
+      c=0
+      wait "$p" || c=$?
+      codes+="$c "
+    done
+    [ "$codes" = "1 1 " ] || fail "host-local checkpoint folders: the hosts exited $codes"
+    for i in 0 1; do
+      [ ! -e "$WORK/ck$i/latest" ] && ! ls "$WORK/ck$i" | grep -q '^step' ||
+        fail "host $i's local folder holds a checkpoint: $(ls -a "$WORK/ck$i")"
+    done
+    echo "ok: host-local checkpoint folders: the save fails on both hosts, no checkpoint left:"
+    grep -h 'strata_checkpoint_save' "$WORK/local.h0" "$WORK/local.h1" | sed 's/^/  /' | cut -c1-300
+    n=$((n + 1))
+  fi
   echo "$n passed, 0 failed"
   ;;
 addr)
