@@ -11,12 +11,13 @@
 # carry the shell's pid), so runs in parallel reuse the addresses on separate
 # switches and never meet.
 #
-# Folders under $HOSTS_DIR: h<i>/swap, each host's own "NVMe"; shared/, one
+# Folders under $HOSTS_DIR (/var/tmp/strata-hosts-st<pid>-*): h<i>/swap, each host's own "NVMe"; shared/, one
 # folder every host sees (a shared file system); logs go where the test says.
 #
 # Not root, or a kernel that refuses namespaces: hosts_up exits 77 (skipped)
 # saying why. A trap on EXIT, INT, TERM and HUP kills every process in the
-# namespaces and removes them and $HOSTS_DIR, whatever happens.
+# namespaces and removes them and $HOSTS_DIR, whatever happens; a run killed
+# outright (SIGKILL: no trap) is swept by the next one (hosts_sweep).
 #
 #   hosts_up N [NETS]       make hosts 0..N-1 (NETS 1 or 2)
 #   hosts_up_lossy N DELAY_MS LOSS   hosts on one network whose links delay and drop:
@@ -92,16 +93,39 @@ hosts_trap() {
   trap 'hosts_exit; exit 129' HUP
 }
 
+# Namespaces of an earlier run whose shell is gone (killed with SIGKILL,
+# say by a test timeout, so its trap never ran): their processes killed and
+# the namespaces removed. Only names this file makes, only of dead shells.
+hosts_sweep() {
+  local ns pid pids
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^strata-st[0-9]+-(sw|h[0-9]+)$' || true); do
+    pid=${ns#strata-st}
+    pid=${pid%%-*}
+    kill -0 "$pid" 2>/dev/null && continue
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  local d
+  for d in /var/tmp/strata-hosts-st[0-9]*-* /var/tmp/strata-hosts-test-st[0-9]*-*; do
+    [ -d "$d" ] || continue
+    pid=${d##*-st}
+    pid=${pid%%-*}
+    kill -0 "$pid" 2>/dev/null || rm -rf "$d"
+  done
+}
+
 # The switch namespace, the folders, the trap; skips when not allowed.
 hosts_begin() {
   [ "$(id -u)" = 0 ] || hosts_skip "the hosts tests make network namespaces, which needs root (uid $(id -u))"
   command -v ip >/dev/null || hosts_skip "iproute2's ip is not installed"
+  hosts_sweep
   hosts_trap
   local err
   if ! err=$(ip netns add "$HOSTS_SW" 2>&1); then
     hosts_skip "the kernel refuses network namespaces (ip netns add: $err)"
   fi
-  HOSTS_DIR=$(mktemp -d /var/tmp/strata-hosts-XXXXXX)
+  HOSTS_DIR=$(mktemp -d "/var/tmp/strata-hosts-$HOSTS_ID-XXXXXX")
   mkdir -p "$HOSTS_DIR/shared"
   ip -n "$HOSTS_SW" link set lo up
 }
