@@ -29,6 +29,7 @@ namespace strata {
 Status Engine::Impl::PrepareStep(const StepOptions& so) {
   STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "prepare_step"));
   if (!built_) return StateError("prepare_step: the engine is not built");
+  STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("prepare_step: the step's options (nothing was changed)"));
   for (const auto& gs : steps_)
     if (gs.grad_calls > 0) return StateError("prepare_step: gradients of this step have already arrived");
   step_.prepared = true;
@@ -168,6 +169,9 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
 Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "step"));
   if (!built_) return StateError("step: the engine is not built");
+  // The kernels' own refusal, before anything is touched: a refused option
+  // leaves nothing pending (the next valid step goes ahead).
+  STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("step: the step's options (nothing was changed)"));
   STRATA_RETURN_IF_ERROR(CheckUsable("step"));
   residency_->DropAheadPins();
   for (int g = 0; g < lay_.part.num_groups(); ++g)

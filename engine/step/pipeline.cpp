@@ -60,22 +60,29 @@ struct Job {
 
 }  // namespace
 
-Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
-                         std::string* broken) {
-  const Config& config = *layout_.config;
-  const int n = static_cast<int>(order.size());
-  const OptimizerConfig& oc = config.optimizer;
+StepKernelOptions StepPipeline::KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const {
+  const OptimizerConfig& oc = layout_.config->optimizer;
   auto pick = [](double v, double dflt) { return v >= 0 ? v : dflt; };
   const double lr = pick(so.lr, oc.lr), b1 = pick(so.beta1, oc.beta1), b2 = pick(so.beta2, oc.beta2);
   const double eps = pick(so.eps, oc.eps), wd = pick(so.weight_decay, oc.weight_decay);
   const bool copy_f32 = layout_.dtype == DType::kF32;  // fp32 compute: P is a copy of W, no kernel copy-out
-  const StepKernelOptions ko = [&] {
-    StepKernelOptions o = MakeStepKernelOptions(oc.type, oc.type == "adamw" || oc.adam_w_mode,
-                                                StepHyper{lr, b1, b2, eps, wd, grad_scale, step}, layout_.gdtype,
-                                                copy_f32 ? DType::kBF16 : layout_.dtype);
-    o.adam.moment_update = MomentUpdateOf(oc.moment_update);  // the CPU and GPU updates alike
-    return o;
-  }();
+  StepKernelOptions o = MakeStepKernelOptions(oc.type, oc.type == "adamw" || oc.adam_w_mode,
+                                              StepHyper{lr, b1, b2, eps, wd, grad_scale, step}, layout_.gdtype,
+                                              copy_f32 ? DType::kBF16 : layout_.dtype);
+  o.adam.moment_update = MomentUpdateOf(oc.moment_update);  // the CPU and GPU updates alike
+  return o;
+}
+
+Status StepPipeline::Check(const StepOptions& so) const {
+  return ValidateStepKernelOptions(KernelOptions(so, 1.0, 1));
+}
+
+Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
+                         std::string* broken) {
+  const Config& config = *layout_.config;
+  const int n = static_cast<int>(order.size());
+  const bool copy_f32 = layout_.dtype == DType::kF32;  // fp32 compute: P is a copy of W, no kernel copy-out
+  const StepKernelOptions ko = KernelOptions(so, grad_scale, step);
   std::vector<Job> jobs(static_cast<size_t>(n));
   Status first_error;
   auto keep = [&](Status s) { if (first_error.ok() && !s.ok()) first_error = std::move(s); };

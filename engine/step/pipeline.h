@@ -47,8 +47,14 @@ class StepPipeline {
   // empty) says why the step cannot be finished, when it cannot.
   Status Run(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
              std::string* broken);
+  // The kernels' refusal of the step's options (beta1 outside [0, 1), a
+  // negative learning rate, ...), asked before anything is touched: a step
+  // refused here changes nothing and leaves nothing pending.
+  Status Check(const StepOptions& so) const;
 
  private:
+  StepKernelOptions KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const;
+
   const Layout& layout_;
   const std::vector<GroupBlocks>& blocks_;
   BlockIo& io_;

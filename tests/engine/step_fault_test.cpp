@@ -304,6 +304,44 @@ TEST(ResumedStep, OverlappedUpdatesToo) {
 // very different sizes, stepped many times under both disk schedules, never
 // run out of swap (first-fit over the spare the engine reserves) and never
 // pass the NVMe budget.
+// Every option the kernels refuse is refused before anything is touched:
+// nothing pending, and the next valid step goes ahead, bitwise the clean run.
+TEST(RefusedStep, LeavesNothingPending) {
+  TempDir dir, clean_dir;
+  const TinyMlp model;
+  const auto clean = CleanRun(Json("host", clean_dir.path(), "alternate"), model);
+  Built b = Make(Json("host", dir.path(), "alternate"), model);
+  ASSERT_TRUE(b.engine);
+  Engine& e = *b.engine;
+  struct Bad {
+    const char* name;
+    double StepOptions::*field;
+    double value;
+  };
+  const Bad bad[] = {{"beta1", &StepOptions::beta1, 1.5}, {"beta2", &StepOptions::beta2, 1.0},
+                     {"beta1", &StepOptions::beta1, 1.0}, {"eps", &StepOptions::eps, 1e300 * 1e300}};
+  for (int s = 0; s < kSteps; ++s) {
+    ASSERT_TRUE(model.TrainStep(e).ok());
+    if (s == kFaultyStep) {
+      for (const Bad& x : bad) {
+        StepOptions so = OptionsOf(s);
+        so.*x.field = x.value;
+        const int64_t before = e.steps_applied();
+        EXPECT_FALSE(e.PrepareStep(so).ok()) << x.name << " " << x.value;
+        auto r = e.Step(so);
+        ASSERT_FALSE(r.ok()) << x.name << " " << x.value << " was accepted";
+        EXPECT_EQ(r.status().code(), Code::kInvalid) << r.status().ToString();
+        EXPECT_NE(r.status().message().find(x.name), std::string::npos) << r.status().ToString();
+        EXPECT_EQ(r.status().message().find("pending"), std::string::npos) << r.status().ToString();
+        EXPECT_EQ(e.steps_applied(), before);
+      }
+    }
+    auto r = e.Step(OptionsOf(s));
+    ASSERT_TRUE(r.ok()) << "step " << s << " after refused options: " << r.status().ToString();
+  }
+  ExpectSame(Masters(e), clean, "a run with refused steps against the clean run");
+}
+
 TEST(CopyOnWrite, MixedGroupSizesNeverRunOutOfSwap) {
   const uint64_t sizes[] = {100, 200000, 3000, 70000, 1, 150000, 4096, 99999, 12, 180000, 5000, 60000};
   for (const char* io : {"alternate", "concurrent"}) {
