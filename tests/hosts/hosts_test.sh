@@ -246,8 +246,8 @@ exact)
 lossy)
   config "$WORK/c.json" 3
   run=("${args[@]}" --steps 6 --config "$WORK/c.json")
-  local_ranks 4 "$WORK/one" "${run[@]}"
   hosts_up 2
+  local_ranks 4 "$WORK/one" "${run[@]}"
   on_hosts 2 2 "$WORK/clean" "${run[@]}"
   same "2 hosts x 2 ranks, clean links (veth, bridge)" "$WORK/one" "$WORK/clean.h0"
   hosts_down
@@ -451,6 +451,7 @@ open('$WORK/taken', 'w').close(); time.sleep(60)" &
   ;;
 torch)
   "$PY" -c "import torch.distributed.run" 2>/dev/null || hosts_skip "torch.distributed.run is not importable by $PY"
+  hosts_up 2
   # --redirects/--tee given: Debian's torch 1.13 under Python 3.11 fails on their defaults.
   trun=("$PY" -m torch.distributed.run --redirects 1 --tee 1)
   # One host: torchrun's store on a free port, ours on the next.
@@ -472,7 +473,6 @@ PY
   mkdir -p "$WORK/ref-swap"
   timeout -k 5 "$GUARD_S" "${trun[@]}" --nproc_per_node 4 --master_addr 127.0.0.1 --master_port "$port" \
     "$HERE/torch_worker.py" "$WORK/ref" "$WORK/ref-swap" >"$WORK/ref.out" 2>&1 || { grep -v "^\s*$" "$WORK/ref.out" | grep -m5 -i "error\|Traceback" -A3; fail "torchrun on one host"; }
-  hosts_up 2
   pids=()
   for i in 0 1; do
     hosts_exec "$i" timeout -k 5 "$GUARD_S" "${trun[@]}" --nnodes 2 --node_rank "$i" --nproc_per_node 2 \
