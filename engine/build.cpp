@@ -227,7 +227,9 @@ Status Engine::Impl::BuildOnce() {
     if (step_.overlap) {
       // Its own update count with skip_groups_without_grads (bias correction), else the engine's.
       worker_ = std::make_unique<UpdateWorker>(
-          [this](int g) { return pipeline_->Run({g}, 1.0 / GradMeanDivisor(), step_.prepared_opts, StepsOf(g) + 1, &step_.broken); },
+          [this](int g, std::string* broken) {
+            return pipeline_->Run({g}, 1.0 / GradMeanDivisor(), step_.prepared_opts, StepsOf(g) + 1, broken);
+          },
           [this] { UseDeviceOnThisThread(); });
       worker_->Start();
     }

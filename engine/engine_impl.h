@@ -147,14 +147,15 @@ class Engine::Impl {
   // The update count group g's next update follows (its bias correction: + 1).
   int64_t StepsOf(int g) const { return skips_gradless() ? step_.group_steps[static_cast<size_t>(g)] : step_.applied; }
   std::unique_ptr<ShardStore> shards_;  // set at build
-  // The components with threads of their own (set at build).
-  std::unique_ptr<PHome> p_home_;
+  // The components, set at build (residency, the reducer and the worker
+  // have threads of their own).
+  std::unique_ptr<PHome> p_home_;  // residency's source of P
   std::unique_ptr<Residency> residency_;
   std::unique_ptr<GradReducer> reducer_;
 
   std::unique_ptr<StepPipeline> pipeline_;  // set at build
-  std::unique_ptr<UpdateWorker> worker_;
-  std::unique_ptr<Checkpointer> checkpointer_;  // set at build     // overlap_step's thread (set at build when it applies)
+  std::unique_ptr<UpdateWorker> worker_;  // overlap_step's thread (when it applies)
+  std::unique_ptr<Checkpointer> checkpointer_;
 };
 
 }  // namespace strata

@@ -125,7 +125,7 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
   const double scale = step_.scaler.scale();
   r->grad_norm = std::sqrt(sum) / scale / mean;
   std::function<Status()> wait_overlap;
-  if (worker_) wait_overlap = [this] { return worker_->WaitIdle(); };
+  if (worker_) wait_overlap = [this] { return worker_->WaitIdle(&step_.broken); };
   if (HoldBackNonfinite(config_, steps_, finite, wait_overlap, held)) {
     r->skipped = true;
     r->grad_norm = INFINITY;
@@ -147,7 +147,7 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
 // gradients, and the others are updated in cohorts of one update count
 // (their bias correction).
 Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
-  Status st = worker_ ? worker_->WaitIdle() : Status::Ok();
+  Status st = worker_ ? worker_->WaitIdle(&step_.broken) : Status::Ok();
   std::map<int64_t, std::vector<int>> cohorts;  // by update count: one pipeline each
   for (int g = 0; g < lay_.part.num_groups(); ++g) {
     const GroupStep& gs = steps_[static_cast<size_t>(g)];

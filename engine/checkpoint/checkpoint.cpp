@@ -2,7 +2,7 @@
 // into one data file through the io engine (state on NVMe goes swap file ->
 // host slot -> checkpoint file, never through the device), plus a JSON
 // manifest with the layout and XXH3 checksums, itself checksummed (see
-// engine/manifest.h), written in an order that survives a crash:
+// engine/format/manifest.h), written in an order that survives a crash:
 //   DIR/.TAG.partial/{rankNNNNN.bin, trainer.bin} written and fsynced
 //   -> manifest.json.tmp fsynced, renamed to manifest.json, folder fsynced
 //   -> .TAG.partial renamed to TAG, DIR fsynced

@@ -3,8 +3,10 @@
 // be finished (broken), and overlap_step's prepared options. Owned by the
 // composition's step (engine/step.cpp); checkpoints save and restore the
 // counts and the scale. No lock: the API's calls are made from one thread
-// at a time, and the overlap thread reads prepared_opts only while
-// `prepared` holds (set before the first grads call of a step).
+// at a time. The overlap thread (UpdateWorker) only reads: prepared_opts
+// while `prepared` holds (set before the first grads call of a step), and
+// the counts, which only Step changes, after that thread is idle; it reports
+// a step that cannot be finished through UpdateWorker::WaitIdle, never here.
 #pragma once
 
 #include <optional>

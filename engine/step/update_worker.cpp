@@ -3,7 +3,7 @@
 
 namespace strata {
 
-UpdateWorker::UpdateWorker(std::function<Status(int g)> update, std::function<void()> on_thread_start)
+UpdateWorker::UpdateWorker(std::function<Status(int g, std::string* broken)> update, std::function<void()> on_thread_start)
     : update_(std::move(update)), on_thread_start_(std::move(on_thread_start)) {}
 
 UpdateWorker::~UpdateWorker() { Stop(); }
@@ -22,10 +22,12 @@ void UpdateWorker::Run() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    Status st = update_(g);
+    std::string why;
+    Status st = update_(g, &why);
     lock.lock();
     busy_ = false;
     if (!st.ok() && error_.ok()) error_ = st;
+    if (!why.empty() && broken_.empty()) broken_ = std::move(why);
     cv_.notify_all();
   }
 }
@@ -51,11 +53,13 @@ void UpdateWorker::Enqueue(int g) {
   cv_.notify_all();
 }
 
-Status UpdateWorker::WaitIdle() {
+Status UpdateWorker::WaitIdle(std::string* broken) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
   Status st = error_;
   error_ = Status::Ok();
+  if (broken && broken->empty() && !broken_.empty()) *broken = broken_;
+  broken_.clear();
   return st;
 }
 
