@@ -1,6 +1,6 @@
 // Frozen groups (Engine::FreezeGroup): a fine-tune's base weights, kept as P
 // alone in the compute dtype and never updated. Fetch and release treat them
-// as any group (residency.cpp); here: marking them, where their P is for the
+// as any group (residency/); here: marking them, where their P is for the
 // CPU, read_master and write_state on them, and the ranks' agreement at
 // build. Their checkpoint blocks ("P") are saved in checkpoint.cpp and
 // loaded in checkpoint_load.cpp.

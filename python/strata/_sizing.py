@@ -5,7 +5,7 @@ model and the host budget instead of a fixed bucket.
 Where OffloadAdam's host memory goes with its state on NVMe (no GPU), per
 engine group of n elements (fp32) and for the whole model of N:
 
-  step staging   slots x (W, M, V, G [, P]) x 4 n   (engine/layout/preflight.cpp
+  step staging   slots x (W, M, V, G [, P]) x 4 n   (engine/layout/staging_plan.cpp
                  PlanStaging: every slot holds the LARGEST group's states;
                  slots = offload_optimizer.buffer_count, 3..16, default 4)
   grad staging   4 n      (G is not addressable in place)
@@ -62,7 +62,7 @@ def _device(config, section):
 def _slots(config):
     n = _section(config, "zero_optimization", "offload_optimizer").get("buffer_count", 4)
     try:
-        return min(max(int(n), 3), 16)  # engine/layout/preflight.cpp StepSlots
+        return min(max(int(n), 3), 16)  # engine/layout/staging_plan.cpp StepSlots
     except (TypeError, ValueError):
         return 4  # the engine refuses it, naming it
 

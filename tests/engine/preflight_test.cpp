@@ -1,4 +1,4 @@
-// engine/preflight: what the engine refuses or holds back before it changes
+// engine/layout/staging_plan and engine/step/step_checks: what the engine refuses or holds back before it changes
 // anything — a config built in code past the storage's limits, a host budget
 // too small for Build's staging, non-finite step options and gradients
 // (strata.nonfinite) — and what a step does to a group without gradients.

@@ -715,10 +715,10 @@ TEST(ResidencySharded, PrefetchLoadsWithoutGathering) {
 
 // A release without a fetch is refused even while the copy holds a pin
 // for a gather ahead; that pin stays the next fetch's.
-// DISABLED: fails today (residency.cpp: Release counts the pin held ahead as
-// a fetch's, so it returns OK, pins drop to 0 with `ahead` still set, and the
-// next fetch takes a pin that is gone: the fetched copy is evicted and
-// overwritten while in use). Enable with the fix.
+// (Before the fix Release counted the pin held ahead as a fetch's: it
+// returned OK, pins dropped to 0 with `ahead` still set, and the next fetch
+// took a pin that was gone, so the fetched copy could be evicted and
+// overwritten while in use.)
 TEST(ResidencySharded, AReleaseWithoutAFetchDoesNotTakeAPinHeldAhead) {
   GatherLog log;
   Rig rig(std::vector<uint64_t>(3, kS), 2 * kS, false, 0, true, log.Make(false));

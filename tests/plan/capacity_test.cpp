@@ -142,7 +142,7 @@ TEST(ZeroInfinity, OneTrillionOnOneDgx2) {
 }
 
 // strata.state_format "compact" (kernels/cpu/compact.h, stored as
-// engine/preflight.cpp sizes it): the master is P's bf16 half (2 B, in P's
+// engine/layout/staging_plan.cpp sizes it): the master is P's bf16 half (2 B, in P's
 // home) plus W's int8 corrections (1 B), M and V 1 B + a 4-byte scale per 32
 // elements = 1.125 B each, G fp32 (4 B). kPsi / kN and every shard are
 // multiples of 32: the figures are exact.

@@ -55,7 +55,7 @@ struct Homes {
 Homes HomesOf(const Config& config, const ClusterSpec& cluster);
 
 // Bytes of W, M, V for n elements of one group's shard under
-// strata.state_format, as the engine stores them (engine/preflight.cpp):
+// strata.state_format, as the engine stores them (engine/layout/layout.cpp):
 //   fp32     W 4n, M 4n, V 4n (12 B a parameter; Lion has no V: 8)
 //   compact  (bf16 compute only) the master is P's bf16 half plus W's int8
 //            corrections: W n; M and V n + 4*ceil(n/32) each (an 8-bit code

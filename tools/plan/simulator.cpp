@@ -375,7 +375,7 @@ class StepSim {
   }
   // Compact with P in place (host) but W staged: the step updates P's slice
   // in the slot, copied there before the job's reads are issued and back when
-  // the job commits (optimizer_driver.cpp, p_shadow): a memcpy each way.
+  // the job commits (engine/step/pipeline.cpp, p_shadow): a memcpy each way.
   bool PShadow() const { return sb_.compact && !Staged(h_.p) && Staged(h_.opt); }
   double PShadowCopy(int g, double t) {
     return PShadow() ? Cpu(t, 2 * PHomeNumel(g) * dp_ / c_.RankHostMem()) : t;
@@ -410,7 +410,7 @@ class StepSim {
       for (auto s : OptStates()) fn(h_.opt, static_cast<double>(OptBytes(g, s)));
   }
 
-  // strata.step_io "alternate" as RunOptimizer runs it (optimizer_driver.cpp):
+  // strata.step_io "alternate" as StepPipeline::Run runs it (engine/step/pipeline.cpp):
   // batches of max(K/2, 1) jobs, the disk reading or writing, never both.
   // fp32 updates batch k beside batch k-1's writes; compact, beside batch
   // k+1's reads. Then the CPU checksums batch k's outgoing blocks, and batch
