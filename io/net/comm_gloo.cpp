@@ -145,7 +145,8 @@ Result<std::string> ListenAddress(const RankInfo& r, std::string* why) {
 }
 
 // A listening socket that only says "this process is alive": the kernel
-// completes a peer's connect from the backlog, nobody accepts. After a failed
+// completes a peer's connect from the backlog (as long as net.core.somaxconn
+// allows: 4096 by default, one per peer that probes), nobody accepts. After a failed
 // collective every rank connects to every peer's to tell a lost peer (no
 // answer, unreachable, refused: its process is gone) from one that lives.
 class AliveSocket {
@@ -160,7 +161,7 @@ class AliveSocket {
     a.sin_family = AF_INET;
     socklen_t len = sizeof a;
     if (fd_ < 0 || inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1 ||
-        bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 256) != 0 ||
+        bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 65535) != 0 ||
         getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
       if (fd_ >= 0) close(fd_);
       fd_ = -1;
@@ -173,69 +174,89 @@ class AliveSocket {
   int fd_ = -1;
 };
 
-// Connects to each peer's alive socket at once, for at most `limit`; one
-// line naming the peers lost (and why) and those that answered.
+// Connects to each peer's alive socket, kProbeBatch at a time (bounded file
+// descriptors), each batch for at most `limit`; one line naming the peers
+// lost (and why) and those that answered. A probe this rank could not even
+// start (no socket: EMFILE, say) proves nothing about the peer: it is named
+// as not probed, never as lost.
+constexpr size_t kProbeBatch = 128;
+
 std::string ProbePeers(const std::vector<std::string>& peers, int self, Millis limit) {
   struct Try {
     int rank, fd = -1;
     std::string addr, result;  // result empty: still waiting
+    bool local_error = false;  // failed on this side: not evidence
   };
   std::vector<Try> tries;
-  for (int k = 0; k < static_cast<int>(peers.size()); ++k) {
-    if (k == self || peers[k].empty()) continue;
-    Try t{k, -1, peers[k], ""};
-    const auto colon = t.addr.rfind(':');
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(std::atoi(t.addr.c_str() + colon + 1)));
-    inet_pton(AF_INET, t.addr.substr(0, colon).c_str(), &a.sin_addr);
-    t.fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (t.fd < 0) {
-      t.result = std::strerror(errno);
-    } else if (connect(t.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-      t.result = "ok";
-    } else if (errno != EINPROGRESS) {
-      t.result = std::strerror(errno);
-    }
-    tries.push_back(std::move(t));
-  }
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    std::vector<pollfd> fds;
-    std::vector<Try*> who;
-    for (auto& t : tries)
-      if (t.result.empty()) {
-        fds.push_back({t.fd, POLLOUT, 0});
-        who.push_back(&t);
+  for (int k = 0; k < static_cast<int>(peers.size()); ++k)
+    if (k != self && !peers[k].empty()) tries.push_back(Try{k, -1, peers[k], "", false});
+  for (size_t b = 0; b < tries.size(); b += kProbeBatch) {
+    const size_t e = std::min(tries.size(), b + kProbeBatch);
+    for (size_t i = b; i < e; ++i) {
+      Try& t = tries[i];
+      const auto colon = t.addr.rfind(':');
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(std::atoi(t.addr.c_str() + colon + 1)));
+      inet_pton(AF_INET, t.addr.substr(0, colon).c_str(), &a.sin_addr);
+      t.fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (t.fd < 0) {
+        t.result = std::strerror(errno);
+        t.local_error = true;
+      } else if (connect(t.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+        t.result = "ok";
+      } else if (errno != EINPROGRESS) {
+        t.result = std::strerror(errno);
       }
-    auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
-    if (fds.empty() || left <= Millis(0)) break;
-    if (poll(fds.data(), fds.size(), static_cast<int>(left.count())) <= 0) continue;
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
-      int err = 0;
-      socklen_t len = sizeof err;
-      getsockopt(who[i]->fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      who[i]->result = err == 0 ? "ok" : std::strerror(err);
     }
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      std::vector<pollfd> fds;
+      std::vector<Try*> who;
+      for (size_t i = b; i < e; ++i)
+        if (tries[i].result.empty()) {
+          fds.push_back({tries[i].fd, POLLOUT, 0});
+          who.push_back(&tries[i]);
+        }
+      auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+      if (fds.empty() || left <= Millis(0)) break;
+      if (poll(fds.data(), fds.size(), static_cast<int>(left.count())) <= 0) continue;
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (!fds[i].revents) continue;
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(who[i]->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        who[i]->result = err == 0 ? "ok" : std::strerror(err);
+      }
+    }
+    for (size_t i = b; i < e; ++i)
+      if (tries[i].fd >= 0) close(tries[i].fd);
   }
-  std::string lost, alive;
-  for (auto& t : tries) {
-    if (t.fd >= 0) close(t.fd);
+  std::string lost, alive, unknown;
+  int n_lost = 0, n_alive = 0;
+  auto add = [](std::string& list, const std::string& item) { list += (list.empty() ? "" : ", ") + item; };
+  for (const auto& t : tries) {
     const std::string where = "rank " + std::to_string(t.rank) + " at " + t.addr;
     if (t.result == "ok") {
-      alive += (alive.empty() ? "" : ", ") + std::to_string(t.rank);
+      add(alive, std::to_string(t.rank));
+      ++n_alive;
+    } else if (t.local_error) {
+      add(unknown, std::to_string(t.rank) + " (" + t.result + ")");
     } else if (t.result.empty()) {
-      lost += (lost.empty() ? "" : ", ") + where + " (no answer within " + FormatSeconds(limit) + ")";
+      add(lost, where + " (no answer within " + FormatSeconds(limit) + ")");
+      ++n_lost;
     } else if (t.result == std::strerror(ECONNREFUSED)) {
-      lost += (lost.empty() ? "" : ", ") + where + " (connection refused: its process is gone)";
+      add(lost, where + " (connection refused: its process is gone)");
+      ++n_lost;
     } else {
-      lost += (lost.empty() ? "" : ", ") + where + " (" + t.result + ")";
+      add(lost, where + " (" + t.result + ")");
+      ++n_lost;
     }
   }
-  if (lost.empty()) return "every peer answers (rank" + std::string(tries.size() > 1 ? "s " : " ") + alive + ")";
-  return "lost peer" + std::string(lost.find(", rank ") != std::string::npos ? "s " : " ") + lost +
-         (alive.empty() ? "; no peer answers" : "; answering: rank" + std::string(alive.find(',') != std::string::npos ? "s " : " ") + alive);
+  std::string out = n_lost == 0 ? "no peer lost" : (n_lost == 1 ? "lost peer " : "lost peers ") + lost;
+  out += n_alive == 0 ? "; no peer answers" : (n_alive == 1 ? "; answering: rank " : "; answering: ranks ") + alive;
+  if (!unknown.empty()) out += "; not probed: rank " + unknown;
+  return out;
 }
 
 void SumFloats(void* c, const void* a, const void* b, size_t n) {
