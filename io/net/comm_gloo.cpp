@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -19,8 +20,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <mutex>
 #include <cstring>
 #include <exception>
 #include <thread>
@@ -144,36 +148,6 @@ Result<std::string> ListenAddress(const RankInfo& r, std::string* why) {
   return RouteAddress(r.master_addr, r.master_port);
 }
 
-// A listening socket that only says "this process is alive": the kernel
-// completes a peer's connect from the backlog (as long as net.core.somaxconn
-// allows: 4096 by default, one per peer that probes), nobody accepts. After a failed
-// collective every rank connects to every peer's to tell a lost peer (no
-// answer, unreachable, refused: its process is gone) from one that lives.
-class AliveSocket {
- public:
-  ~AliveSocket() {
-    if (fd_ >= 0) close(fd_);
-  }
-  // "addr:port", or "" when no socket could be made (then nobody is probed).
-  std::string Open(const std::string& addr) {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    socklen_t len = sizeof a;
-    if (fd_ < 0 || inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1 ||
-        bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 65535) != 0 ||
-        getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      if (fd_ >= 0) close(fd_);
-      fd_ = -1;
-      return "";
-    }
-    return addr + ":" + std::to_string(ntohs(a.sin_port));
-  }
-
- private:
-  int fd_ = -1;
-};
-
 // Connects to each peer's alive socket, kProbeBatch at a time (bounded file
 // descriptors), each batch for at most `limit`; one line naming the peers
 // lost (and why) and those that answered. A probe this rank could not even
@@ -259,6 +233,105 @@ std::string ProbePeers(const std::vector<std::string>& peers, int self, Millis l
   return out;
 }
 
+// Each rank's alive socket and the thread that serves it. The socket only
+// says "this process is alive": peers connect, the thread accepts and
+// closes. When a collective has waited ProbeDelay() (half the timeout, or
+// until 1.5 s before it, whichever is later) the thread probes every peer,
+// while the other ranks still wait in the same collective: a peer that does
+// not answer then is lost, one that answers lives (hung, or just slow); a
+// probe after the failure instead might find peers that have exited because
+// they failed too. Collectives that fail at once (a peer closed its
+// connection) are probed after the failure (see GlooComm::Guard).
+class Watchdog {
+ public:
+  ~Watchdog() {
+    stop_ = true;
+    if (thread_.joinable()) {
+      const uint64_t one = 1;
+      [[maybe_unused]] ssize_t n = write(wake_, &one, sizeof one);  // out of its poll now
+      thread_.join();
+    }
+    if (wake_ >= 0) close(wake_);
+    if (fd_ >= 0) close(fd_);
+  }
+  // Listens on `addr`; "addr:port", or "" when no socket could be made
+  // (then nobody probes this rank, and it probes nobody ahead).
+  std::string Open(const std::string& addr) {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || inet_pton(AF_INET, addr.c_str(), &a.sin_addr) != 1 ||
+        bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(fd_, 4096) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      if (fd_ >= 0) close(fd_);
+      fd_ = -1;
+      return "";
+    }
+    return addr + ":" + std::to_string(ntohs(a.sin_port));
+  }
+  // Starts the thread once the peers are known.
+  void Start(std::vector<std::string> peers, int self, Millis timeout) {
+    if (fd_ < 0 || (wake_ = eventfd(0, EFD_CLOEXEC)) < 0) return;
+    peers_ = std::move(peers);
+    self_ = self;
+    timeout_ = timeout;
+    thread_ = std::thread([this] { Loop(); });
+  }
+  // A collective (one Guard call) begins / ends; lock-free.
+  void Begin() {
+    since_ms_.store(NowMs(), std::memory_order_relaxed);
+    active_.store(++id_, std::memory_order_release);
+  }
+  void End() { active_.store(0, std::memory_order_release); }
+  // What the probe ahead found during the collective that just failed, or "".
+  std::string TakeResult() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return result_id_ == id_ ? result_ : "";
+  }
+  static Millis ProbeDelay(Millis timeout) { return std::max(timeout / 2, timeout - Millis(1500)); }
+  static Millis ProbeLimit(Millis timeout) {
+    return std::clamp((timeout - ProbeDelay(timeout)) * 2 / 3, Millis(1), Millis(1000));
+  }
+
+ private:
+  static int64_t NowMs() {
+    return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  void Loop() {
+    const Millis delay = ProbeDelay(timeout_);
+    const int tick = static_cast<int>(std::clamp<int64_t>(delay.count() / 4, 1, 100));
+    uint64_t probed = 0;
+    while (!stop_) {
+      pollfd p[2] = {{fd_, POLLIN, 0}, {wake_, POLLIN, 0}};
+      if (poll(p, 2, tick) > 0 && (p[0].revents & POLLIN))
+        for (int c; (c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) close(c);
+      const uint64_t id = active_.load(std::memory_order_acquire);
+      if (id == 0 || id == probed || NowMs() - since_ms_.load(std::memory_order_relaxed) < delay.count()) continue;
+      probed = id;
+      std::string found = ProbePeers(peers_, self_, ProbeLimit(timeout_)) + " (probed " +
+                          FormatSeconds(delay) + " into the wait)";
+      std::lock_guard<std::mutex> lock(mu_);
+      result_ = std::move(found);
+      result_id_ = id;
+    }
+  }
+
+  int fd_ = -1;
+  int wake_ = -1;  // eventfd: the destructor wakes the thread
+  std::vector<std::string> peers_;
+  int self_ = 0;
+  Millis timeout_{0};
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> active_{0};  // the collective in progress (0: none)
+  std::atomic<int64_t> since_ms_{0};
+  uint64_t id_ = 0;  // the caller's count of collectives (one caller at a time)
+  std::mutex mu_;
+  std::string result_;  // guarded by mu_
+  uint64_t result_id_ = 0;
+};
+
 void SumFloats(void* c, const void* a, const void* b, size_t n) {
   auto* out = static_cast<float*>(c);
   auto* x = static_cast<const float*>(a);
@@ -269,12 +342,14 @@ void SumFloats(void* c, const void* a, const void* b, size_t n) {
 class GlooComm final : public Communicator {
  public:
   GlooComm(std::shared_ptr<gloo::transport::Device> dev, std::shared_ptr<gloo::rendezvous::Context> ctx,
-           Millis timeout, std::unique_ptr<AliveSocket> alive, std::vector<std::string> peers)
+           Millis timeout, std::unique_ptr<Watchdog> watchdog, std::vector<std::string> peers)
       : dev_(std::move(dev)),
         ctx_(std::move(ctx)),
         timeout_(timeout),
-        alive_(std::move(alive)),
-        peers_(std::move(peers)) {}
+        watchdog_(std::move(watchdog)),
+        peers_(std::move(peers)) {
+    watchdog_->Start(peers_, ctx_->rank, timeout_);
+  }
 
   int rank() const override { return ctx_->rank; }
   int world_size() const override { return ctx_->size; }
@@ -349,27 +424,33 @@ class GlooComm final : public Communicator {
     gloo::barrier(opts);
   }
 
-  // A failure says which peers are lost (see AliveSocket), probed once: the
+  // A failure says which peers are lost (see Watchdog), once: the
   // communicator is broken after its first failure.
   template <typename Fn>
   Status Guard(Fn&& fn) {
     Status s;
+    watchdog_->Begin();
     try {
       fn();
+      watchdog_->End();
       return Status::Ok();
     } catch (const std::exception& e) {
       s = FromGloo(e, timeout_);
     } catch (...) {
       s = CommError("gloo threw an unknown exception");
     }
+    watchdog_->End();
     if (probed_ || peers_.empty()) return s;
     probed_ = true;
-    // A peer that closed its connection may be the first of several dying at
-    // once (a host lost): let the others' deaths land before asking who lives.
-    if (s.code() == Code::kComm) std::this_thread::sleep_for(kSettle);
-    return Status(s.code(), s.message() + "; " + ProbePeers(peers_, rank(), std::min(timeout_, kProbeLimit)));
+    std::string found = watchdog_->TakeResult();
+    if (found.empty()) {
+      // A peer that closed its connection may be the first of several dying
+      // at once (a host lost): let the others' deaths land before asking.
+      if (s.code() == Code::kComm) std::this_thread::sleep_for(kSettle);
+      found = ProbePeers(peers_, rank(), Watchdog::ProbeLimit(timeout_)) + " (probed after the failure)";
+    }
+    return Status(s.code(), s.message() + "; " + found);
   }
-  static constexpr Millis kProbeLimit{1000};
   static constexpr Millis kSettle{200};
 
   // Ring reduce-scatter over two halves of scratch_: at step s this rank
@@ -411,7 +492,7 @@ class GlooComm final : public Communicator {
   std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   Millis timeout_;
-  std::unique_ptr<AliveSocket> alive_;  // open as long as this communicator
+  std::unique_ptr<Watchdog> watchdog_;  // this rank's alive socket and its thread
   std::vector<std::string> peers_;      // every rank's alive socket, "addr:port" ("" unknown)
   bool probed_ = false;
   std::vector<float> scratch_;  // (2, n): reduce-scatter send/receive halves
@@ -431,8 +512,8 @@ Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
   }
   STRATA_LOG_DEBUG("gloo rank {} of {} listens on {} ({}); store {}:{}", r.rank, r.world_size, local, why,
                    r.master_addr, r.store_port);
-  auto alive = std::make_unique<AliveSocket>();
-  const std::string alive_at = r.world_size > 1 && o.store ? alive->Open(local) : "";
+  auto watchdog = std::make_unique<Watchdog>();
+  const std::string alive_at = r.world_size > 1 && o.store ? watchdog->Open(local) : "";
   if (o.store && r.world_size > 1) {
     STRATA_RETURN_IF_ERROR(o.store->Set(o.prefix + "/alive/" + std::to_string(r.rank),
                                         Bytes(alive_at.begin(), alive_at.end()))
@@ -456,7 +537,7 @@ Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
       if (!v.ok()) return v.status().WithContext(where);
       peers.emplace_back(v->begin(), v->end());
     }
-    comm = std::make_unique<GlooComm>(std::move(dev), std::move(ctx), timeout, std::move(alive), std::move(peers));
+    comm = std::make_unique<GlooComm>(std::move(dev), std::move(ctx), timeout, std::move(watchdog), std::move(peers));
   } catch (const std::exception& e) {
     if (adapter && !adapter->first_error().ok()) return adapter->first_error().WithContext(where);
     return FromGloo(e, timeout).WithContext(where + " (listening on " + local + ", from " + why + ")");

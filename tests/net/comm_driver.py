@@ -16,6 +16,7 @@ Every process is bounded by a timeout and killed at the end.
 """
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -87,6 +88,13 @@ def scenario_victim(a, mode):
               f"rank {r}'s error names the collective and its number")
         if mode == "hang":
             check("TIMEOUT:" in out and "timed out after 3 s" in out, f"rank {r} reports a timeout")
+            # The sleeper is alive: probed after the failure, it answers.
+            answering = re.search(r"answering: ranks? ([0-9, ]+)", out)
+            check(answering is not None and str(victim) in answering.group(1).replace(" ", "").split(",")
+                  and "lost peer" not in out, f"rank {r} finds rank {victim} alive (it hangs, it is not lost)")
+        else:
+            check(re.search(rf"lost peers? .*rank {victim} at 127\.0\.0\.1:[0-9]+ \(connection refused: its process is gone\)",
+                            out) is not None, f"rank {r} names rank {victim} as the peer lost")
         check(elapsed < timeout + 15, f"rank {r} exits within the timeout ({elapsed:.1f} s)")
     if mode == "kill":
         rc, out, _ = finish(procs[victim], 10)
