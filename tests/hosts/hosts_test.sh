@@ -44,7 +44,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PY=/usr/bin/python3
 PORT=29500      # every run has its own network stacks: a fixed port never collides
 TIMEOUT_S=3     # strata.timeout in the fault cases
-MARGIN_S=3      # fail within TIMEOUT_S + MARGIN_S: the probe of the peers (1 s), a step, the exit
+MARGIN_S=3      # fail within TIMEOUT_S + MARGIN_S: a step in flight, a probe after the failure (<= 1 s), the exit
 GUARD_S=120     # a rank still running after this is killed and the test fails (a hang)
 WORK=$(mktemp -d "/var/tmp/strata-hosts-test-st$$-XXXXXX")  # named for hosts_sweep
 HOSTS_EXTRA_CLEANUP='rm -rf "$WORK"'
