@@ -182,6 +182,20 @@ def scenario_launcher(a):
                      "--grace", "1")
     check(p.returncode == 5 and took < 10, f"SIGKILL after the grace: rc {p.returncode}, {took:.1f} s")
 
+    # Once per host (--nnodes): node-major ranks, the node's index as torchrun names it.
+    script = 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE $MASTER_ADDR $MASTER_PORT"'
+    p = subprocess.run([a.launch, "--nnodes", "3", "--node-rank", "1", "--nproc", "2", "--master-addr", "10.213.0.1",
+                        "--master-port", "29411", "--", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=30, env={**os.environ, "NODE_RANK": "7"})
+    print(p.stdout + p.stderr, flush=True)
+    for local in range(2):
+        want = f"[rank {2 + local}] {2 + local} 6 {local} 2 1 3 10.213.0.1 29411"
+        check(want in p.stdout.splitlines(), f"--nnodes 3 --node-rank 1: local rank {local} gets '{want}'")
+    for bad, words in ((["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 is not below --nnodes 2"),
+                       (["--nnodes", "2", "--node-rank", "1", "--master-port", "0"], "works on one host only")):
+        p = subprocess.run([a.launch, "--nproc", "1", *bad, "--", "true"], capture_output=True, text=True, timeout=30)
+        check(p.returncode == 2 and words in p.stderr, f"{' '.join(bad)} refused naming it: {p.stderr.strip()}")
+
     t0 = time.monotonic()
     q = subprocess.Popen([a.launch, "--nproc", "2", "--", "sleep", "60"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
