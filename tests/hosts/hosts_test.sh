@@ -261,8 +261,20 @@ lossy)
   hosts_up_lossy 2 2 0.01
   on_hosts 2 2 "$WORK/lossy" "${run[@]}"
   same "2 hosts x 2 ranks, 2 ms delay and 1% loss on each link ($HOSTS_LINKS)" "$WORK/one" "$WORK/lossy.h0"
-  hosts_switch_stats
-  lossy_stats=$HOSTS_SWITCH_STATS
+  if [ "$HOSTS_LINKS" = netem ]; then
+    dropped=0
+    for i in 0 1; do
+      d=$(tc -s -n "$(hosts_ns "$i")" qdisc show dev eth0 | sed -n 's/.*dropped \([0-9]*\).*/\1/p' | head -1)
+      dropped=$((dropped + ${d:-0}))
+    done
+    lossy_stats="netem dropped $dropped packets on the hosts' side"
+  else
+    hosts_switch_stats
+    lossy_stats=$HOSTS_SWITCH_STATS
+    dropped=$(sed -n 's/.*dropped \([0-9]*\).*/\1/p' <<<"$lossy_stats")
+  fi
+  # The loss took place (else the equality above proves nothing about it).
+  [ "${dropped:-0}" -gt 0 ] || fail "the lossy links dropped nothing: $lossy_stats"
   echo "links: clean $HOSTS_LINKS: $clean_sw_stats; lossy: $lossy_stats"
   echo "step time (rank 0, steady state, 12 x 64 tokens): clean veth $(step_ms "$WORK/clean.h0") ms," \
     "clean $HOSTS_LINKS $(step_ms "$WORK/clean-sw.h0") ms, 2 ms + 1% loss $(step_ms "$WORK/lossy.h0") ms"
