@@ -19,7 +19,8 @@
 #            the one a clean run saved at that step, and training resumes from it
 #   resume   a checkpoint of 2 hosts x 2 ranks resumes on 1 host x 2 ranks and
 #            on 3 hosts x 1 rank (resharded), bitwise as a resume at that world
-#            size on one host over loopback
+#            size on one host over loopback; with host-local checkpoint folders
+#            (the same path, each host's own disk) the save fails on every rank
 #   torch    strata.torch.offload_module (stage 3, NVMe, fp32 and compact) on 2
 #            hosts x 2 ranks under torchrun --nnodes 2 == torchrun on one host
 #            with 4 ranks, bitwise (skipped without torch's torchrun)
@@ -32,7 +33,9 @@
 #            STRATA_SOCKET_IFNAME / GLOO_SOCKET_IFNAME (checked by the
 #            interfaces' byte counters); an unknown interface, an unreachable
 #            master and a port in use are errors naming them
-# Skips (77) when not root or when the kernel refuses namespaces.
+# Skips (77) when not root or when the kernel refuses namespaces. The addr and
+# torch modes use the Python binding: STRATA_LIBRARY and PYTHONPATH set (ctest
+# sets them).
 # Usage: hosts_test.sh MODE STRATA_TRAIN STRATA_LAUNCH STRATA_EXPORT
 set -euo pipefail
 MODE=${1:?usage: hosts_test.sh MODE STRATA_TRAIN STRATA_LAUNCH STRATA_EXPORT}
