@@ -10,6 +10,7 @@ PKGS=(
   libopenblas-dev fio python3 python3-numpy python3-torch python3-torchvision python3-pytest python3-venv
   python3-pip python3-setuptools python3-wheel  # pip install --no-deps --no-build-isolation ./python, offline
   clang libclang-rt-14-dev  # tests/fuzz: clang++ -fsanitize=fuzzer
+  iproute2  # tests/hosts: network namespaces, veth, a bridge, tc
 )
 missing=()
 for p in "${PKGS[@]}"; do
