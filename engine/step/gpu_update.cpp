@@ -21,14 +21,6 @@ namespace strata {
 
 namespace {
 
-#if STRATA_HAVE_CUDA
-constexpr bool kCudaBuilt = true;
-#else
-constexpr bool kCudaBuilt = false;
-#endif
-
-constexpr uint64_t kDeviceGrain = 256;  // the device tier's allocation granularity
-
 bool IsOptimizerState(int s) {
   return s == int(StateKind::kW) || s == int(StateKind::kM) || s == int(StateKind::kV);
 }

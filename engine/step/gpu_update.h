@@ -17,6 +17,15 @@
 
 namespace strata {
 
+// Whether the CUDA kernels are linked (STRATA_HAVE_CUDA), and the device
+// tier's allocation granularity (the scratch's offsets and sizes).
+#if STRATA_HAVE_CUDA
+inline constexpr bool kCudaBuilt = true;
+#else
+inline constexpr bool kCudaBuilt = false;
+#endif
+inline constexpr uint64_t kDeviceGrain = 256;
+
 // One step's options for each optimizer's kernel, built once per step and
 // given to the CPU kernels and their CUDA twins alike.
 struct StepKernelOptions {

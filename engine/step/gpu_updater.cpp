@@ -11,17 +11,6 @@
 
 namespace strata {
 
-namespace {
-
-#if STRATA_HAVE_CUDA
-constexpr bool kCudaBuilt = true;
-#else
-constexpr bool kCudaBuilt = false;
-#endif
-
-constexpr uint64_t kDeviceGrain = 256;  // the device tier's allocation granularity
-
-}  // namespace
 
 // At build, once the home blocks are allocated: the choice, logged once when
 // a GPU holds the state and the CPU updates it anyway; then the scratch
