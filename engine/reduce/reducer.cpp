@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/sizes.h"
+#include "base/worker.h"
 
 namespace strata {
 
@@ -83,7 +84,6 @@ Status GradReducer::Init() {
     }
   }
   if (!overlap) return Status::Ok();
-  stop_ = false;
   thread_ = std::thread([this] { Run(); });
   return Status::Ok();
 }
@@ -124,14 +124,7 @@ void GradReducer::Run() {
 }
 
 void GradReducer::Stop() {
-  if (thread_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
+  StopWorker(mu_, cv_, stop_, thread_);
   std::lock_guard<std::mutex> lock(mu_);
   queue_.clear();
   error_ = Status::Ok();

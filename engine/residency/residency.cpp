@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/sizes.h"
+#include "base/worker.h"
 
 namespace strata {
 
@@ -41,15 +42,8 @@ void Residency::Run() {
 }
 
 void Residency::Stop() {
-  if (!thread_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
+  StopWorker(mu_, cv_, stop_, thread_);
   std::lock_guard<std::mutex> lock(mu_);
-  stop_ = false;
   queue_.clear();
 }
 

@@ -1,6 +1,8 @@
 // UpdateWorker (update_worker.h): the overlapped step's thread.
 #include "engine/step/update_worker.h"
 
+#include "base/worker.h"
+
 namespace strata {
 
 UpdateWorker::UpdateWorker(std::function<Status(int g, std::string* broken)> update, std::function<void()> on_thread_start)
@@ -33,16 +35,9 @@ void UpdateWorker::Run() {
 }
 
 void UpdateWorker::Stop() {
-  if (!thread_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
+  StopWorker(mu_, cv_, stop_, thread_);
   std::lock_guard<std::mutex> lock(mu_);
   queue_.clear();
-  stop_ = false;
 }
 
 void UpdateWorker::Enqueue(int g) {
