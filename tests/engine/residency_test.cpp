@@ -162,6 +162,15 @@ struct Rig {
     Status st = residency->Release(g);
     EXPECT_TRUE(st.ok()) << "release " << g << ": " << st.ToString();
   }
+  // Fetches and releases g, then gathers it ahead as the communication
+  // thread would (PinForAhead, EndAhead(true)); returns its copy.
+  void* HoldAhead(int g) {
+    void* p = FetchChecked(g);
+    ReleaseOk(g);
+    EXPECT_EQ(residency->PinForAhead(g), p) << "group " << g << " is resident and not gathered";
+    residency->EndAhead(g, true);
+    return p;
+  }
 
   std::vector<uint64_t> sizes;
   FakeSource source;
@@ -634,10 +643,7 @@ TEST(ResidencySharded, DropAheadPinsGivesThePinsBack) {
   GatherLog log;
   Rig rig(std::vector<uint64_t>(3, kS), 3 * kS, false, 0, true, log.Make(false));
   for (int g = 0; g < 2; ++g) {
-    rig.FetchChecked(g);
-    rig.ReleaseOk(g);
-    ASSERT_NE(rig.residency->PinForAhead(g), nullptr);
-    rig.residency->EndAhead(g, true);
+    ASSERT_NE(rig.HoldAhead(g), nullptr);
     EXPECT_EQ(rig.residency->pins(g), 1);
   }
   rig.residency->DropAheadPins();
@@ -653,10 +659,7 @@ TEST(ResidencySharded, DropAheadPinsGivesThePinsBack) {
 TEST(ResidencySharded, ACopyHeldAheadIsNotEvicted) {
   GatherLog log;
   Rig rig(std::vector<uint64_t>(3, kS), 2 * kS, false, 0, true, log.Make(false));
-  void* p0 = rig.FetchChecked(0);
-  rig.ReleaseOk(0);
-  ASSERT_EQ(rig.residency->PinForAhead(0), p0);
-  rig.residency->EndAhead(0, true);
+  void* p0 = rig.HoldAhead(0);
   rig.FetchChecked(1);
   auto r = rig.residency->Fetch(2);
   EXPECT_EQ(r.status().code(), Code::kNoMem) << r.status().ToString();
@@ -722,10 +725,7 @@ TEST(ResidencySharded, PrefetchLoadsWithoutGathering) {
 TEST(ResidencySharded, AReleaseWithoutAFetchDoesNotTakeAPinHeldAhead) {
   GatherLog log;
   Rig rig(std::vector<uint64_t>(3, kS), 2 * kS, false, 0, true, log.Make(false));
-  void* p0 = rig.FetchChecked(0);
-  rig.ReleaseOk(0);
-  ASSERT_EQ(rig.residency->PinForAhead(0), p0);
-  rig.residency->EndAhead(0, true);
+  void* p0 = rig.HoldAhead(0);
   Status st = rig.residency->Release(0);
   EXPECT_EQ(st.code(), Code::kState) << "group 0 is not fetched: " << st.ToString();
   EXPECT_EQ(rig.residency->pins(0), 1) << "the pin held ahead stays";
