@@ -148,7 +148,17 @@ Status Engine::Impl::BuildOnce() {
   // extent until it is settled — a slot's blocks per step job, plus a G
   // store from grads and a P store from a recompute beside them. A frozen
   // group's P is written only between steps (write_state, a load), alone.
-  const uint64_t cow_spare = static_cast<uint64_t>(StepSlots(config_) + 2) * largest_stored + largest_frozen;
+  uint64_t cow_spare = static_cast<uint64_t>(StepSlots(config_) + 2) * largest_stored + largest_frozen;
+  // overlap_step's speculation keeps the old extents of NVMe-homed state
+  // until the step commits (step/speculation.h): its room is reserved too.
+  if (options_.overlap_step && nvme_bytes > 0) {
+    const uint64_t want = config_.strata.speculation_disk_bytes;
+    cow_spare += want != StrataConfig::kSpeculationAuto
+                     ? want
+                     : Speculation::TotalNeeds(lay_, [](int) { return false; },
+                                               [&](uint64_t b) { return NvmeTier::PaddedSizeFor(b, dirs.size()); })
+                           .disk;
+  }
   if (nvme_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .spare = cow_spare,
                                                      .rank = options_.rank, .checksums = config_.strata.checksums,
@@ -222,20 +232,7 @@ Status Engine::Impl::BuildOnce() {
   step_.group_steps.assign(static_cast<size_t>(ngroups), 0);
   step_.scaler.Init(config_.fp16);
   STRATA_RETURN_IF_ERROR(StartComponents());
-  if (options_.overlap_step) {
-    step_.overlap = config_.gradient_clipping == 0 && !config_.fp16.enabled && !lay_.multi && !lay_.reduces;
-    if (step_.overlap) {
-      // Its own update count with skip_groups_without_grads (bias correction), else the engine's.
-      worker_ = std::make_unique<UpdateWorker>(
-          [this](int g, std::string* broken) {
-            return pipeline_->Run({g}, 1.0 / GradMeanDivisor(), step_.prepared_opts, StepsOf(g) + 1, broken);
-          },
-          [this] { UseDeviceOnThisThread(); });
-      worker_->Start();
-    }
-    else WarnOnce("overlap-off", "overlap_step needs gradient_clipping 0, no fp16 and one rank without a communicator (the update depends "
-                                 "on every gradient; collectives keep one order); stepping after backward instead");
-  }
+  if (options_.overlap_step) STRATA_RETURN_IF_ERROR(StartOverlap());  // overlap.cpp
   built_ = true;
   STRATA_LOG_DEBUG("built {} groups ({} frozen), {} parameters; P on {}, W/M/V on {}, G on {}", ngroups,
                    std::count(lay_.frozen_groups.begin(), lay_.frozen_groups.end(), 1), lay_.part.total_numel(), TierName(lay_.home[0]),

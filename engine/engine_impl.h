@@ -23,6 +23,7 @@
 #include "engine/step/gpu_updater.h"
 #include "engine/step/pipeline.h"
 #include "engine/step/shard_store.h"
+#include "engine/step/speculation.h"
 #include "engine/step/step_state.h"
 #include "engine/step/update_worker.h"
 #include "engine/format/manifest.h"
@@ -93,7 +94,7 @@ class Engine::Impl {
   Status CheckUsable(const char* call, bool pending_ok = true) const;
   // Ends the step (one that finished, or any after a successful load):
   // nothing pending or broken, every group's gradients and flags reset.
-  void AbandonStep();
+  void AbandonStep(bool keep_p_stale = false);
   Status Agree(const Status& local, const std::string& what) { return AgreeOverRanks(comm_, local, what); }
   Status RecomputeP(void* buf, uint64_t buf_bytes);
 
@@ -140,7 +141,8 @@ class Engine::Impl {
   // all are finite.
   Status GlobalSquares(double* sum, bool* finite);
   Result<double> GradNorm();
-  Status ApplyStep(const StepOptions& so, double grad_scale);
+  // `early`: the early updates' failure (not speculative: committed as they landed).
+  Status ApplyStep(const StepOptions& so, double grad_scale, Status early);
   int CountCommitted() const;
 
   bool skips_gradless() const { return options_.skip_groups_without_grads; }
@@ -155,6 +157,24 @@ class Engine::Impl {
 
   std::unique_ptr<StepPipeline> pipeline_;  // set at build
   std::unique_ptr<UpdateWorker> worker_;  // overlap_step's thread (when it applies)
+  std::unique_ptr<Speculation> spec_;     // overlap_step's held updates (set with worker_)
+  double last_grads_s_ = -1;  // stats clock at the return of the step's last grads call (-1: none)
+
+  // overlap_step (step.cpp). At build: the speculation's room and the
+  // thread. Group g's gradients are complete: its early update is queued
+  // (any thread: the caller's, or the reduction's). The thread's run over
+  // the queued groups. At step: the thread idle, and the early updates
+  // committed, discarded (the step is skipped) or redone (replayed).
+  Status StartOverlap();
+  void OnGradsComplete(int g);
+  // Whether g's gradients of this step are all in and its early update
+  // taken (the caller's thread: grads and fetch refuse it after that).
+  bool OverlapHasTaken(int g) const {
+    return worker_ && step_.prepared && steps_[static_cast<size_t>(g)].handed >= options_.grad_accumulation_steps;
+  }
+  Status RunOverlap(const UpdateWorker::Next& next, std::string* broken);
+  Status FinishOverlap();
+  void SettleOverlap(const StepOptions& so, const StepResult& r, double grad_scale);
   std::unique_ptr<Checkpointer> checkpointer_;
 };
 

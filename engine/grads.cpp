@@ -32,15 +32,18 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
     return InvalidError("grads: group " + std::to_string(group) +
                         " is frozen (freeze_group): it keeps its parameters alone and takes no gradients");
   GroupStep& gs = steps_[static_cast<size_t>(group)];
-  // The overlapped step updated this group once its gradients were complete:
+  // The overlapped step updates this group once its gradients are complete:
   // one more would land in a G the update already read (or is reading).
-  if (step_.overlap && gs.updated)
+  if (OverlapHasTaken(group))
     return StateError("grads: group " + std::to_string(group) + " already had its " +
                       std::to_string(options_.grad_accumulation_steps) +
-                      " grads call(s) of this step and was updated (overlap_step); call step first");
+                      " grads call(s) of this step and is updated early (overlap_step); call step first");
   if (lay_.reduces) {
     STRATA_RETURN_IF_ERROR(DrainComm(/*wait=*/false));  // an earlier background failure: now
-    return reducer_->Grads(group, grads, dtype);
+    STRATA_RETURN_IF_ERROR(reducer_->Grads(group, grads, dtype));  // OnGradsComplete: from the accumulation
+    ++gs.handed;
+    last_grads_s_ = stats_->Now();
+    return Status::Ok();
   }
   const GroupLayout& L = lay_.part.group(group);
   const uint64_t lo = static_cast<uint64_t>(lay_.srank) * L.shard_numel;  // one shard here: lay_.srank is 0
@@ -58,12 +61,9 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   Status st = AccumulateG(group, src, dtype, real);
   if (src_buf) staging_.grad.Release(src_buf);
   if (!st.ok()) return st.WithContext("grads: group " + std::to_string(group));
-  // An update before the step needs no norm: none with clipping asked for.
-  if (step_.overlap && step_.prepared && step_.prepared_opts.max_grad_norm <= 0 &&
-      gs.grad_calls == options_.grad_accumulation_steps && OverlapMayUpdate(config_, gs)) {
-    gs.updated = true;
-    worker_->Enqueue(group);
-  }
+  ++gs.handed;
+  OnGradsComplete(group);
+  last_grads_s_ = stats_->Now();
   return Status::Ok();
 }
 

@@ -34,6 +34,11 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
     if (gs.grad_calls > 0) return StateError("prepare_step: gradients of this step have already arrived");
   step_.prepared = true;
   step_.prepared_opts = so;
+  // The early updates are certain only where nothing after backward can
+  // change them: no clipping, no loss scale, non-finite gradients applied.
+  const double clip = so.max_grad_norm >= 0 ? so.max_grad_norm : config_.gradient_clipping;
+  step_.speculative = clip > 0 || config_.fp16.enabled || config_.strata.nonfinite != "apply";
+  step_.spec_scale = 1.0 / (step_.scaler.scale() * GradMeanDivisor());  // ScaleGradients' factor without clipping
   return Status::Ok();
 }
 
@@ -52,13 +57,18 @@ Status Engine::Impl::CheckUsable(const char* call, bool pending_ok) const {
   return Status::Ok();
 }
 
-void Engine::Impl::AbandonStep() {
+void Engine::Impl::AbandonStep(bool keep_p_stale) {
+  if (worker_) (void)worker_->WaitIdle();  // (a load: its failures do not matter now)
+  if (spec_) spec_->Discard();
   step_.pending.reset();
   step_.broken.clear();
   step_.prepared = false;
   for (auto& gs : steps_) {
-    gs.grad_calls = 0;
-    gs.updated = gs.committed = gs.p_stale = false;
+    gs.grad_calls = gs.handed = 0;
+    gs.committed = false;
+    // A step keeps P marked that could not be rewritten (fetch refuses it;
+    // the next step rewrites it); a load rewrites every P.
+    if (!keep_p_stale) gs.p_stale = false;
   }
 }
 
@@ -124,9 +134,8 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
   const double mean = GradMeanDivisor();
   const double scale = step_.scaler.scale();
   r->grad_norm = std::sqrt(sum) / scale / mean;
-  std::function<Status()> wait_overlap;
-  if (worker_) wait_overlap = [this] { return worker_->WaitIdle(&step_.broken); };
-  if (HoldBackNonfinite(config_, steps_, finite, wait_overlap, held)) {
+  // (overlap_step's thread is idle already: FinishOverlap.)
+  if (HoldBackNonfinite(config_, steps_, finite, nullptr, held)) {
     r->skipped = true;
     r->grad_norm = INFINITY;
     return Status::Ok();
@@ -146,8 +155,8 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
 // change; with skip_groups_without_grads neither do groups without
 // gradients, and the others are updated in cohorts of one update count
 // (their bias correction).
-Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale) {
-  Status st = worker_ ? worker_->WaitIdle(&step_.broken) : Status::Ok();
+Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status early) {
+  Status st = std::move(early);
   std::map<int64_t, std::vector<int>> cohorts;  // by update count: one pipeline each
   for (int g = 0; g < lay_.part.num_groups(); ++g) {
     const GroupStep& gs = steps_[static_cast<size_t>(g)];
@@ -181,9 +190,11 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     return InvalidError("step: a failed step is pending; finish it with the options it was called with (or load a "
                         "checkpoint); nothing was changed");
   residency_->WaitIdle();
-  if (!step_.pending && step_.overlap && step_.prepared && !SameOptions(step_.prepared_opts, so))
-    return InvalidError("step: options differ from those given to prepare_step, which the overlapped "
-                        "updates already used");
+  if (!step_.pending && step_.overlap && step_.prepared && !step_.speculative &&
+      !SameOptions(step_.prepared_opts, so))
+    return InvalidError("step: options differ from those given to prepare_step, which the overlapped updates "
+                        "already used (committed: with no clipping, no fp16 and strata.nonfinite \"apply\" they "
+                        "are not speculative); nothing more was changed");
   if (lay_.multi) {
     // Ranks agree on the step and its options before anything changes: the
     // label rides on the step's first collective, the norm's all-gather
@@ -195,18 +206,22 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     if (lay_.sworld == 1) STRATA_RETURN_IF_ERROR(comm_->Barrier().WithContext("step: agreeing with the other ranks"));
   }
   stats_->StepBegin();
+  Status early = FinishOverlap();  // the early updates are done (or held)
   StepResult r;
   double grad_scale = 1;
   Status held;
   if (Status st = ScaleGradients(so, &r, &grad_scale, &held); !st.ok()) {
     stats_->StepEnd(false);
-    return st;
+    return st;  // held speculation stays for the retry (or a load discards it)
   }
+  SettleOverlap(so, r, grad_scale);  // committed, discarded (skipped) or to be redone
   Status st = held;
   if (r.skipped) {
     step_.scaler.Update(true);
+    // P of discarded speculation, from the restored W (bitwise what it was).
+    if (Status p = RepairStaleP(); !p.ok() && st.ok()) st = p;
   } else {
-    st = ApplyStep(so, grad_scale);
+    st = ApplyStep(so, grad_scale, std::move(early));
     if (st.ok()) {
       ++step_.applied;
       for (int g = 0; skips_gradless() && g < lay_.part.num_groups(); ++g)  // the groups this step updated
@@ -217,14 +232,15 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   r.loss_scale = step_.scaler.scale();
   step_.prepared = false;
   if (st.ok() || r.skipped) {
-    AbandonStep();  // the step is done (or held back): nothing pending, every group fresh for the next
+    AbandonStep(/*keep_p_stale=*/true);  // the step is done (or held back): nothing pending, every group fresh for the next
   } else if (step_.broken.empty()) {
     step_.pending = so;
-    for (auto& gs : steps_) gs.updated = false;
   }
   DropDeviceCopies(/*keep_frozen=*/true);  // P changed (for the committed groups, at least); frozen P never does
   const std::vector<int> ahead = residency_->OnStep();
   stats_->StepEnd(r.skipped);
+  stats_->SetExposed(last_grads_s_ >= 0 ? stats_->Now() - last_grads_s_ : 0);
+  last_grads_s_ = -1;
   if (!st.ok()) {
     if (!step_.broken.empty() || r.skipped) return st;
     return st.WithContext("step " + std::to_string(step_.applied + 1) + " is not finished (" +

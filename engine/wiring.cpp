@@ -19,7 +19,11 @@ Status Engine::Impl::StartComponents() {
   auto on_thread = [this] { UseDeviceOnThisThread(); };
   if (lay_.reduces) {
     GradReducer::Hooks h;
-    h.accumulate = [this](int g, const float* sums, uint64_t n) { return AccumulateG(g, sums, DType::kF32, n); };
+    h.accumulate = [this](int g, const float* sums, uint64_t n) {
+      Status st = AccumulateG(g, sums, DType::kF32, n);
+      if (st.ok()) OnGradsComplete(g);  // this rank's shard of g is reduced: its early update may go
+      return st;
+    };
     h.step = [this] { return step_.applied + 1; };
     h.grad_calls = [this](int g) { return steps_[static_cast<size_t>(g)].grad_calls; };
     h.pin_ahead = [this](int g) { return residency_->PinForAhead(g); };
@@ -63,9 +67,12 @@ Status Engine::Impl::StartComponents() {
 }
 
 Result<void*> Engine::Impl::Fetch(int g) {
-  if (steps_[static_cast<size_t>(g)].updated)
-    return StateError("fetch: group " + std::to_string(g) + " was already updated by the overlapped step; "
+  if (OverlapHasTaken(g))
+    return StateError("fetch: group " + std::to_string(g) + " is updated early by the overlapped step; "
                       "with overlap_step a group is not fetched after its gradients are complete");
+  if (steps_[static_cast<size_t>(g)].p_stale)
+    return StateError("fetch: P of group " + std::to_string(g) + " does not follow its master weights (rewriting "
+                      "it failed after a discarded or failed update); the next step rewrites it, or load a checkpoint");
   return residency_->Fetch(g);
 }
 

@@ -179,6 +179,12 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     const strata::Placement pl = engine->rep->placement();
     f.gpu_device = pl.device;
     f.numa_node = pl.cpu_node;
+    f.speculated_steps = s.speculated_steps;
+    f.committed_steps = s.committed_steps;
+    f.replayed_steps = s.replayed_steps;
+    f.discarded_steps = s.discarded_steps;
+    f.early_updates = s.early_updates;
+    f.exposed_step_s = s.exposed_step_s;
     return WriteSized(f, "stats", stats);
   });
 }

@@ -252,6 +252,9 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Bool("device_pool", &s->device_pool));
   STRATA_RETURN_IF_ERROR(r.Choice("gpu_optimizer", &s->gpu_optimizer, {"auto", "off"}));
   STRATA_RETURN_IF_ERROR(r.Choice("numa_bind", &s->numa_bind, {"auto", "off"}));
+  // "auto" (and absent) leave kSpeculationAuto; 0 is "none".
+  STRATA_RETURN_IF_ERROR(r.ByteSize("speculation_host_bytes", &s->speculation_host_bytes, 0));
+  STRATA_RETURN_IF_ERROR(r.ByteSize("speculation_disk_bytes", &s->speculation_disk_bytes, 0));
   return r.CheckUnknownKeys();
 }
 
@@ -399,6 +402,7 @@ std::string ConfigToJson(const Config& c) {
   const auto& p = c.zero.offload_param;
   const auto& o = c.zero.offload_optimizer;
   const auto budget = [](uint64_t b) { return b == 0 ? Json("auto") : Json(b); };
+  const auto speculation = [](uint64_t b) { return b == StrataConfig::kSpeculationAuto ? Json("auto") : Json(b); };
   Json doc = {
       {"zero_optimization",
        {{"stage", c.zero.stage},
@@ -442,7 +446,9 @@ std::string ConfigToJson(const Config& c) {
         {"grad_reduce", c.strata.grad_reduce}, {"state_format", c.strata.state_format},
         {"device_pool", c.strata.device_pool},
         {"gpu_optimizer", c.strata.gpu_optimizer},
-        {"numa_bind", c.strata.numa_bind}}},
+        {"numa_bind", c.strata.numa_bind},
+        {"speculation_host_bytes", speculation(c.strata.speculation_host_bytes)},
+        {"speculation_disk_bytes", speculation(c.strata.speculation_disk_bytes)}}},
   };
   return doc.dump(2, ' ', false, Json::error_handler_t::replace);  // a Config built in code may hold any bytes
 }

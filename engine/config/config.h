@@ -177,6 +177,20 @@ struct StrataConfig {
   //           host tier's memory, to the node it starts on;
   //   "off"   nothing is bound: the OS places threads and pages.
   std::string numa_bind = "auto";
+  // overlap_step's speculation (engine/step/speculation.h): updates made
+  // during backward before the step knows the norm are held until it does.
+  //   speculation_host_bytes: host memory (from host_budget) for the old
+  //     values of host-homed W, M, V (compact: and P's slice) that a discard
+  //     restores. "auto": what every host-homed group needs, at most what
+  //     the host budget has left after build.
+  //   speculation_disk_bytes: swap reserved beyond the state's own so that
+  //     NVMe-homed W, M, V (and P) keep their old extents until the commit.
+  //     "auto": the NVMe-homed optimizer state's padded bytes (every group).
+  // Groups that do not fit are updated after backward; 0 speculates none
+  // of that tier's groups. kSpeculationAuto is "auto".
+  static constexpr uint64_t kSpeculationAuto = ~uint64_t{0};
+  uint64_t speculation_host_bytes = kSpeculationAuto;
+  uint64_t speculation_disk_bytes = kSpeculationAuto;
   bool operator==(const StrataConfig&) const = default;
 };
 

@@ -29,6 +29,16 @@ struct EngineStats {
   // thread (the fetch that followed found them gathered), and those the
   // ranks let the fetch gather instead (a shard not loaded on some rank).
   uint64_t gathers_ahead = 0, gathers_ahead_declined = 0;
+  // overlap_step: steps whose early updates were speculative (held until
+  // the norm was known), and of those the ones committed, replayed (clipping
+  // applied, or the options changed: redone after backward) and discarded
+  // (a skipped step: fp16 overflow, strata.nonfinite); groups updated before
+  // the end of backward (speculated or committed early); and the last
+  // step's exposed time: from the return of its last grads call to the
+  // return of step (0 when it had no grads call).
+  uint64_t speculated_steps = 0, committed_steps = 0, replayed_steps = 0, discarded_steps = 0;
+  uint64_t early_updates = 0;
+  double exposed_step_s = 0;
 };
 
 }  // namespace strata

@@ -181,6 +181,21 @@ void StatsRecorder::StepEnd(bool skipped) {
   if (!trace_path_.empty()) Add(3, skipped ? "step (skipped)" : "step", step_start_, now, 0, -1);
 }
 
+void StatsRecorder::OnOverlap(Speculated outcome, int early_groups) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.early_updates += static_cast<uint64_t>(early_groups);
+  if (outcome == Speculated::kNone) return;
+  ++stats_.speculated_steps;
+  if (outcome == Speculated::kCommitted) ++stats_.committed_steps;
+  if (outcome == Speculated::kReplayed) ++stats_.replayed_steps;
+  if (outcome == Speculated::kDiscarded) ++stats_.discarded_steps;
+}
+
+void StatsRecorder::SetExposed(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.exposed_step_s = seconds;
+}
+
 EngineStats StatsRecorder::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

@@ -54,6 +54,11 @@ class StatsRecorder {
   // Starts / ends a step's accounting window.
   void StepBegin();
   void StepEnd(bool skipped);
+  // overlap_step's outcome for a step (engine_stats.h), with the groups it
+  // updated early; and the step's exposed time.
+  enum class Speculated { kNone, kCommitted, kReplayed, kDiscarded };
+  void OnOverlap(Speculated outcome, int early_groups);
+  void SetExposed(double seconds);
   // Figures so far; the tier fields are filled by the engine.
   EngineStats Snapshot() const;
   // Writes every span so far to the trace path (a temporary file renamed

@@ -10,7 +10,9 @@ struct GroupStep {
   int grad_calls = 0;      // grads calls in this step
   double sum_squares = 0;  // of G, after the last grads call
   bool finite = true;
-  bool updated = false;    // overlap: updated (or queued) in this step
+  // grads calls the caller handed in for this step (the caller's thread;
+  // with the reduction, grad_calls counts those accumulated, on its thread).
+  int handed = 0;
   // This step's update of W, M, V is in their homes (all three, or none:
   // NVMe writes are published together). A failed step leaves the others
   // for the next Step call to finish.

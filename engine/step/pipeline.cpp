@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <deque>
 
 #include "kernels/cpu/adagrad.h"
 #include "kernels/cpu/adam.h"
@@ -56,6 +57,7 @@ struct Job {
   bool settled = false;  // finish_stores ran
   bool p_shadow = false;  // compact: a host-homed P updated in the slot, copied back at commit
   bool gpu = false;  // W, M, V (and a device-homed P) are updated in place on the GPU
+  StepKernelOptions ko;  // the group's options (its own update count)
 };
 
 }  // namespace
@@ -79,11 +81,31 @@ Status StepPipeline::Check(const StepOptions& so) const {
 
 Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
                          std::string* broken) {
+  size_t next = 0;
+  Feed feed;
+  feed.next = [&](bool) { return next < order.size() ? order[next++] : -1; };
+  feed.step_of = [step](int) { return step; };
+  return RunFeed(feed, grad_scale, so, broken);
+}
+
+Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOptions& so, std::string* broken) {
   const Config& config = *layout_.config;
-  const int n = static_cast<int>(order.size());
   const bool copy_f32 = layout_.dtype == DType::kF32;  // fp32 compute: P is a copy of W, no kernel copy-out
-  const StepKernelOptions ko = KernelOptions(so, grad_scale, step);
-  std::vector<Job> jobs(static_cast<size_t>(n));
+  Speculation* const spec = feed.spec;
+  // The run's groups as the feed hands them out; jobs (a deque: stable) beside.
+  std::vector<int> order;
+  std::deque<Job> jobs;
+  // Whether job i exists: known already, or the feed has it (wait: blocks
+  // until it does or the run is over; else only looks).
+  auto avail = [&](int i, bool wait) {
+    while (static_cast<int>(order.size()) <= i) {
+      const int g = feed.next(wait);
+      if (g < 0) return false;
+      order.push_back(g);
+      jobs.emplace_back();
+    }
+    return true;
+  };
   Status first_error;
   auto keep = [&](Status s) { if (first_error.ok() && !s.ok()) first_error = std::move(s); };
 
@@ -132,6 +154,28 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
     };
     const bool on_device = blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)].home == TierKind::kDevice ||
                            (layout_.compact && copied_to_device(StateKind::kP));
+    const StateBlock& pb = blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)];
+    // P follows W: a committed group whose P did not reach home gets it
+    // recomputed from W (fp32 format); one whose P landed is fresh again.
+    const bool p_stale = !layout_.compact && !at_home(j, pb) && (!p_stored || !p_st.ok());
+    if (spec) {  // held, not published: the step commits or discards it (speculation.h)
+      if (commit && j.p_shadow) {  // its home slice was backed up at the load
+        const uint64_t off = layout_.PSliceOffset(j.group), bytes = layout_.part.group(j.group).shard_numel * 2;
+        std::memcpy(static_cast<char*>(io_.DirectPtr(pb)) + off, reinterpret_cast<char*>(j.ptr[int(StateKind::kP)]) + off, bytes);
+      }
+      for (int k = 0; k < j.stores.n; ++k) {
+        BlockMove& m = j.stores.m[static_cast<size_t>(k)];
+        if (commit && (!is_copy(j.stores.state[static_cast<size_t>(k)]) || p_st.ok())) spec->Hold(j.group, std::move(m));
+        else io_.SettleStore(m, /*publish=*/false);
+      }
+      j.stores.n = 0;
+      if (commit) spec->Ready(j.group, p_stale);
+      else spec->Fail(j.group);
+      keep(std::move(state_st));
+      keep(std::move(p_st));
+      if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }
+      return;
+    }
     if (!commit && state_stores > 0 && on_device && broken->empty())
       *broken = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
                 state_st.message() + ")";
@@ -150,9 +194,10 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
       io_.SettleStore(j.stores.m[static_cast<size_t>(k)], commit && (!is_p || p_st.ok()));
     }
     j.stores.n = 0;
-    const StateBlock& pb = blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)];
-    if (commit && !layout_.compact && !at_home(j, pb) && (!p_stored || !p_st.ok())) gs.p_stale = true;
-    if (commit) gs.committed = true;
+    if (commit) {
+      gs.p_stale = p_stale;
+      gs.committed = true;
+    }
     keep(std::move(state_st));
     keep(std::move(p_st));
     if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }
@@ -163,6 +208,7 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     const bool has_grads = gs.grad_calls > 0;
     j.gpu = gpu_.UpdatesOnGpu(j.group);
+    j.ko = KernelOptions(so, grad_scale, feed.step_of(j.group));
     for (int s = 0; s < kNumStates; ++s) {
       const StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
       if (b.alloc.charged == 0) continue;  // state unused by this optimizer
@@ -172,6 +218,13 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
       }
       const bool shadow = layout_.compact && s == int(StateKind::kP) && io_.Direct(b) &&
                           !io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]);
+      // Speculation: the old contents of what the update changes in place
+      // (compact: this rank's slice of P, also when staged as a shadow).
+      if (spec && io_.Direct(b) && s != int(StateKind::kG) && !is_copy(s)) {
+        const bool p = s == int(StateKind::kP);
+        spec->Backup(j.group, static_cast<const char*>(io_.DirectPtr(b)) + (p ? layout_.PSliceOffset(j.group) : 0),
+                     p ? layout_.part.group(j.group).shard_numel * 2 : layout_.StateBytes(s, j.group));
+      }
       if (io_.Direct(b) && !shadow) { j.ptr[s] = static_cast<float*>(io_.DirectPtr(b)); continue; }
       if (!j.slot) j.slot = opt_staging_.Acquire();  // blocks until a slot's writes are done
       j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + layout_.opt_slot_offsets[s]);
@@ -220,7 +273,7 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     const double t0 = stats_.Now();
     GpuUpdateOutcome outcome = GpuUpdateOutcome::kUntouched;
-    Status st = gpu_.Update(j.group, j.ptr, ko, &outcome);
+    Status st = gpu_.Update(j.group, j.ptr, j.ko, &outcome);
     stats_.Span(Resource::kCpuOptimizer, "gpu update", t0, stats_.Now(), layout_.part.group(j.group).shard_numel);
     if (outcome == GpuUpdateOutcome::kPartial && broken->empty())
       *broken = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
@@ -248,9 +301,9 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
     if (layout_.compact) {  // P's slice is the bf16 half: nothing more to write
       const kernels::CompactState cs = shards_.CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
                                                  j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
-      st = CompactStepKernelCpu(ko, len, cs, j.ptr[int(StateKind::kG)]);
+      st = CompactStepKernelCpu(j.ko, len, cs, j.ptr[int(StateKind::kG)]);
     } else {
-      st = StepKernelCpu(ko, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)], j.ptr[int(StateKind::kG)],
+      st = StepKernelCpu(j.ko, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)], j.ptr[int(StateKind::kG)],
                          copy_f32 ? nullptr : P);
     }
     if (copy_f32 && !layout_.compact) std::memcpy(P, W, len * 4);
@@ -260,8 +313,8 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
       j.updated = true;
       // W, M, V updated in place (host homes): committed now; P follows
       // through its store (or, when that fails, a recompute from W).
-      if (io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]) && (!layout_.compact || io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)])) &&
-          !j.p_shadow)
+      if (!spec && io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]) &&
+          (!layout_.compact || io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)])) && !j.p_shadow)
         gs.committed = true;
     }
     keep(st);
@@ -269,13 +322,13 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
   };
 
   if (config.strata.step_io == "concurrent") {
-    if (n > 0) start_loads(0);
-    for (int i = 0; i < n && first_error.ok(); ++i) {
+    for (int i = 0; first_error.ok() && avail(i, /*wait=*/true); ++i) {
       // Slot reuse: with K slots, job i+1 takes the slot of job i+1-K, once its
-      // writes finish; reads run up to K-2 shards ahead of the update.
+      // writes finish; reads run up to K-2 shards ahead of the update (of the
+      // groups the feed has: a streamed run does not wait for those ahead).
       const int k = std::max(opt_staging_.count(), 3);
       if (i + 2 - k >= 0) finish_stores(jobs[static_cast<size_t>(i + 2 - k)]);
-      for (int a = i + 1; a <= std::min(i + k - 2, n - 1); ++a)
+      for (int a = i; a <= i + k - 2 && avail(a, /*wait=*/false); ++a)
         if (jobs[static_cast<size_t>(a)].group < 0) start_loads(a);
       Job& j = jobs[static_cast<size_t>(i)];
       finish_loads(j);
@@ -297,12 +350,14 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
     // checked beside them; a batch costs about max(read, update) + write.
     const bool update_beside_reads = layout_.compact;
     const int batch = std::max(opt_staging_.count() / 2, 1);
-    auto load_batch = [&](int first) {  // starts the loads; returns the end
-      const int end = std::min(first + batch, n);
-      for (int a = first; a < end; ++a) start_loads(a);
-      return end;
+    // Starts the loads of the groups the feed has, up to a batch (wait: for
+    // the first at least, unless the run is over); returns the end.
+    auto load_batch = [&](int first, bool wait) {
+      int a = first;
+      for (; a < first + batch && avail(a, wait && a == first); ++a) start_loads(a);
+      return a;
     };
-    int prev = 0, cur = 0, cur_end = n > 0 ? load_batch(0) : 0;
+    int prev = 0, cur = 0, cur_end = load_batch(0, /*wait=*/true);
     for (int a = cur; a < cur_end; ++a) finish_loads(jobs[static_cast<size_t>(a)]);
     while (cur < cur_end && first_error.ok()) {
       auto update_batch = [&] {
@@ -311,7 +366,7 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
       if (!update_beside_reads) update_batch();
       if (!first_error.ok()) break;
       for (int a = prev; a < cur; ++a) finish_stores(jobs[static_cast<size_t>(a)]);  // frees the slots batch k+1 reads into
-      const int next = cur_end, next_end = next < n ? load_batch(next) : next;
+      const int next = cur_end, next_end = load_batch(next, /*wait=*/false);
       if (update_beside_reads) update_batch();
       if (!first_error.ok()) break;
       for (int i = cur; i < cur_end; ++i) checksum_stores(jobs[static_cast<size_t>(i)]);
@@ -332,6 +387,12 @@ Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const
       prev = cur;
       cur = next;
       cur_end = next_end;
+      if (cur == cur_end && first_error.ok()) {  // none more yet (a streamed run), or the end
+        for (int a = prev; a < cur; ++a) finish_stores(jobs[static_cast<size_t>(a)]);
+        prev = cur;
+        cur_end = load_batch(cur, /*wait=*/true);
+        for (int a = cur; a < cur_end; ++a) finish_loads(jobs[static_cast<size_t>(a)]);
+      }
     }
   }
   // Drain: every load and store in flight finishes before the slots return.

@@ -19,6 +19,7 @@
 // one run at a time (the overlap thread's, or the step's after it is idle).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@
 #include "engine/step/group_step.h"
 #include "engine/step/gpu_updater.h"
 #include "engine/step/shard_store.h"
+#include "engine/step/speculation.h"
 
 namespace strata {
 
@@ -47,6 +49,18 @@ class StepPipeline {
   // empty) says why the step cannot be finished, when it cannot.
   Status Run(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
              std::string* broken);
+  // A run whose groups arrive one at a time (overlap_step: as backward
+  // completes them). `next(wait)`: the next group, or -1 (wait: the run is
+  // over; else: none yet). `step_of(g)`: the update number of g's bias
+  // correction. `spec`: the updates are held, not committed (speculation.h);
+  // each group handed out must have been reserved there, and ends Ready or
+  // Failed.
+  struct Feed {
+    std::function<int(bool wait)> next;
+    std::function<int64_t(int g)> step_of;
+    Speculation* spec = nullptr;
+  };
+  Status RunFeed(const Feed& feed, double grad_scale, const StepOptions& so, std::string* broken);
   // The kernels' refusal of the step's options (beta1 outside [0, 1), a
   // negative learning rate, ...), asked before anything is touched: a step
   // refused here changes nothing and leaves nothing pending.

@@ -63,12 +63,9 @@ bool HoldBackNonfinite(const Config& config, const std::vector<GroupStep>& group
   if (!config.fp16.enabled && policy == "apply") return false;
   if (wait_overlap) *error = wait_overlap();  // nothing may run on while the step ends
   if (config.fp16.enabled || !error->ok()) return true;  // fp16: an overflow; the scaler lowers the scale
-  int updated = 0;
-  for (const GroupStep& gs : groups) updated += gs.updated ? 1 : 0;
+  // (overlap_step's early updates of such a step were speculative: discarded.)
   std::string what = "gradients of " + GroupText(FirstNonfiniteGroup(groups)) + " are not finite (NaN or infinite)";
-  const std::string done = updated ? "nothing more was updated (" + std::to_string(updated) +
-                                         " groups updated earlier by overlap_step keep their update)"
-                                   : "nothing was updated";
+  const std::string done = "nothing was updated";
   if (policy == "error") {
     *error = InvalidError("step: " + what + "; " + done + " (strata.nonfinite is \"error\")");
     return true;

@@ -35,6 +35,12 @@ struct StepState {
   bool overlap = false;   // overlap_step applies (decided at build)
   bool prepared = false;  // prepare_step was called for the step in progress
   StepOptions prepared_opts;
+  // overlap_step, this step: the early updates are speculative (held until
+  // the step knows the norm: clipping, fp16 or a nonfinite policy that holds
+  // back could still change them), else committed as they land; and the
+  // factor on G they use (no clipping: 1 / (loss scale x mean divisor)).
+  bool speculative = false;
+  double spec_scale = 1.0;
 };
 
 }  // namespace strata

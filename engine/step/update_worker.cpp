@@ -5,8 +5,9 @@
 
 namespace strata {
 
-UpdateWorker::UpdateWorker(std::function<Status(int g, std::string* broken)> update, std::function<void()> on_thread_start)
-    : update_(std::move(update)), on_thread_start_(std::move(on_thread_start)) {}
+UpdateWorker::UpdateWorker(std::function<Status(const Next& next, std::string* broken)> run,
+                           std::function<void()> on_thread_start)
+    : run_(std::move(run)), on_thread_start_(std::move(on_thread_start)) {}
 
 UpdateWorker::~UpdateWorker() { Stop(); }
 
@@ -14,18 +15,26 @@ void UpdateWorker::Start() {
   if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
 }
 
+int UpdateWorker::Take(bool wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (wait) cv_.wait(lock, [&] { return stop_ || closed_ || !queue_.empty(); });
+  if (stop_ || queue_.empty()) return -1;
+  const int g = queue_.front();
+  queue_.pop_front();
+  return g;
+}
+
 void UpdateWorker::Run() {
   if (on_thread_start_) on_thread_start_();
+  const Next next = [this](bool wait) { return Take(wait); };
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (stop_) return;
-    const int g = queue_.front();
-    queue_.pop_front();
     busy_ = true;
     lock.unlock();
     std::string why;
-    Status st = update_(g, &why);
+    Status st = run_(next, &why);
     lock.lock();
     busy_ = false;
     if (!st.ok() && error_.ok()) error_ = st;
@@ -50,7 +59,10 @@ void UpdateWorker::Enqueue(int g) {
 
 Status UpdateWorker::WaitIdle(std::string* broken) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  closed_ = true;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return (queue_.empty() || !thread_.joinable()) && !busy_; });
+  closed_ = false;
   Status st = error_;
   error_ = Status::Ok();
   if (broken && broken->empty() && !broken_.empty()) *broken = broken_;

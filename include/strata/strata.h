@@ -135,9 +135,16 @@ typedef struct strata_engine_options {
                                   divided by the accumulation steps */
   int force_no_gpu;            /* nonzero: the device tier is a host arena even with a GPU */
   /* Nonzero: each group is updated as soon as its gradients are complete,
-   * overlapping the rest of backward (bitwise the same result). Needs
-   * gradient_clipping 0 and no fp16 (else it is off, with a warning), and
-   * strata_engine_prepare_step before each step's first strata_engine_grads. */
+   * overlapping the rest of backward, with bitwise the same result as
+   * without. Where the step could still change that update (gradient
+   * clipping, fp16 loss scaling, strata.nonfinite "skip"/"error") the early
+   * update is speculative: held until strata_engine_step knows the global
+   * norm, then committed, or discarded and redone with the clipping
+   * coefficient, or discarded when the step is skipped. Its room:
+   * strata.speculation_host_bytes and strata.speculation_disk_bytes
+   * (docs/config.md); groups that do not fit update after backward. Needs
+   * strata_engine_prepare_step before each step's first strata_engine_grads
+   * (a step without it is not overlapped). */
   int overlap_step;
   /* Appended (a struct_size that ends before it reads as -1): the GPU this
    * process drives, one process per GPU. -1: the launcher's local rank
@@ -338,10 +345,14 @@ typedef struct strata_step_result {
   { sizeof(strata_step_result_t), 0.0, 0, 1.0 }
 
 /* With overlap_step: announces the options of the coming step, before its
- * first strata_engine_grads; strata_engine_step must then get the same
- * options (without overlap_step the call only records them). `options` may
- * be NULL (all from the config). Errors: INVALID, STATE (after this step's
- * first grads). */
+ * first strata_engine_grads (without overlap_step the call only records
+ * them). When strata_engine_step then gets other options, the speculative
+ * early updates are discarded and redone with step's (a warning, once; the
+ * result is still exact); where the early updates were not speculative
+ * (no clipping, no fp16, strata.nonfinite "apply") they are committed
+ * already, and step refuses other options with INVALID. `options` may be
+ * NULL (all from the config). Errors: INVALID (an option the kernels
+ * refuse: nothing changes), STATE (after this step's first grads). */
 STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
                                                       const strata_step_options_t* options);
 
@@ -505,11 +516,21 @@ typedef struct strata_stats {
    * words): the GPU it drives, -1 without one; the NUMA node its CPUs are
    * bound to, -1 when they are not. */
   int gpu_device, numa_node;
+  /* Appended. overlap_step: steps whose early updates were speculative
+   * (held until the gradients' norm was known), and of those the ones
+   * committed, replayed (clipping applied, or step got other options than
+   * prepare_step: redone after backward) and discarded (the step was
+   * skipped: an fp16 overflow, strata.nonfinite); groups updated before the
+   * end of backward, cumulative; and the last step's exposed time, from the
+   * return of its last strata_engine_grads to the return of
+   * strata_engine_step (0 when it had none). */
+  uint64_t speculated_steps, committed_steps, replayed_steps, discarded_steps, early_updates;
+  double exposed_step_s;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0, 0, 0, 0, -1, -1                                                                         \
+        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0                                                     \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

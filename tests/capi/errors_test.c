@@ -207,12 +207,16 @@ static void engine_errors(void) {
       short_stats.struct_size != offsetof(strata_stats_t, host))
     fprintf(stderr, "stats wrote past the caller's struct_size\n"), ++failures;
 
-  /* Overlapped step: options announced after gradients, or changed at the step. */
+  /* Overlapped step: options announced after gradients, or changed at the
+   * step. With nothing that could change the early update (no clipping, no
+   * fp16, non-finite gradients applied) it is committed as it lands, so
+   * other options at the step are refused; else it is speculative and they
+   * only cost a replay (tests/engine/speculate_test.cpp). */
   strata_engine_options_t ov = STRATA_ENGINE_OPTIONS_INIT;
   ov.force_no_gpu = 1;
   ov.overlap_step = 1;
   strata_engine_t* e2 = NULL;
-  OK(strata_engine_create(kConfig, &ov, &e2));
+  OK(strata_engine_create("{\"optimizer\": {\"type\": \"AdamW\"}, \"strata\": {\"nonfinite\": \"apply\"}}", &ov, &e2));
   OK(strata_engine_add_param(e2, 0, "w", 4, init, NULL));
   OK(strata_engine_build(e2));
   so = (strata_step_options_t)STRATA_STEP_OPTIONS_INIT;

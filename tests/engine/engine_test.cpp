@@ -205,11 +205,14 @@ TEST(Engine, PinMemoryNeverBlocksARunWithoutAGpu) {
   setrlimit(RLIMIT_MEMLOCK, &old);
 }
 
+// Early updates that nothing could change (no clipping, no fp16, non-finite
+// gradients applied) are committed as they land: other options at the step
+// are refused. (Speculative ones are redone: speculate_test.cpp.)
 TEST(Engine, OverlapRefusesLateFetchesAndChangedOptions) {
   TinyMlp model(2, 16);
   EngineOptions eo;
   eo.overlap_step = true;
-  auto e = Engine::Create(MustParse("{}"), eo);
+  auto e = Engine::Create(MustParse(R"({"strata": {"nonfinite": "apply"}})"), eo);
   ASSERT_TRUE(e.ok());
   ASSERT_TRUE(model.Register(**e).ok());
   ASSERT_TRUE((*e)->Build().ok());

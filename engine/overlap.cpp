@@ -1,0 +1,124 @@
+// overlap_step: groups updated while backward goes on (UpdateWorker), and
+// their end at the step. Where the step could still change an update —
+// clipping, fp16's loss scale, a strata.nonfinite policy that holds a step
+// back — the early update is speculative (step/speculation.h): held until
+// the step knows the global norm, then committed, discarded with the
+// skipped step, or discarded and redone with the clipping coefficient (a
+// replay). Either way the result is bitwise the step without overlap: a
+// committed speculation used the same factor on G (1 / (loss scale x mean
+// divisor), compared exactly) and the same options and update count.
+#include "base/log.h"
+#include "base/sizes.h"
+#include "engine/engine_impl.h"
+#include "engine/step/step_checks.h"
+
+namespace strata {
+
+namespace {
+
+bool SameStepOptions(const StepOptions& a, const StepOptions& b) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay && a.max_grad_norm == b.max_grad_norm;
+}
+
+}  // namespace
+
+Status Engine::Impl::StartOverlap() {
+  step_.overlap = true;
+  auto padded = [this](uint64_t bytes) { return io_->NvmePadded(bytes); };
+  auto gpu_updates = [this](int g) { return gpu_->UpdatesOnGpu(g); };
+  const Speculation::Needs total = Speculation::TotalNeeds(lay_, gpu_updates, padded);
+  const uint64_t want_host = config_.strata.speculation_host_bytes;
+  uint64_t host_bytes = want_host;
+  if (want_host == StrataConfig::kSpeculationAuto) {
+    const uint64_t left = host_->budget() > host_->used() ? host_->budget() - host_->used() : 0;
+    host_bytes = std::min(total.host, left);
+  }
+  // The swap room was reserved at build (build.cpp: the NVMe tier's spare).
+  const uint64_t disk_bytes = config_.strata.speculation_disk_bytes == StrataConfig::kSpeculationAuto
+                                  ? total.disk
+                                  : config_.strata.speculation_disk_bytes;
+  spec_ = std::make_unique<Speculation>(lay_, blocks_, *io_, *host_, steps_, gpu_updates, padded);
+  STRATA_RETURN_IF_ERROR(spec_->Init(host_bytes, nvme_ ? disk_bytes : 0));
+  if (total.host > host_bytes || (nvme_ && total.disk > disk_bytes))
+    WarnOnce("speculation-room",
+             "overlap_step: speculation has room for " + FormatBytes(host_bytes) + " of the " + FormatBytes(total.host) +
+                 " host bytes and " + FormatBytes(disk_bytes) + " of the " + FormatBytes(total.disk) +
+                 " swap bytes its groups need (strata.speculation_host_bytes, strata.speculation_disk_bytes); "
+                 "where clipping, fp16 or strata.nonfinite could change an update, the groups that do not fit "
+                 "update after backward");
+  worker_ = std::make_unique<UpdateWorker>(
+      [this](const UpdateWorker::Next& next, std::string* broken) { return RunOverlap(next, broken); },
+      [this] { UseDeviceOnThisThread(); });
+  worker_->Start();
+  return Status::Ok();
+}
+
+void Engine::Impl::OnGradsComplete(int g) {
+  const GroupStep& gs = steps_[static_cast<size_t>(g)];
+  if (!worker_ || !step_.prepared || gs.grad_calls != options_.grad_accumulation_steps) return;
+  // Non-finite gradients that the policy holds back: the step will not
+  // update anything (with fp16, an overflow): none of it is worth speculating.
+  if (!OverlapMayUpdate(config_, gs)) return;
+  worker_->Enqueue(g);
+}
+
+// On the overlap thread: one streamed run over the groups queued, each
+// reserved in the speculation's room first (one that does not fit is left
+// to the step).
+Status Engine::Impl::RunOverlap(const UpdateWorker::Next& next, std::string* broken) {
+  Speculation* spec = step_.speculative ? spec_.get() : nullptr;
+  StepPipeline::Feed feed;
+  feed.spec = spec;
+  feed.step_of = [this](int g) { return StepsOf(g) + 1; };
+  feed.next = [&](bool wait) {
+    for (;;) {
+      const int g = next(wait);
+      if (g < 0 || !spec || spec->Reserve(g)) return g;
+    }
+  };
+  return pipeline_->RunFeed(feed, step_.spec_scale, step_.prepared_opts, broken);
+}
+
+// The thread idle. A speculative run's failure is not the step's: what it
+// held is undone (the pipeline failed those groups) and the step updates
+// them after backward, where a lasting fault shows as the step's own error.
+Status Engine::Impl::FinishOverlap() {
+  if (!worker_) return Status::Ok();
+  Status st = worker_->WaitIdle(&step_.broken);
+  if (st.ok() || !step_.speculative) return st;
+  STRATA_LOG_WARN("overlap_step: a speculative update failed ({}); its groups are updated by the step", st.ToString());
+  return Status::Ok();
+}
+
+void Engine::Impl::SettleOverlap(const StepOptions& so, const StepResult& r, double grad_scale) {
+  if (!spec_) return;
+  const int early = static_cast<int>(spec_->ready().size());
+  if (early == 0) {
+    int committed = 0;  // not speculative: committed as they landed
+    for (const auto& gs : steps_) committed += gs.committed ? 1 : 0;
+    spec_->Commit();    // nothing held; undoes reservations that never ran
+    stats_->OnOverlap(StatsRecorder::Speculated::kNone, committed);
+    return;
+  }
+  const double t0 = stats_->Now();
+  StatsRecorder::Speculated outcome;
+  if (r.skipped) {
+    spec_->Discard();
+    outcome = StatsRecorder::Speculated::kDiscarded;
+  } else if (grad_scale == step_.spec_scale && SameStepOptions(so, step_.prepared_opts)) {
+    spec_->Commit();
+    outcome = StatsRecorder::Speculated::kCommitted;
+  } else {
+    if (!SameStepOptions(so, step_.prepared_opts))
+      WarnOnce("overlap-options", "overlap_step: step got other options than prepare_step; the early updates "
+                                  "were discarded and redone after backward (exact, but not overlapped)");
+    spec_->Discard();
+    outcome = StatsRecorder::Speculated::kReplayed;
+  }
+  stats_->Span(Resource::kCpuOptimizer, outcome == StatsRecorder::Speculated::kCommitted ? "commit" : "discard", t0,
+               stats_->Now(), 0);
+  stats_->OnOverlap(outcome, early);
+}
+
+}  // namespace strata
