@@ -56,10 +56,13 @@ Status Engine::Impl::StartOverlap() {
 
 void Engine::Impl::OnGradsComplete(int g) {
   const GroupStep& gs = steps_[static_cast<size_t>(g)];
-  if (!worker_ || !step_.prepared || gs.grad_calls != options_.grad_accumulation_steps) return;
+  if (!worker_ || !step_.prepared || step_.doomed || gs.grad_calls != options_.grad_accumulation_steps) return;
   // Non-finite gradients that the policy holds back: the step will not
   // update anything (with fp16, an overflow): none of it is worth speculating.
-  if (!OverlapMayUpdate(config_, gs)) return;
+  if (!OverlapMayUpdate(config_, gs)) {
+    step_.doomed = true;
+    return;
+  }
   worker_->Enqueue(g);
 }
 

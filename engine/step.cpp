@@ -34,6 +34,7 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
     if (gs.grad_calls > 0) return StateError("prepare_step: gradients of this step have already arrived");
   step_.prepared = true;
   step_.prepared_opts = so;
+  step_.doomed = false;
   // The early updates are certain only where nothing after backward can
   // change them: no clipping, no loss scale, non-finite gradients applied.
   const double clip = so.max_grad_norm >= 0 ? so.max_grad_norm : config_.gradient_clipping;

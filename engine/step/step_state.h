@@ -41,6 +41,10 @@ struct StepState {
   // factor on G they use (no clipping: 1 / (loss scale x mean divisor)).
   bool speculative = false;
   double spec_scale = 1.0;
+  // This step's gradients include non-finite ones that the policy holds
+  // back (fp16: an overflow): nothing more is worth updating early. Written
+  // by the thread that completes gradients (OnGradsComplete), reset by prepare_step.
+  bool doomed = false;
 };
 
 }  // namespace strata

@@ -1,0 +1,417 @@
+// engine/: overlap_step's speculative updates (step/speculation.h). Every
+// run here is made twice on the same gradients, with overlap_step and
+// without, and must end bitwise equal: masters, both moments, P as fetched,
+// the loss scale and every step's result. The overlapped run's stats must
+// show what happened to the speculation (committed, replayed, discarded),
+// so a run that quietly stopped overlapping fails too. Over: fp32 and
+// compact formats, bf16 and fp16 compute, state on the host or NVMe (P
+// too), clipping that never, always or sometimes triggers, no clipping,
+// fp16 overflows, NaN under strata.nonfinite "skip" and "error", gradient
+// accumulation, a speculation room that fits only some groups, options
+// changed after prepare_step, skip_groups_without_grads, and a disk that
+// fails under the speculation.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "engine/engine.h"
+#include "io/fault.h"
+#include "tests/util/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using testing::TempDir;
+
+const std::vector<uint64_t> kSizes = {5000, 12000, 3000, 20000, 7000};
+
+struct Case {
+  std::string placement = "host";  // host | nvme (W, M, V, G) | nvme_all (P too)
+  std::string format = "fp32";     // strata.state_format
+  std::string compute = "bf16";    // bf16 | fp16 | fp32
+  std::string nonfinite = "skip";
+  std::string extra_strata;        // more "strata" keys (`"k": v, `)
+  int stage = 3;
+  int steps = 5;
+  int accumulation = 1;
+  bool skip_gradless = false;
+  // Per step: the step's max_grad_norm (-1: the config's 0), the group
+  // (and value) one gradient element of its last micro-batch is poisoned
+  // with (-1: none), and a group that gets no gradients (-1: none).
+  std::function<double(int)> clip = [](int) { return 1e6; };
+  std::function<int(int)> poison = [](int) { return -1; };
+  float poison_value = NAN;
+  std::function<int(int)> gradless = [](int) { return -1; };
+  // Step options given to step when they differ from prepare_step's (lr x this).
+  std::function<double(int)> lr_at_step = [](int) { return 1.0; };
+};
+
+std::string Json(const Case& c, const std::string& dir) {
+  const bool nvme = c.placement != "host";
+  std::string j = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},)";
+  if (c.compute == "bf16") j += R"("bf16": {"enabled": true},)";
+  if (c.compute == "fp16") j += R"("fp16": {"enabled": true, "initial_scale_power": 12, "loss_scale_window": 2},)";
+  j += R"("zero_optimization": {"stage": )" + std::to_string(c.stage) +
+       R"(, "offload_optimizer": {"device": ")" + std::string(nvme ? "nvme" : "cpu") + R"(", "nvme_path": ")" + dir +
+       R"("}, "offload_param": {"device": ")" + std::string(c.placement == "nvme_all" ? "nvme" : "none") +
+       R"(", "nvme_path": ")" + dir + R"(", "buffer_size": 1e5}},)";
+  j += R"("strata": {)" + c.extra_strata + R"("device_budget": "64MiB", "host_budget": "64MiB", "state_format": ")" +
+       c.format + R"(", "nonfinite": ")" + c.nonfinite + R"("}})";
+  return j;
+}
+
+struct Outcome {
+  std::vector<std::vector<float>> w, m, v;
+  std::vector<std::vector<uint8_t>> p;
+  std::vector<std::string> results;  // per step: "ok norm skipped scale" or the error's code
+  EngineStats stats;
+  bool ok = false;
+};
+
+StepOptions OptionsOf(const Case& c, int s) {
+  StepOptions so;
+  so.lr = 0.01 * (1.0 + 0.1 * s);
+  so.max_grad_norm = c.clip(s);
+  return so;
+}
+
+std::vector<float> GradsOf(uint64_t n, int step, int micro, int g) {
+  std::mt19937 rng(static_cast<uint32_t>(1000003 * step + 7919 * micro + g));
+  std::normal_distribution<float> nd(0.0f, 0.01f);
+  std::vector<float> out(n);
+  for (auto& x : out) x = nd(rng);
+  return out;
+}
+
+Outcome RunCase(const Case& c, bool overlap, std::shared_ptr<FaultPlan> faults = nullptr,
+            const std::function<void(int step, FaultPlan&)>& arm = nullptr) {
+  TempDir dir;
+  Outcome out;
+  EngineOptions eo;
+  eo.overlap_step = overlap;
+  eo.grad_accumulation_steps = c.accumulation;
+  eo.skip_groups_without_grads = c.skip_gradless;
+  eo.faults = faults;
+  auto cfg = ParseConfig(Json(c, dir.path()));
+  EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
+  if (!cfg.ok()) return out;
+  auto made = Engine::Create(*cfg, eo);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  if (!made.ok()) return out;
+  Engine& e = **made;
+  for (size_t g = 0; g < kSizes.size(); ++g) {
+    std::vector<float> init = GradsOf(kSizes[g], -1, 0, static_cast<int>(g));
+    for (auto& x : init) x *= 20.0f;
+    EXPECT_TRUE(e.AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).ok());
+  }
+  Status b = e.Build();
+  EXPECT_TRUE(b.ok()) << b.ToString();
+  if (!b.ok()) return out;
+  const int groups = static_cast<int>(kSizes.size());
+  for (int s = 0; s < c.steps; ++s) {
+    const StepOptions so = OptionsOf(c, s);
+    if (overlap) {
+      EXPECT_TRUE(e.PrepareStep(so).ok());
+    }
+    for (int g = 0; g < groups; ++g) {  // forward
+      auto p = e.Fetch(g);
+      EXPECT_TRUE(p.ok()) << "step " << s << " fetch " << g << ": " << p.status().ToString();
+      EXPECT_TRUE(e.Release(g).ok());
+    }
+    if (arm && faults) arm(s, *faults);
+    const double scale = e.loss_scale();
+    for (int micro = 0; micro < c.accumulation; ++micro)
+      for (int g = groups - 1; g >= 0; --g) {  // backward, last group first
+        if (g == c.gradless(s)) continue;
+        std::vector<float> grad = GradsOf(kSizes[static_cast<size_t>(g)], s, micro, g);
+        for (auto& x : grad) x = static_cast<float>(x * scale);
+        if (micro == c.accumulation - 1 && g == c.poison(s)) grad[17] = c.poison_value;
+        Status st = e.Grads(g, grad.data(), DType::kF32);
+        for (int retry = 0; retry < 4 && !st.ok() && st.code() == Code::kIo; ++retry)
+          st = e.Grads(g, grad.data(), DType::kF32);  // G's store failed: G is as it was
+        EXPECT_TRUE(st.ok()) << "step " << s << " grads " << g << ": " << st.ToString();
+      }
+    StepOptions at_step = so;
+    at_step.lr *= c.lr_at_step(s);
+    auto r = e.Step(at_step);
+    if (faults) faults->Disarm();
+    if (!r.ok() && r.status().code() == Code::kIo) r = e.Step(at_step);  // a failed step is finished by the next call
+    char line[128];
+    if (r.ok()) std::snprintf(line, sizeof line, "ok %.17g %d %.17g", r->grad_norm, r->skipped ? 1 : 0, r->loss_scale);
+    else std::snprintf(line, sizeof line, "error %d", static_cast<int>(r.status().code()));
+    out.results.push_back(line);
+  }
+  const auto dt = e.compute_dtype();
+  for (int g = 0; g < groups; ++g) {
+    const uint64_t n = e.group_numel(g);
+    out.w.emplace_back(n);
+    out.m.emplace_back(n);
+    out.v.emplace_back(n);
+    EXPECT_TRUE(e.ReadMaster(g, out.w.back().data()).ok());
+    EXPECT_TRUE(e.ReadState(g, Engine::OptimizerState::kExpAvg, out.m.back().data()).ok());
+    EXPECT_TRUE(e.ReadState(g, Engine::OptimizerState::kExpAvgSq, out.v.back().data()).ok());
+    auto p = e.Fetch(g);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return out;
+    const auto* bytes = static_cast<const uint8_t*>(*p);
+    out.p.emplace_back(bytes, bytes + n * DTypeSize(dt));
+    EXPECT_TRUE(e.Release(g).ok());
+  }
+  out.stats = e.stats();
+  out.ok = true;
+  return out;
+}
+
+template <typename T>
+void ExpectBitwise(const std::vector<std::vector<T>>& a, const std::vector<std::vector<T>>& b, const char* what,
+                   const std::string& name) {
+  ASSERT_EQ(a.size(), b.size()) << name;
+  for (size_t g = 0; g < a.size(); ++g)
+    EXPECT_EQ(0, std::memcmp(a[g].data(), b[g].data(), a[g].size() * sizeof(T)))
+        << name << ": " << what << " of group " << g << " differs";
+}
+
+// Runs both and compares; returns the overlapped run.
+Outcome Compare(const Case& c, const std::string& name) {
+  const Outcome plain = RunCase(c, false), over = RunCase(c, true);
+  EXPECT_TRUE(plain.ok && over.ok) << name;
+  if (!plain.ok || !over.ok) return over;
+  ExpectBitwise(plain.w, over.w, "the master", name);
+  ExpectBitwise(plain.m, over.m, "exp_avg", name);
+  ExpectBitwise(plain.v, over.v, "exp_avg_sq", name);
+  ExpectBitwise(plain.p, over.p, "P", name);
+  EXPECT_EQ(plain.results, over.results) << name;
+  EXPECT_EQ(plain.stats.steps, over.stats.steps) << name;
+  EXPECT_EQ(plain.stats.skipped_steps, over.stats.skipped_steps) << name;
+  EXPECT_EQ(plain.stats.speculated_steps, 0u) << name;
+  EXPECT_EQ(plain.stats.early_updates, 0u) << name;
+  EXPECT_EQ(over.stats.speculated_steps,
+            over.stats.committed_steps + over.stats.replayed_steps + over.stats.discarded_steps)
+      << name;
+  return over;
+}
+
+struct Named {
+  std::string name;
+  Case c;
+};
+
+std::vector<Named> Sweep() {
+  std::vector<Named> out;
+  for (std::string placement : {"host", "nvme", "nvme_all"})
+    for (std::string format : {"fp32", "compact"}) {
+      Case c;
+      c.placement = placement;
+      c.format = format;
+      out.push_back({placement + "/" + format, c});
+    }
+  return out;
+}
+
+// Clipping that never triggers: every step speculated and committed; every
+// group updated before the end of backward.
+TEST(Speculation, ClippingThatNeverTriggersCommitsEveryStep) {
+  for (const auto& [name, c] : Sweep()) {
+    const Outcome o = Compare(c, name + " never clipped");
+    EXPECT_EQ(o.stats.committed_steps, static_cast<uint64_t>(c.steps)) << name;
+    EXPECT_EQ(o.stats.early_updates, static_cast<uint64_t>(c.steps) * kSizes.size()) << name;
+  }
+}
+
+// Clipping every step: every speculation is discarded and redone with the
+// coefficient.
+TEST(Speculation, ClippingEveryStepReplaysEveryStep) {
+  for (auto [name, c] : Sweep()) {
+    c.clip = [](int) { return 1e-3; };
+    const Outcome o = Compare(c, name + " always clipped");
+    EXPECT_EQ(o.stats.replayed_steps, static_cast<uint64_t>(c.steps)) << name;
+    EXPECT_EQ(o.stats.committed_steps, 0u) << name;
+  }
+}
+
+// Clipping on some steps (steps 1 and 3): those replay, the others commit.
+TEST(Speculation, ClippingOnSomeStepsReplaysThoseOnly) {
+  for (auto [name, c] : Sweep()) {
+    c.clip = [](int s) { return s % 2 == 1 ? 1e-3 : 1e6; };
+    const Outcome o = Compare(c, name + " sometimes clipped");
+    EXPECT_EQ(o.stats.replayed_steps, 2u) << name;
+    EXPECT_EQ(o.stats.committed_steps, 3u) << name;
+  }
+}
+
+// No clipping, strata.nonfinite "skip": still speculative (a NaN would hold
+// the step back), and committed.
+TEST(Speculation, NoClippingStillSpeculatesUnderSkip) {
+  Case c;
+  c.clip = [](int) { return -1.0; };  // the config's: 0
+  const Outcome o = Compare(c, "no clipping");
+  EXPECT_EQ(o.stats.committed_steps, static_cast<uint64_t>(c.steps));
+}
+
+// With strata.nonfinite "apply" and no clipping nothing can change an early
+// update: committed as it lands, not speculated.
+TEST(Speculation, NothingToWaitForCommitsAtOnce) {
+  Case c;
+  c.clip = [](int) { return -1.0; };
+  c.nonfinite = "apply";
+  const Outcome o = Compare(c, "apply, no clipping");
+  EXPECT_EQ(o.stats.speculated_steps, 0u);
+  EXPECT_EQ(o.stats.early_updates, static_cast<uint64_t>(c.steps) * kSizes.size());
+}
+
+// A NaN in step 2's gradients (the first group of backward, so that later
+// groups would still speculate if they could): the step is skipped and its
+// speculation discarded; with "error", the step fails and the next goes on.
+TEST(Speculation, NonFiniteGradientsDiscardTheSpeculation) {
+  for (std::string policy : {"skip", "error"})
+    for (std::string placement : {"host", "nvme"})
+      for (int poisoned : {4, 0}) {
+        Case c;
+        c.placement = placement;
+        c.nonfinite = policy;
+        c.clip = [](int s) { return s == 3 ? 1e-3 : 1e6; };
+        c.poison = [poisoned](int s) { return s == 2 ? poisoned : -1; };
+        const std::string name = policy + "/" + placement + " NaN in group " + std::to_string(poisoned);
+        const Outcome o = Compare(c, name);
+        EXPECT_EQ(o.stats.discarded_steps, poisoned == 0 ? 1u : 0u) << name;  // group 4 comes first: nothing speculated after it
+        EXPECT_EQ(o.stats.replayed_steps, 1u) << name;
+        EXPECT_EQ(o.results[2].rfind(policy == "skip" ? "ok" : "error", 0), 0u) << name << ": " << o.results[2];
+      }
+}
+
+// fp16 with dynamic loss scaling: an overflow (an infinite gradient) skips
+// the step, lowers the scale and discards the speculation; the scale's
+// growth after the window is the same too.
+TEST(Speculation, Fp16OverflowDiscardsAndLowersTheScale) {
+  for (std::string placement : {"host", "nvme"}) {
+    Case c;
+    c.placement = placement;
+    c.compute = "fp16";
+    c.steps = 6;
+    c.poison = [](int s) { return s == 1 || s == 4 ? 0 : -1; };
+    c.poison_value = INFINITY;
+    c.clip = [](int s) { return s == 2 ? 1e-3 : 1e6; };
+    const Outcome o = Compare(c, placement + " fp16");
+    EXPECT_EQ(o.stats.skipped_steps, 2u) << placement;
+    EXPECT_EQ(o.stats.discarded_steps, 2u) << placement;
+    EXPECT_EQ(o.stats.replayed_steps, 1u) << placement;
+  }
+}
+
+// Gradient accumulation: only the last micro-batch's gradients complete a
+// group, and the updates are still exact.
+TEST(Speculation, GradientAccumulation) {
+  for (std::string placement : {"host", "nvme"}) {
+    Case c;
+    c.placement = placement;
+    c.accumulation = 2;
+    c.clip = [](int s) { return s == 1 ? 1e-3 : 1e6; };
+    const Outcome o = Compare(c, placement + " accumulation 2");
+    EXPECT_EQ(o.stats.replayed_steps, 1u) << placement;
+    EXPECT_EQ(o.stats.committed_steps, 4u) << placement;
+  }
+}
+
+// Every ZeRO stage on one rank, fp32 compute (P a copy of W).
+TEST(Speculation, EveryStageAndFp32Compute) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    Case c;
+    c.stage = stage;
+    c.compute = stage % 2 ? "fp32" : "bf16";
+    c.clip = [](int s) { return s == 2 ? 1e-3 : 1e6; };
+    const Outcome o = Compare(c, "stage " + std::to_string(stage));
+    EXPECT_EQ(o.stats.replayed_steps, 1u) << stage;
+  }
+}
+
+// A room for about two groups: the rest update after backward; still exact.
+TEST(Speculation, ARoomTooSmallSpeculatesSomeGroups) {
+  for (std::string placement : {"host", "nvme"}) {
+    Case c;
+    c.placement = placement;
+    c.extra_strata = placement == "host" ? R"("speculation_host_bytes": 300000, )" : R"("speculation_disk_bytes": 300000, )";
+    c.clip = [](int s) { return s == 1 ? 1e-3 : 1e6; };
+    const Outcome o = Compare(c, placement + " small room");
+    EXPECT_GT(o.stats.early_updates, 0u) << placement;
+    EXPECT_LT(o.stats.early_updates, static_cast<uint64_t>(c.steps) * kSizes.size()) << placement;
+  }
+  Case none;
+  none.extra_strata = R"("speculation_host_bytes": 0, )";
+  const Outcome o = Compare(none, "no room");
+  EXPECT_EQ(o.stats.early_updates, 0u);
+}
+
+// Options changed after prepare_step (an LR schedule stepped late): the
+// speculation is redone with step's options.
+TEST(Speculation, OtherOptionsAtTheStepReplay) {
+  Case c;
+  c.lr_at_step = [](int s) { return s == 2 ? 0.5 : 1.0; };
+  const Outcome o = Compare(c, "lr changed at step 2");
+  EXPECT_EQ(o.stats.replayed_steps, 1u);
+  EXPECT_EQ(o.stats.committed_steps, 4u);
+}
+
+// skip_groups_without_grads: each group's own update count (bias correction).
+TEST(Speculation, GroupsWithoutGradients) {
+  Case c;
+  c.skip_gradless = true;
+  c.gradless = [](int s) { return s % 3; };
+  c.clip = [](int s) { return s == 4 ? 1e-3 : 1e6; };
+  const Outcome o = Compare(c, "gradless groups");
+  EXPECT_EQ(o.stats.replayed_steps, 1u);
+}
+
+// A disk that fails under the speculation (its reads, or its writes, from
+// the k-th on, during backward and the step): the speculation of the groups
+// it hit is undone, the step redoes them (failing, then finished by the
+// next call while the disk is bad through the step), and the result is the
+// clean run's, bitwise.
+TEST(Speculation, ADiskFaultDuringSpeculationStaysExact) {
+  Case c;
+  c.placement = "nvme";
+  c.clip = [](int s) { return s == 3 ? 1e-3 : 1e6; };
+  const Outcome clean = RunCase(c, false);
+  ASSERT_TRUE(clean.ok);
+  int fired = 0;
+  for (FaultPlan::Ops ops : {FaultPlan::Ops::kReads, FaultPlan::Ops::kWrites})
+    for (uint64_t skip : {0, 3, 9}) {
+      auto faults = std::make_shared<FaultPlan>();
+      auto arm = [&](int s, FaultPlan& f) {
+        if (s == 2) f.Arm(ops, EIO, skip, /*count=*/2);
+      };
+      const Outcome o = RunCase(c, true, faults, arm);
+      ASSERT_TRUE(o.ok);
+      fired += faults->fired() > 0;
+      const std::string name = std::string(ops == FaultPlan::Ops::kReads ? "reads" : "writes") + " from " +
+                               std::to_string(skip);
+      ExpectBitwise(clean.w, o.w, "the master", name);
+      ExpectBitwise(clean.m, o.m, "exp_avg", name);
+      ExpectBitwise(clean.p, o.p, "P", name);
+    }
+  EXPECT_GE(fired, 4) << "too few faults fired";
+}
+
+// A room larger than the host budget has left is refused at build, naming the key.
+TEST(Speculation, ARoomBeyondTheHostBudgetIsRefused) {
+  TempDir dir;
+  Case c;
+  c.extra_strata = R"("speculation_host_bytes": "1GiB", )";
+  EngineOptions eo;
+  eo.overlap_step = true;
+  auto cfg = ParseConfig(Json(c, dir.path()));
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  auto e = Engine::Create(*cfg, eo);
+  ASSERT_TRUE(e.ok());
+  std::vector<float> init(1000, 0.5f);
+  ASSERT_TRUE((*e)->AddParam(0, "p", 1000, init.data()).ok());
+  Status b = (*e)->Build();
+  EXPECT_FALSE(b.ok());
+  EXPECT_NE(b.message().find("strata.speculation_host_bytes"), std::string::npos) << b.ToString();
+}
+
+}  // namespace
+}  // namespace strata
