@@ -55,7 +55,9 @@ class Engine::Impl {
   Status ReadMaster(int group, float* out) { return ReadState(group, StateKind::kW, out); }
   Status ReadState(int group, StateKind kind, float* out);
   Status WriteState(int group, StateKind kind, const float* in);
-  Status RecomputePGroup(int g, void* buf, uint64_t buf_bytes);
+  // P of group g from its master W. `gather` (stages 1-2, several ranks: a
+  // collective): the other ranks' slices too; without, this rank's slice only.
+  Status RecomputePGroup(int g, void* buf, uint64_t buf_bytes, bool gather = true);
   EngineStats Stats() const;
 
   // frozen.cpp: groups marked by FreezeGroup keep P alone (block kP; no G,

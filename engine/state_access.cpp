@@ -154,11 +154,11 @@ Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
   return Status::Ok();
 }
 
-Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
+Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes, bool gather) {
   if (lay_.frozen(g)) return InternalError("P of frozen group " + std::to_string(g) + " recomputed from a master it has not");
   if (lay_.compact) {  // this rank's slice of P is the master's bf16 half: only the others' slices to gather
     const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
-    if (!lay_.p_gathered_after_step()) return Status::Ok();
+    if (!lay_.p_gathered_after_step() || !gather) return Status::Ok();
     if (!io_->Direct(p)) return InternalError("several ranks in stages 1-2 with P off the host");
     return reducer_->Gather(g, io_->DirectPtr(p));
   }
@@ -170,7 +170,7 @@ Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes) {
   const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
   if (io_->Direct(p)) {  // our slice (or all of it), then the other ranks' slices
     STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, lay_.dtype, static_cast<char*>(io_->DirectPtr(p)) + lay_.PSliceOffset(g), n));
-    if (lay_.p_gathered_after_step()) STRATA_RETURN_IF_ERROR(reducer_->Gather(g, io_->DirectPtr(p)));
+    if (lay_.p_gathered_after_step() && gather) STRATA_RETURN_IF_ERROR(reducer_->Gather(g, io_->DirectPtr(p)));
     return Status::Ok();
   }
   const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer

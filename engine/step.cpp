@@ -80,7 +80,10 @@ Status Engine::Impl::RepairStaleP() {
     GroupStep& gs = steps_[static_cast<size_t>(g)];
     if (!gs.p_stale) continue;
     if (!buf) buf = staging_.opt.Acquire();
-    st = RecomputePGroup(g, buf, buf ? staging_.opt.bytes() : 0);
+    // This rank's slice only: which groups are stale differs between ranks
+    // (a collective here would not match), and the other slices are intact
+    // (a step that goes ahead gathers every group after: ApplyStep).
+    st = RecomputePGroup(g, buf, buf ? staging_.opt.bytes() : 0, /*gather=*/false);
     if (st.ok()) gs.p_stale = false;
   }
   staging_.opt.Release(buf);
@@ -212,8 +215,14 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   double grad_scale = 1;
   Status held;
   if (Status st = ScaleGradients(so, &r, &grad_scale, &held); !st.ok()) {
+    // The norm's collective failed (a lost peer): nothing was updated. The
+    // step is pending: the same call again finishes it, or a load abandons
+    // it (and the held speculation with it).
     stats_->StepEnd(false);
-    return st;  // held speculation stays for the retry (or a load discards it)
+    if (step_.broken.empty()) step_.pending = so;
+    return st.WithContext("step " + std::to_string(step_.applied + 1) + " is not finished (0 of " +
+                          std::to_string(lay_.part.num_groups()) +
+                          " groups updated); call step again with the same options to finish it");
   }
   SettleOverlap(so, r, grad_scale);  // committed, discarded (skipped) or to be redone
   Status st = held;

@@ -18,8 +18,12 @@
 #include <functional>
 #include <random>
 
+#include <thread>
+
 #include "engine/engine.h"
 #include "io/fault.h"
+#include "io/net/comm.h"
+#include "io/net/store.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {
@@ -36,6 +40,7 @@ struct Case {
   std::string nonfinite = "skip";
   std::string extra_strata;        // more "strata" keys (`"k": v, `)
   int stage = 3;
+  bool overlap_comm = false;  // several ranks: the reduction's thread calls the accumulation
   int steps = 5;
   int accumulation = 1;
   bool skip_gradless = false;
@@ -55,7 +60,8 @@ std::string Json(const Case& c, const std::string& dir) {
   std::string j = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},)";
   if (c.compute == "bf16") j += R"("bf16": {"enabled": true},)";
   if (c.compute == "fp16") j += R"("fp16": {"enabled": true, "initial_scale_power": 12, "loss_scale_window": 2},)";
-  j += R"("zero_optimization": {"stage": )" + std::to_string(c.stage) +
+  j += R"("zero_optimization": {"stage": )" + std::to_string(c.stage) + R"(, "reduce_bucket_size": 4000, "overlap_comm": )" +
+       (c.overlap_comm ? "true" : "false") +
        R"(, "offload_optimizer": {"device": ")" + std::string(nvme ? "nvme" : "cpu") + R"(", "nvme_path": ")" + dir +
        R"("}, "offload_param": {"device": ")" + std::string(c.placement == "nvme_all" ? "nvme" : "none") +
        R"(", "nvme_path": ")" + dir + R"(", "buffer_size": 1e5}},)";
@@ -79,19 +85,32 @@ StepOptions OptionsOf(const Case& c, int s) {
   return so;
 }
 
-std::vector<float> GradsOf(uint64_t n, int step, int micro, int g) {
-  std::mt19937 rng(static_cast<uint32_t>(1000003 * step + 7919 * micro + g));
+std::vector<float> GradsOf(uint64_t n, int step, int micro, int g, int rank = 0) {
+  std::mt19937 rng(static_cast<uint32_t>(1000003 * step + 7919 * micro + g + 101 * rank));
   std::normal_distribution<float> nd(0.0f, 0.01f);
   std::vector<float> out(n);
   for (auto& x : out) x = nd(rng);
   return out;
 }
 
+// `resume`: a checkpoint (dir, tag) to load after build, at step `first`.
+struct Resume {
+  std::string dir;
+  int first = 0;
+};
+
 Outcome RunCase(const Case& c, bool overlap, std::shared_ptr<FaultPlan> faults = nullptr,
-            const std::function<void(int step, FaultPlan&)>& arm = nullptr) {
+            const std::function<void(int step, FaultPlan&)>& arm = nullptr, net::Communicator* comm = nullptr,
+            const Resume& resume = {}) {
   TempDir dir;
   Outcome out;
   EngineOptions eo;
+  const int rank = comm ? comm->rank() : 0;
+  if (comm) {
+    eo.comm = comm;
+    eo.rank = rank;
+    eo.world_size = comm->world_size();
+  }
   eo.overlap_step = overlap;
   eo.grad_accumulation_steps = c.accumulation;
   eo.skip_groups_without_grads = c.skip_gradless;
@@ -112,7 +131,12 @@ Outcome RunCase(const Case& c, bool overlap, std::shared_ptr<FaultPlan> faults =
   EXPECT_TRUE(b.ok()) << b.ToString();
   if (!b.ok()) return out;
   const int groups = static_cast<int>(kSizes.size());
-  for (int s = 0; s < c.steps; ++s) {
+  if (!resume.dir.empty()) {
+    Status ld = e.LoadCheckpoint(resume.dir, "t", nullptr);
+    EXPECT_TRUE(ld.ok()) << ld.ToString();
+    if (!ld.ok()) return out;
+  }
+  for (int s = resume.first; s < c.steps; ++s) {
     const StepOptions so = OptionsOf(c, s);
     if (overlap) {
       EXPECT_TRUE(e.PrepareStep(so).ok());
@@ -127,9 +151,9 @@ Outcome RunCase(const Case& c, bool overlap, std::shared_ptr<FaultPlan> faults =
     for (int micro = 0; micro < c.accumulation; ++micro)
       for (int g = groups - 1; g >= 0; --g) {  // backward, last group first
         if (g == c.gradless(s)) continue;
-        std::vector<float> grad = GradsOf(kSizes[static_cast<size_t>(g)], s, micro, g);
+        std::vector<float> grad = GradsOf(kSizes[static_cast<size_t>(g)], s, micro, g, rank);
         for (auto& x : grad) x = static_cast<float>(x * scale);
-        if (micro == c.accumulation - 1 && g == c.poison(s)) grad[17] = c.poison_value;
+        if (micro == c.accumulation - 1 && g == c.poison(s) && rank == 0) grad[17] = c.poison_value;
         Status st = e.Grads(g, grad.data(), DType::kF32);
         for (int retry = 0; retry < 4 && !st.ok() && st.code() == Code::kIo; ++retry)
           st = e.Grads(g, grad.data(), DType::kF32);  // G's store failed: G is as it was
@@ -393,6 +417,156 @@ TEST(Speculation, ADiskFaultDuringSpeculationStaysExact) {
       ExpectBitwise(clean.p, o.p, "P", name);
     }
   EXPECT_GE(fired, 4) << "too few faults fired";
+}
+
+// Runs body(comm) on `world` threads, each with a Gloo communicator
+// rendezvoused through one store on a free loopback port.
+void OnRanks(int world, const std::function<void(net::Communicator&)>& body) {
+  using namespace std::chrono_literals;
+  auto server = net::StoreServer::Start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      auto client = net::StoreClient::Connect("127.0.0.1", (*server)->port(), 10s);
+      ASSERT_TRUE(client.ok()) << client.status().ToString();
+      net::CommOptions o;
+      o.rank.rank = r;
+      o.rank.world_size = world;
+      o.backend = "gloo";
+      o.timeout_s = 60;
+      o.store = client->get();
+      auto made = net::MakeCommunicator(o);
+      ASSERT_TRUE(made.ok()) << made.status().ToString();
+      body(**made);
+    });
+  for (auto& t : threads) t.join();
+}
+
+// Several ranks (Gloo): each rank speculates on its shard once that
+// shard's reduction is complete; the norm and finiteness are agreed over the
+// ranks, so every rank commits, replays or discards together, and each rank
+// ends bitwise as without overlap. A NaN on one rank's gradients reaches
+// the shard of some rank only; the others learn it from the agreed sum.
+TEST(Speculation, SeveralRanks) {
+  struct RankCase {
+    int world, stage;
+    std::string placement;
+    bool overlap_comm;
+  };
+  const std::vector<RankCase> cases = {{2, 0, "host", false}, {2, 1, "nvme", true},  {2, 2, "host", true},
+                                       {2, 3, "nvme", false}, {2, 3, "host", true},  {4, 1, "host", false},
+                                       {4, 2, "nvme", true},  {4, 3, "host", true}};
+  for (const RankCase& rc : cases) {
+    Case c;
+    c.stage = rc.stage;
+    c.placement = rc.placement;
+    c.overlap_comm = rc.overlap_comm;
+    c.steps = 5;
+    c.clip = [](int s) { return s == 1 ? 1e-3 : 1e6; };
+    c.poison = [](int s) { return s == 3 ? 1 : -1; };
+    const std::string name = std::to_string(rc.world) + " ranks, stage " + std::to_string(rc.stage) + " " +
+                             rc.placement + (rc.overlap_comm ? " overlap_comm" : "");
+    std::vector<Outcome> plain(static_cast<size_t>(rc.world)), over(static_cast<size_t>(rc.world));
+    OnRanks(rc.world, [&](net::Communicator& comm) {
+      plain[static_cast<size_t>(comm.rank())] = RunCase(c, false, nullptr, nullptr, &comm);
+    });
+    OnRanks(rc.world, [&](net::Communicator& comm) {
+      over[static_cast<size_t>(comm.rank())] = RunCase(c, true, nullptr, nullptr, &comm);
+    });
+    for (int r = 0; r < rc.world; ++r) {
+      const Outcome& a = plain[static_cast<size_t>(r)];
+      const Outcome& b = over[static_cast<size_t>(r)];
+      const std::string who = name + " rank " + std::to_string(r);
+      ASSERT_TRUE(a.ok && b.ok) << who;
+      ExpectBitwise(a.w, b.w, "the master", who);
+      ExpectBitwise(a.m, b.m, "exp_avg", who);
+      ExpectBitwise(a.v, b.v, "exp_avg_sq", who);
+      ExpectBitwise(a.p, b.p, "P", who);
+      EXPECT_EQ(a.results, b.results) << who;
+      EXPECT_EQ(b.stats.replayed_steps, 1u) << who;
+      EXPECT_EQ(b.stats.committed_steps, 3u) << who;
+      EXPECT_EQ(b.stats.skipped_steps, 1u) << who;
+      EXPECT_GT(b.stats.early_updates, 0u) << who;
+    }
+  }
+}
+
+// A peer lost in the middle of a speculated backward (stage 2, the
+// reduction on its own thread, state on NVMe): the survivor fails loudly,
+// naming what it waited for, within the timeout, and goes down with its
+// speculation held (nothing of it published); a restart of both ranks from
+// the checkpoint before that step ends bitwise as a run that never failed.
+TEST(Speculation, ALostPeerMidBackwardThenARestartIsExact) {
+  Case c;
+  c.stage = 2;
+  c.placement = "nvme";
+  c.overlap_comm = true;
+  c.clip = [](int s) { return s == 1 ? 1e-3 : 1e6; };
+  TempDir ckpt;
+  std::vector<Outcome> clean(2), resumed(2);
+  OnRanks(2, [&](net::Communicator& comm) { clean[static_cast<size_t>(comm.rank())] = RunCase(c, false, nullptr, nullptr, &comm); });
+  std::vector<std::string> failures(2);
+  OnRanks(2, [&](net::Communicator& comm) {
+    const int rank = comm.rank();
+    TempDir dir;
+    EngineOptions eo;
+    eo.overlap_step = true;
+    eo.comm = &comm;
+    eo.rank = rank;
+    eo.world_size = 2;
+    auto cfg = ParseConfig(Json(c, dir.path()));
+    ASSERT_TRUE(cfg.ok());
+    cfg->strata.timeout_s = 4;
+    auto made = Engine::Create(*cfg, eo);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    Engine& e = **made;
+    for (size_t g = 0; g < kSizes.size(); ++g) {
+      std::vector<float> init = GradsOf(kSizes[g], -1, 0, static_cast<int>(g));
+      for (auto& x : init) x *= 20.0f;
+      ASSERT_TRUE(e.AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).ok());
+    }
+    ASSERT_TRUE(e.Build().ok());
+    const int groups = static_cast<int>(kSizes.size());
+    for (int s = 0; s < 3; ++s) {
+      ASSERT_TRUE(e.PrepareStep(OptionsOf(c, s)).ok());
+      for (int g = 0; g < groups; ++g) {
+        ASSERT_TRUE(e.Fetch(g).ok());
+        ASSERT_TRUE(e.Release(g).ok());
+      }
+      Status first_error;
+      for (int g = groups - 1; g >= 0; --g) {
+        if (s == 2 && rank == 1 && g == 2) return;  // lost: its engine and communicator go
+        std::vector<float> grad = GradsOf(kSizes[static_cast<size_t>(g)], s, 0, g, rank);
+        Status st = e.Grads(g, grad.data(), DType::kF32);
+        if (first_error.ok() && !st.ok()) first_error = st;
+      }
+      auto r = e.Step(OptionsOf(c, s));
+      if (s < 2) {
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        if (s == 1) {
+          ASSERT_TRUE(e.SaveCheckpoint(ckpt.path(), "t", nullptr, 0).ok());
+        }
+        continue;
+      }
+      EXPECT_FALSE(r.ok()) << "rank 0 stepped without its peer";
+      failures[0] = (first_error.ok() ? r.status() : first_error).ToString();
+      EXPECT_GT(e.stats().early_updates, 0u);
+    }
+  });
+  EXPECT_TRUE(failures[0].find("COMM") != std::string::npos || failures[0].find("TIMEOUT") != std::string::npos)
+      << failures[0];
+  EXPECT_NE(failures[0].find("rank"), std::string::npos) << failures[0];
+  OnRanks(2, [&](net::Communicator& comm) {
+    resumed[static_cast<size_t>(comm.rank())] = RunCase(c, true, nullptr, nullptr, &comm, {ckpt.path(), 2});
+  });
+  for (int r = 0; r < 2; ++r) {
+    const std::string who = "rank " + std::to_string(r);
+    ASSERT_TRUE(clean[static_cast<size_t>(r)].ok && resumed[static_cast<size_t>(r)].ok) << who;
+    ExpectBitwise(clean[static_cast<size_t>(r)].w, resumed[static_cast<size_t>(r)].w, "the master", who);
+    ExpectBitwise(clean[static_cast<size_t>(r)].m, resumed[static_cast<size_t>(r)].m, "exp_avg", who);
+    ExpectBitwise(clean[static_cast<size_t>(r)].p, resumed[static_cast<size_t>(r)].p, "P", who);
+  }
 }
 
 // A room larger than the host budget has left is refused at build, naming the key.
