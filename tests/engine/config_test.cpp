@@ -443,6 +443,23 @@ TEST(ConfigRefusal, BadByteSizeString) {
             "got boolean true");
 }
 
+// overlap_step's speculation rooms: "auto" (the default), 0 (none) and a
+// size are three different things, and survive the round trip.
+TEST(Config, SpeculationRooms) {
+  const Config dflt = MustParse("{}");
+  EXPECT_EQ(dflt.strata.speculation_host_bytes, StrataConfig::kSpeculationAuto);
+  EXPECT_EQ(dflt.strata.speculation_disk_bytes, StrataConfig::kSpeculationAuto);
+  const Config set = MustParse(R"({"strata": {"speculation_host_bytes": 0, "speculation_disk_bytes": "3GiB"}})");
+  EXPECT_EQ(set.strata.speculation_host_bytes, 0u);
+  EXPECT_EQ(set.strata.speculation_disk_bytes, 3 * kGiB);
+  EXPECT_EQ(MustParse(ConfigToJson(set)), set);
+  const Config autos = MustParse(R"({"strata": {"speculation_host_bytes": "auto"}})");
+  EXPECT_EQ(autos.strata.speculation_host_bytes, StrataConfig::kSpeculationAuto);
+  EXPECT_EQ(MustParse(ConfigToJson(autos)), autos);
+  EXPECT_EQ(Refusal(R"({"strata": {"speculation_disk_bytes": "lots"}})").rfind("strata.speculation_disk_bytes: ", 0), 0u);
+  EXPECT_EQ(Refusal(R"({"strata": {"speculation_host_bytes": -1}})").rfind("strata.speculation_host_bytes", 0), 0u);
+}
+
 TEST(ConfigRefusal, Bf16AndFp16Together) {
   EXPECT_EQ(Refusal(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
             "bf16.enabled and fp16.enabled: both true; enable at most one");
