@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "io/net/store.h"
+#include "tests/util/on_ranks.h"
 #include "tiers/device_tier.h"
 #include "tiers/host_tier.h"
 
@@ -29,28 +30,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Runs body(rank, comm) on `world` threads, each with a Gloo communicator
-// rendezvoused through one store on a free loopback port.
-void OnRanks(int world, const std::function<void(int, net::Communicator&)>& body) {
-  auto server = net::StoreServer::Start("127.0.0.1", 0);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      auto client = net::StoreClient::Connect("127.0.0.1", (*server)->port(), 10s);
-      ASSERT_TRUE(client.ok()) << client.status().ToString();
-      net::CommOptions o;
-      o.rank.rank = r;
-      o.rank.world_size = world;
-      o.backend = "gloo";
-      o.timeout_s = 30;
-      o.store = client->get();
-      auto c = net::MakeCommunicator(o);
-      ASSERT_TRUE(c.ok()) << c.status().ToString();
-      body(r, **c);
-    });
-  for (auto& t : threads) t.join();
-}
+using testing::OnRanks;
 
 // Rank r's gradient of group g, element i: full-mantissa values of varied
 // magnitude, so that a sum's rounding depends on its order.

@@ -24,6 +24,7 @@
 #include "io/fault.h"
 #include "io/net/comm.h"
 #include "io/net/store.h"
+#include "tests/util/on_ranks.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {
@@ -419,29 +420,7 @@ TEST(Speculation, ADiskFaultDuringSpeculationStaysExact) {
   EXPECT_GE(fired, 4) << "too few faults fired";
 }
 
-// Runs body(comm) on `world` threads, each with a Gloo communicator
-// rendezvoused through one store on a free loopback port.
-void OnRanks(int world, const std::function<void(net::Communicator&)>& body) {
-  using namespace std::chrono_literals;
-  auto server = net::StoreServer::Start("127.0.0.1", 0);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      auto client = net::StoreClient::Connect("127.0.0.1", (*server)->port(), 10s);
-      ASSERT_TRUE(client.ok()) << client.status().ToString();
-      net::CommOptions o;
-      o.rank.rank = r;
-      o.rank.world_size = world;
-      o.backend = "gloo";
-      o.timeout_s = 60;
-      o.store = client->get();
-      auto made = net::MakeCommunicator(o);
-      ASSERT_TRUE(made.ok()) << made.status().ToString();
-      body(**made);
-    });
-  for (auto& t : threads) t.join();
-}
+using testing::OnRanks;
 
 // Several ranks (Gloo): each rank speculates on its shard once that
 // shard's reduction is complete; the norm and finiteness are agreed over the
@@ -468,10 +447,10 @@ TEST(Speculation, SeveralRanks) {
     const std::string name = std::to_string(rc.world) + " ranks, stage " + std::to_string(rc.stage) + " " +
                              rc.placement + (rc.overlap_comm ? " overlap_comm" : "");
     std::vector<Outcome> plain(static_cast<size_t>(rc.world)), over(static_cast<size_t>(rc.world));
-    OnRanks(rc.world, [&](net::Communicator& comm) {
+    OnRanks(rc.world, [&](int, net::Communicator& comm) {
       plain[static_cast<size_t>(comm.rank())] = RunCase(c, false, nullptr, nullptr, &comm);
     });
-    OnRanks(rc.world, [&](net::Communicator& comm) {
+    OnRanks(rc.world, [&](int, net::Communicator& comm) {
       over[static_cast<size_t>(comm.rank())] = RunCase(c, true, nullptr, nullptr, &comm);
     });
     for (int r = 0; r < rc.world; ++r) {
@@ -505,9 +484,9 @@ TEST(Speculation, ALostPeerMidBackwardThenARestartIsExact) {
   c.clip = [](int s) { return s == 1 ? 1e-3 : 1e6; };
   TempDir ckpt;
   std::vector<Outcome> clean(2), resumed(2);
-  OnRanks(2, [&](net::Communicator& comm) { clean[static_cast<size_t>(comm.rank())] = RunCase(c, false, nullptr, nullptr, &comm); });
+  OnRanks(2, [&](int, net::Communicator& comm) { clean[static_cast<size_t>(comm.rank())] = RunCase(c, false, nullptr, nullptr, &comm); });
   std::vector<std::string> failures(2);
-  OnRanks(2, [&](net::Communicator& comm) {
+  OnRanks(2, [&](int, net::Communicator& comm) {
     const int rank = comm.rank();
     TempDir dir;
     EngineOptions eo;
@@ -553,11 +532,11 @@ TEST(Speculation, ALostPeerMidBackwardThenARestartIsExact) {
       failures[0] = (first_error.ok() ? r.status() : first_error).ToString();
       EXPECT_GT(e.stats().early_updates, 0u);
     }
-  });
+  }, /*timeout_s=*/10);
   EXPECT_TRUE(failures[0].find("COMM") != std::string::npos || failures[0].find("TIMEOUT") != std::string::npos)
       << failures[0];
   EXPECT_NE(failures[0].find("rank"), std::string::npos) << failures[0];
-  OnRanks(2, [&](net::Communicator& comm) {
+  OnRanks(2, [&](int, net::Communicator& comm) {
     resumed[static_cast<size_t>(comm.rank())] = RunCase(c, true, nullptr, nullptr, &comm, {ckpt.path(), 2});
   });
   for (int r = 0; r < 2; ++r) {
