@@ -244,6 +244,86 @@ TEST(Output, StateFormatComparison) {
   std::remove(cfg.c_str());
 }
 
+// The overlapped step's figures: the table and the JSON give the exposed and
+// iteration times with and without overlap, the replay rate they assume
+// (--replay-rate, refused outside 0..1) and the memory speculation holds.
+TEST(Output, OverlapFiguresAndReplayRate) {
+  const std::string cfg = ::testing::TempDir() + "/strata-plan-clip.json";
+  std::ofstream(cfg) << R"({"bf16": {"enabled": true}, "gradient_clipping": 1.0,
+                           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})";
+  const std::string args =
+      "--model gpt2-xl --cluster dgx-a100 --gpus-per-node 1 --seq 1024 --micro-batch 16 "
+      "--simulate --overlap-step --config " +
+      cfg;
+  const std::string table = RunBinary(args);
+  EXPECT_NE(table.find("overlapped step (speculative), replay rate 0.05: exposed"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("without overlap: exposed"), std::string::npos) << table;
+  EXPECT_NE(table.find("host backups"), std::string::npos) << table;
+  EXPECT_NE(table.find("\nspec "), std::string::npos) << "the capacity table's speculation row\n" << table;
+  EXPECT_EQ(RunBinary(args.substr(0, args.find(" --overlap-step")) + " --config " + cfg).find("\nspec "),
+            std::string::npos)
+      << "no row without the overlapped step";
+  const auto j = nlohmann::json::parse(RunBinary(args + " --json --replay-rate 0.25"));
+  const auto& sim = j["simulation"];
+  ASSERT_TRUE(sim.contains("overlap")) << sim.dump(2);
+  const auto& o = sim["overlap"];
+  EXPECT_EQ(o["replay_rate"].get<double>(), 0.25);
+  EXPECT_EQ(j["placement"]["replay_rate"].get<double>(), 0.25);
+  const double committed = o["committed"]["exposed_s"], replayed = o["replayed"]["exposed_s"];
+  EXPECT_NEAR(o["exposed_s"].get<double>(), 0.75 * committed + 0.25 * replayed, 1e-9);
+  EXPECT_EQ(o["exposed_s"], sim["exposed_s"]);
+  EXPECT_EQ(o["iteration_s"], sim["step_s"]);
+  EXPECT_LT(o["exposed_s"].get<double>(), sim["without_overlap"]["exposed_s"].get<double>());
+  EXPECT_LT(o["iteration_s"].get<double>(), sim["without_overlap"]["iteration_s"].get<double>());
+  // gpt2-xl's W, M, V in fp32: 12 bytes a parameter, each group's backup 64-byte aligned.
+  const Layout l = MakeLayout(PresetModel("gpt2-xl").value(), 1).value();
+  uint64_t want = 0;
+  for (uint64_t n : l.group_shard) want += 3 * ((4 * n + 63) / 64 * 64);
+  EXPECT_EQ(o["host_bytes_needed"].get<uint64_t>(), want);
+  EXPECT_EQ(o["host_bytes"].get<uint64_t>(), want);
+  EXPECT_EQ(j["capacity"]["per_rank"]["host"]["bytes"]["spec"].get<uint64_t>(), want);
+  EXPECT_EQ(o["disk_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(o["speculated_groups"], o["groups"]);
+  std::string err;
+  EXPECT_NE(RunStatus(args + " --replay-rate 1.5", &err), 0);
+  EXPECT_NE(err.find("--replay-rate"), std::string::npos) << err;
+  EXPECT_NE(RunStatus(args + " --replay-rate -0.1", &err), 0);
+  EXPECT_NE(err.find("--replay-rate"), std::string::npos) << err;
+  std::remove(cfg.c_str());
+}
+
+// The README's overlapped-step examples (tools/plan/examples/) load, and
+// show what the README says of them: Llama 2 70B's 68,976,648,192
+// parameters; on a DGX H100 with W, M, V on the host and clipping at 1.0,
+// the overlap hides most of the update at 4 x 4096 tokens a GPU and costs
+// more than it hides at 1 x 4096 (the backups' memcpy); --auto picks it
+// only in the first case.
+TEST(Output, ReadmeOverlapExamples) {
+  const std::string root = std::string(__FILE__).substr(0, std::string(__FILE__).rfind("/tests/plan/"));
+  const std::string dir = root + "/tools/plan/examples/";
+  auto m = LoadModelFile(dir + "llama2-70b.json");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->total_numel(), 68976648192u);
+  for (const char* f : {"host-clip.json", "clip.json"}) {
+    auto c = LoadConfigFile(dir + f);
+    ASSERT_TRUE(c.ok()) << f << ": " << c.status().ToString();
+    EXPECT_EQ(c->gradient_clipping, 1.0) << f;
+  }
+  const std::string base = "--model " + dir + "llama2-70b.json --cluster dgx-h100 --json ";
+  const auto run = [&](const std::string& args) { return nlohmann::json::parse(RunBinary(base + args)); };
+  const auto long_bwd = run("--config " + dir + "host-clip.json --micro-batch 4 --simulate --overlap-step");
+  const auto short_bwd = run("--config " + dir + "host-clip.json --simulate --overlap-step");
+  const auto& l = long_bwd["simulation"];
+  EXPECT_LT(l["overlap"]["exposed_s"].get<double>(), 0.2 * l["without_overlap"]["exposed_s"].get<double>());
+  EXPECT_LT(l["overlap"]["iteration_s"].get<double>(), l["without_overlap"]["iteration_s"].get<double>());
+  const auto& s = short_bwd["simulation"];
+  EXPECT_GT(s["overlap"]["iteration_s"].get<double>(), s["without_overlap"]["iteration_s"].get<double>());
+  EXPECT_TRUE(
+      run("--config " + dir + "clip.json --micro-batch 4 --auto")["placement"]["overlap_step"].get<bool>());
+  EXPECT_FALSE(run("--config " + dir + "clip.json --auto")["placement"]["overlap_step"].get<bool>());
+}
+
 // What --calibrate writes is a cluster file that --cluster reads back.
 TEST(Output, CalibrationJsonRoundTrips) {
   Calibration c;

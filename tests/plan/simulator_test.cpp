@@ -1,19 +1,22 @@
 // The step simulator: the 1T-on-512-GPUs figures (its speed, under 5 s, is
 // bench/plan/simulate_speed.cpp), the bytes it moves and the simulated times
 // against the engine's schedule (model outputs, deterministic: no clock is
-// read), the prefetch cache's behaviour and determinism.
+// read), the prefetch cache's behaviour and determinism, and the speculative
+// overlapped step: its exposure, the replay rate and the memory it holds.
 #include "tools/plan/simulator.h"
 
 #include <gtest/gtest.h>
 
-
+#include "base/align.h"
 #include "tools/plan/placement.h"
 
 namespace strata::plan {
 namespace {
 
 Config Cfg(int stage, const char* param, const char* opt, const std::string& extra = "") {
-  auto c = ParseConfig(std::string(R"({"bf16": {"enabled": true}, )") + extra +
+  // bf16 unless `extra` asks for fp16.
+  const bool fp16 = extra.find(R"("fp16")") != std::string::npos;
+  auto c = ParseConfig(std::string(fp16 ? "{" : R"({"bf16": {"enabled": true}, )") + extra +
                        R"("zero_optimization": {"stage": )" + std::to_string(stage) +
                        R"(, "offload_param": {"device": ")" + param +
                        R"(", "nvme_path": "/nvme", "buffer_size": 1e10}, "offload_optimizer": {"device": ")" +
@@ -239,18 +242,241 @@ TEST(Simulator, Deterministic) {
   EXPECT_EQ(a->evictions, b->evictions);
 }
 
-// The overlapped step starts updates during backward: the time left after
-// backward is at most one group's update.
-TEST(Simulator, OverlapHidesTheStepBehindBackward) {
-  const ModelSpec m = PresetModel("gpt2-xl").value();
-  ClusterSpec c = PresetCluster("dgx-a100").value();
-  c.gpus_per_node = 1;
-  const Config cfg = Cfg(2, "none", "cpu");
-  auto plain = Simulate(m, c, cfg, {});
-  auto overlapped = Simulate(m, c, cfg, {.overlap_step = true});
-  ASSERT_TRUE(plain.ok() && overlapped.ok());
-  EXPECT_LT(overlapped->optimizer_s, plain->optimizer_s);
-  EXPECT_LE(overlapped->step_s, plain->step_s);
+// gpt2-xl on one A100 with W, M, V on the host and a batch whose backward
+// (about 1.5 s) outlasts the CPU's update (about 0.4 s).
+struct Xl {
+  ModelSpec m = [] {
+    ModelSpec x = PresetModel("gpt2-xl").value();
+    x.seq = 1024;
+    x.micro_batch = 16;
+    return x;
+  }();
+  ClusterSpec c = [] {
+    ClusterSpec x = PresetCluster("dgx-a100").value();
+    x.gpus_per_node = 1;
+    return x;
+  }();
+};
+
+// The overlapped step is speculative: it overlaps backward with gradient
+// clipping, with fp16's dynamic loss scaling and on several ranks (it used
+// to be turned off there). The time left after backward shrinks to a
+// fraction of the step's; the step without overlap is reported beside it.
+TEST(Simulator, OverlapHidesTheStepWithClippingFp16AndRanks) {
+  Xl x;
+  const std::string clip = R"("gradient_clipping": 1.0, )";
+  const std::string fp16 = R"("fp16": {"enabled": true, "loss_scale": 0}, )";
+  for (const std::string& extra : {std::string(), clip, fp16, clip + fp16}) {
+    const Config cfg = Cfg(2, "none", "cpu", extra);
+    auto plain = Simulate(x.m, x.c, cfg, {});
+    auto over = Simulate(x.m, x.c, cfg, {.overlap_step = true});
+    ASSERT_TRUE(plain.ok() && over.ok()) << extra;
+    EXPECT_FALSE(plain->overlapped);
+    ASSERT_TRUE(over->overlapped) << extra;
+    EXPECT_EQ(over->speculated_groups, over->groups) << extra;
+    EXPECT_GT(plain->optimizer_s, 0.2) << extra;
+    EXPECT_LT(over->optimizer_s, 0.25 * plain->optimizer_s) << extra;
+    EXPECT_LT(over->committed.exposed_s, 0.1 * plain->optimizer_s) << extra;
+    EXPECT_LT(over->step_s, plain->step_s) << extra;
+    // The step without overlap, simulated beside it, is the plain run's.
+    EXPECT_EQ(over->plain.exposed_s, plain->optimizer_s) << extra;
+    EXPECT_EQ(over->plain.iteration_s, plain->step_s) << extra;
+    EXPECT_EQ(plain->plain.exposed_s, plain->optimizer_s);
+  }
+  // Eight ranks (ZeRO-2 over a DGX A100): each rank speculates its shards.
+  ClusterSpec node = PresetCluster("dgx-a100").value();
+  const Config cfg = Cfg(2, "none", "cpu", clip);
+  auto plain = Simulate(x.m, node, cfg, {});
+  auto over = Simulate(x.m, node, cfg, {.overlap_step = true});
+  ASSERT_TRUE(plain.ok() && over.ok());
+  EXPECT_EQ(over->speculated_groups, over->groups);
+  EXPECT_LT(over->optimizer_s, 0.5 * plain->optimizer_s);
+  // --auto weighs the overlapped step under clipping too.
+  Result<AutoPlan> a = PlanAuto(x.m, x.c, Cfg(3, "none", "none", clip), "/nvme");
+  ASSERT_TRUE(a.ok() && a->best >= 0);
+  const Candidate *with = nullptr, *without = nullptr;
+  for (const Candidate& k : a->candidates) {
+    if (k.Label() == "stage 2, P none, W/M/V cpu, overlap") with = &k;
+    if (k.Label() == "stage 2, P none, W/M/V cpu") without = &k;
+  }
+  ASSERT_TRUE(with && without && with->simulated && without->simulated);
+  EXPECT_TRUE(with->sim.overlapped);
+  EXPECT_LT(with->sim.step_s, without->sim.step_s);
+}
+
+// The figures are the expectation over the replay rate R:
+// (1 - R) x committed + R x replayed. A replay waits for the speculation in
+// flight, restores the host backups (a memcpy, read and written) and runs
+// the whole update again: at R = 1 the step is never better than without
+// overlap, and costs exactly that much more.
+TEST(Simulator, ReplayRateWeighsCommittedAndReplayedSteps) {
+  Xl x;
+  const Config cfg = Cfg(2, "none", "cpu", R"("gradient_clipping": 1.0, )");
+  auto plain = Simulate(x.m, x.c, cfg, {});
+  ASSERT_TRUE(plain.ok());
+  double last = 0;
+  for (double rate : {0.0, 0.05, 0.5, 1.0}) {
+    auto r = Simulate(x.m, x.c, cfg, {.overlap_step = true, .replay_rate = rate});
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->replay_rate, rate);
+    EXPECT_NEAR(r->optimizer_s, (1 - rate) * r->committed.exposed_s + rate * r->replayed.exposed_s, 1e-12);
+    EXPECT_NEAR(r->step_s, (1 - rate) * r->committed.iteration_s + rate * r->replayed.iteration_s, 1e-12);
+    EXPECT_GT(r->optimizer_s, last) << rate;  // more replays, more exposed
+    last = r->optimizer_s;
+    const double restore = 2.0 * static_cast<double>(r->spec_host_bytes) / x.c.RankHostMem();
+    EXPECT_GT(restore, 0);
+    EXPECT_NEAR(r->replayed.exposed_s, r->committed.exposed_s + restore + plain->optimizer_s, 1e-9);
+  }
+  auto all = Simulate(x.m, x.c, cfg, {.overlap_step = true, .replay_rate = 1.0});
+  ASSERT_TRUE(all.ok());
+  EXPECT_GE(all->optimizer_s, plain->optimizer_s);
+  EXPECT_GE(all->step_s, plain->step_s);
+  // NVMe-homed state keeps its old extents: a discard costs nothing, and a
+  // replay is the step without overlap after the speculation in flight.
+  const Config nvme = Cfg(2, "none", "nvme", R"("gradient_clipping": 1.0, )");
+  auto pn = Simulate(x.m, x.c, nvme, {});
+  auto rn = Simulate(x.m, x.c, nvme, {.overlap_step = true, .replay_rate = 1.0});
+  ASSERT_TRUE(pn.ok() && rn.ok());
+  EXPECT_EQ(rn->spec_host_bytes, 0u);
+  EXPECT_GT(rn->spec_disk_bytes, 0u);
+  EXPECT_NEAR(rn->optimizer_s, rn->committed.exposed_s + pn->optimizer_s, 1e-9 * pn->optimizer_s);
+  EXPECT_GE(rn->optimizer_s, pn->optimizer_s);
+}
+
+// What speculation holds, per rank, to the byte, as the engine's
+// Speculation::NeedsOf counts it, on 16 groups of 2 Mi elements on one rank
+// (n = 32 Mi). Host-homed: a backup of W, M, V (fp32 12 n; compact 3.25 n
+// plus P's 2-byte slice: 5.25 n). NVMe-homed: a second extent of W, M, V and
+// of P where P lives on NVMe too (fp32 12 n + 2 n; compact 5.25 n).
+TEST(Simulator, SpeculationMemoryIsExact) {
+  const ModelSpec m = Flat(16, 2u << 20);
+  const ClusterSpec c = OneRank(2e9, 1e9);
+  const Layout l = MakeLayout(m, 1).value();
+  const uint64_t n = 32u << 20;
+  const std::string compact = R"("strata": {"state_format": "compact"}, )";
+  struct Case {
+    int stage;
+    const char* p;
+    const char* opt;
+    std::string extra;
+    uint64_t host, disk;
+  };
+  const Case cases[] = {
+      {2, "none", "cpu", "", 12 * n, 0},  {2, "none", "cpu", compact, 5 * n + n / 4, 0},
+      {3, "cpu", "cpu", "", 12 * n, 0},   {2, "none", "nvme", "", 0, 12 * n},
+      {3, "nvme", "nvme", "", 0, 14 * n}, {3, "nvme", "nvme", compact, 0, 5 * n + n / 4},
+  };
+  for (const Case& k : cases) {
+    const Config cfg = Cfg(k.stage, k.p, k.opt, k.extra);
+    const std::string what = std::string(k.p) + "/" + k.opt + " " + k.extra;
+    const Capacity without = ComputeCapacity(m, l, c, cfg);
+    const Capacity cap = ComputeCapacity(m, l, c, cfg, /*overlap_step=*/true);
+    const auto row = [&](const Capacity& x, TierKind t) {
+      return x.bytes[static_cast<size_t>(PlanState::kSpeculation)][static_cast<size_t>(t)];
+    };
+    EXPECT_EQ(row(without, TierKind::kHost) + row(without, TierKind::kNvme), 0u) << what;
+    EXPECT_EQ(cap.speculation.host_needed, k.host) << what;
+    EXPECT_EQ(cap.speculation.disk_needed, k.disk) << what;
+    EXPECT_EQ(row(cap, TierKind::kHost), k.host) << what;  // "auto": all of it, where there is room
+    EXPECT_EQ(row(cap, TierKind::kNvme), k.disk) << what;
+    EXPECT_EQ(cap.Used(TierKind::kHost), without.Used(TierKind::kHost) + k.host) << what;
+    EXPECT_EQ(cap.Used(TierKind::kNvme), without.Used(TierKind::kNvme) + k.disk) << what;
+    EXPECT_EQ(cap.speculation.Groups(), 16) << what;
+    auto r = Simulate(m, c, cfg, {.overlap_step = true});
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->spec_host_bytes, k.host) << what;
+    EXPECT_EQ(r->spec_disk_bytes, k.disk) << what;
+    EXPECT_EQ(r->speculated_fraction, 1.0) << what;
+  }
+
+  // The host budget leaves room for half the backups: "auto" takes that
+  // half, and the last 8 groups (the first whose gradients complete) speculate.
+  const Config base = Cfg(2, "none", "cpu");
+  const uint64_t used = ComputeCapacity(m, l, c, base).Used(TierKind::kHost);
+  Config half = base;
+  half.strata.host_budget = used + 6 * n;
+  const Capacity h = ComputeCapacity(m, l, c, half, true);
+  EXPECT_EQ(h.speculation.host_bytes, 6 * n);
+  EXPECT_EQ(h.Used(TierKind::kHost), h.capacity[static_cast<size_t>(TierKind::kHost)]) << "never over";
+  ASSERT_EQ(h.speculation.granted.size(), 16u);
+  for (int g = 0; g < 16; ++g) EXPECT_EQ(h.speculation.granted[static_cast<size_t>(g)], g >= 8 ? 1 : 0) << g;
+  auto rh = Simulate(m, l, h, c, half, {.overlap_step = true});
+  EXPECT_EQ(rh.speculated_groups, 8);
+  EXPECT_DOUBLE_EQ(rh.speculated_fraction, 0.5);
+  // strata.speculation_host_bytes given: that much, whatever is left.
+  Config quarter = base;
+  quarter.strata.speculation_host_bytes = 3 * n;
+  const Capacity q = ComputeCapacity(m, l, c, quarter, true);
+  EXPECT_EQ(q.speculation.host_bytes, 3 * n);
+  EXPECT_EQ(q.speculation.Groups(), 4);
+  // 0 on NVMe: no group speculates, and the step is the one without overlap.
+  Config none = Cfg(2, "none", "nvme");
+  none.strata.speculation_disk_bytes = 0;
+  auto rz = Simulate(m, c, none, {.overlap_step = true});
+  auto pz = Simulate(m, c, none, {});
+  ASSERT_TRUE(rz.ok() && pz.ok());
+  EXPECT_EQ(rz->speculated_groups, 0);
+  EXPECT_NEAR(rz->committed.exposed_s, pz->optimizer_s, 1e-12);
+}
+
+// W, M, V on the GPU are updated in place there: nothing could undo it, so
+// no group speculates and the overlapped step is the step without it.
+TEST(Simulator, GpuUpdatedGroupsDoNotSpeculate) {
+  Xl x;
+  const Config cfg = Cfg(2, "none", "none");
+  auto plain = Simulate(x.m, x.c, cfg, {});
+  auto over = Simulate(x.m, x.c, cfg, {.overlap_step = true});
+  ASSERT_TRUE(plain.ok() && over.ok());
+  EXPECT_EQ(over->spec_groups_eligible, 0);
+  EXPECT_EQ(over->speculated_groups, 0);
+  EXPECT_EQ(over->spec_host_bytes + over->spec_disk_bytes, 0u);
+  EXPECT_NEAR(over->committed.iteration_s, plain->step_s, 1e-12);
+}
+
+// --auto charges speculation to the tiers: with host memory short, the
+// overlapped candidates take what is left (fewer groups speculate, no
+// budget is passed), and on the 1T DGX-2 plan, whose disk cannot hold a
+// second copy of W, M, V and P, the overlapped candidate reserves the swap
+// that is left (strata.speculation_disk_bytes) and speculates what fits.
+TEST(Simulator, AutoChargesSpeculationToTheTiers) {
+  const ModelSpec m = PresetModel("13b").value();
+  ClusterSpec c = PresetCluster("dgx-h100").value();
+  c.host_bytes = 400 * kGiB;  // 45 GiB a rank: state fits, most backups do not
+  Result<AutoPlan> a = PlanAuto(m, c, Cfg(3, "none", "none", R"("gradient_clipping": 1.0, )"), "/nvme");
+  ASSERT_TRUE(a.ok());
+  int short_of_room = 0;
+  for (const Candidate& k : a->candidates) {
+    if (!k.simulated || !k.overlap_step) continue;
+    const Speculation& s = k.capacity.speculation;
+    EXPECT_TRUE(k.capacity.Fits()) << k.Label();
+    EXPECT_LE(s.host_granted, s.host_bytes) << k.Label();
+    EXPECT_EQ(
+        k.capacity.bytes[static_cast<size_t>(PlanState::kSpeculation)][static_cast<size_t>(TierKind::kHost)],
+        s.host_bytes);
+    if (s.host_needed > s.host_bytes) {
+      ++short_of_room;
+      EXPECT_LT(k.sim.speculated_groups, k.sim.groups) << k.Label();
+      EXPECT_LT(k.sim.speculated_fraction, 1.0) << k.Label();
+    }
+  }
+  EXPECT_GT(short_of_room, 0);
+
+  const ModelSpec t = PresetModel("1t").value();
+  Result<AutoPlan> d = PlanAuto(t, PresetCluster("dgx2").value(), Cfg(3, "none", "none"), "/nvme");
+  ASSERT_TRUE(d.ok());
+  bool seen = false;
+  for (const Candidate& k : d->candidates) {
+    if (k.Label() != "stage 3, P nvme, W/M/V nvme, overlap") continue;
+    seen = true;
+    ASSERT_TRUE(k.simulated);
+    const Speculation& s = k.capacity.speculation;
+    EXPECT_EQ(k.config.strata.speculation_disk_bytes, s.disk_granted);
+    EXPECT_EQ(s.disk_bytes, s.disk_granted);
+    EXPECT_LT(s.disk_granted, s.disk_needed);
+    EXPECT_GT(k.sim.speculated_groups, 0);
+    EXPECT_LT(k.sim.speculated_groups, k.sim.groups);
+  }
+  EXPECT_TRUE(seen);
 }
 
 }  // namespace

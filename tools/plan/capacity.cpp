@@ -8,13 +8,17 @@
 // strata.state_format "compact" keeps the master's bf16 half in P and stores
 // W as its int8 corrections (1 B), M and V in 1.125 B each (StateBytes):
 // offloaded to NVMe in stage 3 that is (2 + 4 + 5.25 - 2) Psi/N, not 18.
+// The speculative overlapped step adds its backups (host) or the old extents
+// it keeps until commit (NVMe) where the tier has room: Speculation.
 #include "tools/plan/capacity.h"
 
 #include <algorithm>
 
+#include "base/align.h"
 #include "base/sizes.h"
 #include "engine/layout/partition.h"
 #include "kernels/cpu/compact.h"
+#include "tiers/nvme_tier.h"
 
 namespace strata::plan {
 
@@ -39,7 +43,7 @@ void Add(Capacity& c, PlanState s, TierKind t, uint64_t bytes) {
 }  // namespace
 
 const char* PlanStateName(PlanState s) {
-  static const char* kNames[] = {"P", "G", "W", "M", "V", "act", "work", "staging"};
+  static const char* kNames[] = {"P", "G", "W", "M", "V", "act", "work", "staging", "spec"};
   return kNames[static_cast<int>(s)];
 }
 
@@ -53,6 +57,7 @@ const char* PlanStateDescription(PlanState s) {
       "activations (one micro-batch)",
       "device working buffers (gathered and prefetched groups, one group's gradient)",
       "pinned host staging buffers (swap and step slots)",
+      "speculation until commit (host: W, M, V backups; nvme: their old extents)",
   };
   return kText[static_cast<int>(s)];
 }
@@ -75,6 +80,17 @@ Result<Layout> MakeLayout(const ModelSpec& model, int world_size) {
   l.largest_group = part.largest_group_numel();
   l.largest_shard = part.largest_shard_numel();
   return l;
+}
+
+int Speculation::Groups() const {
+  int n = 0;
+  for (uint8_t g : granted) n += g;
+  return n;
+}
+
+double Speculation::Fraction() const {
+  const uint64_t needed = host_needed + disk_needed;
+  return needed ? static_cast<double>(host_granted + disk_granted) / static_cast<double>(needed) : 0.0;
 }
 
 uint64_t Capacity::Used(TierKind t) const {
@@ -121,8 +137,98 @@ StateBytes StateBytesOf(const Config& config) {
           .g_size = DTypeSize(config.grad_dtype())};
 }
 
+namespace {
+
+constexpr uint64_t kBackupAlign = 64;  // engine/step/speculation.cpp: each backup in the arena
+
+// What group g's speculation needs, as Speculation::NeedsOf
+// (engine/step/speculation.cpp) counts it: for each state the step writes
+// (P, W, M, V), NVMe-homed: a fresh extent (padded as the NVMe tier pads,
+// striped over strata.nvme_paths); CPU-addressable (host, or a GPU-less
+// machine's device arena): a backup (fp32's P, a copy of W, is recomputed
+// instead; compact's P, the master's half, is backed up as this rank's 2-byte
+// slice); in place on a GPU: nothing could undo it, so g does not speculate.
+// Returns false when g cannot speculate.
+bool NeedOf(const Layout& l, int g, const Homes& h, const StateBytes& sb, const ClusterSpec& cluster,
+            const Config& config, uint64_t* host, uint64_t* disk) {
+  *host = *disk = 0;
+  if (h.gpu_optimizer) return false;  // the GPU updates W, M, V in place
+  const uint64_t dirs = std::max<uint64_t>(1, config.strata.nvme_paths.size());
+  const uint64_t dp = DTypeSize(config.compute_dtype());
+  const size_t gi = static_cast<size_t>(g);
+  const uint64_t opt = config.zero.stage >= 1 ? l.group_shard[gi] : l.group_numel[gi];
+  const uint64_t p_home = config.zero.stage >= 3 ? l.group_shard[gi] : l.group_numel[gi];
+  struct Written {
+    TierKind home;
+    uint64_t bytes;
+    bool p;
+  };
+  const Written states[] = {{h.p, p_home * dp, true},
+                            {h.opt, sb.W(opt), false},
+                            {h.opt, sb.M(opt), false},
+                            {h.opt, sb.V(opt), false}};
+  for (const Written& w : states) {
+    if (w.bytes == 0) continue;  // Lion has no V
+    const bool copy = w.p && !sb.compact;
+    if (w.home == TierKind::kNvme) {
+      *disk += NvmeTier::PaddedSizeFor(w.bytes, dirs);
+    } else if (w.home == TierKind::kHost || !cluster.has_gpu) {
+      if (copy) continue;
+      *host += AlignUp(w.p ? l.group_shard[gi] * 2 : w.bytes, kBackupAlign);
+    } else if (!copy) {
+      *host = *disk = 0;
+      return false;
+    }
+  }
+  return true;
+}
+
+// Capacity::speculation for a capacity sized without it, as the engine's
+// build and StartOverlap (engine/overlap.cpp) size it: the host arena is
+// strata.speculation_host_bytes ("auto": what every group needs, at most what
+// the host tier has left), the swap's reservation strata.speculation_disk_bytes
+// ("auto": what every group needs); both count in the tiers' totals. Groups
+// are granted in the order their gradients complete (the last group first,
+// for every GroupScheme) while their needs fit in what is left of the two.
+void AddSpeculation(Capacity& c, const Layout& l, const ClusterSpec& cluster, const Config& config) {
+  const Homes h = HomesOf(config, cluster);
+  const StateBytes sb = StateBytesOf(config);
+  Speculation& s = c.speculation;
+  const size_t n = l.group_numel.size();
+  s.host.assign(n, 0);
+  s.disk.assign(n, 0);
+  s.eligible.assign(n, 0);
+  s.granted.assign(n, 0);
+  for (size_t g = 0; g < n; ++g) {
+    s.eligible[g] = NeedOf(l, static_cast<int>(g), h, sb, cluster, config, &s.host[g], &s.disk[g]);
+    s.host_needed += s.host[g];
+    s.disk_needed += s.disk[g];
+  }
+  const uint64_t used = c.Used(TierKind::kHost), cap = c.capacity[static_cast<size_t>(TierKind::kHost)];
+  const uint64_t host_left = cap > used ? cap - used : 0;
+  const uint64_t want_host = config.strata.speculation_host_bytes,
+                 want_disk = config.strata.speculation_disk_bytes;
+  s.host_bytes = want_host == StrataConfig::kSpeculationAuto ? std::min(s.host_needed, host_left) : want_host;
+  // The engine reserves swap room only where state lives on NVMe.
+  const bool nvme = h.p == TierKind::kNvme || h.opt == TierKind::kNvme;
+  s.disk_bytes = !nvme ? 0 : want_disk == StrataConfig::kSpeculationAuto ? s.disk_needed : want_disk;
+  uint64_t host_room = s.host_bytes, disk_room = s.disk_bytes;
+  for (size_t i = n; i-- > 0;) {
+    if (!s.eligible[i] || s.host[i] > host_room || s.disk[i] > disk_room) continue;
+    s.granted[i] = 1;
+    host_room -= s.host[i];
+    disk_room -= s.disk[i];
+    s.host_granted += s.host[i];
+    s.disk_granted += s.disk[i];
+  }
+  Add(c, PlanState::kSpeculation, TierKind::kHost, s.host_bytes);
+  Add(c, PlanState::kSpeculation, TierKind::kNvme, s.disk_bytes);
+}
+
+}  // namespace
+
 Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster,
-                         const Config& config) {
+                         const Config& config, bool overlap_step) {
   Capacity c;
   const int stage = config.zero.stage;
   const uint64_t dp = DTypeSize(config.compute_dtype());
@@ -205,12 +311,14 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
                                                                : config.strata.device_budget + activations);
   if (config.strata.host_budget) host = std::min(host, config.strata.host_budget);
   c.capacity = {device, host, cluster.nvme_bytes() / ranks};
+  if (overlap_step) AddSpeculation(c, l, cluster, config);
   return c;
 }
 
-Result<Capacity> ComputeCapacity(const ModelSpec& model, const ClusterSpec& cluster, const Config& config) {
+Result<Capacity> ComputeCapacity(const ModelSpec& model, const ClusterSpec& cluster, const Config& config,
+                                 bool overlap_step) {
   STRATA_ASSIGN_OR_RETURN(Layout l, MakeLayout(model, static_cast<int>(cluster.world_size())));
-  return ComputeCapacity(model, l, cluster, config);
+  return ComputeCapacity(model, l, cluster, config, overlap_step);
 }
 
 }  // namespace strata::plan

@@ -3,7 +3,8 @@
 // dtype on the device when the optimizer is, else the fp32 accumulator beside
 // W), the ZeRO stage's division (1: W, M, V; 2: + G; 3: + P) and
 // strata.state_format (W, M, V in fp32 or compact), plus the activations, the
-// device's working buffers and the pinned staging buffers.
+// device's working buffers, the pinned staging buffers and, with the
+// speculative overlapped step, the memory speculation holds until commit.
 #pragma once
 
 #include <array>
@@ -18,10 +19,11 @@
 
 namespace strata::plan {
 
-enum class PlanState : int { kP, kG, kW, kM, kV, kActivations, kWork, kStaging };
-inline constexpr int kNumPlanStates = 8;
+enum class PlanState : int { kP, kG, kW, kM, kV, kActivations, kWork, kStaging, kSpeculation };
+inline constexpr int kNumPlanStates = 9;
 inline constexpr int kNumTiers = 3;             // TierKind: device, host, nvme
-const char* PlanStateName(PlanState s);         // "P", "G", "W", "M", "V", "act", "work", "staging"
+// "P", "G", "W", "M", "V", "act", "work", "staging", "spec"
+const char* PlanStateName(PlanState s);
 const char* PlanStateDescription(PlanState s);  // one line for tables and legends
 
 // The sizes a schedule needs, from the engine's own Partition (groups padded
@@ -36,6 +38,34 @@ struct Layout {
 };
 Result<Layout> MakeLayout(const ModelSpec& model, int world_size);
 
+// The memory of the speculative overlapped step (EngineOptions.overlap_step,
+// issue #26), per rank, as the engine sizes it (engine/step/speculation.h).
+// Each group's update runs as soon as its gradients are complete in
+// backward, before the step knows whether clipping applies or every value is
+// finite; a discard must find the old state again:
+//   host-homed W, M, V: a backup in host memory (fp32 Adam 12 B a parameter
+//     of the rank's shard; compact its W, M, V bytes plus 2 B of P's slice,
+//     the master's bf16 half), from strata.speculation_host_bytes ("auto":
+//     what every group needs, at most what the host budget has left);
+//   NVMe-homed W, M, V (and P): the old extents stay until commit, so the
+//     swap holds a second copy of them (each padded as the NVMe tier pads),
+//     strata.speculation_disk_bytes ("auto": what every group needs).
+// Groups are granted in the order their gradients complete (the last first)
+// while their needs fit in what is left of those two; the rest update after
+// backward, as without overlap. Groups whose W, M, V (or compact's P) the
+// GPU updates in place never speculate.
+struct Speculation {
+  std::vector<uint64_t> host, disk;             // per group: what its speculation needs in each tier
+  std::vector<uint8_t> eligible;                // per group: 1 when it may speculate at all
+  std::vector<uint8_t> granted;                 // per group: 1 when it speculates
+  uint64_t host_needed = 0, disk_needed = 0;    // every eligible group's
+  uint64_t host_bytes = 0, disk_bytes = 0;      // reserved (the kSpeculation row), "auto" resolved
+  uint64_t host_granted = 0, disk_granted = 0;  // the granted groups' needs
+  int Groups() const;                           // granted groups
+  // Of the bytes every group needs, the share granted (0 when none can speculate).
+  double Fraction() const;
+};
+
 struct Capacity {
   std::array<std::array<uint64_t, kNumTiers>, kNumPlanStates> bytes{};  // [state][tier], per rank
   std::array<uint64_t, kNumTiers> capacity{};  // per rank: usable device, host / ranks, NVMe / ranks
@@ -45,6 +75,7 @@ struct Capacity {
   bool Fits(TierKind t) const { return Used(t) <= capacity[static_cast<int>(t)]; }
   bool Fits() const { return Fits(TierKind::kDevice) && Fits(TierKind::kHost) && Fits(TierKind::kNvme); }
   std::vector<std::string> Problems() const;  // "host: 16.0 TiB needed per rank, 86 GiB available"
+  Speculation speculation;                    // empty without the overlapped step
 };
 
 // Where each state lives, from a config.
@@ -75,8 +106,11 @@ struct StateBytes {
 };
 StateBytes StateBytesOf(const Config& config);
 
-Result<Capacity> ComputeCapacity(const ModelSpec& model, const ClusterSpec& cluster, const Config& config);
+// `overlap_step`: size the speculation (Capacity::speculation, the
+// kSpeculation row) in what each tier has left after everything else.
+Result<Capacity> ComputeCapacity(const ModelSpec& model, const ClusterSpec& cluster, const Config& config,
+                                 bool overlap_step = false);
 Capacity ComputeCapacity(const ModelSpec& model, const Layout& layout, const ClusterSpec& cluster,
-                         const Config& config);
+                         const Config& config, bool overlap_step = false);
 
 }  // namespace strata::plan

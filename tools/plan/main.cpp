@@ -20,6 +20,7 @@ struct Args {
   std::string model = "gpt2", cluster = "local", config, nvme_path = "/local_nvme";
   uint32_t nodes = 0, gpus_per_node = 0;
   uint64_t seq = 0, micro_batch = 0, grad_accum = 0;
+  double replay_rate = kDefaultReplayRate;
   bool no_checkpointing = false, overlap_step = false, simulate = false, autoplace = false, json = false;
   std::string svg, write_config, calibrate_dir, calibrate_size = "512MiB";
 };
@@ -75,18 +76,20 @@ Result<Report> MakeReport(const Args& a) {
                           a.config.empty() ? ParseConfig(kDefaultConfig) : LoadConfigFile(a.config));
   STRATA_ASSIGN_OR_RETURN(r.layout, MakeLayout(r.model, static_cast<int>(r.cluster.world_size())));
   r.overlap_step = a.overlap_step;
+  r.replay_rate = a.replay_rate;
   const Config base = r.config;
   if (a.autoplace) {
-    STRATA_ASSIGN_OR_RETURN(r.autoplan, PlanAuto(r.model, r.cluster, r.config, a.nvme_path));
+    STRATA_ASSIGN_OR_RETURN(r.autoplan, PlanAuto(r.model, r.cluster, r.config, a.nvme_path, a.replay_rate));
     if (r.autoplan->best >= 0) {
       const Candidate& best = r.autoplan->candidates[static_cast<size_t>(r.autoplan->best)];
       r.config = best.config;
       r.overlap_step = best.overlap_step;
     }
   }
-  r.capacity = ComputeCapacity(r.model, r.layout, r.cluster, r.config);
+  r.capacity = ComputeCapacity(r.model, r.layout, r.cluster, r.config, r.overlap_step);
   if (a.simulate || (r.autoplan && r.autoplan->best >= 0))
-    r.sim = Simulate(r.model, r.layout, r.capacity, r.cluster, r.config, {.overlap_step = r.overlap_step});
+    r.sim = Simulate(r.model, r.layout, r.capacity, r.cluster, r.config,
+                     {.overlap_step = r.overlap_step, .replay_rate = r.replay_rate});
   CompareStateFormats(r, a.autoplace ? &base : nullptr, a.nvme_path);
   return r;
 }
@@ -110,6 +113,10 @@ int Run(const Args& a) {
       else if (!a.autoplace && o->capacity.Fits())
         other = "; with strata.state_format \"" + o->format + "\" it fits";
     }
+    // The overlapped step's swap room ("auto": every group's) may be what does not fit.
+    if (Config c = r->config; r->overlap_step && FitSpeculationDisk(r->model, r->layout, r->cluster, &c))
+      other += "; with strata.speculation_disk_bytes " + std::to_string(c.strata.speculation_disk_bytes) +
+               " it fits (fewer groups speculate)";
     std::fprintf(stderr, "strata-plan: %s: %s%s%s\n", a.autoplace ? "nothing fits" : "does not fit",
                  r->capacity.Problems().front().c_str(), other.c_str(),
                  a.write_config.empty() ? "" : (" (" + a.write_config + " not written)").c_str());
@@ -139,7 +146,17 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch", a.micro_batch, "sequences per rank per forward");
   app.add_option("--grad-accum", a.grad_accum, "micro-batches per optimizer step");
   app.add_flag("--no-checkpointing", a.no_checkpointing, "activations without checkpointing");
-  app.add_flag("--overlap-step", a.overlap_step, "the overlapped step (EngineOptions.overlap_step)");
+  app.add_flag("--overlap-step", a.overlap_step,
+               "the speculative overlapped step (EngineOptions.overlap_step): each group updates as its "
+               "gradients complete in backward, with clipping, fp16 and any number of ranks; reports the "
+               "exposed and iteration times with and without it and the memory speculation takes");
+  app.add_option("--replay-rate", a.replay_rate,
+                 "with --overlap-step (and --auto): the fraction of steps (0..1) whose speculative update is "
+                 "discarded and run again after backward (clipping applied, or a non-finite gradient). "
+                 "Default 0.05: DeepSpeed's SuperOffload found clipping rare after warm-up; 5% allows for "
+                 "warm-up and loss spikes")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   app.add_flag("--simulate", a.simulate, "simulate one step and print its time and bounding resource");
   app.add_flag("--auto", a.autoplace, "search placements; print the fastest that fits and its config");
   app.add_option("--nvme-path", a.nvme_path, "swap folder written into --auto configs")

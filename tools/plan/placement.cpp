@@ -28,25 +28,42 @@ Config WithPlacement(const Config& base, int stage, OffloadDevice param, Offload
   return c;
 }
 
+bool FitSpeculationDisk(const ModelSpec& model, const Layout& layout, const ClusterSpec& cluster,
+                        Config* config) {
+  if (config->strata.speculation_disk_bytes != StrataConfig::kSpeculationAuto) return false;
+  if (ComputeCapacity(model, layout, cluster, *config, true).Fits(TierKind::kNvme)) return false;
+  const Capacity plain = ComputeCapacity(model, layout, cluster, *config);
+  const uint64_t used = plain.Used(TierKind::kNvme),
+                 cap = plain.capacity[static_cast<size_t>(TierKind::kNvme)];
+  if (used > cap) return false;  // does not fit without speculation either
+  config->strata.speculation_disk_bytes = cap - used;
+  // What the groups that fit there take, no more.
+  config->strata.speculation_disk_bytes =
+      ComputeCapacity(model, layout, cluster, *config, true).speculation.disk_granted;
+  return true;
+}
+
 Result<AutoPlan> PlanAuto(const ModelSpec& model, const ClusterSpec& cluster, const Config& base,
-                          const std::string& nvme_path) {
+                          const std::string& nvme_path, double replay_rate) {
   STRATA_ASSIGN_OR_RETURN(Layout layout, MakeLayout(model, static_cast<int>(cluster.world_size())));
   const OffloadDevice kDevices[] = {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme};
-  const bool can_overlap = base.gradient_clipping == 0 && !base.fp16.enabled;
   AutoPlan plan;
   double best_s = 0;
   for (int stage = 0; stage <= 3; ++stage)
     for (OffloadDevice param : kDevices) {
       if (param != OffloadDevice::kNone && stage < 3) continue;  // parameter offload is a stage-3 feature
       for (OffloadDevice opt : kDevices)
-        for (int overlap = 0; overlap <= (can_overlap ? 1 : 0); ++overlap) {
+        for (int overlap = 0; overlap <= 1; ++overlap) {
           Candidate c;
           c.overlap_step = overlap == 1;
           c.config = WithPlacement(base, stage, param, opt, nvme_path, layout, nullptr);
-          c.capacity = ComputeCapacity(model, layout, cluster, c.config);
+          c.capacity = ComputeCapacity(model, layout, cluster, c.config, c.overlap_step);
           c.config = WithPlacement(base, stage, param, opt, nvme_path, layout, &c.capacity);
+          if (c.overlap_step && FitSpeculationDisk(model, layout, cluster, &c.config))
+            c.capacity = ComputeCapacity(model, layout, cluster, c.config, true);
           if (c.capacity.Fits()) {
-            c.sim = Simulate(model, layout, c.capacity, cluster, c.config, {.overlap_step = c.overlap_step});
+            c.sim = Simulate(model, layout, c.capacity, cluster, c.config,
+                             {.overlap_step = c.overlap_step, .replay_rate = replay_rate});
             c.simulated = true;
             if (plan.best < 0 || c.sim.step_s < best_s) {
               plan.best = static_cast<int>(plan.candidates.size());

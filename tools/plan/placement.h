@@ -1,8 +1,11 @@
 // --auto: every placement the engine supports (stage 0-3; P on the device,
 // host or NVMe in stage 3; W, M, V on the device, host or NVMe; the
-// overlapped step when the config allows it), sized and, where it fits,
-// simulated; the fastest predicted step wins, ties going to the simpler
-// placement (enumerated first).
+// speculative overlapped step or not), sized and, where it fits, simulated;
+// the fastest predicted step (with overlap: expected at the replay rate)
+// wins, ties going to the simpler placement (enumerated first). An
+// overlapped candidate's speculation takes its room from what the placement
+// leaves in host memory and on NVMe; where that is short, fewer groups
+// speculate (Capacity::speculation) and its step is slower.
 #pragma once
 
 #include <string>
@@ -31,7 +34,14 @@ struct AutoPlan {
 // `nvme_path`: the swap folder written into configs that put state on NVMe
 // (kept from the base config when it names one).
 Result<AutoPlan> PlanAuto(const ModelSpec& model, const ClusterSpec& cluster, const Config& base,
-                          const std::string& nvme_path);
+                          const std::string& nvme_path, double replay_rate = kDefaultReplayRate);
+
+// The overlapped step's swap room: strata.speculation_disk_bytes "auto"
+// reserves what every group's speculation needs (Capacity::speculation);
+// where the NVMe tier has less left, sets it to what the groups that fit in
+// what is left take (fewer groups speculate). Returns whether it changed it.
+bool FitSpeculationDisk(const ModelSpec& model, const Layout& layout, const ClusterSpec& cluster,
+                        Config* config);
 
 // The config with the placement applied and the facts the engine checks at
 // build (param swap buffers of a whole group, the host budget per rank).

@@ -1,6 +1,7 @@
 // The table and the JSON document.
 #include "tools/plan/report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -57,6 +58,10 @@ std::string CapacityTable(const Capacity& cap, uint32_t ranks) {
   std::string s =
       "\n" + Pad("bytes per rank", 16) + Pad("device", 14) + Pad("host", 14) + Pad("nvme", 14) + "\n";
   for (int st = 0; st < kNumPlanStates; ++st) {
+    const auto& row = cap.bytes[static_cast<size_t>(st)];
+    if (PlanState(st) == PlanState::kSpeculation &&
+        std::all_of(row.begin(), row.end(), [](uint64_t b) { return b == 0; }))
+      continue;  // no overlapped step (or nothing granted): no row
     s += Pad(PlanStateName(PlanState(st)), 16);
     for (int t = 0; t < kNumTiers; ++t)
       s += Pad(Cell(cap.bytes[static_cast<size_t>(st)][static_cast<size_t>(t)]), 14);
@@ -83,6 +88,33 @@ const char* ResourceName(SimResource r, bool has_gpu) {
   return r == SimResource::kGpu && !has_gpu ? "cpu_layers" : SimResourceName(r);
 }
 
+std::string Pct(double f) { return Fmt("%.0f%%", 100 * f); }
+
+// The overlapped step beside the step without it: exposed (end of backward to
+// the return of step) and iteration times, the replay rate they assume, and
+// the memory speculation takes.
+std::string OverlapText(const SimResult& sim) {
+  std::string s = "overlapped step (speculative), replay rate " + Fmt("%g", sim.replay_rate) + ": exposed " +
+                  Fmt("%.3f s", sim.optimizer_s) + ", iteration " + Fmt("%.3f s", sim.step_s) +
+                  " (committed: exposed " + Fmt("%.3f s", sim.committed.exposed_s) + ", iteration " +
+                  Fmt("%.3f s", sim.committed.iteration_s) + "; replayed: exposed " +
+                  Fmt("%.3f s", sim.replayed.exposed_s) + ", iteration " +
+                  Fmt("%.3f s", sim.replayed.iteration_s) + ")\n";
+  s += "without overlap: exposed " + Fmt("%.3f s", sim.plain.exposed_s) + ", iteration " +
+       Fmt("%.3f s", sim.plain.iteration_s) + "\n";
+  s += "speculation: " + std::to_string(sim.speculated_groups) + " of " + std::to_string(sim.groups) +
+       " groups update during backward (" + Pct(sim.speculated_fraction) + " of the bytes they need)";
+  if (sim.spec_host_needed || sim.spec_host_bytes)
+    s += "; host backups " + FormatBytes(sim.spec_host_bytes) + " reserved of " +
+         FormatBytes(sim.spec_host_needed) + " needed per rank";
+  if (sim.spec_disk_needed || sim.spec_disk_bytes)
+    s += "; nvme old extents " + FormatBytes(sim.spec_disk_bytes) + " reserved of " +
+         FormatBytes(sim.spec_disk_needed) + " needed per rank";
+  if (sim.spec_groups_eligible == 0)
+    s += "; the GPU updates W, M, V in place: every group updates after backward";
+  return s + "\n";
+}
+
 std::string SimText(const SimResult& sim, bool has_gpu) {
   std::string s = "\nsimulated step: " + Fmt("%.3f s", sim.step_s) + " (forward+backward " +
                   Fmt("%.3f s", sim.forward_backward_s) + ", step after backward " +
@@ -93,6 +125,7 @@ std::string SimText(const SimResult& sim, bool has_gpu) {
          Fmt("%.3f s", sim.busy_s[static_cast<size_t>(i)]) +
          Fmt(" (%.0f%%)", sim.step_s > 0 ? 100 * sim.busy_s[static_cast<size_t>(i)] / sim.step_s : 0) +
          (i + 1 < kNumSimResources ? "," : "\n");
+  if (sim.overlapped) s += OverlapText(sim);
   s += "moved per rank: disk read " + FormatBytes(sim.disk_read_bytes) + ", disk write " +
        FormatBytes(sim.disk_write_bytes) + ", pcie " + FormatBytes(sim.pcie_bytes) + ", network " +
        FormatBytes(sim.network_bytes) + "\n";
@@ -190,6 +223,30 @@ nlohmann::ordered_json SimJson(const SimResult& s, bool has_gpu) {
   j["step_s"] = s.step_s;
   j["forward_backward_s"] = s.forward_backward_s;
   j["step_after_backward_s"] = s.optimizer_s;
+  j["exposed_s"] = s.optimizer_s;
+  j["without_overlap"] = {{"iteration_s", s.plain.iteration_s},
+                          {"forward_backward_s", s.plain.forward_backward_s},
+                          {"exposed_s", s.plain.exposed_s}};
+  if (s.overlapped) {
+    const auto times = [](const StepTimes& t) {
+      return nlohmann::ordered_json{{"iteration_s", t.iteration_s},
+                                    {"forward_backward_s", t.forward_backward_s},
+                                    {"exposed_s", t.exposed_s}};
+    };
+    j["overlap"] = {{"replay_rate", s.replay_rate},
+                    {"iteration_s", s.step_s},
+                    {"exposed_s", s.optimizer_s},
+                    {"committed", times(s.committed)},
+                    {"replayed", times(s.replayed)},
+                    {"groups", s.groups},
+                    {"speculated_groups", s.speculated_groups},
+                    {"eligible_groups", s.spec_groups_eligible},
+                    {"speculated_fraction", s.speculated_fraction},
+                    {"host_bytes", s.spec_host_bytes},
+                    {"host_bytes_needed", s.spec_host_needed},
+                    {"disk_bytes", s.spec_disk_bytes},
+                    {"disk_bytes_needed", s.spec_disk_needed}};
+  }
   j["bound"] = ResourceName(s.bound, has_gpu);
   for (int i = 0; i < kNumSimResources; ++i)
     j["busy_s"][ResourceName(SimResource(i), has_gpu)] = s.busy_s[static_cast<size_t>(i)];
@@ -216,13 +273,18 @@ void CompareStateFormats(Report& r, const Config* auto_base, const std::string& 
   if (o.available) {
     Config other = r.config;
     other.strata.state_format = o.format;
-    o.capacity = ComputeCapacity(r.model, r.layout, r.cluster, other);
+    if (auto_base && r.overlap_step) {  // --auto sized the swap room for the plan's format: size it again
+      other.strata.speculation_disk_bytes = auto_base->strata.speculation_disk_bytes;
+      FitSpeculationDisk(r.model, r.layout, r.cluster, &other);
+    }
+    o.capacity = ComputeCapacity(r.model, r.layout, r.cluster, other, r.overlap_step);
     if (r.sim && o.capacity.Fits())
-      o.sim = Simulate(r.model, r.layout, o.capacity, r.cluster, other, {.overlap_step = r.overlap_step});
+      o.sim = Simulate(r.model, r.layout, o.capacity, r.cluster, other,
+                       {.overlap_step = r.overlap_step, .replay_rate = r.replay_rate});
     if (auto_base) {
       Config base = *auto_base;
       base.strata.state_format = o.format;
-      auto a = PlanAuto(r.model, r.cluster, base, nvme_path);
+      auto a = PlanAuto(r.model, r.cluster, base, nvme_path, r.replay_rate);
       if (a.ok()) o.autoplan = std::move(*a);
     }
   }
@@ -238,9 +300,14 @@ std::string FormatTable(const Report& r) {
     for (size_t i = 0; i < r.autoplan->candidates.size(); ++i) {
       const Candidate& c = r.autoplan->candidates[i];
       s += (static_cast<int>(i) == r.autoplan->best ? "  * " : "    ") + Pad(c.Label(), 40);
-      s += c.simulated
-               ? Fmt("%.3f s/step, ", c.sim.step_s) + "bound by " + ResourceName(c.sim.bound, r.cluster.has_gpu) + "\n"
-               : "does not fit (" + c.capacity.Problems().front() + ")\n";
+      s += c.simulated ? Fmt("%.3f s/step, ", c.sim.step_s) + "bound by " +
+                             ResourceName(c.sim.bound, r.cluster.has_gpu) +
+                             (c.sim.overlapped && c.sim.speculated_groups < c.sim.groups
+                                  ? ", " + std::to_string(c.sim.speculated_groups) + " of " +
+                                        std::to_string(c.sim.groups) + " groups speculate"
+                                  : "") +
+                             "\n"
+                       : "does not fit (" + c.capacity.Problems().front() + ")\n";
     }
     if (r.autoplan->best < 0)
       s += "nothing fits\n";
@@ -275,6 +342,7 @@ std::string FormatJson(const Report& r) {
                     {"param", Where(z.offload_param.device)},
                     {"optimizer", Where(z.offload_optimizer.device)},
                     {"overlap_step", r.overlap_step},
+                    {"replay_rate", r.replay_rate},
                     {"state_format", r.config.strata.state_format}};
   j["capacity"] = CapacityJson(r.capacity);
   if (r.sim) j["simulation"] = SimJson(*r.sim, r.cluster.has_gpu);
@@ -284,6 +352,10 @@ std::string FormatJson(const Report& r) {
     for (const Candidate& cand : r.autoplan->candidates) {
       nlohmann::ordered_json e = {{"placement", cand.Label()}, {"fits", cand.capacity.Fits()}};
       if (cand.simulated) e["step_s"] = cand.sim.step_s;
+      if (cand.simulated && cand.sim.overlapped) {
+        e["exposed_s"] = cand.sim.optimizer_s;
+        e["speculated_fraction"] = cand.sim.speculated_fraction;
+      }
       a.push_back(e);
     }
     j["auto"]["candidates"] = a;

@@ -32,6 +32,7 @@ struct Report {
   Layout layout;
   Config config;  // the plan's config (the --auto winner, when there is one)
   bool overlap_step = false;
+  double replay_rate = kDefaultReplayRate;  // --replay-rate: of the overlapped step's speculations
   Capacity capacity;
   std::optional<SimResult> sim;
   std::optional<AutoPlan> autoplan;

@@ -1,8 +1,9 @@
 // One step of the engine's schedule against the cost model. Each resource is
 // a timeline that serves one transfer at a time at its full rate; work is
-// booked into the earliest gap at or after it is ready, so that the caller,
-// the prefetch thread and the overlapped-step thread share the resources the
-// way their requests interleave. Threads are serial chains, as in the engine.
+// booked into the earliest gap at or after it is ready, so that the caller
+// and the prefetch thread share the resources the way their requests
+// interleave; the overlapped step's thread takes what gaps they leave.
+// Threads are serial chains, as in the engine.
 #include "tools/plan/simulator.h"
 
 #include <algorithm>
@@ -31,7 +32,39 @@ class Timeline {
     double start = ready;
     for (; it != iv_.end() && start + dur > it->start; ++it) start = std::max(start, it->end);
     const double end = start + dur;
-    // Merge with touching neighbours so that a backlogged resource stays one interval.
+    Insert(it, start, end);
+    return end;
+  }
+  // Books `dur` seconds from `ready` in whatever gaps there are, split
+  // across them (work that yields to what is already booked); returns when
+  // the last piece ends.
+  double Fill(double ready, double dur) {
+    if (dur <= 0) return ready;
+    busy_ += dur;
+    double t = ready, left = dur;
+    for (;;) {
+      auto it =
+          std::lower_bound(iv_.begin(), iv_.end(), t, [](const Interval& a, double x) { return a.end <= x; });
+      if (it != iv_.end() && it->start <= t) {  // t is inside a busy interval: skip to its end
+        t = it->end;
+        continue;
+      }
+      const double gap = it == iv_.end() ? left : std::min(left, it->start - t);
+      Insert(it, t, t + gap);
+      t += gap;
+      left -= gap;
+      if (left <= 0) return t;
+    }
+  }
+  double busy() const { return busy_; }
+
+ private:
+  struct Interval {
+    double start, end;
+  };
+  // Inserts [start, end) before `it` (the first interval after it), merged
+  // with touching neighbours so that a backlogged resource stays one interval.
+  void Insert(std::vector<Interval>::iterator it, double start, double end) {
     const bool joins_prev = it != iv_.begin() && std::prev(it)->end == start;
     const bool joins_next = it != iv_.end() && it->start == end;
     if (joins_prev && joins_next) {
@@ -44,14 +77,8 @@ class Timeline {
     } else {
       iv_.insert(it, {start, end});
     }
-    return end;
   }
-  double busy() const { return busy_; }
 
- private:
-  struct Interval {
-    double start, end;
-  };
   std::vector<Interval> iv_;
   double busy_ = 0;
 };
@@ -60,9 +87,14 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 class StepSim {
  public:
+  // How the step ends after backward: without overlap (the whole update),
+  // or overlapped and then committed (the groups that did not speculate) or
+  // replayed (restore the backups, the whole update again).
+  enum class Finish { kPlain, kCommit, kReplay };
+
   StepSim(const ModelSpec& m, const Layout& l, const Capacity& cap, const ClusterSpec& c, const Config& cfg,
-          const SimOptions& o)
-      : m_(m), l_(l), c_(c), cfg_(cfg), o_(o), h_(HomesOf(cfg, c)) {
+          const SimOptions& o, Finish finish)
+      : m_(m), l_(l), c_(c), cfg_(cfg), o_(o), h_(HomesOf(cfg, c)), spec_(cap.speculation), finish_(finish) {
     n_ = static_cast<int>(l.group_numel.size());
     world_ = static_cast<double>(l.world_size);
     dp_ = static_cast<double>(DTypeSize(cfg.compute_dtype()));
@@ -90,13 +122,23 @@ class StepSim {
     else
       std::fill(grads_.begin(), grads_.end(), 1);
     r_.forward_backward_s = t;
+    std::vector<int> all(static_cast<size_t>(n_)), rest;
+    for (int g = 0; g < n_; ++g) {
+      all[static_cast<size_t>(g)] = g;
+      if (!Speculates(g)) rest.push_back(g);
+    }
     double end = t;
-    if (o_.overlap_step && !o_.optimizer_only) {
-      end = std::max(t, overlap_free_);
+    if (finish_ == Finish::kPlain) {
+      end = Optimizer(all, t);
     } else {
-      std::vector<int> order(static_cast<size_t>(n_));
-      for (int g = 0; g < n_; ++g) order[static_cast<size_t>(g)] = g;
-      end = Optimizer(order, t);
+      end = std::max(t, overlap_free_);  // the speculation in flight
+      if (finish_ == Finish::kCommit) {
+        end = Optimizer(rest, end);  // commit: only the groups that did not speculate are left
+      } else {
+        for (int g = 0; g < n_; ++g)  // discard: the host-homed backups go back
+          if (Speculates(g)) end = HostCopy(end, spec_.host[static_cast<size_t>(g)]);
+        end = Optimizer(all, end);  // NVMe-homed state still has its old extents
+      }
     }
     r_.step_s = end;
     r_.optimizer_s = end - t;
@@ -109,6 +151,11 @@ class StepSim {
   enum CopyState : uint8_t { kAbsent, kLoaded };  // kLoaded: resident once ready_ has passed
 
   Timeline& R(SimResource r) { return res_[static_cast<int>(r)]; }
+  // Books work on a resource: first come first served, or, for the
+  // overlapped step's worker (speculating_), into the gaps left (Fill).
+  double Use(SimResource r, double t, double secs) {
+    return speculating_ ? R(r).Fill(t, secs) : R(r).Book(t, secs);
+  }
   double Numel(int g) const { return static_cast<double>(l_.group_numel[static_cast<size_t>(g)]); }
   double Shard(int g) const { return static_cast<double>(l_.group_shard[static_cast<size_t>(g)]); }
   // Elements of g that this rank's optimizer owns (stage >= 1 partitions them).
@@ -126,21 +173,26 @@ class StepSim {
   double DiskFactor() const { return step_unmixed_ ? 1.0 : c_.nvme_mixed_factor; }
   double DiskRead(double t, double bytes) {
     r_.disk_read_bytes += static_cast<uint64_t>(bytes);
-    return R(SimResource::kDisk).Book(t, DiskFactor() * bytes / c_.RankNvmeRead());
+    return Use(SimResource::kDisk, t, DiskFactor() * bytes / c_.RankNvmeRead());
   }
   double DiskWrite(double t, double bytes) {
     r_.disk_write_bytes += static_cast<uint64_t>(bytes);
-    return R(SimResource::kDisk).Book(t, DiskFactor() * bytes / c_.RankNvmeWrite());
+    return Use(SimResource::kDisk, t, DiskFactor() * bytes / c_.RankNvmeWrite());
   }
   double Pcie(double t, double bytes) {
     r_.pcie_bytes += static_cast<uint64_t>(bytes);
-    return R(SimResource::kPcie).Book(t, bytes / c_.pcie_Bps);
+    return Use(SimResource::kPcie, t, bytes / c_.pcie_Bps);
   }
   double Net(double t, double bytes) {
     r_.network_bytes += static_cast<uint64_t>(bytes);
-    return R(SimResource::kNetwork).Book(t, bytes / c_.RankCollectiveBps());
+    return Use(SimResource::kNetwork, t, bytes / c_.RankCollectiveBps());
   }
-  double Cpu(double t, double secs) { return R(SimResource::kCpu).Book(t, secs); }
+  double Cpu(double t, double secs) { return Use(SimResource::kCpu, t, secs); }
+  // A memcpy of `bytes` in host memory (read and written).
+  double HostCopy(double t, double bytes) { return bytes > 0 ? Cpu(t, 2 * bytes / c_.RankHostMem()) : t; }
+  bool Speculates(int g) const {
+    return finish_ != Finish::kPlain && spec_.granted[static_cast<size_t>(g)] != 0;
+  }
   double Checksum(double t, double bytes) { return Cpu(t, bytes / cks_); }
 
   // LoadDeviceCopy (+ the stage-3 all-gather): home -> host -> device, serial.
@@ -301,6 +353,7 @@ class StepSim {
     sched_.OnStep();
     if (fetched_) Enqueue(Ahead(), 0);  // the previous Step ends by prefetching the first groups
     double t = 0;
+    std::vector<std::pair<int, double>> speculate;  // group, when its gradients are complete
     for (uint64_t mb = 0; mb < m_.grad_accum; ++mb) {
       const bool last = mb + 1 == m_.grad_accum;
       for (const GroupUse& u : uses) {
@@ -309,10 +362,28 @@ class StepSim {
         pinned_ = -1;
         if (!u.grads) continue;
         t = Grads(u.group, t, mb == 0, last);
-        if (last && o_.overlap_step) overlap_free_ = Optimizer({u.group}, std::max(t, overlap_free_));
+        if (last && Speculates(u.group)) speculate.emplace_back(u.group, t);
       }
     }
     RunPrefetcher(t);  // Step waits for loads in flight and drops the rest
+    // The overlapped step's worker (UpdateWorker): from the moment a
+    // group's gradients are complete it backs up the group's host-homed
+    // state and updates it. Its run is streamed (StepPipeline::RunFeed): the
+    // groups queued by the time it is free go through the step's pipeline
+    // together. It is booked after backward's own work, into the gaps that
+    // work leaves (split across them, as threads share the cores and the
+    // disk): the trainer's path (its gradient copies and adds, the
+    // prefetches) goes first, and a worker that falls behind delays the end
+    // of the step, not backward.
+    speculating_ = true;
+    for (size_t i = 0; i < speculate.size();) {
+      const double start = std::max(speculate[i].second, overlap_free_);
+      std::vector<int> batch;
+      for (; i < speculate.size() && (batch.empty() || speculate[i].second <= start); ++i)
+        batch.push_back(speculate[i].first);
+      overlap_free_ = Optimizer(batch, start);
+    }
+    speculating_ = false;
     return std::max(t, prefetch_free_);
   }
 
@@ -336,7 +407,7 @@ class StepSim {
       // compact: P is read and written as the master's bf16 half, the same bytes).
       for (int g : order) {
         const double bytes = 2 * OptBytes(g, &StateBytes::Optimizer) + OptNumel(g) * (4 + 2 * dp_);
-        t = R(SimResource::kGpu).Book(t, bytes / c_.device_mem_Bps);
+        t = Use(SimResource::kGpu, t, bytes / c_.device_mem_Bps);
       }
       return t;
     }
@@ -400,6 +471,7 @@ class StepSim {
     return t;
   }
   double JobUpdate(int g, double t) {
+    if (speculating_) t = HostCopy(t, spec_.host[static_cast<size_t>(g)]);  // the backup, then the update
     return Cpu(t, OptNumel(g) / (sb_.compact ? c_.RankCompactAdamEps() : c_.RankAdamEps()));
   }
   // Job g's outgoing bytes, fn(home, bytes): P, then W, M, V.
@@ -463,10 +535,12 @@ class StepSim {
   const Config& cfg_;
   const SimOptions o_;
   const Homes h_;
+  const Speculation& spec_;
+  const Finish finish_;
   int n_ = 0;
   double world_ = 1, dp_ = 2, cks_ = kInf, room_ = 0, used_ = 0;
   StateBytes sb_;
-  bool fetched_ = false, step_unmixed_ = false;
+  bool fetched_ = false, step_unmixed_ = false, speculating_ = false;
   Timeline res_[kNumSimResources];
   PrefetchSchedule sched_;
   std::vector<CopyState> state_;
@@ -488,15 +562,62 @@ const char* SimResourceName(SimResource r) {
 
 SimResult Simulate(const ModelSpec& model, const Layout& layout, const Capacity& capacity,
                    const ClusterSpec& cluster, const Config& config, const SimOptions& options) {
-  SimOptions o = options;
-  o.overlap_step = o.overlap_step && config.gradient_clipping == 0 && !config.fp16.enabled;
-  return StepSim(model, layout, capacity, cluster, config, o).Run();
+  using Finish = StepSim::Finish;
+  const auto times = [](const SimResult& s) {
+    return StepTimes{s.step_s, s.forward_backward_s, s.optimizer_s};
+  };
+  SimResult plain = StepSim(model, layout, capacity, cluster, config, options, Finish::kPlain).Run();
+  plain.plain = times(plain);
+  plain.groups = static_cast<int>(layout.group_numel.size());
+  if (!options.overlap_step || options.optimizer_only) return plain;
+
+  // Speculation's room per group: from the capacity when it was sized for
+  // the overlapped step, else sized here.
+  Capacity sized;
+  const Capacity* cap = &capacity;
+  if (capacity.speculation.granted.size() != layout.group_numel.size()) {
+    sized = capacity;
+    sized.speculation = ComputeCapacity(model, layout, cluster, config, /*overlap_step=*/true).speculation;
+    cap = &sized;
+  }
+  const SimResult commit = StepSim(model, layout, *cap, cluster, config, options, Finish::kCommit).Run();
+  const SimResult replay = StepSim(model, layout, *cap, cluster, config, options, Finish::kReplay).Run();
+  const double rr = std::clamp(options.replay_rate, 0.0, 1.0);
+  const auto mix = [&](double a, double b) { return (1 - rr) * a + rr * b; };
+  const auto mix_bytes = [&](uint64_t a, uint64_t b) {
+    return static_cast<uint64_t>(mix(static_cast<double>(a), static_cast<double>(b)) + 0.5);
+  };
+  SimResult r = commit;  // fetches and stalls: backward is the same either way
+  r.step_s = mix(commit.step_s, replay.step_s);
+  r.forward_backward_s = mix(commit.forward_backward_s, replay.forward_backward_s);
+  r.optimizer_s = mix(commit.optimizer_s, replay.optimizer_s);
+  for (size_t i = 0; i < r.busy_s.size(); ++i) r.busy_s[i] = mix(commit.busy_s[i], replay.busy_s[i]);
+  r.bound = SimResource(std::max_element(r.busy_s.begin(), r.busy_s.end()) - r.busy_s.begin());
+  r.disk_read_bytes = mix_bytes(commit.disk_read_bytes, replay.disk_read_bytes);
+  r.disk_write_bytes = mix_bytes(commit.disk_write_bytes, replay.disk_write_bytes);
+  r.pcie_bytes = mix_bytes(commit.pcie_bytes, replay.pcie_bytes);
+  r.network_bytes = mix_bytes(commit.network_bytes, replay.network_bytes);
+  r.plain = plain.plain;
+  r.overlapped = true;
+  r.replay_rate = rr;
+  r.committed = times(commit);
+  r.replayed = times(replay);
+  const Speculation& s = cap->speculation;
+  r.groups = plain.groups;
+  r.speculated_groups = s.Groups();
+  r.speculated_fraction = s.Fraction();
+  r.spec_host_bytes = s.host_bytes;
+  r.spec_host_needed = s.host_needed;
+  r.spec_disk_bytes = s.disk_bytes;
+  r.spec_disk_needed = s.disk_needed;
+  r.spec_groups_eligible = static_cast<int>(std::count(s.eligible.begin(), s.eligible.end(), 1));
+  return r;
 }
 
 Result<SimResult> Simulate(const ModelSpec& model, const ClusterSpec& cluster, const Config& config,
                            const SimOptions& options) {
   STRATA_ASSIGN_OR_RETURN(Layout l, MakeLayout(model, static_cast<int>(cluster.world_size())));
-  const Capacity cap = ComputeCapacity(model, l, cluster, config);
+  const Capacity cap = ComputeCapacity(model, l, cluster, config, options.overlap_step);
   return Simulate(model, l, cap, cluster, config, options);
 }
 

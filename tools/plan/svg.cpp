@@ -12,8 +12,8 @@ namespace strata::plan {
 
 namespace {
 
-constexpr const char* kColors[kNumPlanStates] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
-                                                 "#59a14f", "#edc948", "#b07aa1", "#9c755f"};
+constexpr const char* kColors[kNumPlanStates] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+                                                 "#edc948", "#b07aa1", "#9c755f", "#ff9da7"};
 constexpr double kBarTop = 70, kBarHeight = 300, kBarWidth = 110;
 
 std::string Escape(const std::string& s) {
