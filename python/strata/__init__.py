@@ -75,7 +75,10 @@ class _Stats(ctypes.Structure):
                                                 "step_wall_s", "overlap_efficiency")] +
                 [(n, ctypes.c_uint64) for n in ("steps", "skipped_steps", "device_cached", "device_raw_allocs",
                                                 "device_pool_hits")] +
-                [(n, ctypes.c_int) for n in ("gpu_device", "numa_node")])
+                [(n, ctypes.c_int) for n in ("gpu_device", "numa_node")] +
+                [(n, ctypes.c_uint64) for n in ("speculated_steps", "committed_steps", "replayed_steps",
+                                                "discarded_steps", "early_updates")] +
+                [("exposed_step_s", ctypes.c_double)])
 
 
 class _AdamOptions(ctypes.Structure):

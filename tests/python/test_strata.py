@@ -108,7 +108,20 @@ def test_engine_bf16_compute():
 
 
 def test_engine_overlap_step():
+    # strata.nonfinite "skip" (the default): the early update is speculative;
+    # a step with other options than prepare_step's redoes it with step's.
     with strata.Engine({}, force_no_gpu=True, overlap_step=True) as e:
+        e.add_param(0, "w", torch.ones(16))
+        e.build()
+        e.prepare_step(lr=0.1)
+        e.grads(0, torch.ones(16))
+        e.step(lr=0.2)
+        assert torch.allclose(e.read_master(0), torch.full((16,), 0.8))
+        s = e.stats()
+        assert (s["speculated_steps"], s["replayed_steps"], s["early_updates"]) == (1, 1, 1), s
+    # "apply", no clipping, no fp16: nothing after backward can change the
+    # early update, which is final: other options are refused.
+    with strata.Engine({"strata": {"nonfinite": "apply"}}, force_no_gpu=True, overlap_step=True) as e:
         e.add_param(0, "w", torch.ones(16))
         e.build()
         e.prepare_step(lr=0.1)
@@ -117,6 +130,7 @@ def test_engine_overlap_step():
             e.step(lr=0.2)
         e.step(lr=0.1)
         assert torch.allclose(e.read_master(0), torch.full((16,), 0.9))
+        assert e.stats()["speculated_steps"] == 0
 
 
 def test_engine_placement_and_device_option():
