@@ -320,6 +320,12 @@ class OffloadAdam(torch.optim.Optimizer):
     4Mi elements with the state on NVMe, 4Mi otherwise). With the state on
     NVMe, no GPU and one rank, the engine's copy of the parameters goes to
     NVMe too unless the config places it (strata._sizing.lean_host_config).
+
+    The step is not overlapped with backward (the engine's overlap_step, on
+    by default in offload_module): step() reads .grad after whatever the
+    code did with it since backward (several backward passes summed,
+    torch's clip_grad_norm_, a GradScaler's unscale_), so no backward is
+    left to overlap the update with.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
@@ -735,10 +741,13 @@ class OffloadedModule:
     too). close() removes the hooks and gives the module its parameters
     back as ordinary tensors holding the master weights."""
 
-    def __init__(self, module, config, force_no_gpu, grad_accumulation_steps, rank=None, world_size=None):
+    def __init__(self, module, config, force_no_gpu, grad_accumulation_steps, rank=None, world_size=None,
+                 overlap_step=None):
         self.module = module
         self.engine = None
         self.rank, self.world_size = _resolve_ranks(rank, world_size, "offload_module")
+        if overlap_step not in (None, True, False):
+            raise Error(INVALID, f"offload_module: overlap_step={overlap_step!r}; None (on, the default), True or False")
         config = _separate_swap_folders(config, f"strata-{os.getpid()}-{id(self)}")
         self._folders = _swap_folders(config)
         try:
@@ -746,7 +755,8 @@ class OffloadedModule:
             # or whose parameters were all frozen since) is left untouched,
             # with its own step count: torch AdamW's rule for .grad None.
             self.engine = _new_engine(config, self.rank, self.world_size, force_no_gpu=force_no_gpu,
-                                      grad_accumulation_steps=grad_accumulation_steps, skip_groups_without_grads=True)
+                                      grad_accumulation_steps=grad_accumulation_steps, skip_groups_without_grads=True,
+                                      overlap_step=overlap_step is not False)
         except Error:
             _remove_swap_folders(self._folders)
             raise
@@ -811,6 +821,7 @@ class OffloadedModule:
         self._keep_zero_grads = not _TORCH2  # zero_grad()'s default meaning in this torch
         self._handed = set()  # groups handed gradients this step
         self._warned_missed = set()
+        self._overlap = _Overlap(self, overlap_step, grad_accumulation_steps)
         self._group_of = owner_of
         for g in self._groups:
             g.install()
@@ -895,9 +906,13 @@ class OffloadedModule:
         else:
             scope.pin = self._scopes[-1].pin
         self._scopes.append(scope)
-        for g in needs:
-            self._hold(scope, g)
-            self.fetch(g)
+        try:
+            for g in needs:
+                self._hold(scope, g)
+                self.fetch(g)
+        except BaseException:
+            self._after_forward(None)  # a fetch refused: the scope ends with the forward that will not run
+            raise
 
     def _after_forward(self, output):
         if not self._scopes:
@@ -951,7 +966,11 @@ class OffloadedModule:
     def fetch(self, g):
         if g.index in self._fetched:
             return
-        flat = self.engine.fetch_tensor(g.index, stream=_current_stream(self.device.type))
+        self._overlap.before_fetch(g)
+        try:
+            flat = self.engine.fetch_tensor(g.index, stream=_current_stream(self.device.type))
+        except Error as e:
+            raise self._overlap.explain(e, g, "fetched") from None
         start = flat.data_ptr()
         self._fetched[g.index] = (flat, start, start + flat.numel() * flat.element_size())
         with _fou.quiet():
@@ -1036,10 +1055,14 @@ class OffloadedModule:
         # The engine adds every grads call of a step to the group's
         # accumulator, so a group handed in parts (a backward that ended
         # early: a reentrant checkpoint's inner one) sums right.
+        self._overlap.before_grads(g)
         g.handed_params |= g.arrived
         g.ever_handed = True
         self._handed.add(g.index)
-        self.engine.grads(g.index, g.take_staged(), stream=_current_stream(self.device.type))
+        try:
+            self.engine.grads(g.index, g.take_staged(), stream=_current_stream(self.device.type))
+        except Error as e:
+            raise self._overlap.explain(e, g, "given more gradients") from None
         self._pinned.pop(g.index, None)
         self.release(g)
 
@@ -1072,6 +1095,7 @@ class OffloadedModule:
                 if not g.frozen and g.ever_handed and g.index not in self._handed:
                     self.engine.grads(g.index, torch.zeros(g.numel, dtype=self.dtype, device=self.device),
                                       stream=_current_stream(self.device.type))
+        clipped = max_grad_norm is None and self._clip_next is not None
         if max_grad_norm is None:
             max_grad_norm = self._clip_next
         self._clip_next = None
@@ -1079,8 +1103,13 @@ class OffloadedModule:
         self._handed = set()
         for g in self._groups:
             g.handed_params = set()
-        return self.engine.step(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                                max_grad_norm=max_grad_norm)
+        # The options as the engine will take them, None as the config's
+        # value, so that prepare_step's and step's compare equal.
+        opts = self._overlap.options(lr, betas, eps, weight_decay, max_grad_norm)
+        try:
+            return self.engine.step(**opts)
+        finally:
+            self._overlap.after_step(opts, clipped)
 
     def zero_grad(self, set_to_none=None):
         """Gradients go to the engine and never stay in .grad; what is
@@ -1132,9 +1161,11 @@ class OffloadedModule:
                 _clip_result(float("inf"), norm_type, True)
             coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
             self._clip_next = _engine_clip_for(float(coef), norm) if float(coef) < 1.0 else 0.0
+            self._overlap.clip_unclipped = 0.0  # what this path gives a step it does not clip
             return total
         result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
         self._clip_next = float(max_norm)
+        self._overlap.clip_unclipped = float(max_norm)
         return result
 
     def _exact_norms(self, params):
@@ -1271,6 +1302,140 @@ class OffloadedModule:
         _remove_swap_folders(self._folders)
 
 
+class _Overlap:
+    """offload_module's overlapped step (the engine's overlap_step): each
+    group is updated as soon as its gradients of the step are complete,
+    while backward goes on; the engine speculates (no clipping, all finite)
+    and, after backward, commits, or discards and redoes the update, so the
+    result is bitwise that of a step after backward.
+
+    The engine needs the step's options (prepare_step) before the step's
+    first grads call: they are taken at the first gradient handed, from the
+    optimizer's param group as it is then (the options step() will pass),
+    max_grad_norm as the last step had it when it did not clip. Options that
+    differ at step() (a scheduler stepped between backward and step(),
+    clipping that triggers) cost a redo of the update, never a wrong one.
+
+    A group updated early cannot be fetched again, nor take more gradients,
+    before step(): a forward between backward and step(), or more backward
+    passes in a step than grad_accumulation_steps says (torch-style
+    accumulation into one step), would then fail. So the first step is not
+    overlapped, and none is once a step has done either; a step that does
+    it after overlapped ones raises STATE saying so."""
+
+    def __init__(self, owner, overlap_step, accumulation):
+        self.owner = owner
+        self.wanted = overlap_step is not False
+        self.explicit = overlap_step is True
+        self.accumulation = accumulation
+        self.fits = False  # a step has been seen that an overlapped one would not break
+        self.off = None  # why no step is overlapped any more
+        self.prepared = None  # this step's prepare_step options; None: not overlapped
+        self.hands = {}  # group index -> grads calls this step
+        self.late = None  # a group fetched after its gradients were complete (its parameter's name)
+        self.clip_unclipped = None  # clip_grad_norm_ this step: the max_grad_norm it gives a step it does not clip
+        self.last = None  # the last step's options, max_grad_norm as it would have been unclipped
+        self.via_optimizer = False  # the last step came from the optimizer (its param group holds the options)
+        self.last_clipped = False  # the last step's max_grad_norm came from clip_grad_norm_
+        self.final_unclipped = False  # (options(): the config makes unclipped early updates final)
+        self.misses = 0  # consecutive overlapped steps whose lr, betas, eps or weight_decay were not foreseen
+        self._config = None
+
+    def options(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
+        """The step's options with None as the config's value."""
+        if self._config is None:
+            c = self.owner.engine.config
+            self._config = (c["optimizer"]["params"], float(c.get("gradient_clipping", 0.0)))
+            # Without clipping, loss scaling or strata.nonfinite skip/error,
+            # nothing after backward can change an early update: the engine
+            # makes it final, and a step() with other options is refused.
+            self.final_unclipped = (c.get("strata", {}).get("nonfinite", "skip") == "apply" and
+                                    not c.get("fp16", {}).get("enabled", False))
+        opt, clip = self._config
+        return dict(lr=float(opt["lr"] if lr is None else lr),
+                    betas=tuple(float(b) for b in (opt.get("betas", (0.9, 0.999)) if betas is None else betas)),
+                    eps=float(opt["eps"] if eps is None else eps),
+                    weight_decay=float(opt["weight_decay"] if weight_decay is None else weight_decay),
+                    max_grad_norm=clip if max_grad_norm is None else float(max_grad_norm))
+
+    def before_grads(self, g):
+        first = not self.hands
+        self.hands[g.index] = self.hands.get(g.index, 0) + 1
+        if first and self.wanted and self.fits and self.off is None and self.last is not None:
+            # The options step() will get: the optimizer's param group as it
+            # is now (a scheduler steps it after step()), or, stepped
+            # directly, the last step's.
+            opts = dict(self.last)
+            if self.via_optimizer:
+                group = self.owner.optimizer.param_groups[0]
+                opts.update(self.options(group["lr"], group["betas"], group["eps"], group["weight_decay"],
+                                         opts["max_grad_norm"]))
+            if self.final_unclipped and opts["max_grad_norm"] <= 0 and (not self.explicit or self.last_clipped):
+                # Final early updates: a step() with other options (a
+                # clip_grad_norm_ that clips, a scheduler stepped before
+                # step()) would be refused, not redone. Only when asked
+                # for, and not after a step that clip_grad_norm_ set.
+                return
+            try:
+                self.owner.engine.prepare_step(**opts)
+            except Error as e:
+                if e.status != INVALID:
+                    raise
+                return  # options step() will refuse, naming them: this step is not overlapped
+            self.prepared = opts
+
+    def before_fetch(self, g):
+        if not g.frozen and self.late is None and self.hands.get(g.index, 0) >= self.accumulation:
+            self.late = g.names[0]
+
+    def explain(self, err, g, what):
+        """The engine's STATE for a group the overlapped step updated early,
+        as what the user did and what to do."""
+        if not (isinstance(err, Error) and err.status == STATE and self.prepared is not None and
+                self.hands.get(g.index, 0) >= self.accumulation):
+            return err
+        self.off = self.off or f"the group of '{g.names[0]}' was {what} after its gradients were complete"
+        return Error(STATE, f"offload_module: the group of parameter '{g.names[0]}' was {what} after its "
+                     f"gradients of this step were complete ({self.hands[g.index]} backward pass(es), "
+                     f"grad_accumulation_steps={self.accumulation}), and the overlapped step had updated it: run "
+                     "forwards after step(), give offload_module the backward passes a step has "
+                     "(grad_accumulation_steps=), or pass overlap_step=False. Later steps are not overlapped. "
+                     f"({err.message})")
+
+    def after_step(self, opts, clipped):
+        extra = [i for i, n in self.hands.items() if n > self.accumulation]
+        if self.late is not None or extra:
+            if self.off is None:
+                self.off = (f"the group of '{self.late}' was fetched after its gradients were complete"
+                            if self.late is not None else
+                            f"a group took {self.hands[extra[0]]} gradients in a step "
+                            f"(grad_accumulation_steps={self.accumulation})")
+                if self.explicit:
+                    warnings.warn(f"offload_module(overlap_step=True): steps are no longer overlapped: {self.off}, "
+                                  "which an overlapped step cannot do (the group is updated once its gradients "
+                                  "are in); give grad_accumulation_steps= the backward passes of a step, and run "
+                                  "forwards after step()")
+        else:
+            self.fits = True
+        if self.prepared is not None:
+            # Options that step() changes after backward every time (a
+            # scheduler stepped before step()) make every overlapped update
+            # a wasted one: no more overlap. Clipping that triggers is not
+            # that (the update would be redone without overlap too).
+            same = all(self.prepared[k] == opts[k] for k in ("lr", "betas", "eps", "weight_decay"))
+            self.misses = 0 if same else self.misses + 1
+            if self.misses >= 2 and self.off is None:
+                self.off = "step()'s lr, betas, eps or weight_decay differed from those at backward in 2 steps running"
+                if self.explicit:
+                    warnings.warn(f"offload_module(overlap_step=True): steps are no longer overlapped: {self.off} "
+                                  "(step the LR scheduler after step())")
+        # The next step's options as foreseen: these, and the max_grad_norm
+        # this step would have had unclipped.
+        self.last = dict(opts, max_grad_norm=self.clip_unclipped if clipped else opts["max_grad_norm"])
+        self.last_clipped = clipped
+        self.via_optimizer, self.prepared, self.hands, self.late, self.clip_unclipped = False, None, {}, None, None
+
+
 class OffloadOptimizer(torch.optim.Optimizer):
     """The optimizer of an OffloadedModule (its `optimizer`): one param group
     whose lr, betas, eps, weight_decay (the config's at first) each step()
@@ -1307,6 +1472,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         g = self.param_groups[0]
         self.last_result = self._owner.step(lr=g["lr"], betas=g["betas"], eps=g["eps"],
                                             weight_decay=g["weight_decay"])
+        self._owner._overlap.via_optimizer = True  # the next step's options: the group's (after a scheduler)
         return loss
 
     def zero_grad(self, set_to_none=None):
@@ -1495,7 +1661,7 @@ def is_fetched(p):
 
 
 def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1, *, rank=None, world_size=None,
-                   state_format=None):
+                   state_format=None, overlap_step=None):
     """ZeRO-3-style offload of `module`'s trainable parameters into a Strata
     engine configured by `config` (dict or JSON string): each module's direct
     parameters form one group, fetched before its forward (and again in
@@ -1515,10 +1681,29 @@ def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1
     `state_format`: "compact" keeps the optimizer state in about 5 bytes a
     parameter instead of 12 (strata.state_format; needs bf16 in the config);
     None keeps the config's (fp32 by default).
+
+    `overlap_step`: None (the default) or True updates each group while
+    backward goes on, as soon as its gradients of the step are complete
+    (the last micro-batch's backward with grad_accumulation_steps), so that
+    step() has little left to do; the result is bitwise that of False,
+    which updates every group in step(). The engine speculates that the
+    step is not clipped and its gradients are finite: after backward it
+    redoes the update when clipping applies (clip_grad_norm_, the config's
+    gradient_clipping) or step() gets other options (a scheduler stepped
+    between backward and step()), which costs one more update of the
+    groups, and drops it when the step is skipped (an fp16 overflow, a
+    NaN). The first step is not overlapped, nor any after a step that
+    fetched a group again after its gradients were complete (a forward
+    between backward and step()) or handed a group more gradients than
+    grad_accumulation_steps says (several backward passes summed into one
+    step): an overlapped step cannot do that (docs/pytorch.md). True warns
+    when that turns it off. The engine's stats() count what it did
+    (speculated_steps, committed_steps, replayed_steps, discarded_steps,
+    early_updates, exposed_step_s).
     """
     return OffloadedModule(module, _with_torch_moment(_with_state_format(_config_dict(config), state_format)),
                            force_no_gpu,
-                           grad_accumulation_steps, rank, world_size)
+                           grad_accumulation_steps, rank, world_size, overlap_step)
 
 
 # ---- torch.nn.utils.clip_grad_norm_ ---------------------------------------------

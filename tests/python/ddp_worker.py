@@ -7,7 +7,8 @@ batch. Strata's ranks start from other seeds on purpose: the engine must
 start them from rank 0's values, as DDP does. Checks: the weights and the
 gradient norms match the oracle's within TOL (fp32 sums in another order),
 every rank holds bitwise the same weights, and the model's state_dict holds
-the real weights. Usage: ddp_worker.py WORK_DIR"""
+the real weights; offload_module's overlapped step (the default) speculated
+and is bitwise overlap_step=False's. Usage: ddp_worker.py WORK_DIR"""
 import os
 import sys
 
@@ -94,6 +95,22 @@ sd = model.state_dict()
 check("state_dict holds the real weights",
       all(torch.equal(sd[n], masters[n]) and sd[n].shape == ref_weights[n].shape for n in ref_weights))
 check("state_dict keeps the tied head", torch.equal(sd["head.weight"], sd["wte.weight"]))
+# The overlapped step (the default): every step but the first speculated,
+# those that clipped replayed; bitwise the run with overlap_step=False.
+stats = off.engine.stats()
+clipped = sum(n > CLIP for n in norms[1:])
+check("offload_module's steps were overlapped",
+      (stats["speculated_steps"], stats["replayed_steps"], stats["committed_steps"]) ==
+      (STEPS - 1, clipped, STEPS - 1 - clipped) and stats["early_updates"] >= STEPS - 1,
+      {k: v for k, v in stats.items() if k.endswith("_steps") or k == "early_updates"})
+off.close()
+model = TinyGpt(seed=seed)
+off = st.offload_module(model, cfg, force_no_gpu=True, overlap_step=False)
+plain_norms = train(model, off.optimizer, torch.optim.lr_scheduler.LambdaLR(off.optimizer, lr_factor))
+plain = off.master_parameters()
+check("offload_module overlapped == overlap_step=False, bitwise",
+      plain_norms == norms and all(torch.equal(plain[n], masters[n]) for n in masters))
+check("overlap_step=False speculated nothing", off.engine.stats()["speculated_steps"] == 0)
 off.close()
 
 # OffloadAdam, stages 1 and 2, optimizer state in host memory.
