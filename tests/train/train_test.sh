@@ -4,7 +4,8 @@
 # loss sequence and bitwise the same weights; (2) on the built-in corpus the
 # tiny preset's loss falls below 3.0 within 60 steps; (3) --save-every and
 # --resume reproduce the uninterrupted run exactly (fp16 loss scaling, lr schedule);
-# the medium preset builds on its default device budget.
+# the medium preset builds on its default device budget; the overlapped step
+# (the default) is bitwise --no-overlap-step's, bf16 and fp16.
 # Usage: train_test.sh STRATA_TRAIN
 set -euo pipefail
 TRAIN=${1:?usage: train_test.sh path/to/strata-train path/to/strata-export}
@@ -24,6 +25,26 @@ grep -q 'state_to_device_budget=' "$WORK/offload.out" || fail "no summary line"
 ratio=$(sed -n 's/.*state_to_device_budget=\([0-9.]*\).*/\1/p' "$WORK/offload.out")
 /usr/bin/python3 -c "import sys; sys.exit(0 if float('$ratio') >= 4 else 1)" || fail "state/device budget $ratio < 4"
 echo "ok: resident == offloaded (10 steps, state/device budget $ratio)"
+
+# The overlapped step (the default) against --no-overlap-step: bitwise the
+# same; the default run speculated every step (clipping at 1.0: replayed
+# where it applied, committed where not).
+"$TRAIN" "${common[@]}" --nvme "$WORK" --device-budget 256KiB --host-budget 8MiB --no-overlap-step >"$WORK/plain.out"
+diff "$WORK/b" <(grep -E '^(loss|strata-train weights_hash)' "$WORK/plain.out") || fail "overlapped and --no-overlap-step runs differ"
+grep -Eq 'overlapped step +10 steps speculated' "$WORK/offload.out" ||
+  { grep 'overlapped step' "$WORK/offload.out" >&2; fail "the default run did not speculate every step"; }
+grep -Eq 'overlapped step +off' "$WORK/plain.out" || fail "--no-overlap-step did not say it is off"
+echo "ok: overlapped == --no-overlap-step ($(grep -o '[0-9]* committed, [0-9]* replayed' "$WORK/offload.out"))"
+echo '{"gradient_clipping": 0.0}' >"$WORK/noclip.json"
+for m in overlap plain; do
+  "$TRAIN" "${common[@]}" --nvme "$WORK" --device-budget 256KiB --config "$WORK/noclip.json" \
+    $([ $m = plain ] && echo --no-overlap-step) >"$WORK/noclip-$m.out"
+done
+diff <(grep -E '^(loss|strata-train weights_hash)' "$WORK/noclip-overlap.out") \
+     <(grep -E '^(loss|strata-train weights_hash)' "$WORK/noclip-plain.out") || fail "unclipped: overlapped and --no-overlap-step differ"
+grep -Eq 'overlapped step +10 steps speculated \(10 committed' "$WORK/noclip-overlap.out" ||
+  { grep 'overlapped step' "$WORK/noclip-overlap.out" >&2; fail "unclipped: not every step committed"; }
+echo "ok: unclipped overlapped == --no-overlap-step (10 committed)"
 
 # The default device budget follows the preset: medium's blocks (1.77 M parameters, 3.4 MiB
 # of bf16) do not fit the 2 MiB that suits the small preset, so it must grow to two of them.
@@ -48,6 +69,11 @@ grep -E '^loss ' "$WORK/resumed.out" >"$WORK/d"
 diff "$WORK/c" "$WORK/d" || fail "resumed losses differ"
 diff <(grep weights_hash "$WORK/whole.out") <(grep weights_hash "$WORK/resumed.out") || fail "resumed weights differ"
 echo "ok: resume == continuous"
+# fp16 loss scaling under the overlapped step: the same as without it.
+"$TRAIN" "${fp[@]}" --no-overlap-step >"$WORK/whole-plain.out"
+diff <(grep -E '^(loss|strata-train weights_hash)' "$WORK/whole.out") \
+     <(grep -E '^(loss|strata-train weights_hash)' "$WORK/whole-plain.out") || fail "fp16: overlapped and --no-overlap-step differ"
+echo "ok: fp16 overlapped == --no-overlap-step"
 
 # strata.state_format compact: resident == offloaded, resume == continuous.
 mkdir -p "$WORK/cnvme"

@@ -28,6 +28,7 @@ struct Args {
   double lr = 3e-3, min_lr_frac = 0.1, weight_decay = 0.0, clip = 1.0;
   uint64_t seed = 1337;
   bool resident = false, fp16 = false, weights_hash = false, log_losses = false, gpu = false;
+  bool no_overlap_step = false;  // --no-overlap-step: every group updated after backward
 };
 
 // "strata-train", or "strata-train rank 1 of 2" with several ranks: every
@@ -175,6 +176,10 @@ int Run(Args a) {
   // The CPU layers need parameters and gradients in host memory; the GPU
   // layers take the engine's device pointers.
   eo.force_no_gpu = a.gpu ? 0 : 1;
+  // The overlapped step: each group is updated while the backward of the
+  // groups before it goes on (speculatively: a clipped or skipped step is
+  // redone after backward, bitwise as without it).
+  eo.overlap_step = a.no_overlap_step ? 0 : 1;
   strata_engine_t* e = nullptr;
   if (strata_engine_create(tc.json.c_str(), &eo, &e) != STRATA_OK) return Fail(strata_last_error());
   struct Destroy { strata_engine_t* e; ~Destroy() { strata_engine_destroy(e); } } destroy{e};
@@ -221,16 +226,18 @@ int Run(Args a) {
   if (strata_engine_loss_scale(e, &loss_scale) != STRATA_OK) return Fail(strata_last_error());
   std::vector<int32_t> inputs, targets;
   std::vector<double> rank_losses(static_cast<size_t>(world));
-  double busy_cpu = 0, busy_disk = 0, wall = 0, compute_before = 0, compute_timed = 0;
+  double busy_cpu = 0, busy_disk = 0, wall = 0, compute_before = 0, compute_timed = 0, exposed = 0;
   const auto t_run = std::chrono::steady_clock::now();
   int64_t timed_steps = 0;
   for (int64_t s = start; s < a.steps; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     SampleRankBatch(corpus, a.seed, s, a.batch, a.seq, rank, world, &inputs, &targets);
     double loss = 0;
-    if (!gpt.TrainStep(e, inputs.data(), targets.data(), loss_scale * grad_factor, &loss, &error)) return Fail(error);
     strata_step_options_t so = STRATA_STEP_OPTIONS_INIT;
     so.lr = LrAt(a, s);
+    // The step's options before its first gradients: the overlapped updates use them.
+    if (!a.no_overlap_step && strata_engine_prepare_step(e, &so) != STRATA_OK) return Fail(strata_last_error());
+    if (!gpt.TrainStep(e, inputs.data(), targets.data(), loss_scale * grad_factor, &loss, &error)) return Fail(error);
     strata_step_result_t r = STRATA_STEP_RESULT_INIT;
     if (strata_engine_step(e, &so, &r) != STRATA_OK) return Fail(strata_last_error());
     loss_scale = r.loss_scale;
@@ -251,6 +258,7 @@ int Run(Args a) {
       busy_cpu += (gpt.compute_seconds() - compute_before) + st.cpu_optimizer_s;
       compute_timed += gpt.compute_seconds() - compute_before;
       busy_disk += st.disk_busy_s;
+      exposed += st.exposed_step_s;
       wall += secs;
       ++timed_steps;
     }
@@ -277,6 +285,8 @@ int Run(Args a) {
   fig.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count();
   fig.tokens_per_s = timed_steps ? static_cast<double>(timed_steps) * a.batch * a.seq / wall : 0;
   fig.overlap_efficiency = wall > 0 ? std::max(busy_cpu, busy_disk) / wall : 0;
+  fig.overlap_step = !a.no_overlap_step;
+  fig.exposed_s = timed_steps ? exposed / static_cast<double>(timed_steps) : 0;
   if (a.gpu) {
     const double flops = FlopsPerToken(cfg, params, a.seq);
     fig.gpu = true;
@@ -326,6 +336,9 @@ int main(int argc, char** argv) {
   app.add_option("--nvme", a.nvme, "swap folder (default: the config's nvme_path, else a fresh one under /var/tmp)");
   app.add_flag("--resident", a.resident, "keep every state resident (no offload, automatic budgets)");
   app.add_flag("--fp16", a.fp16, "fp16 with dynamic loss scaling instead of bf16");
+  app.add_flag("--no-overlap-step", a.no_overlap_step,
+               "update every group after backward instead of overlapping the update of each with the backward "
+               "of the rest (the default; the same result, bitwise)");
   app.add_flag("--gpu", a.gpu,
                "run the layers on the GPU (CUDA, cuBLAS): parameters fetched to the device in the compute "
                "dtype (bf16; f16 with --fp16), gradients handed back as fp32 device pointers, TFLOPS in the "

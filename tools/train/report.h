@@ -30,6 +30,8 @@ struct RunFigures {
   bool gpu = false;                      // the layers ran on the GPU
   double tflops = 0, kernel_tflops = 0;  // model FLOPs per second: end to end, and in the kernels
   std::string placement;                 // strata_engine_placement: where this rank landed
+  bool overlap_step = false;             // the engine's overlap_step (off: --no-overlap-step)
+  double exposed_s = 0;                  // mean of the timed steps' exposed step time (strata_stats_t.exposed_step_s)
 };
 
 // strata_engine_placement's line ("rank 0/1: GPU 0 (...); ..."), or "" when
