@@ -1182,6 +1182,7 @@ class OffloadedModule:
         """{qualified name: fp32 master weights} of every offloaded parameter
         (tied parameters under each of their names). A collective."""
         self._between_passes()
+        self._overlap.check_readable("master_parameters (state_dict, close)")
         masters = {}
         for g in self._groups:
             m = self.engine.read_master(g.index)
@@ -1388,6 +1389,16 @@ class _Overlap:
         if not g.frozen and self.late is None and self.hands.get(g.index, 0) >= self.accumulation:
             self.late = g.names[0]
 
+    def check_readable(self, what):
+        """Between backward and step() of an overlapped step the engine's
+        state of the groups updated early holds their speculative update,
+        which step() may still discard (the engine reads it back as it is):
+        refused, rather than read."""
+        if self.prepared is not None and self.hands:
+            raise Error(STATE, f"offload_module: {what} between backward and step(): the overlapped step has "
+                        "updated groups early, and until step() commits or redoes that update their state is "
+                        "not the step's; read it after step(), or pass overlap_step=False")
+
     def explain(self, err, g, what):
         """The engine's STATE for a group the overlapped step updated early,
         as what the user did and what to do."""
@@ -1483,6 +1494,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def state_dict(self):
         owner = self._owner
         owner._between_passes()
+        owner._overlap.check_readable("optimizer.state_dict")
         state, i = {}, 0
         for g in self._groups:
             gi = g.index

@@ -265,3 +265,34 @@ def test_overlap_step_off_and_bad_values():
         st.offload_module(model, config(), force_no_gpu=True, overlap_step="yes")
     got = train(TinyGpt, config(), True)
     assert_counters(got[4], STEPS - 1)
+
+
+def test_state_between_backward_and_step_of_an_overlapped_step_is_refused_not_misread():
+    # The engine's state of a group updated early is its speculative update
+    # until step(): reading it then is refused (with overlap_step=False it
+    # is the state before the step).
+    model = TinyGpt()
+    off = st.offload_module(model, config(gradient_clipping=1e-3), force_no_gpu=True)
+    data = batches(3, 2)
+    for x, y in data[:2]:
+        loss_of(model, x, y).backward()
+        off.optimizer.step()
+    loss_of(model, *data[2]).backward()
+    for read in (off.master_parameters, model.state_dict, off.optimizer.state_dict):
+        with pytest.raises(strata.Error, match="between backward and step") as e:
+            read()
+        assert e.value.status_name == "STATE"
+    off.optimizer.step()
+    assert off.engine.stats()["replayed_steps"] == 2
+    after = off.master_parameters()
+    off.close()
+    ref_model = TinyGpt()
+    ref = st.offload_module(ref_model, config(gradient_clipping=1e-3), force_no_gpu=True, overlap_step=False)
+    for x, y in data[:2]:
+        loss_of(ref_model, x, y).backward()
+        ref.optimizer.step()
+    loss_of(ref_model, *data[2]).backward()
+    ref.master_parameters()  # the state before the step: readable
+    ref.optimizer.step()
+    assert all(torch.equal(after[n], w) for n, w in ref.master_parameters().items())
+    ref.close()
