@@ -4,7 +4,7 @@
 #
 # Defaults: 128Mi parameters (bf16 compute, fp32 AdamW state: 1.5 GiB of
 # W, M, V and 0.5 GiB of G per engine) in 32 groups, a 1 GiB host budget,
-# 5 paired rounds after 1 warm-up and 1 calibration iteration; about 2-3
+# 5 paired rounds after 1 warm-up and 1 calibration iteration; about 2.5-3
 # minutes on a 2-core machine with a virtual disk, and up to 4 engines' swap
 # (about 14 GiB with speculation's doubled reservation) in DIR.
 #
@@ -14,7 +14,8 @@
 # prepare_step (overlapped engines); then in reverse group order backward
 # wait, grads; then step. The backward wait per group is T / groups and the
 # forward wait half that, T being the non-overlapped step time measured in a
-# calibration iteration without waits: the backward lasts as long as the
+# calibration iteration without waits (the median of the plain and
+# plain_replay engines' steps there): the backward lasts as long as the
 # non-overlapped step, the forward half that.
 #
 # Four engines in DIR/<name>, same initial weights, same gradients (bf16,
@@ -40,7 +41,7 @@
 # Usage: bench/overlap_step.sh DIR
 #   env: BUILD_DIR, PARAMS (128M; suffix K/M/G = 2^10/2^20/2^30), GROUPS_ (32),
 #        ROUNDS (5), HOST_BUDGET (1GiB), CLIP (1.0), REPLAY_CLIP (1e-4),
-#        NORM (0.5), WARMUP (1), STEP_IO (alternate), TRACE (a path prefix)
+#        NORM (0.5), WARMUP (1), CALIB (1), STEP_IO (alternate), TRACE (a path prefix)
 set -euo pipefail
 DIR=${1:?usage: bench/overlap_step.sh DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -22,9 +22,10 @@
 // exposed = from the return of the last grads call to the return of step
 // (steady clock); iteration = the whole of it.
 //
-// First every engine runs WARMUP (1) iterations and then one calibration
-// iteration without waits; T = plain's exposed step time in the calibration
-// iteration. Then bwd = T / groups and fwd = bwd / 2, so the backward lasts
+// First every engine runs WARMUP (1) iterations and then CALIB (1)
+// calibration iterations, all without waits; T = the median of the
+// non-overlapped engines' (plain's and plain_replay's) exposed step times in
+// the calibration iterations: the non-overlapped step. Then bwd = T / groups and fwd = bwd / 2, so the backward lasts
 // as long as the non-overlapped step and the forward half that. Then ROUNDS
 // paired rounds, every engine once each, in alternating order (plain,
 // overlap, plain_replay, overlap_replay; then overlap, plain, overlap_replay,
@@ -42,7 +43,7 @@
 //
 // Usage: strata-overlap-step DIR [params=128Mi] [groups=32] [rounds=5] [host_budget=1GiB]
 //   params takes a suffix K, M, G (powers of 1024).
-// Env: CLIP (1.0), REPLAY_CLIP (1e-4), NORM (0.5), WARMUP (1), STEP_IO
+// Env: CLIP (1.0), REPLAY_CLIP (1e-4), NORM (0.5), WARMUP (1), CALIB (1), STEP_IO
 //   (strata.step_io, default alternate), TRACE (strata.trace_path; each engine
 //   writes TRACE.<name>.json).
 #include <algorithm>
@@ -180,6 +181,8 @@ int main(int argc, char** argv) {
   if (rounds < 1) Die("rounds: must be >= 1");
   const double clip = EnvDouble("CLIP", 1.0), replay_clip = EnvDouble("REPLAY_CLIP", 1e-4), norm = EnvDouble("NORM", 0.5);
   const int warmup = static_cast<int>(EnvDouble("WARMUP", 1));
+  const int calib = static_cast<int>(EnvDouble("CALIB", 1));
+  if (warmup < 0 || calib < 1) Die("WARMUP must be >= 0 and CALIB >= 1");
   if (!(clip > 0) || !(replay_clip > 0) || !(norm > 0)) Die("CLIP, REPLAY_CLIP and NORM must be > 0");
   if (norm >= clip) Die("NORM must be below CLIP (the plain pair's clipping must not trigger)");
   if (norm <= replay_clip) Die("NORM must be above REPLAY_CLIP (the replay pair's clipping must trigger)");
@@ -283,15 +286,17 @@ int main(int argc, char** argv) {
       const double gn = iterate(r, 0, 0, &ex, &it);
       std::printf("warmup %d %s: exposed %.3f s, grad_norm %.4f\n", w, r.name.c_str(), ex, gn);
     }
-  double t_step = 0;
-  for (Run& r : runs) {
-    iterate(r, 0, 0, &ex, &it);
-    std::printf("calibration %s: exposed %.3f s (no waits)\n", r.name.c_str(), ex);
-    if (&r == &runs[0]) t_step = ex;
-  }
-  ++step_no;
+  std::vector<double> plain_steps;
+  for (int c = 0; c < calib; ++c, ++step_no)
+    for (Run& r : runs) {
+      iterate(r, 0, 0, &ex, &it);
+      std::printf("calibration %d %s: exposed %.3f s (no waits)\n", c, r.name.c_str(), ex);
+      if (!r.overlap) plain_steps.push_back(ex);
+    }
+  const double t_step = Median(plain_steps);
   const double bwd = t_step / groups, fwd = bwd / 2;
-  std::printf("calibration: T = %.3f s (plain's step); waits per group: forward %.2f ms, backward %.2f ms (sleeps)\n",
+  std::printf("calibration: T = %.3f s (median of the non-overlapped steps above); waits per group: forward %.2f ms, "
+              "backward %.2f ms (sleeps)\n",
               t_step, fwd * 1e3, bwd * 1e3);
   std::fflush(stdout);
 
