@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 
+#include "io/direct_file.h"
 #include "io/net/launch_env.h"
 
 #include "base/align.h"
@@ -151,13 +152,22 @@ Status Engine::Impl::BuildOnce() {
   uint64_t cow_spare = static_cast<uint64_t>(StepSlots(config_) + 2) * largest_stored + largest_frozen;
   // overlap_step's speculation keeps the old extents of NVMe-homed state
   // until the step commits (step/speculation.h): its room is reserved too.
+  // "auto": all of it, or what the swap folders have free beyond the
+  // state's own reservation (1% kept), whichever is less.
   if (options_.overlap_step && nvme_bytes > 0) {
     const uint64_t want = config_.strata.speculation_disk_bytes;
-    cow_spare += want != StrataConfig::kSpeculationAuto
-                     ? want
-                     : Speculation::TotalNeeds(lay_, [](int) { return false; },
-                                               [&](uint64_t b) { return NvmeTier::PaddedSizeFor(b, dirs.size()); })
-                           .disk;
+    uint64_t room = want;
+    if (want == StrataConfig::kSpeculationAuto) {
+      room = Speculation::TotalNeeds(lay_, [](int) { return false; },
+                                     [&](uint64_t b) { return NvmeTier::PaddedSizeFor(b, dirs.size()); })
+                 .disk;
+      uint64_t free_min = ~uint64_t{0};
+      for (const auto& d : dirs) free_min = std::min(free_min, FreeBytesAt(d));
+      const uint64_t usable = free_min / 100 * 99 * dirs.size(), own = nvme_bytes + kMiB + cow_spare;
+      room = std::min(room, usable > own ? usable - own : 0);
+    }
+    spec_disk_room_ = room;
+    cow_spare += room;
   }
   if (nvme_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .spare = cow_spare,

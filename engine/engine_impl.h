@@ -161,6 +161,7 @@ class Engine::Impl {
   std::unique_ptr<UpdateWorker> worker_;  // overlap_step's thread (when it applies)
   std::unique_ptr<Speculation> spec_;     // overlap_step's held updates (set with worker_)
   double last_grads_s_ = -1;  // stats clock at the return of the step's last grads call (-1: none)
+  uint64_t spec_disk_room_ = 0;  // swap reserved for the speculation at build
 
   // overlap_step (step.cpp). At build: the speculation's room and the
   // thread. Group g's gradients are complete: its early update is queued
@@ -177,6 +178,9 @@ class Engine::Impl {
   Status RunOverlap(const UpdateWorker::Next& next, std::string* broken);
   Status FinishOverlap();
   void SettleOverlap(const StepOptions& so, const StepResult& r, double grad_scale);
+  // Whether the step commits what was speculated: not skipped, the same
+  // factor on G (no clipping), the same options.
+  bool KeepsSpeculation(const StepOptions& so, const StepResult& r, double grad_scale) const;
   std::unique_ptr<Checkpointer> checkpointer_;
 };
 

@@ -35,9 +35,7 @@ Status Engine::Impl::StartOverlap() {
     host_bytes = std::min(total.host, left);
   }
   // The swap room was reserved at build (build.cpp: the NVMe tier's spare).
-  const uint64_t disk_bytes = config_.strata.speculation_disk_bytes == StrataConfig::kSpeculationAuto
-                                  ? total.disk
-                                  : config_.strata.speculation_disk_bytes;
+  const uint64_t disk_bytes = spec_disk_room_;
   spec_ = std::make_unique<Speculation>(lay_, blocks_, *io_, *host_, steps_, gpu_updates, padded);
   STRATA_RETURN_IF_ERROR(spec_->Init(host_bytes, nvme_ ? disk_bytes : 0));
   if (total.host > host_bytes || (nvme_ && total.disk > disk_bytes))
@@ -63,6 +61,7 @@ void Engine::Impl::OnGradsComplete(int g) {
     step_.doomed = true;
     return;
   }
+  ++step_.queued;
   worker_->Enqueue(g);
 }
 
@@ -94,12 +93,16 @@ Status Engine::Impl::FinishOverlap() {
   return Status::Ok();
 }
 
+bool Engine::Impl::KeepsSpeculation(const StepOptions& so, const StepResult& r, double grad_scale) const {
+  return !r.skipped && grad_scale == step_.spec_scale && SameStepOptions(so, step_.prepared_opts);
+}
+
 void Engine::Impl::SettleOverlap(const StepOptions& so, const StepResult& r, double grad_scale) {
   if (!spec_) return;
   const int early = static_cast<int>(spec_->ready().size());
-  if (early == 0) {
-    int committed = 0;  // not speculative: committed as they landed
-    for (const auto& gs : steps_) committed += gs.committed ? 1 : 0;
+  if (!step_.prepared || !step_.speculative || step_.queued == 0) {
+    int committed = 0;  // not speculative: committed as they landed (a resumed step: none of them early)
+    for (const auto& gs : steps_) committed += gs.committed && step_.prepared && !step_.pending ? 1 : 0;
     spec_->Commit();    // nothing held; undoes reservations that never ran
     stats_->OnOverlap(StatsRecorder::Speculated::kNone, committed);
     return;
@@ -109,7 +112,7 @@ void Engine::Impl::SettleOverlap(const StepOptions& so, const StepResult& r, dou
   if (r.skipped) {
     spec_->Discard();
     outcome = StatsRecorder::Speculated::kDiscarded;
-  } else if (grad_scale == step_.spec_scale && SameStepOptions(so, step_.prepared_opts)) {
+  } else if (KeepsSpeculation(so, r, grad_scale)) {
     spec_->Commit();
     outcome = StatsRecorder::Speculated::kCommitted;
   } else {

@@ -35,6 +35,7 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
   step_.prepared = true;
   step_.prepared_opts = so;
   step_.doomed = false;
+  step_.queued = 0;
   // The early updates are certain only where nothing after backward can
   // change them: no clipping, no loss scale, non-finite gradients applied.
   const double clip = so.max_grad_norm >= 0 ? so.max_grad_norm : config_.gradient_clipping;
@@ -64,6 +65,7 @@ void Engine::Impl::AbandonStep(bool keep_p_stale) {
   step_.pending.reset();
   step_.broken.clear();
   step_.prepared = false;
+  step_.queued = 0;
   for (auto& gs : steps_) {
     gs.grad_calls = gs.handed = 0;
     gs.committed = false;
@@ -210,11 +212,16 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     if (lay_.sworld == 1) STRATA_RETURN_IF_ERROR(comm_->Barrier().WithContext("step: agreeing with the other ranks"));
   }
   stats_->StepBegin();
-  Status early = FinishOverlap();  // the early updates are done (or held)
+  // The norm first: the overlap thread may still be updating (every
+  // gradient is in; the reduction is drained). A speculation the step will
+  // not keep takes no more groups.
   StepResult r;
   double grad_scale = 1;
   Status held;
-  if (Status st = ScaleGradients(so, &r, &grad_scale, &held); !st.ok()) {
+  Status scaled = ScaleGradients(so, &r, &grad_scale, &held);
+  if (worker_ && step_.speculative && (!scaled.ok() || !KeepsSpeculation(so, r, grad_scale))) worker_->Abandon();
+  Status early = FinishOverlap();  // the early updates are done (or held)
+  if (Status st = std::move(scaled); !st.ok()) {
     // The norm's collective failed (a lost peer): nothing was updated. The
     // step is pending: the same call again finishes it, or a load abandons
     // it (and the held speculation with it).

@@ -45,6 +45,7 @@ struct StepState {
   // back (fp16: an overflow): nothing more is worth updating early. Written
   // by the thread that completes gradients (OnGradsComplete), reset by prepare_step.
   bool doomed = false;
+  int queued = 0;  // groups queued for an early update this step (same thread as doomed)
 };
 
 }  // namespace strata

@@ -18,7 +18,7 @@ void UpdateWorker::Start() {
 int UpdateWorker::Take(bool wait) {
   std::unique_lock<std::mutex> lock(mu_);
   if (wait) cv_.wait(lock, [&] { return stop_ || closed_ || !queue_.empty(); });
-  if (stop_ || queue_.empty()) return -1;
+  if (stop_ || abandoned_ || queue_.empty()) return -1;
   const int g = queue_.front();
   queue_.pop_front();
   return g;
@@ -57,12 +57,22 @@ void UpdateWorker::Enqueue(int g) {
   cv_.notify_all();
 }
 
+void UpdateWorker::Abandon() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.clear();
+    abandoned_ = true;
+  }
+  cv_.notify_all();
+}
+
 Status UpdateWorker::WaitIdle(std::string* broken) {
   std::unique_lock<std::mutex> lock(mu_);
   closed_ = true;
   cv_.notify_all();
   cv_.wait(lock, [&] { return (queue_.empty() || !thread_.joinable()) && !busy_; });
   closed_ = false;
+  abandoned_ = false;
   Status st = error_;
   error_ = Status::Ok();
   if (broken && broken->empty() && !broken_.empty()) *broken = broken_;

@@ -10,7 +10,7 @@
 // when a run said the step cannot be finished, why (`broken`): the thread
 // never writes the caller's state.
 //
-// Lock: mu_ guards queue_, busy_, closed_, stop_, error_, broken_. The
+// Lock: mu_ guards queue_, busy_, closed_, abandoned_, stop_, error_, broken_. The
 // thread is this component's own; it touches nothing but through `run`.
 #pragma once
 
@@ -41,6 +41,9 @@ class UpdateWorker {
   void Start();
   void Stop();  // what is queued is dropped
   void Enqueue(int g);  // any thread
+  // Drops what is queued and ends the stream at once: the run finishes what
+  // it has started and takes no more (until WaitIdle returns).
+  void Abandon();
   // Closes the stream and waits for the thread to be idle; the next Enqueue
   // opens a new one. *broken (when not null and empty) gets the first such
   // reason since the last call.
@@ -55,7 +58,7 @@ class UpdateWorker {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<int> queue_;
-  bool busy_ = false, closed_ = false, stop_ = false;
+  bool busy_ = false, closed_ = false, abandoned_ = false, stop_ = false;
   Status error_;
   std::string broken_;
   std::thread thread_;
