@@ -296,3 +296,26 @@ def test_state_between_backward_and_step_of_an_overlapped_step_is_refused_not_mi
     ref.optimizer.step()
     assert all(torch.equal(after[n], w) for n, w in ref.master_parameters().items())
     ref.close()
+
+
+def test_a_second_backward_over_the_same_graph_is_not_overlapped():
+    # One Linear whose input needs no gradient: its backward saves only the
+    # input, so a second backward over the graph fetches nothing, but hands
+    # the group a second gradient, which an early update would have missed.
+    def run(overlap):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8, 4)
+        off = st.offload_module(lin, config(), force_no_gpu=True, overlap_step=overlap)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(STEPS):
+            loss = lin(torch.randn(16, 8, generator=g)).pow(2).mean()
+            loss.backward(retain_graph=True)
+            loss.backward()
+            off.optimizer.step()
+        out = off.master_parameters(), off.engine.stats()
+        off.close()
+        return out
+
+    (got, stats), (ref, _) = run(None), run(False)
+    assert all(torch.equal(got[n], ref[n]) for n in ref)
+    assert_counters(stats, 0, committed=0)
