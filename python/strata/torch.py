@@ -747,7 +747,8 @@ class OffloadedModule:
         self.engine = None
         self.rank, self.world_size = _resolve_ranks(rank, world_size, "offload_module")
         if overlap_step not in (None, True, False):
-            raise Error(INVALID, f"offload_module: overlap_step={overlap_step!r}; None (on, the default), True or False")
+            raise Error(INVALID, f"offload_module: overlap_step={overlap_step!r}; one of None (on, the default), "
+                        "True, False")
         config = _separate_swap_folders(config, f"strata-{os.getpid()}-{id(self)}")
         self._folders = _swap_folders(config)
         try:
