@@ -308,7 +308,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     }
     if (copy_f32 && !layout_.compact) std::memcpy(P, W, len * 4);
     stats_.End(Resource::kCpuOptimizer);
-    stats_.Span(Resource::kCpuOptimizer, "update", t0, stats_.Now(), len);
+    stats_.Span(Resource::kCpuOptimizer, spec ? "update (speculative)" : "update", t0, stats_.Now(), len);
     if (st.ok()) {
       j.updated = true;
       // W, M, V updated in place (host homes): committed now; P follows

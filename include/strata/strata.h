@@ -540,7 +540,9 @@ STRATA_API strata_status_t strata_engine_stats(strata_engine_t* engine, strata_s
 
 /* With "strata": {"trace_path": PATH} in the config, the engine records a
  * Chrome trace (JSON; Perfetto and chrome://tracing open it), pid = rank:
- * its disk and copy I/O, the CPU optimizer's updates, and on the "caller"
+ * its disk and copy I/O, the CPU optimizer's updates ("update"; with
+ * overlap_step "update (speculative)", then the step's "commit" or
+ * "discard"), and on the "caller"
  * track its calls: "fetch" (args.group), "stall" inside a fetch that waited
  * for its data, "grads" (per call, args.group) and "step". The trainer adds
  * its own spans ("forward", "backward", ...) with the calls below, on a

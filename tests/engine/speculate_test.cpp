@@ -213,6 +213,10 @@ Outcome Compare(const Case& c, const std::string& name) {
   EXPECT_EQ(plain.stats.steps, over.stats.steps) << name;
   EXPECT_EQ(plain.stats.skipped_steps, over.stats.skipped_steps) << name;
   EXPECT_EQ(plain.stats.speculated_steps, 0u) << name;
+  // The rooms come out of the budgets, which hold.
+  EXPECT_LE(over.stats.host.peak, over.stats.host.budget) << name;
+  EXPECT_LE(over.stats.nvme.peak, over.stats.nvme.budget) << name;
+  EXPECT_LE(over.stats.device.peak, over.stats.device.budget) << name;
   EXPECT_EQ(plain.stats.early_updates, 0u) << name;
   EXPECT_EQ(over.stats.speculated_steps,
             over.stats.committed_steps + over.stats.replayed_steps + over.stats.discarded_steps)
