@@ -374,6 +374,44 @@ TEST(Speculation, ARoomTooSmallSpeculatesSomeGroups) {
   EXPECT_EQ(o.stats.early_updates, 0u);
 }
 
+// A group whose early update is under way (or held) is not read, nor
+// fetched, nor given more gradients until the step: each is STATE, and
+// the step then goes on as if nothing was asked.
+TEST(Speculation, AGroupTakenEarlyIsNotTouchedUntilTheStep) {
+  TempDir dir;
+  Case c;
+  c.clip = [](int) { return 1e-3; };
+  EngineOptions eo;
+  eo.overlap_step = true;
+  auto cfg = ParseConfig(Json(c, dir.path()));
+  ASSERT_TRUE(cfg.ok());
+  auto made = Engine::Create(*cfg, eo);
+  ASSERT_TRUE(made.ok());
+  Engine& e = **made;
+  for (size_t g = 0; g < kSizes.size(); ++g) {
+    std::vector<float> init(kSizes[g], 0.25f);
+    ASSERT_TRUE(e.AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).ok());
+  }
+  ASSERT_TRUE(e.Build().ok());
+  ASSERT_TRUE(e.PrepareStep(OptionsOf(c, 0)).ok());
+  std::vector<float> grad = GradsOf(kSizes[4], 0, 0, 4), out(kSizes[4]);
+  ASSERT_TRUE(e.Grads(4, grad.data(), DType::kF32).ok());
+  EXPECT_EQ(e.ReadMaster(4, out.data()).code(), Code::kState);
+  EXPECT_EQ(e.Fetch(4).status().code(), Code::kState);
+  EXPECT_EQ(e.Grads(4, grad.data(), DType::kF32).code(), Code::kState);
+  std::vector<float> other(kSizes[0]);
+  EXPECT_TRUE(e.ReadMaster(0, other.data()).ok());  // not taken yet: as it was
+  EXPECT_EQ(other[0], 0.25f);
+  for (int g = 3; g >= 0; --g) {
+    std::vector<float> gg = GradsOf(kSizes[static_cast<size_t>(g)], 0, 0, g);
+    ASSERT_TRUE(e.Grads(g, gg.data(), DType::kF32).ok());
+  }
+  auto r = e.Step(OptionsOf(c, 0));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(e.ReadMaster(4, out.data()).ok());
+  EXPECT_NE(out[0], 0.25f);
+}
+
 // Options changed after prepare_step (an LR schedule stepped late): the
 // speculation is redone with step's options.
 TEST(Speculation, OtherOptionsAtTheStepReplay) {
