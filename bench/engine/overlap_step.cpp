@@ -20,7 +20,9 @@
 //   for g = groups-1..0:  sleep bwd; grads(g)
 //   step(NULL)
 // exposed = from the return of the last grads call to the return of step
-// (steady clock); iteration = the whole of it.
+// (steady clock); iteration = the whole of it; in_calls = the time inside
+// fetch, release, prepare_step and grads (iteration = waits + in_calls +
+// exposed, plus the sleeps' overshoot).
 //
 // First every engine runs WARMUP (1) iterations and then CALIB (1)
 // calibration iterations, all without waits; T = the median of the
@@ -161,7 +163,7 @@ struct Run {
   bool replay = false;  // clipping triggers every step
   double clip = 0;
   strata_engine_t* e = nullptr;
-  std::vector<double> exposed, iter;
+  std::vector<double> exposed, iter, in_calls;
   strata_stats_t last = STRATA_STATS_INIT;
 };
 
@@ -245,21 +247,35 @@ int main(int argc, char** argv) {
 
   int step_no = 0;  // the iteration every engine is at (all step in lockstep)
   // One iteration of `r` with waits fwd and bwd (seconds) per group.
-  auto iterate = [&](Run& r, double fwd, double bwd, double* exposed, double* iter) {
+  // *calls: the seconds spent inside fetch, release, prepare_step and grads
+  // (the iteration less the waits and the exposed step).
+  auto iterate = [&](Run& r, double fwd, double bwd, double* exposed, double* iter, double* calls) {
     const auto fw = std::chrono::duration<double>(fwd), bw = std::chrono::duration<double>(bwd);
     const auto t0 = Clock::now();
+    double in = 0;
     for (int g = 0; g < groups; ++g) {
       void* p = nullptr;
+      auto c0 = Clock::now();
       Check(strata_engine_fetch(r.e, g, nullptr, &p), r.name + ": fetch " + std::to_string(g));
+      in += Secs(c0, Clock::now());
       if (fwd > 0) std::this_thread::sleep_until(Clock::now() + std::chrono::duration_cast<Clock::duration>(fw));
+      c0 = Clock::now();
       Check(strata_engine_release(r.e, g, nullptr), r.name + ": release " + std::to_string(g));
+      in += Secs(c0, Clock::now());
     }
-    if (r.overlap) Check(strata_engine_prepare_step(r.e, nullptr), r.name + ": prepare_step");
+    if (r.overlap) {
+      const auto c0 = Clock::now();
+      Check(strata_engine_prepare_step(r.e, nullptr), r.name + ": prepare_step");
+      in += Secs(c0, Clock::now());
+    }
     for (int g = groups - 1; g >= 0; --g) {
       if (bwd > 0) std::this_thread::sleep_until(Clock::now() + std::chrono::duration_cast<Clock::duration>(bw));
+      const auto c0 = Clock::now();
       Check(strata_engine_grads(r.e, g, grads_of(step_no, g), STRATA_DTYPE_BF16, nullptr), r.name + ": grads " + std::to_string(g));
+      in += Secs(c0, Clock::now());
     }
     const auto t1 = Clock::now();
+    *calls = in;
     strata_step_result_t res = STRATA_STEP_RESULT_INIT;
     Check(strata_engine_step(r.e, nullptr, &res), r.name + ": step");
     const auto t2 = Clock::now();
@@ -280,16 +296,16 @@ int main(int argc, char** argv) {
     return res.grad_norm;
   };
 
-  double ex = 0, it = 0;
+  double ex = 0, it = 0, calls = 0;
   for (int w = 0; w < warmup; ++w, ++step_no)
     for (Run& r : runs) {
-      const double gn = iterate(r, 0, 0, &ex, &it);
+      const double gn = iterate(r, 0, 0, &ex, &it, &calls);
       std::printf("warmup %d %s: exposed %.3f s, grad_norm %.4f\n", w, r.name.c_str(), ex, gn);
     }
   std::vector<double> plain_steps;
   for (int c = 0; c < calib; ++c, ++step_no)
     for (Run& r : runs) {
-      iterate(r, 0, 0, &ex, &it);
+      iterate(r, 0, 0, &ex, &it, &calls);
       std::printf("calibration %d %s: exposed %.3f s (no waits)\n", c, r.name.c_str(), ex);
       if (!r.overlap) plain_steps.push_back(ex);
     }
@@ -304,21 +320,23 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round, ++step_no) {
     for (int k : order[round % 2]) {
       Run& r = runs[static_cast<size_t>(k)];
-      const double gn = iterate(r, fwd, bwd, &ex, &it);
+      const double gn = iterate(r, fwd, bwd, &ex, &it, &calls);
       r.exposed.push_back(ex);
       r.iter.push_back(it);
+      r.in_calls.push_back(calls);
       std::printf("overlap_step_round round=%d config=%s iteration_s=%.4f exposed_s=%.4f engine_exposed_s=%s "
-                  "step_wall_s=%.4f grad_norm=%.4g\n",
-                  round, r.name.c_str(), it, ex, EngineExposedText(r.last).c_str(), r.last.step_wall_s, gn);
+                  "in_calls_s=%.4f step_wall_s=%.4f grad_norm=%.4g\n",
+                  round, r.name.c_str(), it, ex, EngineExposedText(r.last).c_str(), calls, r.last.step_wall_s, gn);
     }
     std::fflush(stdout);
   }
 
   for (const Run& r : runs)
-    std::printf("%s: steps=%llu skipped_steps=%llu%s; median exposed %.4f s, iteration %.4f s; "
+    std::printf("%s: steps=%llu skipped_steps=%llu%s; median exposed %.4f s, iteration %.4f s, "
+                "in fetch/release/prepare_step/grads %.4f s; "
                 "host peak %.1f MiB of %.1f MiB\n",
                 r.name.c_str(), (unsigned long long)r.last.steps, (unsigned long long)r.last.skipped_steps,
-                SpecStats(r.last).c_str(), Median(r.exposed), Median(r.iter),
+                SpecStats(r.last).c_str(), Median(r.exposed), Median(r.iter), Median(r.in_calls),
                 r.last.host.peak / 1048576.0, r.last.host.budget / 1048576.0);
   for (const Run& r : runs)
     if (r.overlap) NoteNoOverlap(r.name, r.last);
