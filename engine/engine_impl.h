@@ -175,6 +175,11 @@ class Engine::Impl {
   bool OverlapHasTaken(int g) const {
     return worker_ && step_.prepared && steps_[static_cast<size_t>(g)].handed >= options_.grad_accumulation_steps;
   }
+  // `call` (grads, fetch, read_state) touches group g after OverlapHasTaken:
+  // a speculative step's early updates are all undone (exact; the step then
+  // updates every group after backward) and the call goes on; early updates
+  // already committed (not speculative) cannot be, and the call is STATE.
+  Status UndoOverlap(int g, const char* call);
   Status RunOverlap(const UpdateWorker::Next& next, std::string* broken);
   Status FinishOverlap();
   void SettleOverlap(const StepOptions& so, const StepResult& r, double grad_scale);

@@ -34,10 +34,7 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   GroupStep& gs = steps_[static_cast<size_t>(group)];
   // The overlapped step updates this group once its gradients are complete:
   // one more would land in a G the update already read (or is reading).
-  if (OverlapHasTaken(group))
-    return StateError("grads: group " + std::to_string(group) + " already had its " +
-                      std::to_string(options_.grad_accumulation_steps) +
-                      " grads call(s) of this step and is updated early (overlap_step); call step first");
+  if (OverlapHasTaken(group)) STRATA_RETURN_IF_ERROR(UndoOverlap(group, "grads"));
   if (lay_.reduces) {
     STRATA_RETURN_IF_ERROR(DrainComm(/*wait=*/false));  // an earlier background failure: now
     STRATA_RETURN_IF_ERROR(reducer_->Grads(group, grads, dtype));  // OnGradsComplete: from the accumulation

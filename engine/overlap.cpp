@@ -93,8 +93,30 @@ Status Engine::Impl::FinishOverlap() {
   return Status::Ok();
 }
 
+Status Engine::Impl::UndoOverlap(int g, const char* call) {
+  if (!step_.speculative)
+    return StateError(std::string(call) + ": group " + std::to_string(g) + " already had its " +
+                      std::to_string(options_.grad_accumulation_steps) +
+                      " grads call(s) of this step and was updated early by the overlapped step (final: with no "
+                      "clipping, no fp16 and strata.nonfinite \"apply\" nothing could change it); call step first");
+  STRATA_RETURN_IF_ERROR(DrainComm().WithContext(call));  // the reduction queues no more
+  worker_->Abandon();
+  (void)FinishOverlap();
+  const int early = static_cast<int>(spec_->ready().size());
+  spec_->Discard();
+  step_.prepared = false;  // the rest of this step is not overlapped
+  stats_->OnOverlap(StatsRecorder::Speculated::kReplayed, early);
+  WarnOnce("overlap-undone", std::string("overlap_step: ") + call + " of group " + std::to_string(g) +
+                                 " after its gradients were complete; this step's early updates were undone and "
+                                 "it updates after backward (exact, not overlapped)");
+  return RepairStaleP().WithContext(call);  // P of the undone groups, from their restored W
+}
+
 bool Engine::Impl::KeepsSpeculation(const StepOptions& so, const StepResult& r, double grad_scale) const {
-  return !r.skipped && grad_scale == step_.spec_scale && SameStepOptions(so, step_.prepared_opts);
+  // max_grad_norm needs no match: the factor on G (equal, or clipping applied) says what it did.
+  StepOptions a = so, b = step_.prepared_opts;
+  a.max_grad_norm = b.max_grad_norm = 0;
+  return !r.skipped && grad_scale == step_.spec_scale && SameStepOptions(a, b);
 }
 
 void Engine::Impl::SettleOverlap(const StepOptions& so, const StepResult& r, double grad_scale) {
@@ -116,7 +138,9 @@ void Engine::Impl::SettleOverlap(const StepOptions& so, const StepResult& r, dou
     spec_->Commit();
     outcome = StatsRecorder::Speculated::kCommitted;
   } else {
-    if (!SameStepOptions(so, step_.prepared_opts))
+    StepOptions a = so, b = step_.prepared_opts;
+    a.max_grad_norm = b.max_grad_norm = 0;
+    if (!SameStepOptions(a, b))
       WarnOnce("overlap-options", "overlap_step: step got other options than prepare_step; the early updates "
                                   "were discarded and redone after backward (exact, but not overlapped)");
     spec_->Discard();

@@ -35,9 +35,7 @@ static Status FrozenKeepsNo(const char* call, int group, StateKind kind) {
 Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
   STRATA_RETURN_IF_ERROR(CheckGroup(group, "read_state"));
   if (!out) return InvalidError("read_state: null output for group " + std::to_string(group));
-  if (OverlapHasTaken(group))  // the overlap thread updates (or has updated, speculatively) it
-    return StateError("read_state: group " + std::to_string(group) +
-                      " is updated early by the overlapped step (overlap_step); read it after step");
+  if (OverlapHasTaken(group)) STRATA_RETURN_IF_ERROR(UndoOverlap(group, "read_state"));  // never a speculative value
   if (lay_.frozen(group)) {
     if (kind != StateKind::kW) return FrozenKeepsNo("read_state", group, kind);
     return ReadFrozen(group, out).WithContext("read_state: frozen group " + std::to_string(group));

@@ -67,9 +67,7 @@ Status Engine::Impl::StartComponents() {
 }
 
 Result<void*> Engine::Impl::Fetch(int g) {
-  if (OverlapHasTaken(g))
-    return StateError("fetch: group " + std::to_string(g) + " is updated early by the overlapped step; "
-                      "with overlap_step a group is not fetched after its gradients are complete");
+  if (OverlapHasTaken(g)) STRATA_RETURN_IF_ERROR(UndoOverlap(g, "fetch"));
   if (steps_[static_cast<size_t>(g)].p_stale)
     return StateError("fetch: P of group " + std::to_string(g) + " does not follow its master weights (rewriting "
                       "it failed after a discarded or failed update); the next step rewrites it, or load a checkpoint");

@@ -374,42 +374,89 @@ TEST(Speculation, ARoomTooSmallSpeculatesSomeGroups) {
   EXPECT_EQ(o.stats.early_updates, 0u);
 }
 
-// A group whose early update is under way (or held) is not read, nor
-// fetched, nor given more gradients until the step: each is STATE, and
-// the step then goes on as if nothing was asked.
-TEST(Speculation, AGroupTakenEarlyIsNotTouchedUntilTheStep) {
-  TempDir dir;
+// A group touched after its gradients were complete (read_state, a fetch,
+// more gradients: torch-style accumulation, a forward before the step)
+// undoes the step's speculation: the call sees the old values and goes on,
+// the step updates every group after backward, and the result is the
+// run without overlap making the same calls. Where the early updates were
+// final (nothing could change them), such a call is STATE.
+TEST(Speculation, TouchingATakenGroupUndoesTheSpeculation) {
+  for (std::string placement : {"host", "nvme"}) {
+    Case c;
+    c.placement = placement;
+    std::vector<std::vector<float>> masters[2];
+    EngineStats stats[2];
+    for (int overlap = 0; overlap < 2; ++overlap) {
+      TempDir dir;
+      EngineOptions eo;
+      eo.overlap_step = overlap == 1;
+      auto cfg = ParseConfig(Json(c, dir.path()));
+      ASSERT_TRUE(cfg.ok());
+      auto made = Engine::Create(*cfg, eo);
+      ASSERT_TRUE(made.ok());
+      Engine& e = **made;
+      for (size_t g = 0; g < kSizes.size(); ++g) {
+        std::vector<float> init(kSizes[g], 0.25f);
+        ASSERT_TRUE(e.AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).ok());
+      }
+      ASSERT_TRUE(e.Build().ok());
+      for (int s = 0; s < 3; ++s) {
+        if (overlap) {
+          ASSERT_TRUE(e.PrepareStep(OptionsOf(c, s)).ok());
+        }
+        for (int g = 4; g >= 0; --g) {
+          std::vector<float> grad = GradsOf(kSizes[static_cast<size_t>(g)], s, 0, g);
+          ASSERT_TRUE(e.Grads(g, grad.data(), DType::kF32).ok());
+          if (g != 2) continue;
+          // Groups 4..2 are taken (or being updated) by now.
+          std::vector<float> before(kSizes[4]);
+          if (s == 0) {
+            ASSERT_TRUE(e.ReadMaster(4, before.data()).ok());
+            EXPECT_EQ(before[0], 0.25f) << placement << ": read_state saw a speculative update";
+          } else if (s == 1) {
+            auto p = e.Fetch(3);
+            ASSERT_TRUE(p.ok()) << p.status().ToString();
+            ASSERT_TRUE(e.Release(3).ok());
+          } else {
+            const std::vector<float> more = GradsOf(kSizes[4], s, 1, 4);
+            ASSERT_TRUE(e.Grads(4, more.data(), DType::kF32).ok());  // one more backward's worth
+          }
+        }
+        auto r = e.Step(OptionsOf(c, s));
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+      }
+      for (int g = 0; g < 5; ++g) {
+        masters[overlap].emplace_back(kSizes[static_cast<size_t>(g)]);
+        ASSERT_TRUE(e.ReadMaster(g, masters[overlap].back().data()).ok());
+      }
+      stats[overlap] = e.stats();
+    }
+    ExpectBitwise(masters[0], masters[1], "the master", placement);
+    EXPECT_EQ(stats[1].speculated_steps, 3u) << placement;
+    EXPECT_EQ(stats[1].replayed_steps, 3u) << placement;
+  }
+  // Final early updates: STATE, and the step goes on.
   Case c;
-  c.clip = [](int) { return 1e-3; };
+  c.nonfinite = "apply";
+  c.clip = [](int) { return -1.0; };
+  TempDir dir;
   EngineOptions eo;
   eo.overlap_step = true;
-  auto cfg = ParseConfig(Json(c, dir.path()));
-  ASSERT_TRUE(cfg.ok());
-  auto made = Engine::Create(*cfg, eo);
+  auto made = Engine::Create(*ParseConfig(Json(c, dir.path())), eo);
   ASSERT_TRUE(made.ok());
   Engine& e = **made;
-  for (size_t g = 0; g < kSizes.size(); ++g) {
-    std::vector<float> init(kSizes[g], 0.25f);
-    ASSERT_TRUE(e.AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).ok());
-  }
+  std::vector<float> init(kSizes[0], 0.25f), out(kSizes[0]);
+  ASSERT_TRUE(e.AddParam(0, "p0", kSizes[0], init.data()).ok());
   ASSERT_TRUE(e.Build().ok());
   ASSERT_TRUE(e.PrepareStep(OptionsOf(c, 0)).ok());
-  std::vector<float> grad = GradsOf(kSizes[4], 0, 0, 4), out(kSizes[4]);
-  ASSERT_TRUE(e.Grads(4, grad.data(), DType::kF32).ok());
-  EXPECT_EQ(e.ReadMaster(4, out.data()).code(), Code::kState);
-  EXPECT_EQ(e.Fetch(4).status().code(), Code::kState);
-  EXPECT_EQ(e.Grads(4, grad.data(), DType::kF32).code(), Code::kState);
-  std::vector<float> other(kSizes[0]);
-  EXPECT_TRUE(e.ReadMaster(0, other.data()).ok());  // not taken yet: as it was
-  EXPECT_EQ(other[0], 0.25f);
-  for (int g = 3; g >= 0; --g) {
-    std::vector<float> gg = GradsOf(kSizes[static_cast<size_t>(g)], 0, 0, g);
-    ASSERT_TRUE(e.Grads(g, gg.data(), DType::kF32).ok());
-  }
-  auto r = e.Step(OptionsOf(c, 0));
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_TRUE(e.ReadMaster(4, out.data()).ok());
-  EXPECT_NE(out[0], 0.25f);
+  std::vector<float> grad = GradsOf(kSizes[0], 0, 0, 0);
+  ASSERT_TRUE(e.Grads(0, grad.data(), DType::kF32).ok());
+  EXPECT_EQ(e.ReadMaster(0, out.data()).code(), Code::kState);
+  EXPECT_EQ(e.Fetch(0).status().code(), Code::kState);
+  Status more = e.Grads(0, grad.data(), DType::kF32);
+  EXPECT_EQ(more.code(), Code::kState);
+  EXPECT_NE(more.message().find("call step first"), std::string::npos) << more.ToString();
+  EXPECT_TRUE(e.Step(OptionsOf(c, 0)).ok());
 }
 
 // Options changed after prepare_step (an LR schedule stepped late): the
