@@ -22,7 +22,7 @@
 // exposed = from the return of the last grads call to the return of step
 // (steady clock); iteration = the whole of it; in_calls = the time inside
 // fetch, release, prepare_step and grads (iteration = waits + in_calls +
-// exposed, plus the sleeps' overshoot).
+// exposed, plus the sleeps' overshoot), in_grads = that inside grads alone.
 //
 // First every engine runs WARMUP (1) iterations and then CALIB (1)
 // calibration iterations, all without waits; T = the median of the
@@ -163,7 +163,7 @@ struct Run {
   bool replay = false;  // clipping triggers every step
   double clip = 0;
   strata_engine_t* e = nullptr;
-  std::vector<double> exposed, iter, in_calls;
+  std::vector<double> exposed, iter, in_calls, in_grads;
   strata_stats_t last = STRATA_STATS_INIT;
 };
 
@@ -248,11 +248,12 @@ int main(int argc, char** argv) {
   int step_no = 0;  // the iteration every engine is at (all step in lockstep)
   // One iteration of `r` with waits fwd and bwd (seconds) per group.
   // *calls: the seconds spent inside fetch, release, prepare_step and grads
-  // (the iteration less the waits and the exposed step).
-  auto iterate = [&](Run& r, double fwd, double bwd, double* exposed, double* iter, double* calls) {
+  // (the iteration less the waits and the exposed step); *in_grads: those
+  // inside grads alone.
+  auto iterate = [&](Run& r, double fwd, double bwd, double* exposed, double* iter, double* calls, double* in_grads) {
     const auto fw = std::chrono::duration<double>(fwd), bw = std::chrono::duration<double>(bwd);
     const auto t0 = Clock::now();
-    double in = 0;
+    double in = 0, ing = 0;
     for (int g = 0; g < groups; ++g) {
       void* p = nullptr;
       auto c0 = Clock::now();
@@ -272,10 +273,13 @@ int main(int argc, char** argv) {
       if (bwd > 0) std::this_thread::sleep_until(Clock::now() + std::chrono::duration_cast<Clock::duration>(bw));
       const auto c0 = Clock::now();
       Check(strata_engine_grads(r.e, g, grads_of(step_no, g), STRATA_DTYPE_BF16, nullptr), r.name + ": grads " + std::to_string(g));
-      in += Secs(c0, Clock::now());
+      const double d = Secs(c0, Clock::now());
+      in += d;
+      ing += d;
     }
     const auto t1 = Clock::now();
     *calls = in;
+    *in_grads = ing;
     strata_step_result_t res = STRATA_STEP_RESULT_INIT;
     Check(strata_engine_step(r.e, nullptr, &res), r.name + ": step");
     const auto t2 = Clock::now();
@@ -296,16 +300,16 @@ int main(int argc, char** argv) {
     return res.grad_norm;
   };
 
-  double ex = 0, it = 0, calls = 0;
+  double ex = 0, it = 0, calls = 0, gcalls = 0;
   for (int w = 0; w < warmup; ++w, ++step_no)
     for (Run& r : runs) {
-      const double gn = iterate(r, 0, 0, &ex, &it, &calls);
+      const double gn = iterate(r, 0, 0, &ex, &it, &calls, &gcalls);
       std::printf("warmup %d %s: exposed %.3f s, grad_norm %.4f\n", w, r.name.c_str(), ex, gn);
     }
   std::vector<double> plain_steps;
   for (int c = 0; c < calib; ++c, ++step_no)
     for (Run& r : runs) {
-      iterate(r, 0, 0, &ex, &it, &calls);
+      iterate(r, 0, 0, &ex, &it, &calls, &gcalls);
       std::printf("calibration %d %s: exposed %.3f s (no waits)\n", c, r.name.c_str(), ex);
       if (!r.overlap) plain_steps.push_back(ex);
     }
@@ -320,23 +324,24 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round, ++step_no) {
     for (int k : order[round % 2]) {
       Run& r = runs[static_cast<size_t>(k)];
-      const double gn = iterate(r, fwd, bwd, &ex, &it, &calls);
+      const double gn = iterate(r, fwd, bwd, &ex, &it, &calls, &gcalls);
       r.exposed.push_back(ex);
       r.iter.push_back(it);
       r.in_calls.push_back(calls);
+      r.in_grads.push_back(gcalls);
       std::printf("overlap_step_round round=%d config=%s iteration_s=%.4f exposed_s=%.4f engine_exposed_s=%s "
-                  "in_calls_s=%.4f step_wall_s=%.4f grad_norm=%.4g\n",
-                  round, r.name.c_str(), it, ex, EngineExposedText(r.last).c_str(), calls, r.last.step_wall_s, gn);
+                  "in_calls_s=%.4f in_grads_s=%.4f step_wall_s=%.4f grad_norm=%.4g\n",
+                  round, r.name.c_str(), it, ex, EngineExposedText(r.last).c_str(), calls, gcalls, r.last.step_wall_s, gn);
     }
     std::fflush(stdout);
   }
 
   for (const Run& r : runs)
     std::printf("%s: steps=%llu skipped_steps=%llu%s; median exposed %.4f s, iteration %.4f s, "
-                "in fetch/release/prepare_step/grads %.4f s; "
+                "in fetch/release/prepare_step/grads %.4f s (grads %.4f s); "
                 "host peak %.1f MiB of %.1f MiB\n",
                 r.name.c_str(), (unsigned long long)r.last.steps, (unsigned long long)r.last.skipped_steps,
-                SpecStats(r.last).c_str(), Median(r.exposed), Median(r.iter), Median(r.in_calls),
+                SpecStats(r.last).c_str(), Median(r.exposed), Median(r.iter), Median(r.in_calls), Median(r.in_grads),
                 r.last.host.peak / 1048576.0, r.last.host.budget / 1048576.0);
   for (const Run& r : runs)
     if (r.overlap) NoteNoOverlap(r.name, r.last);
