@@ -162,6 +162,16 @@ class Engine::Impl {
   std::unique_ptr<Speculation> spec_;     // overlap_step's held updates (set with worker_)
   double last_grads_s_ = -1;  // stats clock at the return of the step's last grads call (-1: none)
   uint64_t spec_disk_room_ = 0;  // swap reserved for the speculation at build
+  // overlap_step with G off the CPU's reach (NVMe): a host copy of a group's
+  // complete G, kept at its last grads call so that its early update does
+  // not read G back from the disk (a few buffers; none free: it reads).
+  // copies_mu_ guards g_copy_ (the caller's or the reduction's thread
+  // keeps, the overlap thread takes and gives back).
+  StagingPool g_copies_;
+  std::mutex copies_mu_;
+  std::vector<void*> g_copy_;  // per group, or null
+  void KeepGCopy(int g, const void* G, uint64_t bytes);
+  void DropGCopies();
 
   // overlap_step (step.cpp). At build: the speculation's room and the
   // thread. Group g's gradients are complete: its early update is queued

@@ -107,6 +107,10 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
   if (st.ok() && gs.grad_calls == 0) std::memset(static_cast<char*>(G) + count * gsize, 0, (n - count) * gsize);
   kernels::SquaresSum sq;
   if (st.ok()) st = kernels::SumSquares(lay_.gdtype, G, n, &sq);
+  // The step's last gradients of g: its early update may use them from here.
+  if (st.ok() && !direct && gs.grad_calls + 1 == options_.grad_accumulation_steps && worker_ && step_.prepared &&
+      !step_.doomed)
+    KeepGCopy(group, G, n * gsize);
   if (st.ok() && !direct) st = io_->Store(gb, G);
   if (!direct) staging_.grad.Release(G);
   if (!st.ok()) return st;

@@ -7,9 +7,12 @@
 // replay). Either way the result is bitwise the step without overlap: a
 // committed speculation used the same factor on G (1 / (loss scale x mean
 // divisor), compared exactly) and the same options and update count.
+#include <cstring>
+
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/engine_impl.h"
+#include "engine/layout/staging_plan.h"
 #include "engine/step/step_checks.h"
 
 namespace strata {
@@ -45,11 +48,36 @@ Status Engine::Impl::StartOverlap() {
                  " swap bytes its groups need (strata.speculation_host_bytes, strata.speculation_disk_bytes); "
                  "where clipping, fp16 or strata.nonfinite could change an update, the groups that do not fit "
                  "update after backward");
+  g_copy_.assign(static_cast<size_t>(lay_.num_groups()), nullptr);
+  if (!BlockIo::DirectAt(lay_.home[int(StateKind::kG)], lay_.device_on_gpu)) {
+    uint64_t largest = 0;
+    for (int g = 0; g < lay_.num_groups(); ++g)
+      if (!lay_.frozen(g)) largest = std::max(largest, lay_.part.group(g).shard_numel * DTypeSize(lay_.gdtype));
+    if (Status st = g_copies_.Init(host_.get(), StepSlots(config_), largest); !st.ok()) {
+      g_copies_.Clear();
+      STRATA_LOG_INFO("overlap_step: no room for copies of G ({}); early updates read G from the disk", st.ToString());
+    }
+  }
   worker_ = std::make_unique<UpdateWorker>(
       [this](const UpdateWorker::Next& next, std::string* broken) { return RunOverlap(next, broken); },
       [this] { UseDeviceOnThisThread(); });
   worker_->Start();
   return Status::Ok();
+}
+
+void Engine::Impl::KeepGCopy(int g, const void* G, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(copies_mu_);
+  void*& slot = g_copy_[static_cast<size_t>(g)];
+  if (!slot) slot = g_copies_.TryAcquire();
+  if (slot) std::memcpy(slot, G, bytes);
+}
+
+void Engine::Impl::DropGCopies() {
+  std::lock_guard<std::mutex> lock(copies_mu_);
+  for (void*& p : g_copy_) {
+    g_copies_.Release(p);
+    p = nullptr;
+  }
 }
 
 void Engine::Impl::OnGradsComplete(int g) {
@@ -79,6 +107,15 @@ Status Engine::Impl::RunOverlap(const UpdateWorker::Next& next, std::string* bro
       if (g < 0 || !spec || spec->Reserve(g)) return g;
     }
   };
+  feed.g_copy = [this](int g) -> const void* {
+    std::lock_guard<std::mutex> lock(copies_mu_);
+    return g_copy_[static_cast<size_t>(g)];
+  };
+  feed.g_done = [this](int g) {
+    std::lock_guard<std::mutex> lock(copies_mu_);
+    g_copies_.Release(g_copy_[static_cast<size_t>(g)]);
+    g_copy_[static_cast<size_t>(g)] = nullptr;
+  };
   return pipeline_->RunFeed(feed, step_.spec_scale, step_.prepared_opts, broken);
 }
 
@@ -88,6 +125,7 @@ Status Engine::Impl::RunOverlap(const UpdateWorker::Next& next, std::string* bro
 Status Engine::Impl::FinishOverlap() {
   if (!worker_) return Status::Ok();
   Status st = worker_->WaitIdle(&step_.broken);
+  DropGCopies();  // of groups the thread did not take (no room, abandoned)
   if (st.ok() || !step_.speculative) return st;
   STRATA_LOG_WARN("overlap_step: a speculative update failed ({}); its groups are updated by the step", st.ToString());
   return Status::Ok();

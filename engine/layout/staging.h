@@ -37,6 +37,14 @@ class StagingPool {
     free_.pop_back();
     return p;
   }
+  // A buffer when one is free now, else null (never blocks).
+  void* TryAcquire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) return nullptr;
+    void* p = free_.back();
+    free_.pop_back();
+    return p;
+  }
   void Release(void* p) {
     if (!p) return;
     {

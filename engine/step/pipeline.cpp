@@ -58,6 +58,7 @@ struct Job {
   bool p_shadow = false;  // compact: a host-homed P updated in the slot, copied back at commit
   bool gpu = false;  // W, M, V (and a device-homed P) are updated in place on the GPU
   StepKernelOptions ko;  // the group's options (its own update count)
+  bool g_copy = false;   // G is the feed's copy (Feed::g_copy): handed back by g_done
 };
 
 }  // namespace
@@ -129,6 +130,10 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
   auto finish_stores = [&](Job& j) {
     if (j.group < 0 || j.settled) return;
     j.settled = true;
+    if (j.g_copy) {  // read by the update (or never, when it did not run)
+      j.g_copy = false;
+      feed.g_done(j.group);
+    }
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     Status state_st, p_st;
     int state_stores = 0, state_homes = 0;  // W, M, V moves started; of those that go home
@@ -236,6 +241,13 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
         continue;
       }
       if (is_copy(s) || (s == int(StateKind::kG) && !has_grads)) continue;  // written, not read
+      if (s == int(StateKind::kG) && feed.g_copy) {  // the feed holds G already: no read
+        if (const void* g = feed.g_copy(j.group)) {
+          j.ptr[s] = static_cast<float*>(const_cast<void*>(g));
+          j.g_copy = true;
+          continue;
+        }
+      }
       auto m = io_.StartLoad(b, j.ptr[s]);
       if (m.ok()) j.loads.Add(s, std::move(m).value());
       else keep(m.status());

@@ -55,10 +55,15 @@ class StepPipeline {
   // correction. `spec`: the updates are held, not committed (speculation.h);
   // each group handed out must have been reserved there, and ends Ready or
   // Failed.
+  // `g_copy(g)` (may be null): a host copy of g's G that the feed holds,
+  // used instead of loading G from its home; `g_done(g)` is called once
+  // the run no longer reads it.
   struct Feed {
     std::function<int(bool wait)> next;
     std::function<int64_t(int g)> step_of;
     Speculation* spec = nullptr;
+    std::function<const void*(int g)> g_copy;
+    std::function<void(int g)> g_done;
   };
   Status RunFeed(const Feed& feed, double grad_scale, const StepOptions& so, std::string* broken);
   // The kernels' refusal of the step's options (beta1 outside [0, 1), a

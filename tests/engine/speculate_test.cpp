@@ -251,6 +251,16 @@ TEST(Speculation, ClippingThatNeverTriggersCommitsEveryStep) {
   }
 }
 
+// G on NVMe: the early updates take G from the copy kept at its last grads
+// call, so the overlapped run reads less from the disk than the plain one.
+TEST(Speculation, EarlyUpdatesUseTheCopyOfG) {
+  Case c;
+  c.placement = "nvme";
+  const Outcome plain = RunCase(c, false), over = Compare(c, "nvme copies of G");
+  ASSERT_TRUE(plain.ok && over.ok);
+  EXPECT_LT(over.stats.nvme_to_host, plain.stats.nvme_to_host);
+}
+
 // Clipping every step: every speculation is discarded and redone with the
 // coefficient.
 TEST(Speculation, ClippingEveryStepReplaysEveryStep) {
