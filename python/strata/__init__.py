@@ -134,6 +134,7 @@ def _load():
         "strata_engine_prepare_step": ([P, ctypes.POINTER(_StepOptions)], S),
         "strata_engine_step": ([P, ctypes.POINTER(_StepOptions), ctypes.POINTER(_StepResult)], S),
         "strata_engine_grad_norm": ([P, ctypes.POINTER(ctypes.c_double)], S),
+        "strata_engine_loss_scale": ([P, ctypes.POINTER(ctypes.c_double)], S),
         "strata_engine_config": ([P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)], S),
         "strata_engine_read_master": ([P, I, P], S),
         "strata_engine_num_groups": ([P, ctypes.POINTER(I)], S),
@@ -389,12 +390,27 @@ class Engine:
         clipping; None: the config's gradient_clipping). Gradients from
         several ranks and grads() calls are averaged (strata.grad_reduce
         "mean", the default) or summed ("sum"). Returns (grad_norm, skipped),
-        the norm being that of the reduced, unclipped gradients."""
+        the norm being that of the reduced, unclipped gradients.
+        `last_loss_scale` is then the scale for the next loss (loss_scale)."""
         opts = _step_options(lr, betas, eps, weight_decay, max_grad_norm)
         res = _sized(_StepResult)
         _check(self._lib.strata_engine_step(self.handle, ctypes.byref(opts), ctypes.byref(res)))
         self.last_loss_scale = res.loss_scale
         return res.grad_norm, bool(res.skipped)
+
+    @property
+    def loss_scale(self):
+        """The scale to multiply the next loss by, at any time (before the
+        first step too): with fp16 the dynamic loss scale (2^
+        fp16.initial_scale_power at first, halved after fp16.hysteresis
+        overflows, doubled after fp16.loss_scale_window clean steps) or the
+        static fp16.loss_scale; 1 without fp16. With fp16 every step divides
+        the gradients it was handed by it (DeepSpeed's semantics): they must
+        be those of the loss times this scale, or the update is that much
+        too small."""
+        out = ctypes.c_double()
+        _check(self._lib.strata_engine_loss_scale(self.handle, ctypes.byref(out)))
+        return out.value
 
     def grad_norm(self):
         """The global L2 norm of this step's gradients so far, as step() will

@@ -10,6 +10,11 @@ ZeRO-3-style parameter offload with module hooks.
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # works: see below
     opt.step()
 
+fp16 (config "fp16": {"enabled": true}): the loss is scaled by the loss
+scale, DeepSpeed's way: off.backward(loss) / opt.backward(loss) (or
+scale_loss(loss).backward()); a plain loss.backward() is refused, unless
+loss_scaled=True says the code multiplies by loss_scale itself.
+
 Ranks. Both join the ranks of the job: `rank=`/`world_size=` when given,
 else torch.distributed when it is initialized, else the launcher's variables
 (torchrun, then OpenMPI, then Slurm: the order the C library reads them);
@@ -25,6 +30,7 @@ collectives: every rank makes them, in the same order.
 import copy
 import itertools
 import json
+import math
 import os
 import shutil
 import warnings
@@ -263,6 +269,140 @@ def _engine_clip_for(coef, engine_norm):
                 f"for the engine's norm {engine_norm!r}")
 
 
+# ---- fp16 loss scaling, shared by OffloadAdam and OffloadedModule ----------------
+#
+# With fp16 a step divides the gradients it is handed by the loss scale
+# (DeepSpeed's semantics): they must be those of the loss times the scale.
+# scale_loss() multiplies (as torch's GradScaler.scale and DeepSpeed's
+# engine.backward do) and hooks the product, so that a backward that runs
+# through it is known to be scaled; gradients from any other backward are
+# refused (offload_module: at the backward; OffloadAdam: at step()), unless
+# the owner was told loss_scaled=True (the caller multiplies by loss_scale).
+
+def _fp16_section(config):
+    sec = config.get("fp16")
+    return sec if isinstance(sec, dict) else {}
+
+
+class _LossScaling:
+    """The loss scaling of one OffloadAdam or OffloadedModule: the scale
+    (`current`, a function; 1 without fp16), scale_loss(), and which
+    backward passes went through a scaled loss."""
+
+    def __init__(self, who, enabled, acknowledged, current):
+        if acknowledged not in (True, False):
+            raise Error(INVALID, f"{who}: loss_scaled={acknowledged!r}; True (the code multiplies each loss by "
+                        "loss_scale itself) or False (the default: use scale_loss() or backward())")
+        self.who, self.enabled, self.acknowledged, self._current = who, bool(enabled), acknowledged, current
+        self.in_backward = False  # a backward that went through scale_loss's result is running
+        self.since_step = False  # one has run since the last step
+
+    @property
+    def scale(self):
+        return float(self._current()) if self.enabled else 1.0
+
+    @property
+    def checked(self):
+        """Whether gradients must come from a scaled loss (fp16, not loss_scaled)."""
+        return self.enabled and not self.acknowledged
+
+    def scale_loss(self, loss):
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"{self.who}: scale_loss takes the loss tensor, not a {type(loss).__name__}")
+        if not self.enabled:
+            return loss
+        if not loss.dtype.is_floating_point:
+            raise TypeError(f"{self.who}: scale_loss takes a floating-point loss, not {loss.dtype}")
+        # In float32 (DeepSpeed's loss.float() * scale): the scaled loss of
+        # an fp16 model would overflow fp16 itself.
+        scaled = loss.float() * self.scale
+        if scaled.requires_grad:
+            scaled.register_hook(self._backward_through)
+        return scaled
+
+    def _backward_through(self, grad):
+        # The root of the backward (or on its way): every gradient this
+        # backward produces is of the scaled loss. A reentrant checkpoint's
+        # inner backward runs inside it, and the callback ends with the outer.
+        self.in_backward = self.since_step = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+
+    def _backward_ended(self):
+        self.in_backward = False
+
+    def stepped(self):
+        self.in_backward = self.since_step = False
+
+    def refusal(self, what, how):
+        s = self.scale
+        return Error(INVALID, f"{self.who}: fp16 is enabled and {what} a loss that was not scaled: the step "
+                     f"divides every gradient by the loss scale (now {s:g}), so the model would train on gradients "
+                     f"{s:g} times too small. {how}, or multiply each loss by loss_scale yourself and pass "
+                     "loss_scaled=True. (torch's GradScaler does not apply: the engine keeps the scale, skips a "
+                     "step that overflows and lowers it)")
+
+
+class _Scaler:
+    """OffloadAdam's fp16 loss scaler, one for all its engines: the engine's
+    rule (DeepSpeed's; engine/step/loss_scaler.h, docs/config.md): on an
+    overflow the step is skipped and, after `hysteresis` overflows, the
+    scale halves (not below min_loss_scale); after loss_scale_window clean
+    steps it doubles. A static loss_scale (> 0) never changes. Its engines
+    run with a static scale of 1 and get the unscaled gradients: their own
+    scalers would drift apart (a step one engine skips, another takes)."""
+
+    def __init__(self, fp16):
+        def number(key, default, low, integer=False):
+            v = fp16.get(key, default)
+            if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or
+                    (integer and v != int(v)) or v < low):
+                kind = "an integer" if integer else "a number"
+                raise Error(INVALID, f"OffloadAdam: fp16.{key} is {v!r}; allowed: {kind} >= {low}")
+            return int(v) if integer else float(v)
+
+        static = number("loss_scale", 0, 0)
+        self.dynamic = static == 0
+        self.power = number("initial_scale_power", 16, 0, True)
+        self.window = number("loss_scale_window", 1000, 1, True)
+        self.hysteresis = number("hysteresis", 2, 1, True)
+        self.min_scale = number("min_loss_scale", 1, 0)
+        self.scale = math.ldexp(1.0, self.power) if self.dynamic else static
+        self.hysteresis_left, self.clean_steps = self.hysteresis, 0
+
+    def update(self, overflow):
+        if not self.dynamic:
+            return
+        if overflow:
+            self.clean_steps = 0
+            self.hysteresis_left -= 1
+            if self.hysteresis_left <= 0:
+                self.scale = max(self.scale / 2, self.min_scale)
+                self.hysteresis_left = self.hysteresis
+            return
+        self.clean_steps += 1
+        if self.clean_steps >= self.window:
+            self.scale *= 2
+            self.clean_steps = 0
+            self.hysteresis_left = self.hysteresis
+
+    def state_dict(self):
+        return {"scale": self.scale, "hysteresis_left": self.hysteresis_left, "clean_steps": self.clean_steps}
+
+    @staticmethod
+    def parse_state(sd):
+        try:
+            scale, left, clean = float(sd["scale"]), int(sd["hysteresis_left"]), int(sd["clean_steps"])
+        except (KeyError, TypeError, ValueError):
+            raise Error(INVALID, f"load_state_dict: loss_scaler {sd!r} is not a state_dict()'s") from None
+        if not (math.isfinite(scale) and scale > 0) or left < 0 or clean < 0:
+            raise Error(INVALID, f"load_state_dict: loss_scaler {sd!r}: scale must be a finite number > 0, "
+                        "the counts >= 0")
+        return scale, left, clean
+
+    def set_state(self, state):
+        self.scale, self.hysteresis_left, self.clean_steps = state
+
+
 # ---- OffloadAdam -------------------------------------------------------------
 
 class OffloadAdam(torch.optim.Optimizer):
@@ -326,12 +466,27 @@ class OffloadAdam(torch.optim.Optimizer):
     code did with it since backward (several backward passes summed,
     torch's clip_grad_norm_, a GradScaler's unscale_), so no backward is
     left to overlap the update with.
+
+    fp16 (the config's fp16.enabled, fp16 parameters): the loss must be
+    scaled, DeepSpeed's way — `opt.backward(loss)`, or
+    `opt.scale_loss(loss).backward()` (loss.float() * loss_scale) — and
+    step() raises INVALID when no backward since the last step went through
+    scale_loss, unless `loss_scaled=True` says the code multiplies each loss
+    by `opt.loss_scale` itself. step() divides the gradients by the scale
+    (in float32), skips the whole step when any gradient overflowed (no
+    parameter changes, the step count stays) and updates the scale: one
+    dynamic scale for every engine of the optimizer (the config's
+    initial_scale_power, loss_scale_window, hysteresis, min_loss_scale),
+    kept in state_dict() as "loss_scaler". .grad keeps the scaled values;
+    clip_grad_norm_ clips the unscaled ones (on one rank bitwise torch's
+    clip_grad_norm_ over float32 masters whose .grad is .grad.float() /
+    loss_scale).
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None, config=None,
                  bucket_numel=None, force_no_gpu=False, rank=None, world_size=None,
-                 max_grad_norm=None, state_format=None):
+                 max_grad_norm=None, state_format=None, loss_scaled=False):
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid hyperparameters lr={lr} betas={betas} eps={eps} weight_decay={weight_decay}")
         for flag, value in (("amsgrad", amsgrad), ("capturable", capturable), ("differentiable", differentiable),
@@ -340,6 +495,15 @@ class OffloadAdam(torch.optim.Optimizer):
                 raise Error(INVALID, f"OffloadAdam: {flag}=True is not supported (the engine's AdamW kernel "
                             "computes torch's single-tensor/foreach AdamW, bitwise); leave it off")
         self._config = _with_state_format(_config_dict(config), state_format)
+        # fp16: the scaler is ours, one for every engine (see _Scaler); the
+        # engines get unscaled gradients and a static scale of 1.
+        fp16 = _fp16_section(self._config)
+        self._scaler = _Scaler(fp16) if fp16.get("enabled") is True else None
+        if self._scaler is not None:
+            fp16["loss_scale"] = 1.0
+        self._scaling = _LossScaling("OffloadAdam", self._scaler is not None, loss_scaled,
+                                     lambda: self._scaler.scale)
+        self._clip_coef = None  # fp16 on one rank: torch's clip coefficient, applied to the unscaled gradients
         params, self._param_names = _split_names(params)
         self._bucket_numel = bucket_numel
         self._force_no_gpu = force_no_gpu
@@ -447,21 +611,36 @@ class OffloadAdam(torch.optim.Optimizer):
         return self._world_size
 
     @torch.no_grad()
-    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, params=None):
         """torch.nn.utils.clip_grad_norm_ over every parameter of this
         optimizer (the torch function, patched by strata.torch, sends them
-        here), as the coming step will see the gradients (averaged over the
-        ranks, where torch's own would see only this rank's): returns the
-        total norm and clips at step(). One param group only (the norm of
-        several engines' gradients is not one engine's). A collective with
-        several ranks."""
+        here, as `params`: the order torch was given them), as the coming
+        step will see the gradients (averaged over the ranks, where torch's
+        own would see only this rank's): returns the total norm and clips at
+        step(). With several ranks one param group only (the norm of several
+        engines' gradients is not one engine's), and a collective."""
         _check_clip_args(max_norm, norm_type)
-        if self._world_size == 1:
+        self._check_scaled("clip_grad_norm_")
+        if params is None:
+            params = [p for group in self.param_groups for p in group["params"]]
+        if self._world_size == 1 and self._scaler is None:
             # One rank: the gradients are this rank's, in .grad; torch's own
             # function clips them, bitwise as torch would.
-            params = [p for group in self.param_groups for p in group["params"]]
             return _torch_clip_grad_norm(params, max_norm, norm_type=norm_type,
                                          error_if_nonfinite=error_if_nonfinite)
+        if self._world_size == 1:
+            # fp16 on one rank: .grad holds the scaled gradients. torch's
+            # arithmetic over the unscaled ones (float32, as the step gets
+            # them): its norms, and its coefficient, which step() applies.
+            scale = self._scaler.scale
+            grads = [p.grad for p in params if p.grad is not None]
+            if not grads:
+                return torch.tensor(0.0)
+            total = _torch_total_norm([_torch_norm_of(g.float() / scale) for g in grads])
+            if error_if_nonfinite and not torch.isfinite(total):
+                _clip_result(float("inf"), norm_type, True)
+            self._clip_coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+            return total
         engines = self._regroup(0) if len(self.param_groups) == 1 else self._engines
         if len(self.param_groups) != 1 or len(engines) != 1:
             raise Error(INVALID, f"clip_grad_norm_ with several ranks: {len(self.param_groups)} param groups, "
@@ -469,11 +648,43 @@ class OffloadAdam(torch.optim.Optimizer):
                         "max_grad_norm per group instead")
         ge = engines[0]
         if not ge.handed:
-            ge.hand_grads(negate=self.param_groups[0].get("maximize", False))
+            ge.hand_grads(negate=self.param_groups[0].get("maximize", False), scale=self.loss_scale)
         norm = ge.engine.grad_norm()
         result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
         self._clip_next = float(max_norm)
         return result
+
+    # -- fp16 loss scaling (see the class docstring)
+    @property
+    def loss_scale(self):
+        """The scale to multiply the next loss by: fp16's (dynamic or the
+        config's static fp16.loss_scale), 1 without fp16."""
+        return self._scaling.scale
+
+    def scale_loss(self, loss):
+        """The loss to call backward() on: loss.float() * loss_scale with
+        fp16 (its backward is then known to be scaled), else the loss."""
+        return self._scaling.scale_loss(loss)
+
+    def backward(self, loss, **kwargs):
+        """scale_loss(loss).backward(**kwargs) (DeepSpeed's engine.backward)."""
+        self.scale_loss(loss).backward(**kwargs)
+
+    def _check_scaled(self, what):
+        if (self._scaling.checked and not self._scaling.since_step and
+                any(p.grad is not None for group in self.param_groups for p in group["params"])):
+            raise self._scaling.refusal(f"{what} got the gradients of",
+                                        "Call opt.backward(loss) (or opt.scale_loss(loss).backward())")
+
+    def _overflowed(self, engines):
+        """Whether any of these engines' parameters has a gradient that is
+        not finite (this rank's): one read back per device."""
+        by_device = {}
+        for ge in engines:
+            for p in ge.params:
+                if p.grad is not None:
+                    by_device.setdefault(p.grad.device, []).append(torch.isfinite(p.grad).all())
+        return not all(bool(torch.stack(flags).all()) for flags in by_device.values())
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -481,20 +692,37 @@ class OffloadAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_scaled("step()")
         results = []
         clip_next, self._clip_next = self._clip_next, None
-        for index, group in enumerate(self.param_groups):
-            for ge in self._regroup(index):
-                if not ge.handed:
-                    ge.hand_grads(negate=group.get("maximize", False))
-                clip = clip_next if clip_next is not None else group.get("max_grad_norm")
-                norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
-                                               weight_decay=group["weight_decay"], max_grad_norm=clip)
-                ge.handed = False
-                ge.copy_params_back()
-                results.append((norm, skipped))
-                for p in ge.params:
-                    self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
+        coef, self._clip_coef = self._clip_coef, None
+        scale = self.loss_scale
+        stepping = [(group, ge) for index, group in enumerate(self.param_groups) for ge in self._regroup(index)]
+        # fp16: a step is skipped whole when any gradient overflowed. Each
+        # engine skips on its own gradients; with several, one that
+        # overflowed here makes every other skip too (a NaN in its
+        # gradients; with several ranks that reaches every rank's).
+        poison = self._scaler is not None and len(stepping) > 1 and self._overflowed(
+            [ge for _, ge in stepping if not ge.handed])
+        for group, ge in stepping:
+            if not ge.handed:
+                ge.hand_grads(negate=group.get("maximize", False), scale=scale, coef=coef, poison=poison)
+            clip = clip_next if clip_next is not None else group.get("max_grad_norm")
+            norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                                           weight_decay=group["weight_decay"], max_grad_norm=clip)
+            ge.handed = False
+            ge.copy_params_back()
+            results.append((norm, skipped))
+            for p in ge.params:
+                self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
+        if self._scaler is not None and results:
+            skipped = [k for _, k in results]
+            if any(skipped) and not all(skipped):
+                raise Error(STATE, f"OffloadAdam: fp16 step: {skipped.count(True)} of {len(skipped)} engines "
+                            "skipped the step (an overflow) and the others did not; the optimizer is no longer "
+                            "one model's (report this)")
+            self._scaler.update(all(skipped))
+        self._scaling.stepped()
         self.last_results = results  # (grad_norm, skipped) per engine that stepped
         return loss
 
@@ -512,12 +740,29 @@ class OffloadAdam(torch.optim.Optimizer):
         # The returned dict keeps the per-parameter dicts; ours drop the copies.
         for p in list(self.state):
             self.state[p] = {"step": self.state[p]["step"]}
+        if self._scaler is not None:
+            out["loss_scaler"] = self._scaler.state_dict()  # fp16 (torch AdamW ignores it)
         return out
 
     def load_state_dict(self, state_dict):
         """Restores param_groups, the master weights, both moments and the
-        step count, so training goes on as if it had never stopped."""
+        step count (and fp16's loss scaler), so training goes on as if it had
+        never stopped."""
+        scaler = None
+        if self._scaler is not None and "loss_scaler" in state_dict:
+            scaler = _Scaler.parse_state(state_dict["loss_scaler"])  # refused before anything changes
         super().load_state_dict(state_dict)
+        # torch casts floating-point state to its parameter's dtype: the
+        # float32 masters and moments of bf16/fp16 parameters would be
+        # rounded. They are taken from the given dict as they are.
+        saved = state_dict["state"]
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        for i, p in zip(ids, (p for g in self.param_groups for p in g["params"])):
+            for k, v in saved.get(i, {}).items():
+                if k in ("master_param", "exp_avg", "exp_avg_sq") and isinstance(v, torch.Tensor):
+                    self.state[p][k] = v
+        if scaler is not None:
+            self._scaler.set_state(scaler)
         self.close()
         with torch.no_grad():
             for group in self.param_groups:
@@ -656,7 +901,11 @@ class _GroupEngine:
             with torch.no_grad():
                 self.copy_params_back()  # every rank starts from rank 0's values
 
-    def hand_grads(self, negate=False):
+    def hand_grads(self, negate=False, scale=1.0, coef=None, poison=False):
+        """Hands .grad to the engine, divided by fp16's loss `scale` and
+        multiplied by torch's clip coefficient `coef` (a float32 tensor;
+        None: 1), in float32, as torch would over float32 masters;
+        `poison`: with a NaN, so that the engine skips the step."""
         for g, entries in self.buckets:
             numel = self.engine.group_numel(g)
             flat = torch.zeros(numel, dtype=torch.float32, device=self.device)
@@ -667,6 +916,12 @@ class _GroupEngine:
                         raise Error(INVALID, f"OffloadAdam: {_param_label(p, self.names)} has a sparse gradient "
                                     "(e.g. nn.Embedding(sparse=True)); dense gradients only")
                     flat[off:off + count].copy_(p.grad.reshape(-1)[start:start + count])
+            if scale != 1.0:
+                flat.div_(scale)
+            if coef is not None:
+                flat.mul_(coef.to(flat.device))
+            if poison:
+                flat[0] = float("nan")
             if negate:  # maximize: torch steps with -grad
                 flat.neg_()
             self.engine.grads(g, flat, stream=_current_stream(self.device))
@@ -742,9 +997,11 @@ class OffloadedModule:
     back as ordinary tensors holding the master weights."""
 
     def __init__(self, module, config, force_no_gpu, grad_accumulation_steps, rank=None, world_size=None,
-                 overlap_step=None):
+                 overlap_step=None, loss_scaled=False):
         self.module = module
         self.engine = None
+        self._scaling = _LossScaling("offload_module", _fp16_section(config).get("enabled") is True, loss_scaled,
+                                     self._engine_loss_scale)
         self.rank, self.world_size = _resolve_ranks(rank, world_size, "offload_module")
         if overlap_step not in (None, True, False):
             raise Error(INVALID, f"offload_module: overlap_step={overlap_step!r}; one of None (on, the default), "
@@ -1047,10 +1304,26 @@ class OffloadedModule:
         uses; once more for each backward that reaches it, e.g. a reentrant
         checkpoint's): stage it; a group whose every gradient is in goes to
         the engine and is released."""
+        if self._scaling.checked and not self._scaling.in_backward:
+            self._refuse_unscaled(p)
         self._queue_end_of_backward()
         g.stage(p)
         if g.complete():
             self._hand(g)
+
+    def _refuse_unscaled(self, p):
+        """fp16, and a backward from a loss that did not go through
+        scale_loss reached parameter p: before any of its gradients reach
+        the engine, the backward ends with an error (its callback will not
+        run) and lets go of the groups it fetched."""
+        p.grad = None  # the refused gradient (the next backward would add to it)
+        self._callback_queued = False
+        self._drop_holds()
+        for g in self._groups:
+            self.release(g)
+        raise self._scaling.refusal("backward reached the offloaded parameters from",
+                                    "Call off.backward(loss) (or off.scale_loss(loss).backward(); off.optimizer "
+                                    "has both)")
 
     def _hand(self, g):
         # The engine adds every grads call of a step to the group's
@@ -1107,10 +1380,32 @@ class OffloadedModule:
         # The options as the engine will take them, None as the config's
         # value, so that prepare_step's and step's compare equal.
         opts = self._overlap.options(lr, betas, eps, weight_decay, max_grad_norm)
+        self._scaling.stepped()
         try:
             return self.engine.step(**opts)
         finally:
             self._overlap.after_step(opts, clipped)
+
+    # -- fp16 loss scaling (see offload_module)
+    def _engine_loss_scale(self):
+        if self.engine is None:
+            raise Error(STATE, "offload_module: closed; it has no loss scale")
+        return self.engine.loss_scale
+
+    @property
+    def loss_scale(self):
+        """The scale to multiply the next loss by (the engine's:
+        Engine.loss_scale): fp16's, 1 without fp16."""
+        return self._scaling.scale
+
+    def scale_loss(self, loss):
+        """The loss to call backward() on: loss.float() * loss_scale with
+        fp16 (its backward is then known to be scaled), else the loss."""
+        return self._scaling.scale_loss(loss)
+
+    def backward(self, loss, **kwargs):
+        """scale_loss(loss).backward(**kwargs) (DeepSpeed's engine.backward)."""
+        self.scale_loss(loss).backward(**kwargs)
 
     def zero_grad(self, set_to_none=None):
         """Gradients go to the engine and never stay in .grad; what is
@@ -1161,7 +1456,12 @@ class OffloadedModule:
             if error_if_nonfinite and not torch.isfinite(total):
                 _clip_result(float("inf"), norm_type, True)
             coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-            self._clip_next = _engine_clip_for(float(coef), norm) if float(coef) < 1.0 else 0.0
+            if not (torch.isfinite(total) and math.isfinite(norm)):
+                # An overflow (fp16) or a NaN: the step skips it (or, with
+                # strata.nonfinite "apply", applies it unclipped).
+                self._clip_next = 0.0
+            else:
+                self._clip_next = _engine_clip_for(float(coef), norm) if float(coef) < 1.0 else 0.0
             self._overlap.clip_unclipped = 0.0  # what this path gives a step it does not clip
             return total
         result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
@@ -1492,6 +1792,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
         call says what torch would keep in .grad."""
         self._owner.zero_grad(set_to_none)
 
+    @property
+    def loss_scale(self):
+        """OffloadedModule.loss_scale: the scale for the next loss (fp16)."""
+        return self._owner.loss_scale
+
+    def scale_loss(self, loss):
+        """OffloadedModule.scale_loss."""
+        return self._owner.scale_loss(loss)
+
+    def backward(self, loss, **kwargs):
+        """OffloadedModule.backward: scale_loss(loss).backward(**kwargs)."""
+        self._owner.backward(loss, **kwargs)
+
     def state_dict(self):
         owner = self._owner
         owner._between_passes()
@@ -1648,7 +1961,9 @@ class _ModuleGroup:
             if id(p) in o._norms:  # handed in parts this step
                 o._norms_exact = False
             elif o._norms_exact and not o.engine_accumulates and o.world_size == 1:
-                o._norms[id(p)] = _torch_norm_of(grad)
+                # fp16: the norm of the unscaled gradient, as torch's
+                # clip_grad_norm_ would take it of a float32 master's .grad.
+                o._norms[id(p)] = _torch_norm_of(grad.float() / o._scaling.scale if o._scaling.enabled else grad)
         p.grad = None
         self.arrived.add(i)
 
@@ -1674,7 +1989,7 @@ def is_fetched(p):
 
 
 def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1, *, rank=None, world_size=None,
-                   state_format=None, overlap_step=None):
+                   state_format=None, overlap_step=None, loss_scaled=False):
     """ZeRO-3-style offload of `module`'s trainable parameters into a Strata
     engine configured by `config` (dict or JSON string): each module's direct
     parameters form one group, fetched before its forward (and again in
@@ -1713,10 +2028,23 @@ def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1
     when that turns it off. The engine's stats() count what it did
     (speculated_steps, committed_steps, replayed_steps, discarded_steps,
     early_updates, exposed_step_s).
+
+    fp16 (the config's fp16.enabled): the engine divides each step's
+    gradients by its loss scale (DeepSpeed's semantics), so the loss must be
+    scaled: `off.backward(loss)` (DeepSpeed's engine.backward), or
+    `off.scale_loss(loss).backward()` (loss.float() * off.loss_scale, as
+    torch's GradScaler.scale; off.optimizer has both too). A backward that
+    reaches the offloaded parameters from an unscaled loss raises INVALID
+    (nothing of it reaches the engine), unless `loss_scaled=True` says the
+    code multiplies each loss by `off.loss_scale` itself. The engine skips a
+    step whose gradients overflowed and lowers the scale; `off.loss_scale`
+    is the scale for the next loss at any time. clip_grad_norm_ clips the
+    unscaled gradients (on one rank, one backward a step, torch's
+    arithmetic over gradient.float() / loss_scale).
     """
     return OffloadedModule(module, _with_torch_moment(_with_state_format(_config_dict(config), state_format)),
                            force_no_gpu,
-                           grad_accumulation_steps, rank, world_size, overlap_step)
+                           grad_accumulation_steps, rank, world_size, overlap_step, loss_scaled)
 
 
 # ---- torch.nn.utils.clip_grad_norm_ ---------------------------------------------
@@ -1740,10 +2068,7 @@ def _clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fal
         raise Error(INVALID, "clip_grad_norm_: the parameters must be all those of one OffloadAdam or "
                     "offload_module (their norm is the engine's, over every rank), without others that have "
                     "gradients")
-    if isinstance(owner, OffloadedModule):
-        return owner.clip_grad_norm_(max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite,
-                                     params=params)
-    return owner.clip_grad_norm_(max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
+    return owner.clip_grad_norm_(max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite, params=params)
 
 
 torch.nn.utils.clip_grad_norm_ = _clip_grad_norm_

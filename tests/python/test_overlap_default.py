@@ -70,7 +70,6 @@ def train(make, cfg, overlap, clip=None, accum=1, steps=STEPS, nan_step=None, fp
     opt = off.optimizer
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / 20.0)
     data = batches(steps * accum, 2)
-    scale = 2.0 ** cfg.get("fp16", {}).get("initial_scale_power", 16) if fp16 else 1.0
     norms, skipped = [], []
     for s in range(steps):
         # A NaN in the gradient of the parameter backward reaches last (the
@@ -78,8 +77,7 @@ def train(make, cfg, overlap, clip=None, accum=1, steps=STEPS, nan_step=None, fp
         hook = model.wpe.weight.register_hook(lambda g: torch.full_like(g, float("nan"))) if s == nan_step else None
         for k in range(accum):
             x, y = data[s * accum + k]
-            loss = loss_of(model, x, y).float() * scale
-            loss.backward()
+            off.backward(loss_of(model, x, y))  # fp16: the loss times the engine's scale
         if hook is not None:
             hook.remove()
         if between is not None:
@@ -92,8 +90,6 @@ def train(make, cfg, overlap, clip=None, accum=1, steps=STEPS, nan_step=None, fp
         norm, skip = opt.last_result
         norms.append(norm)
         skipped.append(skip)
-        if fp16:
-            scale = off.engine.last_loss_scale
     masters = off.master_parameters()
     moments = opt.state_dict()["state"]
     stats = off.engine.stats()
