@@ -1618,12 +1618,14 @@ class _Overlap:
     differ at step() (a scheduler stepped between backward and step(),
     clipping that triggers) cost a redo of the update, never a wrong one.
 
-    A group updated early cannot be fetched again, nor take more gradients,
-    before step(): a forward between backward and step(), or more backward
-    passes in a step than grad_accumulation_steps says (torch-style
-    accumulation into one step), would then fail. So the first step is not
-    overlapped, and none is once a step has done either; a step that does
-    it after overlapped ones raises STATE saying so."""
+    A group updated early that is touched again before step() (a forward
+    between backward and step(), more backward passes in a step than
+    grad_accumulation_steps says, a read of the state) makes the engine
+    undo the step's speculative updates: exact, but that step is not
+    overlapped. So the first step is not overlapped, and none is once a
+    step has done the first two; where the early updates are final (no
+    clipping, no fp16, strata.nonfinite "apply": the engine cannot undo
+    them) such a step raises STATE saying so."""
 
     def __init__(self, owner, overlap_step, accumulation):
         self.owner = owner
@@ -1691,14 +1693,12 @@ class _Overlap:
             self.late = g.names[0]
 
     def check_readable(self, what):
-        """Between backward and step() of an overlapped step the engine's
-        state of the groups updated early holds their speculative update,
-        which step() may still discard (the engine reads it back as it is):
-        refused, rather than read."""
-        if self.prepared is not None and self.hands:
-            raise Error(STATE, f"offload_module: {what} between backward and step(): the overlapped step has "
-                        "updated groups early, and until step() commits or redoes that update their state is "
-                        "not the step's; read it after step(), or pass overlap_step=False")
+        """Between backward and step() of an overlapped step a read of the
+        state of a group updated early makes the engine undo the step's
+        speculative updates first (the read sees the state before the step,
+        as without overlap); early updates that are final cannot be undone:
+        the engine's STATE then says so."""
+        del what
 
     def explain(self, err, g, what):
         """The engine's STATE for a group the overlapped step updated early,
