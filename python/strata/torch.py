@@ -342,6 +342,26 @@ class _LossScaling:
                      "step that overflows and lowers it)")
 
 
+class _ScalesLoss:
+    """loss_scale, scale_loss and backward over self._scaling (a
+    _LossScaling): OffloadAdam's and OffloadedModule's."""
+
+    @property
+    def loss_scale(self):
+        """The scale to multiply the next loss by: fp16's (dynamic, the
+        engine's, or the config's static fp16.loss_scale), 1 without fp16."""
+        return self._scaling.scale
+
+    def scale_loss(self, loss):
+        """The loss to call backward() on: loss.float() * loss_scale with
+        fp16 (its backward is then known to be scaled), else the loss."""
+        return self._scaling.scale_loss(loss)
+
+    def backward(self, loss, **kwargs):
+        """scale_loss(loss).backward(**kwargs) (DeepSpeed's engine.backward)."""
+        self.scale_loss(loss).backward(**kwargs)
+
+
 class _Scaler:
     """OffloadAdam's fp16 loss scaler, one for all its engines: the engine's
     rule (DeepSpeed's; engine/step/loss_scaler.h, docs/config.md): on an
@@ -405,7 +425,7 @@ class _Scaler:
 
 # ---- OffloadAdam -------------------------------------------------------------
 
-class OffloadAdam(torch.optim.Optimizer):
+class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     """AdamW (decoupled weight decay, as torch.optim.AdamW) whose fp32 master
     weights and moments live in Strata's tiers (host memory or NVMe, as the
     config says). The parameters stay ordinary tensors: step() hands each
@@ -654,22 +674,7 @@ class OffloadAdam(torch.optim.Optimizer):
         self._clip_next = float(max_norm)
         return result
 
-    # -- fp16 loss scaling (see the class docstring)
-    @property
-    def loss_scale(self):
-        """The scale to multiply the next loss by: fp16's (dynamic or the
-        config's static fp16.loss_scale), 1 without fp16."""
-        return self._scaling.scale
-
-    def scale_loss(self, loss):
-        """The loss to call backward() on: loss.float() * loss_scale with
-        fp16 (its backward is then known to be scaled), else the loss."""
-        return self._scaling.scale_loss(loss)
-
-    def backward(self, loss, **kwargs):
-        """scale_loss(loss).backward(**kwargs) (DeepSpeed's engine.backward)."""
-        self.scale_loss(loss).backward(**kwargs)
-
+    # -- fp16 loss scaling (see the class docstring): _ScalesLoss
     def _check_scaled(self, what):
         if (self._scaling.checked and not self._scaling.since_step and
                 any(p.grad is not None for group in self.param_groups for p in group["params"])):
@@ -989,7 +994,7 @@ def _current_stream(device):
 
 # ---- offload_module ----------------------------------------------------------
 
-class OffloadedModule:
+class OffloadedModule(_ScalesLoss):
     """What offload_module returns: the engine that owns the parameters, the
     optimizer that steps them (`optimizer`, a torch.optim.Optimizer), and
     the model's full state (state_dict / load_state_dict, through the model
@@ -1391,21 +1396,6 @@ class OffloadedModule:
         if self.engine is None:
             raise Error(STATE, "offload_module: closed; it has no loss scale")
         return self.engine.loss_scale
-
-    @property
-    def loss_scale(self):
-        """The scale to multiply the next loss by (the engine's:
-        Engine.loss_scale): fp16's, 1 without fp16."""
-        return self._scaling.scale
-
-    def scale_loss(self, loss):
-        """The loss to call backward() on: loss.float() * loss_scale with
-        fp16 (its backward is then known to be scaled), else the loss."""
-        return self._scaling.scale_loss(loss)
-
-    def backward(self, loss, **kwargs):
-        """scale_loss(loss).backward(**kwargs) (DeepSpeed's engine.backward)."""
-        self.scale_loss(loss).backward(**kwargs)
 
     def zero_grad(self, set_to_none=None):
         """Gradients go to the engine and never stay in .grad; what is
