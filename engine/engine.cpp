@@ -33,6 +33,7 @@ Engine::Impl::Impl(const Config& config, const EngineOptions& options) : config_
 Engine::Impl::~Impl() {
   reducer_.reset();
   worker_.reset();
+  spec_.reset();  // what it holds is undone while the blocks and their I/O still exist
   residency_.reset();  // its thread stops, its copies go back to the device tier
   pipeline_.reset();
   gpu_.reset();

@@ -647,6 +647,35 @@ TEST(Speculation, ALostPeerMidBackwardThenARestartIsExact) {
   }
 }
 
+// An engine destroyed with its speculation held (mid-backward, or after a
+// failed step) undoes it while its blocks still exist, and the swap folder
+// serves the next engine.
+TEST(Speculation, DestroyedWithASpeculationHeld) {
+  for (std::string placement : {"host", "nvme"}) {
+    TempDir dir;
+    Case c;
+    c.placement = placement;
+    for (int round = 0; round < 2; ++round) {
+      EngineOptions eo;
+      eo.overlap_step = true;
+      auto made = Engine::Create(*ParseConfig(Json(c, dir.path())), eo);
+      ASSERT_TRUE(made.ok()) << made.status().ToString();
+      Engine& e = **made;
+      for (size_t g = 0; g < kSizes.size(); ++g) {
+        std::vector<float> init(kSizes[g], 0.5f);
+        ASSERT_TRUE(e.AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).ok());
+      }
+      ASSERT_TRUE(e.Build().ok());
+      ASSERT_TRUE(e.PrepareStep(OptionsOf(c, 0)).ok());
+      for (int g = 4; g >= 2; --g) {
+        std::vector<float> grad = GradsOf(kSizes[static_cast<size_t>(g)], 0, 0, g);
+        ASSERT_TRUE(e.Grads(g, grad.data(), DType::kF32).ok());
+      }
+      made->reset();  // groups 4..2 speculated (or being), never stepped
+    }
+  }
+}
+
 // A room larger than the host budget has left is refused at build, naming the key.
 TEST(Speculation, ARoomBeyondTheHostBudgetIsRefused) {
   TempDir dir;
