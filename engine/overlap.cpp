@@ -17,15 +17,6 @@
 
 namespace strata {
 
-namespace {
-
-bool SameStepOptions(const StepOptions& a, const StepOptions& b) {
-  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
-         a.weight_decay == b.weight_decay && a.max_grad_norm == b.max_grad_norm;
-}
-
-}  // namespace
-
 Status Engine::Impl::StartOverlap() {
   step_.overlap = true;
   auto padded = [this](uint64_t bytes) { return io_->NvmePadded(bytes); };
@@ -152,9 +143,7 @@ Status Engine::Impl::UndoOverlap(int g, const char* call) {
 
 bool Engine::Impl::KeepsSpeculation(const StepOptions& so, const StepResult& r, double grad_scale) const {
   // max_grad_norm needs no match: the factor on G (equal, or clipping applied) says what it did.
-  StepOptions a = so, b = step_.prepared_opts;
-  a.max_grad_norm = b.max_grad_norm = 0;
-  return !r.skipped && grad_scale == step_.spec_scale && SameStepOptions(a, b);
+  return !r.skipped && grad_scale == step_.spec_scale && SameStepOptions(so, step_.prepared_opts, /*with_clip=*/false);
 }
 
 void Engine::Impl::SettleOverlap(const StepOptions& so, const StepResult& r, double grad_scale) {
@@ -176,9 +165,7 @@ void Engine::Impl::SettleOverlap(const StepOptions& so, const StepResult& r, dou
     spec_->Commit();
     outcome = StatsRecorder::Speculated::kCommitted;
   } else {
-    StepOptions a = so, b = step_.prepared_opts;
-    a.max_grad_norm = b.max_grad_norm = 0;
-    if (!SameStepOptions(a, b))
+    if (!SameStepOptions(so, step_.prepared_opts, /*with_clip=*/false))
       WarnOnce("overlap-options", "overlap_step: step got other options than prepare_step; the early updates "
                                   "were discarded and redone after backward (exact, but not overlapped)");
     spec_->Discard();

@@ -44,11 +44,6 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
   return Status::Ok();
 }
 
-static bool SameOptions(const StepOptions& a, const StepOptions& b) {
-  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
-         a.weight_decay == b.weight_decay && a.max_grad_norm == b.max_grad_norm;
-}
-
 Status Engine::Impl::CheckUsable(const char* call, bool pending_ok) const {
   if (!step_.broken.empty())
     return StateError(std::string(call) + ": the engine is broken: " + step_.broken +
@@ -193,12 +188,12 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   for (int g = 0; g < lay_.part.num_groups(); ++g)
     if (residency_->pins(g) > 0)
       return StateError("step: group " + std::to_string(g) + " is fetched and not released");
-  if (step_.pending && !SameOptions(*step_.pending, so))
+  if (step_.pending && !SameStepOptions(*step_.pending, so))
     return InvalidError("step: a failed step is pending; finish it with the options it was called with (or load a "
                         "checkpoint); nothing was changed");
   residency_->WaitIdle();
   if (!step_.pending && step_.overlap && step_.prepared && !step_.speculative &&
-      !SameOptions(step_.prepared_opts, so))
+      !SameStepOptions(step_.prepared_opts, so))
     return InvalidError("step: options differ from those given to prepare_step, which the overlapped updates "
                         "already used (committed: with no clipping, no fp16 and strata.nonfinite \"apply\" they "
                         "are not speculative); nothing more was changed");

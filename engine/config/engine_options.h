@@ -64,6 +64,14 @@ struct StepOptions {
   double max_grad_norm = -1;
 };
 
+// Whether two steps get the same options, bit for bit; `with_clip` false
+// leaves max_grad_norm out (what the update itself depends on, the factor
+// on G aside).
+inline bool SameStepOptions(const StepOptions& a, const StepOptions& b, bool with_clip = true) {
+  return a.lr == b.lr && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.eps == b.eps &&
+         a.weight_decay == b.weight_decay && (!with_clip || a.max_grad_norm == b.max_grad_norm);
+}
+
 struct StepResult {
   double grad_norm = 0;  // global L2 norm of the (unscaled) gradients
   bool skipped = false;  // nothing was updated: fp16 overflow, or non-finite gradients (strata.nonfinite "skip")
