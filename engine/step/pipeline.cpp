@@ -163,43 +163,33 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     // P follows W: a committed group whose P did not reach home gets it
     // recomputed from W (fp32 format); one whose P landed is fresh again.
     const bool p_stale = !layout_.compact && !at_home(j, pb) && (!p_stored || !p_st.ok());
-    if (spec) {  // held, not published: the step commits or discards it (speculation.h)
-      if (commit && j.p_shadow) {  // its home slice was backed up at the load
-        const uint64_t off = layout_.PSliceOffset(j.group), bytes = layout_.part.group(j.group).shard_numel * 2;
-        std::memcpy(static_cast<char*>(io_.DirectPtr(pb)) + off, reinterpret_cast<char*>(j.ptr[int(StateKind::kP)]) + off, bytes);
-      }
-      for (int k = 0; k < j.stores.n; ++k) {
-        BlockMove& m = j.stores.m[static_cast<size_t>(k)];
-        if (commit && (!is_copy(j.stores.state[static_cast<size_t>(k)]) || p_st.ok())) spec->Hold(j.group, std::move(m));
-        else io_.SettleStore(m, /*publish=*/false);
-      }
-      j.stores.n = 0;
-      if (commit) spec->Ready(j.group, p_stale);
-      else spec->Fail(j.group);
-      keep(std::move(state_st));
-      keep(std::move(p_st));
-      if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }
-      return;
-    }
-    if (!commit && state_stores > 0 && on_device && broken->empty())
+    // Speculation (speculation.h) undoes a half-written group from its
+    // backups: nothing is broken there.
+    if (!spec && !commit && state_stores > 0 && on_device && broken->empty())
       *broken = "the optimizer state of group " + std::to_string(j.group) + " on the device is partly written (" +
                 state_st.message() + ")";
     // Compact with W, M, V updated in place and P's bf16 half staged: a
     // failed store of that half leaves a master that is neither old nor new.
-    if (!commit && layout_.compact && j.updated && io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]) && broken->empty())
+    if (!spec && !commit && layout_.compact && j.updated && io_.Direct(blocks_[static_cast<size_t>(j.group)][int(StateKind::kW)]) && broken->empty())
       *broken = "the master weights of group " + std::to_string(j.group) + " are partly written (their bf16 half " +
                 "did not land: " + state_st.message() + ")";
-    if (commit && j.p_shadow) {
+    if (commit && j.p_shadow) {  // (speculation: its home slice was backed up at the load)
       const uint64_t off = layout_.PSliceOffset(j.group), bytes = layout_.part.group(j.group).shard_numel * 2;
-      std::memcpy(static_cast<char*>(io_.DirectPtr(blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)])) + off,
-                  reinterpret_cast<char*>(j.ptr[int(StateKind::kP)]) + off, bytes);
+      std::memcpy(static_cast<char*>(io_.DirectPtr(pb)) + off, reinterpret_cast<char*>(j.ptr[int(StateKind::kP)]) + off,
+                  bytes);
     }
+    // Published, or (speculation) held for the step to commit or discard.
     for (int k = 0; k < j.stores.n; ++k) {
-      const bool is_p = is_copy(j.stores.state[static_cast<size_t>(k)]);
-      io_.SettleStore(j.stores.m[static_cast<size_t>(k)], commit && (!is_p || p_st.ok()));
+      BlockMove& m = j.stores.m[static_cast<size_t>(k)];
+      const bool keep_it = commit && (!is_copy(j.stores.state[static_cast<size_t>(k)]) || p_st.ok());
+      if (spec && keep_it) spec->Hold(j.group, std::move(m));
+      else io_.SettleStore(m, keep_it);
     }
     j.stores.n = 0;
-    if (commit) {
+    if (spec) {
+      if (commit) spec->Ready(j.group, p_stale);
+      else spec->Fail(j.group);
+    } else if (commit) {
       gs.p_stale = p_stale;
       gs.committed = true;
     }
