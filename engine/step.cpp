@@ -136,8 +136,7 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
   const double mean = GradMeanDivisor();
   const double scale = step_.scaler.scale();
   r->grad_norm = std::sqrt(sum) / scale / mean;
-  // (overlap_step's thread is idle already: FinishOverlap.)
-  if (HoldBackNonfinite(config_, steps_, finite, nullptr, held)) {
+  if (HoldBackNonfinite(config_, steps_, finite, held)) {
     r->skipped = true;
     r->grad_norm = INFINITY;
     return Status::Ok();

@@ -54,16 +54,11 @@ bool OverlapMayUpdate(const Config& config, const GroupStep& gs) {
 
 // One non-finite gradient would make every later update of the master
 // weights and moments NaN for good; the default holds the step back instead.
-// overlap_step updates groups during backward: those whose gradients came
-// before the non-finite ones keep their update (the message counts them).
-bool HoldBackNonfinite(const Config& config, const std::vector<GroupStep>& groups, bool finite,
-                       const std::function<Status()>& wait_overlap, Status* error) {
+bool HoldBackNonfinite(const Config& config, const std::vector<GroupStep>& groups, bool finite, Status* error) {
   if (finite) return false;
   const std::string& policy = config.strata.nonfinite;
   if (!config.fp16.enabled && policy == "apply") return false;
-  if (wait_overlap) *error = wait_overlap();  // nothing may run on while the step ends
-  if (config.fp16.enabled || !error->ok()) return true;  // fp16: an overflow; the scaler lowers the scale
-  // (overlap_step's early updates of such a step were speculative: discarded.)
+  if (config.fp16.enabled) return true;  // an overflow; the scaler lowers the scale
   std::string what = "gradients of " + GroupText(FirstNonfiniteGroup(groups)) + " are not finite (NaN or infinite)";
   const std::string done = "nothing was updated";
   if (policy == "error") {

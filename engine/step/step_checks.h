@@ -3,7 +3,6 @@
 // not finite (the strata.nonfinite policy).
 #pragma once
 
-#include <functional>
 #include <vector>
 
 #include "engine/config/config.h"
@@ -27,10 +26,9 @@ Status CheckStepOptions(const StepOptions& options, const char* call);
 // skipped); with fp16 it is a loss-scale overflow, silently, as DeepSpeed
 // does; else strata.nonfinite says "skip" (one warning naming the first
 // non-finite group) or "error" (*error set, naming it); "apply" updates with
-// them. `wait_overlap` (overlap_step; null without) is called before it
-// holds back: nothing may run on while the step ends.
-bool HoldBackNonfinite(const Config& config, const std::vector<GroupStep>& groups, bool finite,
-                       const std::function<Status()>& wait_overlap, Status* error);
+// them. (overlap_step's early updates of a step held back are speculative:
+// the step discards them.)
+bool HoldBackNonfinite(const Config& config, const std::vector<GroupStep>& groups, bool finite, Status* error);
 // overlap_step: whether a group whose gradients are complete may be updated
 // before the step: not when they are non-finite and the policy holds back.
 bool OverlapMayUpdate(const Config& config, const GroupStep& gs);
