@@ -94,6 +94,31 @@ std::vector<float> GradsOf(uint64_t n, int step, int micro, int g, int rank = 0)
   return out;
 }
 
+// An engine on `c`'s config in `dir` with kSizes' groups, built; each
+// group starts at random values (fill 0) or all at `fill`. `edit` changes
+// the parsed config first. Null, with the failure reported, when a call fails.
+std::unique_ptr<Engine> MakeBuilt(const Case& c, const std::string& dir, const EngineOptions& eo, float fill = 0,
+                                  const std::function<void(Config&)>& edit = nullptr) {
+  auto cfg = ParseConfig(Json(c, dir));
+  EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
+  if (!cfg.ok()) return nullptr;
+  if (edit) edit(*cfg);
+  auto made = Engine::Create(*cfg, eo);
+  EXPECT_TRUE(made.ok()) << made.status().ToString();
+  if (!made.ok()) return nullptr;
+  std::unique_ptr<Engine> e = std::move(made).value();
+  for (size_t g = 0; g < kSizes.size(); ++g) {
+    std::vector<float> init = GradsOf(kSizes[g], -1, 0, static_cast<int>(g));
+    for (auto& x : init) x = fill != 0 ? fill : x * 20.0f;
+    Status st = e->AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).status();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    if (!st.ok()) return nullptr;
+  }
+  Status b = e->Build();
+  EXPECT_TRUE(b.ok()) << b.ToString();
+  return b.ok() ? std::move(e) : nullptr;
+}
+
 // `resume`: a checkpoint (dir, tag) to load after build, at step `first`.
 struct Resume {
   std::string dir;
@@ -116,21 +141,9 @@ Outcome RunCase(const Case& c, bool overlap, std::shared_ptr<FaultPlan> faults =
   eo.grad_accumulation_steps = c.accumulation;
   eo.skip_groups_without_grads = c.skip_gradless;
   eo.faults = faults;
-  auto cfg = ParseConfig(Json(c, dir.path()));
-  EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
-  if (!cfg.ok()) return out;
-  auto made = Engine::Create(*cfg, eo);
-  EXPECT_TRUE(made.ok()) << made.status().ToString();
-  if (!made.ok()) return out;
-  Engine& e = **made;
-  for (size_t g = 0; g < kSizes.size(); ++g) {
-    std::vector<float> init = GradsOf(kSizes[g], -1, 0, static_cast<int>(g));
-    for (auto& x : init) x *= 20.0f;
-    EXPECT_TRUE(e.AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).ok());
-  }
-  Status b = e.Build();
-  EXPECT_TRUE(b.ok()) << b.ToString();
-  if (!b.ok()) return out;
+  std::unique_ptr<Engine> made = MakeBuilt(c, dir.path(), eo);
+  if (!made) return out;
+  Engine& e = *made;
   const int groups = static_cast<int>(kSizes.size());
   if (!resume.dir.empty()) {
     Status ld = e.LoadCheckpoint(resume.dir, "t", nullptr);
@@ -400,16 +413,9 @@ TEST(Speculation, TouchingATakenGroupUndoesTheSpeculation) {
       TempDir dir;
       EngineOptions eo;
       eo.overlap_step = overlap == 1;
-      auto cfg = ParseConfig(Json(c, dir.path()));
-      ASSERT_TRUE(cfg.ok());
-      auto made = Engine::Create(*cfg, eo);
-      ASSERT_TRUE(made.ok());
-      Engine& e = **made;
-      for (size_t g = 0; g < kSizes.size(); ++g) {
-        std::vector<float> init(kSizes[g], 0.25f);
-        ASSERT_TRUE(e.AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).ok());
-      }
-      ASSERT_TRUE(e.Build().ok());
+      std::unique_ptr<Engine> made = MakeBuilt(c, dir.path(), eo, 0.25f);
+      ASSERT_TRUE(made);
+      Engine& e = *made;
       for (int s = 0; s < 3; ++s) {
         if (overlap) {
           ASSERT_TRUE(e.PrepareStep(OptionsOf(c, s)).ok());
@@ -593,18 +599,9 @@ TEST(Speculation, ALostPeerMidBackwardThenARestartIsExact) {
     eo.comm = &comm;
     eo.rank = rank;
     eo.world_size = 2;
-    auto cfg = ParseConfig(Json(c, dir.path()));
-    ASSERT_TRUE(cfg.ok());
-    cfg->strata.timeout_s = 4;
-    auto made = Engine::Create(*cfg, eo);
-    ASSERT_TRUE(made.ok()) << made.status().ToString();
-    Engine& e = **made;
-    for (size_t g = 0; g < kSizes.size(); ++g) {
-      std::vector<float> init = GradsOf(kSizes[g], -1, 0, static_cast<int>(g));
-      for (auto& x : init) x *= 20.0f;
-      ASSERT_TRUE(e.AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).ok());
-    }
-    ASSERT_TRUE(e.Build().ok());
+    std::unique_ptr<Engine> made = MakeBuilt(c, dir.path(), eo, 0, [](Config& cfg) { cfg.strata.timeout_s = 4; });
+    ASSERT_TRUE(made);
+    Engine& e = *made;
     const int groups = static_cast<int>(kSizes.size());
     for (int s = 0; s < 3; ++s) {
       ASSERT_TRUE(e.PrepareStep(OptionsOf(c, s)).ok());
@@ -658,20 +655,15 @@ TEST(Speculation, DestroyedWithASpeculationHeld) {
     for (int round = 0; round < 2; ++round) {
       EngineOptions eo;
       eo.overlap_step = true;
-      auto made = Engine::Create(*ParseConfig(Json(c, dir.path())), eo);
-      ASSERT_TRUE(made.ok()) << made.status().ToString();
-      Engine& e = **made;
-      for (size_t g = 0; g < kSizes.size(); ++g) {
-        std::vector<float> init(kSizes[g], 0.5f);
-        ASSERT_TRUE(e.AddParam(static_cast<int>(g), "p" + std::to_string(g), kSizes[g], init.data()).ok());
-      }
-      ASSERT_TRUE(e.Build().ok());
+      std::unique_ptr<Engine> made = MakeBuilt(c, dir.path(), eo, 0.5f);
+      ASSERT_TRUE(made);
+      Engine& e = *made;
       ASSERT_TRUE(e.PrepareStep(OptionsOf(c, 0)).ok());
       for (int g = 4; g >= 2; --g) {
         std::vector<float> grad = GradsOf(kSizes[static_cast<size_t>(g)], 0, 0, g);
         ASSERT_TRUE(e.Grads(g, grad.data(), DType::kF32).ok());
       }
-      made->reset();  // groups 4..2 speculated (or being), never stepped
+      made.reset();  // groups 4..2 speculated (or being), never stepped
     }
   }
 }
