@@ -55,9 +55,11 @@ Status Engine::Impl::CheckUsable(const char* call, bool pending_ok) const {
 }
 
 void Engine::Impl::AbandonStep(bool keep_p_stale) {
-  if (worker_) (void)worker_->WaitIdle();  // (a load: its failures do not matter now)
-  if (worker_) DropGCopies();
-  if (spec_) spec_->Discard();
+  if (worker_) {
+    (void)worker_->WaitIdle();  // (a load: its failures do not matter now)
+    DropGCopies();
+    spec_->Discard();  // (made with the worker)
+  }
   step_.pending.reset();
   step_.broken.clear();
   step_.prepared = false;
