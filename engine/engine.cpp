@@ -3,6 +3,8 @@
 // grads.cpp, the step step.cpp, read/write_state state_access.cpp.
 #include "engine/engine_impl.h"
 
+#include <cstdlib>
+
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "io/net/launch_env.h"
@@ -25,6 +28,15 @@
 #include "tiers/gpu.h"
 
 namespace strata {
+
+// STRATA_STRICT_DEVICE=1: the strict host arena (DeviceTierOptions::strict).
+// Any other value but unset, empty or 0 is refused by name at Init.
+static Result<bool> StrictDeviceFromEnv() {
+  const char* v = std::getenv("STRATA_STRICT_DEVICE");
+  if (!v || !*v || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  return InvalidError(std::string("STRATA_STRICT_DEVICE='") + v + "': expected 1 (a strict host arena) or 0");
+}
 
 Engine::Impl::Impl(const Config& config, const EngineOptions& options) : config_(config), options_(options) {
   lay_.config = &config_;
@@ -149,10 +161,21 @@ Status Engine::Impl::Init() {
   if (device_budget == 0) device_budget = gpu ? gpu::DeviceMemoryBytes(device) / 10 * 9 : facts.host_ram_bytes / 4;
   uint64_t host_budget = config_.strata.host_budget;
   if (host_budget == 0) host_budget = facts.host_ram_bytes / 2;
+  STRATA_ASSIGN_OR_RETURN(const bool strict, StrictDeviceFromEnv());
+  if (strict && gpu)
+    STRATA_LOG_WARN("STRATA_STRICT_DEVICE=1 is ignored: the device tier is a GPU (the strict host arena is for machines "
+               "without one)");
   STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget, .device = device,
                                                        .force_host_arena = !gpu,
-                                                       .pool = config_.strata.device_pool}));
-  lay_.device_on_gpu = device_->on_gpu();
+                                                       .pool = config_.strata.device_pool,
+                                                       .strict = strict && !gpu}));
+  static std::once_flag said_strict;  // once a process: tests make many engines
+  if (device_->strict())
+    std::call_once(said_strict, [] { STRATA_LOG_INFO("STRATA_STRICT_DEVICE=1: the device tier is a strict host arena (lagging copies, NaN-poisoned "
+            "blocks, released copies evicted at once)"); });
+  // Whether the CPU must copy into and out of the device tier: a GPU, or
+  // the strict host arena standing in for one.
+  lay_.device_on_gpu = device_->separate();
   host_ = std::make_unique<HostTier>(HostTierOptions{.budget = host_budget,
                                                      .pin = gpu,
                                                      .numa_node = gpu ? placement_.gpu_node : -1,

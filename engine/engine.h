@@ -70,11 +70,15 @@ class Engine {
   Status Build();
 
   // Device pointer to the group's full parameters in the compute dtype,
-  // valid until Release. Waits only for this group's move.
+  // valid until Release. Waits only for this group's move. The stream
+  // contract is strata.h's ("Streams and lifetimes"); these C++ calls take
+  // no stream: the C API waits for the caller's stream before Release and
+  // Grads, and a C++ caller finishes its own device work first.
   Result<void*> Fetch(int group);
   Status Release(int group);
-  // Adds the group's full gradients (`dtype` elements, on the device) to its
-  // G accumulator. The first call of a step overwrites.
+  // Adds the group's full gradients (`dtype` elements, on the device, and
+  // complete: no copy or kernel still writing them) to its G accumulator.
+  // The first call of a step overwrites. `grads` may be reused on return.
   Status Grads(int group, const void* grads, DType dtype);
   // With overlap_step: the options of the coming Step, before its first
   // Grads; Step must then be called with the same options.

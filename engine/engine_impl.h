@@ -138,7 +138,9 @@ class Engine::Impl {
 
   StepState step_;  // the step's standing between calls: counts, scale, pending, broken
   Status RepairStaleP();  // pending step: P of committed groups whose P store failed
-  Status ScaleGradients(const StepOptions& so, StepResult* r, double* grad_scale, Status* held);
+  // *clipped: the clipping coefficient is below 1 (the factor on G is not
+  // the one a speculation used).
+  Status ScaleGradients(const StepOptions& so, StepResult* r, double* grad_scale, Status* held, bool* clipped);
   // This rank's groups' sums of squares summed over the ranks, and whether
   // all are finite.
   Status GlobalSquares(double* sum, bool* finite);
@@ -183,7 +185,8 @@ class Engine::Impl {
   // Whether g's gradients of this step are all in and its early update
   // taken (the caller's thread: grads and fetch refuse it after that).
   bool OverlapHasTaken(int g) const {
-    return worker_ && step_.prepared && steps_[static_cast<size_t>(g)].handed >= options_.grad_accumulation_steps;
+    return worker_ && step_.prepared && step_.early &&
+           steps_[static_cast<size_t>(g)].handed >= options_.grad_accumulation_steps;
   }
   // `call` (grads, fetch, read_state) touches group g after OverlapHasTaken:
   // a speculative step's early updates are all undone (exact; the step then

@@ -47,7 +47,7 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   const uint64_t real = L.RealInShard(lay_.srank);
   const char* src = static_cast<const char*>(grads) + lo * DTypeSize(dtype);
   void* src_buf = nullptr;
-  if (device_->on_gpu()) {  // bring the gradients to the host first
+  if (device_->separate()) {  // bring the gradients to the host first
     src_buf = staging_.grad.Acquire();
     auto t = device_->CopyOut(src_buf, src, real * DTypeSize(dtype));
     Status st = t.ok() ? (*t)->Wait() : t.status();
@@ -109,7 +109,7 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
   if (st.ok()) st = kernels::SumSquares(lay_.gdtype, G, n, &sq);
   // The step's last gradients of g: its early update may use them from here.
   if (st.ok() && !direct && gs.grad_calls + 1 == options_.grad_accumulation_steps && worker_ && step_.prepared &&
-      !step_.doomed)
+      step_.early && !step_.doomed)
     KeepGCopy(group, G, n * gsize);
   if (st.ok() && !direct) st = io_->Store(gb, G);
   if (!direct) staging_.grad.Release(G);

@@ -19,6 +19,10 @@ namespace strata {
 
 Status Engine::Impl::StartOverlap() {
   step_.overlap = true;
+  SpeculationPolicy::Mode mode;
+  if (!SpeculationPolicy::ParseMode(config_.strata.speculation, &mode))  // the config refused others
+    return InternalError("strata.speculation \"" + config_.strata.speculation + "\"");
+  step_.policy = SpeculationPolicy(mode);
   auto padded = [this](uint64_t bytes) { return io_->NvmePadded(bytes); };
   auto gpu_updates = [this](int g) { return gpu_->UpdatesOnGpu(g); };
   const Speculation::Needs total = Speculation::TotalNeeds(lay_, gpu_updates, padded);
@@ -73,7 +77,9 @@ void Engine::Impl::DropGCopies() {
 
 void Engine::Impl::OnGradsComplete(int g) {
   const GroupStep& gs = steps_[static_cast<size_t>(g)];
-  if (!worker_ || !step_.prepared || step_.doomed || gs.grad_calls != options_.grad_accumulation_steps) return;
+  if (!worker_ || !step_.prepared || !step_.early || step_.doomed ||
+      gs.grad_calls != options_.grad_accumulation_steps)
+    return;
   // Non-finite gradients that the policy holds back: the step will not
   // update anything (with fp16, an overflow): none of it is worth speculating.
   if (!OverlapMayUpdate(config_, gs)) {

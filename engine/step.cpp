@@ -41,6 +41,17 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
   const double clip = so.max_grad_norm >= 0 ? so.max_grad_norm : config_.gradient_clipping;
   step_.speculative = clip > 0 || config_.fp16.enabled || config_.strata.nonfinite != "apply";
   step_.spec_scale = 1.0 / (step_.scaler.scale() * GradMeanDivisor());  // ScaleGradients' factor without clipping
+  // Speculation that would likely be thrown away is not worth its cost (a
+  // replay updates twice): the policy decides, and the step then updates
+  // after backward, exactly as without overlap.
+  std::string why;
+  step_.early = !step_.speculative || step_.policy.Decide(&why);
+  if (!step_.early) {
+    const double now = stats_->Now();
+    stats_->CallSpan("no speculation", -1, now, now);
+    stats_->OnSpeculationDeclined();
+    STRATA_LOG_DEBUG("overlap_step: step {} does not speculate: {}", step_.applied + 1, why);
+  }
   return Status::Ok();
 }
 
@@ -128,7 +139,9 @@ Result<double> Engine::Impl::GradNorm() {
 // loss scale. r->skipped when the step is held back (fp16 overflow,
 // strata.nonfinite), with *held saying why when that is an error. A resumed
 // step gets the same figures again: G and the loss scale are as they were.
-Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double* grad_scale, Status* held) {
+Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double* grad_scale, Status* held,
+                                    bool* clipped) {
+  *clipped = false;
   double sum = 0;
   bool finite = true;
   // The label: Step's, naming the step and its options.
@@ -148,6 +161,7 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
   const double clip = so.max_grad_norm >= 0 ? so.max_grad_norm : config_.gradient_clipping;
   const double c = clip / (r->grad_norm + 1e-6);
   const double coef = (clip > 0 && c < 1.0) ? c : 1.0;
+  *clipped = coef < 1.0;
   *grad_scale = coef / (scale * mean);
   return Status::Ok();
 }
@@ -215,7 +229,11 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   StepResult r;
   double grad_scale = 1;
   Status held;
-  Status scaled = ScaleGradients(so, &r, &grad_scale, &held);
+  bool clipped = false;
+  Status scaled = ScaleGradients(so, &r, &grad_scale, &held, &clipped);
+  // What a speculation of this step would have met (whether or not it ran):
+  // the policy's evidence for the next.
+  if (scaled.ok() && step_.overlap && !step_.pending) step_.policy.Record(!r.skipped && !clipped);
   if (worker_ && step_.speculative && (!scaled.ok() || !KeepsSpeculation(so, r, grad_scale))) worker_->Abandon();
   Status early = FinishOverlap();  // the early updates are done (or held)
   if (Status st = std::move(scaled); !st.ok()) {

@@ -41,6 +41,7 @@ Status Engine::Impl::StartComponents() {
   ro.bytes = [this](int g) { return lay_.PBytes(g); };
   ro.window = config_.zero.prefetch_bucket_size * DTypeSize(lay_.dtype);
   ro.sharded = lay_.p_sharded;
+  ro.evict_at_release = device_->strict();
   if (lay_.p_whole_on_device())
     ro.home = [this](int g) { return io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(StateKind::kP)]); };
   ro.on_thread_start = on_thread;

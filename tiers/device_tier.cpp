@@ -2,8 +2,10 @@
 // threads.
 #include "tiers/device_tier.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include "base/align.h"
 #include "base/check.h"
@@ -67,7 +69,10 @@ class EventFence final : public CopyFence {
 // One direction of copies without a GPU: a thread running memcpy in order.
 class DeviceTier::CopyQueue {
  public:
-  CopyQueue() : thread_([this] { Loop(); }) {}
+  // strict: each copy waits a little (0.2 to 3 ms) on this thread and
+  // lands in two halves with a pause between, so that a reader that did
+  // not wait for the fence sees old or half-copied data.
+  explicit CopyQueue(bool strict) : strict_(strict), thread_([this] { Loop(); }) {}
   ~CopyQueue() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -98,7 +103,15 @@ class DeviceTier::CopyQueue {
         job = jobs_.front();
         jobs_.pop_front();
       }
-      std::memcpy(job.dst, job.src, job.n);
+      if (strict_) {
+        std::this_thread::sleep_for(std::chrono::microseconds(lag_(rng_)));
+        const uint64_t half = job.n / 2;
+        std::memcpy(job.dst, job.src, half);
+        std::this_thread::sleep_for(std::chrono::microseconds(lag_(rng_)));
+        std::memcpy(static_cast<char*>(job.dst) + half, static_cast<const char*>(job.src) + half, job.n - half);
+      } else {
+        std::memcpy(job.dst, job.src, job.n);
+      }
       job.fence->Signal();
     }
   }
@@ -106,7 +119,10 @@ class DeviceTier::CopyQueue {
   std::condition_variable cv_;
   std::deque<Job> jobs_;
   bool stop_ = false;
-  std::thread thread_;
+  const bool strict_;
+  std::minstd_rand rng_{12345};  // this thread's only
+  std::uniform_int_distribution<int> lag_{200, 1500};
+  std::thread thread_;  // last: started once the fields above are
 };
 
 DeviceTier::DeviceTier(const DeviceTierOptions& options)
@@ -115,13 +131,14 @@ DeviceTier::DeviceTier(const DeviceTierOptions& options)
 Result<std::unique_ptr<DeviceTier>> DeviceTier::Create(const DeviceTierOptions& options) {
   std::unique_ptr<DeviceTier> t(new DeviceTier(options));
   t->on_gpu_ = !options.force_host_arena && gpu::Available();
+  t->strict_ = options.strict && !t->on_gpu_;
   if (t->on_gpu_) {
     STRATA_RETURN_IF_ERROR(t->UseDevice().WithContext("device tier"));
     STRATA_ASSIGN_OR_RETURN(t->in_stream_, gpu::StreamCreate());
     STRATA_ASSIGN_OR_RETURN(t->out_stream_, gpu::StreamCreate());
   } else {
-    t->in_queue_ = std::make_unique<CopyQueue>();
-    t->out_queue_ = std::make_unique<CopyQueue>();
+    t->in_queue_ = std::make_unique<CopyQueue>(t->strict_);
+    t->out_queue_ = std::make_unique<CopyQueue>(t->strict_);
   }
   return t;
 }
@@ -152,6 +169,7 @@ Result<void*> DeviceTier::RawAlloc(uint64_t len) {
   // 4 KiB-aligned so the disk can read straight into it (O_DIRECT).
   void* p = std::aligned_alloc(4096, AlignUp(len, 4096));
   if (!p) return NoMemError("device tier (host arena): cannot allocate " + FormatBytes(len));
+  if (strict_) std::memset(p, 0xFF, len);  // what a GPU's fresh memory promises: nothing
   ++pool_.raw_allocs;
   return p;
 }
@@ -182,7 +200,12 @@ Result<Allocation> DeviceTier::Allocate(uint64_t bytes) {
   const uint64_t len = AlignUp(bytes, 256);  // cudaMalloc's granularity
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.lower_bound(len);
-  if (it != cache_.end() && it->first <= len + len / 8) {  // a cached block: no cudaMalloc
+  // strict: the block freed last, if it is large enough, whatever its size.
+  if (strict_ && last_freed_ && sizes_.count(last_freed_) == 0) {
+    for (auto c = cache_.begin(); c != cache_.end(); ++c)
+      if (c->second == last_freed_ && c->first >= len) { it = c; break; }
+  }
+  if (it != cache_.end() && (it->first <= len + len / 8 || (strict_ && it->second == last_freed_))) {  // a cached block: no cudaMalloc
     const uint64_t blen = it->first;
     void* p = it->second;
     cache_.erase(it);
@@ -213,6 +236,10 @@ void DeviceTier::Free(const Allocation& a) {
   const uint64_t len = it->second;
   sizes_.erase(it);
   pool_.in_use -= len;
+  if (strict_) {  // a use after this free reads NaN, at once
+    std::memset(a.ptr, 0xFF, len);
+    last_freed_ = a.ptr;
+  }
   if (!options_.pool) {
     RawFree(a.ptr);
     Uncharge(len);

@@ -43,6 +43,14 @@ struct DeviceTierOptions {
   int device = 0;
   bool force_host_arena = false;  // tests: behave as if there were no GPU
   bool pool = true;  // false: Free returns the block at once (strata.device_pool)
+  // Tests without a GPU (STRATA_STRICT_DEVICE=1): the host arena behaves as
+  // a GPU's memory would punish a missing wait. It is separate() (the engine
+  // copies into and out of it through CopyIn/CopyOut and waits, as on a
+  // GPU, instead of reading it in place); every copy lags on its thread and
+  // lands in two halves; a new block and a freed block are filled with NaN
+  // (0xFF bytes: NaN as f32, bf16 and f16), and a freed block is the first
+  // handed out again. Ignored on a GPU.
+  bool strict = false;
 };
 
 struct DevicePoolStats {
@@ -66,6 +74,10 @@ class DeviceTier final : public Tier {
   Result<CopyTicket> CopyOut(void* host_dst, const void* device_src, uint64_t bytes);
 
   bool on_gpu() const { return on_gpu_; }
+  // Whether the CPU must copy to and from this tier (a GPU, or the strict
+  // host arena) rather than address its blocks in place.
+  bool separate() const { return on_gpu_ || strict_; }
+  bool strict() const { return strict_; }
   int device() const { return options_.device; }  // meaningful when on_gpu()
   DevicePoolStats pool_stats() const;
   // Returns every cached block to the device (or the host).
@@ -78,6 +90,7 @@ class DeviceTier final : public Tier {
 
   DeviceTierOptions options_;
   bool on_gpu_ = false;
+  bool strict_ = false;
   gpu::Stream in_stream_ = nullptr, out_stream_ = nullptr;
   std::unique_ptr<CopyQueue> in_queue_, out_queue_;
   // Makes options_.device current on this thread (on a GPU; else nothing).
@@ -90,6 +103,7 @@ class DeviceTier final : public Tier {
   mutable std::mutex mu_;  // guards sizes_, cache_ and pool_
   std::map<void*, uint64_t> sizes_;        // blocks handed out -> their length
   std::multimap<uint64_t, void*> cache_;   // free blocks by length
+  void* last_freed_ = nullptr;             // strict: handed out first
   DevicePoolStats pool_;
 };
 

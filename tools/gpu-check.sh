@@ -61,6 +61,21 @@ build() {
     echo "== dependencies: the system's (no $DEBS; tools/pack-gpu-deps.sh makes it)"
     "$ROOT/tools/install-deps.sh" || echo "install-deps failed (offline?); continuing with what is here"
   fi
+  # No system NCCL (the GPU machines have none): the one in the PyTorch
+  # wheel of the machine's python3 (nvidia/nccl/{include,lib}), if any.
+  if ! ls /usr/include/nccl.h /usr/local/cuda/include/nccl.h >/dev/null 2>&1; then
+    local nccl
+    nccl=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null ||
+           ls -d /opt/*/.venv/lib/python3*/site-packages/nvidia/nccl 2>/dev/null | head -1 || true)
+    local lib
+    lib=$(ls "$nccl"/lib/libnccl.so* 2>/dev/null | head -1)
+    if [ -n "$nccl" ] && [ -f "$nccl/include/nccl.h" ] && [ -n "$lib" ]; then
+      echo "== NCCL from the PyTorch wheel: $nccl"
+      cmake_args+=(-DNCCL_INCLUDE_DIR="$nccl/include" -DNCCL_LIBRARY="$lib")
+    else
+      echo "== no NCCL (neither the system's nor a PyTorch wheel's): building without it"
+    fi
+  fi
   echo "== configure and build ($jobs jobs)"
   cmake -S "$ROOT" -B "$BUILD" "${cmake_args[@]}" >"$OUT/configure.log" 2>&1 || {
     tail -30 "$OUT/configure.log"; echo "configure failed (whole log: $OUT/configure.log)"; return 1; }

@@ -185,6 +185,7 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.discarded_steps = s.discarded_steps;
     f.early_updates = s.early_updates;
     f.exposed_step_s = s.exposed_step_s;
+    f.unspeculated_steps = s.unspeculated_steps;
     return WriteSized(f, "stats", stats);
   });
 }

@@ -252,6 +252,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Bool("device_pool", &s->device_pool));
   STRATA_RETURN_IF_ERROR(r.Choice("gpu_optimizer", &s->gpu_optimizer, {"auto", "off"}));
   STRATA_RETURN_IF_ERROR(r.Choice("numa_bind", &s->numa_bind, {"auto", "off"}));
+  STRATA_RETURN_IF_ERROR(r.Choice("speculation", &s->speculation, {"auto", "always", "never"}));
   // "auto" (and absent) leave kSpeculationAuto; 0 is "none".
   STRATA_RETURN_IF_ERROR(r.ByteSize("speculation_host_bytes", &s->speculation_host_bytes, 0));
   STRATA_RETURN_IF_ERROR(r.ByteSize("speculation_disk_bytes", &s->speculation_disk_bytes, 0));
@@ -447,6 +448,7 @@ std::string ConfigToJson(const Config& c) {
         {"device_pool", c.strata.device_pool},
         {"gpu_optimizer", c.strata.gpu_optimizer},
         {"numa_bind", c.strata.numa_bind},
+        {"speculation", c.strata.speculation},
         {"speculation_host_bytes", speculation(c.strata.speculation_host_bytes)},
         {"speculation_disk_bytes", speculation(c.strata.speculation_disk_bytes)}}},
   };

@@ -188,6 +188,13 @@ struct StrataConfig {
   //     "auto": the NVMe-homed optimizer state's padded bytes (every group).
   // Groups that do not fit are updated after backward; 0 speculates none
   // of that tier's groups. kSpeculationAuto is "auto".
+  // speculation: whether a step speculates at all (step/speculation_policy.h).
+  //   "auto"   from the recent steps: not after a clipped or skipped step,
+  //            nor before the first step, nor when more than one of the
+  //            last 4 was (a run clipped at every step never pays for it);
+  //   "always" every step whose early updates would be speculative;
+  //   "never"  none: such steps update after backward.
+  std::string speculation = "auto";
   static constexpr uint64_t kSpeculationAuto = ~uint64_t{0};
   uint64_t speculation_host_bytes = kSpeculationAuto;
   uint64_t speculation_disk_bytes = kSpeculationAuto;

@@ -41,11 +41,12 @@ class BlockIo {
 
   Result<StateBlock> Allocate(TierKind home, uint64_t bytes);
   void Free(StateBlock& b);
-  bool Direct(const StateBlock& b) const { return DirectAt(b.home, device_->on_gpu()); }
+  bool Direct(const StateBlock& b) const { return DirectAt(b.home, device_->separate()); }
   // Whether a block homed in `home` is CPU-addressable in place: the host
-  // tier, or the device tier when it is a host arena (no GPU).
-  static bool DirectAt(TierKind home, bool device_on_gpu) {
-    return home == TierKind::kHost || (home == TierKind::kDevice && !device_on_gpu);
+  // tier, or the device tier when it is a plain host arena (no GPU, not
+  // strict). `device_separate`: DeviceTier::separate().
+  static bool DirectAt(TierKind home, bool device_separate) {
+    return home == TierKind::kHost || (home == TierKind::kDevice && !device_separate);
   }
   void* DirectPtr(const StateBlock& b) const { return b.alloc.ptr; }
 

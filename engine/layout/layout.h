@@ -34,7 +34,7 @@ struct Layout {
   bool multi = false;         // a communicator with several ranks
   bool reduces = false;       // gradients go through the reduction (several ranks, or device buffers)
   bool device_buffers = false;  // the communicator moves device memory (NCCL)
-  bool device_on_gpu = false;   // the device tier is a GPU (else a host arena)
+  bool device_on_gpu = false;   // the device tier is separate(): a GPU, or the strict host arena
   TierKind home[kNumStates] = {};
   std::vector<uint8_t> frozen_groups;          // per group: freeze_group marked it (sized at build)
   uint64_t opt_slot_offsets[kNumStates + 1] = {};  // of each state in a step slot; [kNumStates]: slot bytes

@@ -13,7 +13,7 @@ Status PHome::Load(int g, void* copy) {
     bytes = p.bytes;
     dst = static_cast<char*>(dst) + static_cast<uint64_t>(layout_.srank) * bytes;
   }
-  if (!device_.on_gpu()) {
+  if (!device_.separate()) {
     // The device tier is host memory: read or copy straight into it.
     if (p.home == TierKind::kNvme) return io_.Load(p, dst);
     stats_.Begin(Resource::kCopy);

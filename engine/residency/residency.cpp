@@ -224,6 +224,7 @@ Status Residency::Release(int g) {
   // forward and again in backward). A copy kept gathered would let one rank
   // skip an all-gather that another issues.
   if (c.pins == 0 && options_.sharded) c.gathered = false;
+  if (c.pins == 0 && options_.evict_at_release && c.state == Copy::kResident) DropCopy(c);
   return Status::Ok();
 }
 

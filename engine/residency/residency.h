@@ -50,6 +50,9 @@ struct ResidencyOptions {
   std::function<uint64_t(int)> bytes;  // a group's device copy (its whole padded P)
   uint64_t window = 0;                 // prefetch window, bytes (zero_optimization.stage3_prefetch_bucket_size)
   bool sharded = false;                // stage 3 with several ranks: fetches gather
+  // The strict device tier: a copy whose last pin goes is dropped at once
+  // (its block poisoned), so that a use after release reads NaN.
+  bool evict_at_release = false;
   // Set when P's home is the device and holds whole groups: a fetch hands
   // out the home itself (nothing is copied, evicted or prefetched).
   std::function<void*(int)> home;

@@ -38,6 +38,10 @@ struct EngineStats {
   // return of step (0 when it had no grads call).
   uint64_t speculated_steps = 0, committed_steps = 0, replayed_steps = 0, discarded_steps = 0;
   uint64_t early_updates = 0;
+  // Steps whose early updates would have been speculative and that did not
+  // speculate (strata.speculation: the policy expected a discard, or
+  // "never"); they updated after backward.
+  uint64_t unspeculated_steps = 0;
   double exposed_step_s = 0;
 };
 

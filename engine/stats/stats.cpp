@@ -191,6 +191,11 @@ void StatsRecorder::OnOverlap(Speculated outcome, int early_groups) {
   if (outcome == Speculated::kDiscarded) ++stats_.discarded_steps;
 }
 
+void StatsRecorder::OnSpeculationDeclined() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.unspeculated_steps;
+}
+
 void StatsRecorder::SetExposed(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.exposed_step_s = seconds;

@@ -58,6 +58,7 @@ class StatsRecorder {
   // updated early; and the step's exposed time.
   enum class Speculated { kNone, kCommitted, kReplayed, kDiscarded };
   void OnOverlap(Speculated outcome, int early_groups);
+  void OnSpeculationDeclined();
   void SetExposed(double seconds);
   // Figures so far; the tier fields are filled by the engine.
   EngineStats Snapshot() const;

@@ -15,6 +15,7 @@
 
 #include "engine/config/engine_options.h"
 #include "engine/step/loss_scaler.h"
+#include "engine/step/speculation_policy.h"
 
 namespace strata {
 
@@ -41,6 +42,11 @@ struct StepState {
   // factor on G they use (no clipping: 1 / (loss scale x mean divisor)).
   bool speculative = false;
   double spec_scale = 1.0;
+  // Whether this step's groups update early at all: always when the early
+  // updates are certain (not speculative); when they would be speculative,
+  // as the policy decides (strata.speculation; it learns from every step).
+  bool early = true;
+  SpeculationPolicy policy;
   // This step's gradients include non-finite ones that the policy holds
   // back (fp16: an overflow): nothing more is worth updating early. Written
   // by the thread that completes gradients (OnGradsComplete), reset by prepare_step.

@@ -276,6 +276,33 @@ STRATA_API strata_status_t strata_engine_group_frozen(strata_engine_t* engine, i
  * budget), NOSPACE, IO, INVALID. */
 STRATA_API strata_status_t strata_engine_build(strata_engine_t* engine);
 
+/* Streams and lifetimes (with a GPU; without one every pointer is host
+ * memory, every stream argument is ignored and every call is synchronous):
+ *   - fetch: the buffer's data is complete when the call returns, so work on
+ *     any stream may read it at once. It stays valid while the group's
+ *     fetch count is above zero.
+ *   - release: records an event on `cuda_stream` and waits for it before
+ *     the count goes down, so work queued on that stream that reads the
+ *     buffer is done when the call returns. Reads queued on other streams
+ *     are the caller's to finish first (or to order before `cuda_stream`).
+ *     From the release that brings the count to zero the engine may evict
+ *     the copy and hand its memory to another group at any time: a tensor
+ *     that views it (an autograd saved tensor, say) must not be read after
+ *     that release, but fetched again.
+ *   - grads: waits for the work queued on `cuda_stream` (which must include
+ *     every write of `grads`), then copies the gradients out on the engine's
+ *     own stream and waits for that copy before returning. The engine keeps
+ *     no reference: the caller may free or reuse `grads` when the call
+ *     returns, and must keep it alive until then (the call is synchronous,
+ *     so holding it across the call is enough).
+ *   - eviction and the engine's own copies: only copies at count zero are
+ *     evicted, after the release above waited for the caller; the engine's
+ *     copies in and out run on its own streams and each is waited for
+ *     before its data is used or its memory is given back.
+ * The strict host arena (STRATA_STRICT_DEVICE=1, machines without a GPU)
+ * checks this contract in tests: its copies lag, and released copies are
+ * evicted at once and their memory filled with NaN. */
+
 /* Brings the group's full parameters, in the compute dtype
  * (strata_engine_compute_dtype), to the device and sets *device_ptr to
  * them. Fetches are reference-counted per group: each fetch adds one, each
@@ -526,11 +553,16 @@ typedef struct strata_stats {
    * strata_engine_step (0 when it had none). */
   uint64_t speculated_steps, committed_steps, replayed_steps, discarded_steps, early_updates;
   double exposed_step_s;
+  /* Appended. overlap_step: steps whose early updates would have been
+   * speculative and that did not speculate (strata.speculation "auto"
+   * expected the step to clip or skip, or "never"): they updated after
+   * backward, at no extra cost. */
+  uint64_t unspeculated_steps;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0                                                     \
+        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0                                                  \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

@@ -11,6 +11,21 @@
 
 namespace strata::kernels::cuda_detail {
 
+// IEEE half -> f32 in integer arithmetic, as base F16ToF32: every NaN keeps
+// its payload and its signalling bit. (__half2float, cvt.f32.f16, returns the
+// canonical NaN for every NaN input, which made the f16 casts differ from
+// the CPU's on the 2046 NaN patterns.)
+__device__ __forceinline__ float F16BitsToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t man = h & 0x3ffu;
+  if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+  if (exp != 0) return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
+  if (man == 0) return __uint_as_float(sign);
+  // Subnormal: man * 2^-24, exact in f32.
+  return __uint_as_float(sign | __float_as_uint(__uint2float_rn(man) * __uint_as_float(0x33800000u)));
+}
+
 template <DType D>
 __device__ __forceinline__ float LoadAsF32(const void* x, size_t i) {
   if constexpr (D == DType::kF32) {
@@ -18,7 +33,7 @@ __device__ __forceinline__ float LoadAsF32(const void* x, size_t i) {
   } else if constexpr (D == DType::kBF16) {
     return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i]) << 16);
   } else {
-    return __half2float(__ushort_as_half(static_cast<const uint16_t*>(x)[i]));
+    return F16BitsToF32(static_cast<const uint16_t*>(x)[i]);
   }
 }
 

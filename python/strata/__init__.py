@@ -78,7 +78,7 @@ class _Stats(ctypes.Structure):
                 [(n, ctypes.c_int) for n in ("gpu_device", "numa_node")] +
                 [(n, ctypes.c_uint64) for n in ("speculated_steps", "committed_steps", "replayed_steps",
                                                 "discarded_steps", "early_updates")] +
-                [("exposed_step_s", ctypes.c_double)])
+                [("exposed_step_s", ctypes.c_double), ("unspeculated_steps", ctypes.c_uint64)])
 
 
 class _AdamOptions(ctypes.Structure):

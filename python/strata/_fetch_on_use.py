@@ -154,6 +154,16 @@ if not getattr(_sth, "_strata_counted", False):
 _CONVERSIONS = frozenset(["to", "cpu", "cuda", "float", "double", "half", "bfloat16", "type"])
 
 
+def _same_device(want, have):
+    """Whether .to(want) leaves a tensor on `have` where it is: "cuda" without
+    an index means the current GPU (torch.device("cuda") != cuda:0)."""
+    if want.type != have.type:
+        return False
+    if want.index is None and want.type == "cuda":
+        return have.index == torch.cuda.current_device()
+    return want.index is None or want.index == have.index
+
+
 def _noop_conversion(key, t, args, kwargs):
     """True when t.<key>(...) would return t itself (torch does): no values are read."""
     rest = args[1:]
@@ -162,7 +172,7 @@ def _noop_conversion(key, t, args, kwargs):
             device, dtype, _, fmt = torch._C._nn._parse_to(*rest, **kwargs)
         except Exception:
             return False
-        return (device is None or torch.device(device) == t.device) and (dtype is None or dtype == t.dtype) \
+        return (device is None or _same_device(torch.device(device), t.device)) and (dtype is None or dtype == t.dtype) \
             and fmt is None and not kwargs.get("copy", False)
     if key == "cpu":
         return t.device.type == "cpu" and not rest and not kwargs

@@ -992,6 +992,14 @@ def _current_stream(device):
     return torch.cuda.current_stream() if device == "cuda" else None
 
 
+def _engine_device(engine):
+    """The torch device of the engine's buffers, with its index on a GPU (the
+    engine made its GPU current on this thread when it was created)."""
+    if not engine.on_gpu:
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 # ---- offload_module ----------------------------------------------------------
 
 class OffloadedModule(_ScalesLoss):
@@ -1070,7 +1078,10 @@ class OffloadedModule(_ScalesLoss):
             first = next(n for n, q in zip(g.names, g.params) if q is p)
             self.engine.add_alias(g.index, qual, first)
         self.engine.build()
-        self.device = torch.device("cuda" if self.engine.on_gpu else "cpu")
+        # With its index: a tensor's device is cuda:N, and torch.device("cuda")
+        # compares unequal to it (saved views of fetched groups went unseen by
+        # pack, and backward read released buffers).
+        self.device = _engine_device(self.engine)
         self.dtype = _torch_dtype(self.engine.compute_dtype)
         self._fetched = {}  # group index -> (flat tensor, first byte address, end address)
         self._refs = {}  # group index -> running forwards (scopes) that hold it

@@ -104,7 +104,11 @@ void TrainInto(const Case& s, const std::string& setting, bool gpu, Run* out) {
       const std::vector<float>& h = grads[static_cast<size_t>(g)];
       const void* src = h.data();
       if (gpu) {  // the engine takes device pointers when its device tier is a GPU
+        // From pageable memory cudaMemcpy may return before its DMA lands,
+        // and the engine reads on its own (non-blocking) stream: Engine::Grads
+        // takes gradients that are complete (engine.h), so wait for them.
         CUDA_OK(cudaMemcpy(dev, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaDeviceSynchronize());
         src = dev;
       }
       const Status st = eng.Grads(g, src, DType::kF32);

@@ -101,7 +101,10 @@ std::vector<float> Train(int stage, DType gdtype, net::Communicator* comm, int r
         if (!Ok(kernels::Cast(DType::kF32, g32.data(), gdtype, g.data(), n), "cast")) return {};
         const void* src = g.data();
         if (gpu) {
-          if (!Cuda(cudaMemcpy(dgrad, g.data(), n * DTypeSize(gdtype), cudaMemcpyHostToDevice), "copy grads"))
+          // Engine::Grads takes complete gradients: a pageable cudaMemcpy may
+          // return before its DMA lands.
+          if (!Cuda(cudaMemcpy(dgrad, g.data(), n * DTypeSize(gdtype), cudaMemcpyHostToDevice), "copy grads") ||
+              !Cuda(cudaDeviceSynchronize(), "sync grads"))
             return {};
           src = dgrad;
         }

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/step/speculation_policy.h"
 #include "io/fault.h"
 #include "io/net/comm.h"
 #include "io/net/store.h"
@@ -40,6 +41,9 @@ struct Case {
   std::string compute = "bf16";    // bf16 | fp16 | fp32
   std::string nonfinite = "skip";
   std::string extra_strata;        // more "strata" keys (`"k": v, `)
+  // strata.speculation: "always" here, so that each case's speculation is
+  // what it tests; the policy ("auto") has tests of its own below.
+  std::string speculation = "always";
   int stage = 3;
   bool overlap_comm = false;  // several ranks: the reduction's thread calls the accumulation
   int steps = 5;
@@ -67,7 +71,7 @@ std::string Json(const Case& c, const std::string& dir) {
        R"("}, "offload_param": {"device": ")" + std::string(c.placement == "nvme_all" ? "nvme" : "none") +
        R"(", "nvme_path": ")" + dir + R"(", "buffer_size": 1e5}},)";
   j += R"("strata": {)" + c.extra_strata + R"("device_budget": "64MiB", "host_budget": "64MiB", "state_format": ")" +
-       c.format + R"(", "nonfinite": ")" + c.nonfinite + R"("}})";
+       c.format + R"(", "nonfinite": ")" + c.nonfinite + R"(", "speculation": ")" + c.speculation + R"("}})";
   return j;
 }
 
@@ -262,6 +266,70 @@ TEST(Speculation, ClippingThatNeverTriggersCommitsEveryStep) {
     EXPECT_EQ(o.stats.committed_steps, static_cast<uint64_t>(c.steps)) << name;
     EXPECT_EQ(o.stats.early_updates, static_cast<uint64_t>(c.steps) * kSizes.size()) << name;
   }
+}
+
+// The policy (strata.speculation "auto"), on its own: no evidence, then one
+// kept step; a clipped or skipped step stops it; more than one miss in the
+// last 4 keeps it stopped; "always" and "never" do not look.
+TEST(SpeculationPolicy, DecidesFromTheRecentSteps) {
+  SpeculationPolicy p;
+  std::string why;
+  EXPECT_FALSE(p.Decide(&why));
+  EXPECT_NE(why.find("no step"), std::string::npos) << why;
+  p.Record(true);
+  EXPECT_TRUE(p.Decide(nullptr));
+  p.Record(false);
+  EXPECT_FALSE(p.Decide(&why));
+  EXPECT_NE(why.find("last step"), std::string::npos) << why;
+  p.Record(true);  // one miss in the last 8: speculates again
+  EXPECT_TRUE(p.Decide(nullptr));
+  p.Record(false);
+  p.Record(true);  // two misses in the last 4: not yet
+  EXPECT_FALSE(p.Decide(&why));
+  EXPECT_NE(why.find("more than one"), std::string::npos) << why;
+  p.Record(true);  // the first miss left the window: one in the last 4
+  EXPECT_TRUE(p.Decide(nullptr));
+  SpeculationPolicy always(SpeculationPolicy::Mode::kAlways), never(SpeculationPolicy::Mode::kNever);
+  always.Record(false);
+  never.Record(true);
+  EXPECT_TRUE(always.Decide(nullptr));
+  EXPECT_FALSE(never.Decide(nullptr));
+  SpeculationPolicy::Mode m;
+  EXPECT_FALSE(SpeculationPolicy::ParseMode("sometimes", &m));
+}
+
+// "auto" through the engine, bitwise the plain step in every case:
+//  - clipped at every step: nothing is speculated, nothing replayed (the
+//    step costs what the plain one does);
+//  - never clipped: every step but the first speculates and commits;
+//  - clipped at steps 2 and 3 of 8: step 0 waits for evidence, 1 commits,
+//    2 replays, 3 and 4 do not speculate (the last step clipped), 5 and 6
+//    do not either (two misses in the last 4), 7 commits.
+TEST(Speculation, AutoPolicyAvoidsReplaysAndComesBack) {
+  for (auto [name, c] : Sweep()) {
+    c.speculation = "auto";
+    c.clip = [](int) { return 1e-3; };
+    Outcome o = Compare(c, name + " auto, always clipped");
+    EXPECT_EQ(o.stats.speculated_steps, 0u) << name;
+    EXPECT_EQ(o.stats.replayed_steps, 0u) << name;
+    EXPECT_EQ(o.stats.early_updates, 0u) << name;
+    EXPECT_EQ(o.stats.unspeculated_steps, static_cast<uint64_t>(c.steps)) << name;
+    c.clip = [](int) { return 1e6; };
+    o = Compare(c, name + " auto, never clipped");
+    EXPECT_EQ(o.stats.committed_steps, static_cast<uint64_t>(c.steps - 1)) << name;
+    EXPECT_EQ(o.stats.unspeculated_steps, 1u) << name;
+    c.steps = 8;
+    c.clip = [](int s) { return s == 2 || s == 3 ? 1e-3 : 1e6; };
+    o = Compare(c, name + " auto, clipped at steps 2 and 3");
+    EXPECT_EQ(o.stats.committed_steps, 2u) << name;
+    EXPECT_EQ(o.stats.replayed_steps, 1u) << name;
+    EXPECT_EQ(o.stats.unspeculated_steps, 5u) << name;
+  }
+  Case c;
+  c.speculation = "never";
+  const Outcome o = Compare(c, "never");
+  EXPECT_EQ(o.stats.speculated_steps, 0u);
+  EXPECT_EQ(o.stats.unspeculated_steps, static_cast<uint64_t>(c.steps));
 }
 
 // G on NVMe: the early updates take G from the copy kept at its last grads

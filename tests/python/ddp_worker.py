@@ -84,7 +84,8 @@ swap = os.path.join(work, f"swap{rank}")
 os.makedirs(swap, exist_ok=True)
 cfg = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": swap},
                              "offload_param": {"device": "nvme", "nvme_path": swap}},
-       "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}, "strata": {"timeout": 120}}
+       "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
+       "strata": {"timeout": 120, "speculation": "always"}}  # the counts below: every step speculates
 model = TinyGpt(seed=seed)
 off = st.offload_module(model, cfg, force_no_gpu=True)
 check("offload_module joined the ranks", (off.rank, off.world_size) == (rank, world), f"{off.rank}/{off.world_size}")

@@ -35,6 +35,10 @@ def config(tmp_path=None, **extra):
         nvme = {"device": "nvme", "nvme_path": str(tmp_path)}
         cfg["zero_optimization"] = {"stage": 3, "offload_optimizer": nvme, "offload_param": dict(nvme)}
     cfg.update(copy.deepcopy(extra))
+    # "always": the counts these tests check are those of a step that
+    # speculates whenever it could (the default policy, "auto", is tested
+    # in test_speculation_policy_default).
+    cfg.setdefault("strata", {}).setdefault("speculation", "always")
     return cfg
 
 
@@ -138,6 +142,22 @@ def check(make, cfg, clip=None, accum=1, nan_step=None, fp16=False):
 def step_norms(run, clip):
     """step()'s norms of a run with clip_grad_norm_ (every other entry)."""
     return run[2][1::2] if clip is not None else run[2]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_speculation_policy_default(name):
+    """strata.speculation "auto" (the default): clipped at every step, the
+    steps are overlapped without speculating (nothing speculated, replayed
+    or updated early: no update is paid for twice), bitwise the run without
+    overlap; never clipped, every overlapped step speculates and commits."""
+    cfg = config(strata={"speculation": "auto"})
+    got, _ = check(MODELS[name], cfg, clip=1e-3)
+    assert min(step_norms(got, 1e-3)) > 1e-3  # every step clipped
+    assert_counters(got[4], 0, committed=0)
+    assert got[4]["unspeculated_steps"] == STEPS - 1, got[4]  # the first is not overlapped at all
+    got, _ = check(MODELS[name], cfg, clip=1e6)
+    assert_counters(got[4], STEPS - 1)
+    assert got[4]["unspeculated_steps"] == 0, got[4]
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

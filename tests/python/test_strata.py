@@ -110,7 +110,8 @@ def test_engine_bf16_compute():
 def test_engine_overlap_step():
     # strata.nonfinite "skip" (the default): the early update is speculative;
     # a step with other options than prepare_step's redoes it with step's.
-    with strata.Engine({}, force_no_gpu=True, overlap_step=True) as e:
+    # ("always": the policy would not speculate the first step.)
+    with strata.Engine({"strata": {"speculation": "always"}}, force_no_gpu=True, overlap_step=True) as e:
         e.add_param(0, "w", torch.ones(16))
         e.build()
         e.prepare_step(lr=0.1)

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <random>
 
@@ -70,6 +71,51 @@ TEST(DeviceTier, HostArenaCopiesInOrder) {
   EXPECT_EQ(CheckPattern(back.data(), kMiB, 0, 9), -1);
   EXPECT_FALSE(dev.Allocate(16 * kMiB).ok());
   dev.Free(*d);
+}
+
+// The strict host arena (STRATA_STRICT_DEVICE=1): separate memory that
+// punishes a missing wait. A copy is not there when CopyIn returns (it lags
+// on its thread); new and freed blocks read NaN; a freed block is the next
+// one handed out, whatever the next size asked.
+TEST(DeviceTier, StrictArenaLagsPoisonsAndReusesAtOnce) {
+  auto t = DeviceTier::Create({.budget = 16 * kMiB, .force_host_arena = true, .strict = true});
+  ASSERT_TRUE(t.ok());
+  DeviceTier& dev = **t;
+  EXPECT_FALSE(dev.on_gpu());
+  EXPECT_TRUE(dev.strict());
+  EXPECT_TRUE(dev.separate());
+  const uint64_t n = 64 * kKiB;
+  auto a = dev.Allocate(n * 4);
+  ASSERT_TRUE(a.ok());
+  const float* f = static_cast<const float*>(a->ptr);
+  for (uint64_t i = 0; i < n; i += 997) EXPECT_TRUE(std::isnan(f[i])) << "a new block at element " << i;
+  std::vector<float> src(n, 1.5f);
+  // The copy lags: of 20 copies, a reader that does not wait sees the old
+  // last element after (almost) every one; a loaded machine may let the
+  // copy thread win a few times, never 20 times in a row.
+  int unseen = 0;
+  for (int k = 0; k < 20; ++k) {
+    src.assign(n, 1.5f + static_cast<float>(k));
+    auto in = dev.CopyIn(a->ptr, src.data(), n * 4);
+    ASSERT_TRUE(in.ok());
+    unseen += f[n - 1] != src[n - 1];
+    ASSERT_TRUE((*in)->Wait().ok());
+    EXPECT_EQ(f[0], src[0]);
+    EXPECT_EQ(f[n - 1], src[n - 1]);
+  }
+  EXPECT_GT(unseen, 0) << "every copy landed before CopyIn returned: nothing would catch a missing wait";
+  void* freed = a->ptr;
+  dev.Free(*a);
+  for (uint64_t i = 0; i < n; i += 997) EXPECT_TRUE(std::isnan(f[i])) << "a freed block at element " << i;
+  auto b = dev.Allocate(n * 2);  // half the size: a plain pool would not take the freed block
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->ptr, freed) << "the freed block is the next one handed out";
+  dev.Free(*b);
+  // The plain arena, for contrast: not separate, and its copies land alike.
+  auto plain = DeviceTier::Create({.budget = 16 * kMiB, .force_host_arena = true});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE((*plain)->separate());
+  EXPECT_FALSE((*plain)->strict());
 }
 
 // gpu::SetDevice's result is an answer, not a formality: an index past the

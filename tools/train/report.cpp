@@ -71,10 +71,11 @@ void PrintSummary(const RunFigures& f, const strata_stats_t& s) {
   std::printf("  overlap           %.2f (busiest resource / wall time)\n", f.overlap_efficiency);
   // The exposed step: from the last gradients handed to the step's return.
   if (f.overlap_step)
-    std::printf("  overlapped step   %llu steps speculated (%llu committed, %llu replayed, %llu discarded), %llu groups "
-                "updated during backward; exposed step %.1f ms\n",
+    std::printf("  overlapped step   %llu steps speculated (%llu committed, %llu replayed, %llu discarded), %llu not "
+                "speculated, %llu groups updated during backward; exposed step %.1f ms\n",
                 static_cast<unsigned long long>(s.speculated_steps), static_cast<unsigned long long>(s.committed_steps),
                 static_cast<unsigned long long>(s.replayed_steps), static_cast<unsigned long long>(s.discarded_steps),
+                static_cast<unsigned long long>(s.unspeculated_steps),
                 static_cast<unsigned long long>(s.early_updates), 1e3 * f.exposed_s);
   else
     std::printf("  overlapped step   off (--no-overlap-step); exposed step %.1f ms\n", 1e3 * f.exposed_s);
