@@ -2,13 +2,16 @@
 // step after backward, through the public C API alone. bench/overlap_step.sh
 // runs it; its header states the defaults and the targets.
 //
-// Four engines live side by side, each with W, M, V, G homed on NVMe in
+// Five engines live side by side, each with W, M, V, G homed on NVMe in
 // DIR/<name> (offload_optimizer nvme, bf16 compute, AdamW, no GPU: the device
 // tier is a host arena), all fed the same gradients:
 //   plain           overlap_step 0, gradient_clipping CLIP (1.0): never triggers
 //   overlap         overlap_step 1, gradient_clipping CLIP
 //   plain_replay    overlap_step 0, gradient_clipping REPLAY_CLIP (1e-4): triggers every step
-//   overlap_replay  overlap_step 1, gradient_clipping REPLAY_CLIP
+//   overlap_replay  overlap_step 1, gradient_clipping REPLAY_CLIP, strata.speculation "always"
+//                   (every step speculates and replays: the cost of a replay)
+//   overlap_clipped overlap_step 1, gradient_clipping REPLAY_CLIP, the default policy
+//                   (strata.speculation "auto": a step clipped every time pays nothing)
 // The gradients are bf16, uniform with a fixed seed, scaled so that their
 // global norm is about NORM (0.5); each (step, group) reads a different
 // window of one buffer.
@@ -41,7 +44,8 @@
 // overlapped engine's master weights must equal its plain peer's bitwise
 // (bitwise=yes/no; no exits 1), and plain's must differ from plain_replay's
 // (else the replay pair did not clip: the run fails).
-// Last line: `overlap_step exposed_ratio=E iteration_ratio=I replay_exposed_ratio=X`.
+//   R = median iteration(overlap_clipped) / median iteration(plain_replay)
+// Last line: `overlap_step exposed_ratio=E iteration_ratio=I replay_exposed_ratio=X clipped_iteration_ratio=R`.
 //
 // Usage: strata-overlap-step DIR [params=128Mi] [groups=32] [rounds=5] [host_budget=1GiB]
 //   params takes a suffix K, M, G (powers of 1024).
@@ -162,6 +166,7 @@ struct Run {
   bool overlap = false;
   bool replay = false;  // clipping triggers every step
   double clip = 0;
+  const char* speculation = "auto";
   strata_engine_t* e = nullptr;
   std::vector<double> exposed, iter, in_calls, in_grads;
   strata_stats_t last = STRATA_STATS_INIT;
@@ -193,13 +198,14 @@ int main(int argc, char** argv) {
   const std::string step_io = std::getenv("STEP_IO") ? std::getenv("STEP_IO") : "alternate";
   const char* trace = std::getenv("TRACE");
 
-  std::vector<Run> runs(4);
-  const char* names[4] = {"plain", "overlap", "plain_replay", "overlap_replay"};
-  for (size_t k = 0; k < 4; ++k) {
+  std::vector<Run> runs(5);
+  const char* names[5] = {"plain", "overlap", "plain_replay", "overlap_replay", "overlap_clipped"};
+  for (size_t k = 0; k < runs.size(); ++k) {
     runs[k].name = names[k];
-    runs[k].overlap = k % 2 == 1;
+    runs[k].overlap = k % 2 == 1 || k == 4;
     runs[k].replay = k >= 2;
     runs[k].clip = k >= 2 ? replay_clip : clip;
+    runs[k].speculation = k == 3 ? "always" : "auto";
   }
   for (Run& r : runs) {
     const std::string where = dir + "/" + r.name;
@@ -211,6 +217,7 @@ int main(int argc, char** argv) {
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + where + R"("}},
       "aio": {"block_size": 1048576, "queue_depth": 32},
       "strata": {"host_budget": ")" + host_budget + R"(", "device_budget": "4GiB", "step_io": ")" + step_io + "\"" +
+                             R"(, "speculation": ")" + r.speculation + "\"" +
                              (trace ? R"(, "trace_path": ")" + std::string(trace) + "." + r.name + ".json\"" : std::string()) +
                              "}}";
     strata_engine_options_t opt = STRATA_ENGINE_OPTIONS_INIT;
@@ -320,7 +327,7 @@ int main(int argc, char** argv) {
               t_step, fwd * 1e3, bwd * 1e3);
   std::fflush(stdout);
 
-  const int order[2][4] = {{0, 1, 2, 3}, {1, 0, 3, 2}};
+  const int order[2][5] = {{0, 1, 2, 3, 4}, {1, 0, 4, 3, 2}};
   for (int round = 0; round < rounds; ++round, ++step_no) {
     for (int k : order[round % 2]) {
       Run& r = runs[static_cast<size_t>(k)];
@@ -339,10 +346,12 @@ int main(int argc, char** argv) {
   for (const Run& r : runs)
     std::printf("%s: steps=%llu skipped_steps=%llu%s; median exposed %.4f s, iteration %.4f s, "
                 "in fetch/release/prepare_step/grads %.4f s (grads %.4f s); "
-                "host peak %.1f MiB of %.1f MiB\n",
+                "host peak %.1f MiB of %.1f MiB; disk per step: read %.1f MiB, written %.1f MiB\n",
                 r.name.c_str(), (unsigned long long)r.last.steps, (unsigned long long)r.last.skipped_steps,
                 SpecStats(r.last).c_str(), Median(r.exposed), Median(r.iter), Median(r.in_calls), Median(r.in_grads),
-                r.last.host.peak / 1048576.0, r.last.host.budget / 1048576.0);
+                r.last.host.peak / 1048576.0, r.last.host.budget / 1048576.0,
+                r.last.steps ? r.last.nvme_to_host / 1048576.0 / static_cast<double>(r.last.steps) : 0.0,
+                r.last.steps ? r.last.host_to_nvme / 1048576.0 / static_cast<double>(r.last.steps) : 0.0);
   for (const Run& r : runs)
     if (r.overlap) NoteNoOverlap(r.name, r.last);
 
@@ -350,14 +359,16 @@ int main(int argc, char** argv) {
   // and the two plain engines must differ (the replay pair's clipping
   // changed the update: else it did not clip, and the comparison is blind).
   std::vector<std::vector<float>> m(runs.size(), std::vector<float>(per_group));
-  uint64_t differ[2] = {0, 0}, clip_differs = 0;
-  int first_group[2] = {-1, -1};
+  // Pairs: overlap vs plain, overlap_replay vs plain_replay, overlap_clipped vs plain_replay.
+  const int pairs[3][2] = {{0, 1}, {2, 3}, {2, 4}};
+  uint64_t differ[3] = {0, 0, 0}, clip_differs = 0;
+  int first_group[3] = {-1, -1, -1};
   for (int g = 0; g < groups; ++g) {
     for (size_t k = 0; k < runs.size(); ++k)
       Check(strata_engine_read_master(runs[k].e, g, m[k].data()), runs[k].name + ": read_master " + std::to_string(g));
-    for (int p = 0; p < 2; ++p) {
-      const std::vector<float>& a = m[2 * static_cast<size_t>(p)];
-      const std::vector<float>& b = m[2 * static_cast<size_t>(p) + 1];
+    for (int p = 0; p < 3; ++p) {
+      const std::vector<float>& a = m[static_cast<size_t>(pairs[p][0])];
+      const std::vector<float>& b = m[static_cast<size_t>(pairs[p][1])];
       if (std::memcmp(a.data(), b.data(), per_group * sizeof(float)) == 0) continue;
       for (uint64_t i = 0; i < per_group; ++i) differ[p] += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
       if (first_group[p] < 0) first_group[p] = g;
@@ -365,9 +376,9 @@ int main(int argc, char** argv) {
     for (uint64_t i = 0; i < per_group; ++i) clip_differs += std::memcmp(&m[0][i], &m[2][i], sizeof(float)) != 0;
   }
   bool same = true;
-  for (int p = 0; p < 2; ++p) {
-    const Run& a = runs[2 * static_cast<size_t>(p)];
-    const Run& b = runs[2 * static_cast<size_t>(p) + 1];
+  for (int p = 0; p < 3; ++p) {
+    const Run& a = runs[static_cast<size_t>(pairs[p][0])];
+    const Run& b = runs[static_cast<size_t>(pairs[p][1])];
     std::printf("master %s vs %s: %s", a.name.c_str(), b.name.c_str(), differ[p] ? "DIFFER" : "bitwise equal");
     if (differ[p])
       std::printf(" (%llu of %llu values, first in group %d)", (unsigned long long)differ[p], (unsigned long long)total,
@@ -383,10 +394,12 @@ int main(int argc, char** argv) {
   const double E = Median(runs[1].exposed) / Median(runs[0].exposed);
   const double I = Median(runs[1].iter) / Median(runs[0].iter);
   const double X = Median(runs[3].exposed) / Median(runs[2].exposed);
+  const double R = Median(runs[4].iter) / Median(runs[2].iter);
   std::printf("params=%llu groups=%d rounds=%d host_budget=%s clip=%g replay_clip=%g T=%.4f s\n", (unsigned long long)total,
               groups, rounds, host_budget.c_str(), clip, replay_clip, t_step);
   std::printf("bitwise=%s\n", same ? "yes" : "no");
-  std::printf("overlap_step exposed_ratio=%.3f iteration_ratio=%.3f replay_exposed_ratio=%.3f\n", E, I, X);
+  std::printf("overlap_step exposed_ratio=%.3f iteration_ratio=%.3f replay_exposed_ratio=%.3f clipped_iteration_ratio=%.3f\n",
+              E, I, X, R);
   std::fflush(stdout);
   return same ? 0 : 1;
 }

@@ -256,7 +256,9 @@ TEST(Output, OverlapFiguresAndReplayRate) {
       "--simulate --overlap-step --config " +
       cfg;
   const std::string table = RunBinary(args);
-  EXPECT_NE(table.find("overlapped step (speculative), replay rate 0.05: exposed"), std::string::npos)
+  EXPECT_NE(table.find("overlapped step (speculative), replay rate 0.05, speculation auto (speculates 94% of steps): "
+                       "exposed"),
+            std::string::npos)
       << table;
   EXPECT_NE(table.find("without overlap: exposed"), std::string::npos) << table;
   EXPECT_NE(table.find("host backups"), std::string::npos) << table;
@@ -271,7 +273,12 @@ TEST(Output, OverlapFiguresAndReplayRate) {
   EXPECT_EQ(o["replay_rate"].get<double>(), 0.25);
   EXPECT_EQ(j["placement"]["replay_rate"].get<double>(), 0.25);
   const double committed = o["committed"]["exposed_s"], replayed = o["replayed"]["exposed_s"];
-  EXPECT_NEAR(o["exposed_s"].get<double>(), 0.75 * committed + 0.25 * replayed, 1e-9);
+  const double plain = sim["without_overlap"]["exposed_s"];
+  // The default policy ("auto"): S = 0.75 (0.75^3 + 3 x 0.25 x 0.75^2) of the steps speculate.
+  const double s = 0.75 * (0.421875 + 0.421875);
+  EXPECT_EQ(o["speculation"].get<std::string>(), "auto");
+  EXPECT_NEAR(o["speculated_rate"].get<double>(), s, 1e-12);
+  EXPECT_NEAR(o["exposed_s"].get<double>(), s * 0.75 * committed + s * 0.25 * replayed + (1 - s) * plain, 1e-9);
   EXPECT_EQ(o["exposed_s"], sim["exposed_s"]);
   EXPECT_EQ(o["iteration_s"], sim["step_s"]);
   EXPECT_LT(o["exposed_s"].get<double>(), sim["without_overlap"]["exposed_s"].get<double>());

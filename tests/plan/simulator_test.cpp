@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "base/align.h"
 #include "tools/plan/placement.h"
 
@@ -304,14 +306,14 @@ TEST(Simulator, OverlapHidesTheStepWithClippingFp16AndRanks) {
   EXPECT_LT(with->sim.step_s, without->sim.step_s);
 }
 
-// The figures are the expectation over the replay rate R:
-// (1 - R) x committed + R x replayed. A replay waits for the speculation in
+// With strata.speculation "always" the figures are the expectation over the
+// replay rate R: (1 - R) x committed + R x replayed. A replay waits for the speculation in
 // flight, restores the host backups (a memcpy, read and written) and runs
 // the whole update again: at R = 1 the step is never better than without
 // overlap, and costs exactly that much more.
 TEST(Simulator, ReplayRateWeighsCommittedAndReplayedSteps) {
   Xl x;
-  const Config cfg = Cfg(2, "none", "cpu", R"("gradient_clipping": 1.0, )");
+  const Config cfg = Cfg(2, "none", "cpu", R"("gradient_clipping": 1.0, "strata": {"speculation": "always"}, )");
   auto plain = Simulate(x.m, x.c, cfg, {});
   ASSERT_TRUE(plain.ok());
   double last = 0;
@@ -333,7 +335,7 @@ TEST(Simulator, ReplayRateWeighsCommittedAndReplayedSteps) {
   EXPECT_GE(all->step_s, plain->step_s);
   // NVMe-homed state keeps its old extents: a discard costs nothing, and a
   // replay is the step without overlap after the speculation in flight.
-  const Config nvme = Cfg(2, "none", "nvme", R"("gradient_clipping": 1.0, )");
+  const Config nvme = Cfg(2, "none", "nvme", R"("gradient_clipping": 1.0, "strata": {"speculation": "always"}, )");
   auto pn = Simulate(x.m, x.c, nvme, {});
   auto rn = Simulate(x.m, x.c, nvme, {.overlap_step = true, .replay_rate = 1.0});
   ASSERT_TRUE(pn.ok() && rn.ok());
@@ -341,6 +343,43 @@ TEST(Simulator, ReplayRateWeighsCommittedAndReplayedSteps) {
   EXPECT_GT(rn->spec_disk_bytes, 0u);
   EXPECT_NEAR(rn->optimizer_s, rn->committed.exposed_s + pn->optimizer_s, 1e-9 * pn->optimizer_s);
   EXPECT_GE(rn->optimizer_s, pn->optimizer_s);
+}
+
+// The default policy ("auto", engine/step/speculation_policy.h): a step
+// speculates when the last one was kept and at most one of the three before
+// it was not, so with R the chance a step clips, a fraction
+// S = (1 - R) ((1 - R)^3 + 3 R (1 - R)^2) speculates; of those R replay, and
+// the rest run as without overlap. Clipped at every step (R = 1) it costs
+// exactly the step without overlap; never clipped, exactly the committed one.
+TEST(Simulator, AutoPolicyWeighsPlainCommittedAndReplayedSteps) {
+  Xl x;
+  const Config cfg = Cfg(2, "none", "cpu", R"("gradient_clipping": 1.0, )");
+  ASSERT_EQ(cfg.strata.speculation, "auto");
+  auto plain = Simulate(x.m, x.c, cfg, {});
+  ASSERT_TRUE(plain.ok());
+  for (double rate : {0.0, 0.05, 0.3, 1.0}) {
+    auto r = Simulate(x.m, x.c, cfg, {.overlap_step = true, .replay_rate = rate});
+    ASSERT_TRUE(r.ok());
+    const double s = (1 - rate) * (std::pow(1 - rate, 3) + 3 * rate * std::pow(1 - rate, 2));
+    EXPECT_NEAR(r->speculated_rate, s, 1e-15) << rate;
+    EXPECT_EQ(r->speculation, "auto");
+    EXPECT_NEAR(r->step_s,
+                s * (1 - rate) * r->committed.iteration_s + s * rate * r->replayed.iteration_s +
+                    (1 - s) * plain->step_s,
+                1e-9 * plain->step_s)
+        << rate;
+  }
+  auto all = Simulate(x.m, x.c, cfg, {.overlap_step = true, .replay_rate = 1.0});
+  ASSERT_TRUE(all.ok());
+  EXPECT_NEAR(all->step_s, plain->step_s, 1e-12 * plain->step_s);  // never speculates: nothing paid twice
+  auto none = Simulate(x.m, x.c, cfg, {.overlap_step = true, .replay_rate = 0.0});
+  ASSERT_TRUE(none.ok());
+  EXPECT_NEAR(none->step_s, none->committed.iteration_s, 1e-12 * plain->step_s);
+  const Config never = Cfg(2, "none", "cpu", R"("gradient_clipping": 1.0, "strata": {"speculation": "never"}, )");
+  auto nv = Simulate(x.m, x.c, never, {.overlap_step = true, .replay_rate = 0.05});
+  ASSERT_TRUE(nv.ok());
+  EXPECT_EQ(nv->speculated_rate, 0.0);
+  EXPECT_NEAR(nv->step_s, plain->step_s, 1e-12 * plain->step_s);
 }
 
 // What speculation holds, per rank, to the byte, as the engine's

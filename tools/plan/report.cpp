@@ -94,7 +94,8 @@ std::string Pct(double f) { return Fmt("%.0f%%", 100 * f); }
 // the return of step) and iteration times, the replay rate they assume, and
 // the memory speculation takes.
 std::string OverlapText(const SimResult& sim) {
-  std::string s = "overlapped step (speculative), replay rate " + Fmt("%g", sim.replay_rate) + ": exposed " +
+  std::string s = "overlapped step (speculative), replay rate " + Fmt("%g", sim.replay_rate) + ", speculation " +
+                  sim.speculation + " (speculates " + Pct(sim.speculated_rate) + " of steps): exposed " +
                   Fmt("%.3f s", sim.optimizer_s) + ", iteration " + Fmt("%.3f s", sim.step_s) +
                   " (committed: exposed " + Fmt("%.3f s", sim.committed.exposed_s) + ", iteration " +
                   Fmt("%.3f s", sim.committed.iteration_s) + "; replayed: exposed " +
@@ -234,6 +235,8 @@ nlohmann::ordered_json SimJson(const SimResult& s, bool has_gpu) {
                                     {"exposed_s", t.exposed_s}};
     };
     j["overlap"] = {{"replay_rate", s.replay_rate},
+                    {"speculation", s.speculation},
+                    {"speculated_rate", s.speculated_rate},
                     {"iteration_s", s.step_s},
                     {"exposed_s", s.optimizer_s},
                     {"committed", times(s.committed)},

@@ -7,6 +7,7 @@
 #include "tools/plan/simulator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <iterator>
 #include <limits>
@@ -582,24 +583,37 @@ SimResult Simulate(const ModelSpec& model, const Layout& layout, const Capacity&
   }
   const SimResult commit = StepSim(model, layout, *cap, cluster, config, options, Finish::kCommit).Run();
   const SimResult replay = StepSim(model, layout, *cap, cluster, config, options, Finish::kReplay).Run();
+  // Which steps speculate: strata.speculation, with R the fraction of steps
+  // that clip or skip, each step independently. "always": every step, so R
+  // of them replay. "never": none (they run as without overlap). "auto"
+  // (engine/step/speculation_policy.h): a step speculates when the last one
+  // was kept and at most one of the three before it was not, with
+  // probability S = (1 - R) ((1 - R)^3 + 3 R (1 - R)^2); of those, R replay.
   const double rr = std::clamp(options.replay_rate, 0.0, 1.0);
-  const auto mix = [&](double a, double b) { return (1 - rr) * a + rr * b; };
-  const auto mix_bytes = [&](uint64_t a, uint64_t b) {
-    return static_cast<uint64_t>(mix(static_cast<double>(a), static_cast<double>(b)) + 0.5);
+  double spec = 1.0;
+  if (config.strata.speculation == "never") spec = 0.0;
+  else if (config.strata.speculation == "auto")
+    spec = (1 - rr) * (std::pow(1 - rr, 3) + 3 * rr * std::pow(1 - rr, 2));
+  const double w_commit = spec * (1 - rr), w_replay = spec * rr, w_plain = 1 - spec;
+  const auto mix3 = [&](double a, double b, double c) { return w_commit * a + w_replay * b + w_plain * c; };
+  const auto mix_bytes = [&](uint64_t a, uint64_t b, uint64_t c) {
+    return static_cast<uint64_t>(mix3(static_cast<double>(a), static_cast<double>(b), static_cast<double>(c)) + 0.5);
   };
   SimResult r = commit;  // fetches and stalls: backward is the same either way
-  r.step_s = mix(commit.step_s, replay.step_s);
-  r.forward_backward_s = mix(commit.forward_backward_s, replay.forward_backward_s);
-  r.optimizer_s = mix(commit.optimizer_s, replay.optimizer_s);
-  for (size_t i = 0; i < r.busy_s.size(); ++i) r.busy_s[i] = mix(commit.busy_s[i], replay.busy_s[i]);
+  r.step_s = mix3(commit.step_s, replay.step_s, plain.step_s);
+  r.forward_backward_s = mix3(commit.forward_backward_s, replay.forward_backward_s, plain.forward_backward_s);
+  r.optimizer_s = mix3(commit.optimizer_s, replay.optimizer_s, plain.optimizer_s);
+  for (size_t i = 0; i < r.busy_s.size(); ++i) r.busy_s[i] = mix3(commit.busy_s[i], replay.busy_s[i], plain.busy_s[i]);
   r.bound = SimResource(std::max_element(r.busy_s.begin(), r.busy_s.end()) - r.busy_s.begin());
-  r.disk_read_bytes = mix_bytes(commit.disk_read_bytes, replay.disk_read_bytes);
-  r.disk_write_bytes = mix_bytes(commit.disk_write_bytes, replay.disk_write_bytes);
-  r.pcie_bytes = mix_bytes(commit.pcie_bytes, replay.pcie_bytes);
-  r.network_bytes = mix_bytes(commit.network_bytes, replay.network_bytes);
+  r.disk_read_bytes = mix_bytes(commit.disk_read_bytes, replay.disk_read_bytes, plain.disk_read_bytes);
+  r.disk_write_bytes = mix_bytes(commit.disk_write_bytes, replay.disk_write_bytes, plain.disk_write_bytes);
+  r.pcie_bytes = mix_bytes(commit.pcie_bytes, replay.pcie_bytes, plain.pcie_bytes);
+  r.network_bytes = mix_bytes(commit.network_bytes, replay.network_bytes, plain.network_bytes);
   r.plain = plain.plain;
   r.overlapped = true;
   r.replay_rate = rr;
+  r.speculation = config.strata.speculation;
+  r.speculated_rate = spec;
   r.committed = times(commit);
   r.replayed = times(replay);
   const Speculation& s = cap->speculation;

@@ -55,14 +55,20 @@ struct StepTimes {
 };
 
 struct SimResult {
-  // Under the options; with overlap_step the expectation over the replay
-  // rate: (1 - R) x committed + R x replayed (busy times and bytes too).
+  // Under the options; with overlap_step the expectation over the steps:
+  // S (1 - R) x committed + S R x replayed + (1 - S) x without overlap
+  // (busy times and bytes too), S the fraction that speculates under
+  // strata.speculation (speculated_rate).
   double step_s = 0;              // one steady-state step, trace recorded
   double forward_backward_s = 0;  // until the last Grads returns
   double optimizer_s = 0;         // the rest: the step's exposed time
   StepTimes plain;                // without overlap (always simulated)
   bool overlapped = false;        // overlap_step (and not optimizer_only)
-  double replay_rate = 0;         // the R used
+  double replay_rate = 0;         // the R used: the fraction of steps that clip or skip
+  // strata.speculation, and the fraction of steps that speculate under it
+  // (of those, R replay; the others run as without overlap).
+  std::string speculation;
+  double speculated_rate = 0;
   StepTimes committed, replayed;  // the overlapped step committed, and replayed
   int speculated_groups = 0, groups = 0;  // speculating / all
   int spec_groups_eligible = 0;           // that could speculate (W, M, V not updated on a GPU)
