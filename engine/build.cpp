@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -195,7 +196,22 @@ Status Engine::Impl::BuildOnce() {
   pipeline_ = std::make_unique<StepPipeline>(lay_, blocks_, *io_, staging_.opt, *stats_, *gpu_, *shards_, steps_);
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
+  // A large model takes a while (tens of GiB written): progress every 5 s.
+  uint64_t state_total = 0, state_done = 0;
+  for (int g = 0; g < ngroups; ++g)
+    for (int s = 0; s < kNumStates; ++s)
+      if (used_by(s, g)) state_total += lay_.StateBytes(s, g);
+  const auto t_init = std::chrono::steady_clock::now();
+  auto t_said = t_init;
   for (int g = 0; g < ngroups; ++g) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - t_said >= std::chrono::seconds(5)) {
+      t_said = now;
+      STRATA_LOG_INFO("build: initial state {} of {} written (group {} of {}, {:.0f} s)", FormatBytes(state_done),
+                      FormatBytes(state_total), g, ngroups, std::chrono::duration<double>(now - t_init).count());
+    }
+    for (int s = 0; s < kNumStates; ++s)
+      if (used_by(s, g)) state_done += lay_.StateBytes(s, g);
     const GroupLayout& L = lay_.part.group(g);
     const std::vector<float>& w0 = init_[static_cast<size_t>(g)];
     const uint64_t lo = static_cast<uint64_t>(lay_.srank) * L.shard_numel, real = L.RealInShard(lay_.srank);

@@ -1,8 +1,9 @@
 """One of the 2 ranks that test_fp16_loss_scale.py starts (the launcher's
 variables set, as torchrun sets them): OffloadAdam with fp16 and two param
 groups (two engines) trains the fp16 MLP on this rank's batches; rank 1's
-bias gradients overflow at one step. Saves the parameters, the loss scale
-before each step and each step's skipped flags (per engine) to OUT.
+bias gradients overflow at one step. Saves the parameters, the optimizer's
+state (masters and moments), the loss scale before each step and each
+step's skipped flags (per engine) to OUT.
 Usage: fp16_ranks_worker.py OUT"""
 import os
 import sys
@@ -29,5 +30,5 @@ for s, (x, y) in enumerate(mlp_batches(STEPS, seed=10 + rank)):
     skipped.append([k for _, k in opt.last_results])
     opt.zero_grad()
 torch.save({"params": {n: p.detach().clone() for n, p in model.named_parameters()}, "scales": scales,
-            "skipped": skipped, "engines": len(opt._engines)}, sys.argv[1])
+            "skipped": skipped, "engines": len(opt._engines), "state": opt.state_dict()["state"]}, sys.argv[1])
 opt.close()

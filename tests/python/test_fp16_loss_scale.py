@@ -5,13 +5,14 @@ its optimizer and OffloadAdam do it, and a backward from an unscaled loss is
 refused unless `loss_scaled=True` says the code scales it itself.
 
 Oracle: torch's own fp16 training — an fp16 model, float32 masters stepped
-by torch.optim.AdamW with .grad = fp16 grad.float() / scale, the step
-skipped when a gradient overflowed, DeepSpeed's dynamic scaler (written
-here from docs/config.md) — bitwise: masters, fp16 parameters, moments,
-clip norms, the scale before every step and which steps were skipped. The
-models: an MLP over an embedding written with broadcast products (torch
-1.13 has no fp16 matmul, tanh or relu on the CPU: it runs on both torches)
-and, on torch 2, the tied-head GPT of tiny_gpt.py."""
+by torch.optim.AdamW (its sqrt correctly rounded: oracle.py) with .grad =
+fp16 grad.float() / scale, the step skipped when a gradient overflowed,
+DeepSpeed's dynamic scaler (written here from docs/config.md) — bitwise:
+masters, fp16 parameters, moments, clip norms, the scale before every step
+and which steps were skipped. The models: an MLP over an embedding written
+with broadcast products (torch 1.13 has no fp16 matmul, tanh or relu on the
+CPU: it runs on both torches) and, on torch 2, the tied-head GPT of
+tiny_gpt.py."""
 import copy
 import math
 import os
@@ -26,6 +27,7 @@ import strata  # noqa: E402
 import strata.torch as st  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle  # noqa: E402
 from tiny_gpt import TinyGpt, batches as gpt_batches, loss_of as gpt_loss  # noqa: E402
 
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
@@ -122,8 +124,8 @@ def torch_fp16(case, clip=None, groups=None, inf_at=()):
     model = case.make().half()
     masters = {p: p.detach().float().clone().requires_grad_() for p in model.parameters()}
     spec = groups(model) if groups else [{"params": list(model.parameters())}]
-    opt = torch.optim.AdamW([dict(g, params=[masters[p] for p in g["params"]]) for g in spec], lr=LR,
-                            weight_decay=WD)
+    opt = oracle.AdamW([dict(g, params=[masters[p] for p in g["params"]]) for g in spec], lr=LR,
+                       weight_decay=WD)
     scaler, run = RefScaler(FP16), Run()
     for s, (x, y) in enumerate(case.data):
         run.scales.append(scaler.scale)
@@ -413,8 +415,8 @@ def test_offload_adam_fp16_on_two_ranks_skips_together_and_is_torch_fp16_bitwise
 
     model = HalfMlp().half()
     masters = {p: p.detach().float().clone().requires_grad_() for p in model.parameters()}
-    opt = torch.optim.AdamW([dict(g, params=[masters[p] for p in g["params"]]) for g in nonzero_wd(model)],
-                            lr=LR, weight_decay=WD)
+    opt = oracle.AdamW([dict(g, params=[masters[p] for p in g["params"]]) for g in nonzero_wd(model)],
+                       lr=LR, weight_decay=WD)
     scaler, scales, skipped = RefScaler(FP16), [], []
     data = [mlp_batches(STEPS, seed=10 + r) for r in range(2)]
     for s in range(STEPS):
@@ -443,6 +445,16 @@ def test_offload_adam_fp16_on_two_ranks_skips_together_and_is_torch_fp16_bitwise
         assert got[r]["scales"] == scales, (r, got[r]["scales"], scales)
         assert got[r]["skipped"] == [[k, k] for k in skipped], (r, got[r]["skipped"], skipped)
         assert_same(got[r]["params"], dict(model.named_parameters()), f"rank {r}'s parameters")
+        # The float32 state too (fp16 parameters hide most last-bit differences):
+        # by the state_dict's numbering, param_groups order in both.
+        theirs = opt.state_dict()["state"]
+        in_order = [m for g in opt.param_groups for m in g["params"]]
+        assert sorted(got[r]["state"]) == sorted(theirs)
+        for i, s in theirs.items():
+            assert torch.equal(got[r]["state"][i]["master_param"].reshape(-1), in_order[i].detach().reshape(-1)), \
+                (r, i, "master_param")
+            for k in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(got[r]["state"][i][k].reshape(-1), s[k].reshape(-1)), (r, i, k)
 
 
 # ---- misuse -------------------------------------------------------------------

@@ -1,27 +1,26 @@
 """Hugging Face as users run it: transformers.Trainer (with its clipping and
 an LR schedule), save_pretrained/from_pretrained, PEFT LoRA and accelerate,
 with OffloadAdam and offload_module against torch.optim.AdamW on the same
-run. Small Llama and GPT-2 models from configs with random weights (no
-downloads), on the CPU. Each test skips, naming the package, when
-transformers / peft / accelerate is missing, unless STRATA_REQUIRE_HF=1."""
+run (with a correctly rounded sqrt: oracle.py). Small Llama and GPT-2 models
+from configs with random weights (no downloads), on the CPU. Each test
+skips, naming the package, when transformers / peft / accelerate is
+missing, unless STRATA_REQUIRE_HF=1."""
 import contextlib
 import importlib
 import os
+import sys
 
 import pytest
 
-# torch's float32 sqrt on the CPU is MKL's where torch is built with MKL (the
-# PyPI wheels), and MKL's AVX-512 path rounds about 0.6% of results off by
-# one ulp (its AVX2 path and torch without MKL round as IEEE says): torch's
-# AdamW, the oracle, then differs with the CPU. MKL reads this at its first
-# use, which comes after pytest has imported every test module.
-os.environ.setdefault("MKL_ENABLE_INSTRUCTIONS", "AVX2")
 torch = pytest.importorskip("torch")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import strata  # noqa: E402
 import strata.torch as st  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle  # noqa: E402
 
 KINDS = ("llama", "gpt2")
 LR, BETAS, EPS, WD, CLIP = 3e-3, (0.9, 0.999), 1e-8, 0.01, 1.0
@@ -54,17 +53,6 @@ def fresh_accelerate_state():
     except Exception:
         return
     AcceleratorState._reset_state(reset_partial_state=True)
-
-
-def require_ieee_sqrt():
-    """Bitwise equality with torch's AdamW needs torch's sqrt to be IEEE's
-    (a correctly rounded one is all the engine can match)."""
-    g = torch.Generator().manual_seed(7)
-    v = torch.rand(1 << 14, generator=g) * 0.01
-    ok = torch.equal(v.sqrt(), v.double().sqrt().float())
-    assert ok, ("torch's float32 sqrt is not correctly rounded in this process (MKL's AVX-512 path): set "
-                "MKL_ENABLE_INSTRUCTIONS=AVX2 before anything in the process calls torch.sqrt; got "
-                f"MKL_ENABLE_INSTRUCTIONS={os.environ.get('MKL_ENABLE_INSTRUCTIONS')!r}")
 
 
 # ---- models, data, optimizers -------------------------------------------------
@@ -104,7 +92,8 @@ class Tokens(torch.utils.data.Dataset):
 
 
 def torch_adamw(model):
-    return torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    """torch's AdamW with a correctly rounded sqrt (oracle.py): the oracle."""
+    return oracle.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
 
 
 def offload_adam(model, path):
@@ -244,7 +233,6 @@ def reference(kind, tmp_path, ckpt=False, adapters=False):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_trainer_offload_adam_equals_adamw_bitwise(kind, tmp_path):
-    require_ieee_sqrt()
     initial, ref, ref_norms = reference(kind, tmp_path)
     model = build(kind)
     assert_bitwise(weights(model), initial, "the initial weights")
@@ -388,7 +376,6 @@ def test_lora_offload_module(kind, tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_lora_offload_adam_over_all_parameters(kind, tmp_path):
-    require_ieee_sqrt()
     need("transformers", "peft")
     _, ref, _ = reference(kind, tmp_path, adapters=True)
     model = lora(build(kind), kind)
@@ -433,7 +420,6 @@ def accelerate_run(kind, make_opt):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_accelerate_prepare_offload_adam(kind, tmp_path):
-    require_ieee_sqrt()
     ref_model, _, ref_norms = accelerate_run(kind, lambda m: (torch_adamw(m), None))
     ref = weights(ref_model)
     assert_trained(ref, weights(build(kind)), f"{kind} accelerate torch run")

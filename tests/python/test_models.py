@@ -2,7 +2,8 @@
 mobilenet_v3_small and VisionTransformer; torch.nn's Transformer,
 TransformerEncoder, LSTM and GRU; a word_language_model-style LM with a tied
 decoder) trained through both entry points of strata.torch beside
-torch.optim.AdamW, the oracle, from the same initial weights:
+torch.optim.AdamW, the oracle (with a correctly rounded sqrt: oracle.py),
+from the same initial weights:
 
 - OffloadAdam(model.parameters()) is bitwise torch's AdamW: parameters,
   BatchNorm buffers, eval outputs and the state_dict's moments, with the
@@ -30,6 +31,7 @@ from torch import nn  # noqa: E402
 import strata.torch as st  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle  # noqa: E402
 from test_strata import nvme_config  # noqa: E402
 from test_torch_training import LR, TOL, WD, config as module_config  # noqa: E402
 
@@ -377,9 +379,10 @@ def buffers(model):
 
 
 def torch_run(case, steps, groups=None, make_sched=None, **kw):
-    """The oracle: a copy of the case's model trained with torch.optim.AdamW."""
+    """The oracle: a copy of the case's model trained with torch.optim.AdamW
+    (its sqrt correctly rounded)."""
     model = copy.deepcopy(case.model)
-    opt = torch.optim.AdamW(groups(model) if groups else model.parameters(), lr=LR, weight_decay=WD)
+    opt = oracle.AdamW(groups(model) if groups else model.parameters(), lr=LR, weight_decay=WD)
     norms = train(model, opt, case, steps, sched=make_sched(opt) if make_sched else None, **kw)
     return model, opt, norms
 

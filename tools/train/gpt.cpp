@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
+#include <algorithm>
 
 #include "kernels/cpu/layers/convert.h"
 #include "kernels/cpu/layers/encoder.h"
@@ -27,16 +29,55 @@ double Now() {
 
 uint64_t Gpt::param_count() const { return layers::GptParamCount(cfg_); }
 
+namespace {
+
+// The initial values of one tensor, drawn in chunks of kInitChunk values,
+// each from its own generator seeded by (seed, tensor, chunk): the values
+// do not depend on how many threads draw them, and a 1.5B model's take
+// seconds instead of most of a minute.
+constexpr uint64_t kInitChunk = uint64_t{1} << 20;
+
+uint64_t MixSeed(uint64_t x) {  // SplitMix64's finalizer
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+void DrawNormal(float* out, uint64_t count, uint64_t seed, uint64_t tensor, float scale) {
+  const uint64_t chunks = (count + kInitChunk - 1) / kInitChunk;
+  auto draw = [&](uint64_t c) {
+    std::mt19937_64 rng(MixSeed(MixSeed(seed ^ MixSeed(tensor)) ^ c));
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    const uint64_t end = std::min(count, (c + 1) * kInitChunk);
+    for (uint64_t i = c * kInitChunk; i < end; ++i) out[i] = normal(rng) * scale;
+  };
+  const unsigned threads = static_cast<unsigned>(std::min<uint64_t>(chunks, std::max(1u, std::thread::hardware_concurrency())));
+  if (threads <= 1) {
+    for (uint64_t c = 0; c < chunks; ++c) draw(c);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (uint64_t c = t; c < chunks; c += threads) draw(c);
+    });
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace
+
 bool RegisterGpt(const layers::GptConfig& cfg, strata_engine_t* e, uint64_t seed, std::string* error) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.02f);
   const float proj_scale = 1.0f / std::sqrt(2.0f * static_cast<float>(cfg.layers));
+  uint64_t tensor_no = 0;
   auto add = [&](int group, const layers::ParamTensor& t, const std::string& prefix, bool is_proj) {
     std::vector<float> init(t.count);
     const std::string name = t.name;
     const bool ln_weight = name.find("ln") != std::string::npos && name.find("weight") != std::string::npos;
     const bool bias = name.find("bias") != std::string::npos;
-    for (auto& v : init) v = ln_weight ? 1.0f : bias ? 0.0f : normal(rng) * (is_proj ? proj_scale : 1.0f);
+    const uint64_t this_tensor = tensor_no++;
+    if (ln_weight || bias) std::fill(init.begin(), init.end(), ln_weight ? 1.0f : 0.0f);
+    else DrawNormal(init.data(), t.count, seed, this_tensor, is_proj ? proj_scale : 1.0f);
     uint64_t off = 0;
     // Shaped as torch holds them (biases and norms 1-D), so that a
     // strata-export of the checkpoint loads into a model.

@@ -188,13 +188,39 @@ int Run(Args a) {
   if (engine_rank != rank || engine_world != world)
     return Fail("the engine runs as rank " + std::to_string(engine_rank) + " of " + std::to_string(engine_world) +
                 "; the launcher's variables say rank " + std::to_string(rank) + " of " + std::to_string(world));
+  // Start-up takes a while on a large model (a 1.5B one: its initial values
+  // drawn, then tens of GiB of state allocated and written): say what is
+  // going on, and how long each part took, before the first step.
+  const uint64_t nparams = layers::GptParamCount(cfg);
+  const auto t_start = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  if (lead) {
+    std::printf("strata-train: start-up: drawing the initial values of %llu parameters (preset %s)\n",
+                static_cast<unsigned long long>(nparams), preset->name);
+    std::fflush(stdout);
+  }
   if (!RegisterGpt(cfg, e, a.seed, &error)) return Fail(error);
+  const double t_register = since(t_start);
   std::unique_ptr<GptModel> model;
   if (a.gpu) model = MakeGptCuda(cfg, local_batch, a.seq);
   else model = std::make_unique<Gpt>(cfg, local_batch, a.seq);
   if (!model) return Fail("--gpu: this build has no GPU model");
   GptModel& gpt = *model;
+  const double t_model = since(t_start) - t_register;
+  if (lead) {
+    std::printf("strata-train: start-up: %.1f s drawing, %.1f s the model's buffers; building the engine (every "
+                "block allocated in its tier and its initial state written)\n",
+                t_register, t_model);
+    std::fflush(stdout);
+  }
+  const auto t_build0 = std::chrono::steady_clock::now();
   if (strata_engine_build(e) != STRATA_OK) return Fail(strata_last_error());
+  if (lead) {
+    std::printf("strata-train: start-up: built in %.1f s (%.1f s in all)\n", since(t_build0), since(t_start));
+    std::fflush(stdout);
+  }
 
   int64_t start = 0;
   if (!a.resume.empty()) {
