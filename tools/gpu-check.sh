@@ -102,8 +102,18 @@ build() {
   # The GPU's own tests first, then the figures, then every other test with
   # what is left of the budget (they also run in CI, without a GPU).
   GPU_TESTS='cuda|nccl|gpu'
-  echo "== GPU tests ($GPU_TESTS)"
-  (cd "$BUILD" && timeout 200 ctest --output-on-failure -j4 -R "$GPU_TESTS" 2>&1 | tail -25) || true
+  # The Python GPU tests run under the machine's python3 when it holds torch
+  # 2 (the GPU machines' image does; there is no venv there).
+  if [ -z "${STRATA_TORCH2_PYTHON:-}" ] && python3 -c 'import torch, pytest, sys; sys.exit(0 if torch.__version__.startswith("2") else 1)' 2>/dev/null; then
+    STRATA_TORCH2_PYTHON=$(command -v python3)
+    export STRATA_TORCH2_PYTHON
+  fi
+  echo "== GPU tests ($GPU_TESTS; python: ${STRATA_TORCH2_PYTHON:-none})"
+  (cd "$BUILD" && timeout 200 ctest --output-on-failure -j4 -R "$GPU_TESTS" -E 'rehearsal|python_gpu_test' 2>&1 |
+    tail -25) || true
+  echo "== Python GPU tests (strata.torch on CUDA against torch; a line of figures each)"
+  (cd "$BUILD" && timeout 240 ctest -V -R python_gpu_test_torch2 2>&1 |
+    grep -E 'gpu_case|run_gpu|skipped|passed|failed|FAILED|Error|^E ' | sed 's/^[0-9]*: //' | tail -40) || true
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   if [ "${gpus:-0}" -ge 2 ]; then
     echo "== two GPUs: NCCL through the engine at 2 ranks (== one CPU engine, bitwise)"
