@@ -148,6 +148,31 @@ build() {
     [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || echo "strata-train: exit status $rc"
     rm -rf "$OUT/train-swap"
   fi
+  # Offloaded against resident, same model, batch and steps (issue 33): the
+  # NVMe run above against gpt2 resident, and gpt2-medium with its state in
+  # host memory (a 1.5 GiB device budget: 1/3.4 of the state) against
+  # gpt2-medium resident. tokens/s ratios, and the overlapped step's
+  # speculated / replayed / unspeculated steps of the offloaded runs.
+  tok() { sed -n 's/.*tokens_per_s=\([0-9.]*\).*/\1/p' "$1" | tail -1; }
+  spec() { sed -n 's/.*overlapped step *\([0-9]*\) steps speculated ([0-9]* committed, \([0-9]*\) replayed.*, \([0-9]*\) not speculated.*/\1\/\2\/\3/p' "$1" | tail -1; }
+  train_run() {  # out-file args...
+    local out=$1; shift
+    local left=$(( 470 - ($(date +%s) - start) ))
+    if [ "$left" -lt 40 ]; then echo "$out: skipped (${left} s left)"; return; fi
+    timeout $(( left < 90 ? left : 90 )) "$BUILD/tools/strata-train" --gpu --print-every 100 "$@" >"$OUT/$out" 2>&1 ||
+      echo "$out: exit status $?"
+    tail -n 1 "$OUT/$out"
+  }
+  echo "== offloaded against resident (strata-train --gpu, 16 x 1024 tokens)"
+  train_run resident-gpt2.out --preset gpt2 --batch 16 --seq 1024 --steps 8 --resident
+  train_run resident-medium.out --preset gpt2-medium --batch 16 --seq 1024 --steps 6 --resident
+  train_run host-medium.out --preset gpt2-medium --batch 16 --seq 1024 --steps 6 --device-budget 1536MiB \
+    --host-budget 24GiB
+  n=$(tok "$OUT/strata-train.out" 2>/dev/null); rn=$(tok "$OUT/resident-gpt2.out" 2>/dev/null)
+  h=$(tok "$OUT/host-medium.out" 2>/dev/null); rh=$(tok "$OUT/resident-medium.out" 2>/dev/null)
+  ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", a/b}' || echo "n/a"; }
+  echo "offload_ratio host=$(ratio "$h" "$rh") nvme=$(ratio "$n" "$rn") (tokens/s offloaded / resident: gpt2-medium host $h / $rh, gpt2 nvme $n / $rn)"
+  echo "overlapped_steps speculated/replayed/unspeculated host=$(spec "$OUT/host-medium.out" 2>/dev/null) nvme=$(spec "$OUT/strata-train.out" 2>/dev/null)"
   # Two figures, each a pair of runs on equal terms (same model, batch,
   # steps, budgets) differing in one key, through --config:
   #  - the device pool: the gpt2 preset offloaded (state on NVMe, 256 MiB
