@@ -7,7 +7,8 @@
 #    as printed by the configure step) and it loads the installed library
 #    with STRATA_LIBRARY unset;
 #  - `pip install --no-deps --no-build-isolation --no-index` of python/ (a
-#    copy, to leave the source tree clean) works offline into a --target.
+#    copy, to leave the source tree clean) works offline into a --target;
+#  - both install every module of python/strata, strata.torch's included.
 # Usage: install_test.sh CMAKE BUILD_DIR CC CONSUMER_C WORK_DIR SOURCE_DIR
 set -eu
 cmake=$1 build=$2 cc=$3 src=$4 work=$5 source=$6
@@ -71,6 +72,15 @@ case "$2" in "$prefix"/*) ;; *) fail "the installed package loaded '$2', not the
 case "$3" in "$prefix"/*) ;; *) fail "python3 imported '$3', not the package in $prefix" ;; esac
 echo "ok: PYTHONPATH=$site: strata.version() = $1 from $2"
 
+# Every module of the source package is installed, subpackages (strata.torch) too.
+modules=$(cd "$source/python" && find strata -name '*.py' | LC_ALL=C sort)
+same_modules() {  # DIR WHAT: DIR holds the source package's modules, no fewer
+  got=$(cd "$1" && find strata -name '*.py' ! -name _installed.py | LC_ALL=C sort)
+  test "$got" = "$modules" || fail "$2 installed other modules than python/strata has:
+$(printf '%s\n' "$modules" >"$work/want"; printf '%s\n' "$got" | diff "$work/want" - || true)"
+}
+same_modules "$site" "cmake --install"
+
 # pip, offline, from a copy of the source tree's python/.
 "$py" -m pip --version >/dev/null 2>&1 || fail "python3 -m pip is missing (tools/install-deps.sh installs python3-pip)"
 cp -r "$source/python" "$work/pysrc"
@@ -83,5 +93,6 @@ out=$(cd "$work" && PYTHONPATH="$work/pip" STRATA_LIBRARY="$libfile" "$py" -c \
   "import strata; print('.'.join(map(str, strata.version())), strata.__file__)") || fail "import strata (pip): $out"
 set -- $out
 case "$2" in "$work/pip"/*) ;; *) fail "python3 imported '$2', not the pip-installed package" ;; esac
+same_modules "$work/pip" "pip install"
 echo "ok: pip install --target: strata.version() = $1 from $2"
 echo "installed package: C consumers, tools and Python work from $prefix"

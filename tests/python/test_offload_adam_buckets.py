@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import strata.torch as st  # noqa: E402
-from strata import _sizing  # noqa: E402
+from strata.torch import _sizing  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import oracle  # noqa: E402

@@ -1,10 +1,10 @@
-"""strata._sizing: OffloadAdam's engine groups cut to the model and the host
+"""strata.torch._sizing: OffloadAdam's engine groups cut to the model and the host
 budget (split_buckets, auto_bucket_numel) and the engine's copy of the
 parameters homed on NVMe where it would be a second one in host memory
 (lean_host_config)."""
 import pytest
 
-from strata import _sizing as sz
+from strata.torch import _sizing as sz
 
 
 def nvme(**extra):

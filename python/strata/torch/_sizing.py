@@ -9,7 +9,7 @@ engine group of n elements (fp32) and for the whole model of N:
                  PlanStaging: every slot holds the LARGEST group's states;
                  slots = offload_optimizer.buffer_count, 3..16, default 4)
   grad staging   4 n      (G is not addressable in place)
-  hand_grads     4 n      (the flat bucket tensor of torch.py, one at a time)
+  hand_grads     4 n      (_GroupEngine's flat bucket tensor, one at a time)
   P              4 N      (offload_param "none": the device tier, without a
                  GPU a host arena, holds a full copy of the parameters)
 

@@ -31,7 +31,7 @@ import weakref
 
 import torch
 
-from . import Error, INVALID, STATE
+from .. import Error, INVALID, STATE
 
 try:  # torch >= 2.0: subclasses only; 1.13: every torch function
     _NoTorchFunction = torch._C.DisableTorchFunctionSubclass

@@ -1,0 +1,191 @@
+"""OffloadAdam's group engines: one torch param group's parameters on one
+engine, packed in buckets (_sizing.split_buckets), with the gradients
+handed in and the new weights and states read back; and the checks and
+names of the parameters OffloadAdam is given.
+"""
+
+import torch
+
+from .. import Error, INVALID
+from . import _sizing
+from ._config import _current_stream, _new_engine, _remove_swap_folders, _swap_folders, _torch_dtype
+
+def _param_label(p, names, where=""):
+    name = (names or {}).get(id(p))
+    return f"parameter '{name}'" if name else f"parameter{where} of shape {tuple(p.shape)}"
+
+
+def _check_params(params, names, who, earlier=()):
+    """Refuses, naming the parameter, what the engine would train wrongly:
+    a parameter listed twice (torch 2.x refuses it too), a float64 one
+    (the engine's masters are float32: it would train in float32 without a
+    word), a sparse or non-floating one."""
+    seen = {id(p) for p in earlier}
+    for j, p in enumerate(params):
+        label = _param_label(p, names, f" {j}")
+        if id(p) in seen:
+            raise ValueError(f"{who}: {label} appears more than once (in a group or across groups); "
+                             "give each parameter once")
+        seen.add(id(p))
+        if p.dtype == torch.float64:
+            raise Error(INVALID, f"{who}: {label} is float64; the engine keeps float32 master weights and "
+                        "would train it in float32 precision: convert the model with .float() (or keep torch's "
+                        "optimizer for float64)")
+        if not p.dtype.is_floating_point:
+            raise Error(INVALID, f"{who}: {label} is {p.dtype}, not a floating-point parameter")
+        if p.is_sparse:
+            raise Error(INVALID, f"{who}: {label} is a sparse tensor; dense parameters only")
+
+
+def _split_names(params):
+    """`params` as torch.optim takes them, and {id(param): name} for those
+    given as (name, param) pairs, as model.named_parameters() yields them."""
+    names = {}
+
+    def strip(seq):
+        out = []
+        for x in seq:
+            if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str):
+                names[id(x[1])] = x[0]
+                x = x[1]
+            out.append(x)
+        return out
+
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        groups = []
+        for g in params:
+            ps = g["params"]
+            groups.append(dict(g, params=[ps] if isinstance(ps, torch.Tensor) else strip(ps)))
+        return groups, names
+    return strip(params), names
+
+
+class _GroupEngine:
+    """One torch param group on one engine: parameters packed in buckets of
+    bucket_numel elements (_sizing.split_buckets: a parameter larger than the
+    room left continues in the next bucket), one engine group per bucket."""
+
+    def __init__(self, cfg, params, bucket_numel, force_no_gpu, rank=0, world_size=1, names=None):
+        self.params = list(params)
+        self.folders = _swap_folders(cfg)
+        self.handed = False  # this step's gradients are in the engine (clip_grad_norm_)
+        try:
+            self.engine = _new_engine(cfg, rank, world_size, force_no_gpu=force_no_gpu)
+        except Error:
+            _remove_swap_folders(self.folders)
+            raise
+        self.names = names or {}
+        dtype = _torch_dtype(self.engine.compute_dtype)
+        if dtype != torch.float32:
+            for p in self.params:
+                if p.dtype != dtype:
+                    self.engine.close()
+                    _remove_swap_folders(self.folders)
+                    raise Error(INVALID, f"OffloadAdam: the config computes in {dtype} (bf16/fp16 enabled) but "
+                                f"{_param_label(p, names)} is {p.dtype}: the parameters must be that dtype (convert "
+                                "the model), or leave bf16/fp16 off (float32 masters of any parameter dtype)")
+        # [(group, [(param index, first element, count, offset in the group)])]
+        self.buckets = []
+        for g, bucket in enumerate(_sizing.split_buckets([p.numel() for p in self.params], bucket_numel)):
+            entries = []
+            for k, (i, start, count) in enumerate(bucket):
+                p = self.params[i]
+                # The model's name (its state_dict key) where the parameters
+                # came named, so that strata-export's file loads into the
+                # model; a piece of a parameter cut over groups is named
+                # "name[first:end]" and exported flat.
+                name = (names or {}).get(id(p), f"p{g}.{k}")
+                if count == p.numel():
+                    off = self.engine.add_param(g, name, p.detach())
+                else:
+                    piece = p.detach().reshape(-1)[start:start + count]
+                    off = self.engine.add_param(g, f"{name}[{start}:{start + count}]", piece)
+                entries.append((i, start, count, off))
+            self.buckets.append((g, entries))
+        self.engine.build()
+        self.device = "cuda" if self.engine.on_gpu else "cpu"
+        if world_size > 1:
+            with torch.no_grad():
+                self.copy_params_back()  # every rank starts from rank 0's values
+
+    def hand_grads(self, negate=False, scale=1.0, coef=None, poison=False):
+        """Hands .grad to the engine, divided by fp16's loss `scale` and
+        multiplied by torch's clip coefficient `coef` (a float32 tensor;
+        None: 1), in float32, as torch would over float32 masters;
+        `poison`: with a NaN, so that the engine skips the step."""
+        for g, entries in self.buckets:
+            numel = self.engine.group_numel(g)
+            flat = torch.zeros(numel, dtype=torch.float32, device=self.device)
+            for i, start, count, off in entries:
+                p = self.params[i]
+                if p.grad is not None:
+                    if p.grad.is_sparse:
+                        raise Error(INVALID, f"OffloadAdam: {_param_label(p, self.names)} has a sparse gradient "
+                                    "(e.g. nn.Embedding(sparse=True)); dense gradients only")
+                    flat[off:off + count].copy_(p.grad.reshape(-1)[start:start + count])
+            if scale != 1.0:
+                flat.div_(scale)
+            if coef is not None:
+                flat.mul_(coef.to(flat.device))
+            if poison:
+                flat[0] = float("nan")
+            if negate:  # maximize: torch steps with -grad
+                flat.neg_()
+            self.engine.grads(g, flat, stream=_current_stream(self.device))
+            del flat  # one bucket's at a time
+        self.handed = True
+
+    def copy_params_back(self):
+        pending = {}  # param index -> flat copy of a non-contiguous parameter cut over groups
+        for g, entries in self.buckets:
+            stream = _current_stream(self.device)
+            buf = self.engine.fetch_tensor(g, stream=stream)
+            for i, start, count, off in entries:
+                p = self.params[i]
+                if count == p.numel():
+                    p.copy_(buf[off:off + count].view_as(p))
+                elif p.is_contiguous():
+                    p.view(-1)[start:start + count].copy_(buf[off:off + count])
+                else:
+                    flat = pending.setdefault(i, torch.empty(p.numel(), dtype=p.dtype, device=p.device))
+                    flat[start:start + count].copy_(buf[off:off + count])
+                    if start + count == p.numel():
+                        p.copy_(pending.pop(i).view(p.shape))
+            self.engine.release(g, stream=stream)
+
+    def _per_param(self, reads):
+        """Per parameter, shaped like it: {key: values} from `reads(group)`,
+        {key: the group's flat values}, over the pieces in every group."""
+        out = [{} for _ in self.params]
+        for g, entries in self.buckets:
+            full = reads(g)
+            for i, start, count, off in entries:
+                for k, v in full.items():
+                    out[i].setdefault(k, []).append(v[off:off + count])
+        return [{k: torch.cat(v).view_as(p) if len(v) > 1 else v[0].view_as(p).clone() for k, v in st.items()}
+                for p, st in zip(self.params, out)]
+
+    def read_states(self):
+        """Per parameter: {"master_param", "exp_avg", "exp_avg_sq"} as tensors shaped like it."""
+        return self._per_param(lambda g: {k: self.engine.read_state(g, w) for k, w in
+                                          (("master_param", "master"), ("exp_avg", "exp_avg"),
+                                           ("exp_avg_sq", "exp_avg_sq"))})
+
+    def write_states(self, states):
+        """The inverse of read_states (a missing key keeps the engine's value)."""
+        for g, entries in self.buckets:
+            for key, which in (("master_param", "master"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
+                if not all(key in states[i] for i, _, _, _ in entries):
+                    continue
+                flat = self.engine.read_state(g, which)
+                for i, start, count, off in entries:
+                    flat[off:off + count] = states[i][key].reshape(-1)[start:start + count].to(torch.float32).cpu()
+                self.engine.write_state(g, which, flat)
+
+    def read_masters(self):
+        return [st["m"] for st in self._per_param(lambda g: {"m": self.engine.read_master(g)})]
+
+    def close(self):
+        self.engine.close()
+        _remove_swap_folders(self.folders)

@@ -1,0 +1,100 @@
+"""One parameter group of an offloaded module: a module's direct parameters
+as one engine group, their placeholders while released, and their
+gradients staged until the group's are complete; and _SavedView, a tensor
+autograd saved as its place in a fetched group.
+"""
+
+import torch
+
+from .. import Error, INVALID
+from . import _fetch_on_use as _fou
+from ._clip import _torch_norm_of
+
+class _SavedView:
+    __slots__ = ("group", "offset", "shape", "stride")
+
+    def __init__(self, group, offset, shape, stride):
+        self.group, self.offset, self.shape, self.stride = group, offset, shape, stride
+
+
+class _ModuleGroup:
+    """The direct trainable parameters of one module (tied ones only in the
+    first module that has them): one engine group."""
+
+    def __init__(self, owner, index, module, named_params, frozen=False):
+        self.owner, self.index, self.module, self.frozen = owner, index, module, frozen
+        self.names = [n for n, _ in named_params]
+        self.params = [p for _, p in named_params]
+        self.shapes = {p: p.shape for p in self.params}
+        self.dtypes = {p: p.dtype for p in self.params}
+        self.devices = {p: p.device for p in self.params}
+        self.offsets = [owner.engine.add_param(index, n, p.detach()) for n, p in zip(self.names, self.params)]
+        if frozen:
+            owner.engine.freeze_group(index)
+        self.numels = [p.numel() for p in self.params]  # .data is empty while released
+        self.numel = sum(self.numels)
+        self.staged = None
+        self.arrived = set()
+        self.refused = set()  # ids of the parameters whose gradients an unscaled fp16 backward brought (dropped)
+        self.ever_handed = False  # had a gradient in some step (torch would keep a zero .grad for it)
+        self.handed_params = set()  # indices of parameters whose gradients went to the engine this step
+        self.grad_accs = []  # AccumulateGrad nodes, kept alive so that their hooks stay
+
+    def install(self):
+        o = self.owner
+        # A released parameter is one element expanded to its shape: it costs
+        # nothing, and autograd's AccumulateGrad, which shapes .grad after
+        # the parameter, still sees the right shape.
+        one = torch.zeros(1, dtype=o.dtype, device=o.device)
+        # A 0-d parameter cannot be expanded from one element: it gets its own.
+        self.placeholders = {p: one.expand(self.shapes[p]) if len(self.shapes[p]) else
+                             torch.zeros((), dtype=o.dtype, device=o.device) for p in self.params}
+        for p in self.params:
+            # The compute dtype first: changing a parameter's dtype gives it a
+            # new AccumulateGrad node, which would not have our hook.
+            with _fou.quiet():
+                p.data = self.placeholders[p]
+            if self.frozen:
+                continue
+            # The AccumulateGrad node of p: its hook runs once p.grad holds
+            # this backward's gradient.
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            acc.register_hook(lambda *_, p=p: o.grad_ready(self, p))
+            self.grad_accs.append(acc)
+
+    def stage(self, p):
+        if self.staged is None:
+            self.staged = torch.zeros(self.numel, dtype=self.owner.dtype, device=self.owner.device)
+        i = next(k for k, q in enumerate(self.params) if q is p)
+        off = self.offsets[i]
+        grad = p.grad
+        if grad.is_sparse:
+            raise Error(INVALID, f"{self.names[i]}: a sparse gradient (e.g. nn.Embedding(sparse=True)); "
+                        "offload_module takes dense gradients only")
+        dst = self.staged[off:off + self.numels[i]]
+        o = self.owner
+        if i in self.arrived:  # another backward reached it (a reentrant checkpoint's, a second loss)
+            dst.add_(grad.reshape(-1))
+            o._norms_exact = False
+        else:
+            dst.copy_(grad.reshape(-1))
+            if id(p) in o._norms:  # handed in parts this step
+                o._norms_exact = False
+            elif o._norms_exact and not o.engine_accumulates and o.world_size == 1:
+                # The norm of the (fp16: unscaled) gradient in float32, as
+                # torch's clip_grad_norm_ would take it of a float32 master's
+                # .grad: a bf16 gradient's own norm would be rounded to bf16.
+                o._norms[id(p)] = _torch_norm_of(grad.float() / o._scaling.scale if o._scaling.enabled else
+                                                 grad.float())
+        p.grad = None
+        self.arrived.add(i)
+
+    def complete(self):
+        return len(self.arrived) == len(self.params)
+
+    def pending(self):
+        return bool(self.arrived)
+
+    def take_staged(self):
+        staged, self.staged, self.arrived = self.staged, None, set()
+        return staged

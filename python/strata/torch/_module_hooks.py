@@ -1,0 +1,280 @@
+"""The offloaded module's hooks, on the state OffloadedModule holds: a scope
+per module forward, the groups fetched and released around it (and on use,
+through _fetch_on_use), saved tensors packed as places in a group, and
+each gradient staged and handed to the engine as autograd produces it.
+"""
+
+import torch
+
+from .. import Error, STATE
+from . import _fetch_on_use as _fou
+from ._config import _current_stream
+from ._module_group import _SavedView
+
+
+class _ModuleHooks:
+    """OffloadedModule's forward and backward hooks (a mixin: the state is
+    OffloadedModule's, set in its __init__: engine, module, device, _groups,
+    _fetched, _refs, _scopes, _pinned, _loose, _callback_queued, _handed,
+    _overlap, _scaling)."""
+
+    # -- forward: a scope per module forward; parameters fetched on use
+    #
+    # A group is fetched (once; the engine counts nothing else) when a
+    # forward that needs it starts (its module's own parameters, a tied
+    # one's first module) or when torch code reads one of its parameters
+    # (_fetch_on_use: nn.MultiheadAttention's out_proj, a parent reading a
+    # child's weight, F.linear on another module's weight). It is held by
+    # the innermost running forward (its scope) and released when that
+    # forward ends, unless the forward's output aliases it (then the
+    # enclosing forward holds it). A use outside every forward holds it
+    # "loose", until backward ends or the step. While the outermost forward
+    # runs, tensors that autograd saves pass _pack, which saves a view of
+    # a fetched group as its place, so that backward fetches the group
+    # again rather than read a released buffer. Where other saved-tensor
+    # hooks are active at the outermost forward (torch.utils.checkpoint
+    # recomputing a forward inside backward, non-reentrant), those keep the
+    # saved tensors, and the groups the forward fetched stay "pinned" until
+    # their gradients are in or backward ends.
+    def _before_forward(self, needs):
+        if _fou.compiling():
+            _fou.refuse_compile(type(self.module).__name__)
+        scope = _Scope()
+        if not self._scopes:
+            if _fou.foreign_saved_tensor_hooks():
+                scope.pin = True
+            else:
+                scope.ctx = _fou.saved_tensor_hooks(self.pack, self.unpack)
+                scope.ctx.__enter__()
+        else:
+            scope.pin = self._scopes[-1].pin
+        self._scopes.append(scope)
+        try:
+            for g in needs:
+                self._hold(scope, g)
+                self.fetch(g)
+        except BaseException:
+            self._after_forward(None)  # a fetch refused: the scope ends with the forward that will not run
+            raise
+
+    def _after_forward(self, output):
+        if not self._scopes:
+            return
+        scope = self._scopes.pop()
+        if scope.ctx is not None:
+            scope.ctx.__exit__(None, None, None)
+        escaping = self._aliased(output, scope.held) if scope.held and not scope.pin else ()
+        for idx, g in scope.held.items():
+            self._refs[idx] -= 1
+            if scope.pin:
+                self._pinned[idx] = g
+            elif idx in escaping:
+                if self._scopes:
+                    self._hold(self._scopes[-1], g)
+                else:
+                    self._loose[idx] = g
+            self.release(g)
+
+    def _hold(self, scope, g):
+        if g.index not in scope.held:
+            scope.held[g.index] = g
+            self._refs[g.index] = self._refs.get(g.index, 0) + 1
+
+    def _aliased(self, output, held):
+        """Indices of the held groups whose buffer a tensor of `output` views."""
+        out = set()
+        with _fou.quiet():
+            for t in _fou._each_tensor(output, []):  # tensors, tuples, lists, dicts (HF's ModelOutput)
+                if t.device != self.device:
+                    continue
+                ptr = t.data_ptr()
+                for idx in held:
+                    f = self._fetched.get(idx)
+                    if f is not None and f[1] <= ptr < f[2]:
+                        out.add(idx)
+        return out
+
+    def use(self, g, name):
+        """_fetch_on_use: torch code reads a parameter of group g. Returns
+        True when the use is outside every forward (the caller then saves
+        what autograd keeps through pack/unpack)."""
+        if self._scopes:
+            self._hold(self._scopes[-1], g)
+            self.fetch(g)
+            return False
+        self._loose[g.index] = g
+        self.fetch(g)
+        return True
+
+    def fetch(self, g):
+        if g.index in self._fetched:
+            return
+        self._overlap.before_fetch(g)
+        try:
+            flat = self.engine.fetch_tensor(g.index, stream=_current_stream(self.device.type))
+        except Error as e:
+            raise self._overlap.explain(e, g, "fetched") from None
+        start = flat.data_ptr()
+        self._fetched[g.index] = (flat, start, start + flat.numel() * flat.element_size())
+        with _fou.quiet():
+            for p, off, n in zip(g.params, g.offsets, g.numels):
+                p.data = flat[off:off + n].view(g.shapes[p])
+
+    def release(self, g):
+        """Releases g unless something still holds it: a running forward, a
+        pin until its gradients, a use outside every forward."""
+        idx = g.index
+        if idx not in self._fetched or self._refs.get(idx, 0) > 0 or idx in self._pinned or idx in self._loose:
+            return
+        with _fou.quiet():
+            for p in g.params:
+                p.data = g.placeholders[p]
+        del self._fetched[idx]
+        self.engine.release(idx, stream=_current_stream(self.device.type))
+
+    def _between_passes(self):
+        """Before reading or writing the engine's state outside a pass: a
+        group held by a use outside every forward is let go (no forward runs;
+        a backward in flight keeps its pinned groups)."""
+        if not self._scopes:
+            held = list(self._loose.values())
+            self._loose.clear()
+            for g in held:
+                self.release(g)
+
+    def _drop_holds(self):
+        """Backward has ended (or the step came): nothing is pinned or loose."""
+        held = list(self._pinned.values()) + list(self._loose.values())
+        self._pinned.clear()
+        self._loose.clear()
+        for g in held:
+            self.release(g)
+
+    # -- saved tensors: a view of a fetched group is saved as (group, place)
+    def pack(self, t):
+        if self._fetched and t.device == self.device:
+            with _fou.quiet():
+                ptr = t.data_ptr()
+            for index, (flat, start, end) in self._fetched.items():
+                if start <= ptr < end and t.dtype == flat.dtype:
+                    return _SavedView(index, (ptr - start) // flat.element_size(), tuple(t.shape), t.stride())
+        return t
+
+    def unpack(self, saved):
+        if not isinstance(saved, _SavedView):
+            return saved
+        if self.engine is None:
+            raise Error(STATE, "backward needs an offloaded parameter, but its offload_module was closed")
+        self._queue_end_of_backward()
+        g = self._groups[saved.group]
+        held = g.index in self._fetched
+        self.fetch(g)  # backward: bring the group back; it is released when its gradients are in
+        flat = self._fetched[g.index][0]
+        view = flat.as_strided(saved.shape, saved.stride, saved.offset)
+        if g.frozen and not held:
+            # No gradient will say when a frozen group is done with: the
+            # backward op gets its own copy, and the group goes at once.
+            view = view.clone()
+            self.release(g)
+        return view
+
+    # -- backward: gradients to the engine as they are produced
+    def _queue_end_of_backward(self):
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._callback_queued = True
+
+    def grad_ready(self, g, p):
+        """A parameter's gradient is in .grad (a tied one's summed over its
+        uses; once more for each backward that reaches it, e.g. a reentrant
+        checkpoint's): stage it; a group whose every gradient is in goes to
+        the engine and is released."""
+        if self._scaling.checked and not self._scaling.in_backward:
+            self._refuse_unscaled(g, p)
+            return
+        self._queue_end_of_backward()
+        g.stage(p)
+        if g.complete():
+            self._hand(g)
+
+    def _refuse_unscaled(self, g, p):
+        """fp16, and a backward from a loss that did not go through
+        scale_loss reached parameter p of group g: the gradient is dropped
+        (none of this backward's reach the engine), g is let go once all of
+        its are, and the backward ends with the error, raised by a callback
+        at its end. Raised here, inside autograd's hook, it would leave the
+        graph's other nodes queued in the thread's ready queue, which torch
+        frees at the thread's exit, after Python: a crash at exit."""
+        p.grad = None  # the refused gradient (the next backward would add to it)
+        g.refused.add(id(p))
+        if len(g.refused) == len(g.params):
+            g.refused.clear()
+            self._pinned.pop(g.index, None)
+            self.release(g)
+        # One callback a refused gradient: the first raises, which ends the
+        # callbacks of this backward; one that errs before its end runs none.
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_refused_backward)
+
+    def _end_refused_backward(self):
+        """The end of a refused backward: lets go of what it fetched and
+        raises the refusal (the callbacks queued after this one do not run)."""
+        self._callback_queued = False
+        for g in self._groups:
+            g.refused.clear()
+        self._drop_holds()
+        for g in self._groups:
+            self.release(g)
+        raise self._scaling.refusal("backward reached the offloaded parameters from",
+                                    "Call off.backward(loss) (or off.scale_loss(loss).backward(); off.optimizer "
+                                    "has both)")
+
+    def _hand(self, g):
+        # The engine adds every grads call of a step to the group's
+        # accumulator, so a group handed in parts (a backward that ended
+        # early: a reentrant checkpoint's inner one) sums right.
+        self._overlap.before_grads(g)
+        g.handed_params |= g.arrived
+        g.ever_handed = True
+        self._handed.add(g.index)
+        try:
+            self.engine.grads(g.index, g.take_staged(), stream=_current_stream(self.device.type))
+        except Error as e:
+            raise self._overlap.explain(e, g, "given more gradients") from None
+        self._pinned.pop(g.index, None)
+        self.release(g)
+
+    def _end_of_backward(self):
+        self._callback_queued = False
+        self._hand_pending_and_let_go()
+
+    def _hand_pending_and_let_go(self):
+        # A group with a parameter that got no gradient (unused in this
+        # forward) goes with zeros there; groups still fetched are released.
+        for g in self._groups:
+            if g.pending():
+                self._hand(g)
+        self._drop_holds()
+        for g in self._groups:
+            self.release(g)
+
+
+class _Scope:
+    """One module forward running: the groups it holds (index -> group),
+    the saved-tensor hooks it entered (the outermost only), and whether its
+    groups stay pinned after it (foreign saved-tensor hooks keep what
+    autograd saves)."""
+    __slots__ = ("held", "ctx", "pin")
+
+    def __init__(self):
+        self.held, self.ctx, self.pin = {}, None, False
+
+
+def _forward_hooks_always_called():
+    """register_forward_hook's always_call=True where torch has it (2.1+):
+    a forward that raises still ends its scope."""
+    import inspect
+    try:
+        return {"always_call": True} if "always_call" in inspect.signature(
+            torch.nn.Module.register_forward_hook).parameters else {}
+    except (TypeError, ValueError):
+        return {}

@@ -1,0 +1,108 @@
+"""The offloaded model's state_dict and load_state_dict: the master weights
+in the offloaded parameters' places, and loaded values written to the
+engine as the new masters (the moments stay).
+"""
+
+import torch
+
+from .. import Error, INVALID
+from . import _fetch_on_use as _fou
+
+
+class _ModuleStateDict:
+    """OffloadedModule's model state (a mixin over OffloadedModule's
+    engine, module, device, _groups, _names, _group_of, _fetched, _refs,
+    _scopes, _overlap, _load_ctx and _load_strict, and _ModuleHooks'
+    _between_passes and _drop_holds; its __init__ registers the hooks)."""
+
+    # -- the model's state
+    def master_parameters(self):
+        """{qualified name: fp32 master weights} of every offloaded parameter
+        (tied parameters under each of their names). A collective."""
+        self._between_passes()
+        self._overlap.check_readable("master_parameters (state_dict, close)")
+        masters = {}
+        for g in self._groups:
+            m = self.engine.read_master(g.index)
+            for p, off, n in zip(g.params, g.offsets, g.numels):
+                masters[id(p)] = m[off:off + n].view(g.shapes[p]).clone()
+        return {name: masters[id(p)] for name, p in self._names}
+
+    def state_dict(self, *args, **kwargs):
+        """The module's state_dict, with the offloaded parameters' master
+        weights (in each parameter's own dtype and device) in their places."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict=True):
+        """The module's load_state_dict: the offloaded parameters' values
+        become the master weights (the moments stay)."""
+        return self.module.load_state_dict(state_dict, strict=strict)
+
+    def _module_state_dict(self, *args, **kwargs):
+        with _fou.quiet():  # the hook puts the masters in the placeholders' places
+            return type(self.module).state_dict(self.module, *args, **kwargs)
+
+    def _module_load_state_dict(self, state_dict, strict=True):
+        self._load_strict = bool(strict)
+        try:
+            with _fou.quiet():  # torch copies the values into the parameters' real tensors (the pre hook's)
+                return type(self.module).load_state_dict(self.module, state_dict, strict=strict)
+        finally:
+            self._load_strict = True
+
+    def _dtype_device(self, p):
+        g = self._group_of[id(p)]
+        return g.dtypes[p], g.devices[p]
+
+    def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
+        if self.engine is None:
+            return
+        masters = self.master_parameters()
+        for name, p in self._names:
+            key = prefix + name
+            if key in state_dict:
+                dtype, device = self._dtype_device(p)
+                state_dict[key] = masters[name].to(dtype=dtype, device=device)
+
+    def _load_pre_hook(self, module, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs):
+        # The root's hook runs before any module loads: each offloaded
+        # parameter gets a real tensor holding its master weights, which
+        # torch then copies the given values into; the post hook hands them
+        # to the engine, or (a refused load) drops them.
+        if self.engine is None or self._load_ctx is not None:
+            return
+        if self._scopes:
+            raise Error(INVALID, "load_state_dict: a forward is running")
+        self._drop_holds()
+        for g in self._groups:
+            if g.index in self._fetched or self._refs.get(g.index, 0) or g.pending():
+                raise Error(INVALID, "load_state_dict: a backward is running, or its gradients wait for the step")
+        masters = self.master_parameters()
+        with _fou.quiet():
+            for name, p in self._names:
+                dtype, _ = self._dtype_device(p)
+                p.data = masters[name].to(dtype=dtype, device=self.device)
+        # torch passes strict=True to every hook; the load's own is ours.
+        self._load_ctx = (self._load_strict, missing, unexpected, error_msgs)
+
+    def _load_post_hook(self, module, incompatible):
+        if self._load_ctx is None:
+            return
+        strict, missing, unexpected, error_msgs = self._load_ctx
+        self._load_ctx = None
+        refused = bool(error_msgs) or (strict and (missing or unexpected))
+        with _fou.quiet():
+            self._load_commit(refused)
+
+    def _load_commit(self, refused):
+        try:
+            if not refused:
+                for g in self._groups:
+                    flat = torch.zeros(self.engine.group_numel(g.index), dtype=torch.float32)
+                    for p, off, n in zip(g.params, g.offsets, g.numels):
+                        flat[off:off + n] = p.data.reshape(-1).to(device="cpu", dtype=torch.float32)
+                    self.engine.write_state(g.index, "master", flat)
+        finally:
+            for g in self._groups:
+                for p in g.params:
+                    p.data = g.placeholders[p]

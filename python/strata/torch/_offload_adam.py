@@ -1,0 +1,421 @@
+"""OffloadAdam: torch's AdamW with its master weights and moments in
+Strata's tiers, one _GroupEngine per set of parameters stepped together.
+"""
+
+import copy
+import itertools
+import os
+
+import torch
+
+from .. import Error, INVALID, STATE
+from . import _sizing
+from ._clip import (_OWNERS, _check_clip_args, _clip_result, _torch_clip_grad_norm, _torch_norm_of,
+                    _torch_total_norm)
+from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _resolve_ranks, _say_autos, _separate_swap_folders,
+                      _with_state_format)
+from ._group_engine import _GroupEngine, _check_params, _split_names
+from ._loss_scale import _LossScaling, _Scaler, _ScalesLoss, _fp16_section
+from ._offload_optimizer import _closure_loss
+
+class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
+    """AdamW (decoupled weight decay, as torch.optim.AdamW) whose fp32 master
+    weights and moments live in Strata's tiers (host memory or NVMe, as the
+    config says). The parameters stay ordinary tensors: step() hands each
+    gradient to the engine, steps, and copies the new weights back.
+
+    Hyperparameters are read from param_groups at every step, so LR schedulers
+    work. A parameter whose .grad is None is skipped, as torch skips it: a
+    frozen parameter (requires_grad=False) gets no state and never changes,
+    and one that misses a step keeps its moments and step count. Each set
+    of parameters that have been stepped together has its own engine (and
+    swap subfolder); one param group with no frozen parameters is one
+    engine.
+
+    torch 2.x's AdamW arguments: `amsgrad`, `capturable` and
+    `differentiable` are refused when set (not implemented); `maximize`
+    negates the gradients as torch does; `foreach` is accepted (torch's
+    foreach and single-tensor AdamW compute the same arithmetic, which the
+    engine's kernel reproduces); `fused=True` is refused (torch's fused
+    kernel rounds differently). On one rank clip_grad_norm_ is torch's own
+    for float32 gradients; for bf16/fp16 ones it is torch's over float32
+    masters whose .grad is .grad.float() (a float32 norm, never a bf16 one),
+    and the step applies the coefficient (.grad keeps its values).
+    state_dict() has torch's keys; float32 parameters hold their master
+    weights themselves, other dtypes add "master_param". A torch AdamW
+    state_dict loads, and ours loads into torch AdamW.
+
+    Ranks (see the module's docstring): with several, OffloadAdam is the
+    optimizer of a data-parallel job without DDP — each rank computes the
+    gradients of its own batch's mean loss, step() averages them over the
+    ranks (strata.grad_reduce) and updates the rank's partition of the
+    state (stage 1: optimizer state; 2: and gradients), and every rank ends
+    the step with the same parameters. At construction the parameters
+    become rank 0's values. `max_grad_norm=` clips as torch's
+    clip_grad_norm_ would over the averaged gradient (or use
+    clip_grad_norm_(), below, which also returns the norm).
+
+    `config`: the engine's JSON config (dict or string), e.g.
+    {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme",
+    "nvme_path": "/mnt/nvme"}}}; the optimizer section is filled in here.
+    Do not enable bf16/fp16 in it unless the parameters are that dtype.
+
+    `state_format`: "compact" keeps the optimizer state in about 5 bytes a
+    parameter instead of 12 (strata.state_format; needs bf16 parameters and
+    bf16 in the config); None keeps the config's (fp32 by default).
+
+    `params` may come named, as model.named_parameters() yields them: the
+    engine then registers each under its name (its state_dict key), so that
+    strata-export of the engine's checkpoint loads into the model (a
+    parameter cut over two engine groups, below, is exported flat, in
+    pieces named "name[first:end]").
+
+    `bucket_numel`: elements per engine group; a parameter larger than the
+    room left in one continues in the next. None (the default) sizes them to
+    the model and the host budget (strata.torch._sizing.auto_bucket_numel: 64Ki to
+    4Mi elements with the state on NVMe, 4Mi otherwise). With the state on
+    NVMe, no GPU and one rank, the engine's copy of the parameters goes to
+    NVMe too unless the config places it (strata.torch._sizing.lean_host_config).
+
+    The step is not overlapped with backward (the engine's overlap_step, on
+    by default in offload_module): step() reads .grad after whatever the
+    code did with it since backward (several backward passes summed,
+    torch's clip_grad_norm_, a GradScaler's unscale_), so no backward is
+    left to overlap the update with.
+
+    fp16 (the config's fp16.enabled, fp16 parameters): the loss must be
+    scaled, DeepSpeed's way — `opt.backward(loss)`, or
+    `opt.scale_loss(loss).backward()` (loss.float() * loss_scale) — and
+    step() raises INVALID when no backward since the last step went through
+    scale_loss, unless `loss_scaled=True` says the code multiplies each loss
+    by `opt.loss_scale` itself. step() divides the gradients by the scale
+    (in float32), skips the whole step when any gradient overflowed (no
+    parameter changes, the step count stays) and updates the scale: one
+    dynamic scale for every engine of the optimizer (the config's
+    initial_scale_power, loss_scale_window, hysteresis, min_loss_scale),
+    kept in state_dict() as "loss_scaler". .grad keeps the scaled values;
+    clip_grad_norm_ clips the unscaled ones (on one rank bitwise torch's
+    clip_grad_norm_ over float32 masters whose .grad is .grad.float() /
+    loss_scale).
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None, config=None,
+                 bucket_numel=None, force_no_gpu=False, rank=None, world_size=None,
+                 max_grad_norm=None, state_format=None, loss_scaled=False):
+        if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"invalid hyperparameters lr={lr} betas={betas} eps={eps} weight_decay={weight_decay}")
+        for flag, value in (("amsgrad", amsgrad), ("capturable", capturable), ("differentiable", differentiable),
+                            ("fused", fused)):
+            if value:
+                raise Error(INVALID, f"OffloadAdam: {flag}=True is not supported (the engine's AdamW kernel "
+                            "computes torch's single-tensor/foreach AdamW, bitwise); leave it off")
+        self._config = _with_state_format(_config_dict(config), state_format)
+        # fp16: the scaler is ours, one for every engine (see _Scaler); the
+        # engines get unscaled gradients and a static scale of 1.
+        fp16 = _fp16_section(self._config)
+        self._scaler = _Scaler(fp16) if fp16.get("enabled") is True else None
+        if self._scaler is not None:
+            fp16["loss_scale"] = 1.0
+        self._scaling = _LossScaling("OffloadAdam", self._scaler is not None, loss_scaled,
+                                     lambda: self._scaler.scale)
+        self._clip_coef = None  # fp16 on one rank: torch's clip coefficient, applied to the unscaled gradients
+        params, self._param_names = _split_names(params)
+        self._bucket_numel = bucket_numel
+        self._force_no_gpu = force_no_gpu
+        self._rank, self._world_size = _resolve_ranks(rank, world_size, "OffloadAdam")
+        self._clip_next = None  # from clip_grad_norm_, for the coming step
+        self._autos_said = set()  # the config's "auto" keys warned of (_config._say_autos)
+        # Per param group, its cohorts: _GroupEngines whose parameters have
+        # been stepped together since each first had a gradient (so they
+        # share a step count, as torch's per-parameter "step" would be). A
+        # parameter that never had a gradient (frozen) is in none: it has
+        # no state and is never changed.
+        self._cohorts = []
+        self._tags = itertools.count()
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False,
+                        maximize=bool(maximize), foreach=foreach, capturable=False, differentiable=False,
+                        fused=None, max_grad_norm=max_grad_norm)
+        if _TORCH2:
+            defaults["decoupled_weight_decay"] = True  # torch 2.x's AdamW says so in its groups
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                _OWNERS[id(p)] = self
+
+    def _clip_ids(self):
+        return {id(p) for group in self.param_groups for p in group["params"]}
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        index = len(self.param_groups) - 1
+        _check_params(self.param_groups[index]["params"], self._param_names, "OffloadAdam",
+                      [p for g in self.param_groups[:index] for p in g["params"]])
+        # The trainable parameters' engine is made now, not at the first
+        # step, so that a bad config fails at construction; their initial
+        # master weights are their values now. A group with none gets its
+        # config checked by an engine of one element.
+        trainable = [p for p in self.param_groups[index]["params"] if p.requires_grad]
+        if trainable:
+            self._cohorts.append([self._new_engine(index, trainable)])
+        else:
+            self._new_engine(index, [torch.zeros(1)]).close()
+            self._cohorts.append([])
+
+    def _new_engine(self, index, params):
+        group = self.param_groups[index]
+        tag = f"strata-{os.getpid()}-{id(self)}-{index}-{next(self._tags)}"
+        cfg = _separate_swap_folders(copy.deepcopy(self._config), tag)
+        if not isinstance(cfg.get("optimizer"), dict):  # "auto" or null: the section's defaults, filled below
+            cfg["optimizer"] = {}
+        opt = cfg["optimizer"]
+        opt["type"] = "AdamW"
+        if not isinstance(opt.get("params"), dict):
+            opt["params"] = {}
+        hyper = opt["params"]
+        hyper.update(lr=group["lr"], betas=list(group["betas"]), eps=group["eps"], weight_decay=group["weight_decay"])
+        hyper.setdefault("moment_update", _MOMENT_UPDATE)  # as this torch's AdamW computes the first moment
+        # The groups' size from the model and the host budget, and the
+        # engine's copy of the parameters on NVMe where it would be a second
+        # one in host memory (_sizing.py says why and what it costs).
+        bucket = self._bucket_numel or _sizing.auto_bucket_numel(sum(p.numel() for p in params), cfg)
+        on_gpu = not self._force_no_gpu and torch.cuda.is_available()
+        cfg = _sizing.lean_host_config(cfg, bucket, on_gpu=on_gpu, world_size=self._world_size)
+        ge = _GroupEngine(cfg, params, bucket, self._force_no_gpu, self._rank, self._world_size, self._param_names)
+        _say_autos(self._config, ge.engine.config, "OffloadAdam", self._autos_said, _filled_by_arguments)
+        return ge
+
+    @property
+    def _engines(self):
+        return [ge for cohorts in self._cohorts for ge in cohorts]
+
+    def _regroup(self, index):
+        """The cohorts of param group `index` that step now, as torch
+        AdamW's rule has it: a parameter whose .grad is None is skipped (no
+        decay, moments and step count kept); one with a gradient is
+        stepped. A cohort whose parameters disagree is split (its state
+        read out and written into two engines); parameters with a gradient
+        for the first time form a new cohort, at step 0."""
+        group = self.param_groups[index]
+        stepping, kept = [], []
+        for ge in self._cohorts[index]:
+            have = [p.grad is not None for p in ge.params]
+            if all(have):
+                stepping.append(ge)
+            elif not any(have):
+                kept.append(ge)
+            else:
+                states = ge.read_states()
+                parts = []
+                for flag in (True, False):
+                    ps = [p for p, h in zip(ge.params, have) if h == flag]
+                    sts = [st for st, h in zip(states, have) if h == flag]
+                    part = self._new_engine(index, ps)
+                    part.write_states(sts)
+                    part.engine.steps = ge.engine.steps
+                    parts.append(part)
+                ge.close()
+                stepping.append(parts[0])
+                kept.append(parts[1])
+        known = {id(p) for ge in self._cohorts[index] for p in ge.params}
+        new = [p for p in group["params"] if id(p) not in known and p.grad is not None]
+        if new:
+            stepping.append(self._new_engine(index, new))
+        self._cohorts[index] = stepping + kept
+        return stepping
+
+    @property
+    def rank(self):
+        return self._rank
+
+    @property
+    def world_size(self):
+        return self._world_size
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, params=None):
+        """torch.nn.utils.clip_grad_norm_ over every parameter of this
+        optimizer (the torch function, patched by strata.torch, sends them
+        here, as `params`: the order torch was given them), as the coming
+        step will see the gradients (averaged over the ranks, where torch's
+        own would see only this rank's): returns the total norm and clips at
+        step(). With several ranks one param group only (the norm of several
+        engines' gradients is not one engine's), and a collective."""
+        _check_clip_args(max_norm, norm_type)
+        self._check_scaled("clip_grad_norm_")
+        if params is None:
+            params = [p for group in self.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        if self._world_size == 1 and self._scaler is None and all(g.dtype == torch.float32 for g in grads):
+            # One rank, float32 gradients: this rank's, in .grad; torch's own
+            # function clips them, bitwise as torch would.
+            return _torch_clip_grad_norm(params, max_norm, norm_type=norm_type,
+                                         error_if_nonfinite=error_if_nonfinite)
+        if self._world_size == 1:
+            # One rank, fp16 (.grad holds the scaled gradients) or bf16
+            # gradients (torch's own norm would be rounded to bf16): torch's
+            # arithmetic over the float32 gradients the step gets, as over
+            # float32 masters (.grad.float() / loss_scale): its norms, and its
+            # coefficient, which step() applies.
+            scale = self.loss_scale
+            if not grads:
+                return torch.tensor(0.0)
+            total = _torch_total_norm([_torch_norm_of(g.float() / scale) for g in grads])
+            if error_if_nonfinite and not torch.isfinite(total):
+                _clip_result(float("inf"), norm_type, True)
+            self._clip_coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+            return total
+        engines = self._regroup(0) if len(self.param_groups) == 1 else self._engines
+        if len(self.param_groups) != 1 or len(engines) != 1:
+            raise Error(INVALID, f"clip_grad_norm_ with several ranks: {len(self.param_groups)} param groups, "
+                        f"{len(engines)} engines with gradients; one only (each has its own norm): pass "
+                        "max_grad_norm per group instead")
+        ge = engines[0]
+        if not ge.handed:
+            ge.hand_grads(negate=self.param_groups[0].get("maximize", False), scale=self.loss_scale)
+        norm = ge.engine.grad_norm()
+        result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
+        self._clip_next = float(max_norm)
+        return result
+
+    # -- fp16 loss scaling (see the class docstring): _ScalesLoss
+    def _check_scaled(self, what):
+        if (self._scaling.checked and not self._scaling.since_step and
+                any(p.grad is not None for group in self.param_groups for p in group["params"])):
+            raise self._scaling.refusal(f"{what} got the gradients of",
+                                        "Call opt.backward(loss) (or opt.scale_loss(loss).backward())")
+
+    def _overflowed(self, engines):
+        """Whether any of these engines' parameters has a gradient that is
+        not finite (this rank's): one read back per device."""
+        by_device = {}
+        for ge in engines:
+            for p in ge.params:
+                if p.grad is not None:
+                    by_device.setdefault(p.grad.device, []).append(torch.isfinite(p.grad).all())
+        return not all(bool(torch.stack(flags).all()) for flags in by_device.values())
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = _closure_loss(closure)
+        self._check_scaled("step()")
+        results = []
+        clip_next, self._clip_next = self._clip_next, None
+        coef, self._clip_coef = self._clip_coef, None
+        scale = self.loss_scale
+        stepping = [(group, ge) for index, group in enumerate(self.param_groups) for ge in self._regroup(index)]
+        # fp16: a step is skipped whole when any gradient overflowed. Each
+        # engine skips on its own gradients; with several, one that
+        # overflowed here makes every other skip too (a NaN in its
+        # gradients; with several ranks that reaches every rank's).
+        poison = self._scaler is not None and len(stepping) > 1 and self._overflowed(
+            [ge for _, ge in stepping if not ge.handed])
+        for group, ge in stepping:
+            if not ge.handed:
+                ge.hand_grads(negate=group.get("maximize", False), scale=scale, coef=coef, poison=poison)
+            clip = clip_next if clip_next is not None else group.get("max_grad_norm")
+            norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                                           weight_decay=group["weight_decay"], max_grad_norm=clip)
+            ge.handed = False
+            ge.copy_params_back()
+            results.append((norm, skipped))
+            for p in ge.params:
+                self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
+        if self._scaler is not None and results:
+            skipped = [k for _, k in results]
+            if any(skipped) and not all(skipped):
+                raise Error(STATE, f"OffloadAdam: fp16 step: {skipped.count(True)} of {len(skipped)} engines "
+                            "skipped the step (an overflow) and the others did not; the optimizer is no longer "
+                            "one model's (report this)")
+            self._scaler.update(all(skipped))
+        self._scaling.stepped()
+        self.last_results = results  # (grad_norm, skipped) per engine that stepped
+        return loss
+
+    def state_dict(self):
+        """torch.optim.AdamW's format, per parameter that has been stepped:
+        "step", "exp_avg", "exp_avg_sq", and "master_param" (its float32
+        master weights; torch AdamW loads the dict and ignores it)."""
+        for ge in self._engines:
+            if ge.engine.steps == 0:
+                continue  # torch has no state for a parameter before its first step
+            for p, st in zip(ge.params, ge.read_states()):
+                self.state[p].update(st)
+                self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
+        out = super().state_dict()
+        # The returned dict keeps the per-parameter dicts; ours drop the copies.
+        for p in list(self.state):
+            self.state[p] = {"step": self.state[p]["step"]}
+        if self._scaler is not None:
+            out["loss_scaler"] = self._scaler.state_dict()  # fp16 (torch AdamW ignores it)
+        return out
+
+    def load_state_dict(self, state_dict):
+        """Restores param_groups, the master weights, both moments and the
+        step count (and fp16's loss scaler), so training goes on as if it had
+        never stopped."""
+        scaler = None
+        if self._scaler is not None and "loss_scaler" in state_dict:
+            scaler = _Scaler.parse_state(state_dict["loss_scaler"])  # refused before anything changes
+        super().load_state_dict(state_dict)
+        # torch casts floating-point state to its parameter's dtype: the
+        # float32 masters and moments of bf16/fp16 parameters would be
+        # rounded. They are taken from the given dict as they are.
+        saved = state_dict["state"]
+        ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        for i, p in zip(ids, (p for g in self.param_groups for p in g["params"])):
+            for k, v in saved.get(i, {}).items():
+                if k in ("master_param", "exp_avg", "exp_avg_sq") and isinstance(v, torch.Tensor):
+                    self.state[p][k] = v
+        if scaler is not None:
+            self._scaler.set_state(scaler)
+        self.close()
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    master = self.state[p].get("master_param")
+                    if master is not None:
+                        p.copy_(master.to(p.dtype))
+        # Cohorts again: the parameters with state, by their step count;
+        # those without (never stepped) join one at their first gradient.
+        self._cohorts = []
+        for index, group in enumerate(self.param_groups):
+            by_step = {}
+            for p in group["params"]:
+                st = self.state.get(p, {})
+                if "exp_avg" in st or "master_param" in st:
+                    by_step.setdefault(int(float(st.get("step", 0))), []).append(p)
+            cohorts = []
+            for steps, ps in sorted(by_step.items()):
+                ge = self._new_engine(index, ps)
+                ge.write_states([self.state[p] for p in ps])
+                ge.engine.steps = steps
+                cohorts.append(ge)
+            self._cohorts.append(cohorts)
+        for p in list(self.state):  # the engine holds them now
+            self.state[p] = {"step": self.state[p].get("step", torch.tensor(0.0))}
+
+    def __deepcopy__(self, memo):
+        raise Error(INVALID, "copy.deepcopy of an OffloadAdam: not supported (its state lives in the Strata engines, "
+                    "which are not copied). Make a new OffloadAdam over the copy's parameters and "
+                    "load_state_dict(opt.state_dict()) into it")
+
+    def close(self):
+        """Frees the engines (and their swap files). step() no longer works."""
+        for ge in self._engines:
+            ge.close()
+        self._cohorts = [[] for _ in self._cohorts]
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _filled_by_arguments(path):
+    """Where OffloadAdam's engine config got the value at `path`: its
+    optimizer section is OffloadAdam's own (the param group's options)."""
+    if path[:1] != ("optimizer",):
+        return "Strata's default"
+    return f"OffloadAdam's {path[2]}=" if len(path) == 3 and path[1] == "params" else "OffloadAdam's arguments"

@@ -1,0 +1,324 @@
+"""OffloadedModule, what offload_module returns: the state of one offloaded
+model. It builds the engine and the groups, installs the hooks
+(_module_hooks), owns the step, clipping and close; the model's
+state_dict is _module_state's.
+"""
+
+import math
+import os
+import warnings
+
+import torch
+
+from .. import Error, INVALID, STATE
+from . import _fetch_on_use as _fou
+from ._clip import _OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _torch_total_norm
+from ._config import (_TORCH2, _current_stream, _engine_device, _new_engine, _remove_swap_folders, _resolve_ranks,
+                      _say_autos, _separate_swap_folders, _swap_folders, _torch_dtype)
+from ._loss_scale import _LossScaling, _ScalesLoss, _fp16_section
+from ._module_group import _ModuleGroup
+from ._module_hooks import _ModuleHooks, _forward_hooks_always_called
+from ._module_state import _ModuleStateDict
+from ._offload_optimizer import OffloadOptimizer
+from ._overlap import _Overlap
+
+
+class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
+    """What offload_module returns: the engine that owns the parameters, the
+    optimizer that steps them (`optimizer`, a torch.optim.Optimizer), and
+    the model's full state (state_dict / load_state_dict, through the model
+    too). close() removes the hooks and gives the module its parameters
+    back as ordinary tensors holding the master weights."""
+
+    def __init__(self, module, config, force_no_gpu, grad_accumulation_steps, rank=None, world_size=None,
+                 overlap_step=None, loss_scaled=False):
+        self.module = module
+        self.engine = None
+        self._scaling = _LossScaling("offload_module", _fp16_section(config).get("enabled") is True, loss_scaled,
+                                     self._engine_loss_scale)
+        self.rank, self.world_size = _resolve_ranks(rank, world_size, "offload_module")
+        if overlap_step not in (None, True, False):
+            raise Error(INVALID, f"offload_module: overlap_step={overlap_step!r}; one of None (on, the default), "
+                        "True, False")
+        config = _separate_swap_folders(config, f"strata-{os.getpid()}-{id(self)}")
+        self._folders = _swap_folders(config)
+        try:
+            # A group that got no gradient in a step (a module unused in it,
+            # or whose parameters were all frozen since) is left untouched,
+            # with its own step count: torch AdamW's rule for .grad None.
+            self.engine = _new_engine(config, self.rank, self.world_size, force_no_gpu=force_no_gpu,
+                                      grad_accumulation_steps=grad_accumulation_steps, skip_groups_without_grads=True,
+                                      overlap_step=overlap_step is not False)
+        except Error:
+            _remove_swap_folders(self._folders)
+            raise
+        try:
+            self._check_module(module)
+        except Exception:
+            self.engine.close()
+            _remove_swap_folders(self._folders)
+            raise
+        _say_autos(config, self.engine.config, "offload_module", set())
+        self._handles = []
+        self._groups = []  # _ModuleGroup per module with direct trainable parameters of its own
+        self._names = []  # (qualified name, parameter) of every offloaded name, tied ones included
+        owner_of = {}  # id(parameter) -> its group
+        users = []  # (module, [groups its forward needs])
+        tied = []  # (qualified name, parameter) of a tied parameter's later names
+        self._frozen_names = []  # (qualified name, parameter) of the frozen ones
+        for name, m in module.named_modules():
+            own, frozen, needs = [], [], []
+            for n, p in m.named_parameters(recurse=False):
+                qual = f"{name}.{n}" if name else n
+                self._names.append((qual, p))
+                g = owner_of.get(id(p))
+                if g is not None:  # tied: one master, in the group of its first module
+                    tied.append((qual, p))
+                    if g not in needs:
+                        needs.append(g)
+                elif p.requires_grad:
+                    own.append((qual, p))
+                else:
+                    frozen.append((qual, p))
+                    self._frozen_names.append((qual, p))
+            # A module's frozen parameters (a LoRA base layer's weight) are
+            # a group of their own: P only in the engine, never a gradient.
+            for named, is_frozen in ((frozen, True), (own, False)):
+                if named:
+                    g = _ModuleGroup(self, len(self._groups), m, named, frozen=is_frozen)
+                    self._groups.append(g)
+                    for _, p in named:
+                        owner_of[id(p)] = g
+                    needs.insert(0, g)
+            users.append((m, needs))  # every module: a scope for the parameters its forward reads
+        if not any(not g.frozen for g in self._groups):
+            self.engine.close()
+            _remove_swap_folders(self._folders)
+            raise Error(INVALID, "offload_module: the module has no trainable parameters")
+        for qual, p in tied:  # strata-export writes a tied weight under each name
+            g = owner_of[id(p)]
+            first = next(n for n, q in zip(g.names, g.params) if q is p)
+            self.engine.add_alias(g.index, qual, first)
+        self.engine.build()
+        # With its index: a tensor's device is cuda:N, and torch.device("cuda")
+        # compares unequal to it (saved views of fetched groups went unseen by
+        # pack, and backward read released buffers).
+        self.device = _engine_device(self.engine)
+        self.dtype = _torch_dtype(self.engine.compute_dtype)
+        self._fetched = {}  # group index -> (flat tensor, first byte address, end address)
+        self._refs = {}  # group index -> running forwards (scopes) that hold it
+        self._scopes = []  # _Scope per module forward running, innermost last
+        self._pinned = {}  # group index -> group, held until its gradients are in or backward ends
+        self._loose = {}  # group index -> group, used outside any forward: held until backward ends or step
+        self._callback_queued = False
+        self._clip_next = None
+        self._norms, self._norms_exact = {}, True  # id(param) -> torch's norm of its staged gradient
+        self.engine_accumulates = grad_accumulation_steps != 1
+        self._keep_zero_grads = not _TORCH2  # zero_grad()'s default meaning in this torch
+        self._handed = set()  # groups handed gradients this step
+        self._warned_missed = set()
+        self._overlap = _Overlap(self, overlap_step, grad_accumulation_steps)
+        self._group_of = owner_of
+        for g in self._groups:
+            g.install()
+            for p, qual in zip(g.params, g.names):
+                if not g.frozen:
+                    _OWNERS[id(p)] = self  # clip_grad_norm_: the trainable ones
+                _fou.adopt(p, self, g, qual)
+        for qual, p in tied:
+            _fou.adopt(p, self, owner_of[id(p)], _fou._OFFLOADED[id(p)][3])
+        always = _forward_hooks_always_called()
+        for m, needs in users:
+            self._handles.append(m.register_forward_pre_hook(
+                lambda mod, inp, needs=needs: self._before_forward(needs)))
+            self._handles.append(m.register_forward_hook(
+                lambda mod, inp, out: self._after_forward(out), **always))
+        self._handles.append(module._register_state_dict_hook(self._state_dict_hook))
+        self._handles.append(module._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True))
+        self._handles.append(module.register_load_state_dict_post_hook(self._load_post_hook))
+        self._load_ctx = None
+        # torch's hooks are not told whether a load is strict: the model's
+        # load_state_dict says it here (called otherwise, a load is strict).
+        self._load_strict = True
+        module.load_state_dict = self._module_load_state_dict
+        module.state_dict = self._module_state_dict
+        module.__deepcopy__ = self.__deepcopy__  # copy.deepcopy(model) asks the instance first
+        opt = self.engine.config["optimizer"]["params"]
+        self.optimizer = OffloadOptimizer(self, [g for g in self._groups if not g.frozen], opt)
+
+    def _check_module(self, module):
+        """Refuses, naming the parameter, what would train wrongly or fail
+        later: float64 (float32 masters), a dtype the config does not
+        compute in (the model would run in the compute dtype), sparse
+        gradients, a parameter subclass."""
+        dtype = _torch_dtype(self.engine.compute_dtype)
+        for name, m in module.named_modules():
+            if getattr(m, "sparse", False) and isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+                raise Error(INVALID, f"offload_module: {name or type(m).__name__}.weight would get sparse gradients "
+                            "(sparse=True); offload_module takes dense gradients only")
+        for name, p in module.named_parameters():
+            if p.dtype == torch.float64:
+                raise Error(INVALID, f"offload_module: parameter '{name}' is float64; the engine keeps float32 "
+                            "master weights and would train it in float32: convert the model with .float()")
+            if p.dtype != dtype and p.dtype != torch.float32:
+                # float32 parameters under bf16/fp16 compute are mixed
+                # precision (the model runs in the compute dtype, masters
+                # stay float32); a half-precision model under float32
+                # compute would run in float32 behind the user's back.
+                raise Error(INVALID, f"offload_module: parameter '{name}' is {p.dtype} but the config computes in "
+                            f"{dtype}: enable the matching bf16/fp16 section in the config, or convert the model "
+                            "to float32")
+            if type(p) not in (torch.nn.Parameter, _fou._OffloadedParameter):
+                raise Error(INVALID, f"offload_module: parameter '{name}' is a {type(p).__name__}; plain "
+                            "nn.Parameter only")
+
+    # -- the optimizer
+    def step(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
+        """One optimizer step over every group; None takes the config's
+        value (max_grad_norm: the clip_grad_norm_ of this step, else the
+        config's gradient_clipping). A group that got no gradient since the
+        last step is left alone, as torch leaves a parameter whose .grad is
+        None (but see zero_grad). Gradients are
+        averaged over the ranks and the grad_accumulation_steps backward
+        passes (strata.grad_reduce "mean"). Returns (grad_norm, skipped)."""
+        self._settle()
+        if self._keep_zero_grads:
+            for g in self._groups:  # torch would step their zero .grad
+                if not g.frozen and g.ever_handed and g.index not in self._handed:
+                    self.engine.grads(g.index, torch.zeros(g.numel, dtype=self.dtype, device=self.device),
+                                      stream=_current_stream(self.device.type))
+        clipped = max_grad_norm is None and self._clip_next is not None
+        if max_grad_norm is None:
+            max_grad_norm = self._clip_next
+        self._clip_next = None
+        self._norms, self._norms_exact = {}, True
+        self._handed = set()
+        for g in self._groups:
+            g.handed_params = set()
+        # The options as the engine will take them, None as the config's
+        # value, so that prepare_step's and step's compare equal.
+        opts = self._overlap.options(lr, betas, eps, weight_decay, max_grad_norm)
+        self._scaling.stepped()
+        try:
+            return self.engine.step(**opts)
+        finally:
+            self._overlap.after_step(opts, clipped)
+
+    # -- fp16 loss scaling (see offload_module)
+    def _engine_loss_scale(self):
+        if self.engine is None:
+            raise Error(STATE, "offload_module: closed; it has no loss scale")
+        return self.engine.loss_scale
+
+    def zero_grad(self, set_to_none=None):
+        """Gradients go to the engine and never stay in .grad; what is
+        recorded is torch's meaning of the call for the next step: with
+        set_to_none=False (torch 1.x's default) a parameter that had a
+        gradient keeps a zero one, so a step it gets no new gradient in
+        still updates it (decay, moments), as torch would; with True (torch
+        2.x's default) it is skipped."""
+        self._keep_zero_grads = not (_TORCH2 if set_to_none is None else bool(set_to_none))
+
+    def _settle(self):
+        """Between backward and step: a backward that ended without our
+        callback (no gradient reached a group) leaves nothing held; a frozen
+        parameter made trainable since offload_module is refused, naming it;
+        one that got no gradient beside others of its group is warned of."""
+        self._hand_pending_and_let_go()
+        for name, p in self._frozen_names:
+            if p.requires_grad or p.grad is not None:
+                raise Error(INVALID, f"offload_module: frozen parameter '{name}' was made trainable after "
+                            "offload_module; its gradients would be dropped: close() and offload the module "
+                            "again")
+        missed = [n for g in self._groups if g.index in self._handed
+                  for i, n in enumerate(g.names) if i not in g.handed_params]
+        if missed and not self._warned_missed.issuperset(missed):
+            self._warned_missed.update(missed)
+            warnings.warn(f"offload_module: {len(missed)} parameter(s) got no gradient this step while others of "
+                          f"their module did ({', '.join(missed[:5])}{', ...' if len(missed) > 5 else ''}); the "
+                          "engine steps a module's parameters together, so these step with zero gradients "
+                          "(weight decay and moments advance), where torch AdamW would skip them")
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False, params=None):
+        """torch.nn.utils.clip_grad_norm_ for the offloaded parameters (which
+        the torch function, patched by strata.torch, sends here): returns the
+        total L2 norm of this step's gradients (averaged over the ranks) and
+        clips them to max_norm at the coming step. On one rank with one
+        backward per step it is torch's arithmetic, bitwise (`params`: the
+        order torch was given them); else the engine's norm (in double). A
+        collective."""
+        _check_clip_args(max_norm, norm_type)
+        self._settle()
+        norm = self.engine.grad_norm()
+        exact = self._exact_norms(params)
+        if exact is not None:
+            # torch's own arithmetic over the gradients as they were staged
+            # (one rank, one backward per step): its norm, and its float32
+            # coefficient, which the engine then applies exactly.
+            total = _torch_total_norm(exact)
+            if error_if_nonfinite and not torch.isfinite(total):
+                _clip_result(float("inf"), norm_type, True)
+            coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+            if not (torch.isfinite(total) and math.isfinite(norm)):
+                # An overflow (fp16) or a NaN: the step skips it (or, with
+                # strata.nonfinite "apply", applies it unclipped).
+                self._clip_next = 0.0
+            else:
+                self._clip_next = _engine_clip_for(float(coef), norm) if float(coef) < 1.0 else 0.0
+            self._overlap.clip_unclipped = 0.0  # what this path gives a step it does not clip
+            return total
+        result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
+        self._clip_next = float(max_norm)
+        self._overlap.clip_unclipped = float(max_norm)
+        return result
+
+    def _exact_norms(self, params):
+        """torch's per-parameter norms, in the order clip_grad_norm_ was
+        given the parameters, where they are exact: one rank, and every
+        gradient of this step staged once. Else None."""
+        if not self._norms_exact or self.world_size != 1 or self.engine_accumulates or not self._norms:
+            return None
+        order = params if params is not None else [p for g in self._groups if not g.frozen for p in g.params]
+        return [self._norms[id(p)] for p in order if id(p) in self._norms] or None
+
+    def _clip_ids(self):
+        return {id(p) for g in self._groups if not g.frozen for p in g.params}
+
+    def __deepcopy__(self, memo):
+        """copy.deepcopy of the model, of this, or of its optimizer: refused,
+        saying what to do (the engine that holds the values is not copied)."""
+        raise Error(INVALID, f"copy.deepcopy of a {type(self.module).__name__} under offload_module: not supported "
+                    "(its parameters' values live in the Strata engine, which is not copied). deepcopy the model "
+                    "before offload_module; or build a fresh model and load_state_dict(model.state_dict()) into it "
+                    "(the master weights); close() gives the model back as an ordinary one")
+
+    def close(self):
+        """Removes the hooks; the parameters become ordinary tensors holding
+        the master weights (in their original dtype); the engine is freed."""
+        if self.engine is None:
+            return
+        while self._scopes:  # a forward that raised: its scopes never ended
+            scope = self._scopes.pop()
+            if scope.ctx is not None:
+                scope.ctx.__exit__(None, None, None)
+        masters = self.master_parameters()
+        named = dict((id(p), name) for name, p in self._names)
+        self._pinned.clear()
+        self._loose.clear()
+        for g in self._groups:
+            self._refs[g.index] = 0
+            self.release(g)
+            with _fou.quiet():
+                for p in g.params:
+                    p.data = masters[named[id(p)]].to(dtype=g.dtypes[p], device=g.devices[p])
+                    _OWNERS.pop(id(p), None)
+                    _fou.disown(p)
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.module.__dict__.pop("load_state_dict", None)
+        self.module.__dict__.pop("state_dict", None)
+        self.module.__dict__.pop("__deepcopy__", None)
+        self.engine.close()
+        self.engine = None
+        _remove_swap_folders(self._folders)
