@@ -68,6 +68,7 @@ Status Engine::Impl::Build() {
 }
 
 void Engine::Impl::UndoBuild() {
+  acts_.reset();  // its arena and swap go back before the tiers
   checkpointer_.reset();
   reducer_.reset();
   worker_.reset();
@@ -170,6 +171,16 @@ Status Engine::Impl::BuildOnce() {
     spec_disk_room_ = room;
     cow_spare += room;
   }
+  // Swap for stashed activations (activations/activation_store.h), beside the state's.
+  const uint64_t act_nvme = config_.strata.activation_nvme_bytes;
+  if (act_nvme > 0 && dirs.empty()) dirs = config_.strata.nvme_paths;  // no state on NVMe: the activations' folders
+  if (act_nvme > 0 && dirs.empty())
+    return ConfigError("strata.activation_nvme_bytes (" + FormatBytes(act_nvme) + ") needs a swap folder: set "
+                       "strata.nvme_paths (or offload an optimizer or parameter state to nvme with its nvme_path)");
+  if (act_nvme > 0 && config_.strata.activation_host_bytes == 0)
+    return ConfigError("strata.activation_nvme_bytes needs strata.activation_host_bytes too: every stash passes "
+                       "through that host arena on its way to NVMe");
+  nvme_bytes += act_nvme > 0 ? NvmeTier::PaddedSizeFor(act_nvme, dirs.size()) + kMiB : 0;
   if (nvme_bytes > 0) {
     STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .spare = cow_spare,
                                                      .rank = options_.rank, .checksums = config_.strata.checksums,
@@ -191,6 +202,11 @@ Status Engine::Impl::BuildOnce() {
       blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)] = *b;
     }
   STRATA_RETURN_IF_ERROR(InitStaging(*this));
+  acts_ = std::make_unique<ActivationStore>(ActivationOptions{.host_bytes = config_.strata.activation_host_bytes,
+                                                              .nvme_bytes = act_nvme,
+                                                              .window = config_.strata.activation_prefetch_bytes},
+                                            *device_, *host_, nvme_.get(), *stats_);
+  STRATA_RETURN_IF_ERROR(acts_->Init());
   gpu_ = std::make_unique<GpuUpdater>(lay_, blocks_, *device_, *stats_, *shards_, options_.gpu_optimizer_twin);
   gpu_->SetUp();  // its scratch from the device budget the home blocks left
   pipeline_ = std::make_unique<StepPipeline>(lay_, blocks_, *io_, staging_.opt, *stats_, *gpu_, *shards_, steps_);

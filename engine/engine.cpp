@@ -47,6 +47,7 @@ Engine::Impl::~Impl() {
   worker_.reset();
   spec_.reset();  // what it holds is undone while the blocks and their I/O still exist
   residency_.reset();  // its thread stops, its copies go back to the device tier
+  acts_.reset();       // its thread stops, its arena and swap go back
   pipeline_.reset();
   gpu_.reset();
   for (auto& blocks : blocks_)
@@ -245,6 +246,16 @@ EngineStats Engine::Impl::Stats() const {
   }
   s.host = {host_->budget(), host_->used(), host_->peak()};
   if (nvme_) s.nvme = {nvme_->budget(), nvme_->used(), nvme_->peak()};
+  if (acts_) {
+    const ActivationStats a = acts_->stats();
+    s.act_host_bytes = a.stashed_host_bytes;
+    s.act_nvme_bytes = a.stashed_nvme_bytes;
+    s.act_redeemed = a.redeemed;
+    s.act_prefetch_hits = a.prefetch_hits;
+    s.act_stalls = a.stalls;
+    s.act_stall_s = a.stall_s;
+    s.act_live_bytes = a.live_bytes;
+  }
   return s;
 }
 
@@ -260,6 +271,23 @@ Status Engine::Release(int group) {
   STRATA_RETURN_IF_ERROR(impl_->CheckGroup(group, "release"));
   return impl_->Release(group);
 }
+Result<uint64_t> Engine::Stash(const void* src, uint64_t bytes) {
+  if (!impl_->acts_) return StateError("stash: the engine is not built");
+  CallSpanScope span(*impl_->stats_, "stash", -1);
+  return impl_->acts_->Stash(src, bytes);
+}
+
+Status Engine::Redeem(uint64_t handle, void* dst, uint64_t bytes) {
+  if (!impl_->acts_) return StateError("redeem: the engine is not built");
+  CallSpanScope span(*impl_->stats_, "redeem", -1);
+  return impl_->acts_->Redeem(handle, dst, bytes);
+}
+
+Status Engine::DropStash(uint64_t handle) {
+  if (!impl_->acts_) return StateError("drop_stash: the engine is not built");
+  return impl_->acts_->Drop(handle);
+}
+
 Status Engine::Grads(int group, const void* grads, DType dtype) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads", false));
   CallSpanScope span(*impl_->stats_, "grads", group);

@@ -80,6 +80,13 @@ class Engine {
   // complete: no copy or kernel still writing them) to its G accumulator.
   // The first call of a step overwrites. `grads` may be reused on return.
   Status Grads(int group, const void* grads, DType dtype);
+  // Activations (activations/activation_store.h): Stash copies `bytes` at
+  // `src` (device memory with a GPU, else host memory; complete) into the
+  // store and returns a handle; Redeem copies it back into `dst` and frees
+  // it; DropStash frees it unread. REQUIRES: after Build.
+  Result<uint64_t> Stash(const void* src, uint64_t bytes);
+  Status Redeem(uint64_t handle, void* dst, uint64_t bytes);
+  Status DropStash(uint64_t handle);
   // With overlap_step: the options of the coming Step, before its first
   // Grads; Step must then be called with the same options.
   Status PrepareStep(const StepOptions& options);

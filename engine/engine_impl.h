@@ -25,6 +25,7 @@
 #include "engine/step/shard_store.h"
 #include "engine/step/speculation.h"
 #include "engine/step/step_state.h"
+#include "engine/activations/activation_store.h"
 #include "engine/step/update_worker.h"
 #include "engine/format/manifest.h"
 #include "engine/layout/partition.h"
@@ -200,6 +201,7 @@ class Engine::Impl {
   // factor on G (no clipping), the same options.
   bool KeepsSpeculation(const StepOptions& so, const StepResult& r, double grad_scale) const;
   std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<ActivationStore> acts_;  // set at build
 };
 
 }  // namespace strata

@@ -182,6 +182,35 @@ strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const vo
   });
 }
 
+strata_status_t strata_engine_stash(strata_engine_t* engine, const void* src, uint64_t bytes, void* cuda_stream,
+                                    uint64_t* handle_out) {
+  return OnEngine("strata_engine_stash", engine, [&]() -> Status {
+    if (src == nullptr || handle_out == nullptr) return strata::InvalidError("src and handle_out must not be NULL");
+    if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
+    STRATA_RETURN_IF_ERROR(WaitCallerStream(engine, cuda_stream));
+    STRATA_ASSIGN_OR_RETURN(uint64_t h, engine->rep->Stash(src, bytes));
+    *handle_out = h;
+    return Status::Ok();
+  });
+}
+
+strata_status_t strata_engine_redeem(strata_engine_t* engine, uint64_t handle, void* dst, uint64_t bytes,
+                                     void* cuda_stream) {
+  (void)cuda_stream;  // the data is in dst when the call returns: any stream may read it
+  return OnEngine("strata_engine_redeem", engine, [&]() -> Status {
+    if (dst == nullptr) return strata::InvalidError("dst must not be NULL");
+    if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
+    return engine->rep->Redeem(handle, dst, bytes);
+  });
+}
+
+strata_status_t strata_engine_drop_stash(strata_engine_t* engine, uint64_t handle) {
+  return OnEngine("strata_engine_drop_stash", engine, [&]() -> Status {
+    if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
+    return engine->rep->DropStash(handle);
+  });
+}
+
 strata_status_t strata_engine_prepare_step(strata_engine_t* engine, const strata_step_options_t* options) {
   return OnEngine("strata_engine_prepare_step", engine, [&]() -> Status {
     if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");

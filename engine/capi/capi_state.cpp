@@ -186,6 +186,13 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.early_updates = s.early_updates;
     f.exposed_step_s = s.exposed_step_s;
     f.unspeculated_steps = s.unspeculated_steps;
+    f.act_host_bytes = s.act_host_bytes;
+    f.act_nvme_bytes = s.act_nvme_bytes;
+    f.act_redeemed = s.act_redeemed;
+    f.act_prefetch_hits = s.act_prefetch_hits;
+    f.act_stalls = s.act_stalls;
+    f.act_stall_s = s.act_stall_s;
+    f.act_live_bytes = s.act_live_bytes;
     return WriteSized(f, "stats", stats);
   });
 }

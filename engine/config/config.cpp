@@ -253,6 +253,9 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Choice("gpu_optimizer", &s->gpu_optimizer, {"auto", "off"}));
   STRATA_RETURN_IF_ERROR(r.Choice("numa_bind", &s->numa_bind, {"auto", "off"}));
   STRATA_RETURN_IF_ERROR(r.Choice("speculation", &s->speculation, {"auto", "always", "never"}));
+  STRATA_RETURN_IF_ERROR(r.ByteSize("activation_host_bytes", &s->activation_host_bytes, 0));
+  STRATA_RETURN_IF_ERROR(r.ByteSize("activation_nvme_bytes", &s->activation_nvme_bytes, 0));
+  STRATA_RETURN_IF_ERROR(r.ByteSize("activation_prefetch_bytes", &s->activation_prefetch_bytes, 0));
   // "auto" (and absent) leave kSpeculationAuto; 0 is "none".
   STRATA_RETURN_IF_ERROR(r.ByteSize("speculation_host_bytes", &s->speculation_host_bytes, 0));
   STRATA_RETURN_IF_ERROR(r.ByteSize("speculation_disk_bytes", &s->speculation_disk_bytes, 0));
@@ -449,6 +452,9 @@ std::string ConfigToJson(const Config& c) {
         {"gpu_optimizer", c.strata.gpu_optimizer},
         {"numa_bind", c.strata.numa_bind},
         {"speculation", c.strata.speculation},
+        {"activation_host_bytes", c.strata.activation_host_bytes},
+        {"activation_nvme_bytes", c.strata.activation_nvme_bytes},
+        {"activation_prefetch_bytes", c.strata.activation_prefetch_bytes},
         {"speculation_host_bytes", speculation(c.strata.speculation_host_bytes)},
         {"speculation_disk_bytes", speculation(c.strata.speculation_disk_bytes)}}},
   };

@@ -195,6 +195,16 @@ struct StrataConfig {
   //   "always" every step whose early updates would be speculative;
   //   "never"  none: such steps update after backward.
   std::string speculation = "auto";
+  // Activations stashed by the trainer (engine/activations/activation_store.h):
+  //   activation_host_bytes: a host arena (from host_budget) they are kept
+  //     in, and that NVMe stashes pass through; 0: no activation store.
+  //   activation_nvme_bytes: swap reserved for stashes that do not fit the
+  //     arena; 0: none (a full arena refuses the stash).
+  //   activation_prefetch_bytes: read ahead of backward's redeems, and the
+  //     arena kept free for the NVMe stashes' way through it.
+  uint64_t activation_host_bytes = 0;
+  uint64_t activation_nvme_bytes = 0;
+  uint64_t activation_prefetch_bytes = 64ull << 20;
   static constexpr uint64_t kSpeculationAuto = ~uint64_t{0};
   uint64_t speculation_host_bytes = kSpeculationAuto;
   uint64_t speculation_disk_bytes = kSpeculationAuto;

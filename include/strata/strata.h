@@ -341,6 +341,33 @@ STRATA_API strata_status_t strata_engine_release(strata_engine_t* engine, int gr
 STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const void* grads,
                                                strata_dtype_t dtype, void* cuda_stream);
 
+/* Activations in the tiers: a trainer stashes a buffer during forward and
+ * redeems it in backward (docs/c-guide.md, "Activations").
+ *   - strata_engine_stash waits for the work queued on `cuda_stream` (which
+ *     must include every write of `src`), copies `bytes` at `src` (device
+ *     memory with a GPU, else host memory) into the engine and sets
+ *     *handle_out. `src` may be reused when the call returns. The copy is
+ *     kept in host memory (an arena of strata.activation_host_bytes, from
+ *     the host budget) or written on to NVMe (strata.activation_nvme_bytes
+ *     of swap, checksummed) when the arena keeps less free than
+ *     strata.activation_prefetch_bytes.
+ *   - strata_engine_redeem copies the stash back into `dst` (the same
+ *     bytes; device memory with a GPU) and frees it. The data is in `dst`
+ *     when the call returns: work on any stream may read it. Each redeem
+ *     reads ahead, in the background, the NVMe stashes made before it (in
+ *     reverse stash order, as backward redeems), up to the prefetch bytes.
+ *     A stash whose checksum does not match is CORRUPT, never handed out.
+ *   - strata_engine_drop_stash frees a stash unread.
+ * Stashes never enter checkpoints. Errors: INVALID (null pointer, 0 bytes,
+ * an unknown handle, a size that differs from the stash's), STATE (not
+ * built, or no activation store: strata.activation_host_bytes is 0), NOMEM
+ * (the arena and the swap are full, naming both), IO, CORRUPT. */
+STRATA_API strata_status_t strata_engine_stash(strata_engine_t* engine, const void* src, uint64_t bytes,
+                                               void* cuda_stream, uint64_t* handle_out);
+STRATA_API strata_status_t strata_engine_redeem(strata_engine_t* engine, uint64_t handle, void* dst,
+                                                uint64_t bytes, void* cuda_stream);
+STRATA_API strata_status_t strata_engine_drop_stash(strata_engine_t* engine, uint64_t handle);
+
 /* Options that may change every step. Negative = the config's value (the
  * _INIT macro sets every field so); zero is a value like any other; NaN and
  * infinities are refused (INVALID naming the option). */
@@ -558,11 +585,18 @@ typedef struct strata_stats {
    * expected the step to clip or skip, or "never"): they updated after
    * backward, at no extra cost. */
   uint64_t unspeculated_steps;
+  /* Appended. Stashed activations (strata_engine_stash), cumulative: bytes
+   * kept in host memory and sent on to NVMe; stashes redeemed; redeems of
+   * NVMe stashes that found them read ahead (hits) or waited (stalls, and
+   * the seconds waited); bytes stashed and not yet redeemed or dropped. */
+  uint64_t act_host_bytes, act_nvme_bytes, act_redeemed, act_prefetch_hits, act_stalls;
+  double act_stall_s;
+  uint64_t act_live_bytes;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0                                                  \
+        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0                           \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

@@ -205,6 +205,7 @@ class Engine:
 
     def build(self):
         _check(self._lib.strata_engine_build(self.handle))
+        self._built = True
 
     # -- the step protocol
     def fetch(self, group, stream=None):
@@ -231,6 +232,35 @@ class Engine:
             raise Error(INVALID, f"group {group} has {self.group_numel(group)} elements; "
                         f"grads has {_numel(grads)}")
         _check(self._lib.strata_engine_grads(self.handle, group, _address(grads), code, _stream_handle(stream)))
+
+    # -- activations (strata.activation_host_bytes, activation_nvme_bytes)
+    def stash(self, x, nbytes=None, stream=None):
+        """Copies a contiguous tensor (on the engine's device), array or
+        address (then `nbytes`) into the engine's activation store: host
+        memory, or NVMe when its arena is full. Returns a handle for
+        redeem(); `x` may be reused at once."""
+        if nbytes is None:
+            if isinstance(x, int):
+                raise TypeError("stash(address) needs nbytes")
+            nbytes = x.numel() * x.element_size() if hasattr(x, "element_size") else x.nbytes
+        h = ctypes.c_uint64()
+        _check(self._lib.strata_engine_stash(self.handle, _address(x), int(nbytes), _stream_handle(stream),
+                                             ctypes.byref(h)))
+        return h.value
+
+    def redeem(self, handle, out, nbytes=None, stream=None):
+        """Copies stash `handle` back into `out` (a contiguous tensor or
+        array of its bytes, on the engine's device; or an address with
+        `nbytes`) and frees it. Returns `out`."""
+        if nbytes is None:
+            nbytes = out.numel() * out.element_size() if hasattr(out, "element_size") else out.nbytes
+        _check(self._lib.strata_engine_redeem(self.handle, int(handle), _address(out), int(nbytes),
+                                              _stream_handle(stream)))
+        return out
+
+    def drop_stash(self, handle):
+        """Frees stash `handle` unread."""
+        _check(self._lib.strata_engine_drop_stash(self.handle, int(handle)))
 
     def prepare_step(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
         """With overlap_step: the coming step's options, before its first

@@ -66,7 +66,10 @@ class _Stats(ctypes.Structure):
                 [(n, ctypes.c_int) for n in ("gpu_device", "numa_node")] +
                 [(n, ctypes.c_uint64) for n in ("speculated_steps", "committed_steps", "replayed_steps",
                                                 "discarded_steps", "early_updates")] +
-                [("exposed_step_s", ctypes.c_double), ("unspeculated_steps", ctypes.c_uint64)])
+                [("exposed_step_s", ctypes.c_double), ("unspeculated_steps", ctypes.c_uint64)] +
+                [(n, ctypes.c_uint64) for n in ("act_host_bytes", "act_nvme_bytes", "act_redeemed",
+                                                "act_prefetch_hits", "act_stalls")] +
+                [("act_stall_s", ctypes.c_double), ("act_live_bytes", ctypes.c_uint64)])
 
 
 class _AdamOptions(ctypes.Structure):
@@ -120,6 +123,9 @@ def _load():
         "strata_engine_fetch": ([P, I, P, ctypes.POINTER(P)], S),
         "strata_engine_release": ([P, I, P], S),
         "strata_engine_grads": ([P, I, P, I, P], S),
+        "strata_engine_stash": ([P, P, U64, P, ctypes.POINTER(U64)], S),
+        "strata_engine_redeem": ([P, U64, P, U64, P], S),
+        "strata_engine_drop_stash": ([P, U64], S),
         "strata_engine_prepare_step": ([P, ctypes.POINTER(_StepOptions)], S),
         "strata_engine_step": ([P, ctypes.POINTER(_StepOptions), ctypes.POINTER(_StepResult)], S),
         "strata_engine_grad_norm": ([P, ctypes.POINTER(ctypes.c_double)], S),

@@ -110,4 +110,16 @@ assert shapes["h0.attn.qkv.bias"] == [3 * c], shapes["h0.attn.qkv.bias"]
 assert all(len(s) in (1, 2) for s in shapes.values()), shapes
 print("ok: exported shapes", shapes["h0.attn.qkv.weight"], shapes["h0.ln1.weight"])
 PY
+# --offload-activations nvme: each block's input through the engine's
+# activation store (a 2-stash host arena, the rest on NVMe, read ahead of
+# backward), bitwise the run that keeps them (issue 34).
+"$TRAIN" --preset small --steps 3 --batch 32 --seq 128 --print-every 100 --weights-hash --log-losses \
+  --nvme "$WORK" --host-budget 64MiB >"$WORK/keep.out"
+"$TRAIN" --preset small --steps 3 --batch 32 --seq 128 --print-every 100 --weights-hash --log-losses \
+  --nvme "$WORK" --host-budget 64MiB --offload-activations nvme >"$WORK/acts.out"
+diff <(grep -E '^(loss|strata-train weights_hash)' "$WORK/keep.out") \
+     <(grep -E '^(loss|strata-train weights_hash)' "$WORK/acts.out") || fail "--offload-activations nvme changed the run"
+grep -Eq 'activations .* [1-9][0-9.]* [KMG]iB sent to NVMe; 12 redeemed' "$WORK/acts.out" ||
+  { grep 'activations' "$WORK/acts.out" >&2; fail "--offload-activations nvme sent nothing to NVMe"; }
+echo "ok: --offload-activations nvme == keeping them ($(grep -o '[0-9.]* [KMG]iB sent to NVMe' "$WORK/acts.out"))"
 echo "1 passed, 0 failed"

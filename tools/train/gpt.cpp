@@ -100,7 +100,8 @@ bool RegisterGpt(const layers::GptConfig& cfg, strata_engine_t* e, uint64_t seed
 
 void Gpt::Setup() {
   const size_t BTC = static_cast<size_t>(B_) * T_ * cfg_.channels;
-  x_.assign(static_cast<size_t>(cfg_.layers) + 1, std::vector<float>(BTC));
+  x_.assign(offload_ ? 3 : static_cast<size_t>(cfg_.layers) + 1, std::vector<float>(BTC));
+  stashed_.assign(static_cast<size_t>(cfg_.layers), 0);
   embed_.resize(layers::EmbedParamCount(cfg_));
   dembed_.resize(embed_.size());
   block_.resize(layers::BlockParamCount(cfg_));
@@ -135,25 +136,36 @@ bool Gpt::TrainStep(strata_engine_t* e, const int32_t* inputs, const int32_t* ta
   double t0 = Now();
   layers::EncoderForward(x_[0].data(), inputs, wte, wpe, B, T, C, V);
   compute_s_ += Now() - t0;
+  // Offloaded, block l's input and output alternate in x_[0] and x_[1],
+  // and its input goes to the engine once the block has run.
+  auto in_of = [&](int l) -> std::vector<float>& { return x_[offload_ ? static_cast<size_t>(l % 2) : static_cast<size_t>(l)]; };
+  const size_t act_bytes = B * T * C * sizeof(float);
   for (int l = 0; l < L; ++l) {
     if (!FetchF32(e, l + 1, &block_, error)) return false;
     t0 = Now();
-    layers::BlockForward(cfg_, block_.data(), x_[l].data(), x_[l + 1].data(), &acts_, B, T);
+    layers::BlockForward(cfg_, block_.data(), in_of(l).data(), in_of(l + 1).data(), &acts_, B, T);
     compute_s_ += Now() - t0;
+    if (offload_ && !Ok(strata_engine_stash(e, in_of(l).data(), act_bytes, nullptr, &stashed_[static_cast<size_t>(l)]),
+                        "stash", error))
+      return false;
   }
   // Head (tied to wte, which group 0 holds): loss and its backward.
   if (!FetchF32(e, 0, &embed_, error)) return false;
   t0 = Now();
   std::memset(dembed_.data(), 0, dembed_.size() * sizeof(float));
-  *loss = layers::HeadForwardBackward(cfg_, embed_.data(), x_[L].data(), targets, B, T, &head_, dx_.data(),
+  *loss = layers::HeadForwardBackward(cfg_, embed_.data(), in_of(L).data(), targets, B, T, &head_, dx_.data(),
                                       dembed_.data());
   compute_s_ += Now() - t0;
   // Backward through the blocks, recomputing each (activation checkpointing).
   for (int l = L - 1; l >= 0; --l) {
+    if (offload_ && !Ok(strata_engine_redeem(e, stashed_[static_cast<size_t>(l)], x_[2].data(), act_bytes, nullptr),
+                        "redeem", error))
+      return false;
     if (!FetchF32(e, l + 1, &block_, error)) return false;
     t0 = Now();
     std::memset(dblock_.data(), 0, dblock_.size() * sizeof(float));
-    layers::BlockBackward(cfg_, block_.data(), x_[l].data(), dx_.data(), &acts_, layers::BlockBackwardMode::kRecompute,
+    layers::BlockBackward(cfg_, block_.data(), offload_ ? x_[2].data() : x_[l].data(), dx_.data(), &acts_,
+                          layers::BlockBackwardMode::kRecompute,
                           dblock_.data(), dx2_.data(), B, T);
     dx_.swap(dx2_);
     if (loss_scale != 1.0)

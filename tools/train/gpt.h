@@ -28,6 +28,11 @@ class GptModel {
   virtual bool TrainStep(strata_engine_t* e, const int32_t* inputs, const int32_t* targets, double loss_scale,
                          double* loss, std::string* error) = 0;
   virtual double compute_seconds() const = 0;  // in the kernels, cumulative
+  // --offload-activations: each block's input goes to the engine's
+  // activation store after its forward (strata_engine_stash) and comes back
+  // for its backward (strata_engine_redeem), so the model keeps three of
+  // them instead of one a layer. false: this model cannot.
+  virtual bool OffloadActivations() { return false; }
 };
 
 // The CPU model: fp32 CPU layers over host copies of the fetched groups.
@@ -37,6 +42,10 @@ class Gpt : public GptModel {
   bool TrainStep(strata_engine_t* e, const int32_t* inputs, const int32_t* targets, double loss_scale,
                  double* loss, std::string* error) override;
   double compute_seconds() const override { return compute_s_; }
+  bool OffloadActivations() override {
+    offload_ = true;
+    return true;
+  }
   uint64_t param_count() const;
 
  private:
@@ -47,7 +56,9 @@ class Gpt : public GptModel {
   int B_, T_;
   bool ready_ = false;
   strata_dtype_t dtype_ = STRATA_DTYPE_F32;
-  std::vector<std::vector<float>> x_;  // block inputs (B, T, C), L + 1 of them
+  std::vector<std::vector<float>> x_;  // block inputs (B, T, C), L + 1 of them (offloaded: 3, see TrainStep)
+  bool offload_ = false;
+  std::vector<uint64_t> stashed_;  // offloaded: block l's input's handle
   std::vector<float> embed_, block_, dembed_, dblock_, dx_, dx2_;
   layers::BlockActs acts_;
   layers::HeadActs head_;

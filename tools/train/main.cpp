@@ -22,6 +22,7 @@ namespace {
 
 struct Args {
   std::string preset = "small", data, nvme, config, trace, save, resume, state_format;
+  std::string offload_activations;  // --offload-activations: "", host or nvme
   std::string device_budget, host_budget = "256MiB";  // device: see DefaultDeviceBudget
   int64_t steps = 100;
   int batch = 0, seq = 0, print_every = 10, save_every = 0, warmup = 10;
@@ -157,6 +158,10 @@ int Run(Args a) {
   ci.nvme = a.nvme;
   ci.trace = a.trace;
   ci.state_format = a.state_format;
+  ci.offload_activations = a.offload_activations;
+  ci.activation_bytes = static_cast<uint64_t>(local_batch) * static_cast<uint64_t>(a.seq) *
+                        static_cast<uint64_t>(cfg.channels) * sizeof(float);
+  ci.activation_count = static_cast<uint64_t>(cfg.layers);
   ci.lead = lead;
   ci.config_path = a.config;
   TrainConfig tc;
@@ -208,6 +213,9 @@ int Run(Args a) {
   else model = std::make_unique<Gpt>(cfg, local_batch, a.seq);
   if (!model) return Fail("--gpu: this build has no GPU model");
   GptModel& gpt = *model;
+  if (!a.offload_activations.empty() && !gpt.OffloadActivations())
+    return Fail("--offload-activations: the CUDA layers keep their block inputs on the device (not offloaded yet); "
+                "use it without --gpu");
   const double t_model = since(t_start) - t_register;
   if (lead) {
     std::printf("strata-train: start-up: %.1f s drawing, %.1f s the model's buffers; building the engine (every "
@@ -370,6 +378,11 @@ int main(int argc, char** argv) {
                "dtype (bf16; f16 with --fp16), gradients handed back as fp32 device pointers, TFLOPS in the "
                "summary; an error without a usable GPU. Default: the CPU layers, GPU or not");
   app.add_option("--config", a.config, "a ds_config.json merged over the built-in config");
+  app.add_option("--offload-activations", a.offload_activations,
+                 "each block's input (kept for its backward) goes to the engine's activation store after its "
+                 "forward: host (host memory) or nvme (a small host arena, the rest on NVMe, read back ahead of "
+                 "backward); the CPU layers (not with --gpu yet)")
+      ->check(CLI::IsMember({"host", "nvme"}));
   app.add_option("--state-format", a.state_format,
                  "strata.state_format: fp32, or compact (about 5 bytes a parameter of optimizer state instead of 12)")
       ->check(CLI::IsMember({"fp32", "compact"}));

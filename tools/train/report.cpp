@@ -69,6 +69,12 @@ void PrintSummary(const RunFigures& f, const strata_stats_t& s) {
               s.fetches ? 100.0 * static_cast<double>(s.prefetch_hits) / static_cast<double>(s.fetches) : 0.0,
               static_cast<unsigned long long>(s.fetch_stalls), s.fetch_stall_s);
   std::printf("  overlap           %.2f (busiest resource / wall time)\n", f.overlap_efficiency);
+  if (s.act_redeemed > 0 || s.act_host_bytes > 0 || s.act_nvme_bytes > 0)
+    std::printf("  activations       %s stashed in host memory, %s sent to NVMe; %llu redeemed, %llu read ahead in "
+                "time, %llu stalls (%.3f s)\n",
+                HumanBytes(s.act_host_bytes).c_str(), HumanBytes(s.act_nvme_bytes).c_str(),
+                static_cast<unsigned long long>(s.act_redeemed), static_cast<unsigned long long>(s.act_prefetch_hits),
+                static_cast<unsigned long long>(s.act_stalls), s.act_stall_s);
   // The exposed step: from the last gradients handed to the step's return.
   if (f.overlap_step)
     std::printf("  overlapped step   %llu steps speculated (%llu committed, %llu replayed, %llu discarded), %llu not "

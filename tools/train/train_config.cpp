@@ -38,6 +38,18 @@ Json BuiltinConfig(const ConfigInputs& in) {
   }
   if (!in.trace.empty()) j["strata"]["trace_path"] = in.trace;
   if (!in.state_format.empty()) j["strata"]["state_format"] = in.state_format;
+  if (!in.offload_activations.empty()) {
+    // Each stash takes its size rounded to 4 KiB (and to the swap's stripes: 64 KiB covers 16 folders).
+    const uint64_t item = (in.activation_bytes + 65535) / 65536 * 65536;
+    const uint64_t all = item * std::max<uint64_t>(in.activation_count, 1);
+    if (in.offload_activations == "host") {
+      j["strata"]["activation_host_bytes"] = all;
+    } else {  // an arena of two stashes: one on its way to or from the disk, one read ahead
+      j["strata"]["activation_host_bytes"] = 2 * item;
+      j["strata"]["activation_prefetch_bytes"] = item;
+      j["strata"]["activation_nvme_bytes"] = all;
+    }
+  }
   return j;
 }
 
@@ -121,6 +133,23 @@ bool ResolveSwapFolders(const ConfigInputs& in, Json& j, TrainConfig* out, std::
     }
     const Json* path = Member(*section, "nvme_path");
     if (path->is_string()) AddOnce(&out->swap_folders, path->get<std::string>());
+  }
+  // --offload-activations nvme with no state on NVMe: the activations' folder.
+  if (in.offload_activations == "nvme" && out->swap_folders.empty()) {
+    std::string dir = in.nvme;
+    if (dir.empty()) {
+      if (out->own_swap.empty()) {
+        char tmpl[] = "/var/tmp/strata-train-XXXXXX";
+        if (::mkdtemp(tmpl) == nullptr) {
+          *error = "cannot create a swap folder under /var/tmp (give one with --nvme)";
+          return false;
+        }
+        out->own_swap = tmpl;
+      }
+      dir = out->own_swap;
+    }
+    (*Member(j, "strata"))["nvme_paths"] = Json::array({dir});
+    out->swap_folders.push_back(dir);
   }
   return true;
 }

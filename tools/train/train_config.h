@@ -18,6 +18,10 @@ struct ConfigInputs {
   std::string state_format;  // --state-format: strata.state_format ("" = the config's, else fp32)
   bool lead = true;         // rank 0; other ranks write no trace (whichever config names it)
   std::string config_path;  // --config: a JSON merged over the built-in config (RFC 7386)
+  // --offload-activations ("", "host", "nvme"): the store's sizes follow the
+  // model: activation_count stashes a step of activation_bytes each.
+  std::string offload_activations;
+  uint64_t activation_bytes = 0, activation_count = 0;
 };
 
 struct TrainConfig {

@@ -31,10 +31,11 @@ layer", says which owns what).
 """
 
 from . import _clip  # noqa: F401  (patches torch.nn.utils.clip_grad_norm_)
+from ._activations import offload_activations  # noqa: F401
 from ._api import is_fetched, offload_module
 from ._config import _resolve_ranks  # noqa: F401  (tests reach it)
 from ._offload_adam import OffloadAdam
 from ._offload_optimizer import OffloadOptimizer
 from ._offloaded_module import OffloadedModule
 
-__all__ = ["OffloadAdam", "offload_module", "OffloadedModule", "OffloadOptimizer", "is_fetched"]
+__all__ = ["OffloadAdam", "offload_module", "OffloadedModule", "OffloadOptimizer", "is_fetched", "offload_activations"]

@@ -9,6 +9,7 @@ import torch
 from .. import Error, STATE
 from . import _fetch_on_use as _fou
 from ._config import _current_stream
+from . import _activations as _acts
 from ._module_group import _SavedView
 
 
@@ -158,9 +159,14 @@ class _ModuleHooks:
             for index, (flat, start, end) in self._fetched.items():
                 if start <= ptr < end and t.dtype == flat.dtype:
                     return _SavedView(index, (ptr - start) // flat.element_size(), tuple(t.shape), t.stride())
+        if self.activation_threshold is not None and t.device == self.device and \
+                _acts.should_stash(t, self.activation_threshold):
+            return _acts.stash(self.engine, t)
         return t
 
     def unpack(self, saved):
+        if isinstance(saved, _acts._Stashed):
+            return _acts.unstash(saved)
         if not isinstance(saved, _SavedView):
             return saved
         if self.engine is None:

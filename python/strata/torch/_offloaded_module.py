@@ -111,6 +111,10 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         self._pinned = {}  # group index -> group, held until its gradients are in or backward ends
         self._loose = {}  # group index -> group, used outside any forward: held until backward ends or step
         self._callback_queued = False
+        # Activation offload (offload_activations): tensors of at least this
+        # many bytes that autograd saves in a forward go to the engine's
+        # activation store; None: off.
+        self.activation_threshold = None
         self._clip_next = None
         self._norms, self._norms_exact = {}, True  # id(param) -> torch's norm of its staged gradient
         self.engine_accumulates = grad_accumulation_steps != 1
