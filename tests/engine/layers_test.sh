@@ -3,6 +3,7 @@
 #   config, stats, format   (the bottom: nothing of engine/ but themselves)
 #   layout                  config stats format
 #   residency, reduce, step layout and below (never one another)
+#   activations             stats (the tiers below engine/; nothing of the state's layout)
 #   checkpoint              step reduce layout and below
 #   engine/*.{h,cpp}        the composition: any of the above
 #   capi                    the C API: engine.h and below, never engine_impl.h
@@ -18,9 +19,10 @@ declare -A allowed=(
   [residency]="residency layout config stats format"
   [reduce]="reduce layout config stats format"
   [step]="step layout config stats format"
+  [activations]="activations stats"
   [checkpoint]="checkpoint step reduce layout config stats format"
-  [capi]="capi TOP:engine.h config stats format layout residency reduce step checkpoint"
-  [TOP]="config stats format layout residency reduce step checkpoint TOP"
+  [capi]="capi TOP:engine.h config stats format layout residency reduce step checkpoint activations"
+  [TOP]="config stats format layout residency reduce step checkpoint activations TOP"
 )
 bad=0 checked=0
 for f in $(find . -name '*.h' -o -name '*.cpp' | sort); do
