@@ -128,7 +128,29 @@ Result<uint64_t> ActivationStore::Stash(const void* src, uint64_t bytes) {
   // The arena keeps the prefetch window free for the NVMe stashes' way
   // through it; a stash that would eat into it goes on to NVMe.
   const uint64_t reserve = nvme_ ? std::min(options_.window, options_.host_bytes / 2) : 0;
-  const bool room = extents_->free_bytes() >= padded + reserve && extents_->largest_free() >= padded;
+  bool room = extents_->free_bytes() >= padded + reserve && extents_->largest_free() >= padded;
+  if (!room && nvme_) {
+    // The newest stash stays here (backward redeems it first): the earliest
+    // ones kept here go on to NVMe to make room (their writes end before the
+    // arena takes the new one: TakeArena waits for them).
+    uint64_t freeing = 0;
+    for (auto& [h, it] : items_) {  // in stash order
+      if (extents_->free_bytes() + freeing >= padded + reserve) break;
+      if (it.where != Where::kArena || it.dropped) continue;
+      const uint64_t p = Padded(it.bytes);
+      if (nvme_used_ + p > options_.nvme_bytes) break;
+      auto d = nvme_->Allocate(p);
+      if (!d.ok()) break;
+      it.disk = *d;
+      nvme_used_ += p;
+      it.where = Where::kWriting;
+      st_.stashed_nvme_bytes += it.bytes;
+      jobs_.push_back({h, true});
+      freeing += p;
+    }
+    cv_.notify_all();
+    room = extents_->free_bytes() + freeing >= padded + reserve;
+  }
   const bool to_disk = nvme_ && !room;
   if (to_disk && nvme_used_ + padded > options_.nvme_bytes)
     return NoMemError("stash of " + FormatBytes(bytes) + ": the activations' swap (strata.activation_nvme_bytes " +

@@ -43,7 +43,7 @@ struct EngineStats {
   // "never"); they updated after backward.
   uint64_t unspeculated_steps = 0;
   // Stashed activations (activations/activation_store.h), cumulative: bytes
-  // kept in the host arena and sent on to NVMe, stashes redeemed, redeems of
+  // stashed into the host arena and, of those, sent on to NVMe; stashes redeemed; redeems of
   // NVMe stashes read ahead in time (hits) or waited for (stalls, seconds),
   // and the bytes stashed and not yet redeemed or dropped.
   uint64_t act_host_bytes = 0, act_nvme_bytes = 0, act_redeemed = 0, act_prefetch_hits = 0, act_stalls = 0;

@@ -586,7 +586,8 @@ typedef struct strata_stats {
    * backward, at no extra cost. */
   uint64_t unspeculated_steps;
   /* Appended. Stashed activations (strata_engine_stash), cumulative: bytes
-   * kept in host memory and sent on to NVMe; stashes redeemed; redeems of
+   * stashed into host memory (every stash is, at first) and, of those, sent
+   * on to NVMe; stashes redeemed; redeems of
    * NVMe stashes that found them read ahead (hits) or waited (stalls, and
    * the seconds waited); bytes stashed and not yet redeemed or dropped. */
   uint64_t act_host_bytes, act_nvme_bytes, act_redeemed, act_prefetch_hits, act_stalls;

@@ -28,54 +28,27 @@ import torch.nn.functional as F  # noqa: E402
 
 import oracle  # noqa: E402
 import strata.torch as st  # noqa: E402
+from tiny_gpt import CTX, DIM, HEADS, VOCAB, TinyGpt  # noqa: E402
 
 DEV = os.environ.get("STRATA_TEST_DEVICE", "cuda")
 FORCE_NO_GPU = DEV == "cpu"
 LR, WD, CLIP, TOL, STEPS = 1e-3, 0.01, 1.0, 5e-6, 4
-VOCAB, CTX, DIM, HEADS, LAYERS = 97, 32, 64, 4, 2
 
 
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.ln1 = torch.nn.LayerNorm(DIM)
-        self.qkv = torch.nn.Linear(DIM, 3 * DIM, bias=False)
-        self.proj = torch.nn.Linear(DIM, DIM)
-        self.ln2 = torch.nn.LayerNorm(DIM)
-        self.fc = torch.nn.Linear(DIM, 4 * DIM)
-        self.out = torch.nn.Linear(4 * DIM, DIM)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, HEADS, c // HEADS).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // HEADS)
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, c)
-        x = x + self.proj(y)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class Gpt(torch.nn.Module):
-    """A small GPT (tied head) whose position ids live on the input's device;
-    `checkpointing`: each block under torch.utils.checkpoint (non-reentrant)."""
+class Gpt(TinyGpt):
+    """tiny_gpt's GPT (tied head, device-aware); `checkpointing`: each block
+    under torch.utils.checkpoint (non-reentrant)."""
 
     def __init__(self, seed=0, checkpointing=False):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.wte = torch.nn.Embedding(VOCAB, DIM)
-        self.wpe = torch.nn.Embedding(CTX, DIM)
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(LAYERS))
-        self.ln_f = torch.nn.LayerNorm(DIM)
-        self.head = torch.nn.Linear(DIM, VOCAB, bias=False)
-        self.head.weight = self.wte.weight
+        super().__init__(seed)
         self.checkpointing = checkpointing
 
     def forward(self, idx):
+        if not self.checkpointing:
+            return super().forward(idx)
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for blk in self.blocks:
-            x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False) if self.checkpointing else blk(x)
+            x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
         return self.head(self.ln_f(x))
 
 
