@@ -194,21 +194,15 @@ def test_offload_module_bf16_autocast_below_the_budget():
     assert all(math.isfinite(x) for x in losses) and rel < 2e-2, (losses, ref_losses)
 
 
-def test_fetch_on_use_multihead_attention():
-    ref_losses, ref = reference(Attn)
-    _, got, _ = run_module(Attn)
-    rel, at = worst(got, ref)
-    print(f"gpu_case fetch-on-use MultiheadAttention worst_rel={rel:.3g} ({at})")
-    assert rel <= TOL, (at, rel)
-
-
-def test_gradient_checkpointing():
-    def make():
-        return Gpt(checkpointing=True)
+@pytest.mark.parametrize("name,make", [("fetch-on-use MultiheadAttention", Attn),
+                                       ("gradient-checkpointing", lambda: Gpt(checkpointing=True))])
+def test_module_kinds(name, make):
+    """Fetch on use (MultiheadAttention reads in_proj_weight itself) and
+    torch.utils.checkpoint (non-reentrant) under offload_module."""
     _, ref = reference(make)
     _, got, _ = run_module(make)
     rel, at = worst(got, ref)
-    print(f"gpu_case gradient-checkpointing worst_rel={rel:.3g} ({at})")
+    print(f"gpu_case {name} worst_rel={rel:.3g} ({at})")
     assert rel <= TOL, (at, rel)
 
 
