@@ -250,3 +250,47 @@ TEST(CompactFormat, OneTrillionOnOneDgx2) {
 
 }  // namespace
 }  // namespace strata::plan
+
+namespace strata::plan {
+namespace {
+
+// The activation store (issue 34): what the trainer stashes leaves the
+// device; the store's arena counts in host memory and its swap on NVMe, as
+// the engine reserves them. gpt2-xl at 4 x 1024 with checkpointing: every
+// layer's 2·B·T·C input (48 x 2 x 4 x 1024 x 1600 bytes) moves.
+TEST(Activations, TheStoreMovesTheStashedInputsOffTheDevice) {
+  ModelSpec m = PresetModel("gpt2-xl").value();
+  m.micro_batch = 4;
+  m.seq = 1024;
+  ClusterSpec c = PresetCluster("dgx-a100").value();
+  c.nodes = 1;
+  c.gpus_per_node = 1;
+  auto base = ParseConfig(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 3,
+      "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}})");
+  ASSERT_TRUE(base.ok());
+  auto act = [](const Capacity& k, TierKind t) {
+    return k.bytes[static_cast<size_t>(PlanState::kActivations)][static_cast<size_t>(t)];
+  };
+  const Capacity keep = ComputeCapacity(m, c, *base).value();
+  uint64_t layer = 0;
+  const uint64_t stash = StashableActivationBytes(m, &layer);
+  EXPECT_EQ(stash, uint64_t{48} * 2 * 4 * 1024 * 1600);
+  EXPECT_EQ(layer, uint64_t{2} * 4 * 1024 * 1600);
+  EXPECT_EQ(act(keep, TierKind::kDevice), ActivationBytes(m));
+  EXPECT_EQ(act(keep, TierKind::kHost), 0u);
+  Config nvme = *base;
+  nvme.strata.activation_host_bytes = 2 * layer;
+  nvme.strata.activation_nvme_bytes = stash;
+  const Capacity off = ComputeCapacity(m, c, nvme).value();
+  EXPECT_EQ(act(off, TierKind::kDevice), ActivationBytes(m) - stash);
+  EXPECT_EQ(act(off, TierKind::kHost), 2 * layer);
+  EXPECT_GE(act(off, TierKind::kNvme), stash);
+  // A store smaller than the stashes moves only what it holds.
+  Config small = *base;
+  small.strata.activation_host_bytes = layer;
+  const Capacity part = ComputeCapacity(m, c, small).value();
+  EXPECT_EQ(act(part, TierKind::kDevice), ActivationBytes(m) - layer);
+}
+
+}  // namespace
+}  // namespace strata::plan

@@ -54,7 +54,7 @@ const char* PlanStateDescription(PlanState s) {
       "master weights (fp32; compact: int8 corrections to P's bf16)",
       "first moment (fp32, or compact's 8-bit codes)",
       "second moment (fp32, or compact's 8-bit codes)",
-      "activations (one micro-batch)",
+      "activations (one micro-batch; the activation store's arena and swap)",
       "device working buffers (gathered and prefetched groups, one group's gradient)",
       "pinned host staging buffers (swap and step slots)",
       "speculation until commit (host: W, M, V backups; nvme: their old extents)",
@@ -256,8 +256,17 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
   // activations and the gradient of one group (on the GPU). Without a GPU
   // the CPU layers keep both in host RAM beside strata.host_budget, where
   // they are not counted here.
-  const uint64_t trainer = cluster.has_gpu ? ActivationBytes(model) : 0;
+  uint64_t trainer = cluster.has_gpu ? ActivationBytes(model) : 0;
+  // The activation store (strata.activation_host_bytes, activation_nvme_bytes):
+  // what the trainer stashes there leaves the device, and the store takes its
+  // arena from the host budget and its swap on NVMe, as the engine reserves
+  // them at build (what does not fit them stays on the device).
+  const uint64_t store_host = config.strata.activation_host_bytes, store_nvme = config.strata.activation_nvme_bytes;
+  if (store_host > 0 && cluster.has_gpu)
+    trainer -= std::min({trainer, StashableActivationBytes(model), store_host + store_nvme});
   Add(c, PlanState::kActivations, TierKind::kDevice, trainer);
+  Add(c, PlanState::kActivations, TierKind::kHost, store_host);
+  if (store_host > 0 && store_nvme > 0) Add(c, PlanState::kActivations, TierKind::kNvme, NvmePadded(store_nvme));
   if (cluster.has_gpu) Add(c, PlanState::kWork, TierKind::kDevice, l.largest_group * dp);
   const uint64_t activations = cluster.has_gpu ? trainer + l.largest_group * dp : 0;
 

@@ -22,6 +22,7 @@ struct Args {
   uint64_t seq = 0, micro_batch = 0, grad_accum = 0;
   double replay_rate = kDefaultReplayRate;
   bool no_checkpointing = false, overlap_step = false, simulate = false, autoplace = false, json = false;
+  std::string offload_activations;  // --offload-activations: "", host, nvme
   std::string svg, write_config, calibrate_dir, calibrate_size = "512MiB";
 };
 
@@ -74,6 +75,17 @@ Result<Report> MakeReport(const Args& a) {
   if (a.gpus_per_node) r.cluster.gpus_per_node = a.gpus_per_node;
   STRATA_ASSIGN_OR_RETURN(r.config,
                           a.config.empty() ? ParseConfig(kDefaultConfig) : LoadConfigFile(a.config));
+  if (!a.offload_activations.empty()) {  // the store sized to the model, as strata-train sizes it
+    uint64_t layer = 0;
+    const uint64_t all = StashableActivationBytes(r.model, &layer);
+    if (a.offload_activations == "host") {
+      r.config.strata.activation_host_bytes = all;
+    } else {
+      r.config.strata.activation_host_bytes = 2 * layer;
+      r.config.strata.activation_prefetch_bytes = layer;
+      r.config.strata.activation_nvme_bytes = all;
+    }
+  }
   STRATA_ASSIGN_OR_RETURN(r.layout, MakeLayout(r.model, static_cast<int>(r.cluster.world_size())));
   r.overlap_step = a.overlap_step;
   r.replay_rate = a.replay_rate;
@@ -146,6 +158,10 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batch", a.micro_batch, "sequences per rank per forward");
   app.add_option("--grad-accum", a.grad_accum, "micro-batches per optimizer step");
   app.add_flag("--no-checkpointing", a.no_checkpointing, "activations without checkpointing");
+  app.add_option("--offload-activations", a.offload_activations,
+                 "the trainer's saved activations in the engine's activation store, sized to the model: host "
+                 "(all in host memory) or nvme (two layers' in host memory, the rest on NVMe)")
+      ->check(CLI::IsMember({"host", "nvme"}));
   app.add_flag("--overlap-step", a.overlap_step,
                "the speculative overlapped step (EngineOptions.overlap_step): each group updates as its "
                "gradients complete in backward, with clipping, fp16 and any number of ranks; reports the "

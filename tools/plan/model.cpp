@@ -218,6 +218,17 @@ Result<ModelSpec> ResolveModel(const std::string& name_or_path) {
   return PresetModel(name_or_path);
 }
 
+uint64_t StashableActivationBytes(const ModelSpec& m, uint64_t* layer_out) {
+  if (layer_out) *layer_out = 0;
+  if (m.hidden == 0 || m.layers == 0) return 0;
+  const double s = static_cast<double>(m.seq), b = static_cast<double>(m.micro_batch);
+  const double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads ? m.heads : 1);
+  const double one = m.checkpointing ? 2.0 * s * b * h : s * b * h * (34.0 + 5.0 * a * s / h);
+  const double layers = static_cast<double>(m.checkpointing ? m.layers : m.layers - 1);
+  if (layer_out) *layer_out = static_cast<uint64_t>(one);
+  return static_cast<uint64_t>(layers * one);
+}
+
 uint64_t ActivationBytes(const ModelSpec& m) {
   if (m.hidden == 0 || m.layers == 0) return 0;  // a group list without shape: no estimate
   const double s = static_cast<double>(m.seq), b = static_cast<double>(m.micro_batch);

@@ -95,5 +95,10 @@ Result<ModelSpec> ResolveModel(const std::string& name_or_path);
 // keeps B·T·C·(34 + 5·H·T/C); with it, each layer keeps its 2·B·T·C input and
 // one layer at a time is recomputed in full.
 uint64_t ActivationBytes(const ModelSpec& m);
+// What the trainer stashes in the engine's activation store (strata.activation_*,
+// engine/activations/): with checkpointing every layer's 2·B·T·C input, without
+// it every layer's saved tensors but the one in use. `layer_out` (may be null):
+// one layer's share, the unit a host arena holds.
+uint64_t StashableActivationBytes(const ModelSpec& m, uint64_t* layer_out = nullptr);
 
 }  // namespace strata::plan
