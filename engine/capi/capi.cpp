@@ -196,10 +196,11 @@ strata_status_t strata_engine_stash(strata_engine_t* engine, const void* src, ui
 
 strata_status_t strata_engine_redeem(strata_engine_t* engine, uint64_t handle, void* dst, uint64_t bytes,
                                      void* cuda_stream) {
-  (void)cuda_stream;  // the data is in dst when the call returns: any stream may read it
   return OnEngine("strata_engine_redeem", engine, [&]() -> Status {
     if (dst == nullptr) return strata::InvalidError("dst must not be NULL");
     if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
+    // Work queued on the caller's stream may still read or write dst: done first.
+    STRATA_RETURN_IF_ERROR(WaitCallerStream(engine, cuda_stream));
     return engine->rep->Redeem(handle, dst, bytes);
   });
 }

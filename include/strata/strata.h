@@ -351,9 +351,11 @@ STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int grou
  *     the host budget) or written on to NVMe (strata.activation_nvme_bytes
  *     of swap, checksummed) when the arena keeps less free than
  *     strata.activation_prefetch_bytes.
- *   - strata_engine_redeem copies the stash back into `dst` (the same
- *     bytes; device memory with a GPU) and frees it. The data is in `dst`
- *     when the call returns: work on any stream may read it. Each redeem
+ *   - strata_engine_redeem waits for the work queued on `cuda_stream` (which
+ *     must include every use of `dst` so far), copies the stash back into
+ *     `dst` (the same bytes; device memory with a GPU) and frees it. The
+ *     data is in `dst` when the call returns: work on any stream may read
+ *     it. Each redeem
  *     reads ahead, in the background, the NVMe stashes made before it (in
  *     reverse stash order, as backward redeems), up to the prefetch bytes.
  *     A stash whose checksum does not match is CORRUPT, never handed out.

@@ -5,7 +5,8 @@
 # layers' within 2e-2 relative (bf16 GEMM inputs); (2) resident and offloaded
 # (256 KiB device budget, state on NVMe) GPU runs give bitwise the same losses
 # and weights; (3) the tiny preset learns on the GPU (loss < 3.0 in 60 steps);
-# (4) --fp16 runs with finite losses; the summary line carries tflops=.
+# (4) --fp16 runs with finite losses; the summary line carries tflops=;
+# (5) --offload-activations nvme is bitwise the run without.
 # Usage: train_gpu_test.sh refused|run STRATA_TRAIN
 set -uo pipefail
 MODE=${1:?usage: train_gpu_test.sh refused|run path/to/strata-train}
@@ -52,6 +53,14 @@ grep -E '^(loss|strata-train weights_hash)' "$WORK/offload.out" >"$WORK/b"
 diff "$WORK/a" "$WORK/b" || fail "resident and offloaded GPU runs differ"
 grep -q 'tflops=' "$WORK/offload.out" || fail "no tflops= in the summary line"
 echo "ok: GPU resident == offloaded (10 steps): $(grep 'tflops=' "$WORK/offload.out")"
+# --offload-activations nvme on the GPU: each block's input from the device
+# to the engine's store and back (issue 34), bitwise the run that keeps them.
+"$TRAIN" "${bitwise[@]}" --nvme "$WORK" --device-budget 256KiB --host-budget 64MiB --offload-activations nvme \
+  >"$WORK/acts.out"
+diff "$WORK/b" <(grep -E '^(loss|strata-train weights_hash)' "$WORK/acts.out") ||
+  fail "--offload-activations nvme changed the GPU run"
+grep -E '^  activations' "$WORK/acts.out" || fail "no activations line in the summary"
+echo "ok: GPU --offload-activations nvme == keeping them"
 
 "$TRAIN" --preset tiny --steps 60 --gpu --print-every 100 >"$WORK/learn.out"
 last=$(sed -n 's/.*last_loss=\([0-9.]*\).*/\1/p' "$WORK/learn.out")
@@ -64,4 +73,4 @@ import math, sys
 l = [float(x.split()[2]) for x in open('$WORK/fp16.out') if x.startswith('loss ')]
 sys.exit(0 if len(l) == 8 and all(math.isfinite(v) for v in l) else 1)" || fail "fp16 GPU losses not finite"
 echo "ok: --fp16 on the GPU"
-echo "4 passed, 0 failed"
+echo "5 passed, 0 failed"

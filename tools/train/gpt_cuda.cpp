@@ -59,12 +59,21 @@ class GptCuda : public GptModel {
     return false;
   }
   double compute_seconds() const override { return compute_s_; }
+  bool OffloadActivations() override {
+    offload_ = true;
+    return true;
+  }
 
  private:
   size_t C() const { return static_cast<size_t>(cfg_.channels); }
   size_t V() const { return static_cast<size_t>(cfg_.vocab); }
   size_t NC() const { return B_ * T_ * C(); }
-  float* x(int l) const { return static_cast<float*>(x_.get()) + static_cast<size_t>(l) * NC(); }
+  // Block l's input. Offloaded, x_ holds three: inputs and outputs alternate
+  // in the first two, and the third takes a redeemed input for its backward.
+  float* x(int l) const {
+    return static_cast<float*>(x_.get()) + static_cast<size_t>(offload_ ? l % 2 : l) * NC();
+  }
+  float* redeemed() const { return static_cast<float*>(x_.get()) + 2 * NC(); }
   float* f(const CudaDeviceBuffer& b) const { return static_cast<float*>(b.get()); }
   const layers::CudaLayerContext& ctx() const { return rt_.context(); }
 
@@ -99,7 +108,9 @@ class GptCuda : public GptModel {
   layers::CudaLayerRuntime rt_;
   layers::BlockActsCuda acts_;
   layers::HeadActsCuda head_;
-  CudaDeviceBuffer x_;                // (L + 1) block inputs (B, T, C); x_[L] is the head's input
+  CudaDeviceBuffer x_;                // (L + 1) block inputs (B, T, C); x_[L] is the head's input (offloaded: 3)
+  bool offload_ = false;              // --offload-activations: block inputs stashed in the engine
+  std::vector<uint64_t> stashed_;     // offloaded: block l's input's handle
   CudaDeviceBuffer embed32_;          // the embedding group as fp32 (for the encoder)
   CudaDeviceBuffer dembed_, dblock_;  // fp32 gradients of the embedding group and of one block
   CudaDeviceBuffer dx_, dx2_;         // (B, T, C) gradients flowing back
@@ -119,7 +130,8 @@ Status GptCuda::Setup(strata_engine_t* e) {
   const size_t L = static_cast<size_t>(cfg_.layers), N = B_ * T_, F = sizeof(float);
   STRATA_RETURN_IF_ERROR(layers::BlockActsCudaInit(&acts_, cfg_, B_, T_, dtype_));
   STRATA_RETURN_IF_ERROR(layers::HeadActsCudaInit(&head_, cfg_, B_, T_, dtype_));
-  STRATA_RETURN_IF_ERROR(x_.Allocate((L + 1) * NC() * F));
+  STRATA_RETURN_IF_ERROR(x_.Allocate((offload_ ? 3 : L + 1) * NC() * F));
+  stashed_.assign(L, 0);
   STRATA_RETURN_IF_ERROR(embed32_.Allocate(layers::EmbedParamCount(cfg_) * F));
   STRATA_RETURN_IF_ERROR(dembed_.Allocate(layers::EmbedParamCount(cfg_) * F));
   STRATA_RETURN_IF_ERROR(dblock_.Allocate(layers::BlockParamCount(cfg_) * F));
@@ -173,6 +185,12 @@ Status GptCuda::Forward(strata_engine_t* e) {
     STRATA_RETURN_IF_ERROR(layers::BlockForwardCuda(ctx(), cfg_, p, dtype_, x(l), x(l + 1), &acts_, B_, T_));
     STRATA_RETURN_IF_ERROR(EndCompute(t0));
     STRATA_RETURN_IF_ERROR(Release(e, l + 1));
+    // The input goes to the engine (stash waits for the stream, copies, and
+    // returns with the copy done: the next block may overwrite it).
+    if (offload_)
+      STRATA_RETURN_IF_ERROR(Api(strata_engine_stash(e, x(l), NC() * sizeof(float), ctx().stream,
+                                                     &stashed_[static_cast<size_t>(l)]),
+                                 "strata_engine_stash"));
   }
   return Status::Ok();
 }
@@ -202,11 +220,17 @@ Status GptCuda::Backward(strata_engine_t* e) {
   float* dx = f(dx_);  // the head's output; then each block's dx_in in turn
   float* dx2 = f(dx2_);
   for (int l = cfg_.layers - 1; l >= 0; --l) {
+    // Redeem waits for the stream (the last block's backward read this
+    // buffer) and returns with the input in it.
+    if (offload_)
+      STRATA_RETURN_IF_ERROR(Api(strata_engine_redeem(e, stashed_[static_cast<size_t>(l)], redeemed(),
+                                                      NC() * sizeof(float), ctx().stream),
+                                 "strata_engine_redeem"));
     STRATA_RETURN_IF_ERROR(Fetch(e, l + 1, &p));
     const double t0 = Now();
     STRATA_RETURN_IF_ERROR(
         Cuda(cudaMemsetAsync(dblock_.get(), 0, dblock_.bytes(), ctx().stream), "cudaMemsetAsync dblock"));
-    STRATA_RETURN_IF_ERROR(layers::BlockBackwardCuda(ctx(), cfg_, p, dtype_, x(l), dx, &acts_,
+    STRATA_RETURN_IF_ERROR(layers::BlockBackwardCuda(ctx(), cfg_, p, dtype_, offload_ ? redeemed() : x(l), dx, &acts_,
                                                      layers::BlockBackwardMode::kRecompute, f(dblock_), dx2,
                                                      B_, T_));
     STRATA_RETURN_IF_ERROR(EndCompute(t0));

@@ -214,8 +214,7 @@ int Run(Args a) {
   if (!model) return Fail("--gpu: this build has no GPU model");
   GptModel& gpt = *model;
   if (!a.offload_activations.empty() && !gpt.OffloadActivations())
-    return Fail("--offload-activations: the CUDA layers keep their block inputs on the device (not offloaded yet); "
-                "use it without --gpu");
+    return Fail("--offload-activations: this model cannot stash its activations");
   const double t_model = since(t_start) - t_register;
   if (lead) {
     std::printf("strata-train: start-up: %.1f s drawing, %.1f s the model's buffers; building the engine (every "
@@ -381,7 +380,7 @@ int main(int argc, char** argv) {
   app.add_option("--offload-activations", a.offload_activations,
                  "each block's input (kept for its backward) goes to the engine's activation store after its "
                  "forward: host (host memory) or nvme (a small host arena, the rest on NVMe, read back ahead of "
-                 "backward); the CPU layers (not with --gpu yet)")
+                 "backward)")
       ->check(CLI::IsMember({"host", "nvme"}));
   app.add_option("--state-format", a.state_format,
                  "strata.state_format: fp32, or compact (about 5 bytes a parameter of optimizer state instead of 12)")
