@@ -1,0 +1,121 @@
+"""One run of bench/vs_deepspeed.sh: an HF GPT-2 (random weights, fp32)
+trained with one ds_config.json, under DeepSpeed ZeRO-3 (deepspeed.initialize)
+or Strata (strata.torch.offload_module), offload to "cpu" or "nvme". Prints
+one `vs_deepspeed_run ...` line: median step time, tokens/s, peak RSS, disk
+bytes read and written per step (this process's /proc/self/io), the swap
+folder's size, the final loss; and, for Strata, every config key it named as
+ignored (its "[strata W]" lines). Run under torchrun for several ranks.
+Usage: vs_deepspeed_run.py deepspeed|strata cpu|nvme SWAP_DIR"""
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+ENGINE, OFFLOAD, SWAP = sys.argv[1], sys.argv[2], sys.argv[3]
+STEPS, WARMUP = int(os.environ.get("STEPS", "20")), int(os.environ.get("WARMUP", "2"))
+BATCH, SEQ = int(os.environ.get("BATCH", "4")), int(os.environ.get("SEQ", "256"))
+LR, WD, CLIP = 1e-4, 0.01, 1.0
+RANK, WORLD = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def model():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_embd=512, n_layer=8, n_head=8, n_positions=SEQ, vocab_size=50257, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(cfg)
+
+
+def ds_config():
+    dev = {"device": OFFLOAD}
+    if OFFLOAD == "nvme":
+        dev["nvme_path"] = SWAP
+    return {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "gradient_clipping": CLIP,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8,
+                                                      "weight_decay": WD}},
+            "zero_optimization": {"stage": 3, "offload_param": dict(dev), "offload_optimizer": dict(dev)},
+            "aio": {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True}}
+
+
+def io_bytes():
+    out = {}
+    with open("/proc/self/io") as f:
+        for line in f:
+            k, v = line.split(":")
+            out[k.strip()] = int(v)
+    return out.get("read_bytes", 0), out.get("write_bytes", 0)
+
+
+def du(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for n in files:
+            try:
+                total += os.stat(os.path.join(root, n)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def main():
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORLD))
+    m = model()
+    g = torch.Generator().manual_seed(1 + RANK)
+    data = [torch.randint(0, 50257, (BATCH, SEQ), generator=g) for _ in range(STEPS + WARMUP)]
+    warned = []
+    if ENGINE == "deepspeed":
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="gloo")
+        eng, _, _, _ = deepspeed.initialize(model=m, model_parameters=m.parameters(), config=ds_config())
+
+        def step(x):
+            loss = eng(input_ids=x, labels=x).loss
+            eng.backward(loss)
+            eng.step()
+            return loss.item()
+    else:
+        import strata.torch as st
+        r, w = os.pipe()  # the engine's warnings go to stderr: catch them at creation
+        saved = os.dup(2)
+        os.dup2(w, 2)
+        try:
+            off = st.offload_module(m, ds_config(), force_no_gpu=True)
+        finally:
+            os.dup2(saved, 2)
+            os.close(w)
+        warned = [ln for ln in os.read(r, 1 << 20).decode(errors="replace").splitlines() if "[strata W]" in ln]
+        os.close(r)
+
+        def step(x):
+            loss = m(input_ids=x, labels=x).loss
+            loss.backward()
+            off.optimizer.step()
+            off.optimizer.zero_grad()
+            return loss.item()
+    times, loss = [], None
+    for i, x in enumerate(data):
+        if i == WARMUP:
+            r0, w0 = io_bytes()
+        t0 = time.perf_counter()
+        loss = step(x)
+        if i >= WARMUP:
+            times.append(time.perf_counter() - t0)
+    r1, w1 = io_bytes()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    med = statistics.median(times)
+    line = {"engine": ENGINE, "offload": OFFLOAD, "rank": RANK, "world": WORLD, "step_s": round(med, 4),
+            "tokens_per_s": round(BATCH * SEQ * WORLD / med, 1), "peak_rss_mib": round(rss / 2**20, 1),
+            "disk_read_mib_per_step": round((r1 - r0) / STEPS / 2**20, 1),
+            "disk_written_mib_per_step": round((w1 - w0) / STEPS / 2**20, 1),
+            "swap_mib": round(du(SWAP) / 2**20, 1) if OFFLOAD == "nvme" else 0, "last_loss": round(loss, 5)}
+    print("vs_deepspeed_run " + json.dumps(line), flush=True)
+    for wl in warned:
+        print("vs_deepspeed_ignored " + wl.strip(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

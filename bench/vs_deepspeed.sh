@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Strata against DeepSpeed, whole engine (issue 36): the same HF GPT-2
+# (random weights, fp32, ~51M parameters, batch 4 x 256) and the same
+# ds_config.json (ZeRO-3, offload_param and offload_optimizer on "cpu", then
+# "nvme"; AdamW lr 1e-4, weight decay 0.01, gradient_clipping 1.0) under
+# deepspeed.initialize and under strata.torch.offload_module, each run in a
+# fresh process, at 1 and 2 ranks (torchrun, Gloo), in alternating order over
+# ROUNDS rounds. A bench, not a test (not in ./dev.sh test).
+#
+# It makes what it needs: the torch-2 venv (tools/make-venv.sh), DeepSpeed
+# and its imports pinned in bench/python/requirements-deepspeed.txt (pip
+# --target into the cache, --no-deps), Debian's libaio-dev for DeepSpeed's
+# async_io op (apt-get, when missing); DeepSpeed builds its CPU Adam and aio
+# ops itself at first use (into ~/.cache/torch_extensions, a few minutes).
+#
+# Prints each run's line (step time, tokens/s, peak RSS, disk bytes per step,
+# the swap folder's size), the config keys Strata named as ignored, a table
+# of medians, and last
+#   vs_deepspeed cpu=R nvme=R cpu_2r=R nvme_2r=R
+# R = DeepSpeed's median step time / Strata's (above 1: Strata leads).
+# Usage: bench/vs_deepspeed.sh DIR
+#   env: ROUNDS (2), STEPS (20), WARMUP (2), RANKS ("1 2"), MODES ("cpu nvme"), BUILD_DIR
+set -euo pipefail
+DIR=${1:?usage: bench/vs_deepspeed.sh DIR}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD_DIR=${BUILD_DIR:-$ROOT/build}
+ROUNDS=${ROUNDS:-2} RANKS=${RANKS:-1 2} MODES=${MODES:-cpu nvme}
+export STEPS=${STEPS:-20} WARMUP=${WARMUP:-2}
+[ -d "$DIR" ] || { echo "vs_deepspeed: $DIR is not a directory" >&2; exit 2; }
+PY=$("$ROOT/tools/make-venv.sh")
+CACHE=${STRATA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/strata}
+REQ=$ROOT/bench/python/requirements-deepspeed.txt
+SITE=$CACHE/deepspeed-site-$(sha256sum "$REQ" | cut -c1-12)
+if [ ! -f "$SITE/.complete" ]; then
+  rm -rf "$SITE"
+  "$PY" -m pip install --quiet --no-deps --target "$SITE" -r "$REQ"
+  touch "$SITE/.complete"
+fi
+if ! dpkg-query -W -f='${Status}' libaio-dev 2>/dev/null | grep -q "install ok installed"; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libaio-dev >/dev/null
+fi
+[ -f "$BUILD_DIR/engine/libstrata.so" ] || cmake --build "$BUILD_DIR" --target strata >/dev/null
+export STRATA_LIBRARY=$BUILD_DIR/engine/libstrata.so PYTHONPATH=$ROOT/python:$SITE DS_ACCELERATOR=cpu
+export OMP_WAIT_POLICY=PASSIVE MASTER_ADDR=127.0.0.1
+OUT=$DIR/vs_deepspeed.log
+: >"$OUT"
+run() {  # engine mode ranks
+  local eng=$1 mode=$2 ranks=$3 swap=$DIR/swap-$1-$2
+  rm -rf "$swap"; mkdir -p "$swap"
+  export MASTER_PORT=$((29500 + RANDOM % 1000))
+  if [ "$ranks" -eq 1 ]; then
+    RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 "$PY" "$ROOT/bench/python/vs_deepspeed_run.py" "$eng" "$mode" "$swap"
+  else
+    "$(dirname "$PY")/torchrun" --nproc_per_node "$ranks" --master_port "$MASTER_PORT" \
+      "$ROOT/bench/python/vs_deepspeed_run.py" "$eng" "$mode" "$swap"
+  fi 2>"$DIR/last.err" | grep -E '^vs_deepspeed_(run|ignored)' | tee -a "$OUT" ||
+    { tail -20 "$DIR/last.err" >&2; echo "vs_deepspeed: $eng $mode at $ranks ranks failed" >&2; exit 1; }
+  rm -rf "$swap"
+}
+for r in $(seq 1 "$ROUNDS"); do
+  for ranks in $RANKS; do
+    for mode in $MODES; do
+      if [ $(( (r + ranks) % 2 )) -eq 0 ]; then order="deepspeed strata"; else order="strata deepspeed"; fi
+      for eng in $order; do run "$eng" "$mode" "$ranks"; done
+    done
+  done
+done
+"$PY" - "$OUT" <<'PY'
+import json, statistics, sys
+runs = [json.loads(l.split(" ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("vs_deepspeed_run ")]
+rows = {}
+for r in runs:
+    if r["rank"] != 0:
+        continue
+    rows.setdefault((r["offload"], r["world"], r["engine"]), []).append(r)
+print(f"{'mode':6} {'ranks':5} {'engine':9} {'step s':>7} {'tok/s':>7} {'RSS MiB':>8} {'read MiB':>8} {'written':>8} {'swap MiB':>8}")
+ratio = {}
+for (mode, world, eng), rs in sorted(rows.items()):
+    med = lambda k: statistics.median(x[k] for x in rs)
+    print(f"{mode:6} {world:5} {eng:9} {med('step_s'):7.3f} {med('tokens_per_s'):7.0f} {max(x['peak_rss_mib'] for x in rs):8.0f} "
+          f"{med('disk_read_mib_per_step'):8.1f} {med('disk_written_mib_per_step'):8.1f} {max(x['swap_mib'] for x in rs):8.0f}")
+    ratio.setdefault((mode, world), {})[eng] = med("step_s")
+def r(mode, world):
+    x = ratio.get((mode, world), {})
+    return f"{x['deepspeed'] / x['strata']:.3f}" if "deepspeed" in x and "strata" in x else "n/a"
+print(f"vs_deepspeed cpu={r('cpu', 1)} nvme={r('nvme', 1)} cpu_2r={r('cpu', 2)} nvme_2r={r('nvme', 2)}")
+PY
