@@ -66,6 +66,8 @@ for r in $(seq 1 "$ROUNDS"); do
     done
   done
 done
+echo "== ds_config keys Strata ignores or leaves to the trainer (from its notes at creation):"
+grep '^vs_deepspeed_ignored' "$OUT" | sed 's/^vs_deepspeed_ignored //' | sort -u || echo "(none)"
 "$PY" - "$OUT" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l.split(" ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("vs_deepspeed_run ")]

@@ -4,7 +4,7 @@ or Strata (strata.torch.offload_module), offload to "cpu" or "nvme". Prints
 one `vs_deepspeed_run ...` line: median step time, tokens/s, peak RSS, disk
 bytes read and written per step (this process's /proc/self/io), the swap
 folder's size, the final loss; and, for Strata, every config key it named as
-ignored (its "[strata W]" lines). Run under torchrun for several ranks.
+ignored or left to the trainer (its "[strata W]" lines and "[strata I] config:" notes). Run under torchrun for several ranks.
 Usage: vs_deepspeed_run.py deepspeed|strata cpu|nvme SWAP_DIR"""
 import json
 import os
@@ -87,7 +87,9 @@ def main():
         finally:
             os.dup2(saved, 2)
             os.close(w)
-        warned = [ln for ln in os.read(r, 1 << 20).decode(errors="replace").splitlines() if "[strata W]" in ln]
+        # Its warnings, and its notes on config keys it leaves to others or ignores.
+        warned = [ln for ln in os.read(r, 1 << 20).decode(errors="replace").splitlines()
+                  if "[strata W]" in ln or ("[strata I]" in ln and "config:" in ln)]
         os.close(r)
 
         def step(x):
