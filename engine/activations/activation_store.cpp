@@ -55,12 +55,12 @@ uint64_t ActivationStore::TakeArena(std::unique_lock<std::mutex>& lock, uint64_t
     // needs it last). Else a read in flight may end; else there is none.
     bool writing = false, reading = false;
     Item* read = nullptr;
-    Item* kept = nullptr;
+    uint64_t kept = 0;  // the earliest stash kept here (0: none)
     for (auto& [h, it] : items_) {
       writing = writing || it.where == Where::kWriting;
       reading = reading || it.where == Where::kReading;
       if (it.where == Where::kRead && !it.dropped && it.io.ok() && !read) read = &it;
-      if (it.where == Where::kArena && !it.dropped && !kept) kept = &it;
+      if (it.where == Where::kArena && !it.dropped && !kept) kept = h;
     }
     if (!writing && read) {
       extents_->Free(read->arena, Padded(read->bytes));
@@ -68,22 +68,28 @@ uint64_t ActivationStore::TakeArena(std::unique_lock<std::mutex>& lock, uint64_t
       read->where = Where::kDisk;
       continue;
     }
-    if (!writing && kept && nvme_ && nvme_used_ + Padded(kept->bytes) <= options_.nvme_bytes) {
-      auto d = nvme_->Allocate(Padded(kept->bytes));
-      if (d.ok()) {
-        kept->disk = *d;
-        nvme_used_ += Padded(kept->bytes);
-        kept->where = Where::kWriting;
-        st_.stashed_nvme_bytes += kept->bytes;  // spilled: it goes on to NVMe after all
-        for (auto& [h, it] : items_)
-          if (&it == kept) jobs_.push_front({h, true});
-        cv_.notify_all();
-        writing = true;
-      }
+    if (!writing && kept && Spill(kept, /*first=*/true)) {
+      cv_.notify_all();
+      writing = true;
     }
     if (!writing && !reading) return ~uint64_t{0};
     cv_.wait(lock);
   }
+}
+
+bool ActivationStore::Spill(uint64_t handle, bool first) {
+  Item& it = items_.at(handle);
+  const uint64_t p = Padded(it.bytes);
+  if (!nvme_ || nvme_used_ + p > options_.nvme_bytes) return false;
+  auto d = nvme_->Allocate(p);
+  if (!d.ok()) return false;
+  it.disk = *d;
+  nvme_used_ += p;
+  it.where = Where::kWriting;
+  st_.stashed_nvme_bytes += it.bytes;  // it goes on to NVMe after all
+  if (first) jobs_.push_front({handle, true});
+  else jobs_.push_back({handle, true});
+  return true;
 }
 
 void ActivationStore::FreeItem(Item& it) {
@@ -137,16 +143,8 @@ Result<uint64_t> ActivationStore::Stash(const void* src, uint64_t bytes) {
     for (auto& [h, it] : items_) {  // in stash order
       if (extents_->free_bytes() + freeing >= padded + reserve) break;
       if (it.where != Where::kArena || it.dropped) continue;
-      const uint64_t p = Padded(it.bytes);
-      if (nvme_used_ + p > options_.nvme_bytes) break;
-      auto d = nvme_->Allocate(p);
-      if (!d.ok()) break;
-      it.disk = *d;
-      nvme_used_ += p;
-      it.where = Where::kWriting;
-      st_.stashed_nvme_bytes += it.bytes;
-      jobs_.push_back({h, true});
-      freeing += p;
+      if (!Spill(h, /*first=*/false)) break;
+      freeing += Padded(it.bytes);
     }
     cv_.notify_all();
     room = extents_->free_bytes() + freeing >= padded + reserve;

@@ -96,6 +96,9 @@ class ActivationStore {
   // finish when some are in flight; UINT64_MAX when there is none.
   uint64_t TakeArena(std::unique_lock<std::mutex>& lock, uint64_t bytes);
   void FreeItem(Item& it);  // REQUIRES: mu_
+  // REQUIRES: mu_. A stash kept in the arena goes on to NVMe (its write is
+  // queued, first or last); false when the swap has no room for it.
+  bool Spill(uint64_t handle, bool first);
   void QueueReadsBefore(uint64_t seq);  // REQUIRES: mu_
   void Run();
   Status CopyIn(const void* src, void* dst, uint64_t bytes);   // caller's buffer -> arena

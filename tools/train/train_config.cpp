@@ -104,6 +104,24 @@ std::vector<std::string> NvmePathsList(Json& j) {
   return out;
 }
 
+// --nvme, or a fresh folder under /var/tmp made on first need (removed at the end).
+bool SwapFolder(const ConfigInputs& in, TrainConfig* out, std::string* dir, std::string* error) {
+  if (!in.nvme.empty()) {
+    *dir = in.nvme;
+    return true;
+  }
+  if (out->own_swap.empty()) {
+    char tmpl[] = "/var/tmp/strata-train-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) {
+      *error = "cannot create a swap folder under /var/tmp (give one with --nvme)";
+      return false;
+    }
+    out->own_swap = tmpl;
+  }
+  *dir = out->own_swap;
+  return true;
+}
+
 // Gives each offloaded section without a folder --nvme, or a fresh one under
 // /var/tmp (made on first need), and lists the folders the swap files go to.
 bool ResolveSwapFolders(const ConfigInputs& in, Json& j, TrainConfig* out, std::string* error) {
@@ -117,37 +135,17 @@ bool ResolveSwapFolders(const ConfigInputs& in, Json& j, TrainConfig* out, std::
       continue;
     }
     if (Unset(Member(*section, "nvme_path"))) {
-      if (!in.nvme.empty()) {
-        (*section)["nvme_path"] = in.nvme;
-      } else {
-        if (out->own_swap.empty()) {
-          char tmpl[] = "/var/tmp/strata-train-XXXXXX";
-          if (::mkdtemp(tmpl) == nullptr) {
-            *error = "cannot create a swap folder under /var/tmp (give one with --nvme)";
-            return false;
-          }
-          out->own_swap = tmpl;
-        }
-        (*section)["nvme_path"] = out->own_swap;
-      }
+      std::string dir;
+      if (!SwapFolder(in, out, &dir, error)) return false;
+      (*section)["nvme_path"] = dir;
     }
     const Json* path = Member(*section, "nvme_path");
     if (path->is_string()) AddOnce(&out->swap_folders, path->get<std::string>());
   }
   // --offload-activations nvme with no state on NVMe: the activations' folder.
   if (in.offload_activations == "nvme" && out->swap_folders.empty()) {
-    std::string dir = in.nvme;
-    if (dir.empty()) {
-      if (out->own_swap.empty()) {
-        char tmpl[] = "/var/tmp/strata-train-XXXXXX";
-        if (::mkdtemp(tmpl) == nullptr) {
-          *error = "cannot create a swap folder under /var/tmp (give one with --nvme)";
-          return false;
-        }
-        out->own_swap = tmpl;
-      }
-      dir = out->own_swap;
-    }
+    std::string dir;
+    if (!SwapFolder(in, out, &dir, error)) return false;
     (*Member(j, "strata"))["nvme_paths"] = Json::array({dir});
     out->swap_folders.push_back(dir);
   }
