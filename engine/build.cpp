@@ -123,7 +123,19 @@ Status Engine::Impl::BuildOnce() {
   lay_.home[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
   const TierKind opt_home = HomeOf(config_.zero.offload_optimizer.device);
   lay_.home[int(StateKind::kW)] = lay_.home[int(StateKind::kM)] = lay_.home[int(StateKind::kV)] = opt_home;
-  lay_.home[int(StateKind::kG)] = opt_home == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost;
+  // G in host memory when strata.grad_home says so ("auto": when the host plan holds it).
+  // What else build takes from the host budget by number: the activation
+  // arena, and a speculation room given in bytes.
+  lay_.home[int(StateKind::kG)] = TierKind::kHost;
+  uint64_t taken = config_.strata.activation_host_bytes;
+  if (options_.overlap_step && config_.strata.speculation_host_bytes != StrataConfig::kSpeculationAuto)
+    taken += config_.strata.speculation_host_bytes;
+  const bool host_holds_g =
+      host_->budget() > taken && CheckHostPlan(lay_, host_->budget() - taken).ok();
+  lay_.home[int(StateKind::kG)] = GradHome(config_.strata.grad_home, opt_home, host_holds_g);
+  if (config_.strata.grad_home == "auto" && opt_home == TierKind::kNvme && !host_holds_g)
+    STRATA_LOG_INFO("build: G on NVMe beside W, M, V: strata.host_budget ({}) cannot hold it beside the staging "
+                    "(strata.grad_home \"auto\")", FormatBytes(host_->budget()));
   STRATA_RETURN_IF_ERROR(CheckHostPlan(lay_, host_->budget()));  // before anything is allocated
   const int ngroups = lay_.part.num_groups();
   auto used = [&](int s) { return lay_.StateUsed(s); };

@@ -5,7 +5,11 @@ one `vs_deepspeed_run ...` line: median step time, tokens/s, peak RSS, disk
 bytes read and written per step (this process's /proc/self/io), the swap
 folder's size, the final loss; and, for Strata, every config key it named as
 ignored or left to the trainer (its "[strata W]" lines and "[strata I] config:" notes). Run under torchrun for several ranks.
-Usage: vs_deepspeed_run.py deepspeed|strata cpu|nvme SWAP_DIR"""
+"torch" is the floor: torch's AdamW with clip_grad_norm_, nothing offloaded
+and nothing communicated (each rank trains its own copy), the step time no
+offload engine can beat with torch's forward and backward. STATS=1 prints
+Strata's engine stats after the run (a `vs_deepspeed_stats` line).
+Usage: vs_deepspeed_run.py deepspeed|strata|torch cpu|nvme SWAP_DIR"""
 import json
 import os
 import resource
@@ -41,6 +45,14 @@ def ds_config():
             "aio": {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True}}
 
 
+def strata_config():  # the same ds_config; STRATA_EXTRA (JSON) adds a "strata" section, for experiments
+    cfg = ds_config()
+    extra = os.environ.get("STRATA_EXTRA")
+    if extra:
+        cfg["strata"] = json.loads(extra)
+    return cfg
+
+
 def io_bytes():
     out = {}
     with open("/proc/self/io") as f:
@@ -66,7 +78,7 @@ def main():
     m = model()
     g = torch.Generator().manual_seed(1 + RANK)
     data = [torch.randint(0, 50257, (BATCH, SEQ), generator=g) for _ in range(STEPS + WARMUP)]
-    warned = []
+    warned, phases = [], []  # phases: (forward, backward, step) seconds, for strata and torch
     if ENGINE == "deepspeed":
         import deepspeed
         deepspeed.init_distributed(dist_backend="gloo")
@@ -77,13 +89,27 @@ def main():
             eng.backward(loss)
             eng.step()
             return loss.item()
+    elif ENGINE == "torch":
+        opt = torch.optim.AdamW(m.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WD)
+
+        def step(x):
+            t0 = time.perf_counter()
+            loss = m(input_ids=x, labels=x).loss
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            phases.append((t1 - t0, t2 - t1, 0.0))
+            torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP)
+            opt.step()
+            opt.zero_grad()
+            return loss.item()
     else:
         import strata.torch as st
         r, w = os.pipe()  # the engine's warnings go to stderr: catch them at creation
         saved = os.dup(2)
         os.dup2(w, 2)
         try:
-            off = st.offload_module(m, ds_config(), force_no_gpu=True)
+            off = st.offload_module(m, strata_config(), force_no_gpu=True)
         finally:
             os.dup2(saved, 2)
             os.close(w)
@@ -93,10 +119,14 @@ def main():
         os.close(r)
 
         def step(x):
+            t0 = time.perf_counter()
             loss = m(input_ids=x, labels=x).loss
+            t1 = time.perf_counter()
             loss.backward()
+            t2 = time.perf_counter()
             off.optimizer.step()
             off.optimizer.zero_grad()
+            phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
             return loss.item()
     times, loss = [], None
     for i, x in enumerate(data):
@@ -114,7 +144,13 @@ def main():
             "disk_read_mib_per_step": round((r1 - r0) / STEPS / 2**20, 1),
             "disk_written_mib_per_step": round((w1 - w0) / STEPS / 2**20, 1),
             "swap_mib": round(du(SWAP) / 2**20, 1) if OFFLOAD == "nvme" else 0, "last_loss": round(loss, 5)}
+    if phases:  # medians over the timed steps; torch's step is the rest of its step time
+        ph = phases[WARMUP:]
+        line["forward_s"], line["backward_s"] = (round(statistics.median(p[k] for p in ph), 4) for k in (0, 1))
+        line["step_part_s"] = round(med - line["forward_s"] - line["backward_s"], 4)
     print("vs_deepspeed_run " + json.dumps(line), flush=True)
+    if ENGINE == "strata" and os.environ.get("STATS") == "1":
+        print("vs_deepspeed_stats " + json.dumps(off.engine.stats()), flush=True)
     for wl in warned:
         print("vs_deepspeed_ignored " + wl.strip(), flush=True)
 

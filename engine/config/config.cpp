@@ -253,6 +253,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Choice("gpu_optimizer", &s->gpu_optimizer, {"auto", "off"}));
   STRATA_RETURN_IF_ERROR(r.Choice("numa_bind", &s->numa_bind, {"auto", "off"}));
   STRATA_RETURN_IF_ERROR(r.Choice("speculation", &s->speculation, {"auto", "always", "never"}));
+  STRATA_RETURN_IF_ERROR(r.Choice("grad_home", &s->grad_home, {"auto", "host", "nvme"}));
   STRATA_RETURN_IF_ERROR(r.ByteSize("activation_host_bytes", &s->activation_host_bytes, 0));
   STRATA_RETURN_IF_ERROR(r.ByteSize("activation_nvme_bytes", &s->activation_nvme_bytes, 0));
   STRATA_RETURN_IF_ERROR(r.ByteSize("activation_prefetch_bytes", &s->activation_prefetch_bytes, 0));
@@ -452,6 +453,7 @@ std::string ConfigToJson(const Config& c) {
         {"gpu_optimizer", c.strata.gpu_optimizer},
         {"numa_bind", c.strata.numa_bind},
         {"speculation", c.strata.speculation},
+        {"grad_home", c.strata.grad_home},
         {"activation_host_bytes", c.strata.activation_host_bytes},
         {"activation_nvme_bytes", c.strata.activation_nvme_bytes},
         {"activation_prefetch_bytes", c.strata.activation_prefetch_bytes},

@@ -195,6 +195,16 @@ struct StrataConfig {
   //   "always" every step whose early updates would be speculative;
   //   "never"  none: such steps update after backward.
   std::string speculation = "auto";
+  // Where G, the step's summed fp32 gradients, lives when W, M, V are on
+  // NVMe (with them on the host or device it is host memory, and "nvme" is
+  // refused). Layout's GradHome decides:
+  //   "auto"  host memory when G's bytes are at most a quarter of the host
+  //           budget and the host plan holds them, else NVMe: a ZeRO-3 step
+  //           then reads and writes W, M, V alone (DeepSpeed keeps its
+  //           gradients in host memory too);
+  //   "host"  host memory (the host plan must hold it);
+  //   "nvme"  NVMe: backward writes each group's G, the step reads it back.
+  std::string grad_home = "auto";
   // Activations stashed by the trainer (engine/activations/activation_store.h):
   //   activation_host_bytes: a host arena (from host_budget) they are kept
   //     in, and that NVMe stashes pass through; 0: no activation store.

@@ -100,6 +100,9 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
     return ConfigError("bf16.enabled and fp16.enabled: both true; enable at most one");
   const auto& z = c.zero;
   STRATA_RETURN_IF_ERROR(CheckNvmePath(c, z.offload_param.device, z.offload_param.nvme_path, "offload_param"));
+  if (c.strata.grad_home == "nvme" && z.offload_optimizer.device != OffloadDevice::kNvme)
+    return ConfigError("strata.grad_home: \"nvme\" needs zero_optimization.offload_optimizer.device \"nvme\" "
+                       "(G lives beside W, M, V; with them on the host or the device it is host memory)");
   STRATA_RETURN_IF_ERROR(
       CheckNvmePath(c, z.offload_optimizer.device, z.offload_optimizer.nvme_path, "offload_optimizer"));
   if (z.stage < 0 || z.stage > 3)

@@ -45,4 +45,10 @@ bool Layout::StagedInSlot(int s) const {
   return s == int(StateKind::kP) && compact && !BlockIo::DirectAt(home[int(StateKind::kW)], device_on_gpu);
 }
 
+TierKind GradHome(const std::string& setting, TierKind opt_home, bool host_holds_g) {
+  if (opt_home != TierKind::kNvme || setting == "host") return TierKind::kHost;
+  if (setting == "nvme") return TierKind::kNvme;
+  return host_holds_g ? TierKind::kHost : TierKind::kNvme;
+}
+
 }  // namespace strata

@@ -74,4 +74,9 @@ struct Layout {
   bool StagedInSlot(int s) const;
 };
 
+// strata.grad_home (config.h): G's home for `setting` when W, M, V are homed
+// at `opt_home`. "auto" is the host when `host_holds_g` (the host plan holds
+// G beside the staging), else NVMe.
+TierKind GradHome(const std::string& setting, TierKind opt_home, bool host_holds_g);
+
 }  // namespace strata

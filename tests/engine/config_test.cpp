@@ -89,6 +89,7 @@ TEST(Config, EmptyDocumentHasDeepSpeedDefaults) {
   EXPECT_EQ(c.strata.io_rings, 1);
   EXPECT_EQ(c.strata.step_io, "alternate");
   EXPECT_EQ(c.strata.gpu_optimizer, "auto");
+  EXPECT_EQ(c.strata.grad_home, "auto");
   EXPECT_EQ(c.compute_dtype(), DType::kF32);
   EXPECT_TRUE(c.notes.empty());
   EXPECT_TRUE(c.warnings.empty());
@@ -389,6 +390,12 @@ TEST(ConfigRefusal, BadEnumNamesWhatIsAllowed) {
             "strata.grad_reduce: \"avg\" is not one of mean, sum");
   EXPECT_EQ(Refusal(R"({"strata": {"gpu_optimizer": "on"}})"),
             "strata.gpu_optimizer: \"on\" is not one of auto, off");
+  EXPECT_EQ(Refusal(R"({"strata": {"grad_home": "disk"}})"),
+            "strata.grad_home: \"disk\" is not one of auto, host, nvme");
+  // G beside W, M, V: on NVMe only when they are.
+  EXPECT_EQ(Refusal(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}, "strata": {"grad_home": "nvme"}})"),
+            "strata.grad_home: \"nvme\" needs zero_optimization.offload_optimizer.device \"nvme\" (G lives beside W, "
+            "M, V; with them on the host or the device it is host memory)");
 }
 
 TEST(ConfigRefusal, BadTypeNamesTheKeyAndTheType) {

@@ -120,6 +120,16 @@ RunResult CheckPlacements(const std::string& dir, const TinyMlp& model, const st
     ExpectBitwiseEqual(device, r, std::string("concurrent ") + p + extra);
     ExpectWithinBudgets(r.stats, std::string("concurrent ") + p + extra);
   }
+  // G's home beside W, M, V on NVMe (strata.grad_home; "auto" picks the
+  // host for these small models): on NVMe, written in backward and read by
+  // the step, and in host memory.
+  for (const char* p : {"nvme_opt", "nvme_all"})
+    for (const char* home : {"nvme", "host"}) {
+      const std::string e = extra + R"(, "grad_home": ")" + home + "\"";
+      const RunResult r = Train(PlacementJson(p, dir, e), 20, model);
+      ExpectBitwiseEqual(device, r, p + e);
+      ExpectWithinBudgets(r.stats, p + e);
+    }
   // The overlapped step: each group updated as its gradients complete.
   for (const char* p : {"device", "nvme_all"}) {
     const RunResult r = Train(PlacementJson(p, dir, extra), 20, model, false, /*overlap=*/true);
@@ -174,6 +184,46 @@ TEST(Engine, SmallGroupsPackOnTheDisk) {
   EXPECT_LE((*e)->stats().nvme.budget, state * 14 / 10) << "state " << state;
   EXPECT_LE(reserved, state * 14 / 10 + 8 * kMiB) << "state " << state;
   EXPECT_GE(reserved, state);
+}
+
+// strata.grad_home with W, M, V on NVMe: G's blocks are on NVMe ("nvme") or
+// in host memory ("host"; "auto" when the host budget holds them beside the
+// staging, else NVMe); "host" past the host budget is refused at build.
+TEST(Engine, GradHomeFollowsTheSetting) {
+  TempDir dir;
+  constexpr uint64_t kNumel = 3000;  // 12 KB of fp32 a state: a 12 KiB block on disk, 3 pages in memory
+  auto build = [&](int groups, const std::string& home, const std::string& host_budget) -> Result<EngineStats> {
+    auto e = Engine::Create(MustParse(R"({"optimizer": {"type": "AdamW"},
+        "zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},
+        "strata": {"device_budget": "64MiB", "host_budget": )" + host_budget + R"(, "grad_home": ")" + home + R"("}})"), {});
+    if (!e.ok()) return e.status();
+    for (int g = 0; g < groups; ++g)
+      if (auto a = (*e)->AddParam(g, "p" + std::to_string(g), kNumel, nullptr); !a.ok()) return a.status();
+    STRATA_RETURN_IF_ERROR((*e)->Build());
+    return (*e)->stats();
+  };
+  auto on_nvme = build(4, "nvme", "\"64MiB\""), on_host = build(4, "host", "\"64MiB\""),
+       automatic = build(4, "auto", "\"64MiB\"");
+  ASSERT_TRUE(on_nvme.ok() && on_host.ok() && automatic.ok());
+  // G's 4 blocks leave the disk: at least their 12000 bytes each.
+  EXPECT_GE(on_nvme->nvme.budget, on_host->nvme.budget + 4 * 12000);
+  // In memory they take less than the G regions of the step's slots and
+  // G's staging buffer they replace.
+  EXPECT_LT(on_host->host.used, on_nvme->host.used);
+  EXPECT_EQ(automatic->nvme.budget, on_host->nvme.budget) << "auto with room: G in host memory";
+  EXPECT_EQ(automatic->host.used, on_host->host.used);
+  // 40 groups in 1100 KiB: on NVMe G takes a 64 KiB region in each of the 4
+  // step slots and a 16 KiB staging buffer (1040 KiB with W, M, V's regions);
+  // in host memory its 40 blocks beside the slots' 768 KiB do not fit, so
+  // "auto" puts G on NVMe and "host" is refused.
+  auto tight_auto = build(40, "auto", "1126400"), tight_nvme = build(40, "nvme", "1126400");
+  ASSERT_TRUE(tight_auto.ok()) << tight_auto.status().ToString();
+  ASSERT_TRUE(tight_nvme.ok()) << tight_nvme.status().ToString();
+  EXPECT_EQ(tight_auto->nvme.budget, tight_nvme->nvme.budget) << "auto without room: G on NVMe";
+  auto tight_host = build(40, "host", "1126400");
+  ASSERT_FALSE(tight_host.ok());
+  EXPECT_EQ(tight_host.status().code(), Code::kConfig) << tight_host.status().ToString();
+  EXPECT_NE(tight_host.status().message().find("strata.host_budget"), std::string::npos) << tight_host.status().ToString();
 }
 
 // pin_memory: true (as in every Hugging Face ZeRO-3 example) with the

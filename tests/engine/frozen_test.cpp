@@ -48,13 +48,16 @@ std::string Json(const Case& s, const std::string& dir) {
   if (s.placement == "host") opt = par = "cpu";
   if (s.placement == "nvme_opt") opt = "nvme";
   if (s.placement == "nvme_all") opt = par = "nvme";
+  // With W, M, V on NVMe, G beside them (strata.grad_home; "auto" would keep it in host memory).
+  const std::string grad_home =
+      opt == "nvme" && s.extra.find("grad_home") == std::string::npos ? R"(, "grad_home": "nvme")" : "";
   return std::string(R"({"bf16": {"enabled": )") + (s.bf16 ? "true" : "false") +
          R"(}, "gradient_clipping": )" + std::to_string(s.clip) +
          R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.05}},
     "zero_optimization": {"stage": )" + std::to_string(s.stage) + R"(, "stage3_prefetch_bucket_size": 5000,
       "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": ")" + dir + R"("},
       "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + dir + R"("}},
-    "strata": {)" + budgets + R"(, "state_format": ")" + s.format + "\"" + s.extra + "}}";
+    "strata": {)" + budgets + grad_home + R"(, "state_format": ")" + s.format + "\"" + s.extra + "}}";
 }
 
 std::vector<float> Values(uint64_t n, uint64_t seed) {

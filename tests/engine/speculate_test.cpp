@@ -70,7 +70,10 @@ std::string Json(const Case& c, const std::string& dir) {
        R"(, "offload_optimizer": {"device": ")" + std::string(nvme ? "nvme" : "cpu") + R"(", "nvme_path": ")" + dir +
        R"("}, "offload_param": {"device": ")" + std::string(c.placement == "nvme_all" ? "nvme" : "none") +
        R"(", "nvme_path": ")" + dir + R"(", "buffer_size": 1e5}},)";
-  j += R"("strata": {)" + c.extra_strata + R"("device_budget": "64MiB", "host_budget": "64MiB", "state_format": ")" +
+  // "nvme" puts G beside W, M, V (strata.grad_home; "auto" would keep it in host memory).
+  const std::string grad_home =
+      nvme && c.extra_strata.find("grad_home") == std::string::npos ? R"("grad_home": "nvme", )" : "";
+  j += R"("strata": {)" + c.extra_strata + grad_home + R"("device_budget": "64MiB", "host_budget": "64MiB", "state_format": ")" +
        c.format + R"(", "nonfinite": ")" + c.nonfinite + R"(", "speculation": ")" + c.speculation + R"("}})";
   return j;
 }

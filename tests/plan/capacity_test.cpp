@@ -42,6 +42,8 @@ Capacity Cap(int stage, const char* param, const char* optimizer, const char* fo
                            R"(", "nvme_path": "/nvme"}}})";
   auto cfg = ParseConfig(json);
   EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
+  // The papers' placement: G beside W, M, V on NVMe (GradHome tests "auto").
+  if (cfg.ok()) cfg->strata.grad_home = "nvme";
   auto cap = ComputeCapacity(Model(), Cluster(), *cfg);
   EXPECT_TRUE(cap.ok()) << cap.status().ToString();
   return *cap;
@@ -148,6 +150,32 @@ TEST(ZeroInfinity, OneTrillionOnOneDgx2) {
 // multiples of 32: the figures are exact.
 constexpr uint64_t kRank = kPsi / kN;
 size_t S(PlanState s) { return static_cast<size_t>(s); }
+
+// strata.grad_home "auto" as the engine's build decides it: G in host memory
+// when the host tier holds it there, else beside W, M, V on NVMe.
+TEST(GradHome, AutoKeepsGInHostMemoryWhenItFits) {
+  auto capacity = [](const std::string& strata) {
+    auto cfg = ParseConfig(R"({"bf16": {"enabled": true}, "strata": {)" + strata + R"(},
+        "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/nvme"},
+                              "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}})");
+    EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
+    auto cap = ComputeCapacity(Model(), Cluster(), *cfg);
+    EXPECT_TRUE(cap.ok()) << cap.status().ToString();
+    return *cap;
+  };
+  const size_t g = static_cast<size_t>(PlanState::kG);
+  const Capacity nvme = capacity(R"("grad_home": "nvme")"), automatic = capacity("");
+  EXPECT_FALSE(nvme.g_on_host);
+  EXPECT_EQ(nvme.bytes[g][static_cast<size_t>(TierKind::kNvme)], 4 * kPsi / kN);
+  EXPECT_TRUE(automatic.g_on_host);
+  EXPECT_EQ(automatic.bytes[g][static_cast<size_t>(TierKind::kHost)], 4 * kPsi / kN);
+  EXPECT_EQ(automatic.bytes[g][static_cast<size_t>(TierKind::kNvme)], 0u);
+  EXPECT_EQ(Nvme(automatic) + 4 * kPsi / kN, Nvme(nvme));
+  // A host budget below G: "auto" puts it on NVMe, as "nvme" does.
+  const Capacity tight = capacity(R"("host_budget": )" + std::to_string(4 * kPsi / kN / 2));
+  EXPECT_FALSE(tight.g_on_host);
+  EXPECT_EQ(tight.bytes[g][static_cast<size_t>(TierKind::kNvme)], 4 * kPsi / kN);
+}
 size_t T(TierKind t) { return static_cast<size_t>(t); }
 
 TEST(CompactFormat, EverythingOnNvmeBytesPerParameter) {

@@ -24,6 +24,9 @@ Config Cfg(int stage, const char* param, const char* opt, const std::string& ext
                        R"(", "nvme_path": "/nvme", "buffer_size": 1e10}, "offload_optimizer": {"device": ")" +
                        opt + R"(", "nvme_path": "/nvme"}}})");
   EXPECT_TRUE(c.ok()) << c.status().ToString();
+  // G beside W, M, V on NVMe, as ZeRO-Infinity and the calibration place it
+  // (strata.grad_home "auto" would keep it in host memory: its own tests).
+  if (c.ok() && extra.find("grad_home") == std::string::npos) c->strata.grad_home = "nvme";
   return *c;
 }
 

@@ -16,6 +16,7 @@
 
 #include "base/align.h"
 #include "base/sizes.h"
+#include "engine/layout/layout.h"
 #include "engine/layout/partition.h"
 #include "kernels/cpu/compact.h"
 #include "tiers/nvme_tier.h"
@@ -115,14 +116,22 @@ std::vector<std::string> Capacity::Problems() const {
   return out;
 }
 
-Homes HomesOf(const Config& config, const ClusterSpec& cluster) {
+Homes HomesOf(const Config& config, const ClusterSpec& cluster, bool g_on_host) {
   Homes h;
   h.p = HomeOf(config.zero.offload_param.device);
   h.opt = HomeOf(config.zero.offload_optimizer.device);
   h.gpu_optimizer = h.opt == TierKind::kDevice && cluster.has_gpu;
-  // The engine keeps the fp32 accumulator beside W when the step runs on the CPU.
-  h.g = h.gpu_optimizer ? TierKind::kDevice : h.opt == TierKind::kNvme ? TierKind::kNvme : TierKind::kHost;
+  // The engine keeps the fp32 accumulator in host memory, or beside W, M, V
+  // on NVMe (strata.grad_home), when the step runs on the CPU.
+  h.g = h.gpu_optimizer ? TierKind::kDevice : strata::GradHome(config.strata.grad_home, h.opt, g_on_host);
   return h;
+}
+
+uint64_t HostBudgetOf(const ClusterSpec& cluster, const Config& config) {
+  uint64_t host = static_cast<uint64_t>(static_cast<double>(cluster.host_bytes) * kHostUsable) /
+                  std::max<uint64_t>(cluster.gpus_per_node, 1);
+  if (config.strata.host_budget) host = std::min(host, config.strata.host_budget);
+  return host;
 }
 
 uint64_t StateBytes::W(uint64_t n) const { return compact ? n : 4 * n; }
@@ -191,7 +200,7 @@ bool NeedOf(const Layout& l, int g, const Homes& h, const StateBytes& sb, const 
 // are granted in the order their gradients complete (the last group first,
 // for every GroupScheme) while their needs fit in what is left of the two.
 void AddSpeculation(Capacity& c, const Layout& l, const ClusterSpec& cluster, const Config& config) {
-  const Homes h = HomesOf(config, cluster);
+  const Homes h = HomesOf(config, cluster, c.g_on_host);
   const StateBytes sb = StateBytesOf(config);
   Speculation& s = c.speculation;
   const size_t n = l.group_numel.size();
@@ -227,13 +236,15 @@ void AddSpeculation(Capacity& c, const Layout& l, const ClusterSpec& cluster, co
 
 }  // namespace
 
-Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster,
-                         const Config& config, bool overlap_step) {
+namespace {
+Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster, const Config& config,
+                      bool overlap_step, bool g_on_host) {
   Capacity c;
   const int stage = config.zero.stage;
   const uint64_t dp = DTypeSize(config.compute_dtype());
   const StateBytes sb = StateBytesOf(config);
-  const Homes h = HomesOf(config, cluster);
+  const Homes h = HomesOf(config, cluster, g_on_host);
+  c.g_on_host = h.g == TierKind::kHost;
   const uint64_t opt_numel = stage >= 1 ? l.shard_numel : l.full_numel;
   const uint64_t opt_shard = stage >= 1 ? l.largest_shard : l.largest_group;
   // W, M, V per group (compact's block scales round up per group's shard).
@@ -314,13 +325,23 @@ Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterS
   uint64_t device = cluster.has_gpu
                         ? static_cast<uint64_t>(static_cast<double>(cluster.device_bytes) * kDeviceUsable)
                         : cluster.device_bytes;
-  uint64_t host = static_cast<uint64_t>(static_cast<double>(cluster.host_bytes) * kHostUsable) / ranks;
+  const uint64_t host = HostBudgetOf(cluster, config);
   if (config.strata.device_budget) device = std::min(device, config.strata.device_budget > UINT64_MAX - activations
                                                                ? UINT64_MAX
                                                                : config.strata.device_budget + activations);
-  if (config.strata.host_budget) host = std::min(host, config.strata.host_budget);
   c.capacity = {device, host, cluster.nvme_bytes() / ranks};
   if (overlap_step) AddSpeculation(c, l, cluster, config);
+  return c;
+}
+}  // namespace
+
+Capacity ComputeCapacity(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster,
+                         const Config& config, bool overlap_step) {
+  // strata.grad_home "auto" as the engine's build decides it: G in host
+  // memory when the host tier holds it there, else on NVMe.
+  Capacity c = CapacityWith(model, l, cluster, config, overlap_step, true);
+  if (config.strata.grad_home == "auto" && c.Used(TierKind::kHost) > c.capacity[static_cast<size_t>(TierKind::kHost)])
+    c = CapacityWith(model, l, cluster, config, overlap_step, false);
   return c;
 }
 

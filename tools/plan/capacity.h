@@ -76,6 +76,7 @@ struct Capacity {
   bool Fits() const { return Fits(TierKind::kDevice) && Fits(TierKind::kHost) && Fits(TierKind::kNvme); }
   std::vector<std::string> Problems() const;  // "host: 16.0 TiB needed per rank, 86 GiB available"
   Speculation speculation;                    // empty without the overlapped step
+  bool g_on_host = true;                      // G is in host memory (HomesOf's g_on_host for "auto")
 };
 
 // Where each state lives, from a config.
@@ -83,7 +84,13 @@ struct Homes {
   TierKind p, g, opt;  // opt: W, M, V
   bool gpu_optimizer;  // the update runs on the device (optimizer state there, with a GPU)
 };
-Homes HomesOf(const Config& config, const ClusterSpec& cluster);
+// `g_on_host`: strata.grad_home "auto" with W, M, V on NVMe puts G in host
+// memory (ComputeCapacity decides it as the engine's build does: when the
+// host tier holds it; Capacity::g_on_host).
+Homes HomesOf(const Config& config, const ClusterSpec& cluster, bool g_on_host = true);
+// The host tier's capacity per rank: 90% of the node's memory over its
+// ranks, at most strata.host_budget.
+uint64_t HostBudgetOf(const ClusterSpec& cluster, const Config& config);
 
 // Bytes of W, M, V for n elements of one group's shard under
 // strata.state_format, as the engine stores them (engine/layout/layout.cpp):

@@ -32,7 +32,7 @@ class StepSim {
 
   StepSim(const ModelSpec& m, const Layout& l, const Capacity& cap, const ClusterSpec& c, const Config& cfg,
           const SimOptions& o, Finish finish)
-      : m_(m), l_(l), c_(c), cfg_(cfg), o_(o), h_(HomesOf(cfg, c)), spec_(cap.speculation), finish_(finish) {
+      : m_(m), l_(l), c_(c), cfg_(cfg), o_(o), h_(HomesOf(cfg, c, cap.g_on_host)), spec_(cap.speculation), finish_(finish) {
     n_ = static_cast<int>(l.group_numel.size());
     world_ = static_cast<double>(l.world_size);
     dp_ = static_cast<double>(DTypeSize(cfg.compute_dtype()));
