@@ -145,25 +145,33 @@ Status Engine::Impl::BuildOnce() {
   std::vector<std::string> dirs = config_.OptimizerSwapPaths();
   for (const auto& d : config_.ParamSwapPaths())
     if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
-  uint64_t nvme_bytes = 0, largest_stored = 0, largest_frozen = 0;
+  uint64_t nvme_bytes = 0, largest_frozen = 0, largest_g = 0, largest_p = 0;
+  std::vector<uint64_t> stored(static_cast<size_t>(ngroups), 0);  // per group, its NVMe blocks a step writes
   for (int s = 0; s < kNumStates; ++s) {
     if (!used(s) || lay_.home[s] != TierKind::kNvme) continue;
-    uint64_t largest = 0;
     for (int g = 0; g < ngroups; ++g) {
       if (!used_by(s, g)) continue;  // a frozen group keeps P alone
       // Each block takes its padded size, no more: small groups pack densely.
       const uint64_t padded = NvmeTier::PaddedSizeFor(lay_.StateBytes(s, g), dirs.size());
       nvme_bytes += padded;
       if (lay_.frozen(g)) largest_frozen = std::max(largest_frozen, padded);
-      else largest = std::max(largest, padded);
+      else if (s == int(StateKind::kG)) largest_g = std::max(largest_g, padded);
+      else stored[static_cast<size_t>(g)] += padded;
+      if (s == int(StateKind::kP) && !lay_.frozen(g)) largest_p = std::max(largest_p, padded);
     }
-    largest_stored += largest;
   }
   // Writes are copy on write: each block written at once needs a second
-  // extent until it is settled — a slot's blocks per step job, plus a G
-  // store from grads and a P store from a recompute beside them. A frozen
+  // extent until it is settled. The step's jobs hold one slot each until
+  // their group's P, W, M, V are settled, so at most StepSlots groups (each
+  // once a step) have writes in flight: the largest StepSlots groups' blocks,
+  // and a second time as much for first-fit's holes (the old extents a group
+  // leaves are its own sizes, not always next to each other). Beside them: a
+  // G store from grads (G on NVMe) and a P store from a recompute. A frozen
   // group's P is written only between steps (write_state, a load), alone.
-  uint64_t cow_spare = static_cast<uint64_t>(StepSlots(config_) + 2) * largest_stored + largest_frozen;
+  std::sort(stored.begin(), stored.end(), std::greater<>());
+  uint64_t in_flight = 0;
+  for (int i = 0; i < std::min<int>(StepSlots(config_), ngroups); ++i) in_flight += stored[static_cast<size_t>(i)];
+  uint64_t cow_spare = in_flight + (stored.empty() ? 0 : stored[0]) + largest_g + largest_p + largest_frozen;
   // overlap_step's speculation keeps the old extents of NVMe-homed state
   // until the step commits (step/speculation.h): its room is reserved too.
   // "auto": all of it, or what the swap folders have free beyond the

@@ -293,7 +293,7 @@ GradRun TrainBf16Grads(const std::string& dir, const std::string& format, const 
   auto c = ParseConfig(R"({"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": ")" + accum + R"("},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir + R"("},
       "offload_param": {"device": "nvme", "nvme_path": ")" + dir + R"(", "buffer_size": 1e5}},
-    "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "grad_reduce": "sum", "state_format": ")" + format +
+    "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "grad_home": "nvme", "grad_reduce": "sum", "state_format": ")" + format +
                        R"("}})");
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   if (!c.ok()) return out;

@@ -36,8 +36,8 @@ std::string Json(const std::string& placement, const std::string& dir, const std
     "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5000,
       "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir + R"("},
       "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + dir + R"(", "buffer_size": 1e4}},
-    "strata": {)" + budgets + R"(, "step_io": ")" + step_io + R"(", "state_format": ")" + format + R"("}})";
-}
+    "strata": {)" + budgets + R"(, "grad_home": "nvme", "step_io": ")" + step_io + R"(", "state_format": ")" + format + R"("}})";
+}  // G beside W, M, V on NVMe: its faults are the step's too
 
 Config MustParse(const std::string& json) {
   auto c = ParseConfig(json);
@@ -344,12 +344,14 @@ TEST(RefusedStep, LeavesNothingPending) {
 
 TEST(CopyOnWrite, MixedGroupSizesNeverRunOutOfSwap) {
   const uint64_t sizes[] = {100, 200000, 3000, 70000, 1, 150000, 4096, 99999, 12, 180000, 5000, 60000};
-  for (const char* io : {"alternate", "concurrent"}) {
+  for (const std::string io : {"alternate", "concurrent", "alternate, G on NVMe"}) {
     TempDir dir;
+    const std::string grad_home = io.find("G on NVMe") != std::string::npos ? "nvme" : "auto";
     auto e = Engine::Create(MustParse(R"({"optimizer": {"type": "AdamW"},
         "zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"(",
                                                     "buffer_count": 3}},
-        "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "step_io": ")" + io + R"("}})"), {});
+        "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "grad_home": ")" + grad_home +
+                                      R"(", "step_io": ")" + io.substr(0, io.find(',')) + R"("}})"), {});
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     Engine& eng = **e;
     int g = 0;
