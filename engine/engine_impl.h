@@ -164,7 +164,11 @@ class Engine::Impl {
   std::unique_ptr<UpdateWorker> worker_;  // overlap_step's thread (when it applies)
   std::unique_ptr<Speculation> spec_;     // overlap_step's held updates (set with worker_)
   double last_grads_s_ = -1;  // stats clock at the return of the step's last grads call (-1: none)
-  uint64_t spec_disk_room_ = 0;  // swap reserved for the speculation at build
+  uint64_t spec_disk_room_ = 0;  // swap reserved for the speculation
+  // strata.speculation "auto": the room reserved when the policy first
+  // speculates (ReserveSpeculationRoom), not at build; 0 once reserved or tried.
+  uint64_t spec_disk_later_ = 0;
+  void ReserveSpeculationRoom();
   // overlap_step with G off the CPU's reach (NVMe): a host copy of a group's
   // complete G, kept at its last grads call so that its early update does
   // not read G back from the disk (a few buffers; none free: it reads).

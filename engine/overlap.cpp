@@ -36,7 +36,7 @@ Status Engine::Impl::StartOverlap() {
   const uint64_t disk_bytes = spec_disk_room_;
   spec_ = std::make_unique<Speculation>(lay_, blocks_, *io_, *host_, steps_, gpu_updates, padded);
   STRATA_RETURN_IF_ERROR(spec_->Init(host_bytes, nvme_ ? disk_bytes : 0));
-  if (total.host > host_bytes || (nvme_ && total.disk > disk_bytes))
+  if (total.host > host_bytes || (nvme_ && total.disk > disk_bytes + spec_disk_later_))
     WarnOnce("speculation-room",
              "overlap_step: speculation has room for " + FormatBytes(host_bytes) + " of the " + FormatBytes(total.host) +
                  " host bytes and " + FormatBytes(disk_bytes) + " of the " + FormatBytes(total.disk) +
@@ -58,6 +58,21 @@ Status Engine::Impl::StartOverlap() {
       [this] { UseDeviceOnThisThread(); });
   worker_->Start();
   return Status::Ok();
+}
+
+void Engine::Impl::ReserveSpeculationRoom() {
+  if (spec_disk_later_ == 0 || !nvme_ || !spec_) return;
+  const uint64_t bytes = std::exchange(spec_disk_later_, 0);
+  if (Status st = nvme_->GrowSpare(bytes); !st.ok()) {
+    WarnOnce("speculation-disk-late",
+             "overlap_step: cannot reserve " + FormatBytes(bytes) + " of swap for speculation (" + st.ToString() +
+                 "); NVMe-homed groups update after backward");
+    return;
+  }
+  spec_disk_room_ += bytes;
+  spec_->AddDiskRoom(bytes);
+  STRATA_LOG_INFO("overlap_step: {} of swap reserved for speculation, now that it speculates (strata.speculation "
+                  "\"auto\")", FormatBytes(bytes));
 }
 
 void Engine::Impl::KeepGCopy(int g, const void* G, uint64_t bytes) {

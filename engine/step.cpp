@@ -46,6 +46,7 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
   // after backward, exactly as without overlap.
   std::string why;
   step_.early = !step_.speculative || step_.policy.Decide(&why);
+  if (step_.early && step_.speculative) ReserveSpeculationRoom();
   if (!step_.early) {
     const double now = stats_->Now();
     stats_->CallSpan("no speculation", -1, now, now);

@@ -48,6 +48,22 @@ void ExtentAllocator::Free(uint64_t offset, uint64_t len) {
   free_bytes_ += len;
 }
 
+void ExtentAllocator::Grow(uint64_t capacity) {
+  capacity = AlignDown(capacity, align_);
+  if (capacity <= capacity_) return;
+  uint64_t start = capacity_;
+  if (!free_.empty()) {
+    auto last = std::prev(free_.end());
+    if (last->first + last->second == capacity_) {
+      start = last->first;
+      free_.erase(last);
+    }
+  }
+  free_[start] = capacity - start;
+  free_bytes_ += capacity - capacity_;
+  capacity_ = capacity;
+}
+
 uint64_t ExtentAllocator::largest_free() const {
   uint64_t best = 0;
   for (const auto& [off, len] : free_) best = std::max(best, len);

@@ -15,6 +15,10 @@ class ExtentAllocator {
   uint64_t Allocate(uint64_t len);
   // REQUIRES: [offset, offset+len) was allocated with this len.
   void Free(uint64_t offset, uint64_t len);
+  // Extends the range to `capacity` (aligned down); the new end is free,
+  // joined to a free range that ends where the old capacity did. A smaller
+  // capacity changes nothing.
+  void Grow(uint64_t capacity);
   uint64_t free_bytes() const { return free_bytes_; }
   uint64_t largest_free() const;
   // The free ranges, offset -> length, in order.

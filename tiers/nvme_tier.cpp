@@ -174,6 +174,19 @@ Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::v
   return Status::Ok();
 }
 
+Status NvmeTier::GrowSpare(uint64_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t n = options_.dirs.size();
+  const uint64_t grown = AlignUp(per_file_capacity_ + (bytes + n - 1) / n, kMiB);
+  for (size_t i = 0; i < files_.size(); ++i)
+    STRATA_RETURN_IF_ERROR(ReserveFileSpace(options_.storage->Info(files_[i]).fd, paths_[i], grown)
+                               .WithContext("nvme tier: growing the spare by " + FormatBytes(bytes)));
+  extents_->Grow(grown);
+  per_file_capacity_ = grown;
+  return Status::Ok();
+}
+
 uint64_t NvmeTier::PaddedSize(uint64_t bytes) const {
   // One file per folder in every generation (files_ would need mu_).
   return PaddedSizeFor(bytes, options_.dirs.size(), align_);

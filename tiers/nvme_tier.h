@@ -102,6 +102,12 @@ class NvmeTier final : public Tier {
 
   const std::vector<std::string>& paths() const { return paths_; }
 
+  // Reserves `bytes` more of spare (split over the files, as at Create):
+  // the swap files grow by fallocate and their new ends are free extents.
+  // NoSpace naming the folder when the disk cannot hold them; the tier's
+  // extents are then unchanged (a file may keep some of the space).
+  Status GrowSpare(uint64_t bytes);
+
   // Checkpoints without copying: makes `link_path` a hard link of the swap
   // file holding `blocks` (fsynced first) and moves the tier to a fresh swap
   // file, so the linked one is never written again: each block moves to the

@@ -72,6 +72,8 @@ class Speculation {
   Status Init(uint64_t host_bytes, uint64_t disk_bytes);
   uint64_t host_bytes() const { return arena_.bytes; }
   uint64_t disk_bytes() const { return disk_budget_; }
+  // Room reserved in the swap files since Init (between steps: the worker idle).
+  void AddDiskRoom(uint64_t bytes) { disk_budget_ += bytes; }
 
   // Overlap thread. Takes room for g's speculation; false (nothing taken)
   // when g is not eligible, already reserved this step, or does not fit.

@@ -212,18 +212,78 @@ TEST(Engine, GradHomeFollowsTheSetting) {
   EXPECT_LT(on_host->host.used, on_nvme->host.used);
   EXPECT_EQ(automatic->nvme.budget, on_host->nvme.budget) << "auto with room: G in host memory";
   EXPECT_EQ(automatic->host.used, on_host->host.used);
-  // 40 groups in 1100 KiB: on NVMe G takes a 64 KiB region in each of the 4
-  // step slots and a 16 KiB staging buffer (1040 KiB with W, M, V's regions);
-  // in host memory its 40 blocks beside the slots' 768 KiB do not fit, so
-  // "auto" puts G on NVMe and "host" is refused.
-  auto tight_auto = build(40, "auto", "1126400"), tight_nvme = build(40, "nvme", "1126400");
+  // 40 groups, with a host budget 64 KiB above what G on NVMe needs (its
+  // region in each of the 4 step slots, 64 KiB, and a staging buffer): in
+  // host memory G's 40 blocks take about 200 KiB more than that, so "auto"
+  // puts G on NVMe and "host" is refused.
+  auto roomy_nvme = build(40, "nvme", "\"64MiB\"");
+  ASSERT_TRUE(roomy_nvme.ok()) << roomy_nvme.status().ToString();
+  const std::string tight = std::to_string(roomy_nvme->host.used + 64 * kKiB);
+  auto tight_auto = build(40, "auto", tight), tight_nvme = build(40, "nvme", tight);
   ASSERT_TRUE(tight_auto.ok()) << tight_auto.status().ToString();
   ASSERT_TRUE(tight_nvme.ok()) << tight_nvme.status().ToString();
   EXPECT_EQ(tight_auto->nvme.budget, tight_nvme->nvme.budget) << "auto without room: G on NVMe";
-  auto tight_host = build(40, "host", "1126400");
+  auto tight_host = build(40, "host", tight);
   ASSERT_FALSE(tight_host.ok());
   EXPECT_EQ(tight_host.status().code(), Code::kConfig) << tight_host.status().ToString();
   EXPECT_NE(tight_host.status().message().find("strata.host_budget"), std::string::npos) << tight_host.status().ToString();
+}
+
+// overlap_step's swap room for speculation (strata.speculation_disk_bytes
+// "auto"): "always" reserves it at build, "never" not at all, "auto" when
+// its policy first speculates (a run clipped at every step never pays for
+// it). The three runs are bitwise the same.
+TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
+  const TinyMlp model(4, 256);  // 3 MiB of W, M, V: more than the swap files' 1 MiB rounding
+  struct Run {
+    uint64_t at_build = 0, after = 0, speculated = 0;
+    std::vector<std::vector<float>> master;
+  };
+  auto swap_bytes = [](const std::string& dir) {
+    uint64_t n = 0;
+    for (const auto& f : std::filesystem::directory_iterator(dir))
+      if (f.path().filename().string().rfind("strata-swap", 0) == 0) n += f.file_size();
+    return n;
+  };
+  auto run = [&](const std::string& mode) {
+    Run out;
+    TempDir dir;
+    EngineOptions eo;
+    eo.overlap_step = true;
+    auto e = Engine::Create(MustParse(PlacementJson("nvme_opt", dir.path(), R"(, "speculation": ")" + mode + "\"")), eo);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (!e.ok()) return out;
+    Engine& eng = **e;
+    EXPECT_TRUE(model.Register(eng).ok());
+    EXPECT_TRUE(eng.Build().ok());
+    out.at_build = swap_bytes(dir.path());
+    for (int s = 0; s < 4; ++s) {
+      StepOptions so;
+      so.lr = 0.01;
+      EXPECT_TRUE(eng.PrepareStep(so).ok());
+      EXPECT_TRUE(model.TrainStep(eng).ok());
+      auto r = eng.Step(so);
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+    }
+    out.after = swap_bytes(dir.path());
+    out.speculated = eng.stats().speculated_steps;
+    for (int g = 0; g < eng.num_groups(); ++g) {
+      out.master.emplace_back(eng.group_numel(g));
+      EXPECT_TRUE(eng.ReadMaster(g, out.master.back().data()).ok());
+    }
+    return out;
+  };
+  const Run never = run("never"), always = run("always"), automatic = run("auto");
+  EXPECT_EQ(never.speculated, 0u);
+  EXPECT_EQ(never.after, never.at_build);
+  EXPECT_GT(always.at_build, never.at_build) << "always: the room at build";
+  EXPECT_EQ(always.after, always.at_build);
+  EXPECT_EQ(automatic.at_build, never.at_build) << "auto: nothing at build";
+  EXPECT_GT(automatic.speculated, 0u);
+  EXPECT_GE(automatic.after, always.at_build) << "auto: the room once it speculates";
+  EXPECT_LE(automatic.after, always.at_build + kMiB) << "(each reservation rounds to whole MiB)";
+  EXPECT_EQ(automatic.master, never.master);
+  EXPECT_EQ(always.master, never.master);
 }
 
 // pin_memory: true (as in every Hugging Face ZeRO-3 example) with the

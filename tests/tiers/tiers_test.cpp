@@ -383,6 +383,44 @@ TEST(NvmeTier, FailedRewriteKeepsThePreviousContents) {
   std::free(next);
 }
 
+// GrowSpare: the swap file grows and its new end serves copy-on-write
+// extents that did not fit before; a growth past the disk is NoSpace naming
+// the folder, and the tier goes on as it was.
+TEST(NvmeTier, GrowSpareMakesRoomForRewrites) {
+  TempDir dir;
+  auto storage = MakeStorage();
+  const uint64_t n = 2 * kMiB;  // two 2 MiB blocks in a 4 MiB budget, no spare: a rewrite has nowhere to go
+  auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 2 * n, .storage = storage.get()});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  NvmeTier& nvme = **t;
+  auto a = nvme.Allocate(n), b = nvme.Allocate(n);
+  ASSERT_TRUE(a.ok() && b.ok());
+  void* buf = testing::AlignedAlloc(n, nvme.align());
+  FillPattern(buf, n, 0, 3);
+  ASSERT_TRUE(nvme.Write(*a, buf).ok());
+  ASSERT_TRUE(nvme.Write(*b, buf).ok());
+  const std::string file = nvme.paths()[0];
+  const uint64_t before = std::filesystem::file_size(file);
+  FillPattern(buf, n, 0, 4);
+  Status full = nvme.Write(*a, buf);
+  ASSERT_EQ(full.code(), Code::kNoSpace) << full.ToString();
+  ASSERT_TRUE(nvme.GrowSpare(n).ok());
+  EXPECT_GE(std::filesystem::file_size(file), before + n);
+  ASSERT_TRUE(nvme.Write(*a, buf).ok()) << "the grown end takes the rewrite";
+  ASSERT_TRUE(nvme.Write(*b, buf).ok()) << "and a's old extent the next";
+  void* back = testing::AlignedAlloc(n, nvme.align());
+  for (const Allocation* x : {&*a, &*b}) {
+    ASSERT_TRUE(nvme.Read(*x, back).ok());
+    EXPECT_EQ(testing::CheckPattern(back, n, 0, 4), -1);
+  }
+  Status past = nvme.GrowSpare(1ull << 50);
+  EXPECT_EQ(past.code(), Code::kNoSpace) << past.ToString();
+  EXPECT_NE(past.message().find(dir.path()), std::string::npos) << past.ToString();
+  ASSERT_TRUE(nvme.Write(*a, buf).ok()) << "unchanged after a refused growth";
+  std::free(back);
+  std::free(buf);
+}
+
 TEST(NvmeTier, ReservationBeyondFreeSpaceNamesDirAndSizes) {
   TempDir dir;
   auto storage = MakeStorage();
