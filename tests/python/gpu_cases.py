@@ -206,6 +206,26 @@ def test_module_kinds(name, make):
     assert rel <= TOL, (at, rel)
 
 
+def test_checkpointing_below_the_budget():
+    """Every block under torch.utils.checkpoint (non-reentrant), a device
+    budget about half the model: below one block's groups and the tied
+    embedding, which the recomputation (on the device's autograd thread)
+    pinned until their gradients before issue 34. Bitwise the run with room,
+    within TOL of the oracle."""
+    def make():
+        return Gpt(checkpointing=True)
+
+    _, ref = reference(make)
+    losses, got, stats = run_module(make, 0.52 * model_bytes(Gpt))
+    rel, at = worst(got, ref)
+    print(f"gpu_case gradient-checkpointing budget=0.52 worst_rel={rel:.3g} ({at}) peak={stats['device']['peak']}")
+    assert rel <= TOL, (at, rel)
+    assert stats["device"]["peak"] <= stats["device"]["budget"] < model_bytes(Gpt)
+    room_losses, room, _ = run_module(make)
+    assert losses == room_losses
+    assert all(torch.equal(got[n], room[n]) for n in room), "the budget changed a bit"
+
+
 def test_offload_adam_is_the_cpu_update_bitwise():
     """Item 5's decision: OffloadAdam on a GPU is bitwise torch's AdamW (with
     a correctly rounded sqrt) applied on the CPU to the device's gradients.

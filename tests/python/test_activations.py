@@ -4,7 +4,10 @@ back in backward; the run is bitwise the run without, standalone and under
 offload_module (where views of offloaded parameters stay out: they come back
 by fetch), and with an HF Llama within 5e-6 of torch's AdamW while its
 activations exceed the store's host memory. Unredeemed stashes are dropped
-when autograd lets go of them."""
+when autograd lets go of them. Under torch.utils.checkpoint only what
+checkpoint keeps from the forward (the segments' inputs) is stashed, never
+what its recomputation saves."""
+import contextlib
 import gc
 import os
 import sys
@@ -13,11 +16,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 import strata  # noqa: E402
 import strata.torch as st  # noqa: E402
-from tiny_gpt import VOCAB, TinyGpt, batches  # noqa: E402
+from tiny_gpt import VOCAB, CheckpointedGpt, TinyGpt, batches  # noqa: E402
 
 LR, WD, STEPS, TOL = 1e-2, 0.01, 4, 5e-6
 
@@ -87,6 +91,73 @@ def test_under_offload_module_is_bitwise_and_leaves_parameter_views_alone(tmp_pa
     # so no stash is a whole group's size or smaller than the threshold.
     none = module_run(tmp_path / "c", acts=True, threshold=1 << 40)
     assert none[2]["act_redeemed"] == 0 and none[0] == plain[0]
+
+
+def checkpointed_run(tmp_path, acts, standalone, reentrant):
+    """CheckpointedGpt (every block and the head checkpointed) trained STEPS
+    steps, its forward under offload_activations when `acts`, the loss
+    outside it; under offload_module, or with torch's AdamW and an engine of
+    the store's own (`standalone`)."""
+    model = CheckpointedGpt(seed=5, reentrant=reentrant, head=True)
+    if standalone:
+        engine = strata.Engine({"strata": act_keys(tmp_path)}, force_no_gpu=True)
+        engine.add_param(0, "unused", torch.zeros(4))
+        opt, off = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD), None
+        target = engine
+    else:
+        cfg = {"optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
+               "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                     "offload_param": {"device": "cpu"}},
+               "strata": act_keys(tmp_path)}
+        off = st.offload_module(model, cfg, force_no_gpu=True)
+        opt, engine, target = off.optimizer, off.engine, off
+    # 8 KiB: below every activation a segment saves (16 KiB and more), above
+    # the token embedding's table (7.6 KiB), which torch 1.13's embedding saves
+    # outside the segments (a plain tensor in the standalone run).
+    offload = st.offload_activations(target, threshold=8192) if acts else None
+    losses = []
+    for x, y in batches(STEPS, 8, seed=4):
+        with offload if offload is not None else contextlib.nullcontext():
+            logits = model(x)
+            if not standalone:  # backward inside too: a reentrant recomputation stashes nothing
+                loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+                loss.backward()
+        if standalone:  # the loss's own saved tensors outside the engine's hooks
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    params = off.master_parameters() if off else {n: p.detach().clone() for n, p in model.named_parameters()}
+    out = losses, params, engine.stats(), model.inputs_bytes
+    (off or engine).close()
+    return out
+
+
+# A non-reentrant checkpoint of torch 2.1+ keeps a segment's inputs through
+# the saved-tensor hooks around the checkpoint call (torch.utils.checkpoint's
+# _checkpoint_hook era); torch 1.13's keeps them in its own closure, where no
+# hook sees them. A reentrant one saves them as any autograd Function does.
+CHECKPOINT_INPUTS_PASS_HOOKS = hasattr(torch.utils.checkpoint, "_checkpoint_hook")
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["checkpoint", "checkpoint-reentrant"])
+@pytest.mark.parametrize("standalone", [False, True], ids=["offload_module", "engine"])
+def test_under_checkpoint_only_the_checkpointed_inputs_are_stashed(tmp_path, standalone, reentrant):
+    plain = checkpointed_run(tmp_path / "a", False, standalone, reentrant)
+    got = checkpointed_run(tmp_path / "b", True, standalone, reentrant)
+    assert got[0] == plain[0]
+    for n in plain[1]:
+        assert torch.equal(got[1][n], plain[1][n]), n
+    s, inputs = got[2], got[3]
+    assert inputs == STEPS * 3 * 8 * 16 * 32 * 4  # three segments a step, each input (8, 16, 32) float32
+    # Had the recomputation's saved tensors, or the first forward's inside a
+    # segment, been stashed, this would be several times more.
+    moved = reentrant or CHECKPOINT_INPUTS_PASS_HOOKS
+    want = inputs if moved else 0
+    assert s["act_host_bytes"] == want, (s["act_host_bytes"], want, torch.__version__)
+    assert s["act_redeemed"] == (STEPS * 3 if moved else 0), s
+    assert s["act_live_bytes"] == 0, s
 
 
 def test_a_graph_freed_unread_drops_its_stashes(tmp_path):

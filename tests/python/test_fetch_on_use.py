@@ -96,6 +96,53 @@ def test_parameters_read_outside_their_forward(tmp_path, ckpt, clip):
     off.close()
 
 
+class KeepsRaw(nn.Module):
+    """Its forward enters saved-tensor hooks that keep what they are given as
+    it is (where torch.utils.checkpoint keeps recomputed tensors), and
+    multiplies by a view of its own weight made before them: the view
+    reaches those hooks, never strata's pack."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(32, 32) / 32 ** 0.5)
+        self.lin = nn.Linear(32, 32, bias=False)
+
+    def forward(self, x):
+        wt = self.w.t()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            h = torch.tanh(x @ wt)
+        return self.lin(h)
+
+
+def test_hooks_entered_inside_a_forward_keep_its_groups():
+    """Its group stays until its gradients: with room for two groups, the
+    next layer's fetch would otherwise take w's released memory, and the
+    backward of x @ wt would read that layer's values (under the strict
+    tier, NaN)."""
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 32, bias=False), KeepsRaw(), nn.Tanh(), nn.Linear(32, 32, bias=False))
+
+    x = torch.randn(4, 32)
+    ref = make()
+    opt = oracle.AdamW(ref.parameters(), lr=LR, weight_decay=WD)
+    model = make()
+    cfg = config()
+    cfg["zero_optimization"].update(offload_param={"device": "cpu"}, offload_optimizer={"device": "cpu"})
+    cfg["strata"] = {"device_budget": 2 * 8192}  # two groups (4 KiB of weights, 8 KiB on the device)
+    off = st.offload_module(model, cfg, force_no_gpu=True)
+    for m, o in ((ref, opt), (model, off.optimizer)):
+        for _ in range(3):
+            m(x).square().mean().backward()
+            o.step()
+            o.zero_grad()
+    got = off.state_dict()
+    for k, v in ref.state_dict().items():
+        assert rel(got[k], v) <= TOL, (k, rel(got[k], v))
+    assert off.engine.stats()["device"]["peak"] <= 2 * 8192
+    off.close()
+
+
 def test_use_outside_every_forward(tmp_path):
     """A weight read by the training loop itself (no module's forward runs)."""
     torch.manual_seed(1)

@@ -67,3 +67,28 @@ def loss_of(model, x, y):
 
 def lr_factor(step):
     return 1.0 - step / 20.0  # a linear decay: the LR changes every step
+
+
+class CheckpointedGpt(TinyGpt):
+    """TinyGpt with each block under torch.utils.checkpoint (non-reentrant
+    unless `reentrant`), and with `head`, ln_f and the head as one more
+    checkpointed segment. `inputs_bytes` adds up the bytes of the tensors
+    given to checkpoint (what it keeps until backward)."""
+
+    def __init__(self, seed=0, reentrant=False, head=False):
+        super().__init__(seed)
+        self.reentrant, self.checkpoint_head, self.inputs_bytes = reentrant, head, 0
+
+    def _checkpoint(self, fn, x):
+        import torch.utils.checkpoint
+        self.inputs_bytes += x.numel() * x.element_size()
+        return torch.utils.checkpoint.checkpoint(fn, x, use_reentrant=self.reentrant)
+
+    def _head(self, x):
+        return self.head(self.ln_f(x))
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = self._checkpoint(blk, x)
+        return self._checkpoint(self._head, x) if self.checkpoint_head else self._head(x)

@@ -4,7 +4,7 @@ strata.activation_host_bytes) and come back when backward needs them,
 read ahead in reverse order (engine/activations/activation_store.h).
 
     off = st.offload_module(model, cfg)          # cfg's strata.activation_* size the store
-    with st.offload_activations(off):             # or off.offload_activations = True
+    with st.offload_activations(off):
         loss = model(x)
     loss.backward()
 
@@ -19,7 +19,15 @@ Tensors below `threshold` bytes stay where they are, as do views of an
 offloaded parameter (they come back by fetch). A stash not redeemed (a graph
 freed without backward) is dropped when autograd lets go of it. A saved
 tensor comes back contiguous, with its values bit for bit: a run with
-activation offload is bitwise the run without."""
+activation offload is bitwise the run without.
+
+Under torch.utils.checkpoint the innermost saved-tensor hooks decide: inside
+a checkpointed segment they are checkpoint's (offload_module's own hand
+them every tensor that is not a view of a parameter), so only what
+checkpoint keeps from the forward is stashed, its segments' inputs (torch
+2; torch 1.13 keeps them in a closure no hook sees), never what its
+recomputation saves. Nor, under offload_module, what a forward saves while
+a backward runs (a reentrant checkpoint's recomputation)."""
 import torch
 
 from .. import Error, INVALID
@@ -92,7 +100,8 @@ class offload_activations:
     def __enter__(self):
         if self._module is not None:
             # offload_module's own saved-tensor hooks take the activations
-            # too (a hook of ours on top would make it pin its groups).
+            # too (they see every tensor first, views of its parameters
+            # included), read when a module forward puts them on.
             self._was = self._module.activation_threshold
             self._module.activation_threshold = self.threshold
             return self

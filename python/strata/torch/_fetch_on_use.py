@@ -32,13 +32,14 @@ import weakref
 import torch
 
 from .. import Error, INVALID, STATE
+from . import _saved_tensors as _saved
 
 try:  # torch >= 2.0: subclasses only; 1.13: every torch function
     _NoTorchFunction = torch._C.DisableTorchFunctionSubclass
 except AttributeError:
     _NoTorchFunction = torch._C.DisableTorchFunction
 
-_tls = threading.local()  # .quiet: strata's own code is handling parameters; .hooks: saved-tensor hook depth
+_tls = threading.local()  # .quiet: strata's own code is handling parameters
 
 # id(parameter) -> (weakref to it, its owner, its group, its qualified name)
 _OFFLOADED = {}
@@ -109,48 +110,6 @@ def refuse_compile(what):
                 "torch.compile")
 
 
-def foreign_saved_tensor_hooks():
-    """True when saved-tensor hooks other than strata's are active on this
-    thread (torch.utils.checkpoint's, save_on_cpu, the user's own)."""
-    return getattr(_tls, "hooks", 0) > getattr(_tls, "ours", 0)
-
-
-class saved_tensor_hooks:
-    """strata's own saved-tensor hooks (counted apart from foreign ones)."""
-
-    def __init__(self, pack, unpack):
-        self.ctx = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-
-    def __enter__(self):
-        self.ctx.__enter__()
-        _tls.ours = getattr(_tls, "ours", 0) + 1
-        return self
-
-    def __exit__(self, *exc):
-        _tls.ours -= 1
-        return self.ctx.__exit__(*exc)
-
-
-# Every saved_tensors_hooks context (torch.utils.checkpoint's, save_on_cpu,
-# the user's and strata's) is counted, so that strata knows whether tensors
-# saved for backward pass through its hooks or through someone else's.
-_sth = torch.autograd.graph.saved_tensors_hooks
-if not getattr(_sth, "_strata_counted", False):
-    _orig_enter, _orig_exit = _sth.__enter__, _sth.__exit__
-
-    def _counted_enter(self):
-        r = _orig_enter(self)
-        _tls.hooks = getattr(_tls, "hooks", 0) + 1
-        return r
-
-    def _counted_exit(self, *exc):
-        _tls.hooks = getattr(_tls, "hooks", 0) - 1
-        return _orig_exit(self, *exc)
-
-    _sth.__enter__, _sth.__exit__ = _counted_enter, _counted_exit
-    _sth._strata_counted = True
-
-
 _CONVERSIONS = frozenset(["to", "cpu", "cuda", "float", "double", "half", "bfloat16", "type"])
 
 
@@ -219,7 +178,7 @@ def _use(func, key, mine, args, kwargs):
     """Fetches the groups of the offloaded parameters among a call's
     arguments, or refuses the call. Returns (result,) when the call is
     answered here, else None (the caller runs it)."""
-    users = []
+    owners = []
     for t in mine:
         ent = _OFFLOADED.get(id(t))
         if ent is None or ent[0]() is not t:
@@ -242,13 +201,19 @@ def _use(func, key, mine, args, kwargs):
             raise Error(STATE, f"{name}: its offload_module was closed, but the parameter was kept from before")
         if compiling():
             refuse_compile(f"a function that reads the offloaded parameter {name}")
-        if owner.use(group, name) and owner not in users:
-            users.append(owner)
-    if not users or not torch.is_grad_enabled() or foreign_saved_tensor_hooks():
+        owner.use(group, name)
+        if owner not in owners:
+            owners.append(owner)
+    if not owners or not torch.is_grad_enabled():
         return None
-    # Used outside any module's forward: what autograd saves passes the
-    # owner's hooks, so that backward fetches the group again.
-    with saved_tensor_hooks(users[0].pack, users[0].unpack):
+    top = _saved.top()
+    if _saved.owner_of(top) is owners[0]:
+        return None
+    # Used outside the owner's forwards, or under a pair of saved-tensor
+    # hooks entered inside one (torch.utils.checkpoint around a function):
+    # what autograd saves passes the owner's pack first, so that a view of
+    # the group comes back by fetch and no other hook keeps it.
+    with _saved.owner_hooks(owners[0], top):
         with _NoTorchFunction():
             return (func(*args, **kwargs),)
 

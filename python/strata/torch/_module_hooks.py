@@ -11,6 +11,7 @@ from . import _fetch_on_use as _fou
 from ._config import _current_stream
 from . import _activations as _acts
 from ._module_group import _SavedView
+from . import _saved_tensors as _saved
 
 
 class _ModuleHooks:
@@ -29,26 +30,25 @@ class _ModuleHooks:
     # the innermost running forward (its scope) and released when that
     # forward ends, unless the forward's output aliases it (then the
     # enclosing forward holds it). A use outside every forward holds it
-    # "loose", until backward ends or the step. While the outermost forward
-    # runs, tensors that autograd saves pass _pack, which saves a view of
-    # a fetched group as its place, so that backward fetches the group
-    # again rather than read a released buffer. Where other saved-tensor
-    # hooks are active at the outermost forward (torch.utils.checkpoint
-    # recomputing a forward inside backward, non-reentrant), those keep the
-    # saved tensors, and the groups the forward fetched stay "pinned" until
-    # their gradients are in or backward ends.
+    # "loose", until backward ends or the step. While a forward runs, the
+    # tensors autograd saves pass this module's pack first (_saved_tensors):
+    # a view of a fetched group is saved as its place, so that backward
+    # fetches the group again rather than read a released buffer; any other
+    # tensor goes to the saved-tensor hooks the forward started under
+    # (torch.utils.checkpoint's, in its first forward and in its
+    # recomputation inside backward), or with none, to the activation store
+    # or as it is. A pair of hooks other than ours entered while a forward
+    # runs (checkpoint around a function inside it) sees the tensors saved
+    # under it first: the groups held by the forwards then running stay
+    # "pinned" until their gradients are in or backward ends.
     def _before_forward(self, needs):
         if _fou.compiling():
             _fou.refuse_compile(type(self.module).__name__)
         scope = _Scope()
-        if not self._scopes:
-            if _fou.foreign_saved_tensor_hooks():
-                scope.pin = True
-            else:
-                scope.ctx = _fou.saved_tensor_hooks(self.pack, self.unpack)
-                scope.ctx.__enter__()
-        else:
-            scope.pin = self._scopes[-1].pin
+        below = _saved.top()
+        if _saved.owner_of(below) is not self:
+            scope.ctx = _saved.owner_hooks(self, below)
+            scope.ctx.__enter__()
         self._scopes.append(scope)
         try:
             for g in needs:
@@ -57,6 +57,13 @@ class _ModuleHooks:
         except BaseException:
             self._after_forward(None)  # a fetch refused: the scope ends with the forward that will not run
             raise
+
+    def foreign_hooks_entered(self):
+        """_saved_tensors: saved-tensor hooks other than ours were entered
+        on this thread; tensors saved under them bypass our pack, so the
+        groups the running forwards hold stay until their gradients."""
+        for scope in self._scopes:
+            scope.pin = True
 
     def _after_forward(self, output):
         if not self._scopes:
@@ -96,16 +103,13 @@ class _ModuleHooks:
         return out
 
     def use(self, g, name):
-        """_fetch_on_use: torch code reads a parameter of group g. Returns
-        True when the use is outside every forward (the caller then saves
-        what autograd keeps through pack/unpack)."""
+        """_fetch_on_use: torch code reads a parameter of group g; the
+        innermost running forward holds it, or with none, it is loose."""
         if self._scopes:
             self._hold(self._scopes[-1], g)
-            self.fetch(g)
-            return False
-        self._loose[g.index] = g
+        else:
+            self._loose[g.index] = g
         self.fetch(g)
-        return True
 
     def fetch(self, g):
         if g.index in self._fetched:
@@ -151,14 +155,22 @@ class _ModuleHooks:
         for g in held:
             self.release(g)
 
-    # -- saved tensors: a view of a fetched group is saved as (group, place)
-    def pack(self, t):
+    # -- saved tensors (_saved_tensors.owner_hooks): a view of a fetched
+    # group is saved as (group, place); any other tensor goes to the hooks
+    # below ours, or to keep.
+    def place(self, t):
+        """t's place in a fetched group (a _SavedView), or None."""
         if self._fetched and t.device == self.device:
             with _fou.quiet():
                 ptr = t.data_ptr()
             for index, (flat, start, end) in self._fetched.items():
                 if start <= ptr < end and t.dtype == flat.dtype:
                     return _SavedView(index, (ptr - start) // flat.element_size(), tuple(t.shape), t.stride())
+        return None
+
+    def keep(self, t):
+        """A saved tensor with no hooks below ours: to the activation store
+        (offload_activations), or kept as it is."""
         if self.activation_threshold is not None and t.device == self.device and \
                 _acts.should_stash(t, self.activation_threshold):
             return _acts.stash(self.engine, t)
@@ -174,7 +186,7 @@ class _ModuleHooks:
         self._queue_end_of_backward()
         g = self._groups[saved.group]
         held = g.index in self._fetched
-        self.fetch(g)  # backward: bring the group back; it is released when its gradients are in
+        self.fetch(g)  # backward: bring the group back
         flat = self._fetched[g.index][0]
         view = flat.as_strided(saved.shape, saved.stride, saved.offset)
         if g.frozen and not held:
@@ -182,6 +194,11 @@ class _ModuleHooks:
             # backward op gets its own copy, and the group goes at once.
             view = view.clone()
             self.release(g)
+        elif not g.frozen:
+            # Pinned until its gradients are in: a forward that runs inside
+            # backward (checkpoint's recomputation) and holds the group too
+            # must not release it when it ends.
+            self._pinned[g.index] = g
         return view
 
     # -- backward: gradients to the engine as they are produced
@@ -266,9 +283,9 @@ class _ModuleHooks:
 
 class _Scope:
     """One module forward running: the groups it holds (index -> group),
-    the saved-tensor hooks it entered (the outermost only), and whether its
-    groups stay pinned after it (foreign saved-tensor hooks keep what
-    autograd saves)."""
+    the saved-tensor hooks it entered (where ours were not on top), and
+    whether its groups stay pinned after it (hooks other than ours were
+    entered while it ran)."""
     __slots__ = ("held", "ctx", "pin")
 
     def __init__(self):

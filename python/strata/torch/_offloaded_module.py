@@ -12,6 +12,7 @@ import torch
 
 from .. import Error, INVALID, STATE
 from . import _fetch_on_use as _fou
+from . import _saved_tensors as _saved
 from ._clip import _OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _torch_total_norm
 from ._config import (_TORCH2, _current_stream, _engine_device, _new_engine, _remove_swap_folders, _resolve_ranks,
                       _say_autos, _separate_swap_folders, _swap_folders, _torch_dtype)
@@ -108,6 +109,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         self._fetched = {}  # group index -> (flat tensor, first byte address, end address)
         self._refs = {}  # group index -> running forwards (scopes) that hold it
         self._scopes = []  # _Scope per module forward running, innermost last
+        _saved.register(self)  # told when saved-tensor hooks other than ours are entered inside a forward
         self._pinned = {}  # group index -> group, held until its gradients are in or backward ends
         self._loose = {}  # group index -> group, used outside any forward: held until backward ends or step
         self._callback_queued = False
