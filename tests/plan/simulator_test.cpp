@@ -522,4 +522,71 @@ TEST(Simulator, AutoChargesSpeculationToTheTiers) {
 }
 
 }  // namespace
+// Activation offload (strata.activation_*; WithActivationOffload sizes it as
+// strata-train's --offload-activations): every stashable byte goes to the
+// host and back over PCIe, and through NVMe past a two-layer arena; it runs
+// beside the layers, and a disk too slow for it makes backward wait.
+TEST(Simulator, ActivationOffloadMovesItsBytesBesideTheLayers) {
+  const ModelSpec m = PresetModel("gpt2-medium").value();
+  ClusterSpec c = PresetCluster("dgx-h100").value();
+  c.nodes = c.gpus_per_node = 1;
+  const Config base = Cfg(3, "none", "cpu");
+  const uint64_t stashable = StashableActivationBytes(m);
+  ASSERT_GT(stashable, 0u);
+  auto sim = [&](const Config& cfg, const ClusterSpec& cl) {
+    auto r = Simulate(m, cl, cfg, {});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return *r;
+  };
+  const SimResult none = sim(base, c), host = sim(WithActivationOffload(base, m, "host", "/nvme"), c),
+                  nvme = sim(WithActivationOffload(base, m, "nvme", "/nvme"), c);
+  EXPECT_EQ(none.act_bytes, 0u);
+  EXPECT_NEAR(static_cast<double>(host.act_bytes), static_cast<double>(stashable), 1e-6 * stashable);
+  EXPECT_EQ(host.act_nvme_bytes, 0u);
+  EXPECT_NEAR(static_cast<double>(host.pcie_bytes - none.pcie_bytes), 2.0 * host.act_bytes, 1e-6 * stashable);
+  EXPECT_EQ(host.disk_write_bytes, none.disk_write_bytes);
+  EXPECT_LT(host.step_s, 1.05 * none.step_s) << "the copies run beside the layers";
+  // Through NVMe: all but the arena's two layers' inputs less the read-ahead room.
+  EXPECT_GT(nvme.act_nvme_bytes, stashable / 2);
+  EXPECT_LT(nvme.act_nvme_bytes, stashable);
+  EXPECT_EQ(nvme.disk_write_bytes - none.disk_write_bytes, nvme.act_nvme_bytes);
+  EXPECT_EQ(nvme.disk_read_bytes - none.disk_read_bytes, nvme.act_nvme_bytes);
+  EXPECT_LT(nvme.step_s, 1.05 * none.step_s) << "read ahead of backward";
+  EXPECT_LE(nvme.act_stalls, 1u) << "read ahead: at most the first redeem from NVMe waits for the disk";
+  ClusterSpec slow = c;
+  slow.nvme_read_Bps = slow.nvme_write_Bps = 50e6;
+  const SimResult crawl = sim(WithActivationOffload(base, m, "nvme", "/nvme"), slow);
+  EXPECT_GT(crawl.act_stalls, 0u);
+  EXPECT_GT(crawl.act_stall_s, 0.1);
+  EXPECT_GT(crawl.step_s, nvme.step_s + crawl.act_stall_s / 2);
+}
+
+// --auto offloads activations where they do not fit on the device, and not
+// where they do (the copies cost PCIe and, past the arena, disk).
+TEST(Simulator, AutoOffloadsActivationsOnlyWhereTheyDoNotFit) {
+  ModelSpec m = PresetModel("gpt2-large").value();
+  ClusterSpec c = PresetCluster("dgx-h100").value();
+  c.nodes = c.gpus_per_node = 1;
+  Result<AutoPlan> roomy = PlanAuto(m, c, Cfg(3, "none", "none"), "/nvme");
+  ASSERT_TRUE(roomy.ok());
+  ASSERT_GE(roomy->best, 0);
+  EXPECT_EQ(roomy->candidates[static_cast<size_t>(roomy->best)].activations, "")
+      << roomy->candidates[static_cast<size_t>(roomy->best)].Label();
+  // gpt2-xl at 256 x 256 tokens: its 48 checkpointed inputs (10 GB) and one
+  // layer's working set (6 GB) do not fit a 12 GiB device together.
+  m = PresetModel("gpt2-xl").value();
+  m.micro_batch = 256;
+  c.device_bytes = 12 * kGiB;
+  Result<AutoPlan> tight = PlanAuto(m, c, Cfg(3, "none", "none"), "/nvme");
+  ASSERT_TRUE(tight.ok());
+  ASSERT_GE(tight->best, 0) << "nothing fits";
+  const Candidate& best = tight->candidates[static_cast<size_t>(tight->best)];
+  EXPECT_NE(best.activations, "") << best.Label();
+  EXPECT_TRUE(best.capacity.Fits()) << best.Label();
+  for (const Candidate& k : tight->candidates)
+    if (k.activations.empty()) {
+      EXPECT_FALSE(k.capacity.Fits()) << k.Label() << " fits without offload";
+    }
+}
+
 }  // namespace strata::plan

@@ -75,17 +75,8 @@ Result<Report> MakeReport(const Args& a) {
   if (a.gpus_per_node) r.cluster.gpus_per_node = a.gpus_per_node;
   STRATA_ASSIGN_OR_RETURN(r.config,
                           a.config.empty() ? ParseConfig(kDefaultConfig) : LoadConfigFile(a.config));
-  if (!a.offload_activations.empty()) {  // the store sized to the model, as strata-train sizes it
-    uint64_t layer = 0;
-    const uint64_t all = StashableActivationBytes(r.model, &layer);
-    if (a.offload_activations == "host") {
-      r.config.strata.activation_host_bytes = all;
-    } else {
-      r.config.strata.activation_host_bytes = 2 * layer;
-      r.config.strata.activation_prefetch_bytes = layer;
-      r.config.strata.activation_nvme_bytes = all;
-    }
-  }
+  // The store sized to the model, as strata-train sizes it.
+  r.config = WithActivationOffload(r.config, r.model, a.offload_activations, a.nvme_path);
   STRATA_ASSIGN_OR_RETURN(r.layout, MakeLayout(r.model, static_cast<int>(r.cluster.world_size())));
   r.overlap_step = a.overlap_step;
   r.replay_rate = a.replay_rate;

@@ -20,6 +20,7 @@ namespace strata::plan {
 struct Candidate {
   Config config;
   bool overlap_step = false;
+  std::string activations;  // "", "host", "nvme": activation offload (WithActivationOffload)
   Capacity capacity;
   bool simulated = false;
   SimResult sim;
@@ -42,6 +43,14 @@ Result<AutoPlan> PlanAuto(const ModelSpec& model, const ClusterSpec& cluster, co
 // what is left take (fewer groups speculate). Returns whether it changed it.
 bool FitSpeculationDisk(const ModelSpec& model, const Layout& layout, const ClusterSpec& cluster,
                         Config* config);
+
+// The config with the trainer's activations offloaded `where` ("": not;
+// "host": a store holding every stashable byte; "nvme": an arena of two
+// layers' inputs and the rest through swap, read ahead one layer), sized as
+// strata-train's --offload-activations sizes it; an NVMe store without a
+// state folder gets `nvme_path` in strata.nvme_paths.
+Config WithActivationOffload(const Config& base, const ModelSpec& model, const std::string& where,
+                             const std::string& nvme_path);
 
 // The config with the placement applied and the facts the engine checks at
 // build (param swap buffers of a whole group, the host budget per rank).

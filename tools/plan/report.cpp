@@ -134,6 +134,10 @@ std::string SimText(const SimResult& sim, bool has_gpu) {
     s += "fetches " + std::to_string(sim.fetches) + ", prefetch hits " + std::to_string(sim.prefetch_hits) +
          ", stalls " + std::to_string(sim.stalls) + Fmt(" (%.3f s)", sim.stall_s) + ", evictions " +
          std::to_string(sim.evictions) + "\n";
+  if (sim.act_bytes)
+    s += "activations: " + FormatBytes(sim.act_bytes) + " stashed a step, " + FormatBytes(sim.act_nvme_bytes) +
+         " of them through NVMe; " + std::to_string(sim.act_stalls) + " redeems waited" +
+         Fmt(" (%.3f s)", sim.act_stall_s) + "\n";
   return s;
 }
 
@@ -262,6 +266,10 @@ nlohmann::ordered_json SimJson(const SimResult& s, bool has_gpu) {
   j["stalls"] = s.stalls;
   j["stall_s"] = s.stall_s;
   j["evictions"] = s.evictions;
+  j["activations"] = {{"stashed_bytes", s.act_bytes},
+                      {"nvme_bytes", s.act_nvme_bytes},
+                      {"stalls", s.act_stalls},
+                      {"stall_s", s.act_stall_s}};
   return j;
 }
 

@@ -81,6 +81,10 @@ struct SimResult {
   uint64_t fetches = 0, prefetch_hits = 0, stalls = 0, evictions = 0;
   double stall_s = 0;
   uint64_t disk_read_bytes = 0, disk_write_bytes = 0, pcie_bytes = 0, network_bytes = 0;
+  // The activation store (strata.activation_*): bytes stashed a step, of
+  // those spilled to NVMe, and the redeems that waited for their bytes.
+  uint64_t act_bytes = 0, act_nvme_bytes = 0, act_stalls = 0;
+  double act_stall_s = 0;
   double Busy(SimResource r) const { return busy_s[static_cast<size_t>(r)]; }
 };
 
