@@ -13,13 +13,21 @@
 # async_io op (apt-get, when missing); DeepSpeed builds its CPU Adam and aio
 # ops itself at first use (into ~/.cache/torch_extensions, a few minutes).
 #
+# Each round also runs the floor: torch's own AdamW with clip_grad_norm_,
+# nothing offloaded and nothing communicated, at each rank count. No offload
+# engine's step can beat torch's forward and backward on the same cores, so
+# DeepSpeed's step time over the floor's is the most any engine can lead it
+# by here (printed as `ceiling`).
+#
 # Prints each run's line (step time, tokens/s, peak RSS, disk bytes per step,
-# the swap folder's size), the config keys Strata named as ignored, a table
-# of medians, and last
+# the swap folder's size), the config keys Strata named as ignored (in this
+# config, and in Hugging Face's ZeRO-3 template: config_honesty.py), a table
+# of medians, the ceiling, and last
 #   vs_deepspeed cpu=R nvme=R cpu_2r=R nvme_2r=R
 # R = DeepSpeed's median step time / Strata's (above 1: Strata leads).
 # Usage: bench/vs_deepspeed.sh DIR
-#   env: ROUNDS (2), STEPS (20), WARMUP (2), RANKS ("1 2"), MODES ("cpu nvme"), BUILD_DIR
+#   env: ROUNDS (2), STEPS (20), WARMUP (2), RANKS ("1 2"), MODES ("cpu nvme"), BUILD_DIR,
+#        N_EMBD and N_LAYER (the GPT-2's size: 512 and 8, 51M parameters), BATCH (4), SEQ (256)
 set -euo pipefail
 DIR=${1:?usage: bench/vs_deepspeed.sh DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,6 +68,7 @@ run() {  # engine mode ranks
 }
 for r in $(seq 1 "$ROUNDS"); do
   for ranks in $RANKS; do
+    run torch cpu "$ranks"
     for mode in $MODES; do
       if [ $(( (r + ranks) % 2 )) -eq 0 ]; then order="deepspeed strata"; else order="strata deepspeed"; fi
       for eng in $order; do run "$eng" "$mode" "$ranks"; done
@@ -68,6 +77,13 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 echo "== ds_config keys Strata ignores or leaves to the trainer (from its notes at creation):"
 grep '^vs_deepspeed_ignored' "$OUT" | sed 's/^vs_deepspeed_ignored //' | sort -u || echo "(none)"
+echo "== the same for Hugging Face's ZeRO-3 template (bench/python/config_honesty.py):"
+for offload in cpu nvme; do
+  mkdir -p "$DIR/swap-honesty"
+  "$PY" "$ROOT/bench/python/config_honesty.py" "$offload" "$DIR/swap-honesty" 2>"$DIR/last.err" ||
+    { tail -20 "$DIR/last.err" >&2; echo "vs_deepspeed: config_honesty $offload failed" >&2; exit 1; }
+  rm -rf "$DIR/swap-honesty"
+done
 "$PY" - "$OUT" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l.split(" ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("vs_deepspeed_run ")]
@@ -83,6 +99,11 @@ for (mode, world, eng), rs in sorted(rows.items()):
     print(f"{mode:6} {world:5} {eng:9} {med('step_s'):7.3f} {med('tokens_per_s'):7.0f} {max(x['peak_rss_mib'] for x in rs):8.0f} "
           f"{med('disk_read_mib_per_step'):8.1f} {med('disk_written_mib_per_step'):8.1f} {max(x['swap_mib'] for x in rs):8.0f}")
     ratio.setdefault((mode, world), {})[eng] = med("step_s")
+floor = {w: ratio[(m, w)]["torch"] for (m, w) in ratio if "torch" in ratio[(m, w)]}
+for (mode, world), x in sorted(ratio.items()):
+    if "deepspeed" in x and world in floor:
+        print(f"ceiling {mode} {world}r: DeepSpeed {x['deepspeed']:.3f} s / torch floor {floor[world]:.3f} s = "
+              f"{x['deepspeed'] / floor[world]:.3f} (the most any engine can lead by here)")
 def r(mode, world):
     x = ratio.get((mode, world), {})
     return f"{x['deepspeed'] / x['strata']:.3f}" if "deepspeed" in x and "strata" in x else "n/a"

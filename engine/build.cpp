@@ -188,10 +188,11 @@ Status Engine::Impl::BuildOnce() {
       const uint64_t usable = free_min / 100 * 99 * dirs.size(), own = nvme_bytes + kMiB + cow_spare;
       room = std::min(room, usable > own ? usable - own : 0);
     }
-    // "never" speculates nothing; "auto" reserves the room when its policy
-    // first speculates (a run clipped at every step never does).
+    // "never" speculates nothing; "auto" reserves an "auto" room when its
+    // policy first speculates (a run clipped at every step never does).
     if (config_.strata.speculation == "never") room = 0;
-    if (config_.strata.speculation == "auto") spec_disk_later_ = std::exchange(room, 0);
+    if (config_.strata.speculation == "auto" && want == StrataConfig::kSpeculationAuto)
+      spec_disk_later_ = std::exchange(room, 0);
     spec_disk_room_ = room;
     cow_spare += room;
   }

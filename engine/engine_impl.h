@@ -168,6 +168,7 @@ class Engine::Impl {
   // strata.speculation "auto": the room reserved when the policy first
   // speculates (ReserveSpeculationRoom), not at build; 0 once reserved or tried.
   uint64_t spec_disk_later_ = 0;
+  uint64_t spec_host_later_ = 0;  // the same for the host arena (StartOverlap)
   void ReserveSpeculationRoom();
   // overlap_step with G off the CPU's reach (NVMe): a host copy of a group's
   // complete G, kept at its last grads call so that its early update does

@@ -32,11 +32,17 @@ Status Engine::Impl::StartOverlap() {
     const uint64_t left = host_->budget() > host_->used() ? host_->budget() - host_->used() : 0;
     host_bytes = std::min(total.host, left);
   }
+  // As the swap room (build.cpp): none for "never"; under "auto" an "auto"
+  // arena is taken when the policy first speculates.
+  if (config_.strata.speculation == "never") host_bytes = 0;
+  if (config_.strata.speculation == "auto" && want_host == StrataConfig::kSpeculationAuto)
+    spec_host_later_ = std::exchange(host_bytes, 0);
   // The swap room was reserved at build (build.cpp: the NVMe tier's spare).
   const uint64_t disk_bytes = spec_disk_room_;
   spec_ = std::make_unique<Speculation>(lay_, blocks_, *io_, *host_, steps_, gpu_updates, padded);
   STRATA_RETURN_IF_ERROR(spec_->Init(host_bytes, nvme_ ? disk_bytes : 0));
-  if (total.host > host_bytes || (nvme_ && total.disk > disk_bytes + spec_disk_later_))
+  if (config_.strata.speculation != "never" &&
+      (total.host > host_bytes + spec_host_later_ || (nvme_ && total.disk > disk_bytes + spec_disk_later_)))
     WarnOnce("speculation-room",
              "overlap_step: speculation has room for " + FormatBytes(host_bytes) + " of the " + FormatBytes(total.host) +
                  " host bytes and " + FormatBytes(disk_bytes) + " of the " + FormatBytes(total.disk) +
@@ -61,7 +67,19 @@ Status Engine::Impl::StartOverlap() {
 }
 
 void Engine::Impl::ReserveSpeculationRoom() {
-  if (spec_disk_later_ == 0 || !nvme_ || !spec_) return;
+  if (!spec_) return;
+  if (spec_host_later_ > 0) {  // "auto": what the groups need, at most what the host budget has left now
+    const uint64_t left = host_->budget() > host_->used() ? host_->budget() - host_->used() : 0;
+    const uint64_t bytes = std::min(std::exchange(spec_host_later_, 0), left);
+    if (Status st = bytes ? spec_->AddHostRoom(bytes) : Status::Ok(); !st.ok())
+      WarnOnce("speculation-host-late", "overlap_step: cannot take " + FormatBytes(bytes) +
+                                            " of host memory for speculation (" + st.ToString() +
+                                            "); host-homed groups update after backward");
+    else if (bytes)
+      STRATA_LOG_INFO("overlap_step: {} of host memory taken for speculation, now that it speculates "
+                      "(strata.speculation \"auto\")", FormatBytes(bytes));
+  }
+  if (spec_disk_later_ == 0 || !nvme_) return;
   const uint64_t bytes = std::exchange(spec_disk_later_, 0);
   if (Status st = nvme_->GrowSpare(bytes); !st.ok()) {
     WarnOnce("speculation-disk-late",

@@ -29,8 +29,10 @@ RANK, WORLD = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE",
 def model():
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
-    cfg = GPT2Config(n_embd=512, n_layer=8, n_head=8, n_positions=SEQ, vocab_size=50257, resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0)
+    # N_EMBD, N_LAYER: the model's size (51M by default; the larger runs of the note use 1600 x 24).
+    embd, layers = int(os.environ.get("N_EMBD", "512")), int(os.environ.get("N_LAYER", "8"))
+    cfg = GPT2Config(n_embd=embd, n_layer=layers, n_head=embd // 64, n_positions=SEQ, vocab_size=50257,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     return GPT2LMHeadModel(cfg)
 
 
@@ -143,7 +145,8 @@ def main():
             "tokens_per_s": round(BATCH * SEQ * WORLD / med, 1), "peak_rss_mib": round(rss / 2**20, 1),
             "disk_read_mib_per_step": round((r1 - r0) / STEPS / 2**20, 1),
             "disk_written_mib_per_step": round((w1 - w0) / STEPS / 2**20, 1),
-            "swap_mib": round(du(SWAP) / 2**20, 1) if OFFLOAD == "nvme" else 0, "last_loss": round(loss, 5)}
+            "swap_mib": round(du(SWAP) / 2**20, 1) if OFFLOAD == "nvme" else 0, "last_loss": round(loss, 5),
+            "params_m": round(sum(p.numel() for p in m.parameters()) / 1e6, 1)}
     if phases:  # medians over the timed steps; torch's step is the rest of its step time
         ph = phases[WARMUP:]
         line["forward_s"], line["backward_s"] = (round(statistics.median(p[k] for p in ph), 4) for k in (0, 1))

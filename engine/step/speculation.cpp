@@ -70,6 +70,14 @@ Status Speculation::Init(uint64_t host_bytes, uint64_t disk_bytes) {
   return Status::Ok();
 }
 
+Status Speculation::AddHostRoom(uint64_t bytes) {
+  if (arena_.bytes != 0) return InternalError("speculation: the host arena exists already");
+  auto a = host_.Allocate(bytes);
+  if (!a.ok()) return a.status().WithContext("overlap_step: speculation's host arena");
+  arena_ = *a;
+  return Status::Ok();
+}
+
 bool Speculation::Reserve(int g) {
   Record& r = records_[static_cast<size_t>(g)];
   if (r.reserved) return false;

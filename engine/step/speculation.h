@@ -74,6 +74,8 @@ class Speculation {
   uint64_t disk_bytes() const { return disk_budget_; }
   // Room reserved in the swap files since Init (between steps: the worker idle).
   void AddDiskRoom(uint64_t bytes) { disk_budget_ += bytes; }
+  // The host arena, after an Init without one (between steps).
+  Status AddHostRoom(uint64_t bytes);
 
   // Overlap thread. Takes room for g's speculation; false (nothing taken)
   // when g is not eligible, already reserved this step, or does not fit.

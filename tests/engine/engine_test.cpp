@@ -237,6 +237,7 @@ TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
   const TinyMlp model(4, 256);  // 3 MiB of W, M, V: more than the swap files' 1 MiB rounding
   struct Run {
     uint64_t at_build = 0, after = 0, speculated = 0;
+    uint64_t host_at_build = 0, host_after = 0;  // the host tier's use (its arena for host-homed W, M, V)
     std::vector<std::vector<float>> master;
   };
   auto swap_bytes = [](const std::string& dir) {
@@ -245,18 +246,19 @@ TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
       if (f.path().filename().string().rfind("strata-swap", 0) == 0) n += f.file_size();
     return n;
   };
-  auto run = [&](const std::string& mode) {
+  auto run = [&](const std::string& mode, const char* placement) {
     Run out;
     TempDir dir;
     EngineOptions eo;
     eo.overlap_step = true;
-    auto e = Engine::Create(MustParse(PlacementJson("nvme_opt", dir.path(), R"(, "speculation": ")" + mode + "\"")), eo);
+    auto e = Engine::Create(MustParse(PlacementJson(placement, dir.path(), R"(, "speculation": ")" + mode + "\"")), eo);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     if (!e.ok()) return out;
     Engine& eng = **e;
     EXPECT_TRUE(model.Register(eng).ok());
     EXPECT_TRUE(eng.Build().ok());
     out.at_build = swap_bytes(dir.path());
+    out.host_at_build = eng.stats().host.used;
     for (int s = 0; s < 4; ++s) {
       StepOptions so;
       so.lr = 0.01;
@@ -266,6 +268,7 @@ TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
       EXPECT_TRUE(r.ok()) << r.status().ToString();
     }
     out.after = swap_bytes(dir.path());
+    out.host_after = eng.stats().host.used;
     out.speculated = eng.stats().speculated_steps;
     for (int g = 0; g < eng.num_groups(); ++g) {
       out.master.emplace_back(eng.group_numel(g));
@@ -273,7 +276,7 @@ TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
     }
     return out;
   };
-  const Run never = run("never"), always = run("always"), automatic = run("auto");
+  const Run never = run("never", "nvme_opt"), always = run("always", "nvme_opt"), automatic = run("auto", "nvme_opt");
   EXPECT_EQ(never.speculated, 0u);
   EXPECT_EQ(never.after, never.at_build);
   EXPECT_GT(always.at_build, never.at_build) << "always: the room at build";
@@ -284,6 +287,17 @@ TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
   EXPECT_LE(automatic.after, always.at_build + kMiB) << "(each reservation rounds to whole MiB)";
   EXPECT_EQ(automatic.master, never.master);
   EXPECT_EQ(always.master, never.master);
+  // W, M, V in host memory: the backups' arena, the same way.
+  const Run h_never = run("never", "host"), h_always = run("always", "host"), h_auto = run("auto", "host");
+  const uint64_t arena = 12 * 4 * (256 * 256 + 256);  // fp32 W, M, V of the 4 layers
+  EXPECT_EQ(h_never.speculated, 0u);
+  EXPECT_EQ(h_never.host_after, h_never.host_at_build);
+  EXPECT_GE(h_always.host_at_build, h_never.host_at_build + arena) << "always: the arena at build";
+  EXPECT_EQ(h_auto.host_at_build, h_never.host_at_build) << "auto: nothing at build";
+  EXPECT_GT(h_auto.speculated, 0u);
+  EXPECT_EQ(h_auto.host_after, h_always.host_at_build) << "auto: the arena once it speculates";
+  EXPECT_EQ(h_auto.master, never.master);
+  EXPECT_EQ(h_always.master, never.master);
 }
 
 // pin_memory: true (as in every Hugging Face ZeRO-3 example) with the
