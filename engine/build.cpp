@@ -235,6 +235,12 @@ Status Engine::Impl::BuildOnce() {
   gpu_ = std::make_unique<GpuUpdater>(lay_, blocks_, *device_, *stats_, *shards_, options_.gpu_optimizer_twin);
   gpu_->SetUp();  // its scratch from the device budget the home blocks left
   pipeline_ = std::make_unique<StepPipeline>(lay_, blocks_, *io_, staging_.opt, *stats_, *gpu_, *shards_, steps_);
+  // The step's new P goes on into a cached device copy (host arena), so the
+  // next forward does not read it back from NVMe; kept at the step's Drop.
+  p_refreshed_.assign(static_cast<size_t>(ngroups), 0);
+  pipeline_->OnPStored([this](int g, const void* p) {
+    if (residency_ && residency_->Refresh(g, p)) p_refreshed_[static_cast<size_t>(g)] = 1;
+  });
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.
   // A large model takes a while (tens of GiB written): progress every 5 s.

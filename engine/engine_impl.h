@@ -168,6 +168,9 @@ class Engine::Impl {
   // strata.speculation "auto": the room reserved when the policy first
   // speculates (ReserveSpeculationRoom), not at build; 0 once reserved or tried.
   uint64_t spec_disk_later_ = 0;
+  // Groups whose cached device copy took the step's new P (OnPStored);
+  // cleared at every DropDeviceCopies.
+  std::vector<uint8_t> p_refreshed_;
   uint64_t spec_host_later_ = 0;  // the same for the host arena (StartOverlap)
   void ReserveSpeculationRoom();
   // overlap_step with G off the CPU's reach (NVMe): a host copy of a group's

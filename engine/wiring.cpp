@@ -1,6 +1,8 @@
 // The composition's wiring: the components (the gradient reduction,
 // residency, checkpoints) created at build and connected through the calls
 // their headers ask for; the API's fetch and release routed to residency.
+#include <algorithm>
+
 #include "base/log.h"
 #include "engine/engine_impl.h"
 #include "tiers/gpu.h"
@@ -78,9 +80,13 @@ Result<void*> Engine::Impl::Fetch(int g) {
 Status Engine::Impl::Release(int g) { return residency_->Release(g); }
 
 void Engine::Impl::DropDeviceCopies(bool keep_frozen) {
-  if (!residency_) return;
-  if (keep_frozen) residency_->Drop([this](int g) { return lay_.frozen(g); });
-  else residency_->Drop();
+  if (residency_) {
+    // keep_frozen (a step's end): frozen P never changes, and a copy the
+    // step refreshed (OnPStored) holds the new P already.
+    if (keep_frozen) residency_->Drop([this](int g) { return lay_.frozen(g) || p_refreshed_[static_cast<size_t>(g)]; });
+    else residency_->Drop();
+  }
+  std::fill(p_refreshed_.begin(), p_refreshed_.end(), 0);
 }
 
 Status Engine::Impl::DrainComm(bool wait) {

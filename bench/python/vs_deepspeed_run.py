@@ -94,17 +94,10 @@ def main():
     elif ENGINE == "torch":
         opt = torch.optim.AdamW(m.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=WD)
 
-        def step(x):
-            t0 = time.perf_counter()
-            loss = m(input_ids=x, labels=x).loss
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            phases.append((t1 - t0, t2 - t1, 0.0))
+        def update():
             torch.nn.utils.clip_grad_norm_(m.parameters(), CLIP)
             opt.step()
             opt.zero_grad()
-            return loss.item()
     else:
         import strata.torch as st
         r, w = os.pipe()  # the engine's warnings go to stderr: catch them at creation
@@ -120,14 +113,17 @@ def main():
                   if "[strata W]" in ln or ("[strata I]" in ln and "config:" in ln)]
         os.close(r)
 
+        def update():
+            off.optimizer.step()
+            off.optimizer.zero_grad()
+    if ENGINE != "deepspeed":  # forward, backward and the update timed apart
         def step(x):
             t0 = time.perf_counter()
             loss = m(input_ids=x, labels=x).loss
             t1 = time.perf_counter()
             loss.backward()
             t2 = time.perf_counter()
-            off.optimizer.step()
-            off.optimizer.zero_grad()
+            update()
             phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
             return loss.item()
     times, loss = [], None

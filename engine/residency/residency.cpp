@@ -3,6 +3,7 @@
 #include "engine/residency/residency.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/sizes.h"
 #include "base/worker.h"
@@ -128,6 +129,15 @@ Status Residency::Allocate(int g, std::unique_lock<std::mutex>& lock, bool deman
                       FormatBytes(device_.budget()) + " is full: " + FormatBytes(device_.used()) + " in use, " +
                       std::to_string(pinned) + " groups fetched and not released; nothing can be evicted");
   }
+}
+
+bool Residency::Refresh(int g, const void* src) {
+  if (options_.home || options_.sharded || device_.separate()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  Copy& c = copies_[static_cast<size_t>(g)];
+  if (c.state != Copy::kResident || c.pins > 0) return false;
+  std::memcpy(c.alloc.ptr, src, options_.bytes(g));
+  return true;
 }
 
 void Residency::Drop(const std::function<bool(int)>& keep) {

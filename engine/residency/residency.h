@@ -87,6 +87,13 @@ class Residency {
   void Prefetch(const std::vector<int>& groups);
   // Clears what is queued and waits for the loads in flight.
   void WaitIdle();
+  // The step wrote group g's new P (`src`: the whole padded group in the
+  // compute dtype, host memory): a resident copy takes it, so the next
+  // fetch reads nothing from P's home. Only where copies are host memory
+  // (the device tier's plain arena) and whole (not sharded); returns whether
+  // the copy took it (then the caller keeps it at Drop).
+  // REQUIRES: g not pinned.
+  bool Refresh(int g, const void* src);
   // P changed: every copy but those `keep` names is dropped.
   // REQUIRES: none of them pinned, no load in flight (WaitIdle).
   void Drop(const std::function<bool(int)>& keep = nullptr);

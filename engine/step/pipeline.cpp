@@ -193,6 +193,9 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
       gs.p_stale = p_stale;
       gs.committed = true;
     }
+    if (!spec && commit && p_stored && p_st.ok() && on_p_stored_ && !layout_.compact && layout_.sworld == 1 &&
+        !at_home(j, pb))
+      on_p_stored_(j.group, j.ptr[int(StateKind::kP)]);
     keep(std::move(state_st));
     keep(std::move(p_st));
     if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }

@@ -66,6 +66,11 @@ class StepPipeline {
     std::function<void(int g)> g_done;
   };
   Status RunFeed(const Feed& feed, double grad_scale, const StepOptions& so, std::string* broken);
+  // Called (on the run's thread) when a committed group's P, a copy of W
+  // held whole in its slot (fp32 format, one shard, not speculated), has
+  // landed in its home, before the slot is reused: a cached device copy may
+  // take it (Residency::Refresh).
+  void OnPStored(std::function<void(int g, const void* p)> f) { on_p_stored_ = std::move(f); }
   // The kernels' refusal of the step's options (beta1 outside [0, 1), a
   // negative learning rate, ...), asked before anything is touched: a step
   // refused here changes nothing and leaves nothing pending.
@@ -73,6 +78,7 @@ class StepPipeline {
 
  private:
   StepKernelOptions KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const;
+  std::function<void(int g, const void* p)> on_p_stored_;
 
   const Layout& layout_;
   const std::vector<GroupBlocks>& blocks_;

@@ -13,6 +13,7 @@
 #include "kernels/cpu/adam.h"
 #include "tests/engine/tiny_mlp.h"
 #include "tests/util/temp_dir.h"
+#include "tiers/nvme_tier.h"
 
 namespace strata {
 namespace {
@@ -227,6 +228,43 @@ TEST(Engine, GradHomeFollowsTheSetting) {
   ASSERT_FALSE(tight_host.ok());
   EXPECT_EQ(tight_host.status().code(), Code::kConfig) << tight_host.status().ToString();
   EXPECT_NE(tight_host.status().message().find("strata.host_budget"), std::string::npos) << tight_host.status().ToString();
+}
+
+// P on NVMe with room on the device: the step hands each group's new P to
+// its cached copy (a host arena here), so a step reads W, M, V from the
+// disk and never P back; the run stays bitwise the device run.
+TEST(Engine, TheStepsNewPIsNotReadBack) {
+  TempDir dir;
+  const TinyMlp model;
+  const std::string json = PlacementJson("nvme_opt", dir.path()).replace(
+      PlacementJson("nvme_opt", dir.path()).find(R"("offload_param": {"device": "none")"),
+      std::string(R"("offload_param": {"device": "none")").size(), R"("offload_param": {"device": "nvme")");
+  auto e = Engine::Create(MustParse(json), {});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& eng = **e;
+  ASSERT_TRUE(model.Register(eng).ok());
+  ASSERT_TRUE(eng.Build().ok());
+  uint64_t wmv = 0;  // a step's reads: W, M, V of every group (fp32, padded to 2048 elements and 4 KiB)
+  for (int g = 0; g < eng.num_groups(); ++g)
+    wmv += 3 * NvmeTier::PaddedSizeFor(AlignUp(eng.group_numel(g), 2048) * 4, 1);
+  std::vector<uint64_t> read;
+  for (int s = 0; s < 5; ++s) {
+    const uint64_t before = eng.stats().nvme_to_host;
+    ASSERT_TRUE(model.TrainStep(eng).ok());
+    StepOptions so;
+    so.lr = 0.01 * (1.0 + 0.1 * s);  // Train's schedule
+    ASSERT_TRUE(eng.Step(so).ok());
+    read.push_back(eng.stats().nvme_to_host - before);
+  }
+  EXPECT_GT(read[0], wmv) << "the first forward reads P";
+  for (int s = 1; s < 5; ++s) EXPECT_EQ(read[static_cast<size_t>(s)], wmv) << "step " << s;
+  const RunResult device = Train(PlacementJson("device", dir.path()), 5, model);
+  std::vector<std::vector<float>> master;
+  for (int g = 0; g < eng.num_groups(); ++g) {
+    master.emplace_back(eng.group_numel(g));
+    ASSERT_TRUE(eng.ReadMaster(g, master.back().data()).ok());
+  }
+  EXPECT_EQ(master, device.master);
 }
 
 // overlap_step's swap room for speculation (strata.speculation_disk_bytes
