@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/residency/prefetch.h"
+#include "tools/plan/activation_sim.h"
 #include "tools/plan/timeline.h"
 
 namespace strata::plan {
@@ -50,15 +51,6 @@ class StepSim {
     room_ = std::max<double>(static_cast<double>(room), static_cast<double>(l.largest_group) * dp_);
     state_.assign(static_cast<size_t>(n_), kAbsent);
     ready_.assign(static_cast<size_t>(n_), 0);
-    // The activation store: an arena less the room kept for the NVMe
-    // stashes' way through it, the swap beyond it, the read-ahead window.
-    const uint64_t host = cfg.strata.activation_host_bytes;
-    if (host > 0 && m.hidden > 0) {
-      act_window_ = static_cast<double>(cfg.strata.activation_prefetch_bytes);
-      act_nvme_ = static_cast<double>(cfg.strata.activation_nvme_bytes);
-      act_arena_ = static_cast<double>(host) - (act_nvme_ > 0 ? std::min(act_window_, host / 2.0) : 0.0);
-      act_on_ = true;
-    }
     grads_.assign(static_cast<size_t>(n_), 0);
   }
 
@@ -301,16 +293,16 @@ class StepSim {
     if (fetched_) Enqueue(Ahead(), 0);  // the previous Step ends by prefetching the first groups
     double t = 0;
     std::vector<std::pair<int, double>> speculate;  // group, when its gradients are complete
-    const std::vector<double> stash = StashBytes(uses);
+    const std::vector<double> stash = act_.StashBytes(uses);
     for (uint64_t mb = 0; mb < m_.grad_accum; ++mb) {
       const bool last = mb + 1 == m_.grad_accum;
-      ActBegin();
+      act_.BeginMicroBatch();
       for (size_t k = 0; k < uses.size(); ++k) {
         const GroupUse& u = uses[k];
         if (u.fetch) t = Fetch(u.group, t);
-        if (u.grads) t = Redeem(u.group, t);
+        if (u.grads) t = act_.Redeem(u.group, t, &r_);
         t = Compute(u, t);
-        if (stash[k] > 0) Stash(u.group, t, stash[k]);
+        if (stash[k] > 0) act_.Stash(u.group, t, stash[k], &r_);
         pinned_ = -1;
         if (!u.grads) continue;
         t = Grads(u.group, t, mb == 0, last);
@@ -337,72 +329,6 @@ class StepSim {
     }
     speculating_ = false;
     return std::max(t, prefetch_free_);
-  }
-
-  // The activation store (engine/activations/activation_store.h). What
-  // each use stashes after its forward: the model's stashable bytes a
-  // micro-batch (every layer's input with checkpointing), spread over the
-  // forward uses by their FLOPs (the head stashes nothing), as much as the
-  // arena and its swap hold (the rest stays with the trainer).
-  std::vector<double> StashBytes(const std::vector<GroupUse>& uses) const {
-    std::vector<double> out(uses.size(), 0);
-    if (!act_on_) return out;
-    double flops = 0;
-    for (const GroupUse& u : uses)
-      if (!u.grads && !u.head) flops += u.flops;
-    const double total = std::min(static_cast<double>(StashableActivationBytes(m_)), act_arena_ + act_nvme_);
-    if (flops <= 0) return out;
-    for (size_t k = 0; k < uses.size(); ++k)
-      if (!uses[k].grads && !uses[k].head) out[k] = total * uses[k].flops / flops;
-    return out;
-  }
-  void ActBegin() {
-    stashes_.clear();
-    act_in_arena_ = 0;
-  }
-  // After the forward of `g`: the copy into the arena (PCIe from a GPU, a
-  // memcpy without one) on the store's threads, the trainer going on; the
-  // oldest stashes spill to NVMe (checksummed) when the arena is full.
-  void Stash(int g, double t, double bytes) {
-    r_.act_bytes += static_cast<uint64_t>(bytes);
-    const double in = c_.has_gpu ? Pcie(t, bytes) : HostCopy(t, bytes);
-    stashes_.push_back({g, bytes, false, in, 0, false});
-    act_in_arena_ += bytes;
-    for (ActStash& s : stashes_) {
-      if (act_in_arena_ <= act_arena_) break;
-      if (s.on_nvme || s.group == g) continue;
-      s.on_nvme = true;
-      act_in_arena_ -= s.bytes;
-      r_.act_nvme_bytes += static_cast<uint64_t>(s.bytes);
-      DiskWrite(Checksum(s.ready, s.bytes), s.bytes);
-    }
-  }
-  // Before the backward of `g`: its stash back (read from NVMe now, unless
-  // read ahead), then the stashes made before it read ahead up to the
-  // window; the layer waits for its bytes.
-  double Redeem(int g, double t) {
-    auto it = std::find_if(stashes_.rbegin(), stashes_.rend(), [&](const ActStash& s) { return s.group == g; });
-    if (it == stashes_.rend()) return t;
-    ActStash& s = *it;
-    double ready = std::max(t, s.ready);
-    if (s.on_nvme && !s.read) ready = Checksum(DiskRead(ready, s.bytes), s.bytes);
-    if (s.on_nvme && s.read) ready = std::max(t, s.read_done);
-    double ahead = 0;
-    for (auto jt = std::next(it); jt != stashes_.rend() && ahead < act_window_; ++jt) {
-      if (!jt->on_nvme) continue;
-      ahead += jt->bytes;
-      if (!jt->read) {
-        jt->read = true;
-        jt->read_done = Checksum(DiskRead(t, jt->bytes), jt->bytes);
-      }
-    }
-    if (ready > t) {  // waited for the disk (the copy back is the redeem's own work)
-      ++r_.act_stalls;
-      r_.act_stall_s += ready - t;
-    }
-    const double back = c_.has_gpu ? Pcie(ready, s.bytes) : HostCopy(ready, s.bytes);
-    stashes_.erase(std::next(it).base());
-    return std::max(t, back);
   }
 
   // States the step moves through a slot (not addressable by the CPU in place).
@@ -568,18 +494,11 @@ class StepSim {
   std::deque<std::pair<int, double>> queue_;  // prefetch queue: group, time enqueued
   double prefetch_free_ = 0, overlap_free_ = 0;
   int pinned_ = -1;
-  // The activation store's state within a micro-batch.
-  struct ActStash {
-    int group;
-    double bytes;
-    bool on_nvme;
-    double ready;      // in the arena (or on its way to NVMe) from then
-    double read_done;  // read back from NVMe (when `read`)
-    bool read;
-  };
-  bool act_on_ = false;
-  double act_arena_ = 0, act_nvme_ = 0, act_window_ = 0, act_in_arena_ = 0;
-  std::vector<ActStash> stashes_;
+  // The activation store: its transfers booked on this step's resources.
+  ActivationSim act_{cfg_, m_,
+                     {.copy = [this](double t, double b) { return c_.has_gpu ? Pcie(t, b) : HostCopy(t, b); },
+                      .spill = [this](double t, double b) { return DiskWrite(Checksum(t, b), b); },
+                      .read_back = [this](double t, double b) { return Checksum(DiskRead(t, b), b); }}};
   SimResult r_;
 };
 
