@@ -20,11 +20,13 @@ stage: never stepped, the rest as at 1 rank, checkpoints resharded, and
 ranks that freeze differently refused at build.
 Usage: zero_test.py STRATA_LAUNCH ZERO_WORKER [buckets|frozen]"""
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from free_ports import free_port_block  # noqa: E402
 
 import numpy as np
 
@@ -35,9 +37,8 @@ last_err = ""  # the latest run's stderr
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # Two: the ranks' store may take MASTER_PORT + 1 under torchrun's rules.
+    return free_port_block(2)
 
 
 def run(nproc, stage, place, tag, extra=(), expect_fail=False):

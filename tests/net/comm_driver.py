@@ -18,10 +18,12 @@ import argparse
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from free_ports import free_port_block  # noqa: E402
 
 FAILURES = []
 
@@ -33,20 +35,9 @@ def check(cond, what):
 
 
 def free_port(pair=False):
-    """A loopback port nobody listens on (and the next one too, if pair)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if not pair or port >= 65535:
-            return port
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
+    """A loopback port nobody listens on (and the next one too, if pair),
+    outside the ephemeral range (tests/free_ports.py says why)."""
+    return free_port_block(2 if pair else 1)
 
 
 def start_ranks(worker, world, args):
@@ -170,6 +161,11 @@ def scenario_launcher(a):
         check(f"[rank {r}] e{r}" in p.stderr.splitlines(), f"rank {r}'s stderr")
     ports = {l.split()[-1] for l in lines if not l.endswith("tail")}
     check(len(ports) == 1 and ports != {"0"}, f"one chosen MASTER_PORT, got {ports}")
+    # Outside the ephemeral range, where no connection's local port can hold it.
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        lo, hi = (int(x) for x in f.read().split())
+    port = int(next(iter(ports))) if len(ports) == 1 else 0
+    check(not lo <= port <= hi, f"the chosen MASTER_PORT {port} is outside the ephemeral range {lo}-{hi}")
 
     p, took = launch(a, 3, 'if [ "$RANK" = 1 ]; then exit 3; fi; exec sleep 60')
     check(p.returncode == 3 and took < 10, f"a failing rank stops the others: rc {p.returncode}, {took:.1f} s")

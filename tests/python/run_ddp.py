@@ -4,7 +4,6 @@ Gloo is missing. With --expect FILE, FILE must then exist in the folder.
 Usage: run_ddp.py [SCRIPT [--expect FILE]]   (default: ddp_worker.py)"""
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,9 +21,10 @@ if shutil.which("torchrun") is None:
 here = os.path.dirname(os.path.abspath(__file__))
 script = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "ddp_worker.py")
 expect = sys.argv[sys.argv.index("--expect") + 1] if "--expect" in sys.argv else None
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+# torch's store on port, each multi-rank Strata engine's on port + 1 + k.
+sys.path.insert(0, os.path.dirname(here))
+from free_ports import free_port_block  # noqa: E402
+port = free_port_block(64)
 work = tempfile.mkdtemp(prefix="strata-ddp-", dir="/var/tmp")
 try:
     # --redirects/--tee given: Debian's torch 1.13 under Python 3.11 fails on

@@ -398,11 +398,10 @@ def test_offload_adam_fp16_on_two_ranks_skips_together_and_is_torch_fp16_bitwise
     # Only rank 1's gradients of one engine overflow: every engine of both
     # ranks skips that step, as torch skips it. The oracle: the mean of the
     # two ranks' unscaled float32 gradients (the engine's sum, halved).
-    import socket
     import subprocess
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from free_ports import free_port_block
+    port = free_port_block(2)
     env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                STRATA_STORE_PORT=str(port + 1))
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fp16_ranks_worker.py")
