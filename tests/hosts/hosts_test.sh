@@ -470,21 +470,7 @@ torch)
   # --redirects/--tee given: Debian's torch 1.13 under Python 3.11 fails on their defaults.
   trun=("$PY" -m torch.distributed.run --redirects 1 --tee 1)
   # One host: torchrun's store on a free port, ours on the next.
-  port=$("$PY" - <<'PY'
-import socket
-while True:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        p = s.getsockname()[1]
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", p + 1))
-            break
-        except OSError:
-            pass
-print(p)
-PY
-)
+  port=$(PYTHONPATH="$HERE/.." "$PY" -c "from free_ports import free_port_block; print(free_port_block(2))")
   mkdir -p "$WORK/ref-swap"
   timeout -k 5 "$GUARD_S" "${trun[@]}" --nproc_per_node 4 --master_addr 127.0.0.1 --master_port "$port" \
     "$HERE/torch_worker.py" "$WORK/ref" "$WORK/ref-swap" >"$WORK/ref.out" 2>&1 || { grep -v "^\s*$" "$WORK/ref.out" | grep -m5 -i "error\|Traceback" -A3; fail "torchrun on one host"; }

@@ -157,24 +157,7 @@ elif [ "$MODE" = torchrun ]; then
   run=("${common[@]}" --config "$WORK/c.json")
   "$TRAIN" "${run[@]}" >"$WORK/one.out"
   # Two free ports: torchrun's store on PORT, ours on PORT + 1.
-  port=$("$PY" - <<'PY'
-import socket
-def free(p):
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", p))
-            return True
-        except OSError:
-            return False
-while True:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        p = s.getsockname()[1]
-    if p < 65535 and free(p + 1):
-        print(p)
-        break
-PY
-)
+  port=$(PYTHONPATH="$(cd "$(dirname "$0")/.." && pwd)" "$PY" -c "from free_ports import free_port_block; print(free_port_block(2))")
   # --redirects 2 --tee 2: torch 1.13 on Python 3.11 cannot parse the default (see tests/net/comm_driver.py).
   "$PY" -m torch.distributed.run --nproc_per_node 2 --master_port "$port" --redirects 2 --tee 2 --no_python \
     "$TRAIN" "${run[@]}" >"$WORK/two.out" 2>&1 || { cat "$WORK/two.out"; fail "torchrun"; }
