@@ -51,7 +51,9 @@ CHECKPOINTS = {None: None, "checkpoint": lambda: CheckpointedGpt(seed=3),
 LR, WD, CLIP, TOL = 1e-2, 0.01, 1.0, 5e-6
 
 
-def run(budget, overlap=None, checkpoint=None):
+def run(budget, overlap=None, checkpoint=None, raising=False):
+    """raising: before each step's forward, a forward that raises inside
+    block 1's fc, an offloaded module (a hook cuts its input short)."""
     model = CHECKPOINTS[checkpoint]() if checkpoint else TinyGpt(seed=3)
     cfg = {"optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
@@ -61,7 +63,17 @@ def run(budget, overlap=None, checkpoint=None):
         cfg["strata"] = {"device_budget": budget}
     off = st.offload_module(model, cfg, force_no_gpu=True, overlap_step=overlap)
     losses = []
+    armed = [False]
+
+    def cut(mod, inp):
+        return (inp[0][..., :-1],) if armed[0] else None
+    model.blocks[1].fc.register_forward_pre_hook(cut)
     for x, y in batches(4, 3, seed=5):
+        if raising:
+            armed[0] = True
+            with pytest.raises(RuntimeError, match="shapes cannot be multiplied|size mismatch"):
+                model(x)
+            armed[0] = False
         logits = model(x)
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
         loss.backward()
@@ -116,3 +128,21 @@ def test_budget_below_the_model_is_bitwise_resident(overlap, checkpoint):
     assert 0 < s["device"]["peak"] <= budget, s["device"]
     # Evicted and brought back: more moved to the device than with room for all.
     assert s["host_to_device"] > big[2]["host_to_device"], (s["host_to_device"], big[2]["host_to_device"])
+
+
+@pytest.mark.parametrize("checkpoint", [None, "checkpoint", "checkpoint-reentrant"])
+def test_a_forward_that_raises_leaves_nothing_fetched(checkpoint):
+    # A forward that raises inside an offloaded module (a trainer skipping a
+    # bad batch) ends its modules' scopes: nothing stays fetched (before,
+    # on torch < 2.1, every later step failed "group N is fetched and not
+    # released", and a budget run would hold the groups), no saved-tensor
+    # hooks of ours stay entered, and training goes on bitwise as without it.
+    from strata.torch import _saved_tensors
+    budget = BUDGET_CHECKPOINTED if checkpoint else BUDGET
+    raised = run(budget, None, checkpoint, raising=True)
+    assert _saved_tensors.owner_of(_saved_tensors.top()) is None, _saved_tensors.top()
+    clean = run(budget, None, checkpoint)
+    assert raised[0] == clean[0], (raised[0], clean[0])
+    for name in clean[1]:
+        assert torch.equal(raised[1][name], clean[1][name]), name
+    assert 0 < raised[2]["device"]["peak"] <= budget, raised[2]["device"]

@@ -139,6 +139,8 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
                 lambda mod, inp, needs=needs: self._before_forward(needs)))
             self._handles.append(m.register_forward_hook(
                 lambda mod, inp, out: self._after_forward(out), **always))
+            if not always:  # torch < 2.1: a forward that raises still ends its scope
+                self._handles.append(_EndScopeOnRaise(m, self._after_forward))
         self._handles.append(module._register_state_dict_hook(self._state_dict_hook))
         self._handles.append(module._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True))
         self._handles.append(module.register_load_state_dict_post_hook(self._load_post_hook))
@@ -328,3 +330,34 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         self.engine.close()
         self.engine = None
         _remove_swap_folders(self._folders)
+
+
+class _EndScopeOnRaise:
+    """Where torch's forward hooks cannot be always called (before 2.1), a
+    module's forward that raises would leave its scope open: its groups
+    fetched for good, so every later step fails ("group N is fetched and
+    not released"), and its saved-tensor hooks entered. This wraps the
+    module's forward (an instance attribute, which Module.__call__ calls)
+    so that a raise ends the scope, as always_call's hook does with no
+    output, then propagates. remove() restores what was there."""
+
+    def __init__(self, module, end):
+        self._module = module
+        self._had = "forward" in module.__dict__
+        self._old = module.__dict__.get("forward")
+        inner = module.forward
+
+        def forward(*args, **kwargs):
+            try:
+                return inner(*args, **kwargs)
+            except BaseException:
+                end(None)
+                raise
+
+        module.forward = forward
+
+    def remove(self):
+        if self._had:
+            self._module.forward = self._old
+        else:
+            self._module.__dict__.pop("forward", None)
