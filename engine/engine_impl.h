@@ -72,6 +72,7 @@ class Engine::Impl {
   // Build, several ranks: INVALID naming the first group that some rank
   // froze and rank 0 did not (or the reverse); every rank returns an error.
   Status AgreeOnFrozen();
+  Result<bool> AgreeKeepGathered();
 
   // A thread the engine starts calls this first: the CUDA current device is
   // per thread, and this process's GPU is placement_.device.

@@ -3,7 +3,9 @@
 // their headers ask for; the API's fetch and release routed to residency.
 #include <algorithm>
 
+#include "base/align.h"
 #include "base/log.h"
+#include "base/sizes.h"
 #include "engine/engine_impl.h"
 #include "tiers/gpu.h"
 
@@ -44,6 +46,9 @@ Status Engine::Impl::StartComponents() {
   ro.window = config_.zero.prefetch_bucket_size * DTypeSize(lay_.dtype);
   ro.sharded = lay_.p_sharded;
   ro.evict_at_release = device_->strict();
+  if (lay_.p_sharded && !device_->strict() && !lay_.p_whole_on_device()) {
+    STRATA_ASSIGN_OR_RETURN(ro.keep_gathered, AgreeKeepGathered());
+  }
   if (lay_.p_whole_on_device())
     ro.home = [this](int g) { return io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(StateKind::kP)]); };
   ro.on_thread_start = on_thread;
@@ -67,6 +72,32 @@ Status Engine::Impl::StartComponents() {
                          options_.rank, options_.world_size, step_, skips_gradless(), *stats_},
       std::move(ch));
   return Status::Ok();
+}
+
+// Whether every rank's device budget, beside what build took from it (the
+// GPU update's scratch, the reduction's buffers), holds every group's
+// gathered copy at once: then residency keeps forward's gathers for
+// backward (ResidencyOptions::keep_gathered). A copy may take a pooled
+// block up to 1/8 larger than asked (device_tier.h), counted so. The ranks
+// agree (a sum of yes votes), since budgets may differ between them.
+Result<bool> Engine::Impl::AgreeKeepGathered() {
+  uint64_t need = 0;
+  for (int g = 0; g < lay_.num_groups(); ++g) {
+    const uint64_t b = AlignUp(lay_.PBytes(g), 256);
+    need += b + b / 8;
+  }
+  const uint64_t budget = device_->budget(), used = device_->used();
+  const bool fits = used <= budget && need <= budget - used;
+  float votes = fits ? 1.0f : 0.0f;
+  comm_->SetLabel("build: keep gathered copies");
+  STRATA_RETURN_IF_ERROR(comm_->AllReduce(&votes, 1).WithContext("build: agreeing whether gathered copies stay"));
+  const bool all = votes == static_cast<float>(comm_->world_size());
+  STRATA_LOG_DEBUG("build: stage 3: {} (the copies need {}; this rank's device tier has {} of {} free)",
+                   all ? "each group is gathered once a step, forward's copy kept for backward"
+                       : "each group is gathered in forward and again in backward (some rank's device budget "
+                         "does not hold every group's copy)",
+                   FormatBytes(need), FormatBytes(used <= budget ? budget - used : 0), FormatBytes(budget));
+  return all;
 }
 
 Result<void*> Engine::Impl::Fetch(int g) {

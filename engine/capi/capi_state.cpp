@@ -193,6 +193,7 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.act_stalls = s.act_stalls;
     f.act_stall_s = s.act_stall_s;
     f.act_live_bytes = s.act_live_bytes;
+    f.p_gathers = s.p_gathers;
     return WriteSized(f, "stats", stats);
   });
 }

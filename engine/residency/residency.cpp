@@ -109,7 +109,7 @@ Status Residency::Allocate(int g, std::unique_lock<std::mutex>& lock, bool deman
     const uint64_t mine = schedule_.NextUse(g);
     for (int h = 0; h < options_.groups; ++h) {
       const Copy& o = copies_[static_cast<size_t>(h)];
-      if (h == g || o.state != Copy::kResident || o.pins > 0) continue;
+      if (h == g || o.state != Copy::kResident || o.pins > 0 || (options_.keep_gathered && o.gathered)) continue;
       const uint64_t score = schedule_.has_trace() ? schedule_.NextUse(h) : UINT64_MAX - o.last_use;
       if (victim < 0 || score > best) { victim = h; best = score; }
     }
@@ -203,6 +203,7 @@ Result<void*> Residency::Fetch(int g) {
     --c.pins;
     if (!st.ok()) return st.WithContext("fetch");
     c.gathered = true;
+    stats_.OnGather();
   }
   if (!took_ahead_pin) ++c.pins;
   c.last_use = ++fetch_counter_;
@@ -232,8 +233,9 @@ Status Residency::Release(int g) {
   // this rank's prefetch timing, so whether that fetch gathers must not:
   // every fetch from zero pins gathers again (as DeepSpeed gathers in
   // forward and again in backward). A copy kept gathered would let one rank
-  // skip an all-gather that another issues.
-  if (c.pins == 0 && options_.sharded) c.gathered = false;
+  // skip an all-gather that another issues, unless no rank ever evicts one
+  // (keep_gathered).
+  if (c.pins == 0 && options_.sharded && !options_.keep_gathered) c.gathered = false;
   if (c.pins == 0 && options_.evict_at_release && c.state == Copy::kResident) DropCopy(c);
   return Status::Ok();
 }
@@ -254,8 +256,12 @@ void* Residency::PinForAhead(int g) {
 void Residency::EndAhead(int g, bool gathered) {
   std::lock_guard<std::mutex> lock(mu_);
   Copy& c = copies_[static_cast<size_t>(g)];
-  if (gathered) c.gathered = c.ahead = true;
-  else --c.pins;
+  if (gathered) {
+    c.gathered = c.ahead = true;
+    stats_.OnGather();
+  } else {
+    --c.pins;
+  }
   cv_.notify_all();
 }
 
@@ -269,7 +275,7 @@ void Residency::DropAheadPinsLocked(int keep) {
     Copy& c = copies_[static_cast<size_t>(h)];
     if (h == keep || !c.ahead) continue;
     c.ahead = false;
-    if (--c.pins == 0) c.gathered = false;
+    if (--c.pins == 0 && !options_.keep_gathered) c.gathered = false;
   }
 }
 

@@ -50,6 +50,14 @@ struct ResidencyOptions {
   std::function<uint64_t(int)> bytes;  // a group's device copy (its whole padded P)
   uint64_t window = 0;                 // prefetch window, bytes (zero_optimization.stage3_prefetch_bucket_size)
   bool sharded = false;                // stage 3 with several ranks: fetches gather
+  // Sharded: a gathered copy stays gathered after its last release, until
+  // it is dropped (a step, a load), and is never evicted: backward finds
+  // forward's gather still there and gathers nothing. Only where every
+  // rank's device budget holds every group's copy at once, agreed by the
+  // ranks at build (wiring.cpp): then no rank's prefetch timing can make it
+  // evict, and so gather, where another does not. A fetch that finds no room
+  // with every gathered copy kept is NOMEM, naming the budget.
+  bool keep_gathered = false;
   // The strict device tier: a copy whose last pin goes is dropped at once
   // (its block poisoned), so that a use after release reads NaN.
   bool evict_at_release = false;

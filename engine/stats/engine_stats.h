@@ -29,6 +29,11 @@ struct EngineStats {
   // thread (the fetch that followed found them gathered), and those the
   // ranks let the fetch gather instead (a shard not loaded on some rank).
   uint64_t gathers_ahead = 0, gathers_ahead_declined = 0;
+  // Stage 3 with several ranks: all-gathers of a group's parameters for its
+  // fetches, cumulative (in the fetch or ahead of it). Once per group and
+  // step in forward, and again in backward unless the device budget holds
+  // every group gathered (residency.h, keep_gathered).
+  uint64_t p_gathers = 0;
   // overlap_step: steps whose early updates were speculative (held until
   // the norm was known), and of those the ones committed, replayed (clipping
   // applied, or the options changed: redone after backward) and discarded

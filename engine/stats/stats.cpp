@@ -155,6 +155,11 @@ void StatsRecorder::OnFetch(bool counted, bool hit, double stall_s) {
   }
 }
 
+void StatsRecorder::OnGather() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.p_gathers;
+}
+
 void StatsRecorder::StepBegin() {
   const double now = Now();
   std::lock_guard<std::mutex> lock(mu_);

@@ -51,6 +51,9 @@ class StatsRecorder {
 
   void AddMoved(TierKind from, TierKind to, uint64_t bytes);
   void OnFetch(bool counted, bool hit, double stall_s);
+  // Stage 3 with several ranks: a group's parameters all-gathered for a
+  // fetch (in the fetch, or ahead of it).
+  void OnGather();
   // Starts / ends a step's accounting window.
   void StepBegin();
   void StepEnd(bool skipped);

@@ -595,11 +595,16 @@ typedef struct strata_stats {
   uint64_t act_host_bytes, act_nvme_bytes, act_redeemed, act_prefetch_hits, act_stalls;
   double act_stall_s;
   uint64_t act_live_bytes;
+  /* Appended. Stage 3 with several ranks: all-gathers of a group's
+   * parameters for its fetches, cumulative. Once per group in a step's
+   * forward; again in backward unless every rank's device budget holds
+   * every group gathered at once (then backward finds forward's copies). */
+  uint64_t p_gathers;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0                           \
+        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0                        \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

@@ -69,7 +69,8 @@ class _Stats(ctypes.Structure):
                 [("exposed_step_s", ctypes.c_double), ("unspeculated_steps", ctypes.c_uint64)] +
                 [(n, ctypes.c_uint64) for n in ("act_host_bytes", "act_nvme_bytes", "act_redeemed",
                                                 "act_prefetch_hits", "act_stalls")] +
-                [("act_stall_s", ctypes.c_double), ("act_live_bytes", ctypes.c_uint64)])
+                [("act_stall_s", ctypes.c_double), ("act_live_bytes", ctypes.c_uint64),
+                 ("p_gathers", ctypes.c_uint64)])
 
 
 class _AdamOptions(ctypes.Structure):

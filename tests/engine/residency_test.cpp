@@ -131,7 +131,7 @@ class FakeSource final : public PSource {
 // A residency over `sizes` (bytes per group) with a device tier of `budget`.
 struct Rig {
   Rig(std::vector<uint64_t> sizes, uint64_t budget, bool pool = false, uint64_t window = 0, bool sharded = false,
-      Gatherer gatherer = {}, std::function<void*(int)> home = nullptr)
+      Gatherer gatherer = {}, std::function<void*(int)> home = nullptr, bool keep_gathered = false)
       : sizes(std::move(sizes)), source([this](int g) { return this->sizes[static_cast<size_t>(g)]; }) {
     auto d = DeviceTier::Create({.budget = budget, .device = 0, .force_host_arena = true, .pool = pool});
     EXPECT_TRUE(d.ok()) << d.status().ToString();
@@ -142,6 +142,7 @@ struct Rig {
     o.window = window;
     o.sharded = sharded;
     o.home = std::move(home);
+    o.keep_gathered = keep_gathered;
     residency = std::make_unique<Residency>(std::move(o), *device, source, stats, std::move(gatherer));
   }
   ~Rig() {
@@ -608,6 +609,42 @@ TEST(ResidencySharded, GathersOnceFromZeroPinsAndAgainAfterRelease) {
   rig.FetchChecked(1);
   EXPECT_EQ(log.GathersOf(1), 2);
   rig.ReleaseOk(1);
+}
+
+// keep_gathered: a copy gathered once stays gathered through releases (no
+// gather in backward, none ahead), is never evicted, and gathers again only
+// after a drop (the step's). Its stat counts the gathers.
+TEST(ResidencySharded, KeptGatheredCopiesGatherOnceUntilDropped) {
+  GatherLog log;
+  Rig rig(std::vector<uint64_t>(3, kS), 3 * kS, false, 0, /*sharded=*/true, log.Make(false), nullptr,
+          /*keep_gathered=*/true);
+  for (int pass = 0; pass < 2; ++pass)  // forward, then backward
+    for (int g = 0; g < 3; ++g) {
+      rig.FetchChecked(g);
+      rig.ReleaseOk(g);
+    }
+  for (int g = 0; g < 3; ++g) EXPECT_EQ(log.GathersOf(g), 1) << "group " << g << ": kept from forward";
+  EXPECT_EQ(rig.stats.Snapshot().p_gathers, 3u);
+  EXPECT_EQ(rig.residency->PinForAhead(1), nullptr) << "gathered already: nothing to gather ahead";
+  rig.residency->Drop(nullptr);  // the step: P changed
+  rig.FetchChecked(1);
+  EXPECT_EQ(log.GathersOf(1), 2) << "dropped: gathered again";
+  EXPECT_EQ(rig.stats.Snapshot().p_gathers, 4u);
+  rig.ReleaseOk(1);
+}
+
+// With room for two copies and both kept gathered, a third fetch evicts
+// neither (a rank that evicted would gather where the others do not): NOMEM.
+TEST(ResidencySharded, AKeptGatheredCopyIsNeverEvicted) {
+  GatherLog log;
+  Rig rig(std::vector<uint64_t>(3, kS), 2 * kS, false, 0, true, log.Make(false), nullptr, /*keep_gathered=*/true);
+  for (int g = 0; g < 2; ++g) {
+    rig.FetchChecked(g);
+    rig.ReleaseOk(g);
+  }
+  auto r = rig.residency->Fetch(2);
+  EXPECT_EQ(r.status().code(), Code::kNoMem) << r.status().ToString();
+  for (int g = 0; g < 2; ++g) EXPECT_EQ(rig.source.LoadsOf(g), 1) << g;
 }
 
 TEST(ResidencySharded, APinTakenAheadIsTheNextFetchsWithoutGathering) {

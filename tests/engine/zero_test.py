@@ -182,6 +182,15 @@ for world in (1, 2, 4):
 for stage in (1, 2, 3):
     for place in ("host", "nvme"):
         w = run(2, stage, place, f"w2s{stage}{place}")
+        if w is not None and stage == 3:
+            # The device budget holds every group gathered: each group is
+            # gathered once a step (forward), kept for backward and for the
+            # worker's own fetch after it.
+            import re
+            m = re.search(r"p_gathers (\d+) groups (\d+) steps (\d+)", last_err)
+            check(f"world 2 stage 3 on {place}: each group gathered once a step",
+                  m is not None and int(m.group(1)) == int(m.group(2)) * int(m.group(3)),
+                  m.group(0) if m else last_err.strip()[-200:])
         if w is not None and (2, stage) in results:
             check(f"world 2 stage {stage} on {place} == on device, bitwise", np.array_equal(w, results[(2, stage)]))
 if (2, 0) in results and (2, 1) in results:

@@ -146,9 +146,10 @@ int main(int argc, char** argv) {
   }
   if (info->rank == 0) {
     const EngineStats st = eng.stats();
-    std::fprintf(stderr, "zero_worker: gathers_ahead %llu declined %llu\n",
+    std::fprintf(stderr, "zero_worker: gathers_ahead %llu declined %llu p_gathers %llu groups %d steps %d\n",
                  static_cast<unsigned long long>(st.gathers_ahead),
-                 static_cast<unsigned long long>(st.gathers_ahead_declined));
+                 static_cast<unsigned long long>(st.gathers_ahead_declined),
+                 static_cast<unsigned long long>(st.p_gathers), eng.num_groups(), steps);
     std::ofstream f(out, std::ios::binary);
     f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
     if (!f) return Die(IoError("cannot write " + out));
