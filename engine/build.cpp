@@ -154,6 +154,7 @@ Status Engine::Impl::BuildOnce() {
       // Each block takes its padded size, no more: small groups pack densely.
       const uint64_t padded = NvmeTier::PaddedSizeFor(lay_.StateBytes(s, g), dirs.size());
       nvme_bytes += padded;
+      if (s == int(StateKind::kP) && lay_.PIsW(g)) continue;  // written at build only, never rewritten
       if (lay_.frozen(g)) largest_frozen = std::max(largest_frozen, padded);
       else if (s == int(StateKind::kG)) largest_g = std::max(largest_g, padded);
       else stored[static_cast<size_t>(g)] += padded;

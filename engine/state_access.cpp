@@ -163,6 +163,7 @@ Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes, bool 
     if (!io_->Direct(p)) return InternalError("several ranks in stages 1-2 with P off the host");
     return reducer_->Gather(g, io_->DirectPtr(p));
   }
+  if (lay_.PIsW(g)) return Status::Ok();  // P's copies are read from W's block
   const uint64_t n = lay_.part.group(g).shard_numel;
   const StateBlock& wb = blocks_[static_cast<size_t>(g)][int(StateKind::kW)];
   float* w = static_cast<float*>(buf);

@@ -37,8 +37,12 @@ Status Engine::Impl::StartComponents() {
     reducer_ = std::make_unique<GradReducer>(lay_, *comm_, *device_, staging_.grad, g_staged, std::move(h));
     STRATA_RETURN_IF_ERROR(reducer_->Init());
   }
+  // P that is W's bytes (Layout::PIsW) is read from W's block: the step does not store P.
   p_home_ = std::make_unique<PHome>(
-      lay_, [this](int g) -> const StateBlock& { return blocks_[static_cast<size_t>(g)][int(StateKind::kP)]; },
+      lay_,
+      [this](int g) -> const StateBlock& {
+        return blocks_[static_cast<size_t>(g)][int(lay_.PIsW(g) ? StateKind::kW : StateKind::kP)];
+      },
       *io_, *device_, staging_.param, *stats_);
   ResidencyOptions ro;
   ro.groups = lay_.num_groups();

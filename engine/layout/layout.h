@@ -61,6 +61,16 @@ struct Layout {
   uint64_t PSliceOffset(int g) const {
     return p_gathered_after_step() ? static_cast<uint64_t>(srank) * part.group(g).shard_numel * DTypeSize(dtype) : 0;
   }
+  // P on NVMe that is W's bytes (fp32 compute, not compact, a trainable
+  // group, W on NVMe or in host memory, P's home block the size of W's):
+  // the step does not store P (it would write W again), and a device copy
+  // is read from W's block (residency's PHome). P's own block is written
+  // only at build and stays unread.
+  bool PIsW(int g) const {
+    return dtype == DType::kF32 && !compact && home[int(StateKind::kP)] == TierKind::kNvme &&
+           (home[int(StateKind::kW)] == TierKind::kNvme || home[int(StateKind::kW)] == TierKind::kHost) &&
+           !frozen(g) && StateBytes(int(StateKind::kP), g) == StateBytes(int(StateKind::kW), g);
+  }
   // A checkpoint's "P" block of frozen group g: this rank's slice of P.
   uint64_t FrozenSavedBytes(int g) const { return part.group(g).shard_numel * DTypeSize(dtype); }
   // Which states the optimizer keeps (V: Adam only).

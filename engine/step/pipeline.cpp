@@ -122,6 +122,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
   auto for_each_stored = [&](Job& j, auto&& f) {
     for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
       const StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
+      if (s == int(StateKind::kP) && layout_.PIsW(j.group)) continue;  // W's store is P's
       if (b.alloc.charged != 0 && !at_home(j, b)) f(s, b);
     }
   };
@@ -162,7 +163,8 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     const StateBlock& pb = blocks_[static_cast<size_t>(j.group)][int(StateKind::kP)];
     // P follows W: a committed group whose P did not reach home gets it
     // recomputed from W (fp32 format); one whose P landed is fresh again.
-    const bool p_stale = !layout_.compact && !at_home(j, pb) && (!p_stored || !p_st.ok());
+    const bool p_is_w = layout_.PIsW(j.group);
+    const bool p_stale = !layout_.compact && !at_home(j, pb) && !p_is_w && (!p_stored || !p_st.ok());
     // Speculation (speculation.h) undoes a half-written group from its
     // backups: nothing is broken there.
     if (!spec && !commit && state_stores > 0 && on_device && broken->empty())
@@ -193,9 +195,9 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
       gs.p_stale = p_stale;
       gs.committed = true;
     }
-    if (!spec && commit && p_stored && p_st.ok() && on_p_stored_ && !layout_.compact && layout_.sworld == 1 &&
-        !at_home(j, pb))
-      on_p_stored_(j.group, j.ptr[int(StateKind::kP)]);
+    if (!spec && commit && ((p_stored && p_st.ok()) || p_is_w) && on_p_stored_ && !layout_.compact &&
+        layout_.sworld == 1 && !at_home(j, pb))
+      on_p_stored_(j.group, p_is_w ? j.ptr[int(StateKind::kW)] : j.ptr[int(StateKind::kP)]);
     keep(std::move(state_st));
     keep(std::move(p_st));
     if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }
@@ -311,7 +313,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
       st = StepKernelCpu(j.ko, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)], j.ptr[int(StateKind::kG)],
                          copy_f32 ? nullptr : P);
     }
-    if (copy_f32 && !layout_.compact) std::memcpy(P, W, len * 4);
+    if (copy_f32 && !layout_.compact && !layout_.PIsW(j.group)) std::memcpy(P, W, len * 4);
     stats_.End(Resource::kCpuOptimizer);
     stats_.Span(Resource::kCpuOptimizer, spec ? "update (speculative)" : "update", t0, stats_.Now(), len);
     if (st.ok()) {

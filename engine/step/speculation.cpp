@@ -22,6 +22,7 @@ Speculation::Needs Speculation::NeedsOf(const Layout& layout, int g, bool gpu_up
   if (layout.frozen(g) || gpu_updates) return n;
   for (int s : kWritten) {
     if (!layout.StateUsedBy(s, g)) continue;
+    if (s == int(StateKind::kP) && layout.PIsW(g)) continue;  // not written: W is P
     const TierKind home = layout.home[s];
     const bool copy = s == int(StateKind::kP) && !layout.compact;  // recomputable from W
     if (home == TierKind::kNvme) {

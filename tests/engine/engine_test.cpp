@@ -267,6 +267,69 @@ TEST(Engine, TheStepsNewPIsNotReadBack) {
   EXPECT_EQ(master, device.master);
 }
 
+// fp32 compute with W and P on NVMe: P is W's bytes (Layout::PIsW), so a
+// step writes W, M, V and not P, and a device copy is read from W's block:
+// with a device budget of two groups' P (copies evicted and read again every
+// pass) and with room for all, plain and overlapped, each run is bitwise the
+// run with everything on the device, and a step writes exactly W, M, V.
+TEST(Engine, FP32PIsReadFromWAndNeverWrittenByTheStep) {
+  TempDir dir;
+  const TinyMlp model;
+  auto json = [&](const std::string& place, const std::string& budget) {
+    const std::string dev = place == "device" ? "none" : "nvme";
+    return R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5000,
+        "offload_optimizer": {"device": ")" + dev + R"(", "nvme_path": ")" + dir.path() + R"("},
+        "offload_param": {"device": ")" + dev + R"(", "nvme_path": ")" + dir.path() + R"(", "buffer_size": 1e4}},
+      "strata": {"device_budget": )" + budget + R"(, "host_budget": "64MiB"}})";
+  };
+  const RunResult device = Train(json("device", R"("64MiB")"), 6, model);
+  ASSERT_EQ(device.losses.size(), 6u);
+  const uint64_t group_bytes = AlignUp(static_cast<uint64_t>(model.dim * model.dim + model.dim), 2048) * 4;
+  const uint64_t wmv = 4 * 3 * NvmeTier::PaddedSizeFor(group_bytes, 1);  // 4 groups' W, M, V, fp32
+  for (const char* budget : {"40000", R"("64MiB")"})
+    for (bool overlap : {false, true}) {
+      const std::string what = std::string("budget ") + budget + (overlap ? ", overlapped" : "");
+      auto e = Engine::Create(MustParse(json("nvme", budget)), [&] {
+        EngineOptions eo;
+        eo.overlap_step = overlap;
+        return eo;
+      }());
+      ASSERT_TRUE(e.ok()) << e.status().ToString();
+      Engine& eng = **e;
+      ASSERT_TRUE(model.Register(eng).ok());
+      ASSERT_TRUE(eng.Build().ok());
+      ASSERT_EQ(eng.num_groups(), 4);
+      RunResult r;
+      for (int s = 0; s < 6; ++s) {
+        StepOptions so;
+        so.lr = 0.01 * (1.0 + 0.1 * s);  // Train's schedule
+        if (overlap) {
+          ASSERT_TRUE(eng.PrepareStep(so).ok());
+        }
+        auto loss = model.TrainStep(eng);
+        ASSERT_TRUE(loss.ok()) << loss.status().ToString();
+        r.losses.push_back(*loss);
+        const uint64_t before = eng.stats().host_to_nvme;
+        auto st = eng.Step(so);
+        ASSERT_TRUE(st.ok()) << st.status().ToString();
+        if (!overlap) {  // (overlapped, part of the writes land in backward)
+          EXPECT_EQ(eng.stats().host_to_nvme - before, wmv) << what << ", step " << s << ": W, M, V alone";
+        }
+      }
+      for (int g = 0; g < eng.num_groups(); ++g) {
+        r.master.emplace_back(eng.group_numel(g));
+        ASSERT_TRUE(eng.ReadMaster(g, r.master.back().data()).ok());
+      }
+      ExpectBitwiseEqual(device, r, what);
+      const EngineStats st = eng.stats();
+      ExpectWithinBudgets(st, what);
+      if (std::string(budget) == "40000") {
+        EXPECT_GT(st.nvme_to_host, 6 * wmv) << what << ": evicted copies were read again (from W's blocks)";
+      }
+    }
+}
+
 // overlap_step's swap room for speculation (strata.speculation_disk_bytes
 // "auto"): "always" reserves it at build, "never" not at all, "auto" when
 // its policy first speculates (a run clipped at every step never pays for
