@@ -154,7 +154,6 @@ Status Engine::Impl::BuildOnce() {
       // Each block takes its padded size, no more: small groups pack densely.
       const uint64_t padded = NvmeTier::PaddedSizeFor(lay_.StateBytes(s, g), dirs.size());
       nvme_bytes += padded;
-      if (s == int(StateKind::kP) && lay_.PIsW(g)) continue;  // written at build only, never rewritten
       if (lay_.frozen(g)) largest_frozen = std::max(largest_frozen, padded);
       else if (s == int(StateKind::kG)) largest_g = std::max(largest_g, padded);
       else stored[static_cast<size_t>(g)] += padded;
@@ -287,7 +286,8 @@ Status Engine::Impl::BuildOnce() {
                                  .WithContext("build: P of frozen group " + std::to_string(g)));
       continue;
     }
-    STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][int(StateKind::kP)], fill_p, staging_.opt));
+    if (used_by(int(StateKind::kP), g))  // (P that is W's bytes has no block)
+      STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][int(StateKind::kP)], fill_p, staging_.opt));
     if (lay_.compact) {  // W, M, V packed (and this rank's slice of P: the same bf16 bits)
       std::vector<float> w(L.shard_numel), zeros(L.shard_numel, 0.0f);
       STRATA_RETURN_IF_ERROR(fill_w(w.data()));

@@ -63,9 +63,9 @@ struct Layout {
   }
   // P on NVMe that is W's bytes (fp32 compute, not compact, a trainable
   // group, W on NVMe or in host memory, P's home block the size of W's):
-  // the step does not store P (it would write W again), and a device copy
-  // is read from W's block (residency's PHome). P's own block is written
-  // only at build and stays unread.
+  // the step does not store P (it would write W again), a device copy is
+  // read from W's block (residency's PHome), and P has no block of its own
+  // (StateUsedBy).
   bool PIsW(int g) const {
     return dtype == DType::kF32 && !compact && home[int(StateKind::kP)] == TierKind::kNvme &&
            (home[int(StateKind::kW)] == TierKind::kNvme || home[int(StateKind::kW)] == TierKind::kHost) &&
@@ -76,7 +76,8 @@ struct Layout {
   // Which states the optimizer keeps (V: Adam only).
   bool StateUsed(int s) const;
   // Whether group g has a block of state s: a frozen group keeps P alone.
-  bool StateUsedBy(int s, int g) const { return StateUsed(s) && (s == 0 || !frozen(g)); }
+  // (P that is W's bytes has none: Layout::PIsW.)
+  bool StateUsedBy(int s, int g) const { return StateUsed(s) && (s == 0 ? !PIsW(g) : !frozen(g)); }
   // The bytes of state s of group g on this rank (P: whole group or this
   // rank's shard; else a shard; compact: the packed arrays).
   uint64_t StateBytes(int s, int g) const;

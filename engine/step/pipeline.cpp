@@ -164,7 +164,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     // P follows W: a committed group whose P did not reach home gets it
     // recomputed from W (fp32 format); one whose P landed is fresh again.
     const bool p_is_w = layout_.PIsW(j.group);
-    const bool p_stale = !layout_.compact && !at_home(j, pb) && !p_is_w && (!p_stored || !p_st.ok());
+    const bool p_stale = !layout_.compact && !p_is_w && !at_home(j, pb) && (!p_stored || !p_st.ok());
     // Speculation (speculation.h) undoes a half-written group from its
     // backups: nothing is broken there.
     if (!spec && !commit && state_stores > 0 && on_device && broken->empty())
@@ -196,7 +196,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
       gs.committed = true;
     }
     if (!spec && commit && ((p_stored && p_st.ok()) || p_is_w) && on_p_stored_ && !layout_.compact &&
-        layout_.sworld == 1 && !at_home(j, pb))
+        layout_.sworld == 1 && (p_is_w || !at_home(j, pb)))
       on_p_stored_(j.group, p_is_w ? j.ptr[int(StateKind::kW)] : j.ptr[int(StateKind::kP)]);
     keep(std::move(state_st));
     keep(std::move(p_st));

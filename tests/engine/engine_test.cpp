@@ -324,6 +324,7 @@ TEST(Engine, FP32PIsReadFromWAndNeverWrittenByTheStep) {
       ExpectBitwiseEqual(device, r, what);
       const EngineStats st = eng.stats();
       ExpectWithinBudgets(st, what);
+      EXPECT_EQ(st.nvme.used, wmv) << what << ": the NVMe tier holds W, M, V (P has no block of its own)";
       if (std::string(budget) == "40000") {
         EXPECT_GT(st.nvme_to_host, 6 * wmv) << what << ": evicted copies were read again (from W's blocks)";
       }

@@ -158,6 +158,15 @@ constexpr uint64_t kBackupAlign = 64;  // engine/step/speculation.cpp: each back
 // instead; compact's P, the master's half, is backed up as this rank's 2-byte
 // slice); in place on a GPU: nothing could undo it, so g does not speculate.
 // Returns false when g cannot speculate.
+// P on NVMe that is W's bytes (the engine's Layout::PIsW): fp32 compute, not
+// compact, W, M, V on NVMe or the host, and P's home the size of W's (stage
+// 3, or P whole where W is): no block of its own, never written by the step.
+bool PIsW(const Config& config, const Homes& h, const StateBytes& sb, const Layout& l) {
+  const int stage = config.zero.stage;
+  return DTypeSize(config.compute_dtype()) == 4 && !sb.compact && h.p == TierKind::kNvme &&
+         (h.opt == TierKind::kNvme || h.opt == TierKind::kHost) && (stage >= 3 || stage == 0 || l.world_size == 1);
+}
+
 bool NeedOf(const Layout& l, int g, const Homes& h, const StateBytes& sb, const ClusterSpec& cluster,
             const Config& config, uint64_t* host, uint64_t* disk) {
   *host = *disk = 0;
@@ -176,8 +185,10 @@ bool NeedOf(const Layout& l, int g, const Homes& h, const StateBytes& sb, const 
                             {h.opt, sb.W(opt), false},
                             {h.opt, sb.M(opt), false},
                             {h.opt, sb.V(opt), false}};
+  const bool p_is_w = PIsW(config, h, sb, l);
   for (const Written& w : states) {
     if (w.bytes == 0) continue;  // Lion has no V
+    if (w.p && p_is_w) continue;  // not written: W is P
     const bool copy = w.p && !sb.compact;
     if (w.home == TierKind::kNvme) {
       *disk += NvmeTier::PaddedSizeFor(w.bytes, dirs);
@@ -255,7 +266,7 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
     return n;
   };
 
-  Add(c, PlanState::kP, h.p, (stage >= 3 ? l.shard_numel : l.full_numel) * dp);
+  if (!PIsW(config, h, sb, l)) Add(c, PlanState::kP, h.p, (stage >= 3 ? l.shard_numel : l.full_numel) * dp);
   if (h.gpu_optimizer)
     Add(c, PlanState::kG, TierKind::kDevice, (stage >= 2 ? l.shard_numel : l.full_numel) * dp);
   else
