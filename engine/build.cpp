@@ -161,17 +161,22 @@ Status Engine::Impl::BuildOnce() {
     }
   }
   // Writes are copy on write: each block written at once needs a second
-  // extent until it is settled. The step's jobs hold one slot each until
-  // their group's P, W, M, V are settled, so at most StepSlots groups (each
-  // once a step) have writes in flight: the largest StepSlots groups' blocks,
-  // and a second time as much for first-fit's holes (the old extents a group
-  // leaves are its own sizes, not always next to each other). Beside them: a
-  // G store from grads (G on NVMe) and a P store from a recompute. A frozen
-  // group's P is written only between steps (write_state, a load), alone.
+  // extent until it is settled. The step's jobs hold their slots until their
+  // group's W, M, V are settled; the stores in flight at once are one batch's
+  // under strata.step_io "alternate" (half the slots: batch k's writes start
+  // once batch k-1's are settled), and all but one slot's under "concurrent":
+  // the largest that many groups' blocks. Beside them: a G store from grads
+  // (G on NVMe) and a P store from a recompute. A frozen group's P is written
+  // only between steps (write_state, a load), alone. The allocator's holes (the
+  // old extents a group leaves are its own sizes) are not reserved ahead: a
+  // rewrite that finds none of its size grows the files by its size (logged;
+  // NvmeTierOptions::grow_for_holes).
   std::sort(stored.begin(), stored.end(), std::greater<>());
+  const int slots = StepSlots(config_);
+  const int writing = config_.strata.step_io == "concurrent" ? std::max(slots, 3) - 1 : std::max(slots / 2, 1);
   uint64_t in_flight = 0;
-  for (int i = 0; i < std::min<int>(StepSlots(config_), ngroups); ++i) in_flight += stored[static_cast<size_t>(i)];
-  uint64_t cow_spare = in_flight + (stored.empty() ? 0 : stored[0]) + largest_g + largest_p + largest_frozen;
+  for (int i = 0; i < std::min(writing, ngroups); ++i) in_flight += stored[static_cast<size_t>(i)];
+  uint64_t cow_spare = in_flight + largest_g + largest_p + largest_frozen;
   // overlap_step's speculation keeps the old extents of NVMe-homed state
   // until the step commits (step/speculation.h): its room is reserved too.
   // "auto": all of it, or what the swap folders have free beyond the
@@ -207,7 +212,7 @@ Status Engine::Impl::BuildOnce() {
                        "through that host arena on its way to NVMe");
   nvme_bytes += act_nvme > 0 ? NvmeTier::PaddedSizeFor(act_nvme, dirs.size()) + kMiB : 0;
   if (nvme_bytes > 0) {
-    STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .spare = cow_spare,
+    STRATA_ASSIGN_OR_RETURN(nvme_, NvmeTier::Create({.dirs = dirs, .budget = nvme_bytes + kMiB, .spare = cow_spare, .grow_for_holes = true,
                                                      .rank = options_.rank, .checksums = config_.strata.checksums,
                                                      .storage = storage_.get()}));
   }

@@ -1,4 +1,4 @@
-// First-fit extent allocation with coalescing.
+// Best-fit extent allocation with coalescing.
 #include "tiers/extent_allocator.h"
 
 #include <algorithm>
@@ -15,15 +15,22 @@ ExtentAllocator::ExtentAllocator(uint64_t capacity, uint64_t align)
 
 uint64_t ExtentAllocator::Allocate(uint64_t len) {
   len = RoundUpTo(len, align_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second < len) continue;
-    const uint64_t off = it->first, rest = it->second - len;
-    free_.erase(it);
-    if (rest) free_[off + len] = rest;
-    free_bytes_ -= len;
-    return off;
-  }
-  return UINT64_MAX;
+  // Best fit, the lowest offset among equals: a rewrite of a small block
+  // takes the hole another small block's old version left, and the holes
+  // the large blocks leave stay whole for their next rewrite (first fit
+  // nibbled at them, and a rewrite of the largest block then found none).
+  auto best = free_.end();
+  for (auto it = free_.begin(); it != free_.end(); ++it)
+    if (it->second >= len && (best == free_.end() || it->second < best->second)) {
+      best = it;
+      if (it->second == len) break;
+    }
+  if (best == free_.end()) return UINT64_MAX;
+  const uint64_t off = best->first, rest = best->second - len;
+  free_.erase(best);
+  if (rest) free_[off + len] = rest;
+  free_bytes_ -= len;
+  return off;
 }
 
 void ExtentAllocator::Free(uint64_t offset, uint64_t len) {

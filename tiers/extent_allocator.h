@@ -1,4 +1,4 @@
-// ExtentAllocator: first-fit ranges inside a swap file's reserved space, with
+// ExtentAllocator: best-fit ranges inside a swap file's reserved space, with
 // coalescing on free. Not thread-safe (NvmeTier holds the lock).
 #pragma once
 

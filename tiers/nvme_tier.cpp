@@ -177,6 +177,10 @@ Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::v
 Status NvmeTier::GrowSpare(uint64_t bytes) {
   if (bytes == 0) return Status::Ok();
   std::lock_guard<std::mutex> lock(mu_);
+  return GrowLocked(bytes);
+}
+
+Status NvmeTier::GrowLocked(uint64_t bytes) {
   const uint64_t n = options_.dirs.size();
   const uint64_t grown = AlignUp(per_file_capacity_ + (bytes + n - 1) / n, kMiB);
   for (size_t i = 0; i < files_.size(); ++i)
@@ -254,6 +258,19 @@ Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src, c
     // failed) has nothing to protect: it is written where it is.
     p.in_place = !fresh.valid && fresh.gen == gen_;
     if (!p.in_place) fresh.offset = extents_->Allocate(fresh.per_file);
+    if (fresh.offset == UINT64_MAX && options_.grow_for_holes) {
+      const uint64_t free = extents_->free_bytes(), largest = extents_->largest_free();
+      if (Status st = GrowLocked(fresh.per_file * options_.dirs.size()); !st.ok())
+        return st.WithContext("nvme tier: a rewrite of block " + std::to_string(a.id) + " (" +
+                              FormatBytes(fresh.per_file) + " a file) found no free extent (" + FormatBytes(free) +
+                              " free, largest " + FormatBytes(largest) + ")");
+      ++hole_growths_;
+      STRATA_LOG_INFO("nvme tier: swap files grown to {} each: a rewrite of {} a file found no free extent "
+                      "({} free in holes, largest {})",
+                      FormatBytes(per_file_capacity_), FormatBytes(fresh.per_file), FormatBytes(free),
+                      FormatBytes(largest));
+      fresh.offset = extents_->Allocate(fresh.per_file);
+    }
     if (fresh.offset == UINT64_MAX)
       return NoSpaceError("nvme tier: no free extent of " + FormatBytes(fresh.per_file) + " in " + FilesOf(gen_) +
                           " for the new version of block " + std::to_string(a.id) + " (" +

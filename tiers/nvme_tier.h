@@ -8,6 +8,8 @@
 // <dir>/strata-swap.r<rank>.s<stripe>.bin. Thread-safe.
 #pragma once
 
+#include <atomic>
+
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,6 +31,11 @@ struct NvmeTierOptions {
   // Reserved beyond the budget for the fresh extents of writes in flight
   // (copy on write): at least the bytes of the blocks written at once.
   uint64_t spare = 0;
+  // A rewrite that finds no free extent of its size (the holes old versions
+  // left are smaller, or apart) grows the files by that much instead of
+  // failing NoSpace, logged; NoSpace still when the disk cannot hold it.
+  // The spare then needs no room for the allocator's holes in advance.
+  bool grow_for_holes = false;
   int rank = 0;
   bool checksums = true;
   Storage* storage = nullptr;     // REQUIRED, outlives the tier
@@ -107,6 +114,8 @@ class NvmeTier final : public Tier {
   // NoSpace naming the folder when the disk cannot hold them; the tier's
   // extents are then unchanged (a file may keep some of the space).
   Status GrowSpare(uint64_t bytes);
+  // Times a rewrite grew the files (grow_for_holes), and the bytes added.
+  uint64_t hole_growths() const { return hole_growths_.load(); }
 
   // Checkpoints without copying: makes `link_path` a hard link of the swap
   // file holding `blocks` (fsynced first) and moves the tier to a fresh swap
@@ -135,6 +144,7 @@ class NvmeTier final : public Tier {
   void Punch(int fd, const std::string& path, uint64_t offset, uint64_t len);
   Status OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::vector<std::string>* paths);
   void RetireIfEmpty(uint32_t gen);  // REQUIRES: mu_ held
+  Status GrowLocked(uint64_t bytes);   // GrowSpare's work. REQUIRES: mu_ held
   // Frees an extent of generation `gen` (the current one, or an old one's,
   // which may retire its files). REQUIRES: mu_ held
   void ReleaseExtent(uint32_t gen, uint64_t offset, uint64_t per_file);
@@ -158,6 +168,7 @@ class NvmeTier final : public Tier {
   std::unordered_map<uint64_t, Block> blocks_;
   uint64_t next_id_ = 1;
   int writes_unsettled_ = 0;  // fresh extents not yet published or discarded
+  std::atomic<uint64_t> hole_growths_{0};
 };
 
 }  // namespace strata

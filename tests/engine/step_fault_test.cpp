@@ -302,7 +302,7 @@ TEST(ResumedStep, OverlappedUpdatesToo) {
 
 // Copy on write needs a free extent for every block in flight: groups of
 // very different sizes, stepped many times under both disk schedules, never
-// run out of swap (first-fit over the spare the engine reserves) and never
+// run out of swap (best fit over the spare the engine reserves) and never
 // pass the NVMe budget.
 // Every option the kernels refuse is refused before anything is touched:
 // nothing pending, and the next valid step goes ahead, bitwise the clean run.

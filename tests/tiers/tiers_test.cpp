@@ -421,6 +421,40 @@ TEST(NvmeTier, GrowSpareMakesRoomForRewrites) {
   std::free(buf);
 }
 
+// grow_for_holes: a rewrite with no free extent of its size grows the file
+// by its size and lands; the data of every block stays as written.
+TEST(NvmeTier, ARewriteWithNoHoleGrowsTheFiles) {
+  TempDir dir;
+  auto storage = MakeStorage();
+  const uint64_t n = 2 * kMiB;  // two 2 MiB blocks, a 1 MiB spare: no rewrite fits until the files grow
+  auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 2 * n, .spare = kMiB, .grow_for_holes = true,
+                             .storage = storage.get()});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  NvmeTier& nvme = **t;
+  auto a = nvme.Allocate(n), b = nvme.Allocate(n);
+  ASSERT_TRUE(a.ok() && b.ok());
+  void* buf = testing::AlignedAlloc(n, nvme.align());
+  FillPattern(buf, n, 0, 3);
+  ASSERT_TRUE(nvme.Write(*a, buf).ok());
+  ASSERT_TRUE(nvme.Write(*b, buf).ok());
+  const std::string file = nvme.paths()[0];
+  const uint64_t before = std::filesystem::file_size(file);
+  EXPECT_EQ(nvme.hole_growths(), 0u);
+  FillPattern(buf, n, 0, 4);
+  ASSERT_TRUE(nvme.Write(*a, buf).ok()) << "grown for the rewrite";
+  EXPECT_EQ(nvme.hole_growths(), 1u);
+  EXPECT_GE(std::filesystem::file_size(file), before + n - kMiB);
+  ASSERT_TRUE(nvme.Write(*b, buf).ok()) << "a's old extent takes b's rewrite";
+  EXPECT_EQ(nvme.hole_growths(), 1u) << "no growth while a hole fits";
+  void* back = testing::AlignedAlloc(n, nvme.align());
+  for (const Allocation* x : {&*a, &*b}) {
+    ASSERT_TRUE(nvme.Read(*x, back).ok());
+    EXPECT_EQ(testing::CheckPattern(back, n, 0, 4), -1);
+  }
+  std::free(back);
+  std::free(buf);
+}
+
 TEST(NvmeTier, ReservationBeyondFreeSpaceNamesDirAndSizes) {
   TempDir dir;
   auto storage = MakeStorage();
