@@ -240,6 +240,9 @@ Status Engine::Impl::BuildOnce() {
   gpu_ = std::make_unique<GpuUpdater>(lay_, blocks_, *device_, *stats_, *shards_, options_.gpu_optimizer_twin);
   gpu_->SetUp();  // its scratch from the device budget the home blocks left
   pipeline_ = std::make_unique<StepPipeline>(lay_, blocks_, *io_, staging_.opt, *stats_, *gpu_, *shards_, steps_);
+  staging_.opt.SetReclaim([this] {
+    if (pipeline_) pipeline_->DropReadAhead();
+  });  // slots read ahead come back on demand
   // The step's new P goes on into a cached device copy (host arena), so the
   // next forward does not read it back from NVMe; kept at the step's Drop.
   p_refreshed_.assign(static_cast<size_t>(ngroups), 0);

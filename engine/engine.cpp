@@ -43,6 +43,7 @@ Engine::Impl::Impl(const Config& config, const EngineOptions& options) : config_
 }
 
 Engine::Impl::~Impl() {
+  if (pipeline_) pipeline_->DropReadAhead();  // its reads land before the slots and files go
   reducer_.reset();
   worker_.reset();
   spec_.reset();  // what it holds is undone while the blocks and their I/O still exist

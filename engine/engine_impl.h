@@ -73,6 +73,7 @@ class Engine::Impl {
   // froze and rank 0 did not (or the reverse); every rank returns an error.
   Status AgreeOnFrozen();
   Result<bool> AgreeKeepGathered();
+  std::vector<int> StepOrder() const;
 
   // A thread the engine starts calls this first: the CUDA current device is
   // per thread, and this process's GPU is placement_.device.

@@ -52,8 +52,22 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
     stats_->CallSpan("no speculation", -1, now, now);
     stats_->OnSpeculationDeclined();
     STRATA_LOG_DEBUG("overlap_step: step {} does not speculate: {}", step_.applied + 1, why);
+    // It updates after backward: its first groups' W, M, V on NVMe come
+    // into the idle step slots while backward runs.
+    pipeline_->ReadAhead(StepOrder());
   }
   return Status::Ok();
+}
+
+// The groups ApplyStep will update, in its order (before the gradients are
+// in, groups without gradients under skip_groups_without_grads included).
+std::vector<int> Engine::Impl::StepOrder() const {
+  std::map<int64_t, std::vector<int>> cohorts;
+  for (int g = 0; g < lay_.part.num_groups(); ++g)
+    if (!lay_.frozen(g) && !steps_[static_cast<size_t>(g)].committed) cohorts[StepsOf(g)].push_back(g);
+  std::vector<int> order;
+  for (const auto& [steps, groups] : cohorts) order.insert(order.end(), groups.begin(), groups.end());
+  return order;
 }
 
 Status Engine::Impl::CheckUsable(const char* call, bool pending_ok) const {
@@ -67,6 +81,7 @@ Status Engine::Impl::CheckUsable(const char* call, bool pending_ok) const {
 }
 
 void Engine::Impl::AbandonStep(bool keep_p_stale) {
+  if (pipeline_) pipeline_->DropReadAhead();
   if (worker_) {
     (void)worker_->WaitIdle();  // (a load: its failures do not matter now)
     DropGCopies();
@@ -262,6 +277,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
       step_.scaler.Update(false);
     }
   }
+  pipeline_->DropReadAhead();  // what the step did not take (a skipped step, groups without gradients)
   r.loss_scale = step_.scaler.scale();
   step_.prepared = false;
   if (st.ok() || r.skipped) {

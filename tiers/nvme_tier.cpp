@@ -313,6 +313,7 @@ Result<NvmePending> NvmeTier::StartRead(const Allocation& a, void* dst) {
   p.bytes = b.bytes;
   p.offset = b.offset;
   p.gen = b.gen;
+  p.version = b.version;
   p.checksum = b.checksum;
   p.is_read = true;
   p.ticket = options_.storage->Submit(ops);
@@ -340,6 +341,7 @@ void NvmeTier::Settle(NvmePending& p, bool publish) {
     if (publish && it != blocks_.end()) {
       it->second.checksum = p.checksum;
       it->second.valid = true;
+      ++it->second.version;
     }
     return;
   }
@@ -353,6 +355,13 @@ void NvmeTier::Settle(NvmePending& p, bool publish) {
   b.gen = p.gen;
   b.checksum = p.checksum;
   b.valid = true;
+  ++b.version;
+}
+
+uint64_t NvmeTier::Version(const Allocation& a) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = blocks_.find(a.id);
+  return it == blocks_.end() ? 0 : it->second.version;
 }
 
 Status NvmeTier::Finish(NvmePending& p) {

@@ -51,6 +51,7 @@ struct NvmePending {
   uint64_t offset = 0;  // where the I/O goes (a write: its fresh extent), for error messages
   uint64_t per_file = 0;
   uint32_t gen = 0;
+  uint64_t version = 0;  // a read: the block's version (NvmeTier::Version) when it started
   bool is_read = false;
   bool waited = false;   // WaitIo ran: io_status holds the I/O's result
   bool settled = false;  // a write's extent was published or discarded
@@ -104,6 +105,9 @@ class NvmeTier final : public Tier {
   void Settle(NvmePending& p, bool publish);
   // The checksum StartWrite keeps for `bytes` of `src` (0 without checksums).
   uint64_t BlockChecksum(const void* src, uint64_t bytes) const;
+  // Counts the block's published writes: a read that started at version v
+  // holds the block's contents while Version is still v (0: unknown block).
+  uint64_t Version(const Allocation& a);
   Status Write(const Allocation& a, const void* src);
   Status Read(const Allocation& a, void* dst);
 
@@ -131,7 +135,7 @@ class NvmeTier final : public Tier {
   Status Snapshot(const std::string& link_path, const std::vector<Allocation>& blocks, std::vector<SnapshotRef>* out);
 
  private:
-  struct Block { uint64_t offset, per_file, bytes, checksum; bool valid; uint32_t gen; };
+  struct Block { uint64_t offset, per_file, bytes, checksum; bool valid; uint32_t gen; uint64_t version = 0; };
   // A swap file replaced by a snapshot, still holding blocks not yet rewritten.
   struct OldFiles {
     std::vector<FileId> files;

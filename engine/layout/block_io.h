@@ -52,6 +52,11 @@ class BlockIo {
 
   // home -> dst (host memory, NVMe-aligned, at least PaddedSize bytes).
   Result<BlockMove> StartLoad(const StateBlock& b, void* dst);
+  // An NVMe block's version (NvmeTier::Version): a load started at version v
+  // (BlockMove::nvme.version) holds its contents while this is still v.
+  uint64_t Version(const StateBlock& b) const {
+    return b.home == TierKind::kNvme && nvme_ ? nvme_->Version(b.alloc) : 0;
+  }
   // src -> home. `checksum`: StoreChecksum(b, src), computed earlier (NVMe).
   Result<BlockMove> StartStore(const StateBlock& b, const void* src, const uint64_t* checksum = nullptr);
   // What StartStore would checksum for `src` (NVMe-homed blocks; else 0):

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -32,11 +33,21 @@ class StagingPool {
   void* Acquire() {
     if (all_.empty()) return nullptr;
     std::unique_lock<std::mutex> lock(mu_);
+    if (free_.empty() && reclaim_) {  // buffers lent ahead come back first (SetReclaim)
+      lock.unlock();
+      reclaim_();
+      lock.lock();
+    }
     cv_.wait(lock, [&] { return !free_.empty(); });
     void* p = free_.back();
     free_.pop_back();
     return p;
   }
+  // Called by an Acquire that finds no buffer free, before it waits: the
+  // owner of buffers taken ahead of need (StepPipeline::ReadAhead) gives
+  // them back, so that nobody waits on a buffer only a later call returns.
+  // Must not Acquire. Set once, before use.
+  void SetReclaim(std::function<void()> f) { reclaim_ = std::move(f); }
   // A buffer when one is free now, else null (never blocks).
   void* TryAcquire() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -70,6 +81,7 @@ class StagingPool {
   std::mutex mu_;  // guards free_
   std::condition_variable cv_;
   std::vector<void*> free_;
+  std::function<void()> reclaim_;
 };
 
 // The engine's four pools (sized by staging_plan.h's PlanStaging).

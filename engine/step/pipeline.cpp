@@ -80,6 +80,57 @@ Status StepPipeline::Check(const StepOptions& so) const {
   return ValidateStepKernelOptions(KernelOptions(so, 1.0, 1));
 }
 
+void StepPipeline::ReadAhead(const std::vector<int>& groups) {
+  if (layout_.compact) return;  // (compact's W, M, V are read through the shard store)
+  for (int g : groups) {
+    if (gpu_.UpdatesOnGpu(g)) continue;
+    Ahead a;
+    a.group = g;
+    for (int s : {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
+      const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
+      if (b.alloc.charged == 0 || b.home != TierKind::kNvme) continue;
+      if (!a.slot && !(a.slot = opt_staging_.TryAcquire())) break;
+      auto m = io_.StartLoad(b, static_cast<char*>(a.slot) + layout_.opt_slot_offsets[s]);
+      if (!m.ok()) continue;  // the run reads it itself, and reports what fails
+      a.m[static_cast<size_t>(s)] = std::move(m).value();
+      a.has[static_cast<size_t>(s)] = true;
+    }
+    if (!a.slot) break;  // no slot free: nothing more to read ahead
+    bool any = false;
+    for (bool h : a.has) any = any || h;
+    if (!any) {
+      opt_staging_.Release(a.slot);
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    ahead_.push_back(std::move(a));
+  }
+}
+
+void StepPipeline::DropReadAhead() {
+  std::deque<Ahead> drop;
+  {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    drop.swap(ahead_);
+  }
+  for (Ahead& a : drop) {
+    for (int s = 0; s < kNumStates; ++s)
+      if (a.has[static_cast<size_t>(s)]) io_.Finish(a.m[static_cast<size_t>(s)]).IgnoreError();  // the disk is done with the slot
+    opt_staging_.Release(a.slot);
+  }
+}
+
+bool StepPipeline::TakeAhead(int g, Ahead* out) {
+  std::lock_guard<std::mutex> lock(ahead_mu_);
+  for (auto it = ahead_.begin(); it != ahead_.end(); ++it)
+    if (it->group == g) {
+      *out = std::move(*it);
+      ahead_.erase(it);
+      return true;
+    }
+  return false;
+}
+
 Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
                          std::string* broken) {
   size_t next = 0;
@@ -206,6 +257,8 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     Job& j = jobs[static_cast<size_t>(i)];
     j.group = order[static_cast<size_t>(i)];
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
+    Ahead ahead;  // W, M, V read ahead into a slot (ReadAhead): the job takes the slot and the reads
+    if (TakeAhead(j.group, &ahead)) j.slot = ahead.slot;
     const bool has_grads = gs.grad_calls > 0;
     j.gpu = gpu_.UpdatesOnGpu(j.group);
     j.ko = KernelOptions(so, grad_scale, feed.step_of(j.group));
@@ -243,10 +296,22 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
           continue;
         }
       }
+      if (ahead.has[static_cast<size_t>(s)]) {
+        ahead.has[static_cast<size_t>(s)] = false;
+        BlockMove& r = ahead.m[static_cast<size_t>(s)];
+        if (io_.Version(b) == r.nvme.version) {  // not written since the read started: its contents
+          j.loads.Add(s, std::move(r));
+          ++read_ahead_used_;
+          continue;
+        }
+        io_.Finish(r).IgnoreError();  // written since: read again, below
+      }
       auto m = io_.StartLoad(b, j.ptr[s]);
       if (m.ok()) j.loads.Add(s, std::move(m).value());
       else keep(m.status());
     }
+    for (int s = 0; s < kNumStates; ++s)  // (none left, unless a state was not loaded after all)
+      if (ahead.has[static_cast<size_t>(s)]) io_.Finish(ahead.m[static_cast<size_t>(s)]).IgnoreError();
   };
 
   // A G that cannot be read back (corrupt, or never written) is a step

@@ -19,7 +19,10 @@
 // one run at a time (the overlap thread's, or the step's after it is idle).
 #pragma once
 
+#include <array>
+#include <deque>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -71,6 +74,16 @@ class StepPipeline {
   // landed in its home, before the slot is reused: a cached device copy may
   // take it (Residency::Refresh).
   void OnPStored(std::function<void(int g, const void* p)> f) { on_p_stored_ = std::move(f); }
+  // A step that updates after backward (overlap_step's policy did not
+  // speculate): the W, M, V homed on NVMe of `groups`, in that order, are
+  // read into free staging slots now, while backward runs, as many groups as
+  // slots are free. A later run takes a group's reads over when the group
+  // comes (an NVMe block written since is read again: NvmeTier::Version).
+  // Whatever no run took comes back at DropReadAhead, or to an Acquire that
+  // finds the pool empty (StagingPool::SetReclaim): nobody waits on them.
+  void ReadAhead(const std::vector<int>& groups);
+  void DropReadAhead();
+  uint64_t read_ahead_used() const { return read_ahead_used_; }  // reads a run took over, so far
   // The kernels' refusal of the step's options (beta1 outside [0, 1), a
   // negative learning rate, ...), asked before anything is touched: a step
   // refused here changes nothing and leaves nothing pending.
@@ -79,6 +92,17 @@ class StepPipeline {
  private:
   StepKernelOptions KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const;
   std::function<void(int g, const void* p)> on_p_stored_;
+  struct Ahead {
+    int group = -1;
+    void* slot = nullptr;
+    std::array<BlockMove, kNumStates> m;
+    std::array<bool, kNumStates> has{};
+  };
+  // The read-ahead entry of group g, moved out (false: none).
+  bool TakeAhead(int g, Ahead* out);
+  std::mutex ahead_mu_;  // guards ahead_ (a reclaim may come from another thread's Acquire)
+  std::deque<Ahead> ahead_;
+  uint64_t read_ahead_used_ = 0;
 
   const Layout& layout_;
   const std::vector<GroupBlocks>& blocks_;

@@ -331,6 +331,98 @@ TEST(Engine, FP32PIsReadFromWAndNeverWrittenByTheStep) {
     }
 }
 
+// A step that does not speculate (clipping, strata.speculation "never")
+// reads its first groups' W, M, V during backward, at prepare_step, into the
+// idle step slots; the step itself reads the rest. With 3 slots for 4
+// groups, anything between prepare_step and step that needs a slot
+// (write_state, read_state) takes them back instead of waiting on them, and
+// the step reads every group. With 8 slots, all 4 groups are read ahead and
+// a write_state of group 0's master after its read began makes that read
+// stale: the step reads that block again. A checkpoint save between them
+// goes through. Each run is bitwise the same run without overlap (no read-ahead).
+TEST(Engine, AStepThatDoesNotSpeculateReadsAheadInBackward) {
+  for (int slots : {3, 8}) {
+  SCOPED_TRACE(std::to_string(slots) + " slots");
+  TempDir dir;
+  const TinyMlp model;
+  const std::string json = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "gradient_clipping": 0.05,
+      "zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"(", "buffer_count": )" + std::to_string(slots) + R"(},
+        "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "speculation": "never"}})";
+  const uint64_t group_bytes = AlignUp(static_cast<uint64_t>(model.dim * model.dim + model.dim), 2048) * 4;
+  const uint64_t wmv_group = 3 * NvmeTier::PaddedSizeFor(group_bytes, 1);
+  auto run = [&](bool overlap, std::vector<uint64_t>* ahead_bytes, std::vector<uint64_t>* step_bytes) {
+    RunResult out;
+    EngineOptions eo;
+    eo.overlap_step = overlap;
+    auto e = Engine::Create(MustParse(json), eo);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    if (!e.ok()) return out;
+    Engine& eng = **e;
+    EXPECT_TRUE(model.Register(eng).ok());
+    EXPECT_TRUE(eng.Build().ok());
+    for (int s = 0; s < 6; ++s) {
+      StepOptions so;
+      so.lr = 0.01 * (1.0 + 0.1 * s);
+      const uint64_t r0 = eng.stats().nvme_to_host;
+      if (overlap) {
+        EXPECT_TRUE(eng.PrepareStep(so).ok());
+      }
+      const uint64_t r1 = eng.stats().nvme_to_host;
+      if (s == 2) {  // the master of group 0 changes after its read ahead started
+        std::vector<float> w(eng.group_numel(0));
+        EXPECT_TRUE(eng.ReadState(0, Engine::OptimizerState::kMaster, w.data()).ok());
+        for (float& x : w) x *= 0.5f;
+        EXPECT_TRUE(eng.WriteState(0, Engine::OptimizerState::kMaster, w.data()).ok());
+      }
+      if (s == 4) {  // a read through a staging slot: the pool is lent out, so it takes the slots back
+        std::vector<float> m(eng.group_numel(3));
+        EXPECT_TRUE(eng.ReadState(3, Engine::OptimizerState::kExpAvg, m.data()).ok());
+      }
+      if (s == 5) {  // never waits on them
+        const std::string ck = dir.path() + (overlap ? "/ck1" : "/ck0");
+        EXPECT_TRUE(eng.SaveCheckpoint(ck, "t", nullptr, 0).ok());
+      }
+      const uint64_t r2 = eng.stats().nvme_to_host;
+      auto loss = model.TrainStep(eng);
+      EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+      if (!loss.ok()) return out;
+      out.losses.push_back(*loss);
+      auto r = eng.Step(so);
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      if (ahead_bytes) ahead_bytes->push_back(r1 - r0);
+      if (step_bytes) step_bytes->push_back(eng.stats().nvme_to_host - r2);
+    }
+    for (int g = 0; g < eng.num_groups(); ++g) {
+      out.master.emplace_back(eng.group_numel(g));
+      EXPECT_TRUE(eng.ReadMaster(g, out.master.back().data()).ok());
+    }
+    out.stats = eng.stats();
+    return out;
+  };
+  std::vector<uint64_t> ahead, during;
+  const RunResult plain = run(false, nullptr, nullptr);
+  const RunResult read_ahead = run(true, &ahead, &during);
+  ExpectBitwiseEqual(plain, read_ahead, "read ahead against no overlap");
+  ASSERT_EQ(ahead.size(), 6u);
+  EXPECT_EQ(read_ahead.stats.speculated_steps, 0u);
+  const uint64_t w_block = wmv_group / 3;
+  for (int s = 0; s < 6; ++s)
+    EXPECT_EQ(ahead[static_cast<size_t>(s)], (slots == 3 ? 3 : 4) * wmv_group) << "step " << s << ": read ahead";
+  if (slots == 3) {
+    for (int s : {1, 3}) EXPECT_EQ(during[static_cast<size_t>(s)], wmv_group) << "step " << s << ": the fourth group";
+    // (write_state also drops the device copies: step 2's forward reads all 4 again, from W's blocks)
+    EXPECT_EQ(during[2], 4 * wmv_group + 4 * w_block) << "step 2: slots taken back";
+    EXPECT_EQ(during[4], 4 * wmv_group) << "step 4: slots taken back";
+  } else {
+    for (int s : {1, 3, 4}) EXPECT_EQ(during[static_cast<size_t>(s)], 0u) << "step " << s << ": all read ahead";
+    EXPECT_EQ(during[2], w_block + 4 * w_block) << "step 2: group 0's W written after its read began, read again";
+  }
+  }
+}
+
 // overlap_step's swap room for speculation (strata.speculation_disk_bytes
 // "auto"): "always" reserves it at build, "never" not at all, "auto" when
 // its policy first speculates (a run clipped at every step never pays for
