@@ -49,6 +49,8 @@ Status Engine::Impl::StartComponents() {
   ro.bytes = [this](int g) { return lay_.PBytes(g); };
   ro.window = config_.zero.prefetch_bucket_size * DTypeSize(lay_.dtype);
   ro.sharded = lay_.p_sharded;
+  ro.shards = lay_.sworld;
+  ro.shard_rank = lay_.srank;
   ro.evict_at_release = device_->strict();
   if (lay_.p_sharded && !device_->strict() && !lay_.p_whole_on_device()) {
     STRATA_ASSIGN_OR_RETURN(ro.keep_gathered, AgreeKeepGathered());

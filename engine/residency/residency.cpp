@@ -132,11 +132,19 @@ Status Residency::Allocate(int g, std::unique_lock<std::mutex>& lock, bool deman
 }
 
 bool Residency::Refresh(int g, const void* src) {
-  if (options_.home || options_.sharded || device_.separate()) return false;
+  if (options_.home || device_.separate()) return false;
   std::lock_guard<std::mutex> lock(mu_);
   Copy& c = copies_[static_cast<size_t>(g)];
   if (c.state != Copy::kResident || c.pins > 0) return false;
-  std::memcpy(c.alloc.ptr, src, options_.bytes(g));
+  if (!options_.sharded) {
+    std::memcpy(c.alloc.ptr, src, options_.bytes(g));
+    return true;
+  }
+  // This rank's shard, at PHome::Load's place; the rest is gathered by the
+  // next fetch (every rank gathers from zero pins, resident or not).
+  const uint64_t shard = options_.bytes(g) / static_cast<uint64_t>(options_.shards);
+  std::memcpy(static_cast<char*>(c.alloc.ptr) + static_cast<uint64_t>(options_.shard_rank) * shard, src, shard);
+  c.gathered = false;
   return true;
 }
 

@@ -50,6 +50,7 @@ struct ResidencyOptions {
   std::function<uint64_t(int)> bytes;  // a group's device copy (its whole padded P)
   uint64_t window = 0;                 // prefetch window, bytes (zero_optimization.stage3_prefetch_bucket_size)
   bool sharded = false;                // stage 3 with several ranks: fetches gather
+  int shards = 1, shard_rank = 0;      // sharded: the ranks, and which shard of a copy is this rank's
   // Sharded: a gathered copy stays gathered after its last release, until
   // it is dropped (a step, a load), and is never evicted: backward finds
   // forward's gather still there and gathers nothing. Only where every
@@ -95,11 +96,14 @@ class Residency {
   void Prefetch(const std::vector<int>& groups);
   // Clears what is queued and waits for the loads in flight.
   void WaitIdle();
-  // The step wrote group g's new P (`src`: the whole padded group in the
-  // compute dtype, host memory): a resident copy takes it, so the next
-  // fetch reads nothing from P's home. Only where copies are host memory
-  // (the device tier's plain arena) and whole (not sharded); returns whether
-  // the copy took it (then the caller keeps it at Drop).
+  // The step wrote group g's new P (`src`, host memory, in the compute
+  // dtype: the whole padded group, or (sharded) this rank's shard): a
+  // resident copy takes it, so the next fetch reads nothing from P's home.
+  // Sharded, the shard goes to its place in the copy and the copy is no
+  // longer gathered (the other ranks' shards are old): the next fetch
+  // gathers, as it would after a load, and reads nothing. Only where copies
+  // are host memory (the device tier's plain arena); returns whether the
+  // copy took it (then the caller keeps it at Drop).
   // REQUIRES: g not pinned.
   bool Refresh(int g, const void* src);
   // P changed: every copy but those `keep` names is dropped.

@@ -247,7 +247,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
       gs.committed = true;
     }
     if (!spec && commit && ((p_stored && p_st.ok()) || p_is_w) && on_p_stored_ && !layout_.compact &&
-        layout_.sworld == 1 && (p_is_w || !at_home(j, pb)))
+        !layout_.p_gathered_after_step() && (p_is_w || !at_home(j, pb)))
       on_p_stored_(j.group, p_is_w ? j.ptr[int(StateKind::kW)] : j.ptr[int(StateKind::kP)]);
     keep(std::move(state_st));
     keep(std::move(p_st));

@@ -69,10 +69,12 @@ class StepPipeline {
     std::function<void(int g)> g_done;
   };
   Status RunFeed(const Feed& feed, double grad_scale, const StepOptions& so, std::string* broken);
-  // Called (on the run's thread) when a committed group's P, a copy of W
-  // held whole in its slot (fp32 format, one shard, not speculated), has
-  // landed in its home, before the slot is reused: a cached device copy may
-  // take it (Residency::Refresh).
+  // Called (on the run's thread) when a committed group's new P, held in
+  // its slot (not compact, not speculated; the whole group at one rank, this
+  // rank's shard at stage 3; W's bytes where P is W), has landed in its
+  // home, before the slot is reused: a cached device copy may take it
+  // (Residency::Refresh). Not at stages 1-2 with several ranks, where P's
+  // home is gathered after the step.
   void OnPStored(std::function<void(int g, const void* p)> f) { on_p_stored_ = std::move(f); }
   // A step that updates after backward (overlap_step's policy did not
   // speculate): the W, M, V homed on NVMe of `groups`, in that order, are

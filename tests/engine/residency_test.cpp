@@ -131,7 +131,8 @@ class FakeSource final : public PSource {
 // A residency over `sizes` (bytes per group) with a device tier of `budget`.
 struct Rig {
   Rig(std::vector<uint64_t> sizes, uint64_t budget, bool pool = false, uint64_t window = 0, bool sharded = false,
-      Gatherer gatherer = {}, std::function<void*(int)> home = nullptr, bool keep_gathered = false)
+      Gatherer gatherer = {}, std::function<void*(int)> home = nullptr, bool keep_gathered = false, int shards = 1,
+      int shard_rank = 0)
       : sizes(std::move(sizes)), source([this](int g) { return this->sizes[static_cast<size_t>(g)]; }) {
     auto d = DeviceTier::Create({.budget = budget, .device = 0, .force_host_arena = true, .pool = pool});
     EXPECT_TRUE(d.ok()) << d.status().ToString();
@@ -143,6 +144,8 @@ struct Rig {
     o.sharded = sharded;
     o.home = std::move(home);
     o.keep_gathered = keep_gathered;
+    o.shards = shards;
+    o.shard_rank = shard_rank;
     residency = std::make_unique<Residency>(std::move(o), *device, source, stats, std::move(gatherer));
   }
   ~Rig() {
@@ -631,6 +634,31 @@ TEST(ResidencySharded, KeptGatheredCopiesGatherOnceUntilDropped) {
   EXPECT_EQ(log.GathersOf(1), 2) << "dropped: gathered again";
   EXPECT_EQ(rig.stats.Snapshot().p_gathers, 4u);
   rig.ReleaseOk(1);
+}
+
+// The step's new shard (rank 1 of 2) goes to its place in a resident copy,
+// which is then no longer gathered: the next fetch gathers, as after a load,
+// and loads nothing; the other rank's half is left for the gather. A pinned
+// or absent copy does not take it.
+TEST(ResidencySharded, ARefreshedShardIsGatheredAgainAndNotReadBack) {
+  GatherLog log;
+  Rig rig(std::vector<uint64_t>(2, kS), 2 * kS, false, 0, /*sharded=*/true, log.Make(false), nullptr,
+          /*keep_gathered=*/true, /*shards=*/2, /*shard_rank=*/1);
+  void* p = rig.FetchChecked(0);
+  const std::vector<uint8_t> shard(kS / 2, 0xAB);
+  EXPECT_FALSE(rig.residency->Refresh(0, shard.data())) << "pinned";
+  rig.ReleaseOk(0);
+  EXPECT_FALSE(rig.residency->Refresh(1, shard.data())) << "absent";
+  ASSERT_TRUE(rig.residency->Refresh(0, shard.data()));
+  rig.residency->Drop([](int g) { return g == 0; });  // the step's end keeps it
+  auto q = rig.residency->Fetch(0);
+  ASSERT_TRUE(q.ok()) << q.status().ToString();
+  EXPECT_EQ(*q, p);
+  EXPECT_EQ(log.GathersOf(0), 2) << "the other ranks' shards are old: gathered again";
+  EXPECT_EQ(rig.source.LoadsOf(0), 1) << "this rank's shard is not read back";
+  EXPECT_EQ(CheckPattern(0, *q, kS / 2), "") << "the first half is rank 0's, left for the gather";
+  EXPECT_EQ(std::memcmp(static_cast<const char*>(*q) + kS / 2, shard.data(), kS / 2), 0) << "rank 1's half";
+  rig.ReleaseOk(0);
 }
 
 // With room for two copies and both kept gathered, a third fetch evicts

@@ -191,6 +191,14 @@ for stage in (1, 2, 3):
             check(f"world 2 stage 3 on {place}: each group gathered once a step",
                   m is not None and int(m.group(1)) == int(m.group(2)) * int(m.group(3)),
                   m.group(0) if m else last_err.strip()[-200:])
+            if place == "nvme":
+                # The step's new shard of P (W's bytes) went into the kept
+                # copy (Residency::Refresh): a step reads this rank's W, M, V
+                # from the disk and nothing of P back.
+                m = re.search(r"last_step_read (\d+) wmv (\d+)", last_err)
+                check("world 2 stage 3 on nvme: a step reads W, M, V alone, not P's shard back",
+                      m is not None and int(m.group(1)) == int(m.group(2)),
+                      m.group(0) if m else last_err.strip()[-200:])
         if w is not None and (2, stage) in results:
             check(f"world 2 stage {stage} on {place} == on device, bitwise", np.array_equal(w, results[(2, stage)]))
 if (2, 0) in results and (2, 1) in results:

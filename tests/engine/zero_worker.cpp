@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "io/fault.h"
 #include "io/net/launch_env.h"
+#include "tiers/nvme_tier.h"
 #include "tests/engine/tiny_mlp.h"
 
 using namespace strata;
@@ -102,8 +103,10 @@ int main(int argc, char** argv) {
     if (blob.size() != sizeof first) return Die(CorruptError("trainer blob"));
     std::memcpy(&first, blob.data(), sizeof first);
   }
+  uint64_t last_read = 0;  // NVMe bytes read by the last step (forward, backward, update)
   for (int s = first; s < first + steps; ++s) {
     if (s == kill_at && info->rank == 1) std::raise(SIGKILL);
+    const uint64_t read_before = eng.stats().nvme_to_host;
     auto loss = model.TrainStep(eng, nullptr, 1.0, info->rank, info->world_size);
     if (!loss.ok()) return Die(loss.status());
     // The uneven group: a gradient from its parameters, split over the ranks too.
@@ -132,6 +135,7 @@ int main(int argc, char** argv) {
       r = eng.Step(so);
     }
     if (!r.ok()) return Die(r.status());
+    last_read = eng.stats().nvme_to_host - read_before;
   }
   if (!save_dir.empty()) {
     const int next = first + steps;
@@ -146,10 +150,20 @@ int main(int argc, char** argv) {
   }
   if (info->rank == 0) {
     const EngineStats st = eng.stats();
-    std::fprintf(stderr, "zero_worker: gathers_ahead %llu declined %llu p_gathers %llu groups %d steps %d\n",
+    // What a step must read from NVMe when it holds W, M, V there: this
+    // rank's shard of each (fp32, padded to the ranks' 2048-element shards).
+    const uint64_t per_shard = uint64_t{2048} * static_cast<uint64_t>(info->world_size);
+    uint64_t wmv = 0;
+    for (int g = 0; g < eng.num_groups(); ++g)
+      wmv += 3 * NvmeTier::PaddedSizeFor(
+                     (eng.group_numel(g) + per_shard - 1) / per_shard * 2048 * 4, 1);
+    std::fprintf(stderr,
+                 "zero_worker: gathers_ahead %llu declined %llu p_gathers %llu groups %d steps %d "
+                 "last_step_read %llu wmv %llu\n",
                  static_cast<unsigned long long>(st.gathers_ahead),
                  static_cast<unsigned long long>(st.gathers_ahead_declined),
-                 static_cast<unsigned long long>(st.p_gathers), eng.num_groups(), steps);
+                 static_cast<unsigned long long>(st.p_gathers), eng.num_groups(), steps,
+                 static_cast<unsigned long long>(last_read), static_cast<unsigned long long>(wmv));
     std::ofstream f(out, std::ios::binary);
     f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
     if (!f) return Die(IoError("cannot write " + out));
