@@ -61,14 +61,17 @@ struct Layout {
   uint64_t PSliceOffset(int g) const {
     return p_gathered_after_step() ? static_cast<uint64_t>(srank) * part.group(g).shard_numel * DTypeSize(dtype) : 0;
   }
-  // P on NVMe that is W's bytes (fp32 compute, not compact, a trainable
-  // group, W on NVMe or in host memory, P's home block the size of W's):
-  // the step does not store P (it would write W again), a device copy is
-  // read from W's block (residency's PHome), and P has no block of its own
-  // (StateUsedBy).
+  // P that is W's bytes (fp32 compute, not compact, a trainable group, P's
+  // home block the size of W's, P on NVMe with W on NVMe or in host memory,
+  // or both in host memory): the step does not store P (it would write W
+  // again), a device copy is read from W's block (residency's PHome), and P
+  // has no block of its own (StateUsedBy). In host memory, W updated in
+  // place is P updated in place, as a P of its own would be (speculation.h).
   bool PIsW(int g) const {
-    return dtype == DType::kF32 && !compact && home[int(StateKind::kP)] == TierKind::kNvme &&
-           (home[int(StateKind::kW)] == TierKind::kNvme || home[int(StateKind::kW)] == TierKind::kHost) &&
+    const TierKind p = home[int(StateKind::kP)], w = home[int(StateKind::kW)];
+    return dtype == DType::kF32 && !compact &&
+           ((p == TierKind::kNvme && (w == TierKind::kNvme || w == TierKind::kHost)) ||
+            (p == TierKind::kHost && w == TierKind::kHost)) &&
            !frozen(g) && StateBytes(int(StateKind::kP), g) == StateBytes(int(StateKind::kW), g);
   }
   // A checkpoint's "P" block of frozen group g: this rank's slice of P.

@@ -156,7 +156,8 @@ void Speculation::Discard() {
     Record& r = records_[static_cast<size_t>(g)];
     Undo(r);
     // fp32: P was rewritten from the new W; the restored W gives it back.
-    if (!layout_.compact && layout_.home[int(StateKind::kP)] != TierKind::kNvme) steps_[static_cast<size_t>(g)].p_stale = true;
+    if (!layout_.compact && layout_.home[int(StateKind::kP)] != TierKind::kNvme && !layout_.PIsW(g))
+      steps_[static_cast<size_t>(g)].p_stale = true;
     Release(r);
   }
   ready_.clear();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
@@ -327,6 +328,46 @@ TEST(Engine, FP32PIsReadFromWAndNeverWrittenByTheStep) {
       EXPECT_EQ(st.nvme.used, wmv) << what << ": the NVMe tier holds W, M, V (P has no block of its own)";
       if (std::string(budget) == "40000") {
         EXPECT_GT(st.nvme_to_host, 6 * wmv) << what << ": evicted copies were read again (from W's blocks)";
+      }
+    }
+}
+
+// fp32 with W and P both in host memory (offload_optimizer and offload_param
+// "cpu"): P is W's bytes (Layout::PIsW), so the host tier holds no block for
+// P (its use equals the same run's with P on the device); plain, overlapped,
+// and overlapped with every speculation discarded and replayed (clipped at
+// every step, strata.speculation "always"), each run is bitwise the device
+// run (under the strict device tier too).
+TEST(Engine, FP32PInHostMemoryIsW) {
+  const TinyMlp model;
+  auto json = [&](const std::string& par, const std::string& extra) {
+    return R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "gradient_clipping": 0.001,
+      "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5000,
+        "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": ")" + par + R"("}},
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB")" + extra + "}}";
+  };
+  const RunResult device = Train(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+      "gradient_clipping": 0.001, "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5000},
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})", 6, model);
+  ASSERT_EQ(device.losses.size(), 6u);
+  for (bool overlap : {false, true})
+    for (const std::string extra : {"", R"(, "speculation": "always")"}) {
+      if (!overlap && !extra.empty()) continue;
+      const std::string what = std::string(overlap ? "overlapped" : "plain") + extra;
+      const RunResult host = Train(json("cpu", extra), 6, model, false, overlap);
+      const RunResult p_on_device = Train(json("none", extra), 6, model, false, overlap);
+      ExpectBitwiseEqual(device, host, what);
+      ExpectBitwiseEqual(device, p_on_device, what + ", P on the device");
+      ExpectWithinBudgets(host.stats, what);
+      // (Not under the strict device tier: a separate device adds host
+      // staging where P is on the device, which the host-homed run lacks.)
+      const char* strict = std::getenv("STRATA_STRICT_DEVICE");
+      if (!strict || std::string(strict) != "1") {
+        EXPECT_EQ(host.stats.host.used, p_on_device.stats.host.used) << what << ": P has no host block of its own";
+      }
+      if (!extra.empty()) {
+        EXPECT_GT(host.stats.replayed_steps, 0u) << what << ": speculations were discarded and replayed";
       }
     }
 }

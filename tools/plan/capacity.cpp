@@ -158,13 +158,16 @@ constexpr uint64_t kBackupAlign = 64;  // engine/step/speculation.cpp: each back
 // instead; compact's P, the master's half, is backed up as this rank's 2-byte
 // slice); in place on a GPU: nothing could undo it, so g does not speculate.
 // Returns false when g cannot speculate.
-// P on NVMe that is W's bytes (the engine's Layout::PIsW): fp32 compute, not
-// compact, W, M, V on NVMe or the host, and P's home the size of W's (stage
-// 3, or P whole where W is): no block of its own, never written by the step.
+// P that is W's bytes (the engine's Layout::PIsW): fp32 compute, not
+// compact, P on NVMe with W, M, V on NVMe or the host, or both on the host,
+// and P's home the size of W's (stage 3, or P whole where W is): no block of
+// its own, never written by the step.
 bool PIsW(const Config& config, const Homes& h, const StateBytes& sb, const Layout& l) {
   const int stage = config.zero.stage;
-  return DTypeSize(config.compute_dtype()) == 4 && !sb.compact && h.p == TierKind::kNvme &&
-         (h.opt == TierKind::kNvme || h.opt == TierKind::kHost) && (stage >= 3 || stage == 0 || l.world_size == 1);
+  const bool homes = (h.p == TierKind::kNvme && (h.opt == TierKind::kNvme || h.opt == TierKind::kHost)) ||
+                     (h.p == TierKind::kHost && h.opt == TierKind::kHost);
+  return DTypeSize(config.compute_dtype()) == 4 && !sb.compact && homes &&
+         (stage >= 3 || stage == 0 || l.world_size == 1);
 }
 
 bool NeedOf(const Layout& l, int g, const Homes& h, const StateBytes& sb, const ClusterSpec& cluster,

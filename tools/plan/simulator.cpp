@@ -421,10 +421,12 @@ class StepSim {
   // Job g's outgoing bytes, fn(home, bytes): P, then W, M, V.
   template <typename Fn>
   void ForEachStore(int g, Fn&& fn) const {
-    // fp32 P on NVMe beside W on NVMe or the host is W's bytes: not stored
-    // (the engine's Layout::PIsW; copies are read from W's block).
-    const bool p_is_w = !sb_.compact && dp_ == 4 && h_.p == TierKind::kNvme &&
-                        (h_.opt == TierKind::kNvme || h_.opt == TierKind::kHost);
+    // fp32 P on NVMe beside W on NVMe or the host, or P and W both on the
+    // host, is W's bytes: not stored (the engine's Layout::PIsW; copies are
+    // read from W's block).
+    const bool p_is_w = !sb_.compact && dp_ == 4 &&
+                        ((h_.p == TierKind::kNvme && (h_.opt == TierKind::kNvme || h_.opt == TierKind::kHost)) ||
+                         (h_.p == TierKind::kHost && h_.opt == TierKind::kHost));
     if (Staged(h_.p) && !p_is_w) fn(h_.p, (sb_.compact ? PHomeNumel(g) : OptNumel(g)) * dp_);
     if (Staged(h_.opt))
       for (auto s : OptStates()) fn(h_.opt, static_cast<double>(OptBytes(g, s)));
