@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <random>
 
 #include "base/align.h"
@@ -51,19 +52,37 @@ struct RunResult {
   EngineStats stats;
 };
 
-RunResult Train(const std::string& json, int steps, const TinyMlp& model, bool permute_step_5 = false,
-                bool overlap = false) {
-  RunResult out;
+// An engine of `json` with `model` registered, built; null (a failure
+// reported) when any of that fails.
+std::unique_ptr<Engine> BuiltEngine(const std::string& json, const TinyMlp& model, bool overlap) {
   EngineOptions eo;
   eo.overlap_step = overlap;
   auto e = Engine::Create(MustParse(json), eo);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
-  if (!e.ok()) return out;
-  Engine& eng = **e;
-  EXPECT_TRUE(model.Register(eng).ok());
-  Status b = eng.Build();
-  EXPECT_TRUE(b.ok()) << b.ToString();
-  if (!b.ok()) return out;
+  if (!e.ok()) return nullptr;
+  Status st = model.Register(**e);
+  if (st.ok()) st = (*e)->Build();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return st.ok() ? std::move(*e) : nullptr;
+}
+
+// Every group's master weights, in group order.
+std::vector<std::vector<float>> ReadMasters(Engine& eng) {
+  std::vector<std::vector<float>> master;
+  for (int g = 0; g < eng.num_groups(); ++g) {
+    master.emplace_back(eng.group_numel(g));
+    Status st = eng.ReadMaster(g, master.back().data());
+    EXPECT_TRUE(st.ok()) << "group " << g << ": " << st.ToString();
+  }
+  return master;
+}
+
+RunResult Train(const std::string& json, int steps, const TinyMlp& model, bool permute_step_5 = false,
+                bool overlap = false) {
+  RunResult out;
+  std::unique_ptr<Engine> built = BuiltEngine(json, model, overlap);
+  if (!built) return out;
+  Engine& eng = *built;
   for (int s = 0; s < steps; ++s) {
     StepOptions so;
     so.lr = 0.01 * (1.0 + 0.1 * s);  // changes every step
@@ -79,10 +98,7 @@ RunResult Train(const std::string& json, int steps, const TinyMlp& model, bool p
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_FALSE(r->skipped);
   }
-  for (int g = 0; g < eng.num_groups(); ++g) {
-    out.master.emplace_back(eng.group_numel(g));
-    EXPECT_TRUE(eng.ReadMaster(g, out.master.back().data()).ok());
-  }
+  out.master = ReadMasters(eng);
   out.stats = eng.stats();
   return out;
 }
@@ -318,10 +334,7 @@ TEST(Engine, FP32PIsReadFromWAndNeverWrittenByTheStep) {
           EXPECT_EQ(eng.stats().host_to_nvme - before, wmv) << what << ", step " << s << ": W, M, V alone";
         }
       }
-      for (int g = 0; g < eng.num_groups(); ++g) {
-        r.master.emplace_back(eng.group_numel(g));
-        ASSERT_TRUE(eng.ReadMaster(g, r.master.back().data()).ok());
-      }
+      r.master = ReadMasters(eng);
       ExpectBitwiseEqual(device, r, what);
       const EngineStats st = eng.stats();
       ExpectWithinBudgets(st, what);
@@ -396,14 +409,9 @@ TEST(Engine, AStepThatDoesNotSpeculateReadsAheadInBackward) {
   const uint64_t wmv_group = 3 * NvmeTier::PaddedSizeFor(group_bytes, 1);
   auto run = [&](bool overlap, std::vector<uint64_t>* ahead_bytes, std::vector<uint64_t>* step_bytes) {
     RunResult out;
-    EngineOptions eo;
-    eo.overlap_step = overlap;
-    auto e = Engine::Create(MustParse(json), eo);
-    EXPECT_TRUE(e.ok()) << e.status().ToString();
-    if (!e.ok()) return out;
-    Engine& eng = **e;
-    EXPECT_TRUE(model.Register(eng).ok());
-    EXPECT_TRUE(eng.Build().ok());
+    std::unique_ptr<Engine> built = BuiltEngine(json, model, overlap);
+    if (!built) return out;
+    Engine& eng = *built;
     for (int s = 0; s < 6; ++s) {
       StepOptions so;
       so.lr = 0.01 * (1.0 + 0.1 * s);
@@ -436,10 +444,7 @@ TEST(Engine, AStepThatDoesNotSpeculateReadsAheadInBackward) {
       if (ahead_bytes) ahead_bytes->push_back(r1 - r0);
       if (step_bytes) step_bytes->push_back(eng.stats().nvme_to_host - r2);
     }
-    for (int g = 0; g < eng.num_groups(); ++g) {
-      out.master.emplace_back(eng.group_numel(g));
-      EXPECT_TRUE(eng.ReadMaster(g, out.master.back().data()).ok());
-    }
+    out.master = ReadMasters(eng);
     out.stats = eng.stats();
     return out;
   };
@@ -505,10 +510,7 @@ TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
     out.after = swap_bytes(dir.path());
     out.host_after = eng.stats().host.used;
     out.speculated = eng.stats().speculated_steps;
-    for (int g = 0; g < eng.num_groups(); ++g) {
-      out.master.emplace_back(eng.group_numel(g));
-      EXPECT_TRUE(eng.ReadMaster(g, out.master.back().data()).ok());
-    }
+    out.master = ReadMasters(eng);
     return out;
   };
   const Run never = run("never", "nvme_opt"), always = run("always", "nvme_opt"), automatic = run("auto", "nvme_opt");

@@ -383,76 +383,85 @@ TEST(NvmeTier, FailedRewriteKeepsThePreviousContents) {
   std::free(next);
 }
 
+// The rewrite tests' start: a tier over a fresh folder with two n-byte
+// blocks in a budget of 2n, both written (pattern 3); `spare` and `grow`
+// are NvmeTierOptions' spare and grow_for_holes. `buf` holds n bytes.
+struct TwoWrittenBlocks {
+  TwoWrittenBlocks(uint64_t n, uint64_t spare, bool grow) : n(n) {
+    auto t = NvmeTier::Create(
+        {.dirs = {dir.path()}, .budget = 2 * n, .spare = spare, .grow_for_holes = grow, .storage = storage.get()});
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return;
+    tier = std::move(*t);
+    auto x = tier->Allocate(n), y = tier->Allocate(n);
+    EXPECT_TRUE(x.ok() && y.ok());
+    if (!x.ok() || !y.ok()) return;
+    a = *x;
+    b = *y;
+    buf = testing::AlignedAlloc(n, tier->align());
+    FillPattern(buf, n, 0, 3);
+    EXPECT_TRUE(tier->Write(a, buf).ok());
+    EXPECT_TRUE(tier->Write(b, buf).ok());
+    file = tier->paths()[0];
+    size = std::filesystem::file_size(file);
+  }
+  ~TwoWrittenBlocks() { std::free(buf); }
+  bool ok() const { return buf != nullptr; }
+  // Both blocks read back hold pattern `p`.
+  void ExpectBothHold(int p) {
+    void* back = testing::AlignedAlloc(n, tier->align());
+    for (const Allocation* x : {&a, &b}) {
+      ASSERT_TRUE(tier->Read(*x, back).ok());
+      EXPECT_EQ(testing::CheckPattern(back, n, 0, p), -1);
+    }
+    std::free(back);
+  }
+
+  const uint64_t n;
+  TempDir dir;
+  std::unique_ptr<UringStorage> storage = MakeStorage();
+  std::unique_ptr<NvmeTier> tier;
+  Allocation a, b;
+  void* buf = nullptr;
+  std::string file;
+  uint64_t size = 0;  // the file's, once both are written
+};
+
 // GrowSpare: the swap file grows and its new end serves copy-on-write
 // extents that did not fit before; a growth past the disk is NoSpace naming
 // the folder, and the tier goes on as it was.
 TEST(NvmeTier, GrowSpareMakesRoomForRewrites) {
-  TempDir dir;
-  auto storage = MakeStorage();
-  const uint64_t n = 2 * kMiB;  // two 2 MiB blocks in a 4 MiB budget, no spare: a rewrite has nowhere to go
-  auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 2 * n, .storage = storage.get()});
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  NvmeTier& nvme = **t;
-  auto a = nvme.Allocate(n), b = nvme.Allocate(n);
-  ASSERT_TRUE(a.ok() && b.ok());
-  void* buf = testing::AlignedAlloc(n, nvme.align());
-  FillPattern(buf, n, 0, 3);
-  ASSERT_TRUE(nvme.Write(*a, buf).ok());
-  ASSERT_TRUE(nvme.Write(*b, buf).ok());
-  const std::string file = nvme.paths()[0];
-  const uint64_t before = std::filesystem::file_size(file);
-  FillPattern(buf, n, 0, 4);
-  Status full = nvme.Write(*a, buf);
+  TwoWrittenBlocks t(2 * kMiB, 0, false);  // no spare: a rewrite has nowhere to go
+  ASSERT_TRUE(t.ok());
+  NvmeTier& nvme = *t.tier;
+  FillPattern(t.buf, t.n, 0, 4);
+  Status full = nvme.Write(t.a, t.buf);
   ASSERT_EQ(full.code(), Code::kNoSpace) << full.ToString();
-  ASSERT_TRUE(nvme.GrowSpare(n).ok());
-  EXPECT_GE(std::filesystem::file_size(file), before + n);
-  ASSERT_TRUE(nvme.Write(*a, buf).ok()) << "the grown end takes the rewrite";
-  ASSERT_TRUE(nvme.Write(*b, buf).ok()) << "and a's old extent the next";
-  void* back = testing::AlignedAlloc(n, nvme.align());
-  for (const Allocation* x : {&*a, &*b}) {
-    ASSERT_TRUE(nvme.Read(*x, back).ok());
-    EXPECT_EQ(testing::CheckPattern(back, n, 0, 4), -1);
-  }
+  ASSERT_TRUE(nvme.GrowSpare(t.n).ok());
+  EXPECT_GE(std::filesystem::file_size(t.file), t.size + t.n);
+  ASSERT_TRUE(nvme.Write(t.a, t.buf).ok()) << "the grown end takes the rewrite";
+  ASSERT_TRUE(nvme.Write(t.b, t.buf).ok()) << "and a's old extent the next";
+  t.ExpectBothHold(4);
   Status past = nvme.GrowSpare(1ull << 50);
   EXPECT_EQ(past.code(), Code::kNoSpace) << past.ToString();
-  EXPECT_NE(past.message().find(dir.path()), std::string::npos) << past.ToString();
-  ASSERT_TRUE(nvme.Write(*a, buf).ok()) << "unchanged after a refused growth";
-  std::free(back);
-  std::free(buf);
+  EXPECT_NE(past.message().find(t.dir.path()), std::string::npos) << past.ToString();
+  ASSERT_TRUE(nvme.Write(t.a, t.buf).ok()) << "unchanged after a refused growth";
 }
 
 // grow_for_holes: a rewrite with no free extent of its size grows the file
 // by its size and lands; the data of every block stays as written.
 TEST(NvmeTier, ARewriteWithNoHoleGrowsTheFiles) {
-  TempDir dir;
-  auto storage = MakeStorage();
-  const uint64_t n = 2 * kMiB;  // two 2 MiB blocks, a 1 MiB spare: no rewrite fits until the files grow
-  auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 2 * n, .spare = kMiB, .grow_for_holes = true,
-                             .storage = storage.get()});
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
-  NvmeTier& nvme = **t;
-  auto a = nvme.Allocate(n), b = nvme.Allocate(n);
-  ASSERT_TRUE(a.ok() && b.ok());
-  void* buf = testing::AlignedAlloc(n, nvme.align());
-  FillPattern(buf, n, 0, 3);
-  ASSERT_TRUE(nvme.Write(*a, buf).ok());
-  ASSERT_TRUE(nvme.Write(*b, buf).ok());
-  const std::string file = nvme.paths()[0];
-  const uint64_t before = std::filesystem::file_size(file);
+  TwoWrittenBlocks t(2 * kMiB, kMiB, true);  // a 1 MiB spare: no rewrite fits until the files grow
+  ASSERT_TRUE(t.ok());
+  NvmeTier& nvme = *t.tier;
   EXPECT_EQ(nvme.hole_growths(), 0u);
-  FillPattern(buf, n, 0, 4);
-  ASSERT_TRUE(nvme.Write(*a, buf).ok()) << "grown for the rewrite";
+  FillPattern(t.buf, t.n, 0, 4);
+  ASSERT_TRUE(nvme.Write(t.a, t.buf).ok()) << "grown for the rewrite";
   EXPECT_EQ(nvme.hole_growths(), 1u);
-  EXPECT_GE(std::filesystem::file_size(file), before + n - kMiB);
-  ASSERT_TRUE(nvme.Write(*b, buf).ok()) << "a's old extent takes b's rewrite";
+  EXPECT_GE(std::filesystem::file_size(t.file), t.size + t.n - kMiB);
+  ASSERT_TRUE(nvme.Write(t.b, t.buf).ok()) << "a's old extent takes b's rewrite";
   EXPECT_EQ(nvme.hole_growths(), 1u) << "no growth while a hole fits";
-  void* back = testing::AlignedAlloc(n, nvme.align());
-  for (const Allocation* x : {&*a, &*b}) {
-    ASSERT_TRUE(nvme.Read(*x, back).ok());
-    EXPECT_EQ(testing::CheckPattern(back, n, 0, 4), -1);
-  }
-  std::free(back);
-  std::free(buf);
+  t.ExpectBothHold(4);
 }
 
 TEST(NvmeTier, ReservationBeyondFreeSpaceNamesDirAndSizes) {
