@@ -245,9 +245,12 @@ Status Engine::Impl::BuildOnce() {
   });  // slots read ahead come back on demand
   // The step's new P goes on into a cached device copy (host arena), so the
   // next forward does not read it back from NVMe; kept at the step's Drop.
+  // A speculated group's (2) is forgotten if the speculation is discarded
+  // (DiscardSpeculation). Written on the run's thread (the overlap thread
+  // during backward), read on the caller's once that thread is idle.
   p_refreshed_.assign(static_cast<size_t>(ngroups), 0);
-  pipeline_->OnPStored([this](int g, const void* p) {
-    if (residency_ && residency_->Refresh(g, p)) p_refreshed_[static_cast<size_t>(g)] = 1;
+  pipeline_->OnPStored([this](int g, const void* p, bool held) {  // (1: committed, 2: held, 3: discarded)
+    if (residency_ && residency_->Refresh(g, p)) p_refreshed_[static_cast<size_t>(g)] = held ? 2 : 1;
   });
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.

@@ -207,6 +207,14 @@ class Engine::Impl {
   Status RunOverlap(const UpdateWorker::Next& next, std::string* broken);
   Status FinishOverlap();
   void SettleOverlap(const StepOptions& so, const StepResult& r, double grad_scale);
+  // Discards the held speculation, and with it each discarded group's device
+  // copy that took its speculative P (p_refreshed_ 2): dropped now, so the
+  // next fetch reads the restored W; or, when the step's replay follows
+  // before anything can fetch (`replay`), marked 3: the replay's P refreshes
+  // it again (1), and the step's end drops what it did not. A copy still
+  // pinned breaks the engine (it cannot happen: a fetch of a taken group
+  // undoes the speculation before it pins).
+  void DiscardSpeculation(bool replay = false);
   // Whether the step commits what was speculated: not skipped, the same
   // factor on G (no clipping), the same options.
   bool KeepsSpeculation(const StepOptions& so, const StepResult& r, double grad_scale) const;

@@ -171,13 +171,25 @@ Status Engine::Impl::UndoOverlap(int g, const char* call) {
   worker_->Abandon();
   (void)FinishOverlap();
   const int early = static_cast<int>(spec_->ready().size());
-  spec_->Discard();
+  DiscardSpeculation();
   step_.prepared = false;  // the rest of this step is not overlapped
   stats_->OnOverlap(StatsRecorder::Speculated::kReplayed, early);
   WarnOnce("overlap-undone", std::string("overlap_step: ") + call + " of group " + std::to_string(g) +
                                  " after its gradients were complete; this step's early updates were undone and "
                                  "it updates after backward (exact, not overlapped)");
   return RepairStaleP().WithContext(call);  // P of the undone groups, from their restored W
+}
+
+void Engine::Impl::DiscardSpeculation(bool replay) {
+  for (int g : spec_->ready()) {
+    uint8_t& f = p_refreshed_[static_cast<size_t>(g)];
+    if (f != 2) continue;
+    f = replay ? 3 : 0;
+    if (!replay && !residency_->Invalidate(g) && step_.broken.empty())
+      step_.broken = "the device copy of group " + std::to_string(g) +
+                     " holds a discarded speculative update and is still fetched";
+  }
+  spec_->Discard();
 }
 
 bool Engine::Impl::KeepsSpeculation(const StepOptions& so, const StepResult& r, double grad_scale) const {
@@ -198,16 +210,17 @@ void Engine::Impl::SettleOverlap(const StepOptions& so, const StepResult& r, dou
   const double t0 = stats_->Now();
   StatsRecorder::Speculated outcome;
   if (r.skipped) {
-    spec_->Discard();
+    DiscardSpeculation();
     outcome = StatsRecorder::Speculated::kDiscarded;
   } else if (KeepsSpeculation(so, r, grad_scale)) {
     spec_->Commit();
+    for (uint8_t& f : p_refreshed_) f = f == 2 ? 1 : f;  // the copies hold committed P now
     outcome = StatsRecorder::Speculated::kCommitted;
   } else {
     if (!SameStepOptions(so, step_.prepared_opts, /*with_clip=*/false))
       WarnOnce("overlap-options", "overlap_step: step got other options than prepare_step; the early updates "
                                   "were discarded and redone after backward (exact, but not overlapped)");
-    spec_->Discard();
+    DiscardSpeculation(/*replay=*/true);
     outcome = StatsRecorder::Speculated::kReplayed;
   }
   stats_->Span(Resource::kCpuOptimizer, outcome == StatsRecorder::Speculated::kCommitted ? "commit" : "discard", t0,

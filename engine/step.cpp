@@ -85,7 +85,7 @@ void Engine::Impl::AbandonStep(bool keep_p_stale) {
   if (worker_) {
     (void)worker_->WaitIdle();  // (a load: its failures do not matter now)
     DropGCopies();
-    spec_->Discard();  // (made with the worker)
+    DiscardSpeculation();  // (made with the worker)
   }
   step_.pending.reset();
   step_.broken.clear();

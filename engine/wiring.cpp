@@ -120,7 +120,11 @@ void Engine::Impl::DropDeviceCopies(bool keep_frozen) {
   if (residency_) {
     // keep_frozen (a step's end): frozen P never changes, and a copy the
     // step refreshed (OnPStored) holds the new P already.
-    if (keep_frozen) residency_->Drop([this](int g) { return lay_.frozen(g) || p_refreshed_[static_cast<size_t>(g)]; });
+    if (keep_frozen)
+      residency_->Drop([this](int g) {
+        const uint8_t f = p_refreshed_[static_cast<size_t>(g)];
+        return lay_.frozen(g) || f == 1 || f == 2;  // not 3: a discarded speculation's P the replay did not redo
+      });
     else residency_->Drop();
   }
   std::fill(p_refreshed_.begin(), p_refreshed_.end(), 0);

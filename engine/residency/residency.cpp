@@ -148,6 +148,15 @@ bool Residency::Refresh(int g, const void* src) {
   return true;
 }
 
+bool Residency::Invalidate(int g) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Copy& c = copies_[static_cast<size_t>(g)];
+  if (c.state != Copy::kResident) return true;
+  if (c.pins > 0) return false;
+  DropCopy(c);
+  return true;
+}
+
 void Residency::Drop(const std::function<bool(int)>& keep) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t g = 0; g < copies_.size(); ++g)

@@ -106,6 +106,11 @@ class Residency {
   // copy took it (then the caller keeps it at Drop).
   // REQUIRES: g not pinned.
   bool Refresh(int g, const void* src);
+  // Group g's P went back (a discarded speculation after Refresh): its copy,
+  // resident and unpinned, is dropped, so the next fetch reads P's home; a
+  // load in flight reads the home as it is now and stays. Returns false
+  // when the copy is pinned (it cannot be dropped).
+  bool Invalidate(int g);
   // P changed: every copy but those `keep` names is dropped.
   // REQUIRES: none of them pinned, no load in flight (WaitIdle).
   void Drop(const std::function<bool(int)>& keep = nullptr);

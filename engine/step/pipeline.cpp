@@ -246,9 +246,12 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
       gs.p_stale = p_stale;
       gs.committed = true;
     }
-    if (!spec && commit && ((p_stored && p_st.ok()) || p_is_w) && on_p_stored_ && !layout_.compact &&
-        !layout_.p_gathered_after_step() && (p_is_w || !at_home(j, pb)))
-      on_p_stored_(j.group, p_is_w ? j.ptr[int(StateKind::kW)] : j.ptr[int(StateKind::kP)]);
+    // Speculated (held) only at one rank: with several, whether a copy is
+    // gathered must not depend on which groups this rank had speculated when
+    // a discard forgets them.
+    if (commit && (!spec || layout_.sworld == 1) && ((p_stored && p_st.ok()) || p_is_w) && on_p_stored_ &&
+        !layout_.compact && !layout_.p_gathered_after_step() && (p_is_w || !at_home(j, pb)))
+      on_p_stored_(j.group, p_is_w ? j.ptr[int(StateKind::kW)] : j.ptr[int(StateKind::kP)], spec != nullptr);
     keep(std::move(state_st));
     keep(std::move(p_st));
     if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }

@@ -70,12 +70,13 @@ class StepPipeline {
   };
   Status RunFeed(const Feed& feed, double grad_scale, const StepOptions& so, std::string* broken);
   // Called (on the run's thread) when a committed group's new P, held in
-  // its slot (not compact, not speculated; the whole group at one rank, this
-  // rank's shard at stage 3; W's bytes where P is W), has landed in its
-  // home, before the slot is reused: a cached device copy may take it
-  // (Residency::Refresh). Not at stages 1-2 with several ranks, where P's
-  // home is gathered after the step.
-  void OnPStored(std::function<void(int g, const void* p)> f) { on_p_stored_ = std::move(f); }
+  // its slot (not compact; the whole group at one rank, this rank's shard at
+  // stage 3; W's bytes where P is W), has landed in its home, before the
+  // slot is reused: a cached device copy may take it (Residency::Refresh).
+  // Not at stages 1-2 with several ranks, where P's home is gathered after
+  // the step. `held`: a speculated update (one rank only), held until the
+  // step commits or discards it; a discard must then forget the copy.
+  void OnPStored(std::function<void(int g, const void* p, bool held)> f) { on_p_stored_ = std::move(f); }
   // A step that updates after backward (overlap_step's policy did not
   // speculate): the W, M, V homed on NVMe of `groups`, in that order, are
   // read into free staging slots now, while backward runs, as many groups as
@@ -93,7 +94,7 @@ class StepPipeline {
 
  private:
   StepKernelOptions KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const;
-  std::function<void(int g, const void* p)> on_p_stored_;
+  std::function<void(int g, const void* p, bool held)> on_p_stored_;
   struct Ahead {
     int group = -1;
     void* slot = nullptr;
