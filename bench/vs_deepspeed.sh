@@ -29,7 +29,8 @@
 # R = DeepSpeed's median step time / Strata's (above 1: Strata leads).
 # Usage: bench/vs_deepspeed.sh DIR
 #   env: ROUNDS (2), STEPS (20), WARMUP (2), RANKS ("1 2"), MODES ("cpu nvme"), BUILD_DIR,
-#        N_EMBD and N_LAYER (the GPT-2's size: 512 and 8, 51M parameters), BATCH (4), SEQ (256)
+#        N_EMBD and N_LAYER (the GPT-2's size: 512 and 8, 51M parameters), BATCH (4), SEQ (256),
+#        CLIP (gradient_clipping, 1.0)
 set -euo pipefail
 DIR=${1:?usage: bench/vs_deepspeed.sh DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -22,7 +22,8 @@ import torch
 ENGINE, OFFLOAD, SWAP = sys.argv[1], sys.argv[2], sys.argv[3]
 STEPS, WARMUP = int(os.environ.get("STEPS", "20")), int(os.environ.get("WARMUP", "2"))
 BATCH, SEQ = int(os.environ.get("BATCH", "4")), int(os.environ.get("SEQ", "256"))
-LR, WD, CLIP = 1e-4, 0.01, 1.0
+LR, WD = 1e-4, 0.01
+CLIP = float(os.environ.get("CLIP", "1.0"))  # gradient_clipping (a large one: never clips, speculation commits)
 RANK, WORLD = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
