@@ -522,7 +522,7 @@ EOS
     hosts_exec "$i" unshare --uts --mount --propagation private sh -c \
       "hostname strata-h$i && mount --bind '$WORK/hosts' /etc/hosts && exec \"\$@\"" sh \
       timeout -k 5 "$GUARD_S" "$PY" -m torch.distributed.run --redirects 1 --tee 1 --nnodes 1:2 --nproc_per_node 2 \
-      --rdzv_backend c10d --rdzv_endpoint strata-h0:29400 --rdzv_id strata-hosts --rdzv_conf last_call_timeout=1 \
+      --rdzv_backend c10d --rdzv_endpoint strata-h0:29400 --rdzv_id strata-hosts --rdzv_conf last_call_timeout=8 \
       --max_restarts 1 --monitor_interval 1 --no_python "$WORK/rank.sh" "$HOSTS_DIR/h$i/swap" >"$WORK/t$i" 2>&1 &
     tpid[$i]=$!
   done
@@ -539,6 +539,11 @@ EOS
   wait "${tpid[1]}" 2>/dev/null || true
   grep -h 'started as rank' "$WORK/t0" | sed 's/^/  host 0: /'
   [ "$code" = 0 ] || { tail -n 20 "$WORK/t0"; fail "host 0's torchrun exited $code"; }
+  # The premise: both hosts were in the job (a world of 4) before one was
+  # lost. (The rendezvous waits last_call_timeout for a second host once one
+  # has joined: at 1 s a loaded machine once let host 0 start alone and then
+  # restart at each of host 1's tries to join, never as a world of 4.)
+  grep -q 'started as rank 0 of 4 (restart 0)' "$WORK/t0" || fail "host 0 never ran in a world of 4 (both hosts)"
   grep -q 'started as rank 0 of 2 (restart 1) --resume' "$WORK/t0" || fail "host 0's torchrun did not restart rank 0 as 1 of 2"
   from=$(sed -n 's/.*resumed from .* at step \([0-9]*\)$/\1/p' "$WORK/t0" | tail -1)
   [ -n "$from" ] || fail "the restarted ranks did not resume"
