@@ -172,8 +172,7 @@ Status Engine::Impl::BuildOnce() {
   // rewrite that finds none of its size grows the files by its size (logged;
   // NvmeTierOptions::grow_for_holes).
   std::sort(stored.begin(), stored.end(), std::greater<>());
-  const int slots = StepSlots(config_);
-  const int writing = config_.strata.step_io == "concurrent" ? std::max(slots, 3) - 1 : std::max(slots / 2, 1);
+  const int writing = StepGroupsWriting(StepSlots(config_), config_.strata.step_io == "concurrent");
   uint64_t in_flight = 0;
   for (int i = 0; i < std::min(writing, ngroups); ++i) in_flight += stored[static_cast<size_t>(i)];
   uint64_t cow_spare = in_flight + largest_g + largest_p + largest_frozen;
@@ -245,12 +244,12 @@ Status Engine::Impl::BuildOnce() {
   });  // slots read ahead come back on demand
   // The step's new P goes on into a cached device copy (host arena), so the
   // next forward does not read it back from NVMe; kept at the step's Drop.
-  // A speculated group's (2) is forgotten if the speculation is discarded
+  // A speculated group's (kHeld) is forgotten if the speculation is discarded
   // (DiscardSpeculation). Written on the run's thread (the overlap thread
   // during backward), read on the caller's once that thread is idle.
-  p_refreshed_.assign(static_cast<size_t>(ngroups), 0);
-  pipeline_->OnPStored([this](int g, const void* p, bool held) {  // (1: committed, 2: held, 3: discarded)
-    if (residency_ && residency_->Refresh(g, p)) p_refreshed_[static_cast<size_t>(g)] = held ? 2 : 1;
+  p_refreshed_.assign(static_cast<size_t>(ngroups), PCopy::kOld);
+  pipeline_->OnPStored([this](int g, const void* p, bool held) {
+    if (residency_ && residency_->Refresh(g, p)) p_refreshed_[static_cast<size_t>(g)] = held ? PCopy::kHeld : PCopy::kCommitted;
   });
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.

@@ -170,9 +170,12 @@ class Engine::Impl {
   // strata.speculation "auto": the room reserved when the policy first
   // speculates (ReserveSpeculationRoom), not at build; 0 once reserved or tried.
   uint64_t spec_disk_later_ = 0;
-  // Groups whose cached device copy took the step's new P (OnPStored);
-  // cleared at every DropDeviceCopies.
-  std::vector<uint8_t> p_refreshed_;
+  // Whether a group's cached device copy took the step's new P (OnPStored):
+  // committed P, a speculation's held P, or a discarded speculation's P
+  // that only the step's replay may refresh again. Kept at the step's
+  // DropDeviceCopies where it holds committed P; cleared there.
+  enum class PCopy : uint8_t { kOld, kCommitted, kHeld, kDiscarded };
+  std::vector<PCopy> p_refreshed_;
   uint64_t spec_host_later_ = 0;  // the same for the host arena (StartOverlap)
   void ReserveSpeculationRoom();
   // overlap_step with G off the CPU's reach (NVMe): a host copy of a group's
@@ -208,10 +211,10 @@ class Engine::Impl {
   Status FinishOverlap();
   void SettleOverlap(const StepOptions& so, const StepResult& r, double grad_scale);
   // Discards the held speculation, and with it each discarded group's device
-  // copy that took its speculative P (p_refreshed_ 2): dropped now, so the
+  // copy that took its speculative P (PCopy::kHeld): dropped now, so the
   // next fetch reads the restored W; or, when the step's replay follows
-  // before anything can fetch (`replay`), marked 3: the replay's P refreshes
-  // it again (1), and the step's end drops what it did not. A copy still
+  // before anything can fetch (`replay`), marked kDiscarded: the replay's P
+  // refreshes it again, and the step's end drops what it did not. A copy still
   // pinned breaks the engine (it cannot happen: a fetch of a taken group
   // undoes the speculation before it pins).
   void DiscardSpeculation(bool replay = false);

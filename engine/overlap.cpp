@@ -182,9 +182,9 @@ Status Engine::Impl::UndoOverlap(int g, const char* call) {
 
 void Engine::Impl::DiscardSpeculation(bool replay) {
   for (int g : spec_->ready()) {
-    uint8_t& f = p_refreshed_[static_cast<size_t>(g)];
-    if (f != 2) continue;
-    f = replay ? 3 : 0;
+    PCopy& f = p_refreshed_[static_cast<size_t>(g)];
+    if (f != PCopy::kHeld) continue;
+    f = replay ? PCopy::kDiscarded : PCopy::kOld;
     if (!replay && !residency_->Invalidate(g) && step_.broken.empty())
       step_.broken = "the device copy of group " + std::to_string(g) +
                      " holds a discarded speculative update and is still fetched";
@@ -214,7 +214,7 @@ void Engine::Impl::SettleOverlap(const StepOptions& so, const StepResult& r, dou
     outcome = StatsRecorder::Speculated::kDiscarded;
   } else if (KeepsSpeculation(so, r, grad_scale)) {
     spec_->Commit();
-    for (uint8_t& f : p_refreshed_) f = f == 2 ? 1 : f;  // the copies hold committed P now
+    for (PCopy& f : p_refreshed_) f = f == PCopy::kHeld ? PCopy::kCommitted : f;  // the copies hold committed P now
     outcome = StatsRecorder::Speculated::kCommitted;
   } else {
     if (!SameStepOptions(so, step_.prepared_opts, /*with_clip=*/false))

@@ -3,7 +3,6 @@
 // their headers ask for; the API's fetch and release routed to residency.
 #include <algorithm>
 
-#include "base/align.h"
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/engine_impl.h"
@@ -84,14 +83,11 @@ Status Engine::Impl::StartComponents() {
 // GPU update's scratch, the reduction's buffers), holds every group's
 // gathered copy at once: then residency keeps forward's gathers for
 // backward (ResidencyOptions::keep_gathered). A copy may take a pooled
-// block up to 1/8 larger than asked (device_tier.h), counted so. The ranks
+// block larger than asked (DeviceTier::MostCharged), counted so. The ranks
 // agree (a sum of yes votes), since budgets may differ between them.
 Result<bool> Engine::Impl::AgreeKeepGathered() {
   uint64_t need = 0;
-  for (int g = 0; g < lay_.num_groups(); ++g) {
-    const uint64_t b = AlignUp(lay_.PBytes(g), 256);
-    need += b + b / 8;
-  }
+  for (int g = 0; g < lay_.num_groups(); ++g) need += DeviceTier::MostCharged(lay_.PBytes(g));
   const uint64_t budget = device_->budget(), used = device_->used();
   const bool fits = used <= budget && need <= budget - used;
   float votes = fits ? 1.0f : 0.0f;
@@ -122,12 +118,12 @@ void Engine::Impl::DropDeviceCopies(bool keep_frozen) {
     // step refreshed (OnPStored) holds the new P already.
     if (keep_frozen)
       residency_->Drop([this](int g) {
-        const uint8_t f = p_refreshed_[static_cast<size_t>(g)];
-        return lay_.frozen(g) || f == 1 || f == 2;  // not 3: a discarded speculation's P the replay did not redo
+        const PCopy f = p_refreshed_[static_cast<size_t>(g)];
+        return lay_.frozen(g) || f == PCopy::kCommitted || f == PCopy::kHeld;  // not a discarded speculation's
       });
     else residency_->Drop();
   }
-  std::fill(p_refreshed_.begin(), p_refreshed_.end(), 0);
+  std::fill(p_refreshed_.begin(), p_refreshed_.end(), PCopy::kOld);
 }
 
 Status Engine::Impl::DrainComm(bool wait) {

@@ -205,7 +205,7 @@ Result<Allocation> DeviceTier::Allocate(uint64_t bytes) {
     for (auto c = cache_.begin(); c != cache_.end(); ++c)
       if (c->second == last_freed_ && c->first >= len) { it = c; break; }
   }
-  if (it != cache_.end() && (it->first <= len + len / 8 || (strict_ && it->second == last_freed_))) {  // a cached block: no cudaMalloc
+  if (it != cache_.end() && (it->first <= MostCharged(bytes) || (strict_ && it->second == last_freed_))) {  // a cached block: no cudaMalloc
     const uint64_t blen = it->first;
     void* p = it->second;
     cache_.erase(it);

@@ -64,6 +64,12 @@ struct DevicePoolStats {
 class DeviceTier final : public Tier {
  public:
   static Result<std::unique_ptr<DeviceTier>> Create(const DeviceTierOptions& options);
+  // The most an Allocate of `bytes` is charged: 256-byte aligned, or a
+  // cached block up to 1/8 larger (the pool's rule above).
+  static uint64_t MostCharged(uint64_t bytes) {
+    const uint64_t len = (bytes + 255) / 256 * 256;
+    return len + len / 8;
+  }
   ~DeviceTier() override;
   Result<Allocation> Allocate(uint64_t bytes) override;
   void Free(const Allocation& a) override;

@@ -2,6 +2,7 @@
 #include "tiers/extent_allocator.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "base/align.h"
 #include "base/check.h"
@@ -10,7 +11,17 @@ namespace strata {
 
 ExtentAllocator::ExtentAllocator(uint64_t capacity, uint64_t align)
     : capacity_(AlignDown(capacity, align)), align_(align), free_bytes_(capacity_) {
-  if (capacity_ > 0) free_[0] = capacity_;
+  if (capacity_ > 0) Insert(0, capacity_);
+}
+
+void ExtentAllocator::Insert(uint64_t off, uint64_t len) {
+  free_[off] = len;
+  by_size_.emplace(len, off);
+}
+
+std::map<uint64_t, uint64_t>::iterator ExtentAllocator::Erase(std::map<uint64_t, uint64_t>::iterator it) {
+  by_size_.erase({it->second, it->first});
+  return free_.erase(it);
 }
 
 uint64_t ExtentAllocator::Allocate(uint64_t len) {
@@ -19,16 +30,12 @@ uint64_t ExtentAllocator::Allocate(uint64_t len) {
   // takes the hole another small block's old version left, and the holes
   // the large blocks leave stay whole for their next rewrite (first fit
   // nibbled at them, and a rewrite of the largest block then found none).
-  auto best = free_.end();
-  for (auto it = free_.begin(); it != free_.end(); ++it)
-    if (it->second >= len && (best == free_.end() || it->second < best->second)) {
-      best = it;
-      if (it->second == len) break;
-    }
-  if (best == free_.end()) return UINT64_MAX;
-  const uint64_t off = best->first, rest = best->second - len;
-  free_.erase(best);
-  if (rest) free_[off + len] = rest;
+  // One lookup in the size index, whatever the number of holes.
+  auto best = by_size_.lower_bound({len, 0});
+  if (best == by_size_.end()) return UINT64_MAX;
+  const uint64_t off = best->second, rest = best->first - len;
+  Erase(free_.find(off));
+  if (rest) Insert(off + len, rest);
   free_bytes_ -= len;
   return off;
 }
@@ -41,17 +48,17 @@ void ExtentAllocator::Free(uint64_t offset, uint64_t len) {
   uint64_t start = offset, end = offset + len;
   if (next != free_.end() && next->first == end) {
     end += next->second;
-    next = free_.erase(next);
+    next = Erase(next);
   }
   if (next != free_.begin()) {
     auto prev = std::prev(next);
     STRATA_CHECK_MSG(prev->first + prev->second <= offset, "double free of an extent");
     if (prev->first + prev->second == start) {
       start = prev->first;
-      free_.erase(prev);
+      Erase(prev);
     }
   }
-  free_[start] = end - start;
+  Insert(start, end - start);
   free_bytes_ += len;
 }
 
@@ -63,18 +70,14 @@ void ExtentAllocator::Grow(uint64_t capacity) {
     auto last = std::prev(free_.end());
     if (last->first + last->second == capacity_) {
       start = last->first;
-      free_.erase(last);
+      Erase(last);
     }
   }
-  free_[start] = capacity - start;
+  Insert(start, capacity - start);
   free_bytes_ += capacity - capacity_;
   capacity_ = capacity;
 }
 
-uint64_t ExtentAllocator::largest_free() const {
-  uint64_t best = 0;
-  for (const auto& [off, len] : free_) best = std::max(best, len);
-  return best;
-}
+uint64_t ExtentAllocator::largest_free() const { return by_size_.empty() ? 0 : by_size_.rbegin()->first; }
 
 }  // namespace strata

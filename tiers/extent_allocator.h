@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
+#include <utility>
 
 namespace strata {
 
@@ -25,8 +27,12 @@ class ExtentAllocator {
   const std::map<uint64_t, uint64_t>& free_ranges() const { return free_; }
 
  private:
+  void Insert(uint64_t off, uint64_t len);  // a free range, in both indexes
+  std::map<uint64_t, uint64_t>::iterator Erase(std::map<uint64_t, uint64_t>::iterator it);
+
   uint64_t capacity_, align_, free_bytes_;
   std::map<uint64_t, uint64_t> free_;  // offset -> length, disjoint, never adjacent
+  std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (length, offset) of every range in free_: best fit in O(log n)
 };
 
 }  // namespace strata

@@ -17,6 +17,10 @@ int StepSlots(const Config& c) {
   return static_cast<int>(std::clamp<uint64_t>(c.zero.offload_optimizer.buffer_count, 3, 16));
 }
 
+int StepGroupsWriting(int slots, bool concurrent) {
+  return concurrent ? std::max(slots, 3) - 1 : std::max(slots / 2, 1);
+}
+
 StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)>& padded) {
   StagingSizes z;
   const bool gpu = m.device_on_gpu;

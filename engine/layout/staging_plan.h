@@ -26,6 +26,10 @@ struct StagingSizes {
 // Slots of the step's pipeline: offload_optimizer.buffer_count, at least 3
 // (read ahead, update, write behind), at most 16.
 int StepSlots(const Config& c);
+// The groups whose writes the step has in flight at once with `slots`
+// slots (StepPipeline): a batch, half the slots, under strata.step_io
+// "alternate"; all but one of at least 3 under "concurrent".
+int StepGroupsWriting(int slots, bool concurrent);
 
 // The pools' sizes for layout `m` (homes chosen); `padded` is the NVMe
 // tier's padding of a block's bytes. The step's slots, G's staging and the

@@ -136,15 +136,12 @@ bool Residency::Refresh(int g, const void* src) {
   std::lock_guard<std::mutex> lock(mu_);
   Copy& c = copies_[static_cast<size_t>(g)];
   if (c.state != Copy::kResident || c.pins > 0) return false;
-  if (!options_.sharded) {
-    std::memcpy(c.alloc.ptr, src, options_.bytes(g));
-    return true;
-  }
-  // This rank's shard, at PHome::Load's place; the rest is gathered by the
-  // next fetch (every rank gathers from zero pins, resident or not).
-  const uint64_t shard = options_.bytes(g) / static_cast<uint64_t>(options_.shards);
-  std::memcpy(static_cast<char*>(c.alloc.ptr) + static_cast<uint64_t>(options_.shard_rank) * shard, src, shard);
-  c.gathered = false;
+  // Sharded: this rank's shard, at PHome::Load's place; the rest is
+  // gathered by the next fetch (every rank gathers from zero pins).
+  const uint64_t bytes = options_.bytes(g) / static_cast<uint64_t>(options_.sharded ? options_.shards : 1);
+  const uint64_t at = options_.sharded ? static_cast<uint64_t>(options_.shard_rank) * bytes : 0;
+  std::memcpy(static_cast<char*>(c.alloc.ptr) + at, src, bytes);
+  c.gathered = false;  // (not sharded: never set)
   return true;
 }
 

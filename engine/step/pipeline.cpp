@@ -24,6 +24,7 @@
 #include <cstring>
 #include <deque>
 
+#include "engine/layout/staging_plan.h"
 #include "kernels/cpu/adagrad.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/compact.h"
@@ -173,8 +174,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
   auto for_each_stored = [&](Job& j, auto&& f) {
     for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
       const StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
-      if (s == int(StateKind::kP) && layout_.PIsW(j.group)) continue;  // W's store is P's
-      if (b.alloc.charged != 0 && !at_home(j, b)) f(s, b);
+      if (b.alloc.charged != 0 && !at_home(j, b)) f(s, b);  // (P that is W's bytes has no block: W's store is P's)
     }
   };
   // Waits for j's stores, then publishes W, M, V (and P) together when all
@@ -424,7 +424,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     // writes start once the reads have landed, and batch k+1's loads are
     // checked beside them; a batch costs about max(read, update) + write.
     const bool update_beside_reads = layout_.compact;
-    const int batch = std::max(opt_staging_.count() / 2, 1);
+    const int batch = StepGroupsWriting(opt_staging_.count(), /*concurrent=*/false);
     // Starts the loads of the groups the feed has, up to a batch (wait: for
     // the first at least, unless the run is over); returns the end.
     auto load_batch = [&](int first, bool wait) {

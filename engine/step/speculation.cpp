@@ -21,8 +21,7 @@ Speculation::Needs Speculation::NeedsOf(const Layout& layout, int g, bool gpu_up
   Needs n;
   if (layout.frozen(g) || gpu_updates) return n;
   for (int s : kWritten) {
-    if (!layout.StateUsedBy(s, g)) continue;
-    if (s == int(StateKind::kP) && layout.PIsW(g)) continue;  // not written: W is P
+    if (!layout.StateUsedBy(s, g)) continue;  // (P that is W's bytes has no block: never written)
     const TierKind home = layout.home[s];
     const bool copy = s == int(StateKind::kP) && !layout.compact;  // recomputable from W
     if (home == TierKind::kNvme) {
@@ -156,7 +155,7 @@ void Speculation::Discard() {
     Record& r = records_[static_cast<size_t>(g)];
     Undo(r);
     // fp32: P was rewritten from the new W; the restored W gives it back.
-    if (!layout_.compact && layout_.home[int(StateKind::kP)] != TierKind::kNvme && !layout_.PIsW(g))
+    if (!layout_.compact && layout_.StateUsedBy(int(StateKind::kP), g) && layout_.home[int(StateKind::kP)] != TierKind::kNvme)
       steps_[static_cast<size_t>(g)].p_stale = true;
     Release(r);
   }

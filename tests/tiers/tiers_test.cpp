@@ -7,12 +7,14 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 
 #include "base/align.h"
 #include "io/uring_storage.h"
 #include "tests/util/temp_dir.h"
 #include "tiers/device_tier.h"
+#include "tiers/extent_allocator.h"
 #include "tiers/gpu.h"
 #include "tiers/host_tier.h"
 #include "tiers/nvme_tier.h"
@@ -381,6 +383,72 @@ TEST(NvmeTier, FailedRewriteKeepsThePreviousContents) {
   EXPECT_EQ(testing::CheckPattern(back, f.n, 0, 9), -1);
   std::free(back);
   std::free(next);
+}
+
+// ExtentAllocator's best fit (smallest free range that fits, lowest offset
+// among equals) against a plain scan of a reference free list, over random
+// allocations, frees and growths of a few sizes (as a step's rewrites are):
+// the same offset every time, the same free bytes and largest range.
+TEST(ExtentAllocator, BestFitMatchesAScanOfTheFreeRanges) {
+  std::mt19937_64 rng(11);
+  constexpr uint64_t kAlign = 4096;
+  ExtentAllocator ea(256 * kAlign, kAlign);
+  std::map<uint64_t, uint64_t> ref{{0, 256 * kAlign}};  // offset -> length, coalesced
+  uint64_t cap = 256 * kAlign;
+  std::map<uint64_t, uint64_t> live;  // offset -> length
+  auto ref_free = [&](uint64_t off, uint64_t len) {
+    auto it = ref.emplace(off, len).first;
+    auto next = std::next(it);
+    if (next != ref.end() && off + it->second == next->first) {
+      it->second += next->second;
+      ref.erase(next);
+    }
+    if (it != ref.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == off) {
+        prev->second += it->second;
+        ref.erase(it);
+      }
+    }
+  };
+  const uint64_t sizes[] = {1, 3, 3, 7, 12, 12, 12, 30};
+  for (int i = 0; i < 20000; ++i) {
+    const uint64_t r = rng() % 100;
+    if (r < 55 || live.empty()) {
+      const uint64_t len = sizes[rng() % 8] * kAlign;
+      auto best = ref.end();
+      for (auto it = ref.begin(); it != ref.end(); ++it)
+        if (it->second >= len && (best == ref.end() || it->second < best->second)) best = it;
+      const uint64_t got = ea.Allocate(len);
+      if (best == ref.end()) {
+        ASSERT_EQ(got, UINT64_MAX) << "op " << i;
+        continue;
+      }
+      ASSERT_EQ(got, best->first) << "op " << i;
+      const uint64_t off = best->first, rest = best->second - len;
+      ref.erase(best);
+      if (rest) ref[off + len] = rest;
+      live[off] = len;
+    } else if (r < 98) {
+      auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+      ea.Free(it->first, it->second);
+      ref_free(it->first, it->second);
+      live.erase(it);
+    } else {
+      const uint64_t grown = cap + (1 + rng() % 16) * kAlign;
+      ea.Grow(grown);
+      ref_free(cap, grown - cap);
+      cap = grown;
+    }
+    uint64_t free_bytes = 0, largest = 0;
+    for (const auto& [off, len] : ref) {
+      free_bytes += len;
+      largest = std::max(largest, len);
+    }
+    ASSERT_EQ(ea.free_bytes(), free_bytes) << "op " << i;
+    ASSERT_EQ(ea.largest_free(), largest) << "op " << i;
+    ASSERT_EQ(ea.free_ranges(), ref) << "op " << i;
+  }
 }
 
 // The rewrite tests' start: a tier over a fresh folder with two n-byte
