@@ -32,6 +32,10 @@ Status Engine::Impl::StartComponents() {
     h.pin_ahead = [this](int g) { return residency_->PinForAhead(g); };
     h.end_ahead = [this](int g, bool gathered) { residency_->EndAhead(g, gathered); };
     h.on_thread_start = on_thread;
+    if (stats_->tracing()) {
+      h.now = [this] { return stats_->Now(); };
+      h.span = [this](const char* name, int g, double s, double e) { stats_->CommSpan(name, g, s, e); };
+    }
     const bool g_staged = !BlockIo::DirectAt(lay_.home[int(StateKind::kG)], lay_.device_on_gpu);
     reducer_ = std::make_unique<GradReducer>(lay_, *comm_, *device_, staging_.grad, g_staged, std::move(h));
     STRATA_RETURN_IF_ERROR(reducer_->Init());

@@ -110,10 +110,13 @@ void GradReducer::Run() {
     current_ = job;
     const bool failed = !error_.ok();
     lock.unlock();
+    const bool traced = hooks_.now && hooks_.span;
+    const double start = traced ? hooks_.now() : 0;
     // After a failure nothing more is reduced: the ranks no longer agree.
     Status st = failed              ? Status::Ok()
                 : job.gather_ahead() ? GatherAhead(job.group)
                                      : Reduce(job.group, job.packed);
+    if (traced && !failed) hooks_.span(job.gather_ahead() ? "gather ahead" : "reduce", job.group, start, hooks_.now());
     if (job.packed) ReleasePacked(job.packed);
     lock.lock();
     busy_ = false;

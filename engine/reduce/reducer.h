@@ -55,6 +55,9 @@ class GradReducer {
     std::function<void*(int g)> pin_ahead;
     std::function<void(int g, bool gathered)> end_ahead;
     std::function<void()> on_thread_start;  // the CUDA device of the thread
+    // The trace's clock, and a span of the thread's job (StatsRecorder::CommSpan); either may be null.
+    std::function<double()> now;
+    std::function<void(const char* name, int g, double start_s, double end_s)> span;
   };
   // `grad_staging`: the host buffers of packed groups and of G's staging
   // (`g_staged`: one of them is G's). `comm` and `device` outlive the reducer.

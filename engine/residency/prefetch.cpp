@@ -21,12 +21,14 @@ bool PrefetchSchedule::OnFetch(int group) {
   }
   if (alt != kNowhere || trace_[0] == group) {
     pos_ = alt != kNowhere ? alt : 1;
+    ++pass_;
     return true;
   }
   WarnOnce("trace-departure",
            "this step fetches in another order than the recorded trace; prefetch restarts from a new "
            "recording (numerics are unaffected)");
   recording_ = true;
+  ++pass_;
   return false;
 }
 
@@ -45,6 +47,7 @@ void PrefetchSchedule::OnStep() {
   }
   current_.clear();
   pos_ = 0;
+  ++pass_;
   alt_ = kNowhere;
 }
 

@@ -25,6 +25,11 @@ class PrefetchSchedule {
   // How many fetches from now `group` is next used; large when never.
   // O(log uses) (the eviction scan asks it for every candidate).
   uint64_t NextUse(int group) const;
+  // The position in the trace of the next expected fetch (Ahead's first),
+  // and the pass it belongs to: a new pass (a step, a restart from the
+  // trace's first fetch, a departure) counts up.
+  size_t position() const { return pos_; }
+  uint64_t pass() const { return pass_; }
 
  private:
   std::vector<int> trace_;    // the replayed step
@@ -34,6 +39,7 @@ class PrefetchSchedule {
   size_t pos_ = 0;            // position in trace_ of the next expected fetch
   size_t alt_ = kNowhere;     // pos_ had a pass restarted at the latest fetch of trace_[0]
   bool recording_ = true;
+  uint64_t pass_ = 0;
 };
 
 }  // namespace strata

@@ -141,7 +141,7 @@ bool Residency::Refresh(int g, const void* src) {
   const uint64_t bytes = options_.bytes(g) / static_cast<uint64_t>(options_.sharded ? options_.shards : 1);
   const uint64_t at = options_.sharded ? static_cast<uint64_t>(options_.shard_rank) * bytes : 0;
   std::memcpy(static_cast<char*>(c.alloc.ptr) + at, src, bytes);
-  c.gathered = false;  // (not sharded: never set)
+  c.gathered = c.kept = false;  // (not sharded: never set)
   return true;
 }
 
@@ -164,7 +164,7 @@ void Residency::DropCopy(Copy& c) {
   if (c.alloc.charged) device_.Free(c.alloc);
   c.alloc = {};
   c.state = Copy::kAbsent;
-  c.gathered = false;
+  c.gathered = c.kept = false;
 }
 
 Result<void*> Residency::Fetch(int g) {
@@ -220,20 +220,46 @@ Result<void*> Residency::Fetch(int g) {
     stats_.OnGather();
   }
   if (!took_ahead_pin) ++c.pins;
+  c.kept = options_.sharded && options_.keep_gathered;
   c.last_use = ++fetch_counter_;
   void* ptr = c.alloc.ptr;
   std::vector<int> ahead = schedule_.Ahead(options_.window, options_.bytes);
-  // Sharded with a communication thread: the next group's gather runs there
-  // while this one computes. Queued from the trace alone (the same on every
-  // rank), never from what is resident here.
-  const int next =
-      options_.sharded && gatherer_.queue_ahead && schedule_.has_trace() && !ahead.empty() ? ahead[0] : -1;
+  // Sharded with a communication thread: the next groups' gathers run
+  // there while this one computes. Queued from the trace alone (the same on
+  // every rank), never from what is resident here: the next group, or with
+  // keep_gathered (every copy fits the budget at once, so pins ahead cannot
+  // starve a fetch) every group of the prefetch window, each trace position
+  // once a pass (and, kept, each group once). A kept copy (backward after forward) needs none, and its
+  // fetch then waits for no reduction queued before a gather ahead that
+  // every rank would decline.
+  std::vector<int> gather_ahead;
+  if (options_.sharded && gatherer_.queue_ahead && schedule_.has_trace()) {
+    if (schedule_.pass() != ahead_pass_) {
+      ahead_pass_ = schedule_.pass();
+      ahead_end_ = 0;
+    }
+    const size_t depth = options_.keep_gathered ? ahead.size() : std::min<size_t>(1, ahead.size());
+    for (size_t i = 0; i < depth; ++i) {
+      const size_t at = schedule_.position() + i;
+      if (at < ahead_end_) continue;  // queued at an earlier fetch of this pass
+      ahead_end_ = at + 1;
+      const int h = ahead[i];
+      if (h == g || copies_[static_cast<size_t>(h)].kept) continue;
+      if (options_.keep_gathered) {  // a copy once gathered stays so: once a pass (a group used twice ahead)
+        if (queued_in_pass_.empty()) queued_in_pass_.assign(copies_.size(), 0);
+        uint64_t& q = queued_in_pass_[static_cast<size_t>(h)];
+        if (q == ahead_pass_ + 1) continue;
+        q = ahead_pass_ + 1;
+      }
+      gather_ahead.push_back(h);
+    }
+  }
   lock.unlock();
   const double t1 = stalled ? stats_.Now() : t0;
   if (stalled) stats_.CallSpan("stall", g, t0, t1);  // inside this fetch's span (Engine::Fetch)
   stats_.OnFetch(counted, hit, t1 - t0);
   Prefetch(ahead);  // first: the gather ahead waits for the shard these load
-  if (next >= 0 && next != g) gatherer_.queue_ahead(next);
+  for (int h : gather_ahead) gatherer_.queue_ahead(h);
   return ptr;
 }
 

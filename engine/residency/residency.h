@@ -132,6 +132,11 @@ class Residency {
     int pins = 0;           // fetches without release (and a gather ahead's)
     bool gathered = false;  // sharded: the other ranks' shards are in
     bool ahead = false;     // gathered ahead, holding a pin for the next fetch
+    // keep_gathered: a fetch found or made the copy gathered, and nothing
+    // has changed it since. Set and cleared only in program order (a fetch;
+    // a refresh, a drop at a step), never by a thread's timing, so every
+    // rank sees it alike: a fetch queues no gather ahead of a kept copy.
+    bool kept = false;
     uint64_t last_use = 0;  // fetch counter, for LRU before a trace exists
   };
   Status Allocate(int g, std::unique_lock<std::mutex>& lock, bool demand);
@@ -154,6 +159,11 @@ class Residency {
   int loads_in_flight_ = 0;
   bool stop_ = false;
   uint64_t fetch_counter_ = 0;
+  // Gathers ahead queued in this pass of the trace: up to (not including)
+  // trace position ahead_end_ of pass ahead_pass_.
+  uint64_t ahead_pass_ = UINT64_MAX;
+  size_t ahead_end_ = 0;
+  std::vector<uint64_t> queued_in_pass_;  // keep_gathered: per group, the pass + 1 it was last queued ahead in
   std::thread thread_;
 };
 

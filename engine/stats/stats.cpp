@@ -12,7 +12,7 @@
 
 namespace strata {
 
-static const char* kTrackNames[] = {"disk", "copy", "cpu optimizer", "caller"};
+static const char* kTrackNames[] = {"disk", "copy", "cpu optimizer", "caller", "comm"};
 
 StatsRecorder::StatsRecorder(int rank, std::string trace_path) : rank_(rank), trace_path_(std::move(trace_path)) {}
 
@@ -65,6 +65,12 @@ void StatsRecorder::CallSpan(const char* name, int group, double start_s, double
   if (trace_path_.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
   Add(static_cast<int>(Resource::kCaller), name, start_s, end_s, 0, group);
+}
+
+void StatsRecorder::CommSpan(const char* name, int group, double start_s, double end_s) {
+  if (trace_path_.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  Add(static_cast<int>(Resource::kComm), name, start_s, end_s, 0, group);
 }
 
 // Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
@@ -275,10 +281,11 @@ Status StatsRecorder::WriteTrace() const {
       "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":%d,\"dropped_events\":%llu},\"traceEvents\":[\n",
       rank_, static_cast<unsigned long long>(dropped));
   std::fprintf(f, "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_, rank_);
-  for (size_t t = 0; t < 4 + tracks; ++t)
+  for (size_t t = 0; t < kUserTrack0 + tracks; ++t)
     std::fprintf(
         f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%zu,\"args\":{\"name\":\"%s%s\"}}",
-        rank_, t, t < 4 ? kTrackNames[t] : "trainer thread ", t < 4 ? "" : std::to_string(t - 4).c_str());
+        rank_, t, t < kUserTrack0 ? kTrackNames[t] : "trainer thread ",
+        t < kUserTrack0 ? "" : std::to_string(t - kUserTrack0).c_str());
   uint64_t id = 0;
   for (size_t i = 0; i < events.size(); ++i) {
     const Event& e = events[i];

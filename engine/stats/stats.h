@@ -1,7 +1,8 @@
 // Stats and trace: per-step counters, busy time per resource (disk, copy,
 // CPU optimizer) and, with strata.trace_path, a Chrome trace JSON that
 // Perfetto opens: one track per resource, one for the engine's calls (fetch,
-// stall, grads, step), one per trainer thread for the trainer's own spans;
+// stall, grads, step), one for the communication thread's collectives,
+// one per trainer thread for the trainer's own spans;
 // pid = rank. Thread-safe.
 #pragma once
 
@@ -20,7 +21,8 @@
 
 namespace strata {
 
-enum class Resource : int { kDisk = 0, kCopy = 1, kCpuOptimizer = 2, kCaller = 3 };
+// kComm: the communication thread's collectives (trace only).
+enum class Resource : int { kDisk = 0, kCopy = 1, kCpuOptimizer = 2, kCaller = 3, kComm = 4 };
 
 class StatsRecorder {
  public:
@@ -35,6 +37,9 @@ class StatsRecorder {
   // An engine call's span on the caller's track: "fetch", "stall", "grads",
   // with the group it was for (args.group in the trace).
   void CallSpan(const char* name, int group, double start_s, double end_s);
+  // A collective of the communication thread (a reduction, a gather ahead),
+  // with its group, on the trace's "comm" track.
+  void CommSpan(const char* name, int group, double start_s, double end_s);
   double Now() const;  // seconds since the recorder started
 
   // The trainer's own spans (strata_engine_span_begin / _end), on one track
@@ -72,7 +77,7 @@ class StatsRecorder {
   bool tracing() const { return !trace_path_.empty(); }
 
  private:
-  static constexpr int kUserTrack0 = 4;  // tid of the first trainer thread's track
+  static constexpr int kUserTrack0 = 5;  // tid of the first trainer thread's track
   static constexpr size_t kMaxEvents = 4'000'000;
   struct Clock { int active = 0; double since = 0, total = 0; };
   struct Event {
@@ -96,7 +101,7 @@ class StatsRecorder {
   const std::string trace_path_;
   const std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
   mutable std::mutex mu_;  // guards everything below
-  Clock clocks_[4];
+  Clock clocks_[5];
   double step_start_ = 0;
   EngineStats stats_;
   std::vector<Event> events_;

@@ -766,6 +766,69 @@ TEST(ResidencySharded, QueuesTheNextGroupAheadAndAStepOffTheTraceDropsThePins) {
   rig.residency->WaitIdle();
 }
 
+// keep_gathered: the first fetch of a pass queues every group of the window
+// ahead, each trace position once a pass (a later fetch queues only what
+// came into the window), and no fetch queues a copy kept gathered: backward
+// after forward queues nothing, nor does a group's second use in the window
+// (3 at positions 3 and 5) or its second use in the pass (0, a tied embedding). After a drop (the step) forward queues again.
+TEST(ResidencySharded, KeptCopiesQueueTheWindowAheadOnceAndNothingForBackward) {
+  GatherLog log;
+  Rig rig(std::vector<uint64_t>(4, kS), 4 * kS, false, /*window=*/3 * kS, true, log.Make(true), nullptr,
+          /*keep_gathered=*/true);
+  rig.residency->Start();
+  const std::vector<int> order = {0, 1, 2, 3, 0, 3, 2, 1, 0};  // forward (0 used twice), backward
+  auto pass = [&] {
+    for (int g : order) {
+      rig.FetchChecked(g);
+      rig.ReleaseOk(g);
+    }
+  };
+  pass();
+  EXPECT_TRUE(log.queued_ahead.empty()) << "no trace yet";
+  rig.residency->OnStep();
+  rig.residency->Drop(nullptr);  // the step: P changed, nothing gathered
+  rig.FetchChecked(0);
+  EXPECT_EQ(log.queued_ahead, (std::vector<int>{1, 2, 3})) << "the first fetch queues the whole window";
+  rig.ReleaseOk(0);
+  for (size_t i = 1; i < order.size(); ++i) {
+    rig.FetchChecked(order[i]);
+    rig.ReleaseOk(order[i]);
+  }
+  EXPECT_EQ(log.queued_ahead, (std::vector<int>{1, 2, 3}))
+      << "fetch 0 queues the window (1, 2, 3), fetch 1 what came into it (0 again, fetched and kept); backward "
+         "queues nothing";
+  log.queued_ahead.clear();
+  rig.residency->OnStep();
+  pass();
+  EXPECT_TRUE(log.queued_ahead.empty()) << "nothing dropped: every copy is still kept";
+  rig.residency->OnStep();
+  rig.residency->Drop(nullptr);
+  pass();
+  EXPECT_EQ(log.queued_ahead, (std::vector<int>{1, 2, 3})) << "a new pass after a drop queues again";
+  rig.residency->DropAheadPins();
+  rig.residency->WaitIdle();
+}
+
+// Without keep_gathered a fetch queues only the next group, as many times as
+// the trace has it (a copy is gathered again after its release).
+TEST(ResidencySharded, WithoutKeepingAFetchQueuesTheNextGroupOnly) {
+  GatherLog log;
+  Rig rig(std::vector<uint64_t>(4, kS), 4 * kS, false, /*window=*/3 * kS, true, log.Make(true));
+  rig.residency->Start();
+  const std::vector<int> order = {0, 1, 2, 3, 3, 2, 1, 0};
+  for (int step = 0; step < 2; ++step) {
+    for (int g : order) {
+      rig.FetchChecked(g);
+      rig.ReleaseOk(g);
+    }
+    rig.residency->OnStep();
+  }
+  EXPECT_EQ(log.queued_ahead, (std::vector<int>{1, 2, 3, 2, 1, 0}))
+      << "each fetch's next (not its own group: 3 then 3; nothing after the trace's last fetch)";
+  rig.residency->DropAheadPins();
+  rig.residency->WaitIdle();
+}
+
 // The prefetch thread loads this rank's shard only: it never gathers.
 TEST(ResidencySharded, PrefetchLoadsWithoutGathering) {
   GatherLog log;
