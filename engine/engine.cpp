@@ -73,6 +73,7 @@ Status Engine::Impl::InitRanks() {
       co.rank = info;
       co.backend = options_.force_no_gpu ? "gloo" : "auto";
       co.timeout_s = config_.strata.timeout_s;
+      co.shared_memory = config_.strata.comm_shared_memory;
       co.store = &store_->client();
       STRATA_ASSIGN_OR_RETURN(own_comm_, net::MakeCommunicator(co));
       comm_ = own_comm_.get();

@@ -244,6 +244,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.String("trace_path", &s->trace_path));
   STRATA_RETURN_IF_ERROR(r.Bool("checksums", &s->checksums));
   STRATA_RETURN_IF_ERROR(r.Double("timeout", &s->timeout_s, 0.001, 1e7));
+  STRATA_RETURN_IF_ERROR(r.Bool("comm_shared_memory", &s->comm_shared_memory));
   STRATA_RETURN_IF_ERROR(r.Int("io_rings", &s->io_rings, 1, 64));
   STRATA_RETURN_IF_ERROR(r.Choice("step_io", &s->step_io, {"alternate", "concurrent"}));
   STRATA_RETURN_IF_ERROR(r.Choice("nonfinite", &s->nonfinite, {"skip", "error", "apply"}));
@@ -446,7 +447,8 @@ std::string ConfigToJson(const Config& c) {
       {"strata",
        {{"device_budget", budget(c.strata.device_budget)}, {"host_budget", budget(c.strata.host_budget)},
         {"nvme_paths", c.strata.nvme_paths}, {"trace_path", c.strata.trace_path},
-        {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s}, {"io_rings", c.strata.io_rings},
+        {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s},
+        {"comm_shared_memory", c.strata.comm_shared_memory}, {"io_rings", c.strata.io_rings},
         {"step_io", c.strata.step_io}, {"nonfinite", c.strata.nonfinite},
         {"grad_reduce", c.strata.grad_reduce}, {"state_format", c.strata.state_format},
         {"device_pool", c.strata.device_pool},

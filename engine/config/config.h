@@ -121,6 +121,7 @@ struct StrataConfig {
   std::string trace_path;               // "" = no trace
   bool checksums = true;                // checksum swap blocks, verify on read
   double timeout_s = 300;               // collectives and store waits
+  bool comm_shared_memory = true;       // Gloo, every rank on this host: bulk collectives through /dev/shm
   int io_rings = 1;                     // io_uring worker rings
   // The optimizer step's disk schedule over NVMe-homed state:
   //   "alternate"  the disk reads or writes, never both at once: shard i+1 is

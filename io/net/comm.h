@@ -36,6 +36,13 @@ struct CommOptions {
   // Gloo: the local address to listen on; empty = the address this host uses
   // to reach rank.master_addr (127.0.0.1 for a loopback master).
   std::string local_addr;
+  // Gloo: when every rank is on this host (they all open one segment in
+  // /dev/shm), all-gathers and reduce-scatters move through shared memory
+  // (shm_channel.h: world * 2 slots of shm_slot_bytes) instead of TCP over
+  // loopback: the same bits, a fraction of the CPU. Where any rank cannot
+  // open the segment, every rank keeps TCP (said in an info line).
+  bool shared_memory = true;
+  uint64_t shm_slot_bytes = uint64_t{8} << 20;
 };
 
 // Collectives must be called in the same order with the same sizes on every
@@ -57,6 +64,9 @@ class Communicator {
   // true: buffers are CUDA device pointers (NCCL; host ones are staged);
   // false: host memory.
   virtual bool device_buffers() const = 0;
+  // true: all-gathers and reduce-scatters go through shared memory (Gloo,
+  // every rank on this host; CommOptions::shared_memory).
+  virtual bool shared_memory() const { return false; }
 
   // buf[n] := sum over ranks of buf[n], in place. fp32 sums are bitwise equal
   // on every rank; the summation order depends on the world size.

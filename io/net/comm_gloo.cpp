@@ -30,8 +30,10 @@
 #include <thread>
 
 #include "base/log.h"
+#include "base/sizes.h"
 #include "io/net/comm_backends.h"
 #include "io/net/deadline.h"
+#include "io/net/shm_channel.h"
 
 namespace strata::net {
 namespace {
@@ -342,12 +344,14 @@ void SumFloats(void* c, const void* a, const void* b, size_t n) {
 class GlooComm final : public Communicator {
  public:
   GlooComm(std::shared_ptr<gloo::transport::Device> dev, std::shared_ptr<gloo::rendezvous::Context> ctx,
-           Millis timeout, std::unique_ptr<Watchdog> watchdog, std::vector<std::string> peers)
+           Millis timeout, std::unique_ptr<Watchdog> watchdog, std::vector<std::string> peers,
+           std::unique_ptr<ShmChannel> shm)
       : dev_(std::move(dev)),
         ctx_(std::move(ctx)),
         timeout_(timeout),
         watchdog_(std::move(watchdog)),
-        peers_(std::move(peers)) {
+        peers_(std::move(peers)),
+        shm_(std::move(shm)) {
     watchdog_->Start(peers_, ctx_->rank, timeout_);
   }
 
@@ -355,6 +359,7 @@ class GlooComm final : public Communicator {
   int world_size() const override { return ctx_->size; }
   const char* backend() const override { return "gloo"; }
   bool device_buffers() const override { return false; }
+  bool shared_memory() const override { return shm_ != nullptr; }
 
   // The barrier that ends creation: after it no rank needs the store.
   Status FirstBarrier() {
@@ -373,10 +378,16 @@ class GlooComm final : public Communicator {
       gloo::allreduce(opts);
     });
   }
+  // Through shared memory when every rank is on this host (the descriptors
+  // before them still go through Gloo: that exchange is what keeps the
+  // ranks' rounds in step). A failure there is thrown into Guard as
+  // Gloo's are: a timeout says "timed out", a peer gone is COMM.
   Status DoReduceScatter(const float* in, float* out, size_t n) override {
+    if (shm_) return Guard([&] { Check(shm_->ReduceScatter(in, out, n, Clock::now() + timeout_)); });
     return Guard([&] { RingReduceScatter(in, out, n); });
   }
   Status DoAllGather(const void* in, void* out, size_t bytes) override {
+    if (shm_) return Guard([&] { Check(shm_->AllGather(in, out, bytes, Clock::now() + timeout_)); });
     return Guard([&] {
       auto* o = static_cast<uint8_t*>(out);
       gloo::AllgatherOptions opts(ctx_);
@@ -416,6 +427,9 @@ class GlooComm final : public Communicator {
 
  private:
   uint32_t Tag() const { return static_cast<uint32_t>(current_seq()) & 0x7fffffffu; }
+  static void Check(const Status& st) {
+    if (!st.ok()) throw gloo::IoException(st.message());
+  }
 
   void BarrierNow(uint32_t tag) {
     gloo::BarrierOptions opts(ctx_);
@@ -496,7 +510,68 @@ class GlooComm final : public Communicator {
   std::vector<std::string> peers_;      // every rank's alive socket, "addr:port" ("" unknown)
   bool probed_ = false;
   std::vector<float> scratch_;  // (2, n): reduce-scatter send/receive halves
+  std::unique_ptr<ShmChannel> shm_;  // every rank on this host (CommOptions::shared_memory)
 };
+
+// Every rank on this host: rank 0 makes the segment and says its name in the
+// store ("" when it could not); the others open it; each says whether it
+// could, and all use it only if all could (else every rank keeps TCP, with
+// an info line naming why). Rank 0 removes the name once all have opened.
+Result<std::unique_ptr<ShmChannel>> ShareMemory(const CommOptions& o, Millis timeout) {
+  const RankInfo& r = o.rank;
+  if (!o.shared_memory || !o.store || r.world_size < 2) return std::unique_ptr<ShmChannel>();
+  const std::string key = o.prefix + "/shm/";
+  std::unique_ptr<ShmChannel> ch;
+  Status why;
+  if (r.rank == 0) {
+    // The slots shrink (down to 256 KiB) where /dev/shm cannot hold them
+    // (a container's 64 MiB, say): more rounds, still no TCP.
+    std::string said;
+    for (uint64_t slot = o.shm_slot_bytes; !ch && slot >= (uint64_t{256} << 10); slot /= 2) {
+      std::string name;
+      auto c = ShmChannel::Create(r.world_size, slot, &name);
+      if (c.ok()) {
+        ch = std::move(*c);
+        said = name + " " + std::to_string(slot);
+      } else if (why.ok()) {
+        why = c.status();
+      }
+    }
+    STRATA_RETURN_IF_ERROR(o.store->Set(key + "name", Bytes(said.begin(), said.end())));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(auto v, o.store->Get(key + "name", timeout));
+    const std::string said(v.begin(), v.end());
+    const size_t sp = said.find(' ');
+    if (sp == std::string::npos) {
+      why = CommError("rank 0 could not make the segment");
+    } else {
+      auto c = ShmChannel::Open(said.substr(0, sp), r.rank, r.world_size, std::stoull(said.substr(sp + 1)));
+      if (c.ok()) ch = std::move(*c);
+      else why = c.status();
+    }
+  }
+  const std::string mine = ch ? "1" : "0";
+  STRATA_RETURN_IF_ERROR(o.store->Set(key + "ok/" + std::to_string(r.rank), Bytes(mine.begin(), mine.end())));
+  int missing = -1;
+  for (int k = 0; k < r.world_size; ++k) {
+    STRATA_ASSIGN_OR_RETURN(auto v, o.store->Get(key + "ok/" + std::to_string(k), timeout));
+    if (v.size() != 1 || v[0] != '1') {
+      missing = k;
+      break;
+    }
+  }
+  if (missing >= 0 || !ch) {
+    STRATA_LOG_INFO("gloo rank {} of {}: collectives over TCP, not shared memory ({})", r.rank, r.world_size,
+                    !why.ok() ? why.message() : "rank " + std::to_string(missing) + " could not open it");
+    return std::unique_ptr<ShmChannel>();
+  }
+  if (r.rank == 0) {
+    ch->Unlink();
+    STRATA_LOG_INFO("gloo: the {} ranks share this host: all-gathers and reduce-scatters through shared memory "
+                    "({} in /dev/shm)", r.world_size, FormatBytes(ch->segment_bytes()));
+  }
+  return ch;
+}
 
 }  // namespace
 
@@ -537,7 +612,10 @@ Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
       if (!v.ok()) return v.status().WithContext(where);
       peers.emplace_back(v->begin(), v->end());
     }
-    comm = std::make_unique<GlooComm>(std::move(dev), std::move(ctx), timeout, std::move(watchdog), std::move(peers));
+    auto shm = ShareMemory(o, timeout);
+    if (!shm.ok()) return shm.status().WithContext(where + ": sharing memory");
+    comm = std::make_unique<GlooComm>(std::move(dev), std::move(ctx), timeout, std::move(watchdog), std::move(peers),
+                                      std::move(*shm));
   } catch (const std::exception& e) {
     if (adapter && !adapter->first_error().ok()) return adapter->first_error().WithContext(where);
     return FromGloo(e, timeout).WithContext(where + " (listening on " + local + ", from " + why + ")");

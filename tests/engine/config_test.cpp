@@ -87,6 +87,7 @@ TEST(Config, EmptyDocumentHasDeepSpeedDefaults) {
   EXPECT_TRUE(c.strata.checksums);
   EXPECT_EQ(c.strata.timeout_s, 300.0);
   EXPECT_EQ(c.strata.io_rings, 1);
+  EXPECT_TRUE(c.strata.comm_shared_memory);
   EXPECT_EQ(c.strata.step_io, "alternate");
   EXPECT_EQ(c.strata.gpu_optimizer, "auto");
   EXPECT_EQ(c.strata.grad_home, "auto");
@@ -138,7 +139,7 @@ const char* kInfinityConfig = R"({
     "single_submit": false, "overlap_events": true
   },
   "strata": {"host_budget": "64GiB", "nvme_paths": ["/nvme0/swap", "/nvme1/swap"], "io_rings": 2,
-             "step_io": "concurrent"}
+             "step_io": "concurrent", "comm_shared_memory": false}
 })";
 
 TEST(Config, ZeroInfinityDsConfigParses) {
@@ -162,6 +163,7 @@ TEST(Config, ZeroInfinityDsConfigParses) {
   EXPECT_EQ(c.strata.host_budget, 64 * kGiB);
   EXPECT_EQ(c.strata.io_rings, 2);
   EXPECT_EQ(c.strata.step_io, "concurrent");
+  EXPECT_FALSE(c.strata.comm_shared_memory);
   EXPECT_EQ(c.ParamSwapPaths(), (std::vector<std::string>{"/nvme0/swap", "/nvme1/swap"}));
   EXPECT_EQ(c.OptimizerSwapPaths(), c.ParamSwapPaths());
   EXPECT_EQ(c.notes, (std::vector<std::string>{"train_batch_size", "train_micro_batch_size_per_gpu",

@@ -180,6 +180,8 @@ for world in (1, 2, 4):
         if w is None:
             continue
         results[(world, stage)] = w
+        if (world, stage) == (2, 3):
+            shm_err = last_err  # rank 0 says the ranks share memory
         err = np.abs(w - ref).max() / scale
         check(f"world {world} stage {stage} matches 1-rank stage 0", err <= 1e-6, f"max rel diff {err:.2e}")
 # Placement never changes the bits; stages that reduce alike agree bitwise.
@@ -205,6 +207,14 @@ for stage in (1, 2, 3):
                       m.group(0) if m else last_err.strip()[-200:])
         if w is not None and (2, stage) in results:
             check(f"world 2 stage {stage} on {place} == on device, bitwise", np.array_equal(w, results[(2, stage)]))
+# Gloo's bulk collectives go through shared memory (every rank is on this
+# host); over TCP (strata.comm_shared_memory false) the bits are the same.
+if (2, 3) in results:
+    w = run(2, 3, "device", "w2s3tcp", ("tcp", "1"))
+    tcp_err = last_err
+    check("world 2 stage 3 over TCP (comm_shared_memory false): says so, and the same bits as through shared memory",
+          w is not None and np.array_equal(w, results[(2, 3)]) and "collectives over TCP" not in tcp_err
+          and "through shared memory" not in tcp_err and "through shared memory" in shm_err, tcp_err.strip()[-300:])
 if (2, 0) in results and (2, 1) in results:
     check("world 2: stage 1 == stage 0 bitwise (both all-reduce)", np.array_equal(results[(2, 0)], results[(2, 1)]))
 if (2, 2) in results and (2, 3) in results:

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
   int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1, frozen = -1, frozen_on = -1;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
-  bool tag_by_rank = false, compact = false, bf16 = false;
+  bool tag_by_rank = false, compact = false, bf16 = false, tcp = false;
   std::string timeout = "60", save_dir, load_dir, buckets;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "diverge-rank-1-at-step")) diverge_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "diverge")) diverge = argv[i + 1];
     if (!std::strcmp(argv[i], "compact")) compact = true;
+    if (!std::strcmp(argv[i], "tcp")) tcp = true;
     if (!std::strcmp(argv[i], "frozen")) frozen = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "frozen-on-rank")) frozen_on = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "bf16")) bf16 = true;
@@ -69,7 +70,8 @@ int main(int argc, char** argv) {
   if (std::system(mk.c_str()) != 0) return 1;
   // "compact": strata.state_format compact (bf16 compute, as it needs);
   // "bf16": bf16 compute with fp32 state.
-  const std::string format = compact ? R"(, "state_format": "compact")" : "";
+  std::string format = compact ? R"(, "state_format": "compact")" : "";
+  if (tcp) format += R"(, "comm_shared_memory": false)";  // collectives over TCP, not /dev/shm
   auto cfg = ParseConfig(std::string(compact || bf16 ? R"({"bf16": {"enabled": true}, )" : "{") +
                          R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "zero_optimization": {"stage": )" + stage + R"(,

@@ -1,7 +1,8 @@
 // One rank of the multi-process communicator tests: reads its rank from the
 // launch variables, rendezvouses through the store and runs a mode:
 //   collectives  every collective with known values (53 elements padded over
-//                the ranks, in place, bitwise-equal sums); exit 0 when right
+//                the ranks, in place, bitwise-equal sums), and (Gloo) shared
+//                memory against TCP, bitwise; exit 0 when right
 //   kill         all_reduce in a loop; the victim rank SIGKILLs itself at
 //                iteration 3; the others must fail naming the collective
 //   hang         like kill, but the victim sleeps: the others must time out
@@ -144,7 +145,33 @@ void TestBroadcastAndBarrier(Communicator& c) {
   EXPECT_OK(c.Barrier());
 }
 
-int RunCollectives(Communicator& c) {
+// Every rank is on this host: the reduce-scatters and all-gathers went
+// through shared memory; a second communicator over TCP gives the same bits
+// (sums of fractions over several rounds of the 8 MiB slots' shrunken
+// copies: 3 million floats a rank).
+void TestSharedMemoryMatchesTcp(Communicator& c, const CommOptions& tcp_options) {
+  EXPECT(c.shared_memory(), "ranks on one host: collectives through shared memory");
+  auto tcp = MakeCommunicator(tcp_options);
+  if (!tcp.ok()) {
+    EXPECT(tcp.ok(), "%s", tcp.status().ToString().c_str());
+    return;
+  }
+  EXPECT(!(*tcp)->shared_memory(), "CommOptions::shared_memory false: over TCP");
+  const int w = c.world_size(), r = c.rank();
+  const size_t n = 3'000'000 / static_cast<size_t>(w) + 13;
+  std::vector<float> in(n * w);
+  uint32_t seed = 777u + 31u * static_cast<uint32_t>(r);
+  for (auto& v : in) v = static_cast<float>(Next(&seed) % 100000) / 7.0f - 5000.0f;
+  std::vector<float> a(n), b(n), ga(n * w), gb(n * w);
+  EXPECT_OK(c.ReduceScatter(in.data(), a.data(), n));
+  EXPECT_OK((*tcp)->ReduceScatter(in.data(), b.data(), n));
+  EXPECT(std::memcmp(a.data(), b.data(), n * 4) == 0, "reduce_scatter: shared memory and TCP differ bitwise");
+  EXPECT_OK(c.AllGather(a.data(), ga.data(), n * 4));
+  EXPECT_OK((*tcp)->AllGather(b.data(), gb.data(), n * 4));
+  EXPECT(std::memcmp(ga.data(), gb.data(), ga.size() * 4) == 0, "all_gather: shared memory and TCP differ");
+}
+
+int RunCollectives(Communicator& c, const CommOptions& tcp_options) {
   TestAllReduce(c);
   TestAllReduceBitwiseEqual(c);
   TestPaddedGroup(c, /*in_place=*/false);
@@ -153,6 +180,7 @@ int RunCollectives(Communicator& c) {
   TestBroadcastAndBarrier(c);
   EXPECT(c.collectives_issued() == 12, "issued %llu collectives, want 12",
          static_cast<unsigned long long>(c.collectives_issued()));
+  if (c.world_size() > 1 && std::strcmp(c.backend(), "gloo") == 0) TestSharedMemoryMatchesTcp(c, tcp_options);
   std::fprintf(stdout, "comm_worker rank %d: %s, %d failures\n", c.rank(), c.backend(), g_failures);
   return g_failures ? 1 : 0;
 }
@@ -245,7 +273,10 @@ int main(int argc, char** argv) {
   o.prefix = "comm_worker";
   auto comm = MakeCommunicator(o);
   if (!comm.ok()) return fail(comm.status());
-  if (mode == "collectives") return RunCollectives(**comm);
+  CommOptions tcp = o;
+  tcp.shared_memory = false;
+  tcp.prefix = "comm_worker_tcp";
+  if (mode == "collectives") return RunCollectives(**comm, tcp);
   if (mode.rfind("diverge-", 0) == 0) return RunDiverge(**comm, victim, mode.substr(8));
   return RunVictim(**comm, mode == "hang", victim, hang_s);
 }

@@ -1,0 +1,173 @@
+// ShmChannel across threads (each rank its own mapping, descriptor and
+// lock) and across a fork: the sums in Gloo's ring order at 2-4 ranks over
+// many rounds, in place and not; a peer that exited fails the wait at once;
+// one that hangs times out; a segment of another shape is refused; nothing
+// is left in /dev/shm.
+#include "io/net/shm_channel.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+using namespace strata;
+using namespace strata::net;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr uint64_t kSlot = 4096;  // small: a few thousand floats take several rounds
+
+ShmChannel::Deadline In(std::chrono::milliseconds ms) { return std::chrono::steady_clock::now() + ms; }
+
+// Rank 0's channel and the others', opened on the name.
+std::vector<std::unique_ptr<ShmChannel>> Channels(int world, uint64_t slot = kSlot) {
+  std::string name;
+  auto c0 = ShmChannel::Create(world, slot, &name);
+  EXPECT_TRUE(c0.ok()) << c0.status().ToString();
+  std::vector<std::unique_ptr<ShmChannel>> out;
+  if (!c0.ok()) return out;
+  out.push_back(std::move(*c0));
+  for (int r = 1; r < world; ++r) {
+    auto c = ShmChannel::Open(name, r, world, slot);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return {};
+    out.push_back(std::move(*c));
+  }
+  out[0]->Unlink();
+  return out;
+}
+
+// Runs fn(rank) on one thread per rank.
+void OnRanks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::thread> ts;
+  for (int r = 0; r < world; ++r) ts.emplace_back(fn, r);
+  for (auto& t : ts) t.join();
+}
+
+float Value(int rank, size_t i) {  // fractions: a sum's bits depend on its order
+  uint32_t x = static_cast<uint32_t>(rank * 7919 + i * 104729 + 1);
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  return static_cast<float>(x % 100000) / 7.0f - 5000.0f;
+}
+
+TEST(ShmChannel, ReduceScatterAddsInTheRingsOrderAndAllGatherCopies) {
+  for (int world : {2, 3, 4})
+    for (size_t n : {size_t{0}, size_t{1}, size_t{53}, size_t{1000}, size_t{5000}})
+      for (bool in_place : {false, true}) {
+        auto ch = Channels(world);
+        ASSERT_EQ(ch.size(), static_cast<size_t>(world));
+        std::vector<std::vector<float>> in(world), out(world);
+        for (int r = 0; r < world; ++r) {
+          in[r].resize(n * world);
+          for (size_t i = 0; i < in[r].size(); ++i) in[r][i] = Value(r, i);
+          out[r].assign(n, -1.0f);
+        }
+        const auto orig = in;
+        std::vector<Status> st(world);
+        OnRanks(world, [&](int r) {
+          float* o = in_place ? in[r].data() + r * n : out[r].data();
+          st[r] = ch[r]->ReduceScatter(in[r].data(), o, n, In(20s));
+          if (st[r].ok() && !in_place) std::memcpy(in[r].data() + r * n, o, n * 4);
+          // All-gather the shards back (in place), through the same slots.
+          if (st[r].ok()) st[r] = ch[r]->AllGather(in[r].data() + r * n, in[r].data(), n * 4, In(20s));
+        });
+        for (int r = 0; r < world; ++r) {
+          ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+          for (int s = 0; s < world; ++s)  // every rank holds every shard
+            for (size_t i = 0; i < n; ++i) {
+              float want = orig[(s + 1) % world][s * n + i];  // rank s's sum: s+1, s+2, ..., s
+              for (int j = 2; j <= world; ++j) want += orig[(s + j) % world][s * n + i];
+              ASSERT_EQ(std::memcmp(&in[r][s * n + i], &want, 4), 0)
+                  << "world " << world << " n " << n << (in_place ? " in place" : "") << ": rank " << r
+                  << " element " << i << " of shard " << s << " = " << in[r][s * n + i] << ", want " << want;
+            }
+        }
+      }
+}
+
+TEST(ShmChannel, AllGatherOfBytesAcrossRoundsOutOfPlace) {
+  const int world = 3;
+  auto ch = Channels(world);
+  ASSERT_EQ(ch.size(), 3u);
+  const size_t bytes = 3 * kSlot + 17;
+  std::vector<std::vector<uint8_t>> in(world), out(world);
+  for (int r = 0; r < world; ++r) {
+    in[r].resize(bytes);
+    for (size_t i = 0; i < bytes; ++i) in[r][i] = static_cast<uint8_t>(i * 31 + r * 7);
+    out[r].assign(bytes * world, 0);
+  }
+  std::vector<Status> st(world);
+  OnRanks(world, [&](int r) {
+    for (int rep = 0; rep < 3 && st[r].ok(); ++rep) st[r] = ch[r]->AllGather(in[r].data(), out[r].data(), bytes, In(20s));
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+    for (int s = 0; s < world; ++s)
+      EXPECT_EQ(std::memcmp(out[r].data() + s * bytes, in[s].data(), bytes), 0) << "rank " << r << ", shard " << s;
+  }
+}
+
+// Rank 1 (a child process) opens the segment and exits: rank 0's wait
+// finds its lock gone and fails at once, naming it, long before the deadline.
+TEST(ShmChannel, APeerThatExitedFailsTheWaitAtOnce) {
+  std::string name;
+  auto c0 = ShmChannel::Create(2, kSlot, &name);
+  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto c1 = ShmChannel::Open(name, 1, 2, kSlot);
+    _exit(c1.ok() ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not open " << name;
+  (*c0)->Unlink();
+  std::vector<float> buf(2 * 100, 1.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = (*c0)->AllGather(buf.data(), buf.data(), 400, In(20s));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(st.code(), Code::kComm) << st.ToString();
+  EXPECT_NE(st.message().find("rank 1 closed its shared memory (it exited)"), std::string::npos) << st.ToString();
+  EXPECT_LT(s, 5.0) << "found at the 20 s deadline, not at once";
+}
+
+// Rank 1 lives but never calls: rank 0 times out at its deadline, naming it.
+TEST(ShmChannel, APeerThatHangsTimesOut) {
+  auto ch = Channels(2);
+  ASSERT_EQ(ch.size(), 2u);
+  std::vector<float> in(2 * 64, 1.0f), out(64);
+  Status st = ch[0]->ReduceScatter(in.data(), out.data(), 64, In(300ms));
+  EXPECT_EQ(st.code(), Code::kTimeout) << st.ToString();
+  EXPECT_NE(st.message().find("timed out in shared memory waiting for rank 1"), std::string::npos) << st.ToString();
+}
+
+TEST(ShmChannel, ASegmentOfAnotherShapeOrNameIsRefusedAndNothingIsLeft) {
+  std::string name;
+  {
+    auto c0 = ShmChannel::Create(2, kSlot, &name);
+    ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+    EXPECT_TRUE(std::filesystem::exists("/dev/shm" + name));
+    auto other = ShmChannel::Open(name, 1, 3, kSlot);
+    EXPECT_EQ(other.status().code(), Code::kComm) << "3 ranks on a segment of 2";
+    auto slots = ShmChannel::Open(name, 1, 2, 2 * kSlot);
+    EXPECT_EQ(slots.status().code(), Code::kComm) << "other slots";
+    auto rank = ShmChannel::Open(name, 0, 2, kSlot);
+    EXPECT_EQ(rank.status().code(), Code::kInvalid) << "rank 0 creates, never opens";
+    EXPECT_EQ(ShmChannel::Create(2, 1000, &name).status().code(), Code::kInvalid) << "slots under 4096 bytes";
+  }
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + name)) << "rank 0's channel removes its name";
+  auto gone = ShmChannel::Open(name, 1, 2, kSlot);
+  EXPECT_EQ(gone.status().code(), Code::kComm);
+  EXPECT_NE(gone.status().message().find("shm_open"), std::string::npos) << gone.status().ToString();
+}
+
+}  // namespace
