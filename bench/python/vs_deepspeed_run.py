@@ -76,6 +76,13 @@ def du(path):
     return total
 
 
+def say(text):
+    """One line in one write: the ranks share the output, and print() under
+    python -u writes the text and its newline apart (two ranks finishing
+    together then run their lines into one)."""
+    os.write(1, (text + "\n").encode())
+
+
 def main():
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORLD))
     m = model()
@@ -148,11 +155,11 @@ def main():
         ph = phases[WARMUP:]
         line["forward_s"], line["backward_s"] = (round(statistics.median(p[k] for p in ph), 4) for k in (0, 1))
         line["step_part_s"] = round(med - line["forward_s"] - line["backward_s"], 4)
-    print("vs_deepspeed_run " + json.dumps(line), flush=True)
+    say("vs_deepspeed_run " + json.dumps(line))
     if ENGINE == "strata" and os.environ.get("STATS") == "1":
-        print("vs_deepspeed_stats " + json.dumps(off.engine.stats()), flush=True)
+        say("vs_deepspeed_stats " + json.dumps(off.engine.stats()))
     for wl in warned:
-        print("vs_deepspeed_ignored " + wl.strip(), flush=True)
+        say("vs_deepspeed_ignored " + wl.strip())
 
 
 if __name__ == "__main__":

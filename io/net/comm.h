@@ -37,12 +37,13 @@ struct CommOptions {
   // to reach rank.master_addr (127.0.0.1 for a loopback master).
   std::string local_addr;
   // Gloo: when every rank is on this host (they all open one segment in
-  // /dev/shm), all-gathers and reduce-scatters move through shared memory
+  // /dev/shm), all-gathers, reduce-scatters and the descriptors of every
+  // collective move through shared memory
   // (shm_channel.h: world * 2 slots of shm_slot_bytes) instead of TCP over
   // loopback: the same bits, a fraction of the CPU. Where any rank cannot
   // open the segment, every rank keeps TCP (said in an info line).
   bool shared_memory = true;
-  uint64_t shm_slot_bytes = uint64_t{8} << 20;
+  uint64_t shm_slot_bytes = uint64_t{2} << 20;
 };
 
 // Collectives must be called in the same order with the same sizes on every

@@ -378,10 +378,10 @@ class GlooComm final : public Communicator {
       gloo::allreduce(opts);
     });
   }
-  // Through shared memory when every rank is on this host (the descriptors
-  // before them still go through Gloo: that exchange is what keeps the
-  // ranks' rounds in step). A failure there is thrown into Guard as
-  // Gloo's are: a timeout says "timed out", a peer gone is COMM.
+  // Through shared memory when every rank is on this host (after the
+  // descriptors: they keep the ranks' rounds in step). A failure there is
+  // thrown into Guard as Gloo's are: a timeout says "timed out", a peer
+  // gone is COMM.
   Status DoReduceScatter(const float* in, float* out, size_t n) override {
     if (shm_) return Guard([&] { Check(shm_->ReduceScatter(in, out, n, Clock::now() + timeout_)); });
     return Guard([&] { RingReduceScatter(in, out, n); });
@@ -414,7 +414,12 @@ class GlooComm final : public Communicator {
   }
   // The descriptors travel under a tag of their own (the high bit set), so a
   // rank one collective ahead never has its data matched against them.
+  // Through shared memory too, where the ranks share it: every collective
+  // exchanges one descriptor of a fixed size, so the rounds stay in step
+  // whatever the collectives are (a mismatch is found here, before any
+  // data moves, and breaks the communicator).
   Status DoExchangeDescriptors(const void* mine, void* all, size_t bytes) override {
+    if (shm_) return Guard([&] { Check(shm_->AllGather(mine, all, bytes, Clock::now() + timeout_)); });
     return Guard([&] {
       gloo::AllgatherOptions opts(ctx_);
       opts.setOutput(static_cast<uint8_t*>(all), bytes * world_size());

@@ -14,7 +14,9 @@
 // rank 0 Unlinks it once every rank has opened it (nothing is left in
 // /dev/shm after a crash past that point). Rounds are numbered alike on
 // every rank only when every rank calls the same collectives with the same
-// sizes: the caller checks that first (the communicator's descriptors).
+// sizes: the caller checks that first (the communicator's descriptors,
+// exchanged through this channel too: one all-gather of a fixed size per
+// collective, whatever the collective, keeps the rounds in step).
 //
 // Failure: a wait is bounded by the collective's deadline (kTimeout, naming
 // the rank waited for). A rank holds a lock on one byte of the segment's

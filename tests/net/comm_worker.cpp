@@ -147,7 +147,7 @@ void TestBroadcastAndBarrier(Communicator& c) {
 
 // Every rank is on this host: the reduce-scatters and all-gathers went
 // through shared memory; a second communicator over TCP gives the same bits
-// (sums of fractions over several rounds of the 8 MiB slots' shrunken
+// (sums of fractions over several rounds of the 2 MiB slots:
 // copies: 3 million floats a rank).
 void TestSharedMemoryMatchesTcp(Communicator& c, const CommOptions& tcp_options) {
   EXPECT(c.shared_memory(), "ranks on one host: collectives through shared memory");
