@@ -8,6 +8,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -37,6 +39,41 @@ uint64_t SegmentBytes(int world, uint64_t slot_bytes) {
 
 std::string ErrnoText(int e) { return std::strerror(e); }
 
+// A child of fork() closes its copies of the channels' descriptors: the
+// lock that says a rank lives belongs to the open file description, which
+// a child (a DataLoader worker) would otherwise keep open, and with it the
+// lock, after the rank itself died. Lock-free: the child of a fork must not
+// take a lock another thread may have held.
+constexpr int kMaxFds = 64;
+std::atomic<int> g_fds[kMaxFds];
+
+void CloseInChild() {
+  for (auto& f : g_fds)
+    if (int fd = f.load(std::memory_order_relaxed); fd >= 0) close(fd);
+}
+
+void RegisterFd(int fd) {
+  static const bool registered = [] {
+    for (auto& f : g_fds) f.store(-1);
+    pthread_atfork(nullptr, nullptr, CloseInChild);
+    return true;
+  }();
+  (void)registered;
+  for (auto& f : g_fds) {
+    int none = -1;
+    if (f.compare_exchange_strong(none, fd)) return;
+  }
+  // More channels than slots: a child keeps this one's lock (a peer's death
+  // is then found at the deadline, not at once).
+}
+
+void UnregisterFd(int fd) {
+  for (auto& f : g_fds) {
+    int mine = fd;
+    if (f.compare_exchange_strong(mine, -1)) return;
+  }
+}
+
 }  // namespace
 
 // One rank's counters, each on a cache line of its own.
@@ -47,9 +84,13 @@ struct ShmChannel::Control {
 static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free);
 
 ShmChannel::ShmChannel(int fd, void* base, uint64_t size, int rank, int world, uint64_t slot_bytes, std::string name)
-    : fd_(fd), base_(base), size_(size), rank_(rank), world_(world), slot_bytes_(slot_bytes), name_(std::move(name)) {}
+    : fd_(fd), base_(base), size_(size), rank_(rank), world_(world), slot_bytes_(slot_bytes), name_(std::move(name)) {
+  RegisterFd(fd_);
+  madvise(base_, size_, MADV_DONTFORK);  // nor does a child map the segment
+}
 
 ShmChannel::~ShmChannel() {
+  UnregisterFd(fd_);
   munmap(base_, size_);
   close(fd_);  // releases this rank's lock
   if (rank_ == 0) Unlink();

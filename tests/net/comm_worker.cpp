@@ -147,8 +147,8 @@ void TestBroadcastAndBarrier(Communicator& c) {
 
 // Every rank is on this host: the reduce-scatters and all-gathers went
 // through shared memory; a second communicator over TCP gives the same bits
-// (sums of fractions over several rounds of the 2 MiB slots:
-// copies: 3 million floats a rank).
+// (sums of fractions, 3 million floats a rank: several rounds of the
+// 2 MiB slots).
 void TestSharedMemoryMatchesTcp(Communicator& c, const CommOptions& tcp_options) {
   EXPECT(c.shared_memory(), "ranks on one host: collectives through shared memory");
   auto tcp = MakeCommunicator(tcp_options);

@@ -6,6 +6,7 @@
 #include "io/net/shm_channel.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -115,18 +116,35 @@ TEST(ShmChannel, AllGatherOfBytesAcrossRoundsOutOfPlace) {
   }
 }
 
-// Rank 1 (a child process) opens the segment and exits: rank 0's wait
-// finds its lock gone and fails at once, naming it, long before the deadline.
+// Rank 1 (a child process) opens the segment, forks a child of its own that
+// lives on, and exits: rank 0's wait finds rank 1's lock gone and fails at
+// once, naming it, long before the deadline.
 TEST(ShmChannel, APeerThatExitedFailsTheWaitAtOnce) {
   std::string name;
   auto c0 = ShmChannel::Create(2, kSlot, &name);
   ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
     auto c1 = ShmChannel::Open(name, 1, 2, kSlot);
+    // A child of the rank (a DataLoader worker, say) outlives it: it must
+    // not keep the rank's lock.
+    const pid_t grandchild = fork();
+    if (grandchild == 0) {
+      sleep(30);
+      _exit(0);
+    }
+    const std::string pid = std::to_string(grandchild);
+    if (write(pipefd[1], pid.data(), pid.size()) < 0) _exit(2);
     _exit(c1.ok() ? 0 : 1);
   }
+  close(pipefd[1]);
+  char pid_text[32] = {};
+  ASSERT_GT(read(pipefd[0], pid_text, sizeof pid_text - 1), 0);
+  close(pipefd[0]);
+  const pid_t grandchild = static_cast<pid_t>(std::stol(pid_text));
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not open " << name;
@@ -137,7 +155,8 @@ TEST(ShmChannel, APeerThatExitedFailsTheWaitAtOnce) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(st.code(), Code::kComm) << st.ToString();
   EXPECT_NE(st.message().find("rank 1 closed its shared memory (it exited)"), std::string::npos) << st.ToString();
-  EXPECT_LT(s, 5.0) << "found at the 20 s deadline, not at once";
+  EXPECT_LT(s, 5.0) << "found at the 20 s deadline, not at once (the rank's child kept its lock?)";
+  kill(grandchild, SIGKILL);
 }
 
 // Rank 1 lives but never calls: rank 0 times out at its deadline, naming it.
