@@ -518,10 +518,28 @@ class GlooComm final : public Communicator {
   std::unique_ptr<ShmChannel> shm_;  // every rank on this host (CommOptions::shared_memory)
 };
 
-// Every rank on this host: rank 0 makes the segment and says its name in the
-// store ("" when it could not); the others open it; each says whether it
-// could, and all use it only if all could (else every rank keeps TCP, with
-// an info line naming why). Rank 0 removes the name once all have opened.
+// This host as the ranks tell hosts apart: the kernel's boot id and the
+// network namespace (ranks in other network namespaces are other hosts, as
+// the tests' emulated hosts are, even where they could share /dev/shm: their
+// traffic must take the network).
+std::string HostKey() {
+  std::string key;
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char b[64] = {};
+    if (std::fgets(b, sizeof b, f)) key = b;
+    std::fclose(f);
+  }
+  while (!key.empty() && (key.back() == '\n' || key.back() == ' ')) key.pop_back();
+  char ns[128] = {};
+  const ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+  return key + "/" + (n > 0 ? std::string(ns, static_cast<size_t>(n)) : "");
+}
+
+// Every rank on this host (the same HostKey): rank 0 makes the segment and
+// says its name, slot size and host in the store (no name when it could
+// not); the others open it; each says whether it could, and all use it only
+// if all could (else every rank keeps TCP, with an info line naming why).
+// Rank 0 removes the name once all have opened.
 Result<std::unique_ptr<ShmChannel>> ShareMemory(const CommOptions& o, Millis timeout) {
   const RankInfo& r = o.rank;
   if (!o.shared_memory || !o.store || r.world_size < 2) return std::unique_ptr<ShmChannel>();
@@ -537,7 +555,7 @@ Result<std::unique_ptr<ShmChannel>> ShareMemory(const CommOptions& o, Millis tim
       auto c = ShmChannel::Create(r.world_size, slot, &name);
       if (c.ok()) {
         ch = std::move(*c);
-        said = name + " " + std::to_string(slot);
+        said = name + "\n" + std::to_string(slot) + "\n" + HostKey();
       } else if (why.ok()) {
         why = c.status();
       }
@@ -546,11 +564,13 @@ Result<std::unique_ptr<ShmChannel>> ShareMemory(const CommOptions& o, Millis tim
   } else {
     STRATA_ASSIGN_OR_RETURN(auto v, o.store->Get(key + "name", timeout));
     const std::string said(v.begin(), v.end());
-    const size_t sp = said.find(' ');
-    if (sp == std::string::npos) {
+    const size_t a = said.find('\n'), b = a == std::string::npos ? a : said.find('\n', a + 1);
+    if (b == std::string::npos) {
       why = CommError("rank 0 could not make the segment");
+    } else if (said.substr(b + 1) != HostKey()) {
+      why = CommError("rank 0 is on another host (" + said.substr(b + 1) + ", this rank " + HostKey() + ")");
     } else {
-      auto c = ShmChannel::Open(said.substr(0, sp), r.rank, r.world_size, std::stoull(said.substr(sp + 1)));
+      auto c = ShmChannel::Open(said.substr(0, a), r.rank, r.world_size, std::stoull(said.substr(a + 1, b - a - 1)));
       if (c.ok()) ch = std::move(*c);
       else why = c.status();
     }

@@ -8,7 +8,8 @@
 #            bitwise the weights of 4 ranks on one host
 #   exact    2 hosts x 2 ranks == 4 ranks on one host, bitwise (weights and
 #            every step's loss), at ZeRO stages 0-3, state_format fp32 and
-#            compact, state on NVMe
+#            compact, state on NVMe; one host's ranks share memory for their
+#            collectives, two hosts' take TCP (and say why)
 #   lossy    links with 2 ms delay and 1% loss each way (tc netem, or
 #            link_switch.py where the kernel lacks netem): the same bits; the
 #            step time on clean and lossy links is printed (not compared)
@@ -237,6 +238,13 @@ exact)
       grep -q "ZeRO stage $stage), 4 steps, state on NVMe in $HOSTS_DIR/h0/swap" "$WORK/two.h0" ||
         fail "banner: $(grep -m1 preset "$WORK/two.h0")"
       same "stage $stage $fmt: 2 hosts x 2 ranks == 4 ranks on one host" "$WORK/one" "$WORK/two.h0"
+      # Ranks on one host share memory for their collectives; on two hosts
+      # (other network namespaces) they take the network, every rank alike.
+      grep -q 'ranks share this host: all-gathers and reduce-scatters through shared memory' "$WORK/one" ||
+        fail "4 ranks on one host do not share memory: $(grep -m1 'gloo' "$WORK/one")"
+      grep -q 'collectives over TCP, not shared memory (rank 0 is on another host' "$WORK/two.h1" ||
+        fail "host 1 does not say why it takes TCP: $(grep -m1 'gloo' "$WORK/two.h1")"
+      ! grep -q 'through shared memory' "$WORK/two.h0" || fail "2 hosts share memory"
       hashes[$fmt]+="$(result "$WORK/one" | grep -o 'weights_hash=.*') "
       n=$((n + 1))
     done
