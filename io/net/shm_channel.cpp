@@ -17,6 +17,8 @@
 #include <random>
 #include <thread>
 
+#include "base/log.h"
+
 namespace strata::net {
 
 namespace {
@@ -86,7 +88,11 @@ static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_al
 ShmChannel::ShmChannel(int fd, void* base, uint64_t size, int rank, int world, uint64_t slot_bytes, std::string name)
     : fd_(fd), base_(base), size_(size), rank_(rank), world_(world), slot_bytes_(slot_bytes), name_(std::move(name)) {
   RegisterFd(fd_);
-  madvise(base_, size_, MADV_DONTFORK);  // nor does a child map the segment
+  // Nor does a child map the segment. Should this fail, a child maps it and
+  // changes nothing: it never reads or writes it, and the lock goes with
+  // the descriptor, not the mapping.
+  if (madvise(base_, size_, MADV_DONTFORK) != 0)
+    STRATA_LOG_DEBUG("shared memory: madvise(MADV_DONTFORK): {}", ErrnoText(errno));
 }
 
 ShmChannel::~ShmChannel() {
@@ -98,7 +104,9 @@ ShmChannel::~ShmChannel() {
 
 void ShmChannel::Unlink() {
   if (name_.empty()) return;
-  shm_unlink(name_.c_str());
+  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT)
+    STRATA_LOG_WARN("shared memory {}: cannot remove its name ({}); remove /dev/shm{} by hand", name_,
+                    ErrnoText(errno), name_);
   name_.clear();
 }
 
@@ -226,6 +234,8 @@ Status ShmChannel::WaitFor(int q, bool arrived, uint32_t target, Deadline deadli
     // deadline and the peer's lock again).
     const auto left = std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(20));
     timespec ts{static_cast<time_t>(left.count() / 1000000000), static_cast<long>(left.count() % 1000000000)};
+    // Its result is not needed: a wake, a changed word (EAGAIN), a signal
+    // (EINTR) or the 20 ms (ETIMEDOUT) all come back to the checks above.
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT, v, &ts, nullptr, 0);
   }
 }
@@ -233,6 +243,8 @@ Status ShmChannel::WaitFor(int q, bool arrived, uint32_t target, Deadline deadli
 void ShmChannel::Publish(bool arrived, uint32_t round) {
   std::atomic<uint32_t>& word = arrived ? ctl(rank_).arrived : ctl(rank_).consumed;
   word.store(round, std::memory_order_release);
+  // A wake cannot fail on a mapped, aligned word; a waiter that missed it
+  // would still see the word within its 20 ms.
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
