@@ -24,7 +24,7 @@
 # Prints each run's line (step time, tokens/s, peak RSS, disk bytes per step,
 # the swap folder's size), the config keys Strata named as ignored (in this
 # config, and in Hugging Face's ZeRO-3 template: config_honesty.py), a table
-# of medians, the ceiling, and last
+# of rank 0's medians (peak RSS: the largest of any rank), the ceiling, and last
 #   vs_deepspeed cpu=R nvme=R cpu_2r=R nvme_2r=R
 # R = DeepSpeed's median step time / Strata's (above 1: Strata leads).
 # Usage: bench/vs_deepspeed.sh DIR
@@ -90,16 +90,18 @@ done
 "$PY" - "$OUT" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l.split(" ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("vs_deepspeed_run ")]
-rows = {}
+rows, rss = {}, {}  # rank 0's runs; peak RSS over every rank (the ranks' largest)
 for r in runs:
+    key = (r["offload"], r["world"], r["engine"])
+    rss[key] = max(rss.get(key, 0), r["peak_rss_mib"])
     if r["rank"] != 0:
         continue
-    rows.setdefault((r["offload"], r["world"], r["engine"]), []).append(r)
+    rows.setdefault(key, []).append(r)
 print(f"{'mode':6} {'ranks':5} {'engine':9} {'step s':>7} {'tok/s':>7} {'RSS MiB':>8} {'read MiB':>8} {'written':>8} {'swap MiB':>8}")
 ratio = {}
 for (mode, world, eng), rs in sorted(rows.items()):
     med = lambda k: statistics.median(x[k] for x in rs)
-    print(f"{mode:6} {world:5} {eng:9} {med('step_s'):7.3f} {med('tokens_per_s'):7.0f} {max(x['peak_rss_mib'] for x in rs):8.0f} "
+    print(f"{mode:6} {world:5} {eng:9} {med('step_s'):7.3f} {med('tokens_per_s'):7.0f} {rss[(mode, world, eng)]:8.0f} "
           f"{med('disk_read_mib_per_step'):8.1f} {med('disk_written_mib_per_step'):8.1f} {max(x['swap_mib'] for x in rs):8.0f}")
     ratio.setdefault((mode, world), {})[eng] = med("step_s")
 # The floor: torch's forward and backward (its medians), the compute every
