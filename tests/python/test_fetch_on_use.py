@@ -415,6 +415,41 @@ def test_another_optimizer_on_offloaded_parameters_is_refused():
     torch.optim.AdamW(m.parameters())  # after close, ordinary parameters
 
 
+def test_a_parameter_without_a_gradient_in_a_group_that_has_some_goes_with_zeros():
+    """One parameter of a group (a Linear's bias) gets no gradient in a step
+    while the other does: the group goes to the engine with zeros for it,
+    as torch's AdamW steps a parameter whose .grad is zeros (the staging
+    buffer is not zero-filled first: the unwritten part must be zeroed, not
+    left as whatever the allocator held, such as the last step's gradients)."""
+
+    class Lin(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(6, 6)
+
+        def forward(self, x, bias):
+            return self.lin(x) if bias else nn.functional.linear(x, self.lin.weight)
+
+    torch.manual_seed(4)
+    ref = Lin()
+    model = copy.deepcopy(ref)
+    x = torch.randn(5, 6)
+    o1 = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD)
+    off = st.offload_module(model, config(), force_no_gpu=True)
+    plan = [True, True, False, True, False, False]
+    for m, o in ((ref, o1), (model, off.optimizer)):
+        for bias in plan:
+            m(x, bias).square().mean().backward()
+            if m is ref and not bias:
+                ref.lin.bias.grad = torch.zeros_like(ref.lin.bias)
+            o.step()
+            o.zero_grad()
+    got = off.state_dict()
+    for k, v in ref.state_dict().items():
+        assert rel(got[k], v) <= TOL, (k, rel(got[k], v))
+    off.close()
+
+
 def test_offload_module_skips_what_gets_no_gradient_as_torch():
     """A module unused in a step, and one frozen mid-run, are left alone
     (no decay, moments and step count kept), as torch AdamW leaves a

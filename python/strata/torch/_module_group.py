@@ -63,21 +63,31 @@ class _ModuleGroup:
             self.grad_accs.append(acc)
 
     def stage(self, p):
-        if self.staged is None:
-            self.staged = torch.zeros(self.numel, dtype=self.owner.dtype, device=self.owner.device)
         i = next(k for k, q in enumerate(self.params) if q is p)
         off = self.offsets[i]
         grad = p.grad
         if grad.is_sparse:
             raise Error(INVALID, f"{self.names[i]}: a sparse gradient (e.g. nn.Embedding(sparse=True)); "
                         "offload_module takes dense gradients only")
-        dst = self.staged[off:off + self.numels[i]]
         o = self.owner
-        if i in self.arrived:  # another backward reached it (a reentrant checkpoint's, a second loss)
-            dst.add_(grad.reshape(-1))
+        # A group of one parameter (an embedding, often half a model) hands
+        # the gradient itself: no staging buffer to fill and copy. The
+        # engine reads it before grads returns on the CPU; on a GPU, on the
+        # stream it is given, so the tensor stays referenced until the hand.
+        whole = (self.staged is None and len(self.params) == 1 and grad.dtype == o.dtype and
+                 grad.device == o.device and grad.is_contiguous())
+        if self.staged is None and not whole:
+            # Every element is written below or zeroed at the hand
+            # (take_staged): no zero fill of the whole group first.
+            self.staged = torch.empty(self.numel, dtype=o.dtype, device=o.device)
+        if whole:
+            self.staged = grad.reshape(-1)
+        elif i in self.arrived:  # another backward reached it (a reentrant checkpoint's, a second loss)
+            self.staged[off:off + self.numels[i]].add_(grad.reshape(-1))
             o._norms_exact = False
         else:
-            dst.copy_(grad.reshape(-1))
+            self.staged[off:off + self.numels[i]].copy_(grad.reshape(-1))
+        if i not in self.arrived:
             if id(p) in o._norms:  # handed in parts this step
                 o._norms_exact = False
             elif o._norms_exact and not o.engine_accumulates and o.world_size == 1:
@@ -96,5 +106,11 @@ class _ModuleGroup:
         return bool(self.arrived)
 
     def take_staged(self):
-        staged, self.staged, self.arrived = self.staged, None, set()
+        """The group's gradients, zeros for the parameters that got none
+        (stage left their part unwritten)."""
+        staged, arrived = self.staged, self.arrived
+        for i, (off, n) in enumerate(zip(self.offsets, self.numels)):
+            if i not in arrived:
+                staged[off:off + n].zero_()
+        self.staged, self.arrived = None, set()
         return staged
