@@ -415,6 +415,17 @@ def test_another_optimizer_on_offloaded_parameters_is_refused():
     torch.optim.AdamW(m.parameters())  # after close, ordinary parameters
 
 
+def _twins(cls, seed):
+    """A model of `cls` and its copy: the reference with torch's AdamW, the
+    copy offloaded; and one input (5 x 6)."""
+    torch.manual_seed(seed)
+    ref = cls()
+    model = copy.deepcopy(ref)
+    x = torch.randn(5, 6)
+    o1 = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD)
+    return ref, model, x, o1, st.offload_module(model, config(), force_no_gpu=True)
+
+
 def test_a_parameter_without_a_gradient_in_a_group_that_has_some_goes_with_zeros():
     """One parameter of a group (a Linear's bias) gets no gradient in a step
     while the other does: the group goes to the engine with zeros for it,
@@ -430,12 +441,7 @@ def test_a_parameter_without_a_gradient_in_a_group_that_has_some_goes_with_zeros
         def forward(self, x, bias):
             return self.lin(x) if bias else nn.functional.linear(x, self.lin.weight)
 
-    torch.manual_seed(4)
-    ref = Lin()
-    model = copy.deepcopy(ref)
-    x = torch.randn(5, 6)
-    o1 = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD)
-    off = st.offload_module(model, config(), force_no_gpu=True)
+    ref, model, x, o1, off = _twins(Lin, seed=4)
     plan = [True, True, False, True, False, False]
     for m, o in ((ref, o1), (model, off.optimizer)):
         for bias in plan:
@@ -464,12 +470,7 @@ def test_offload_module_skips_what_gets_no_gradient_as_torch():
             h = torch.tanh(self.a(x))
             return self.b(h) if use_b else h
 
-    torch.manual_seed(3)
-    ref = Two()
-    model = copy.deepcopy(ref)
-    x = torch.randn(5, 6)
-    o1 = torch.optim.AdamW(ref.parameters(), lr=LR, weight_decay=WD)
-    off = st.offload_module(model, config(), force_no_gpu=True)
+    ref, model, x, o1, off = _twins(Two, seed=3)
     plan = [True, False, True, "freeze-a", True, "unfreeze-a", True]
     for m, o in ((ref, o1), (model, off.optimizer)):
         for what in plan:
