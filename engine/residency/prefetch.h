@@ -25,10 +25,8 @@ class PrefetchSchedule {
   // How many fetches from now `group` is next used; large when never.
   // O(log uses) (the eviction scan asks it for every candidate).
   uint64_t NextUse(int group) const;
-  // The position in the trace of the next expected fetch (Ahead's first),
-  // and the pass it belongs to: a new pass (a step, a restart from the
-  // trace's first fetch, a departure) counts up.
-  size_t position() const { return pos_; }
+  // The pass of the trace in progress: a new one (a step, a restart from
+  // the trace's first fetch, a departure) counts up.
   uint64_t pass() const { return pass_; }
 
  private:

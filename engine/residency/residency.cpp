@@ -17,7 +17,8 @@ Residency::Residency(ResidencyOptions options, DeviceTier& device, PSource& sour
       source_(source),
       stats_(stats),
       gatherer_(std::move(gatherer)),
-      copies_(static_cast<size_t>(options_.groups)) {}
+      copies_(static_cast<size_t>(options_.groups)),
+      queued_in_pass_(static_cast<size_t>(options_.groups), 0) {}
 
 Residency::~Residency() {
   Stop();
@@ -225,31 +226,23 @@ Result<void*> Residency::Fetch(int g) {
   void* ptr = c.alloc.ptr;
   std::vector<int> ahead = schedule_.Ahead(options_.window, options_.bytes);
   // Sharded with a communication thread: the next groups' gathers run
-  // there while this one computes. Queued from the trace alone (the same on
-  // every rank), never from what is resident here: the next group, or with
-  // keep_gathered (every copy fits the budget at once, so pins ahead cannot
-  // starve a fetch) every group of the prefetch window, each trace position
-  // once a pass (and, kept, each group once). A kept copy (backward after forward) needs none, and its
-  // fetch then waits for no reduction queued before a gather ahead that
-  // every rank would decline.
+  // there while this one computes. Queued from the trace and from what the
+  // fetches did (the same on every rank), never from what is resident here:
+  // the next group, or with keep_gathered (every copy fits the budget at
+  // once, so pins ahead cannot starve a fetch) every group of the prefetch
+  // window, each once a pass. A kept copy (backward after forward) needs
+  // none, and its fetch then waits for no reduction queued before a gather
+  // ahead that every rank would decline.
   std::vector<int> gather_ahead;
   if (options_.sharded && gatherer_.queue_ahead && schedule_.has_trace()) {
-    if (schedule_.pass() != ahead_pass_) {
-      ahead_pass_ = schedule_.pass();
-      ahead_end_ = 0;
-    }
     const size_t depth = options_.keep_gathered ? ahead.size() : std::min<size_t>(1, ahead.size());
     for (size_t i = 0; i < depth; ++i) {
-      const size_t at = schedule_.position() + i;
-      if (at < ahead_end_) continue;  // queued at an earlier fetch of this pass
-      ahead_end_ = at + 1;
       const int h = ahead[i];
       if (h == g || copies_[static_cast<size_t>(h)].kept) continue;
       if (options_.keep_gathered) {  // a copy once gathered stays so: once a pass (a group used twice ahead)
-        if (queued_in_pass_.empty()) queued_in_pass_.assign(copies_.size(), 0);
         uint64_t& q = queued_in_pass_[static_cast<size_t>(h)];
-        if (q == ahead_pass_ + 1) continue;
-        q = ahead_pass_ + 1;
+        if (q == schedule_.pass() + 1) continue;
+        q = schedule_.pass() + 1;
       }
       gather_ahead.push_back(h);
     }

@@ -159,10 +159,6 @@ class Residency {
   int loads_in_flight_ = 0;
   bool stop_ = false;
   uint64_t fetch_counter_ = 0;
-  // Gathers ahead queued in this pass of the trace: up to (not including)
-  // trace position ahead_end_ of pass ahead_pass_.
-  uint64_t ahead_pass_ = UINT64_MAX;
-  size_t ahead_end_ = 0;
   std::vector<uint64_t> queued_in_pass_;  // keep_gathered: per group, the pass + 1 it was last queued ahead in
   std::thread thread_;
 };
