@@ -28,6 +28,7 @@
 #include <cstring>
 #include <exception>
 #include <thread>
+#include <type_traits>
 
 #include "base/log.h"
 #include "base/sizes.h"
@@ -75,13 +76,18 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   Status error_;
 };
 
-// Gloo's message says "Timed out" when a wait ran past the timeout; anything
-// else (a peer that closed, a reset) is a communication failure.
+// A transport's failure as the communicator says it: a wait past the
+// timeout, or a communication failure (a peer that closed, a reset).
+Status Described(bool timed_out, const std::string& what, Millis timeout, const char* transport) {
+  if (timed_out)
+    return TimeoutError("timed out after " + FormatSeconds(timeout) + " (" + transport + ": " + what + ")");
+  return CommError(std::string("a peer failed or closed its connection (") + transport + ": " + what + ")");
+}
+
+// Gloo's message says "Timed out" when a wait ran past the timeout.
 Status FromGloo(const std::exception& e, Millis timeout) {
-  std::string what = e.what();
-  if (what.find("imed out") != std::string::npos)
-    return TimeoutError("timed out after " + FormatSeconds(timeout) + " (gloo: " + what + ")");
-  return CommError("a peer failed or closed its connection (gloo: " + what + ")");
+  const std::string what = e.what();
+  return Described(what.find("imed out") != std::string::npos, what, timeout, "gloo");
 }
 
 // A write to a socket whose peer died raises SIGPIPE, which would kill this
@@ -379,15 +385,14 @@ class GlooComm final : public Communicator {
     });
   }
   // Through shared memory when every rank is on this host (after the
-  // descriptors: they keep the ranks' rounds in step). A failure there is
-  // thrown into Guard as Gloo's are: a timeout says "timed out", a peer
-  // gone is COMM.
+  // descriptors: they keep the ranks' rounds in step). Guard says a
+  // failure there as it says Gloo's: a timeout, or a peer gone (COMM).
   Status DoReduceScatter(const float* in, float* out, size_t n) override {
-    if (shm_) return Guard([&] { Check(shm_->ReduceScatter(in, out, n, Clock::now() + timeout_)); });
+    if (shm_) return Guard([&] { return shm_->ReduceScatter(in, out, n, Clock::now() + timeout_); });
     return Guard([&] { RingReduceScatter(in, out, n); });
   }
   Status DoAllGather(const void* in, void* out, size_t bytes) override {
-    if (shm_) return Guard([&] { Check(shm_->AllGather(in, out, bytes, Clock::now() + timeout_)); });
+    if (shm_) return Guard([&] { return shm_->AllGather(in, out, bytes, Clock::now() + timeout_); });
     return Guard([&] {
       auto* o = static_cast<uint8_t*>(out);
       gloo::AllgatherOptions opts(ctx_);
@@ -419,7 +424,7 @@ class GlooComm final : public Communicator {
   // whatever the collectives are (a mismatch is found here, before any
   // data moves, and breaks the communicator).
   Status DoExchangeDescriptors(const void* mine, void* all, size_t bytes) override {
-    if (shm_) return Guard([&] { Check(shm_->AllGather(mine, all, bytes, Clock::now() + timeout_)); });
+    if (shm_) return Guard([&] { return shm_->AllGather(mine, all, bytes, Clock::now() + timeout_); });
     return Guard([&] {
       gloo::AllgatherOptions opts(ctx_);
       opts.setOutput(static_cast<uint8_t*>(all), bytes * world_size());
@@ -432,9 +437,6 @@ class GlooComm final : public Communicator {
 
  private:
   uint32_t Tag() const { return static_cast<uint32_t>(current_seq()) & 0x7fffffffu; }
-  static void Check(const Status& st) {
-    if (!st.ok()) throw gloo::IoException(st.message());
-  }
 
   void BarrierNow(uint32_t tag) {
     gloo::BarrierOptions opts(ctx_);
@@ -444,21 +446,25 @@ class GlooComm final : public Communicator {
   }
 
   // A failure says which peers are lost (see Watchdog), once: the
-  // communicator is broken after its first failure.
+  // communicator is broken after its first failure. `fn` is Gloo's (it
+  // throws) or shared memory's (it returns a Status).
   template <typename Fn>
   Status Guard(Fn&& fn) {
     Status s;
     watchdog_->Begin();
-    try {
-      fn();
-      watchdog_->End();
-      return Status::Ok();
-    } catch (const std::exception& e) {
-      s = FromGloo(e, timeout_);
-    } catch (...) {
-      s = CommError("gloo threw an unknown exception");
+    if constexpr (std::is_same_v<decltype(fn()), Status>) {
+      if (Status st = fn(); !st.ok()) s = Described(st.code() == Code::kTimeout, st.message(), timeout_, "shared memory");
+    } else {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        s = FromGloo(e, timeout_);
+      } catch (...) {
+        s = CommError("gloo threw an unknown exception");
+      }
     }
     watchdog_->End();
+    if (s.ok()) return s;
     if (probed_ || peers_.empty()) return s;
     probed_ = true;
     std::string found = watchdog_->TakeResult();
