@@ -61,16 +61,10 @@ void StatsRecorder::Span(Resource r, const char* name, double start_s, double en
   Add(static_cast<int>(r), name, start_s, end_s, bytes, -1);
 }
 
-void StatsRecorder::CallSpan(const char* name, int group, double start_s, double end_s) {
+void StatsRecorder::GroupSpan(Resource r, const char* name, int group, double start_s, double end_s) {
   if (trace_path_.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Add(static_cast<int>(Resource::kCaller), name, start_s, end_s, 0, group);
-}
-
-void StatsRecorder::CommSpan(const char* name, int group, double start_s, double end_s) {
-  if (trace_path_.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  Add(static_cast<int>(Resource::kComm), name, start_s, end_s, 0, group);
+  Add(static_cast<int>(r), name, start_s, end_s, 0, group);
 }
 
 // Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).

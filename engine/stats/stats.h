@@ -36,10 +36,14 @@ class StatsRecorder {
   void Span(Resource r, const char* name, double start_s, double end_s, uint64_t bytes);
   // An engine call's span on the caller's track: "fetch", "stall", "grads",
   // with the group it was for (args.group in the trace).
-  void CallSpan(const char* name, int group, double start_s, double end_s);
+  void CallSpan(const char* name, int group, double start_s, double end_s) {
+    GroupSpan(Resource::kCaller, name, group, start_s, end_s);
+  }
   // A collective of the communication thread (a reduction, a gather ahead),
   // with its group, on the trace's "comm" track.
-  void CommSpan(const char* name, int group, double start_s, double end_s);
+  void CommSpan(const char* name, int group, double start_s, double end_s) {
+    GroupSpan(Resource::kComm, name, group, start_s, end_s);
+  }
   double Now() const;  // seconds since the recorder started
 
   // The trainer's own spans (strata_engine_span_begin / _end), on one track
@@ -96,6 +100,7 @@ class StatsRecorder {
   // recorded take no memory). REQUIRES: mu_ held.
   void Add(int track, const std::string& name, double start, double end, uint64_t bytes, int64_t group);
   int TrackOfThisThread();  // REQUIRES: mu_ held
+  void GroupSpan(Resource r, const char* name, int group, double start_s, double end_s);
 
   const int rank_;
   const std::string trace_path_;
