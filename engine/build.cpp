@@ -145,19 +145,30 @@ Status Engine::Impl::BuildOnce() {
   std::vector<std::string> dirs = config_.OptimizerSwapPaths();
   for (const auto& d : config_.ParamSwapPaths())
     if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
+  // The step's units (layout.h): a group whose W, M, V are on NVMe is
+  // stepped, and stored, in units of at most zero_optimization.sub_group_size
+  // elements (and kStepUnitNumel), each unit's blocks on their own.
+  lay_.SetStepUnits();
   uint64_t nvme_bytes = 0, largest_frozen = 0, largest_g = 0, largest_p = 0;
-  std::vector<uint64_t> stored(static_cast<size_t>(ngroups), 0);  // per group, its NVMe blocks a step writes
+  // Per step job (a group's unit), the NVMe blocks a step writes.
+  std::vector<uint64_t> stored;
+  std::vector<size_t> first_job(static_cast<size_t>(ngroups) + 1, 0);
+  for (int g = 0; g < ngroups; ++g) first_job[static_cast<size_t>(g) + 1] = first_job[static_cast<size_t>(g)] + static_cast<size_t>(lay_.Units(g));
+  stored.assign(first_job.back(), 0);
   for (int s = 0; s < kNumStates; ++s) {
     if (!used(s) || lay_.home[s] != TierKind::kNvme) continue;
     for (int g = 0; g < ngroups; ++g) {
       if (!used_by(s, g)) continue;  // a frozen group keeps P alone
-      // Each block takes its padded size, no more: small groups pack densely.
-      const uint64_t padded = NvmeTier::PaddedSizeFor(lay_.StateBytes(s, g), dirs.size());
-      nvme_bytes += padded;
-      if (lay_.frozen(g)) largest_frozen = std::max(largest_frozen, padded);
-      else if (s == int(StateKind::kG)) largest_g = std::max(largest_g, padded);
-      else stored[static_cast<size_t>(g)] += padded;
-      if (s == int(StateKind::kP) && !lay_.frozen(g)) largest_p = std::max(largest_p, padded);
+      // Each block (or part) takes its padded size, no more: small groups pack densely.
+      for (int u = 0; u < lay_.Units(g); ++u) {
+        const uint64_t bytes = lay_.Units(g) == 1 ? lay_.StateBytes(s, g) : lay_.UnitNumel(g, u) * 4;  // (units: fp32)
+        const uint64_t padded = NvmeTier::PaddedSizeFor(bytes, dirs.size());
+        nvme_bytes += padded;
+        if (lay_.frozen(g)) largest_frozen = std::max(largest_frozen, padded);
+        else if (s == int(StateKind::kG)) largest_g = std::max(largest_g, padded);
+        else stored[first_job[static_cast<size_t>(g)] + static_cast<size_t>(u)] += padded;
+        if (s == int(StateKind::kP) && !lay_.frozen(g)) largest_p = std::max(largest_p, padded);
+      }
     }
   }
   // Writes are copy on write: each block written at once needs a second
@@ -174,12 +185,18 @@ Status Engine::Impl::BuildOnce() {
   std::sort(stored.begin(), stored.end(), std::greater<>());
   const int writing = StepGroupsWriting(StepSlots(config_), config_.strata.step_io == "concurrent");
   uint64_t in_flight = 0;
-  for (int i = 0; i < std::min(writing, ngroups); ++i) in_flight += stored[static_cast<size_t>(i)];
+  for (size_t i = 0; i < std::min(static_cast<size_t>(std::max(writing, 0)), stored.size()); ++i) in_flight += stored[i];
   uint64_t cow_spare = in_flight + largest_g + largest_p + largest_frozen;
   // overlap_step's speculation keeps the old extents of NVMe-homed state
   // until the step commits (step/speculation.h): its room is reserved too.
-  // "auto": all of it, or what the swap folders have free beyond the
-  // state's own reservation (1% kept), whichever is less.
+  // It shares the step's own room for the writes in flight: the step's
+  // pipeline writes only once the speculation is settled (committed or
+  // discarded, Engine::Impl::Step), and while it is held nothing else is
+  // written but what that room's G and P stores are for. So the files grow
+  // only by what the room needs beyond `in_flight`.
+  // "auto": all of it, at most what keeps the swap within 1.5x the state (or
+  // `in_flight`, if more) and what the swap folders have free beyond the
+  // state's own reservation (1% kept), whichever is least.
   if (options_.overlap_step && nvme_bytes > 0) {
     const uint64_t want = config_.strata.speculation_disk_bytes;
     uint64_t room = want;
@@ -187,18 +204,25 @@ Status Engine::Impl::BuildOnce() {
       room = Speculation::TotalNeeds(lay_, [](int) { return false; },
                                      [&](uint64_t b) { return NvmeTier::PaddedSizeFor(b, dirs.size()); })
                  .disk;
+      const uint64_t others = cow_spare - in_flight + 2 * kMiB, half = nvme_bytes / 2;
+      room = std::min(room, std::max(in_flight, half > others ? half - others : 0));
       uint64_t free_min = ~uint64_t{0};
       for (const auto& d : dirs) free_min = std::min(free_min, FreeBytesAt(d));
       const uint64_t usable = free_min / 100 * 99 * dirs.size(), own = nvme_bytes + kMiB + cow_spare;
-      room = std::min(room, usable > own ? usable - own : 0);
+      room = std::min(room, usable > own ? in_flight + (usable - own) : in_flight);
     }
-    // "never" speculates nothing; "auto" reserves an "auto" room when its
-    // policy first speculates (a run clipped at every step never does).
     if (config_.strata.speculation == "never") room = 0;
-    if (config_.strata.speculation == "auto" && want == StrataConfig::kSpeculationAuto)
-      spec_disk_later_ = std::exchange(room, 0);
+    // What is already reserved (the step's room) serves at once; "auto"
+    // reserves the rest when its policy first speculates (a run clipped at
+    // every step never does).
+    const uint64_t shared = std::min(room, in_flight), beyond = room - shared;
     spec_disk_room_ = room;
-    cow_spare += room;
+    if (config_.strata.speculation == "auto" && want == StrataConfig::kSpeculationAuto) {
+      spec_disk_later_ = beyond;
+      spec_disk_room_ = shared;
+    } else {
+      cow_spare += beyond;
+    }
   }
   // Swap for stashed activations (activations/activation_store.h), beside the state's.
   const uint64_t act_nvme = config_.strata.activation_nvme_bytes;
@@ -224,7 +248,14 @@ Status Engine::Impl::BuildOnce() {
   for (int g = 0; g < ngroups; ++g)
     for (int s = 0; s < kNumStates; ++s) {
       if (!used_by(s, g)) continue;
-      auto b = io_->Allocate(lay_.home[s], lay_.StateBytes(s, g));
+      Result<StateBlock> b = InternalError("");
+      if (lay_.Units(g) > 1 && lay_.home[s] == TierKind::kNvme) {  // W, M, V (and G, P) in parts, one a unit
+        std::vector<uint64_t> parts;
+        for (int u = 0; u < lay_.Units(g); ++u) parts.push_back(lay_.UnitNumel(g, u) * 4);
+        b = io_->AllocateParts(parts);
+      } else {
+        b = io_->Allocate(lay_.home[s], lay_.StateBytes(s, g));
+      }
       if (!b.ok())
         return b.status().WithContext(std::string("build: state ") + StateName(StateKind(s)) + " of group " +
                                       std::to_string(g) + " in its home tier");
@@ -248,8 +279,15 @@ Status Engine::Impl::BuildOnce() {
   // (DiscardSpeculation). Written on the run's thread (the overlap thread
   // during backward), read on the caller's once that thread is idle.
   p_refreshed_.assign(static_cast<size_t>(ngroups), PCopy::kOld);
-  pipeline_->OnPStored([this](int g, const void* p, bool held) {
-    if (residency_ && residency_->Refresh(g, p)) p_refreshed_[static_cast<size_t>(g)] = held ? PCopy::kHeld : PCopy::kCommitted;
+  // A group stepped in units refreshes its copy a unit at a time: one unit
+  // that the copy did not take (not resident then) leaves the copy to drop.
+  p_unit_missed_.assign(static_cast<size_t>(ngroups), 0);
+  pipeline_->OnPStored([this](int g, const void* p, bool held, uint64_t at, uint64_t bytes) {
+    const auto i = static_cast<size_t>(g);
+    const bool took = residency_ && residency_->Refresh(g, p, at, bytes);
+    if (bytes != 0 && !took) p_unit_missed_[i] = 1;
+    if (p_unit_missed_[i]) p_refreshed_[i] = PCopy::kOld;
+    else if (took) p_refreshed_[i] = held ? PCopy::kHeld : PCopy::kCommitted;
   });
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.

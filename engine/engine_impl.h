@@ -176,6 +176,7 @@ class Engine::Impl {
   // DropDeviceCopies where it holds committed P; cleared there.
   enum class PCopy : uint8_t { kOld, kCommitted, kHeld, kDiscarded };
   std::vector<PCopy> p_refreshed_;
+  std::vector<uint8_t> p_unit_missed_;  // per group: a unit's P the copy did not take (units; cleared with p_refreshed_)
   uint64_t spec_host_later_ = 0;  // the same for the host arena (StartOverlap)
   void ReserveSpeculationRoom();
   // overlap_step with G off the CPU's reach (NVMe): a host copy of a group's

@@ -94,6 +94,7 @@ void Engine::Impl::AbandonStep(bool keep_p_stale) {
   for (auto& gs : steps_) {
     gs.grad_calls = gs.handed = 0;
     gs.committed = false;
+    gs.unit_done.clear();
     // A step keeps P marked that could not be rewritten (fetch refuses it;
     // the next step rewrites it); a load rewrites every P.
     if (!keep_p_stale) gs.p_stale = false;

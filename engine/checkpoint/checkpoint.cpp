@@ -180,6 +180,7 @@ Result<std::string> Checkpointer::SnapshotShardFile(const std::string& link_path
       const StateBlock& b = d_.blocks[static_cast<size_t>(g)][static_cast<size_t>(s)];
       if (!b.alloc.charged) continue;
       if (b.home != TierKind::kNvme) return UnsupportedError("state not homed on NVMe");
+      if (!b.parts.empty()) return UnsupportedError("state stored in step units (parts)");
       // A frozen group's saved P is its whole block here (P on NVMe: one rank, or stage 3's shard).
       if (d_.layout.frozen(g) && (b.bytes != d_.layout.FrozenSavedBytes(g) || d_.layout.PSliceOffset(g) != 0))
         return UnsupportedError("a frozen group's saved P is not its whole block");

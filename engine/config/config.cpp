@@ -367,7 +367,6 @@ void WarnNoEffect(Config* c) {
   note(z.max_reuse_distance != dz.max_reuse_distance, "zero_optimization.stage3_max_reuse_distance");
   note(z.param_persistence_threshold != dz.param_persistence_threshold,
        "zero_optimization.stage3_param_persistence_threshold");
-  note(z.sub_group_size != dz.sub_group_size, "zero_optimization.sub_group_size");
   note(c->aio.thread_count != d.aio.thread_count, "aio.intra_op_parallelism");
   note(c->aio.single_submit != d.aio.single_submit, "aio.single_submit");
   note(c->aio.overlap_events != d.aio.overlap_events, "aio.overlap_events");

@@ -22,7 +22,30 @@ Result<StateBlock> BlockIo::Allocate(TierKind home, uint64_t bytes) {
   return b;
 }
 
+Result<StateBlock> BlockIo::AllocateParts(const std::vector<uint64_t>& part_bytes) {
+  StateBlock b;
+  b.home = TierKind::kNvme;
+  for (uint64_t bytes : part_bytes) {
+    auto p = Allocate(TierKind::kNvme, bytes);
+    if (!p.ok()) {
+      Free(b);
+      return p.status();
+    }
+    b.bytes += bytes;
+    b.alloc.bytes += bytes;
+    b.alloc.charged += p->alloc.charged;
+    b.parts.push_back(std::move(p).value());
+  }
+  return b;
+}
+
 void BlockIo::Free(StateBlock& b) {
+  if (!b.parts.empty()) {
+    for (StateBlock& p : b.parts) Free(p);
+    b.parts.clear();
+    b.alloc = {};
+    return;
+  }
   if (b.alloc.charged == 0) return;
   if (b.home == TierKind::kDevice) device_->Free(b.alloc);
   else if (b.home == TierKind::kHost) host_->Free(b.alloc);
@@ -32,6 +55,29 @@ void BlockIo::Free(StateBlock& b) {
 
 Result<BlockMove> BlockIo::Start(const StateBlock& b, void* host, bool to_home, const uint64_t* checksum) {
   BlockMove m;
+  if (!b.parts.empty()) {  // each part from its place in `host`, checksummed on its own
+    m.kind = BlockMove::kParts;
+    m.bytes = b.bytes;
+    uint64_t at = 0;
+    for (const StateBlock& p : b.parts) {
+      auto pm = Start(p, static_cast<char*>(host) + at, to_home, nullptr);
+      if (!pm.ok()) {  // what started goes back: a load's buffer is free again, a store is discarded
+        for (BlockMove& x : m.parts) {
+          if (to_home) {
+            (void)WaitStore(x);
+            SettleStore(x, false);
+          } else {
+            (void)Finish(x);
+          }
+        }
+        return pm.status().WithContext("part " + std::to_string(m.parts.size()) + " of " +
+                                       std::to_string(b.parts.size()));
+      }
+      m.parts.push_back(std::move(pm).value());
+      at += p.bytes;
+    }
+    return m;
+  }
   m.start = stats_->Now();
   m.bytes = b.bytes;
   const TierKind from = to_home ? TierKind::kHost : b.home, to = to_home ? b.home : TierKind::kHost;
@@ -64,10 +110,14 @@ Result<BlockMove> BlockIo::StartStore(const StateBlock& b, const void* src, cons
 }
 
 uint64_t BlockIo::StoreChecksum(const StateBlock& b, const void* src) const {
-  return b.home == TierKind::kNvme ? nvme_->BlockChecksum(src, b.bytes) : 0;
+  return b.home == TierKind::kNvme && b.parts.empty() ? nvme_->BlockChecksum(src, b.bytes) : 0;
 }
 
 void BlockIo::WaitIo(BlockMove& m) {
+  if (m.kind == BlockMove::kParts) {
+    for (BlockMove& p : m.parts) WaitIo(p);
+    return;
+  }
   if (m.kind != BlockMove::kNvme || m.io_done) return;
   nvme_->WaitIo(m.nvme);
   stats_->End(Resource::kDisk);
@@ -77,7 +127,13 @@ void BlockIo::WaitIo(BlockMove& m) {
 
 Status BlockIo::Finish(BlockMove& m) {
   Status st;
-  if (m.kind == BlockMove::kNvme) {
+  if (m.kind == BlockMove::kParts) {
+    for (BlockMove& p : m.parts) {
+      Status s = Finish(p);
+      if (st.ok() && !s.ok()) st = std::move(s);
+    }
+    m.parts.clear();
+  } else if (m.kind == BlockMove::kNvme) {
     WaitIo(m);
     st = nvme_->Finish(m.nvme);
   } else if (m.kind == BlockMove::kCopy) {
@@ -91,12 +147,26 @@ Status BlockIo::Finish(BlockMove& m) {
 }
 
 Status BlockIo::WaitStore(BlockMove& m) {
+  if (m.kind == BlockMove::kParts) {
+    Status st;
+    for (BlockMove& p : m.parts) {
+      Status s = WaitStore(p);
+      if (st.ok() && !s.ok()) st = std::move(s);
+    }
+    return st;
+  }
   if (m.kind != BlockMove::kNvme) return Finish(m);
   WaitIo(m);
   return nvme_->WaitWrite(m.nvme);
 }
 
 void BlockIo::SettleStore(BlockMove& m, bool publish) {
+  if (m.kind == BlockMove::kParts) {
+    for (BlockMove& p : m.parts) SettleStore(p, publish);
+    m.parts.clear();
+    m.kind = BlockMove::kNone;
+    return;
+  }
   if (m.kind != BlockMove::kNvme) return;
   nvme_->Settle(m.nvme, publish);
   m.kind = BlockMove::kNone;
@@ -109,6 +179,13 @@ Status BlockIo::Load(const StateBlock& b, void* dst) {
 }
 
 Status BlockIo::Store(const StateBlock& b, const void* src) {
+  // In parts, one at a time: the swap's copy-on-write room holds a part, not the block.
+  uint64_t at = 0;
+  for (const StateBlock& p : b.parts) {
+    STRATA_RETURN_IF_ERROR(Store(p, static_cast<const char*>(src) + at));
+    at += p.bytes;
+  }
+  if (!b.parts.empty()) return Status::Ok();
   STRATA_ASSIGN_OR_RETURN(BlockMove m, StartStore(b, src));
   return Finish(m);
 }

@@ -5,6 +5,8 @@
 // need no move at all: Direct() says so and DirectPtr() gives the memory.
 #pragma once
 
+#include <vector>
+
 #include "engine/stats/stats.h"
 #include "tiers/device_tier.h"
 #include "tiers/host_tier.h"
@@ -16,17 +18,26 @@ enum class StateKind : int { kP = 0, kW = 1, kM = 2, kV = 3, kG = 4 };
 inline constexpr int kNumStates = 5;
 const char* StateName(StateKind s);
 
-// One (group, shard, state) block in its home tier.
+// One (group, shard, state) block in its home tier. An NVMe block of a group
+// stepped in units (Layout::units) is stored in parts, one per unit, each
+// its own NVMe block (copy on write, checksummed, settled on its own); the
+// whole block's alloc then holds the parts' charge in all and no address,
+// and every move of the whole block moves all its parts.
 struct StateBlock {
   TierKind home = TierKind::kHost;
   Allocation alloc;
   uint64_t bytes = 0;  // of the shard, padding included
+  std::vector<StateBlock> parts;  // in order, back to back: unit u at part u
+  // Part u, or the block itself when it has no parts.
+  const StateBlock& Part(int u) const { return parts.empty() ? *this : parts[static_cast<size_t>(u)]; }
 };
 
 // An asynchronous move in flight (or nothing).
 struct BlockMove {
-  enum Kind : uint8_t { kNone, kNvme, kCopy } kind = kNone;
+  // kParts: a block in parts, one move a part (in `parts`).
+  enum Kind : uint8_t { kNone, kNvme, kCopy, kParts } kind = kNone;
   NvmePending nvme;
+  std::vector<BlockMove> parts;
   CopyTicket copy;
   double start = 0;
   uint64_t bytes = 0;
@@ -40,6 +51,9 @@ class BlockIo {
       : device_(device), host_(host), nvme_(nvme), stats_(stats) {}
 
   Result<StateBlock> Allocate(TierKind home, uint64_t bytes);
+  // An NVMe block in parts of these sizes (StateBlock::parts); nothing is
+  // left allocated on error.
+  Result<StateBlock> AllocateParts(const std::vector<uint64_t>& part_bytes);
   void Free(StateBlock& b);
   bool Direct(const StateBlock& b) const { return DirectAt(b.home, device_->separate()); }
   // Whether a block homed in `home` is CPU-addressable in place: the host
@@ -54,13 +68,19 @@ class BlockIo {
   Result<BlockMove> StartLoad(const StateBlock& b, void* dst);
   // An NVMe block's version (NvmeTier::Version): a load started at version v
   // (BlockMove::nvme.version) holds its contents while this is still v.
+  // (In parts: the sum of the parts' versions, which any publication raises.)
   uint64_t Version(const StateBlock& b) const {
-    return b.home == TierKind::kNvme && nvme_ ? nvme_->Version(b.alloc) : 0;
+    if (b.home != TierKind::kNvme || !nvme_) return 0;
+    if (b.parts.empty()) return nvme_->Version(b.alloc);
+    uint64_t v = 0;
+    for (const StateBlock& p : b.parts) v += nvme_->Version(p.alloc);
+    return v;
   }
   // src -> home. `checksum`: StoreChecksum(b, src), computed earlier (NVMe).
   Result<BlockMove> StartStore(const StateBlock& b, const void* src, const uint64_t* checksum = nullptr);
   // What StartStore would checksum for `src` (NVMe-homed blocks; else 0):
-  // callers compute it while the disk is busy with something else.
+  // callers compute it while the disk is busy with something else. (A block
+  // in parts: 0, and StartStore checksums each part itself.)
   uint64_t StoreChecksum(const StateBlock& b, const void* src) const;
   // Waits for an NVMe move's I/O only (a load's data is in place, not yet
   // verified); Finish must still follow. Other moves: nothing.

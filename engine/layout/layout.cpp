@@ -45,6 +45,26 @@ bool Layout::StagedInSlot(int s) const {
   return s == int(StateKind::kP) && compact && !BlockIo::DirectAt(home[int(StateKind::kW)], device_on_gpu);
 }
 
+uint64_t Layout::StepUnitNumel() const {
+  const uint64_t a = Partition::kShardAlign;
+  const uint64_t want = std::min(config->zero.sub_group_size, kStepUnitNumel);
+  return std::max(a, want / a * a);
+}
+
+bool Layout::SplitsIntoUnits(int g) const {
+  if (compact || frozen(g) || device_on_gpu || home[int(StateKind::kW)] != TierKind::kNvme) return false;
+  if (!BlockIo::DirectAt(home[int(StateKind::kG)], device_on_gpu)) return false;
+  return PIsW(g) || BlockIo::DirectAt(home[int(StateKind::kP)], device_on_gpu);
+}
+
+void Layout::SetStepUnits() {
+  unit_numel = StepUnitNumel();
+  units.assign(static_cast<size_t>(num_groups()), 1);
+  for (int g = 0; g < num_groups(); ++g)
+    if (SplitsIntoUnits(g))
+      units[static_cast<size_t>(g)] = static_cast<uint32_t>((part.group(g).shard_numel + unit_numel - 1) / unit_numel);
+}
+
 TierKind GradHome(const std::string& setting, TierKind opt_home, bool host_holds_g) {
   if (opt_home != TierKind::kNvme || setting == "host") return TierKind::kHost;
   if (setting == "nvme") return TierKind::kNvme;

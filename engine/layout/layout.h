@@ -11,6 +11,7 @@
 // No lock: written only before build returns (the composition's thread).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -38,6 +39,13 @@ struct Layout {
   TierKind home[kNumStates] = {};
   std::vector<uint8_t> frozen_groups;          // per group: freeze_group marked it (sized at build)
   uint64_t opt_slot_offsets[kNumStates + 1] = {};  // of each state in a step slot; [kNumStates]: slot bytes
+  // Step units (set at build, SetStepUnits): the step updates a group's shard
+  // in units of at most `unit_numel` elements, each with its own NVMe blocks
+  // of W, M, V, written (copy on write) and committed on its own, so that the
+  // swap's copy-on-write room is a few units' blocks, not the largest
+  // groups'. `units[g]` is 1 (the whole shard) unless the group is split.
+  uint64_t unit_numel = 0;
+  std::vector<uint32_t> units;
 
   int num_groups() const { return part.num_groups(); }
   const GroupLayout& group(int g) const { return part.group(g); }
@@ -86,6 +94,25 @@ struct Layout {
   uint64_t StateBytes(int s, int g) const;
   // Whether state s has a region in the step's staging slots.
   bool StagedInSlot(int s) const;
+
+  // The step's unit: min(zero_optimization.sub_group_size, kStepUnitNumel),
+  // in whole kShardAlign chunks.
+  static constexpr uint64_t kStepUnitNumel = uint64_t{4} << 20;
+  uint64_t StepUnitNumel() const;
+  // Whether group g's shard may be stepped in units: fp32 state (not
+  // compact), W (so M, V) homed on NVMe, a G and a P the CPU addresses in
+  // place (P that is W's bytes, or a P home in host memory), no GPU. Other
+  // groups step whole, as before.
+  bool SplitsIntoUnits(int g) const;
+  // Sets unit_numel and units (after the homes and the frozen groups).
+  void SetStepUnits();
+  int Units(int g) const { return static_cast<size_t>(g) < units.size() ? static_cast<int>(units[static_cast<size_t>(g)]) : 1; }
+  // Unit u of group g: its first element in the shard, and its elements.
+  uint64_t UnitFirst(int g, int u) const { return Units(g) == 1 ? 0 : static_cast<uint64_t>(u) * unit_numel; }
+  uint64_t UnitNumel(int g, int u) const {
+    const uint64_t n = part.group(g).shard_numel;
+    return Units(g) == 1 ? n : std::min(unit_numel, n - UnitFirst(g, u));
+  }
 };
 
 // strata.grad_home (config.h): G's home for `setting` when W, M, V are homed

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/check.h"
 #include "base/sizes.h"
 #include "base/worker.h"
 
@@ -132,7 +133,7 @@ Status Residency::Allocate(int g, std::unique_lock<std::mutex>& lock, bool deman
   }
 }
 
-bool Residency::Refresh(int g, const void* src) {
+bool Residency::Refresh(int g, const void* src, uint64_t from, uint64_t len) {
   if (options_.home || device_.separate()) return false;
   std::lock_guard<std::mutex> lock(mu_);
   Copy& c = copies_[static_cast<size_t>(g)];
@@ -141,7 +142,8 @@ bool Residency::Refresh(int g, const void* src) {
   // gathered by the next fetch (every rank gathers from zero pins).
   const uint64_t bytes = options_.bytes(g) / static_cast<uint64_t>(options_.sharded ? options_.shards : 1);
   const uint64_t at = options_.sharded ? static_cast<uint64_t>(options_.shard_rank) * bytes : 0;
-  std::memcpy(static_cast<char*>(c.alloc.ptr) + at, src, bytes);
+  STRATA_CHECK_MSG(len == 0 || from + len <= bytes, "a refresh past the end of the shard");
+  std::memcpy(static_cast<char*>(c.alloc.ptr) + at + from, src, len == 0 ? bytes : len);
   c.gathered = c.kept = false;  // (not sharded: never set)
   return true;
 }

@@ -104,8 +104,10 @@ class Residency {
   // gathers, as it would after a load, and reads nothing. Only where copies
   // are host memory (the device tier's plain arena); returns whether the
   // copy took it (then the caller keeps it at Drop).
+  // `bytes` nonzero: only `bytes` of it from byte `at` of that P (a group
+  // stepped in units, a unit at a time).
   // REQUIRES: g not pinned.
-  bool Refresh(int g, const void* src);
+  bool Refresh(int g, const void* src, uint64_t at = 0, uint64_t bytes = 0);
   // Group g's P went back (a discarded speculation after Refresh): its copy,
   // resident and unpinned, is dropped, so the next fetch reads P's home; a
   // load in flight reads the home as it is now and stays. Returns false

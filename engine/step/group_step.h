@@ -4,6 +4,9 @@
 // checks before the update.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 namespace strata {
 
 struct GroupStep {
@@ -17,6 +20,10 @@ struct GroupStep {
   // NVMe writes are published together). A failed step leaves the others
   // for the next Step call to finish.
   bool committed = false;
+  // A group stepped in units (Layout::units): which units this step's
+  // update reached their homes (W, M, V of each unit are published
+  // together); the group is committed once all have. Empty otherwise.
+  std::vector<uint8_t> unit_done;
   bool p_stale = false;  // committed, but P's store failed: P is recomputed from W
 };
 

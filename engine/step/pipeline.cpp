@@ -23,6 +23,8 @@
 #include <array>
 #include <cstring>
 #include <deque>
+#include <tuple>
+#include <utility>
 
 #include "engine/layout/staging_plan.h"
 #include "kernels/cpu/adagrad.h"
@@ -49,6 +51,11 @@ struct Moves {
 
 struct Job {
   int group = -1;
+  // Its unit of the group (Layout::units): elements [first, first + len)
+  // of the shard; a group stepped whole is one job of unit 0.
+  int unit = 0;
+  uint64_t first = 0, len = 0;
+  bool last_of_group = true;  // the run's last job of its group (g_done)
   void* slot = nullptr;
   float* ptr[kNumStates] = {};  // where each state is during the update
   Moves loads, stores;
@@ -84,7 +91,7 @@ Status StepPipeline::Check(const StepOptions& so) const {
 void StepPipeline::ReadAhead(const std::vector<int>& groups) {
   if (layout_.compact) return;  // (compact's W, M, V are read through the shard store)
   for (int g : groups) {
-    if (gpu_.UpdatesOnGpu(g)) continue;
+    if (gpu_.UpdatesOnGpu(g) || layout_.Units(g) > 1) continue;  // (units: read by their jobs)
     Ahead a;
     a.group = g;
     for (int s : {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
@@ -145,8 +152,10 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
   const Config& config = *layout_.config;
   const bool copy_f32 = layout_.dtype == DType::kF32;  // fp32 compute: P is a copy of W, no kernel copy-out
   Speculation* const spec = feed.spec;
-  // The run's groups as the feed hands them out; jobs (a deque: stable) beside.
-  std::vector<int> order;
+  // The run's jobs as the feed hands out their groups, (group, unit): a
+  // group stepped in units gives a job for each unit not yet committed in
+  // this step; jobs (a deque: stable) beside.
+  std::vector<std::pair<int, int>> order;
   std::deque<Job> jobs;
   // Whether job i exists: known already, or the feed has it (wait: blocks
   // until it does or the run is over; else only looks).
@@ -154,8 +163,14 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     while (static_cast<int>(order.size()) <= i) {
       const int g = feed.next(wait);
       if (g < 0) return false;
-      order.push_back(g);
-      jobs.emplace_back();
+      const int n = layout_.Units(g);
+      GroupStep& gs = steps_[static_cast<size_t>(g)];
+      if (n > 1 && gs.unit_done.size() != static_cast<size_t>(n)) gs.unit_done.assign(static_cast<size_t>(n), 0);
+      for (int u = 0; u < n; ++u) {
+        if (n > 1 && gs.unit_done[static_cast<size_t>(u)]) continue;
+        order.emplace_back(g, u);
+        jobs.emplace_back();
+      }
     }
     return true;
   };
@@ -173,7 +188,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
   // f(s, block) for each state of j that goes back home after the update.
   auto for_each_stored = [&](Job& j, auto&& f) {
     for (int s : {int(StateKind::kP), int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-      const StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
+      const StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)].Part(j.unit);
       if (b.alloc.charged != 0 && !at_home(j, b)) f(s, b);  // (P that is W's bytes has no block: W's store is P's)
     }
   };
@@ -182,10 +197,11 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
   auto finish_stores = [&](Job& j) {
     if (j.group < 0 || j.settled) return;
     j.settled = true;
-    if (j.g_copy) {  // read by the update (or never, when it did not run)
+    if (j.g_copy) {  // read by the update (or never, when it did not run); units: by the group's last
       j.g_copy = false;
-      feed.g_done(j.group);
+      if (j.last_of_group) feed.g_done(j.group);
     }
+    const bool in_units = layout_.Units(j.group) > 1;
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     Status state_st, p_st;
     int state_stores = 0, state_homes = 0;  // W, M, V moves started; of those that go home
@@ -201,7 +217,8 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     for_each_stored(j, [&](int s, const StateBlock&) { state_homes += !is_copy(s); });
     // Committed: updated, and every W, M, V store started and landed (or,
     // host homes and the GPU's, updated in place already).
-    const bool commit = gs.committed || (j.updated && state_stores == state_homes && state_st.ok());
+    const bool commit = (in_units ? gs.unit_done[static_cast<size_t>(j.unit)] != 0 : gs.committed) ||
+                        (j.updated && state_stores == state_homes && state_st.ok());
     // Device copies land in place: once one has started and any failed, the
     // group's state is neither old nor new (NVMe writes are copy on write).
     // (A device tier without a GPU is a host arena, used in place: no copies.)
@@ -242,6 +259,9 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     if (spec) {
       if (commit) spec->Ready(j.group, p_stale);
       else spec->Fail(j.group);
+    } else if (commit && in_units) {  // (P is W's bytes or updated in place: never stale)
+      gs.unit_done[static_cast<size_t>(j.unit)] = 1;
+      gs.committed = std::all_of(gs.unit_done.begin(), gs.unit_done.end(), [](uint8_t d) { return d != 0; });
     } else if (commit) {
       gs.p_stale = p_stale;
       gs.committed = true;
@@ -251,23 +271,33 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     // a discard forgets them.
     if (commit && (!spec || layout_.sworld == 1) && ((p_stored && p_st.ok()) || p_is_w) && on_p_stored_ &&
         !layout_.compact && !layout_.p_gathered_after_step() && (p_is_w || !at_home(j, pb)))
-      on_p_stored_(j.group, p_is_w ? j.ptr[int(StateKind::kW)] : j.ptr[int(StateKind::kP)], spec != nullptr);
+      on_p_stored_(j.group, p_is_w ? j.ptr[int(StateKind::kW)] : j.ptr[int(StateKind::kP)], spec != nullptr,
+                   in_units ? j.first * DTypeSize(layout_.dtype) : 0, in_units ? j.len * DTypeSize(layout_.dtype) : 0);
     keep(std::move(state_st));
     keep(std::move(p_st));
     if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }
   };
   auto start_loads = [&](int i) {
     Job& j = jobs[static_cast<size_t>(i)];
-    j.group = order[static_cast<size_t>(i)];
+    std::tie(j.group, j.unit) = order[static_cast<size_t>(i)];
+    j.first = layout_.UnitFirst(j.group, j.unit);
+    j.len = layout_.UnitNumel(j.group, j.unit);
+    j.last_of_group = static_cast<size_t>(i) + 1 == order.size() || order[static_cast<size_t>(i) + 1].first != j.group;
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     Ahead ahead;  // W, M, V read ahead into a slot (ReadAhead): the job takes the slot and the reads
-    if (TakeAhead(j.group, &ahead)) j.slot = ahead.slot;
+    if (layout_.Units(j.group) == 1 && TakeAhead(j.group, &ahead)) j.slot = ahead.slot;
     const bool has_grads = gs.grad_calls > 0;
     j.gpu = gpu_.UpdatesOnGpu(j.group);
     j.ko = KernelOptions(so, grad_scale, feed.step_of(j.group));
+    // A unit's place in a block the CPU addresses in place (units: fp32 W,
+    // M, V; G and P in their dtypes; a staged unit sits at its slot region's start).
+    auto unit_at = [&](int s) {
+      return j.first * (s == int(StateKind::kG) ? DTypeSize(layout_.gdtype) : s == int(StateKind::kP) ? DTypeSize(layout_.dtype) : 4);
+    };
     for (int s = 0; s < kNumStates; ++s) {
-      const StateBlock& b = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
-      if (b.alloc.charged == 0) continue;  // state unused by this optimizer
+      const StateBlock& whole = blocks_[static_cast<size_t>(j.group)][static_cast<size_t>(s)];
+      if (whole.alloc.charged == 0) continue;  // state unused by this optimizer
+      const StateBlock& b = whole.Part(j.unit);
       if (j.gpu && b.home == TierKind::kDevice) {  // a device pointer: the GPU updates it in place
         j.ptr[s] = static_cast<float*>(io_.DirectPtr(b));
         continue;
@@ -281,7 +311,10 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
         spec->Backup(j.group, static_cast<const char*>(io_.DirectPtr(b)) + (p ? layout_.PSliceOffset(j.group) : 0),
                      p ? layout_.part.group(j.group).shard_numel * 2 : layout_.StateBytes(s, j.group));
       }
-      if (io_.Direct(b) && !shadow) { j.ptr[s] = static_cast<float*>(io_.DirectPtr(b)); continue; }
+      if (io_.Direct(b) && !shadow) {
+        j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(io_.DirectPtr(b)) + unit_at(s));
+        continue;
+      }
       if (!j.slot) j.slot = opt_staging_.Acquire();  // blocks until a slot's writes are done
       j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + layout_.opt_slot_offsets[s]);
       if (shadow) {  // this rank's slice, updated here and copied back when the group commits
@@ -294,7 +327,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
       if (is_copy(s) || (s == int(StateKind::kG) && !has_grads)) continue;  // written, not read
       if (s == int(StateKind::kG) && feed.g_copy) {  // the feed holds G already: no read
         if (const void* g = feed.g_copy(j.group)) {
-          j.ptr[s] = static_cast<float*>(const_cast<void*>(g));
+          j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(const_cast<void*>(g)) + unit_at(s));
           j.g_copy = true;
           continue;
         }
@@ -365,7 +398,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
   // GPU's); false on error.
   auto update = [&](Job& j) {
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
-    const uint64_t len = layout_.part.group(j.group).shard_numel;
+    const uint64_t len = j.len;
     if (gs.grad_calls == 0) std::memset(j.ptr[int(StateKind::kG)], 0, len * DTypeSize(layout_.gdtype));  // host memory
     if (j.gpu) return update_on_gpu(j);
     float* W = j.ptr[int(StateKind::kW)];

@@ -75,8 +75,11 @@ class StepPipeline {
   // slot is reused: a cached device copy may take it (Residency::Refresh).
   // Not at stages 1-2 with several ranks, where P's home is gathered after
   // the step. `held`: a speculated update (one rank only), held until the
-  // step commits or discards it; a discard must then forget the copy.
-  void OnPStored(std::function<void(int g, const void* p, bool held)> f) { on_p_stored_ = std::move(f); }
+  // step commits or discards it; a discard must then forget the copy. A
+  // group stepped in units calls it a unit at a time: `p` holds `bytes` of
+  // P from byte `at` of this rank's P (bytes 0: all of it, at 0).
+  using PStored = std::function<void(int g, const void* p, bool held, uint64_t at, uint64_t bytes)>;
+  void OnPStored(PStored f) { on_p_stored_ = std::move(f); }
   // A step that updates after backward (overlap_step's policy did not
   // speculate): the W, M, V homed on NVMe of `groups`, in that order, are
   // read into free staging slots now, while backward runs, as many groups as
@@ -94,7 +97,7 @@ class StepPipeline {
 
  private:
   StepKernelOptions KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const;
-  std::function<void(int g, const void* p, bool held)> on_p_stored_;
+  PStored on_p_stored_;
   struct Ahead {
     int group = -1;
     void* slot = nullptr;

@@ -19,7 +19,10 @@ constexpr int kWritten[] = {int(StateKind::kP), int(StateKind::kW), int(StateKin
 Speculation::Needs Speculation::NeedsOf(const Layout& layout, int g, bool gpu_updates,
                                         const std::function<uint64_t(uint64_t)>& padded) {
   Needs n;
-  if (layout.frozen(g) || gpu_updates) return n;
+  // A group stepped in units (Layout::units) commits unit by unit: held
+  // whole it would need the room its units exist to avoid. It updates after
+  // backward.
+  if (layout.frozen(g) || gpu_updates || layout.Units(g) > 1) return n;
   for (int s : kWritten) {
     if (!layout.StateUsedBy(s, g)) continue;  // (P that is W's bytes has no block: never written)
     const TierKind home = layout.home[s];

@@ -18,7 +18,8 @@
 //     the restored W, bitwise what it was) and a replay rewrites it anyway.
 // Groups whose W, M, V the GPU updates in place, or whose state other than
 // fp32's P lands in place on a GPU, are not eligible: they update after
-// backward. A group that does not fit what is left of either room is not
+// backward; nor are groups stepped in units (Layout::units), which commit
+// unit by unit. A group that does not fit what is left of either room is not
 // speculated either (the step updates it after backward, as without
 // overlap). Budgets are never exceeded: the arena is one allocation, and
 // reservations count every byte a group can take before it is handed out.

@@ -302,8 +302,9 @@ TEST(Config, KeysWithoutEffectAreNamedWhenSet) {
       "offload_optimizer": {"device": "cpu", "ratio": 0.5}}, "aio": {"single_submit": true}})");
   ASSERT_EQ(c.warnings.size(), 1u);
   EXPECT_EQ(c.warnings[0],
-            "zero_optimization.offload_optimizer.ratio, zero_optimization.sub_group_size, aio.single_submit: set, "
-            "but without effect in Strata (it plans its own groups, prefetch and I/O)");
+            "zero_optimization.offload_optimizer.ratio, aio.single_submit: set, "
+            "but without effect in Strata (it plans its own groups, prefetch and I/O)")
+      << "sub_group_size bounds the step's units (step_units_test): not a key without effect";
 }
 
 TEST(Config, GradReduceDefaultsToTheMean) {

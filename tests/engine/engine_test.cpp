@@ -555,11 +555,14 @@ TEST(Engine, AStepThatDoesNotSpeculateReadsAheadInBackward) {
 // overlap_step's swap room for speculation (strata.speculation_disk_bytes
 // "auto"): "always" reserves it at build, "never" not at all, "auto" when
 // its policy first speculates (a run clipped at every step never pays for
-// it). The three runs are bitwise the same.
+// it). The room shares the step's own room for its writes in flight, and
+// "auto" sizes it to keep the swap files within 1.5x the state: the groups
+// beyond it update after backward. The three runs are bitwise the same.
 TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
-  const TinyMlp model(4, 256);  // 3 MiB of W, M, V: more than the swap files' 1 MiB rounding
+  const TinyMlp model(8, 384);  // 14 MiB of W, M, V: the room beyond the step's is more than the 1 MiB rounding
   struct Run {
     uint64_t at_build = 0, after = 0, speculated = 0;
+    uint64_t state = 0, early = 0;  // the NVMe tier's blocks (its budget, less its 1 MiB); early updates
     uint64_t host_at_build = 0, host_after = 0;  // the host tier's use (its arena for host-homed W, M, V)
     std::vector<std::vector<float>> master;
   };
@@ -591,6 +594,8 @@ TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
       EXPECT_TRUE(r.ok()) << r.status().ToString();
     }
     out.after = swap_bytes(dir.path());
+    out.state = eng.stats().nvme.budget - kMiB;
+    out.early = eng.stats().early_updates;
     out.host_after = eng.stats().host.used;
     out.speculated = eng.stats().speculated_steps;
     out.master = ReadMasters(eng);
@@ -607,9 +612,15 @@ TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
   EXPECT_LE(automatic.after, always.at_build + kMiB) << "(each reservation rounds to whole MiB)";
   EXPECT_EQ(automatic.master, never.master);
   EXPECT_EQ(always.master, never.master);
+  // Within 1.5x the state (plus each reservation's rounding to whole MiB),
+  // so that not every group fits: some update after backward.
+  EXPECT_LE(always.after, always.state * 3 / 2 + 2 * kMiB);
+  EXPECT_LE(automatic.after, automatic.state * 3 / 2 + 2 * kMiB);
+  EXPECT_GT(always.early, 0u);
+  EXPECT_LT(always.early, 4u * 8u) << "every group speculated: the room is not capped";
   // W, M, V in host memory: the backups' arena, the same way.
   const Run h_never = run("never", "host"), h_always = run("always", "host"), h_auto = run("auto", "host");
-  const uint64_t arena = 12 * 4 * (256 * 256 + 256);  // fp32 W, M, V of the 4 layers
+  const uint64_t arena = 3 * 8 * 4 * (384 * 384 + 384);  // fp32 W, M, V of the 8 layers
   EXPECT_EQ(h_never.speculated, 0u);
   EXPECT_EQ(h_never.host_after, h_never.host_at_build);
   EXPECT_GE(h_always.host_at_build, h_never.host_at_build + arena) << "always: the arena at build";

@@ -73,7 +73,12 @@ std::string Json(const Case& c, const std::string& dir) {
   // "nvme" puts G beside W, M, V (strata.grad_home; "auto" would keep it in host memory).
   const std::string grad_home =
       nvme && c.extra_strata.find("grad_home") == std::string::npos ? R"("grad_home": "nvme", )" : "";
-  j += R"("strata": {)" + c.extra_strata + grad_home + R"("device_budget": "64MiB", "host_budget": "64MiB", "state_format": ")" +
+  // Room for every group (each case tests what speculation does, not its
+  // room): "auto" keeps the swap within 1.5x the state, which holds some.
+  const std::string disk_room = nvme && c.extra_strata.find("speculation_disk_bytes") == std::string::npos
+                                    ? R"("speculation_disk_bytes": "16MiB", )"
+                                    : "";
+  j += R"("strata": {)" + c.extra_strata + grad_home + disk_room + R"("device_budget": "64MiB", "host_budget": "64MiB", "state_format": ")" +
        c.format + R"(", "nonfinite": ")" + c.nonfinite + R"(", "speculation": ")" + c.speculation + R"("}})";
   return j;
 }

@@ -1,0 +1,272 @@
+// engine/: step units (Layout::units). A group whose W, M, V live on NVMe is
+// stepped and stored in units of at most zero_optimization.sub_group_size
+// elements, each unit's blocks written (copy on write) and committed on its
+// own. Checked here on a real io_uring and real swap files:
+// - the swap files stay within 1.5x the state they hold, where whole-group
+//   copy on write needs room for the largest group's W, M, V;
+// - numerics do not depend on the units: bitwise the whole-group run's and
+//   the host-homed run's, with and without overlap_step;
+// - a step whose writes fail part-way through a group is finished by the next
+//   Step, bitwise the clean run (units committed stay so, the rest are redone);
+// - a checkpoint saved in units loads into an engine without them, and back.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <random>
+
+#include "engine/engine.h"
+#include "io/fault.h"
+#include "tests/util/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using testing::TempDir;
+
+// One large group (an embedding's share of a small model) and a few small ones.
+const std::vector<uint64_t> kGroupNumel = {300000, 20000, 20000, 12000};
+// The same, four times larger: the swap's fixed 1 MiB beside the state matters less.
+const std::vector<uint64_t> kLargeNumel = {1200000, 80000, 80000, 48000};
+
+// `sub_group`: zero_optimization.sub_group_size (0: not set, Strata's default
+// unit, larger than every group here). `where`: "nvme" or "host" for W, M, V.
+std::string Json(const std::string& dir, uint64_t sub_group, const std::string& where = "nvme",
+                 const std::string& extra = "") {
+  // P offloaded beside W (P that is W's bytes): a fetch keeps a cached copy that the step refreshes.
+  std::string z = R"("stage": 3, "offload_optimizer": {"device": ")" + where + R"(", "nvme_path": ")" + dir +
+                  R"("}, "offload_param": {"device": ")" + where + R"(", "nvme_path": ")" + dir + R"("})";
+  if (sub_group) z += R"(, "sub_group_size": )" + std::to_string(sub_group);
+  return R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}}, "gradient_clipping": 0.05,
+    "zero_optimization": {)" + z + R"(},
+    "strata": {"device_budget": "64MiB", "host_budget": "256MiB", "grad_home": "host")" + extra + "}}";
+}
+
+std::vector<float> Values(uint64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng) * 0.1f;
+  return v;
+}
+
+struct Built {
+  std::unique_ptr<Engine> engine;
+  std::shared_ptr<FaultPlan> faults = std::make_shared<FaultPlan>();
+};
+
+Built Make(const std::string& json, bool overlap = false, const std::vector<uint64_t>& numel = kGroupNumel) {
+  Built r;
+  auto c = ParseConfig(json);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return r;
+  EngineOptions eo;
+  eo.faults = r.faults;
+  eo.overlap_step = overlap;
+  auto e = Engine::Create(*c, eo);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (!e.ok()) return r;
+  for (size_t g = 0; g < numel.size(); ++g) {
+    const std::vector<float> init = Values(numel[g], 100 + g);
+    auto a = (*e)->AddParam(static_cast<int>(g), "g" + std::to_string(g), numel[g], init.data());
+    EXPECT_TRUE(a.ok()) << a.status().ToString();
+  }
+  Status st = (*e)->Build();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (st.ok()) r.engine = std::move(e).value();
+  return r;
+}
+
+StepOptions OptionsOf(int step) {
+  StepOptions so;
+  so.lr = 0.01 * (1.0 + 0.1 * step);
+  return so;
+}
+
+// Step s's gradients (the same for every run), handed group by group.
+void HandGrads(Engine& e, int s, bool prepare = false) {
+  if (prepare) {
+    ASSERT_TRUE(e.PrepareStep(OptionsOf(s)).ok());
+  }
+  for (int g = e.num_groups() - 1; g >= 0; --g) {
+    const std::vector<float> grad = Values(e.group_numel(g), 1000 * (s + 1) + g);
+    Status st = e.Grads(g, grad.data(), DType::kF32);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+}
+
+// W, M, V of every group, one vector each.
+std::vector<std::vector<float>> State(Engine& e) {
+  std::vector<std::vector<float>> out;
+  for (int g = 0; g < e.num_groups(); ++g)
+    for (Engine::OptimizerState w : {Engine::OptimizerState::kMaster, Engine::OptimizerState::kExpAvg, Engine::OptimizerState::kExpAvgSq}) {
+      out.emplace_back(e.group_numel(g));
+      Status st = e.ReadState(g, w, out.back().data());
+      EXPECT_TRUE(st.ok()) << st.ToString();
+    }
+  return out;
+}
+
+void ExpectSame(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
+                const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  ASSERT_FALSE(a.empty()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4))
+        << what << ": group " << i / 3 << " state " << i % 3 << " differs";
+}
+
+// Every group's fetched P (fp32: W's bytes) equals its master: the cached
+// copies the step refreshed unit by unit hold the new P.
+void ExpectFetchedIsMaster(Engine& e, int step) {
+  for (int g = 0; g < e.num_groups(); ++g) {
+    std::vector<float> master(e.group_numel(g));
+    ASSERT_TRUE(e.ReadMaster(g, master.data()).ok());
+    auto p = e.Fetch(g);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    EXPECT_EQ(0, std::memcmp(*p, master.data(), master.size() * 4)) << "step " << step << ": group " << g
+                                                                    << "'s fetched P is not its master";
+    ASSERT_TRUE(e.Release(g).ok());
+  }
+}
+
+std::vector<std::vector<float>> Train(const std::string& json, int steps, bool overlap = false) {
+  Built r = Make(json, overlap);
+  if (!r.engine) return {};
+  for (int s = 0; s < steps; ++s) {
+    HandGrads(*r.engine, s, overlap);
+    auto st = r.engine->Step(OptionsOf(s));
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    ExpectFetchedIsMaster(*r.engine, s);
+  }
+  return State(*r.engine);
+}
+
+uint64_t SwapBytes(const std::string& dir) {
+  uint64_t total = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir))
+    if (f.path().filename().string().rfind("strata-swap", 0) == 0) total += std::filesystem::file_size(f.path());
+  return total;
+}
+
+// The state the swap holds: W, M, V of every group, fp32, each shard padded
+// to the partition's 2048 elements.
+uint64_t StateBytes(const std::vector<uint64_t>& numel) {
+  uint64_t n = 0;
+  for (uint64_t g : numel) n += (g + 2047) / 2048 * 2048;
+  return 3 * 4 * n;
+}
+
+TEST(StepUnits, KeepTheSwapWithinHalfTheStateBeyondIt) {
+  for (uint64_t sub_group : {uint64_t{0}, uint64_t{65536}}) {
+    SCOPED_TRACE("sub_group_size " + std::to_string(sub_group));
+    TempDir dir;
+    Built r = Make(Json(dir.path(), sub_group), false, kLargeNumel);
+    ASSERT_TRUE(r.engine);
+    for (int s = 0; s < 4; ++s) {
+      HandGrads(*r.engine, s);
+      ASSERT_TRUE(r.engine->Step(OptionsOf(s)).ok());
+    }
+    const double ratio = static_cast<double>(SwapBytes(dir.path())) / static_cast<double>(StateBytes(kLargeNumel));
+    std::printf("sub_group_size %llu: swap %.3f x the state\n", static_cast<unsigned long long>(sub_group), ratio);
+    if (sub_group == 0) {
+      // Whole groups: the largest group's W, M, V twice over, at least.
+      EXPECT_GT(ratio, 1.5) << "the case without units no longer shows what units are for";
+    } else {
+      EXPECT_LE(ratio, 1.5);
+    }
+  }
+}
+
+TEST(StepUnits, NumericsDoNotDependOnThem) {
+  TempDir a, b, c, d;
+  const auto whole = Train(Json(a.path(), 0), 5);
+  const auto units = Train(Json(b.path(), 16384), 5);
+  const auto odd = Train(Json(c.path(), 6144), 5);  // units of 3 x 2048, a short last one
+  const auto host = Train(Json(d.path(), 16384, "cpu"), 5);
+  ExpectSame(whole, units, "units of 16384 against whole groups");
+  ExpectSame(whole, odd, "units of 6144 against whole groups");
+  ExpectSame(whole, host, "host-homed state against whole groups on NVMe");
+}
+
+TEST(StepUnits, OverlappedStepsAreTheSame) {
+  TempDir a, b;
+  const auto plain = Train(Json(a.path(), 16384), 5);
+  const auto overlapped = Train(Json(b.path(), 16384), 5, /*overlap=*/true);
+  ExpectSame(plain, overlapped, "overlap_step with units");
+}
+
+// Every write of step 3 failing in turn, once: the step fails, the next Step
+// call finishes it, and the run ends bitwise the clean one.
+TEST(StepUnits, AStepFailingPartWayThroughAGroupIsFinishedExactly) {
+  for (const char* step_io : {"alternate", "concurrent"}) {
+    SCOPED_TRACE(step_io);
+    TempDir clean_dir;
+    const std::string extra = std::string(R"(, "step_io": ")") + step_io + "\"";
+    const auto clean = Train(Json(clean_dir.path(), 16384, "nvme", extra), 5);
+    ASSERT_FALSE(clean.empty());
+    int fired = 0, partial = 0;
+    for (uint64_t skip = 0;; ++skip) {
+      TempDir dir;
+      Built r = Make(Json(dir.path(), 16384, "nvme", extra));
+      ASSERT_TRUE(r.engine);
+      Engine& e = *r.engine;
+      bool hit = false;
+      for (int s = 0; s < 5; ++s) {
+        HandGrads(e, s);
+        if (s == 3) r.faults->Arm(FaultPlan::Ops::kWrites, EIO, skip, 1);
+        auto st = e.Step(OptionsOf(s));
+        if (s == 3) {
+          hit = r.faults->fired() > 0;
+          r.faults->Disarm();
+          if (hit) {
+            ASSERT_FALSE(st.ok()) << "write " << skip;
+            EXPECT_EQ(st.status().code(), Code::kIo) << st.status().ToString();
+            // Group 0 (19 units) part-way: some of its units are new already.
+            if (st.status().message().find("(0 of") != std::string::npos) ++partial;
+            st = e.Step(OptionsOf(s));
+          }
+        }
+        ASSERT_TRUE(st.ok()) << "write " << skip << ": " << st.status().ToString();
+      }
+      if (!hit) break;
+      ++fired;
+      ExpectSame(clean, State(e), "write " + std::to_string(skip) + " failing once");
+      if (HasFatalFailure()) return;
+    }
+    // Group 0 alone is 19 units of 3 blocks: most faults land inside it.
+    EXPECT_GE(fired, 57) << "the step wrote fewer blocks than its units have";
+    EXPECT_GE(partial, 40) << "too few faults fell inside the large group";
+  }
+}
+
+TEST(StepUnits, CheckpointsMoveBetweenUnitsAndWholeGroups) {
+  TempDir a, b, ckpt;
+  Built units = Make(Json(a.path(), 16384));
+  ASSERT_TRUE(units.engine);
+  for (int s = 0; s < 3; ++s) {
+    HandGrads(*units.engine, s);
+    ASSERT_TRUE(units.engine->Step(OptionsOf(s)).ok());
+  }
+  Status st = units.engine->SaveCheckpoint(ckpt.path(), "u", nullptr, 0);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  const auto saved = State(*units.engine);
+  Built whole = Make(Json(b.path(), 0));
+  ASSERT_TRUE(whole.engine);
+  st = whole.engine->LoadCheckpoint(ckpt.path(), "u", nullptr);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectSame(saved, State(*whole.engine), "units' checkpoint in whole groups");
+  // And on: both take step 3 alike, and the whole groups' save loads into units.
+  for (Engine* e : {units.engine.get(), whole.engine.get()}) {
+    HandGrads(*e, 3);
+    ASSERT_TRUE(e->Step(OptionsOf(3)).ok());
+  }
+  ExpectSame(State(*units.engine), State(*whole.engine), "step 3 after the load");
+  ASSERT_TRUE(whole.engine->SaveCheckpoint(ckpt.path(), "w", nullptr, 0).ok());
+  st = units.engine->LoadCheckpoint(ckpt.path(), "w", nullptr);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  ExpectSame(State(*whole.engine), State(*units.engine), "whole groups' checkpoint in units");
+}
+
+}  // namespace
+}  // namespace strata
