@@ -147,7 +147,7 @@ Status Engine::Impl::BuildOnce() {
     if (std::find(dirs.begin(), dirs.end(), d) == dirs.end()) dirs.push_back(d);
   // The step's units (layout.h): a group whose W, M, V are on NVMe is
   // stepped, and stored, in units of at most zero_optimization.sub_group_size
-  // elements (and kStepUnitNumel), each unit's blocks on their own.
+  // elements, each unit's blocks on their own.
   lay_.SetStepUnits();
   uint64_t nvme_bytes = 0, largest_frozen = 0, largest_g = 0, largest_p = 0;
   // Per step job (a group's unit), the NVMe blocks a step writes.

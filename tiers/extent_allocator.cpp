@@ -40,6 +40,22 @@ uint64_t ExtentAllocator::Allocate(uint64_t len) {
   return off;
 }
 
+std::vector<std::pair<uint64_t, uint64_t>> ExtentAllocator::AllocateScattered(uint64_t len) {
+  len = RoundUpTo(len, align_);
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  if (len == 0 || len > free_bytes_) return out;
+  for (uint64_t left = len; left > 0;) {
+    // The remainder best fit when one hole holds it, else the largest hole whole.
+    auto fit = by_size_.lower_bound({left, 0});
+    const uint64_t take = fit != by_size_.end() ? left : by_size_.rbegin()->first;
+    const uint64_t off = Allocate(take);
+    STRATA_CHECK_MSG(off != UINT64_MAX, "a scattered extent found less free space than it counted");
+    out.emplace_back(off, take);
+    left -= take;
+  }
+  return out;
+}
+
 void ExtentAllocator::Free(uint64_t offset, uint64_t len) {
   len = RoundUpTo(len, align_);
   STRATA_CHECK(offset + len <= capacity_);

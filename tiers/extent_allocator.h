@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <utility>
+#include <vector>
 
 namespace strata {
 
@@ -15,6 +16,12 @@ class ExtentAllocator {
   // Returns the offset of `len` bytes (rounded up to the alignment), or
   // UINT64_MAX when no free range is large enough.
   uint64_t Allocate(uint64_t len);
+  // `len` bytes (rounded up to the alignment) in as few free ranges as the
+  // holes allow, the largest first (the last piece best fit): (offset,
+  // length) pairs, in the order they take the bytes; empty (nothing taken)
+  // when all the free ranges together are too small. Each piece is freed
+  // on its own.
+  std::vector<std::pair<uint64_t, uint64_t>> AllocateScattered(uint64_t len);
   // REQUIRES: [offset, offset+len) was allocated with this len.
   void Free(uint64_t offset, uint64_t len);
   // Extends the range to `capacity` (aligned down); the new end is free,

@@ -211,7 +211,7 @@ Result<Allocation> NvmeTier::Allocate(uint64_t bytes) {
                         FormatBytes(extents_->largest_free()) + ")");
   }
   const uint64_t id = next_id_++;
-  blocks_[id] = Block{off, per_file, bytes, 0, false, gen_};
+  blocks_[id] = Block{{NvmeExtent{off, per_file}}, per_file, bytes, 0, false, gen_};
   return Allocation{nullptr, id, bytes, padded};
 }
 
@@ -222,18 +222,24 @@ void NvmeTier::Free(const Allocation& a) {
     STRATA_CHECK_MSG(it != blocks_.end(), "nvme tier: freeing an unknown block");
     const Block b = it->second;
     blocks_.erase(it);
-    ReleaseExtent(b.gen, b.offset, b.per_file);
+    ReleaseExtent(b.gen, b.at);
   }
   Uncharge(a.charged);
 }
 
-// One op per stripe: stripe j of the buffer goes to file j at the extent.
+// One op per stripe and range: stripe j of the buffer goes to file j at the
+// extent, its bytes over the extent's ranges in order.
 std::vector<IoOp> NvmeTier::Ops(const Block& b, void* buf, IoOp::Kind kind) const {
   const std::vector<FileId>& files = b.gen == gen_ ? files_ : old_.at(b.gen).files;
   std::vector<IoOp> ops;
-  ops.reserve(files.size());
-  for (size_t j = 0; j < files.size(); ++j)
-    ops.push_back(IoOp{kind, files[j], b.offset, static_cast<char*>(buf) + j * b.per_file, b.per_file});
+  ops.reserve(files.size() * b.at.size());
+  for (size_t j = 0; j < files.size(); ++j) {
+    char* stripe = static_cast<char*>(buf) + j * b.per_file;
+    for (const NvmeExtent& e : b.at) {
+      ops.push_back(IoOp{kind, files[j], e.offset, stripe, e.len});
+      stripe += e.len;
+    }
+  }
   return ops;
 }
 
@@ -257,29 +263,41 @@ Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src, c
     // A block that holds nothing yet (never written, or its first write
     // failed) has nothing to protect: it is written where it is.
     p.in_place = !fresh.valid && fresh.gen == gen_;
-    if (!p.in_place) fresh.offset = extents_->Allocate(fresh.per_file);
-    if (fresh.offset == UINT64_MAX && options_.grow_for_holes) {
-      const uint64_t free = extents_->free_bytes(), largest = extents_->largest_free();
-      if (Status st = GrowLocked(fresh.per_file * options_.dirs.size()); !st.ok())
-        return st.WithContext("nvme tier: a rewrite of block " + std::to_string(a.id) + " (" +
-                              FormatBytes(fresh.per_file) + " a file) found no free extent (" + FormatBytes(free) +
-                              " free, largest " + FormatBytes(largest) + ")");
-      ++hole_growths_;
-      STRATA_LOG_INFO("nvme tier: swap files grown to {} each: a rewrite of {} a file found no free extent "
-                      "({} free in holes, largest {})",
-                      FormatBytes(per_file_capacity_), FormatBytes(fresh.per_file), FormatBytes(free),
-                      FormatBytes(largest));
-      fresh.offset = extents_->Allocate(fresh.per_file);
+    if (!p.in_place) {
+      // One free range of its size, else several (the holes the old versions
+      // left are smaller, or apart), else (the free ranges together are too
+      // small) the files grow.
+      const uint64_t off = extents_->Allocate(fresh.per_file);
+      if (off != UINT64_MAX) {
+        fresh.at = {NvmeExtent{off, fresh.per_file}};
+      } else {
+        fresh.at.clear();
+        for (const auto& [o, len] : extents_->AllocateScattered(fresh.per_file)) fresh.at.push_back({o, len});
+        if (!fresh.at.empty()) ++scattered_;
+      }
+      if (fresh.at.empty() && options_.grow_for_holes) {
+        const uint64_t free = extents_->free_bytes();
+        if (Status st = GrowLocked(fresh.per_file * options_.dirs.size()); !st.ok())
+          return st.WithContext("nvme tier: a rewrite of block " + std::to_string(a.id) + " (" +
+                                FormatBytes(fresh.per_file) + " a file) found too little free space (" +
+                                FormatBytes(free) + ")");
+        ++hole_growths_;
+        STRATA_LOG_INFO("nvme tier: swap files grown to {} each: a rewrite of {} a file found {} free in all",
+                        FormatBytes(per_file_capacity_), FormatBytes(fresh.per_file), FormatBytes(free));
+        const uint64_t grown = extents_->Allocate(fresh.per_file);
+        if (grown != UINT64_MAX) fresh.at = {NvmeExtent{grown, fresh.per_file}};
+      }
+      if (fresh.at.empty())
+        return NoSpaceError("nvme tier: no free extent of " + FormatBytes(fresh.per_file) + " in " + FilesOf(gen_) +
+                            " for the new version of block " + std::to_string(a.id) + " (" +
+                            FormatBytes(extents_->free_bytes()) + " free, largest " +
+                            FormatBytes(extents_->largest_free()) + ")");
     }
-    if (fresh.offset == UINT64_MAX)
-      return NoSpaceError("nvme tier: no free extent of " + FormatBytes(fresh.per_file) + " in " + FilesOf(gen_) +
-                          " for the new version of block " + std::to_string(a.id) + " (" +
-                          FormatBytes(extents_->free_bytes()) + " free, largest " +
-                          FormatBytes(extents_->largest_free()) + ")");
     fresh.gen = gen_;
     ++writes_unsettled_;
-    p.offset = fresh.offset;
+    p.offset = fresh.at.front().offset;
     p.per_file = fresh.per_file;
+    p.at = fresh.at;
     p.gen = fresh.gen;
     p.bytes = fresh.bytes;
     ops = Ops(fresh, const_cast<void*>(src), IoOp::kWrite);  // under the lock: it reads gen_ and files_
@@ -303,7 +321,7 @@ Result<NvmePending> NvmeTier::StartRead(const Allocation& a, void* dst) {
     if (it == blocks_.end()) return InvalidError("nvme tier: read of unknown block " + std::to_string(a.id));
     b = it->second;
     if (!b.valid)
-      return StateError("nvme tier: block " + std::to_string(a.id) + " at offset " + std::to_string(b.offset) +
+      return StateError("nvme tier: block " + std::to_string(a.id) + " at offset " + std::to_string(b.at.front().offset) +
                         " of " + FilesOf(b.gen) + " holds no valid data (never written, or its last write failed)");
     ops = Ops(b, dst, IoOp::kRead);  // under the lock: it reads gen_ and files_
   }
@@ -311,7 +329,7 @@ Result<NvmePending> NvmeTier::StartRead(const Allocation& a, void* dst) {
   p.id = a.id;
   p.buf = dst;
   p.bytes = b.bytes;
-  p.offset = b.offset;
+  p.offset = b.at.front().offset;
   p.gen = b.gen;
   p.version = b.version;
   p.checksum = b.checksum;
@@ -346,12 +364,12 @@ void NvmeTier::Settle(NvmePending& p, bool publish) {
     return;
   }
   if (!publish || it == blocks_.end()) {  // discarded, or the block was freed meanwhile
-    ReleaseExtent(p.gen, p.offset, p.per_file);
+    ReleaseExtent(p.gen, p.at);
     return;
   }
   Block& b = it->second;
-  ReleaseExtent(b.gen, b.offset, b.per_file);  // the old version: nothing reads it any more
-  b.offset = p.offset;
+  ReleaseExtent(b.gen, b.at);  // the old version: nothing reads it any more
+  b.at = std::move(p.at);
   b.gen = p.gen;
   b.checksum = p.checksum;
   b.valid = true;
@@ -382,16 +400,19 @@ Status NvmeTier::Finish(NvmePending& p) {
                       FilesOf(p.gen) + ": expected " + want + ", got " + have);
 }
 
-void NvmeTier::ReleaseExtent(uint32_t gen, uint64_t offset, uint64_t per_file) {
+void NvmeTier::ReleaseExtent(uint32_t gen, const NvmeExtents& at) {
   if (gen == gen_) {
-    extents_->Free(offset, per_file);
+    for (const NvmeExtent& e : at) extents_->Free(e.offset, e.len);
     return;
   }
   OldFiles& o = old_.at(gen);
-  o.extents->Free(offset, per_file);
   // Not the snapshot's (a P or G block): nobody reads it from this file
   // again. (New versions always go to the current file.)
-  if (!o.kept.count(offset)) Punch(options_.storage->Info(o.files[0]).fd, o.paths[0], offset, per_file);
+  const bool kept = o.kept.count(at.front().offset) > 0;
+  for (const NvmeExtent& e : at) {
+    o.extents->Free(e.offset, e.len);
+    if (!kept) Punch(options_.storage->Info(o.files[0]).fd, o.paths[0], e.offset, e.len);
+  }
   --o.live;
   RetireIfEmpty(gen);
 }
@@ -416,7 +437,10 @@ Status NvmeTier::Snapshot(const std::string& link_path, const std::vector<Alloca
     const Block& b = it->second;
     if (!b.valid || b.gen != gen_)
       return UnsupportedError("nvme tier: block " + std::to_string(a.id) + " is not in the current swap file");
-    refs.push_back({b.offset, b.bytes, b.checksum});
+    if (b.at.size() != 1)  // a checkpoint's manifest places a block at one offset
+      return UnsupportedError("nvme tier: block " + std::to_string(a.id) + " is scattered over " +
+                              std::to_string(b.at.size()) + " ranges of the swap file");
+    refs.push_back({b.at.front().offset, b.bytes, b.checksum});
   }
   const std::string& path = paths_[0];
   const int fd = options_.storage->Info(files_[0]).fd;

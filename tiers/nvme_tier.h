@@ -31,15 +31,23 @@ struct NvmeTierOptions {
   // Reserved beyond the budget for the fresh extents of writes in flight
   // (copy on write): at least the bytes of the blocks written at once.
   uint64_t spare = 0;
-  // A rewrite that finds no free extent of its size (the holes old versions
-  // left are smaller, or apart) grows the files by that much instead of
-  // failing NoSpace, logged; NoSpace still when the disk cannot hold it.
-  // The spare then needs no room for the allocator's holes in advance.
+  // A rewrite that finds no free range of its size (the holes old versions
+  // left are smaller, or apart) takes several (its bytes scattered over
+  // them, read and written as one I/O), and the files grow only when the
+  // free ranges together are too small: by the block's size, logged,
+  // instead of failing NoSpace (NoSpace still when the disk cannot hold it).
   bool grow_for_holes = false;
   int rank = 0;
   bool checksums = true;
   Storage* storage = nullptr;     // REQUIRED, outlives the tier
 };
+
+// Where a block's bytes are in each swap file: one range, or (a rewrite
+// that found no free range of its size) several, in order.
+struct NvmeExtent {
+  uint64_t offset = 0, len = 0;  // per file
+};
+using NvmeExtents = std::vector<NvmeExtent>;
 
 // An I/O in flight on one block; finish it with NvmeTier::Finish.
 struct NvmePending {
@@ -48,8 +56,9 @@ struct NvmePending {
   void* buf = nullptr;
   uint64_t bytes = 0;
   uint64_t checksum = 0;
-  uint64_t offset = 0;  // where the I/O goes (a write: its fresh extent), for error messages
+  uint64_t offset = 0;  // where the I/O goes (a write: its fresh extent's first range), for error messages
   uint64_t per_file = 0;
+  NvmeExtents at;       // a write: its fresh extent
   uint32_t gen = 0;
   uint64_t version = 0;  // a read: the block's version (NvmeTier::Version) when it started
   bool is_read = false;
@@ -120,6 +129,11 @@ class NvmeTier final : public Tier {
   Status GrowSpare(uint64_t bytes);
   // Times a rewrite grew the files (grow_for_holes), and the bytes added.
   uint64_t hole_growths() const { return hole_growths_.load(); }
+  // Rewrites that found no free range of their size and took several.
+  uint64_t scattered_writes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return scattered_;
+  }
 
   // Checkpoints without copying: makes `link_path` a hard link of the swap
   // file holding `blocks` (fsynced first) and moves the tier to a fresh swap
@@ -135,7 +149,13 @@ class NvmeTier final : public Tier {
   Status Snapshot(const std::string& link_path, const std::vector<Allocation>& blocks, std::vector<SnapshotRef>* out);
 
  private:
-  struct Block { uint64_t offset, per_file, bytes, checksum; bool valid; uint32_t gen; uint64_t version = 0; };
+  struct Block {
+    NvmeExtents at;  // never empty; their lengths sum to per_file
+    uint64_t per_file, bytes, checksum;
+    bool valid;
+    uint32_t gen;
+    uint64_t version = 0;
+  };
   // A swap file replaced by a snapshot, still holding blocks not yet rewritten.
   struct OldFiles {
     std::vector<FileId> files;
@@ -149,9 +169,10 @@ class NvmeTier final : public Tier {
   Status OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::vector<std::string>* paths);
   void RetireIfEmpty(uint32_t gen);  // REQUIRES: mu_ held
   Status GrowLocked(uint64_t bytes);   // GrowSpare's work. REQUIRES: mu_ held
-  // Frees an extent of generation `gen` (the current one, or an old one's,
-  // which may retire its files). REQUIRES: mu_ held
-  void ReleaseExtent(uint32_t gen, uint64_t offset, uint64_t per_file);
+  // Frees a block's extent of generation `gen` (the current one, or an old
+  // one's, which may retire its files). REQUIRES: mu_ held
+  void ReleaseExtent(uint32_t gen, const NvmeExtents& at);
+  uint64_t scattered_ = 0;  // rewrites that took several ranges (mu_)
   // Closes the files and unlinks the paths (a checkpoint's link keeps the data).
   void CloseAndRemove(const std::vector<FileId>& files, const std::vector<std::string>& paths);
   std::string FilesOf(uint32_t gen) const;  // "a, b": generation gen's paths. REQUIRES: mu_ held

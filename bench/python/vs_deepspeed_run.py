@@ -39,12 +39,14 @@ def model():
 
 def ds_config():
     dev = {"device": OFFLOAD}
+    # SUB_GROUP: zero_optimization.sub_group_size for both engines (unset: each one's default).
+    sub = {"sub_group_size": int(float(os.environ["SUB_GROUP"]))} if os.environ.get("SUB_GROUP") else {}
     if OFFLOAD == "nvme":
         dev["nvme_path"] = SWAP
     return {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "gradient_clipping": CLIP,
             "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.999], "eps": 1e-8,
                                                       "weight_decay": WD}},
-            "zero_optimization": {"stage": 3, "offload_param": dict(dev), "offload_optimizer": dict(dev)},
+            "zero_optimization": dict({"stage": 3, "offload_param": dict(dev), "offload_optimizer": dict(dev)}, **sub),
             "aio": {"block_size": 1048576, "queue_depth": 8, "single_submit": False, "overlap_events": True}}
 
 

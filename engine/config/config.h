@@ -61,7 +61,10 @@ struct ZeroConfig {
   uint64_t max_live_parameters = 1'000'000'000;     // elements
   uint64_t max_reuse_distance = 1'000'000'000;      // elements
   uint64_t param_persistence_threshold = 100'000;   // elements
-  uint64_t sub_group_size = 1'000'000'000;          // elements
+  // The step's unit (Layout::units), elements. Strata's default is 4 Mi
+  // (DeepSpeed's 1e9): units of 16 MiB a state keep the swap's copy-on-write
+  // room small; a value given is used as given.
+  uint64_t sub_group_size = uint64_t{4} << 20;
   // Several ranks: a group's gradients are reduced in collectives of at most
   // this many elements (reduce_bucket_size); with overlap_comm a grads call
   // returns once its gradients are copied, and the reduction runs on a

@@ -47,8 +47,7 @@ bool Layout::StagedInSlot(int s) const {
 
 uint64_t Layout::StepUnitNumel() const {
   const uint64_t a = Partition::kShardAlign;
-  const uint64_t want = std::min(config->zero.sub_group_size, kStepUnitNumel);
-  return std::max(a, want / a * a);
+  return std::max(a, config->zero.sub_group_size / a * a);
 }
 
 bool Layout::SplitsIntoUnits(int g) const {

@@ -95,9 +95,8 @@ struct Layout {
   // Whether state s has a region in the step's staging slots.
   bool StagedInSlot(int s) const;
 
-  // The step's unit: min(zero_optimization.sub_group_size, kStepUnitNumel),
-  // in whole kShardAlign chunks.
-  static constexpr uint64_t kStepUnitNumel = uint64_t{4} << 20;
+  // The step's unit: zero_optimization.sub_group_size (Strata's default 4
+  // Mi elements), in whole kShardAlign chunks.
   uint64_t StepUnitNumel() const;
   // Whether group g's shard may be stepped in units: fp32 state (not
   // compact), W (so M, V) homed on NVMe, a G and a P the CPU addresses in

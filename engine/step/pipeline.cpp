@@ -91,27 +91,30 @@ Status StepPipeline::Check(const StepOptions& so) const {
 void StepPipeline::ReadAhead(const std::vector<int>& groups) {
   if (layout_.compact) return;  // (compact's W, M, V are read through the shard store)
   for (int g : groups) {
-    if (gpu_.UpdatesOnGpu(g) || layout_.Units(g) > 1) continue;  // (units: read by their jobs)
-    Ahead a;
-    a.group = g;
-    for (int s : {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-      const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
-      if (b.alloc.charged == 0 || b.home != TierKind::kNvme) continue;
-      if (!a.slot && !(a.slot = opt_staging_.TryAcquire())) break;
-      auto m = io_.StartLoad(b, static_cast<char*>(a.slot) + layout_.opt_slot_offsets[s]);
-      if (!m.ok()) continue;  // the run reads it itself, and reports what fails
-      a.m[static_cast<size_t>(s)] = std::move(m).value();
-      a.has[static_cast<size_t>(s)] = true;
+    for (int u = 0; u < layout_.Units(g); ++u) {  // a group in units: a slot a unit, in the step's order
+      if (gpu_.UpdatesOnGpu(g)) continue;
+      Ahead a;
+      a.group = g;
+      a.unit = u;
+      for (int s : {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
+        const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)].Part(u);
+        if (b.alloc.charged == 0 || b.home != TierKind::kNvme) continue;
+        if (!a.slot && !(a.slot = opt_staging_.TryAcquire())) break;
+        auto m = io_.StartLoad(b, static_cast<char*>(a.slot) + layout_.opt_slot_offsets[s]);
+        if (!m.ok()) continue;  // the run reads it itself, and reports what fails
+        a.m[static_cast<size_t>(s)] = std::move(m).value();
+        a.has[static_cast<size_t>(s)] = true;
+      }
+      if (!a.slot) return;  // no slot free: nothing more to read ahead
+      bool any = false;
+      for (bool h : a.has) any = any || h;
+      if (!any) {
+        opt_staging_.Release(a.slot);
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(ahead_mu_);
+      ahead_.push_back(std::move(a));
     }
-    if (!a.slot) break;  // no slot free: nothing more to read ahead
-    bool any = false;
-    for (bool h : a.has) any = any || h;
-    if (!any) {
-      opt_staging_.Release(a.slot);
-      continue;
-    }
-    std::lock_guard<std::mutex> lock(ahead_mu_);
-    ahead_.push_back(std::move(a));
   }
 }
 
@@ -128,10 +131,10 @@ void StepPipeline::DropReadAhead() {
   }
 }
 
-bool StepPipeline::TakeAhead(int g, Ahead* out) {
+bool StepPipeline::TakeAhead(int g, int u, Ahead* out) {
   std::lock_guard<std::mutex> lock(ahead_mu_);
   for (auto it = ahead_.begin(); it != ahead_.end(); ++it)
-    if (it->group == g) {
+    if (it->group == g && it->unit == u) {
       *out = std::move(*it);
       ahead_.erase(it);
       return true;
@@ -285,7 +288,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     j.last_of_group = static_cast<size_t>(i) + 1 == order.size() || order[static_cast<size_t>(i) + 1].first != j.group;
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
     Ahead ahead;  // W, M, V read ahead into a slot (ReadAhead): the job takes the slot and the reads
-    if (layout_.Units(j.group) == 1 && TakeAhead(j.group, &ahead)) j.slot = ahead.slot;
+    if (TakeAhead(j.group, j.unit, &ahead)) j.slot = ahead.slot;
     const bool has_grads = gs.grad_calls > 0;
     j.gpu = gpu_.UpdatesOnGpu(j.group);
     j.ko = KernelOptions(so, grad_scale, feed.step_of(j.group));

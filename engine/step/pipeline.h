@@ -99,13 +99,13 @@ class StepPipeline {
   StepKernelOptions KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const;
   PStored on_p_stored_;
   struct Ahead {
-    int group = -1;
+    int group = -1, unit = 0;
     void* slot = nullptr;
     std::array<BlockMove, kNumStates> m;
     std::array<bool, kNumStates> has{};
   };
-  // The read-ahead entry of group g, moved out (false: none).
-  bool TakeAhead(int g, Ahead* out);
+  // The read-ahead entry of unit u of group g, moved out (false: none).
+  bool TakeAhead(int g, int u, Ahead* out);
   std::mutex ahead_mu_;  // guards ahead_ (a reclaim may come from another thread's Acquire)
   std::deque<Ahead> ahead_;
   uint64_t read_ahead_used_ = 0;

@@ -58,7 +58,7 @@ TEST(Config, EmptyDocumentHasDeepSpeedDefaults) {
   EXPECT_EQ(c.zero.max_live_parameters, 1000000000u);
   EXPECT_EQ(c.zero.max_reuse_distance, 1000000000u);
   EXPECT_EQ(c.zero.param_persistence_threshold, 100000u);
-  EXPECT_EQ(c.zero.sub_group_size, 1000000000u);
+  EXPECT_EQ(c.zero.sub_group_size, 4194304u) << "Strata's default, not DeepSpeed's 1e9";
   EXPECT_EQ(c.aio.block_size, 1048576u);
   EXPECT_EQ(c.aio.queue_depth, 8u);
   EXPECT_EQ(c.aio.thread_count, 1u);

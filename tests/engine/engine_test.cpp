@@ -477,14 +477,16 @@ TEST(Engine, FP32PInHostMemoryIsW) {
 // a write_state of group 0's master after its read began makes that read
 // stale: the step reads that block again. A checkpoint save between them
 // goes through. Each run is bitwise the same run without overlap (no read-ahead).
+// In step units (sub_group_size 2048: two a group), 8 slots read all 8 units
+// ahead, and are all lent, as 3 slots are.
 TEST(Engine, AStepThatDoesNotSpeculateReadsAheadInBackward) {
-  for (int slots : {3, 8}) {
-  SCOPED_TRACE(std::to_string(slots) + " slots");
+  for (auto [slots, units] : {std::pair{3, false}, std::pair{8, false}, std::pair{8, true}}) {
+  SCOPED_TRACE(std::to_string(slots) + " slots" + (units ? ", units" : ""));
   TempDir dir;
   const TinyMlp model;
   const std::string json = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "gradient_clipping": 0.05,
-      "zero_optimization": {"stage": 3,
+      "zero_optimization": {"stage": 3, "sub_group_size": )" + std::string(units ? "2048" : "1e9") + R"(,
         "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"(", "buffer_count": )" + std::to_string(slots) + R"(},
         "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},
       "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "speculation": "never"}})";
@@ -540,8 +542,9 @@ TEST(Engine, AStepThatDoesNotSpeculateReadsAheadInBackward) {
   const uint64_t w_block = wmv_group / 3;
   for (int s = 0; s < 6; ++s)
     EXPECT_EQ(ahead[static_cast<size_t>(s)], (slots == 3 ? 3 : 4) * wmv_group) << "step " << s << ": read ahead";
-  if (slots == 3) {
-    for (int s : {1, 3}) EXPECT_EQ(during[static_cast<size_t>(s)], wmv_group) << "step " << s << ": the fourth group";
+  if (slots == 3 || units) {  // every slot lent: a read_state or write_state takes them all back
+    for (int s : {1, 3})
+      EXPECT_EQ(during[static_cast<size_t>(s)], units ? 0 : wmv_group) << "step " << s << ": the fourth group";
     // (write_state also drops the device copies: step 2's forward reads all 4 again, from W's blocks)
     EXPECT_EQ(during[2], 4 * wmv_group + 4 * w_block) << "step 2: slots taken back";
     EXPECT_EQ(during[4], 4 * wmv_group) << "step 4: slots taken back";

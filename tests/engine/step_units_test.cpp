@@ -24,19 +24,21 @@ namespace {
 
 using testing::TempDir;
 
+constexpr uint64_t kWhole = 1000000000;
+
 // One large group (an embedding's share of a small model) and a few small ones.
 const std::vector<uint64_t> kGroupNumel = {300000, 20000, 20000, 12000};
 // The same, four times larger: the swap's fixed 1 MiB beside the state matters less.
 const std::vector<uint64_t> kLargeNumel = {1200000, 80000, 80000, 48000};
 
-// `sub_group`: zero_optimization.sub_group_size (0: not set, Strata's default
-// unit, larger than every group here). `where`: "nvme" or "host" for W, M, V.
+// `sub_group`: zero_optimization.sub_group_size (kWhole: larger than every
+// group here, each stepped whole). `where`: "nvme" or "cpu" for W, M, V.
 std::string Json(const std::string& dir, uint64_t sub_group, const std::string& where = "nvme",
                  const std::string& extra = "") {
   // P offloaded beside W (P that is W's bytes): a fetch keeps a cached copy that the step refreshes.
   std::string z = R"("stage": 3, "offload_optimizer": {"device": ")" + where + R"(", "nvme_path": ")" + dir +
                   R"("}, "offload_param": {"device": ")" + where + R"(", "nvme_path": ")" + dir + R"("})";
-  if (sub_group) z += R"(, "sub_group_size": )" + std::to_string(sub_group);
+  z += R"(, "sub_group_size": )" + std::to_string(sub_group);
   return R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}}, "gradient_clipping": 0.05,
     "zero_optimization": {)" + z + R"(},
     "strata": {"device_budget": "64MiB", "host_budget": "256MiB", "grad_home": "host")" + extra + "}}";
@@ -158,7 +160,7 @@ uint64_t StateBytes(const std::vector<uint64_t>& numel) {
 }
 
 TEST(StepUnits, KeepTheSwapWithinHalfTheStateBeyondIt) {
-  for (uint64_t sub_group : {uint64_t{0}, uint64_t{65536}}) {
+  for (uint64_t sub_group : {kWhole, uint64_t{65536}}) {
     SCOPED_TRACE("sub_group_size " + std::to_string(sub_group));
     TempDir dir;
     Built r = Make(Json(dir.path(), sub_group), false, kLargeNumel);
@@ -169,7 +171,7 @@ TEST(StepUnits, KeepTheSwapWithinHalfTheStateBeyondIt) {
     }
     const double ratio = static_cast<double>(SwapBytes(dir.path())) / static_cast<double>(StateBytes(kLargeNumel));
     std::printf("sub_group_size %llu: swap %.3f x the state\n", static_cast<unsigned long long>(sub_group), ratio);
-    if (sub_group == 0) {
+    if (sub_group == kWhole) {
       // Whole groups: the largest group's W, M, V twice over, at least.
       EXPECT_GT(ratio, 1.5) << "the case without units no longer shows what units are for";
     } else {
@@ -180,7 +182,7 @@ TEST(StepUnits, KeepTheSwapWithinHalfTheStateBeyondIt) {
 
 TEST(StepUnits, NumericsDoNotDependOnThem) {
   TempDir a, b, c, d;
-  const auto whole = Train(Json(a.path(), 0), 5);
+  const auto whole = Train(Json(a.path(), kWhole), 5);
   const auto units = Train(Json(b.path(), 16384), 5);
   const auto odd = Train(Json(c.path(), 6144), 5);  // units of 3 x 2048, a short last one
   const auto host = Train(Json(d.path(), 16384, "cpu"), 5);
@@ -251,7 +253,7 @@ TEST(StepUnits, CheckpointsMoveBetweenUnitsAndWholeGroups) {
   Status st = units.engine->SaveCheckpoint(ckpt.path(), "u", nullptr, 0);
   ASSERT_TRUE(st.ok()) << st.ToString();
   const auto saved = State(*units.engine);
-  Built whole = Make(Json(b.path(), 0));
+  Built whole = Make(Json(b.path(), kWhole));
   ASSERT_TRUE(whole.engine);
   st = whole.engine->LoadCheckpoint(ckpt.path(), "u", nullptr);
   ASSERT_TRUE(st.ok()) << st.ToString();

@@ -451,6 +451,29 @@ TEST(ExtentAllocator, BestFitMatchesAScanOfTheFreeRanges) {
   }
 }
 
+// AllocateScattered: the largest holes whole, the rest best fit; nothing
+// taken when the holes together are too small; each piece frees alone.
+TEST(ExtentAllocator, ScatteredTakesTheLargestHolesThenTheBestFit) {
+  ExtentAllocator ea(16 * 4096, 4096);
+  // Holes of 3, 5 and 2 pages, between taken pages.
+  const uint64_t p = 4096;
+  ASSERT_EQ(ea.Allocate(16 * p), 0u);
+  ea.Free(1 * p, 3 * p);
+  ea.Free(5 * p, 5 * p);
+  ea.Free(11 * p, 2 * p);
+  EXPECT_TRUE(ea.AllocateScattered(11 * p).empty()) << "10 pages free";
+  EXPECT_EQ(ea.free_bytes(), 10 * p) << "nothing taken by a refusal";
+  const auto got = ea.AllocateScattered(9 * p);
+  const std::vector<std::pair<uint64_t, uint64_t>> want = {{5 * p, 5 * p}, {1 * p, 3 * p}, {11 * p, p}};
+  EXPECT_EQ(got, want) << "5 whole, 3 whole, then 1 page best fit (from the 2-page hole)";
+  EXPECT_EQ(ea.free_bytes(), p);
+  for (const auto& [off, len] : got) ea.Free(off, len);
+  EXPECT_EQ(ea.free_bytes(), 10 * p);
+  EXPECT_EQ(ea.largest_free(), 5 * p);
+  EXPECT_EQ(ea.AllocateScattered(4 * p), (std::vector<std::pair<uint64_t, uint64_t>>{{5 * p, 4 * p}}))
+      << "one hole holds it: best fit, one piece";
+}
+
 // The rewrite tests' start: a tier over a fresh folder with two n-byte
 // blocks in a budget of 2n, both written (pattern 3); `spare` and `grow`
 // are NvmeTierOptions' spare and grow_for_holes. `buf` holds n bytes.
@@ -516,8 +539,8 @@ TEST(NvmeTier, GrowSpareMakesRoomForRewrites) {
   ASSERT_TRUE(nvme.Write(t.a, t.buf).ok()) << "unchanged after a refused growth";
 }
 
-// grow_for_holes: a rewrite with no free extent of its size grows the file
-// by its size and lands; the data of every block stays as written.
+// grow_for_holes: a rewrite that the free ranges together cannot hold grows
+// the file by its size and lands; the data of every block stays as written.
 TEST(NvmeTier, ARewriteWithNoHoleGrowsTheFiles) {
   TwoWrittenBlocks t(2 * kMiB, kMiB, true);  // a 1 MiB spare: no rewrite fits until the files grow
   ASSERT_TRUE(t.ok());
@@ -530,6 +553,58 @@ TEST(NvmeTier, ARewriteWithNoHoleGrowsTheFiles) {
   ASSERT_TRUE(nvme.Write(t.b, t.buf).ok()) << "a's old extent takes b's rewrite";
   EXPECT_EQ(nvme.hole_growths(), 1u) << "no growth while a hole fits";
   t.ExpectBothHold(4);
+}
+
+// A rewrite whose size no free range holds, though the free ranges together
+// do, is scattered over them (no growth), reads back, and moves back to one
+// range when one frees; a snapshot refuses a scattered block (the
+// checkpoint then copies).
+TEST(NvmeTier, ARewriteWithoutAHoleOfItsSizeIsScattered) {
+  TempDir dir;
+  auto storage = MakeStorage();
+  const uint64_t n = 2 * kMiB;
+  // a, b (2 MiB each) and three 1 MiB blocks fill 7 MiB; the first and the
+  // last of those go: 2 MiB free, 1 MiB apart.
+  auto made = NvmeTier::Create({.dirs = {dir.path()}, .budget = 7 * kMiB, .grow_for_holes = true, .storage = storage.get()});
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  NvmeTier& nvme = **made;
+  std::vector<Allocation> x;
+  for (uint64_t bytes : {n, n, kMiB, kMiB, kMiB}) {
+    auto b = nvme.Allocate(bytes);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    x.push_back(*b);
+  }
+  const Allocation a = x[0], b = x[1];
+  void* buf = testing::AlignedAlloc(n, nvme.align());
+  void* back = testing::AlignedAlloc(n, nvme.align());
+  FillPattern(buf, n, 0, 3);
+  ASSERT_TRUE(nvme.Write(a, buf).ok());
+  ASSERT_TRUE(nvme.Write(b, buf).ok());
+  const uint64_t size = std::filesystem::file_size(nvme.paths()[0]);
+  nvme.Free(x[2]);
+  nvme.Free(x[4]);
+  FillPattern(buf, n, 0, 5);
+  ASSERT_TRUE(nvme.Write(a, buf).ok());
+  EXPECT_EQ(nvme.scattered_writes(), 1u);
+  EXPECT_EQ(nvme.hole_growths(), 0u);
+  EXPECT_EQ(std::filesystem::file_size(nvme.paths()[0]), size) << "no growth";
+  ASSERT_TRUE(nvme.Read(a, back).ok());
+  EXPECT_EQ(testing::CheckPattern(back, n, 0, 5), -1);
+  std::vector<NvmeTier::SnapshotRef> refs;
+  Status snap = nvme.Snapshot(dir.path() + "/link", {a, b}, &refs);
+  EXPECT_EQ(snap.code(), Code::kUnsupported) << snap.ToString();
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/link"));
+  // b's rewrite takes a's old range whole, and a's next takes b's.
+  FillPattern(buf, n, 0, 6);
+  ASSERT_TRUE(nvme.Write(b, buf).ok());
+  ASSERT_TRUE(nvme.Write(a, buf).ok());
+  EXPECT_EQ(nvme.scattered_writes(), 1u);
+  for (const Allocation* y : {&a, &b}) {
+    ASSERT_TRUE(nvme.Read(*y, back).ok());
+    EXPECT_EQ(testing::CheckPattern(back, n, 0, 6), -1);
+  }
+  std::free(buf);
+  std::free(back);
 }
 
 TEST(NvmeTier, ReservationBeyondFreeSpaceNamesDirAndSizes) {
