@@ -204,7 +204,8 @@ Status Engine::Impl::BuildOnce() {
       room = Speculation::TotalNeeds(lay_, [](int) { return false; },
                                      [&](uint64_t b) { return NvmeTier::PaddedSizeFor(b, dirs.size()); })
                  .disk;
-      const uint64_t others = cow_spare - in_flight + 2 * kMiB, half = nvme_bytes / 2;
+      // (less the tier's 1 MiB beyond the state and a growth's rounding to whole MiB)
+      const uint64_t others = cow_spare - in_flight + 3 * kMiB, half = nvme_bytes / 2;
       room = std::min(room, std::max(in_flight, half > others ? half - others : 0));
       uint64_t free_min = ~uint64_t{0};
       for (const auto& d : dirs) free_min = std::min(free_min, FreeBytesAt(d));

@@ -562,7 +562,7 @@ TEST(Engine, AStepThatDoesNotSpeculateReadsAheadInBackward) {
 // "auto" sizes it to keep the swap files within 1.5x the state: the groups
 // beyond it update after backward. The three runs are bitwise the same.
 TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
-  const TinyMlp model(8, 384);  // 14 MiB of W, M, V: the room beyond the step's is more than the 1 MiB rounding
+  const TinyMlp model(8, 512);  // 24 MiB of W, M, V: the room beyond the step's is more than the 1 MiB rounding
   struct Run {
     uint64_t at_build = 0, after = 0, speculated = 0;
     uint64_t state = 0, early = 0;  // the NVMe tier's blocks (its budget, less its 1 MiB); early updates
@@ -623,7 +623,7 @@ TEST(Engine, SpeculationRoomIsReservedWhenItIsUsed) {
   EXPECT_LT(always.early, 4u * 8u) << "every group speculated: the room is not capped";
   // W, M, V in host memory: the backups' arena, the same way.
   const Run h_never = run("never", "host"), h_always = run("always", "host"), h_auto = run("auto", "host");
-  const uint64_t arena = 3 * 8 * 4 * (384 * 384 + 384);  // fp32 W, M, V of the 8 layers
+  const uint64_t arena = 3 * 8 * 4 * (512 * 512 + 512);  // fp32 W, M, V of the 8 layers
   EXPECT_EQ(h_never.speculated, 0u);
   EXPECT_EQ(h_never.host_after, h_never.host_at_build);
   EXPECT_GE(h_always.host_at_build, h_never.host_at_build + arena) << "always: the arena at build";
