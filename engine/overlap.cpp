@@ -41,14 +41,22 @@ Status Engine::Impl::StartOverlap() {
   const uint64_t disk_bytes = spec_disk_room_;
   spec_ = std::make_unique<Speculation>(lay_, blocks_, *io_, *host_, steps_, gpu_updates, padded);
   STRATA_RETURN_IF_ERROR(spec_->Init(host_bytes, nvme_ ? disk_bytes : 0));
-  if (config_.strata.speculation != "never" &&
-      (total.host > host_bytes + spec_host_later_ || (nvme_ && total.disk > disk_bytes + spec_disk_later_)))
-    WarnOnce("speculation-room",
-             "overlap_step: speculation has room for " + FormatBytes(host_bytes) + " of the " + FormatBytes(total.host) +
-                 " host bytes and " + FormatBytes(disk_bytes) + " of the " + FormatBytes(total.disk) +
-                 " swap bytes its groups need (strata.speculation_host_bytes, strata.speculation_disk_bytes); "
-                 "where clipping, fp16 or strata.nonfinite could change an update, the groups that do not fit "
-                 "update after backward");
+  const bool host_short = total.host > host_bytes + spec_host_later_,
+             disk_short = nvme_ && total.disk > disk_bytes + spec_disk_later_;
+  if (config_.strata.speculation != "never" && (host_short || disk_short)) {
+    const std::string what =
+        "overlap_step: speculation has room for " + FormatBytes(host_bytes + spec_host_later_) + " of the " +
+        FormatBytes(total.host) + " host bytes and " + FormatBytes(disk_bytes + spec_disk_later_) + " of the " +
+        FormatBytes(total.disk) + " swap bytes its groups need (strata.speculation_host_bytes, "
+        "strata.speculation_disk_bytes); where clipping, fp16 or strata.nonfinite could change an update, the "
+        "groups that do not fit update after backward";
+    // A room the config gave short is a warning; "auto" sizing it (the swap
+    // within 1.5x the state, the host budget's rest) is the policy, said once.
+    const bool given_short = (host_short && want_host != StrataConfig::kSpeculationAuto) ||
+                             (disk_short && config_.strata.speculation_disk_bytes != StrataConfig::kSpeculationAuto);
+    if (given_short) WarnOnce("speculation-room", what);
+    else STRATA_LOG_INFO("{}", what);
+  }
   g_copy_.assign(static_cast<size_t>(lay_.num_groups()), nullptr);
   if (!BlockIo::DirectAt(lay_.home[int(StateKind::kG)], lay_.device_on_gpu)) {
     uint64_t largest = 0;

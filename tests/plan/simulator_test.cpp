@@ -385,6 +385,22 @@ TEST(Simulator, AutoPolicyWeighsPlainCommittedAndReplayedSteps) {
   EXPECT_NEAR(nv->step_s, plain->step_s, 1e-12 * plain->step_s);
 }
 
+// Groups stepped in units (a shard of W, M, V on NVMe larger than
+// zero_optimization.sub_group_size, G in host memory, no GPU) do not
+// speculate, as the engine's Speculation::NeedsOf says: 16 groups of 2 Mi
+// elements, in units of 1 Mi, none; in units of 4 Mi (whole), all.
+TEST(Simulator, GroupsInStepUnitsDoNotSpeculate) {
+  const ModelSpec m = Flat(16, 2u << 20);
+  const ClusterSpec c = OneRank(2e9, 1e9);
+  const Layout l = MakeLayout(m, 1).value();
+  for (uint64_t unit : {uint64_t{1} << 20, uint64_t{4} << 20}) {
+    Config cfg = Cfg(2, "none", "nvme", R"("strata": {"grad_home": "host"}, )");
+    cfg.zero.sub_group_size = unit;
+    const Capacity cap = ComputeCapacity(m, l, c, cfg, /*overlap_step=*/true);
+    EXPECT_EQ(cap.speculation.Groups(), unit < (2u << 20) ? 0 : 16) << "sub_group_size " << unit;
+  }
+}
+
 // What speculation holds, per rank, to the byte, as the engine's
 // Speculation::NeedsOf counts it, on 16 groups of 2 Mi elements on one rank
 // (n = 32 Mi). Host-homed: a backup of W, M, V (fp32 12 n; compact 3.25 n

@@ -178,6 +178,13 @@ bool NeedOf(const Layout& l, int g, const Homes& h, const StateBytes& sb, const 
   const uint64_t dp = DTypeSize(config.compute_dtype());
   const size_t gi = static_cast<size_t>(g);
   const uint64_t opt = config.zero.stage >= 1 ? l.group_shard[gi] : l.group_numel[gi];
+  // Stepped in units (the engine's Layout::SplitsIntoUnits, on a machine
+  // without a GPU): a shard of W, M, V on NVMe larger than sub_group_size
+  // does not speculate.
+  const uint64_t unit = std::max<uint64_t>(2048, config.zero.sub_group_size / 2048 * 2048);
+  if (!cluster.has_gpu && !sb.compact && h.opt == TierKind::kNvme && h.g != TierKind::kNvme &&
+      (PIsW(config, h, sb, l) || h.p != TierKind::kNvme) && opt > unit)
+    return false;
   const uint64_t p_home = config.zero.stage >= 3 ? l.group_shard[gi] : l.group_numel[gi];
   struct Written {
     TierKind home;
@@ -234,6 +241,9 @@ void AddSpeculation(Capacity& c, const Layout& l, const ClusterSpec& cluster, co
   s.host_bytes = want_host == StrataConfig::kSpeculationAuto ? std::min(s.host_needed, host_left) : want_host;
   // The engine reserves swap room only where state lives on NVMe.
   const bool nvme = h.p == TierKind::kNvme || h.opt == TierKind::kNvme;
+  // "auto": what every group needs. (The engine's build caps it to keep the
+  // swap within 1.5x the state and shares it with the step's writes in
+  // flight, neither modelled here: the plan's swap is an upper bound.)
   s.disk_bytes = !nvme ? 0 : want_disk == StrataConfig::kSpeculationAuto ? s.disk_needed : want_disk;
   uint64_t host_room = s.host_bytes, disk_room = s.disk_bytes;
   for (size_t i = n; i-- > 0;) {
