@@ -207,6 +207,20 @@ for stage in (1, 2, 3):
                       m.group(0) if m else last_err.strip()[-200:])
         if w is not None and (2, stage) in results:
             check(f"world 2 stage {stage} on {place} == on device, bitwise", np.array_equal(w, results[(2, stage)]))
+# Step units over ranks: a wider model (96: a shard of 6144 elements a
+# group at 2 ranks) on NVMe in units of 2048 gives the device run's bits;
+# at stage 3 the step still reads W, M, V alone (each unit's new P went into
+# the kept copy).
+for stage in (2, 3):
+    wide = run(2, stage, "device", f"u2s{stage}dev", ("dim", "96"))
+    units = run(2, stage, "nvme", f"u2s{stage}nvme", ("dim", "96", "sub-group", "2048"))
+    if wide is not None and units is not None:
+        check(f"world 2 stage {stage} on nvme in step units == on device, bitwise", np.array_equal(wide, units))
+    if units is not None and stage == 3:
+        import re
+        m = re.search(r"last_step_read (\d+) wmv (\d+)", last_err)
+        check("world 2 stage 3 on nvme in units: a step reads W, M, V alone",
+              m is not None and int(m.group(1)) == int(m.group(2)), m.group(0) if m else last_err.strip()[-200:])
 # Gloo's bulk collectives go through shared memory (every rank is on this
 # host); over TCP (strata.comm_shared_memory false) the bits are the same.
 if (2, 3) in results:

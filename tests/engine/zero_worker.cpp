@@ -32,7 +32,7 @@ static int Die(const Status& s) {
 int main(int argc, char** argv) {
   if (argc < 5) return 2;
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
-  int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1, frozen = -1, frozen_on = -1;
+  int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1, frozen = -1, frozen_on = -1, dim = 24;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
   bool tag_by_rank = false, compact = false, bf16 = false, tcp = false;
   std::string timeout = "60", save_dir, load_dir, buckets;
@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "frozen")) frozen = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "frozen-on-rank")) frozen_on = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "bf16")) bf16 = true;
+    if (!std::strcmp(argv[i], "dim")) dim = std::stoi(argv[i + 1]);  // the model's width (24)
+    if (!std::strcmp(argv[i], "sub-group")) buckets += R"(, "sub_group_size": )" + std::string(argv[i + 1]);
     if (!std::strcmp(argv[i], "bucket")) buckets += R"(, "reduce_bucket_size": )" + std::string(argv[i + 1]);
     if (!std::strcmp(argv[i], "overlap"))
       buckets += R"(, "overlap_comm": )" + std::string(std::strcmp(argv[i + 1], "0") ? "true" : "false");
@@ -88,7 +90,7 @@ int main(int argc, char** argv) {
   auto e = Engine::Create(*cfg, eo);
   if (!e.ok()) return Die(e.status());
   Engine& eng = **e;
-  testing::TinyMlp model(3, 24);
+  testing::TinyMlp model(3, dim);
   model.whole_batch_norm = uneven;
   if (Status st = model.Register(eng); !st.ok()) return Die(st);
   std::vector<float> extra(53);
