@@ -150,27 +150,22 @@ Status Engine::Impl::BuildOnce() {
   // elements, each unit's blocks on their own.
   lay_.SetStepUnits();
   uint64_t nvme_bytes = 0, largest_frozen = 0, largest_g = 0, largest_p = 0;
-  // Per step job (a group's unit), the NVMe blocks a step writes.
-  std::vector<uint64_t> stored;
-  std::vector<size_t> first_job(static_cast<size_t>(ngroups) + 1, 0);
-  for (int g = 0; g < ngroups; ++g) first_job[static_cast<size_t>(g) + 1] = first_job[static_cast<size_t>(g)] + static_cast<size_t>(lay_.Units(g));
-  stored.assign(first_job.back(), 0);
-  for (int s = 0; s < kNumStates; ++s) {
-    if (!used(s) || lay_.home[s] != TierKind::kNvme) continue;
-    for (int g = 0; g < ngroups; ++g) {
-      if (!used_by(s, g)) continue;  // a frozen group keeps P alone
-      // Each block (or part) takes its padded size, no more: small groups pack densely.
-      for (int u = 0; u < lay_.Units(g); ++u) {
-        const uint64_t bytes = lay_.Units(g) == 1 ? lay_.StateBytes(s, g) : lay_.UnitNumel(g, u) * 4;  // (units: fp32)
-        const uint64_t padded = NvmeTier::PaddedSizeFor(bytes, dirs.size());
+  std::vector<uint64_t> stored;  // per step job (a group's unit), the NVMe blocks a step writes
+  for (int g = 0; g < ngroups; ++g)
+    for (int u = 0; u < lay_.Units(g); ++u) {
+      uint64_t writes = 0;
+      for (int s = 0; s < kNumStates; ++s) {
+        // A frozen group keeps P alone. Each block (or part) takes its padded size, no more: small groups pack densely.
+        if (!used(s) || lay_.home[s] != TierKind::kNvme || !used_by(s, g)) continue;
+        const uint64_t padded = NvmeTier::PaddedSizeFor(lay_.PartBytes(s, g, u), dirs.size());
         nvme_bytes += padded;
         if (lay_.frozen(g)) largest_frozen = std::max(largest_frozen, padded);
         else if (s == int(StateKind::kG)) largest_g = std::max(largest_g, padded);
-        else stored[first_job[static_cast<size_t>(g)] + static_cast<size_t>(u)] += padded;
+        else writes += padded;
         if (s == int(StateKind::kP) && !lay_.frozen(g)) largest_p = std::max(largest_p, padded);
       }
+      stored.push_back(writes);
     }
-  }
   // Writes are copy on write: each block written at once needs a second
   // extent until it is settled. The step's jobs hold their slots until their
   // group's W, M, V are settled; the stores in flight at once are one batch's
@@ -249,14 +244,11 @@ Status Engine::Impl::BuildOnce() {
   for (int g = 0; g < ngroups; ++g)
     for (int s = 0; s < kNumStates; ++s) {
       if (!used_by(s, g)) continue;
-      Result<StateBlock> b = InternalError("");
-      if (lay_.Units(g) > 1 && lay_.home[s] == TierKind::kNvme) {  // W, M, V (and G, P) in parts, one a unit
-        std::vector<uint64_t> parts;
-        for (int u = 0; u < lay_.Units(g); ++u) parts.push_back(lay_.UnitNumel(g, u) * 4);
-        b = io_->AllocateParts(parts);
-      } else {
-        b = io_->Allocate(lay_.home[s], lay_.StateBytes(s, g));
-      }
+      // A group in units keeps its NVMe blocks (W, M, V) in parts, one a unit.
+      std::vector<uint64_t> parts;
+      for (int u = 0; lay_.Units(g) > 1 && lay_.home[s] == TierKind::kNvme && u < lay_.Units(g); ++u)
+        parts.push_back(lay_.PartBytes(s, g, u));
+      auto b = parts.empty() ? io_->Allocate(lay_.home[s], lay_.StateBytes(s, g)) : io_->AllocateParts(parts);
       if (!b.ok())
         return b.status().WithContext(std::string("build: state ") + StateName(StateKind(s)) + " of group " +
                                       std::to_string(g) + " in its home tier");
@@ -282,13 +274,12 @@ Status Engine::Impl::BuildOnce() {
   p_refreshed_.assign(static_cast<size_t>(ngroups), PCopy::kOld);
   // A group stepped in units refreshes its copy a unit at a time: one unit
   // that the copy did not take (not resident then) leaves the copy to drop.
-  p_unit_missed_.assign(static_cast<size_t>(ngroups), 0);
   pipeline_->OnPStored([this](int g, const void* p, bool held, uint64_t at, uint64_t bytes) {
-    const auto i = static_cast<size_t>(g);
+    PCopy& f = p_refreshed_[static_cast<size_t>(g)];
+    if (f == PCopy::kMissed) return;  // dropped at the step's end anyway
     const bool took = residency_ && residency_->Refresh(g, p, at, bytes);
-    if (bytes != 0 && !took) p_unit_missed_[i] = 1;
-    if (p_unit_missed_[i]) p_refreshed_[i] = PCopy::kOld;
-    else if (took) p_refreshed_[i] = held ? PCopy::kHeld : PCopy::kCommitted;
+    if (bytes != 0 && !took) f = PCopy::kMissed;
+    else if (took) f = held ? PCopy::kHeld : PCopy::kCommitted;
   });
 
   // Initial state: W from the values given, M = V = G = 0, P = W in the compute dtype.

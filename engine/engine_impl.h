@@ -174,9 +174,9 @@ class Engine::Impl {
   // committed P, a speculation's held P, or a discarded speculation's P
   // that only the step's replay may refresh again. Kept at the step's
   // DropDeviceCopies where it holds committed P; cleared there.
-  enum class PCopy : uint8_t { kOld, kCommitted, kHeld, kDiscarded };
+  // kMissed: a group in units whose copy did not take one unit's P.
+  enum class PCopy : uint8_t { kOld, kCommitted, kHeld, kDiscarded, kMissed };
   std::vector<PCopy> p_refreshed_;
-  std::vector<uint8_t> p_unit_missed_;  // per group: a unit's P the copy did not take (units; cleared with p_refreshed_)
   uint64_t spec_host_later_ = 0;  // the same for the host arena (StartOverlap)
   void ReserveSpeculationRoom();
   // overlap_step with G off the CPU's reach (NVMe): a host copy of a group's

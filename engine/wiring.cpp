@@ -128,7 +128,6 @@ void Engine::Impl::DropDeviceCopies(bool keep_frozen) {
     else residency_->Drop();
   }
   std::fill(p_refreshed_.begin(), p_refreshed_.end(), PCopy::kOld);
-  std::fill(p_unit_missed_.begin(), p_unit_missed_.end(), 0);
 }
 
 Status Engine::Impl::DrainComm(bool wait) {

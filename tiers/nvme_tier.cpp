@@ -264,17 +264,15 @@ Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src, c
     // failed) has nothing to protect: it is written where it is.
     p.in_place = !fresh.valid && fresh.gen == gen_;
     if (!p.in_place) {
-      // One free range of its size, else several (the holes the old versions
-      // left are smaller, or apart), else (the free ranges together are too
-      // small) the files grow.
-      const uint64_t off = extents_->Allocate(fresh.per_file);
-      if (off != UINT64_MAX) {
-        fresh.at = {NvmeExtent{off, fresh.per_file}};
-      } else {
-        fresh.at.clear();
-        for (const auto& [o, len] : extents_->AllocateScattered(fresh.per_file)) fresh.at.push_back({o, len});
-        if (!fresh.at.empty()) ++scattered_;
-      }
+      // One free range of its size (best fit), else several (the holes the
+      // old versions left are smaller, or apart), else (the free ranges
+      // together are too small) the files grow.
+      auto take = [&] {
+        NvmeExtents at;
+        for (const auto& [o, len] : extents_->AllocateScattered(fresh.per_file)) at.push_back({o, len});
+        return at;
+      };
+      fresh.at = take();
       if (fresh.at.empty() && options_.grow_for_holes) {
         const uint64_t free = extents_->free_bytes();
         if (Status st = GrowLocked(fresh.per_file * options_.dirs.size()); !st.ok())
@@ -284,19 +282,18 @@ Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src, c
         ++hole_growths_;
         STRATA_LOG_INFO("nvme tier: swap files grown to {} each: a rewrite of {} a file found {} free in all",
                         FormatBytes(per_file_capacity_), FormatBytes(fresh.per_file), FormatBytes(free));
-        const uint64_t grown = extents_->Allocate(fresh.per_file);
-        if (grown != UINT64_MAX) fresh.at = {NvmeExtent{grown, fresh.per_file}};
+        fresh.at = take();
       }
       if (fresh.at.empty())
         return NoSpaceError("nvme tier: no free extent of " + FormatBytes(fresh.per_file) + " in " + FilesOf(gen_) +
                             " for the new version of block " + std::to_string(a.id) + " (" +
                             FormatBytes(extents_->free_bytes()) + " free, largest " +
                             FormatBytes(extents_->largest_free()) + ")");
+      if (fresh.at.size() > 1) ++scattered_;
     }
     fresh.gen = gen_;
     ++writes_unsettled_;
     p.offset = fresh.at.front().offset;
-    p.per_file = fresh.per_file;
     p.at = fresh.at;
     p.gen = fresh.gen;
     p.bytes = fresh.bytes;

@@ -57,7 +57,6 @@ struct NvmePending {
   uint64_t bytes = 0;
   uint64_t checksum = 0;
   uint64_t offset = 0;  // where the I/O goes (a write: its fresh extent's first range), for error messages
-  uint64_t per_file = 0;
   NvmeExtents at;       // a write: its fresh extent
   uint32_t gen = 0;
   uint64_t version = 0;  // a read: the block's version (NvmeTier::Version) when it started

@@ -179,13 +179,14 @@ Status BlockIo::Load(const StateBlock& b, void* dst) {
 }
 
 Status BlockIo::Store(const StateBlock& b, const void* src) {
-  // In parts, one at a time: the swap's copy-on-write room holds a part, not the block.
-  uint64_t at = 0;
-  for (const StateBlock& p : b.parts) {
-    STRATA_RETURN_IF_ERROR(Store(p, static_cast<const char*>(src) + at));
-    at += p.bytes;
+  if (!b.parts.empty()) {  // one part at a time: the swap's copy-on-write room holds a part, not the block
+    uint64_t at = 0;
+    for (const StateBlock& p : b.parts) {
+      STRATA_RETURN_IF_ERROR(Store(p, static_cast<const char*>(src) + at));
+      at += p.bytes;
+    }
+    return Status::Ok();
   }
-  if (!b.parts.empty()) return Status::Ok();
   STRATA_ASSIGN_OR_RETURN(BlockMove m, StartStore(b, src));
   return Finish(m);
 }

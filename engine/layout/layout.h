@@ -112,6 +112,9 @@ struct Layout {
     const uint64_t n = part.group(g).shard_numel;
     return Units(g) == 1 ? n : std::min(unit_numel, n - UnitFirst(g, u));
   }
+  // The bytes of state s's block of group g in unit u (a group in units
+  // splits only fp32 W, M, V; one unit: the whole block, StateBytes).
+  uint64_t PartBytes(int s, int g, int u) const { return Units(g) == 1 ? StateBytes(s, g) : UnitNumel(g, u) * 4; }
 };
 
 // strata.grad_home (config.h): G's home for `setting` when W, M, V are homed

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1, frozen = -1, frozen_on = -1, dim = 24;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
   bool tag_by_rank = false, compact = false, bf16 = false, tcp = false;
-  std::string timeout = "60", save_dir, load_dir, buckets;
+  std::string timeout = "60", save_dir, load_dir, zero_extra;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "timeout")) timeout = argv[i + 1];
@@ -53,10 +53,10 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "frozen-on-rank")) frozen_on = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "bf16")) bf16 = true;
     if (!std::strcmp(argv[i], "dim")) dim = std::stoi(argv[i + 1]);  // the model's width (24)
-    if (!std::strcmp(argv[i], "sub-group")) buckets += R"(, "sub_group_size": )" + std::string(argv[i + 1]);
-    if (!std::strcmp(argv[i], "bucket")) buckets += R"(, "reduce_bucket_size": )" + std::string(argv[i + 1]);
+    if (!std::strcmp(argv[i], "sub-group")) zero_extra += R"(, "sub_group_size": )" + std::string(argv[i + 1]);
+    if (!std::strcmp(argv[i], "bucket")) zero_extra += R"(, "reduce_bucket_size": )" + std::string(argv[i + 1]);
     if (!std::strcmp(argv[i], "overlap"))
-      buckets += R"(, "overlap_comm": )" + std::string(std::strcmp(argv[i + 1], "0") ? "true" : "false");
+      zero_extra += R"(, "overlap_comm": )" + std::string(std::strcmp(argv[i + 1], "0") ? "true" : "false");
   }
   auto info = net::RankInfoFromEnv();
   if (!info.ok()) return Die(info.status());
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
                          R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "zero_optimization": {"stage": )" + stage + R"(,
         "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": ")" + rank_swap + R"("},
-        "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + rank_swap + R"("})" + buckets + R"(},
+        "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + rank_swap + R"("})" + zero_extra + R"(},
       "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "timeout": )" + timeout +
                         R"(, "grad_reduce": ")" + (uneven ? "sum" : "mean") + "\"" + format + "}}");
   if (!cfg.ok()) return Die(cfg.status());
