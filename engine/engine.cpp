@@ -298,6 +298,27 @@ Status Engine::Grads(int group, const void* grads, DType dtype) {
 // Calls that read G, the step's flags or run collectives of their own first
 // wait for the background reductions (overlap_comm): one collective at a
 // time, in the same order on every rank.
+Status Engine::GradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_part", false));
+  return impl_->GradsPart(group, first, count, grads, dtype);
+}
+
+Status Engine::GradsEnd(int group) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_end", false));
+  CallSpanScope span(*impl_->stats_, "grads", group);
+  return impl_->GradsEnd(group);
+}
+
+Result<const void*> Engine::GradsView(int group) const {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_view", false));
+  return impl_->GradsView(group);
+}
+
+std::string Engine::WhyNoGradParts(int group, DType dtype) const {
+  if (Status st = impl_->CheckGroup(group, "grads_part"); !st.ok()) return st.message();
+  return impl_->PartsRefused(group, dtype);
+}
+
 Result<StepResult> Engine::Step(const StepOptions& options) {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("step"));
   return impl_->Step(options);

@@ -80,6 +80,17 @@ class Engine {
   // complete: no copy or kernel still writing them) to its G accumulator.
   // The first call of a step overwrites. `grads` may be reused on return.
   Status Grads(int group, const void* grads, DType dtype);
+  // One Grads call in parts (strata.h, strata_engine_grads_part): each part
+  // written straight into G, the call complete at GradsEnd. TakesGradParts
+  // says whether the group takes parts of `dtype` ("" when it does, else why
+  // not: several ranks, a GPU, G not in host memory, another dtype).
+  Status GradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype);
+  Status GradsEnd(int group);
+  std::string WhyNoGradParts(int group, DType dtype) const;
+  // This step's gradients of the group as accumulated (G: its elements in
+  // G's dtype, host memory), for reading, where G is host memory and the
+  // group has had a grads call this step (strata_engine_grads_view).
+  Result<const void*> GradsView(int group) const;
   // Activations (activations/activation_store.h): Stash copies `bytes` at
   // `src` (device memory with a GPU, else host memory; complete) into the
   // store and returns a handle; Redeem copies it back into `dst` and frees

@@ -52,6 +52,20 @@ class Engine::Impl {
   // INVALID unless the engine is built and `group` is one of its groups.
   Status CheckGroup(int group, const char* call) const;
   Status Grads(int group, const void* grads, DType dtype);
+  // One grads call in parts (grads.cpp): GradsPart writes elements
+  // [first, first + count) straight into G, GradsEnd completes the call.
+  // Taken where PartsRefused says nothing: one rank, G in host memory and in
+  // the parts' dtype, the group's first gradients of the step.
+  Status GradsPart(int group, uint64_t first, uint64_t count, const void* src, DType dtype);
+  Status GradsEnd(int group);
+  // G of `group` for reading, after this step's gradients of it (where
+  // PartsRefused has no reason but the dtype).
+  Result<const void*> GradsView(int group) const;
+  // Why `group` cannot take gradients of `dtype` in parts ("" when it can).
+  std::string PartsRefused(int group, DType dtype) const;
+  // INVALID, naming the group, while a grads call in parts is open: `call`
+  // would see half a gradient.
+  Status CheckNoOpenParts(const char* call) const;
   Result<StepResult> Step(const StepOptions& options);
   Status ReadMaster(int group, float* out) { return ReadState(group, StateKind::kW, out); }
   Status ReadState(int group, StateKind kind, float* out);

@@ -21,9 +21,45 @@
 #include "engine/step/step_checks.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/norm.h"
+#include "kernels/cpu/parallel.h"
 #include "tiers/gpu.h"
 
 namespace strata {
+
+namespace {
+
+// G[0, count) (G's dtype) += src (`dtype`) a tile at a time: widen, add in
+// fp32, store in G's dtype (nearest even); `overwrite`: G = src, converted.
+Status AddInto(DType gdtype, void* G, const void* src, DType dtype, uint64_t count, bool overwrite) {
+  constexpr uint64_t kTile = 4096;
+  float wide[kTile], sum[kTile];
+  const uint64_t gsize = DTypeSize(gdtype);
+  Status st;
+  for (uint64_t at = 0; st.ok() && at < count; at += kTile) {
+    const uint64_t k = std::min(kTile, count - at);
+    const float* x = wide;
+    if (dtype == DType::kF32) x = static_cast<const float*>(src) + at;
+    else st = kernels::Cast(dtype, static_cast<const char*>(src) + at * DTypeSize(dtype), DType::kF32, wide, k);
+    char* g = static_cast<char*>(G) + at * gsize;
+    if (!st.ok()) break;
+    if (gdtype == DType::kF32) {
+      float* gf = reinterpret_cast<float*>(g);
+      if (overwrite) std::memcpy(gf, x, k * 4);
+      else for (uint64_t i = 0; i < k; ++i) gf[i] += x[i];
+      continue;
+    }
+    if (overwrite) {
+      st = kernels::Cast(DType::kF32, x, gdtype, g, k);
+      continue;
+    }
+    st = kernels::Cast(gdtype, g, DType::kF32, sum, k);
+    for (uint64_t i = 0; st.ok() && i < k; ++i) sum[i] += x[i];
+    if (st.ok()) st = kernels::Cast(DType::kF32, sum, gdtype, g, k);
+  }
+  return st;
+}
+
+}  // namespace
 
 Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
   STRATA_RETURN_IF_ERROR(CheckGroup(group, "grads"));
@@ -32,6 +68,9 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
     return InvalidError("grads: group " + std::to_string(group) +
                         " is frozen (freeze_group): it keeps its parameters alone and takes no gradients");
   GroupStep& gs = steps_[static_cast<size_t>(group)];
+  if (gs.parts.open)
+    return InvalidError("grads: group " + std::to_string(group) +
+                        " has a grads call in parts open (grads_part); end it with grads_end first");
   // The overlapped step updates this group once its gradients are complete:
   // one more would land in a G the update already read (or is reading).
   if (OverlapHasTaken(group)) STRATA_RETURN_IF_ERROR(UndoOverlap(group, "grads"));
@@ -79,30 +118,8 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
     std::memcpy(G, src, count * gsize);
   } else if (gs.grad_calls == 0 && lay_.gdtype == DType::kF32) {
     st = kernels::Cast(dtype, src, DType::kF32, G, count);
-  } else if (st.ok()) {  // a tile at a time: widen, add in fp32, store in G's dtype (nearest even)
-    constexpr uint64_t kTile = 4096;
-    float wide[kTile], sum[kTile];
-    for (uint64_t at = 0; st.ok() && at < count; at += kTile) {
-      const uint64_t k = std::min(kTile, count - at);
-      const float* x = wide;
-      if (dtype == DType::kF32) x = static_cast<const float*>(src) + at;
-      else st = kernels::Cast(dtype, static_cast<const char*>(src) + at * DTypeSize(dtype), DType::kF32, wide, k);
-      char* g = static_cast<char*>(G) + at * gsize;
-      if (!st.ok()) break;
-      if (lay_.gdtype == DType::kF32) {
-        float* gf = reinterpret_cast<float*>(g);
-        if (gs.grad_calls == 0) std::memcpy(gf, x, k * 4);
-        else for (uint64_t i = 0; i < k; ++i) gf[i] += x[i];
-        continue;
-      }
-      if (gs.grad_calls == 0) {
-        st = kernels::Cast(DType::kF32, x, lay_.gdtype, g, k);
-        continue;
-      }
-      st = kernels::Cast(lay_.gdtype, g, DType::kF32, sum, k);
-      for (uint64_t i = 0; st.ok() && i < k; ++i) sum[i] += x[i];
-      if (st.ok()) st = kernels::Cast(DType::kF32, sum, lay_.gdtype, g, k);
-    }
+  } else if (st.ok()) {
+    st = AddInto(lay_.gdtype, G, src, dtype, count, /*overwrite=*/gs.grad_calls == 0);
   }
   if (st.ok() && gs.grad_calls == 0) std::memset(static_cast<char*>(G) + count * gsize, 0, (n - count) * gsize);
   kernels::SquaresSum sq;
@@ -117,6 +134,147 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
   gs.sum_squares = sq.sum_squares;
   gs.finite = sq.all_finite;
   ++gs.grad_calls;
+  return Status::Ok();
+}
+
+// ---- one grads call in parts ----------------------------------------------
+//
+// Each part goes straight into G: no caller's buffer of the whole group to
+// fill first, no copy of it here. The tiles of G that a part covers whole
+// are summed (squares, for the norm) while the copy has them in cache; the
+// end zeroes what no part gave and sums the other tiles from G. The sum is
+// SumSquares's over G, bitwise (kernels/cpu/norm.h: TileSquares, JoinTiles),
+// so the norm, the clipping and the step are those of one grads call.
+
+std::string Engine::Impl::PartsRefused(int group, DType dtype) const {
+  const std::string g = "group " + std::to_string(group);
+  if (lay_.frozen(group)) return g + " is frozen (freeze_group): it takes no gradients";
+  if (lay_.reduces) return "with several ranks the reduction takes a group's gradients whole";
+  if (device_->separate()) return "with a GPU the gradients are in device memory: hand whole groups";
+  if (!io_->Direct(blocks_[static_cast<size_t>(group)][int(StateKind::kG)]))
+    return "the gradient accumulator of " + g + " is not in host memory";
+  if (dtype != lay_.gdtype)
+    return std::string("parts of ") + DTypeName(dtype) + " go into an accumulator of " + DTypeName(lay_.gdtype) +
+           " only through a whole grads call";
+  return "";
+}
+
+Result<const void*> Engine::Impl::GradsView(int group) const {
+  STRATA_RETURN_IF_ERROR(CheckGroup(group, "grads_view"));
+  if (const std::string why = PartsRefused(group, lay_.gdtype); !why.empty())
+    return InvalidError("grads_view: " + why);
+  const GroupStep& gs = steps_[static_cast<size_t>(group)];
+  if (gs.parts.open)
+    return InvalidError("grads_view: group " + std::to_string(group) +
+                        " has a grads call in parts open (grads_part); end it with grads_end first");
+  if (gs.grad_calls == 0)
+    return StateError("grads_view: group " + std::to_string(group) + " has no gradients this step");
+  return static_cast<const void*>(io_->DirectPtr(blocks_[static_cast<size_t>(group)][int(StateKind::kG)]));
+}
+
+Status Engine::Impl::CheckNoOpenParts(const char* call) const {
+  for (size_t g = 0; g < steps_.size(); ++g)
+    if (steps_[g].parts.open)
+      return InvalidError(std::string(call) + ": group " + std::to_string(g) +
+                          " has a grads call in parts open (grads_part); end it with grads_end first");
+  return Status::Ok();
+}
+
+Status Engine::Impl::GradsPart(int group, uint64_t first, uint64_t count, const void* src, DType dtype) {
+  STRATA_RETURN_IF_ERROR(CheckGroup(group, "grads_part"));
+  if (!src && count > 0) return InvalidError("grads_part: null gradient pointer for group " + std::to_string(group));
+  if (const std::string why = PartsRefused(group, dtype); !why.empty())
+    return InvalidError("grads_part: " + why + " (grads takes the group whole)");
+  GroupStep& gs = steps_[static_cast<size_t>(group)];
+  GradParts& h = gs.parts;
+  const uint64_t real = lay_.part.group(group).RealInShard(lay_.srank);
+  if (first > real || count > real - first)
+    return InvalidError("grads_part: elements [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                        ") are outside group " + std::to_string(group) + "'s " + std::to_string(real));
+  if (!h.open && (gs.grad_calls > 0 || gs.handed > 0))
+    return InvalidError("grads_part: group " + std::to_string(group) +
+                        " already has gradients this step; parts take a step's first gradients of a group only "
+                        "(hand later ones whole with grads)");
+  // A part given again, as it was, is added to (a parameter that backward
+  // reached twice); one that overlaps another otherwise is a caller's error.
+  auto next = h.given.lower_bound(first);
+  const bool again = next != h.given.end() && next->first == first && next->second == count;
+  if (!again && count > 0) {
+    const bool over_next = next != h.given.end() && next->first < first + count;
+    auto prev = next == h.given.begin() ? h.given.end() : std::prev(next);
+    const bool over_prev = prev != h.given.end() && prev->first + prev->second > first;
+    if (over_next || over_prev) {
+      const auto& o = over_prev ? *prev : *next;
+      return InvalidError("grads_part: elements [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                          ") of group " + std::to_string(group) + " overlap the part [" + std::to_string(o.first) +
+                          ", " + std::to_string(o.first + o.second) + ") given before in this call");
+    }
+  }
+  const uint64_t n = lay_.part.group(group).shard_numel, size = DTypeSize(dtype);
+  constexpr uint64_t T = kernels::kReduceTile;
+  if (!h.open) {
+    h.open = true;
+    h.given.clear();
+    h.partial.assign((n + T - 1) / T, 0.0);
+    h.done.assign(h.partial.size(), 0);
+  }
+  if (count == 0) return Status::Ok();
+  char* G = static_cast<char*>(io_->DirectPtr(blocks_[static_cast<size_t>(group)][int(StateKind::kG)]));
+  const char* in = static_cast<const char*>(src);
+  const uint64_t end = first + count;
+  if (again) {
+    for (uint64_t t = first / T; t * T < end; ++t) h.done[t] = 0;  // summed again at the end
+    return AddInto(dtype, G + first * size, src, dtype, count, /*overwrite=*/false).WithContext("grads_part");
+  }
+  h.given.emplace(first, count);
+  // Tiles [a, b) lie whole in the part (the last tile of G, short or not,
+  // only where the part reaches G's end); the ends around them are copied.
+  const uint64_t a = (first + T - 1) / T, b = end == n ? (n + T - 1) / T : end / T;
+  if (a >= b) {
+    std::memcpy(G + first * size, in, count * size);
+    return Status::Ok();
+  }
+  const uint64_t lo = a * T, hi = std::min(n, b * T);
+  std::memcpy(G + first * size, in, (lo - first) * size);
+  std::memcpy(G + hi * size, in + (hi - first) * size, (end - hi) * size);
+  STRATA_RETURN_IF_ERROR(
+      kernels::CopyTileSquares(dtype, in + (lo - first) * size, G + lo * size, hi - lo, &h.partial[a]));
+  std::fill(h.done.begin() + static_cast<std::ptrdiff_t>(a), h.done.begin() + static_cast<std::ptrdiff_t>(b), 1);
+  return Status::Ok();
+}
+
+Status Engine::Impl::GradsEnd(int group) {
+  STRATA_RETURN_IF_ERROR(CheckGroup(group, "grads_end"));
+  GroupStep& gs = steps_[static_cast<size_t>(group)];
+  GradParts& h = gs.parts;
+  if (!h.open)
+    return StateError("grads_end: group " + std::to_string(group) + " has no grads call in parts open (grads_part)");
+  const uint64_t n = lay_.part.group(group).shard_numel, size = DTypeSize(lay_.gdtype);
+  constexpr uint64_t T = kernels::kReduceTile;
+  char* G = static_cast<char*>(io_->DirectPtr(blocks_[static_cast<size_t>(group)][int(StateKind::kG)]));
+  uint64_t at = 0;  // what no part gave is zero (and the padding)
+  for (const auto& [first, count] : h.given) {
+    if (first > at) std::memset(G + at * size, 0, (first - at) * size);
+    at = first + count;
+  }
+  if (at < n) std::memset(G + at * size, 0, (n - at) * size);
+  for (uint64_t t = 0; t < h.done.size();) {  // each run of tiles no part summed, from G
+    if (h.done[t]) { ++t; continue; }
+    uint64_t u = t;
+    while (u < h.done.size() && !h.done[u]) ++u;
+    const uint64_t lo = t * T, hi = std::min(n, u * T);
+    STRATA_RETURN_IF_ERROR(
+        kernels::TileSquares(lay_.gdtype, G + lo * size, hi - lo, &h.partial[t]).WithContext("grads_end"));
+    t = u;
+  }
+  const kernels::SquaresSum sq = kernels::JoinTiles(h.partial.data(), h.partial.size());
+  h = GradParts{};
+  gs.sum_squares = sq.sum_squares;
+  gs.finite = sq.all_finite;
+  ++gs.grad_calls;
+  ++gs.handed;
+  OnGradsComplete(group);
+  last_grads_s_ = stats_->Now();
   return Status::Ok();
 }
 

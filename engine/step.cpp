@@ -31,7 +31,8 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
   if (!built_) return StateError("prepare_step: the engine is not built");
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("prepare_step: the step's options (nothing was changed)"));
   for (const auto& gs : steps_)
-    if (gs.grad_calls > 0) return StateError("prepare_step: gradients of this step have already arrived");
+    if (gs.grad_calls > 0 || gs.parts.open)
+      return StateError("prepare_step: gradients of this step have already arrived");
   step_.prepared = true;
   step_.prepared_opts = so;
   step_.doomed = false;
@@ -93,6 +94,7 @@ void Engine::Impl::AbandonStep(bool keep_p_stale) {
   step_.queued = 0;
   for (auto& gs : steps_) {
     gs.grad_calls = gs.handed = 0;
+    gs.parts = GradParts{};
     gs.committed = false;
     gs.unit_done.clear();
     // A step keeps P marked that could not be rewritten (fetch refuses it;
@@ -143,6 +145,7 @@ Status Engine::Impl::GlobalSquares(double* sum_out, bool* finite_out) {
 Result<double> Engine::Impl::GradNorm() {
   if (!built_) return StateError("grad_norm: the engine is not built");
   STRATA_RETURN_IF_ERROR(CheckUsable("grad_norm"));
+  STRATA_RETURN_IF_ERROR(CheckNoOpenParts("grad_norm"));
   double sum = 0;
   bool finite = true;
   if (lay_.multi) comm_->SetLabel("grad_norm s" + std::to_string(step_.applied + 1));
@@ -216,6 +219,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   // leaves nothing pending (the next valid step goes ahead).
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("step: the step's options (nothing was changed)"));
   STRATA_RETURN_IF_ERROR(CheckUsable("step"));
+  STRATA_RETURN_IF_ERROR(CheckNoOpenParts("step"));
   residency_->DropAheadPins();
   for (int g = 0; g < lay_.part.num_groups(); ++g)
     if (residency_->pins(g) > 0)

@@ -182,6 +182,43 @@ strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const vo
   });
 }
 
+strata_status_t strata_engine_grads_part(strata_engine_t* engine, int group, uint64_t first, uint64_t count,
+                                         const void* grads, strata_dtype_t dtype) {
+  return OnEngine("strata_engine_grads_part", engine, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(CheckDType(dtype, "grads_part"));
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    return engine->rep->GradsPart(group, first, count, grads, static_cast<strata::DType>(dtype));
+  });
+}
+
+strata_status_t strata_engine_grads_end(strata_engine_t* engine, int group) {
+  return OnEngine("strata_engine_grads_end", engine, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    return engine->rep->GradsEnd(group);
+  });
+}
+
+strata_status_t strata_engine_grads_view(strata_engine_t* engine, int group, const void** out) {
+  return OnEngine("strata_engine_grads_view", engine, [&]() -> Status {
+    if (out == nullptr) return strata::InvalidError("out must not be NULL");
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    STRATA_ASSIGN_OR_RETURN(*out, engine->rep->GradsView(group));
+    return Status::Ok();
+  });
+}
+
+strata_status_t strata_engine_takes_grad_parts(strata_engine_t* engine, int group, strata_dtype_t dtype, int* out) {
+  return OnEngine("strata_engine_takes_grad_parts", engine, [&]() -> Status {
+    if (out == nullptr) return strata::InvalidError("out must not be NULL");
+    STRATA_RETURN_IF_ERROR(CheckDType(dtype, "takes_grad_parts"));
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    const std::string why = engine->rep->WhyNoGradParts(group, static_cast<strata::DType>(dtype));
+    *out = why.empty() ? 1 : 0;
+    if (!why.empty()) last_error = "strata_engine_takes_grad_parts: " + why;
+    return Status::Ok();
+  });
+}
+
 strata_status_t strata_engine_stash(strata_engine_t* engine, const void* src, uint64_t bytes, void* cuda_stream,
                                     uint64_t* handle_out) {
   return OnEngine("strata_engine_stash", engine, [&]() -> Status {

@@ -5,9 +5,23 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace strata {
+
+// One grads call of a group given in parts (Engine::GradsPart, then
+// GradsEnd): each part written straight into G. Until the end G holds no
+// gradient of the step (grad_calls stays 0).
+struct GradParts {
+  bool open = false;
+  std::map<uint64_t, uint64_t> given;  // first element -> count, of the parts so far
+  // Per tile of G (kernels::kReduceTile elements): its sum of squares, where
+  // `done`: a part covered it whole and summed it while copying it. The end
+  // sums the others from G.
+  std::vector<double> partial;
+  std::vector<uint8_t> done;
+};
 
 struct GroupStep {
   int grad_calls = 0;      // grads calls in this step
@@ -24,7 +38,8 @@ struct GroupStep {
   // update reached their homes (W, M, V of each unit are published
   // together); the group is committed once all have. Empty otherwise.
   std::vector<uint8_t> unit_done;
-  bool p_stale = false;  // committed, but P's store failed: P is recomputed from W
+  bool p_stale = false;
+  GradParts parts;  // a grads call in parts, while open  // committed, but P's store failed: P is recomputed from W
 };
 
 }  // namespace strata

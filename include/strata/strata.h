@@ -341,6 +341,45 @@ STRATA_API strata_status_t strata_engine_release(strata_engine_t* engine, int gr
 STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const void* grads,
                                                strata_dtype_t dtype, void* cuda_stream);
 
+/* One strata_engine_grads call given in parts, e.g. one per parameter as
+ * backward produces them, where the group's accumulator is host memory:
+ *   - strata_engine_grads_part copies elements [first, first + count) of the
+ *     group's gradient (`dtype`, host memory; caller-owned, reusable when the
+ *     call returns) straight into the accumulator: no buffer of the whole
+ *     group to fill first, and no second copy. Parts come in any order; a
+ *     part given again exactly (a parameter backward reached twice) is added
+ *     to it; one that overlaps another otherwise is INVALID.
+ *   - strata_engine_grads_end completes the call: elements no part gave are
+ *     zero, and from here it is one strata_engine_grads call of the
+ *     assembled gradient, bitwise (the norm's sum of squares included): it
+ *     counts toward grad_accumulation_steps and may start the group's
+ *     overlapped update.
+ * Taken for a group where strata_engine_takes_grad_parts sets *out to 1: one
+ * rank, no GPU, the accumulator in host memory and of `dtype` (float32, or
+ * bf16 with data_types.grad_accum_dtype "bf16"). Otherwise, and for a group
+ * that already had gradients this step (parts are a step's first gradients
+ * of a group), INVALID naming why: hand the group whole. While a call in
+ * parts is open, strata_engine_grads on that group, strata_engine_grad_norm,
+ * strata_engine_prepare_step and strata_engine_step are INVALID naming it;
+ * a call never ended leaves no gradient (a checkpoint load drops it).
+ * Errors: INVALID, STATE. */
+STRATA_API strata_status_t strata_engine_grads_part(strata_engine_t* engine, int group, uint64_t first,
+                                                    uint64_t count, const void* grads, strata_dtype_t dtype);
+STRATA_API strata_status_t strata_engine_grads_end(strata_engine_t* engine, int group);
+/* *out = 1 when the group takes gradients of `dtype` in parts, else 0; with
+ * 0, strata_last_error says why not (the call itself returns OK). */
+STRATA_API strata_status_t strata_engine_takes_grad_parts(strata_engine_t* engine, int group, strata_dtype_t dtype,
+                                                          int* out);
+/* This step's gradients of the group as accumulated, for reading (e.g. a
+ * trainer's own norm of one tensor): *out points at group numel elements
+ * of the accumulator's dtype (float32, or bf16 with grad_accum_dtype
+ * "bf16"), host memory the caller must not write (an overlapped update may
+ * be reading it). Valid until strata_engine_step, another gradient of the
+ * group, or a checkpoint load. Where strata_engine_takes_grad_parts would
+ * refuse for a reason other than the dtype, INVALID naming it; STATE when
+ * the group has had no gradients this step. */
+STRATA_API strata_status_t strata_engine_grads_view(strata_engine_t* engine, int group, const void** out);
+
 /* Activations in the tiers: a trainer stashes a buffer during forward and
  * redeems it in backward (docs/c-guide.md, "Activations").
  *   - strata_engine_stash waits for the work queued on `cuda_stream` (which

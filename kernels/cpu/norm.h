@@ -25,4 +25,17 @@ struct SquaresSum {
 Status SumSquares(DType dtype, const void* x, size_t n, SquaresSum* out);
 Status SumSquaresOn(CpuIsa isa, DType dtype, const void* x, size_t n, SquaresSum* out);
 
+// SumSquares in its two halves, for a sum gathered a piece at a time (a
+// group's gradients handed in parts): TileSquares writes the partial of
+// every tile of x[0, n) (tile k: [k*kReduceTile, min(n, (k+1)*kReduceTile)))
+// to partials[k]; JoinTiles adds `tiles` partials in tile order. Together
+// they are SumSquares, bitwise.
+Status TileSquares(DType dtype, const void* x, size_t n, double* partials);
+SquaresSum JoinTiles(const double* partials, size_t tiles);
+// Copies n elements of `dtype` from src to dst and writes the partial of
+// every tile of dst[0, n) to partials[k], as TileSquares(dst) would, each
+// tile summed while the copy left it in cache: one pass over the memory
+// where a copy and then TileSquares take two. src and dst must not overlap.
+Status CopyTileSquares(DType dtype, const void* src, void* dst, size_t n, double* partials);
+
 }  // namespace strata::kernels

@@ -233,6 +233,49 @@ class Engine:
                         f"grads has {_numel(grads)}")
         _check(self._lib.strata_engine_grads(self.handle, group, _address(grads), code, _stream_handle(stream)))
 
+    def grads_part(self, group, first, grads, dtype=None):
+        """One part of a grads call given in parts (strata_engine_grads_part):
+        elements [first, first + numel) of the group's gradients, a contiguous
+        host tensor (or an address with `dtype` "f32"/"bf16"/"f16" and then
+        grads a (address, numel) pair), copied straight into the engine's
+        accumulator. grads_end(group) completes the call."""
+        if isinstance(grads, tuple):
+            address, count = grads
+            code = {v: k for k, v in _DTYPE_NAMES.items()}[dtype]
+        else:
+            if getattr(grads, "device", None) is not None and grads.device.type != "cpu":
+                raise Error(INVALID, f"grads_part: the gradients are on {grads.device}; parts are host memory")
+            address, count = _address(grads), _numel(grads)
+            code = _dtype_of(grads) if dtype is None else {v: k for k, v in _DTYPE_NAMES.items()}[dtype]
+        _check(self._lib.strata_engine_grads_part(self.handle, group, first, count, address, code))
+
+    def grads_end(self, group):
+        """Completes the group's grads call in parts: as one grads() of the
+        parts given (zeros elsewhere)."""
+        _check(self._lib.strata_engine_grads_end(self.handle, group))
+
+    def grads_view(self, group):
+        """This step's gradients of the group as accumulated: a tensor of
+        group_numel compute-dtype elements viewing the engine's accumulator
+        (strata_engine_grads_view; where its dtype is the compute dtype),
+        valid until step(), the group's next gradients or a checkpoint load.
+        Read it only."""
+        out = ctypes.c_void_p()
+        _check(self._lib.strata_engine_grads_view(self.handle, group, ctypes.byref(out)))
+        if not self.takes_grad_parts(group, self.compute_dtype):
+            raise Error(INVALID, f"grads_view: group {group}'s accumulator is not of the compute dtype "
+                        f"({self.compute_dtype}); read it with strata_engine_grads_view and its own dtype")
+        return self.as_tensor(out.value, self.group_numel(group))
+
+    def takes_grad_parts(self, group, dtype="f32"):
+        """Whether the group takes gradients of `dtype` ("f32", "bf16", "f16")
+        in parts (one rank, no GPU, its accumulator in host memory and of
+        that dtype)."""
+        code = {v: k for k, v in _DTYPE_NAMES.items()}[dtype]
+        out = ctypes.c_int()
+        _check(self._lib.strata_engine_takes_grad_parts(self.handle, group, code, ctypes.byref(out)))
+        return bool(out.value)
+
     # -- activations (strata.activation_host_bytes, activation_nvme_bytes)
     def stash(self, x, nbytes=None, stream=None):
         """Copies a contiguous tensor (on the engine's device), array or

@@ -2,7 +2,10 @@
 // accumulation, independence from the thread count, and the non-finite report.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels/cpu/norm.h"
 #include "kernels/cpu/parallel.h"
@@ -85,6 +88,31 @@ TEST(SumSquares, ReportsNonFinite) {
   // fp16 overflow: 65504 is finite, its square is no problem in fp64.
   const uint16_t max_half = 0x7bff;
   for (CpuIsa isa : AllPathsHere()) EXPECT_TRUE(Sum(isa, DType::kF16, &max_half, 1).all_finite);
+}
+
+// A sum gathered a piece at a time (the engine's gradients in parts):
+// TileSquares + JoinTiles, and CopyTileSquares's copy and partials, are
+// SumSquares bitwise, the last short tile included; the copy is exact.
+TEST(SumSquares, TilesJoinedAndCopiedEqualTheWholeSum) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16})
+    for (size_t n : {size_t{5}, kReduceTile, kReduceTile + 1, 3 * kReduceTile + 4097}) {
+      Buffer x(n, DTypeSize(dtype), 0);
+      Rng rng(n + 11);
+      for (size_t i = 0; i < n; ++i) StoreAs(dtype, x.data(), i, rng.Spread() * 50.0f);
+      SquaresSum whole;
+      ASSERT_TRUE(SumSquares(dtype, x.data(), n, &whole).ok());
+      const size_t tiles = (n + kReduceTile - 1) / kReduceTile;
+      std::vector<double> partial(tiles, -1.0), copied(tiles, -1.0);
+      ASSERT_TRUE(TileSquares(dtype, x.data(), n, partial.data()).ok());
+      EXPECT_EQ(JoinTiles(partial.data(), tiles).sum_squares, whole.sum_squares) << DTypeName(dtype) << " n=" << n;
+      Buffer y(n, DTypeSize(dtype), 0);
+      ASSERT_TRUE(CopyTileSquares(dtype, x.data(), y.data(), n, copied.data()).ok());
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), n * DTypeSize(dtype)), 0) << DTypeName(dtype) << " n=" << n;
+      for (size_t k = 0; k < tiles; ++k) EXPECT_EQ(copied[k], partial[k]) << "tile " << k << " n=" << n;
+      EXPECT_TRUE(JoinTiles(copied.data(), tiles).all_finite);
+    }
+  const double nan_tile[2] = {1.0, std::nan("")};
+  EXPECT_FALSE(JoinTiles(nan_tile, 2).all_finite);
 }
 
 }  // namespace

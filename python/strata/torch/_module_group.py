@@ -17,6 +17,23 @@ class _SavedView:
         self.group, self.offset, self.shape, self.stride = group, offset, shape, stride
 
 
+class _LazyNorm:
+    """torch's norm of a parameter's gradient, taken when clip_grad_norm_
+    asks, from the engine's accumulator (grads_view), which holds it as
+    backward gave it: the same elements, shape and dtype, so the same bits."""
+    __slots__ = ("group", "index")
+
+    def __init__(self, group, index):
+        self.group, self.index = group, index
+
+    def value(self, views):
+        g, i = self.group, self.index
+        if g.index not in views:
+            views[g.index] = g.owner.engine.grads_view(g.index)
+        off, n = g.offsets[i], g.numels[i]
+        return _torch_norm_of(views[g.index][off:off + n].view(g.shapes[g.params[i]]).float())
+
+
 class _ModuleGroup:
     """The direct trainable parameters of one module (tied ones only in the
     first module that has them): one engine group."""
@@ -39,6 +56,11 @@ class _ModuleGroup:
         self.ever_handed = False  # had a gradient in some step (torch would keep a zero .grad for it)
         self.handed_params = set()  # indices of parameters whose gradients went to the engine this step
         self.grad_accs = []  # AccumulateGrad nodes, kept alive so that their hooks stay
+        # Gradients go to the engine a parameter at a time (grads_part), straight
+        # into its accumulator, where it takes them (one rank, host memory): no
+        # staging buffer of the group to fill and copy. in_parts: this hand is.
+        self.takes_parts = False
+        self.in_parts = False
 
     def install(self):
         o = self.owner
@@ -61,6 +83,9 @@ class _ModuleGroup:
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             acc.register_hook(lambda *_, p=p: o.grad_ready(self, p))
             self.grad_accs.append(acc)
+        name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}.get(o.dtype)
+        self.takes_parts = (not self.frozen and o.device.type == "cpu" and name is not None and
+                            o.engine.takes_grad_parts(self.index, name))
 
     def stage(self, p):
         i = next(k for k, q in enumerate(self.params) if q is p)
@@ -69,6 +94,38 @@ class _ModuleGroup:
         if grad.is_sparse:
             raise Error(INVALID, f"{self.names[i]}: a sparse gradient (e.g. nn.Embedding(sparse=True)); "
                         "offload_module takes dense gradients only")
+        o = self.owner
+        if not self.arrived and self.staged is None:
+            # This hand's first gradient: in parts where the engine takes them
+            # (a step's first gradients of the group, one backward a step).
+            self.in_parts = (self.takes_parts and not o.engine_accumulates and self.index not in o._handed
+                             and grad.dtype == o.dtype and grad.device == o.device)
+            if self.in_parts:
+                o._overlap.before_grads(self, count=False)  # (prepare_step comes before any gradient)
+        if self.in_parts:
+            if i in self.arrived:  # another backward reached it: the engine adds it to its part
+                o._norms_exact = False
+            self._part(i, off, grad)
+        else:
+            self._stage(i, off, grad)
+        if i not in self.arrived:
+            if id(p) in o._norms:  # handed in parts this step
+                o._norms_exact = False
+            elif o._norms_exact and not o.engine_accumulates and o.world_size == 1:
+                if self.in_parts and grad.is_contiguous() and not o._scaling.enabled:
+                    # In the engine's accumulator as it is: its norm is taken
+                    # there if clip_grad_norm_ asks (_LazyNorm), else never.
+                    o._norms[id(p)] = _LazyNorm(self, i)
+                else:
+                    # The norm of the (fp16: unscaled) gradient in float32, as
+                    # torch's clip_grad_norm_ would take it of a float32 master's
+                    # .grad: a bf16 gradient's own norm would be rounded to bf16.
+                    o._norms[id(p)] = _torch_norm_of(grad.float() / o._scaling.scale if o._scaling.enabled else
+                                                     grad.float())
+        p.grad = None
+        self.arrived.add(i)
+
+    def _stage(self, i, off, grad):
         o = self.owner
         # A group of one parameter (an embedding, often half a model) hands
         # the gradient itself: no staging buffer to fill and copy. The
@@ -87,23 +144,26 @@ class _ModuleGroup:
             o._norms_exact = False
         else:
             self.staged[off:off + self.numels[i]].copy_(grad.reshape(-1))
-        if i not in self.arrived:
-            if id(p) in o._norms:  # handed in parts this step
-                o._norms_exact = False
-            elif o._norms_exact and not o.engine_accumulates and o.world_size == 1:
-                # The norm of the (fp16: unscaled) gradient in float32, as
-                # torch's clip_grad_norm_ would take it of a float32 master's
-                # .grad: a bf16 gradient's own norm would be rounded to bf16.
-                o._norms[id(p)] = _torch_norm_of(grad.float() / o._scaling.scale if o._scaling.enabled else
-                                                 grad.float())
-        p.grad = None
-        self.arrived.add(i)
+
+    def _part(self, i, off, grad):
+        flat = grad.reshape(-1)
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        o = self.owner
+        try:
+            o.engine.grads_part(self.index, off, flat)
+        except Error as e:
+            raise o._overlap.explain(e, self, "given more gradients") from None
 
     def complete(self):
         return len(self.arrived) == len(self.params)
 
     def pending(self):
         return bool(self.arrived)
+
+    def end_parts(self):
+        """The hand in parts is complete (the engine's grads_end is next)."""
+        self.in_parts, self.arrived = False, set()
 
     def take_staged(self):
         """The group's gradients, zeros for the parameters that got none

@@ -255,12 +255,20 @@ class _ModuleHooks:
         # The engine adds every grads call of a step to the group's
         # accumulator, so a group handed in parts (a backward that ended
         # early: a reentrant checkpoint's inner one) sums right.
-        self._overlap.before_grads(g)
+        parts = g.in_parts
+        if parts:  # (prepare_step came before its first gradient)
+            self._overlap.counted(g)
+        else:
+            self._overlap.before_grads(g)
         g.handed_params |= g.arrived
         g.ever_handed = True
         self._handed.add(g.index)
         try:
-            self.engine.grads(g.index, g.take_staged(), stream=_current_stream(self.device.type))
+            if parts:
+                g.end_parts()
+                self.engine.grads_end(g.index)
+            else:
+                self.engine.grads(g.index, g.take_staged(), stream=_current_stream(self.device.type))
         except Error as e:
             raise self._overlap.explain(e, g, "given more gradients") from None
         self._pinned.pop(g.index, None)

@@ -17,7 +17,7 @@ from ._clip import _OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _t
 from ._config import (_TORCH2, _current_stream, _engine_device, _new_engine, _remove_swap_folders, _resolve_ranks,
                       _say_autos, _separate_swap_folders, _swap_folders, _torch_dtype)
 from ._loss_scale import _LossScaling, _ScalesLoss, _fp16_section
-from ._module_group import _ModuleGroup
+from ._module_group import _LazyNorm, _ModuleGroup
 from ._module_hooks import _ModuleHooks, _forward_hooks_always_called
 from ._module_state import _ModuleStateDict
 from ._offload_optimizer import OffloadOptimizer
@@ -287,7 +287,9 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         if not self._norms_exact or self.world_size != 1 or self.engine_accumulates or not self._norms:
             return None
         order = params if params is not None else [p for g in self._groups if not g.frozen for p in g.params]
-        return [self._norms[id(p)] for p in order if id(p) in self._norms] or None
+        views = {}  # group index -> its accumulator (grads_view), for the norms taken from it
+        return [n.value(views) if isinstance(n, _LazyNorm) else n
+                for n in (self._norms[id(p)] for p in order if id(p) in self._norms)] or None
 
     def _clip_ids(self):
         return {id(p) for g in self._groups if not g.frozen for p in g.params}

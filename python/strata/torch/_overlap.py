@@ -39,6 +39,7 @@ class _Overlap:
         self.off = None  # why no step is overlapped any more
         self.prepared = None  # this step's prepare_step options; None: not overlapped
         self.hands = {}  # group index -> grads calls this step
+        self.began = False  # a gradient of this step has reached the engine (prepare_step is behind)
         self.late = None  # a group fetched after its gradients were complete (its parameter's name)
         self.clip_unclipped = None  # clip_grad_norm_ this step: the max_grad_norm it gives a step it does not clip
         self.last = None  # the last step's options, max_grad_norm as it would have been unclipped
@@ -65,9 +66,14 @@ class _Overlap:
                     weight_decay=float(opt["weight_decay"] if weight_decay is None else weight_decay),
                     max_grad_norm=clip if max_grad_norm is None else float(max_grad_norm))
 
-    def before_grads(self, g):
-        first = not self.hands
-        self.hands[g.index] = self.hands.get(g.index, 0) + 1
+    def before_grads(self, g, count=True):
+        """Before the step's gradients of group g reach the engine: at the
+        step's first, prepare_step. `count`: this is the group's grads call
+        (a hand in parts counts at its end: counted())."""
+        first = not self.began
+        self.began = True
+        if count:
+            self.counted(g)
         if first and self.wanted and self.fits and self.off is None and self.last is not None:
             # The options step() will get: the optimizer's param group as it
             # is now (a scheduler steps it after step()), or, stepped
@@ -90,6 +96,9 @@ class _Overlap:
                     raise
                 return  # options step() will refuse, naming them: this step is not overlapped
             self.prepared = opts
+
+    def counted(self, g):
+        self.hands[g.index] = self.hands.get(g.index, 0) + 1
 
     def before_fetch(self, g):
         if not g.frozen and self.late is None and self.hands.get(g.index, 0) >= self.accumulation:
@@ -149,3 +158,4 @@ class _Overlap:
         self.last = dict(opts, max_grad_norm=self.clip_unclipped if clipped else opts["max_grad_norm"])
         self.last_clipped = clipped
         self.via_optimizer, self.prepared, self.hands, self.late, self.clip_unclipped = False, None, {}, None, None
+        self.began = False
