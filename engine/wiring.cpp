@@ -58,8 +58,22 @@ Status Engine::Impl::StartComponents() {
   if (lay_.p_sharded && !device_->strict() && !lay_.p_whole_on_device()) {
     STRATA_ASSIGN_OR_RETURN(ro.keep_gathered, AgreeKeepGathered());
   }
-  if (lay_.p_whole_on_device())
-    ro.home = [this](int g) { return io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(StateKind::kP)]); };
+  // A fetch hands out P's home itself where the compute reads it as it is:
+  // the device tier holding whole groups, or, without a GPU, host memory
+  // (P's block, or W's where P is W's bytes) of one rank's whole group.
+  // There is then no copy to load, to refresh after each step, or to hold
+  // beside the home (a whole P's bytes of memory, at no GPU). A device
+  // budget given without a GPU (or the strict arena) asks for the arena to
+  // stand in for a GPU's memory, copies and eviction as there: kept.
+  auto source = [this](int g) { return lay_.PIsW(g) ? StateKind::kW : StateKind::kP; };
+  bool host_home = !device_->separate() && config_.strata.device_budget == 0 && !device_->strict() &&
+                   lay_.sworld == 1 && !lay_.p_sharded;
+  for (int g = 0; host_home && g < lay_.num_groups(); ++g)
+    host_home = BlockIo::DirectAt(lay_.home[int(source(g))], /*device_separate=*/false);
+  if (lay_.p_whole_on_device() || host_home)
+    ro.home = [this, source](int g) {
+      return io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(source(g))]);
+    };
   ro.on_thread_start = on_thread;
   Gatherer ga;
   if (lay_.p_sharded) {

@@ -61,8 +61,10 @@ def train_traced(e, steps):
 
 def test_trace_holds_engine_and_trainer_spans(tmp_path):
     path = tmp_path / "trace.json"
+    # P on NVMe: the first step's fetches load their group (P in host memory
+    # would be handed out as it is, with nothing to load or stall on).
     cfg = dict(CONFIG, strata={"trace_path": str(path)},
-               zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}})
+               zero_optimization={"stage": 3, "offload_param": {"device": "nvme", "nvme_path": str(tmp_path)}})
     with strata.Engine(cfg, force_no_gpu=True) as e:
         e.add_param(0, "a", torch.ones(3000))
         e.add_param(1, "b", torch.ones(5000))
