@@ -312,7 +312,11 @@ STRATA_API strata_status_t strata_engine_build(strata_engine_t* engine);
  * the release that brings the count back to zero. The data is complete
  * before the call returns, so work on `cuda_stream` (a cudaStream_t; NULL =
  * the default stream) may read it at once. Without a GPU the pointer is host
- * memory and the stream is ignored. REQUIRES: after build. Errors: INVALID,
+ * memory and the stream is ignored; on one rank with strata.device_budget
+ * "auto" it is the parameters' home itself where that is host memory (no
+ * copy), as it is with P homed on the device: there an overlapped update of
+ * the group (overlap_step) rewrites it once the group's gradients of the
+ * step are complete, so read it only until then. REQUIRES: after build. Errors: INVALID,
  * STATE, IO, CORRUPT, NOMEM (the device budget is full of fetched groups),
  * TIMEOUT, COMM. */
 STRATA_API strata_status_t strata_engine_fetch(strata_engine_t* engine, int group, void* cuda_stream,

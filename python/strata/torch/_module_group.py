@@ -50,6 +50,8 @@ class _ModuleGroup:
             owner.engine.freeze_group(index)
         self.numels = [p.numel() for p in self.params]  # .data is empty while released
         self.numel = sum(self.numels)
+        self.flat_numel = None  # the engine's group_numel (after build)
+        self.views = None  # (address, flat tensor, per-parameter views) of the last fetch
         self.staged = None
         self.arrived = set()
         self.refused = set()  # ids of the parameters whose gradients an unscaled fp16 backward brought (dropped)
