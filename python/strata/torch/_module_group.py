@@ -114,7 +114,7 @@ class _ModuleGroup:
             if id(p) in o._norms:  # handed in parts this step
                 o._norms_exact = False
             elif o._norms_exact and not o.engine_accumulates and o.world_size == 1:
-                if self.in_parts and grad.is_contiguous() and not o._scaling.enabled:
+                if self.in_parts and grad.is_contiguous() and grad.dtype == o.dtype and not o._scaling.enabled:
                     # In the engine's accumulator as it is: its norm is taken
                     # there if clip_grad_norm_ asks (_LazyNorm), else never.
                     o._norms[id(p)] = _LazyNorm(self, i)
@@ -148,10 +148,12 @@ class _ModuleGroup:
             self.staged[off:off + self.numels[i]].copy_(grad.reshape(-1))
 
     def _part(self, i, off, grad):
-        flat = grad.reshape(-1)
+        o = self.owner
+        # As _stage's copy_ would convert one of another dtype (the hand's
+        # first set the dtype its parts go in).
+        flat = grad.reshape(-1).to(device=o.device, dtype=o.dtype)
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        o = self.owner
         try:
             o.engine.grads_part(self.index, off, flat)
         except Error as e:
