@@ -14,6 +14,7 @@
 
 #include "base/dtype.h"
 #include "engine/engine.h"
+#include "tests/engine/engine_test_util.h"
 #include "kernels/cpu/parallel.h"
 #include "tests/util/temp_dir.h"
 
@@ -42,36 +43,19 @@ std::unique_ptr<Engine> Make(const std::string& dir, bool overlap, const std::st
   static int made = 0;
   const std::string swap = dir + "/e" + std::to_string(made++);
   std::filesystem::create_directories(swap);
-  auto cfg = ParseConfig(Json(offload, swap, accum));
-  EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
-  if (!cfg.ok()) return nullptr;
   EngineOptions eo;
   eo.force_no_gpu = true;
   eo.overlap_step = overlap;
-  auto e = Engine::Create(*cfg, eo);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  if (!e.ok()) return nullptr;
+  std::vector<std::vector<float>> values(2);
   for (int g = 0; g < 2; ++g) {
-    std::vector<float> v(kNumel[g]);
-    for (uint64_t i = 0; i < v.size(); ++i) v[i] = 0.2f * std::sin(0.01f * static_cast<float>(i * (g + 3) + 1));
-    EXPECT_TRUE((*e)->AddParam(g, "g" + std::to_string(g), v.size(), v.data()).ok());
+    values[g].resize(kNumel[g]);
+    for (uint64_t i = 0; i < kNumel[g]; ++i)
+      values[g][i] = 0.2f * std::sin(0.01f * static_cast<float>(i * (g + 3) + 1));
   }
-  const Status st = (*e)->Build();
-  EXPECT_TRUE(st.ok()) << st.ToString();
-  return st.ok() ? std::move(*e) : nullptr;
+  return strata::testing::BuiltEngine(Json(offload, swap, accum), eo, values);
 }
 
-// A gradient of the step: a function of the parameters as fetched, so that
-// a wrong update shows in every later one.
-std::vector<float> GradOf(Engine& e, int g, int k) {
-  auto p = e.Fetch(g);
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  std::vector<float> grad(e.group_numel(g));
-  for (size_t i = 0; p.ok() && i < grad.size(); ++i)
-    grad[i] = 0.5f * std::sin(4.0f * static_cast<const float*>(*p)[i] + 0.3f * static_cast<float>(k));
-  EXPECT_TRUE(e.Release(g).ok());
-  return grad;
-}
+std::vector<float> GradOf(Engine& e, int g, int k) { return strata::testing::GradOfFetched(e, g, k); }
 
 struct Part {
   uint64_t first, count;

@@ -15,6 +15,7 @@
 
 #include "base/dtype.h"
 #include "engine/engine.h"
+#include "tests/engine/engine_test_util.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {
@@ -61,38 +62,19 @@ std::unique_ptr<Engine> Make(const Case& c, const std::string& dir, const std::v
   static int made = 0;
   const std::string swap = dir + "/e" + std::to_string(made++);
   std::filesystem::create_directories(swap);
-  auto cfg = ParseConfig(Json(c, swap));
-  EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
-  if (!cfg.ok()) return nullptr;
   EngineOptions eo;
   eo.force_no_gpu = true;
   eo.overlap_step = c.overlap;
   eo.gpu_optimizer_twin = c.twin;
   eo.skip_groups_without_grads = skip;
-  auto e = Engine::Create(*cfg, eo);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  if (!e.ok()) return nullptr;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const bool a = groups[g] == "a";
-    const std::vector<float> v = Values(a ? kA : kB, a ? 3 : 7);
-    EXPECT_TRUE((*e)->AddParam(static_cast<int>(g), groups[g], v.size(), v.data()).ok());
-  }
-  Status st = (*e)->Build();
-  EXPECT_TRUE(st.ok()) << st.ToString();
-  return st.ok() ? std::move(*e) : nullptr;
+  std::vector<std::vector<float>> values;
+  for (const std::string& name : groups) values.push_back(Values(name == "a" ? kA : kB, name == "a" ? 3 : 7));
+  return strata::testing::BuiltEngine(Json(c, swap), eo, values, groups);
 }
 
 // The gradient of a group's k-th update: a function of its parameters as
 // fetched, so that a wrong update shows in every later one.
-std::vector<float> GradOf(Engine& e, int g, int k) {
-  auto p = e.Fetch(g);
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  std::vector<float> grad(e.group_numel(g));
-  for (size_t i = 0; p.ok() && i < grad.size(); ++i)
-    grad[i] = 0.5f * std::sin(4.0f * BF16ToF32(static_cast<const uint16_t*>(*p)[i]) + 0.3f * static_cast<float>(k));
-  EXPECT_TRUE(e.Release(g).ok());
-  return grad;
-}
+std::vector<float> GradOf(Engine& e, int g, int k) { return strata::testing::GradOfFetched(e, g, k); }
 
 struct State {
   std::vector<float> w, m, v, p;

@@ -15,6 +15,7 @@
 
 #include "base/dtype.h"
 #include "engine/engine.h"
+#include "tests/engine/engine_test_util.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {
@@ -30,26 +31,19 @@ struct Case {
 
 std::unique_ptr<Engine> Make(const Case& c, bool arena) {
   const std::string budget = arena ? R"(, "device_budget": "4MiB")" : "";
-  auto cfg = ParseConfig(std::string(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.05}},
+  const std::string json = std::string(R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.05}},
     "gradient_clipping": 0.5, "bf16": {"enabled": )") + (c.bf16 ? "true" : "false") + R"(},
     "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
-    "strata": {"host_budget": "64MiB", "speculation": "always")" + budget + "}}");
-  EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
-  if (!cfg.ok()) return nullptr;
+    "strata": {"host_budget": "64MiB", "speculation": "always")" + budget + "}}";
   EngineOptions eo;
   eo.force_no_gpu = true;
   eo.overlap_step = c.overlap;
-  auto e = Engine::Create(*cfg, eo);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  if (!e.ok()) return nullptr;
+  std::vector<std::vector<float>> values(2);
   for (int g = 0; g < 2; ++g) {
-    std::vector<float> v(kNumel[g]);
-    for (uint64_t i = 0; i < v.size(); ++i) v[i] = 0.3f * std::sin(0.02f * static_cast<float>(i + 7 * g));
-    EXPECT_TRUE((*e)->AddParam(g, "g" + std::to_string(g), v.size(), v.data()).ok());
+    values[g].resize(kNumel[g]);
+    for (uint64_t i = 0; i < kNumel[g]; ++i) values[g][i] = 0.3f * std::sin(0.02f * static_cast<float>(i + 7 * g));
   }
-  const Status st = (*e)->Build();
-  EXPECT_TRUE(st.ok()) << st.ToString();
-  return st.ok() ? std::move(*e) : nullptr;
+  return strata::testing::BuiltEngine(json, eo, values);
 }
 
 // P of group g as fetched, its bytes.
@@ -61,23 +55,6 @@ std::vector<uint8_t> FetchBytes(Engine& e, int g, bool bf16) {
   if (p.ok()) std::memcpy(out.data(), *p, bytes);
   EXPECT_TRUE(e.Release(g).ok());
   return out;
-}
-
-std::vector<float> GradOf(const std::vector<uint8_t>& p, bool bf16, int k) {
-  const uint64_t n = p.size() / (bf16 ? 2 : 4);
-  std::vector<float> grad(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    float x;
-    if (bf16) {
-      uint16_t h;
-      std::memcpy(&h, p.data() + 2 * i, 2);
-      x = BF16ToF32(h);
-    } else {
-      std::memcpy(&x, p.data() + 4 * i, 4);
-    }
-    grad[i] = 0.4f * std::sin(3.0f * x + 0.2f * static_cast<float>(k));
-  }
-  return grad;
 }
 
 class PHostHome : public ::testing::TestWithParam<Case> {};
@@ -95,7 +72,7 @@ TEST_P(PHostHome, FetchesTheHomeAsItIsAndTrainsAsTheArena) {
     for (int g : {1, 0}) {
       const std::vector<uint8_t> ph = FetchBytes(*home, g, c.bf16), pa = FetchBytes(*arena, g, c.bf16);
       ASSERT_EQ(ph, pa) << "P of group " << g << " before step " << k;
-      std::vector<float> grad = GradOf(ph, c.bf16, k);
+      std::vector<float> grad = strata::testing::GradOfFetched(*home, g, k, 0.4f, 3.0f, 0.2f);
       // Step 1 is skipped (a NaN in the group handed last): group 1's
       // early update, made in place in its home, is undone.
       if (k == 1 && g == 0) grad[5] = std::nanf("");
