@@ -61,6 +61,8 @@ class Engine::Impl {
   // G of `group` for reading, after this step's gradients of it (where
   // PartsRefused has no reason but the dtype).
   Result<const void*> GradsView(int group) const;
+  // G of `group` where it is host memory (PartsRefused says nothing but the dtype).
+  char* GOf(int group) const;
   // Why `group` cannot take gradients of `dtype` in parts ("" when it can).
   std::string PartsRefused(int group, DType dtype) const;
   // INVALID, naming the group, while a grads call in parts is open: `call`

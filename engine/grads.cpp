@@ -28,6 +28,11 @@ namespace strata {
 
 namespace {
 
+Status OpenPartsError(const char* call, int group) {
+  return InvalidError(std::string(call) + ": group " + std::to_string(group) +
+                      " has a grads call in parts open (grads_part); end it with grads_end first");
+}
+
 // G[0, count) (G's dtype) += src (`dtype`) a tile at a time: widen, add in
 // fp32, store in G's dtype (nearest even); `overwrite`: G = src, converted.
 Status AddInto(DType gdtype, void* G, const void* src, DType dtype, uint64_t count, bool overwrite) {
@@ -68,9 +73,7 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
     return InvalidError("grads: group " + std::to_string(group) +
                         " is frozen (freeze_group): it keeps its parameters alone and takes no gradients");
   GroupStep& gs = steps_[static_cast<size_t>(group)];
-  if (gs.parts.open)
-    return InvalidError("grads: group " + std::to_string(group) +
-                        " has a grads call in parts open (grads_part); end it with grads_end first");
+  if (gs.parts.open) return OpenPartsError("grads", group);
   // The overlapped step updates this group once its gradients are complete:
   // one more would land in a G the update already read (or is reading).
   if (OverlapHasTaken(group)) STRATA_RETURN_IF_ERROR(UndoOverlap(group, "grads"));
@@ -146,6 +149,10 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
 // SumSquares's over G, bitwise (kernels/cpu/norm.h: TileSquares, JoinTiles),
 // so the norm, the clipping and the step are those of one grads call.
 
+char* Engine::Impl::GOf(int group) const {
+  return static_cast<char*>(io_->DirectPtr(blocks_[static_cast<size_t>(group)][int(StateKind::kG)]));
+}
+
 std::string Engine::Impl::PartsRefused(int group, DType dtype) const {
   const std::string g = "group " + std::to_string(group);
   if (lay_.frozen(group)) return g + " is frozen (freeze_group): it takes no gradients";
@@ -164,19 +171,15 @@ Result<const void*> Engine::Impl::GradsView(int group) const {
   if (const std::string why = PartsRefused(group, lay_.gdtype); !why.empty())
     return InvalidError("grads_view: " + why);
   const GroupStep& gs = steps_[static_cast<size_t>(group)];
-  if (gs.parts.open)
-    return InvalidError("grads_view: group " + std::to_string(group) +
-                        " has a grads call in parts open (grads_part); end it with grads_end first");
+  if (gs.parts.open) return OpenPartsError("grads_view", group);
   if (gs.grad_calls == 0)
     return StateError("grads_view: group " + std::to_string(group) + " has no gradients this step");
-  return static_cast<const void*>(io_->DirectPtr(blocks_[static_cast<size_t>(group)][int(StateKind::kG)]));
+  return static_cast<const void*>(GOf(group));
 }
 
 Status Engine::Impl::CheckNoOpenParts(const char* call) const {
   for (size_t g = 0; g < steps_.size(); ++g)
-    if (steps_[g].parts.open)
-      return InvalidError(std::string(call) + ": group " + std::to_string(g) +
-                          " has a grads call in parts open (grads_part); end it with grads_end first");
+    if (steps_[g].parts.open) return OpenPartsError(call, static_cast<int>(g));
   return Status::Ok();
 }
 
@@ -219,7 +222,7 @@ Status Engine::Impl::GradsPart(int group, uint64_t first, uint64_t count, const 
     h.done.assign(h.partial.size(), 0);
   }
   if (count == 0) return Status::Ok();
-  char* G = static_cast<char*>(io_->DirectPtr(blocks_[static_cast<size_t>(group)][int(StateKind::kG)]));
+  char* G = GOf(group);
   const char* in = static_cast<const char*>(src);
   const uint64_t end = first + count;
   if (again) {
@@ -251,7 +254,7 @@ Status Engine::Impl::GradsEnd(int group) {
     return StateError("grads_end: group " + std::to_string(group) + " has no grads call in parts open (grads_part)");
   const uint64_t n = lay_.part.group(group).shard_numel, size = DTypeSize(lay_.gdtype);
   constexpr uint64_t T = kernels::kReduceTile;
-  char* G = static_cast<char*>(io_->DirectPtr(blocks_[static_cast<size_t>(group)][int(StateKind::kG)]));
+  char* G = GOf(group);
   uint64_t at = 0;  // what no part gave is zero (and the padding)
   for (const auto& [first, count] : h.given) {
     if (first > at) std::memset(G + at * size, 0, (first - at) * size);

@@ -44,7 +44,7 @@ Status Engine::Impl::StartComponents() {
   p_home_ = std::make_unique<PHome>(
       lay_,
       [this](int g) -> const StateBlock& {
-        return blocks_[static_cast<size_t>(g)][int(lay_.PIsW(g) ? StateKind::kW : StateKind::kP)];
+        return blocks_[static_cast<size_t>(g)][int(lay_.PSource(g))];
       },
       *io_, *device_, staging_.param, *stats_);
   ResidencyOptions ro;
@@ -65,15 +65,12 @@ Status Engine::Impl::StartComponents() {
   // beside the home (a whole P's bytes of memory, at no GPU). A device
   // budget given without a GPU (or the strict arena) asks for the arena to
   // stand in for a GPU's memory, copies and eviction as there: kept.
-  auto source = [this](int g) { return lay_.PIsW(g) ? StateKind::kW : StateKind::kP; };
   bool host_home = !device_->separate() && config_.strata.device_budget == 0 && !device_->strict() &&
                    lay_.sworld == 1 && !lay_.p_sharded;
   for (int g = 0; host_home && g < lay_.num_groups(); ++g)
-    host_home = BlockIo::DirectAt(lay_.home[int(source(g))], /*device_separate=*/false);
+    host_home = BlockIo::DirectAt(lay_.home[int(lay_.PSource(g))], /*device_separate=*/false);
   if (lay_.p_whole_on_device() || host_home)
-    ro.home = [this, source](int g) {
-      return io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(source(g))]);
-    };
+    ro.home = [this](int g) { return io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(lay_.PSource(g))]); };
   ro.on_thread_start = on_thread;
   Gatherer ga;
   if (lay_.p_sharded) {

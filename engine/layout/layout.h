@@ -82,6 +82,8 @@ struct Layout {
             (p == TierKind::kHost && w == TierKind::kHost)) &&
            !frozen(g) && StateBytes(int(StateKind::kP), g) == StateBytes(int(StateKind::kW), g);
   }
+  // The block P is read from: W's where P is W's bytes, else P's own.
+  StateKind PSource(int g) const { return PIsW(g) ? StateKind::kW : StateKind::kP; }
   // A checkpoint's "P" block of frozen group g: this rank's slice of P.
   uint64_t FrozenSavedBytes(int g) const { return part.group(g).shard_numel * DTypeSize(dtype); }
   // Which states the optimizer keeps (V: Adam only).

@@ -91,8 +91,8 @@ Status StepPipeline::Check(const StepOptions& so) const {
 void StepPipeline::ReadAhead(const std::vector<int>& groups) {
   if (layout_.compact) return;  // (compact's W, M, V are read through the shard store)
   for (int g : groups) {
+    if (gpu_.UpdatesOnGpu(g)) continue;
     for (int u = 0; u < layout_.Units(g); ++u) {  // a group in units: a slot a unit, in the step's order
-      if (gpu_.UpdatesOnGpu(g)) continue;
       Ahead a;
       a.group = g;
       a.unit = u;

@@ -51,6 +51,9 @@ def _address(x):
     raise TypeError(f"expected a tensor, an array or an address, not {type(x).__name__}")
 
 
+_DTYPE_CODES = {v: k for k, v in _DTYPE_NAMES.items()}  # "f32" -> DTYPE_F32, ...
+
+
 def _dtype_of(x):
     name = str(getattr(x, "dtype", ""))
     for key, code in (("bfloat16", DTYPE_BF16), ("float16", DTYPE_F16), ("half", DTYPE_F16),
@@ -227,7 +230,7 @@ class Engine:
         """Hands the group's full gradients (a contiguous tensor of group_numel
         elements, float32/bfloat16/float16, on the engine's device; or an
         address with `dtype` one of "f32", "bf16", "f16")."""
-        code = _dtype_of(grads) if dtype is None else {v: k for k, v in _DTYPE_NAMES.items()}[dtype]
+        code = _dtype_of(grads) if dtype is None else _DTYPE_CODES[dtype]
         if not isinstance(grads, int) and _numel(grads) != self.group_numel(group):
             raise Error(INVALID, f"group {group} has {self.group_numel(group)} elements; "
                         f"grads has {_numel(grads)}")
@@ -241,12 +244,12 @@ class Engine:
         accumulator. grads_end(group) completes the call."""
         if isinstance(grads, tuple):
             address, count = grads
-            code = {v: k for k, v in _DTYPE_NAMES.items()}[dtype]
+            code = _DTYPE_CODES[dtype]
         else:
             if getattr(grads, "device", None) is not None and grads.device.type != "cpu":
                 raise Error(INVALID, f"grads_part: the gradients are on {grads.device}; parts are host memory")
             address, count = _address(grads), _numel(grads)
-            code = _dtype_of(grads) if dtype is None else {v: k for k, v in _DTYPE_NAMES.items()}[dtype]
+            code = _dtype_of(grads) if dtype is None else _DTYPE_CODES[dtype]
         _check(self._lib.strata_engine_grads_part(self.handle, group, first, count, address, code))
 
     def grads_end(self, group):
@@ -271,7 +274,7 @@ class Engine:
         """Whether the group takes gradients of `dtype` ("f32", "bf16", "f16")
         in parts (one rank, no GPU, its accumulator in host memory and of
         that dtype)."""
-        code = {v: k for k, v in _DTYPE_NAMES.items()}[dtype]
+        code = _DTYPE_CODES[dtype]
         out = ctypes.c_int()
         _check(self._lib.strata_engine_takes_grad_parts(self.handle, group, code, ctypes.byref(out)))
         return bool(out.value)

@@ -85,9 +85,8 @@ class _ModuleGroup:
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
             acc.register_hook(lambda *_, p=p: o.grad_ready(self, p))
             self.grad_accs.append(acc)
-        name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}.get(o.dtype)
-        self.takes_parts = (not self.frozen and o.device.type == "cpu" and name is not None and
-                            o.engine.takes_grad_parts(self.index, name))
+        self.takes_parts = (not self.frozen and o.device.type == "cpu" and
+                            o.engine.takes_grad_parts(self.index, o.engine.compute_dtype))
 
     def stage(self, p):
         i = next(k for k, q in enumerate(self.params) if q is p)
