@@ -444,7 +444,6 @@ TEST(Simulator, AutoChargesSpeculationToTheTiers) {
   EXPECT_TRUE(seen);
 }
 
-}  // namespace
 // Activation offload (strata.activation_*; WithActivationOffload sizes it as
 // strata-train's --offload-activations): every stashable byte goes to the
 // host and back over PCIe, and through NVMe past a two-layer arena; it runs
@@ -508,4 +507,5 @@ TEST(Simulator, AutoOffloadsActivationsOnlyWhereTheyDoNotFit) {
     }
 }
 
+}  // namespace
 }  // namespace strata::plan
