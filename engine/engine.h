@@ -83,7 +83,9 @@ class Engine {
   // One Grads call in parts (strata.h, strata_engine_grads_part): each part
   // written straight into G, the call complete at GradsEnd. TakesGradParts
   // says whether the group takes parts of `dtype` ("" when it does, else why
-  // not: several ranks, a GPU, G not in host memory, another dtype).
+  // not: a GPU, G not in host memory, another dtype; several ranks without
+  // overlap_comm or on device buffers). With several ranks the parts are of
+  // the whole group, packed for the reduction, one group at a time.
   Status GradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype);
   Status GradsEnd(int group);
   std::string WhyNoGradParts(int group, DType dtype) const;

@@ -55,7 +55,9 @@ class Engine::Impl {
   // One grads call in parts (grads.cpp): GradsPart writes elements
   // [first, first + count) straight into G, GradsEnd completes the call.
   // Taken where PartsRefused says nothing: one rank, G in host memory and in
-  // the parts' dtype, the group's first gradients of the step.
+  // the parts' dtype; or several ranks, the reduction on host buffers with its
+  // thread (the parts packed there, GradReducer::PartsBegin); the group's
+  // first gradients of the step.
   Status GradsPart(int group, uint64_t first, uint64_t count, const void* src, DType dtype);
   Status GradsEnd(int group);
   // G of `group` for reading, after this step's gradients of it (where

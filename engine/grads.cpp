@@ -156,8 +156,11 @@ char* Engine::Impl::GOf(int group) const {
 std::string Engine::Impl::PartsRefused(int group, DType dtype) const {
   const std::string g = "group " + std::to_string(group);
   if (lay_.frozen(group)) return g + " is frozen (freeze_group): it takes no gradients";
-  if (lay_.reduces) return "with several ranks the reduction takes a group's gradients whole";
   if (device_->separate()) return "with a GPU the gradients are in device memory: hand whole groups";
+  if (lay_.reduces) {  // packed for the reduction as they come, in fp32 whatever their dtype
+    const std::string why = reducer_->PartsRefused();
+    return why.empty() ? "" : "with several ranks " + why;
+  }
   if (!io_->Direct(blocks_[static_cast<size_t>(group)][int(StateKind::kG)]))
     return "the gradient accumulator of " + g + " is not in host memory";
   if (dtype != lay_.gdtype)
@@ -168,6 +171,9 @@ std::string Engine::Impl::PartsRefused(int group, DType dtype) const {
 
 Result<const void*> Engine::Impl::GradsView(int group) const {
   STRATA_RETURN_IF_ERROR(CheckGroup(group, "grads_view"));
+  if (lay_.reduces)
+    return InvalidError("grads_view: with several ranks G holds this rank's shard of the reduced sums, "
+                        "not the gradients handed in");
   if (const std::string why = PartsRefused(group, lay_.gdtype); !why.empty())
     return InvalidError("grads_view: " + why);
   const GroupStep& gs = steps_[static_cast<size_t>(group)];
@@ -190,7 +196,9 @@ Status Engine::Impl::GradsPart(int group, uint64_t first, uint64_t count, const 
     return InvalidError("grads_part: " + why + " (grads takes the group whole)");
   GroupStep& gs = steps_[static_cast<size_t>(group)];
   GradParts& h = gs.parts;
-  const uint64_t real = lay_.part.group(group).RealInShard(lay_.srank);
+  // The group's elements: at one rank its shard is the group; with several
+  // the parts are of the whole group's gradient, packed for the reduction.
+  const uint64_t real = lay_.reduces ? lay_.part.group(group).numel : lay_.part.group(group).RealInShard(lay_.srank);
   if (first > real || count > real - first)
     return InvalidError("grads_part: elements [" + std::to_string(first) + ", " + std::to_string(first + count) +
                         ") are outside group " + std::to_string(group) + "'s " + std::to_string(real));
@@ -212,6 +220,18 @@ Status Engine::Impl::GradsPart(int group, uint64_t first, uint64_t count, const 
                           ") of group " + std::to_string(group) + " overlap the part [" + std::to_string(o.first) +
                           ", " + std::to_string(o.first + o.second) + ") given before in this call");
     }
+  }
+  if (lay_.reduces) {  // into the reduction's packed buffer (reducer.h), not G
+    if (!h.open) {
+      STRATA_RETURN_IF_ERROR(DrainComm(/*wait=*/false));  // an earlier background failure: now
+      STRATA_RETURN_IF_ERROR(reducer_->PartsBegin(group));
+      h.open = true;
+      h.given.clear();
+    }
+    if (count == 0) return Status::Ok();
+    STRATA_RETURN_IF_ERROR(reducer_->Part(group, first, count, src, dtype, again));
+    if (!again) h.given.emplace(first, count);
+    return Status::Ok();
   }
   const uint64_t n = lay_.part.group(group).shard_numel, size = DTypeSize(dtype);
   constexpr uint64_t T = kernels::kReduceTile;
@@ -252,6 +272,14 @@ Status Engine::Impl::GradsEnd(int group) {
   GradParts& h = gs.parts;
   if (!h.open)
     return StateError("grads_end: group " + std::to_string(group) + " has no grads call in parts open (grads_part)");
+  if (lay_.reduces) {  // the packed gradient to the reduction; G gets the sums (OnGradsComplete: from there)
+    Status st = reducer_->PartsEnd(group, h.given);
+    h = GradParts{};
+    if (!st.ok()) return st;
+    ++gs.handed;
+    last_grads_s_ = stats_->Now();
+    return Status::Ok();
+  }
   const uint64_t n = lay_.part.group(group).shard_numel, size = DTypeSize(lay_.gdtype);
   constexpr uint64_t T = kernels::kReduceTile;
   char* G = GOf(group);

@@ -88,6 +88,7 @@ void Engine::Impl::AbandonStep(bool keep_p_stale) {
     DropGCopies();
     DiscardSpeculation();  // (made with the worker)
   }
+  if (reducer_) reducer_->DropParts();  // a grads call in parts never ended: its packed buffer
   step_.pending.reset();
   step_.broken.clear();
   step_.prepared = false;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "base/sizes.h"
 #include "kernels/cpu/cast.h"
@@ -64,6 +65,83 @@ Status PackGradients(ReduceMemory& mem, const void* src, DType dtype, uint64_t n
         STRATA_RETURN_IF_ERROR(piece(r * n + b.first, b.columns, packed + w * b.first + r * b.columns));
   }
   return mem.Sync();
+}
+
+namespace {
+
+// Element e of the gradient (e < end) in PackGradients' layout: where it
+// lies in `packed`, and how many elements from e on lie there in a row
+// (up to `end`, and the end of e's bucket).
+struct Run {
+  uint64_t at, len;
+};
+Run Locate(uint64_t e, uint64_t end, uint64_t n, uint64_t w, const std::vector<ReduceBucket>& buckets, bool scatter) {
+  if (!scatter) return {e, end - e};
+  const uint64_t piece = e / n, col = e % n;
+  auto b = std::upper_bound(buckets.begin(), buckets.end(), col,
+                            [](uint64_t c, const ReduceBucket& k) { return c < k.first; });
+  const ReduceBucket& k = *std::prev(b);  // buckets cover [0, n) in order, the first at column 0
+  return {w * k.first + piece * k.columns + (col - k.first), std::min(end - e, k.first + k.columns - col)};
+}
+
+// dst[0, count) := round_dtype(dst + src) (src: `dtype`), in fp32 tiles.
+Status AddRounded(float* dst, const void* src, DType dtype, uint64_t count) {
+  constexpr uint64_t kTile = 4096;
+  float wide[kTile];
+  alignas(64) char narrow[kTile * 4];
+  const uint64_t esize = DTypeSize(dtype);
+  for (uint64_t at = 0; at < count; at += kTile) {
+    const uint64_t k = std::min(kTile, count - at);
+    float* d = dst + at;
+    if (dtype == DType::kF32) {
+      const float* x = static_cast<const float*>(src) + at;
+      for (uint64_t i = 0; i < k; ++i) d[i] += x[i];
+      continue;
+    }
+    STRATA_RETURN_IF_ERROR(kernels::Cast(dtype, static_cast<const char*>(src) + at * esize, DType::kF32, wide, k));
+    for (uint64_t i = 0; i < k; ++i) wide[i] += d[i];
+    // Rounded to the parts' dtype, widened again.
+    STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, wide, dtype, narrow, k));
+    STRATA_RETURN_IF_ERROR(kernels::Cast(dtype, narrow, DType::kF32, d, k));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status PackPart(const void* src, DType dtype, uint64_t first, uint64_t count, uint64_t n, int world,
+                const std::vector<ReduceBucket>& buckets, bool scatter, float* packed, bool add) {
+  const uint64_t esize = DTypeSize(dtype), w = static_cast<uint64_t>(world), end = first + count;
+  const auto* s = static_cast<const char*>(src);
+  for (uint64_t e = first; e < end;) {
+    const Run r = Locate(e, end, n, w, buckets, scatter);
+    const char* from = s + (e - first) * esize;
+    float* to = packed + r.at;
+    if (add) STRATA_RETURN_IF_ERROR(AddRounded(to, from, dtype, r.len));
+    else if (dtype == DType::kF32) std::memcpy(to, from, r.len * 4);
+    else STRATA_RETURN_IF_ERROR(kernels::Cast(dtype, from, DType::kF32, to, r.len));
+    e += r.len;
+  }
+  return Status::Ok();
+}
+
+Status PackGaps(const std::map<uint64_t, uint64_t>& given, uint64_t n, int world,
+                const std::vector<ReduceBucket>& buckets, bool scatter, float* packed) {
+  const uint64_t w = static_cast<uint64_t>(world), total = scatter ? w * n : n;
+  auto zero = [&](uint64_t from, uint64_t to) {
+    for (uint64_t e = from; e < to;) {
+      const Run r = Locate(e, to, n, w, buckets, scatter);
+      std::memset(packed + r.at, 0, r.len * 4);
+      e += r.len;
+    }
+  };
+  uint64_t at = 0;
+  for (const auto& [first, count] : given) {
+    if (first > at) zero(at, std::min(first, total));
+    at = std::max(at, first + count);
+  }
+  if (at < total) zero(at, total);
+  return Status::Ok();
 }
 
 Status ReduceBuckets(net::Communicator& comm, ReduceMemory& mem, const std::vector<ReduceBucket>& buckets,

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "base/dtype.h"
@@ -60,6 +61,19 @@ std::unique_ptr<ReduceMemory> MakeDeviceReduceMemory(void* stream);
 // padding — into `packed` in the buckets' layout.
 Status PackGradients(ReduceMemory& mem, const void* src, DType dtype, uint64_t numel, uint64_t n, int world,
                      const std::vector<ReduceBucket>& buckets, bool scatter, float* packed);
+
+// A grads call in parts (host memory only): PackPart writes elements
+// [first, first + count) of the group's gradient (`dtype` at `src`) where
+// PackGradients would put them; `add`: adds them to what is there instead,
+// the sum rounded to `dtype` (the element a caller that summed the two in
+// `dtype` first would hand). PackGaps zeroes every element of the packed
+// buffer that no part gave (`given`: first -> count, disjoint), the padding
+// included. After both, `packed` holds PackGradients' bits of the gradient
+// the parts make.
+Status PackPart(const void* src, DType dtype, uint64_t first, uint64_t count, uint64_t n, int world,
+                const std::vector<ReduceBucket>& buckets, bool scatter, float* packed, bool add);
+Status PackGaps(const std::map<uint64_t, uint64_t>& given, uint64_t n, int world,
+                const std::vector<ReduceBucket>& buckets, bool scatter, float* packed);
 
 // Runs the buckets' collectives on `packed`, then leaves in `out` (host
 // memory; `packed` itself is allowed with host memory) the `n` sums of

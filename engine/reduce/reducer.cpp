@@ -126,8 +126,15 @@ void GradReducer::Run() {
   }
 }
 
+void GradReducer::DropParts() {
+  if (parts_packed_) ReleasePacked(parts_packed_);
+  parts_packed_ = nullptr;
+  parts_group_ = -1;
+}
+
 void GradReducer::Stop() {
   StopWorker(mu_, cv_, stop_, thread_);
+  DropParts();  // a grads call in parts never ended
   std::lock_guard<std::mutex> lock(mu_);
   queue_.clear();
   error_ = Status::Ok();
@@ -181,8 +188,60 @@ Status GradReducer::Grads(int g, const void* grads, DType dtype) {
     ReleasePacked(packed);
     return st.WithContext("grads: group " + std::to_string(g) + ": packing its gradients");
   }
+  return Queue(g, packed);
+}
+
+std::string GradReducer::PartsRefused() const {
+  if (!mem_) return "the reducer is not built";
+  if (mem_->on_device())
+    return "the reduction's buffers are device memory (" + std::string(comm_.backend()) +
+           "): it takes a group's gradients whole";
+  if (!thread_.joinable())
+    return "zero_optimization.overlap_comm is off: the reduction's one buffer takes a group's gradients whole";
+  return "";
+}
+
+Status GradReducer::PartsBegin(int g) {
+  if (const std::string why = PartsRefused(); !why.empty()) return InvalidError("grads_part: " + why);
+  if (parts_group_ >= 0)
+    return InvalidError("grads_part: group " + std::to_string(parts_group_) +
+                        " has a grads call in parts open; with several ranks one group's parts at a time "
+                        "(grads_end group " + std::to_string(parts_group_) + " first, or hand group " +
+                        std::to_string(g) + " whole with grads)");
+  parts_packed_ = AcquirePacked();
+  parts_group_ = g;
+  return Status::Ok();
+}
+
+Status GradReducer::Part(int g, uint64_t first, uint64_t count, const void* src, DType dtype, bool again) {
+  if (g != parts_group_ || !parts_packed_)
+    return InternalError("grads_part: group " + std::to_string(g) + " has no packed buffer open");
+  const GroupLayout& L = layout_.group(g);
+  const uint64_t n = scatter_ ? L.shard_numel : L.padded;
+  return PackPart(src, dtype, first, count, n, scatter_ ? comm_.world_size() : 1, PlanOf(g), scatter_,
+                  parts_packed_, again)
+      .WithContext("grads_part: group " + std::to_string(g) + ": packing its gradients");
+}
+
+Status GradReducer::PartsEnd(int g, const std::map<uint64_t, uint64_t>& given) {
+  if (g != parts_group_ || !parts_packed_)
+    return InternalError("grads_end: group " + std::to_string(g) + " has no packed buffer open");
+  float* packed = parts_packed_;
+  parts_packed_ = nullptr;
+  parts_group_ = -1;
+  const GroupLayout& L = layout_.group(g);
+  const uint64_t n = scatter_ ? L.shard_numel : L.padded;
+  Status st = PackGaps(given, n, scatter_ ? comm_.world_size() : 1, PlanOf(g), scatter_, packed);
+  if (!st.ok()) {
+    ReleasePacked(packed);
+    return st.WithContext("grads_end: group " + std::to_string(g));
+  }
+  return Queue(g, packed);
+}
+
+Status GradReducer::Queue(int g, float* packed) {
   if (!thread_.joinable()) {
-    st = Reduce(g, packed);
+    Status st = Reduce(g, packed);
     ReleasePacked(packed);
     return st;
   }

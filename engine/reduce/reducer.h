@@ -15,7 +15,8 @@
 //   every rank.
 // - At most max_packed host buffers are in use, so that the communication
 //   thread always finds a staging slot for G; device buffers: two with the
-//   thread, one without.
+//   thread, one without. A grads call in parts holds one from PartsBegin to
+//   PartsEnd, one group at a time, and only with the thread.
 // - After a background failure nothing more is reduced; the failure is
 //   returned once, by Drain, and the caller's step cannot finish.
 //
@@ -29,6 +30,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -75,6 +77,21 @@ class GradReducer {
   // Packs group g's gradients (all `numel` of `dtype` at `grads`), then
   // reduces them and accumulates the sums: here, or queued on the thread.
   Status Grads(int g, const void* grads, DType dtype);
+  // A grads call in parts: PartsBegin takes a packed buffer for group g
+  // (waiting, as Grads does, for one the thread frees), Part packs elements
+  // [first, first + count) of g's gradient into it (`again`: adds them, a
+  // part given again), PartsEnd zeroes what no part gave (`given`: first ->
+  // count) and reduces as Grads would — the same packed bits, so the same
+  // sums. One group's parts at a time (a second is refused, naming the
+  // first): the caller then holds one buffer and the thread always finds
+  // another. PartsRefused: why this reducer takes no parts ("" when it does):
+  // device buffers, or no thread (overlap_comm off: one buffer, which parts
+  // would hold while a whole group waits for it).
+  std::string PartsRefused() const;
+  Status PartsBegin(int g);
+  Status Part(int g, uint64_t first, uint64_t count, const void* src, DType dtype, bool again);
+  Status PartsEnd(int g, const std::map<uint64_t, uint64_t>& given);
+  void DropParts();  // a call in parts that will not end (a checkpoint load): its buffer back
   // Waits for the thread's work (wait) or only looks (not); a background
   // failure is returned once.
   Status Drain(bool wait = true);
@@ -100,6 +117,7 @@ class GradReducer {
   };
   std::vector<ReduceBucket> PlanOf(int g) const;
   Status Reduce(int g, float* packed);
+  Status Queue(int g, float* packed);  // reduces here without the thread
   Status GatherAhead(int g);
   float* AcquirePacked();
   void ReleasePacked(float* p);
@@ -115,6 +133,8 @@ class GradReducer {
   std::unique_ptr<ReduceMemory> mem_;
   std::vector<Allocation> device_bufs_;  // the device's packed buffers (NCCL)
   int max_packed_ = 1;
+  int parts_group_ = -1;           // the group whose parts are open (the caller's thread only)
+  float* parts_packed_ = nullptr;  // its packed buffer
   std::atomic<uint64_t> gathers_ahead_{0}, gathers_ahead_declined_{0};
 
   std::mutex mu_;

@@ -358,11 +358,20 @@ STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int grou
  *     assembled gradient, bitwise (the norm's sum of squares included): it
  *     counts toward grad_accumulation_steps and may start the group's
  *     overlapped update.
- * Taken for a group where strata_engine_takes_grad_parts sets *out to 1: one
- * rank, no GPU, the accumulator in host memory and of `dtype` (float32, or
- * bf16 with data_types.grad_accum_dtype "bf16"). Otherwise, and for a group
- * that already had gradients this step (parts are a step's first gradients
- * of a group), INVALID naming why: hand the group whole. While a call in
+ * Taken for a group where strata_engine_takes_grad_parts sets *out to 1:
+ *   - one rank, no GPU: the accumulator in host memory and of `dtype`
+ *     (float32, or bf16 with data_types.grad_accum_dtype "bf16");
+ *   - several ranks, no GPU, zero_optimization.overlap_comm on: the parts
+ *     (any dtype) of the whole group's gradient (elements of group numel)
+ *     are packed as they come into the reduction's buffer, and the end
+ *     reduces it as strata_engine_grads would (the same sums, bitwise; a
+ *     part given again is added in its dtype). One group's call in parts at
+ *     a time: parts of another while one is open are INVALID naming it (hand
+ *     that group whole); the open call holds a reduction buffer, and a whole
+ *     strata_engine_grads meanwhile waits for the other one.
+ * Otherwise, and for a group that already had gradients this step (parts
+ * are a step's first gradients of a group), INVALID naming why: hand the
+ * group whole. While a call in
  * parts is open, strata_engine_grads on that group, strata_engine_grad_norm,
  * strata_engine_prepare_step and strata_engine_step are INVALID naming it;
  * a call never ended leaves no gradient (a checkpoint load drops it).

@@ -272,8 +272,8 @@ class Engine:
 
     def takes_grad_parts(self, group, dtype="f32"):
         """Whether the group takes gradients of `dtype` ("f32", "bf16", "f16")
-        in parts (one rank, no GPU, its accumulator in host memory and of
-        that dtype)."""
+        in parts (no GPU; one rank: its accumulator in host memory and of
+        that dtype; several: overlap_comm on, one group's parts at a time)."""
         code = _DTYPE_CODES[dtype]
         out = ctypes.c_int()
         _check(self._lib.strata_engine_takes_grad_parts(self.handle, group, code, ctypes.byref(out)))

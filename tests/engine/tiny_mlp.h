@@ -19,6 +19,15 @@ struct TinyMlp {
   // Each rank's loss is normalized by the whole batch instead of its own
   // rows: with strata.grad_reduce "sum", exact for splits that are uneven.
   bool whole_batch_norm = false;
+  // `hole`: one row of W (from the last, by layer) and b's second half (from
+  // its middle on, by layer) of every layer's gradient are zeroed before
+  // the hand. `in_parts`: each layer's gradient goes in parts (GradsPart,
+  // GradsEnd) rather than one Grads call — b's first half, then W's first
+  // rows as two halves of them given twice (added), then the rest of W but
+  // that row; what no part gives is zeros (give `hole` to the whole hand
+  // compared with). The first hand in parts also checks that a second group's parts
+  // are refused while it is open, where the engine says so (several ranks).
+  bool hole = false, in_parts = false;
   std::vector<std::vector<float>> init;  // per layer: W then b
   std::vector<float> x, y;
 
@@ -126,7 +135,37 @@ struct TinyMlp {
       for (auto& v : g) v *= static_cast<float>(loss_scale);
       dh.swap(dprev);
       if (e.group_frozen(l)) continue;  // a frozen layer (FreezeGroup) takes no gradients
-      if (Status st = e.Grads(l, g.data(), DType::kF32); !st.ok()) return st;
+      // The holes differ by layer, so that a packed buffer that held another
+      // layer's gradient has values there that nothing but zeroing clears.
+      const uint64_t hole_row = D - 1 - static_cast<uint64_t>(l) % (D / 2), b_given = D / 2 + static_cast<uint64_t>(l) % (D / 2);
+      if (hole || in_parts) {  // W's row hole_row, and b past b_given
+        std::fill(g.begin() + static_cast<std::ptrdiff_t>(hole_row * D),
+                  g.begin() + static_cast<std::ptrdiff_t>(hole_row * D + D), 0.0f);
+        std::fill(g.begin() + static_cast<std::ptrdiff_t>(D * D + b_given), g.end(), 0.0f);
+      }
+      if (!in_parts) {
+        if (Status st = e.Grads(l, g.data(), DType::kF32); !st.ok()) return st;
+        continue;
+      }
+      const uint64_t half_rows = (D - 1) / 2 * D;
+      std::vector<float> halves(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(half_rows));
+      for (float& v : halves) v *= 0.5f;
+      if (Status st = e.GradsPart(l, D * D, b_given, g.data() + D * D, DType::kF32); !st.ok()) return st;
+      if (Status st = e.GradsPart(l, 0, half_rows, halves.data(), DType::kF32); !st.ok()) return st;
+      if (l == layers - 1 && l > 0 && !e.group_frozen(l - 1) && e.world_size() > 1) {
+        const Status other = e.GradsPart(l - 1, 0, 1, g.data(), DType::kF32);
+        if (other.ok() || other.message().find("one group's parts at a time") == std::string::npos)
+          return InternalError("a second group's parts while group " + std::to_string(l) +
+                               "'s are open: expected the refusal, got: " + other.ToString());
+      }
+      if (Status st = e.GradsPart(l, 0, half_rows, halves.data(), DType::kF32); !st.ok()) return st;
+      if (Status st = e.GradsPart(l, half_rows, hole_row * D - half_rows, g.data() + half_rows, DType::kF32); !st.ok())
+        return st;
+      if (Status st = e.GradsPart(l, hole_row * D + D, D * D - hole_row * D - D, g.data() + hole_row * D + D,
+                                  DType::kF32);
+          !st.ok())
+        return st;
+      if (Status st = e.GradsEnd(l); !st.ok()) return st;
     }
     return loss;
   }

@@ -113,6 +113,25 @@ if sys.argv[3:] == ["buckets"]:
                       np.array_equal(small, one))
             check(f"world {world} stage {stage}: overlap_comm (state on NVMe) == without, bitwise",
                   np.array_equal(small, over))
+            if world == 2:
+                # Gradients in parts (grads_part): packed as they come, over
+                # many buckets, one part given twice (added), one row left
+                # out (zeros), a second group's parts refused while one is
+                # open (the worker checks) — the bits of the whole hand of
+                # the same gradient. 63 wide: a layer's 4032 elements fill
+                # both ranks' 2048-element pieces, so that what a packed
+                # buffer held before is another layer's gradient everywhere.
+                extra = ("bucket", "160", "overlap", "1", "hole", "1", "dim", "63") + steps
+                hole = run(world, stage, "nvme", f"bhw{world}s{stage}", extra)
+                parts = run(world, stage, "nvme", f"bpw{world}s{stage}", extra + ("parts", "1"))
+                if hole is not None and parts is not None:
+                    check(f"world {world} stage {stage}: gradients in parts == the whole hand, bitwise",
+                          np.array_equal(hole, parts))
+    # Without overlap_comm the reduction's one buffer takes whole groups:
+    # parts are refused, saying why.
+    p = run(2, 3, "device", "bpno", ("overlap", "0", "steps", "1", "parts", "1"), expect_fail=True)
+    check("parts without overlap_comm: refused, naming the setting",
+          p.returncode != 0 and "overlap_comm is off" in p.stderr, p.stderr.strip()[-300:])
     # A rank dies while the others reduce in the background.
     port = free_port()
     procs = []

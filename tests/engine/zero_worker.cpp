@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
   int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1, frozen = -1, frozen_on = -1, dim = 24;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
-  bool tag_by_rank = false, compact = false, bf16 = false, tcp = false;
+  bool tag_by_rank = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false;
   std::string timeout = "60", save_dir, load_dir, zero_extra;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
@@ -52,6 +52,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "frozen")) frozen = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "frozen-on-rank")) frozen_on = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "bf16")) bf16 = true;
+    if (!std::strcmp(argv[i], "hole")) hole = std::strcmp(argv[i + 1], "0") != 0;
+    if (!std::strcmp(argv[i], "parts")) parts = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "dim")) dim = std::stoi(argv[i + 1]);  // the model's width (24)
     if (!std::strcmp(argv[i], "sub-group")) zero_extra += R"(, "sub_group_size": )" + std::string(argv[i + 1]);
     if (!std::strcmp(argv[i], "bucket")) zero_extra += R"(, "reduce_bucket_size": )" + std::string(argv[i + 1]);
@@ -92,6 +94,8 @@ int main(int argc, char** argv) {
   Engine& eng = **e;
   testing::TinyMlp model(3, dim);
   model.whole_batch_norm = uneven;
+  model.hole = hole;
+  model.in_parts = parts;
   if (Status st = model.Register(eng); !st.ok()) return Die(st);
   std::vector<float> extra(53);
   for (int i = 0; i < 53; ++i) extra[static_cast<size_t>(i)] = 0.01f * static_cast<float>(i % 7);

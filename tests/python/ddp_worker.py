@@ -8,7 +8,8 @@ start them from rank 0's values, as DDP does. Checks: the weights and the
 gradient norms match the oracle's within TOL (fp32 sums in another order),
 every rank holds bitwise the same weights, and the model's state_dict holds
 the real weights; offload_module's overlapped step (the default) speculated
-and is bitwise overlap_step=False's. Usage: ddp_worker.py WORK_DIR"""
+and is bitwise overlap_step=False's; its gradients went in parts and are
+bitwise those staged whole. Usage: ddp_worker.py WORK_DIR"""
 import os
 import sys
 
@@ -89,7 +90,14 @@ cfg = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
 model = TinyGpt(seed=seed)
 off = st.offload_module(model, cfg, force_no_gpu=True)
 check("offload_module joined the ranks", (off.rank, off.world_size) == (rank, world), f"{off.rank}/{off.world_size}")
+in_parts, engine_part = set(), off.engine.grads_part
+off.engine.grads_part = lambda *a, **k: in_parts.add(a[0]) or engine_part(*a, **k)
 norms = train(model, off.optimizer, torch.optim.lr_scheduler.LambdaLR(off.optimizer, lr_factor))
+trained = [g.index for g in off._groups if not g.frozen]
+# Several ranks, overlap_comm (stage 3's default): gradients go to the
+# reduction in parts, packed as they come, one group at a time.
+check("gradients went in parts", len(in_parts) > 1 and all(g.takes_parts for g in off._groups if not g.frozen),
+      f"({len(in_parts)} of {len(trained)} groups)")
 masters = off.master_parameters()
 compare("offload_module stage 3 on NVMe", masters, norms, ref_weights, ref_norms)
 sd = model.state_dict()
@@ -112,6 +120,15 @@ plain = off.master_parameters()
 check("offload_module overlapped == overlap_step=False, bitwise",
       plain_norms == norms and all(torch.equal(plain[n], masters[n]) for n in masters))
 check("overlap_step=False speculated nothing", off.engine.stats()["speculated_steps"] == 0)
+off.close()
+model = TinyGpt(seed=seed)
+off = st.offload_module(model, cfg, force_no_gpu=True)
+for g in off._groups:  # each group's gradients staged in Python and handed whole
+    g.takes_parts = False
+staged_norms = train(model, off.optimizer, torch.optim.lr_scheduler.LambdaLR(off.optimizer, lr_factor))
+staged = off.master_parameters()
+check("gradients in parts == each group staged whole, bitwise",
+      staged_norms == norms and all(torch.equal(staged[n], masters[n]) for n in masters))
 off.close()
 
 # OffloadAdam, stages 1 and 2, optimizer state in host memory.

@@ -58,9 +58,10 @@ class _ModuleGroup:
         self.ever_handed = False  # had a gradient in some step (torch would keep a zero .grad for it)
         self.handed_params = set()  # indices of parameters whose gradients went to the engine this step
         self.grad_accs = []  # AccumulateGrad nodes, kept alive so that their hooks stay
-        # Gradients go to the engine a parameter at a time (grads_part), straight
-        # into its accumulator, where it takes them (one rank, host memory): no
-        # staging buffer of the group to fill and copy. in_parts: this hand is.
+        # Gradients go to the engine a parameter at a time (grads_part), where
+        # it takes them (host memory; one rank: straight into its accumulator;
+        # several: packed for the reduction, one group at a time): no staging
+        # buffer of the group to fill and copy. in_parts: this hand is.
         self.takes_parts = False
         self.in_parts = False
 
@@ -100,9 +101,12 @@ class _ModuleGroup:
             # This hand's first gradient: in parts where the engine takes them
             # (a step's first gradients of the group, one backward a step).
             self.in_parts = (self.takes_parts and not o.engine_accumulates and self.index not in o._handed
-                             and grad.dtype == o.dtype and grad.device == o.device)
+                             and grad.dtype == o.dtype and grad.device == o.device
+                             and (o.world_size == 1 or o._parts_open is None))
             if self.in_parts:
                 o._overlap.before_grads(self, count=False)  # (prepare_step comes before any gradient)
+                if o.world_size > 1:
+                    o._parts_open = self.index
         if self.in_parts:
             if i in self.arrived:  # another backward reached it: the engine adds it to its part
                 o._norms_exact = False
@@ -167,6 +171,8 @@ class _ModuleGroup:
     def end_parts(self):
         """The hand in parts is complete (the engine's grads_end is next)."""
         self.in_parts, self.arrived = False, set()
+        if self.owner._parts_open == self.index:
+            self.owner._parts_open = None
 
     def take_staged(self):
         """The group's gradients, zeros for the parameters that got none

@@ -122,6 +122,9 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         self.engine_accumulates = grad_accumulation_steps != 1
         self._keep_zero_grads = not _TORCH2  # zero_grad()'s default meaning in this torch
         self._handed = set()  # groups handed gradients this step
+        # With several ranks the engine packs one group's parts at a time for
+        # the reduction: the group whose are open (None: none).
+        self._parts_open = None
         self._warned_missed = set()
         self._overlap = _Overlap(self, overlap_step, grad_accumulation_steps)
         self._group_of = owner_of
