@@ -17,6 +17,7 @@
 #include <string>
 
 #include "engine/config/config.h"
+#include "tools/plan/fixtures.h"
 #include "tools/plan/placement.h"
 #include "tools/plan/simulator.h"
 
@@ -44,36 +45,12 @@ struct Report {
 };
 
 Config Cfg(int stage, const char* param, const char* opt, const std::string& extra = "") {
-  const bool fp16 = extra.find(R"("fp16")") != std::string::npos;
-  auto c = ParseConfig(std::string(fp16 ? "{" : R"({"bf16": {"enabled": true}, )") + extra +
-                       R"("zero_optimization": {"stage": )" + std::to_string(stage) +
-                       R"(, "offload_param": {"device": ")" + param +
-                       R"(", "nvme_path": "/nvme", "buffer_size": 1e10}, "offload_optimizer": {"device": ")" +
-                       opt + R"(", "nvme_path": "/nvme"}}})");
+  auto c = FixtureConfig(stage, param, opt, extra);
   if (!c.ok()) {
     std::fprintf(stderr, "config: %s\n", c.status().ToString().c_str());
     std::exit(1);
   }
-  if (extra.find("grad_home") == std::string::npos) c->strata.grad_home = "nvme";
   return *c;
-}
-
-ModelSpec Flat(int groups, uint64_t numel) {
-  ModelSpec m;
-  m.name = "flat";
-  for (int g = 0; g < groups; ++g) m.groups.push_back({"g" + std::to_string(g), numel, false});
-  return m;
-}
-
-ClusterSpec OneRank(double read_Bps, double write_Bps) {
-  ClusterSpec c = PresetCluster("local").value();
-  c.gpus_per_node = 1;
-  c.nvme_read_Bps = read_Bps;
-  c.nvme_write_Bps = write_Bps;
-  c.cpu_adam_eps = 1e15;
-  c.checksum_Bps = 1e18;
-  c.host_mem_Bps = 1e18;
-  return c;
 }
 
 SimResult Sim(const ModelSpec& m, const ClusterSpec& c, const Config& cfg, const SimOptions& o) {
@@ -88,8 +65,8 @@ SimResult Sim(const ModelSpec& m, const ClusterSpec& c, const Config& cfg, const
 // W, M, V, G on NVMe, no GPU, a fast CPU: the sum of the read and write
 // times; a slow CPU bounds it instead, the disk beside it.
 void NvmeStep(Report& rep) {
-  const ModelSpec m = Flat(16, 2u << 20);
-  ClusterSpec c = OneRank(2e9, 1e9);
+  const ModelSpec m = FlatModel(16, 2u << 20);
+  ClusterSpec c = OneRankCluster(2e9, 1e9);
   const double n = 32.0 * (1 << 20), bound = 16 * n / 2e9 + 12 * n / 1e9;
   const SimResult r = Sim(m, c, Cfg(3, "none", "nvme"), {.optimizer_only = true});
   rep.Near("nvme optimizer step: the disk bound", r.step_s, bound, 0.01 * bound);
@@ -105,7 +82,7 @@ void NvmeStep(Report& rep) {
   rep.Near("compact nvme step: its disk bound", k.step_s, kbound, 0.01 * kbound);
   rep.Near("compact over fp32 step: their byte ratio (0.344)", k.step_s / r.step_s, ratio, 0.01 * ratio);
   // the compact kernel's own rate
-  c = OneRank(1e12, 1e12);
+  c = OneRankCluster(1e12, 1e12);
   c.cpu_adam_eps = n / 10;
   const Config cc = Cfg(3, "none", "nvme", compact);
   const SimResult same = Sim(m, c, cc, {.optimizer_only = true});
@@ -122,8 +99,8 @@ void NvmeStep(Report& rep) {
 // AlternateScheduleSerializesAsTheEngine).
 void Alternate(Report& rep) {
   const uint64_t per = 2u << 20;
-  const ModelSpec m = Flat(16, per);
-  ClusterSpec c = OneRank(2e9, 1e9);
+  const ModelSpec m = FlatModel(16, per);
+  ClusterSpec c = OneRankCluster(2e9, 1e9);
   c.nvme_mixed_factor = 1.0;
   const double r = 7.25 * per / 2e9, w = 3.25 * per / 1e9, u = r + w;
   c.cpu_adam_eps = c.cpu_compact_adam_eps = per / u;
@@ -265,8 +242,8 @@ void Overlap(Report& rep) {
   rep.Near("W, M, V on the GPU: the overlapped step is the plain one", go.committed.iteration_s, gp.step_s, 1e-12);
   Config zero = Cfg(2, "none", "nvme");
   zero.strata.speculation_disk_bytes = 0;
-  const ModelSpec flat = Flat(16, 2u << 20);
-  const ClusterSpec one = OneRank(2e9, 1e9);
+  const ModelSpec flat = FlatModel(16, 2u << 20);
+  const ClusterSpec one = OneRankCluster(2e9, 1e9);
   const SimResult rz = Sim(flat, one, zero, {.overlap_step = true});
   const SimResult pz = Sim(flat, one, zero, {});
   rep.Near("no swap room for speculation: the plain step", rz.committed.exposed_s, pz.optimizer_s, 1e-12);
