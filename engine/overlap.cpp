@@ -23,6 +23,17 @@ Status Engine::Impl::StartOverlap() {
   if (!SpeculationPolicy::ParseMode(config_.strata.speculation, &mode))  // the config refused others
     return InternalError("strata.speculation \"" + config_.strata.speculation + "\"");
   step_.policy = SpeculationPolicy(mode);
+  // Without a GPU, with W, M, V in host memory, an early update that might
+  // be discarded must first back up what it changes in place (W, M, V: the
+  // state's size, copied each step, and held), which costs about what the
+  // update itself does, and it runs beside a backward that has the same
+  // cores: it hides nothing. "auto" then never speculates (nor takes the
+  // room); "always" still does. (A strict arena stands in for a GPU's
+  // memory, as everywhere.)
+  if (mode == SpeculationPolicy::Mode::kAuto && !device_->separate() &&
+      lay_.home[int(StateKind::kW)] != TierKind::kNvme)
+    step_.policy.Decline("no GPU and W, M, V in host memory: backing up what an early update changes costs about "
+                         "what the update does, beside a backward on the same cores");
   auto padded = [this](uint64_t bytes) { return io_->NvmePadded(bytes); };
   auto gpu_updates = [this](int g) { return gpu_->UpdatesOnGpu(g); };
   const Speculation::Needs total = Speculation::TotalNeeds(lay_, gpu_updates, padded);

@@ -117,7 +117,7 @@ class GradReducer {
   };
   std::vector<ReduceBucket> PlanOf(int g) const;
   Status Reduce(int g, float* packed);
-  Status Queue(int g, float* packed);  // reduces here without the thread
+  Status Queue(int g, float* packed);  // queued on the thread; without it, reduced here
   Status GatherAhead(int g);
   float* AcquirePacked();
   void ReleasePacked(float* p);

@@ -14,12 +14,13 @@ bool SpeculationPolicy::ParseMode(const std::string& s, Mode* out) {
 }
 
 bool SpeculationPolicy::Decide(std::string* why) const {
-  auto no = [&](const char* reason) {
+  auto no = [&](const std::string& reason) {
     if (why) *why = reason;
     return false;
   };
   if (mode_ == Mode::kAlways) return true;
   if (mode_ == Mode::kNever) return no("strata.speculation is \"never\"");
+  if (!declined_.empty()) return no(declined_);
   if (seen_ == 0) return no("no step seen yet (the first steps are the ones most often clipped)");
   if (history_ & 1u) return no("the last step was clipped or skipped");
   const uint32_t window = history_ & ((1u << kWindow) - 1u);

@@ -16,6 +16,11 @@
 // (none, with the first step's rule). Exactness does not depend on the
 // decision: both paths are bitwise the step without overlap.
 //
+// Where speculation cannot pay at all (Decline: no GPU and the optimizer
+// state in host memory, where backing up what an early update changes in
+// place costs about what the update does, and backward has the same cores),
+// "auto" never speculates.
+//
 // The mode (strata.speculation): "auto" is the above; "always" speculates
 // at every step where an update could still change (the behaviour before
 // the policy); "never" updates such steps after backward.
@@ -25,6 +30,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace strata {
 
@@ -40,6 +46,9 @@ class SpeculationPolicy {
   // Whether the coming step, whose early updates would be speculative,
   // speculates; `why` (may be null) says why not, for the trace and the log.
   bool Decide(std::string* why) const;
+  // "auto" never speculates from now on, saying `why` (the engine's reason
+  // that speculation cannot pay where it runs: StartOverlap).
+  void Decline(std::string why) { declined_ = std::move(why); }
   // A step's outcome: whether its speculation would be (or was) kept — not
   // skipped and not clipped, the factor on G as without clipping.
   void Record(bool kept);
@@ -48,6 +57,7 @@ class SpeculationPolicy {
 
  private:
   Mode mode_;
+  std::string declined_;  // Decline's reason ("": none)
   uint32_t history_ = 0;  // bit i: the i-th last step would have discarded
   int seen_ = 0;
 };

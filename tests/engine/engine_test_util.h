@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,13 @@
 #include "engine/engine.h"
 
 namespace strata::testing {
+
+// Under STRATA_STRICT_DEVICE=1 (the ctest label strict): the device tier is
+// separate memory, as a GPU's.
+inline bool StrictDevice() {
+  const char* v = std::getenv("STRATA_STRICT_DEVICE");
+  return v && std::string(v) == "1";
+}
 
 // The engine of `json` and `options`, group g holding values[g] under
 // names[g] ("g<g>" where names is short), built. nullptr, and the test

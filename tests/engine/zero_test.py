@@ -13,7 +13,11 @@ without overlap_comm: reduce-scatter stages (2-3) give the bits of one
 bucket, all-reduce stages (0-1) stay within 1e-6 of the 1-rank run (at 2
 ranks; 4 ranks run 6 steps, compared among themselves), and
 overlap_comm never changes the bits (at stage 3 it also gathers the next
-group ahead, and does: the count is checked); a rank that dies mid-backward fails the
+group ahead, and does: the count is checked); gradients handed in parts
+(grads_part: packed as they come, one part given twice, a row and a tail
+left out) reduce to the bits of the whole hand at every stage, a second
+group's parts are refused while one is open, and without overlap_comm parts
+are refused naming it; a rank that dies mid-backward fails the
 others, naming the collective, through the communication thread.
 With `frozen`, a frozen group (FreezeGroup) over 1, 2 and 3 ranks at every
 stage: never stepped, the rest as at 1 rank, checkpoints resharded, and

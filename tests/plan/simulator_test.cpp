@@ -11,45 +11,16 @@
 #include <cmath>
 
 #include "base/align.h"
+#include "tools/plan/fixtures.h"
 #include "tools/plan/placement.h"
 
 namespace strata::plan {
 namespace {
 
 Config Cfg(int stage, const char* param, const char* opt, const std::string& extra = "") {
-  // bf16 unless `extra` asks for fp16.
-  const bool fp16 = extra.find(R"("fp16")") != std::string::npos;
-  auto c = ParseConfig(std::string(fp16 ? "{" : R"({"bf16": {"enabled": true}, )") + extra +
-                       R"("zero_optimization": {"stage": )" + std::to_string(stage) +
-                       R"(, "offload_param": {"device": ")" + param +
-                       R"(", "nvme_path": "/nvme", "buffer_size": 1e10}, "offload_optimizer": {"device": ")" +
-                       opt + R"(", "nvme_path": "/nvme"}}})");
+  auto c = FixtureConfig(stage, param, opt, extra);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
-  // G beside W, M, V on NVMe, as ZeRO-Infinity and the calibration place it
-  // (strata.grad_home "auto" would keep it in host memory: its own tests).
-  if (c.ok() && extra.find("grad_home") == std::string::npos) c->strata.grad_home = "nvme";
-  return *c;
-}
-
-ModelSpec Flat(int groups, uint64_t numel) {
-  ModelSpec m;
-  m.name = "flat";
-  for (int g = 0; g < groups; ++g) m.groups.push_back({"g" + std::to_string(g), numel, false});
-  return m;
-}
-
-// One rank on the local preset with the given disk rates; checksums and host
-// copies free (P in place: its copies to the slot and back cost nothing), a
-// fast CPU: each test sets what it measures.
-ClusterSpec OneRank(double read_Bps, double write_Bps) {
-  ClusterSpec c = PresetCluster("local").value();
-  c.gpus_per_node = 1;
-  c.nvme_read_Bps = read_Bps;
-  c.nvme_write_Bps = write_Bps;
-  c.cpu_adam_eps = 1e15;
-  c.checksum_Bps = 1e18;
-  c.host_mem_Bps = 1e18;
-  return c;
+  return c.ok() ? *c : Config{};
 }
 
 // The issue's figures for 1T parameters on 512 GPUs. How long the simulation
@@ -74,8 +45,8 @@ TEST(Simulator, OneTrillionOn512Gpus) {
 // scenario): reads 16 B and writes 12 B per parameter (P is in place), and
 // with a fast CPU the disk bounds it; with a slow one the CPU.
 TEST(Simulator, OptimizerOnNvmeIsDiskBound) {
-  const ModelSpec m = Flat(16, 2u << 20);
-  ClusterSpec c = OneRank(2e9, 1e9);
+  const ModelSpec m = FlatModel(16, 2u << 20);
+  ClusterSpec c = OneRankCluster(2e9, 1e9);
   auto r = Simulate(m, c, Cfg(3, "none", "nvme"), {.optimizer_only = true});
   ASSERT_TRUE(r.ok());
   const double n = 32.0 * (1 << 20);
@@ -92,8 +63,8 @@ TEST(Simulator, OptimizerOnNvmeIsDiskBound) {
 // W 1 (int8 corrections; the bf16 half is P, here in place), M 1.125, V
 // 1.125 (and G 4) bytes a parameter instead of 4 each.
 TEST(Simulator, CompactNvmeStepMovesItsBytes) {
-  const ModelSpec m = Flat(16, 2u << 20);
-  const ClusterSpec c = OneRank(2e9, 1e9);
+  const ModelSpec m = FlatModel(16, 2u << 20);
+  const ClusterSpec c = OneRankCluster(2e9, 1e9);
   const std::string compact = R"("strata": {"state_format": "compact"}, )";
   auto f = Simulate(m, c, Cfg(3, "none", "nvme"), {.optimizer_only = true});
   auto r = Simulate(m, c, Cfg(3, "none", "nvme", compact), {.optimizer_only = true});
@@ -107,8 +78,8 @@ TEST(Simulator, CompactNvmeStepMovesItsBytes) {
 // The compact step runs the compact kernel: with its rate slower than the
 // disk, the CPU bounds the step (its figures: bench/plan/schedule_model.cpp).
 TEST(Simulator, CompactUpdateAtItsOwnRate) {
-  const ModelSpec m = Flat(16, 2u << 20);
-  ClusterSpec c = OneRank(1e12, 1e12);
+  const ModelSpec m = FlatModel(16, 2u << 20);
+  ClusterSpec c = OneRankCluster(1e12, 1e12);
   const double n = 32.0 * (1 << 20);
   c.cpu_compact_adam_eps = n / 20;  // 20 s of compact updates
   auto slower = Simulate(m, c, Cfg(3, "none", "nvme", R"("strata": {"state_format": "compact"}, )"),
@@ -120,8 +91,8 @@ TEST(Simulator, CompactUpdateAtItsOwnRate) {
 // strata.step_io "alternate" (the default) and "concurrent" order the same
 // I/O differently: the same bytes (their times: bench/plan/schedule_model.cpp).
 TEST(Simulator, AlternateAndConcurrentMoveTheSameBytes) {
-  const ModelSpec m = Flat(16, 2u << 20);
-  const ClusterSpec c = OneRank(2e9, 1e9);
+  const ModelSpec m = FlatModel(16, 2u << 20);
+  const ClusterSpec c = OneRankCluster(2e9, 1e9);
   const std::string compact = R"("strata": {"state_format": "compact"}, )";
   const std::string concurrent = R"("strata": {"state_format": "compact", "step_io": "concurrent"}, )";
   auto alt = Simulate(m, c, Cfg(3, "none", "nvme", compact), {.optimizer_only = true});
@@ -135,7 +106,7 @@ TEST(Simulator, AlternateAndConcurrentMoveTheSameBytes) {
 // and reads W, M, V, G (16 B); in compact P is the master's bf16 half, read
 // and written with W, M, V: 5.25 B each way, plus G's 4 read.
 TEST(Simulator, CompactReadsAndWritesPWithTheMaster) {
-  const ModelSpec m = Flat(16, 2u << 20);
+  const ModelSpec m = FlatModel(16, 2u << 20);
   ClusterSpec c = PresetCluster("local").value();
   c.gpus_per_node = 1;
   const double n = 32.0 * (1 << 20);
@@ -295,6 +266,17 @@ TEST(Simulator, AutoPolicySpeculatesItsFraction) {
   auto nv = Simulate(x.m, x.c, never, {.overlap_step = true, .replay_rate = 0.05});
   ASSERT_TRUE(nv.ok());
   EXPECT_EQ(nv->speculated_rate, 0.0);
+  // No GPU, W, M, V in host memory: "auto" never speculates there (as the
+  // engine declines it); with them on NVMe it does.
+  ClusterSpec cpu = x.c;
+  cpu.has_gpu = false;
+  auto host = Simulate(x.m, cpu, cfg, {.overlap_step = true, .replay_rate = 0.05});
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->speculated_rate, 0.0);
+  auto on_nvme = Simulate(x.m, cpu, Cfg(2, "none", "nvme", R"("gradient_clipping": 1.0, )"),
+                          {.overlap_step = true, .replay_rate = 0.05});
+  ASSERT_TRUE(on_nvme.ok());
+  EXPECT_GT(on_nvme->speculated_rate, 0.0);
 }
 
 // Groups stepped in units (a shard of W, M, V on NVMe larger than
@@ -302,8 +284,8 @@ TEST(Simulator, AutoPolicySpeculatesItsFraction) {
 // speculate, as the engine's Speculation::NeedsOf says: 16 groups of 2 Mi
 // elements, in units of 1 Mi, none; in units of 4 Mi (whole), all.
 TEST(Simulator, GroupsInStepUnitsDoNotSpeculate) {
-  const ModelSpec m = Flat(16, 2u << 20);
-  const ClusterSpec c = OneRank(2e9, 1e9);
+  const ModelSpec m = FlatModel(16, 2u << 20);
+  const ClusterSpec c = OneRankCluster(2e9, 1e9);
   const Layout l = MakeLayout(m, 1).value();
   for (uint64_t unit : {uint64_t{1} << 20, uint64_t{4} << 20}) {
     Config cfg = Cfg(2, "none", "nvme", R"("strata": {"grad_home": "host"}, )");
@@ -319,8 +301,8 @@ TEST(Simulator, GroupsInStepUnitsDoNotSpeculate) {
 // plus P's 2-byte slice: 5.25 n). NVMe-homed: a second extent of W, M, V and
 // of P where P lives on NVMe too (fp32 12 n + 2 n; compact 5.25 n).
 TEST(Simulator, SpeculationMemoryIsExact) {
-  const ModelSpec m = Flat(16, 2u << 20);
-  const ClusterSpec c = OneRank(2e9, 1e9);
+  const ModelSpec m = FlatModel(16, 2u << 20);
+  const ClusterSpec c = OneRankCluster(2e9, 1e9);
   const Layout l = MakeLayout(m, 1).value();
   const uint64_t n = 32u << 20;
   const std::string compact = R"("strata": {"state_format": "compact"}, )";

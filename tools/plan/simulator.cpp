@@ -543,9 +543,14 @@ SimResult Simulate(const ModelSpec& model, const Layout& layout, const Capacity&
   // (engine/step/speculation_policy.h): a step speculates when the last one
   // was kept and at most one of the three before it was not, with
   // probability S = (1 - R) ((1 - R)^3 + 3 R (1 - R)^2); of those, R replay.
+  // Without a GPU, with W, M, V in host memory, "auto" never speculates (the
+  // engine's StartOverlap: its backups would cost what the update does).
   const double rr = std::clamp(options.replay_rate, 0.0, 1.0);
   double spec = 1.0;
   if (config.strata.speculation == "never") spec = 0.0;
+  else if (config.strata.speculation == "auto" && !cluster.has_gpu &&
+           HomesOf(config, cluster, cap->g_on_host).opt != TierKind::kNvme)
+    spec = 0.0;
   else if (config.strata.speculation == "auto")
     spec = (1 - rr) * (std::pow(1 - rr, 3) + 3 * rr * std::pow(1 - rr, 2));
   const double w_commit = spec * (1 - rr), w_replay = spec * rr, w_plain = 1 - spec;
