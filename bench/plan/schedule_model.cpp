@@ -145,19 +145,7 @@ void OneTrillion(Report& rep) {
   rep.Holds("1T on 512 GPUs: the same step again (deterministic)", again.step_s == b.step_s, again.step_s, b.step_s);
 }
 
-struct Xl {
-  ModelSpec m = [] {
-    ModelSpec x = PresetModel("gpt2-xl").value();
-    x.seq = 1024;
-    x.micro_batch = 16;
-    return x;
-  }();
-  ClusterSpec c = [] {
-    ClusterSpec x = PresetCluster("dgx-a100").value();
-    x.gpus_per_node = 1;
-    return x;
-  }();
-};
+using Xl = XlOnOneA100;
 
 // The overlapped step: what it hides, with clipping, fp16 and ranks; the
 // replay rate's and the "auto" policy's weights; GPU-updated groups.

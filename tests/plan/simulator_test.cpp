@@ -175,21 +175,7 @@ TEST(Simulator, Deterministic) {
   EXPECT_EQ(a->speculated_groups, b->speculated_groups);
 }
 
-// gpt2-xl on one A100 with W, M, V on the host and a batch whose backward
-// (about 1.5 s) outlasts the CPU's update (about 0.4 s).
-struct Xl {
-  ModelSpec m = [] {
-    ModelSpec x = PresetModel("gpt2-xl").value();
-    x.seq = 1024;
-    x.micro_batch = 16;
-    return x;
-  }();
-  ClusterSpec c = [] {
-    ClusterSpec x = PresetCluster("dgx-a100").value();
-    x.gpus_per_node = 1;
-    return x;
-  }();
-};
+using Xl = XlOnOneA100;
 
 // The overlapped step is speculative: it overlaps backward with gradient
 // clipping, with fp16's dynamic loss scaling and on several ranks (it used
