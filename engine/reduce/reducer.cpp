@@ -208,6 +208,11 @@ Status GradReducer::PartsBegin(int g) {
                         " has a grads call in parts open; with several ranks one group's parts at a time "
                         "(grads_end group " + std::to_string(parts_group_) + " first, or hand group " +
                         std::to_string(g) + " whole with grads)");
+  // The group's packing, planned once for all its parts.
+  const GroupLayout& L = layout_.group(g);
+  parts_buckets_ = PlanOf(g);
+  parts_n_ = scatter_ ? L.shard_numel : L.padded;
+  parts_world_ = scatter_ ? comm_.world_size() : 1;
   parts_packed_ = AcquirePacked();
   parts_group_ = g;
   return Status::Ok();
@@ -216,10 +221,7 @@ Status GradReducer::PartsBegin(int g) {
 Status GradReducer::Part(int g, uint64_t first, uint64_t count, const void* src, DType dtype, bool again) {
   if (g != parts_group_ || !parts_packed_)
     return InternalError("grads_part: group " + std::to_string(g) + " has no packed buffer open");
-  const GroupLayout& L = layout_.group(g);
-  const uint64_t n = scatter_ ? L.shard_numel : L.padded;
-  return PackPart(src, dtype, first, count, n, scatter_ ? comm_.world_size() : 1, PlanOf(g), scatter_,
-                  parts_packed_, again)
+  return PackPart(src, dtype, first, count, parts_n_, parts_world_, parts_buckets_, scatter_, parts_packed_, again)
       .WithContext("grads_part: group " + std::to_string(g) + ": packing its gradients");
 }
 
@@ -229,9 +231,7 @@ Status GradReducer::PartsEnd(int g, const std::map<uint64_t, uint64_t>& given) {
   float* packed = parts_packed_;
   parts_packed_ = nullptr;
   parts_group_ = -1;
-  const GroupLayout& L = layout_.group(g);
-  const uint64_t n = scatter_ ? L.shard_numel : L.padded;
-  Status st = PackGaps(given, n, scatter_ ? comm_.world_size() : 1, PlanOf(g), scatter_, packed);
+  Status st = PackGaps(given, parts_n_, parts_world_, parts_buckets_, scatter_, packed);
   if (!st.ok()) {
     ReleasePacked(packed);
     return st.WithContext("grads_end: group " + std::to_string(g));

@@ -135,6 +135,9 @@ class GradReducer {
   int max_packed_ = 1;
   int parts_group_ = -1;           // the group whose parts are open (the caller's thread only)
   float* parts_packed_ = nullptr;  // its packed buffer
+  std::vector<ReduceBucket> parts_buckets_;  // its buckets (PlanOf), and PackPart's n and world
+  uint64_t parts_n_ = 0;
+  int parts_world_ = 1;
   std::atomic<uint64_t> gathers_ahead_{0}, gathers_ahead_declined_{0};
 
   std::mutex mu_;
