@@ -51,7 +51,9 @@ static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::functio
 static Status InitStaging(Engine::Impl& m) {
   const StagingSizes z = PlanStaging(m.lay_, [&](uint64_t bytes) { return m.io_->NvmePadded(bytes); });
   std::copy(std::begin(z.opt_offsets), std::end(z.opt_offsets), std::begin(m.lay_.opt_slot_offsets));
+  std::copy(std::begin(z.piece_offsets), std::end(z.piece_offsets), std::begin(m.lay_.opt_piece_offsets));
   Status st = m.staging_.opt.Init(m.host_.get(), z.opt_slots, z.opt_offsets[kNumStates]);
+  if (st.ok() && z.piece_offsets[kNumStates]) m.staging_.opt.SetPieces(z.piece_offsets[kNumStates]);
   if (st.ok()) st = m.staging_.param.Init(m.host_.get(), z.param_slots, z.param_bytes);
   if (st.ok()) st = m.staging_.grad.Init(m.host_.get(), z.grad_slots, z.grad_bytes);
   if (st.ok()) st = m.staging_.frozen.Init(m.host_.get(), z.frozen_slots, z.frozen_bytes);
@@ -130,9 +132,11 @@ Status Engine::Impl::BuildOnce() {
   uint64_t taken = config_.strata.activation_host_bytes;
   if (options_.overlap_step && config_.strata.speculation_host_bytes != StrataConfig::kSpeculationAuto)
     taken += config_.strata.speculation_host_bytes;
+  lay_.SetStepUnits();  // (the host plan's step pieces follow the units: staging_plan.h)
   const bool host_holds_g =
       host_->budget() > taken && CheckHostPlan(lay_, host_->budget() - taken).ok();
   lay_.home[int(StateKind::kG)] = GradHome(config_.strata.grad_home, opt_home, host_holds_g);
+  lay_.SetStepUnits();
   if (config_.strata.grad_home == "auto" && opt_home == TierKind::kNvme && !host_holds_g)
     STRATA_LOG_INFO("build: G on NVMe beside W, M, V: strata.host_budget ({}) cannot hold it beside the staging "
                     "(strata.grad_home \"auto\")", FormatBytes(host_->budget()));

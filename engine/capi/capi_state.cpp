@@ -194,6 +194,7 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.act_stall_s = s.act_stall_s;
     f.act_live_bytes = s.act_live_bytes;
     f.p_gathers = s.p_gathers;
+    f.step_read_ahead_bytes = s.step_read_ahead_bytes;
     return WriteSized(f, "stats", stats);
   });
 }

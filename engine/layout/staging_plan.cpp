@@ -38,6 +38,26 @@ StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)
   }
   z.opt_offsets[kNumStates] = off;
   if (off > 0) z.opt_slots = StepSlots(*m.config);
+  // Pieces: every group that trains steps in units, whose staged states are
+  // fp32 W, M, V (G and P are addressed in place, or P is W's bytes).
+  bool pieces = off > 0 && m.unit_numel > 0 && !m.compact && m.any_trainable();
+  for (int g = 0; pieces && g < ngroups; ++g) pieces = m.frozen(g) || m.SplitsIntoUnits(g);
+  if (pieces) {
+    uint64_t at = 0;
+    for (int s = 0; s < kNumStates; ++s) {
+      z.piece_offsets[s] = at;
+      const bool wmv = s == int(StateKind::kW) || s == int(StateKind::kM) || s == int(StateKind::kV);
+      if (wmv && m.StagedInSlot(s)) at += AlignUp(padded(m.unit_numel * 4), 64 * kKiB);
+    }
+    const uint64_t per = at ? AlignUp(off, 4096) / at : 0;
+    if (per >= 2) {
+      z.piece_offsets[kNumStates] = at;
+      const int want = StepSlots(*m.config);
+      z.opt_slots = std::max(2, static_cast<int>((static_cast<uint64_t>(want) + per - 1) / per));
+    } else {
+      std::fill(std::begin(z.piece_offsets), std::end(z.piece_offsets), 0);
+    }
+  }
   const uint64_t shard = m.part.largest_shard_numel();
   if (m.home[0] == TierKind::kNvme && gpu) {  // P: nvme -> host -> device
     z.param_slots = static_cast<int>(std::clamp<uint64_t>(m.config->zero.offload_param.buffer_count, 1, 4));
@@ -90,7 +110,8 @@ Status CheckHostPlan(const Layout& m, uint64_t host_budget) {
                      FormatBytes(need) + " of host memory: " + FormatBytes(homed) + " of state homed on the host, " +
                      std::to_string(z.opt_slots) + " step staging slots of " + FormatBytes(z.opt_offsets[kNumStates]) +
                      " (each holds the largest shard's states that live off the host; "
-                     "zero_optimization.offload_optimizer.buffer_count, at least 3), " +
+                     "zero_optimization.offload_optimizer.buffer_count, at least 3; 2 or more when the step "
+                     "stages units in pieces of them), " +
                      FormatBytes(param) + " of parameter staging" +
                      (frozen ? ", " + FormatBytes(frozen) + " of staging for the frozen groups' parameters" : "") +
                      " and " + FormatBytes(grad) + " of gradient staging");

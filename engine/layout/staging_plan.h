@@ -13,6 +13,14 @@ namespace strata {
 struct StagingSizes {
   uint64_t opt_offsets[kNumStates + 1] = {};  // of each state in a step slot; [kNumStates]: slot bytes
   int opt_slots = 0;                          // 0: every state is addressed in place
+  // The step's pieces (StagingPool::SetPieces): where every group that
+  // trains is stepped in units (Layout::SplitsIntoUnits), the step and its
+  // read-ahead take a unit's W, M, V in a piece of a slot, not a whole slot:
+  // of each state in a piece; [kNumStates]: piece bytes (0: whole slots).
+  // The slots then number max(2, buffer_count / pieces a slot): what the
+  // calls that move whole groups between steps need (a checkpoint's save
+  // overlaps two), and at least buffer_count pieces.
+  uint64_t piece_offsets[kNumStates + 1] = {};
   int param_slots = 0;
   uint64_t param_bytes = 0;
   int grad_slots = 0;

@@ -34,6 +34,10 @@ struct EngineStats {
   // step in forward, and again in backward unless the device budget holds
   // every group gathered (residency.h, keep_gathered).
   uint64_t p_gathers = 0;
+  // A step that updated after backward: bytes of NVMe-homed W, M, V read
+  // during backward into free step slots (StepPipeline::ReadAhead) that the
+  // step then used, cumulative.
+  uint64_t step_read_ahead_bytes = 0;
   // overlap_step: steps whose early updates were speculative (held until
   // the norm was known), and of those the ones committed, replayed (clipping
   // applied, or the options changed: redone after backward) and discarded

@@ -201,6 +201,11 @@ void StatsRecorder::OnSpeculationDeclined() {
   ++stats_.unspeculated_steps;
 }
 
+void StatsRecorder::OnReadAheadUsed(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.step_read_ahead_bytes += bytes;
+}
+
 void StatsRecorder::SetExposed(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.exposed_step_s = seconds;

@@ -71,6 +71,7 @@ class StatsRecorder {
   enum class Speculated { kNone, kCommitted, kReplayed, kDiscarded };
   void OnOverlap(Speculated outcome, int early_groups);
   void OnSpeculationDeclined();
+  void OnReadAheadUsed(uint64_t bytes);
   void SetExposed(double seconds);
   // Figures so far; the tier fields are filled by the engine.
   EngineStats Snapshot() const;

@@ -71,6 +71,22 @@ struct Job {
 
 }  // namespace
 
+// A job's slot: a whole one, or (every group that trains stepped in units)
+// a piece of one, which holds a unit's W, M, V (staging_plan.h).
+void* StepPipeline::Slot(bool wait) {
+  if (pieces()) return wait ? opt_staging_.AcquirePiece() : opt_staging_.TryAcquirePiece();
+  return wait ? opt_staging_.Acquire() : opt_staging_.TryAcquire();
+}
+
+void StepPipeline::ReleaseSlot(void* slot) {
+  if (pieces()) opt_staging_.ReleasePiece(slot);
+  else opt_staging_.Release(slot);
+}
+
+uint64_t StepPipeline::SlotOffset(int s) const {
+  return pieces() ? layout_.opt_piece_offsets[s] : layout_.opt_slot_offsets[s];
+}
+
 StepKernelOptions StepPipeline::KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const {
   const OptimizerConfig& oc = layout_.config->optimizer;
   auto pick = [](double v, double dflt) { return v >= 0 ? v : dflt; };
@@ -99,8 +115,8 @@ void StepPipeline::ReadAhead(const std::vector<int>& groups) {
       for (int s : {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
         const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)].Part(u);
         if (b.alloc.charged == 0 || b.home != TierKind::kNvme) continue;
-        if (!a.slot && !(a.slot = opt_staging_.TryAcquire())) break;
-        auto m = io_.StartLoad(b, static_cast<char*>(a.slot) + layout_.opt_slot_offsets[s]);
+        if (!a.slot && !(a.slot = Slot(/*wait=*/false))) break;
+        auto m = io_.StartLoad(b, static_cast<char*>(a.slot) + SlotOffset(s));
         if (!m.ok()) continue;  // the run reads it itself, and reports what fails
         a.m[static_cast<size_t>(s)] = std::move(m).value();
         a.has[static_cast<size_t>(s)] = true;
@@ -109,7 +125,7 @@ void StepPipeline::ReadAhead(const std::vector<int>& groups) {
       bool any = false;
       for (bool h : a.has) any = any || h;
       if (!any) {
-        opt_staging_.Release(a.slot);
+        ReleaseSlot(a.slot);
         continue;
       }
       std::lock_guard<std::mutex> lock(ahead_mu_);
@@ -127,7 +143,7 @@ void StepPipeline::DropReadAhead() {
   for (Ahead& a : drop) {
     for (int s = 0; s < kNumStates; ++s)
       if (a.has[static_cast<size_t>(s)]) io_.Finish(a.m[static_cast<size_t>(s)]).IgnoreError();  // the disk is done with the slot
-    opt_staging_.Release(a.slot);
+    ReleaseSlot(a.slot);
   }
 }
 
@@ -278,7 +294,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
                    in_units ? j.first * DTypeSize(layout_.dtype) : 0, in_units ? j.len * DTypeSize(layout_.dtype) : 0);
     keep(std::move(state_st));
     keep(std::move(p_st));
-    if (j.slot) { opt_staging_.Release(j.slot); j.slot = nullptr; }
+    if (j.slot) { ReleaseSlot(j.slot); j.slot = nullptr; }
   };
   auto start_loads = [&](int i) {
     Job& j = jobs[static_cast<size_t>(i)];
@@ -318,8 +334,8 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
         j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(io_.DirectPtr(b)) + unit_at(s));
         continue;
       }
-      if (!j.slot) j.slot = opt_staging_.Acquire();  // blocks until a slot's writes are done
-      j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + layout_.opt_slot_offsets[s]);
+      if (!j.slot) j.slot = Slot(/*wait=*/true);  // blocks until a slot's writes are done
+      j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + SlotOffset(s));
       if (shadow) {  // this rank's slice, updated here and copied back when the group commits
         const uint64_t off = layout_.PSliceOffset(j.group);
         std::memcpy(reinterpret_cast<char*>(j.ptr[s]) + off, static_cast<const char*>(io_.DirectPtr(b)) + off,
@@ -341,6 +357,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
         if (io_.Version(b) == r.nvme.version) {  // not written since the read started: its contents
           j.loads.Add(s, std::move(r));
           ++read_ahead_used_;
+          stats_.OnReadAheadUsed(b.bytes);
           continue;
         }
         io_.Finish(r).IgnoreError();  // written since: read again, below
@@ -437,7 +454,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
       // Slot reuse: with K slots, job i+1 takes the slot of job i+1-K, once its
       // writes finish; reads run up to K-2 shards ahead of the update (of the
       // groups the feed has: a streamed run does not wait for those ahead).
-      const int k = std::max(opt_staging_.count(), 3);
+      const int k = std::max(StepSlots(config), 3);
       if (i + 2 - k >= 0) finish_stores(jobs[static_cast<size_t>(i + 2 - k)]);
       for (int a = i; a <= i + k - 2 && avail(a, /*wait=*/false); ++a)
         if (jobs[static_cast<size_t>(a)].group < 0) start_loads(a);
@@ -460,7 +477,7 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     // writes start once the reads have landed, and batch k+1's loads are
     // checked beside them; a batch costs about max(read, update) + write.
     const bool update_beside_reads = layout_.compact;
-    const int batch = StepGroupsWriting(opt_staging_.count(), /*concurrent=*/false);
+    const int batch = StepGroupsWriting(StepSlots(config), /*concurrent=*/false);
     // Starts the loads of the groups the feed has, up to a batch (wait: for
     // the first at least, unless the run is over); returns the end.
     auto load_batch = [&](int first, bool wait) {

@@ -82,8 +82,8 @@ class StepPipeline {
   void OnPStored(PStored f) { on_p_stored_ = std::move(f); }
   // A step that updates after backward (overlap_step's policy did not
   // speculate): the W, M, V homed on NVMe of `groups`, in that order, are
-  // read into free staging slots now, while backward runs, as many groups as
-  // slots are free. A later run takes a group's reads over when the group
+  // read into free staging slots now, while backward runs, as many as
+  // slots are free (a slot a unit; in pieces, a piece a unit). A later run takes a group's reads over when the group
   // comes (an NVMe block written since is read again: NvmeTier::Version).
   // Whatever no run took comes back at DropReadAhead, or to an Acquire that
   // finds the pool empty (StagingPool::SetReclaim): nobody waits on them.
@@ -97,6 +97,10 @@ class StepPipeline {
 
  private:
   StepKernelOptions KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const;
+  bool pieces() const { return layout_.opt_piece_offsets[kNumStates] != 0; }
+  void* Slot(bool wait);  // wait: blocks until one is free; else null when none is
+  void ReleaseSlot(void* slot);
+  uint64_t SlotOffset(int s) const;  // of state s in a slot (or piece)
   PStored on_p_stored_;
   struct Ahead {
     int group = -1, unit = 0;

@@ -652,11 +652,16 @@ typedef struct strata_stats {
    * forward; again in backward unless every rank's device budget holds
    * every group gathered at once (then backward finds forward's copies). */
   uint64_t p_gathers;
+  /* Appended. W, M, V on NVMe: bytes a step that updated after backward
+   * (no overlap_step speculation) read during backward, into the step's
+   * free staging (at strata_engine_prepare_step), and then used,
+   * cumulative. */
+  uint64_t step_read_ahead_bytes;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0                        \
+        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0                     \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

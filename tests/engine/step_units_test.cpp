@@ -8,14 +8,22 @@
 //   the host-homed run's, with and without overlap_step;
 // - a step whose writes fail part-way through a group is finished by the next
 //   Step, bitwise the clean run (units committed stay so, the rest are redone);
-// - a checkpoint saved in units loads into an engine without them, and back.
+// - a checkpoint saved in units loads into an engine without them, and back;
+// - the step's staging comes in unit-sized pieces of its slots (StagingPool):
+//   two slots of the largest group where whole groups take buffer_count, and
+//   a step that updates after backward reads every unit ahead.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <random>
+#include <set>
+#include <thread>
 
 #include "engine/engine.h"
+#include "engine/layout/staging.h"
 #include "io/fault.h"
 #include "tests/util/temp_dir.h"
 
@@ -268,6 +276,120 @@ TEST(StepUnits, CheckpointsMoveBetweenUnitsAndWholeGroups) {
   st = units.engine->LoadCheckpoint(ckpt.path(), "w", nullptr);
   ASSERT_TRUE(st.ok()) << st.ToString();
   ExpectSame(State(*whole.engine), State(*units.engine), "whole groups' checkpoint in units");
+}
+
+// The pool's pieces: a buffer splits when a piece is wanted, lends pieces
+// that do not overlap, and comes back whole (to Acquire) only once every
+// piece is back; the reclaim runs before a piece wait.
+TEST(StagingPieces, SplitLendAndComeBackWhole) {
+  HostTierOptions ho;
+  ho.budget = 64 * 1024 * 1024;
+  ho.pin = false;
+  ho.numa_bind = false;
+  HostTier host(ho);
+  StagingPool pool;
+  ASSERT_TRUE(pool.Init(&host, 2, 5 * 65536).ok());
+  pool.SetPieces(2 * 65536);  // two a buffer, the rest unused
+  ASSERT_EQ(pool.per_buffer(), 2);
+  std::set<char*> got;
+  std::vector<void*> lent;
+  for (int i = 0; i < 4; ++i) {
+    void* p = pool.TryAcquirePiece();
+    ASSERT_NE(p, nullptr) << "piece " << i;
+    lent.push_back(p);
+    got.insert(static_cast<char*>(p));
+  }
+  EXPECT_EQ(got.size(), 4u);
+  for (auto it = got.begin(); std::next(it) != got.end(); ++it)  // no overlap
+    EXPECT_GE(*std::next(it) - *it, static_cast<std::ptrdiff_t>(2 * 65536));
+  EXPECT_EQ(pool.TryAcquirePiece(), nullptr) << "more pieces than two buffers hold";
+  EXPECT_EQ(pool.TryAcquire(), nullptr) << "a whole buffer while all are split";
+  // One piece of each buffer back: still none whole.
+  pool.ReleasePiece(lent[0]);
+  pool.ReleasePiece(lent[3]);
+  EXPECT_EQ(pool.TryAcquire(), nullptr) << "a buffer came back whole with a piece still lent";
+  void* again = pool.TryAcquirePiece();
+  EXPECT_TRUE(again == lent[0] || again == lent[3]) << "a free piece was not reused";
+  pool.ReleasePiece(again);
+  // A whole Acquire waits for the last piece of a buffer.
+  std::atomic<bool> done{false};
+  void* whole = nullptr;
+  std::thread t([&] {
+    whole = pool.Acquire();
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(done.load()) << "Acquire returned a buffer whose pieces are lent";
+  pool.ReleasePiece(lent[1]);
+  pool.ReleasePiece(lent[2]);
+  t.join();
+  ASSERT_NE(whole, nullptr);
+  const char* base = static_cast<const char*>(whole);
+  EXPECT_TRUE(base == std::min(static_cast<char*>(lent[0]), static_cast<char*>(lent[1])) ||
+              base == std::min(static_cast<char*>(lent[2]), static_cast<char*>(lent[3])) ||
+              got.count(const_cast<char*>(base)))
+      << "the whole buffer is not where its pieces were";
+  // The other buffer is whole too: its pieces are all back.
+  void* other = pool.TryAcquire();
+  EXPECT_NE(other, nullptr);
+  pool.Release(other);
+  pool.Release(whole);
+  // The reclaim runs when no piece is free, before waiting.
+  std::vector<void*> held;
+  for (int i = 0; i < 4; ++i) held.push_back(pool.TryAcquirePiece());
+  int reclaims = 0;
+  pool.SetReclaim([&] {
+    ++reclaims;
+    if (!held.empty()) {
+      pool.ReleasePiece(held.back());
+      held.pop_back();
+    }
+  });
+  void* p = pool.AcquirePiece();
+  EXPECT_EQ(reclaims, 1);
+  EXPECT_NE(p, nullptr);
+  pool.ReleasePiece(p);
+  for (void* q : held) pool.ReleasePiece(q);
+}
+
+// Whole groups take buffer_count (4) slots of the largest group's W, M, V
+// (and P); units take 2 of them, lent in pieces: the host tier holds two
+// slots less. The same run, bitwise (NumericsDoNotDependOnThem): here its
+// host memory.
+TEST(StepUnits, TheStepStagesUnitsInPiecesOfTwoSlots) {
+  TempDir a, b;
+  Built whole = Make(Json(a.path(), kWhole), false, kLargeNumel);
+  Built units = Make(Json(b.path(), 65536), false, kLargeNumel);
+  ASSERT_TRUE(whole.engine && units.engine);
+  for (int s = 0; s < 2; ++s)
+    for (Engine* e : {whole.engine.get(), units.engine.get()}) {
+      HandGrads(*e, s);
+      ASSERT_TRUE(e->Step(OptionsOf(s)).ok());
+    }
+  const uint64_t largest_wmv = 3 * 4 * ((kLargeNumel[0] + 2047) / 2048 * 2048);
+  const uint64_t used_whole = whole.engine->stats().host.used, used_units = units.engine->stats().host.used;
+  std::printf("host tier: whole groups %llu bytes, units %llu bytes\n", static_cast<unsigned long long>(used_whole),
+              static_cast<unsigned long long>(used_units));
+  EXPECT_GE(used_whole, used_units + 2 * largest_wmv) << "units do not stage in pieces of fewer slots";
+  EXPECT_LT(used_whole, used_units + 4 * largest_wmv) << "units hold less than two slots: the check is off";
+}
+
+// A step that updates after backward (speculation "never") reads its W, M,
+// V ahead during backward into free staging. In pieces, every unit's: with
+// whole slots, 4 units (a slot each) at most.
+TEST(StepUnits, AStepAfterBackwardReadsEveryUnitAhead) {
+  TempDir dir;
+  Built r = Make(Json(dir.path(), 65536, "nvme", R"(, "speculation": "never")"), /*overlap=*/true, kLargeNumel);
+  ASSERT_TRUE(r.engine);
+  uint64_t before = 0;
+  for (int s = 0; s < 3; ++s) {
+    HandGrads(*r.engine, s, /*prepare=*/true);
+    auto st = r.engine->Step(OptionsOf(s));
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    const uint64_t now = r.engine->stats().step_read_ahead_bytes;
+    EXPECT_EQ(now - before, StateBytes(kLargeNumel)) << "step " << s << " did not read all of W, M, V ahead";
+    before = now;
+  }
 }
 
 }  // namespace
