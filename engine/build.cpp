@@ -51,9 +51,9 @@ static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::functio
 static Status InitStaging(Engine::Impl& m) {
   const StagingSizes z = PlanStaging(m.lay_, [&](uint64_t bytes) { return m.io_->NvmePadded(bytes); });
   std::copy(std::begin(z.opt_offsets), std::end(z.opt_offsets), std::begin(m.lay_.opt_slot_offsets));
-  std::copy(std::begin(z.piece_offsets), std::end(z.piece_offsets), std::begin(m.lay_.opt_piece_offsets));
+  m.lay_.opt_piece_bytes = z.piece_bytes;
   Status st = m.staging_.opt.Init(m.host_.get(), z.opt_slots, z.opt_offsets[kNumStates]);
-  if (st.ok() && z.piece_offsets[kNumStates]) m.staging_.opt.SetPieces(z.piece_offsets[kNumStates]);
+  if (st.ok() && z.piece_bytes) m.staging_.opt.SetPieces();
   if (st.ok()) st = m.staging_.param.Init(m.host_.get(), z.param_slots, z.param_bytes);
   if (st.ok()) st = m.staging_.grad.Init(m.host_.get(), z.grad_slots, z.grad_bytes);
   if (st.ok()) st = m.staging_.frozen.Init(m.host_.get(), z.frozen_slots, z.frozen_bytes);
@@ -270,6 +270,7 @@ Status Engine::Impl::BuildOnce() {
   staging_.opt.SetReclaim([this] {
     if (pipeline_) pipeline_->DropReadAhead();
   });  // slots read ahead come back on demand
+  io_->SetGate([this] { return pipeline_ ? pipeline_->Gate() : Status::Ok(); });  // NVMe moves wait for the step's writes left behind
   // The step's new P goes on into a cached device copy (host arena), so the
   // next forward does not read it back from NVMe; kept at the step's Drop.
   // A speculated group's (kHeld) is forgotten if the speculation is discarded

@@ -43,6 +43,7 @@ Engine::Impl::Impl(const Config& config, const EngineOptions& options) : config_
 }
 
 Engine::Impl::~Impl() {
+  if (pipeline_) (void)pipeline_->WaitBehind();  // the step's writes land (~StepPipeline logs a failure)
   if (pipeline_) pipeline_->DropReadAhead();  // its reads land before the slots and files go
   reducer_.reset();
   worker_.reset();

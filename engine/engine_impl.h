@@ -118,6 +118,11 @@ class Engine::Impl {
   // Ends the step (one that finished, or any after a successful load):
   // nothing pending or broken, every group's gradients and flags reset.
   void AbandonStep(bool keep_p_stale = false);
+  // Waits for the last step's writes left behind (strata.write_behind); a
+  // failed one breaks the engine, naming it. `recovers` (a load): the
+  // failure is then cleared, the load rewriting every block.
+  void SettleBehind(bool recovers = false);
+
   Status Agree(const Status& local, const std::string& what) { return AgreeOverRanks(comm_, local, what); }
   Status RecomputeP(void* buf, uint64_t buf_bytes);
 

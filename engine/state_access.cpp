@@ -123,6 +123,7 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
 // gradients pending, nothing loading.
 Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
   if (!built_) return StateError(std::string(call) + ": the engine is not built");
+  SettleBehind(recovers);
   if (!recovers) STRATA_RETURN_IF_ERROR(CheckUsable(call, false));
   residency_->DropAheadPins();
   for (int g = 0; g < lay_.part.num_groups(); ++g) {

@@ -26,9 +26,26 @@
 
 namespace strata {
 
+void Engine::Impl::SettleBehind(bool recovers) {
+  if (!pipeline_) return;
+  Status st = pipeline_->WaitBehind();
+  if (st.ok()) return;
+  if (step_.broken.empty()) {  // (else said already, or broken before)
+    step_.broken = "step " + std::to_string(step_.applied) +
+                   " returned before its W, M, V were written (strata.write_behind), and a write failed (" +
+                   st.ToString() + "): its new state is lost";
+  }
+  // A load rewrites every block: its writes go ahead, and the engine stays
+  // broken unless it succeeds (AbandonStep).
+  if (recovers) pipeline_->ClearBehind();
+}
+
+
 Status Engine::Impl::PrepareStep(const StepOptions& so) {
   STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "prepare_step"));
   if (!built_) return StateError("prepare_step: the engine is not built");
+  SettleBehind();  // the last step's writes are done before this one reads
+  if (!step_.broken.empty()) return CheckUsable("prepare_step", /*pending_ok=*/true);
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("prepare_step: the step's options (nothing was changed)"));
   for (const auto& gs : steps_)
     if (gs.grad_calls > 0 || gs.parts.open)
@@ -201,8 +218,17 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
     if (lay_.frozen(g) || gs.committed || (skips_gradless() && gs.grad_calls == 0)) continue;
     cohorts[StepsOf(g)].push_back(g);
   }
-  for (const auto& [steps, groups] : cohorts)
-    if (st.ok()) st = pipeline_->Run(groups, grad_scale, so, steps + 1, &step_.broken);
+  for (const auto& [steps, groups] : cohorts) {
+    if (!st.ok()) break;
+    // One cohort whose units all fit the staging pieces: the writes go on
+    // after the step returns (strata.write_behind).
+    bool behind = false;
+    if (cohorts.size() == 1 && config_.strata.write_behind && pipeline_->CanRunBehind(groups))
+      st = pipeline_->RunBehind(groups, grad_scale, so, steps + 1, &step_.broken, &behind);
+    else
+      st = pipeline_->Run(groups, grad_scale, so, steps + 1, &step_.broken);
+    if (behind) stats_->OnWriteBehind();
+  }
   if (st.ok()) st = RepairStaleP();
   if (!step_.broken.empty())
     st = StateError("step: cannot be finished: " + step_.broken + "; load the last checkpoint to go on (" +
@@ -219,6 +245,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   // The kernels' own refusal, before anything is touched: a refused option
   // leaves nothing pending (the next valid step goes ahead).
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("step: the step's options (nothing was changed)"));
+  SettleBehind();  // the last step's writes left behind are done (or broke the engine)
   STRATA_RETURN_IF_ERROR(CheckUsable("step"));
   STRATA_RETURN_IF_ERROR(CheckNoOpenParts("step"));
   residency_->DropAheadPins();

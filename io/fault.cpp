@@ -1,11 +1,25 @@
 // Applying injected faults to completion results.
 #include "io/fault.h"
 
+#include <chrono>
+#include <thread>
+
 #include "base/align.h"
 
 namespace strata {
 
+void FaultPlan::SlowWrites(int ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  slow_write_ms_ = ms;
+}
+
 int FaultPlan::Apply(uint64_t seq, bool is_write, int res, uint64_t len, uint64_t align) {
+  int slow = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    slow = is_write ? slow_write_ms_ : 0;
+  }
+  if (slow > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow));
   std::lock_guard<std::mutex> lock(mu_);
   if (armed_ && (armed_ops_ == Ops::kBoth || (armed_ops_ == Ops::kWrites) == is_write)) {
     if (armed_skip_ > 0) {

@@ -36,6 +36,9 @@ class FaultPlan {
   void Arm(Ops ops, int err, uint64_t skip = 0, int64_t count = -1);
   void Disarm();
   int fired() const;
+  // Every write's completion is held back this long before it is reported
+  // (a slow disk), from now on; 0: none.
+  void SlowWrites(int ms);
 
  private:
   mutable std::mutex mu_;  // guards fired_ and the armed fault
@@ -46,6 +49,7 @@ class FaultPlan {
   int armed_err_ = 0;
   uint64_t armed_skip_ = 0;
   int64_t armed_count_ = 0;
+  int slow_write_ms_ = 0;
 };
 
 }  // namespace strata

@@ -195,6 +195,7 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.act_live_bytes = s.act_live_bytes;
     f.p_gathers = s.p_gathers;
     f.step_read_ahead_bytes = s.step_read_ahead_bytes;
+    f.write_behind_steps = s.write_behind_steps;
     return WriteSized(f, "stats", stats);
   });
 }

@@ -247,6 +247,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Bool("comm_shared_memory", &s->comm_shared_memory));
   STRATA_RETURN_IF_ERROR(r.Int("io_rings", &s->io_rings, 1, 64));
   STRATA_RETURN_IF_ERROR(r.Choice("step_io", &s->step_io, {"alternate", "concurrent"}));
+  STRATA_RETURN_IF_ERROR(r.Bool("write_behind", &s->write_behind));
   STRATA_RETURN_IF_ERROR(r.Choice("nonfinite", &s->nonfinite, {"skip", "error", "apply"}));
   STRATA_RETURN_IF_ERROR(r.Choice("grad_reduce", &s->grad_reduce, {"mean", "sum"}));
   STRATA_RETURN_IF_ERROR(r.Choice("state_format", &s->state_format, {"fp32", "compact"}));
@@ -448,7 +449,7 @@ std::string ConfigToJson(const Config& c) {
         {"nvme_paths", c.strata.nvme_paths}, {"trace_path", c.strata.trace_path},
         {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s},
         {"comm_shared_memory", c.strata.comm_shared_memory}, {"io_rings", c.strata.io_rings},
-        {"step_io", c.strata.step_io}, {"nonfinite", c.strata.nonfinite},
+        {"step_io", c.strata.step_io}, {"write_behind", c.strata.write_behind}, {"nonfinite", c.strata.nonfinite},
         {"grad_reduce", c.strata.grad_reduce}, {"state_format", c.strata.state_format},
         {"device_pool", c.strata.device_pool},
         {"gpu_optimizer", c.strata.gpu_optimizer},

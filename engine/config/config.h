@@ -135,6 +135,14 @@ struct StrataConfig {
   //   "concurrent" shard i+1 is read while shard i-1 is written, for devices
   //                that gain bandwidth from mixing.
   std::string step_io = "alternate";
+  // Write-behind (StepPipeline::RunBehind): a step that updates after
+  // backward returns once every unit is updated, its W, M, V writes to NVMe
+  // going on in the background until the next call that needs them (a
+  // fetch from NVMe, prepare_step, step, a checkpoint, state access). One
+  // rank, W, M, V on NVMe in units, staging pieces for every unit. A write
+  // that fails then breaks the engine (a checkpoint load recovers) instead
+  // of leaving the step pending.
+  bool write_behind = true;
   // What a step does when a gradient is NaN or infinite (fp32 and bf16
   // compute; with fp16 it is a loss-scale overflow and always skipped):
   //   "skip"   nothing is updated, StepResult.skipped is true, steps_applied

@@ -54,6 +54,7 @@ void BlockIo::Free(StateBlock& b) {
 }
 
 Result<BlockMove> BlockIo::Start(const StateBlock& b, void* host, bool to_home, const uint64_t* checksum) {
+  if (b.home == TierKind::kNvme && gate_) STRATA_RETURN_IF_ERROR(gate_());
   BlockMove m;
   if (!b.parts.empty()) {  // each part from its place in `host`, checksummed on its own
     m.kind = BlockMove::kParts;

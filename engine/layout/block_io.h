@@ -5,6 +5,7 @@
 // need no move at all: Direct() says so and DirectPtr() gives the memory.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "engine/stats/stats.h"
@@ -98,7 +99,15 @@ class BlockIo {
 
   uint64_t NvmePadded(uint64_t bytes) const { return nvme_ ? nvme_->PaddedSize(bytes) : bytes; }
 
+  // Called before every move of an NVMe-homed block starts (a load or a
+  // store, a block in parts once): the step's writes left behind
+  // (StepPipeline::Gate) finish first, so that no read finds a block's old
+  // contents and no write races theirs. An error fails the move with it.
+  // Set once, before use.
+  void SetGate(std::function<Status()> gate) { gate_ = std::move(gate); }
+
  private:
+  std::function<Status()> gate_;
   // host -> home (to_home) or home -> host.
   Result<BlockMove> Start(const StateBlock& b, void* host, bool to_home, const uint64_t* checksum);
 

@@ -39,7 +39,7 @@ struct Layout {
   TierKind home[kNumStates] = {};
   std::vector<uint8_t> frozen_groups;          // per group: freeze_group marked it (sized at build)
   uint64_t opt_slot_offsets[kNumStates + 1] = {};  // of each state in a step slot; [kNumStates]: slot bytes
-  uint64_t opt_piece_offsets[kNumStates + 1] = {};  // in a piece of a slot (StagingSizes::piece_offsets); [kNumStates] 0: none
+  uint64_t opt_piece_bytes = 0;  // the largest piece of the step's slots (StagingSizes::piece_bytes); 0: whole slots
   // Step units (set at build, SetStepUnits): the step updates a group's shard
   // in units of at most `unit_numel` elements, each with its own NVMe blocks
   // of W, M, V, written (copy on write) and committed on its own, so that the

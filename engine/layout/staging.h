@@ -3,11 +3,12 @@
 // returned without allocating. Acquire blocks while all are in use; an empty
 // pool (nothing needs staging) hands out null.
 //
-// Pieces (SetPieces): a buffer may instead be lent a piece at a time, each
-// `piece_bytes` at a multiple of it from the buffer's start, for users whose
-// work comes in smaller units (the step's units, StepPipeline). A buffer is
-// split when a piece is wanted and none is free, and comes back whole once
-// all its pieces are back; Acquire of a whole buffer waits for that.
+// Pieces (SetPieces): a buffer may instead be lent in pieces of any size,
+// for users whose work comes in smaller units (the step's units,
+// StepPipeline): they are cut from one buffer after another, in order, and
+// a buffer comes back whole once all its pieces are back; Acquire of a
+// whole buffer waits for that. Users that take pieces in order and give
+// them back in about the order taken (a pipeline) reuse the memory fully.
 #pragma once
 
 #include <condition_variable>
@@ -50,54 +51,61 @@ class StagingPool {
     free_.pop_back();
     return p;
   }
-  // Lends buffers in pieces of `piece_bytes` (a multiple of 4096, at most
-  // bytes()): per_buffer() of them each. Once, after Init and before use.
-  void SetPieces(uint64_t piece_bytes) {
+  // Lends buffers in pieces (regions of any size up to bytes(), each at a
+  // multiple of 4096). Once, after Init and before use.
+  void SetPieces() {
     std::lock_guard<std::mutex> lock(mu_);
-    piece_bytes_ = piece_bytes;
-    per_ = piece_bytes ? static_cast<int>(bytes_ / piece_bytes) : 0;
+    pieces_ = true;
     lent_.assign(all_.size(), 0);
+    used_.assign(all_.size(), 0);
+    current_ = -1;
   }
-  // A piece, blocking like Acquire (buffers lent ahead are reclaimed first);
-  // null when the pool has no buffers or no pieces were set.
-  void* AcquirePiece() {
-    if (all_.empty() || per_ == 0) return nullptr;
+  bool pieces() const { return pieces_; }
+  // A piece of `bytes`, blocking like Acquire (buffers lent ahead are
+  // reclaimed first); null when the pool has no buffers, no pieces were
+  // set, or `bytes` is more than a buffer holds.
+  void* AcquirePiece(uint64_t bytes) {
+    if (all_.empty() || !pieces_ || bytes > bytes_) return nullptr;
     std::unique_lock<std::mutex> lock(mu_);
-    void* p = TakePieceLocked();
+    void* p = TakePieceLocked(bytes);
     if (!p && reclaim_) {
       lock.unlock();
       reclaim_();
       lock.lock();
-      p = TakePieceLocked();
+      p = TakePieceLocked(bytes);
     }
     while (!p) {
       cv_.wait(lock);
-      p = TakePieceLocked();
+      p = TakePieceLocked(bytes);
     }
     return p;
   }
-  // A piece when one is free now (or a buffer to split), else null.
-  void* TryAcquirePiece() {
-    if (per_ == 0) return nullptr;
+  // A piece when one fits now, else null (never blocks).
+  void* TryAcquirePiece(uint64_t bytes) {
+    if (!pieces_ || bytes > bytes_) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
-    return TakePieceLocked();
+    return TakePieceLocked(bytes);
   }
   void ReleasePiece(void* p) {
     if (!p) return;
     {
       std::lock_guard<std::mutex> lock(mu_);
       const size_t b = OwnerLocked(p);
-      free_pieces_.push_back(p);
       if (--lent_[b] == 0) {  // every piece back: the buffer is whole again
-        char* base = static_cast<char*>(all_[b].ptr);
-        std::erase_if(free_pieces_, [&](void* q) { return q >= base && q < base + bytes_; });
-        free_.push_back(base);
+        used_[b] = 0;
+        if (current_ == static_cast<int>(b)) current_ = -1;
+        free_.push_back(all_[b].ptr);
       }
     }
     cv_.notify_all();
   }
-  uint64_t piece_bytes() const { return piece_bytes_; }
-  int per_buffer() const { return per_; }
+  // What pieces of `each` bytes (at most) the buffers surely hold at once,
+  // whatever the order they come in: each buffer's bytes less the most a
+  // piece that does not fit can leave unused at its end.
+  uint64_t PieceCapacity(uint64_t each) const {
+    const uint64_t a = (each + 4095) / 4096 * 4096;
+    return a > bytes_ ? 0 : static_cast<uint64_t>(all_.size()) * (bytes_ - a + 4096);
+  }
   // Called by an Acquire that finds no buffer free, before it waits: the
   // owner of buffers taken ahead of need (StepPipeline::ReadAhead) gives
   // them back, so that nobody waits on a buffer only a later call returns.
@@ -129,21 +137,26 @@ class StagingPool {
     for (auto& a : all_) host_->Free(a);
     all_.clear();
     free_.clear();
-    free_pieces_.clear();
     lent_.clear();
-    per_ = 0;
-    piece_bytes_ = 0;
+    used_.clear();
+    pieces_ = false;
+    current_ = -1;
   }
-  void* TakePieceLocked() {
-    if (free_pieces_.empty()) {
+  // Pieces come from one buffer at a time, in order (the last split, while
+  // it has room); a buffer comes back whole when its last piece does.
+  void* TakePieceLocked(uint64_t bytes) {
+    const uint64_t a = (bytes + 4095) / 4096 * 4096;
+    if (current_ < 0 || used_[static_cast<size_t>(current_)] + a > bytes_) {
       if (free_.empty()) return nullptr;
-      char* base = static_cast<char*>(free_.back());
+      void* base = free_.back();
       free_.pop_back();
-      for (int i = per_ - 1; i >= 0; --i) free_pieces_.push_back(base + static_cast<uint64_t>(i) * piece_bytes_);
+      current_ = static_cast<int>(OwnerLocked(base));
+      used_[static_cast<size_t>(current_)] = 0;
     }
-    void* p = free_pieces_.back();
-    free_pieces_.pop_back();
-    ++lent_[OwnerLocked(p)];
+    const size_t b = static_cast<size_t>(current_);
+    void* p = static_cast<char*>(all_[b].ptr) + used_[b];
+    used_[b] += a;
+    ++lent_[b];
     return p;
   }
   size_t OwnerLocked(const void* p) const {
@@ -158,13 +171,13 @@ class StagingPool {
   HostTier* host_ = nullptr;
   uint64_t bytes_ = 0;
   std::vector<Allocation> all_;
-  std::mutex mu_;  // guards free_, free_pieces_, lent_
+  std::mutex mu_;  // guards free_, lent_, used_, current_
   std::condition_variable cv_;
-  std::vector<void*> free_;         // whole buffers
-  std::vector<void*> free_pieces_;  // pieces of split buffers
-  std::vector<int> lent_;           // per buffer: its pieces lent
-  uint64_t piece_bytes_ = 0;
-  int per_ = 0;
+  std::vector<void*> free_;       // whole buffers
+  bool pieces_ = false;
+  std::vector<int> lent_;         // per buffer: its pieces lent
+  std::vector<uint64_t> used_;    // per split buffer: bytes handed out from its start
+  int current_ = -1;              // the buffer pieces come from now (-1: none)
   std::function<void()> reclaim_;
 };
 

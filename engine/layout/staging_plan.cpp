@@ -21,6 +21,13 @@ int StepGroupsWriting(int slots, bool concurrent) {
   return concurrent ? std::max(slots, 3) - 1 : std::max(slots / 2, 1);
 }
 
+uint64_t StepPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>& padded, int g, int u, bool largest) {
+  uint64_t at = 0;
+  for (int s : {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)})
+    if (m.StagedInSlot(s)) at += AlignUp(padded(largest ? m.unit_numel * 4 : m.PartBytes(s, g, u)), 4096);
+  return at;
+}
+
 StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)>& padded) {
   StagingSizes z;
   const bool gpu = m.device_on_gpu;
@@ -43,19 +50,12 @@ StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)
   bool pieces = off > 0 && m.unit_numel > 0 && !m.compact && m.any_trainable();
   for (int g = 0; pieces && g < ngroups; ++g) pieces = m.frozen(g) || m.SplitsIntoUnits(g);
   if (pieces) {
-    uint64_t at = 0;
-    for (int s = 0; s < kNumStates; ++s) {
-      z.piece_offsets[s] = at;
-      const bool wmv = s == int(StateKind::kW) || s == int(StateKind::kM) || s == int(StateKind::kV);
-      if (wmv && m.StagedInSlot(s)) at += AlignUp(padded(m.unit_numel * 4), 64 * kKiB);
-    }
-    const uint64_t per = at ? AlignUp(off, 4096) / at : 0;
+    const uint64_t at = StepPieceBytes(m, padded, 0, 0, /*largest=*/true);
+    const uint64_t per = at ? off / at : 0;
     if (per >= 2) {
-      z.piece_offsets[kNumStates] = at;
+      z.piece_bytes = at;
       const int want = StepSlots(*m.config);
       z.opt_slots = std::max(2, static_cast<int>((static_cast<uint64_t>(want) + per - 1) / per));
-    } else {
-      std::fill(std::begin(z.piece_offsets), std::end(z.piece_offsets), 0);
     }
   }
   const uint64_t shard = m.part.largest_shard_numel();

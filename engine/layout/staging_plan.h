@@ -15,12 +15,13 @@ struct StagingSizes {
   int opt_slots = 0;                          // 0: every state is addressed in place
   // The step's pieces (StagingPool::SetPieces): where every group that
   // trains is stepped in units (Layout::SplitsIntoUnits), the step and its
-  // read-ahead take a unit's W, M, V in a piece of a slot, not a whole slot:
-  // of each state in a piece; [kNumStates]: piece bytes (0: whole slots).
-  // The slots then number max(2, buffer_count / pieces a slot): what the
-  // calls that move whole groups between steps need (a checkpoint's save
-  // overlaps two), and at least buffer_count pieces.
-  uint64_t piece_offsets[kNumStates + 1] = {};
+  // read-ahead take a job's W, M, V (a unit's, or a small group's) in a
+  // piece of a slot of its size, not a whole slot. piece_bytes: the largest
+  // unit's (0: whole slots). The slots then number max(2, buffer_count
+  // largest units' worth): what the calls that move whole groups between
+  // steps need (a checkpoint's save overlaps two), and at least buffer_count
+  // of the largest pieces.
+  uint64_t piece_bytes = 0;
   int param_slots = 0;
   uint64_t param_bytes = 0;
   int grad_slots = 0;
@@ -38,6 +39,11 @@ int StepSlots(const Config& c);
 // slots (StepPipeline): a batch, half the slots, under strata.step_io
 // "alternate"; all but one of at least 3 under "concurrent".
 int StepGroupsWriting(int slots, bool concurrent);
+
+// The bytes of a piece that holds group g's unit u's W, M, V (each at a
+// multiple of 4096, padded as the NVMe tier pads them: `padded`), or
+// (`largest`) a whole unit's of zero_optimization.sub_group_size elements.
+uint64_t StepPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>& padded, int g, int u, bool largest);
 
 // The pools' sizes for layout `m` (homes chosen); `padded` is the NVMe
 // tier's padding of a block's bytes. The step's slots, G's staging and the

@@ -38,6 +38,9 @@ struct EngineStats {
   // during backward into free step slots (StepPipeline::ReadAhead) that the
   // step then used, cumulative.
   uint64_t step_read_ahead_bytes = 0;
+  // Steps that returned before their W, M, V writes to NVMe were done
+  // (strata.write_behind), cumulative.
+  uint64_t write_behind_steps = 0;
   // overlap_step: steps whose early updates were speculative (held until
   // the norm was known), and of those the ones committed, replayed (clipping
   // applied, or the options changed: redone after backward) and discarded

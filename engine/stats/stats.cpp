@@ -206,6 +206,11 @@ void StatsRecorder::OnReadAheadUsed(uint64_t bytes) {
   stats_.step_read_ahead_bytes += bytes;
 }
 
+void StatsRecorder::OnWriteBehind() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.write_behind_steps;
+}
+
 void StatsRecorder::SetExposed(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.exposed_step_s = seconds;

@@ -72,6 +72,7 @@ class StatsRecorder {
   void OnOverlap(Speculated outcome, int early_groups);
   void OnSpeculationDeclined();
   void OnReadAheadUsed(uint64_t bytes);
+  void OnWriteBehind();
   void SetExposed(double seconds);
   // Figures so far; the tier fields are filled by the engine.
   EngineStats Snapshot() const;

@@ -26,6 +26,9 @@
 #include <tuple>
 #include <utility>
 
+#include "base/align.h"
+#include "base/log.h"
+
 #include "engine/layout/staging_plan.h"
 #include "kernels/cpu/adagrad.h"
 #include "kernels/cpu/adam.h"
@@ -67,25 +70,10 @@ struct Job {
   bool gpu = false;  // W, M, V (and a device-homed P) are updated in place on the GPU
   StepKernelOptions ko;  // the group's options (its own update count)
   bool g_copy = false;   // G is the feed's copy (Feed::g_copy): handed back by g_done
+  bool behind = false;   // RunBehind: committed at Updated, its writes after the run returned
 };
 
 }  // namespace
-
-// A job's slot: a whole one, or (every group that trains stepped in units)
-// a piece of one, which holds a unit's W, M, V (staging_plan.h).
-void* StepPipeline::Slot(bool wait) {
-  if (pieces()) return wait ? opt_staging_.AcquirePiece() : opt_staging_.TryAcquirePiece();
-  return wait ? opt_staging_.Acquire() : opt_staging_.TryAcquire();
-}
-
-void StepPipeline::ReleaseSlot(void* slot) {
-  if (pieces()) opt_staging_.ReleasePiece(slot);
-  else opt_staging_.Release(slot);
-}
-
-uint64_t StepPipeline::SlotOffset(int s) const {
-  return pieces() ? layout_.opt_piece_offsets[s] : layout_.opt_slot_offsets[s];
-}
 
 StepKernelOptions StepPipeline::KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const {
   const OptimizerConfig& oc = layout_.config->optimizer;
@@ -102,60 +90,6 @@ StepKernelOptions StepPipeline::KernelOptions(const StepOptions& so, double grad
 
 Status StepPipeline::Check(const StepOptions& so) const {
   return ValidateStepKernelOptions(KernelOptions(so, 1.0, 1));
-}
-
-void StepPipeline::ReadAhead(const std::vector<int>& groups) {
-  if (layout_.compact) return;  // (compact's W, M, V are read through the shard store)
-  for (int g : groups) {
-    if (gpu_.UpdatesOnGpu(g)) continue;
-    for (int u = 0; u < layout_.Units(g); ++u) {  // a group in units: a slot a unit, in the step's order
-      Ahead a;
-      a.group = g;
-      a.unit = u;
-      for (int s : {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
-        const StateBlock& b = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)].Part(u);
-        if (b.alloc.charged == 0 || b.home != TierKind::kNvme) continue;
-        if (!a.slot && !(a.slot = Slot(/*wait=*/false))) break;
-        auto m = io_.StartLoad(b, static_cast<char*>(a.slot) + SlotOffset(s));
-        if (!m.ok()) continue;  // the run reads it itself, and reports what fails
-        a.m[static_cast<size_t>(s)] = std::move(m).value();
-        a.has[static_cast<size_t>(s)] = true;
-      }
-      if (!a.slot) return;  // no slot free: nothing more to read ahead
-      bool any = false;
-      for (bool h : a.has) any = any || h;
-      if (!any) {
-        ReleaseSlot(a.slot);
-        continue;
-      }
-      std::lock_guard<std::mutex> lock(ahead_mu_);
-      ahead_.push_back(std::move(a));
-    }
-  }
-}
-
-void StepPipeline::DropReadAhead() {
-  std::deque<Ahead> drop;
-  {
-    std::lock_guard<std::mutex> lock(ahead_mu_);
-    drop.swap(ahead_);
-  }
-  for (Ahead& a : drop) {
-    for (int s = 0; s < kNumStates; ++s)
-      if (a.has[static_cast<size_t>(s)]) io_.Finish(a.m[static_cast<size_t>(s)]).IgnoreError();  // the disk is done with the slot
-    ReleaseSlot(a.slot);
-  }
-}
-
-bool StepPipeline::TakeAhead(int g, int u, Ahead* out) {
-  std::lock_guard<std::mutex> lock(ahead_mu_);
-  for (auto it = ahead_.begin(); it != ahead_.end(); ++it)
-    if (it->group == g && it->unit == u) {
-      *out = std::move(*it);
-      ahead_.erase(it);
-      return true;
-    }
-  return false;
 }
 
 Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
@@ -219,6 +153,23 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     if (j.g_copy) {  // read by the update (or never, when it did not run); units: by the group's last
       j.g_copy = false;
       if (j.last_of_group) feed.g_done(j.group);
+    }
+    if (j.behind) {  // committed at Updated: W, M, V land and are published together, or none is
+      Status st;
+      int want = 0;
+      for_each_stored(j, [&](int, const StateBlock&) { ++want; });
+      for (int k = 0; k < j.stores.n; ++k) {
+        Status s = io_.WaitStore(j.stores.m[static_cast<size_t>(k)]);
+        if (st.ok() && !s.ok()) st = std::move(s);
+      }
+      const bool landed = st.ok() && j.stores.n == want;
+      for (int k = 0; k < j.stores.n; ++k) io_.SettleStore(j.stores.m[static_cast<size_t>(k)], landed);
+      j.stores.n = 0;
+      if (!st.ok())
+        keep(st.WithContext("group " + std::to_string(j.group) + " unit " + std::to_string(j.unit) +
+                            ": its new W, M, V were discarded"));
+      if (j.slot) { ReleaseSlot(j.slot); j.slot = nullptr; }
+      return;
     }
     const bool in_units = layout_.Units(j.group) > 1;
     GroupStep& gs = steps_[static_cast<size_t>(j.group)];
@@ -334,8 +285,8 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
         j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(io_.DirectPtr(b)) + unit_at(s));
         continue;
       }
-      if (!j.slot) j.slot = Slot(/*wait=*/true);  // blocks until a slot's writes are done
-      j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + SlotOffset(s));
+      if (!j.slot) j.slot = Slot(j.group, j.unit, /*wait=*/true);  // blocks until a slot's writes are done
+      j.ptr[s] = reinterpret_cast<float*>(static_cast<char*>(j.slot) + SlotOffset(j.group, j.unit, s));
       if (shadow) {  // this rank's slice, updated here and copied back when the group commits
         const uint64_t off = layout_.PSliceOffset(j.group);
         std::memcpy(reinterpret_cast<char*>(j.ptr[s]) + off, static_cast<const char*>(io_.DirectPtr(b)) + off,
@@ -449,7 +400,48 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     return first_error.ok();
   };
 
-  if (config.strata.step_io == "concurrent") {
+  if (feed.behind) {
+    // Write-behind (RunBehind): every job's loads, each into a piece of its
+    // own, then every update. Once all are updated their groups are
+    // committed and P handed on, and the caller goes on (Updated); the
+    // writes follow in the batches a run writes in (the swap's room for
+    // writes in flight is theirs). A failure before that writes nothing:
+    // the groups stay uncommitted, old on NVMe, for the next run.
+    for (int i = 0; avail(i, /*wait=*/true); ++i) start_loads(i);
+    bool all = true;
+    for (auto& j : jobs) {
+      finish_loads(j);
+      if (!first_error.ok() || !update(j)) {
+        all = false;
+        break;
+      }
+    }
+    if (all && first_error.ok()) {
+      const size_t dt = DTypeSize(layout_.dtype);
+      for (auto& j : jobs) {
+        GroupStep& gs = steps_[static_cast<size_t>(j.group)];
+        const bool in_units = layout_.Units(j.group) > 1;
+        if (in_units) {
+          gs.unit_done[static_cast<size_t>(j.unit)] = 1;
+          gs.committed = std::all_of(gs.unit_done.begin(), gs.unit_done.end(), [](uint8_t d) { return d != 0; });
+        } else {
+          gs.p_stale = false;  // (P is W's bytes, or updated in place: pieces need either)
+          gs.committed = true;
+        }
+        if (on_p_stored_ && layout_.PIsW(j.group) && !layout_.p_gathered_after_step())
+          on_p_stored_(j.group, j.ptr[int(StateKind::kW)], false, in_units ? j.first * dt : 0, in_units ? j.len * dt : 0);
+        j.behind = true;
+      }
+      Updated();
+      const size_t batch = static_cast<size_t>(
+          std::max(StepGroupsWriting(StepSlots(config), config.strata.step_io == "concurrent"), 1));
+      for (size_t b = 0; b < jobs.size() && first_error.ok(); b += batch) {
+        const size_t e = std::min(jobs.size(), b + batch);
+        for (size_t i = b; i < e; ++i) start_stores(jobs[i]);
+        for (size_t i = b; i < e; ++i) finish_stores(jobs[i]);
+      }
+    }
+  } else if (config.strata.step_io == "concurrent") {
     for (int i = 0; first_error.ok() && avail(i, /*wait=*/true); ++i) {
       // Slot reuse: with K slots, job i+1 takes the slot of job i+1-K, once its
       // writes finish; reads run up to K-2 shards ahead of the update (of the

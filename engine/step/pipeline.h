@@ -20,10 +20,13 @@
 #pragma once
 
 #include <array>
+#include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/config/engine_options.h"
@@ -46,6 +49,7 @@ class StepPipeline {
         gpu_(gpu),
         shards_(shards),
         steps_(steps) {}
+  ~StepPipeline();  // waits for the writes left behind
 
   // Updates `order`'s groups with the step's options, G multiplied by
   // `grad_scale`, bias correction for update number `step`. *broken (when
@@ -67,6 +71,7 @@ class StepPipeline {
     Speculation* spec = nullptr;
     std::function<const void*(int g)> g_copy;
     std::function<void(int g)> g_done;
+    bool behind = false;  // RunBehind's run (on its thread): no spec, no g_copy
   };
   Status RunFeed(const Feed& feed, double grad_scale, const StepOptions& so, std::string* broken);
   // Called (on the run's thread) when a committed group's new P, held in
@@ -90,6 +95,30 @@ class StepPipeline {
   void ReadAhead(const std::vector<int>& groups);
   void DropReadAhead();
   uint64_t read_ahead_used() const { return read_ahead_used_; }  // reads a run took over, so far
+  // Write-behind: a run whose W, M, V writes go on after it returns. Every
+  // job (a unit, or a group stepped whole) of `order` is read (or taken
+  // from the read-ahead) into a piece of its own and updated, and its group
+  // committed (GroupStep), with its P handed on (OnPStored), before the run
+  // returns; the writes then go on, in batches as a run's, on the
+  // pipeline's own thread, each job's piece coming back once its W, M, V
+  // have landed and been published. Where it applies (CanRunBehind): pieces
+  // (staging_plan.h), and enough of them for every job at once.
+  // A run that fails before every job is updated writes nothing and returns
+  // as Run does (the groups it did not commit are redone by the next run);
+  // `*behind` then is false. A write that fails after the run returned
+  // cannot be undone into the step: its job's new state is discarded (the
+  // block keeps its old contents), the rest are not started, and the
+  // failure is kept for WaitBehind (the engine is broken: a checkpoint load).
+  bool CanRunBehind(const std::vector<int>& order) const;
+  Status RunBehind(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
+                   std::string* broken, bool* behind);
+  // Waits for the writes left behind; their failure, if any, until
+  // ClearBehind. Any thread.
+  Status WaitBehind();
+  void ClearBehind();
+  // BlockIo's gate: on the writes' own thread nothing, else WaitBehind.
+  Status Gate();
+
   // The kernels' refusal of the step's options (beta1 outside [0, 1), a
   // negative learning rate, ...), asked before anything is touched: a step
   // refused here changes nothing and leaves nothing pending.
@@ -97,11 +126,26 @@ class StepPipeline {
 
  private:
   StepKernelOptions KernelOptions(const StepOptions& so, double grad_scale, int64_t step) const;
-  bool pieces() const { return layout_.opt_piece_offsets[kNumStates] != 0; }
-  void* Slot(bool wait);  // wait: blocks until one is free; else null when none is
+  bool pieces() const { return layout_.opt_piece_bytes != 0; }
+  // A slot (or piece) for group g's unit u; wait: blocks until one is free, else null when none is.
+  void* Slot(int g, int u, bool wait);
   void ReleaseSlot(void* slot);
-  uint64_t SlotOffset(int s) const;  // of state s in a slot (or piece)
+  uint64_t SlotOffset(int g, int u, int s) const;  // of state s in its slot (or piece)
+  uint64_t PieceBytes(int g, int u) const;
   PStored on_p_stored_;
+  // Write-behind: the thread that runs a RunBehind, and what it reports.
+  // behind_mu_ guards behind_phase_, behind_status_, behind_failure_, behind_broken_.
+  enum class Behind { kIdle, kUpdating, kWriting };
+  void Updated();  // (the behind thread) every job updated: the caller goes on
+  std::thread behind_thread_;
+  std::atomic<std::thread::id> behind_id_{};
+  std::mutex behind_mu_;
+  std::condition_variable behind_cv_;
+  Behind behind_phase_ = Behind::kIdle;
+  Status behind_status_;   // the run's result up to Updated (or its end)
+  Status behind_failure_;  // the writes' after it
+  bool behind_updated_ = false;  // the last RunBehind reached Updated
+  std::string behind_broken_;
   struct Ahead {
     int group = -1, unit = 0;
     void* slot = nullptr;

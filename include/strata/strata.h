@@ -489,6 +489,12 @@ STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
  * gradients cannot be read back, or device memory was left half written)
  * the call returns STATE saying why, and every call but checkpoint_load
  * (which abandons the step) returns STATE until a checkpoint is loaded.
+ * Write-behind (strata.write_behind, one rank with W, M, V on NVMe in
+ * units): step returns once every group is updated and its W, M, V writes
+ * go on in the background; anything that reads them first waits. A write
+ * that fails then is reported by the next call that waits (prepare_step,
+ * step, checkpoint_save, read_state, write_state, a fetch that reads NVMe):
+ * the engine is broken, as above, until a checkpoint is loaded.
  * Errors: INVALID, STATE, IO, CORRUPT, NOSPACE, COMM, TIMEOUT. */
 STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_options_t* options,
                                               strata_step_result_t* result);
@@ -657,11 +663,15 @@ typedef struct strata_stats {
    * free staging (at strata_engine_prepare_step), and then used,
    * cumulative. */
   uint64_t step_read_ahead_bytes;
+  /* Appended. Steps that returned before their W, M, V writes to NVMe were
+   * done (strata.write_behind: they land before the next call that needs
+   * them), cumulative. */
+  uint64_t write_behind_steps;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0                     \
+        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0                  \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

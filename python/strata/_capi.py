@@ -70,7 +70,8 @@ class _Stats(ctypes.Structure):
                 [(n, ctypes.c_uint64) for n in ("act_host_bytes", "act_nvme_bytes", "act_redeemed",
                                                 "act_prefetch_hits", "act_stalls")] +
                 [("act_stall_s", ctypes.c_double), ("act_live_bytes", ctypes.c_uint64),
-                 ("p_gathers", ctypes.c_uint64), ("step_read_ahead_bytes", ctypes.c_uint64)])
+                 ("p_gathers", ctypes.c_uint64), ("step_read_ahead_bytes", ctypes.c_uint64),
+                 ("write_behind_steps", ctypes.c_uint64)])
 
 
 class _AdamOptions(ctypes.Structure):

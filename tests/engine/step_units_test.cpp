@@ -11,7 +11,10 @@
 // - a checkpoint saved in units loads into an engine without them, and back;
 // - the step's staging comes in unit-sized pieces of its slots (StagingPool):
 //   two slots of the largest group where whole groups take buffer_count, and
-//   a step that updates after backward reads every unit ahead.
+//   a step that updates after backward reads every unit ahead;
+// - write-behind (strata.write_behind): the step returns before its writes
+//   land, every read after it sees them (bitwise the run without), and a
+//   write that fails then breaks the engine until a checkpoint load.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -212,7 +215,8 @@ TEST(StepUnits, AStepFailingPartWayThroughAGroupIsFinishedExactly) {
   for (const char* step_io : {"alternate", "concurrent"}) {
     SCOPED_TRACE(step_io);
     TempDir clean_dir;
-    const std::string extra = std::string(R"(, "step_io": ")") + step_io + "\"";
+    // (Without write-behind: a failed write fails its step, which stays pending.)
+    const std::string extra = std::string(R"(, "write_behind": false, "step_io": ")") + step_io + "\"";
     const auto clean = Train(Json(clean_dir.path(), 16384, "nvme", extra), 5);
     ASSERT_FALSE(clean.empty());
     int fired = 0, partial = 0;
@@ -278,39 +282,41 @@ TEST(StepUnits, CheckpointsMoveBetweenUnitsAndWholeGroups) {
   ExpectSame(State(*whole.engine), State(*units.engine), "whole groups' checkpoint in units");
 }
 
-// The pool's pieces: a buffer splits when a piece is wanted, lends pieces
-// that do not overlap, and comes back whole (to Acquire) only once every
-// piece is back; the reclaim runs before a piece wait.
-TEST(StagingPieces, SplitLendAndComeBackWhole) {
+// The pool's pieces: cut from one buffer after another, never overlapping,
+// of the sizes asked (4096 multiples); a buffer comes back whole (to
+// Acquire) only once every piece of it is back; the reclaim runs before a
+// piece wait; PieceCapacity is what surely fits.
+TEST(StagingPieces, CutInOrderAndComeBackWhole) {
   HostTierOptions ho;
   ho.budget = 64 * 1024 * 1024;
   ho.pin = false;
   ho.numa_bind = false;
   HostTier host(ho);
   StagingPool pool;
-  ASSERT_TRUE(pool.Init(&host, 2, 5 * 65536).ok());
-  pool.SetPieces(2 * 65536);  // two a buffer, the rest unused
-  ASSERT_EQ(pool.per_buffer(), 2);
-  std::set<char*> got;
-  std::vector<void*> lent;
+  constexpr uint64_t kB = 5 * 65536;
+  ASSERT_TRUE(pool.Init(&host, 2, kB).ok());
+  pool.SetPieces();
+  EXPECT_EQ(pool.PieceCapacity(2 * 65536), 2 * (kB - 2 * 65536 + 4096));
+  EXPECT_EQ(pool.TryAcquirePiece(kB + 1), nullptr) << "a piece larger than a buffer";
+  // 2 x 128 KiB fit a 320 KiB buffer; the third goes to the other buffer.
+  std::vector<char*> lent;
   for (int i = 0; i < 4; ++i) {
-    void* p = pool.TryAcquirePiece();
+    void* p = pool.TryAcquirePiece(2 * 65536 - 100);  // (rounded up to 4096s)
     ASSERT_NE(p, nullptr) << "piece " << i;
-    lent.push_back(p);
-    got.insert(static_cast<char*>(p));
+    lent.push_back(static_cast<char*>(p));
   }
-  EXPECT_EQ(got.size(), 4u);
-  for (auto it = got.begin(); std::next(it) != got.end(); ++it)  // no overlap
-    EXPECT_GE(*std::next(it) - *it, static_cast<std::ptrdiff_t>(2 * 65536));
-  EXPECT_EQ(pool.TryAcquirePiece(), nullptr) << "more pieces than two buffers hold";
-  EXPECT_EQ(pool.TryAcquire(), nullptr) << "a whole buffer while all are split";
-  // One piece of each buffer back: still none whole.
+  EXPECT_EQ(lent[1] - lent[0], 2 * 65536) << "pieces are not cut in order from one buffer";
+  EXPECT_EQ(lent[3] - lent[2], 2 * 65536);
+  EXPECT_TRUE(lent[2] < lent[0] || lent[2] >= lent[0] + kB) << "the third piece is not from the other buffer";
+  EXPECT_EQ(pool.TryAcquirePiece(2 * 65536), nullptr) << "more than two buffers hold";
+  void* small = pool.TryAcquirePiece(4096);  // the tail of the current buffer
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(static_cast<char*>(small), lent[3] + 2 * 65536);
+  EXPECT_EQ(pool.TryAcquire(), nullptr) << "a whole buffer while both are cut";
+  // One piece of the first buffer back: still none whole.
   pool.ReleasePiece(lent[0]);
-  pool.ReleasePiece(lent[3]);
   EXPECT_EQ(pool.TryAcquire(), nullptr) << "a buffer came back whole with a piece still lent";
-  void* again = pool.TryAcquirePiece();
-  EXPECT_TRUE(again == lent[0] || again == lent[3]) << "a free piece was not reused";
-  pool.ReleasePiece(again);
+  EXPECT_EQ(pool.TryAcquirePiece(65536), nullptr) << "a lent buffer's freed room was cut again";
   // A whole Acquire waits for the last piece of a buffer.
   std::atomic<bool> done{false};
   void* whole = nullptr;
@@ -321,35 +327,29 @@ TEST(StagingPieces, SplitLendAndComeBackWhole) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(done.load()) << "Acquire returned a buffer whose pieces are lent";
   pool.ReleasePiece(lent[1]);
-  pool.ReleasePiece(lent[2]);
   t.join();
-  ASSERT_NE(whole, nullptr);
-  const char* base = static_cast<const char*>(whole);
-  EXPECT_TRUE(base == std::min(static_cast<char*>(lent[0]), static_cast<char*>(lent[1])) ||
-              base == std::min(static_cast<char*>(lent[2]), static_cast<char*>(lent[3])) ||
-              got.count(const_cast<char*>(base)))
-      << "the whole buffer is not where its pieces were";
-  // The other buffer is whole too: its pieces are all back.
-  void* other = pool.TryAcquire();
-  EXPECT_NE(other, nullptr);
-  pool.Release(other);
+  EXPECT_EQ(static_cast<char*>(whole), lent[0]) << "the whole buffer is not where its pieces were";
   pool.Release(whole);
-  // The reclaim runs when no piece is free, before waiting.
-  std::vector<void*> held;
-  for (int i = 0; i < 4; ++i) held.push_back(pool.TryAcquirePiece());
+  // The reclaim runs when nothing fits, before waiting.
+  std::vector<void*> held = {lent[2], lent[3], small};
+  void* first = pool.TryAcquirePiece(kB);  // the whole free buffer, as one piece
+  ASSERT_NE(first, nullptr);
   int reclaims = 0;
   pool.SetReclaim([&] {
     ++reclaims;
-    if (!held.empty()) {
-      pool.ReleasePiece(held.back());
-      held.pop_back();
-    }
+    for (void* q : held) pool.ReleasePiece(q);
+    held.clear();
   });
-  void* p = pool.AcquirePiece();
+  void* p = pool.AcquirePiece(65536);
   EXPECT_EQ(reclaims, 1);
   EXPECT_NE(p, nullptr);
   pool.ReleasePiece(p);
-  for (void* q : held) pool.ReleasePiece(q);
+  pool.ReleasePiece(first);
+  void* a = pool.TryAcquire();
+  void* b = pool.TryAcquire();
+  EXPECT_TRUE(a && b) << "both buffers whole again";
+  pool.Release(a);
+  pool.Release(b);
 }
 
 // Whole groups take buffer_count (4) slots of the largest group's W, M, V
@@ -390,6 +390,72 @@ TEST(StepUnits, AStepAfterBackwardReadsEveryUnitAhead) {
     EXPECT_EQ(now - before, StateBytes(kLargeNumel)) << "step " << s << " did not read all of W, M, V ahead";
     before = now;
   }
+}
+
+// The writes go on after the step returns (held back 20 ms each here, so
+// that they are still in flight): whatever reads next waits for them (the
+// block I/O's gate), and every step's state, read at once, is bitwise the
+// run's without write-behind; fetched P is the master.
+TEST(StepUnits, WritesGoOnBehindTheStepAndLandBeforeAnyRead) {
+  TempDir a, b;
+  Built ref = Make(Json(a.path(), 65536, "nvme", R"(, "write_behind": false)"), false, kLargeNumel);
+  Built wb = Make(Json(b.path(), 65536), false, kLargeNumel);
+  ASSERT_TRUE(ref.engine && wb.engine);
+  wb.faults->SlowWrites(10);
+  for (int s = 0; s < 4; ++s) {
+    for (Engine* e : {ref.engine.get(), wb.engine.get()}) {
+      HandGrads(*e, s);
+      auto st = e->Step(OptionsOf(s));
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+    }
+    EXPECT_EQ(wb.engine->stats().write_behind_steps, static_cast<uint64_t>(s + 1));
+    ExpectSame(State(*ref.engine), State(*wb.engine), "step " + std::to_string(s) + ", read as it returned");
+    ExpectFetchedIsMaster(*wb.engine, s);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_EQ(ref.engine->stats().write_behind_steps, 0u);
+  wb.faults->SlowWrites(0);
+}
+
+// A write behind step 3 fails: step 3 has returned, so the next step is
+// refused, naming the lost write, and so is anything else but a load; the
+// checkpoint of step 2 loads, and steps 3 and 4 again end bitwise the clean run.
+TEST(StepUnits, AWriteFailingBehindTheStepBreaksTheEngineUntilALoad) {
+  TempDir clean_dir, dir, ckpt;
+  const auto clean = Train(Json(clean_dir.path(), 16384, "nvme", R"(, "write_behind": false)"), 5);
+  ASSERT_FALSE(clean.empty());
+  Built r = Make(Json(dir.path(), 16384));
+  ASSERT_TRUE(r.engine);
+  Engine& e = *r.engine;
+  for (int s = 0; s < 3; ++s) {
+    HandGrads(e, s);
+    ASSERT_TRUE(e.Step(OptionsOf(s)).ok());
+  }
+  Status saved = e.SaveCheckpoint(ckpt.path(), "c", nullptr, 0);
+  ASSERT_TRUE(saved.ok()) << saved.ToString();
+  HandGrads(e, 3);
+  r.faults->SlowWrites(5);  // (the fault lands after the step returned)
+  r.faults->Arm(FaultPlan::Ops::kWrites, EIO, 7, 1);
+  auto st = e.Step(OptionsOf(3));
+  ASSERT_TRUE(st.ok()) << "step 3 waited for its writes: " << st.status().ToString();
+  HandGrads(e, 4);
+  st = e.Step(OptionsOf(4));
+  r.faults->SlowWrites(0);
+  EXPECT_EQ(r.faults->fired(), 1);
+  ASSERT_FALSE(st.ok()) << "a step after a lost write went ahead";
+  EXPECT_EQ(st.status().code(), Code::kState) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("write_behind"), std::string::npos) << st.status().ToString();
+  std::vector<float> w(e.group_numel(0));
+  EXPECT_FALSE(e.ReadState(0, Engine::OptimizerState::kMaster, w.data()).ok()) << "read_state of a broken engine";
+  r.faults->Disarm();
+  Status loaded = e.LoadCheckpoint(ckpt.path(), "c", nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+  for (int s = 3; s < 5; ++s) {
+    HandGrads(e, s);
+    st = e.Step(OptionsOf(s));
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+  }
+  ExpectSame(clean, State(e), "after the load, steps 3 and 4 again");
 }
 
 }  // namespace
