@@ -122,7 +122,12 @@ class Engine::Impl {
   // failed one breaks the engine, naming it. `recovers` (a load): the
   // failure is then cleared, the load rewriting every block.
   void SettleBehind(bool recovers = false);
-
+  // Several ranks: this rank's lost write is news to the others, whose next
+  // collective would wait for it until the timeout. Once, at the next
+  // prepare_step or step: a labeled barrier where they run something else,
+  // so that theirs fails now, naming this rank.
+  void AnnounceBehindLoss();
+  bool behind_lost_ = false;  // SettleBehind broke the engine; not yet announced
   Status Agree(const Status& local, const std::string& what) { return AgreeOverRanks(comm_, local, what); }
   Status RecomputeP(void* buf, uint64_t buf_bytes);
 

@@ -34,17 +34,26 @@ void Engine::Impl::SettleBehind(bool recovers) {
     step_.broken = "step " + std::to_string(step_.applied) +
                    " returned before its W, M, V were written (strata.write_behind), and a write failed (" +
                    st.ToString() + "): its new state is lost";
+    behind_lost_ = true;
   }
   // A load rewrites every block: its writes go ahead, and the engine stays
   // broken unless it succeeds (AbandonStep).
   if (recovers) pipeline_->ClearBehind();
 }
 
+void Engine::Impl::AnnounceBehindLoss() {
+  if (!behind_lost_ || !lay_.multi) return;
+  behind_lost_ = false;
+  (void)DrainComm(/*wait=*/true);  // (this step's reductions, which the others ran too)
+  comm_->SetLabel("lost write after step " + std::to_string(step_.applied));
+  (void)comm_->Barrier();  // fails on every rank: the others are at another collective
+}
 
 Status Engine::Impl::PrepareStep(const StepOptions& so) {
   STRATA_RETURN_IF_ERROR(CheckStepOptions(so, "prepare_step"));
   if (!built_) return StateError("prepare_step: the engine is not built");
   SettleBehind();  // the last step's writes are done before this one reads
+  AnnounceBehindLoss();
   if (!step_.broken.empty()) return CheckUsable("prepare_step", /*pending_ok=*/true);
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("prepare_step: the step's options (nothing was changed)"));
   for (const auto& gs : steps_)
@@ -108,6 +117,7 @@ void Engine::Impl::AbandonStep(bool keep_p_stale) {
   if (reducer_) reducer_->DropParts();  // a grads call in parts never ended: its packed buffer
   step_.pending.reset();
   step_.broken.clear();
+  behind_lost_ = false;
   step_.prepared = false;
   step_.queued = 0;
   for (auto& gs : steps_) {
@@ -223,7 +233,8 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
     // One cohort whose units all fit the staging pieces: the writes go on
     // after the step returns (strata.write_behind).
     bool behind = false;
-    if (cohorts.size() == 1 && config_.strata.write_behind && pipeline_->CanRunBehind(groups))
+    const std::string& wb = config_.strata.write_behind;
+    if (cohorts.size() == 1 && (wb == "always" || (wb == "auto" && !lay_.multi)) && pipeline_->CanRunBehind(groups))
       st = pipeline_->RunBehind(groups, grad_scale, so, steps + 1, &step_.broken, &behind);
     else
       st = pipeline_->Run(groups, grad_scale, so, steps + 1, &step_.broken);
@@ -246,6 +257,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   // leaves nothing pending (the next valid step goes ahead).
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("step: the step's options (nothing was changed)"));
   SettleBehind();  // the last step's writes left behind are done (or broke the engine)
+  AnnounceBehindLoss();
   STRATA_RETURN_IF_ERROR(CheckUsable("step"));
   STRATA_RETURN_IF_ERROR(CheckNoOpenParts("step"));
   residency_->DropAheadPins();

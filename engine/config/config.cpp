@@ -247,7 +247,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Bool("comm_shared_memory", &s->comm_shared_memory));
   STRATA_RETURN_IF_ERROR(r.Int("io_rings", &s->io_rings, 1, 64));
   STRATA_RETURN_IF_ERROR(r.Choice("step_io", &s->step_io, {"alternate", "concurrent"}));
-  STRATA_RETURN_IF_ERROR(r.Bool("write_behind", &s->write_behind));
+  STRATA_RETURN_IF_ERROR(r.Choice("write_behind", &s->write_behind, {"auto", "always", "never"}));
   STRATA_RETURN_IF_ERROR(r.Choice("nonfinite", &s->nonfinite, {"skip", "error", "apply"}));
   STRATA_RETURN_IF_ERROR(r.Choice("grad_reduce", &s->grad_reduce, {"mean", "sum"}));
   STRATA_RETURN_IF_ERROR(r.Choice("state_format", &s->state_format, {"fp32", "compact"}));

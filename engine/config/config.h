@@ -141,8 +141,10 @@ struct StrataConfig {
   // fetch from NVMe, prepare_step, step, a checkpoint, state access). One
   // rank, W, M, V on NVMe in units, staging pieces for every unit. A write
   // that fails then breaks the engine (a checkpoint load recovers) instead
-  // of leaving the step pending.
-  bool write_behind = true;
+  // of leaving the step pending. "auto": at one rank; "always": with several
+  // ranks too (a lost write then fails every rank's next step at once, and
+  // their communicator with it: restart them from a checkpoint); "never".
+  std::string write_behind = "auto";
   // What a step does when a gradient is NaN or infinite (fp32 and bf16
   // compute; with fp16 it is a loss-scale overflow and always skipped):
   //   "skip"   nothing is updated, StepResult.skipped is true, steps_applied

@@ -99,7 +99,7 @@ StepPipeline::~StepPipeline() {
 }
 
 bool StepPipeline::CanRunBehind(const std::vector<int>& order) const {
-  if (!pieces() || layout_.multi || layout_.compact) return false;
+  if (!pieces() || layout_.compact) return false;
   uint64_t bytes = 0;  // every job's piece at once
   for (int g : order) {
     if (gpu_.UpdatesOnGpu(g)) return false;

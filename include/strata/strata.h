@@ -489,12 +489,14 @@ STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
  * gradients cannot be read back, or device memory was left half written)
  * the call returns STATE saying why, and every call but checkpoint_load
  * (which abandons the step) returns STATE until a checkpoint is loaded.
- * Write-behind (strata.write_behind, one rank with W, M, V on NVMe in
- * units): step returns once every group is updated and its W, M, V writes
- * go on in the background; anything that reads them first waits. A write
- * that fails then is reported by the next call that waits (prepare_step,
- * step, checkpoint_save, read_state, write_state, a fetch that reads NVMe):
- * the engine is broken, as above, until a checkpoint is loaded.
+ * Write-behind (strata.write_behind, W, M, V on NVMe in units; "auto":
+ * one rank): step returns once every group is updated and its W, M, V
+ * writes go on in the background; anything that reads them first waits. A
+ * write that fails then is reported by the next call that waits
+ * (prepare_step, step, checkpoint_save, read_state, write_state, a fetch
+ * that reads NVMe): the engine is broken, as above, until a checkpoint is
+ * loaded. With several ranks ("always") every rank's next step fails at
+ * once (COMM, naming it), and the ranks are restarted from a checkpoint.
  * Errors: INVALID, STATE, IO, CORRUPT, NOSPACE, COMM, TIMEOUT. */
 STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_options_t* options,
                                               strata_step_result_t* result);

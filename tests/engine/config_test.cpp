@@ -89,7 +89,7 @@ TEST(Config, EmptyDocumentHasDeepSpeedDefaults) {
   EXPECT_EQ(c.strata.io_rings, 1);
   EXPECT_TRUE(c.strata.comm_shared_memory);
   EXPECT_EQ(c.strata.step_io, "alternate");
-  EXPECT_TRUE(c.strata.write_behind);
+  EXPECT_EQ(c.strata.write_behind, "auto");
   EXPECT_EQ(c.strata.gpu_optimizer, "auto");
   EXPECT_EQ(c.strata.grad_home, "auto");
   EXPECT_EQ(c.compute_dtype(), DType::kF32);
@@ -140,7 +140,7 @@ const char* kInfinityConfig = R"({
     "single_submit": false, "overlap_events": true
   },
   "strata": {"host_budget": "64GiB", "nvme_paths": ["/nvme0/swap", "/nvme1/swap"], "io_rings": 2,
-             "step_io": "concurrent", "comm_shared_memory": false, "write_behind": false}
+             "step_io": "concurrent", "comm_shared_memory": false, "write_behind": "never"}
 })";
 
 TEST(Config, ZeroInfinityDsConfigParses) {
@@ -164,7 +164,7 @@ TEST(Config, ZeroInfinityDsConfigParses) {
   EXPECT_EQ(c.strata.host_budget, 64 * kGiB);
   EXPECT_EQ(c.strata.io_rings, 2);
   EXPECT_EQ(c.strata.step_io, "concurrent");
-  EXPECT_FALSE(c.strata.write_behind);
+  EXPECT_EQ(c.strata.write_behind, "never");
   EXPECT_FALSE(c.strata.comm_shared_memory);
   EXPECT_EQ(c.ParamSwapPaths(), (std::vector<std::string>{"/nvme0/swap", "/nvme1/swap"}));
   EXPECT_EQ(c.OptimizerSwapPaths(), c.ParamSwapPaths());

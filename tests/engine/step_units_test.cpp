@@ -216,7 +216,7 @@ TEST(StepUnits, AStepFailingPartWayThroughAGroupIsFinishedExactly) {
     SCOPED_TRACE(step_io);
     TempDir clean_dir;
     // (Without write-behind: a failed write fails its step, which stays pending.)
-    const std::string extra = std::string(R"(, "write_behind": false, "step_io": ")") + step_io + "\"";
+    const std::string extra = std::string(R"(, "write_behind": "never", "step_io": ")") + step_io + "\"";
     const auto clean = Train(Json(clean_dir.path(), 16384, "nvme", extra), 5);
     ASSERT_FALSE(clean.empty());
     int fired = 0, partial = 0;
@@ -398,7 +398,7 @@ TEST(StepUnits, AStepAfterBackwardReadsEveryUnitAhead) {
 // run's without write-behind; fetched P is the master.
 TEST(StepUnits, WritesGoOnBehindTheStepAndLandBeforeAnyRead) {
   TempDir a, b;
-  Built ref = Make(Json(a.path(), 65536, "nvme", R"(, "write_behind": false)"), false, kLargeNumel);
+  Built ref = Make(Json(a.path(), 65536, "nvme", R"(, "write_behind": "never")"), false, kLargeNumel);
   Built wb = Make(Json(b.path(), 65536), false, kLargeNumel);
   ASSERT_TRUE(ref.engine && wb.engine);
   wb.faults->SlowWrites(10);
@@ -422,7 +422,7 @@ TEST(StepUnits, WritesGoOnBehindTheStepAndLandBeforeAnyRead) {
 // checkpoint of step 2 loads, and steps 3 and 4 again end bitwise the clean run.
 TEST(StepUnits, AWriteFailingBehindTheStepBreaksTheEngineUntilALoad) {
   TempDir clean_dir, dir, ckpt;
-  const auto clean = Train(Json(clean_dir.path(), 16384, "nvme", R"(, "write_behind": false)"), 5);
+  const auto clean = Train(Json(clean_dir.path(), 16384, "nvme", R"(, "write_behind": "never")"), 5);
   ASSERT_FALSE(clean.empty());
   Built r = Make(Json(dir.path(), 16384));
   ASSERT_TRUE(r.engine);

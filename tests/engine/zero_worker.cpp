@@ -33,9 +33,10 @@ int main(int argc, char** argv) {
   if (argc < 5) return 2;
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
   int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1, frozen = -1, frozen_on = -1, dim = 24;
+  int behind_eio_at = -1;  // rank 1's disk fails a write behind this step (strata.write_behind)
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
   bool tag_by_rank = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false;
-  std::string timeout = "60", save_dir, load_dir, zero_extra;
+  std::string timeout = "60", save_dir, load_dir, zero_extra, strata_extra;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "timeout")) timeout = argv[i + 1];
@@ -45,6 +46,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "tag-by-rank")) tag_by_rank = true;
     if (!std::strcmp(argv[i], "eio-rank-1-at-step")) eio_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "eio-skip")) eio_skip = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "behind-eio-rank-1-at-step")) behind_eio_at = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "write-behind")) strata_extra += R"(, "write_behind": ")" + std::string(argv[i + 1]) + "\"";
     if (!std::strcmp(argv[i], "diverge-rank-1-at-step")) diverge_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "diverge")) diverge = argv[i + 1];
     if (!std::strcmp(argv[i], "compact")) compact = true;
@@ -76,6 +79,7 @@ int main(int argc, char** argv) {
   // "bf16": bf16 compute with fp32 state.
   std::string format = compact ? R"(, "state_format": "compact")" : "";
   if (tcp) format += R"(, "comm_shared_memory": false)";  // collectives over TCP, not /dev/shm
+  format += strata_extra;
   auto cfg = ParseConfig(std::string(compact || bf16 ? R"({"bf16": {"enabled": true}, )" : "{") +
                          R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "zero_optimization": {"stage": )" + stage + R"(,
@@ -112,7 +116,18 @@ int main(int argc, char** argv) {
     std::memcpy(&first, blob.data(), sizeof first);
   }
   uint64_t last_read = 0;  // NVMe bytes read by the last step (forward, backward, update)
+  const std::string behind_ck = swap + "/behind-ck";
+  bool behind_done = behind_eio_at < 0;
   for (int s = first; s < first + steps; ++s) {
+    // Write-behind: rank 1's disk fails a write of step K after the step
+    // returned. Step K succeeds on every rank; step K+1 fails on every rank
+    // at once (rank 1 naming the lost write, the others the rank that
+    // differs), which exit 3 to be restarted from the checkpoint of step K-1.
+    const bool behind_fault = !behind_done && s == behind_eio_at;
+    if (behind_fault && info->rank == 1) {
+      eo.faults->SlowWrites(5);  // (the writes are still in flight when the step returns)
+      eo.faults->Arm(FaultPlan::Ops::kWrites, EIO, static_cast<uint64_t>(eio_skip), 1);
+    }
     if (s == kill_at && info->rank == 1) std::raise(SIGKILL);
     const uint64_t read_before = eng.stats().nvme_to_host;
     auto loss = model.TrainStep(eng, nullptr, 1.0, info->rank, info->world_size);
@@ -142,6 +157,21 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d: step %d failed as planned: %s\n", info->rank, s, r.status().ToString().c_str());
       r = eng.Step(so);
     }
+    if (!behind_done && s == behind_eio_at - 1 && r.ok()) {
+      const int next = s + 1;
+      if (Status st = eng.SaveCheckpoint(behind_ck, "b", &next, sizeof next); !st.ok()) return Die(st);
+    }
+    if (behind_fault && !r.ok())
+      return Die(r.status().WithContext("step " + std::to_string(s) + " waited for its writes"));
+    if (!behind_done && s == behind_eio_at + 1) {
+      eo.faults->Disarm();
+      eo.faults->SlowWrites(0);
+      if (r.ok()) return Die(StateError("step " + std::to_string(s) + " went ahead after rank 1 lost a write"));
+      std::fprintf(stderr, "rank %d: step %d failed as planned: %s\n", info->rank, s, r.status().ToString().c_str());
+      if (info->rank == 1 && eo.faults->fired() != 1)
+        return Die(StateError("rank 1's write fault fired " + std::to_string(eo.faults->fired()) + " times"));
+      return 3;
+    }
     if (!r.ok()) return Die(r.status());
     last_read = eng.stats().nvme_to_host - read_before;
   }
@@ -167,11 +197,12 @@ int main(int argc, char** argv) {
                      (eng.group_numel(g) + per_shard - 1) / per_shard * 2048 * 4, 1);
     std::fprintf(stderr,
                  "zero_worker: gathers_ahead %llu declined %llu p_gathers %llu groups %d steps %d "
-                 "last_step_read %llu wmv %llu\n",
+                 "last_step_read %llu wmv %llu write_behind_steps %llu\n",
                  static_cast<unsigned long long>(st.gathers_ahead),
                  static_cast<unsigned long long>(st.gathers_ahead_declined),
                  static_cast<unsigned long long>(st.p_gathers), eng.num_groups(), steps,
-                 static_cast<unsigned long long>(last_read), static_cast<unsigned long long>(wmv));
+                 static_cast<unsigned long long>(last_read), static_cast<unsigned long long>(wmv),
+                 static_cast<unsigned long long>(st.write_behind_steps));
     std::ofstream f(out, std::ios::binary);
     f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
     if (!f) return Die(IoError("cannot write " + out));
