@@ -122,6 +122,9 @@ class Engine::Impl {
   // failed one breaks the engine, naming it. `recovers` (a load): the
   // failure is then cleared, the load rewriting every block.
   void SettleBehind(bool recovers = false);
+  // Whether a step of `groups` (one cohort) writes behind: strata.write_behind
+  // allows it here, and the staging pieces hold every unit at once.
+  bool WritesBehind(const std::vector<int>& groups) const;
   // Several ranks: this rank's lost write is news to the others, whose next
   // collective would wait for it until the timeout. Once, at the next
   // prepare_step or step: a labeled barrier where they run something else,

@@ -26,6 +26,11 @@
 
 namespace strata {
 
+bool Engine::Impl::WritesBehind(const std::vector<int>& groups) const {
+  const std::string& wb = config_.strata.write_behind;
+  return (wb == "always" || (wb == "auto" && !lay_.multi)) && pipeline_ && pipeline_->CanRunBehind(groups);
+}
+
 void Engine::Impl::SettleBehind(bool recovers) {
   if (!pipeline_) return;
   Status st = pipeline_->WaitBehind();
@@ -233,8 +238,7 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
     // One cohort whose units all fit the staging pieces: the writes go on
     // after the step returns (strata.write_behind).
     bool behind = false;
-    const std::string& wb = config_.strata.write_behind;
-    if (cohorts.size() == 1 && (wb == "always" || (wb == "auto" && !lay_.multi)) && pipeline_->CanRunBehind(groups))
+    if (cohorts.size() == 1 && WritesBehind(groups))
       st = pipeline_->RunBehind(groups, grad_scale, so, steps + 1, &step_.broken, &behind);
     else
       st = pipeline_->Run(groups, grad_scale, so, steps + 1, &step_.broken);
