@@ -237,12 +237,10 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
     if (!st.ok()) break;
     // One cohort whose units all fit the staging pieces: the writes go on
     // after the step returns (strata.write_behind).
-    bool behind = false;
     if (cohorts.size() == 1 && WritesBehind(groups))
-      st = pipeline_->RunBehind(groups, grad_scale, so, steps + 1, &step_.broken, &behind);
+      st = pipeline_->RunBehind(groups, grad_scale, so, steps + 1, &step_.broken);
     else
       st = pipeline_->Run(groups, grad_scale, so, steps + 1, &step_.broken);
-    if (behind) stats_->OnWriteBehind();
   }
   if (st.ok()) st = RepairStaleP();
   if (!step_.broken.empty())

@@ -145,6 +145,19 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
       if (b.alloc.charged != 0 && !at_home(j, b)) f(s, b);  // (P that is W's bytes has no block: W's store is P's)
     }
   };
+  // Job j's update is in for this step: its unit (in units), or its group,
+  // whose P is stale when it did not reach home (in units never: P is W's
+  // bytes or updated in place).
+  auto mark_committed = [&](const Job& j, bool p_stale) {
+    GroupStep& gs = steps_[static_cast<size_t>(j.group)];
+    if (layout_.Units(j.group) > 1) {
+      gs.unit_done[static_cast<size_t>(j.unit)] = 1;
+      gs.committed = std::all_of(gs.unit_done.begin(), gs.unit_done.end(), [](uint8_t d) { return d != 0; });
+    } else {
+      gs.p_stale = p_stale;
+      gs.committed = true;
+    }
+  };
   // Waits for j's stores, then publishes W, M, V (and P) together when all
   // of them landed, else discards them; marks the group committed or not.
   auto finish_stores = [&](Job& j) {
@@ -229,12 +242,8 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     if (spec) {
       if (commit) spec->Ready(j.group, p_stale);
       else spec->Fail(j.group);
-    } else if (commit && in_units) {  // (P is W's bytes or updated in place: never stale)
-      gs.unit_done[static_cast<size_t>(j.unit)] = 1;
-      gs.committed = std::all_of(gs.unit_done.begin(), gs.unit_done.end(), [](uint8_t d) { return d != 0; });
     } else if (commit) {
-      gs.p_stale = p_stale;
-      gs.committed = true;
+      mark_committed(j, p_stale);
     }
     // Speculated (held) only at one rank: with several, whether a copy is
     // gathered must not depend on which groups this rank had speculated when
@@ -307,7 +316,6 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
         BlockMove& r = ahead.m[static_cast<size_t>(s)];
         if (io_.Version(b) == r.nvme.version) {  // not written since the read started: its contents
           j.loads.Add(s, std::move(r));
-          ++read_ahead_used_;
           stats_.OnReadAheadUsed(b.bytes);
           continue;
         }
@@ -419,15 +427,8 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     if (all && first_error.ok()) {
       const size_t dt = DTypeSize(layout_.dtype);
       for (auto& j : jobs) {
-        GroupStep& gs = steps_[static_cast<size_t>(j.group)];
         const bool in_units = layout_.Units(j.group) > 1;
-        if (in_units) {
-          gs.unit_done[static_cast<size_t>(j.unit)] = 1;
-          gs.committed = std::all_of(gs.unit_done.begin(), gs.unit_done.end(), [](uint8_t d) { return d != 0; });
-        } else {
-          gs.p_stale = false;  // (P is W's bytes, or updated in place: pieces need either)
-          gs.committed = true;
-        }
+        mark_committed(j, /*p_stale=*/false);  // (P is W's bytes, or updated in place: pieces need either)
         if (on_p_stored_ && layout_.PIsW(j.group) && !layout_.p_gathered_after_step())
           on_p_stored_(j.group, j.ptr[int(StateKind::kW)], false, in_units ? j.first * dt : 0, in_units ? j.len * dt : 0);
         j.behind = true;

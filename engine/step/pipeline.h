@@ -94,7 +94,6 @@ class StepPipeline {
   // finds the pool empty (StagingPool::SetReclaim): nobody waits on them.
   void ReadAhead(const std::vector<int>& groups);
   void DropReadAhead();
-  uint64_t read_ahead_used() const { return read_ahead_used_; }  // reads a run took over, so far
   // Write-behind: a run whose W, M, V writes go on after it returns. Every
   // job (a unit, or a group stepped whole) of `order` is read (or taken
   // from the read-ahead) into a piece of its own and updated, and its group
@@ -105,13 +104,13 @@ class StepPipeline {
   // (staging_plan.h), and enough of them for every job at once.
   // A run that fails before every job is updated writes nothing and returns
   // as Run does (the groups it did not commit are redone by the next run);
-  // `*behind` then is false. A write that fails after the run returned
+  // one that gets past its updates counts in the stats' write_behind_steps. A write that fails after the run returned
   // cannot be undone into the step: its job's new state is discarded (the
   // block keeps its old contents), the rest are not started, and the
   // failure is kept for WaitBehind (the engine is broken: a checkpoint load).
   bool CanRunBehind(const std::vector<int>& order) const;
   Status RunBehind(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
-                   std::string* broken, bool* behind);
+                   std::string* broken);
   // Waits for the writes left behind; their failure, if any, until
   // ClearBehind. Any thread.
   Status WaitBehind();
@@ -156,7 +155,6 @@ class StepPipeline {
   bool TakeAhead(int g, int u, Ahead* out);
   std::mutex ahead_mu_;  // guards ahead_ (a reclaim may come from another thread's Acquire)
   std::deque<Ahead> ahead_;
-  uint64_t read_ahead_used_ = 0;
 
   const Layout& layout_;
   const std::vector<GroupBlocks>& blocks_;

@@ -114,12 +114,12 @@ void StepPipeline::Updated() {
     behind_updated_ = true;
     behind_phase_ = Behind::kWriting;
   }
+  stats_.OnWriteBehind();
   behind_cv_.notify_all();
 }
 
 Status StepPipeline::RunBehind(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
-                               std::string* broken, bool* behind) {
-  *behind = false;
+                               std::string* broken) {
   STRATA_RETURN_IF_ERROR(WaitBehind());
   if (behind_thread_.joinable()) behind_thread_.join();
   {
@@ -153,7 +153,6 @@ Status StepPipeline::RunBehind(const std::vector<int>& order, double grad_scale,
   });
   std::unique_lock<std::mutex> lock(behind_mu_);
   behind_cv_.wait(lock, [&] { return behind_phase_ != Behind::kUpdating; });
-  *behind = behind_updated_;
   if (behind_updated_) return Status::Ok();
   if (broken->empty()) *broken = behind_broken_;
   return behind_status_;
