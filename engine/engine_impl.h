@@ -125,6 +125,11 @@ class Engine::Impl {
   // Whether a step of `groups` (one cohort) writes behind: strata.write_behind
   // allows it here, and the staging pieces hold every unit at once.
   bool WritesBehind(const std::vector<int>& groups) const;
+  // At build, where strata.write_behind allows it: more step staging, so
+  // that the step's pieces fit at once (WritesBehind), when the host budget
+  // has room for them beside everything built; otherwise nothing changes
+  // and the reason is logged.
+  Status GrowStagingBehind();
   // Several ranks: this rank's lost write is news to the others, whose next
   // collective would wait for it until the timeout. Once, at the next
   // prepare_step or step: a labeled barrier where they run something else,

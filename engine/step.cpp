@@ -26,9 +26,40 @@
 
 namespace strata {
 
+static bool BehindAllowed(const std::string& wb, bool multi) { return wb == "always" || (wb == "auto" && !multi); }
+
 bool Engine::Impl::WritesBehind(const std::vector<int>& groups) const {
-  const std::string& wb = config_.strata.write_behind;
-  return (wb == "always" || (wb == "auto" && !lay_.multi)) && pipeline_ && pipeline_->CanRunBehind(groups);
+  return BehindAllowed(config_.strata.write_behind, lay_.multi) && pipeline_ && pipeline_->CanRunBehind(groups);
+}
+
+// The two slots PlanStaging gives the pieces hold the step of a model whose
+// largest group is half of it (an embedding); a model of many equal layers
+// needs more. They come out of the host budget's rest, after everything
+// else is built, so that no plan that fits the budget stops fitting: the
+// check (CheckHostPlan) stays the two slots'. Speculation "always" keeps the
+// rest for its own room (StartOverlap, after this).
+Status Engine::Impl::GrowStagingBehind() {
+  if (!BehindAllowed(config_.strata.write_behind, lay_.multi) || !pipeline_) return Status::Ok();
+  if (options_.overlap_step && config_.strata.speculation == "always") return Status::Ok();
+  StagingPool& pool = staging_.opt;
+  const uint64_t need = pipeline_->BehindBytes(StepOrder());
+  const uint64_t have = pool.PieceCapacity(lay_.opt_piece_bytes);
+  if (need == 0 || need <= have || pool.count() == 0) return Status::Ok();
+  const uint64_t each = have / static_cast<uint64_t>(pool.count());  // what one more slot surely holds
+  const uint64_t extra = (need - have + each - 1) / each;
+  const uint64_t cost = extra * AlignUp(pool.bytes(), 4096);  // (the host tier charges whole pages)
+  const uint64_t left = host_->budget() > host_->used() ? host_->budget() - host_->used() : 0;
+  if (cost > left) {
+    STRATA_LOG_INFO("write_behind: the step's W, M, V ({}) need {} more step staging slots of {} ({}), but "
+                    "strata.host_budget ({}) has {} left: the step writes before it returns",
+                    FormatBytes(need), extra, FormatBytes(pool.bytes()), FormatBytes(cost),
+                    FormatBytes(host_->budget()), FormatBytes(left));
+    return Status::Ok();
+  }
+  STRATA_RETURN_IF_ERROR(pool.Grow(static_cast<int>(extra)).WithContext("build: write_behind's step staging"));
+  STRATA_LOG_INFO("write_behind: {} more step staging slots of {} ({}; {} in all) hold the step's W, M, V ({}) at once",
+                  extra, FormatBytes(pool.bytes()), FormatBytes(cost), pool.count(), FormatBytes(need));
+  return Status::Ok();
 }
 
 void Engine::Impl::SettleBehind(bool recovers) {

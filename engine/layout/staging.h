@@ -51,6 +51,25 @@ class StagingPool {
     free_.pop_back();
     return p;
   }
+  // Adds `extra` buffers of bytes() each from the host tier Init was given
+  // (after Init, before use: nothing is lent; pieces or not, as set).
+  // Buffers added before a failure stay.
+  Status Grow(int extra) {
+    if (!host_ || bytes_ == 0) return InternalError("staging: Grow before Init");
+    for (int i = 0; i < extra; ++i) {
+      auto a = host_->Allocate(bytes_);
+      if (!a.ok()) return a.status().WithContext("staging: " + std::to_string(extra) + " more buffers of " + std::to_string(bytes_) + " bytes");
+      std::lock_guard<std::mutex> lock(mu_);
+      all_.push_back(*a);
+      free_.push_back(a->ptr);
+      if (pieces_) {
+        lent_.push_back(0);
+        used_.push_back(0);
+      }
+    }
+    cv_.notify_all();
+    return Status::Ok();
+  }
   // Lends buffers in pieces (regions of any size up to bytes(), each at a
   // multiple of 4096). Once, after Init and before use.
   void SetPieces() {

@@ -109,6 +109,10 @@ class StepPipeline {
   // block keeps its old contents), the rest are not started, and the
   // failure is kept for WaitBehind (the engine is broken: a checkpoint load).
   bool CanRunBehind(const std::vector<int>& order) const;
+  // The pieces every job of `order` takes at once, in bytes: what the
+  // staging must hold for CanRunBehind (0 where it never applies: no
+  // pieces, compact state, or a GPU updates a group).
+  uint64_t BehindBytes(const std::vector<int>& order) const;
   Status RunBehind(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
                    std::string* broken);
   // Waits for the writes left behind; their failure, if any, until

@@ -98,13 +98,18 @@ StepPipeline::~StepPipeline() {
   if (!st.ok()) STRATA_LOG_WARN("step: the engine closes with a step's writes failed: {}", st.ToString());
 }
 
-bool StepPipeline::CanRunBehind(const std::vector<int>& order) const {
-  if (!pieces() || layout_.compact) return false;
+uint64_t StepPipeline::BehindBytes(const std::vector<int>& order) const {
+  if (!pieces() || layout_.compact) return 0;
   uint64_t bytes = 0;  // every job's piece at once
   for (int g : order) {
-    if (gpu_.UpdatesOnGpu(g)) return false;
+    if (gpu_.UpdatesOnGpu(g)) return 0;
     for (int u = 0; u < layout_.Units(g); ++u) bytes += AlignUp(PieceBytes(g, u), 4096);
   }
+  return bytes;
+}
+
+bool StepPipeline::CanRunBehind(const std::vector<int>& order) const {
+  const uint64_t bytes = BehindBytes(order);
   return bytes > 0 && bytes <= opt_staging_.PieceCapacity(layout_.opt_piece_bytes);
 }
 

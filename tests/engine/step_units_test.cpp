@@ -14,7 +14,9 @@
 //   a step that updates after backward reads every unit ahead;
 // - write-behind (strata.write_behind): the step returns before its writes
 //   land, every read after it sees them (bitwise the run without), and a
-//   write that fails then breaks the engine until a checkpoint load.
+//   write that fails then breaks the engine until a checkpoint load; where
+//   two slots do not hold the step's pieces, more are added at build from
+//   the host budget's rest, and none beyond it.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -446,6 +448,39 @@ TEST(StepUnits, AutoDoesNotSpeculateWhereTheStepWritesBehind) {
     states[wb] = State(*r.engine);
   }
   ExpectSame(states["auto"], states["never"], "write-behind against speculation");
+}
+
+// Four equal groups (a model of equal layers): two slots of the largest
+// group's W, M, V hold less than half the step's pieces. "auto" adds slots
+// at build from the host budget's rest, so that the step writes behind;
+// with no room left in the budget nothing grows and the step writes before
+// it returns. All three runs end bitwise alike.
+TEST(StepUnits, StagingGrowsForWriteBehindWithinTheHostBudget) {
+  const std::vector<uint64_t> equal = {200000, 200000, 200000, 200000};
+  TempDir a, b, c;
+  Built never = Make(Json(a.path(), 65536, "nvme", R"(, "write_behind": "never")"), false, equal);
+  ASSERT_TRUE(never.engine);
+  const uint64_t base = never.engine->stats().host.used;
+  Built grown = Make(Json(b.path(), 65536), false, equal);
+  std::string tight_json = Json(c.path(), 65536);
+  tight_json.replace(tight_json.find("\"256MiB\""), 8, std::to_string(base));  // the budget the two slots fill
+  Built tight = Make(tight_json, false, equal);
+  ASSERT_TRUE(grown.engine && tight.engine);
+  const uint64_t slot = 3 * 4 * ((equal[0] + 2047) / 2048 * 2048);
+  EXPECT_GE(grown.engine->stats().host.used, base + 2 * slot) << "\"auto\" did not grow the step's staging";
+  EXPECT_EQ(tight.engine->stats().host.used, base) << "the staging grew with no room in the host budget";
+  EXPECT_LE(tight.engine->stats().host.peak, tight.engine->stats().host.budget);
+  for (int s = 0; s < 3; ++s)
+    for (Engine* e : {never.engine.get(), grown.engine.get(), tight.engine.get()}) {
+      HandGrads(*e, s);
+      auto st = e->Step(OptionsOf(s));
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+    }
+  EXPECT_EQ(grown.engine->stats().write_behind_steps, 3u) << "the grown staging does not hold the step at once";
+  EXPECT_EQ(tight.engine->stats().write_behind_steps, 0u);
+  EXPECT_EQ(never.engine->stats().write_behind_steps, 0u);
+  ExpectSame(State(*never.engine), State(*grown.engine), "grown staging, writing behind");
+  ExpectSame(State(*never.engine), State(*tight.engine), "no room to grow");
 }
 
 // A write behind step 3 fails: step 3 has returned, so the next step is
