@@ -301,9 +301,12 @@ Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src, c
   }
   p.id = a.id;
   p.buf = const_cast<void*>(src);
-  p.checksum = checksum ? *checksum : BlockChecksum(src, p.bytes);
   p.is_read = false;
   p.ticket = options_.storage->Submit(ops);
+  // The checksum once the disk has the write: it reads what the disk reads
+  // (nothing changes src until Finish), beside the transfer rather than
+  // before it. Nothing reads it before Settle publishes it.
+  p.checksum = checksum ? *checksum : BlockChecksum(src, p.bytes);
   return p;
 }
 

@@ -34,6 +34,7 @@
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/compact.h"
 #include "kernels/cpu/lion.h"
+#include "kernels/cpu/parallel.h"
 
 namespace strata {
 
@@ -332,8 +333,18 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
   // A G that cannot be read back (corrupt, or never written) is a step
   // that cannot be finished: the engine is broken, not resumable.
   auto finish_loads = [&](Job& j) {
+    // Read from NVMe, each load's checksum is verified as it finishes: the
+    // job's (W, M, V) on both cores at once, once the disk is done with all.
+    std::array<Status, kNumStates> got;
+    bool nvme = j.loads.n > 1;
+    for (int k = 0; nvme && k < j.loads.n; ++k) nvme = j.loads.m[static_cast<size_t>(k)].kind == BlockMove::kNvme;
+    if (nvme) {
+      for (int k = 0; k < j.loads.n; ++k) io_.WaitIo(j.loads.m[static_cast<size_t>(k)]);  // (its disk span: here)
+      kernels::ParallelForEach(static_cast<size_t>(j.loads.n),
+                               [&](size_t k) { got[k] = io_.Finish(j.loads.m[k]); });  // distinct moves: no shared state
+    }
     for (int k = 0; k < j.loads.n; ++k) {
-      Status s = io_.Finish(j.loads.m[static_cast<size_t>(k)]);
+      Status s = nvme ? std::move(got[static_cast<size_t>(k)]) : io_.Finish(j.loads.m[static_cast<size_t>(k)]);
       if (!s.ok() && j.loads.state[static_cast<size_t>(k)] == int(StateKind::kG) &&
           (s.code() == Code::kCorrupt || s.code() == Code::kState) && broken->empty())
         *broken = "the gradients of group " + std::to_string(j.group) + " are lost (" + s.message() + ")";
@@ -341,8 +352,14 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     }
     j.loads.n = 0;
   };
+  // The checksums of what j stores, each block's on a core of its own.
   auto checksum_stores = [&](Job& j) {
-    for_each_stored(j, [&](int s, const StateBlock& b) { j.sum[s] = io_.StoreChecksum(b, j.ptr[s]); });
+    std::array<std::pair<int, const StateBlock*>, kNumStates> todo;
+    size_t n = 0;
+    for_each_stored(j, [&](int s, const StateBlock& b) { todo[n++] = {s, &b}; });
+    kernels::ParallelForEach(n, [&](size_t i) {
+      j.sum[todo[i].first] = io_.StoreChecksum(*todo[i].second, j.ptr[todo[i].first]);
+    });
     j.summed = true;
   };
   auto start_stores = [&](Job& j) {

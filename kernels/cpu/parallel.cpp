@@ -74,4 +74,19 @@ void ParallelForTiles(size_t n, size_t tile, const std::function<void(size_t, si
   });
 }
 
+void ParallelForEach(size_t n, const std::function<void(size_t)>& fn) {
+  if (n <= 1) {
+    if (n == 1) fn(0);
+    return;
+  }
+  Arena().execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<size_t>(0, n, 1),
+        [&](const tbb::blocked_range<size_t>& r) {
+          for (size_t i = r.begin(); i != r.end(); ++i) fn(i);
+        },
+        tbb::simple_partitioner());
+  });
+}
+
 }  // namespace strata::kernels

@@ -27,4 +27,9 @@ void SetCpuKernelThreads(int threads);
 // parallel. REQUIRES: tile is a multiple of 64. Runs inline when n <= tile.
 void ParallelForTiles(size_t n, size_t tile, const std::function<void(size_t, size_t)>& fn);
 
+// Calls fn(i) once for each i in [0, n), each a task of its own in the same
+// arena: a few coarse, independent jobs (one block's checksum each, say).
+// Runs inline when n <= 1.
+void ParallelForEach(size_t n, const std::function<void(size_t)>& fn);
+
 }  // namespace strata::kernels

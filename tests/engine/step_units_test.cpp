@@ -16,7 +16,8 @@
 //   land, every read after it sees them (bitwise the run without), and a
 //   write that fails then breaks the engine until a checkpoint load; where
 //   two slots do not hold the step's pieces, more are added at build from
-//   the host budget's rest, and none beyond it.
+//   the host budget's rest, and none beyond it; a corrupt swap fails the
+//   step that reads it, naming the checksum.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -481,6 +482,38 @@ TEST(StepUnits, StagingGrowsForWriteBehindWithinTheHostBudget) {
   EXPECT_EQ(never.engine->stats().write_behind_steps, 0u);
   ExpectSame(State(*never.engine), State(*grown.engine), "grown staging, writing behind");
   ExpectSame(State(*never.engine), State(*tight.engine), "no room to grow");
+}
+
+// The step verifies each unit's W, M, V as read (their checksums, on both
+// cores at once): a swap file overwritten between steps fails the next
+// step with CORRUPT, naming the mismatch.
+TEST(StepUnits, AStepReadingACorruptSwapFailsNamingTheChecksum) {
+  TempDir dir;
+  Built r = Make(Json(dir.path(), 65536), false, kLargeNumel);
+  ASSERT_TRUE(r.engine);
+  for (int s = 0; s < 2; ++s) {
+    HandGrads(*r.engine, s);
+    ASSERT_TRUE(r.engine->Step(OptionsOf(s)).ok());
+  }
+  State(*r.engine);  // (waits for the writes behind)
+  int files = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+    if (f.path().filename().string().rfind("strata-swap", 0) != 0) continue;
+    const uint64_t size = std::filesystem::file_size(f.path());
+    FILE* out = std::fopen(f.path().c_str(), "r+b");
+    ASSERT_NE(out, nullptr);
+    const std::vector<char> junk(size, static_cast<char>(0xAB));
+    ASSERT_EQ(std::fwrite(junk.data(), 1, size, out), size);
+    ASSERT_EQ(std::fclose(out), 0);
+    ++files;
+  }
+  ASSERT_GT(files, 0) << "no swap file to corrupt";
+  HandGrads(*r.engine, 2);
+  auto st = r.engine->Step(OptionsOf(2));
+  ASSERT_FALSE(st.ok()) << "a step read corrupt W, M, V and succeeded";
+  EXPECT_EQ(st.status().code(), Code::kCorrupt) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("checksum mismatch"), std::string::npos) << st.status().ToString();
+  EXPECT_EQ(r.engine->stats().write_behind_steps, 2u);
 }
 
 // A write behind step 3 fails: step 3 has returned, so the next step is
