@@ -45,6 +45,16 @@ Status Engine::Impl::GrowStagingBehind() {
   const uint64_t need = pipeline_->BehindBytes(StepOrder());
   const uint64_t have = pool.PieceCapacity(lay_.opt_piece_bytes);
   if (need == 0 || need <= have || pool.count() == 0) return Status::Ok();
+  // host_budget "auto" is half of this machine's RAM for each rank: ranks
+  // sharing the machine would each grow into it. Several ranks grow only
+  // under a budget given in bytes.
+  if (lay_.multi && config_.strata.host_budget == 0) {
+    STRATA_LOG_INFO("write_behind: the step's W, M, V ({}) need more step staging; with several ranks it grows only "
+                    "under a strata.host_budget in bytes (\"auto\" is half of this machine's RAM for each rank): the "
+                    "step writes before it returns",
+                    FormatBytes(need));
+    return Status::Ok();
+  }
   const uint64_t each = have / static_cast<uint64_t>(pool.count());  // what one more slot surely holds
   const uint64_t extra = (need - have + each - 1) / each;
   const uint64_t cost = extra * AlignUp(pool.bytes(), 4096);  // (the host tier charges whole pages)
