@@ -43,8 +43,8 @@ Status Engine::Impl::GrowStagingBehind() {
   if (options_.overlap_step && config_.strata.speculation == "always") return Status::Ok();
   StagingPool& pool = staging_.opt;
   const uint64_t need = pipeline_->BehindBytes(StepOrder());
-  const uint64_t have = pool.PieceCapacity(lay_.opt_piece_bytes);
-  if (need == 0 || need <= have || pool.count() == 0) return Status::Ok();
+  const int64_t extra = pool.count() == 0 || need == 0 ? 0 : pool.BuffersToHold(need, lay_.opt_piece_bytes);
+  if (extra <= 0) return Status::Ok();
   // host_budget "auto" is half of this machine's RAM for each rank: ranks
   // sharing the machine would each grow into it. Several ranks grow only
   // under a budget given in bytes.
@@ -55,9 +55,7 @@ Status Engine::Impl::GrowStagingBehind() {
                     FormatBytes(need));
     return Status::Ok();
   }
-  const uint64_t each = have / static_cast<uint64_t>(pool.count());  // what one more slot surely holds
-  const uint64_t extra = (need - have + each - 1) / each;
-  const uint64_t cost = extra * AlignUp(pool.bytes(), 4096);  // (the host tier charges whole pages)
+  const uint64_t cost = static_cast<uint64_t>(extra) * AlignUp(pool.bytes(), 4096);  // (the host tier charges whole pages)
   const uint64_t left = host_->budget() > host_->used() ? host_->budget() - host_->used() : 0;
   if (cost > left) {
     STRATA_LOG_INFO("write_behind: the step's W, M, V ({}) need {} more step staging slots of {} ({}), but "

@@ -121,9 +121,14 @@ class StagingPool {
   // What pieces of `each` bytes (at most) the buffers surely hold at once,
   // whatever the order they come in: each buffer's bytes less the most a
   // piece that does not fit can leave unused at its end.
-  uint64_t PieceCapacity(uint64_t each) const {
-    const uint64_t a = (each + 4095) / 4096 * 4096;
-    return a > bytes_ ? 0 : static_cast<uint64_t>(all_.size()) * (bytes_ - a + 4096);
+  uint64_t PieceCapacity(uint64_t each) const { return static_cast<uint64_t>(all_.size()) * BufferPieceCapacity(each); }
+  // How many more buffers (Grow) make PieceCapacity(each) at least `total`;
+  // -1 when no number does (a piece of `each` does not fit a buffer).
+  int64_t BuffersToHold(uint64_t total, uint64_t each) const {
+    const uint64_t one = BufferPieceCapacity(each), have = PieceCapacity(each);
+    if (total <= have) return 0;
+    if (one == 0) return -1;
+    return static_cast<int64_t>((total - have + one - 1) / one);
   }
   // Called by an Acquire that finds no buffer free, before it waits: the
   // owner of buffers taken ahead of need (StepPipeline::ReadAhead) gives
@@ -152,6 +157,12 @@ class StagingPool {
   int count() const { return static_cast<int>(all_.size()); }
 
  private:
+  // One buffer's share of PieceCapacity: its bytes less the most a piece of
+  // `each` that does not fit can leave unused at its end.
+  uint64_t BufferPieceCapacity(uint64_t each) const {
+    const uint64_t a = (each + 4095) / 4096 * 4096;
+    return a > bytes_ ? 0 : bytes_ - a + 4096;
+  }
   void Reset() {
     for (auto& a : all_) host_->Free(a);
     all_.clear();

@@ -104,10 +104,11 @@ class StepPipeline {
   // (staging_plan.h), and enough of them for every job at once.
   // A run that fails before every job is updated writes nothing and returns
   // as Run does (the groups it did not commit are redone by the next run);
-  // one that gets past its updates counts in the stats' write_behind_steps. A write that fails after the run returned
-  // cannot be undone into the step: its job's new state is discarded (the
-  // block keeps its old contents), the rest are not started, and the
-  // failure is kept for WaitBehind (the engine is broken: a checkpoint load).
+  // one that gets past its updates counts in the stats' write_behind_steps.
+  // A write that fails after the run returned cannot be undone into the
+  // step: its job's new state is discarded (the block keeps its old
+  // contents), the rest are not started, and the failure is kept for
+  // WaitBehind (the engine is broken: a checkpoint load).
   bool CanRunBehind(const std::vector<int>& order) const;
   // The pieces every job of `order` takes at once, in bytes: what the
   // staging must hold for CanRunBehind (0 where it never applies: no

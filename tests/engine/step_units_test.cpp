@@ -159,10 +159,17 @@ std::vector<std::vector<float>> Train(const std::string& json, int steps, bool o
   return State(*r.engine);
 }
 
+// The engine's swap files in `dir`.
+std::vector<std::filesystem::path> SwapFiles(const std::string& dir) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& f : std::filesystem::directory_iterator(dir))
+    if (f.path().filename().string().rfind("strata-swap", 0) == 0) out.push_back(f.path());
+  return out;
+}
+
 uint64_t SwapBytes(const std::string& dir) {
   uint64_t total = 0;
-  for (const auto& f : std::filesystem::directory_iterator(dir))
-    if (f.path().filename().string().rfind("strata-swap", 0) == 0) total += std::filesystem::file_size(f.path());
+  for (const auto& f : SwapFiles(dir)) total += std::filesystem::file_size(f);
   return total;
 }
 
@@ -370,7 +377,7 @@ TEST(StepUnits, TheStepStagesUnitsInPiecesOfTwoSlots) {
       HandGrads(*e, s);
       ASSERT_TRUE(e->Step(OptionsOf(s)).ok());
     }
-  const uint64_t largest_wmv = 3 * 4 * ((kLargeNumel[0] + 2047) / 2048 * 2048);
+  const uint64_t largest_wmv = StateBytes({kLargeNumel[0]});
   const uint64_t used_whole = whole.engine->stats().host.used, used_units = units.engine->stats().host.used;
   std::printf("host tier: whole groups %llu bytes, units %llu bytes\n", static_cast<unsigned long long>(used_whole),
               static_cast<unsigned long long>(used_units));
@@ -467,7 +474,7 @@ TEST(StepUnits, StagingGrowsForWriteBehindWithinTheHostBudget) {
   tight_json.replace(tight_json.find("\"256MiB\""), 8, std::to_string(base));  // the budget the two slots fill
   Built tight = Make(tight_json, false, equal);
   ASSERT_TRUE(grown.engine && tight.engine);
-  const uint64_t slot = 3 * 4 * ((equal[0] + 2047) / 2048 * 2048);
+  const uint64_t slot = StateBytes({equal[0]});  // one group's W, M, V
   EXPECT_GE(grown.engine->stats().host.used, base + 2 * slot) << "\"auto\" did not grow the step's staging";
   EXPECT_EQ(tight.engine->stats().host.used, base) << "the staging grew with no room in the host budget";
   EXPECT_LE(tight.engine->stats().host.peak, tight.engine->stats().host.budget);
@@ -496,18 +503,16 @@ TEST(StepUnits, AStepReadingACorruptSwapFailsNamingTheChecksum) {
     ASSERT_TRUE(r.engine->Step(OptionsOf(s)).ok());
   }
   State(*r.engine);  // (waits for the writes behind)
-  int files = 0;
-  for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
-    if (f.path().filename().string().rfind("strata-swap", 0) != 0) continue;
-    const uint64_t size = std::filesystem::file_size(f.path());
-    FILE* out = std::fopen(f.path().c_str(), "r+b");
+  const std::vector<std::filesystem::path> files = SwapFiles(dir.path());
+  ASSERT_FALSE(files.empty()) << "no swap file to corrupt";
+  for (const auto& f : files) {
+    const uint64_t size = std::filesystem::file_size(f);
+    FILE* out = std::fopen(f.c_str(), "r+b");
     ASSERT_NE(out, nullptr);
     const std::vector<char> junk(size, static_cast<char>(0xAB));
     ASSERT_EQ(std::fwrite(junk.data(), 1, size, out), size);
     ASSERT_EQ(std::fclose(out), 0);
-    ++files;
   }
-  ASSERT_GT(files, 0) << "no swap file to corrupt";
   HandGrads(*r.engine, 2);
   auto st = r.engine->Step(OptionsOf(2));
   ASSERT_FALSE(st.ok()) << "a step read corrupt W, M, V and succeeded";
