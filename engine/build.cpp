@@ -104,7 +104,7 @@ Status Engine::Impl::BuildOnce() {
   if (lay_.multi && !lay_.p_sharded && config_.zero.offload_param.device == OffloadDevice::kNvme)
     return ConfigError("zero_optimization.offload_param.device: nvme needs stage 3 (as in DeepSpeed); stage " +
                        std::to_string(config_.zero.stage) + " keeps every parameter on every rank");
-  ConfigFacts facts = ProbeMachineFacts();
+  ConfigFacts facts = machine_;
   facts.largest_group_numel = lay_.part.largest_group_numel();
   facts.world_size = static_cast<uint32_t>(lay_.sworld);
   facts.has_gpu = device_->on_gpu();

@@ -57,6 +57,17 @@ Engine::Impl::~Impl() {
   // The trace, if any, is written a last time by ~StatsRecorder.
 }
 
+Result<uint32_t> Engine::Impl::CountRanksOnHost(const std::string& memory_key) {
+  if (!lay_.multi) return 1u;
+  const int world = comm_->world_size();
+  const uint64_t mine = XXH3_64bits(memory_key.data(), memory_key.size());
+  std::vector<uint64_t> all(static_cast<size_t>(world));
+  comm_->SetLabel("ranks on host");
+  STRATA_RETURN_IF_ERROR(comm_->AllGather(&mine, all.data(), sizeof mine)
+                             .WithContext("create: which ranks share this host's memory"));
+  return static_cast<uint32_t>(std::count(all.begin(), all.end(), mine));
+}
+
 // Ranks: a given communicator, or one made from the launcher's variables.
 Status Engine::Impl::InitRanks() {
   if (options_.comm) {
@@ -123,6 +134,8 @@ Status Engine::Impl::Init() {
   STRATA_RETURN_IF_ERROR(ValidateConfig(config_, ConfigFacts{}));
   STRATA_RETURN_IF_ERROR(CheckCpuIsaVariable());
   STRATA_RETURN_IF_ERROR(InitRanks());
+  machine_ = ProbeMachineFacts();
+  STRATA_ASSIGN_OR_RETURN(machine_.ranks_on_host, CountRanksOnHost(machine_.memory_key));
   if (options_.grad_accumulation_steps < 1)
     return InvalidError("grad_accumulation_steps must be at least 1");
   const std::string& opt = config_.optimizer.type;
@@ -160,11 +173,26 @@ Status Engine::Impl::Init() {
   // Threads first (the tiers' threads start bound), then the host tier's
   // memory on the GPU's node.
   PlaceOnNumaNode(config_.strata.numa_bind, &placement_);
-  const ConfigFacts facts = ProbeMachineFacts();
+  // "auto": half of the memory this process may use (RAM, or its cgroup's
+  // limit) for the host tier and, without a GPU, a quarter for the device
+  // tier's arena, shared among the ranks that draw on the same memory.
+  const uint64_t ranks_here = std::max<uint32_t>(machine_.ranks_on_host, 1);
   uint64_t device_budget = config_.strata.device_budget;
-  if (device_budget == 0) device_budget = gpu ? gpu::DeviceMemoryBytes(device) / 10 * 9 : facts.host_ram_bytes / 4;
+  if (device_budget == 0)
+    device_budget = gpu ? gpu::DeviceMemoryBytes(device) / 10 * 9 : machine_.host_ram_bytes / 4 / ranks_here;
   uint64_t host_budget = config_.strata.host_budget;
-  if (host_budget == 0) host_budget = facts.host_ram_bytes / 2;
+  if (host_budget == 0) host_budget = machine_.host_ram_bytes / 2 / ranks_here;
+  if ((config_.strata.host_budget == 0 || (!gpu && config_.strata.device_budget == 0)) &&
+      (ranks_here > 1 || !machine_.ram_limit.empty())) {
+    static std::once_flag said_shared;  // once a process: a rank says it once
+    std::call_once(said_shared, [&] {
+      STRATA_LOG_INFO("host memory: {}{}{}: \"auto\" budgets are host_budget {}{}", FormatBytes(machine_.host_ram_bytes),
+                      machine_.ram_limit.empty() ? "" : " (the memory limit of the cgroup " + machine_.ram_limit + ")",
+                      ranks_here > 1 ? ", shared by the " + std::to_string(ranks_here) + " ranks on this host" : "",
+                      FormatBytes(machine_.host_ram_bytes / 2 / ranks_here),
+                      gpu ? "" : ", device_budget " + FormatBytes(machine_.host_ram_bytes / 4 / ranks_here));
+    });
+  }
   STRATA_ASSIGN_OR_RETURN(const bool strict, StrictDeviceFromEnv());
   if (strict && gpu)
     STRATA_LOG_WARN("STRATA_STRICT_DEVICE=1 is ignored: the device tier is a GPU (the strict host arena is for machines "

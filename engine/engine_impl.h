@@ -45,6 +45,9 @@ class Engine::Impl {
   ~Impl();
   Status Init();
   Status InitRanks();
+  // The ranks of this job that share this process's memory (ConfigFacts::
+  // ranks_on_host): one collective on every rank, at create.
+  Result<uint32_t> CountRanksOnHost(const std::string& memory_key);
   std::string RankTracePath(const std::string& path) const;
   Status Build();
   Status BuildOnce();
@@ -166,6 +169,7 @@ class Engine::Impl {
   std::vector<GroupStep> steps_;  // per group: its part in the step in progress
 
   Placement placement_;  // set by Init, constant after
+  ConfigFacts machine_;  // RAM, its cgroup limit, ranks_on_host: set by Init, constant after
   std::unique_ptr<StatsRecorder> stats_;
   std::unique_ptr<UringStorage> storage_;
   std::unique_ptr<DeviceTier> device_;

@@ -45,16 +45,6 @@ Status Engine::Impl::GrowStagingBehind() {
   const uint64_t need = pipeline_->BehindBytes(StepOrder());
   const int64_t extra = pool.count() == 0 || need == 0 ? 0 : pool.BuffersToHold(need, lay_.opt_piece_bytes);
   if (extra <= 0) return Status::Ok();
-  // host_budget "auto" is half of this machine's RAM for each rank: ranks
-  // sharing the machine would each grow into it. Several ranks grow only
-  // under a budget given in bytes.
-  if (lay_.multi && config_.strata.host_budget == 0) {
-    STRATA_LOG_INFO("write_behind: the step's W, M, V ({}) need more step staging; with several ranks it grows only "
-                    "under a strata.host_budget in bytes (\"auto\" is half of this machine's RAM for each rank): the "
-                    "step writes before it returns",
-                    FormatBytes(need));
-    return Status::Ok();
-  }
   const uint64_t cost = static_cast<uint64_t>(extra) * AlignUp(pool.bytes(), 4096);  // (the host tier charges whole pages)
   const uint64_t left = host_->budget() > host_->used() ? host_->budget() - host_->used() : 0;
   if (cost > left) {

@@ -278,7 +278,19 @@ Result<Config> LoadConfigFile(const std::string& path);
 struct ConfigFacts {
   uint64_t largest_group_numel = 0;  // elements of the largest parameter group
   uint32_t world_size = 1;           // ranks sharing each group (stage >= 1 shards state)
+  // The memory this process may use: physical RAM, or less where a cgroup's
+  // memory limit (a container's, a job's) says so; `ram_limit` then names
+  // that cgroup ("" for physical RAM).
   uint64_t host_ram_bytes = 0;
+  std::string ram_limit;
+  // What tells the ranks that share host_ram_bytes apart from the others:
+  // the kernel's boot id and the limiting cgroup (ranks with the same key
+  // draw on the same memory).
+  std::string memory_key;
+  // Ranks of this job with this process's memory_key, this one included
+  // (the engine counts them at create). The "auto" budgets are shared among
+  // them, and budgets in bytes are each rank's: all of them must fit.
+  uint32_t ranks_on_host = 1;
   uint64_t memlock_limit_bytes = std::numeric_limits<uint64_t>::max();  // max = unlimited
   bool has_gpu = false;  // without one the device tier is a host arena
 };
@@ -295,9 +307,24 @@ Status ValidateConfig(const Config& config, const ConfigFacts& facts);
 // W, M, V, G when the optimizer is offloaded. A lower bound, not a plan.
 uint64_t MinHostBytes(const Config& config, const ConfigFacts& facts);
 
-// Host RAM (sysconf) and the memlock limit (getrlimit). Leaves
-// largest_group_numel, world_size and has_gpu for the engine to fill in.
+// Host RAM (sysconf, at most the cgroup memory limit: CgroupMemoryLimit on
+// /proc/self/cgroup and /sys/fs/cgroup), the memory key and the memlock
+// limit (getrlimit). Leaves largest_group_numel, world_size, ranks_on_host
+// and has_gpu for the engine to fill in.
 ConfigFacts ProbeMachineFacts();
+
+// The tightest memory limit of the cgroups this process is in, walking up
+// from its own: `proc_self_cgroup` is /proc/self/cgroup's text and `fs_root`
+// where the hierarchies are mounted (/sys/fs/cgroup). Both cgroup v2
+// (memory.max, "max" unlimited) and v1 (memory/memory.limit_in_bytes; a
+// value of 2^62 or more is unlimited). A cgroup directory that does not
+// exist is skipped (a container sees its own cgroup at the mount's root).
+// bytes 0: no limit; else `dir` is the directory that sets it.
+struct CgroupLimit {
+  uint64_t bytes = 0;
+  std::string dir;
+};
+CgroupLimit CgroupMemoryLimit(std::string_view proc_self_cgroup, const std::string& fs_root);
 
 // The fully resolved config as JSON (DeepSpeed's key names, stage3_* spelling,
 // budgets in bytes or "auto"), for logs and checkpoints. ParseConfig of the

@@ -2,9 +2,14 @@
 // time) and between the document, the model and the machine (at engine
 // creation), each refused with a message that names the keys involved.
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "base/sizes.h"
 #include "base/log.h"
@@ -51,12 +56,26 @@ Status CheckDeviceBudget(const Config& c, const ConfigFacts& f) {
                      " parameters need " + FormatBytes(need) + " on the device");
 }
 
+// "this machine's RAM (X)", and which cgroup limits it to X where one does.
+std::string RamText(const ConfigFacts& f) {
+  return "this machine's RAM (" + FormatBytes(f.host_ram_bytes) +
+         (f.ram_limit.empty() ? "" : ": the memory limit of the cgroup " + f.ram_limit) + ")";
+}
+
+// A budget in bytes is each rank's: `what` for one rank, or for each of the
+// ranks sharing this host's memory, with the sum.
+std::string EachRank(const std::string& what, uint64_t bytes, const ConfigFacts& f) {
+  if (f.ranks_on_host <= 1) return what + ": " + FormatBytes(bytes);
+  return what + ": " + FormatBytes(bytes) + " for each of the " + std::to_string(f.ranks_on_host) +
+         " ranks on this host (" + FormatBytes(SaturatingMul(bytes, f.ranks_on_host)) + " in all)";
+}
+
 Status CheckHostBudget(const Config& c, const ConfigFacts& f) {
   const uint64_t budget = c.strata.host_budget;
   if (budget == 0) return Status::Ok();
-  if (f.host_ram_bytes != 0 && budget > f.host_ram_bytes)
-    return ConfigError("strata.host_budget: " + FormatBytes(budget) + " is above this machine's RAM (" +
-                       FormatBytes(f.host_ram_bytes) + ")");
+  const uint64_t ranks = std::max<uint32_t>(f.ranks_on_host, 1);
+  if (f.host_ram_bytes != 0 && SaturatingMul(budget, ranks) > f.host_ram_bytes)
+    return ConfigError(EachRank("strata.host_budget", budget, f) + " is above " + RamText(f));
   const uint64_t need = MinHostBytes(c, f);
   if (budget < need)
     return ConfigError("strata.host_budget: " + FormatBytes(budget) +
@@ -87,10 +106,9 @@ Status CheckMemlock(const Config& c, const ConfigFacts& f) {
 Status CheckNoGpuArena(const Config& c, const ConfigFacts& f) {
   if (f.has_gpu || f.host_ram_bytes == 0 || c.strata.device_budget == 0) return Status::Ok();
   const uint64_t total = SaturatingAdd(c.strata.device_budget, c.strata.host_budget);
-  if (total <= f.host_ram_bytes) return Status::Ok();
-  return ConfigError("strata.device_budget + strata.host_budget: " + FormatBytes(total) +
-                     " is above this machine's RAM (" + FormatBytes(f.host_ram_bytes) +
-                     "); without a GPU the device tier lives in host memory");
+  if (SaturatingMul(total, std::max<uint32_t>(f.ranks_on_host, 1)) <= f.host_ram_bytes) return Status::Ok();
+  return ConfigError(EachRank("strata.device_budget + strata.host_budget", total, f) + " is above " + RamText(f) +
+                     "; without a GPU the device tier lives in host memory");
 }
 
 }  // namespace
@@ -187,12 +205,90 @@ Status ValidateConfig(const Config& config, const ConfigFacts& facts) {
   return CheckNoGpuArena(config, facts);
 }
 
+namespace {
+
+// The first line of a small file, trimmed; false when it cannot be read.
+bool ReadLine(const std::string& path, std::string* out) {
+  std::ifstream f(path);
+  if (!f || !std::getline(f, *out)) return false;
+  while (!out->empty() && (out->back() == '\n' || out->back() == ' ' || out->back() == '\r')) out->pop_back();
+  return true;
+}
+
+// A limit file's value: bytes, or 0 for none ("max"; v1's "unlimited" is
+// PAGE_COUNTER_MAX pages, above 2^62) or for a value that is not a number.
+uint64_t LimitValue(const std::string& text) {
+  if (text.empty() || text == "max") return 0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0' || v >= (1ull << 62)) return 0;
+  return v;
+}
+
+}  // namespace
+
+CgroupLimit CgroupMemoryLimit(std::string_view proc_self_cgroup, const std::string& fs_root) {
+  CgroupLimit best;
+  // Every directory from `base + path` up to `base` that has `file`.
+  auto walk = [&](const std::string& base, std::string path, const char* file) {
+    while (!path.empty() && path.back() == '/') path.pop_back();
+    for (;;) {
+      const std::string dir = base + path;
+      std::string text;
+      if (ReadLine(dir + "/" + file, &text)) {
+        const uint64_t v = LimitValue(text);
+        if (v != 0 && (best.bytes == 0 || v < best.bytes)) best = {v, dir};
+      }
+      if (path.empty()) break;
+      path.resize(path.rfind('/'));
+    }
+  };
+  std::istringstream lines{std::string(proc_self_cgroup)};
+  for (std::string line; std::getline(lines, line);) {
+    // "hierarchy-id:controllers:path"; v2's is "0::path".
+    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    if (path.empty() || path[0] != '/') continue;
+    if (id == "0" && controllers.empty()) {
+      // Unified: mounted at the root (v2 alone) or at unified/ (hybrid).
+      struct stat st {};
+      const bool alone = ::stat((fs_root + "/cgroup.controllers").c_str(), &st) == 0;
+      walk(alone ? fs_root : fs_root + "/unified", path, "memory.max");
+      continue;
+    }
+    std::istringstream names(controllers);
+    for (std::string name; std::getline(names, name, ',');)
+      if (name == "memory") walk(fs_root + "/memory", path, "memory.limit_in_bytes");
+  }
+  return best;
+}
+
 ConfigFacts ProbeMachineFacts() {
   ConfigFacts facts;
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page_size > 0)
     facts.host_ram_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+  std::ifstream cg("/proc/self/cgroup");
+  std::stringstream text;
+  text << cg.rdbuf();
+  const CgroupLimit cgroup = CgroupMemoryLimit(text.str(), "/sys/fs/cgroup");
+  std::string boot;
+  ReadLine("/proc/sys/kernel/random/boot_id", &boot);
+  facts.memory_key = boot;
+  if (cgroup.bytes != 0 && (facts.host_ram_bytes == 0 || cgroup.bytes < facts.host_ram_bytes)) {
+    facts.host_ram_bytes = cgroup.bytes;
+    facts.ram_limit = cgroup.dir;
+    // The cgroup itself (a container sees its own at the mount's root, at
+    // the same path as every other container's).
+    struct stat st {};
+    if (::stat(cgroup.dir.c_str(), &st) == 0)
+      facts.memory_key += "|" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+    else
+      facts.memory_key += "|" + cgroup.dir;
+  }
   struct rlimit limit {};
   if (getrlimit(RLIMIT_MEMLOCK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
     facts.memlock_limit_bytes = static_cast<uint64_t>(limit.rlim_cur);

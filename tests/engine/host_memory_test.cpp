@@ -1,0 +1,189 @@
+// The memory the engine's "auto" budgets come from: RAM, at most a cgroup's
+// memory limit (read from a tree laid out as /sys/fs/cgroup is), shared
+// among the ranks on the host; budgets in bytes are each rank's, and all
+// of them must fit.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include "base/align.h"
+#include "engine/config/config.h"
+#include "engine/engine.h"
+#include "tests/util/on_ranks.h"
+#include "tests/util/temp_dir.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::OnRanks;
+using testing::TempDir;
+
+void Write(const fs::path& file, const std::string& text) {
+  fs::create_directories(file.parent_path());
+  std::ofstream(file) << text << "\n";
+}
+
+TEST(CgroupMemoryLimit, V1TakesTheTightestLimitOnThePathUp) {
+  TempDir root;
+  const fs::path mem = fs::path(root.path()) / "memory";
+  Write(mem / "memory.limit_in_bytes", "9223372036854771712");  // unlimited
+  Write(mem / "jobs" / "memory.limit_in_bytes", "8589934592");
+  Write(mem / "jobs" / "rank0" / "memory.limit_in_bytes", "17179869184");  // looser than its parent
+  const std::string proc = "12:pids:/jobs/rank0\n4:memory:/jobs/rank0\n0::/\n";
+  const CgroupLimit l = CgroupMemoryLimit(proc, root.path());
+  EXPECT_EQ(l.bytes, 8 * kGiB);
+  EXPECT_EQ(l.dir, (mem / "jobs").string());
+}
+
+TEST(CgroupMemoryLimit, V1UnlimitedIsNoLimit) {
+  TempDir root;
+  const fs::path mem = fs::path(root.path()) / "memory";
+  Write(mem / "memory.limit_in_bytes", "9223372036854771712");
+  Write(mem / "a" / "memory.limit_in_bytes", "9223372036854771712");
+  const CgroupLimit l = CgroupMemoryLimit("4:memory:/a\n", root.path());
+  EXPECT_EQ(l.bytes, 0u);
+  EXPECT_EQ(l.dir, "");
+}
+
+// Docker on cgroup v1 without a cgroup namespace: /proc/self/cgroup names
+// the host's path, but the container's own cgroup is mounted at the root.
+TEST(CgroupMemoryLimit, AContainerSeesItsCgroupAtTheMountRoot) {
+  TempDir root;
+  const fs::path mem = fs::path(root.path()) / "memory";
+  Write(mem / "memory.limit_in_bytes", "4294967296");
+  const CgroupLimit l = CgroupMemoryLimit("9:cpu,memory:/docker/0123abcd\n", root.path());
+  EXPECT_EQ(l.bytes, 4 * kGiB);
+  EXPECT_EQ(l.dir, mem.string());
+}
+
+TEST(CgroupMemoryLimit, V2AloneAndHybrid) {
+  TempDir alone;
+  const fs::path a = alone.path();
+  Write(a / "cgroup.controllers", "cpu memory");
+  Write(a / "user.slice" / "memory.max", "max");
+  Write(a / "user.slice" / "job.scope" / "memory.max", "3221225472");
+  CgroupLimit l = CgroupMemoryLimit("0::/user.slice/job.scope\n", alone.path());
+  EXPECT_EQ(l.bytes, 3 * kGiB);
+  EXPECT_EQ(l.dir, (a / "user.slice" / "job.scope").string());
+  l = CgroupMemoryLimit("0::/user.slice\n", alone.path());
+  EXPECT_EQ(l.bytes, 0u) << "\"max\" is no limit";
+
+  TempDir hybrid;  // v2 at unified/, memory on v1: the tighter of both
+  const fs::path h = hybrid.path();
+  Write(h / "unified" / "job" / "memory.max", "2147483648");
+  Write(h / "memory" / "job" / "memory.limit_in_bytes", "1073741824");
+  l = CgroupMemoryLimit("4:memory:/job\n0::/job\n", hybrid.path());
+  EXPECT_EQ(l.bytes, 1 * kGiB);
+  EXPECT_EQ(l.dir, (h / "memory" / "job").string());
+  l = CgroupMemoryLimit("0::/job\n", hybrid.path());
+  EXPECT_EQ(l.bytes, 2 * kGiB);
+}
+
+TEST(CgroupMemoryLimit, MalformedLinesAndValuesAreSkipped) {
+  TempDir root;
+  const fs::path mem = fs::path(root.path()) / "memory";
+  Write(mem / "x" / "memory.limit_in_bytes", "lots");
+  EXPECT_EQ(CgroupMemoryLimit("garbage\n4:memory:relative\n4:memory:/x\n", root.path()).bytes, 0u);
+  EXPECT_EQ(CgroupMemoryLimit("", root.path()).bytes, 0u);
+}
+
+ConfigFacts Facts(uint32_t ranks) {
+  ConfigFacts f;
+  f.largest_group_numel = 1000;
+  f.host_ram_bytes = 16 * kGiB;
+  f.ranks_on_host = ranks;
+  return f;
+}
+
+std::string Refusal(const Status& st) { return st.ok() ? "ok" : st.message(); }
+
+TEST(HostMemory, BudgetsInBytesAreEachRanksAndMustAllFit) {
+  auto c = ParseConfig(R"({"strata": {"host_budget": "6GiB"}})");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(ValidateConfig(*c, Facts(1)).ok());
+  EXPECT_TRUE(ValidateConfig(*c, Facts(2)).ok());
+  EXPECT_EQ(Refusal(ValidateConfig(*c, Facts(3))),
+            "strata.host_budget: 6.00 GiB for each of the 3 ranks on this host (18.00 GiB in all) is above this "
+            "machine's RAM (16.00 GiB)");
+  ConfigFacts limited = Facts(1);
+  limited.host_ram_bytes = 4 * kGiB;
+  limited.ram_limit = "/sys/fs/cgroup/memory/job";
+  EXPECT_EQ(Refusal(ValidateConfig(*c, limited)),
+            "strata.host_budget: 6.00 GiB is above this machine's RAM (4.00 GiB: the memory limit of the cgroup "
+            "/sys/fs/cgroup/memory/job)");
+
+  auto both = ParseConfig(R"({"strata": {"host_budget": "3GiB", "device_budget": "2GiB"}})");
+  ASSERT_TRUE(both.ok());
+  ConfigFacts f = Facts(4);
+  f.has_gpu = true;  // the device tier is the GPU's: only the host budgets add up (12 GiB)
+  EXPECT_TRUE(ValidateConfig(*both, f).ok());
+  f.has_gpu = false;
+  EXPECT_EQ(Refusal(ValidateConfig(*both, f)),
+            "strata.device_budget + strata.host_budget: 5.00 GiB for each of the 4 ranks on this host (20.00 GiB in "
+            "all) is above this machine's RAM (16.00 GiB); without a GPU the device tier lives in host memory");
+  f.ranks_on_host = 3;  // 15 GiB
+  EXPECT_TRUE(ValidateConfig(*both, f).ok());
+}
+
+// Real Gloo ranks on this host: each counts the others (one all-gather at
+// create), and the "auto" budgets are the host's share.
+TEST(HostMemory, RanksOnThisHostShareTheAutoBudgets) {
+  const ConfigFacts machine = ProbeMachineFacts();
+  ASSERT_GT(machine.host_ram_bytes, 0u);
+  auto cfg = ParseConfig("{}");
+  ASSERT_TRUE(cfg.ok());
+  EngineOptions alone;
+  alone.force_no_gpu = true;
+  auto one = Engine::Create(*cfg, alone);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ((*one)->stats().host.budget, machine.host_ram_bytes / 2);
+  EXPECT_EQ((*one)->stats().device.budget, machine.host_ram_bytes / 4);
+  one->reset();
+
+  for (const int world : {2, 3}) {
+    std::vector<EngineStats> stats(static_cast<size_t>(world));
+    OnRanks(world, [&](int rank, net::Communicator& comm) {
+      EngineOptions o;
+      o.comm = &comm;
+      o.force_no_gpu = true;
+      auto e = Engine::Create(*cfg, o);
+      ASSERT_TRUE(e.ok()) << e.status().ToString();
+      stats[static_cast<size_t>(rank)] = (*e)->stats();
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(stats[static_cast<size_t>(r)].host.budget, machine.host_ram_bytes / 2 / world) << world << " ranks";
+      EXPECT_EQ(stats[static_cast<size_t>(r)].device.budget, machine.host_ram_bytes / 4 / world) << world << " ranks";
+    }
+  }
+}
+
+// A budget in bytes that one rank's RAM holds, but not two ranks': refused
+// at build on every rank, naming the count.
+TEST(HostMemory, TwoRanksWhoseBudgetsDoNotFitAreRefusedAtBuild) {
+  const ConfigFacts machine = ProbeMachineFacts();
+  const uint64_t budget = machine.host_ram_bytes / 5 * 3;  // 60% of RAM each
+  auto cfg = ParseConfig(R"({"strata": {"device_budget": "64MiB", "host_budget": )" + std::to_string(budget) + "}}");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  std::vector<Status> built(2);
+  OnRanks(2, [&](int rank, net::Communicator& comm) {
+    EngineOptions o;
+    o.comm = &comm;
+    o.force_no_gpu = true;
+    auto e = Engine::Create(*cfg, o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    std::vector<float> w(4096, 0.5f);
+    ASSERT_TRUE((*e)->AddParam(0, "w", w.size(), w.data()).ok());
+    built[static_cast<size_t>(rank)] = (*e)->Build();
+  });
+  for (const Status& st : built) {
+    EXPECT_EQ(st.code(), Code::kConfig) << st.ToString();
+    EXPECT_NE(st.message().find("for each of the 2 ranks on this host"), std::string::npos) << st.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace strata
