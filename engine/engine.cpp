@@ -332,13 +332,18 @@ Status Engine::GradsPart(int group, uint64_t first, uint64_t count, const void* 
   return impl_->GradsPart(group, first, count, grads, dtype);
 }
 
+Status Engine::LendGradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_part_lend", false));
+  return impl_->GradsPart(group, first, count, grads, dtype, /*lend=*/true);
+}
+
 Status Engine::GradsEnd(int group) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_end", false));
   CallSpanScope span(*impl_->stats_, "grads", group);
   return impl_->GradsEnd(group);
 }
 
-Result<const void*> Engine::GradsView(int group) const {
+Result<const void*> Engine::GradsView(int group) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_view", false));
   return impl_->GradsView(group);
 }
@@ -349,8 +354,12 @@ std::string Engine::WhyNoGradParts(int group, DType dtype) const {
 }
 
 Result<StepResult> Engine::Step(const StepOptions& options) {
-  STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("step"));
-  return impl_->Step(options);
+  Status drained = impl_->DrainComm().WithContext("step");
+  Result<StepResult> r = drained.ok() ? impl_->Step(options) : Result<StepResult>(std::move(drained));
+  // Lent gradients are the caller's again once step returns: what a step
+  // that did not finish (or did not start) still needs is copied into G.
+  impl_->SettleAllLent();
+  return r;
 }
 Result<double> Engine::GradNorm() {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("grad_norm"));
@@ -368,7 +377,9 @@ Status Engine::SaveCheckpoint(const std::string& dir, const std::string& tag, co
 }
 Status Engine::LoadCheckpoint(const std::string& dir, const std::string& tag, std::vector<uint8_t>* blob) {
   impl_->DrainComm().IgnoreError();  // a lost background reduction is what a load recovers from
-  return impl_->LoadCheckpoint(dir, tag, blob);
+  Status st = impl_->LoadCheckpoint(dir, tag, blob);
+  impl_->SettleAllLent();  // (a load that changed nothing keeps the step's gradients: in G now)
+  return st;
 }
 Status Engine::ReadMaster(int group, float* out) {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("read_master"));

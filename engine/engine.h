@@ -87,12 +87,17 @@ class Engine {
   // overlap_comm or on device buffers). With several ranks the parts are of
   // the whole group, packed for the reduction, one group at a time.
   Status GradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype);
+  // GradsPart, but the engine may keep reading `grads` (strata.h,
+  // strata_engine_grads_part_lend): the caller keeps it alive and unchanged
+  // until the next Step or LoadCheckpoint returns, whatever its result, or
+  // the engine's end.
+  Status LendGradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype);
   Status GradsEnd(int group);
   std::string WhyNoGradParts(int group, DType dtype) const;
   // This step's gradients of the group as accumulated (G: its elements in
   // G's dtype, host memory), for reading, where G is host memory and the
   // group has had a grads call this step (strata_engine_grads_view).
-  Result<const void*> GradsView(int group) const;
+  Result<const void*> GradsView(int group);
   // Activations (activations/activation_store.h): Stash copies `bytes` at
   // `src` (device memory with a GPU, else host memory; complete) into the
   // store and returns a handle; Redeem copies it back into `dst` and frees

@@ -61,11 +61,21 @@ class Engine::Impl {
   // the parts' dtype; or several ranks, the reduction on host buffers with its
   // thread (the parts packed there, GradReducer::PartsBegin); the group's
   // first gradients of the step.
-  Status GradsPart(int group, uint64_t first, uint64_t count, const void* src, DType dtype);
+  // `lend`: the whole tiles of the part stay at `src` (GroupStep::lent)
+  // where the step's update can read them there (LendsParts), else copied.
+  Status GradsPart(int group, uint64_t first, uint64_t count, const void* src, DType dtype, bool lend = false);
   Status GradsEnd(int group);
+  // Whether a part of `group`'s gradients handed now may stay lent: one
+  // rank, the update on the CPU, fp32 state format, and no update of the
+  // group before the step (the overlapped step's early updates copy).
+  bool LendsParts(int group) const;
+  // Copies the group's (all groups') lent parts into G: before anything but
+  // the step's update reads G, and before step returns without having used them.
+  void SettleLent(int group);
+  void SettleAllLent();
   // G of `group` for reading, after this step's gradients of it (where
-  // PartsRefused has no reason but the dtype).
-  Result<const void*> GradsView(int group) const;
+  // PartsRefused has no reason but the dtype); its lent parts copied in.
+  Result<const void*> GradsView(int group);
   // G of `group` where it is host memory (PartsRefused says nothing but the dtype).
   char* GOf(int group) const;
   // Why `group` cannot take gradients of `dtype` in parts ("" when it can).

@@ -111,6 +111,7 @@ Status Engine::Impl::Grads(int group, const void* grads, DType dtype) {
 // zero — and records the shard's sum of squares for the global norm.
 Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64_t count) {
   GroupStep& gs = steps_[static_cast<size_t>(group)];
+  if (gs.grad_calls > 0) SettleLent(group);  // added to below: G whole first
   const uint64_t n = lay_.part.group(group).shard_numel, gsize = DTypeSize(lay_.gdtype);
   const StateBlock& gb = blocks_[static_cast<size_t>(group)][int(StateKind::kG)];
   const bool direct = io_->Direct(gb);
@@ -169,7 +170,7 @@ std::string Engine::Impl::PartsRefused(int group, DType dtype) const {
   return "";
 }
 
-Result<const void*> Engine::Impl::GradsView(int group) const {
+Result<const void*> Engine::Impl::GradsView(int group) {
   STRATA_RETURN_IF_ERROR(CheckGroup(group, "grads_view"));
   if (lay_.reduces)
     return InvalidError("grads_view: with several ranks G holds this rank's shard of the reduced sums, "
@@ -180,6 +181,7 @@ Result<const void*> Engine::Impl::GradsView(int group) const {
   if (gs.parts.open) return OpenPartsError("grads_view", group);
   if (gs.grad_calls == 0)
     return StateError("grads_view: group " + std::to_string(group) + " has no gradients this step");
+  SettleLent(group);
   return static_cast<const void*>(GOf(group));
 }
 
@@ -189,7 +191,28 @@ Status Engine::Impl::CheckNoOpenParts(const char* call) const {
   return Status::Ok();
 }
 
-Status Engine::Impl::GradsPart(int group, uint64_t first, uint64_t count, const void* src, DType dtype) {
+bool Engine::Impl::LendsParts(int group) const {
+  return !lay_.reduces && !lay_.compact && gpu_ && !gpu_->UpdatesOnGpu(group) &&
+         !(worker_ && step_.prepared && step_.early && !step_.doomed);
+}
+
+void Engine::Impl::SettleLent(int group) {
+  GroupStep& gs = steps_[static_cast<size_t>(group)];
+  if (gs.lent.empty()) return;
+  char* G = GOf(group);
+  const uint64_t size = DTypeSize(lay_.gdtype);
+  for (const LentPart& p : gs.lent)
+    kernels::ParallelForTiles(p.count, kernels::kReduceTile, [&](size_t a, size_t b) {
+      std::memcpy(G + (p.first + a) * size, static_cast<const char*>(p.src) + a * size, (b - a) * size);
+    });
+  gs.lent.clear();
+}
+
+void Engine::Impl::SettleAllLent() {
+  for (int g = 0; g < static_cast<int>(steps_.size()); ++g) SettleLent(g);
+}
+
+Status Engine::Impl::GradsPart(int group, uint64_t first, uint64_t count, const void* src, DType dtype, bool lend) {
   STRATA_RETURN_IF_ERROR(CheckGroup(group, "grads_part"));
   if (!src && count > 0) return InvalidError("grads_part: null gradient pointer for group " + std::to_string(group));
   if (const std::string why = PartsRefused(group, dtype); !why.empty())
@@ -246,6 +269,7 @@ Status Engine::Impl::GradsPart(int group, uint64_t first, uint64_t count, const 
   const char* in = static_cast<const char*>(src);
   const uint64_t end = first + count;
   if (again) {
+    SettleLent(group);  // (the part may be one of them)
     for (uint64_t t = first / T; t * T < end; ++t) h.done[t] = 0;  // summed again at the end
     return AddInto(dtype, G + first * size, src, dtype, count, /*overwrite=*/false).WithContext("grads_part");
   }
@@ -260,8 +284,20 @@ Status Engine::Impl::GradsPart(int group, uint64_t first, uint64_t count, const 
   const uint64_t lo = a * T, hi = std::min(n, b * T);
   std::memcpy(G + first * size, in, (lo - first) * size);
   std::memcpy(G + hi * size, in + (hi - first) * size, (end - hi) * size);
-  STRATA_RETURN_IF_ERROR(
-      kernels::CopyTileSquares(dtype, in + (lo - first) * size, G + lo * size, hi - lo, &h.partial[a]));
+  if (lend && LendsParts(group)) {
+    // The whole tiles stay where the caller has them (read once here, for
+    // their squares, and once by the update): no copy into G, and none of
+    // G's cache lines written in the middle of backward.
+    STRATA_RETURN_IF_ERROR(kernels::TileSquares(dtype, in + (lo - first) * size, hi - lo, &h.partial[a]));
+    auto& lent = steps_[static_cast<size_t>(group)].lent;
+    const LentPart part{lo, hi - lo, in + (lo - first) * size};
+    lent.insert(std::upper_bound(lent.begin(), lent.end(), part,
+                                 [](const LentPart& x, const LentPart& y) { return x.first < y.first; }),
+                part);
+  } else {
+    STRATA_RETURN_IF_ERROR(
+        kernels::CopyTileSquares(dtype, in + (lo - first) * size, G + lo * size, hi - lo, &h.partial[a]));
+  }
   std::fill(h.done.begin() + static_cast<std::ptrdiff_t>(a), h.done.begin() + static_cast<std::ptrdiff_t>(b), 1);
   return Status::Ok();
 }
@@ -304,6 +340,7 @@ Status Engine::Impl::GradsEnd(int group) {
   gs.finite = sq.all_finite;
   ++gs.grad_calls;
   ++gs.handed;
+  if (!LendsParts(group)) SettleLent(group);  // (prepare_step came after the parts: an early update may read G)
   OnGradsComplete(group);
   last_grads_s_ = stats_->Now();
   return Status::Ok();

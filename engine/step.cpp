@@ -157,6 +157,7 @@ void Engine::Impl::AbandonStep(bool keep_p_stale) {
   for (auto& gs : steps_) {
     gs.grad_calls = gs.handed = 0;
     gs.parts = GradParts{};
+    gs.lent.clear();  // (the step used them, or a load drops the step's gradients)
     gs.committed = false;
     gs.unit_done.clear();
     // A step keeps P marked that could not be rewritten (fetch refuses it;

@@ -191,6 +191,15 @@ strata_status_t strata_engine_grads_part(strata_engine_t* engine, int group, uin
   });
 }
 
+strata_status_t strata_engine_grads_part_lend(strata_engine_t* engine, int group, uint64_t first, uint64_t count,
+                                              const void* grads, strata_dtype_t dtype) {
+  return OnEngine("strata_engine_grads_part_lend", engine, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(CheckDType(dtype, "grads_part_lend"));
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    return engine->rep->LendGradsPart(group, first, count, grads, static_cast<strata::DType>(dtype));
+  });
+}
+
 strata_status_t strata_engine_grads_end(strata_engine_t* engine, int group) {
   return OnEngine("strata_engine_grads_end", engine, [&]() -> Status {
     STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));

@@ -23,6 +23,15 @@ struct GradParts {
   std::vector<uint8_t> done;
 };
 
+// A part of G that the caller lent (Engine::LendGradsPart) instead of
+// having it copied: `count` elements from `first`, at `src`, in G's dtype.
+// The step's update reads it there; anything else that needs G whole copies
+// it in first (Engine::Impl::SettleLent).
+struct LentPart {
+  uint64_t first = 0, count = 0;
+  const void* src = nullptr;
+};
+
 struct GroupStep {
   int grad_calls = 0;      // grads calls in this step
   double sum_squares = 0;  // of G, after the last grads call
@@ -39,6 +48,9 @@ struct GroupStep {
   // together); the group is committed once all have. Empty otherwise.
   std::vector<uint8_t> unit_done;
   bool p_stale = false;
+  // Parts of this step's G still at the caller's (LentPart), in element
+  // order; G holds every other element.
+  std::vector<LentPart> lent;
   GradParts parts;  // a grads call in parts, while open  // committed, but P's store failed: P is recomputed from W
 };
 

@@ -378,6 +378,22 @@ STRATA_API strata_status_t strata_engine_grads(strata_engine_t* engine, int grou
  * Errors: INVALID, STATE. */
 STRATA_API strata_status_t strata_engine_grads_part(strata_engine_t* engine, int group, uint64_t first,
                                                     uint64_t count, const void* grads, strata_dtype_t dtype);
+/* strata_engine_grads_part, but the part is lent, not copied: the engine may
+ * keep reading `grads` (its values unchanged) after the call returns, until
+ * the next strata_engine_step or strata_checkpoint_load returns (whatever
+ * its status), or strata_engine_destroy.
+ * Keep it alive and unchanged until then. Where the step's update can read
+ * the part where it is (one rank, no GPU, fp32 state_format, and no
+ * overlapped early update of the group), it does, and no copy of it is
+ * made in the middle of backward: the part's squares are taken from it, and
+ * the update reads it beside W, M and V. Anything else that needs the
+ * group's accumulator whole (strata_engine_grads_view, a second grads call
+ * of the group in the step, a part given again, a step that returns
+ * unfinished, prepare_step's early updates) copies it in first. Where none
+ * of that applies it is strata_engine_grads_part. The results are bitwise
+ * those of strata_engine_grads_part. Errors: as strata_engine_grads_part. */
+STRATA_API strata_status_t strata_engine_grads_part_lend(strata_engine_t* engine, int group, uint64_t first,
+                                                         uint64_t count, const void* grads, strata_dtype_t dtype);
 STRATA_API strata_status_t strata_engine_grads_end(strata_engine_t* engine, int group);
 /* *out = 1 when the group takes gradients of `dtype` in parts, else 0; with
  * 0, strata_last_error says why not (the call itself returns OK). */

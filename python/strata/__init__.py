@@ -112,6 +112,7 @@ class Engine:
                  overlap_step=False, device=-1, skip_groups_without_grads=False):
         self._lib = _load()
         self._h = None
+        self._lent = []  # tensors lent by grads_part(lend=True): the engine may read them until step or a load
         text = config if isinstance(config, str) else json.dumps(config)
         opts = _sized(_EngineOptions, rank=rank, world_size=world_size,
                       grad_accumulation_steps=grad_accumulation_steps, force_no_gpu=1 if force_no_gpu else 0,
@@ -127,6 +128,7 @@ class Engine:
         if self._h is not None:
             self._lib.strata_engine_destroy(self._h)
             self._h = None
+        self._lent = []
 
     def __enter__(self):
         return self
@@ -236,12 +238,17 @@ class Engine:
                         f"grads has {_numel(grads)}")
         _check(self._lib.strata_engine_grads(self.handle, group, _address(grads), code, _stream_handle(stream)))
 
-    def grads_part(self, group, first, grads, dtype=None):
+    def grads_part(self, group, first, grads, dtype=None, lend=False):
         """One part of a grads call given in parts (strata_engine_grads_part):
         elements [first, first + numel) of the group's gradients, a contiguous
         host tensor (or an address with `dtype` "f32"/"bf16"/"f16" and then
         grads a (address, numel) pair), copied straight into the engine's
-        accumulator. grads_end(group) completes the call."""
+        accumulator. grads_end(group) completes the call.
+
+        lend=True (strata_engine_grads_part_lend): the engine may keep reading
+        the part, unchanged, until the next step() or load_checkpoint()
+        returns, or close(): the caller keeps it alive until then (a tensor:
+        a reference to it)."""
         if isinstance(grads, tuple):
             address, count = grads
             code = _DTYPE_CODES[dtype]
@@ -250,7 +257,10 @@ class Engine:
                 raise Error(INVALID, f"grads_part: the gradients are on {grads.device}; parts are host memory")
             address, count = _address(grads), _numel(grads)
             code = _dtype_of(grads) if dtype is None else _DTYPE_CODES[dtype]
-        _check(self._lib.strata_engine_grads_part(self.handle, group, first, count, address, code))
+        call = self._lib.strata_engine_grads_part_lend if lend else self._lib.strata_engine_grads_part
+        _check(call(self.handle, group, first, count, address, code))
+        if lend and not isinstance(grads, tuple):
+            self._lent.append(grads)
 
     def grads_end(self, group):
         """Completes the group's grads call in parts: as one grads() of the
@@ -324,7 +334,10 @@ class Engine:
         `last_loss_scale` is then the scale for the next loss (loss_scale)."""
         opts = _step_options(lr, betas, eps, weight_decay, max_grad_norm)
         res = _sized(_StepResult)
-        _check(self._lib.strata_engine_step(self.handle, ctypes.byref(opts), ctypes.byref(res)))
+        try:
+            _check(self._lib.strata_engine_step(self.handle, ctypes.byref(opts), ctypes.byref(res)))
+        finally:
+            self._lent = []  # the engine reads none of them after step returns
         self.last_loss_scale = res.loss_scale
         return res.grad_norm, bool(res.skipped)
 
@@ -428,6 +441,7 @@ class Engine:
             want = ctypes.c_uint64(size.value)
             status = self._lib.strata_checkpoint_load(self.handle, os.fsencode(directory),
                                                       os.fsencode(tag) if tag else None, buf, ctypes.byref(want))
+            self._lent = []  # the engine reads none of them after a load returns
             if status != OK and want.value > size.value:
                 size = want  # the state is loaded; only the blob needs a larger buffer
                 continue

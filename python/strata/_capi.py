@@ -126,6 +126,7 @@ def _load():
         "strata_engine_release": ([P, I, P], S),
         "strata_engine_grads": ([P, I, P, I, P], S),
         "strata_engine_grads_part": ([P, I, U64, U64, P, I], S),
+        "strata_engine_grads_part_lend": ([P, I, U64, U64, P, I], S),
         "strata_engine_grads_end": ([P, I], S),
         "strata_engine_grads_view": ([P, I, ctypes.POINTER(P)], S),
         "strata_engine_takes_grad_parts": ([P, I, I, ctypes.POINTER(I)], S),

@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "tests/engine/engine_test_util.h"
 #include "kernels/cpu/parallel.h"
+#include "io/fault.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {
@@ -208,6 +209,198 @@ TEST(GradParts, SaysWhyAGroupTakesNoParts) {
   EXPECT_TRUE(Says(nvme->GradsPart(0, 0, 4, g0.data(), DType::kF32), Code::kInvalid, "not in host memory"));
   ASSERT_TRUE(nvme->Grads(0, g0.data(), DType::kF32).ok());
   EXPECT_TRUE(Says(nvme->GradsView(0).status(), Code::kInvalid, "not in host memory"));
+}
+
+// ---- Parts lent (LendGradsPart): read where the caller has them ----------
+
+// An engine for lending: W, M, V host-homed ("cpu") or on NVMe in units
+// that cut across the parts ("nvme": G in host memory, write-behind off so
+// that a failed write fails its own step).
+std::unique_ptr<Engine> MakeLend(const std::string& dir, bool overlap, const std::string& offload,
+                                 std::shared_ptr<FaultPlan> faults = nullptr, const std::string& extra = "") {
+  static int made = 0;
+  const std::string swap = dir + "/l" + std::to_string(made++);
+  std::filesystem::create_directories(swap);
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  eo.overlap_step = overlap;
+  eo.faults = std::move(faults);
+  std::vector<std::vector<float>> values(2);
+  for (int g = 0; g < 2; ++g) {
+    values[g].resize(kNumel[g]);
+    for (uint64_t i = 0; i < kNumel[g]; ++i)
+      values[g][i] = 0.2f * std::sin(0.01f * static_cast<float>(i * (g + 3) + 1));
+  }
+  const std::string json = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.05}},
+    "zero_optimization": {"stage": 3, "sub_group_size": 50000,
+      "offload_optimizer": {"device": ")" + offload + R"(", "nvme_path": ")" + swap + R"("},
+      "offload_param": {"device": "cpu"}},
+    "strata": {"host_budget": "64MiB", "device_budget": "64MiB", "grad_home": "host", "write_behind": "never")" + extra + "}}";
+  return strata::testing::BuiltEngine(json, eo, values);
+}
+
+// The parts of `grad`, lent from `buf` (a copy the test owns, as a caller's
+// tensor), a part given twice lent again.
+void Lend(Engine& e, int g, std::vector<float>& buf, const std::vector<float>& grad, const std::vector<Part>& parts) {
+  buf = grad;
+  for (const Part& p : parts) {
+    for (int k = 0; k < (p.twice ? 2 : 1); ++k) {
+      const Status st = e.LendGradsPart(g, p.first, p.count, buf.data() + p.first, DType::kF32);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+    }
+  }
+  const Status st = e.GradsEnd(g);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+}
+
+void ExpectSameState(Engine& a, Engine& b, const std::string& what) {
+  for (int g = 0; g < 2; ++g)
+    for (auto s : {Engine::OptimizerState::kMaster, Engine::OptimizerState::kExpAvg,
+                   Engine::OptimizerState::kExpAvgSq})
+      EXPECT_TRUE(SameBits(Read(a, g, s), Read(b, g, s))) << what << ": group " << g << " state " << int(s);
+}
+
+// The group's parts, none given twice (a part given again copies the
+// group's lent parts in: none would be left for the step to read).
+std::vector<Part> Once(int g) {
+  std::vector<Part> ps = g == 0 ? Parts0() : Parts1();
+  for (Part& p : ps) p.twice = false;
+  return ps;
+}
+
+struct LendCase {
+  std::string offload;
+  bool overlap;
+};
+
+class LentParts : public ::testing::TestWithParam<LendCase> {};
+
+// Four clipped steps, lent against copied: the norm and every state
+// bitwise; each step's lent buffers are scribbled over once it returns (the
+// engine reads none of them after); G read through GradsView before the
+// step, a part given again and a second grads call copy them in first.
+TEST_P(LentParts, BitwiseTheCopiedPartsRun) {
+  TempDir dir;
+  const LendCase& c = GetParam();
+  auto lent = MakeLend(dir.path(), c.overlap, c.offload), copied = MakeLend(dir.path(), c.overlap, c.offload);
+  ASSERT_TRUE(lent && copied);
+  StepOptions so;
+  so.max_grad_norm = 0.75;
+  std::vector<float> bufs[2];
+  for (int k = 0; k < 4; ++k) {
+    if (c.overlap) {
+      ASSERT_TRUE(lent->PrepareStep(so).ok());
+      ASSERT_TRUE(copied->PrepareStep(so).ok());
+    }
+    for (int g : {1, 0}) {
+      // Steps 0 and 2 leave parts lent for the step to read; 1 and 3 give a
+      // part again; 1 and 2 read G through GradsView; 0 adds a second grads
+      // call (plain step only: overlapped, it would undo early updates).
+      const std::vector<Part> ps = k % 2 == 0 ? Once(g) : g == 0 ? Parts0() : Parts1();
+      const std::vector<float> gl = GradOf(*lent, g, k), gc = GradOf(*copied, g, k);
+      ASSERT_TRUE(SameBits(gl, gc)) << "step " << k << ": the engines' parameters differ before it";
+      Lend(*lent, g, bufs[g], gl, ps);
+      Hand(*copied, g, gc, ps);
+      if (k == 1 || k == 2) {
+        auto view = lent->GradsView(g);
+        ASSERT_TRUE(view.ok()) << view.status().ToString();
+        const std::vector<float> a = Assembled(gc, ps);
+        EXPECT_EQ(std::memcmp(*view, a.data(), a.size() * 4), 0) << "G of group " << g << " as lent";
+      }
+      if (k == 0 && !c.overlap) {  // a second grads call adds to G: the lent parts first copied in
+        const std::vector<float> more(kNumel[g], 0.125f);
+        ASSERT_TRUE(lent->Grads(g, more.data(), DType::kF32).ok());
+        ASSERT_TRUE(copied->Grads(g, more.data(), DType::kF32).ok());
+      }
+    }
+    auto rl = lent->Step(so), rc = copied->Step(so);
+    ASSERT_TRUE(rl.ok()) << rl.status().ToString();
+    ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+    EXPECT_EQ(rl->grad_norm, rc->grad_norm) << "step " << k;
+    EXPECT_GT(rl->grad_norm, so.max_grad_norm) << "the test means the step to clip";
+    for (auto& b : bufs) std::fill(b.begin(), b.end(), std::nanf(""));
+    ExpectSameState(*lent, *copied, "after step " + std::to_string(k));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, LentParts,
+                         ::testing::Values(LendCase{"cpu", false}, LendCase{"cpu", true}, LendCase{"nvme", false},
+                                           LendCase{"nvme", true}),
+                         [](const auto& info) {
+                           return info.param.offload + (info.param.overlap ? "_overlap" : "_plain");
+                         });
+
+// The step reads a lent part where it is: a buffer changed between the
+// hand and the step (which the contract forbids) changes the update. Where
+// the group is updated early (the overlapped step without clipping: final
+// updates), the parts are copied at the hand and the change does nothing.
+TEST(LentParts, TheStepReadsThemWhereTheyAreUnlessUpdatedEarly) {
+  TempDir dir;
+  for (const bool overlap : {false, true}) {
+    // No clipping and non-finite gradients applied: with overlap_step the
+    // early updates are final (not speculative) ...
+    const std::string apply = R"(, "nonfinite": "apply")";
+    auto lent = MakeLend(dir.path(), overlap, "cpu", nullptr, apply), copied = MakeLend(dir.path(), overlap, "cpu", nullptr, apply);
+    ASSERT_TRUE(lent && copied);
+    StepOptions so;
+    so.max_grad_norm = 0;
+    for (int k = 0; k < 2; ++k) {  // ... from the second step (the first is not overlapped)
+      if (overlap) {
+        ASSERT_TRUE(lent->PrepareStep(so).ok());
+        ASSERT_TRUE(copied->PrepareStep(so).ok());
+      }
+      std::vector<float> bufs[2];
+      for (int g = 0; g < 2; ++g) {
+        const std::vector<Part> ps = Once(g);
+        const std::vector<float> grad = GradOf(*copied, g, k);
+        Lend(*lent, g, bufs[g], grad, ps);
+        Hand(*copied, g, grad, ps);
+        if (k == 1)
+          for (float& x : bufs[g]) x = -x;  // after the hand, before the step
+      }
+      ASSERT_TRUE(lent->Step(so).ok());
+      ASSERT_TRUE(copied->Step(so).ok());
+    }
+    const bool same = SameBits(Read(*lent, 0, Engine::OptimizerState::kMaster),
+                               Read(*copied, 0, Engine::OptimizerState::kMaster));
+    EXPECT_EQ(same, overlap) << "overlap " << overlap << ": " << (overlap ? "updated early: the parts were copied at the hand"
+                                         : "the step read the lent parts where they were");
+  }
+}
+
+// A step that fails (an NVMe write) returns with the lent parts copied into
+// G: the caller scribbles over its buffers, and the step called again
+// finishes bitwise as the run that never failed.
+TEST(LentParts, AStepThatReturnsUnfinishedKeepsNoneOfThem) {
+  TempDir dir;
+  auto faults = std::make_shared<FaultPlan>();
+  auto lent = MakeLend(dir.path(), false, "nvme", faults), clean = MakeLend(dir.path(), false, "nvme");
+  ASSERT_TRUE(lent && clean);
+  StepOptions so;
+  so.max_grad_norm = 0.75;
+  for (int k = 0; k < 3; ++k) {
+    std::vector<float> bufs[2];
+    for (int g : {1, 0}) {
+      const std::vector<Part> ps = Once(g);
+      const std::vector<float> grad = GradOf(*clean, g, k);
+      Lend(*lent, g, bufs[g], grad, ps);
+      Hand(*clean, g, grad, ps);
+    }
+    if (k == 1) {
+      faults->Arm(FaultPlan::Ops::kWrites, EIO, /*skip=*/2, /*count=*/1);
+      auto failed = lent->Step(so);
+      ASSERT_FALSE(failed.ok()) << "the armed write fault must fail the step";
+      EXPECT_NE(failed.status().message().find("call step again"), std::string::npos) << failed.status().ToString();
+      faults->Disarm();
+      for (auto& b : bufs) std::fill(b.begin(), b.end(), std::nanf(""));
+    }
+    auto rl = lent->Step(so), rc = clean->Step(so);
+    ASSERT_TRUE(rl.ok()) << rl.status().ToString();
+    ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+    EXPECT_EQ(rl->grad_norm, rc->grad_norm) << "step " << k;
+  }
+  EXPECT_GT(faults->fired(), 0);
+  ExpectSameState(*lent, *clean, "after a failed step finished");
 }
 
 }  // namespace

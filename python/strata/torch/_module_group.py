@@ -158,7 +158,10 @@ class _ModuleGroup:
         if not flat.is_contiguous():
             flat = flat.contiguous()
         try:
-            o.engine.grads_part(self.index, off, flat)
+            # Lent at one rank: the step reads it where it is instead of a copy
+            # in the middle of backward, and the binding holds the tensor until
+            # step() returns. (Several ranks pack parts for the reduction.)
+            o.engine.grads_part(self.index, off, flat, lend=o.world_size == 1)
         except Error as e:
             raise o._overlap.explain(e, self, "given more gradients") from None
 
