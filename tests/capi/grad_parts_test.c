@@ -34,6 +34,17 @@ static strata_engine_t* make_n(const float* w, uint64_t n) {
 
 static strata_engine_t* make(const float* w) { return make_n(w, N); }
 
+/* Both engines' masters (n elements) bitwise alike and moved off `w`; both destroyed. */
+static void expect_same_trained(strata_engine_t* x, strata_engine_t* y, const float* w, float* a, float* b,
+                                size_t n) {
+  OK(strata_engine_read_master(x, 0, a));
+  OK(strata_engine_read_master(y, 0, b));
+  CHECK(memcmp(a, b, n * sizeof(float)) == 0);
+  CHECK(memcmp(a, w, n * sizeof(float)) != 0); /* it trained */
+  OK(strata_engine_destroy(x));
+  OK(strata_engine_destroy(y));
+}
+
 /* Two steps: lent parts ([0, 70000) and the rest) against the same parts
  * copied; the lent buffer scribbled over after each step returns. */
 static void lend(void) {
@@ -61,12 +72,7 @@ static void lend(void) {
     memset(lent, 0xff, sizeof lent); /* NaNs: the caller's again */
     CHECK(rl.grad_norm == rc.grad_norm);
   }
-  OK(strata_engine_read_master(le, 0, a));
-  OK(strata_engine_read_master(co, 0, b));
-  CHECK(memcmp(a, b, sizeof a) == 0);
-  CHECK(memcmp(a, w, sizeof a) != 0); /* it trained */
-  OK(strata_engine_destroy(le));
-  OK(strata_engine_destroy(co));
+  expect_same_trained(le, co, w, a, b, NL);
 }
 
 int main(void) {
@@ -107,12 +113,7 @@ int main(void) {
   OK(strata_engine_step(parts, &opt, &res));
   OK(strata_engine_step(plain, &opt, &res_plain));
   CHECK(res.grad_norm == res_plain.grad_norm && res.grad_norm > 0.1); /* clipped */
-  OK(strata_engine_read_master(parts, 0, a));
-  OK(strata_engine_read_master(plain, 0, b));
-  CHECK(memcmp(a, b, sizeof a) == 0);
-  CHECK(memcmp(a, w, sizeof a) != 0); /* it trained */
-  OK(strata_engine_destroy(parts));
-  OK(strata_engine_destroy(plain));
+  expect_same_trained(parts, plain, w, a, b, N);
   lend();
   return failures ? 1 : 0;
 }

@@ -39,21 +39,32 @@ std::string Json(const std::string& offload, const std::string& swap, const std:
     "strata": {"host_budget": "64MiB", "device_budget": "64MiB")" + grad_home + "}}";
 }
 
-std::unique_ptr<Engine> Make(const std::string& dir, bool overlap, const std::string& offload = "cpu",
-                             const std::string& accum = "fp32") {
-  static int made = 0;
-  const std::string swap = dir + "/e" + std::to_string(made++);
-  std::filesystem::create_directories(swap);
-  EngineOptions eo;
-  eo.force_no_gpu = true;
-  eo.overlap_step = overlap;
+// The two groups' initial values.
+std::vector<std::vector<float>> Values() {
   std::vector<std::vector<float>> values(2);
   for (int g = 0; g < 2; ++g) {
     values[g].resize(kNumel[g]);
     for (uint64_t i = 0; i < kNumel[g]; ++i)
       values[g][i] = 0.2f * std::sin(0.01f * static_cast<float>(i * (g + 3) + 1));
   }
-  return strata::testing::BuiltEngine(Json(offload, swap, accum), eo, values);
+  return values;
+}
+
+// A fresh swap folder under `dir` for each engine.
+std::string Swap(const std::string& dir, const char* prefix) {
+  static int made = 0;
+  const std::string swap = dir + "/" + prefix + std::to_string(made++);
+  std::filesystem::create_directories(swap);
+  return swap;
+}
+
+std::unique_ptr<Engine> Make(const std::string& dir, bool overlap, const std::string& offload = "cpu",
+                             const std::string& accum = "fp32") {
+  const std::string swap = Swap(dir, "e");
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  eo.overlap_step = overlap;
+  return strata::testing::BuiltEngine(Json(offload, swap, accum), eo, Values());
 }
 
 std::vector<float> GradOf(Engine& e, int g, int k) { return strata::testing::GradOfFetched(e, g, k); }
@@ -218,25 +229,17 @@ TEST(GradParts, SaysWhyAGroupTakesNoParts) {
 // that a failed write fails its own step).
 std::unique_ptr<Engine> MakeLend(const std::string& dir, bool overlap, const std::string& offload,
                                  std::shared_ptr<FaultPlan> faults = nullptr, const std::string& extra = "") {
-  static int made = 0;
-  const std::string swap = dir + "/l" + std::to_string(made++);
-  std::filesystem::create_directories(swap);
+  const std::string swap = Swap(dir, "l");
   EngineOptions eo;
   eo.force_no_gpu = true;
   eo.overlap_step = overlap;
   eo.faults = std::move(faults);
-  std::vector<std::vector<float>> values(2);
-  for (int g = 0; g < 2; ++g) {
-    values[g].resize(kNumel[g]);
-    for (uint64_t i = 0; i < kNumel[g]; ++i)
-      values[g][i] = 0.2f * std::sin(0.01f * static_cast<float>(i * (g + 3) + 1));
-  }
   const std::string json = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.05}},
     "zero_optimization": {"stage": 3, "sub_group_size": 50000,
       "offload_optimizer": {"device": ")" + offload + R"(", "nvme_path": ")" + swap + R"("},
       "offload_param": {"device": "cpu"}},
     "strata": {"host_budget": "64MiB", "device_budget": "64MiB", "grad_home": "host", "write_behind": "never")" + extra + "}}";
-  return strata::testing::BuiltEngine(json, eo, values);
+  return strata::testing::BuiltEngine(json, eo, Values());
 }
 
 // The parts of `grad`, lent from `buf` (a copy the test owns, as a caller's
