@@ -66,8 +66,9 @@ class Engine::Impl {
   Status GradsPart(int group, uint64_t first, uint64_t count, const void* src, DType dtype, bool lend = false);
   Status GradsEnd(int group);
   // Whether a part of `group`'s gradients handed now may stay lent: one
-  // rank, the update on the CPU, fp32 state format, and no update of the
-  // group before the step (the overlapped step's early updates copy).
+  // rank, the update on the CPU, fp32 state format, W, M, V not on NVMe, and
+  // no update of the group before the step (the overlapped step's early
+  // updates copy).
   bool LendsParts(int group) const;
   // Copies the group's (all groups') lent parts into G: before anything but
   // the step's update reads G, and before step returns without having used them.

@@ -192,7 +192,10 @@ Status Engine::Impl::CheckNoOpenParts(const char* call) const {
 }
 
 bool Engine::Impl::LendsParts(int group) const {
-  return !lay_.reduces && !lay_.compact && gpu_ && !gpu_->UpdatesOnGpu(group) &&
+  // W, M, V on NVMe: copied, so that the caller's gradients need not stay in
+  // host memory through the step's I/O (where host memory is what is short).
+  return !lay_.reduces && !lay_.compact && lay_.home[int(StateKind::kW)] != TierKind::kNvme && gpu_ &&
+         !gpu_->UpdatesOnGpu(group) &&
          !(worker_ && step_.prepared && step_.early && !step_.doomed);
 }
 

@@ -383,8 +383,8 @@ STRATA_API strata_status_t strata_engine_grads_part(strata_engine_t* engine, int
  * the next strata_engine_step or strata_checkpoint_load returns (whatever
  * its status), or strata_engine_destroy.
  * Keep it alive and unchanged until then. Where the step's update can read
- * the part where it is (one rank, no GPU, fp32 state_format, and no
- * overlapped early update of the group), it does, and no copy of it is
+ * the part where it is (one rank, no GPU, fp32 state_format, W, M, V in
+ * host memory, and no overlapped early update of the group), it does, and no copy of it is
  * made in the middle of backward: the part's squares are taken from it, and
  * the update reads it beside W, M and V. Anything else that needs the
  * group's accumulator whole (strata_engine_grads_view, a second grads call

@@ -16,7 +16,6 @@
 #include "engine/engine.h"
 #include "tests/engine/engine_test_util.h"
 #include "kernels/cpu/parallel.h"
-#include "io/fault.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {
@@ -224,16 +223,15 @@ TEST(GradParts, SaysWhyAGroupTakesNoParts) {
 
 // ---- Parts lent (LendGradsPart): read where the caller has them ----------
 
-// An engine for lending: W, M, V host-homed ("cpu") or on NVMe in units
-// that cut across the parts ("nvme": G in host memory, write-behind off so
-// that a failed write fails its own step).
+// An engine for lending: W, M, V host-homed ("cpu": parts lent), or on
+// NVMe in units that cut across the parts ("nvme", G in host memory: parts
+// copied).
 std::unique_ptr<Engine> MakeLend(const std::string& dir, bool overlap, const std::string& offload,
-                                 std::shared_ptr<FaultPlan> faults = nullptr, const std::string& extra = "") {
+                                 const std::string& extra = "") {
   const std::string swap = Swap(dir, "l");
   EngineOptions eo;
   eo.force_no_gpu = true;
   eo.overlap_step = overlap;
-  eo.faults = std::move(faults);
   const std::string json = R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.05}},
     "zero_optimization": {"stage": 3, "sub_group_size": 50000,
       "offload_optimizer": {"device": ")" + offload + R"(", "nvme_path": ")" + swap + R"("},
@@ -343,7 +341,7 @@ TEST(LentParts, TheStepReadsThemWhereTheyAreUnlessUpdatedEarly) {
     // No clipping and non-finite gradients applied: with overlap_step the
     // early updates are final (not speculative) ...
     const std::string apply = R"(, "nonfinite": "apply")";
-    auto lent = MakeLend(dir.path(), overlap, "cpu", nullptr, apply), copied = MakeLend(dir.path(), overlap, "cpu", nullptr, apply);
+    auto lent = MakeLend(dir.path(), overlap, "cpu", apply), copied = MakeLend(dir.path(), overlap, "cpu", apply);
     ASSERT_TRUE(lent && copied);
     StepOptions so;
     so.max_grad_norm = 0;
@@ -371,13 +369,13 @@ TEST(LentParts, TheStepReadsThemWhereTheyAreUnlessUpdatedEarly) {
   }
 }
 
-// A step that fails (an NVMe write) returns with the lent parts copied into
-// G: the caller scribbles over its buffers, and the step called again
-// finishes bitwise as the run that never failed.
-TEST(LentParts, AStepThatReturnsUnfinishedKeepsNoneOfThem) {
+// Calls that return without having used the lent parts copy them into G
+// first: a step refused (a group still fetched) and a checkpoint load that
+// changed nothing. The caller scribbles over its buffers after each, and
+// the step then finishes bitwise as the run that lent nothing.
+TEST(LentParts, CallsThatReturnWithoutUsingThemKeepNone) {
   TempDir dir;
-  auto faults = std::make_shared<FaultPlan>();
-  auto lent = MakeLend(dir.path(), false, "nvme", faults), clean = MakeLend(dir.path(), false, "nvme");
+  auto lent = MakeLend(dir.path(), false, "cpu"), clean = MakeLend(dir.path(), false, "cpu");
   ASSERT_TRUE(lent && clean);
   StepOptions so;
   so.max_grad_norm = 0.75;
@@ -390,20 +388,44 @@ TEST(LentParts, AStepThatReturnsUnfinishedKeepsNoneOfThem) {
       Hand(*clean, g, grad, ps);
     }
     if (k == 1) {
-      faults->Arm(FaultPlan::Ops::kWrites, EIO, /*skip=*/2, /*count=*/1);
-      auto failed = lent->Step(so);
-      ASSERT_FALSE(failed.ok()) << "the armed write fault must fail the step";
-      EXPECT_NE(failed.status().message().find("call step again"), std::string::npos) << failed.status().ToString();
-      faults->Disarm();
+      ASSERT_TRUE(lent->Fetch(0).ok());
+      auto refused = lent->Step(so);
+      ASSERT_FALSE(refused.ok());
+      EXPECT_NE(refused.status().message().find("fetched and not released"), std::string::npos)
+          << refused.status().ToString();
+      ASSERT_TRUE(lent->Release(0).ok());
+      for (auto& b : bufs) std::fill(b.begin(), b.end(), std::nanf(""));
+    }
+    if (k == 2) {
+      std::vector<uint8_t> blob;
+      EXPECT_FALSE(lent->LoadCheckpoint(dir.path() + "/no-such-checkpoint", "", &blob).ok());
       for (auto& b : bufs) std::fill(b.begin(), b.end(), std::nanf(""));
     }
     auto rl = lent->Step(so), rc = clean->Step(so);
     ASSERT_TRUE(rl.ok()) << rl.status().ToString();
     ASSERT_TRUE(rc.ok()) << rc.status().ToString();
     EXPECT_EQ(rl->grad_norm, rc->grad_norm) << "step " << k;
+    ExpectSameState(*lent, *clean, "step " + std::to_string(k));
   }
-  EXPECT_GT(faults->fired(), 0);
-  ExpectSameState(*lent, *clean, "after a failed step finished");
+}
+
+// With W, M, V on NVMe the parts are copied (the caller's gradients need not
+// stay in host memory through the step's I/O): a lent buffer changed after
+// the hand changes nothing.
+TEST(LentParts, StateOnNvmeCopiesThem) {
+  TempDir dir;
+  auto lent = MakeLend(dir.path(), false, "nvme"), copied = MakeLend(dir.path(), false, "nvme");
+  ASSERT_TRUE(lent && copied);
+  std::vector<float> bufs[2];
+  for (int g = 0; g < 2; ++g) {
+    const std::vector<float> grad = GradOf(*copied, g, 0);
+    Lend(*lent, g, bufs[g], grad, Once(g));
+    Hand(*copied, g, grad, Once(g));
+    for (float& x : bufs[g]) x = -x;
+  }
+  ASSERT_TRUE(lent->Step(StepOptions{}).ok());
+  ASSERT_TRUE(copied->Step(StepOptions{}).ok());
+  ExpectSameState(*lent, *copied, "nvme");
 }
 
 }  // namespace

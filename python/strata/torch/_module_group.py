@@ -158,10 +158,12 @@ class _ModuleGroup:
         if not flat.is_contiguous():
             flat = flat.contiguous()
         try:
-            # Lent at one rank: the step reads it where it is instead of a copy
-            # in the middle of backward, and the binding holds the tensor until
-            # step() returns. (Several ranks pack parts for the reduction.)
-            o.engine.grads_part(self.index, off, flat, lend=o.world_size == 1)
+            # Lent at one rank with the optimizer state in host memory: the
+            # step reads it where it is instead of a copy in the middle of
+            # backward, and the binding holds the tensor until step() returns.
+            # (Several ranks pack parts for the reduction; with the state on
+            # NVMe the engine copies, and holding it would only cost memory.)
+            o.engine.grads_part(self.index, off, flat, lend=o._lends_grads)
         except Error as e:
             raise o._overlap.explain(e, self, "given more gradients") from None
 

@@ -60,6 +60,10 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             _remove_swap_folders(self._folders)
             raise
         _say_autos(config, self.engine.config, "offload_module", set())
+        # Gradient parts are lent (grads_part(lend=True)) where the engine
+        # reads them in place: one rank, the optimizer state in host memory.
+        opt_device = ((self.engine.config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device")
+        self._lends_grads = self.world_size == 1 and str(opt_device).lower() != "nvme"
         self._handles = []
         self._groups = []  # _ModuleGroup per module with direct trainable parameters of its own
         self._names = []  # (qualified name, parameter) of every offloaded name, tied ones included
