@@ -182,15 +182,18 @@ Status Engine::Impl::Init() {
     device_budget = gpu ? gpu::DeviceMemoryBytes(device) / 10 * 9 : machine_.host_ram_bytes / 4 / ranks_here;
   uint64_t host_budget = config_.strata.host_budget;
   if (host_budget == 0) host_budget = machine_.host_ram_bytes / 2 / ranks_here;
-  if ((config_.strata.host_budget == 0 || (!gpu && config_.strata.device_budget == 0)) &&
-      (ranks_here > 1 || !machine_.ram_limit.empty())) {
-    static std::once_flag said_shared;  // once a process: a rank says it once
+  // The "auto" budgets that a limit or other ranks made smaller, said once a process.
+  std::string autos;
+  if (config_.strata.host_budget == 0) autos = "host_budget " + FormatBytes(host_budget);
+  if (!gpu && config_.strata.device_budget == 0)
+    autos += (autos.empty() ? "" : ", ") + std::string("device_budget ") + FormatBytes(device_budget);
+  if (!autos.empty() && (ranks_here > 1 || !machine_.ram_limit.empty())) {
+    static std::once_flag said_shared;
     std::call_once(said_shared, [&] {
-      STRATA_LOG_INFO("host memory: {}{}{}: \"auto\" budgets are host_budget {}{}", FormatBytes(machine_.host_ram_bytes),
+      STRATA_LOG_INFO("host memory: {}{}{}: \"auto\" budgets are {}", FormatBytes(machine_.host_ram_bytes),
                       machine_.ram_limit.empty() ? "" : " (the memory limit of the cgroup " + machine_.ram_limit + ")",
                       ranks_here > 1 ? ", shared by the " + std::to_string(ranks_here) + " ranks on this host" : "",
-                      FormatBytes(machine_.host_ram_bytes / 2 / ranks_here),
-                      gpu ? "" : ", device_budget " + FormatBytes(machine_.host_ram_bytes / 4 / ranks_here));
+                      autos);
     });
   }
   STRATA_ASSIGN_OR_RETURN(const bool strict, StrictDeviceFromEnv());

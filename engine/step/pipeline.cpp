@@ -74,13 +74,13 @@ struct Job {
   bool behind = false;   // RunBehind: committed at Updated, its writes after the run returned
 };
 
-// The update of elements [first, first + len) whose G is partly lent
-// (GroupStep::lent, in element order): the kernel once per piece, reading G
-// where each piece is (`g`: G's element `first`; `p`: the copy-out's, of
-// `psize` bytes an element, or null). An element gets the same operations
-// wherever a call cuts the range (the kernels' tails run their vector body
-// on padded copies), so the result is bitwise that of one call over G.
-Status StepLentPieces(const StepKernelOptions& ko, uint64_t first, uint64_t len, float* w, float* m, float* v,
+// The update of elements [first, first + len): the kernel once over G, or,
+// where parts of G are lent (GroupStep::lent, in element order), once per
+// piece, reading G where each piece is (`g`: G's element `first`; `p`: the
+// copy-out's, of `psize` bytes an element, or null). An element gets the
+// same operations wherever a call cuts the range (the kernels' tails run
+// their vector body on padded copies), so the result is bitwise one call's.
+Status StepInPieces(const StepKernelOptions& ko, uint64_t first, uint64_t len, float* w, float* m, float* v,
                       const char* g, uint64_t gsize, const std::vector<LentPart>& lent, char* p, uint64_t psize) {
   const uint64_t end = first + len;
   auto run = [&](uint64_t a, uint64_t b, const void* gp) {
@@ -431,13 +431,10 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
       const kernels::CompactState cs = shards_.CompactAt(j.group, j.ptr[int(StateKind::kP)], j.ptr[int(StateKind::kW)],
                                                  j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)]);
       st = CompactStepKernelCpu(j.ko, len, cs, j.ptr[int(StateKind::kG)]);
-    } else if (gs.lent.empty()) {
-      st = StepKernelCpu(j.ko, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)], j.ptr[int(StateKind::kG)],
-                         copy_f32 ? nullptr : P);
     } else {
-      st = StepLentPieces(j.ko, j.first, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)],
-                          reinterpret_cast<const char*>(j.ptr[int(StateKind::kG)]), DTypeSize(layout_.gdtype), gs.lent,
-                          copy_f32 ? nullptr : static_cast<char*>(P), DTypeSize(layout_.dtype));
+      st = StepInPieces(j.ko, j.first, len, W, j.ptr[int(StateKind::kM)], j.ptr[int(StateKind::kV)],
+                        reinterpret_cast<const char*>(j.ptr[int(StateKind::kG)]), DTypeSize(layout_.gdtype), gs.lent,
+                        copy_f32 ? nullptr : static_cast<char*>(P), DTypeSize(layout_.dtype));
     }
     if (copy_f32 && !layout_.compact && !layout_.PIsW(j.group)) std::memcpy(P, W, len * 4);
     stats_.End(Resource::kCpuOptimizer);
