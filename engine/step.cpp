@@ -26,10 +26,8 @@
 
 namespace strata {
 
-static bool BehindAllowed(const std::string& wb, bool multi) { return wb == "always" || (wb == "auto" && !multi); }
-
 bool Engine::Impl::WritesBehind(const std::vector<int>& groups) const {
-  return BehindAllowed(config_.strata.write_behind, lay_.multi) && pipeline_ && pipeline_->CanRunBehind(groups);
+  return WriteBehindAllowed(config_, lay_.multi) && pipeline_ && pipeline_->CanRunBehind(groups);
 }
 
 // The two slots PlanStaging gives the pieces hold the step of a model whose
@@ -39,7 +37,7 @@ bool Engine::Impl::WritesBehind(const std::vector<int>& groups) const {
 // check (CheckHostPlan) stays the two slots'. Speculation "always" keeps the
 // rest for its own room (StartOverlap, after this).
 Status Engine::Impl::GrowStagingBehind() {
-  if (!BehindAllowed(config_.strata.write_behind, lay_.multi) || !pipeline_) return Status::Ok();
+  if (!WriteBehindAllowed(config_, lay_.multi) || !pipeline_) return Status::Ok();
   if (options_.overlap_step && config_.strata.speculation == "always") return Status::Ok();
   StagingPool& pool = staging_.opt;
   const uint64_t need = pipeline_->BehindBytes(StepOrder());

@@ -21,6 +21,24 @@
 
 namespace strata {
 
+// Room in one buffer of `slot_bytes` for pieces of at most `each` bytes,
+// whatever the order they come in: its bytes less the most a piece that does
+// not fit can leave unused at its end (each piece at a multiple of 4096).
+// 0: such a piece does not fit a buffer.
+inline uint64_t SlotPieceCapacity(uint64_t slot_bytes, uint64_t each) {
+  const uint64_t a = (each + 4095) / 4096 * 4096;
+  return a > slot_bytes ? 0 : slot_bytes - a + 4096;
+}
+// How many buffers of `slot_bytes`, beyond the `have` there are, hold
+// `total` bytes of such pieces at once: 0 when those do, -1 when no number
+// does. (The pool grows by it; the plan, tools/plan, counts it.)
+inline int64_t SlotsToHold(uint64_t total, uint64_t each, uint64_t slot_bytes, uint64_t have) {
+  const uint64_t one = SlotPieceCapacity(slot_bytes, each), held = have * one;
+  if (total <= held) return 0;
+  if (one == 0) return -1;
+  return static_cast<int64_t>((total - held + one - 1) / one);
+}
+
 class StagingPool {
  public:
   StagingPool() = default;
@@ -121,15 +139,12 @@ class StagingPool {
   // What pieces of `each` bytes (at most) the buffers surely hold at once,
   // whatever the order they come in: each buffer's bytes less the most a
   // piece that does not fit can leave unused at its end.
-  uint64_t PieceCapacity(uint64_t each) const { return static_cast<uint64_t>(all_.size()) * BufferPieceCapacity(each); }
+  uint64_t PieceCapacity(uint64_t each) const {
+    return static_cast<uint64_t>(all_.size()) * SlotPieceCapacity(bytes_, each);
+  }
   // How many more buffers (Grow) make PieceCapacity(each) at least `total`;
   // -1 when no number does (a piece of `each` does not fit a buffer).
-  int64_t BuffersToHold(uint64_t total, uint64_t each) const {
-    const uint64_t one = BufferPieceCapacity(each), have = PieceCapacity(each);
-    if (total <= have) return 0;
-    if (one == 0) return -1;
-    return static_cast<int64_t>((total - have + one - 1) / one);
-  }
+  int64_t BuffersToHold(uint64_t total, uint64_t each) const { return SlotsToHold(total, each, bytes_, all_.size()); }
   // Called by an Acquire that finds no buffer free, before it waits: the
   // owner of buffers taken ahead of need (StepPipeline::ReadAhead) gives
   // them back, so that nobody waits on a buffer only a later call returns.
@@ -157,12 +172,6 @@ class StagingPool {
   int count() const { return static_cast<int>(all_.size()); }
 
  private:
-  // One buffer's share of PieceCapacity: its bytes less the most a piece of
-  // `each` that does not fit can leave unused at its end.
-  uint64_t BufferPieceCapacity(uint64_t each) const {
-    const uint64_t a = (each + 4095) / 4096 * 4096;
-    return a > bytes_ ? 0 : bytes_ - a + 4096;
-  }
   void Reset() {
     for (auto& a : all_) host_->Free(a);
     all_.clear();

@@ -51,6 +51,15 @@ uint64_t StepPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>
 // count only in P's fetch staging and their own buffer.
 StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)>& padded);
 
+// Write-behind (StepPipeline::RunBehind) holds every unit's W, M, V in the
+// step's slots at once: whether config allows it (strata.write_behind
+// "always", or "auto" at one rank), and the bytes of the pieces of every
+// group that trains (each piece at a multiple of 4096, as the slots place
+// them; 0 where the step is not in pieces or the state is compact).
+bool WriteBehindAllowed(const Config& c, bool multi);
+uint64_t BehindPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>& padded, const StagingSizes& z);
+// (How many slots hold them: staging.h's SlotsToHold.)
+
 // At Build's start, with homes chosen and nothing allocated: CONFIG naming
 // strata.host_budget, the least host memory Build needs and what for, when
 // `host_budget` cannot hold the host-homed blocks and the staging pools.

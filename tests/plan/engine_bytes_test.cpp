@@ -96,5 +96,79 @@ TEST_P(EngineBytesTest, MatchThePlan) {
 INSTANTIATE_TEST_SUITE_P(StateFormats, EngineBytesTest,
                          ::testing::Values("fp32", "compact", "fp32,bf16", "compact,bf16"));
 
+// Write-behind's step staging (engine/step.cpp GrowStagingBehind): at one
+// rank, with W, M, V on NVMe stepped in units, the engine adds step slots
+// until every unit's W, M, V fits them at once, where the host budget has
+// that much left. The plan's host bytes are the engine's host tier's, with
+// the growth, without it (write_behind "never", a budget too small for it,
+// speculation "always" with the overlapped step) and with it cut short.
+Result<uint64_t> EngineHostUsed(const Config& cfg, const std::vector<uint64_t>& groups, bool overlap) {
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  eo.overlap_step = overlap;
+  STRATA_ASSIGN_OR_RETURN(auto e, Engine::Create(cfg, eo));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<float> init(groups[g], 0.01f);
+    STRATA_RETURN_IF_ERROR(
+        e->AddParam(static_cast<int>(g), "g" + std::to_string(g), groups[g], init.data()).status());
+  }
+  STRATA_RETURN_IF_ERROR(e->Build());
+  return e->stats().host.used;
+}
+
+struct BehindCase {
+  const char* write_behind;
+  const char* host_budget;
+  const char* speculation;
+  bool overlap;
+  bool grows;  // the engine adds slots
+};
+
+class WriteBehindTest : public ::testing::TestWithParam<BehindCase> {};
+
+TEST_P(WriteBehindTest, HostBytesAreTheEngines) {
+  const BehindCase& k = GetParam();
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("strata-plan-behind-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  // Twelve groups of four units: their W, M, V (36 MiB) are six times the
+  // two slots of a group's that PlanStaging gives the pieces.
+  const std::vector<uint64_t> groups(12, 262144);
+  auto c = ParseConfig(R"({"optimizer": {"type": "AdamW"},
+    "zero_optimization": {"stage": 3, "sub_group_size": 65536,
+      "offload_param": {"device": "nvme", "nvme_path": ")" + dir.string() + R"("},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.string() + R"("}},
+    "strata": {"host_budget": ")" + std::string(k.host_budget) + R"(", "device_budget": "64MiB",
+               "write_behind": ")" + k.write_behind + R"(", "speculation": ")" + k.speculation + R"("}})");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto got = EngineHostUsed(*c, groups, k.overlap);
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+
+  ModelSpec m;
+  m.name = "behind";
+  for (size_t g = 0; g < groups.size(); ++g) m.groups.push_back({"g" + std::to_string(g), groups[g], false});
+  ClusterSpec cl = PresetCluster("local").value();
+  cl.gpus_per_node = 1;
+  auto cap = ComputeCapacity(m, cl, *c, k.overlap);
+  ASSERT_TRUE(cap.ok()) << cap.status().ToString();
+  std::printf("write_behind %s, host_budget %s, speculation %s%s: engine host %llu B, plan %llu B (%d slots added)\n",
+              k.write_behind, k.host_budget, k.speculation, k.overlap ? ", overlapped" : "",
+              static_cast<unsigned long long>(*got), static_cast<unsigned long long>(cap->Used(TierKind::kHost)),
+              cap->write_behind_slots);
+  EXPECT_EQ(*got, cap->Used(TierKind::kHost));
+  // G (12 MiB) and two 4 MiB slots, and with the growth ten more.
+  EXPECT_EQ(*got, (12u + 8u + (k.grows ? 40u : 0u)) << 20);
+  EXPECT_EQ(cap->write_behind_slots, k.grows ? 10 : 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, WriteBehindTest,
+    ::testing::Values(BehindCase{"auto", "256MiB", "auto", false, true},
+                      BehindCase{"always", "256MiB", "auto", true, true},
+                      BehindCase{"never", "256MiB", "auto", false, false},
+                      BehindCase{"auto", "40MiB", "auto", false, false},  // 20 MiB left of the 40 it needs
+                      BehindCase{"auto", "256MiB", "always", true, false}));
+
 }  // namespace
 }  // namespace strata::plan

@@ -18,6 +18,8 @@
 #include "base/sizes.h"
 #include "engine/layout/layout.h"
 #include "engine/layout/partition.h"
+#include "engine/layout/staging.h"
+#include "engine/layout/staging_plan.h"
 #include "kernels/cpu/compact.h"
 #include "tiers/nvme_tier.h"
 
@@ -261,6 +263,33 @@ void AddSpeculation(Capacity& c, const Layout& l, const ClusterSpec& cluster, co
 }  // namespace
 
 namespace {
+// The engine's Layout of rank 0 for this plan (engine.cpp and build.cpp set
+// it so): the groups partitioned as the engine does, the homes, the ranks.
+void EngineLayoutOf(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster, const Config& config,
+                    const Homes& h, ::strata::Layout* el) {
+  el->config = &config;
+  el->multi = l.world_size > 1;
+  if (config.zero.stage >= 1 && el->multi) {
+    el->srank = 0;
+    el->sworld = l.world_size;
+    el->p_sharded = config.zero.stage == 3;
+  }
+  el->device_buffers = cluster.has_gpu && el->multi;
+  el->reduces = el->multi || el->device_buffers;
+  el->device_on_gpu = cluster.has_gpu;
+  el->dtype = config.compute_dtype();
+  el->gdtype = config.grad_dtype();
+  el->compact = config.strata.state_format == "compact";
+  el->home[int(StateKind::kP)] = h.p;
+  el->home[int(StateKind::kG)] = h.g;
+  for (StateKind s : {StateKind::kW, StateKind::kM, StateKind::kV}) el->home[int(s)] = h.opt;
+  for (size_t g = 0; g < model.groups.size(); ++g)
+    (void)el->part.Add(static_cast<int>(g), model.groups[g].name, model.groups[g].numel);  // (MakeLayout took them)
+  (void)el->part.Finalize(el->sworld);
+  el->frozen_groups.assign(static_cast<size_t>(el->part.num_groups()), 0);
+  el->SetStepUnits();
+}
+
 Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster, const Config& config,
                       bool overlap_step, bool g_on_host) {
   Capacity c;
@@ -326,25 +355,21 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
     const uint64_t n = std::clamp<uint64_t>(config.zero.offload_param.buffer_count, 1, 4);
     Add(c, PlanState::kStaging, TierKind::kHost, n * NvmePadded(l.largest_shard * dp));
   }
+  // The step's slots, as the engine's build sizes them (PlanStaging, on
+  // the engine's own Layout of rank 0); G's staging beside them.
+  uint64_t step_slot = 0, step_slots = 0;
+  ::strata::Layout el;
+  StagingSizes z;
   if (!h.gpu_optimizer) {
-    auto staged = [&](TierKind home) {
-      return home == TierKind::kNvme || (home == TierKind::kDevice && cluster.has_gpu);
-    };
-    uint64_t slot = 0;
-    // Compact: P (the master's bf16 half) is loaded and stored with W, M,
-    // V, and a host-homed P beside a staged W is updated in a slot too.
-    if (staged(h.p) || (sb.compact && h.p == TierKind::kHost && staged(h.opt)))
-      slot += NvmePadded(opt_shard * dp);
-    if (staged(h.opt))
-      slot += NvmePadded(sb.W(opt_shard)) + NvmePadded(sb.M(opt_shard)) + NvmePadded(sb.V(opt_shard));
-    if (staged(h.g)) slot += NvmePadded(sb.G(opt_shard));
-    const uint64_t slots = std::clamp<uint64_t>(config.zero.offload_optimizer.buffer_count, 3, 16);
-    Add(c, PlanState::kStaging, TierKind::kHost, slots * slot);
+    EngineLayoutOf(model, l, cluster, config, h, &el);
+    z = PlanStaging(el, NvmePadded);
+    step_slot = AlignUp(z.opt_offsets[kNumStates], 4096);  // (the host tier charges whole pages)
+    step_slots = static_cast<uint64_t>(z.opt_slots);
+    Add(c, PlanState::kStaging, TierKind::kHost, step_slots * step_slot);
     uint64_t grad = h.g == TierKind::kNvme ? NvmePadded(sb.G(opt_shard)) : 0;
     if (cluster.has_gpu) grad = std::max(grad, l.largest_group * 4);
     Add(c, PlanState::kStaging, TierKind::kHost, grad * (cluster.has_gpu ? 2 : 1));
   }
-
   const uint64_t ranks = cluster.gpus_per_node;
   uint64_t device = cluster.has_gpu
                         ? static_cast<uint64_t>(static_cast<double>(cluster.device_bytes) * kDeviceUsable)
@@ -354,6 +379,19 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
                                                                ? UINT64_MAX
                                                                : config.strata.device_budget + activations);
   c.capacity = {device, host, cluster.nvme_bytes() / ranks};
+  // Write-behind's step staging (the engine's GrowStagingBehind): more
+  // slots, until every unit's W, M, V fits them at once, where the host
+  // budget has that much left after everything else; none under
+  // speculation "always" with the overlapped step (its room comes first).
+  if (!h.gpu_optimizer && step_slots > 0 && WriteBehindAllowed(config, l.world_size > 1) &&
+      !(overlap_step && config.strata.speculation == "always")) {
+    const int64_t extra = SlotsToHold(BehindPieceBytes(el, NvmePadded, z), z.piece_bytes, step_slot, step_slots);
+    const uint64_t used = c.Used(TierKind::kHost), cost = extra > 0 ? static_cast<uint64_t>(extra) * step_slot : 0;
+    if (cost > 0 && used <= host && cost <= host - used) {
+      Add(c, PlanState::kStaging, TierKind::kHost, cost);
+      c.write_behind_slots = static_cast<int>(extra);
+    }
+  }
   if (overlap_step) AddSpeculation(c, l, cluster, config);
   return c;
 }

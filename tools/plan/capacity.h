@@ -77,6 +77,7 @@ struct Capacity {
   std::vector<std::string> Problems() const;  // "host: 16.0 TiB needed per rank, 86 GiB available"
   Speculation speculation;                    // empty without the overlapped step
   bool g_on_host = true;                      // G is in host memory (HomesOf's g_on_host for "auto")
+  int write_behind_slots = 0;                 // step slots write-behind adds (in kStaging)
 };
 
 // Where each state lives, from a config.

@@ -76,6 +76,10 @@ std::string CapacityTable(const Capacity& cap, uint32_t ranks) {
     node += Pad(t == 0 ? "-" : FormatBytes(cap.Used(TierKind(t)) * ranks), 14);
   }
   s += used + "\n" + avail + "\n" + node + "\n" + fits + "\n";
+  if (cap.write_behind_slots > 0)
+    s += "staging includes " + std::to_string(cap.write_behind_slots) +
+         " step slots that strata.write_behind adds from the host budget's rest, so that the step returns "
+         "before its W, M, V are written\n";
   s += cap.Fits() ? "=> fits\n" : "=> does not fit:";
   for (const auto& p : cap.Problems()) s += " " + p + ";";
   if (!cap.Fits()) s += "\n";
@@ -219,6 +223,7 @@ nlohmann::ordered_json CapacityJson(const Capacity& cap) {
     tier["fits"] = cap.Fits(TierKind(t));
     j["per_rank"][TierName(TierKind(t))] = tier;
   }
+  j["write_behind_slots"] = cap.write_behind_slots;
   j["fits"] = cap.Fits();
   return j;
 }
