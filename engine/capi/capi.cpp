@@ -27,6 +27,21 @@ const char* strata_status_name(strata_status_t status) {
 
 const char* strata_last_error(void) { return last_error.c_str(); }
 
+strata_status_t strata_host_memory(uint64_t* bytes_out, int* local_ranks_out) {
+  Status s = Guarded([&]() -> Status {
+    int local = 1;
+    if (local_ranks_out) {
+      STRATA_ASSIGN_OR_RETURN(strata::net::RankInfo info, strata::net::RankInfoFromEnv());
+      local = info.local_world_size;
+    }
+    const uint64_t bytes = bytes_out ? strata::ProbeMachineFacts().host_ram_bytes : 0;
+    if (bytes_out) *bytes_out = bytes;
+    if (local_ranks_out) *local_ranks_out = local;
+    return Status::Ok();
+  });
+  return s.ok() ? STRATA_OK : Fail("strata_host_memory", s);
+}
+
 strata_status_t strata_engine_create(const char* json, const strata_engine_options_t* options,
                                      strata_engine_t** out) {
   const char* fn = "strata_engine_create";

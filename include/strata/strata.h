@@ -108,6 +108,22 @@ STRATA_API const char* strata_status_name(strata_status_t status);
  * thread. Never NULL. */
 STRATA_API const char* strata_last_error(void);
 
+/* ---- This machine's memory ---------------------------------------------- */
+
+/* The host memory the engine's "auto" budgets start from, before there is an
+ * engine: `bytes_out`, what this process may use (physical RAM, or less where
+ * the tightest cgroup memory limit on its cgroup's path up says so: a
+ * container's, a job's); `local_ranks_out`, the ranks that the launcher's
+ * variables put on this host (torchrun's LOCAL_WORLD_SIZE, OpenMPI's,
+ * Slurm's; 1 without a launcher). strata.host_budget "auto" is half of the
+ * memory, shared by the ranks on the host (an engine counts them itself at
+ * create: the ranks with the same boot id and limiting cgroup). For a
+ * trainer that sizes what it registers (strata.torch's OffloadAdam buckets)
+ * by the budget the engine will have. Either pointer may be NULL.
+ * Errors: INVALID (the launcher's variables, as strata_rank_from_env).
+ * Thread-safe. */
+STRATA_API strata_status_t strata_host_memory(uint64_t* bytes_out, int* local_ranks_out);
+
 /* ---- Element types ------------------------------------------------------ */
 
 typedef enum strata_dtype {

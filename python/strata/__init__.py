@@ -23,7 +23,7 @@ from ._capi import (  # noqa: F401  (strata.INVALID, strata.Error, ...: the pack
     OK, STATE, STATUS_NAMES, TIMEOUT, UNSUPPORTED, Error, _AdamOptions, _DTYPE_NAMES, _EngineOptions, _Stats,
     _StepOptions, _StepResult, _TierStats, _check, _load, _sized)
 
-__all__ = ["Engine", "Error", "STATUS_NAMES", "adam_step", "version"]
+__all__ = ["Engine", "Error", "STATUS_NAMES", "adam_step", "host_memory", "version"]
 
 Error.__module__ = __name__  # strata.Error, as tracebacks and pickles name it
 
@@ -32,6 +32,17 @@ def version():
     """The loaded library's version as (major, minor, patch)."""
     v = _load().strata_version()
     return (v // 10000, v // 100 % 100, v % 100)
+
+
+def host_memory():
+    """(bytes, local_ranks) as strata_host_memory gives them: the memory this
+    process may use (physical RAM, or less under a cgroup's memory limit)
+    and the ranks the launcher's variables put on this host (1 without a
+    launcher). strata.host_budget "auto" is half of the memory, shared by
+    the ranks on the host."""
+    b, n = ctypes.c_uint64(), ctypes.c_int()
+    _check(_load().strata_host_memory(ctypes.byref(b), ctypes.byref(n)))
+    return b.value, n.value
 
 
 def _address(x):

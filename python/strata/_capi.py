@@ -113,6 +113,7 @@ def _load():
         "strata_version": ([], ctypes.c_int),
         "strata_status_name": ([S], ctypes.c_char_p),
         "strata_last_error": ([], ctypes.c_char_p),
+        "strata_host_memory": ([ctypes.POINTER(U64), ctypes.POINTER(I)], S),
         "strata_engine_create": ([ctypes.c_char_p, ctypes.POINTER(_EngineOptions), ctypes.POINTER(P)], S),
         "strata_engine_destroy": ([P], S),
         "strata_engine_add_param": ([P, I, ctypes.c_char_p, U64, P, ctypes.POINTER(U64)], S),

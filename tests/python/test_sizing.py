@@ -94,3 +94,113 @@ def test_lean_host_config_homes_p_on_nvme_only_where_it_is_a_second_host_copy():
                      ({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}},
                       {"on_gpu": False, "world_size": 1})):
         assert sz.lean_host_config(kept, 1 << 17, **kw) is kept
+
+
+def test_auto_bucket_shares_the_auto_budget_among_the_ranks_on_the_host(monkeypatch):
+    big = 10**10
+    ram = 1 << 31
+    one = sz.auto_bucket_numel(big, nvme(), host_ram_bytes=ram, ranks_on_host=1)
+    four = sz.auto_bucket_numel(big, nvme(), host_ram_bytes=ram, ranks_on_host=4)
+    assert four < one and four == sz.auto_bucket_numel(big, nvme(), host_ram_bytes=ram // 4, ranks_on_host=1)
+    # A budget in bytes is each rank's own: the ranks do not divide it.
+    given = nvme(strata={"host_budget": 1 << 30})
+    assert sz.auto_bucket_numel(big, given, host_ram_bytes=ram, ranks_on_host=4) == \
+        sz.auto_bucket_numel(big, given, host_ram_bytes=ram, ranks_on_host=1)
+    with pytest.raises(ValueError, match="ranks_on_host 0"):
+        sz.auto_bucket_numel(big, nvme(), host_ram_bytes=ram, ranks_on_host=0)
+    # Unsaid, the ranks are the launcher's on this host (strata_host_memory).
+    for k, v in {"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
+    import strata
+    assert strata.host_memory()[1] == 4
+    assert sz.auto_bucket_numel(big, nvme(), host_ram_bytes=ram) == four
+
+
+def test_host_memory_is_the_engines(monkeypatch):
+    import os
+    import strata
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+              "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(k, raising=False)
+    ram, ranks = strata.host_memory()
+    assert 0 < ram <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") and ranks == 1
+    assert sz._host_memory() == (ram, 1)
+    # The auto budget the bucket is sized by is the engine's host.budget.
+    e = strata.Engine({"zero_optimization": {"stage": 1}}, force_no_gpu=True)
+    try:
+        e.add_param(0, "w", 1024)
+        e.build()
+        assert e.stats()["host"]["budget"] == ram // 2
+    finally:
+        e.close()
+
+
+def _memory_cgroup(name, limit):
+    """A memory cgroup of `limit` bytes (v1, or v2 with the memory controller
+    delegated), as (its cgroup.procs, its directory); None where this
+    process may not make one."""
+    import os
+    for root, knob in (("/sys/fs/cgroup/memory", "memory.limit_in_bytes"), ("/sys/fs/cgroup", "memory.max")):
+        if not os.path.isdir(root) or not os.access(root, os.W_OK):
+            continue
+        if knob == "memory.max":
+            try:
+                with open(os.path.join(root, "cgroup.subtree_control")) as f:
+                    if "memory" not in f.read().split():
+                        continue
+            except OSError:
+                continue
+        path = os.path.join(root, name)
+        try:
+            os.mkdir(path)
+        except OSError:
+            continue
+        try:
+            with open(os.path.join(path, knob), "w") as f:
+                f.write(str(limit))
+            return os.path.join(path, "cgroup.procs"), path
+        except OSError:
+            os.rmdir(path)
+    return None
+
+
+def test_a_cgroup_memory_limit_caps_the_auto_budget_and_the_buckets():
+    """A real cgroup (root, v1 or delegated v2): a process inside it is given
+    its limit by strata_host_memory, and OffloadAdam's auto bucket follows."""
+    import os
+    import subprocess
+    import sys
+    limit = 3 << 30
+    made = _memory_cgroup(f"strata-sizing-test-{os.getpid()}", limit)
+    if made is None:
+        pytest.skip("cannot make a memory cgroup here (needs root and a writable cgroup v1 memory hierarchy, "
+                    "or cgroup v2 with the memory controller delegated)")
+    procs, path = made
+    code = ("import os, sys, strata\n"
+            "from strata.torch import _sizing as sz\n"
+            "cfg = {'zero_optimization': {'stage': 1, 'offload_optimizer': {'device': 'nvme', 'nvme_path': '/swap'}}}\n"
+            "print(strata.host_memory()[0], sz.auto_bucket_numel(10**10, cfg))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+
+    def enter():
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env=env, preexec_fn=enter, capture_output=True,
+                             text=True, timeout=120)
+    finally:
+        for _ in range(50):  # the child has left; its cgroup empties as it is reaped
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                import time
+                time.sleep(0.1)
+    assert out.returncode == 0, out.stderr
+    seen, bucket = (int(x) for x in out.stdout.split())
+    assert seen == limit
+    cfg = nvme()
+    assert bucket == sz.auto_bucket_numel(10**10, cfg, host_ram_bytes=limit, ranks_on_host=1)
+    assert bucket < sz.auto_bucket_numel(10**10, cfg, host_ram_bytes=os.sysconf("SC_PHYS_PAGES") *
+                                          os.sysconf("SC_PAGE_SIZE"), ranks_on_host=1)

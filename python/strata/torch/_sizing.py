@@ -85,7 +85,7 @@ def _host_budget(config):
     return b if isinstance(b, int) and not isinstance(b, bool) and b > 0 else None  # else "auto": half of RAM
 
 
-def auto_bucket_numel(total_numel, config, *, host_ram_bytes=None):
+def auto_bucket_numel(total_numel, config, *, host_ram_bytes=None, ranks_on_host=None):
     """Elements per engine group for a param group of `total_numel`
     elements under `config` (the engine's config, as OffloadAdam passes it).
 
@@ -94,8 +94,10 @@ def auto_bucket_numel(total_numel, config, *, host_ram_bytes=None):
     docstring), so the group is sized to keep that staging at about
     STAGING_SHARE of the parameters' fp32 bytes (1.5 bytes a parameter with
     the default 4 slots; torch AdamW adds 8) and at most BUDGET_SHARE of the
-    host budget (strata.host_budget when given in bytes, else half of
-    `host_ram_bytes`, the engine's "auto"; None reads the machine's RAM),
+    host budget (strata.host_budget when given in bytes, else the engine's
+    "auto": half of `host_ram_bytes` shared by `ranks_on_host`; None reads
+    them as the engine does, strata.host_memory(): RAM under any cgroup
+    memory limit, and the launcher's ranks on this host),
     rounded down to a power of two, and kept within
     [MIN_BUCKET_NUMEL, DEFAULT_BUCKET_NUMEL]: below 64K elements (256 KiB
     blocks) the disk's requests get too small to keep it busy, and above 4M
@@ -111,21 +113,32 @@ def auto_bucket_numel(total_numel, config, *, host_ram_bytes=None):
     want = int(STAGING_SHARE * 4 * total_numel / per)
     budget = _host_budget(config)
     if budget is None:
-        if host_ram_bytes is None:
-            host_ram_bytes = _ram_bytes()
-        budget = host_ram_bytes // 2 if host_ram_bytes else None
+        if host_ram_bytes is None or ranks_on_host is None:
+            ram, ranks = _host_memory()
+            host_ram_bytes = ram if host_ram_bytes is None else host_ram_bytes
+            ranks_on_host = ranks if ranks_on_host is None else ranks_on_host
+        if int(ranks_on_host) < 1:
+            raise ValueError(f"auto_bucket_numel: ranks_on_host {ranks_on_host} is not at least 1")
+        budget = host_ram_bytes // 2 // int(ranks_on_host) if host_ram_bytes else None
     if budget is not None:
         want = min(want, int(BUDGET_SHARE * budget / per))
     want = min(max(want, MIN_BUCKET_NUMEL), DEFAULT_BUCKET_NUMEL)
     return 1 << (want.bit_length() - 1)
 
 
-def _ram_bytes():
-    import os
+def _host_memory():
+    """(bytes, ranks on this host) as the engine's "auto" budgets see them
+    (strata_host_memory); physical RAM and one rank where the library
+    cannot say."""
+    from .. import Error, host_memory
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+        return host_memory()
+    except Error:
+        import os
+        try:
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), 1
+        except (ValueError, OSError, AttributeError):
+            return None, 1
 
 
 def split_buckets(numels, bucket_numel):
