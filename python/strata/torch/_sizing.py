@@ -82,7 +82,7 @@ def _staged_bytes_per_element(config):
 
 def _host_budget(config):
     b = _section(config, "strata").get("host_budget")
-    return b if isinstance(b, int) and not isinstance(b, bool) and b > 0 else None  # else "auto": half of RAM
+    return b if isinstance(b, int) and not isinstance(b, bool) and b > 0 else None  # else "auto" (auto_bucket_numel)
 
 
 def auto_bucket_numel(total_numel, config, *, host_ram_bytes=None, ranks_on_host=None):
@@ -107,6 +107,8 @@ def auto_bucket_numel(total_numel, config, *, host_ram_bytes=None, ranks_on_host
     total_numel = int(total_numel)
     if total_numel < 0:
         raise ValueError(f"auto_bucket_numel: total_numel {total_numel} is negative")
+    if ranks_on_host is not None and int(ranks_on_host) < 1:
+        raise ValueError(f"auto_bucket_numel: ranks_on_host {ranks_on_host} is not at least 1")
     if _device(config, "offload_optimizer") != "nvme":
         return DEFAULT_BUCKET_NUMEL
     per = _staged_bytes_per_element(config)
@@ -117,8 +119,6 @@ def auto_bucket_numel(total_numel, config, *, host_ram_bytes=None, ranks_on_host
             ram, ranks = _host_memory()
             host_ram_bytes = ram if host_ram_bytes is None else host_ram_bytes
             ranks_on_host = ranks if ranks_on_host is None else ranks_on_host
-        if int(ranks_on_host) < 1:
-            raise ValueError(f"auto_bucket_numel: ranks_on_host {ranks_on_host} is not at least 1")
         budget = host_ram_bytes // 2 // int(ranks_on_host) if host_ram_bytes else None
     if budget is not None:
         want = min(want, int(BUDGET_SHARE * budget / per))
@@ -129,7 +129,8 @@ def auto_bucket_numel(total_numel, config, *, host_ram_bytes=None, ranks_on_host
 def _host_memory():
     """(bytes, ranks on this host) as the engine's "auto" budgets see them
     (strata_host_memory); physical RAM and one rank where the library
-    cannot say."""
+    cannot say (launcher variables it refuses: the engine refuses them
+    too, at create, naming them)."""
     from .. import Error, host_memory
     try:
         return host_memory()
