@@ -103,16 +103,7 @@ Status Engine::Impl::InitRanks() {
     options_.world_size = comm_->world_size();
   }
   if (options_.world_size < 1) options_.world_size = 1;
-  lay_.multi = comm_ != nullptr && comm_->world_size() > 1;
-  if (lay_.multi) {
-    if (config_.zero.stage >= 1) {
-      lay_.srank = options_.rank;
-      lay_.sworld = options_.world_size;
-    }
-    lay_.p_sharded = config_.zero.stage == 3;
-  }
-  lay_.device_buffers = comm_ != nullptr && comm_->device_buffers();
-  lay_.reduces = comm_ != nullptr && (lay_.multi || lay_.device_buffers);
+  lay_.SetRanks(comm_ != nullptr, options_.rank, options_.world_size, comm_ != nullptr && comm_->device_buffers());
   return Status::Ok();
 }
 
@@ -330,14 +321,9 @@ Status Engine::Grads(int group, const void* grads, DType dtype) {
 // Calls that read G, the step's flags or run collectives of their own first
 // wait for the background reductions (overlap_comm): one collective at a
 // time, in the same order on every rank.
-Status Engine::GradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype) {
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_part", false));
-  return impl_->GradsPart(group, first, count, grads, dtype);
-}
-
-Status Engine::LendGradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype) {
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_part_lend", false));
-  return impl_->GradsPart(group, first, count, grads, dtype, /*lend=*/true);
+Status Engine::GradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype, bool lend) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable(lend ? "grads_part_lend" : "grads_part", false));
+  return impl_->GradsPart(group, first, count, grads, dtype, lend);
 }
 
 Status Engine::GradsEnd(int group) {

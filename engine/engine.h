@@ -86,12 +86,11 @@ class Engine {
   // not: a GPU, G not in host memory, another dtype; several ranks without
   // overlap_comm or on device buffers). With several ranks the parts are of
   // the whole group, packed for the reduction, one group at a time.
-  Status GradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype);
-  // GradsPart, but the engine may keep reading `grads` (strata.h,
+  // `lend`: the engine may keep reading `grads` (strata.h,
   // strata_engine_grads_part_lend): the caller keeps it alive and unchanged
   // until the next Step or LoadCheckpoint returns, whatever its result, or
   // the engine's end.
-  Status LendGradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype);
+  Status GradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype, bool lend = false);
   Status GradsEnd(int group);
   std::string WhyNoGradParts(int group, DType dtype) const;
   // This step's gradients of the group as accumulated (G: its elements in

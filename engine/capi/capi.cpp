@@ -29,13 +29,12 @@ const char* strata_last_error(void) { return last_error.c_str(); }
 
 strata_status_t strata_host_memory(uint64_t* bytes_out, int* local_ranks_out) {
   Status s = Guarded([&]() -> Status {
-    int local = 1;
+    int local = 1;  // (read first: a refusal leaves both outputs as they were)
     if (local_ranks_out) {
       STRATA_ASSIGN_OR_RETURN(strata::net::RankInfo info, strata::net::RankInfoFromEnv());
       local = info.local_world_size;
     }
-    const uint64_t bytes = bytes_out ? strata::ProbeMachineFacts().host_ram_bytes : 0;
-    if (bytes_out) *bytes_out = bytes;
+    if (bytes_out) *bytes_out = strata::ProbeMachineFacts().host_ram_bytes;
     if (local_ranks_out) *local_ranks_out = local;
     return Status::Ok();
   });
@@ -197,22 +196,28 @@ strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const vo
   });
 }
 
+}  // extern "C"
+
+// strata_engine_grads_part and its lending twin (`lend`).
+static strata_status_t GradsPartCall(strata_engine_t* engine, int group, uint64_t first, uint64_t count,
+                                     const void* grads, strata_dtype_t dtype, bool lend) {
+  return OnEngine(lend ? "strata_engine_grads_part_lend" : "strata_engine_grads_part", engine, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(CheckDType(dtype, lend ? "grads_part_lend" : "grads_part"));
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    return engine->rep->GradsPart(group, first, count, grads, static_cast<strata::DType>(dtype), lend);
+  });
+}
+
+extern "C" {
+
 strata_status_t strata_engine_grads_part(strata_engine_t* engine, int group, uint64_t first, uint64_t count,
                                          const void* grads, strata_dtype_t dtype) {
-  return OnEngine("strata_engine_grads_part", engine, [&]() -> Status {
-    STRATA_RETURN_IF_ERROR(CheckDType(dtype, "grads_part"));
-    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
-    return engine->rep->GradsPart(group, first, count, grads, static_cast<strata::DType>(dtype));
-  });
+  return GradsPartCall(engine, group, first, count, grads, dtype, /*lend=*/false);
 }
 
 strata_status_t strata_engine_grads_part_lend(strata_engine_t* engine, int group, uint64_t first, uint64_t count,
                                               const void* grads, strata_dtype_t dtype) {
-  return OnEngine("strata_engine_grads_part_lend", engine, [&]() -> Status {
-    STRATA_RETURN_IF_ERROR(CheckDType(dtype, "grads_part_lend"));
-    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
-    return engine->rep->LendGradsPart(group, first, count, grads, static_cast<strata::DType>(dtype));
-  });
+  return GradsPartCall(engine, group, first, count, grads, dtype, /*lend=*/true);
 }
 
 strata_status_t strata_engine_grads_end(strata_engine_t* engine, int group) {

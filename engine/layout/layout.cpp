@@ -56,6 +56,19 @@ bool Layout::SplitsIntoUnits(int g) const {
   return PIsW(g) || BlockIo::DirectAt(home[int(StateKind::kP)], device_on_gpu);
 }
 
+void Layout::SetRanks(bool comm, int rank, int world, bool device_buffers_) {
+  multi = comm && world > 1;
+  if (multi) {
+    if (config->zero.stage >= 1) {
+      srank = rank;
+      sworld = world;
+    }
+    p_sharded = config->zero.stage == 3;
+  }
+  device_buffers = comm && device_buffers_;
+  reduces = comm && (multi || device_buffers);
+}
+
 void Layout::SetStepUnits() {
   unit_numel = StepUnitNumel();
   units.assign(static_cast<size_t>(num_groups()), 1);

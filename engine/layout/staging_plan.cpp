@@ -32,12 +32,12 @@ bool WriteBehindAllowed(const Config& c, bool multi) {
   return c.strata.write_behind == "always" || (c.strata.write_behind == "auto" && !multi);
 }
 
-uint64_t BehindPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>& padded, const StagingSizes& z) {
-  if (!z.piece_bytes || m.compact) return 0;
+uint64_t BehindPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>& padded,
+                          const std::vector<int>& groups) {
+  if (!m.opt_piece_bytes || m.compact) return 0;
   uint64_t bytes = 0;
-  for (int g = 0; g < m.part.num_groups(); ++g)
-    if (!m.frozen(g))
-      for (int u = 0; u < m.Units(g); ++u) bytes += AlignUp(StepPieceBytes(m, padded, g, u, /*largest=*/false), 4096);
+  for (int g : groups)
+    for (int u = 0; u < m.Units(g); ++u) bytes += AlignUp(StepPieceBytes(m, padded, g, u, /*largest=*/false), 4096);
   return bytes;
 }
 

@@ -23,7 +23,7 @@ struct GradParts {
   std::vector<uint8_t> done;
 };
 
-// A part of G that the caller lent (Engine::LendGradsPart) instead of
+// A part of G that the caller lent (Engine::GradsPart with `lend`) instead of
 // having it copied: `count` elements from `first`, at `src`, in G's dtype.
 // The step's update reads it there; anything else that needs G whole copies
 // it in first (Engine::Impl::SettleLent).

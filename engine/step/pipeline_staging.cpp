@@ -99,13 +99,9 @@ StepPipeline::~StepPipeline() {
 }
 
 uint64_t StepPipeline::BehindBytes(const std::vector<int>& order) const {
-  if (!pieces() || layout_.compact) return 0;
-  uint64_t bytes = 0;  // every job's piece at once
-  for (int g : order) {
+  for (int g : order)
     if (gpu_.UpdatesOnGpu(g)) return 0;
-    for (int u = 0; u < layout_.Units(g); ++u) bytes += AlignUp(PieceBytes(g, u), 4096);
-  }
-  return bytes;
+  return BehindPieceBytes(layout_, [this](uint64_t b) { return io_.NvmePadded(b); }, order);  // every job's piece at once
 }
 
 bool StepPipeline::CanRunBehind(const std::vector<int>& order) const {

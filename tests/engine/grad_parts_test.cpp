@@ -221,7 +221,7 @@ TEST(GradParts, SaysWhyAGroupTakesNoParts) {
   EXPECT_TRUE(Says(nvme->GradsView(0).status(), Code::kInvalid, "not in host memory"));
 }
 
-// ---- Parts lent (LendGradsPart): read where the caller has them ----------
+// ---- Parts lent (GradsPart with lend): read where the caller has them ----------
 
 // An engine for lending: W, M, V host-homed ("cpu": parts lent), or on
 // NVMe in units that cut across the parts ("nvme", G in host memory: parts
@@ -246,7 +246,7 @@ void Lend(Engine& e, int g, std::vector<float>& buf, const std::vector<float>& g
   buf = grad;
   for (const Part& p : parts) {
     for (int k = 0; k < (p.twice ? 2 : 1); ++k) {
-      const Status st = e.LendGradsPart(g, p.first, p.count, buf.data() + p.first, DType::kF32);
+      const Status st = e.GradsPart(g, p.first, p.count, buf.data() + p.first, DType::kF32, /*lend=*/true);
       ASSERT_TRUE(st.ok()) << st.ToString();
     }
   }

@@ -13,6 +13,7 @@
 #include "tools/plan/capacity.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "base/align.h"
 #include "base/sizes.h"
@@ -264,18 +265,13 @@ void AddSpeculation(Capacity& c, const Layout& l, const ClusterSpec& cluster, co
 
 namespace {
 // The engine's Layout of rank 0 for this plan (engine.cpp and build.cpp set
-// it so): the groups partitioned as the engine does, the homes, the ranks.
+// it so): the ranks (a communicator where there are several; NCCL's with
+// GPUs), the groups partitioned as the engine does, the homes.
 void EngineLayoutOf(const ModelSpec& model, const Layout& l, const ClusterSpec& cluster, const Config& config,
                     const Homes& h, ::strata::Layout* el) {
   el->config = &config;
-  el->multi = l.world_size > 1;
-  if (config.zero.stage >= 1 && el->multi) {
-    el->srank = 0;
-    el->sworld = l.world_size;
-    el->p_sharded = config.zero.stage == 3;
-  }
-  el->device_buffers = cluster.has_gpu && el->multi;
-  el->reduces = el->multi || el->device_buffers;
+  const bool comm = l.world_size > 1;
+  el->SetRanks(comm, 0, l.world_size, comm && cluster.has_gpu);
   el->device_on_gpu = cluster.has_gpu;
   el->dtype = config.compute_dtype();
   el->gdtype = config.grad_dtype();
@@ -363,6 +359,7 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
   if (!h.gpu_optimizer) {
     EngineLayoutOf(model, l, cluster, config, h, &el);
     z = PlanStaging(el, NvmePadded);
+    el.opt_piece_bytes = z.piece_bytes;  // (as the engine's build sets it)
     step_slot = AlignUp(z.opt_offsets[kNumStates], 4096);  // (the host tier charges whole pages)
     step_slots = static_cast<uint64_t>(z.opt_slots);
     Add(c, PlanState::kStaging, TierKind::kHost, step_slots * step_slot);
@@ -385,7 +382,9 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
   // speculation "always" with the overlapped step (its room comes first).
   if (!h.gpu_optimizer && step_slots > 0 && WriteBehindAllowed(config, l.world_size > 1) &&
       !(overlap_step && config.strata.speculation == "always")) {
-    const int64_t extra = SlotsToHold(BehindPieceBytes(el, NvmePadded, z), z.piece_bytes, step_slot, step_slots);
+    std::vector<int> groups(model.groups.size());
+    std::iota(groups.begin(), groups.end(), 0);  // (the plan freezes none)
+    const int64_t extra = SlotsToHold(BehindPieceBytes(el, NvmePadded, groups), z.piece_bytes, step_slot, step_slots);
     const uint64_t used = c.Used(TierKind::kHost), cost = extra > 0 ? static_cast<uint64_t>(extra) * step_slot : 0;
     if (cost > 0 && used <= host && cost <= host - used) {
       Add(c, PlanState::kStaging, TierKind::kHost, cost);
