@@ -22,8 +22,9 @@
 # engine with a faster update than torch's AdamW can beat).
 #
 # Prints each run's line (step time, tokens/s, peak RSS, disk bytes per step,
-# the swap folder's size), the config keys Strata named as ignored (in this
-# config, and in Hugging Face's ZeRO-3 template: config_honesty.py), a table
+# the swap folder's size, minor page faults and kernel seconds per step), the
+# config keys Strata named as ignored (in this config, and in Hugging Face's
+# ZeRO-3 template: config_honesty.py), a table
 # of rank 0's medians (peak RSS: the largest of any rank), the ceiling, and last
 #   vs_deepspeed cpu=R nvme=R cpu_2r=R nvme_2r=R
 # R = DeepSpeed's median step time / Strata's (above 1: Strata leads).
@@ -109,12 +110,14 @@ for r in runs:
     if r["rank"] != 0:
         continue
     rows.setdefault(key, []).append(r)
-print(f"{'mode':6} {'ranks':5} {'engine':9} {'step s':>7} {'tok/s':>7} {'RSS MiB':>8} {'read MiB':>8} {'written':>8} {'swap MiB':>8}")
+print(f"{'mode':6} {'ranks':5} {'engine':9} {'step s':>7} {'tok/s':>7} {'RSS MiB':>8} {'read MiB':>8} {'written':>8} {'swap MiB':>8} {'faults k':>8} {'sys s':>6}")
 ratio = {}
 for (mode, world, eng), rs in sorted(rows.items()):
     med = lambda k: statistics.median(x[k] for x in rs)
+    med_or = lambda k: statistics.median(x.get(k, float("nan")) for x in rs)  # (a log from before the field)
     print(f"{mode:6} {world:5} {eng:9} {med('step_s'):7.3f} {med('tokens_per_s'):7.0f} {rss[(mode, world, eng)]:8.0f} "
-          f"{med('disk_read_mib_per_step'):8.1f} {med('disk_written_mib_per_step'):8.1f} {max(x['swap_mib'] for x in rs):8.0f}")
+          f"{med('disk_read_mib_per_step'):8.1f} {med('disk_written_mib_per_step'):8.1f} {max(x['swap_mib'] for x in rs):8.0f} "
+          f"{med_or('minor_faults_per_step') / 1e3:8.1f} {med_or('sys_s_per_step'):6.3f}")
     ratio.setdefault((mode, world), {})[eng] = med("step_s")
 # The floor: torch's forward and backward (its medians), the compute every
 # engine runs; torch's whole step adds its AdamW, which an engine can beat.

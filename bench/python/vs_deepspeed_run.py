@@ -140,19 +140,25 @@ def main():
     for i, x in enumerate(data):
         if i == WARMUP:
             r0, w0 = io_bytes()
+            u0 = resource.getrusage(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         loss = step(x)
         if i >= WARMUP:
             times.append(time.perf_counter() - t0)
     r1, w1 = io_bytes()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    u1 = resource.getrusage(resource.RUSAGE_SELF)
+    rss = u1.ru_maxrss * 1024
     med = statistics.median(times)
     line = {"engine": ENGINE, "offload": OFFLOAD, "rank": RANK, "world": WORLD, "step_s": round(med, 4),
             "tokens_per_s": round(BATCH * SEQ * WORLD / med, 1), "peak_rss_mib": round(rss / 2**20, 1),
             "disk_read_mib_per_step": round((r1 - r0) / STEPS / 2**20, 1),
             "disk_written_mib_per_step": round((w1 - w0) / STEPS / 2**20, 1),
             "swap_mib": round(du(SWAP) / 2**20, 1) if OFFLOAD == "nvme" else 0, "last_loss": round(loss, 5),
-            "params_m": round(sum(p.numel() for p in m.parameters()) / 1e6, 1)}
+            "params_m": round(sum(p.numel() for p in m.parameters()) / 1e6, 1),
+            # The process's page faults (its allocator mapping memory afresh)
+            # and the kernel's time for it and all else, per timed step.
+            "minor_faults_per_step": round((u1.ru_minflt - u0.ru_minflt) / STEPS),
+            "sys_s_per_step": round((u1.ru_stime - u0.ru_stime) / STEPS, 4)}
     if phases:  # medians over the timed steps; torch's step is the rest of its step time
         ph = phases[WARMUP:]
         line["forward_s"], line["backward_s"] = (round(statistics.median(p[k] for p in ph), 4) for k in (0, 1))
