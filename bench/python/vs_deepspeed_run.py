@@ -67,6 +67,21 @@ def io_bytes():
     return out.get("read_bytes", 0), out.get("write_bytes", 0)
 
 
+def busiest_threads(n=4):
+    """This process's n busiest threads over its life: [name, CPU seconds]
+    (to tell a run slowed by a thread of its own from one slowed from outside)."""
+    tick, out = os.sysconf("SC_CLK_TCK"), []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                name, rest = f.read().split(" (", 1)[1].rsplit(") ", 1)
+        except OSError:  # a thread that ended
+            continue
+        fields = rest.split()  # from the state on: utime and stime are the 12th and 13th
+        out.append([name, round((int(fields[11]) + int(fields[12])) / tick, 2)])
+    return sorted(out, key=lambda x: -x[1])[:n]
+
+
 def du(path):
     total = 0
     for root, _, files in os.walk(path):
@@ -158,7 +173,7 @@ def main():
             # The process's page faults (its allocator mapping memory afresh)
             # and the kernel's time for it and all else, per timed step.
             "minor_faults_per_step": round((u1.ru_minflt - u0.ru_minflt) / STEPS),
-            "sys_s_per_step": round((u1.ru_stime - u0.ru_stime) / STEPS, 4)}
+            "sys_s_per_step": round((u1.ru_stime - u0.ru_stime) / STEPS, 4), "busiest_threads": busiest_threads()}
     if phases:  # medians over the timed steps; torch's step is the rest of its step time
         ph = phases[WARMUP:]
         line["forward_s"], line["backward_s"] = (round(statistics.median(p[k] for p in ph), 4) for k in (0, 1))
