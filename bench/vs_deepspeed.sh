@@ -24,8 +24,8 @@
 # Prints each run's line (step time, tokens/s, peak RSS, disk bytes per step,
 # the swap folder's size, minor page faults and kernel seconds per step), the
 # config keys Strata named as ignored (in this config, and in Hugging Face's
-# ZeRO-3 template: config_honesty.py), a table
-# of rank 0's medians (peak RSS: the largest of any rank), the ceiling, and last
+# ZeRO-3 template: config_honesty.py), a table of rank 0's medians (peak RSS:
+# the largest of any rank), the ceiling, and last
 #   vs_deepspeed cpu=R nvme=R cpu_2r=R nvme_2r=R
 # R = DeepSpeed's median step time / Strata's (above 1: Strata leads).
 # Usage: bench/vs_deepspeed.sh DIR

@@ -11,10 +11,21 @@ using namespace strata_capi;  // NOLINT: the frame's helpers
 
 namespace strata_capi {
 thread_local std::string last_error;
+
+namespace {
+// strata_engine_grads_part and its lending twin (`lend`).
+strata_status_t GradsPartCall(strata_engine_t* engine, int group, uint64_t first, uint64_t count,
+                              const void* grads, strata_dtype_t dtype, bool lend) {
+  return OnEngine(lend ? "strata_engine_grads_part_lend" : "strata_engine_grads_part", engine, [&]() -> Status {
+    STRATA_RETURN_IF_ERROR(CheckDType(dtype, lend ? "grads_part_lend" : "grads_part"));
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    return engine->rep->GradsPart(group, first, count, grads, static_cast<strata::DType>(dtype), lend);
+  });
+}
+}  // namespace
 }  // namespace strata_capi
 
 extern "C" {
-
 
 int strata_version(void) { return STRATA_VERSION_CODE; }
 
@@ -195,20 +206,6 @@ strata_status_t strata_engine_grads(strata_engine_t* engine, int group, const vo
     return engine->rep->Grads(group, grads, static_cast<strata::DType>(dtype));
   });
 }
-
-}  // extern "C"
-
-// strata_engine_grads_part and its lending twin (`lend`).
-static strata_status_t GradsPartCall(strata_engine_t* engine, int group, uint64_t first, uint64_t count,
-                                     const void* grads, strata_dtype_t dtype, bool lend) {
-  return OnEngine(lend ? "strata_engine_grads_part_lend" : "strata_engine_grads_part", engine, [&]() -> Status {
-    STRATA_RETURN_IF_ERROR(CheckDType(dtype, lend ? "grads_part_lend" : "grads_part"));
-    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
-    return engine->rep->GradsPart(group, first, count, grads, static_cast<strata::DType>(dtype), lend);
-  });
-}
-
-extern "C" {
 
 strata_status_t strata_engine_grads_part(strata_engine_t* engine, int group, uint64_t first, uint64_t count,
                                          const void* grads, strata_dtype_t dtype) {

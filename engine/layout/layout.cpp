@@ -56,7 +56,7 @@ bool Layout::SplitsIntoUnits(int g) const {
   return PIsW(g) || BlockIo::DirectAt(home[int(StateKind::kP)], device_on_gpu);
 }
 
-void Layout::SetRanks(bool comm, int rank, int world, bool device_buffers_) {
+void Layout::SetRanks(bool comm, int rank, int world, bool comm_device_buffers) {
   multi = comm && world > 1;
   if (multi) {
     if (config->zero.stage >= 1) {
@@ -65,7 +65,7 @@ void Layout::SetRanks(bool comm, int rank, int world, bool device_buffers_) {
     }
     p_sharded = config->zero.stage == 3;
   }
-  device_buffers = comm && device_buffers_;
+  device_buffers = comm && comm_device_buffers;
   reduces = comm && (multi || device_buffers);
 }
 

@@ -110,9 +110,9 @@ struct Layout {
   void SetStepUnits();
   // Sets multi, srank, sworld, p_sharded, device_buffers and reduces for
   // rank `rank` of `world` (config's stage), with a communicator or none
-  // (`comm`), one that moves device memory or not (`device_buffers`): the
-  // engine's at create, and strata-plan's for rank 0 of its cluster.
-  void SetRanks(bool comm, int rank, int world, bool device_buffers);
+  // (`comm`), one that moves device memory or not (`comm_device_buffers`):
+  // the engine's at create, and strata-plan's for rank 0 of its cluster.
+  void SetRanks(bool comm, int rank, int world, bool comm_device_buffers);
   int Units(int g) const { return static_cast<size_t>(g) < units.size() ? static_cast<int>(units[static_cast<size_t>(g)]) : 1; }
   // Unit u of group g: its first element in the shard, and its elements.
   uint64_t UnitFirst(int g, int u) const { return Units(g) == 1 ? 0 : static_cast<uint64_t>(u) * unit_numel; }
