@@ -196,6 +196,10 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.p_gathers = s.p_gathers;
     f.step_read_ahead_bytes = s.step_read_ahead_bytes;
     f.write_behind_steps = s.write_behind_steps;
+    f.comm_s = s.comm_s;
+    f.comm_cpu_s = s.comm_cpu_s;
+    f.reduced_bytes = s.reduced_bytes;
+    f.gathered_bytes = s.gathered_bytes;
     return WriteSized(f, "stats", stats);
   });
 }

@@ -2,12 +2,42 @@
 // communication thread that runs them beside the trainer's backward.
 #include "engine/reduce/reducer.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
 
 #include "base/sizes.h"
 #include "base/worker.h"
 
 namespace strata {
+namespace {
+
+// The calling thread's CPU seconds (CLOCK_THREAD_CPUTIME_ID: it cannot fail
+// for the calling thread on Linux; were it to, the figure would read 0).
+double ThreadCpuSeconds() {
+  timespec ts{};
+  if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// One collective's wall and CPU seconds, from construction to Report.
+class CollectiveClock {
+ public:
+  CollectiveClock() : wall_(std::chrono::steady_clock::now()), cpu_(ThreadCpuSeconds()) {}
+  void Report(const GradReducer::Hooks& hooks, bool gather, uint64_t bytes) const {
+    if (!hooks.collective) return;
+    const double cpu = std::max(0.0, ThreadCpuSeconds() - cpu_);
+    hooks.collective(gather, bytes,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_).count(), cpu);
+  }
+
+ private:
+  const std::chrono::steady_clock::time_point wall_;
+  const double cpu_;
+};
+
+}  // namespace
 
 GradReducer::GradReducer(const Layout& layout, net::Communicator& comm, DeviceTier& device,
                          StagingPool& grad_staging, bool g_staged, Hooks hooks)
@@ -170,7 +200,12 @@ Status GradReducer::Reduce(int g, float* packed) {
   float* out = packed;
   void* host = nullptr;
   if (mem_->on_device()) out = static_cast<float*>(host = grad_staging_.Acquire());
+  const CollectiveClock clock;
   Status st = ReduceBuckets(comm_, *mem_, buckets, scatter_, L.shard_numel, layout_.srank, packed, out);
+  // The packed input: the shards of every rank (reduce-scatter) or the padded group (all-reduce).
+  if (st.ok())
+    clock.Report(hooks_, /*gather=*/false,
+                 (scatter_ ? L.shard_numel * static_cast<uint64_t>(comm_.world_size()) : L.padded) * sizeof(float));
   if (st.ok()) st = hooks_.accumulate(g, out, L.shard_numel);
   grad_staging_.Release(host);
   return st.WithContext("grads: group " + std::to_string(g) + " (" + std::to_string(buckets.size()) +
@@ -261,7 +296,9 @@ Status GradReducer::Gather(int g, void* full) {
 Status GradReducer::GatherNow(int g, void* full) {
   const uint64_t slice = layout_.group(g).shard_numel * DTypeSize(layout_.dtype);
   comm_.SetLabel("P of g" + std::to_string(g) + " s" + std::to_string(hooks_.step() - 1));
+  const CollectiveClock clock;
   Status st = comm_.AllGather(static_cast<char*>(full) + static_cast<uint64_t>(layout_.srank) * slice, full, slice);
+  if (st.ok()) clock.Report(hooks_, /*gather=*/true, slice * static_cast<uint64_t>(comm_.world_size()));
   return st.WithContext("gathering the parameters of group " + std::to_string(g));
 }
 

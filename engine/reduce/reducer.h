@@ -60,6 +60,10 @@ class GradReducer {
     // The trace's clock, and a span of the thread's job (StatsRecorder::CommSpan); either may be null.
     std::function<double()> now;
     std::function<void(const char* name, int g, double start_s, double end_s)> span;
+    // Each collective of gradients (a group's buckets) or parameters (one
+    // gather): its bytes, wall seconds and the CPU seconds of the thread
+    // that ran it (StatsRecorder::OnCollective); may be null.
+    std::function<void(bool gather, uint64_t bytes, double wall_s, double cpu_s)> collective;
   };
   // `grad_staging`: the host buffers of packed groups and of G's staging
   // (`g_staged`: one of them is G's). `comm` and `device` outlive the reducer.

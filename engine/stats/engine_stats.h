@@ -41,6 +41,15 @@ struct EngineStats {
   // Steps that returned before their W, M, V writes to NVMe were done
   // (strata.write_behind), cumulative.
   uint64_t write_behind_steps = 0;
+  // Several ranks: the engine's collectives of gradients and parameters (a
+  // group's reduction; the gathers of P: stage 3's for a fetch, in it or
+  // ahead of it, and stages 1-2's after the update),
+  // cumulative, on whichever thread ran them: their wall seconds, the CPU
+  // seconds of that thread within them (the rest waited for other ranks),
+  // the bytes this rank put into reductions (fp32, packed: the group padded
+  // to the ranks' shards) and the bytes of P it gathered (whole groups).
+  double comm_s = 0, comm_cpu_s = 0;
+  uint64_t reduced_bytes = 0, gathered_bytes = 0;
   // overlap_step: steps whose early updates were speculative (held until
   // the norm was known), and of those the ones committed, replayed (clipping
   // applied, or the options changed: redone after backward) and discarded

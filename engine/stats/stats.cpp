@@ -160,6 +160,13 @@ void StatsRecorder::OnGather() {
   ++stats_.p_gathers;
 }
 
+void StatsRecorder::OnCollective(bool gather, uint64_t bytes, double wall_s, double cpu_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.comm_s += wall_s;
+  stats_.comm_cpu_s += cpu_s;
+  (gather ? stats_.gathered_bytes : stats_.reduced_bytes) += bytes;
+}
+
 void StatsRecorder::StepBegin() {
   const double now = Now();
   std::lock_guard<std::mutex> lock(mu_);

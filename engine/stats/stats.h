@@ -63,6 +63,9 @@ class StatsRecorder {
   // Stage 3 with several ranks: a group's parameters all-gathered for a
   // fetch (in the fetch, or ahead of it).
   void OnGather();
+  // A collective of gradients or parameters (engine_stats.h, comm_s): its
+  // wall and CPU seconds, and its bytes (reduced or gathered).
+  void OnCollective(bool gather, uint64_t bytes, double wall_s, double cpu_s);
   // Starts / ends a step's accounting window.
   void StepBegin();
   void StepEnd(bool skipped);

@@ -701,11 +701,22 @@ typedef struct strata_stats {
    * done (strata.write_behind: they land before the next call that needs
    * them), cumulative. */
   uint64_t write_behind_steps;
+  /* Appended. Several ranks: the engine's collectives of gradients and
+   * parameters (each group's reduction; the gathers of P: at stage 3 for a
+   * fetch, in it or ahead of it, at stages 1-2 after the update), cumulative, on whichever thread ran them (the
+   * communication thread with zero_optimization.overlap_comm): their wall
+   * seconds; the CPU seconds of that thread within them (the rest of
+   * comm_s waited for the other ranks); the bytes this rank put into
+   * reductions (fp32 as packed: each group padded to the ranks' shards);
+   * and the bytes of P it gathered (each gather's whole group). 0 at one
+   * rank. */
+  double comm_s, comm_cpu_s;
+  uint64_t reduced_bytes, gathered_bytes;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0                  \
+        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0  \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

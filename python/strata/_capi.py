@@ -71,7 +71,9 @@ class _Stats(ctypes.Structure):
                                                 "act_prefetch_hits", "act_stalls")] +
                 [("act_stall_s", ctypes.c_double), ("act_live_bytes", ctypes.c_uint64),
                  ("p_gathers", ctypes.c_uint64), ("step_read_ahead_bytes", ctypes.c_uint64),
-                 ("write_behind_steps", ctypes.c_uint64)])
+                 ("write_behind_steps", ctypes.c_uint64)] +
+                [(n, ctypes.c_double) for n in ("comm_s", "comm_cpu_s")] +
+                [(n, ctypes.c_uint64) for n in ("reduced_bytes", "gathered_bytes")])
 
 
 class _AdamOptions(ctypes.Structure):

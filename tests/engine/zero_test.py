@@ -68,7 +68,35 @@ def check(name, ok, detail=""):
         failures.append(name + " " + detail)
 
 
+def check_comm(world, stage):
+    """The last run's collective stats (rank 0, engine_stats.h comm_s): at
+    several ranks every step reduced every group's padded fp32 gradient
+    once (stage 0: padded to one shard) and, at stages 1-3, gathered every
+    group's P once (stage 3: for forward's fetch, kept for backward; 1-2:
+    after the update); wall and CPU seconds were counted, CPU within wall;
+    at one rank none of it."""
+    import re
+    m = re.search(r"groups (\d+) steps (\d+) .*comm_s ([\d.]+) comm_cpu_s ([\d.]+) reduced_bytes (\d+) "
+                  r"gathered_bytes (\d+) padded (\d+) padded_one (\d+)", last_err)
+    if m is None:
+        check(f"world {world} stage {stage}: the worker reports its collective stats", False, last_err.strip()[-300:])
+        return
+    steps, wall, cpu = int(m.group(2)), float(m.group(3)), float(m.group(4))
+    reduced, gathered, padded, padded_one = (int(m.group(k)) for k in (5, 6, 7, 8))
+    name = f"world {world} stage {stage}: collective stats"
+    if world == 1:
+        check(name + " are zero at one rank", (wall, cpu, reduced, gathered) == (0, 0, 0, 0), m.group(0))
+        return
+    check(name + ": every group's gradient reduced once a step",
+          reduced == steps * (padded if stage > 0 else padded_one), m.group(0))
+    # Stage 3: the device budget holds every group gathered, so forward's gather serves backward too.
+    check(name + ": P gathered once a step at stages 1-3, never at 0",
+          gathered == (steps * padded if stage > 0 else 0), m.group(0))
+    check(name + ": wall and CPU seconds counted, CPU within wall", 0 < cpu <= wall * 1.02 + 0.005, m.group(0))
+
+
 ref = run(1, 0, "device", "ref")
+check_comm(1, 0)
 if ref is None:
     print("\n".join(failures))
     sys.exit(1)
@@ -203,6 +231,7 @@ for world in (1, 2, 4):
         if w is None:
             continue
         results[(world, stage)] = w
+        check_comm(world, stage)
         if (world, stage) == (2, 3):
             shm_err = last_err  # rank 0 says the ranks share memory
         err = np.abs(w - ref).max() / scale

@@ -191,18 +191,27 @@ int main(int argc, char** argv) {
     // What a step must read from NVMe when it holds W, M, V there: this
     // rank's shard of each (fp32, padded to the ranks' 2048-element shards).
     const uint64_t per_shard = uint64_t{2048} * static_cast<uint64_t>(info->world_size);
-    uint64_t wmv = 0;
-    for (int g = 0; g < eng.num_groups(); ++g)
+    // Every group's fp32 bytes, padded to the ranks' shards (stages 1-3),
+    // and to one shard of 2048 elements (stage 0: unpartitioned).
+    uint64_t wmv = 0, padded = 0, padded_one = 0;
+    for (int g = 0; g < eng.num_groups(); ++g) {
       wmv += 3 * NvmeTier::PaddedSizeFor(
                      (eng.group_numel(g) + per_shard - 1) / per_shard * 2048 * 4, 1);
+      padded += (eng.group_numel(g) + per_shard - 1) / per_shard * per_shard * 4;
+      padded_one += (eng.group_numel(g) + 2047) / 2048 * 2048 * 4;
+    }
     std::fprintf(stderr,
                  "zero_worker: gathers_ahead %llu declined %llu p_gathers %llu groups %d steps %d "
-                 "last_step_read %llu wmv %llu write_behind_steps %llu\n",
+                 "last_step_read %llu wmv %llu write_behind_steps %llu "
+                 "comm_s %.6f comm_cpu_s %.6f reduced_bytes %llu gathered_bytes %llu padded %llu padded_one %llu\n",
                  static_cast<unsigned long long>(st.gathers_ahead),
                  static_cast<unsigned long long>(st.gathers_ahead_declined),
                  static_cast<unsigned long long>(st.p_gathers), eng.num_groups(), steps,
                  static_cast<unsigned long long>(last_read), static_cast<unsigned long long>(wmv),
-                 static_cast<unsigned long long>(st.write_behind_steps));
+                 static_cast<unsigned long long>(st.write_behind_steps), st.comm_s, st.comm_cpu_s,
+                 static_cast<unsigned long long>(st.reduced_bytes),
+                 static_cast<unsigned long long>(st.gathered_bytes), static_cast<unsigned long long>(padded),
+                 static_cast<unsigned long long>(padded_one));
     std::ofstream f(out, std::ios::binary);
     f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
     if (!f) return Die(IoError("cannot write " + out));

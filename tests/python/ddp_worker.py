@@ -112,6 +112,14 @@ check("offload_module's steps were overlapped",
       (stats["speculated_steps"], stats["replayed_steps"], stats["committed_steps"]) ==
       (STEPS - 1, clipped, STEPS - 1 - clipped) and stats["early_updates"] >= STEPS - 1 - clipped,
       {k: v for k, v in stats.items() if k.endswith("_steps") or k == "early_updates"})
+# The collectives' stats, read through the binding's struct: each step
+# reduced every trained group's fp32 gradient once (padded to the ranks'
+# 2048-element shards), stage 3 gathered P, and the seconds add up.
+shard = 2048 * world
+padded = sum(-(-g.flat_numel // shard) * shard * 4 for g in off._groups if not g.frozen)
+comm = {k: stats[k] for k in ("comm_s", "comm_cpu_s", "reduced_bytes", "gathered_bytes")}
+check("the collectives' stats", comm["reduced_bytes"] == STEPS * padded and comm["gathered_bytes"] > 0 and
+      0 < comm["comm_cpu_s"] <= comm["comm_s"] * 1.02 + 0.005, f"{comm}, {STEPS} steps of {padded} bytes")
 off.close()
 model = TinyGpt(seed=seed)
 off = st.offload_module(model, cfg, force_no_gpu=True, overlap_step=False)
