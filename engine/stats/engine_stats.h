@@ -45,7 +45,8 @@ struct EngineStats {
   // group's reduction; the gathers of P: stage 3's for a fetch, in it or
   // ahead of it, and stages 1-2's after the update),
   // cumulative, on whichever thread ran them: their wall seconds, the CPU
-  // seconds of that thread within them (the rest waited for other ranks),
+  // seconds of that thread within them (the rest waited for other ranks, or
+  // for Gloo's own threads over TCP),
   // the bytes this rank put into reductions (fp32, packed: the group padded
   // to the ranks' shards) and the bytes of P it gathered (whole groups).
   double comm_s = 0, comm_cpu_s = 0;

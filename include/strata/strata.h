@@ -706,7 +706,9 @@ typedef struct strata_stats {
    * fetch, in it or ahead of it, at stages 1-2 after the update), cumulative, on whichever thread ran them (the
    * communication thread with zero_optimization.overlap_comm): their wall
    * seconds; the CPU seconds of that thread within them (the rest of
-   * comm_s waited for the other ranks); the bytes this rank put into
+   * comm_s waited for the other ranks, or for a backend's own threads:
+   * Gloo over TCP moves the bytes on its own; the shared memory of ranks
+   * on one host, on this thread); the bytes this rank put into
    * reductions (fp32 as packed: each group padded to the ranks' shards);
    * and the bytes of P it gathered (each gather's whole group). 0 at one
    * rank. */
