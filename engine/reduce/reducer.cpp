@@ -203,7 +203,7 @@ Status GradReducer::Reduce(int g, float* packed) {
   const CollectiveClock clock;
   Status st = ReduceBuckets(comm_, *mem_, buckets, scatter_, L.shard_numel, layout_.srank, packed, out);
   // The packed input: the shards of every rank (reduce-scatter) or the padded group (all-reduce).
-  if (st.ok())
+  if (st.ok() && comm_.world_size() > 1)  // (one rank: a GPU communicator's copy, no collective)
     clock.Report(hooks_, /*gather=*/false,
                  (scatter_ ? L.shard_numel * static_cast<uint64_t>(comm_.world_size()) : L.padded) * sizeof(float));
   if (st.ok()) st = hooks_.accumulate(g, out, L.shard_numel);
@@ -298,7 +298,8 @@ Status GradReducer::GatherNow(int g, void* full) {
   comm_.SetLabel("P of g" + std::to_string(g) + " s" + std::to_string(hooks_.step() - 1));
   const CollectiveClock clock;
   Status st = comm_.AllGather(static_cast<char*>(full) + static_cast<uint64_t>(layout_.srank) * slice, full, slice);
-  if (st.ok()) clock.Report(hooks_, /*gather=*/true, slice * static_cast<uint64_t>(comm_.world_size()));
+  if (st.ok() && comm_.world_size() > 1)
+    clock.Report(hooks_, /*gather=*/true, slice * static_cast<uint64_t>(comm_.world_size()));
   return st.WithContext("gathering the parameters of group " + std::to_string(g));
 }
 

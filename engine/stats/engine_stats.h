@@ -41,14 +41,15 @@ struct EngineStats {
   // Steps that returned before their W, M, V writes to NVMe were done
   // (strata.write_behind), cumulative.
   uint64_t write_behind_steps = 0;
-  // Several ranks: the engine's collectives of gradients and parameters (a
-  // group's reduction; the gathers of P: stage 3's for a fetch, in it or
-  // ahead of it, and stages 1-2's after the update),
-  // cumulative, on whichever thread ran them: their wall seconds, the CPU
-  // seconds of that thread within them (the rest waited for other ranks, or
-  // for Gloo's own threads over TCP),
-  // the bytes this rank put into reductions (fp32, packed: the group padded
-  // to the ranks' shards) and the bytes of P it gathered (whole groups).
+  // Several ranks: the gradients' reductions (each group's) and the gathers
+  // of P (stage 3's for a fetch, in it or ahead of it; stages 1-2's after
+  // the update and where P is recomputed from W), the GradReducer's
+  // collectives, cumulative, on whichever thread ran them (strata.h says
+  // what is not counted): their wall seconds, the CPU seconds of that
+  // thread within them (the rest waited for other ranks, or for Gloo's own
+  // threads over TCP), the bytes this rank put into reductions (fp32,
+  // packed: the group padded to the ranks' shards, one shard at stage 0)
+  // and the bytes of P it gathered (whole groups). Not at one rank.
   double comm_s = 0, comm_cpu_s = 0;
   uint64_t reduced_bytes = 0, gathered_bytes = 0;
   // overlap_step: steps whose early updates were speculative (held until

@@ -701,17 +701,21 @@ typedef struct strata_stats {
    * done (strata.write_behind: they land before the next call that needs
    * them), cumulative. */
   uint64_t write_behind_steps;
-  /* Appended. Several ranks: the engine's collectives of gradients and
-   * parameters (each group's reduction; the gathers of P: at stage 3 for a
-   * fetch, in it or ahead of it, at stages 1-2 after the update), cumulative, on whichever thread ran them (the
-   * communication thread with zero_optimization.overlap_comm): their wall
+  /* Appended. Several ranks: the collectives of the gradients' reduction
+   * (each group's, every step) and the gathers of P (stage 3: for a fetch,
+   * in it or ahead of it; stages 1-2: after the update, and where P is
+   * recomputed from W: write_state of the master weights, a checkpoint
+   * load), cumulative, on whichever thread ran them (the communication
+   * thread with zero_optimization.overlap_comm). Not counted: the build's
+   * broadcasts, read_state's gathers, the step's agreements. Their wall
    * seconds; the CPU seconds of that thread within them (the rest of
    * comm_s waited for the other ranks, or for a backend's own threads:
-   * Gloo over TCP moves the bytes on its own; the shared memory of ranks
-   * on one host, on this thread); the bytes this rank put into
-   * reductions (fp32 as packed: each group padded to the ranks' shards);
-   * and the bytes of P it gathered (each gather's whole group). 0 at one
-   * rank. */
+   * Gloo over TCP moves the bytes on its own, the shared memory of ranks
+   * on one host on this thread; with NCCL it includes the copy of the sums
+   * to host memory); the bytes this rank put into reductions (fp32 as
+   * packed: each group padded to the ranks' shards, to one shard at stage
+   * 0); and the bytes of P it gathered (each gather's whole group). 0 at
+   * one rank. */
   double comm_s, comm_cpu_s;
   uint64_t reduced_bytes, gathered_bytes;
 } strata_stats_t;

@@ -90,6 +90,7 @@ def check_comm(world, stage):
     check(name + ": every group's gradient reduced once a step",
           reduced == steps * (padded if stage > 0 else padded_one), m.group(0))
     # Stage 3: the device budget holds every group gathered, so forward's gather serves backward too.
+    # (P is fp32 in these runs: its gathered bytes are `padded`'s, fp32's.)
     check(name + ": P gathered once a step at stages 1-3, never at 0",
           gathered == (steps * padded if stage > 0 else 0), m.group(0))
     check(name + ": wall and CPU seconds counted, CPU within wall", 0 < cpu <= wall * 1.02 + 0.005, m.group(0))

@@ -9,7 +9,9 @@ gradient norms match the oracle's within TOL (fp32 sums in another order),
 every rank holds bitwise the same weights, and the model's state_dict holds
 the real weights; offload_module's overlapped step (the default) speculated
 and is bitwise overlap_step=False's; its gradients went in parts and are
-bitwise those staged whole. Usage: ddp_worker.py WORK_DIR"""
+bitwise those staged whole; the engine's stats of its collectives (bytes
+reduced and gathered, wall and CPU seconds) read through the binding.
+Usage: ddp_worker.py WORK_DIR"""
 import os
 import sys
 
@@ -118,7 +120,8 @@ check("offload_module's steps were overlapped",
 shard = 2048 * world
 padded = sum(-(-g.flat_numel // shard) * shard * 4 for g in off._groups if not g.frozen)
 comm = {k: stats[k] for k in ("comm_s", "comm_cpu_s", "reduced_bytes", "gathered_bytes")}
-check("the collectives' stats", comm["reduced_bytes"] == STEPS * padded and comm["gathered_bytes"] > 0 and
+# (P is fp32 here: forward gathers each group once a step at least.)
+check("the collectives' stats", comm["reduced_bytes"] == STEPS * padded and comm["gathered_bytes"] >= STEPS * padded and
       0 < comm["comm_cpu_s"] <= comm["comm_s"] * 1.02 + 0.005, f"{comm}, {STEPS} steps of {padded} bytes")
 off.close()
 model = TinyGpt(seed=seed)
