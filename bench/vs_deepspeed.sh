@@ -31,7 +31,8 @@
 # Usage: bench/vs_deepspeed.sh DIR
 #   env: ROUNDS (2), STEPS (20), WARMUP (2), RANKS ("1 2"), MODES ("cpu nvme"), BUILD_DIR,
 #        N_EMBD and N_LAYER (the GPT-2's size: 512 and 8, 51M parameters), BATCH (4), SEQ (256),
-#        CLIP (gradient_clipping, 1.0)
+#        CLIP (gradient_clipping, 1.0), STATS=1 (each Strata run's engine stats in the log, and at
+#        several ranks a `collectives` line: rank 0's reductions and gathers a step, wall and CPU)
 set -euo pipefail
 DIR=${1:?usage: bench/vs_deepspeed.sh DIR}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -131,6 +132,14 @@ for (mode, world), x in sorted(ratio.items()):
         print(f"ceiling {mode} {world}r: DeepSpeed {x['deepspeed']:.3f} s / torch's forward and backward "
               f"{floor[world]:.3f} s = {x['deepspeed'] / floor[world]:.3f} (no engine can lead by more here; "
               f"over torch's whole step, AdamW included, {whole[world]:.3f} s: {x['deepspeed'] / whole[world]:.3f})")
+# STATS=1 at several ranks: Strata's collectives a step (rank 0; stats
+# lines from before the run's keys are left out): wall, the CPU of it, bytes.
+for s in (json.loads(l.split(" ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("vs_deepspeed_stats ")):
+    if s.get("rank") == 0 and s.get("world", 1) > 1 and s.get("steps"):
+        n = s["steps"]
+        print(f"collectives {s['offload']} {s['world']}r (Strata, rank 0, a step): {s['comm_s'] / n:.3f} s, "
+              f"{s['comm_cpu_s'] / n:.3f} s of it CPU (the rest waited for the other ranks); "
+              f"{s['reduced_bytes'] / n / 2**20:.1f} MiB reduced, {s['gathered_bytes'] / n / 2**20:.1f} MiB gathered")
 def r(mode, world):
     x = ratio.get((mode, world), {})
     return f"{x['deepspeed'] / x['strata']:.3f}" if "deepspeed" in x and "strata" in x else "n/a"

@@ -180,7 +180,9 @@ def main():
         line["step_part_s"] = round(med - line["forward_s"] - line["backward_s"], 4)
     say("vs_deepspeed_run " + json.dumps(line))
     if ENGINE == "strata" and os.environ.get("STATS") == "1":
-        say("vs_deepspeed_stats " + json.dumps(off.engine.stats()))
+        # (which run and rank: the ranks' lines interleave in the log)
+        say("vs_deepspeed_stats " + json.dumps({"offload": OFFLOAD, "rank": RANK, "world": WORLD,
+                                                 **off.engine.stats()}))
     for wl in warned:
         say("vs_deepspeed_ignored " + wl.strip())
 
