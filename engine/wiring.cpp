@@ -36,9 +36,10 @@ Status Engine::Impl::StartComponents() {
       h.now = [this] { return stats_->Now(); };
       h.span = [this](const char* name, int g, double s, double e) { stats_->CommSpan(name, g, s, e); };
     }
-    h.collective = [this](bool gather, uint64_t bytes, double wall_s, double cpu_s) {
-      stats_->OnCollective(gather, bytes, wall_s, cpu_s);
-    };
+    if (comm_->world_size() > 1)  // (one rank: a GPU communicator's copy, no collective)
+      h.collective = [this](bool gather, uint64_t bytes, double wall_s, double cpu_s) {
+        stats_->OnCollective(gather, bytes, wall_s, cpu_s);
+      };
     const bool g_staged = !BlockIo::DirectAt(lay_.home[int(StateKind::kG)], lay_.device_on_gpu);
     reducer_ = std::make_unique<GradReducer>(lay_, *comm_, *device_, staging_.grad, g_staged, std::move(h));
     STRATA_RETURN_IF_ERROR(reducer_->Init());

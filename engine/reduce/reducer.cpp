@@ -202,10 +202,8 @@ Status GradReducer::Reduce(int g, float* packed) {
   if (mem_->on_device()) out = static_cast<float*>(host = grad_staging_.Acquire());
   const CollectiveClock clock;
   Status st = ReduceBuckets(comm_, *mem_, buckets, scatter_, L.shard_numel, layout_.srank, packed, out);
-  // The packed input: the shards of every rank (reduce-scatter) or the padded group (all-reduce).
-  if (st.ok() && comm_.world_size() > 1)  // (one rank: a GPU communicator's copy, no collective)
-    clock.Report(hooks_, /*gather=*/false,
-                 (scatter_ ? L.shard_numel * static_cast<uint64_t>(comm_.world_size()) : L.padded) * sizeof(float));
+  // The packed input: the padded group (every rank's shard, for a reduce-scatter).
+  if (st.ok()) clock.Report(hooks_, /*gather=*/false, L.padded * sizeof(float));
   if (st.ok()) st = hooks_.accumulate(g, out, L.shard_numel);
   grad_staging_.Release(host);
   return st.WithContext("grads: group " + std::to_string(g) + " (" + std::to_string(buckets.size()) +
@@ -298,8 +296,7 @@ Status GradReducer::GatherNow(int g, void* full) {
   comm_.SetLabel("P of g" + std::to_string(g) + " s" + std::to_string(hooks_.step() - 1));
   const CollectiveClock clock;
   Status st = comm_.AllGather(static_cast<char*>(full) + static_cast<uint64_t>(layout_.srank) * slice, full, slice);
-  if (st.ok() && comm_.world_size() > 1)
-    clock.Report(hooks_, /*gather=*/true, slice * static_cast<uint64_t>(comm_.world_size()));
+  if (st.ok()) clock.Report(hooks_, /*gather=*/true, slice * static_cast<uint64_t>(comm_.world_size()));
   return st.WithContext("gathering the parameters of group " + std::to_string(g));
 }
 

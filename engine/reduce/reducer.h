@@ -62,7 +62,7 @@ class GradReducer {
     std::function<void(const char* name, int g, double start_s, double end_s)> span;
     // Each collective of gradients (a group's buckets) or parameters (one
     // gather): its bytes, wall seconds and the CPU seconds of the thread
-    // that ran it (StatsRecorder::OnCollective); may be null.
+    // that ran it (StatsRecorder::OnCollective); may be null (and is at one rank).
     std::function<void(bool gather, uint64_t bytes, double wall_s, double cpu_s)> collective;
   };
   // `grad_staging`: the host buffers of packed groups and of G's staging
