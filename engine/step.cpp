@@ -40,8 +40,17 @@ Status Engine::Impl::GrowStagingBehind() {
   if (!WriteBehindAllowed(config_, lay_.multi) || !pipeline_) return Status::Ok();
   if (options_.overlap_step && config_.strata.speculation == "always") return Status::Ok();
   StagingPool& pool = staging_.opt;
-  const uint64_t need = pipeline_->BehindBytes(StepOrder());
-  const int64_t extra = pool.count() == 0 || need == 0 ? 0 : pool.BuffersToHold(need, lay_.opt_piece_bytes);
+  const std::vector<uint64_t> pieces = pipeline_->BehindPieces(StepOrder());
+  if (pool.count() == 0 || pieces.empty()) return Status::Ok();
+  uint64_t need = 0;
+  for (uint64_t p : pieces) need += p;
+  // Cut in the step's order, from slots none of which is lent (Step and
+  // PrepareStep settle the last step's writes before a read-ahead or a run
+  // cuts any): the slots that sequence fills, exactly. ApplyStep checks
+  // the pool itself again before each run (BehindFitsNow).
+  const int64_t slots = BuffersForPieces(pieces, pool.bytes());
+  if (slots < 0) return InternalError("write_behind: a unit's W, M, V are larger than a step staging slot");
+  const int64_t extra = slots - pool.count();
   if (extra <= 0) return Status::Ok();
   const uint64_t cost = static_cast<uint64_t>(extra) * AlignUp(pool.bytes(), 4096);  // (the host tier charges whole pages)
   const uint64_t left = host_->budget() > host_->used() ? host_->budget() - host_->used() : 0;
@@ -265,7 +274,15 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
     if (!st.ok()) break;
     // One cohort whose units all fit the staging pieces: the writes go on
     // after the step returns (strata.write_behind).
-    if (cohorts.size() == 1 && WritesBehind(groups))
+    bool behind = cohorts.size() == 1 && WritesBehind(groups);
+    if (behind && !pipeline_->BehindFitsNow(groups)) {
+      // (Cannot happen while only the step cuts pieces: said, once, not hidden.)
+      behind = false;
+      if (!std::exchange(behind_short_said_, true))
+        STRATA_LOG_WARN("write_behind: step {}: the step staging's free pieces do not hold the step's W, M, V at "
+                      "once: this step (and any other such) writes before it returns", step_.applied + 1);
+    }
+    if (behind)
       st = pipeline_->RunBehind(groups, grad_scale, so, steps + 1, &step_.broken);
     else
       st = pipeline_->Run(groups, grad_scale, so, steps + 1, &step_.broken);

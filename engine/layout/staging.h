@@ -21,22 +21,30 @@
 
 namespace strata {
 
-// Room in one buffer of `slot_bytes` for pieces of at most `each` bytes,
-// whatever the order they come in: its bytes less the most a piece that does
-// not fit can leave unused at its end (each piece at a multiple of 4096).
-// 0: such a piece does not fit a buffer.
-inline uint64_t SlotPieceCapacity(uint64_t slot_bytes, uint64_t each) {
-  const uint64_t a = (each + 4095) / 4096 * 4096;
-  return a > slot_bytes ? 0 : slot_bytes - a + 4096;
+// Next fit, as StagingPool cuts pieces: each piece (rounded up to 4096)
+// goes at the end of the current buffer if it fits there, else at the start
+// of a whole buffer, which becomes the current one. How many whole buffers
+// of `slot_bytes` the `pieces`, in this order, open after `used` bytes of
+// the current buffer (`used` = `slot_bytes`: no current buffer); -1 when a
+// piece is larger than a buffer.
+inline int64_t PiecesOpen(const std::vector<uint64_t>& pieces, uint64_t slot_bytes, uint64_t used) {
+  int64_t opened = 0;
+  for (uint64_t p : pieces) {
+    const uint64_t a = (p + 4095) / 4096 * 4096;
+    if (a > slot_bytes) return -1;
+    if (used + a > slot_bytes) {
+      ++opened;
+      used = 0;
+    }
+    used += a;
+  }
+  return opened;
 }
-// How many buffers of `slot_bytes`, beyond the `have` there are, hold
-// `total` bytes of such pieces at once: 0 when those do, -1 when no number
-// does. (The pool grows by it; the plan, tools/plan, counts it.)
-inline int64_t SlotsToHold(uint64_t total, uint64_t each, uint64_t slot_bytes, uint64_t have) {
-  const uint64_t one = SlotPieceCapacity(slot_bytes, each), held = have * one;
-  if (total <= held) return 0;
-  if (one == 0) return -1;
-  return static_cast<int64_t>((total - held + one - 1) / one);
+// How many buffers of `slot_bytes` hold `pieces` at once when they are cut
+// in this order from whole buffers (the plan of write-behind's staging;
+// tools/plan counts it too); -1 when a piece does not fit a buffer.
+inline int64_t BuffersForPieces(const std::vector<uint64_t>& pieces, uint64_t slot_bytes) {
+  return PiecesOpen(pieces, slot_bytes, slot_bytes);
 }
 
 class StagingPool {
@@ -136,15 +144,16 @@ class StagingPool {
     }
     cv_.notify_all();
   }
-  // What pieces of `each` bytes (at most) the buffers surely hold at once,
-  // whatever the order they come in: each buffer's bytes less the most a
-  // piece that does not fit can leave unused at its end.
-  uint64_t PieceCapacity(uint64_t each) const {
-    return static_cast<uint64_t>(all_.size()) * SlotPieceCapacity(bytes_, each);
+  // Whether `pieces`, cut in this order from now on (TryAcquirePiece, with
+  // none given back meanwhile), all fit: the current buffer's room, then
+  // whole buffers (PiecesOpen). Exact while no other thread cuts pieces.
+  bool HoldsInOrder(const std::vector<uint64_t>& pieces) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!pieces_) return false;
+    const uint64_t used = current_ < 0 ? bytes_ : used_[static_cast<size_t>(current_)];
+    const int64_t opens = PiecesOpen(pieces, bytes_, used);
+    return opens >= 0 && static_cast<uint64_t>(opens) <= free_.size();
   }
-  // How many more buffers (Grow) make PieceCapacity(each) at least `total`;
-  // -1 when no number does (a piece of `each` does not fit a buffer).
-  int64_t BuffersToHold(uint64_t total, uint64_t each) const { return SlotsToHold(total, each, bytes_, all_.size()); }
   // Called by an Acquire that finds no buffer free, before it waits: the
   // owner of buffers taken ahead of need (StepPipeline::ReadAhead) gives
   // them back, so that nobody waits on a buffer only a later call returns.

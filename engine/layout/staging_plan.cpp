@@ -32,13 +32,14 @@ bool WriteBehindAllowed(const Config& c, bool multi) {
   return c.strata.write_behind == "always" || (c.strata.write_behind == "auto" && !multi);
 }
 
-uint64_t BehindPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>& padded,
-                          const std::vector<int>& groups) {
-  if (!m.opt_piece_bytes || m.compact) return 0;
-  uint64_t bytes = 0;
+std::vector<uint64_t> BehindPieces(const Layout& m, const std::function<uint64_t(uint64_t)>& padded,
+                                   const std::vector<int>& groups) {
+  std::vector<uint64_t> pieces;
+  if (!m.opt_piece_bytes || m.compact) return pieces;
   for (int g : groups)
-    for (int u = 0; u < m.Units(g); ++u) bytes += AlignUp(StepPieceBytes(m, padded, g, u, /*largest=*/false), 4096);
-  return bytes;
+    for (int u = 0; u < m.Units(g); ++u)
+      pieces.push_back(AlignUp(StepPieceBytes(m, padded, g, u, /*largest=*/false), 4096));
+  return pieces;
 }
 
 StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)>& padded) {

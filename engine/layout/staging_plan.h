@@ -54,13 +54,13 @@ StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)
 
 // Write-behind (StepPipeline::RunBehind) holds every unit's W, M, V in the
 // step's slots at once: whether config allows it (strata.write_behind
-// "always", or "auto" at one rank), and the bytes of the pieces of `groups`
-// (each piece at a multiple of 4096, as the slots place them; 0 where the
-// step is not in pieces, Layout::opt_piece_bytes 0, or the state is compact).
+// "always", or "auto" at one rank), and the pieces of `groups`, in the
+// step's order (each at a multiple of 4096, as the slots place them; none
+// where the step is not in pieces, Layout::opt_piece_bytes 0, or the state
+// is compact). How many slots hold them: staging.h's BuffersForPieces.
 bool WriteBehindAllowed(const Config& c, bool multi);
-uint64_t BehindPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>& padded,
-                          const std::vector<int>& groups);
-// (How many slots hold them: staging.h's SlotsToHold.)
+std::vector<uint64_t> BehindPieces(const Layout& m, const std::function<uint64_t(uint64_t)>& padded,
+                                   const std::vector<int>& groups);
 
 // At Build's start, with homes chosen and nothing allocated: CONFIG naming
 // strata.host_budget, the least host memory Build needs and what for, when

@@ -109,10 +109,17 @@ class StepPipeline {
   // step: its job's new state is discarded (the block keeps its old
   // contents), the rest are not started, and the failure is kept for
   // WaitBehind (the engine is broken: a checkpoint load).
+  // CanRunBehind: the staging, idle, holds every job's piece of `order`
+  // cut in order (BuffersForPieces), as at build. BehindFitsNow: the pieces
+  // the run would still cut, after the read-ahead's, fit what the staging
+  // has free now (StagingPool::HoldsInOrder); RunBehind requires it, since
+  // a run that held every piece and still needed one would wait on itself.
   bool CanRunBehind(const std::vector<int>& order) const;
-  // The pieces every job of `order` takes at once, in bytes: what the
-  // staging must hold for CanRunBehind (0 where it never applies: no
+  bool BehindFitsNow(const std::vector<int>& order);
+  // Every job's piece of `order`, in the run's order, and their bytes: what
+  // the staging must hold for CanRunBehind (none where it never applies: no
   // pieces, compact state, or a GPU updates a group).
+  std::vector<uint64_t> BehindPieces(const std::vector<int>& order) const;
   uint64_t BehindBytes(const std::vector<int>& order) const;
   Status RunBehind(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
                    std::string* broken);
@@ -136,6 +143,9 @@ class StepPipeline {
   void ReleaseSlot(void* slot);
   uint64_t SlotOffset(int g, int u, int s) const;  // of state s in its slot (or piece)
   uint64_t PieceBytes(int g, int u) const;
+  // Whether group g's unit u takes a piece in a run on the CPU: a state it
+  // uses that the CPU cannot address in place (start_loads, in RunFeed).
+  bool TakesPiece(int g, int u) const;
   PStored on_p_stored_;
   // Write-behind: the thread that runs a RunBehind, and what it reports.
   // behind_mu_ guards behind_phase_, behind_status_, behind_failure_, behind_broken_.

@@ -98,15 +98,46 @@ StepPipeline::~StepPipeline() {
   if (!st.ok()) STRATA_LOG_WARN("step: the engine closes with a step's writes failed: {}", st.ToString());
 }
 
-uint64_t StepPipeline::BehindBytes(const std::vector<int>& order) const {
+std::vector<uint64_t> StepPipeline::BehindPieces(const std::vector<int>& order) const {
   for (int g : order)
-    if (gpu_.UpdatesOnGpu(g)) return 0;
-  return BehindPieceBytes(layout_, [this](uint64_t b) { return io_.NvmePadded(b); }, order);  // every job's piece at once
+    if (gpu_.UpdatesOnGpu(g)) return {};
+  return strata::BehindPieces(layout_, [this](uint64_t b) { return io_.NvmePadded(b); }, order);
+}
+
+uint64_t StepPipeline::BehindBytes(const std::vector<int>& order) const {
+  uint64_t bytes = 0;
+  for (uint64_t p : BehindPieces(order)) bytes += p;
+  return bytes;
 }
 
 bool StepPipeline::CanRunBehind(const std::vector<int>& order) const {
-  const uint64_t bytes = BehindBytes(order);
-  return bytes > 0 && bytes <= opt_staging_.PieceCapacity(layout_.opt_piece_bytes);
+  const std::vector<uint64_t> pieces = BehindPieces(order);
+  if (pieces.empty()) return false;
+  const int64_t slots = BuffersForPieces(pieces, opt_staging_.bytes());
+  return slots >= 0 && slots <= opt_staging_.count();
+}
+
+bool StepPipeline::TakesPiece(int g, int u) const {
+  for (int s = 0; s < kNumStates; ++s) {
+    const StateBlock& whole = blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)];
+    if (whole.alloc.charged > 0 && !io_.Direct(whole.Part(u))) return true;
+  }
+  return false;
+}
+
+bool StepPipeline::BehindFitsNow(const std::vector<int>& order) {
+  if (!CanRunBehind(order)) return false;
+  std::vector<uint64_t> cuts;  // the run's, in its order: a unit read ahead has its piece
+  {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    for (int g : order)
+      for (int u = 0; u < layout_.Units(g); ++u) {
+        bool ahead = false;
+        for (const Ahead& a : ahead_) ahead = ahead || (a.group == g && a.unit == u);
+        if (!ahead && TakesPiece(g, u)) cuts.push_back(PieceBytes(g, u));
+      }
+  }
+  return opt_staging_.HoldsInOrder(cuts);
 }
 
 void StepPipeline::Updated() {

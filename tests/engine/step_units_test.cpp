@@ -296,7 +296,7 @@ TEST(StepUnits, CheckpointsMoveBetweenUnitsAndWholeGroups) {
 // The pool's pieces: cut from one buffer after another, never overlapping,
 // of the sizes asked (4096 multiples); a buffer comes back whole (to
 // Acquire) only once every piece of it is back; the reclaim runs before a
-// piece wait; PieceCapacity is what surely fits.
+// piece wait.
 TEST(StagingPieces, CutInOrderAndComeBackWhole) {
   HostTierOptions ho;
   ho.budget = 64 * 1024 * 1024;
@@ -307,7 +307,6 @@ TEST(StagingPieces, CutInOrderAndComeBackWhole) {
   constexpr uint64_t kB = 5 * 65536;
   ASSERT_TRUE(pool.Init(&host, 2, kB).ok());
   pool.SetPieces();
-  EXPECT_EQ(pool.PieceCapacity(2 * 65536), 2 * (kB - 2 * 65536 + 4096));
   EXPECT_EQ(pool.TryAcquirePiece(kB + 1), nullptr) << "a piece larger than a buffer";
   // 2 x 128 KiB fit a 320 KiB buffer; the third goes to the other buffer.
   std::vector<char*> lent;
@@ -361,6 +360,96 @@ TEST(StagingPieces, CutInOrderAndComeBackWhole) {
   EXPECT_TRUE(a && b) << "both buffers whole again";
   pool.Release(a);
   pool.Release(b);
+}
+
+// What the pool says of a run of pieces before it is cut is what cutting
+// does: BuffersForPieces is the buffers an idle pool's cuts open, in order;
+// HoldsInOrder, from any state (a buffer part cut, pieces of an earlier
+// run still lent), is whether every cut succeeds. Random runs, against the
+// pool itself.
+TEST(StagingPieces, TheCountIsTheCutting) {
+  HostTierOptions ho;
+  ho.budget = 64 * 1024 * 1024;
+  ho.pin = false;
+  ho.numa_bind = false;
+  HostTier host(ho);
+  constexpr uint64_t kB = 10 * 4096;
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<uint64_t> size(1, kB);
+  std::uniform_int_distribution<int> len(1, 12), count(1, 6), coin(0, 1);
+  int fitted = 0, refused = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    StagingPool pool;
+    const int buffers = count(rng);
+    ASSERT_TRUE(pool.Init(&host, buffers, kB).ok());
+    pool.SetPieces();
+    // An earlier run: some pieces cut, some of them given back.
+    std::vector<void*> earlier;
+    for (int i = len(rng) % 4; i > 0; --i)
+      if (void* p = pool.TryAcquirePiece(size(rng))) earlier.push_back(p);
+    for (void*& p : earlier)
+      if (coin(rng)) {
+        pool.ReleasePiece(p);
+        p = nullptr;
+      }
+    std::vector<uint64_t> run(static_cast<size_t>(len(rng)));
+    for (auto& b : run) b = size(rng);
+    const bool holds = pool.HoldsInOrder(run);
+    std::vector<void*> cut;
+    bool all = true;
+    for (uint64_t b : run) {
+      void* p = pool.TryAcquirePiece(b);
+      if (!p) {
+        all = false;
+        break;
+      }
+      cut.push_back(p);
+    }
+    ASSERT_EQ(holds, all) << "trial " << trial << ": HoldsInOrder said " << holds;
+    (holds ? fitted : refused)++;
+    for (void* p : cut) pool.ReleasePiece(p);
+    for (void* p : earlier) pool.ReleasePiece(p);
+  }
+  EXPECT_GT(fitted, 50);
+  EXPECT_GT(refused, 50) << "the random runs do not test a refusal";
+  // An idle pool of enough buffers: the count is the buffers the cuts open.
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<uint64_t> run(static_cast<size_t>(len(rng)));
+    for (auto& b : run) b = size(rng);
+    const int64_t n = BuffersForPieces(run, kB);
+    ASSERT_GE(n, 1);
+    StagingPool pool;
+    ASSERT_TRUE(pool.Init(&host, static_cast<int>(n), kB).ok());
+    pool.SetPieces();
+    EXPECT_TRUE(pool.HoldsInOrder(run));
+    std::vector<void*> cut;
+    for (uint64_t b : run) {
+      void* p = pool.TryAcquirePiece(b);
+      ASSERT_NE(p, nullptr) << "trial " << trial << ": " << n << " buffers do not hold the run";
+      cut.push_back(p);
+    }
+    StagingPool fewer;
+    if (n > 1) {
+      ASSERT_TRUE(fewer.Init(&host, static_cast<int>(n - 1), kB).ok());
+      fewer.SetPieces();
+      EXPECT_FALSE(fewer.HoldsInOrder(run));
+      bool all = true;
+      std::vector<void*> got;
+      for (uint64_t b : run) {
+        void* p = fewer.TryAcquirePiece(b);
+        if (!p) {
+          all = false;
+          break;
+        }
+        got.push_back(p);
+      }
+      EXPECT_FALSE(all) << "trial " << trial << ": " << n - 1 << " buffers hold the run: the count is high";
+      for (void* p : got) fewer.ReleasePiece(p);
+    }
+    for (void* p : cut) pool.ReleasePiece(p);
+  }
+  EXPECT_EQ(BuffersForPieces({kB + 1}, kB), -1) << "a piece larger than a buffer";
+  EXPECT_EQ(BuffersForPieces({kB / 2 + 1, kB / 2 + 1, 1}, kB), 2) << "next fit: the third piece after the second";
 }
 
 // Whole groups take buffer_count (4) slots of the largest group's W, M, V
@@ -428,6 +517,34 @@ TEST(StepUnits, WritesGoOnBehindTheStepAndLandBeforeAnyRead) {
   wb.faults->SlowWrites(0);
 }
 
+// A step that updates after backward (speculation "never") reads its
+// pieces ahead during backward, then writes behind: the run cuts only what
+// the read-ahead did not. Groups of 3, 3 and 1 units: a slot holds four
+// units' pieces (a slot is W, M, V and P of the largest group), so the two
+// slots hold the step's seven pieces cut in order, [4][3], and nothing
+// more. Every step reads all seven ahead and writes behind, bitwise the
+// run without.
+TEST(StepUnits, AStepReadAheadInTwoSlotsStillWritesBehind) {
+  const std::vector<uint64_t> numel = {196608, 196608, 65536};
+  TempDir a, b;
+  Built ref = Make(Json(a.path(), 65536, "nvme", R"(, "write_behind": "never")"), false, numel);
+  Built wb = Make(Json(b.path(), 65536, "nvme", R"(, "speculation": "never")"), /*overlap=*/true, numel);
+  ASSERT_TRUE(ref.engine && wb.engine);
+  const uint64_t base = ref.engine->stats().host.used;
+  EXPECT_EQ(wb.engine->stats().host.used, base) << "the two slots should hold the step: nothing grows";
+  for (int s = 0; s < 4; ++s) {
+    HandGrads(*ref.engine, s);
+    HandGrads(*wb.engine, s, /*prepare=*/true);
+    for (Engine* e : {ref.engine.get(), wb.engine.get()}) {
+      auto st = e->Step(OptionsOf(s));
+      ASSERT_TRUE(st.ok()) << st.status().ToString();
+    }
+  }
+  EXPECT_EQ(wb.engine->stats().step_read_ahead_bytes, 4 * StateBytes(numel)) << "not every piece was read ahead";
+  EXPECT_EQ(wb.engine->stats().write_behind_steps, 4u) << "a step wrote before it returned";
+  ExpectSame(State(*ref.engine), State(*wb.engine), "read ahead, then written behind");
+}
+
 // Never clipped, overlap_step's "auto" speculates after a clean step; not
 // where the step writes behind: its writes are hidden there without the
 // room. The two runs end bitwise alike.
@@ -474,8 +591,13 @@ TEST(StepUnits, StagingGrowsForWriteBehindWithinTheHostBudget) {
   tight_json.replace(tight_json.find("\"256MiB\""), 8, std::to_string(base));  // the budget the two slots fill
   Built tight = Make(tight_json, false, equal);
   ASSERT_TRUE(grown.engine && tight.engine);
-  const uint64_t slot = StateBytes({equal[0]});  // one group's W, M, V
-  EXPECT_GE(grown.engine->stats().host.used, base + 2 * slot) << "\"auto\" did not grow the step's staging";
+  // A slot holds a group's W, M, V and P (each at a multiple of 64 KiB: 4 x
+  // 832 KiB); a group's pieces are three units' W, M, V of 768 KiB and one
+  // of 48 KiB. The sixteen pieces, cut in the step's order, fill three slots
+  // (9.19 MiB in 9.75): one more than the two. Counted for the worst order
+  // (a piece's room lost at each slot's end) it would be four more.
+  const uint64_t slot = 4 * 832 * 1024;
+  EXPECT_EQ(grown.engine->stats().host.used, base + slot) << "\"auto\" did not grow the step's staging by one slot";
   EXPECT_EQ(tight.engine->stats().host.used, base) << "the staging grew with no room in the host budget";
   EXPECT_LE(tight.engine->stats().host.peak, tight.engine->stats().host.budget);
   for (int s = 0; s < 3; ++s)

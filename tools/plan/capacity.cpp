@@ -384,7 +384,9 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
       !(overlap_step && config.strata.speculation == "always")) {
     std::vector<int> groups(model.groups.size());
     std::iota(groups.begin(), groups.end(), 0);  // (the plan freezes none)
-    const int64_t extra = SlotsToHold(BehindPieceBytes(el, NvmePadded, groups), z.piece_bytes, step_slot, step_slots);
+    const std::vector<uint64_t> pieces = BehindPieces(el, NvmePadded, groups);
+    const int64_t slots = pieces.empty() ? 0 : BuffersForPieces(pieces, step_slot);
+    const int64_t extra = slots - static_cast<int64_t>(step_slots);
     const uint64_t used = c.Used(TierKind::kHost), cost = extra > 0 ? static_cast<uint64_t>(extra) * step_slot : 0;
     if (cost > 0 && used <= host && cost <= host - used) {
       Add(c, PlanState::kStaging, TierKind::kHost, cost);
