@@ -295,7 +295,6 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
   const Homes h = HomesOf(config, cluster, g_on_host);
   c.g_on_host = h.g == TierKind::kHost;
   const uint64_t opt_numel = stage >= 1 ? l.shard_numel : l.full_numel;
-  const uint64_t opt_shard = stage >= 1 ? l.largest_shard : l.largest_group;
   // W, M, V per group (compact's block scales round up per group's shard).
   const std::vector<uint64_t>& opt_groups = stage >= 1 ? l.group_shard : l.group_numel;
   auto sum = [&](uint64_t (StateBytes::*bytes)(uint64_t) const) {
@@ -346,27 +345,19 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
         budget ? std::max(std::min(want, room), l.largest_group * dp) : want);
   }
 
-  // Pinned staging, as the engine allocates it at build.
-  if (h.p == TierKind::kNvme && cluster.has_gpu) {
-    const uint64_t n = std::clamp<uint64_t>(config.zero.offload_param.buffer_count, 1, 4);
-    Add(c, PlanState::kStaging, TierKind::kHost, n * NvmePadded(l.largest_shard * dp));
-  }
-  // The step's slots, as the engine's build sizes them (PlanStaging, on
-  // the engine's own Layout of rank 0); G's staging beside them.
-  uint64_t step_slot = 0, step_slots = 0;
+  // Pinned staging, as the engine's build sizes it (PlanStaging, on the
+  // engine's own Layout of rank 0): the step's slots; P's staging (NVMe to
+  // the GPU); G's, and the reduction's buffers with several ranks; each
+  // buffer in whole pages, as the host tier charges them.
   ::strata::Layout el;
-  StagingSizes z;
-  if (!h.gpu_optimizer) {
-    EngineLayoutOf(model, l, cluster, config, h, &el);
-    z = PlanStaging(el, NvmePadded);
-    el.opt_piece_bytes = z.piece_bytes;  // (as the engine's build sets it)
-    step_slot = AlignUp(z.opt_offsets[kNumStates], 4096);  // (the host tier charges whole pages)
-    step_slots = static_cast<uint64_t>(z.opt_slots);
-    Add(c, PlanState::kStaging, TierKind::kHost, step_slots * step_slot);
-    uint64_t grad = h.g == TierKind::kNvme ? NvmePadded(sb.G(opt_shard)) : 0;
-    if (cluster.has_gpu) grad = std::max(grad, l.largest_group * 4);
-    Add(c, PlanState::kStaging, TierKind::kHost, grad * (cluster.has_gpu ? 2 : 1));
-  }
+  EngineLayoutOf(model, l, cluster, config, h, &el);
+  const StagingSizes z = PlanStaging(el, NvmePadded);
+  el.opt_piece_bytes = z.piece_bytes;  // (as the engine's build sets it)
+  const uint64_t step_slot = AlignUp(z.opt_offsets[kNumStates], 4096);
+  const uint64_t step_slots = static_cast<uint64_t>(z.opt_slots);
+  Add(c, PlanState::kStaging, TierKind::kHost, step_slots * step_slot);
+  Add(c, PlanState::kStaging, TierKind::kHost, static_cast<uint64_t>(z.param_slots) * AlignUp(z.param_bytes, 4096));
+  Add(c, PlanState::kStaging, TierKind::kHost, static_cast<uint64_t>(z.grad_slots) * AlignUp(z.grad_bytes, 4096));
   const uint64_t ranks = cluster.gpus_per_node;
   uint64_t device = cluster.has_gpu
                         ? static_cast<uint64_t>(static_cast<double>(cluster.device_bytes) * kDeviceUsable)
