@@ -149,8 +149,8 @@ class Engine::Impl {
   // prepare_step or step: a labeled barrier where they run something else,
   // so that theirs fails now, naming this rank.
   void AnnounceBehindLoss();
-  bool behind_lost_ = false;
-  bool behind_short_said_ = false;  // ApplyStep's warning that a step could not write behind, given  // SettleBehind broke the engine; not yet announced
+  bool behind_lost_ = false;  // SettleBehind broke the engine; not yet announced
+  bool behind_short_said_ = false;  // ApplyStep's warning that a step could not write behind, given
   Status Agree(const Status& local, const std::string& what) { return AgreeOverRanks(comm_, local, what); }
   Status RecomputeP(void* buf, uint64_t buf_bytes);
 

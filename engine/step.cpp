@@ -276,7 +276,10 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
     // after the step returns (strata.write_behind).
     bool behind = cohorts.size() == 1 && WritesBehind(groups);
     if (behind && !pipeline_->BehindFitsNow(groups)) {
-      // (Cannot happen while only the step cuts pieces: said, once, not hidden.)
+      // Where the read-ahead cut its pieces in another order than the run's
+      // (a cohort that lagged a step comes first in StepOrder; a piece given
+      // back because its loads failed is cut again later), next fit may need
+      // a slot more than the build counted: said, once, not hidden.
       behind = false;
       if (!std::exchange(behind_short_said_, true))
         STRATA_LOG_WARN("write_behind: step {}: the step staging's free pieces do not hold the step's W, M, V at "

@@ -116,11 +116,10 @@ class StepPipeline {
   // a run that held every piece and still needed one would wait on itself.
   bool CanRunBehind(const std::vector<int>& order) const;
   bool BehindFitsNow(const std::vector<int>& order);
-  // Every job's piece of `order`, in the run's order, and their bytes: what
-  // the staging must hold for CanRunBehind (none where it never applies: no
-  // pieces, compact state, or a GPU updates a group).
+  // Every job's piece of `order`, in the run's order: what the staging must
+  // hold for CanRunBehind (none where it never applies: no pieces, compact
+  // state, or a GPU updates a group).
   std::vector<uint64_t> BehindPieces(const std::vector<int>& order) const;
-  uint64_t BehindBytes(const std::vector<int>& order) const;
   Status RunBehind(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,
                    std::string* broken);
   // Waits for the writes left behind; their failure, if any, until

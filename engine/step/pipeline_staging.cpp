@@ -104,12 +104,6 @@ std::vector<uint64_t> StepPipeline::BehindPieces(const std::vector<int>& order) 
   return strata::BehindPieces(layout_, [this](uint64_t b) { return io_.NvmePadded(b); }, order);
 }
 
-uint64_t StepPipeline::BehindBytes(const std::vector<int>& order) const {
-  uint64_t bytes = 0;
-  for (uint64_t p : BehindPieces(order)) bytes += p;
-  return bytes;
-}
-
 bool StepPipeline::CanRunBehind(const std::vector<int>& order) const {
   const std::vector<uint64_t> pieces = BehindPieces(order);
   if (pieces.empty()) return false;

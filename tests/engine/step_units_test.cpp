@@ -595,7 +595,7 @@ TEST(StepUnits, StagingGrowsForWriteBehindWithinTheHostBudget) {
   // 832 KiB); a group's pieces are three units' W, M, V of 768 KiB and one
   // of 48 KiB. The sixteen pieces, cut in the step's order, fill three slots
   // (9.19 MiB in 9.75): one more than the two. Counted for the worst order
-  // (a piece's room lost at each slot's end) it would be four more.
+  // (a piece's room lost at each slot's end) it would be two more.
   const uint64_t slot = 4 * 832 * 1024;
   EXPECT_EQ(grown.engine->stats().host.used, base + slot) << "\"auto\" did not grow the step's staging by one slot";
   EXPECT_EQ(tight.engine->stats().host.used, base) << "the staging grew with no room in the host budget";

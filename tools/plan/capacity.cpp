@@ -277,7 +277,10 @@ void EngineLayoutOf(const ModelSpec& model, const Layout& l, const ClusterSpec& 
   el->gdtype = config.grad_dtype();
   el->compact = config.strata.state_format == "compact";
   el->home[int(StateKind::kP)] = h.p;
-  el->home[int(StateKind::kG)] = h.g;
+  // G as the engine's build homes it: with the GPU's optimizer (opt_home
+  // on the device) that is host memory, not the device the plan counts G's
+  // bytes on (the device's copy is the trainer's).
+  el->home[int(StateKind::kG)] = h.gpu_optimizer ? strata::GradHome(config.strata.grad_home, h.opt, true) : h.g;
   for (StateKind s : {StateKind::kW, StateKind::kM, StateKind::kV}) el->home[int(s)] = h.opt;
   for (size_t g = 0; g < model.groups.size(); ++g)
     (void)el->part.Add(static_cast<int>(g), model.groups[g].name, model.groups[g].numel);  // (MakeLayout took them)
