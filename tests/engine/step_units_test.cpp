@@ -293,16 +293,21 @@ TEST(StepUnits, CheckpointsMoveBetweenUnitsAndWholeGroups) {
   ExpectSame(State(*whole.engine), State(*units.engine), "whole groups' checkpoint in units");
 }
 
+// The pools' own tests' host tier: 64 MiB, unpinned.
+HostTierOptions PoolHost() {
+  HostTierOptions ho;
+  ho.budget = 64 * 1024 * 1024;
+  ho.pin = false;
+  ho.numa_bind = false;
+  return ho;
+}
+
 // The pool's pieces: cut from one buffer after another, never overlapping,
 // of the sizes asked (4096 multiples); a buffer comes back whole (to
 // Acquire) only once every piece of it is back; the reclaim runs before a
 // piece wait.
 TEST(StagingPieces, CutInOrderAndComeBackWhole) {
-  HostTierOptions ho;
-  ho.budget = 64 * 1024 * 1024;
-  ho.pin = false;
-  ho.numa_bind = false;
-  HostTier host(ho);
+  HostTier host(PoolHost());
   StagingPool pool;
   constexpr uint64_t kB = 5 * 65536;
   ASSERT_TRUE(pool.Init(&host, 2, kB).ok());
@@ -362,17 +367,24 @@ TEST(StagingPieces, CutInOrderAndComeBackWhole) {
   pool.Release(b);
 }
 
+// Cuts `run`'s pieces in order (TryAcquirePiece) until one fails; those cut
+// in `cut`. Whether all were.
+bool CutAll(StagingPool& pool, const std::vector<uint64_t>& run, std::vector<void*>* cut) {
+  for (uint64_t b : run) {
+    void* p = pool.TryAcquirePiece(b);
+    if (!p) return false;
+    cut->push_back(p);
+  }
+  return true;
+}
+
 // What the pool says of a run of pieces before it is cut is what cutting
 // does: BuffersForPieces is the buffers an idle pool's cuts open, in order;
 // HoldsInOrder, from any state (a buffer part cut, pieces of an earlier
 // run still lent), is whether every cut succeeds. Random runs, against the
 // pool itself.
 TEST(StagingPieces, TheCountIsTheCutting) {
-  HostTierOptions ho;
-  ho.budget = 64 * 1024 * 1024;
-  ho.pin = false;
-  ho.numa_bind = false;
-  HostTier host(ho);
+  HostTier host(PoolHost());
   constexpr uint64_t kB = 10 * 4096;
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<uint64_t> size(1, kB);
@@ -396,15 +408,7 @@ TEST(StagingPieces, TheCountIsTheCutting) {
     for (auto& b : run) b = size(rng);
     const bool holds = pool.HoldsInOrder(run);
     std::vector<void*> cut;
-    bool all = true;
-    for (uint64_t b : run) {
-      void* p = pool.TryAcquirePiece(b);
-      if (!p) {
-        all = false;
-        break;
-      }
-      cut.push_back(p);
-    }
+    const bool all = CutAll(pool, run, &cut);
     ASSERT_EQ(holds, all) << "trial " << trial << ": HoldsInOrder said " << holds;
     (holds ? fitted : refused)++;
     for (void* p : cut) pool.ReleasePiece(p);
@@ -423,27 +427,14 @@ TEST(StagingPieces, TheCountIsTheCutting) {
     pool.SetPieces();
     EXPECT_TRUE(pool.HoldsInOrder(run));
     std::vector<void*> cut;
-    for (uint64_t b : run) {
-      void* p = pool.TryAcquirePiece(b);
-      ASSERT_NE(p, nullptr) << "trial " << trial << ": " << n << " buffers do not hold the run";
-      cut.push_back(p);
-    }
+    ASSERT_TRUE(CutAll(pool, run, &cut)) << "trial " << trial << ": " << n << " buffers do not hold the run";
     StagingPool fewer;
     if (n > 1) {
       ASSERT_TRUE(fewer.Init(&host, static_cast<int>(n - 1), kB).ok());
       fewer.SetPieces();
       EXPECT_FALSE(fewer.HoldsInOrder(run));
-      bool all = true;
       std::vector<void*> got;
-      for (uint64_t b : run) {
-        void* p = fewer.TryAcquirePiece(b);
-        if (!p) {
-          all = false;
-          break;
-        }
-        got.push_back(p);
-      }
-      EXPECT_FALSE(all) << "trial " << trial << ": " << n - 1 << " buffers hold the run: the count is high";
+      EXPECT_FALSE(CutAll(fewer, run, &got)) << "trial " << trial << ": " << n - 1 << " buffers hold the run: the count is high";
       for (void* p : got) fewer.ReleasePiece(p);
     }
     for (void* p : cut) pool.ReleasePiece(p);
