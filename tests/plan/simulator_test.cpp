@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "base/align.h"
 #include "tools/plan/fixtures.h"
@@ -173,6 +174,42 @@ TEST(Simulator, Deterministic) {
   EXPECT_EQ(a->pcie_bytes, b->pcie_bytes);
   EXPECT_EQ(a->network_bytes, b->network_bytes);
   EXPECT_EQ(a->speculated_groups, b->speculated_groups);
+}
+
+// Write-behind (strata.write_behind "auto": one rank, W, M, V on NVMe in
+// units, G and P in host memory): the step returns once every unit is
+// updated, and its W, M, V writes go on beside the next forward (Run books
+// the last step's at the step's start, before the forward's reads). Against
+// "never" (the writes before the step returns): the same bytes, a shorter
+// step, and "auto" speculation that does not speculate (the engine's
+// StartOverlap), where without write-behind it does.
+TEST(Simulator, WriteBehindTakesTheWritesOffTheStep) {
+  const ModelSpec m = PresetModel("gpt2").value();
+  const ClusterSpec c = PresetCluster("local").value();
+  auto cfg = [](const char* wb) {
+    Config k = Cfg(3, "cpu", "nvme", std::string(R"("strata": {"grad_home": "host", "write_behind": ")") + wb + "\"}, ");
+    k.zero.sub_group_size = 3000000;  // (3 units in each 7.09 Mi-element block: pieces)
+    return k;
+  };
+  auto behind = Simulate(m, c, cfg("auto"), {});
+  auto before = Simulate(m, c, cfg("never"), {});
+  ASSERT_TRUE(behind.ok() && before.ok());
+  auto cap = ComputeCapacity(m, c, cfg("auto"));
+  ASSERT_TRUE(cap.ok());
+  EXPECT_TRUE(cap->writes_behind);
+  EXPECT_FALSE(ComputeCapacity(m, c, cfg("never"))->writes_behind);
+  std::printf("gpt2, nvme, one rank: step %.3f s writing behind, %.3f s writing before it returns; after backward "
+              "%.3f against %.3f s\n", behind->step_s, before->step_s, behind->optimizer_s, before->optimizer_s);
+  EXPECT_EQ(behind->disk_write_bytes, before->disk_write_bytes);
+  EXPECT_EQ(behind->disk_read_bytes, before->disk_read_bytes);
+  EXPECT_LT(behind->optimizer_s, before->optimizer_s) << "the writes are still in the step's part after backward";
+  EXPECT_LT(behind->step_s, before->step_s);
+  auto behind_over = Simulate(m, c, cfg("auto"), {.overlap_step = true});
+  auto before_over = Simulate(m, c, cfg("never"), {.overlap_step = true});
+  ASSERT_TRUE(behind_over.ok() && before_over.ok());
+  EXPECT_EQ(behind_over->speculated_rate, 0.0) << "\"auto\" speculates where the step writes behind";
+  EXPECT_GT(before_over->speculated_rate, 0.0);
+  EXPECT_EQ(behind_over->step_s, behind->step_s);
 }
 
 using Xl = XlOnOneA100;

@@ -374,17 +374,20 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
   // slots, until every unit's W, M, V fits them at once, where the host
   // budget has that much left after everything else; none under
   // speculation "always" with the overlapped step (its room comes first).
-  if (!h.gpu_optimizer && step_slots > 0 && WriteBehindAllowed(config, l.world_size > 1) &&
-      !(overlap_step && config.strata.speculation == "always")) {
+  // The step writes behind where the slots, grown or not, hold them.
+  if (!h.gpu_optimizer && step_slots > 0 && WriteBehindAllowed(config, l.world_size > 1)) {
     std::vector<int> groups(model.groups.size());
     std::iota(groups.begin(), groups.end(), 0);  // (the plan freezes none)
     const std::vector<uint64_t> pieces = BehindPieces(el, NvmePadded, groups);
-    const int64_t slots = pieces.empty() ? 0 : BuffersForPieces(pieces, step_slot);
+    const int64_t slots = pieces.empty() ? -1 : BuffersForPieces(pieces, step_slot);
     const int64_t extra = slots - static_cast<int64_t>(step_slots);
+    c.writes_behind = slots >= 0 && extra <= 0;
     const uint64_t used = c.Used(TierKind::kHost), cost = extra > 0 ? static_cast<uint64_t>(extra) * step_slot : 0;
-    if (cost > 0 && used <= host && cost <= host - used) {
+    if (slots >= 0 && cost > 0 && used <= host && cost <= host - used &&
+        !(overlap_step && config.strata.speculation == "always")) {
       Add(c, PlanState::kStaging, TierKind::kHost, cost);
       c.write_behind_slots = static_cast<int>(extra);
+      c.writes_behind = true;
     }
   }
   if (overlap_step) AddSpeculation(c, l, cluster, config);

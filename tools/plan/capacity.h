@@ -78,6 +78,9 @@ struct Capacity {
   Speculation speculation;                    // empty without the overlapped step
   bool g_on_host = true;                      // G is in host memory (HomesOf's g_on_host for "auto")
   int write_behind_slots = 0;                 // step slots write-behind adds (in kStaging)
+  // The step writes behind (strata.write_behind): the step slots, with those
+  // added, hold every unit's W, M, V piece at once (the engine's CanRunBehind).
+  bool writes_behind = false;
 };
 
 // Where each state lives, from a config.

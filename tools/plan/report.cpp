@@ -80,6 +80,8 @@ std::string CapacityTable(const Capacity& cap, uint32_t ranks) {
     s += "staging includes " + std::to_string(cap.write_behind_slots) +
          " step slots that strata.write_behind adds from the host budget's rest, so that the step returns "
          "before its W, M, V are written\n";
+  else if (cap.writes_behind)
+    s += "the step slots hold every unit's W, M, V: the step returns before they are written (strata.write_behind)\n";
   s += cap.Fits() ? "=> fits\n" : "=> does not fit:";
   for (const auto& p : cap.Problems()) s += " " + p + ";";
   if (!cap.Fits()) s += "\n";
@@ -224,6 +226,7 @@ nlohmann::ordered_json CapacityJson(const Capacity& cap) {
     j["per_rank"][TierName(TierKind(t))] = tier;
   }
   j["write_behind_slots"] = cap.write_behind_slots;
+  j["writes_behind"] = cap.writes_behind;
   j["fits"] = cap.Fits();
   return j;
 }

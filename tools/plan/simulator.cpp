@@ -33,7 +33,8 @@ class StepSim {
 
   StepSim(const ModelSpec& m, const Layout& l, const Capacity& cap, const ClusterSpec& c, const Config& cfg,
           const SimOptions& o, Finish finish)
-      : m_(m), l_(l), c_(c), cfg_(cfg), o_(o), h_(HomesOf(cfg, c, cap.g_on_host)), spec_(cap.speculation), finish_(finish) {
+      : m_(m), l_(l), c_(c), cfg_(cfg), o_(o), h_(HomesOf(cfg, c, cap.g_on_host)), spec_(cap.speculation), finish_(finish),
+        behind_(cap.writes_behind && finish == Finish::kPlain) {
     n_ = static_cast<int>(l.group_numel.size());
     world_ = static_cast<double>(l.world_size);
     dp_ = static_cast<double>(DTypeSize(cfg.compute_dtype()));
@@ -56,6 +57,15 @@ class StepSim {
 
   SimResult Run() {
     double t = 0;
+    // Write-behind: the last step's checksums and W, M, V writes (this
+    // step's bytes, in steady state) go on at this step's start, beside the
+    // forward; every NVMe read waits for them (the engine's gate: first
+    // come, first served on the disk here).
+    if (behind_)
+      for (int g = 0; g < n_; ++g)
+        ForEachStore(g, [&](TierKind home, double bytes) {
+          if (home == TierKind::kNvme) DiskWrite(Checksum(0, bytes), bytes);
+        });
     if (!o_.optimizer_only)
       t = ForwardBackward();
     else
@@ -358,7 +368,8 @@ class StepSim {
     struct Unmixed {  // for the length of this step
       bool& flag;
       ~Unmixed() { flag = false; }
-    } unmixed{step_unmixed_ = cfg_.strata.step_io == "alternate"};
+    } unmixed{step_unmixed_ = cfg_.strata.step_io == "alternate" || behind_};
+    if (behind_) return OptimizerBehind(order, t);
     const int k = static_cast<int>(std::clamp<uint64_t>(cfg_.zero.offload_optimizer.buffer_count, 3, 16));
     if (step_unmixed_) return OptimizerAlternate(order, t, k);
     std::vector<double> loads(static_cast<size_t>(n), -1), stores(static_cast<size_t>(n), 0);
@@ -379,6 +390,17 @@ class StepSim {
     }
     for (int i = std::max(n + 2 - k, 0); i < n; ++i)
       t = PShadowCopy(order[static_cast<size_t>(i)], std::max(t, stores[static_cast<size_t>(i)]));
+    return t;
+  }
+
+  // Write-behind (StepPipeline::RunBehind): every job's loads at once, each
+  // into a piece of its own, then each job verified and updated as its
+  // loads land; the step returns there. Its writes are the next step's
+  // (Run books them at its start).
+  double OptimizerBehind(const std::vector<int>& order, double t) {
+    std::vector<double> landed;
+    for (int g : order) landed.push_back(JobLoads(g, t));
+    for (size_t i = 0; i < order.size(); ++i) t = JobUpdate(order[i], JobVerify(order[i], std::max(t, landed[i])));
     return t;
   }
 
@@ -491,6 +513,7 @@ class StepSim {
   double world_ = 1, dp_ = 2, cks_ = kInf, room_ = 0, used_ = 0;
   StateBytes sb_;
   bool fetched_ = false, step_unmixed_ = false, speculating_ = false;
+  const bool behind_;  // the step writes behind (Capacity::writes_behind), without overlap
   Timeline res_[kNumSimResources];
   PrefetchSchedule sched_;
   std::vector<CopyState> state_;
@@ -544,13 +567,16 @@ SimResult Simulate(const ModelSpec& model, const Layout& layout, const Capacity&
   // was kept and at most one of the three before it was not, with
   // probability S = (1 - R) ((1 - R)^3 + 3 R (1 - R)^2); of those, R replay.
   // Without a GPU, with W, M, V in host memory, "auto" never speculates (the
-  // engine's StartOverlap: its backups would cost what the update does).
+  // engine's StartOverlap: its backups would cost what the update does), nor
+  // where the step writes behind.
   const double rr = std::clamp(options.replay_rate, 0.0, 1.0);
   double spec = 1.0;
   if (config.strata.speculation == "never") spec = 0.0;
   else if (config.strata.speculation == "auto" && !cluster.has_gpu &&
            HomesOf(config, cluster, cap->g_on_host).opt != TierKind::kNvme)
     spec = 0.0;
+  else if (config.strata.speculation == "auto" && cap->writes_behind)
+    spec = 0.0;  // (StartOverlap: where the step writes behind, its writes are hidden without speculation)
   else if (config.strata.speculation == "auto")
     spec = (1 - rr) * (std::pow(1 - rr, 3) + 3 * rr * std::pow(1 - rr, 2));
   const double w_commit = spec * (1 - rr), w_replay = spec * rr, w_plain = 1 - spec;
