@@ -71,6 +71,16 @@ class StepSim {
     else
       std::fill(grads_.begin(), grads_.end(), 1);
     r_.forward_backward_s = t;
+    // A step that does not speculate under overlap_step reads its W, M, V
+    // ahead from prepare_step (backward's start) into free step slots
+    // (StepPipeline::ReadAhead), in what the disk leaves free; writing
+    // behind, the slots hold every job's. (Elsewhere the slots hold a few
+    // jobs ahead: not modelled.)
+    if (behind_ && o_.overlap_step && !o_.optimizer_only) {
+      speculating_ = true;  // (into the gaps: backward's own reads go first)
+      for (int g = 0; g < n_; ++g) ahead_.push_back(JobLoads(g, backward_start_));
+      speculating_ = false;
+    }
     std::vector<int> all(static_cast<size_t>(n_)), rest;
     for (int g = 0; g < n_; ++g) {
       all[static_cast<size_t>(g)] = g;
@@ -309,6 +319,7 @@ class StepSim {
       act_.BeginMicroBatch();
       for (size_t k = 0; k < uses.size(); ++k) {
         const GroupUse& u = uses[k];
+        if (last && u.grads && backward_start_ < 0) backward_start_ = t;  // (prepare_step: before backward)
         if (u.fetch) t = Fetch(u.group, t);
         if (u.grads) t = act_.Redeem(u.group, t, &r_);
         t = Compute(u, t);
@@ -399,7 +410,8 @@ class StepSim {
   // (Run books them at its start).
   double OptimizerBehind(const std::vector<int>& order, double t) {
     std::vector<double> landed;
-    for (int g : order) landed.push_back(JobLoads(g, t));
+    for (int g : order)
+      landed.push_back(static_cast<size_t>(g) < ahead_.size() ? ahead_[static_cast<size_t>(g)] : JobLoads(g, t));
     for (size_t i = 0; i < order.size(); ++i) t = JobUpdate(order[i], JobVerify(order[i], std::max(t, landed[i])));
     return t;
   }
@@ -514,6 +526,8 @@ class StepSim {
   StateBytes sb_;
   bool fetched_ = false, step_unmixed_ = false, speculating_ = false;
   const bool behind_;  // the step writes behind (Capacity::writes_behind), without overlap
+  double backward_start_ = -1;  // the last micro-batch's backward begins (ForwardBackward)
+  std::vector<double> ahead_;   // per group: its W, M, V read ahead during backward, landed
   Timeline res_[kNumSimResources];
   PrefetchSchedule sched_;
   std::vector<CopyState> state_;
@@ -546,6 +560,11 @@ SimResult Simulate(const ModelSpec& model, const Layout& layout, const Capacity&
   };
   SimResult plain = StepSim(model, layout, capacity, cluster, config, options, Finish::kPlain).Run();
   plain.plain = times(plain);
+  if (options.overlap_step && capacity.writes_behind) {  // (without overlap_step: no prepare_step, no read-ahead)
+    SimOptions without = options;
+    without.overlap_step = false;
+    plain.plain = times(StepSim(model, layout, capacity, cluster, config, without, Finish::kPlain).Run());
+  }
   plain.groups = static_cast<int>(layout.group_numel.size());
   if (!options.overlap_step || options.optimizer_only) return plain;
 
