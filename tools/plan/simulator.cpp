@@ -61,24 +61,28 @@ class StepSim {
     // step's bytes, in steady state) go on at this step's start, beside the
     // forward; every NVMe read waits for them (the engine's gate: first
     // come, first served on the disk here).
-    if (behind_)
+    if (behind_) {
+      step_unmixed_ = true;  // (nothing else on the disk: every other NVMe move waits for them)
       for (int g = 0; g < n_; ++g)
         ForEachStore(g, [&](TierKind home, double bytes) {
-          if (home == TierKind::kNvme) DiskWrite(Checksum(0, bytes), bytes);
+          if (home == TierKind::kNvme) writes_end_ = std::max(writes_end_, DiskWrite(Checksum(0, bytes), bytes));
         });
+      step_unmixed_ = false;
+    }
     if (!o_.optimizer_only)
       t = ForwardBackward();
     else
       std::fill(grads_.begin(), grads_.end(), 1);
     r_.forward_backward_s = t;
     // A step that does not speculate under overlap_step reads its W, M, V
-    // ahead from prepare_step (backward's start) into free step slots
-    // (StepPipeline::ReadAhead), in what the disk leaves free; writing
-    // behind, the slots hold every job's. (Elsewhere the slots hold a few
-    // jobs ahead: not modelled.)
+    // ahead from prepare_step (before the step's first gradients: strata.torch
+    // and strata-train call it as backward begins) into free step slots
+    // (StepPipeline::ReadAhead), in what the disk leaves free, once the last
+    // step's writes have landed (DiskRead); writing behind, the slots hold
+    // every job's. (Elsewhere the slots hold a few jobs ahead: not modelled.)
     if (behind_ && o_.overlap_step && !o_.optimizer_only) {
       speculating_ = true;  // (into the gaps: backward's own reads go first)
-      for (int g = 0; g < n_; ++g) ahead_.push_back(JobLoads(g, backward_start_));
+      for (int g = 0; g < n_; ++g) ahead_.push_back(JobLoads(g, std::max(backward_start_, 0.0)));
       speculating_ = false;
     }
     std::vector<int> all(static_cast<size_t>(n_)), rest;
@@ -132,6 +136,7 @@ class StepSim {
   double DiskFactor() const { return step_unmixed_ ? 1.0 : c_.nvme_mixed_factor; }
   double DiskRead(double t, double bytes) {
     r_.disk_read_bytes += static_cast<uint64_t>(bytes);
+    t = std::max(t, writes_end_);  // writing behind: every read waits for the last step's writes (the gate)
     return Use(SimResource::kDisk, t, DiskFactor() * bytes / c_.RankNvmeRead());
   }
   double DiskWrite(double t, double bytes) {
@@ -319,7 +324,7 @@ class StepSim {
       act_.BeginMicroBatch();
       for (size_t k = 0; k < uses.size(); ++k) {
         const GroupUse& u = uses[k];
-        if (last && u.grads && backward_start_ < 0) backward_start_ = t;  // (prepare_step: before backward)
+        if (u.grads && backward_start_ < 0) backward_start_ = t;  // (prepare_step: before the step's first gradients)
         if (u.fetch) t = Fetch(u.group, t);
         if (u.grads) t = act_.Redeem(u.group, t, &r_);
         t = Compute(u, t);
@@ -526,7 +531,8 @@ class StepSim {
   StateBytes sb_;
   bool fetched_ = false, step_unmixed_ = false, speculating_ = false;
   const bool behind_;  // the step writes behind (Capacity::writes_behind), without overlap
-  double backward_start_ = -1;  // the last micro-batch's backward begins (ForwardBackward)
+  double backward_start_ = -1;  // the step's first backward begins (ForwardBackward)
+  double writes_end_ = 0;       // writing behind: the last step's writes have landed (Run)
   std::vector<double> ahead_;   // per group: its W, M, V read ahead during backward, landed
   Timeline res_[kNumSimResources];
   PrefetchSchedule sched_;
@@ -603,7 +609,9 @@ SimResult Simulate(const ModelSpec& model, const Layout& layout, const Capacity&
   const auto mix_bytes = [&](uint64_t a, uint64_t b, uint64_t c) {
     return static_cast<uint64_t>(mix3(static_cast<double>(a), static_cast<double>(b), static_cast<double>(c)) + 0.5);
   };
-  SimResult r = commit;  // fetches and stalls: backward is the same either way
+  // Fetches and stalls: backward is the same either way, but for a step
+  // that writes behind (plain only): where none speculates, plain's.
+  SimResult r = spec > 0 ? commit : plain;
   r.step_s = mix3(commit.step_s, replay.step_s, plain.step_s);
   r.forward_backward_s = mix3(commit.forward_backward_s, replay.forward_backward_s, plain.forward_backward_s);
   r.optimizer_s = mix3(commit.optimizer_s, replay.optimizer_s, plain.optimizer_s);

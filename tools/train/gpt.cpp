@@ -149,6 +149,7 @@ bool Gpt::TrainStep(strata_engine_t* e, const int32_t* inputs, const int32_t* ta
                         "stash", error))
       return false;
   }
+  if (before_backward && !before_backward(error)) return false;
   // Head (tied to wte, which group 0 holds): loss and its backward.
   if (!FetchF32(e, 0, &embed_, error)) return false;
   t0 = Now();

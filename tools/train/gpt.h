@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,10 @@ class GptModel {
   virtual ~GptModel() = default;
   // One forward and backward pass on (inputs, targets), (B, T) each, host
   // memory; the gradients, times `loss_scale`, go to the engine group by group.
+  // `before_backward`, when set, runs between the two, before the step's
+  // first gradients (the loop's prepare_step: the last step's writes left
+  // behind go on beside this forward); false fails the step with its error.
+  std::function<bool(std::string* error)> before_backward;
   virtual bool TrainStep(strata_engine_t* e, const int32_t* inputs, const int32_t* targets, double loss_scale,
                          double* loss, std::string* error) = 0;
   virtual double compute_seconds() const = 0;  // in the kernels, cumulative

@@ -159,6 +159,10 @@ Status GptCuda::Step(strata_engine_t* e, const int32_t* inputs, const int32_t* t
       cudaMemcpyAsync(targets_.get(), targets, N * sizeof(int32_t), cudaMemcpyHostToDevice, ctx().stream),
       "cudaMemcpyAsync targets"));
   STRATA_RETURN_IF_ERROR(Forward(e));
+  if (before_backward) {
+    std::string why;
+    if (!before_backward(&why)) return InternalError(why);
+  }
   STRATA_RETURN_IF_ERROR(Head(e, static_cast<float>(loss_scale)));
   STRATA_RETURN_IF_ERROR(Backward(e));
   double sum = 0;  // the per-token losses came back in Head; summed in order, in fp64, as the CPU head does

@@ -268,8 +268,16 @@ int Run(Args a) {
     double loss = 0;
     strata_step_options_t so = STRATA_STEP_OPTIONS_INIT;
     so.lr = LrAt(a, s);
-    // The step's options before its first gradients: the overlapped updates use them.
-    if (!a.no_overlap_step && strata_engine_prepare_step(e, &so) != STRATA_OK) return Fail(strata_last_error());
+    // The step's options before its first gradients: the overlapped updates
+    // use them. Given after the forward, not before it: prepare_step waits
+    // for the last step's writes left behind (strata.write_behind), which so
+    // go on beside the forward, and reads the step's W, M, V ahead during
+    // backward.
+    gpt.before_backward = [&](std::string* why) {
+      if (a.no_overlap_step || strata_engine_prepare_step(e, &so) == STRATA_OK) return true;
+      *why = strata_last_error();
+      return false;
+    };
     if (!gpt.TrainStep(e, inputs.data(), targets.data(), loss_scale * grad_factor, &loss, &error)) return Fail(error);
     strata_step_result_t r = STRATA_STEP_RESULT_INIT;
     if (strata_engine_step(e, &so, &r) != STRATA_OK) return Fail(strata_last_error());
