@@ -186,12 +186,26 @@ TEST(Simulator, Deterministic) {
 // speculate reads ahead during backward.
 TEST(Simulator, WriteBehindTakesTheWritesOffTheStep) {
   const ModelSpec m = PresetModel("gpt2").value();
-  const ClusterSpec c = PresetCluster("local").value();
-  auto cfg = [](const char* wb) {
-    Config k = Cfg(3, "cpu", "nvme", std::string(R"("strata": {"grad_home": "host", "write_behind": ")") + wb + "\"}, ");
-    k.zero.sub_group_size = 3000000;  // (3 units in each 7.09 Mi-element block: pieces)
+  ClusterSpec c = PresetCluster("local").value();
+  c.host_bytes = uint64_t{16} << 30;  // (not this machine's RAM: the slots added must fit)
+  auto cfg = [](const char* wb, const std::string& more = "") {
+    Config k = Cfg(3, "cpu", "nvme",
+                   std::string(R"("strata": {"grad_home": "host", "write_behind": ")") + wb + "\"" + more + "}, ");
+    k.zero.sub_group_size = 3000000;  // (3 units in each 7.09 M-element block: pieces)
     return k;
   };
+  // Where the slots must grow and cannot, it does not write behind: a host
+  // budget without room for them, or speculation "always" with the
+  // overlapped step (its room comes first).
+  auto tight = ComputeCapacity(m, c, cfg("auto", R"(, "host_budget": "1GiB")"));
+  ASSERT_TRUE(tight.ok());
+  EXPECT_FALSE(tight->writes_behind);
+  EXPECT_EQ(tight->write_behind_slots, 0);
+  Result<Layout> lay = MakeLayout(m, 1);
+  ASSERT_TRUE(lay.ok());
+  const Capacity always =
+      ComputeCapacity(m, *lay, c, cfg("auto", R"(, "speculation": "always")"), /*overlap_step=*/true);
+  EXPECT_FALSE(always.writes_behind);
   auto behind = Simulate(m, c, cfg("auto"), {});
   auto before = Simulate(m, c, cfg("never"), {});
   ASSERT_TRUE(behind.ok() && before.ok());
