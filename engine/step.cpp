@@ -121,8 +121,13 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
     stats_->OnSpeculationDeclined();
     STRATA_LOG_DEBUG("overlap_step: step {} does not speculate: {}", step_.applied + 1, why);
     // It updates after backward: its first groups' W, M, V on NVMe come
-    // into the idle step slots while backward runs.
-    pipeline_->ReadAhead(StepOrder());
+    // into the idle step slots while backward runs. In index order, the
+    // order GrowStagingBehind counted the pieces in: a cohort that lags
+    // (first in StepOrder) would cut them in another, which the slots may
+    // not hold at once, and the step could not write behind.
+    std::vector<int> order = StepOrder();
+    std::sort(order.begin(), order.end());
+    pipeline_->ReadAhead(order);
   }
   return Status::Ok();
 }
@@ -276,10 +281,10 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
     // after the step returns (strata.write_behind).
     bool behind = cohorts.size() == 1 && WritesBehind(groups);
     if (behind && !pipeline_->BehindFitsNow(groups)) {
-      // Where the read-ahead cut its pieces in another order than the run's
-      // (a cohort that lagged a step comes first in StepOrder; a piece given
-      // back because its loads failed is cut again later), next fit may need
-      // a slot more than the build counted: said, once, not hidden.
+      // Where the pieces were cut in another order than the build counted (a
+      // read-ahead piece given back because its loads failed is cut again
+      // later, by the run), next fit may need a slot more: said, once, not
+      // hidden.
       behind = false;
       if (!std::exchange(behind_short_said_, true))
         STRATA_LOG_WARN("write_behind: step {}: the step staging's free pieces do not hold the step's W, M, V at "
