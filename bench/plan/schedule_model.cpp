@@ -237,6 +237,33 @@ void Overlap(Report& rep) {
   rep.Near("no swap room for speculation: the plain step", rz.committed.exposed_s, pz.optimizer_s, 1e-12);
 }
 
+// Write-behind (tests/plan/simulator_test.cpp has its bytes and policy):
+// the step's writes leave its part after backward for the next forward, and
+// with overlap_step (a step that does not speculate) its reads go ahead
+// during backward; "without overlap" is the step without either read-ahead.
+void WriteBehind(Report& rep) {
+  const WriteBehindScenario x;
+  auto cfg = [](const char* wb) {
+    auto k = WriteBehindScenario::Cfg(wb);
+    if (!k.ok()) {
+      std::fprintf(stderr, "config: %s\n", k.status().ToString().c_str());
+      std::exit(1);
+    }
+    return *k;
+  };
+  const SimResult behind = Sim(x.m, x.c, cfg("auto"), {}), before = Sim(x.m, x.c, cfg("never"), {});
+  rep.Holds("write-behind: the step after backward < writing before it returns",
+            behind.optimizer_s < before.optimizer_s, behind.optimizer_s, before.optimizer_s);
+  rep.Holds("write-behind: the step < writing before it returns", behind.step_s < before.step_s, behind.step_s,
+            before.step_s);
+  const SimResult over = Sim(x.m, x.c, cfg("auto"), {.overlap_step = true});
+  rep.Holds("write-behind, overlap_step: read ahead, less after backward", over.optimizer_s < behind.optimizer_s,
+            over.optimizer_s, behind.optimizer_s);
+  rep.Near("write-behind, overlap_step: 'without overlap' is the plain step", over.plain.iteration_s, behind.step_s,
+           1e-12);
+  rep.Near("write-behind, overlap_step: and its part after backward", over.plain.exposed_s, behind.optimizer_s, 1e-12);
+}
+
 // Activation offload runs beside the layers; a disk too slow for it stalls.
 void Activations(Report& rep) {
   const ModelSpec m = PresetModel("gpt2-medium").value();
@@ -268,6 +295,7 @@ int main() {
   Alternate(rep);
   OneTrillion(rep);
   Overlap(rep);
+  WriteBehind(rep);
   Activations(rep);
   std::printf("schedule_model figures=%d relations=%d failed=%d worst_ratio=%.6f\n", rep.figures, rep.relations,
               rep.failed, rep.worst);

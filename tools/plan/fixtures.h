@@ -68,4 +68,24 @@ struct XlOnOneA100 {
   }();
 };
 
+// Write-behind's scenario: GPT-2 (86M) on one rank of the "local" preset
+// with 16 GiB of RAM (not this machine's), P and G in host memory, W, M, V
+// on NVMe stepped in units of 3M elements (three to each 7.09 M-element
+// block: pieces), strata.write_behind `wb`; `more` adds keys to "strata"
+// (with their leading comma).
+struct WriteBehindScenario {
+  ModelSpec m = PresetModel("gpt2").value();
+  ClusterSpec c = [] {
+    ClusterSpec x = PresetCluster("local").value();
+    x.host_bytes = uint64_t{16} << 30;
+    return x;
+  }();
+  static Result<Config> Cfg(const char* wb, const std::string& more = "") {
+    auto k = FixtureConfig(3, "cpu", "nvme",
+                           std::string(R"("strata": {"grad_home": "host", "write_behind": ")") + wb + "\"" + more + "}, ");
+    if (k.ok()) k->zero.sub_group_size = 3000000;
+    return k;
+  }
+};
+
 }  // namespace strata::plan
