@@ -7,7 +7,6 @@
 #include "tools/plan/simulator.h"
 
 #include <algorithm>
-#include <cmath>
 #include <deque>
 #include <iterator>
 #include <limits>
@@ -16,6 +15,7 @@
 
 #include "engine/residency/prefetch.h"
 #include "tools/plan/activation_sim.h"
+#include "tools/plan/speculation_mix.h"
 #include "tools/plan/timeline.h"
 
 namespace strata::plan {
@@ -561,15 +561,12 @@ const char* SimResourceName(SimResource r) {
 SimResult Simulate(const ModelSpec& model, const Layout& layout, const Capacity& capacity,
                    const ClusterSpec& cluster, const Config& config, const SimOptions& options) {
   using Finish = StepSim::Finish;
-  const auto times = [](const SimResult& s) {
-    return StepTimes{s.step_s, s.forward_backward_s, s.optimizer_s};
-  };
   SimResult plain = StepSim(model, layout, capacity, cluster, config, options, Finish::kPlain).Run();
-  plain.plain = times(plain);
+  plain.plain = TimesOf(plain);
   if (options.overlap_step && capacity.writes_behind) {  // (without overlap_step: no prepare_step, no read-ahead)
     SimOptions without = options;
     without.overlap_step = false;
-    plain.plain = times(StepSim(model, layout, capacity, cluster, config, without, Finish::kPlain).Run());
+    plain.plain = TimesOf(StepSim(model, layout, capacity, cluster, config, without, Finish::kPlain).Run());
   }
   plain.groups = static_cast<int>(layout.group_numel.size());
   if (!options.overlap_step || options.optimizer_only) return plain;
@@ -585,49 +582,9 @@ SimResult Simulate(const ModelSpec& model, const Layout& layout, const Capacity&
   }
   const SimResult commit = StepSim(model, layout, *cap, cluster, config, options, Finish::kCommit).Run();
   const SimResult replay = StepSim(model, layout, *cap, cluster, config, options, Finish::kReplay).Run();
-  // Which steps speculate: strata.speculation, with R the fraction of steps
-  // that clip or skip, each step independently. "always": every step, so R
-  // of them replay. "never": none (they run as without overlap). "auto"
-  // (engine/step/speculation_policy.h): a step speculates when the last one
-  // was kept and at most one of the three before it was not, with
-  // probability S = (1 - R) ((1 - R)^3 + 3 R (1 - R)^2); of those, R replay.
-  // Without a GPU, with W, M, V in host memory, "auto" never speculates (the
-  // engine's StartOverlap: its backups would cost what the update does), nor
-  // where the step writes behind.
   const double rr = std::clamp(options.replay_rate, 0.0, 1.0);
-  double spec = 1.0;
-  if (config.strata.speculation == "never") spec = 0.0;
-  else if (config.strata.speculation == "auto" && !cluster.has_gpu &&
-           HomesOf(config, cluster, cap->g_on_host).opt != TierKind::kNvme)
-    spec = 0.0;
-  else if (config.strata.speculation == "auto" && cap->writes_behind)
-    spec = 0.0;  // (StartOverlap: where the step writes behind, its writes are hidden without speculation)
-  else if (config.strata.speculation == "auto")
-    spec = (1 - rr) * (std::pow(1 - rr, 3) + 3 * rr * std::pow(1 - rr, 2));
-  const double w_commit = spec * (1 - rr), w_replay = spec * rr, w_plain = 1 - spec;
-  const auto mix3 = [&](double a, double b, double c) { return w_commit * a + w_replay * b + w_plain * c; };
-  const auto mix_bytes = [&](uint64_t a, uint64_t b, uint64_t c) {
-    return static_cast<uint64_t>(mix3(static_cast<double>(a), static_cast<double>(b), static_cast<double>(c)) + 0.5);
-  };
-  // Fetches and stalls: backward is the same either way, but for a step
-  // that writes behind (plain only): where none speculates, plain's.
-  SimResult r = spec > 0 ? commit : plain;
-  r.step_s = mix3(commit.step_s, replay.step_s, plain.step_s);
-  r.forward_backward_s = mix3(commit.forward_backward_s, replay.forward_backward_s, plain.forward_backward_s);
-  r.optimizer_s = mix3(commit.optimizer_s, replay.optimizer_s, plain.optimizer_s);
-  for (size_t i = 0; i < r.busy_s.size(); ++i) r.busy_s[i] = mix3(commit.busy_s[i], replay.busy_s[i], plain.busy_s[i]);
-  r.bound = SimResource(std::max_element(r.busy_s.begin(), r.busy_s.end()) - r.busy_s.begin());
-  r.disk_read_bytes = mix_bytes(commit.disk_read_bytes, replay.disk_read_bytes, plain.disk_read_bytes);
-  r.disk_write_bytes = mix_bytes(commit.disk_write_bytes, replay.disk_write_bytes, plain.disk_write_bytes);
-  r.pcie_bytes = mix_bytes(commit.pcie_bytes, replay.pcie_bytes, plain.pcie_bytes);
-  r.network_bytes = mix_bytes(commit.network_bytes, replay.network_bytes, plain.network_bytes);
-  r.plain = plain.plain;
-  r.overlapped = true;
-  r.replay_rate = rr;
+  SimResult r = MixSteps(commit, replay, plain, SpeculatedRate(config, cluster, *cap, rr), rr);
   r.speculation = config.strata.speculation;
-  r.speculated_rate = spec;
-  r.committed = times(commit);
-  r.replayed = times(replay);
   const Speculation& s = cap->speculation;
   r.groups = plain.groups;
   r.speculated_groups = s.Groups();
