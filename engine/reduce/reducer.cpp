@@ -21,20 +21,26 @@ double ThreadCpuSeconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-// One collective's wall and CPU seconds, from construction to Report.
+// One collective's wall and CPU seconds, from construction to Report, for
+// hooks.collective (no clock is read where it is not set: one rank).
 class CollectiveClock {
  public:
-  CollectiveClock() : wall_(std::chrono::steady_clock::now()), cpu_(ThreadCpuSeconds()) {}
-  void Report(const GradReducer::Hooks& hooks, bool gather, uint64_t bytes) const {
-    if (!hooks.collective) return;
+  explicit CollectiveClock(const GradReducer::Hooks& hooks) : hooks_(hooks) {
+    if (!hooks_.collective) return;
+    wall_ = std::chrono::steady_clock::now();
+    cpu_ = ThreadCpuSeconds();
+  }
+  void Report(bool gather, uint64_t bytes) const {
+    if (!hooks_.collective) return;
     const double cpu = std::max(0.0, ThreadCpuSeconds() - cpu_);
-    hooks.collective(gather, bytes,
-                     std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_).count(), cpu);
+    hooks_.collective(gather, bytes,
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_).count(), cpu);
   }
 
  private:
-  const std::chrono::steady_clock::time_point wall_;
-  const double cpu_;
+  const GradReducer::Hooks& hooks_;
+  std::chrono::steady_clock::time_point wall_;
+  double cpu_ = 0;
 };
 
 }  // namespace
@@ -200,10 +206,10 @@ Status GradReducer::Reduce(int g, float* packed) {
   float* out = packed;
   void* host = nullptr;
   if (mem_->on_device()) out = static_cast<float*>(host = grad_staging_.Acquire());
-  const CollectiveClock clock;
+  const CollectiveClock clock(hooks_);
   Status st = ReduceBuckets(comm_, *mem_, buckets, scatter_, L.shard_numel, layout_.srank, packed, out);
   // The packed input: the padded group (every rank's shard, for a reduce-scatter).
-  if (st.ok()) clock.Report(hooks_, /*gather=*/false, L.padded * sizeof(float));
+  if (st.ok()) clock.Report(/*gather=*/false, L.padded * sizeof(float));
   if (st.ok()) st = hooks_.accumulate(g, out, L.shard_numel);
   grad_staging_.Release(host);
   return st.WithContext("grads: group " + std::to_string(g) + " (" + std::to_string(buckets.size()) +
@@ -294,9 +300,9 @@ Status GradReducer::Gather(int g, void* full) {
 Status GradReducer::GatherNow(int g, void* full) {
   const uint64_t slice = layout_.group(g).shard_numel * DTypeSize(layout_.dtype);
   comm_.SetLabel("P of g" + std::to_string(g) + " s" + std::to_string(hooks_.step() - 1));
-  const CollectiveClock clock;
+  const CollectiveClock clock(hooks_);
   Status st = comm_.AllGather(static_cast<char*>(full) + static_cast<uint64_t>(layout_.srank) * slice, full, slice);
-  if (st.ok()) clock.Report(hooks_, /*gather=*/true, slice * static_cast<uint64_t>(comm_.world_size()));
+  if (st.ok()) clock.Report(/*gather=*/true, slice * static_cast<uint64_t>(comm_.world_size()));
   return st.WithContext("gathering the parameters of group " + std::to_string(g));
 }
 

@@ -112,8 +112,9 @@ class StepPipeline {
   // CanRunBehind: the staging, idle, holds every job's piece of `order`
   // cut in order (BuffersForPieces), as at build. BehindFitsNow: the pieces
   // the run would still cut, after the read-ahead's, fit what the staging
-  // has free now (StagingPool::HoldsInOrder); RunBehind requires it, since
-  // a run that held every piece and still needed one would wait on itself.
+  // has free now (StagingPool::HoldsInOrder), where CanRunBehind holds (the
+  // caller asked); RunBehind requires it, since a run that held every piece
+  // and still needed one would wait on itself.
   bool CanRunBehind(const std::vector<int>& order) const;
   bool BehindFitsNow(const std::vector<int>& order);
   // Every job's piece of `order`, in the run's order: what the staging must

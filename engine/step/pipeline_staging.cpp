@@ -120,14 +120,13 @@ bool StepPipeline::TakesPiece(int g, int u) const {
 }
 
 bool StepPipeline::BehindFitsNow(const std::vector<int>& order) {
-  if (!CanRunBehind(order)) return false;
   std::vector<uint64_t> cuts;  // the run's, in its order: a unit read ahead has its piece
   {
     std::lock_guard<std::mutex> lock(ahead_mu_);
     for (int g : order)
       for (int u = 0; u < layout_.Units(g); ++u) {
-        bool ahead = false;
-        for (const Ahead& a : ahead_) ahead = ahead || (a.group == g && a.unit == u);
+        const bool ahead =
+            std::any_of(ahead_.begin(), ahead_.end(), [&](const Ahead& a) { return a.group == g && a.unit == u; });
         if (!ahead && TakesPiece(g, u)) cuts.push_back(PieceBytes(g, u));
       }
   }
