@@ -168,6 +168,9 @@ class Engine::Impl {
   // or only looks, and a background failure breaks the engine.
   Status DrainComm(bool wait = true);
   Status AccumulateG(int group, const void* src, DType dtype, uint64_t count);
+  // G of `group`, where a reduction may leave the step's first sums of it
+  // (fp32, host memory) for AccumulateG to find in place; else null.
+  float* SumsInG(int group) const;
 
   Config config_;
   EngineOptions options_;

@@ -118,8 +118,8 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
   void* G = direct ? io_->DirectPtr(gb) : staging_.grad.Acquire();
   Status st;
   if (gs.grad_calls > 0 && !direct) st = io_->Load(gb, G);
-  if (gs.grad_calls == 0 && dtype == lay_.gdtype) {  // stored as handed in
-    std::memcpy(G, src, count * gsize);
+  if (gs.grad_calls == 0 && dtype == lay_.gdtype) {  // stored as handed in (or there already: SumsInG)
+    if (G != src) std::memcpy(G, src, count * gsize);
   } else if (gs.grad_calls == 0 && lay_.gdtype == DType::kF32) {
     st = kernels::Cast(dtype, src, DType::kF32, G, count);
   } else if (st.ok()) {
@@ -139,6 +139,13 @@ Status Engine::Impl::AccumulateG(int group, const void* src, DType dtype, uint64
   gs.finite = sq.all_finite;
   ++gs.grad_calls;
   return Status::Ok();
+}
+
+float* Engine::Impl::SumsInG(int group) const {
+  const StateBlock& gb = blocks_[static_cast<size_t>(group)][int(StateKind::kG)];
+  if (lay_.gdtype != DType::kF32 || !io_->Direct(gb) || steps_[static_cast<size_t>(group)].grad_calls > 0)
+    return nullptr;
+  return static_cast<float*>(io_->DirectPtr(gb));
 }
 
 // ---- one grads call in parts ----------------------------------------------

@@ -27,6 +27,7 @@ Status Engine::Impl::StartComponents() {
       if (st.ok()) OnGradsComplete(g);  // this rank's shard of g is reduced: its early update may go
       return st;
     };
+    h.sums_target = [this](int g) { return SumsInG(g); };
     h.step = [this] { return step_.applied + 1; };
     h.grad_calls = [this](int g) { return steps_[static_cast<size_t>(g)].grad_calls; };
     h.pin_ahead = [this](int g) { return residency_->PinForAhead(g); };

@@ -147,8 +147,12 @@ Status PackGaps(const std::map<uint64_t, uint64_t>& given, uint64_t n, int world
 Status ReduceBuckets(net::Communicator& comm, ReduceMemory& mem, const std::vector<ReduceBucket>& buckets,
                      bool scatter, uint64_t n, int piece, float* packed, float* out) {
   const uint64_t w = static_cast<uint64_t>(comm.world_size());
+  // Host memory and an `out` of its own: each bucket's sums go straight there.
+  const bool straight = !mem.on_device() && out != packed;
   for (const ReduceBucket& b : buckets) {
-    if (scatter) {
+    if (scatter && straight) {
+      STRATA_RETURN_IF_ERROR(comm.ReduceScatter(packed + w * b.first, out + b.first, b.columns));
+    } else if (scatter) {
       float* in = packed + w * b.first;
       float* mine = in + static_cast<uint64_t>(comm.rank()) * b.columns;
       STRATA_RETURN_IF_ERROR(comm.ReduceScatter(in, mine, b.columns));

@@ -78,7 +78,10 @@ Status PackGaps(const std::map<uint64_t, uint64_t>& given, uint64_t n, int world
 // Runs the buckets' collectives on `packed`, then leaves in `out` (host
 // memory; `packed` itself is allowed with host memory) the `n` sums of
 // piece `piece`: reduce-scatter, this rank's (piece = rank); all-reduce,
-// elements [piece*n, piece*n + n) of the buffer.
+// elements [piece*n, piece*n + n) of the buffer. A reduce-scatter of host
+// memory into an `out` apart from `packed` writes each bucket's sums there
+// directly (no copy after it); `packed` is then left as the backend leaves
+// it.
 Status ReduceBuckets(net::Communicator& comm, ReduceMemory& mem, const std::vector<ReduceBucket>& buckets,
                      bool scatter, uint64_t n, int piece, float* packed, float* out);
 

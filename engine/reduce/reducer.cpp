@@ -206,6 +206,7 @@ Status GradReducer::Reduce(int g, float* packed) {
   float* out = packed;
   void* host = nullptr;
   if (mem_->on_device()) out = static_cast<float*>(host = grad_staging_.Acquire());
+  else if (float* t = hooks_.sums_target ? hooks_.sums_target(g) : nullptr) out = t;  // no copy after the sums
   const CollectiveClock clock(hooks_);
   Status st = ReduceBuckets(comm_, *mem_, buckets, scatter_, L.shard_numel, layout_.srank, packed, out);
   // The packed input: the padded group (every rank's shard, for a reduce-scatter).

@@ -48,6 +48,11 @@ class GradReducer {
   struct Hooks {
     // This rank's n sums of group g's gradients (host memory, fp32) into G.
     std::function<Status(int g, const float* sums, uint64_t n)> accumulate;
+    // Where the reduction may write group g's n sums itself, so that
+    // `accumulate` finds them in place (G, when the sums are all it will
+    // hold: fp32, host memory, the step's first gradients of g), or null
+    // (a buffer of the reducer's). Asked on the thread that reduces g.
+    std::function<float*(int g)> sums_target;
     // The step number the labels name (the step in progress: applied + 1).
     std::function<int64_t()> step;
     // The grads calls group g has had in this step (the label's "#k").

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -60,7 +61,9 @@ struct Case {
 
 // One rank's reducer and what its accumulate hook received.
 struct RankRig {
-  RankRig(net::Communicator& comm, const Case& c) : comm(comm) {
+  // `targets`: the sums_target hook gives each group a buffer of its own
+  // (NaN until the sums land), as the engine gives G.
+  RankRig(net::Communicator& comm, const Case& c, bool targets = false) : comm(comm) {
     config.zero.stage = c.stage;
     config.zero.reduce_bucket_size = c.bucket;
     config.zero.overlap_comm = c.overlap;
@@ -92,8 +95,14 @@ struct RankRig {
         return IoError("injected: accumulate of group " + std::to_string(g));
       }
       received[g].assign(sums, sums + n);
+      received_at[g] = sums;
       return Status::Ok();
     };
+    if (targets) {
+      for (int g = 0; g < layout.num_groups(); ++g)
+        target[g].assign(layout.group(g).shard_numel, std::numeric_limits<float>::quiet_NaN());
+      h.sums_target = [this](int g) { return target.at(g).data(); };
+    }
     h.step = [] { return int64_t{1}; };
     h.grad_calls = [](int) { return 0; };
     h.pin_ahead = [this](int g) { return pin_ahead ? pin_ahead(g) : nullptr; };
@@ -142,6 +151,8 @@ struct RankRig {
   StagingPool staging;
   std::mutex mu;
   std::map<int, std::vector<float>> received;
+  std::map<int, const float*> received_at;  // where the hook found them
+  std::map<int, std::vector<float>> target;  // the sums_target buffers
   std::map<int, int> calls;
   int fail_group = -1;
   std::function<void*(int)> pin_ahead;
@@ -195,6 +206,39 @@ TEST(GradReducer, TwoRanksSumTheGradientsAtEveryStageAndBucketSize) {
       }
     }
   });
+}
+
+// Where the composition gives a target (G), the sums are written there by
+// the collectives themselves, over shared memory and over TCP alike: the
+// hook finds them in place, the same bits as in the reducer's buffer.
+TEST(GradReducer, SumsLandInTheirTargetWithoutACopyOverSharedMemoryAndTcp) {
+  for (bool shm : {true, false}) {
+    std::vector<Case> cases;
+    for (int stage : {0, 1, 2})
+      for (uint64_t bucket : {uint64_t{1000}, uint64_t{500'000'000}})
+        for (bool overlap : {false, true}) cases.push_back({stage, bucket, overlap});
+    OnRanks(
+        2,
+        [&](int r, net::Communicator& comm) {
+          ASSERT_EQ(comm.shared_memory(), shm);
+          for (const Case& c : cases) {
+            RankRig rig(comm, c, /*targets=*/true);
+            for (int g = 0; g < rig.layout.num_groups(); ++g) {
+              const std::vector<float> grads = rig.Gradients(g);
+              ASSERT_TRUE(rig.reducer->Grads(g, grads.data(), DType::kF32).ok()) << c.Name();
+            }
+            Status st = rig.reducer->Drain();
+            ASSERT_TRUE(st.ok()) << c.Name() << ": " << st.ToString();
+            for (int g = 0; g < rig.layout.num_groups(); ++g) {
+              const std::string where = c.Name() + (shm ? " shm" : " tcp") + ", rank " + std::to_string(r) +
+                                        ", group " + std::to_string(g);
+              EXPECT_EQ(rig.received_at[g], rig.target[g].data()) << where << ": not found in place";
+              EXPECT_EQ(FirstDifference(rig.target[g], rig.ExpectedTwoRanks(g)), "") << where;
+            }
+          }
+        },
+        30, shm);
+  }
 }
 
 // bf16 gradients are widened exactly before the sum.

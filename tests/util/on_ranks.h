@@ -15,8 +15,10 @@
 namespace strata::testing {
 
 // Runs body(rank, comm) on `world` threads and joins them; `timeout_s`
-// bounds every collective and store wait.
-inline void OnRanks(int world, const std::function<void(int, net::Communicator&)>& body, double timeout_s = 30) {
+// bounds every collective and store wait; `shared_memory`: the ranks share
+// a segment (CommOptions::shared_memory), else TCP over loopback.
+inline void OnRanks(int world, const std::function<void(int, net::Communicator&)>& body, double timeout_s = 30,
+                    bool shared_memory = true) {
   using namespace std::chrono_literals;
   auto server = net::StoreServer::Start("127.0.0.1", 0);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
@@ -31,6 +33,7 @@ inline void OnRanks(int world, const std::function<void(int, net::Communicator&)
       o.backend = "gloo";
       o.timeout_s = timeout_s;
       o.store = client->get();
+      o.shared_memory = shared_memory;
       auto c = net::MakeCommunicator(o);
       ASSERT_TRUE(c.ok()) << c.status().ToString();
       body(r, **c);
