@@ -200,6 +200,7 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.comm_cpu_s = s.comm_cpu_s;
     f.reduced_bytes = s.reduced_bytes;
     f.gathered_bytes = s.gathered_bytes;
+    f.behind_wait_s = s.behind_wait_s;
     return WriteSized(f, "stats", stats);
   });
 }

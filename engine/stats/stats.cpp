@@ -218,6 +218,11 @@ void StatsRecorder::OnWriteBehind() {
   ++stats_.write_behind_steps;
 }
 
+void StatsRecorder::OnBehindWait(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.behind_wait_s += seconds;
+}
+
 void StatsRecorder::SetExposed(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.exposed_step_s = seconds;

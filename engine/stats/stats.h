@@ -76,6 +76,7 @@ class StatsRecorder {
   void OnSpeculationDeclined();
   void OnReadAheadUsed(uint64_t bytes);
   void OnWriteBehind();
+  void OnBehindWait(double seconds);
   void SetExposed(double seconds);
   // Figures so far; the tier fields are filled by the engine.
   EngineStats Snapshot() const;

@@ -3,6 +3,7 @@
 // backward, and write-behind: a run whose writes go on, on the pipeline's own
 // thread, after it returns, with the gate every other NVMe move waits at.
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "base/align.h"
@@ -185,8 +186,13 @@ Status StepPipeline::RunBehind(const std::vector<int>& order, double grad_scale,
 
 Status StepPipeline::WaitBehind() {
   std::unique_lock<std::mutex> lock(behind_mu_);
+  if (behind_phase_ == Behind::kIdle) return behind_failure_;
+  const auto start = std::chrono::steady_clock::now();  // a wait the stats count (behind_wait_s)
   behind_cv_.wait(lock, [&] { return behind_phase_ == Behind::kIdle; });
-  return behind_failure_;
+  Status st = behind_failure_;
+  lock.unlock();
+  stats_.OnBehindWait(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return st;
 }
 
 void StepPipeline::ClearBehind() {

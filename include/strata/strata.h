@@ -718,11 +718,17 @@ typedef struct strata_stats {
    * one rank. */
   double comm_s, comm_cpu_s;
   uint64_t reduced_bytes, gathered_bytes;
+  /* Appended. strata.write_behind: seconds the engine's calls waited for
+   * the writes a step left behind (prepare_step, step, a fetch or read of
+   * NVMe-homed state, checkpoints, state access), cumulative: 0 where
+   * every write landed beside the trainer's own work. */
+  double behind_wait_s;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
-        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0  \
+        0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0,    \
+        0.0                                                                                                \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

@@ -73,7 +73,8 @@ class _Stats(ctypes.Structure):
                  ("p_gathers", ctypes.c_uint64), ("step_read_ahead_bytes", ctypes.c_uint64),
                  ("write_behind_steps", ctypes.c_uint64)] +
                 [(n, ctypes.c_double) for n in ("comm_s", "comm_cpu_s")] +
-                [(n, ctypes.c_uint64) for n in ("reduced_bytes", "gathered_bytes")])
+                [(n, ctypes.c_uint64) for n in ("reduced_bytes", "gathered_bytes")] +
+                [("behind_wait_s", ctypes.c_double)])
 
 
 class _AdamOptions(ctypes.Structure):

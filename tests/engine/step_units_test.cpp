@@ -508,6 +508,10 @@ TEST(StepUnits, WritesGoOnBehindTheStepAndLandBeforeAnyRead) {
     if (HasFatalFailure()) return;
   }
   EXPECT_EQ(ref.engine->stats().write_behind_steps, 0u);
+  // Each read right after a step waited for its slow writes; without
+  // write-behind nothing is left to wait for.
+  EXPECT_GT(wb.engine->stats().behind_wait_s, 0.0);
+  EXPECT_EQ(ref.engine->stats().behind_wait_s, 0.0);
   wb.faults->SlowWrites(0);
 }
 
