@@ -52,9 +52,10 @@ struct EngineStats {
   // and the bytes of P it gathered (whole groups). Not at one rank.
   double comm_s = 0, comm_cpu_s = 0;
   uint64_t reduced_bytes = 0, gathered_bytes = 0;
-  // Seconds the engine's calls waited for the writes a step left behind
-  // (strata.write_behind: StepPipeline::WaitBehind, from prepare_step, step,
-  // an NVMe read's gate, checkpoints, state access), cumulative.
+  // Seconds during which the engine waited for the writes a step left
+  // behind (strata.write_behind: StepPipeline::WaitBehind, from prepare_step,
+  // step, an NVMe read's gate on any thread, checkpoints, state access),
+  // cumulative; threads waiting at once count once.
   double behind_wait_s = 0;
   // overlap_step: steps whose early updates were speculative (held until
   // the norm was known), and of those the ones committed, replayed (clipping

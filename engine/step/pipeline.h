@@ -21,6 +21,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -148,7 +149,8 @@ class StepPipeline {
   bool TakesPiece(int g, int u) const;
   PStored on_p_stored_;
   // Write-behind: the thread that runs a RunBehind, and what it reports.
-  // behind_mu_ guards behind_phase_, behind_status_, behind_failure_, behind_broken_.
+  // behind_mu_ guards behind_phase_, behind_status_, behind_failure_, behind_broken_,
+  // behind_waiters_, behind_wait_start_.
   enum class Behind { kIdle, kUpdating, kWriting };
   void Updated();  // (the behind thread) every job updated: the caller goes on
   std::thread behind_thread_;
@@ -160,6 +162,11 @@ class StepPipeline {
   Status behind_failure_;  // the writes' after it
   bool behind_updated_ = false;  // the last RunBehind reached Updated
   std::string behind_broken_;
+  // Threads in WaitBehind now (any: a call's, the prefetch's, the
+  // reduction's), and when the first of them began: the stats count the
+  // time any waited, once (behind_wait_s), not each thread's.
+  int behind_waiters_ = 0;
+  std::chrono::steady_clock::time_point behind_wait_start_;
   struct Ahead {
     int group = -1, unit = 0;
     void* slot = nullptr;

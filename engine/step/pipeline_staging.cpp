@@ -187,11 +187,17 @@ Status StepPipeline::RunBehind(const std::vector<int>& order, double grad_scale,
 Status StepPipeline::WaitBehind() {
   std::unique_lock<std::mutex> lock(behind_mu_);
   if (behind_phase_ == Behind::kIdle) return behind_failure_;
-  const auto start = std::chrono::steady_clock::now();  // a wait the stats count (behind_wait_s)
+  // The stats count the time some thread waited (behind_wait_s): from the
+  // first waiter's arrival to the last one's leaving. Every waiter of a
+  // phase leaves when it ends, so that is the union of their waits.
+  if (behind_waiters_++ == 0) behind_wait_start_ = std::chrono::steady_clock::now();
   behind_cv_.wait(lock, [&] { return behind_phase_ == Behind::kIdle; });
   Status st = behind_failure_;
+  double waited = -1;
+  if (--behind_waiters_ == 0)
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - behind_wait_start_).count();
   lock.unlock();
-  stats_.OnBehindWait(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (waited >= 0) stats_.OnBehindWait(waited);
   return st;
 }
 

@@ -718,10 +718,11 @@ typedef struct strata_stats {
    * one rank. */
   double comm_s, comm_cpu_s;
   uint64_t reduced_bytes, gathered_bytes;
-  /* Appended. strata.write_behind: seconds the engine's calls waited for
-   * the writes a step left behind (prepare_step, step, a fetch or read of
-   * NVMe-homed state, checkpoints, state access), cumulative: 0 where
-   * every write landed beside the trainer's own work. */
+  /* Appended. strata.write_behind: seconds during which the engine waited
+   * for the writes a step left behind (prepare_step, step, a fetch or read
+   * of NVMe-homed state on any of its threads, checkpoints, state access;
+   * threads waiting at once count once), cumulative: 0 where every write
+   * landed before anything needed it. */
   double behind_wait_s;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \

@@ -241,6 +241,39 @@ TEST(GradReducer, SumsLandInTheirTargetWithoutACopyOverSharedMemoryAndTcp) {
   }
 }
 
+// Three ranks (the shared-memory channel's sum out of place over more than
+// one peer, and the TCP ring's last step): the sums in their targets are
+// bitwise the sums the reducer leaves in its own buffer, at every bucket
+// size, with and without the thread.
+TEST(GradReducer, ThreeRanksSumsInTheirTargetAreTheBufferedSumsBitwise) {
+  for (bool shm : {true, false}) {
+    OnRanks(
+        3,
+        [&](int r, net::Communicator& comm) {
+          ASSERT_EQ(comm.shared_memory(), shm);
+          for (uint64_t bucket : {uint64_t{999}, uint64_t{500'000'000}})
+            for (bool overlap : {false, true}) {
+              const Case c{2, bucket, overlap};
+              RankRig plain(comm, c), straight(comm, c, /*targets=*/true);
+              for (RankRig* rig : {&plain, &straight}) {
+                for (int g = 0; g < rig->layout.num_groups(); ++g) {
+                  const std::vector<float> grads = rig->Gradients(g);
+                  ASSERT_TRUE(rig->reducer->Grads(g, grads.data(), DType::kF32).ok()) << c.Name();
+                }
+                ASSERT_TRUE(rig->reducer->Drain().ok()) << c.Name();
+              }
+              for (int g = 0; g < plain.layout.num_groups(); ++g) {
+                const std::string where = c.Name() + (shm ? " shm" : " tcp") + ", rank " + std::to_string(r) +
+                                          ", group " + std::to_string(g);
+                EXPECT_EQ(straight.received_at[g], straight.target[g].data()) << where << ": not found in place";
+                EXPECT_EQ(FirstDifference(straight.target[g], plain.Received(g)), "") << where;
+              }
+            }
+        },
+        30, shm);
+  }
+}
+
 // bf16 gradients are widened exactly before the sum.
 TEST(GradReducer, Bf16GradientsAreSummedAsTheirFp32Values) {
   OnRanks(2, [&](int r, net::Communicator& comm) {
