@@ -208,6 +208,20 @@ TEST(GradReducer, TwoRanksSumTheGradientsAtEveryStageAndBucketSize) {
   });
 }
 
+// Every group's gradients of this rank through the rig's reducer, drained.
+void ReduceEveryGroup(RankRig& rig, const Case& c) {
+  for (int g = 0; g < rig.layout.num_groups(); ++g) {
+    const std::vector<float> grads = rig.Gradients(g);
+    ASSERT_TRUE(rig.reducer->Grads(g, grads.data(), DType::kF32).ok()) << c.Name();
+  }
+  Status st = rig.reducer->Drain();
+  ASSERT_TRUE(st.ok()) << c.Name() << ": " << st.ToString();
+}
+
+std::string Where(const Case& c, bool shm, int r, int g) {
+  return c.Name() + (shm ? " shm" : " tcp") + ", rank " + std::to_string(r) + ", group " + std::to_string(g);
+}
+
 // Where the composition gives a target (G), the sums are written there by
 // the collectives themselves, over shared memory and over TCP alike: the
 // hook finds them in place, the same bits as in the reducer's buffer.
@@ -223,17 +237,11 @@ TEST(GradReducer, SumsLandInTheirTargetWithoutACopyOverSharedMemoryAndTcp) {
           ASSERT_EQ(comm.shared_memory(), shm);
           for (const Case& c : cases) {
             RankRig rig(comm, c, /*targets=*/true);
+            ReduceEveryGroup(rig, c);
+            if (HasFatalFailure()) return;
             for (int g = 0; g < rig.layout.num_groups(); ++g) {
-              const std::vector<float> grads = rig.Gradients(g);
-              ASSERT_TRUE(rig.reducer->Grads(g, grads.data(), DType::kF32).ok()) << c.Name();
-            }
-            Status st = rig.reducer->Drain();
-            ASSERT_TRUE(st.ok()) << c.Name() << ": " << st.ToString();
-            for (int g = 0; g < rig.layout.num_groups(); ++g) {
-              const std::string where = c.Name() + (shm ? " shm" : " tcp") + ", rank " + std::to_string(r) +
-                                        ", group " + std::to_string(g);
-              EXPECT_EQ(rig.received_at[g], rig.target[g].data()) << where << ": not found in place";
-              EXPECT_EQ(FirstDifference(rig.target[g], rig.ExpectedTwoRanks(g)), "") << where;
+              EXPECT_EQ(rig.received_at[g], rig.target[g].data()) << Where(c, shm, r, g) << ": not found in place";
+              EXPECT_EQ(FirstDifference(rig.target[g], rig.ExpectedTwoRanks(g)), "") << Where(c, shm, r, g);
             }
           }
         },
@@ -255,18 +263,12 @@ TEST(GradReducer, ThreeRanksSumsInTheirTargetAreTheBufferedSumsBitwise) {
             for (bool overlap : {false, true}) {
               const Case c{2, bucket, overlap};
               RankRig plain(comm, c), straight(comm, c, /*targets=*/true);
-              for (RankRig* rig : {&plain, &straight}) {
-                for (int g = 0; g < rig->layout.num_groups(); ++g) {
-                  const std::vector<float> grads = rig->Gradients(g);
-                  ASSERT_TRUE(rig->reducer->Grads(g, grads.data(), DType::kF32).ok()) << c.Name();
-                }
-                ASSERT_TRUE(rig->reducer->Drain().ok()) << c.Name();
-              }
+              for (RankRig* rig : {&plain, &straight}) ReduceEveryGroup(*rig, c);
+              if (HasFatalFailure()) return;
               for (int g = 0; g < plain.layout.num_groups(); ++g) {
-                const std::string where = c.Name() + (shm ? " shm" : " tcp") + ", rank " + std::to_string(r) +
-                                          ", group " + std::to_string(g);
-                EXPECT_EQ(straight.received_at[g], straight.target[g].data()) << where << ": not found in place";
-                EXPECT_EQ(FirstDifference(straight.target[g], plain.Received(g)), "") << where;
+                EXPECT_EQ(straight.received_at[g], straight.target[g].data())
+                    << Where(c, shm, r, g) << ": not found in place";
+                EXPECT_EQ(FirstDifference(straight.target[g], plain.Received(g)), "") << Where(c, shm, r, g);
               }
             }
         },
