@@ -288,7 +288,7 @@ EngineStats Engine::Impl::Stats() const {
 Status Engine::Build() { return impl_->Build(); }
 Result<void*> Engine::Fetch(int group) {
   STRATA_RETURN_IF_ERROR(impl_->CheckGroup(group, "fetch"));
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch"));
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("fetch", /*pending_ok=*/true, /*in_pass=*/true));
   CallSpanScope span(*impl_->stats_, "fetch", group);
   return impl_->Fetch(group);
 }
@@ -314,7 +314,7 @@ Status Engine::DropStash(uint64_t handle) {
 }
 
 Status Engine::Grads(int group, const void* grads, DType dtype) {
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads", false));
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads", false, /*in_pass=*/true));
   CallSpanScope span(*impl_->stats_, "grads", group);
   return impl_->Grads(group, grads, dtype);
 }
@@ -322,18 +322,18 @@ Status Engine::Grads(int group, const void* grads, DType dtype) {
 // wait for the background reductions (overlap_comm): one collective at a
 // time, in the same order on every rank.
 Status Engine::GradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype, bool lend) {
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable(lend ? "grads_part_lend" : "grads_part", false));
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable(lend ? "grads_part_lend" : "grads_part", false, /*in_pass=*/true));
   return impl_->GradsPart(group, first, count, grads, dtype, lend);
 }
 
 Status Engine::GradsEnd(int group) {
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_end", false));
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_end", false, /*in_pass=*/true));
   CallSpanScope span(*impl_->stats_, "grads", group);
   return impl_->GradsEnd(group);
 }
 
 Result<const void*> Engine::GradsView(int group) {
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_view", false));
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_view", false, /*in_pass=*/true));
   return impl_->GradsView(group);
 }
 
@@ -356,7 +356,7 @@ Result<double> Engine::GradNorm() {
 }
 Status Engine::PrepareStep(const StepOptions& options) {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("prepare_step"));
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("prepare_step", false));
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("prepare_step", false, /*in_pass=*/true));
   return impl_->PrepareStep(options);
 }
 // Save, load and write_state check the engine's state in CheckBetweenSteps.

@@ -128,7 +128,11 @@ class Engine::Impl {
   Status CheckBetweenSteps(const char* call, bool recovers = false);
   // Refuses every call but a checkpoint load on a broken engine, and the
   // calls that would mix a pending failed step with new work.
-  Status CheckUsable(const char* call, bool pending_ok = true) const;
+  // `in_pass`: a call of the forward and backward (fetch, grads, prepare_step,
+  // grad_norm, sum_over_ranks), which a write lost behind the last step and
+  // not yet agreed (behind_loss_) does not stop: the ranks fail together at
+  // the step (AgreeBehind), their collectives in order until then.
+  Status CheckUsable(const char* call, bool pending_ok = true, bool in_pass = false) const;
   // Ends the step (one that finished, or any after a successful load):
   // nothing pending or broken, every group's gradients and flags reset.
   void AbandonStep(bool keep_p_stale = false);
@@ -150,6 +154,19 @@ class Engine::Impl {
   // so that theirs fails now, naming this rank.
   void AnnounceBehindLoss();
   bool behind_lost_ = false;  // SettleBehind broke the engine; not yet announced
+  // Several ranks where the ranks can agree on a lost write (build's vote:
+  // strata.write_behind allows it on every rank, with P and G off NVMe on
+  // every rank, BehindLossAgreeable). Then a lost write does not break the
+  // communicator: SettleBehind keeps it in behind_loss_ (refused by the
+  // calls that read the state, not by those of the pass), and the next step
+  // or checkpoint save agrees on it first thing (AgreeBehind), every rank
+  // broken together, each able to load the last checkpoint in place.
+  // behind_allowed_: strata.write_behind applies (WritesBehind), the same on
+  // every rank.
+  Status AgreeWriteBehind();
+  Status AgreeBehind(const char* call);
+  bool behind_allowed_ = false, behind_agreed_ = false;
+  std::string behind_loss_;
   bool behind_short_said_ = false;  // ApplyStep's warning that a step could not write behind, given
   Status Agree(const Status& local, const std::string& what) { return AgreeOverRanks(comm_, local, what); }
   Status RecomputeP(void* buf, uint64_t buf_bytes);

@@ -21,7 +21,7 @@ Status Engine::SumOverRanks(double* values, size_t n) {
   if (values == nullptr && n > 0)
     return InvalidError("sum_over_ranks: values is null with n " + std::to_string(n));
   STRATA_RETURN_IF_ERROR(m.DrainComm().WithContext("sum_over_ranks"));
-  STRATA_RETURN_IF_ERROR(m.CheckUsable("sum_over_ranks", /*pending_ok=*/false));
+  STRATA_RETURN_IF_ERROR(m.CheckUsable("sum_over_ranks", /*pending_ok=*/false, /*in_pass=*/true));
   // Mid-step, the overlapped step's thread may be running collectives of its own.
   for (int g = 0; g < m.lay_.part.num_groups() && m.built_; ++g)
     if (m.steps_[static_cast<size_t>(g)].grad_calls > 0)

@@ -139,6 +139,7 @@ Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
 
 Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob,
                                     uint64_t blob_bytes) {
+  STRATA_RETURN_IF_ERROR(AgreeBehind("checkpoint save"));  // several ranks: a write one lost fails every one's save
   STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint save"));
   return checkpointer_->Save(dir, tag, blob, blob_bytes);
 }

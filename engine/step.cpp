@@ -27,7 +27,7 @@
 namespace strata {
 
 bool Engine::Impl::WritesBehind(const std::vector<int>& groups) const {
-  return WriteBehindAllowed(config_, lay_.multi) && pipeline_ && pipeline_->CanRunBehind(groups);
+  return behind_allowed_ && pipeline_ && pipeline_->CanRunBehind(groups);
 }
 
 // The two slots PlanStaging gives the pieces hold the step of a model whose
@@ -37,7 +37,7 @@ bool Engine::Impl::WritesBehind(const std::vector<int>& groups) const {
 // check (CheckHostPlan) stays the two slots'. Speculation "always" keeps the
 // rest for its own room (StartOverlap, after this).
 Status Engine::Impl::GrowStagingBehind() {
-  if (!WriteBehindAllowed(config_, lay_.multi) || !pipeline_) return Status::Ok();
+  if (!behind_allowed_ || !pipeline_) return Status::Ok();
   if (options_.overlap_step && config_.strata.speculation == "always") return Status::Ok();
   StagingPool& pool = staging_.opt;
   const std::vector<uint64_t> pieces = pipeline_->BehindPieces(StepOrder());
@@ -71,15 +71,71 @@ void Engine::Impl::SettleBehind(bool recovers) {
   if (!pipeline_) return;
   Status st = pipeline_->WaitBehind();
   if (st.ok()) return;
-  if (step_.broken.empty()) {  // (else said already, or broken before)
-    step_.broken = "step " + std::to_string(step_.applied) +
-                   " returned before its W, M, V were written (strata.write_behind), and a write failed (" +
-                   st.ToString() + "): its new state is lost";
-    behind_lost_ = true;
+  if (step_.broken.empty() && behind_loss_.empty()) {  // (else said already, or broken before)
+    std::string lost = "step " + std::to_string(step_.applied) +
+                       " returned before its W, M, V were written (strata.write_behind), and a write failed (" +
+                       st.ToString() + "): its new state is lost";
+    if (behind_agreed_ && !recovers) {
+      // The other ranks learn it at the next step or save (AgreeBehind);
+      // until then this rank's forward and backward go on with theirs
+      // (they read nothing the write held: P and G are off NVMe).
+      STRATA_LOG_ERROR("rank {}: {}; every rank's next step (or checkpoint save) fails with it", options_.rank, lost);
+      behind_loss_ = std::move(lost);
+    } else {
+      step_.broken = std::move(lost);
+      behind_lost_ = true;
+    }
   }
   // A load rewrites every block: its writes go ahead, and the engine stays
   // broken unless it succeeds (AbandonStep).
   if (recovers) pipeline_->ClearBehind();
+}
+
+Status Engine::Impl::AgreeWriteBehind() {
+  // Allowed, and a step could write behind at all (W, M, V stepped in
+  // pieces: on NVMe, not compact, no GPU update).
+  const bool could = pipeline_ && !pipeline_->BehindPieces(StepOrder()).empty();
+  const bool allowed = could && WriteBehindAllowed(config_, lay_);
+  if (!lay_.multi) {
+    behind_allowed_ = allowed;
+    return Status::Ok();
+  }
+  float votes[2] = {allowed ? 1.0f : 0.0f, BehindLossAgreeable(lay_) ? 1.0f : 0.0f};
+  comm_->SetLabel("build: write behind");
+  STRATA_RETURN_IF_ERROR(comm_->AllReduce(votes, 2).WithContext("build: agreeing whether the step writes behind"));
+  const float w = static_cast<float>(comm_->world_size());
+  behind_allowed_ = votes[0] == w;
+  behind_agreed_ = behind_allowed_ && votes[1] == w;
+  if (config_.strata.write_behind == "auto" && could && !behind_allowed_)
+    STRATA_LOG_INFO("write_behind \"auto\": the step writes before it returns: with several ranks it writes behind "
+                    "only where P and G are off NVMe on every rank (a lost write is then agreed at the next step, "
+                    "before anything reads it)");
+  return Status::Ok();
+}
+
+// Every rank calls it at the same point (the step, a checkpoint save), so
+// it is one more collective in their common order: a 4-byte all-gather.
+Status Engine::Impl::AgreeBehind(const char* call) {
+  if (!behind_agreed_) return Status::Ok();
+  SettleBehind();  // the last step's writes have landed, or one was lost (behind_loss_)
+  const size_t w = static_cast<size_t>(comm_->world_size()), r = static_cast<size_t>(comm_->rank());
+  std::vector<int32_t> lost(w, 0);
+  lost[r] = behind_loss_.empty() ? 0 : 1;
+  comm_->SetLabel("writes behind s" + std::to_string(step_.applied));
+  STRATA_RETURN_IF_ERROR(comm_->AllGather(&lost[r], lost.data(), sizeof(int32_t))
+                             .WithContext(std::string(call) + ": agreeing on the writes behind step " +
+                                          std::to_string(step_.applied)));
+  std::string ranks;
+  for (size_t k = 0; k < w; ++k)
+    if (lost[k]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(k);
+  if (ranks.empty()) return Status::Ok();
+  if (step_.broken.empty())
+    step_.broken = !behind_loss_.empty()
+                       ? behind_loss_
+                       : "rank " + ranks + " lost a write behind step " + std::to_string(step_.applied) +
+                             " (strata.write_behind; its log names it): the ranks' states are no longer one step's";
+  behind_loss_.clear();
+  return CheckUsable(call);
 }
 
 void Engine::Impl::AnnounceBehindLoss() {
@@ -96,6 +152,9 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
   SettleBehind();  // the last step's writes are done before this one reads
   AnnounceBehindLoss();
   if (!step_.broken.empty()) return CheckUsable("prepare_step", /*pending_ok=*/true);
+  // A write lost here and not yet agreed: this step is not prepared (it
+  // reads and updates nothing early); the step fails on every rank at once.
+  if (!behind_loss_.empty()) return Status::Ok();
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("prepare_step: the step's options (nothing was changed)"));
   for (const auto& gs : steps_)
     if (gs.grad_calls > 0 || gs.parts.open)
@@ -143,10 +202,13 @@ std::vector<int> Engine::Impl::StepOrder() const {
   return order;
 }
 
-Status Engine::Impl::CheckUsable(const char* call, bool pending_ok) const {
+Status Engine::Impl::CheckUsable(const char* call, bool pending_ok, bool in_pass) const {
   if (!step_.broken.empty())
     return StateError(std::string(call) + ": the engine is broken: " + step_.broken +
                       "; load the last checkpoint to go on");
+  if (!behind_loss_.empty() && !in_pass)
+    return StateError(std::string(call) + ": the engine is broken: " + behind_loss_ +
+                      "; load the last checkpoint (on every rank) to go on");
   if (step_.pending && !pending_ok)
     return StateError(std::string(call) + ": a failed step is pending; call step again with the same options to "
                       "finish it, or load a checkpoint");
@@ -164,6 +226,7 @@ void Engine::Impl::AbandonStep(bool keep_p_stale) {
   step_.pending.reset();
   step_.broken.clear();
   behind_lost_ = false;
+  behind_loss_.clear();
   step_.prepared = false;
   step_.queued = 0;
   for (auto& gs : steps_) {
@@ -219,7 +282,7 @@ Status Engine::Impl::GlobalSquares(double* sum_out, bool* finite_out) {
 
 Result<double> Engine::Impl::GradNorm() {
   if (!built_) return StateError("grad_norm: the engine is not built");
-  STRATA_RETURN_IF_ERROR(CheckUsable("grad_norm"));
+  STRATA_RETURN_IF_ERROR(CheckUsable("grad_norm", /*pending_ok=*/true, /*in_pass=*/true));
   STRATA_RETURN_IF_ERROR(CheckNoOpenParts("grad_norm"));
   double sum = 0;
   bool finite = true;
@@ -312,6 +375,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   // leaves nothing pending (the next valid step goes ahead).
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("step: the step's options (nothing was changed)"));
   SettleBehind();  // the last step's writes left behind are done (or broke the engine)
+  STRATA_RETURN_IF_ERROR(AgreeBehind("step"));  // several ranks: one that lost a write fails every one's step
   AnnounceBehindLoss();
   STRATA_RETURN_IF_ERROR(CheckUsable("step"));
   STRATA_RETURN_IF_ERROR(CheckNoOpenParts("step"));

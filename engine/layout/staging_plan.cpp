@@ -28,8 +28,12 @@ uint64_t StepPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>
   return at;
 }
 
-bool WriteBehindAllowed(const Config& c, bool multi) {
-  return c.strata.write_behind == "always" || (c.strata.write_behind == "auto" && !multi);
+bool BehindLossAgreeable(const Layout& m) {
+  return m.multi && m.home[int(StateKind::kP)] != TierKind::kNvme && m.home[int(StateKind::kG)] != TierKind::kNvme;
+}
+
+bool WriteBehindAllowed(const Config& c, const Layout& m) {
+  return c.strata.write_behind == "always" || (c.strata.write_behind == "auto" && (!m.multi || BehindLossAgreeable(m)));
 }
 
 std::vector<uint64_t> BehindPieces(const Layout& m, const std::function<uint64_t(uint64_t)>& padded,

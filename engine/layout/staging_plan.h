@@ -53,12 +53,20 @@ uint64_t StepPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>
 StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)>& padded);
 
 // Write-behind (StepPipeline::RunBehind) holds every unit's W, M, V in the
-// step's slots at once: whether config allows it (strata.write_behind
-// "always", or "auto" at one rank), and the pieces of `groups`, in the
+// step's slots at once: whether config allows it for layout `m`
+// (strata.write_behind "always"; "auto" at one rank, and at several where
+// the ranks can agree on a lost write before anything reads it:
+// BehindLossAgreeable), and the pieces of `groups`, in the
 // step's order (each at a multiple of 4096, as the slots place them; none
 // where the step is not in pieces, Layout::opt_piece_bytes 0, or the state
 // is compact). How many slots hold them: staging.h's BuffersForPieces.
-bool WriteBehindAllowed(const Config& c, bool multi);
+bool WriteBehindAllowed(const Config& c, const Layout& m);
+// Several ranks: nothing reads NVMe between one step and the next's
+// prepare_step or step (P and G off NVMe; the forward's and backward's
+// fetches and gradients then wait for no write left behind), so a write
+// lost behind a step is agreed by every rank at the next step (or save),
+// and they all fail together, their communicator intact.
+bool BehindLossAgreeable(const Layout& m);
 std::vector<uint64_t> BehindPieces(const Layout& m, const std::function<uint64_t(uint64_t)>& padded,
                                    const std::vector<int>& groups);
 

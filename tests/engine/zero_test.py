@@ -24,6 +24,7 @@ stage: never stepped, the rest as at 1 rank, checkpoints resharded, and
 ranks that freeze differently refused at build.
 Usage: zero_test.py STRATA_LAUNCH ZERO_WORKER [buckets|frozen]"""
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -282,6 +283,22 @@ for stage in (2, 3):
         m = re.search(r"last_step_read (\d+) wmv (\d+)", last_err)
         check("world 2 stage 3 on nvme in units: a step reads W, M, V alone",
               m is not None and int(m.group(1)) == int(m.group(2)), m.group(0) if m else last_err.strip()[-200:])
+    # The default ("auto") writes behind at several ranks where P and G are
+    # off NVMe (stage 2 here: a lost write is agreed at the next step, below);
+    # at stage 3 P is on NVMe (the forward reads it): the step writes before
+    # it returns, and an info line says why.
+    auto = run(2, stage, "nvme", f"u2s{stage}auto", ("dim", "96", "sub-group", "2048"))
+    if auto is not None:
+        import re
+        m = re.search(r"steps (\d+) .*write_behind_steps (\d+)", last_err)
+        behind = m is not None and int(m.group(2)) == int(m.group(1)) > 0
+        never = m is not None and int(m.group(2)) == 0 and "only where P and G are off NVMe" in last_err
+        check(f"world 2 stage {stage} on nvme in units, write_behind auto: " +
+              ("every step wrote behind" if stage == 2 else "no step wrote behind, and it says why"),
+              behind if stage == 2 else never, m.group(0) if m else last_err.strip()[-200:])
+        if wide is not None:
+            check(f"world 2 stage {stage} on nvme in units, write_behind auto == on device, bitwise",
+                  np.array_equal(wide, auto))
 # Gloo's bulk collectives go through shared memory (every rank is on this
 # host); over TCP (strata.comm_shared_memory false) the bits are the same.
 if (2, 3) in results:
@@ -298,11 +315,34 @@ if (2, 0) in results and (2, 2) in results:
     same = np.array_equal(results[(2, 0)], results[(2, 2)])
     print(f"note: world 2, all-reduce vs reduce-scatter (stage 0 vs 2): {'bitwise equal' if same else 'differ in the last bits (Gloo sums in another order)'}")
 
-# A write that fails behind step 4 on rank 1 (after step 4 returned): step
-# 5 fails on every rank at once, rank 1 naming the lost write and rank 0 the
-# rank that differs (not at the timeout). Their communicator is closed with
-# it: restarted from step 3's checkpoint, they train on to the clean bits.
-for stage in (2, 3):
+# A write that fails behind step 4 on rank 1 (after step 4 returned).
+# Stage 2 (P and G off NVMe, write_behind "auto"): the ranks agree on it at
+# step 5, which fails on every rank at once, rank 1 naming the lost write
+# and rank 0 naming rank 1; their communicator intact, both load step 3's
+# checkpoint in place and train on to the clean bits. Each step is prepared
+# before its forward (overlap_step): rank 1 learns of the loss there, and
+# its forward and backward go on with the other rank's until the step.
+opts = ("dim", "96", "sub-group", "2048")
+p = run(2, 2, "nvme", "bh2s2", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
+                                      "prepare", "1"), expect_fail=True)
+err = p.stdout + p.stderr
+failed_as_planned = [re.search(rf"rank {k}: step 5 failed as planned: (.*)", err) for k in (0, 1)]
+check("world 2 stage 2: a write lost behind step 4 on rank 1 fails step 5 on every rank at once, rank 1 naming "
+      "the write and rank 0 naming rank 1; both load step 3's checkpoint in place and finish",
+      p.returncode == 0 and all(failed_as_planned) and "write_behind" in failed_as_planned[1].group(1)
+      and "rank 1 lost a write behind step 5" in failed_as_planned[0].group(1)
+      and "load the last checkpoint" in failed_as_planned[0].group(1)
+      and "rank 0: loaded step 3's checkpoint in place" in err and "rank 1: loaded step 3's checkpoint in place" in err
+      and "lost write after step" not in err, f"exit {p.returncode}: {err.strip()[-900:]}")
+if p.returncode == 0 and 2 in units_bits:
+    again = np.fromfile(os.path.join(work, "bh2s2.bin"), dtype=np.float32)
+    check("world 2 stage 2: loaded in place after the lost write == clean, bitwise", np.array_equal(again, units_bits[2]))
+# Stage 3 with P on NVMe ("always": the forward's fetches read NVMe, so the
+# loss cannot wait for the step): step 5 fails on every rank at once, rank 1
+# naming the lost write and rank 0 the rank that differs (not at the
+# timeout). Their communicator is closed with it: restarted from step 3's
+# checkpoint, they train on to the clean bits.
+for stage in (3,):
     opts = ("dim", "96", "sub-group", "2048", "write-behind", "always")
     p = run(2, stage, "nvme", f"bh2s{stage}", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5"),
             expect_fail=True)

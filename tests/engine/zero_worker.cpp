@@ -34,6 +34,8 @@ int main(int argc, char** argv) {
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
   int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1, frozen = -1, frozen_on = -1, dim = 24;
   int behind_eio_at = -1;  // rank 1's disk fails a write behind this step (strata.write_behind)
+  bool behind_reload = false;  // then every rank loads the checkpoint in place (else exits 3 to be restarted)
+  bool prepare = false;  // overlap_step, and prepare_step before each step's forward
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
   bool tag_by_rank = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false;
   std::string timeout = "60", save_dir, load_dir, zero_extra, strata_extra;
@@ -47,6 +49,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "eio-rank-1-at-step")) eio_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "eio-skip")) eio_skip = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "behind-eio-rank-1-at-step")) behind_eio_at = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "prepare")) prepare = std::strcmp(argv[i + 1], "0") != 0;
+    if (!std::strcmp(argv[i], "behind-reload")) behind_reload = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "write-behind")) strata_extra += R"(, "write_behind": ")" + std::string(argv[i + 1]) + "\"";
     if (!std::strcmp(argv[i], "diverge-rank-1-at-step")) diverge_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "diverge")) diverge = argv[i + 1];
@@ -93,6 +97,7 @@ int main(int argc, char** argv) {
   eo.world_size = info->world_size;
   eo.force_no_gpu = true;
   eo.faults = std::make_shared<FaultPlan>();
+  eo.overlap_step = prepare;
   auto e = Engine::Create(*cfg, eo);
   if (!e.ok()) return Die(e.status());
   Engine& eng = **e;
@@ -121,8 +126,9 @@ int main(int argc, char** argv) {
   for (int s = first; s < first + steps; ++s) {
     // Write-behind: rank 1's disk fails a write of step K after the step
     // returned. Step K succeeds on every rank; step K+1 fails on every rank
-    // at once (rank 1 naming the lost write, the others the rank that
-    // differs), which exit 3 to be restarted from the checkpoint of step K-1.
+    // at once (rank 1 naming the lost write, the others naming rank 1), which
+    // exit 3 to be restarted from the checkpoint of step K-1, or with
+    // behind-reload (their communicator intact) load it in place and go on.
     const bool behind_fault = !behind_done && s == behind_eio_at;
     if (behind_fault && info->rank == 1) {
       eo.faults->SlowWrites(5);  // (the writes are still in flight when the step returns)
@@ -130,6 +136,11 @@ int main(int argc, char** argv) {
     }
     if (s == kill_at && info->rank == 1) std::raise(SIGKILL);
     const uint64_t read_before = eng.stats().nvme_to_host;
+    if (prepare) {  // (the options Step gets below)
+      StepOptions po;
+      po.lr = 0.01 * (1.0 + 0.05 * s);
+      if (Status st = eng.PrepareStep(po); !st.ok()) return Die(st);
+    }
     auto loss = model.TrainStep(eng, nullptr, 1.0, info->rank, info->world_size);
     if (!loss.ok()) return Die(loss.status());
     // The uneven group: a gradient from its parameters, split over the ranks too.
@@ -170,7 +181,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rank %d: step %d failed as planned: %s\n", info->rank, s, r.status().ToString().c_str());
       if (info->rank == 1 && eo.faults->fired() != 1)
         return Die(StateError("rank 1's write fault fired " + std::to_string(eo.faults->fired()) + " times"));
-      return 3;
+      if (!behind_reload) return 3;
+      std::vector<uint8_t> blob;
+      if (Status st = eng.LoadCheckpoint(behind_ck, "b", &blob); !st.ok()) return Die(st);
+      int next = 0;
+      if (blob.size() != sizeof next) return Die(CorruptError("trainer blob"));
+      std::memcpy(&next, blob.data(), sizeof next);
+      std::fprintf(stderr, "rank %d: loaded step %d's checkpoint in place\n", info->rank, next - 1);
+      behind_done = true;
+      s = next - 1;  // (the loop's ++s: step `next` again)
+      continue;
     }
     if (!r.ok()) return Die(r.status());
     last_read = eng.stats().nvme_to_host - read_before;

@@ -375,7 +375,7 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
   // budget has that much left after everything else; none under
   // speculation "always" with the overlapped step (its room comes first).
   // The step writes behind where the slots, grown or not, hold them.
-  if (!h.gpu_optimizer && step_slots > 0 && WriteBehindAllowed(config, l.world_size > 1)) {
+  if (!h.gpu_optimizer && step_slots > 0 && WriteBehindAllowed(config, el)) {
     std::vector<int> groups(model.groups.size());
     std::iota(groups.begin(), groups.end(), 0);  // (the plan freezes none)
     const std::vector<uint64_t> pieces = BehindPieces(el, NvmePadded, groups);
