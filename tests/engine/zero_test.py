@@ -337,6 +337,22 @@ check("world 2 stage 2: a write lost behind step 4 on rank 1 fails step 5 on eve
 if p.returncode == 0 and 2 in units_bits:
     again = np.fromfile(os.path.join(work, "bh2s2.bin"), dtype=np.float32)
     check("world 2 stage 2: loaded in place after the lost write == clean, bitwise", np.array_equal(again, units_bits[2]))
+# The same loss met first by a checkpoint save (before step 5): the save
+# fails on every rank at once, writing nothing, and the ranks load step 3's
+# checkpoint in place and end as clean.
+p = run(2, 2, "nvme", "bh2s2save", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
+                                          "behind-save", "1"), expect_fail=True)
+err = p.stdout + p.stderr
+saves = [re.search(rf"rank {k}: save before step 5 failed as planned: (.*)", err) for k in (0, 1)]
+check("world 2 stage 2: a write lost behind step 4 on rank 1 fails the next checkpoint save on every rank at once "
+      "(nothing written); both load step 3's checkpoint in place and finish",
+      p.returncode == 0 and all(saves) and "write_behind" in saves[1].group(1)
+      and "rank 1 lost a write behind step 5" in saves[0].group(1)
+      and not os.path.exists(os.path.join(work, "bh2s2save", "after-loss", "a"))
+      and "lost write after step" not in err, f"exit {p.returncode}: {err.strip()[-900:]}")
+if p.returncode == 0 and 2 in units_bits:
+    again = np.fromfile(os.path.join(work, "bh2s2save.bin"), dtype=np.float32)
+    check("world 2 stage 2: loaded in place after the failed save == clean, bitwise", np.array_equal(again, units_bits[2]))
 # Stage 3 with P on NVMe ("always": the forward's fetches read NVMe, so the
 # loss cannot wait for the step): step 5 fails on every rank at once, rank 1
 # naming the lost write and rank 0 the rank that differs (not at the

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   int behind_eio_at = -1;  // rank 1's disk fails a write behind this step (strata.write_behind)
   bool behind_reload = false;  // then every rank loads the checkpoint in place (else exits 3 to be restarted)
   bool prepare = false;  // overlap_step, and prepare_step before each step's forward
+  bool behind_save = false;  // with behind-reload: a checkpoint save comes first after the lost write (and fails)
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
   bool tag_by_rank = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false;
   std::string timeout = "60", save_dir, load_dir, zero_extra, strata_extra;
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "eio-rank-1-at-step")) eio_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "eio-skip")) eio_skip = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "behind-eio-rank-1-at-step")) behind_eio_at = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "behind-save")) behind_save = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "prepare")) prepare = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "behind-reload")) behind_reload = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "write-behind")) strata_extra += R"(, "write_behind": ")" + std::string(argv[i + 1]) + "\"";
@@ -123,6 +125,21 @@ int main(int argc, char** argv) {
   uint64_t last_read = 0;  // NVMe bytes read by the last step (forward, backward, update)
   const std::string behind_ck = swap + "/behind-ck";
   bool behind_done = behind_eio_at < 0;
+  // After a planned failure: every rank loads step K-1's checkpoint in place
+  // (their communicator intact); *next: the step to train next.
+  auto reload_in_place = [&](int* next) -> Status {
+    eo.faults->Disarm();
+    eo.faults->SlowWrites(0);
+    if (info->rank == 1 && eo.faults->fired() != 1)
+      return StateError("rank 1's write fault fired " + std::to_string(eo.faults->fired()) + " times");
+    std::vector<uint8_t> blob;
+    STRATA_RETURN_IF_ERROR(eng.LoadCheckpoint(behind_ck, "b", &blob));
+    if (blob.size() != sizeof *next) return CorruptError("trainer blob");
+    std::memcpy(next, blob.data(), sizeof *next);
+    std::fprintf(stderr, "rank %d: loaded step %d's checkpoint in place\n", info->rank, *next - 1);
+    behind_done = true;
+    return Status::Ok();
+  };
   for (int s = first; s < first + steps; ++s) {
     // Write-behind: rank 1's disk fails a write of step K after the step
     // returned. Step K succeeds on every rank; step K+1 fails on every rank
@@ -135,6 +152,18 @@ int main(int argc, char** argv) {
       eo.faults->Arm(FaultPlan::Ops::kWrites, EIO, static_cast<uint64_t>(eio_skip), 1);
     }
     if (s == kill_at && info->rank == 1) std::raise(SIGKILL);
+    if (behind_save && behind_reload && !behind_done && s == behind_eio_at + 1) {
+      // A save before the step that would fail: it fails on every rank at
+      // once (nothing written), the engines broken together.
+      const int next = s;
+      Status st = eng.SaveCheckpoint(swap + "/after-loss", "a", &next, sizeof next);
+      if (st.ok()) return Die(StateError("a checkpoint save after rank 1 lost a write succeeded"));
+      std::fprintf(stderr, "rank %d: save before step %d failed as planned: %s\n", info->rank, s, st.ToString().c_str());
+      int again = 0;
+      if (Status st = reload_in_place(&again); !st.ok()) return Die(st);
+      s = again - 1;  // (the loop's ++s: step `again` next)
+      continue;
+    }
     const uint64_t read_before = eng.stats().nvme_to_host;
     if (prepare) {  // (the options Step gets below)
       StepOptions po;
@@ -179,17 +208,14 @@ int main(int argc, char** argv) {
       eo.faults->SlowWrites(0);
       if (r.ok()) return Die(StateError("step " + std::to_string(s) + " went ahead after rank 1 lost a write"));
       std::fprintf(stderr, "rank %d: step %d failed as planned: %s\n", info->rank, s, r.status().ToString().c_str());
-      if (info->rank == 1 && eo.faults->fired() != 1)
-        return Die(StateError("rank 1's write fault fired " + std::to_string(eo.faults->fired()) + " times"));
-      if (!behind_reload) return 3;
-      std::vector<uint8_t> blob;
-      if (Status st = eng.LoadCheckpoint(behind_ck, "b", &blob); !st.ok()) return Die(st);
-      int next = 0;
-      if (blob.size() != sizeof next) return Die(CorruptError("trainer blob"));
-      std::memcpy(&next, blob.data(), sizeof next);
-      std::fprintf(stderr, "rank %d: loaded step %d's checkpoint in place\n", info->rank, next - 1);
-      behind_done = true;
-      s = next - 1;  // (the loop's ++s: step `next` again)
+      if (!behind_reload) {
+        if (info->rank == 1 && eo.faults->fired() != 1)
+          return Die(StateError("rank 1's write fault fired " + std::to_string(eo.faults->fired()) + " times"));
+        return 3;
+      }
+      int again = 0;
+      if (Status st = reload_in_place(&again); !st.ok()) return Die(st);
+      s = again - 1;  // (the loop's ++s: step `again` next)
       continue;
     }
     if (!r.ok()) return Die(r.status());
