@@ -375,13 +375,10 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   // leaves nothing pending (the next valid step goes ahead).
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("step: the step's options (nothing was changed)"));
   SettleBehind();  // the last step's writes left behind are done (or broke the engine)
-  if (Status agreed = AgreeBehind("step"); !agreed.ok()) {  // several ranks: one that lost a write fails every one's
-    // The early updates this rank's overlap may still be running stop here,
-    // before anything else (a load) touches the state.
-    if (worker_) worker_->Abandon();
-    (void)FinishOverlap();
-    return agreed;
-  }
+  // Several ranks: one that lost a write fails every one's step here. Early
+  // updates this rank's overlap ran are held, not committed: the load that
+  // follows waits for them and discards them (AbandonStep).
+  STRATA_RETURN_IF_ERROR(AgreeBehind("step"));
   AnnounceBehindLoss();
   STRATA_RETURN_IF_ERROR(CheckUsable("step"));
   STRATA_RETURN_IF_ERROR(CheckNoOpenParts("step"));

@@ -337,6 +337,20 @@ check("world 2 stage 2: a write lost behind step 4 on rank 1 fails step 5 on eve
 if p.returncode == 0 and 2 in units_bits:
     again = np.fromfile(os.path.join(work, "bh2s2.bin"), dtype=np.float32)
     check("world 2 stage 2: loaded in place after the lost write == clean, bitwise", np.array_equal(again, units_bits[2]))
+# The same with speculation "always": each step is updated early
+# (speculatively) during its backward (rank 0's step 5 too, held when the
+# step fails, and dropped by the load); the ranks still end as clean.
+p = run(2, 2, "nvme", "bh2s2spec", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
+                                          "prepare", "1", "speculation", "always"), expect_fail=True)
+err = p.stdout + p.stderr
+spec = re.search(r"speculated_steps (\d+)", err)
+check("world 2 stage 2, speculation always: the lost write fails step 5 on both ranks; both load in place and finish",
+      p.returncode == 0 and "rank 0: step 5 failed as planned" in err and "rank 1: step 5 failed as planned" in err
+      and spec is not None and int(spec.group(1)) > 0, f"exit {p.returncode}: {err.strip()[-900:]}")
+if p.returncode == 0 and 2 in units_bits:
+    again = np.fromfile(os.path.join(work, "bh2s2spec.bin"), dtype=np.float32)
+    check("world 2 stage 2, speculation always: loaded in place after the lost write == clean, bitwise",
+          np.array_equal(again, units_bits[2]))
 # The same loss met first by a checkpoint save (before step 5): the save
 # fails on every rank at once, writing nothing, and the ranks load step 3's
 # checkpoint in place and end as clean.

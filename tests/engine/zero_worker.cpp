@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "behind-save")) behind_save = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "prepare")) prepare = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "behind-reload")) behind_reload = std::strcmp(argv[i + 1], "0") != 0;
+    if (!std::strcmp(argv[i], "speculation")) strata_extra += R"(, "speculation": ")" + std::string(argv[i + 1]) + "\"";
     if (!std::strcmp(argv[i], "write-behind")) strata_extra += R"(, "write_behind": ")" + std::string(argv[i + 1]) + "\"";
     if (!std::strcmp(argv[i], "diverge-rank-1-at-step")) diverge_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "diverge")) diverge = argv[i + 1];
@@ -249,7 +250,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "zero_worker: gathers_ahead %llu declined %llu p_gathers %llu groups %d steps %d "
                  "last_step_read %llu wmv %llu write_behind_steps %llu "
-                 "comm_s %.6f comm_cpu_s %.6f reduced_bytes %llu gathered_bytes %llu padded %llu padded_one %llu\n",
+                 "comm_s %.6f comm_cpu_s %.6f reduced_bytes %llu gathered_bytes %llu padded %llu padded_one %llu "
+                 "speculated_steps %llu\n",
                  static_cast<unsigned long long>(st.gathers_ahead),
                  static_cast<unsigned long long>(st.gathers_ahead_declined),
                  static_cast<unsigned long long>(st.p_gathers), eng.num_groups(), steps,
@@ -257,7 +259,7 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(st.write_behind_steps), st.comm_s, st.comm_cpu_s,
                  static_cast<unsigned long long>(st.reduced_bytes),
                  static_cast<unsigned long long>(st.gathered_bytes), static_cast<unsigned long long>(padded),
-                 static_cast<unsigned long long>(padded_one));
+                 static_cast<unsigned long long>(padded_one), static_cast<unsigned long long>(st.speculated_steps));
     std::ofstream f(out, std::ios::binary);
     f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
     if (!f) return Die(IoError("cannot write " + out));
