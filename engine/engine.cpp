@@ -372,11 +372,14 @@ Status Engine::LoadCheckpoint(const std::string& dir, const std::string& tag, st
 }
 Status Engine::ReadMaster(int group, float* out) {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("read_master"));
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_master", false));
+  if (impl_->ReadGathers(group)) STRATA_RETURN_IF_ERROR(impl_->AgreeBehind("read_master"));
+  // A frozen group's P (gathered too) is nothing a step writes.
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_master", false, /*in_pass=*/impl_->FrozenGroup(group)));
   return impl_->ReadMaster(group, out);
 }
 Status Engine::ReadState(int group, OptimizerState which, float* out) {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("read_state"));
+  if (impl_->ReadGathers(group)) STRATA_RETURN_IF_ERROR(impl_->AgreeBehind("read_state"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_state", false));
   return impl_->ReadState(group, static_cast<StateKind>(static_cast<int>(which) + 1), out);
 }
@@ -387,7 +390,7 @@ Status Engine::WriteState(int group, OptimizerState which, const float* in) {
 Status Engine::SetStepsApplied(int64_t steps) {
   if (steps < 0) return InvalidError("set_steps: " + std::to_string(steps) + " is negative");
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("set_steps"));
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_steps", false));
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_steps", false, /*in_pass=*/true));
   impl_->step_.applied = steps;
   for (int g = 0; g < static_cast<int>(impl_->step_.group_steps.size()); ++g)
     if (!impl_->lay_.frozen(g)) impl_->step_.group_steps[static_cast<size_t>(g)] = steps;
@@ -407,7 +410,7 @@ Status Engine::SetGroupSteps(int group, int64_t steps) {
     return InvalidError(what + ": every group counts the engine's steps (set_steps) unless the engine skips groups "
                         "without gradients (skip_groups_without_grads)");
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("set_group_steps"));
-  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_group_steps", false));
+  STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_group_steps", false, /*in_pass=*/true));
   for (const auto& gs : impl_->steps_)
     if (gs.grad_calls > 0) return StateError(what + ": gradients of this step are pending; set it between steps");
   impl_->step_.group_steps[static_cast<size_t>(group)] = steps;

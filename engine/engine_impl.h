@@ -129,7 +129,8 @@ class Engine::Impl {
   // Refuses every call but a checkpoint load on a broken engine, and the
   // calls that would mix a pending failed step with new work.
   // `in_pass`: a call of the forward and backward (fetch, grads, prepare_step,
-  // grad_norm, sum_over_ranks), which a write lost behind the last step and
+  // grad_norm, sum_over_ranks; set_steps, which reads no state), which a
+  // write lost behind the last step and
   // not yet agreed (behind_loss_) does not stop: the ranks fail together at
   // the step (AgreeBehind), their collectives in order until then.
   Status CheckUsable(const char* call, bool pending_ok = true, bool in_pass = false) const;
@@ -165,6 +166,12 @@ class Engine::Impl {
   // every rank.
   Status AgreeWriteBehind();
   Status AgreeBehind(const char* call);
+  // Whether reading group g's state is a collective (its shards gathered
+  // over the ranks): then every rank reads it, and agrees first.
+  bool ReadGathers(int g) const {
+    return lay_.multi && lay_.sworld > 1 && g >= 0 && g < lay_.part.num_groups() && !lay_.frozen(g);
+  }
+  bool FrozenGroup(int g) const { return g >= 0 && g < lay_.part.num_groups() && lay_.frozen(g); }
   bool behind_allowed_ = false, behind_agreed_ = false;
   std::string behind_loss_;
   bool behind_short_said_ = false;  // ApplyStep's warning that a step could not write behind, given

@@ -81,6 +81,10 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
   STRATA_RETURN_IF_ERROR(CheckGroup(group, "write_state"));
   if (!in) return InvalidError("write_state: null input for group " + std::to_string(group));
   if (lay_.frozen(group) && kind != StateKind::kW) return FrozenKeepsNo("write_state", group, kind);
+  // Writing W at stages 1-2 gathers P over the ranks (RecomputePGroup): every
+  // rank writes it, and agrees first.
+  if (lay_.multi && kind == StateKind::kW && !lay_.frozen(group) && lay_.p_gathered_after_step())
+    STRATA_RETURN_IF_ERROR(AgreeBehind("write_state"));
   STRATA_RETURN_IF_ERROR(CheckBetweenSteps("write_state"));
   if (lay_.frozen(group)) return WriteFrozen(group, in).WithContext("write_state: frozen group " + std::to_string(group));
   const StateBlock& b = blocks_[static_cast<size_t>(group)][static_cast<size_t>(kind)];

@@ -75,10 +75,12 @@ void Engine::Impl::SettleBehind(bool recovers) {
     std::string lost = "step " + std::to_string(step_.applied) +
                        " returned before its W, M, V were written (strata.write_behind), and a write failed (" +
                        st.ToString() + "): its new state is lost";
-    if (behind_agreed_ && !recovers) {
+    if (behind_agreed_) {
       // The other ranks learn it at the next step or save (AgreeBehind);
       // until then this rank's forward and backward go on with theirs
-      // (they read nothing the write held: P and G are off NVMe).
+      // (they read nothing the write held: P and G are off NVMe). A load
+      // (`recovers`) clears it when it succeeds (AbandonStep); one that
+      // changed nothing leaves it for the next agreement.
       STRATA_LOG_ERROR("rank {}: {}; every rank's next step (or checkpoint save) fails with it", options_.rank, lost);
       behind_loss_ = std::move(lost);
     } else {
@@ -375,10 +377,14 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   // leaves nothing pending (the next valid step goes ahead).
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("step: the step's options (nothing was changed)"));
   SettleBehind();  // the last step's writes left behind are done (or broke the engine)
-  // Several ranks: one that lost a write fails every one's step here. Early
-  // updates this rank's overlap ran are held, not committed: the load that
-  // follows waits for them and discards them (AbandonStep).
-  STRATA_RETURN_IF_ERROR(AgreeBehind("step"));
+  if (Status agreed = AgreeBehind("step"); !agreed.ok()) {  // several ranks: one that lost a write fails every one's
+    // This rank's overlap may still be updating early (final updates are
+    // committed as they finish): it stops, and waits, before the load that
+    // follows writes the state (the load waits for it only after writing).
+    if (worker_) worker_->Abandon();
+    (void)FinishOverlap();
+    return agreed;
+  }
   AnnounceBehindLoss();
   STRATA_RETURN_IF_ERROR(CheckUsable("step"));
   STRATA_RETURN_IF_ERROR(CheckNoOpenParts("step"));

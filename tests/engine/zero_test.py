@@ -76,7 +76,6 @@ def check_comm(world, stage):
     group's P once (stage 3: for forward's fetch, kept for backward; 1-2:
     after the update); wall and CPU seconds were counted, CPU within wall;
     at one rank none of it."""
-    import re
     m = re.search(r"groups (\d+) steps (\d+) .*comm_s ([\d.]+) comm_cpu_s ([\d.]+) reduced_bytes (\d+) "
                   r"gathered_bytes (\d+) padded (\d+) padded_one (\d+)", last_err)
     if m is None:
@@ -128,7 +127,6 @@ if sys.argv[3:] == ["buckets"]:
             over = run(world, stage, "nvme", f"bow{world}s{stage}", ("bucket", "160", "overlap", "1") + steps)
             if stage == 3 and over is not None:
                 # The next group's gather ran on the communication thread.
-                import re
                 m = re.search(r"gathers_ahead (\d+) declined (\d+)", last_err)
                 check(f"world {world} stage 3 with overlap_comm: groups were gathered ahead",
                       m is not None and int(m.group(1)) > 0, m.group(0) if m else last_err.strip()[-200:])
@@ -246,7 +244,6 @@ for stage in (1, 2, 3):
             # The device budget holds every group gathered: each group is
             # gathered once a step (forward), kept for backward and for the
             # worker's own fetch after it.
-            import re
             m = re.search(r"p_gathers (\d+) groups (\d+) steps (\d+)", last_err)
             check(f"world 2 stage 3 on {place}: each group gathered once a step",
                   m is not None and int(m.group(1)) == int(m.group(2)) * int(m.group(3)),
@@ -264,14 +261,14 @@ for stage in (1, 2, 3):
 # Step units over ranks: a wider model (96: a shard of 6144 elements a
 # group at 2 ranks) on NVMe in units of 2048 gives the device run's bits;
 # at stage 3 the step still reads W, M, V alone (each unit's new P went into
-# the kept copy). Every step wrote behind (strata.write_behind "always",
-# since "auto" is one rank's: the staging pieces hold every unit).
+# the kept copy). Every step wrote behind (strata.write_behind "always":
+# at stage 3 P is on NVMe, where "auto" does not at several ranks; the
+# staging pieces hold every unit).
 units_bits = {}
 for stage in (2, 3):
     wide = run(2, stage, "device", f"u2s{stage}dev", ("dim", "96"))
     units = run(2, stage, "nvme", f"u2s{stage}nvme", ("dim", "96", "sub-group", "2048", "write-behind", "always"))
     if units is not None:
-        import re
         units_bits[stage] = units
         m = re.search(r"steps (\d+) .*write_behind_steps (\d+)", last_err)
         check(f"world 2 stage {stage} on nvme in units: every step wrote behind",
@@ -279,7 +276,6 @@ for stage in (2, 3):
     if wide is not None and units is not None:
         check(f"world 2 stage {stage} on nvme in step units == on device, bitwise", np.array_equal(wide, units))
     if units is not None and stage == 3:
-        import re
         m = re.search(r"last_step_read (\d+) wmv (\d+)", last_err)
         check("world 2 stage 3 on nvme in units: a step reads W, M, V alone",
               m is not None and int(m.group(1)) == int(m.group(2)), m.group(0) if m else last_err.strip()[-200:])
@@ -289,7 +285,6 @@ for stage in (2, 3):
     # it returns, and an info line says why.
     auto = run(2, stage, "nvme", f"u2s{stage}auto", ("dim", "96", "sub-group", "2048"))
     if auto is not None:
-        import re
         m = re.search(r"steps (\d+) .*write_behind_steps (\d+)", last_err)
         behind = m is not None and int(m.group(2)) == int(m.group(1)) > 0
         never = m is not None and int(m.group(2)) == 0 and "only where P and G are off NVMe" in last_err
@@ -355,18 +350,66 @@ if p.returncode == 0 and 2 in units_bits:
 # fails on every rank at once, writing nothing, and the ranks load step 3's
 # checkpoint in place and end as clean.
 p = run(2, 2, "nvme", "bh2s2save", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
-                                          "behind-save", "1"), expect_fail=True)
+                                          "behind-first", "save"), expect_fail=True)
 err = p.stdout + p.stderr
 saves = [re.search(rf"rank {k}: save before step 5 failed as planned: (.*)", err) for k in (0, 1)]
+after_loss = os.path.join(work, "bh2s2save", "after-loss")
+nothing_saved = not os.path.isdir(after_loss) or not os.listdir(after_loss)  # (no partial folder either)
 check("world 2 stage 2: a write lost behind step 4 on rank 1 fails the next checkpoint save on every rank at once "
       "(nothing written); both load step 3's checkpoint in place and finish",
       p.returncode == 0 and all(saves) and "write_behind" in saves[1].group(1)
       and "rank 1 lost a write behind step 5" in saves[0].group(1)
-      and not os.path.exists(os.path.join(work, "bh2s2save", "after-loss", "a"))
+      and nothing_saved
       and "lost write after step" not in err, f"exit {p.returncode}: {err.strip()[-900:]}")
 if p.returncode == 0 and 2 in units_bits:
     again = np.fromfile(os.path.join(work, "bh2s2save.bin"), dtype=np.float32)
     check("world 2 stage 2: loaded in place after the failed save == clean, bitwise", np.array_equal(again, units_bits[2]))
+# The same loss met first by a read of the master weights (a gather over
+# the ranks): it fails on every rank at once; both load in place.
+p = run(2, 2, "nvme", "bh2s2read", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
+                                          "behind-first", "read"), expect_fail=True)
+err = p.stdout + p.stderr
+reads = [re.search(rf"rank {k}: read before step 5 failed as planned: (.*)", err) for k in (0, 1)]
+check("world 2 stage 2: a write lost behind step 4 on rank 1 fails the next read_master on every rank at once; "
+      "both load step 3's checkpoint in place and finish",
+      p.returncode == 0 and all(reads) and "write_behind" in reads[1].group(1)
+      and "rank 1 lost a write behind step 5" in reads[0].group(1) and "lost write after step" not in err,
+      f"exit {p.returncode}: {err.strip()[-900:]}")
+if p.returncode == 0 and 2 in units_bits:
+    again = np.fromfile(os.path.join(work, "bh2s2read.bin"), dtype=np.float32)
+    check("world 2 stage 2: loaded in place after the failed read == clean, bitwise", np.array_equal(again, units_bits[2]))
+# The same loss, then a load of a checkpoint that is not there (refused on
+# every rank, nothing changed): the loss stays to be agreed, and step 5
+# still fails on every rank at once; both load step 3's in place.
+p = run(2, 2, "nvme", "bh2s2bad", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
+                                         "behind-first", "badload"), expect_fail=True)
+err = p.stdout + p.stderr
+check("world 2 stage 2: after a lost write, a load that changed nothing leaves it to the step, which fails on every "
+      "rank at once; both load step 3's checkpoint in place and finish",
+      p.returncode == 0 and "rank 0: a load of a missing checkpoint failed as planned" in err
+      and "rank 1: a load of a missing checkpoint failed as planned" in err
+      and "rank 0: step 5 failed as planned" in err and "rank 1: step 5 failed as planned" in err
+      and "rank 1 lost a write behind step 5" in err and "lost write after step" not in err,
+      f"exit {p.returncode}: {err.strip()[-900:]}")
+if p.returncode == 0 and 2 in units_bits:
+    again = np.fromfile(os.path.join(work, "bh2s2bad.bin"), dtype=np.float32)
+    check("world 2 stage 2: loaded in place after the refused load == clean, bitwise", np.array_equal(again, units_bits[2]))
+# Stage 3 with P off NVMe (offload_param none, W, M, V on NVMe): "auto"
+# writes behind, and a lost write is agreed at the step as at stage 2 (the
+# forward's and backward's gathers go on meanwhile).
+p = run(2, 3, "optnvme", "bh2s3opt", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
+                                           "prepare", "1"), expect_fail=True)
+err = p.stdout + p.stderr
+wb = re.search(r"steps (\d+) .*write_behind_steps (\d+)", err)
+check("world 2 stage 3, P off NVMe: every step wrote behind by default; a write lost behind step 4 on rank 1 fails "
+      "step 5 on every rank at once; both load step 3's checkpoint in place and finish",
+      p.returncode == 0 and "rank 0: step 5 failed as planned" in err and "rank 1: step 5 failed as planned" in err
+      and "rank 1 lost a write behind step 5" in err and wb is not None and int(wb.group(2)) > 0
+      and "lost write after step" not in err, f"exit {p.returncode}: {err.strip()[-900:]}")
+if p.returncode == 0 and 3 in units_bits:
+    again = np.fromfile(os.path.join(work, "bh2s3opt.bin"), dtype=np.float32)
+    check("world 2 stage 3, P off NVMe: loaded in place after the lost write == clean, bitwise",
+          np.array_equal(again, units_bits[3]))
 # Stage 3 with P on NVMe ("always": the forward's fetches read NVMe, so the
 # loss cannot wait for the step): step 5 fails on every rank at once, rank 1
 # naming the lost write and rank 0 the rank that differs (not at the

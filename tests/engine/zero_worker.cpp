@@ -36,7 +36,11 @@ int main(int argc, char** argv) {
   int behind_eio_at = -1;  // rank 1's disk fails a write behind this step (strata.write_behind)
   bool behind_reload = false;  // then every rank loads the checkpoint in place (else exits 3 to be restarted)
   bool prepare = false;  // overlap_step, and prepare_step before each step's forward
-  bool behind_save = false;  // with behind-reload: a checkpoint save comes first after the lost write (and fails)
+  // With behind-reload: what comes first after the lost write (and fails on
+  // every rank): "save" (a checkpoint save) or "read" (read_master); or
+  // "badload", a load of a checkpoint that is not there (refused on every
+  // rank, changing nothing), before the step that then fails on every rank.
+  std::string behind_first;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
   bool tag_by_rank = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false;
   std::string timeout = "60", save_dir, load_dir, zero_extra, strata_extra;
@@ -50,7 +54,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "eio-rank-1-at-step")) eio_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "eio-skip")) eio_skip = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "behind-eio-rank-1-at-step")) behind_eio_at = std::stoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "behind-save")) behind_save = std::strcmp(argv[i + 1], "0") != 0;
+    if (!std::strcmp(argv[i], "behind-first")) behind_first = argv[i + 1];
     if (!std::strcmp(argv[i], "prepare")) prepare = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "behind-reload")) behind_reload = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "speculation")) strata_extra += R"(, "speculation": ")" + std::string(argv[i + 1]) + "\"";
@@ -78,6 +82,7 @@ int main(int argc, char** argv) {
   // default, DDP's semantics). Over 3 ranks it does not: the loss is
   // normalized by the whole batch and the engine sums.
   const bool uneven = 8 % info->world_size != 0;
+  // "optnvme": W, M, V on NVMe and P off it at every stage.
   const std::string par = place == "nvme" && stage == "3" ? "nvme" : "none";
   const std::string rank_swap = swap + "/rank" + std::to_string(info->rank);
   std::string mk = "mkdir -p '" + rank_swap + "'";
@@ -153,13 +158,25 @@ int main(int argc, char** argv) {
       eo.faults->Arm(FaultPlan::Ops::kWrites, EIO, static_cast<uint64_t>(eio_skip), 1);
     }
     if (s == kill_at && info->rank == 1) std::raise(SIGKILL);
-    if (behind_save && behind_reload && !behind_done && s == behind_eio_at + 1) {
-      // A save before the step that would fail: it fails on every rank at
-      // once (nothing written), the engines broken together.
+    if (behind_first == "badload" && behind_reload && !behind_done && s == behind_eio_at + 1) {
+      std::vector<uint8_t> blob;
+      Status st = eng.LoadCheckpoint(swap + "/nowhere", "", &blob);
+      if (st.ok()) return Die(StateError("a load of a missing checkpoint succeeded"));
+      std::fprintf(stderr, "rank %d: a load of a missing checkpoint failed as planned: %s\n", info->rank,
+                   st.ToString().c_str());
+    }
+    if ((behind_first == "save" || behind_first == "read") && behind_reload && !behind_done &&
+        s == behind_eio_at + 1) {
+      // A save (or a read of the master weights) before the step that would
+      // fail: it fails on every rank at once (nothing written), the engines
+      // broken together.
       const int next = s;
-      Status st = eng.SaveCheckpoint(swap + "/after-loss", "a", &next, sizeof next);
-      if (st.ok()) return Die(StateError("a checkpoint save after rank 1 lost a write succeeded"));
-      std::fprintf(stderr, "rank %d: save before step %d failed as planned: %s\n", info->rank, s, st.ToString().c_str());
+      std::vector<float> w0(eng.group_numel(0));
+      Status st = behind_first == "save" ? eng.SaveCheckpoint(swap + "/after-loss", "a", &next, sizeof next)
+                                         : eng.ReadMaster(0, w0.data());
+      if (st.ok()) return Die(StateError("a " + behind_first + " after rank 1 lost a write succeeded"));
+      std::fprintf(stderr, "rank %d: %s before step %d failed as planned: %s\n", info->rank, behind_first.c_str(), s,
+                   st.ToString().c_str());
       int again = 0;
       if (Status st = reload_in_place(&again); !st.ok()) return Die(st);
       s = again - 1;  // (the loop's ++s: step `again` next)
