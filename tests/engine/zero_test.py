@@ -310,106 +310,71 @@ if (2, 0) in results and (2, 2) in results:
     same = np.array_equal(results[(2, 0)], results[(2, 2)])
     print(f"note: world 2, all-reduce vs reduce-scatter (stage 0 vs 2): {'bitwise equal' if same else 'differ in the last bits (Gloo sums in another order)'}")
 
-# A write that fails behind step 4 on rank 1 (after step 4 returned).
-# Stage 2 (P and G off NVMe, write_behind "auto"): the ranks agree on it at
-# step 5, which fails on every rank at once, rank 1 naming the lost write
-# and rank 0 naming rank 1; their communicator intact, both load step 3's
-# checkpoint in place and train on to the clean bits. Each step is prepared
-# before its forward (overlap_step): rank 1 learns of the loss there, and
-# its forward and backward go on with the other rank's until the step.
-opts = ("dim", "96", "sub-group", "2048")
-p = run(2, 2, "nvme", "bh2s2", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
-                                      "prepare", "1"), expect_fail=True)
-err = p.stdout + p.stderr
-failed_as_planned = [re.search(rf"rank {k}: step 5 failed as planned: (.*)", err) for k in (0, 1)]
-check("world 2 stage 2: a write lost behind step 4 on rank 1 fails step 5 on every rank at once, rank 1 naming "
-      "the write and rank 0 naming rank 1; both load step 3's checkpoint in place and finish",
-      p.returncode == 0 and all(failed_as_planned) and "write_behind" in failed_as_planned[1].group(1)
-      and "rank 1 lost a write behind step 5" in failed_as_planned[0].group(1)
-      and "load the last checkpoint" in failed_as_planned[0].group(1)
-      and "rank 0: loaded step 3's checkpoint in place" in err and "rank 1: loaded step 3's checkpoint in place" in err
-      and "lost write after step" not in err, f"exit {p.returncode}: {err.strip()[-900:]}")
-if p.returncode == 0 and 2 in units_bits:
-    again = np.fromfile(os.path.join(work, "bh2s2.bin"), dtype=np.float32)
-    check("world 2 stage 2: loaded in place after the lost write == clean, bitwise", np.array_equal(again, units_bits[2]))
-# The same with speculation "always": each step is updated early
-# (speculatively) during its backward (rank 0's step 5 too, held when the
-# step fails, and dropped by the load); the ranks still end as clean.
-p = run(2, 2, "nvme", "bh2s2spec", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
-                                          "prepare", "1", "speculation", "always"), expect_fail=True)
-err = p.stdout + p.stderr
+# A write that fails behind step 4 on rank 1 (after step 4 returned), with
+# write_behind "auto" where P and G are off NVMe: the ranks agree on it at
+# the next step (or save, or gathered read), which fails on every rank at
+# once, rank 1 naming the lost write and rank 0 naming rank 1; their
+# communicator intact, both load step 3's checkpoint in place and train on
+# to the clean bits.
+def lost_write(stage, place, tag, what, extra, wants):
+    """Runs it; `extra`: the worker's options (what meets the loss first);
+    `wants`: patterns the ranks' output must match. Returns the output."""
+    p = run(2, stage, place, tag, ("dim", "96", "sub-group", "2048", "behind-eio-rank-1-at-step", "4", "eio-skip",
+                                   "5", "behind-reload", "1") + extra, expect_fail=True)
+    err = p.stdout + p.stderr
+    wants = list(wants) + [r"rank 0: loaded step 3's checkpoint in place", r"rank 1: loaded step 3's checkpoint in place"]
+    missing = [w for w in wants if not re.search(w, err)]
+    check(f"world 2 stage {stage}: a write lost behind step 4 on rank 1 {what}; both load step 3's checkpoint in "
+          "place and finish", p.returncode == 0 and not missing and "lost write after step" not in err,
+          f"exit {p.returncode}, missing {missing}: {err.strip()[-900:]}")
+    if p.returncode == 0 and stage in units_bits:
+        check(f"world 2 stage {stage}: {tag}: loaded in place after the lost write == clean, bitwise",
+              np.array_equal(np.fromfile(os.path.join(work, tag + ".bin"), dtype=np.float32), units_bits[stage]))
+    return err
+
+
+def step_fails(first=None):
+    """Rank 1's call (step 5, or `first` before it) names the lost write,
+    rank 0's names rank 1."""
+    call = f"{first} before step 5" if first else "step 5"
+    return [rf"rank 1: {call} failed as planned: .*write_behind",
+            rf"rank 0: {call} failed as planned: .*rank 1 lost a write behind step 5.*load the last checkpoint"]
+
+
+# Each step prepared before its forward (overlap_step): rank 1 learns of the
+# loss there, and its forward and backward go on with rank 0's until the step.
+lost_write(2, "nvme", "bh2s2", "fails step 5 on every rank at once", ("prepare", "1"), step_fails())
+# With speculation "always" each step is updated early (speculatively)
+# during its backward (rank 0's step 5 too, held when the step fails, and
+# dropped by the load).
+err = lost_write(2, "nvme", "bh2s2spec", "fails step 5 on every rank at once, speculating",
+                 ("prepare", "1", "speculation", "always"), step_fails())
 spec = re.search(r"speculated_steps (\d+)", err)
-check("world 2 stage 2, speculation always: the lost write fails step 5 on both ranks; both load in place and finish",
-      p.returncode == 0 and "rank 0: step 5 failed as planned" in err and "rank 1: step 5 failed as planned" in err
-      and spec is not None and int(spec.group(1)) > 0, f"exit {p.returncode}: {err.strip()[-900:]}")
-if p.returncode == 0 and 2 in units_bits:
-    again = np.fromfile(os.path.join(work, "bh2s2spec.bin"), dtype=np.float32)
-    check("world 2 stage 2, speculation always: loaded in place after the lost write == clean, bitwise",
-          np.array_equal(again, units_bits[2]))
-# The same loss met first by a checkpoint save (before step 5): the save
-# fails on every rank at once, writing nothing, and the ranks load step 3's
-# checkpoint in place and end as clean.
-p = run(2, 2, "nvme", "bh2s2save", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
-                                          "behind-first", "save"), expect_fail=True)
-err = p.stdout + p.stderr
-saves = [re.search(rf"rank {k}: save before step 5 failed as planned: (.*)", err) for k in (0, 1)]
+check("world 2 stage 2, speculation always: steps speculated", spec is not None and int(spec.group(1)) > 0,
+      spec.group(0) if spec else err.strip()[-200:])
+# Met first by a checkpoint save: it fails on every rank, writing nothing.
+lost_write(2, "nvme", "bh2s2save", "fails the next checkpoint save on every rank at once", ("behind-first", "save"),
+           step_fails("save"))
 after_loss = os.path.join(work, "bh2s2save", "after-loss")
-nothing_saved = not os.path.isdir(after_loss) or not os.listdir(after_loss)  # (no partial folder either)
-check("world 2 stage 2: a write lost behind step 4 on rank 1 fails the next checkpoint save on every rank at once "
-      "(nothing written); both load step 3's checkpoint in place and finish",
-      p.returncode == 0 and all(saves) and "write_behind" in saves[1].group(1)
-      and "rank 1 lost a write behind step 5" in saves[0].group(1)
-      and nothing_saved
-      and "lost write after step" not in err, f"exit {p.returncode}: {err.strip()[-900:]}")
-if p.returncode == 0 and 2 in units_bits:
-    again = np.fromfile(os.path.join(work, "bh2s2save.bin"), dtype=np.float32)
-    check("world 2 stage 2: loaded in place after the failed save == clean, bitwise", np.array_equal(again, units_bits[2]))
-# The same loss met first by a read of the master weights (a gather over
-# the ranks): it fails on every rank at once; both load in place.
-p = run(2, 2, "nvme", "bh2s2read", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
-                                          "behind-first", "read"), expect_fail=True)
-err = p.stdout + p.stderr
-reads = [re.search(rf"rank {k}: read before step 5 failed as planned: (.*)", err) for k in (0, 1)]
-check("world 2 stage 2: a write lost behind step 4 on rank 1 fails the next read_master on every rank at once; "
-      "both load step 3's checkpoint in place and finish",
-      p.returncode == 0 and all(reads) and "write_behind" in reads[1].group(1)
-      and "rank 1 lost a write behind step 5" in reads[0].group(1) and "lost write after step" not in err,
-      f"exit {p.returncode}: {err.strip()[-900:]}")
-if p.returncode == 0 and 2 in units_bits:
-    again = np.fromfile(os.path.join(work, "bh2s2read.bin"), dtype=np.float32)
-    check("world 2 stage 2: loaded in place after the failed read == clean, bitwise", np.array_equal(again, units_bits[2]))
-# The same loss, then a load of a checkpoint that is not there (refused on
-# every rank, nothing changed): the loss stays to be agreed, and step 5
-# still fails on every rank at once; both load step 3's in place.
-p = run(2, 2, "nvme", "bh2s2bad", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
-                                         "behind-first", "badload"), expect_fail=True)
-err = p.stdout + p.stderr
-check("world 2 stage 2: after a lost write, a load that changed nothing leaves it to the step, which fails on every "
-      "rank at once; both load step 3's checkpoint in place and finish",
-      p.returncode == 0 and "rank 0: a load of a missing checkpoint failed as planned" in err
-      and "rank 1: a load of a missing checkpoint failed as planned" in err
-      and "rank 0: step 5 failed as planned" in err and "rank 1: step 5 failed as planned" in err
-      and "rank 1 lost a write behind step 5" in err and "lost write after step" not in err,
-      f"exit {p.returncode}: {err.strip()[-900:]}")
-if p.returncode == 0 and 2 in units_bits:
-    again = np.fromfile(os.path.join(work, "bh2s2bad.bin"), dtype=np.float32)
-    check("world 2 stage 2: loaded in place after the refused load == clean, bitwise", np.array_equal(again, units_bits[2]))
+check("world 2 stage 2: the save refused after the lost write wrote nothing (no partial folder either)",
+      not os.path.isdir(after_loss) or not os.listdir(after_loss), str(os.listdir(after_loss)) if os.path.isdir(after_loss) else "")
+# Met first by a read of the master weights (a gather over the ranks).
+lost_write(2, "nvme", "bh2s2read", "fails the next read_master on every rank at once", ("behind-first", "read"),
+           step_fails("read"))
+# Then a load of a checkpoint that is not there (refused on every rank,
+# nothing changed): the loss stays to be agreed, and step 5 still fails.
+lost_write(2, "nvme", "bh2s2bad", "survives a refused load, and step 5 fails on every rank at once",
+           ("behind-first", "badload"),
+           step_fails() + [r"rank 0: a load of a missing checkpoint failed as planned",
+                           r"rank 1: a load of a missing checkpoint failed as planned"])
 # Stage 3 with P off NVMe (offload_param none, W, M, V on NVMe): "auto"
 # writes behind, and a lost write is agreed at the step as at stage 2 (the
 # forward's and backward's gathers go on meanwhile).
-p = run(2, 3, "optnvme", "bh2s3opt", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5", "behind-reload", "1",
-                                           "prepare", "1"), expect_fail=True)
-err = p.stdout + p.stderr
+err = lost_write(3, "optnvme", "bh2s3opt", "fails step 5 on every rank at once, P off NVMe", ("prepare", "1"),
+                 step_fails())
 wb = re.search(r"steps (\d+) .*write_behind_steps (\d+)", err)
-check("world 2 stage 3, P off NVMe: every step wrote behind by default; a write lost behind step 4 on rank 1 fails "
-      "step 5 on every rank at once; both load step 3's checkpoint in place and finish",
-      p.returncode == 0 and "rank 0: step 5 failed as planned" in err and "rank 1: step 5 failed as planned" in err
-      and "rank 1 lost a write behind step 5" in err and wb is not None and int(wb.group(2)) > 0
-      and "lost write after step" not in err, f"exit {p.returncode}: {err.strip()[-900:]}")
-if p.returncode == 0 and 3 in units_bits:
-    again = np.fromfile(os.path.join(work, "bh2s3opt.bin"), dtype=np.float32)
-    check("world 2 stage 3, P off NVMe: loaded in place after the lost write == clean, bitwise",
-          np.array_equal(again, units_bits[3]))
+check("world 2 stage 3, P off NVMe: steps wrote behind by default", wb is not None and int(wb.group(2)) > 0,
+      wb.group(0) if wb else err.strip()[-200:])
 # Stage 3 with P on NVMe ("always": the forward's fetches read NVMe, so the
 # loss cannot wait for the step): step 5 fails on every rank at once, rank 1
 # naming the lost write and rank 0 the rank that differs (not at the
