@@ -165,17 +165,25 @@ Status StepPipeline::RunBehind(const std::vector<int>& order, double grad_scale,
     std::string why;
     Status st = RunFeed(feed, grad_scale, so, &why);
     behind_id_ = std::thread::id();
+    std::string lost;
     {
       std::lock_guard<std::mutex> lock(behind_mu_);
       if (!behind_updated_) {
         behind_status_ = std::move(st);
         behind_broken_ = std::move(why);
       } else if (!st.ok()) {
+        lost = st.ToString();
         behind_failure_ = std::move(st);
       }
       behind_phase_ = Behind::kIdle;
     }
     behind_cv_.notify_all();
+    // Said now, as it happens: the engine learns it at its next call that
+    // waits for the writes (SettleBehind), which may be a forward later.
+    if (!lost.empty())
+      STRATA_LOG_ERROR("write_behind: step {}'s W, M, V writes failed after it returned ({}): its new state is lost; "
+                       "the next call that waits for them fails (with several ranks, every rank's next step)",
+                       step, lost);
   });
   std::unique_lock<std::mutex> lock(behind_mu_);
   behind_cv_.wait(lock, [&] { return behind_phase_ != Behind::kUpdating; });

@@ -337,7 +337,8 @@ def step_fails(first=None):
     """Rank 1's call (step 5, or `first` before it) names the lost write,
     rank 0's names rank 1."""
     call = f"{first} before step 5" if first else "step 5"
-    return [rf"rank 1: {call} failed as planned: .*write_behind",
+    return [r"step 5's W, M, V writes failed after it returned",  # rank 1's log, as the write fails
+            rf"rank 1: {call} failed as planned: .*write_behind",
             rf"rank 0: {call} failed as planned: .*rank 1 lost a write behind step 5.*load the last checkpoint"]
 
 
