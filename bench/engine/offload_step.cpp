@@ -137,6 +137,11 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(run.after.nvme_to_host - run.before.nvme_to_host),
                 static_cast<unsigned long long>(run.after.host_to_nvme - run.before.host_to_nvme),
                 run.eng->config().strata.step_io.c_str());
+    // strata.write_behind: how many steps returned before their writes
+    // landed, and how long the engine then waited for them (the next step's
+    // reads). A time, so the benchmark's to report, not a test's to compare.
+    std::printf("offload_step_behind format=%s write_behind_steps=%llu behind_wait_s=%.4f\n", run.format.c_str(),
+                static_cast<unsigned long long>(run.after.write_behind_steps), run.after.behind_wait_s);
   }
   return 0;
 }
