@@ -175,7 +175,9 @@ class Engine::Impl {
   bool behind_allowed_ = false, behind_agreed_ = false;
   std::string behind_loss_;
   bool behind_short_said_ = false;  // ApplyStep's warning that a step could not write behind, given
-  Status Agree(const Status& local, const std::string& what) { return AgreeOverRanks(comm_, local, what); }
+  Status Agree(const Status& local, const std::string& what, std::vector<int>* failed = nullptr) {
+    return AgreeOverRanks(comm_, local, what, failed);
+  }
   Status RecomputeP(void* buf, uint64_t buf_bytes);
 
   Status PrepareStep(const StepOptions& so);

@@ -120,17 +120,15 @@ Status Engine::Impl::AgreeWriteBehind() {
 Status Engine::Impl::AgreeBehind(const char* call) {
   if (!behind_agreed_) return Status::Ok();
   SettleBehind();  // the last step's writes have landed, or one was lost (behind_loss_)
-  const size_t w = static_cast<size_t>(comm_->world_size()), r = static_cast<size_t>(comm_->rank());
-  std::vector<int32_t> lost(w, 0);
-  lost[r] = behind_loss_.empty() ? 0 : 1;
-  comm_->SetLabel("writes behind s" + std::to_string(step_.applied));
-  STRATA_RETURN_IF_ERROR(comm_->AllGather(&lost[r], lost.data(), sizeof(int32_t))
-                             .WithContext(std::string(call) + ": agreeing on the writes behind step " +
-                                          std::to_string(step_.applied)));
+  std::vector<int> lost;
+  const Status agreed = Agree(behind_loss_.empty() ? Status::Ok() : StateError(behind_loss_),
+                              "writes behind s" + std::to_string(step_.applied), &lost);
+  if (agreed.ok()) return agreed;
+  if (lost.empty())  // the all-gather itself failed
+    return agreed.WithContext(std::string(call) + ": agreeing on the writes behind step " +
+                              std::to_string(step_.applied));
   std::string ranks;
-  for (size_t k = 0; k < w; ++k)
-    if (lost[k]) ranks += (ranks.empty() ? "" : ", ") + std::to_string(k);
-  if (ranks.empty()) return Status::Ok();
+  for (int k : lost) ranks += (ranks.empty() ? "" : ", ") + std::to_string(k);
   if (step_.broken.empty())
     step_.broken = !behind_loss_.empty()
                        ? behind_loss_

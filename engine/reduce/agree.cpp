@@ -5,14 +5,23 @@
 
 namespace strata {
 
-Status AgreeOverRanks(net::Communicator* comm, const Status& local, const std::string& what) {
-  if (!comm || comm->world_size() <= 1) return local;
+Status AgreeOverRanks(net::Communicator* comm, const Status& local, const std::string& what,
+                      std::vector<int>* failed) {
+  if (!comm || comm->world_size() <= 1) {
+    if (failed) *failed = local.ok() ? std::vector<int>{} : std::vector<int>{0};
+    return local;
+  }
   const int w = comm->world_size(), r = comm->rank();
   std::vector<int32_t> codes(static_cast<size_t>(w));
   codes[static_cast<size_t>(r)] = local.ok() ? 0 : 1 + static_cast<int32_t>(local.code());
   comm->SetLabel(what);
   Status st = comm->AllGather(&codes[static_cast<size_t>(r)], codes.data(), sizeof(int32_t));
   if (!st.ok()) return st.WithContext(what);
+  if (failed) {
+    failed->clear();
+    for (int k = 0; k < w; ++k)
+      if (codes[static_cast<size_t>(k)]) failed->push_back(k);
+  }
   if (!local.ok()) return local;
   for (int k = 0; k < w; ++k)
     if (codes[static_cast<size_t>(k)])

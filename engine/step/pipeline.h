@@ -166,7 +166,7 @@ class StepPipeline {
   // reduction's), and when the first of them began: the stats count the
   // time any waited, once (behind_wait_s), not each thread's.
   int behind_waiters_ = 0;
-  std::chrono::steady_clock::time_point behind_wait_start_;
+  double behind_wait_start_ = 0;  // (stats_.Now())
   struct Ahead {
     int group = -1, unit = 0;
     void* slot = nullptr;

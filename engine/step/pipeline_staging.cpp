@@ -3,7 +3,6 @@
 // backward, and write-behind: a run whose writes go on, on the pipeline's own
 // thread, after it returns, with the gate every other NVMe move waits at.
 #include <algorithm>
-#include <chrono>
 #include <utility>
 
 #include "base/align.h"
@@ -198,12 +197,12 @@ Status StepPipeline::WaitBehind() {
   // The stats count the time some thread waited (behind_wait_s): from the
   // first waiter's arrival to the last one's leaving. Every waiter of a
   // phase leaves when it ends, so that is the union of their waits.
-  if (behind_waiters_++ == 0) behind_wait_start_ = std::chrono::steady_clock::now();
+  if (behind_waiters_++ == 0) behind_wait_start_ = stats_.Now();
   behind_cv_.wait(lock, [&] { return behind_phase_ == Behind::kIdle; });
   Status st = behind_failure_;
   double waited = -1;
   if (--behind_waiters_ == 0)
-    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - behind_wait_start_).count();
+    waited = stats_.Now() - behind_wait_start_;
   lock.unlock();
   if (waited >= 0) stats_.OnBehindWait(waited);
   return st;
