@@ -350,9 +350,12 @@ Status Engine::Impl::BuildOnce() {
   init_.shrink_to_fit();
   step_.group_steps.assign(static_cast<size_t>(ngroups), 0);
   step_.scaler.Init(config_.fp16);
-  STRATA_RETURN_IF_ERROR(AgreeWriteBehind());  // several ranks: whether the step writes behind, on all or none
-  STRATA_RETURN_IF_ERROR(GrowStagingBehind());  // (before StartOverlap: "auto" speculation asks WritesBehind)
   STRATA_RETURN_IF_ERROR(StartComponents());
+  // Several ranks: whether the step writes behind, on all or none (after
+  // residency: whether P's copies stay). Before StartOverlap: "auto"
+  // speculation asks WritesBehind.
+  STRATA_RETURN_IF_ERROR(AgreeWriteBehind());
+  STRATA_RETURN_IF_ERROR(GrowStagingBehind());
   if (options_.overlap_step) STRATA_RETURN_IF_ERROR(StartOverlap());  // overlap.cpp
   built_ = true;
   STRATA_LOG_DEBUG("built {} groups ({} frozen), {} parameters; P on {}, W/M/V on {}, G on {}", ngroups,

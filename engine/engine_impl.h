@@ -156,16 +156,27 @@ class Engine::Impl {
   void AnnounceBehindLoss();
   bool behind_lost_ = false;  // SettleBehind broke the engine; not yet announced
   // Several ranks where the ranks can agree on a lost write (build's vote:
-  // strata.write_behind allows it on every rank, with P and G off NVMe on
-  // every rank, BehindLossAgreeable). Then a lost write does not break the
-  // communicator: SettleBehind keeps it in behind_loss_ (refused by the
+  // strata.write_behind allows it on every rank, and on every rank G is off
+  // NVMe and so is P, or P's copies are kept: BehindLossAgreeable). Then a
+  // lost write does not break the communicator: SettleBehind keeps it in behind_loss_ (refused by the
   // calls that read the state, not by those of the pass), and the next step
   // or checkpoint save agrees on it first thing (AgreeBehind), every rank
   // broken together, each able to load the last checkpoint in place.
   // behind_allowed_: strata.write_behind applies (WritesBehind), the same on
   // every rank.
   Status AgreeWriteBehind();
-  Status AgreeBehind(const char* call);
+  // `step_end`: at the end of a step whose writes are behind (P on NVMe with
+  // its copies kept, behind_copies_), before it returns: agrees on what this
+  // rank knows now (a rank whose copies did not all take the step's new P
+  // waited for its writes), without waiting for the writes itself.
+  Status AgreeBehind(const char* call, bool step_end = false);
+  // behind_agreed_ with P on NVMe (its copies kept: BehindLossAgreeable).
+  bool behind_copies_ = false;
+  // Whether every group's copy holds P as the step left it (resident, and
+  // refreshed by the step or frozen): those DropDeviceCopies keeps.
+  bool CopyStays(int g) const;
+  bool PCopiesCurrent() const;
+  int64_t behind_step_ = 0;  // the step whose writes were last left behind (RunBehind)
   // Whether reading group g's state is a collective (its shards gathered
   // over the ranks): then every rank reads it, and agrees first.
   bool ReadGathers(int g) const {

@@ -72,13 +72,15 @@ void Engine::Impl::SettleBehind(bool recovers) {
   Status st = pipeline_->WaitBehind();
   if (st.ok()) return;
   if (step_.broken.empty() && behind_loss_.empty()) {  // (else said already, or broken before)
-    std::string lost = "step " + std::to_string(step_.applied) +
-                       " returned before its W, M, V were written (strata.write_behind), and a write failed (" +
-                       st.ToString() + "): its new state is lost";
+    std::string lost = "step " + std::to_string(behind_step_) +
+                       " left its W, M, V writes to finish after its update (strata.write_behind), and a write "
+                       "failed (" + st.ToString() + "): its new state is lost";
     if (behind_agreed_) {
       // The other ranks learn it at the next step or save (AgreeBehind);
       // until then this rank's forward and backward go on with theirs
-      // (they read nothing the write held: P and G are off NVMe). A load
+      // (they read nothing the write held: P and G are off NVMe, or P's
+      // copies all hold the step's new P, else the step waited for its
+      // writes and the ranks agreed before it returned). A load
       // (`recovers`) clears it when it succeeds (AbandonStep); one that
       // changed nothing leaves it for the next agreement.
       STRATA_LOG_ERROR("rank {}: {}; every rank's next step (or checkpoint save) fails with it", options_.rank, lost);
@@ -97,42 +99,58 @@ Status Engine::Impl::AgreeWriteBehind() {
   // Allowed, and a step could write behind at all (W, M, V stepped in
   // pieces: on NVMe, not compact, no GPU update).
   const bool could = pipeline_ && !pipeline_->BehindPieces(StepOrder()).empty();
-  const bool allowed = could && WriteBehindAllowed(config_, lay_);
+  const bool kept = residency_ && residency_->KeepsCopies();
+  const bool allowed = could && WriteBehindAllowed(config_, lay_, kept);
   if (!lay_.multi) {
     behind_allowed_ = allowed;
     return Status::Ok();
   }
-  float votes[2] = {allowed ? 1.0f : 0.0f, BehindLossAgreeable(lay_) ? 1.0f : 0.0f};
+  float votes[2] = {allowed ? 1.0f : 0.0f, BehindLossAgreeable(lay_, kept) ? 1.0f : 0.0f};
   comm_->SetLabel("build: write behind");
   STRATA_RETURN_IF_ERROR(comm_->AllReduce(votes, 2).WithContext("build: agreeing whether the step writes behind"));
   const float w = static_cast<float>(comm_->world_size());
   behind_allowed_ = votes[0] == w;
   behind_agreed_ = behind_allowed_ && votes[1] == w;
+  behind_copies_ = behind_agreed_ && lay_.home[int(StateKind::kP)] == TierKind::kNvme;
   if (config_.strata.write_behind == "auto" && could && !behind_allowed_)
     STRATA_LOG_INFO("write_behind \"auto\": the step writes before it returns: with several ranks it writes behind "
-                    "only where P and G are off NVMe on every rank (a lost write is then agreed at the next step, "
-                    "before anything reads it)");
+                    "only where G is off NVMe on every rank, and P is too or its gathered copies stay in memory "
+                    "from step to step (stage 3, no GPU, every copy within strata.device_budget) on every rank "
+                    "(a lost write is then agreed at the next step, before anything reads it)");
   return Status::Ok();
+}
+
+bool Engine::Impl::CopyStays(int g) const {
+  const PCopy f = p_refreshed_[static_cast<size_t>(g)];
+  return lay_.frozen(g) || f == PCopy::kCommitted || f == PCopy::kHeld;  // not a discarded speculation's
+}
+
+bool Engine::Impl::PCopiesCurrent() const {
+  for (int g = 0; g < lay_.part.num_groups(); ++g)
+    if (!CopyStays(g) || !residency_->resident(g)) return false;
+  return true;
 }
 
 // Every rank calls it at the same point (the step, a checkpoint save), so
 // it is one more collective in their common order: a 4-byte all-gather.
-Status Engine::Impl::AgreeBehind(const char* call) {
+Status Engine::Impl::AgreeBehind(const char* call, bool step_end) {
   if (!behind_agreed_) return Status::Ok();
-  SettleBehind();  // the last step's writes have landed, or one was lost (behind_loss_)
+  // The last step's writes have landed, or one was lost (behind_loss_). At
+  // a step's end its own are in flight, or waited for (ApplyStep).
+  if (!step_end) SettleBehind();
+  const int64_t step = step_.applied + (step_end ? 1 : 0);  // the step whose writes these are
   std::vector<int> lost;
   const Status agreed = Agree(behind_loss_.empty() ? Status::Ok() : StateError(behind_loss_),
-                              "writes behind s" + std::to_string(step_.applied), &lost);
+                              "writes behind s" + std::to_string(step), &lost);
   if (agreed.ok()) return agreed;
   if (lost.empty())  // the all-gather itself failed
-    return agreed.WithContext(std::string(call) + ": agreeing on the writes behind step " +
-                              std::to_string(step_.applied));
+    return agreed.WithContext(std::string(call) + ": agreeing on the writes behind step " + std::to_string(step));
   std::string ranks;
   for (int k : lost) ranks += (ranks.empty() ? "" : ", ") + std::to_string(k);
   if (step_.broken.empty())
     step_.broken = !behind_loss_.empty()
                        ? behind_loss_
-                       : "rank " + ranks + " lost a write behind step " + std::to_string(step_.applied) +
+                       : "rank " + ranks + " lost a write behind step " + std::to_string(step) +
                              " (strata.write_behind; its log names it): the ranks' states are no longer one step's";
   behind_loss_.clear();
   return CheckUsable(call);
@@ -332,6 +350,7 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
 // (their bias correction).
 Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status early) {
   Status st = std::move(early);
+  bool wrote_behind = false;
   std::map<int64_t, std::vector<int>> cohorts;  // by update count: one pipeline each
   for (int g = 0; g < lay_.part.num_groups(); ++g) {
     const GroupStep& gs = steps_[static_cast<size_t>(g)];
@@ -353,16 +372,28 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
         STRATA_LOG_WARN("write_behind: step {}: the step staging's free pieces do not hold the step's W, M, V at "
                       "once: this step (and any other such) writes before it returns", step_.applied + 1);
     }
-    if (behind)
+    if (behind) {
+      behind_step_ = step_.applied + 1;
       st = pipeline_->RunBehind(groups, grad_scale, so, steps + 1, &step_.broken);
-    else
+      wrote_behind = st.ok();
+    } else {
       st = pipeline_->Run(groups, grad_scale, so, steps + 1, &step_.broken);
+    }
   }
   if (st.ok()) st = RepairStaleP();
   if (!step_.broken.empty())
     st = StateError("step: cannot be finished: " + step_.broken + "; load the last checkpoint to go on (" +
                     st.message() + ")");
+  // P on NVMe with its copies kept (behind_copies_): a copy that did not
+  // take this step's new P (a group without gradients, a speculated one, a
+  // unit it missed) is dropped, and the next fetch loads P from NVMe. Then
+  // this rank waits for its writes here, and the ranks agree on them below,
+  // so that no fetch meets a write left behind, nor one lost.
+  const bool settle = behind_copies_ && wrote_behind && !PCopiesCurrent();
+  if (settle) SettleBehind();
+  if (wrote_behind && !settle) stats_->OnWriteBehind();  // it returns before its writes land
   st = Agree(st, "step");  // none gathers alone
+  if (st.ok() && behind_copies_) st = AgreeBehind("step", /*step_end=*/true);
   for (int g = 0; st.ok() && lay_.p_gathered_after_step() && g < lay_.part.num_groups(); ++g)
     if (!lay_.frozen(g)) st = reducer_->Gather(g, io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(StateKind::kP)]));
   return st;

@@ -137,10 +137,7 @@ void Engine::Impl::DropDeviceCopies(bool keep_frozen) {
     // keep_frozen (a step's end): frozen P never changes, and a copy the
     // step refreshed (OnPStored) holds the new P already.
     if (keep_frozen)
-      residency_->Drop([this](int g) {
-        const PCopy f = p_refreshed_[static_cast<size_t>(g)];
-        return lay_.frozen(g) || f == PCopy::kCommitted || f == PCopy::kHeld;  // not a discarded speculation's
-      });
+      residency_->Drop([this](int g) { return CopyStays(g); });
     else residency_->Drop();
   }
   std::fill(p_refreshed_.begin(), p_refreshed_.end(), PCopy::kOld);

@@ -28,12 +28,14 @@ uint64_t StepPieceBytes(const Layout& m, const std::function<uint64_t(uint64_t)>
   return at;
 }
 
-bool BehindLossAgreeable(const Layout& m) {
-  return m.multi && m.home[int(StateKind::kP)] != TierKind::kNvme && m.home[int(StateKind::kG)] != TierKind::kNvme;
+bool BehindLossAgreeable(const Layout& m, bool p_copies_kept) {
+  return m.multi && (m.home[int(StateKind::kP)] != TierKind::kNvme || p_copies_kept) &&
+         m.home[int(StateKind::kG)] != TierKind::kNvme;
 }
 
-bool WriteBehindAllowed(const Config& c, const Layout& m) {
-  return c.strata.write_behind == "always" || (c.strata.write_behind == "auto" && (!m.multi || BehindLossAgreeable(m)));
+bool WriteBehindAllowed(const Config& c, const Layout& m, bool p_copies_kept) {
+  return c.strata.write_behind == "always" ||
+         (c.strata.write_behind == "auto" && (!m.multi || BehindLossAgreeable(m, p_copies_kept)));
 }
 
 std::vector<uint64_t> BehindPieces(const Layout& m, const std::function<uint64_t(uint64_t)>& padded,

@@ -60,13 +60,18 @@ StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)
 // step's order (each at a multiple of 4096, as the slots place them; none
 // where the step is not in pieces, Layout::opt_piece_bytes 0, or the state
 // is compact). How many slots hold them: staging.h's BuffersForPieces.
-bool WriteBehindAllowed(const Config& c, const Layout& m);
-// Several ranks: nothing reads NVMe between one step and the next's
-// prepare_step or step (P and G off NVMe; the forward's and backward's
-// fetches and gradients then wait for no write left behind), so a write
-// lost behind a step is agreed by every rank at the next step (or save),
-// and they all fail together, their communicator intact.
-bool BehindLossAgreeable(const Layout& m);
+bool WriteBehindAllowed(const Config& c, const Layout& m, bool p_copies_kept);
+// Several ranks: nothing reads a write left behind between one step and the
+// next's prepare_step or step, so a write lost behind a step is agreed by
+// every rank at the next step (or save), and they all fail together, their
+// communicator intact. G is off NVMe, and so is P, or P's copies are kept:
+// `p_copies_kept`, stage 3's gathered copies that stay in the device tier
+// (no GPU) from step to step, each refreshed by the step (Residency's
+// keep_gathered). The forward's fetches then load no P from NVMe after a
+// step whose copies all took its new P; a step whose copies did not waits
+// for its writes, and the ranks agree on them, before it returns
+// (Engine::Impl::ApplyStep).
+bool BehindLossAgreeable(const Layout& m, bool p_copies_kept);
 std::vector<uint64_t> BehindPieces(const Layout& m, const std::function<uint64_t(uint64_t)>& padded,
                                    const std::vector<int>& groups);
 

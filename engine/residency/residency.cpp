@@ -79,6 +79,15 @@ int Residency::pins(int g) const {
   return copies_[static_cast<size_t>(g)].pins;
 }
 
+bool Residency::resident(int g) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return copies_[static_cast<size_t>(g)].state == Copy::kResident;
+}
+
+bool Residency::KeepsCopies() const {
+  return options_.sharded && options_.keep_gathered && !options_.home && !device_.separate();
+}
+
 Status Residency::LoadAllocated(int g, std::unique_lock<std::mutex>& lock) {
   Copy& c = copies_[static_cast<size_t>(g)];
   c.state = Copy::kLoading;

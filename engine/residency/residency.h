@@ -89,6 +89,13 @@ class Residency {
   Result<void*> Fetch(int g);
   Status Release(int g);
   int pins(int g) const;
+  bool resident(int g) const;
+  // Whether copies stay from step to step, each taking the step's new P
+  // (Refresh): sharded with keep_gathered (never evicted), in host memory
+  // (the device tier's arena), not P's home itself. Then a fetch after a
+  // step whose copies are all resident and refreshed loads nothing from P's
+  // home.
+  bool KeepsCopies() const;
 
   // At the end of a step: the recorded trace takes effect; returns the groups
   // to prefetch for the next step's first fetches.

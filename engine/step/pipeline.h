@@ -105,7 +105,8 @@ class StepPipeline {
   // (staging_plan.h), and enough of them for every job at once.
   // A run that fails before every job is updated writes nothing and returns
   // as Run does (the groups it did not commit are redone by the next run);
-  // one that gets past its updates counts in the stats' write_behind_steps.
+  // one that gets past its updates returns Ok (the engine counts the step
+  // in the stats' write_behind_steps, unless it waits for the writes).
   // A write that fails after the run returned cannot be undone into the
   // step: its job's new state is discarded (the block keeps its old
   // contents), the rest are not started, and the failure is kept for

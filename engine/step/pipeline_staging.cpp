@@ -139,7 +139,6 @@ void StepPipeline::Updated() {
     behind_updated_ = true;
     behind_phase_ = Behind::kWriting;
   }
-  stats_.OnWriteBehind();
   behind_cv_.notify_all();
 }
 
@@ -180,8 +179,9 @@ Status StepPipeline::RunBehind(const std::vector<int>& order, double grad_scale,
     // Said now, as it happens: the engine learns it at its next call that
     // waits for the writes (SettleBehind), which may be a forward later.
     if (!lost.empty())
-      STRATA_LOG_ERROR("write_behind: step {}'s W, M, V writes failed after it returned ({}): its new state is lost; "
-                       "the next call that waits for them fails (with several ranks, every rank's next step)",
+      STRATA_LOG_ERROR("write_behind: step {}'s W, M, V writes failed behind its update ({}): its new state is "
+                       "lost; the engine's next call that waits for them fails (with several ranks, on every "
+                       "rank)",
                        step, lost);
   });
   std::unique_lock<std::mutex> lock(behind_mu_);

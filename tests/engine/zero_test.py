@@ -261,9 +261,8 @@ for stage in (1, 2, 3):
 # Step units over ranks: a wider model (96: a shard of 6144 elements a
 # group at 2 ranks) on NVMe in units of 2048 gives the device run's bits;
 # at stage 3 the step still reads W, M, V alone (each unit's new P went into
-# the kept copy). Every step wrote behind (strata.write_behind "always":
-# at stage 3 P is on NVMe, where "auto" does not at several ranks; the
-# staging pieces hold every unit).
+# the kept copy). Every step wrote behind (strata.write_behind "always";
+# the staging pieces hold every unit).
 units_bits = {}
 for stage in (2, 3):
     wide = run(2, stage, "device", f"u2s{stage}dev", ("dim", "96"))
@@ -279,21 +278,28 @@ for stage in (2, 3):
         m = re.search(r"last_step_read (\d+) wmv (\d+)", last_err)
         check("world 2 stage 3 on nvme in units: a step reads W, M, V alone",
               m is not None and int(m.group(1)) == int(m.group(2)), m.group(0) if m else last_err.strip()[-200:])
-    # The default ("auto") writes behind at several ranks where P and G are
-    # off NVMe (stage 2 here: a lost write is agreed at the next step, below);
-    # at stage 3 P is on NVMe (the forward reads it): the step writes before
-    # it returns, and an info line says why.
-    auto = run(2, stage, "nvme", f"u2s{stage}auto", ("dim", "96", "sub-group", "2048"))
-    if auto is not None:
-        m = re.search(r"steps (\d+) .*write_behind_steps (\d+)", last_err)
-        behind = m is not None and int(m.group(2)) == int(m.group(1)) > 0
-        never = m is not None and int(m.group(2)) == 0 and "only where P and G are off NVMe" in last_err
-        check(f"world 2 stage {stage} on nvme in units, write_behind auto: " +
-              ("every step wrote behind" if stage == 2 else "no step wrote behind, and it says why"),
-              behind if stage == 2 else never, m.group(0) if m else last_err.strip()[-200:])
+    # The default ("auto") writes behind at several ranks where G is off
+    # NVMe and P is too (stage 2 here), or P's gathered copies stay from step
+    # to step (stage 3 within the device budget: the forward reads no P from
+    # NVMe). A lost write is then agreed at the next step (below). At stage 3
+    # with a device budget (96 KiB) that does not hold every copy at once,
+    # the forward reads P from NVMe: the step writes before it returns, and
+    # an info line says why.
+    for budget in ("64MiB",) + (("96KiB",) if stage == 3 else ()):
+        auto = run(2, stage, "nvme", f"u2s{stage}auto{budget}", ("dim", "96", "sub-group", "2048", "device-budget", budget))
+        if auto is None:
+            continue
+        m = re.search(r"steps (\d+) last_step_read (\d+) wmv (\d+) write_behind_steps (\d+)", last_err)
+        kept = budget == "64MiB"
+        behind = m is not None and int(m.group(4)) == int(m.group(1)) > 0
+        never = m is not None and int(m.group(4)) == 0 and "its gathered copies stay in memory" in last_err \
+            and int(m.group(2)) > int(m.group(3))  # (the step read P back: the copies did not stay)
+        check(f"world 2 stage {stage} on nvme in units, write_behind auto, device budget {budget}: " +
+              ("every step wrote behind" if kept else "no step wrote behind, and it says why"),
+              behind if kept else never, m.group(0) if m else last_err.strip()[-200:])
         if wide is not None:
-            check(f"world 2 stage {stage} on nvme in units, write_behind auto == on device, bitwise",
-                  np.array_equal(wide, auto))
+            check(f"world 2 stage {stage} on nvme in units, write_behind auto, device budget {budget} == on device, "
+                  "bitwise", np.array_equal(wide, auto))
 # Gloo's bulk collectives go through shared memory (every rank is on this
 # host); over TCP (strata.comm_shared_memory false) the bits are the same.
 if (2, 3) in results:
@@ -316,9 +322,10 @@ if (2, 0) in results and (2, 2) in results:
 # once, rank 1 naming the lost write and rank 0 naming rank 1; their
 # communicator intact, both load step 3's checkpoint in place and train on
 # to the clean bits.
-def lost_write(stage, place, tag, what, extra, wants):
+def lost_write(stage, place, tag, what, extra, wants, ref=None):
     """Runs it; `extra`: the worker's options (what meets the loss first);
-    `wants`: patterns the ranks' output must match. Returns the output."""
+    `wants`: patterns the ranks' output must match; `ref`: the clean run's
+    bits (else the units run's). Returns the output."""
     p = run(2, stage, place, tag, ("dim", "96", "sub-group", "2048", "behind-eio-rank-1-at-step", "4", "eio-skip",
                                    "5", "behind-reload", "1") + extra, expect_fail=True)
     err = p.stdout + p.stderr
@@ -327,9 +334,10 @@ def lost_write(stage, place, tag, what, extra, wants):
     check(f"world 2 stage {stage}: a write lost behind step 4 on rank 1 {what}; both load step 3's checkpoint in "
           "place and finish", p.returncode == 0 and not missing and "lost write after step" not in err,
           f"exit {p.returncode}, missing {missing}: {err.strip()[-900:]}")
-    if p.returncode == 0 and stage in units_bits:
+    clean = ref if ref is not None else units_bits.get(stage)
+    if p.returncode == 0 and clean is not None:
         check(f"world 2 stage {stage}: {tag}: loaded in place after the lost write == clean, bitwise",
-              np.array_equal(np.fromfile(os.path.join(work, tag + ".bin"), dtype=np.float32), units_bits[stage]))
+              np.array_equal(np.fromfile(os.path.join(work, tag + ".bin"), dtype=np.float32), clean))
     return err
 
 
@@ -337,7 +345,7 @@ def step_fails(first=None):
     """Rank 1's call (step 5, or `first` before it) names the lost write,
     rank 0's names rank 1."""
     call = f"{first} before step 5" if first else "step 5"
-    return [r"step 5's W, M, V writes failed after it returned",  # rank 1's log, as the write fails
+    return [r"step 5's W, M, V writes failed behind its update",  # rank 1's log, as the write fails
             rf"rank 1: {call} failed as planned: .*write_behind",
             rf"rank 0: {call} failed as planned: .*rank 1 lost a write behind step 5.*load the last checkpoint"]
 
@@ -376,19 +384,54 @@ err = lost_write(3, "optnvme", "bh2s3opt", "fails step 5 on every rank at once, 
 wb = re.search(r"steps (\d+) .*write_behind_steps (\d+)", err)
 check("world 2 stage 3, P off NVMe: steps wrote behind by default", wb is not None and int(wb.group(2)) > 0,
       wb.group(0) if wb else err.strip()[-200:])
-# Stage 3 with P on NVMe ("always": the forward's fetches read NVMe, so the
-# loss cannot wait for the step): step 5 fails on every rank at once, rank 1
-# naming the lost write and rank 0 the rank that differs (not at the
-# timeout). Their communicator is closed with it: restarted from step 3's
+# Stage 3 with P on NVMe in copies kept from step to step ("auto"): the
+# forward reads no P from NVMe, and the loss is agreed at the step as above.
+err = lost_write(3, "nvme", "bh2s3p", "fails step 5 on every rank at once, P on NVMe in kept copies",
+                 ("prepare", "1"), step_fails())
+wb = re.search(r"steps (\d+) .*write_behind_steps (\d+)", err)
+check("world 2 stage 3, P on NVMe in kept copies: steps wrote behind by default", wb is not None and int(wb.group(2)) > 0,
+      wb.group(0) if wb else err.strip()[-200:])
+# A step whose copies do not all take its new P (at step 4 the 53-element
+# group has no gradients, under skip_groups_without_grads: its copy goes,
+# and the next forward loads its P from NVMe) waits for its writes before it
+# returns: it does not count in write_behind_steps (steps 0-3 do; after step
+# 4 the groups' update counts differ, and a step in two cohorts writes
+# before it returns), and the bits are the device run's.
+gl_opts = ("dim", "96", "sub-group", "2048", "gradless-at-step", "4")
+gl_dev = run(2, 3, "device", "gl2s3dev", ("dim", "96", "gradless-at-step", "4"))
+gl = run(2, 3, "nvme", "gl2s3", gl_opts)
+if gl is not None:
+    m = re.search(r"write_behind_steps (\d+)", last_err)
+    check("world 2 stage 3, P on NVMe in kept copies, step 4 without one group's gradients: steps 0-3 wrote "
+          "behind, step 4 waited for its writes", m is not None and int(m.group(1)) == 4,
+          m.group(0) if m else last_err.strip()[-200:])
+    if gl_dev is not None:
+        check("world 2 stage 3, step 4 without one group's gradients: nvme == device, bitwise",
+              np.array_equal(gl, gl_dev))
+# The write lost at that step: rank 1 finds it as the step waits, and that
+# step (not the next) fails on every rank at once; both load in place.
+lost_write(3, "nvme", "bh2s3gl", "at a step whose copies do not all take its P fails that step on every rank at once",
+           ("gradless-at-step", "4"),
+           [r"step 5's W, M, V writes failed behind its update",
+            r"rank 1: step 4 failed as planned: .*write_behind",
+            r"rank 0: step 4 failed as planned: .*rank 1 lost a write behind step 5.*load the last checkpoint"],
+           ref=gl)
+# Stage 3 with P on NVMe where the copies do not stay (a device budget of
+# 96 KiB), under "always": the forward's fetches read P from NVMe, so a lost
+# write cannot wait for the step. Rank 1 meets it first at prepare_step,
+# which fails naming it; the others fail at their next collective, naming
+# the barrier rank 1 went to ("lost write after step 5"), not at the
+# timeout. Their communicator is closed with it: restarted from step 3's
 # checkpoint, they train on to the clean bits.
 for stage in (3,):
-    opts = ("dim", "96", "sub-group", "2048", "write-behind", "always")
-    p = run(2, stage, "nvme", f"bh2s{stage}", opts + ("behind-eio-rank-1-at-step", "4", "eio-skip", "5"),
+    opts = ("dim", "96", "sub-group", "2048", "write-behind", "always", "device-budget", "96KiB")
+    p = run(2, stage, "nvme", f"bh2s{stage}", opts + ("prepare", "1", "behind-eio-rank-1-at-step", "4", "eio-skip", "5"),
             expect_fail=True)
     err = p.stdout + p.stderr
-    check(f"world 2 stage {stage}: a write lost behind step 4 on rank 1 fails step 5 on every rank at once, naming it",
-          p.returncode not in (0, 134, 137, 139) and "rank 1: step 5 failed as planned" in err and "write_behind" in err
-          and "rank 0: step 5 failed as planned" in err and "lost write after step 5" in err
+    check(f"world 2 stage {stage}, copies not kept: a write lost behind step 4 on rank 1 fails its prepare_step, "
+          "naming it, and the other rank at once, naming the barrier",
+          p.returncode not in (0, 134, 137, 139) and re.search(r"rank 1\] zero_worker: STATE: prepare_step: .*write_behind", err)
+          is not None and re.search(r"rank 0\] zero_worker: .*lost write after step 5", err) is not None
           and "Aborted" not in err and "terminate called" not in err, f"exit {p.returncode}: {err.strip()[-600:]}")
     again = run(2, stage, "nvme", f"bh2s{stage}r", opts + ("load", os.path.join(work, f"bh2s{stage}", "behind-ck"),
                                                          "steps", "16"))

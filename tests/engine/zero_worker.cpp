@@ -5,6 +5,9 @@
 //               [steps N] [save DIR] [load DIR] [tag-by-rank 1]
 //               [bucket N] [overlap 0|1]   (reduce_bucket_size, overlap_comm)
 //               [frozen G] [frozen-on-rank R]   (FreezeGroup(G), on every rank or on rank R only)
+//               [device-budget B]   (strata.device_budget, "64MiB")
+//               [gradless-at-step K]   (skip_groups_without_grads; at step K no rank gives the 53-element
+//                                       group gradients)
 // Rank 0 writes the gathered master weights (fp32) to OUT. With `load`, the
 // run resumes from DIR's latest checkpoint (saved by any number of ranks);
 // with `save`, it saves to DIR after its steps (tag "t", or "t<rank>" with
@@ -34,6 +37,8 @@ int main(int argc, char** argv) {
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
   int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1, frozen = -1, frozen_on = -1, dim = 24;
   int behind_eio_at = -1;  // rank 1's disk fails a write behind this step (strata.write_behind)
+  int gradless_at = -1;    // the step at which the 53-element group gets no gradients (skip_groups_without_grads)
+  std::string device_budget = "64MiB";
   bool behind_reload = false;  // then every rank loads the checkpoint in place (else exits 3 to be restarted)
   bool prepare = false;  // overlap_step, and prepare_step before each step's forward
   // With behind-reload: what comes first after the lost write (and fails on
@@ -55,6 +60,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "eio-skip")) eio_skip = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "behind-eio-rank-1-at-step")) behind_eio_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "behind-first")) behind_first = argv[i + 1];
+    if (!std::strcmp(argv[i], "gradless-at-step")) gradless_at = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "device-budget")) device_budget = argv[i + 1];
     if (!std::strcmp(argv[i], "prepare")) prepare = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "behind-reload")) behind_reload = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "speculation")) strata_extra += R"(, "speculation": ")" + std::string(argv[i + 1]) + "\"";
@@ -97,7 +104,7 @@ int main(int argc, char** argv) {
       "zero_optimization": {"stage": )" + stage + R"(,
         "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": ")" + rank_swap + R"("},
         "offload_param": {"device": ")" + par + R"(", "nvme_path": ")" + rank_swap + R"("})" + zero_extra + R"(},
-      "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "timeout": )" + timeout +
+      "strata": {"device_budget": ")" + device_budget + R"(", "host_budget": "64MiB", "timeout": )" + timeout +
                         R"(, "grad_reduce": ")" + (uneven ? "sum" : "mean") + "\"" + format + "}}");
   if (!cfg.ok()) return Die(cfg.status());
   EngineOptions eo;
@@ -106,6 +113,7 @@ int main(int argc, char** argv) {
   eo.force_no_gpu = true;
   eo.faults = std::make_shared<FaultPlan>();
   eo.overlap_step = prepare;
+  eo.skip_groups_without_grads = gradless_at >= 0;
   auto e = Engine::Create(*cfg, eo);
   if (!e.ok()) return Die(e.status());
   Engine& eng = **e;
@@ -146,6 +154,10 @@ int main(int argc, char** argv) {
     behind_done = true;
     return Status::Ok();
   };
+  // The step that fails after the lost write: the next one; or, at a step
+  // whose copies do not all take its new P (the group without gradients, P
+  // on NVMe at stage 3), that step itself, which waits for its writes.
+  const int fails_at = behind_eio_at < 0 ? -1 : behind_eio_at + (gradless_at == behind_eio_at ? 0 : 1);
   for (int s = first; s < first + steps; ++s) {
     // Write-behind: rank 1's disk fails a write of step K after the step
     // returned. Step K succeeds on every rank; step K+1 fails on every rank
@@ -158,15 +170,14 @@ int main(int argc, char** argv) {
       eo.faults->Arm(FaultPlan::Ops::kWrites, EIO, static_cast<uint64_t>(eio_skip), 1);
     }
     if (s == kill_at && info->rank == 1) std::raise(SIGKILL);
-    if (behind_first == "badload" && behind_reload && !behind_done && s == behind_eio_at + 1) {
+    if (behind_first == "badload" && behind_reload && !behind_done && s == fails_at) {
       std::vector<uint8_t> blob;
       Status st = eng.LoadCheckpoint(swap + "/nowhere", "", &blob);
       if (st.ok()) return Die(StateError("a load of a missing checkpoint succeeded"));
       std::fprintf(stderr, "rank %d: a load of a missing checkpoint failed as planned: %s\n", info->rank,
                    st.ToString().c_str());
     }
-    if ((behind_first == "save" || behind_first == "read") && behind_reload && !behind_done &&
-        s == behind_eio_at + 1) {
+    if ((behind_first == "save" || behind_first == "read") && behind_reload && !behind_done && s == fails_at) {
       // A save (or a read of the master weights) before the step that would
       // fail: it fails on every rank at once (nothing written), the engines
       // broken together.
@@ -199,7 +210,7 @@ int main(int argc, char** argv) {
                                   (uneven ? static_cast<float>(info->world_size) : 1.0f);  // "mean" averages
     if (Status st = eng.Release(model.layers); !st.ok()) return Die(st);
     const bool diverging = s == diverge_at && info->rank == 1;
-    if (!(diverging && diverge == "grads"))
+    if (!(diverging && diverge == "grads") && s != gradless_at)
       if (Status st = eng.Grads(model.layers, g.data(), DType::kF32); !st.ok()) return Die(st);
     StepOptions so;
     so.lr = 0.01 * (1.0 + 0.05 * s) * (diverging && diverge == "lr" ? 2 : 1);
@@ -219,9 +230,9 @@ int main(int argc, char** argv) {
       const int next = s + 1;
       if (Status st = eng.SaveCheckpoint(behind_ck, "b", &next, sizeof next); !st.ok()) return Die(st);
     }
-    if (behind_fault && !r.ok())
+    if (behind_fault && s != fails_at && !r.ok())
       return Die(r.status().WithContext("step " + std::to_string(s) + " waited for its writes"));
-    if (!behind_done && s == behind_eio_at + 1) {
+    if (!behind_done && s == fails_at) {
       eo.faults->Disarm();
       eo.faults->SlowWrites(0);
       if (r.ok()) return Die(StateError("step " + std::to_string(s) + " went ahead after rank 1 lost a write"));

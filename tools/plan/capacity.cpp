@@ -375,7 +375,13 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
   // budget has that much left after everything else; none under
   // speculation "always" with the overlapped step (its room comes first).
   // The step writes behind where the slots, grown or not, hold them.
-  if (!h.gpu_optimizer && step_slots > 0 && WriteBehindAllowed(config, el)) {
+  // Several ranks with P on NVMe: "auto" writes behind where stage 3's
+  // gathered copies stay from step to step (the engine's keep_gathered, no
+  // GPU): every group's copy within the device budget.
+  uint64_t copies = 0;
+  for (int g = 0; g < el.num_groups(); ++g) copies += el.PBytes(g);
+  const bool p_kept = !cluster.has_gpu && el.p_sharded && copies <= device;
+  if (!h.gpu_optimizer && step_slots > 0 && WriteBehindAllowed(config, el, p_kept)) {
     std::vector<int> groups(model.groups.size());
     std::iota(groups.begin(), groups.end(), 0);  // (the plan freezes none)
     const std::vector<uint64_t> pieces = BehindPieces(el, NvmePadded, groups);
