@@ -218,6 +218,40 @@ TEST(Simulator, WriteBehindMovesTheSameBytesAndDoesNotSpeculate) {
   EXPECT_EQ(behind_over->disk_read_bytes, behind->disk_read_bytes);
 }
 
+// Several ranks with P on NVMe (stage 3, fp32, W, M, V on NVMe in units of
+// 1M elements, pieces of every group's shard at two ranks; G
+// in host memory, no GPU): "auto" writes behind where every group's
+// gathered copy fits the device budget at once (the engine keeps them, and
+// the forward loads no P from NVMe), and not where the budget is short of
+// them (the forward reads P through the gate); "never" never does.
+TEST(Simulator, WriteBehindWithPOnNvmeAtTwoRanksNeedsKeptCopies) {
+  ModelSpec m = PresetModel("gpt2").value();
+  ClusterSpec c = PresetCluster("local").value();
+  c.host_bytes = uint64_t{16} << 30;
+  c.device_bytes = c.host_bytes / 4;
+  c.gpus_per_node = 2;  // (two ranks on this host)
+  auto cfg = [](const char* wb, const char* budget) {
+    auto k = ParseConfig(std::string(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1000000,
+        "offload_param": {"device": "nvme", "nvme_path": "/nvme"},
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}},
+      "strata": {"grad_home": "host", "write_behind": ")") + wb + R"(", "device_budget": ")" + budget + R"("}})");
+    EXPECT_TRUE(k.ok()) << k.status().ToString();
+    return k.ok() ? *k : Config{};
+  };
+  uint64_t p_bytes = 0;  // every group's fp32 P, as the copies hold it
+  for (const auto& g : m.groups) p_bytes += g.numel * 4;
+  ASSERT_LT(p_bytes, uint64_t{1} << 30);
+  auto kept = ComputeCapacity(m, c, cfg("auto", "2GiB"));
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_TRUE(kept->writes_behind) << "every copy fits 2 GiB: the copies stay, and the step writes behind";
+  auto short_of = ComputeCapacity(m, c, cfg("auto", "200MiB"));
+  ASSERT_TRUE(short_of.ok()) << short_of.status().ToString();
+  EXPECT_GT(p_bytes, uint64_t{200} << 20);
+  EXPECT_FALSE(short_of->writes_behind) << "200 MiB does not hold every copy: the forward reads P from NVMe";
+  EXPECT_TRUE(ComputeCapacity(m, c, cfg("always", "200MiB"))->writes_behind);
+  EXPECT_FALSE(ComputeCapacity(m, c, cfg("never", "2GiB"))->writes_behind);
+}
+
 using Xl = XlOnOneA100;
 
 // The overlapped step is speculative: it overlaps backward with gradient

@@ -11,8 +11,9 @@ the real weights; offload_module's overlapped step (the default) speculated
 and is bitwise overlap_step=False's; its gradients went in parts and are
 bitwise those staged whole; the engine's stats of its collectives (bytes
 reduced and gathered, wall and CPU seconds) read through the binding; with
-P in host memory and W, M, V on NVMe in units, every step wrote behind by
-default (strata.write_behind "auto" at several ranks), bitwise the same.
+P in host memory or on NVMe and W, M, V on NVMe in units, every step wrote
+behind by default (strata.write_behind "auto" at several ranks), bitwise
+the same.
 Usage: ddp_worker.py WORK_DIR"""
 import os
 import sys
@@ -143,25 +144,27 @@ staged = off.master_parameters()
 check("gradients in parts == each group staged whole, bitwise",
       staged_norms == norms and all(torch.equal(staged[n], masters[n]) for n in masters))
 off.close()
-# P in host memory, W, M, V on NVMe stepped in units: the defaults write
-# behind at several ranks (a lost write would fail every rank's next step
-# together); the numbers are those of every state on NVMe, bitwise.
-swap_wb = os.path.join(work, f"swap_wb{rank}")
-os.makedirs(swap_wb, exist_ok=True)
-cfg_wb = {"zero_optimization": {"stage": 3, "sub_group_size": 2048,
-                                "offload_optimizer": {"device": "nvme", "nvme_path": swap_wb},
-                                "offload_param": {"device": "cpu"}},
-          "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}, "strata": {"timeout": 120}}
-model = TinyGpt(seed=seed)
-off = st.offload_module(model, cfg_wb, force_no_gpu=True)
-wb_norms = train(model, off.optimizer, torch.optim.lr_scheduler.LambdaLR(off.optimizer, lr_factor))
-wb = off.master_parameters()
-wb_steps = off.engine.stats()["write_behind_steps"]
-check("P on the CPU, W, M, V on NVMe in units: every step wrote behind (write_behind auto, two ranks)",
-      wb_steps == STEPS, f"write_behind_steps {wb_steps} of {STEPS}")
-check("P on the CPU, W, M, V on NVMe in units == every state on NVMe, bitwise",
-      wb_norms == norms and all(torch.equal(wb[n], masters[n]) for n in masters))
-off.close()
+# W, M, V on NVMe stepped in units, P in host memory or on NVMe (whose
+# gathered copies then stay in memory from step to step): the defaults
+# write behind at several ranks (a lost write would fail every rank's next
+# step together); the numbers are those of every state on NVMe, bitwise.
+for param_dev in ("cpu", "nvme"):
+    swap_wb = os.path.join(work, f"swap_wb{param_dev}{rank}")
+    os.makedirs(swap_wb, exist_ok=True)
+    cfg_wb = {"zero_optimization": {"stage": 3, "sub_group_size": 2048,
+                                    "offload_optimizer": {"device": "nvme", "nvme_path": swap_wb},
+                                    "offload_param": {"device": param_dev, "nvme_path": swap_wb}},
+              "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}, "strata": {"timeout": 120}}
+    model = TinyGpt(seed=seed)
+    off = st.offload_module(model, cfg_wb, force_no_gpu=True)
+    wb_norms = train(model, off.optimizer, torch.optim.lr_scheduler.LambdaLR(off.optimizer, lr_factor))
+    wb = off.master_parameters()
+    wb_steps = off.engine.stats()["write_behind_steps"]
+    check(f"P on {param_dev}, W, M, V on NVMe in units: every step wrote behind (write_behind auto, two ranks)",
+          wb_steps == STEPS, f"write_behind_steps {wb_steps} of {STEPS}")
+    check(f"P on {param_dev}, W, M, V on NVMe in units == every state on NVMe, bitwise",
+          wb_norms == norms and all(torch.equal(wb[n], masters[n]) for n in masters))
+    off.close()
 
 # OffloadAdam, stages 1 and 2, optimizer state in host memory.
 for stage in (1, 2):
