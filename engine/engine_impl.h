@@ -165,9 +165,9 @@ class Engine::Impl {
   // behind_allowed_: strata.write_behind applies (WritesBehind), the same on
   // every rank.
   Status AgreeWriteBehind();
-  // `step_end`: at the end of a step whose writes are behind (P on NVMe with
-  // its copies kept, behind_copies_), before it returns: agrees on what this
-  // rank knows now (a rank whose copies did not all take the step's new P
+  // `step_end`: at the end of every step where P is on NVMe with its copies
+  // kept (behind_copies_), before it returns: agrees on what this rank
+  // knows now (a rank whose copies did not all take the step's new P
   // waited for its writes), without waiting for the writes itself.
   Status AgreeBehind(const char* call, bool step_end = false);
   // behind_agreed_ with P on NVMe (its copies kept: BehindLossAgreeable).
@@ -178,9 +178,11 @@ class Engine::Impl {
   bool PCopiesCurrent() const;
   int64_t behind_step_ = 0;  // the step whose writes were last left behind (RunBehind)
   // Whether reading group g's state is a collective (its shards gathered
-  // over the ranks): then every rank reads it, and agrees first.
+  // over the ranks; a frozen group's P at stage 3): then every rank reads
+  // it, and agrees first.
   bool ReadGathers(int g) const {
-    return lay_.multi && lay_.sworld > 1 && g >= 0 && g < lay_.part.num_groups() && !lay_.frozen(g);
+    if (!lay_.multi || g < 0 || g >= lay_.part.num_groups()) return false;
+    return lay_.frozen(g) ? lay_.p_sharded : lay_.sworld > 1;
   }
   bool FrozenGroup(int g) const { return g >= 0 && g < lay_.part.num_groups() && lay_.frozen(g); }
   bool behind_allowed_ = false, behind_agreed_ = false;

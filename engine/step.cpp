@@ -389,13 +389,18 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
   // unit it missed) is dropped, and the next fetch loads P from NVMe. Then
   // this rank waits for its writes here, and the ranks agree on them below,
   // so that no fetch meets a write left behind, nor one lost.
+  // Agreed whenever the step's agreement itself completed (it failed on
+  // some rank, or on none), so that a loss found here is never left
+  // behind a pending step whose forward may load P.
   const bool settle = behind_copies_ && wrote_behind && !PCopiesCurrent();
   if (settle) SettleBehind();
-  if (wrote_behind && !settle) stats_->OnWriteBehind();  // it returns before its writes land
-  st = Agree(st, "step");  // none gathers alone
-  if (st.ok() && behind_copies_) st = AgreeBehind("step", /*step_end=*/true);
+  std::vector<int> failed;
+  st = Agree(st, "step", &failed);  // none gathers alone
+  if (behind_copies_ && (st.ok() || !failed.empty()))
+    if (Status agreed = AgreeBehind("step", /*step_end=*/true); !agreed.ok()) st = agreed;
   for (int g = 0; st.ok() && lay_.p_gathered_after_step() && g < lay_.part.num_groups(); ++g)
     if (!lay_.frozen(g)) st = reducer_->Gather(g, io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(StateKind::kP)]));
+  if (st.ok() && wrote_behind && !settle) stats_->OnWriteBehind();  // it returned before its writes land
   return st;
 }
 

@@ -39,7 +39,8 @@ struct EngineStats {
   // step then used, cumulative.
   uint64_t step_read_ahead_bytes = 0;
   // Steps that returned before their W, M, V writes to NVMe were done
-  // (strata.write_behind), cumulative.
+  // (strata.write_behind), cumulative; not one that waited for them before
+  // it returned (Engine::Impl::ApplyStep).
   uint64_t write_behind_steps = 0;
   // Several ranks: the gradients' reductions (each group's) and the gathers
   // of P (stage 3's for a fetch, in it or ahead of it; stages 1-2's after

@@ -699,7 +699,10 @@ typedef struct strata_stats {
   uint64_t step_read_ahead_bytes;
   /* Appended. Steps that returned before their W, M, V writes to NVMe were
    * done (strata.write_behind: they land before the next call that needs
-   * them), cumulative. */
+   * them), cumulative. A step that left them to finish and then waited for
+   * them before it returned (several ranks, P on NVMe, a copy of P that
+   * did not take the step's new P) is not counted; its wait is in
+   * behind_wait_s. */
   uint64_t write_behind_steps;
   /* Appended. Several ranks: the collectives of the gradients' reduction
    * (each group's, every step) and the gathers of P (stage 3: for a fetch,

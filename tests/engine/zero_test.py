@@ -391,6 +391,14 @@ err = lost_write(3, "nvme", "bh2s3p", "fails step 5 on every rank at once, P on 
 wb = re.search(r"steps (\d+) .*write_behind_steps (\d+)", err)
 check("world 2 stage 3, P on NVMe in kept copies: steps wrote behind by default", wb is not None and int(wb.group(2)) > 0,
       wb.group(0) if wb else err.strip()[-200:])
+# A read of a frozen group's P at stage 3 (an all-gather, of P on NVMe) is
+# agreed first too: met first by read_master of frozen group 0, it fails on
+# every rank at once (not one rank at the NVMe gate, the other in the
+# gather); both load in place and finish as the clean run with group 0 frozen.
+fz = run(2, 3, "nvme", "fz2s3", ("dim", "96", "sub-group", "2048", "frozen", "0"))
+if fz is not None:
+    lost_write(3, "nvme", "bh2s3fz", "fails the next read_master of a frozen group on every rank at once",
+               ("frozen", "0", "behind-first", "read"), step_fails("read"), ref=fz)
 # A step whose copies do not all take its new P (at step 4 the 53-element
 # group has no gradients, under skip_groups_without_grads: its copy goes,
 # and the next forward loads its P from NVMe) waits for its writes before it

@@ -248,8 +248,11 @@ TEST(Simulator, WriteBehindWithPOnNvmeAtTwoRanksNeedsKeptCopies) {
   ASSERT_TRUE(short_of.ok()) << short_of.status().ToString();
   EXPECT_GT(p_bytes, uint64_t{200} << 20);
   EXPECT_FALSE(short_of->writes_behind) << "200 MiB does not hold every copy: the forward reads P from NVMe";
-  EXPECT_TRUE(ComputeCapacity(m, c, cfg("always", "200MiB"))->writes_behind);
-  EXPECT_FALSE(ComputeCapacity(m, c, cfg("never", "2GiB"))->writes_behind);
+  auto always = ComputeCapacity(m, c, cfg("always", "200MiB"));
+  auto never = ComputeCapacity(m, c, cfg("never", "2GiB"));
+  ASSERT_TRUE(always.ok() && never.ok());
+  EXPECT_TRUE(always->writes_behind);
+  EXPECT_FALSE(never->writes_behind);
 }
 
 using Xl = XlOnOneA100;

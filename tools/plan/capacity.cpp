@@ -22,6 +22,7 @@
 #include "engine/layout/staging.h"
 #include "engine/layout/staging_plan.h"
 #include "kernels/cpu/compact.h"
+#include "tiers/device_tier.h"
 #include "tiers/nvme_tier.h"
 
 namespace strata::plan {
@@ -377,9 +378,10 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
   // The step writes behind where the slots, grown or not, hold them.
   // Several ranks with P on NVMe: "auto" writes behind where stage 3's
   // gathered copies stay from step to step (the engine's keep_gathered, no
-  // GPU): every group's copy within the device budget.
+  // GPU): every group's copy within the device budget, each as the device
+  // tier's pool charges it (the engine's AgreeKeepGathered).
   uint64_t copies = 0;
-  for (int g = 0; g < el.num_groups(); ++g) copies += el.PBytes(g);
+  for (int g = 0; g < el.num_groups(); ++g) copies += DeviceTier::MostCharged(el.PBytes(g));
   const bool p_kept = !cluster.has_gpu && el.p_sharded && copies <= device;
   if (!h.gpu_optimizer && step_slots > 0 && WriteBehindAllowed(config, el, p_kept)) {
     std::vector<int> groups(model.groups.size());
