@@ -22,10 +22,13 @@
 # engine with a faster update than torch's AdamW can beat).
 #
 # Prints each run's line (step time, tokens/s, peak RSS, disk bytes per step,
-# the swap folder's size, minor page faults and kernel seconds per step), the
-# config keys Strata named as ignored (in this config, and in Hugging Face's
-# ZeRO-3 template: config_honesty.py), a table of rank 0's medians (peak RSS:
-# the largest of any rank), the ceiling, and last
+# the swap folder's size, minor page faults, kernel and all threads' CPU
+# seconds per step; for Strata and torch, each phase's wall seconds and the
+# calling thread's CPU seconds in it), the config keys Strata named as
+# ignored (in this config, and in Hugging Face's ZeRO-3 template:
+# config_honesty.py), a table of rank 0's medians (peak RSS: the largest of
+# any rank), the ceiling, the `phases` lines (where a step's time goes: what
+# the caller computed, what it waited for), and last
 #   vs_deepspeed cpu=R nvme=R cpu_2r=R nvme_2r=R
 # R = DeepSpeed's median step time / Strata's (above 1: Strata leads).
 # Usage: bench/vs_deepspeed.sh DIR
@@ -132,6 +135,17 @@ for (mode, world), x in sorted(ratio.items()):
         print(f"ceiling {mode} {world}r: DeepSpeed {x['deepspeed']:.3f} s / torch's forward and backward "
               f"{floor[world]:.3f} s = {x['deepspeed'] / floor[world]:.3f} (no engine can lead by more here; "
               f"over torch's whole step, AdamW included, {whole[world]:.3f} s: {x['deepspeed'] / whole[world]:.3f})")
+# Where a step's time goes (rank 0, medians; Strata and torch, which time
+# their phases): each phase's wall seconds and the calling thread's CPU
+# seconds in it (the rest it waited, or was preempted), and every thread's
+# CPU seconds a step (the engine's own threads included).
+for (mode, world, eng), rs in sorted(rows.items()):
+    if not all("forward_cpu_s" in x for x in rs):
+        continue  # (DeepSpeed's step is one call; a log from before the fields)
+    med = lambda k: statistics.median(x[k] for x in rs)
+    print(f"phases {mode} {world}r {eng}: forward {med('forward_s'):.3f} s ({med('forward_cpu_s'):.3f} s of the "
+          f"caller's CPU), backward {med('backward_s'):.3f} s ({med('backward_cpu_s'):.3f}), the rest of the step "
+          f"{med('step_part_s'):.3f} s; every thread's CPU {med('cpu_s_per_step'):.3f} s a step of {med('step_s'):.3f}")
 # STATS=1 at several ranks: Strata's collectives a step (rank 0; stats
 # lines from before the run's keys are left out): wall, the CPU of it, bytes.
 for s in (json.loads(l.split(" ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("vs_deepspeed_stats ")):

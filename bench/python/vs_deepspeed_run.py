@@ -143,13 +143,16 @@ def main():
             off.optimizer.zero_grad()
     if ENGINE != "deepspeed":  # forward, backward and the update timed apart
         def step(x):
-            t0 = time.perf_counter()
+            # Wall seconds, and the calling thread's CPU seconds (what of a
+            # phase's wall time this thread computed; the rest it waited,
+            # or was preempted by other threads).
+            t0, c0 = time.perf_counter(), time.thread_time()
             loss = m(input_ids=x, labels=x).loss
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.thread_time()
             loss.backward()
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.thread_time()
             update()
-            phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+            phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2, c1 - c0, c2 - c1))
             return loss.item()
     times, loss = [], None
     for i, x in enumerate(data):
@@ -173,11 +176,15 @@ def main():
             # The process's page faults (its allocator mapping memory afresh)
             # and the kernel's time for it and all else, per timed step.
             "minor_faults_per_step": round((u1.ru_minflt - u0.ru_minflt) / STEPS),
-            "sys_s_per_step": round((u1.ru_stime - u0.ru_stime) / STEPS, 4), "busiest_threads": busiest_threads()}
+            "sys_s_per_step": round((u1.ru_stime - u0.ru_stime) / STEPS, 4),
+            # Every thread's CPU seconds (user and kernel) per timed step.
+            "cpu_s_per_step": round((u1.ru_utime - u0.ru_utime + u1.ru_stime - u0.ru_stime) / STEPS, 4),
+            "busiest_threads": busiest_threads()}
     if phases:  # medians over the timed steps; torch's step is the rest of its step time
         ph = phases[WARMUP:]
         line["forward_s"], line["backward_s"] = (round(statistics.median(p[k] for p in ph), 4) for k in (0, 1))
         line["step_part_s"] = round(med - line["forward_s"] - line["backward_s"], 4)
+        line["forward_cpu_s"], line["backward_cpu_s"] = (round(statistics.median(p[k] for p in ph), 4) for k in (3, 4))
     say("vs_deepspeed_run " + json.dumps(line))
     if ENGINE == "strata" and os.environ.get("STATS") == "1":
         # (which run and rank: the ranks' lines interleave in the log)
