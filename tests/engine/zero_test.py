@@ -399,6 +399,13 @@ fz = run(2, 3, "nvme", "fz2s3", ("dim", "96", "sub-group", "2048", "frozen", "0"
 if fz is not None:
     lost_write(3, "nvme", "bh2s3fz", "fails the next read_master of a frozen group on every rank at once",
                ("frozen", "0", "behind-first", "read"), step_fails("read"), ref=fz)
+# A read that gathers nothing is not agreed: rank 0 alone asking for a
+# frozen group's exp_avg (which it does not keep) is refused at once
+# (INVALID), and both ranks finish as the clean run.
+fz1 = run(2, 3, "nvme", "fz2s3lone", ("dim", "96", "sub-group", "2048", "frozen", "0", "lone-frozen-read", "1"))
+check("world 2 stage 3, writes agreed behind: rank 0 alone reading a frozen group's exp_avg is refused at once",
+      fz1 is not None and "lone read of a frozen group's exp_avg refused at once: INVALID" in last_err
+      and (fz is None or np.array_equal(fz1, fz)), last_err.strip()[-400:])
 # A step whose copies do not all take its new P (at step 4 the 53-element
 # group has no gradients, under skip_groups_without_grads: its copy goes,
 # and the next forward loads its P from NVMe) waits for its writes before it

@@ -8,6 +8,8 @@
 //               [device-budget B]   (strata.device_budget, "64MiB")
 //               [gradless-at-step K]   (skip_groups_without_grads; at step K no rank gives the 53-element
 //                                       group gradients)
+//               [lone-frozen-read 1]   (after training, rank 0 alone reads exp_avg of frozen group G: refused
+//                                       at once, INVALID, no collective)
 // Rank 0 writes the gathered master weights (fp32) to OUT. With `load`, the
 // run resumes from DIR's latest checkpoint (saved by any number of ranks);
 // with `save`, it saves to DIR after its steps (tag "t", or "t<rank>" with
@@ -39,6 +41,7 @@ int main(int argc, char** argv) {
   int behind_eio_at = -1;  // rank 1's disk fails a write behind this step (strata.write_behind)
   int gradless_at = -1;    // the step at which the 53-element group gets no gradients (skip_groups_without_grads)
   std::string device_budget = "64MiB";
+  bool lone_frozen_read = false;
   bool behind_reload = false;  // then every rank loads the checkpoint in place (else exits 3 to be restarted)
   bool prepare = false;  // overlap_step, and prepare_step before each step's forward
   // With behind-reload: what comes first after the lost write (and fails on
@@ -62,6 +65,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "behind-first")) behind_first = argv[i + 1];
     if (!std::strcmp(argv[i], "gradless-at-step")) gradless_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "device-budget")) device_budget = argv[i + 1];
+    if (!std::strcmp(argv[i], "lone-frozen-read")) lone_frozen_read = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "prepare")) prepare = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "behind-reload")) behind_reload = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "speculation")) strata_extra += R"(, "speculation": ")" + std::string(argv[i + 1]) + "\"";
@@ -249,6 +253,14 @@ int main(int argc, char** argv) {
     }
     if (!r.ok()) return Die(r.status());
     last_read = eng.stats().nvme_to_host - read_before;
+  }
+  if (lone_frozen_read && frozen >= 0 && info->rank == 0) {
+    std::vector<float> m(eng.group_numel(frozen));
+    Status st = eng.ReadState(frozen, Engine::OptimizerState::kExpAvg, m.data());
+    if (st.ok() || st.code() != Code::kInvalid)
+      return Die(StateError("rank 0 alone reading exp_avg of frozen group " + std::to_string(frozen) +
+                            " was not refused at once: " + st.ToString()));
+    std::fprintf(stderr, "rank 0: a lone read of a frozen group's exp_avg refused at once: %s\n", st.ToString().c_str());
   }
   if (!save_dir.empty()) {
     const int next = first + steps;
