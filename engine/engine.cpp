@@ -380,10 +380,7 @@ Status Engine::ReadMaster(int group, float* out) {
 Status Engine::ReadState(int group, OptimizerState which, float* out) {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("read_state"));
   const StateKind kind = static_cast<StateKind>(static_cast<int>(which) + 1);
-  // A frozen group keeps its P alone (read as W): M or V is refused at once,
-  // gathering nothing, so nothing to agree on first.
-  if (impl_->ReadGathers(group) && !(impl_->FrozenGroup(group) && kind != StateKind::kW))
-    STRATA_RETURN_IF_ERROR(impl_->AgreeBehind("read_state"));
+  if (impl_->ReadGathers(group, kind)) STRATA_RETURN_IF_ERROR(impl_->AgreeBehind("read_state"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_state", false));
   return impl_->ReadState(group, kind, out);
 }

@@ -166,23 +166,24 @@ class Engine::Impl {
   // every rank.
   Status AgreeWriteBehind();
   // `step_end`: at the end of every step where P is on NVMe with its copies
-  // kept (behind_copies_), before it returns: agrees on what this rank
+  // kept (BehindCopies), before it returns: agrees on what this rank
   // knows now (a rank whose copies did not all take the step's new P
   // waited for its writes), without waiting for the writes itself.
   Status AgreeBehind(const char* call, bool step_end = false);
   // behind_agreed_ with P on NVMe (its copies kept: BehindLossAgreeable).
-  bool behind_copies_ = false;
+  bool BehindCopies() const { return behind_agreed_ && lay_.home[int(StateKind::kP)] == TierKind::kNvme; }
   // Whether every group's copy holds P as the step left it (resident, and
   // refreshed by the step or frozen): those DropDeviceCopies keeps.
   bool CopyStays(int g) const;
   bool PCopiesCurrent() const;
   int64_t behind_step_ = 0;  // the step whose writes were last left behind (RunBehind)
-  // Whether reading group g's state is a collective (its shards gathered
-  // over the ranks; a frozen group's P at stage 3): then every rank reads
-  // it, and agrees first.
-  bool ReadGathers(int g) const {
+  // Whether reading state `kind` of group g is a collective (its shards
+  // gathered over the ranks; a frozen group's P, read as W, at stage 3):
+  // then every rank reads it, and agrees first. A frozen group keeps no M
+  // or V: that read is refused at once, gathering nothing.
+  bool ReadGathers(int g, StateKind kind = StateKind::kW) const {
     if (!lay_.multi || g < 0 || g >= lay_.part.num_groups()) return false;
-    return lay_.frozen(g) ? lay_.p_sharded : lay_.sworld > 1;
+    return lay_.frozen(g) ? kind == StateKind::kW && lay_.p_sharded : lay_.sworld > 1;
   }
   bool FrozenGroup(int g) const { return g >= 0 && g < lay_.part.num_groups() && lay_.frozen(g); }
   bool behind_allowed_ = false, behind_agreed_ = false;

@@ -111,7 +111,6 @@ Status Engine::Impl::AgreeWriteBehind() {
   const float w = static_cast<float>(comm_->world_size());
   behind_allowed_ = votes[0] == w;
   behind_agreed_ = behind_allowed_ && votes[1] == w;
-  behind_copies_ = behind_agreed_ && lay_.home[int(StateKind::kP)] == TierKind::kNvme;
   if (config_.strata.write_behind == "auto" && could && !behind_allowed_)
     STRATA_LOG_INFO("write_behind \"auto\": the step writes before it returns: with several ranks it writes behind "
                     "only where G is off NVMe on every rank, and P is too or its gathered copies stay in memory "
@@ -384,7 +383,7 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
   if (!step_.broken.empty())
     st = StateError("step: cannot be finished: " + step_.broken + "; load the last checkpoint to go on (" +
                     st.message() + ")");
-  // P on NVMe with its copies kept (behind_copies_): a copy that did not
+  // P on NVMe with its copies kept (BehindCopies): a copy that did not
   // take this step's new P (a group without gradients, a speculated one, a
   // unit it missed) is dropped, and the next fetch loads P from NVMe. Then
   // this rank waits for its writes here, and the ranks agree on them below,
@@ -392,11 +391,11 @@ Status Engine::Impl::ApplyStep(const StepOptions& so, double grad_scale, Status 
   // Agreed whenever the step's agreement itself completed (it failed on
   // some rank, or on none), so that a loss found here is never left
   // behind a pending step whose forward may load P.
-  const bool settle = behind_copies_ && wrote_behind && !PCopiesCurrent();
+  const bool settle = BehindCopies() && wrote_behind && !PCopiesCurrent();
   if (settle) SettleBehind();
   std::vector<int> failed;
   st = Agree(st, "step", &failed);  // none gathers alone
-  if (behind_copies_ && (st.ok() || !failed.empty()))
+  if (BehindCopies() && (st.ok() || !failed.empty()))
     if (Status agreed = AgreeBehind("step", /*step_end=*/true); !agreed.ok()) st = agreed;
   for (int g = 0; st.ok() && lay_.p_gathered_after_step() && g < lay_.part.num_groups(); ++g)
     if (!lay_.frozen(g)) st = reducer_->Gather(g, io_->DirectPtr(blocks_[static_cast<size_t>(g)][int(StateKind::kP)]));
