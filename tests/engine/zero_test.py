@@ -431,6 +431,29 @@ lost_write(3, "nvme", "bh2s3gl", "at a step whose copies do not all take its P f
             r"rank 1: step 4 failed as planned: .*write_behind",
             r"rank 0: step 4 failed as planned: .*rank 1 lost a write behind step 5.*load the last checkpoint"],
            ref=gl)
+# The same step failing on rank 0 too (its disk fails part-way through
+# step 4): the step's agreement fails on every rank, and the ranks still
+# agree on the writes at its end, so its first call fails on every rank
+# naming the lost write (not rank 0's disk, with a second call to come that
+# could only fail), and both load in place.
+if gl is not None:
+    lost_write(3, "nvme", "bh2s3gleio", "at a step that also fails on rank 0 fails its first call on every rank at once",
+               ("gradless-at-step", "4", "eio-rank-0-at-step", "4"),
+               [r"step 5's W, M, V writes failed behind its update",
+                r"rank 1: step 4 failed as planned, first call: .*write_behind.*load the last checkpoint",
+                r"rank 0: step 4 failed as planned, first call: .*rank 1 lost a write behind step 5.*load the last "
+                r"checkpoint"],
+               ref=gl)
+# Where the step does not wait for its writes (stage 2), rank 1 finds the
+# loss as the failed step 4 is called again: that call fails on every rank,
+# each naming step 4's writes (the engine's step 5, the one pending), not
+# the last step applied.
+lost_write(2, "nvme", "bh2s2eio", "after a step that failed on rank 0 fails its second call on every rank at once",
+           ("eio-rank-0-at-step", "4"),
+           [r"step 5's W, M, V writes failed behind its update",
+            r"rank 0: step 4 failed as planned, first call: IO",
+            r"rank 1: step 4 failed as planned: .*step 5 left its W, M, V writes.*write_behind",
+            r"rank 0: step 4 failed as planned: .*rank 1 lost a write behind step 5 .*load the last checkpoint"])
 # Stage 3 with P on NVMe where the copies do not stay (a device budget of
 # 96 KiB), under "always": the forward's fetches read P from NVMe, so a lost
 # write cannot wait for the step. Rank 1 meets it first at prepare_step,

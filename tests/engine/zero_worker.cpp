@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   const std::string stage = argv[1], place = argv[2], swap = argv[3], out = argv[4];
   int kill_at = -1, steps = 20, eio_at = -1, eio_skip = 0, diverge_at = -1, frozen = -1, frozen_on = -1, dim = 24;
   int behind_eio_at = -1;  // rank 1's disk fails a write behind this step (strata.write_behind)
+  int eio_rank = 1;        // whose disk fails part-way through step eio_at
   int gradless_at = -1;    // the step at which the 53-element group gets no gradients (skip_groups_without_grads)
   std::string device_budget = "64MiB";
   bool lone_frozen_read = false;
@@ -60,6 +61,10 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "load")) load_dir = argv[i + 1];
     if (!std::strcmp(argv[i], "tag-by-rank")) tag_by_rank = true;
     if (!std::strcmp(argv[i], "eio-rank-1-at-step")) eio_at = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "eio-rank-0-at-step")) {  // (with a write lost behind it on rank 1)
+      eio_at = std::stoi(argv[i + 1]);
+      eio_rank = 0;
+    }
     if (!std::strcmp(argv[i], "eio-skip")) eio_skip = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "behind-eio-rank-1-at-step")) behind_eio_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "behind-first")) behind_first = argv[i + 1];
@@ -161,7 +166,10 @@ int main(int argc, char** argv) {
   // The step that fails after the lost write: the next one; or, at a step
   // whose copies do not all take its new P (the group without gradients, P
   // on NVMe at stage 3), that step itself, which waits for its writes.
-  const int fails_at = behind_eio_at < 0 ? -1 : behind_eio_at + (gradless_at == behind_eio_at ? 0 : 1);
+  // With rank 0's disk failing step K too (eio-rank-0-at-step K), step K
+  // fails on every rank, and so does its second call.
+  const int fails_at =
+      behind_eio_at < 0 ? -1 : behind_eio_at + (gradless_at == behind_eio_at || eio_at == behind_eio_at ? 0 : 1);
   for (int s = first; s < first + steps; ++s) {
     // Write-behind: rank 1's disk fails a write of step K after the step
     // returned. Step K succeeds on every rank; step K+1 fails on every rank
@@ -222,12 +230,16 @@ int main(int argc, char** argv) {
     // fails (rank 1's with IO, the others naming rank 1), and every rank
     // calls step again once the disk is back.
     const bool faulty = s == eio_at;
-    if (faulty && info->rank == 1) eo.faults->Arm(FaultPlan::Ops::kBoth, EIO, static_cast<uint64_t>(eio_skip));
+    if (faulty && info->rank == eio_rank) eo.faults->Arm(FaultPlan::Ops::kBoth, EIO, static_cast<uint64_t>(eio_skip));
     auto r = eng.Step(so);
     if (faulty) {
-      eo.faults->Disarm();
-      if (r.ok()) return Die(StateError("step " + std::to_string(s) + " succeeded although rank 1's disk failed"));
-      std::fprintf(stderr, "rank %d: step %d failed as planned: %s\n", info->rank, s, r.status().ToString().c_str());
+      // (Rank 1's write fault behind this step, if any, stays armed.)
+      if (info->rank == eio_rank) eo.faults->Disarm();
+      if (r.ok())
+        return Die(StateError("step " + std::to_string(s) + " succeeded although rank " + std::to_string(eio_rank) +
+                              "'s disk failed"));
+      std::fprintf(stderr, "rank %d: step %d failed as planned, first call: %s\n", info->rank, s,
+                   r.status().ToString().c_str());
       r = eng.Step(so);
     }
     if (!behind_done && s == behind_eio_at - 1 && r.ok()) {
