@@ -137,13 +137,16 @@ Status Engine::Impl::AgreeBehind(const char* call, bool step_end) {
   // The last step's writes have landed, or one was lost (behind_loss_). At
   // a step's end its own are in flight, or waited for (ApplyStep).
   if (!step_end) SettleBehind();
-  // The step whose writes these are: this one at its end; a failed step's
-  // while it is pending (its writes are the last left behind: the call
-  // that failed agreed on those before it), else the last applied.
+  // The label's step is the same on every rank (a rank whose failed step
+  // broke its engine has none pending); the step whose writes these are,
+  // as the message names it: this one at its end, a failed step's while it
+  // is pending (its writes are the last left behind: the call that failed
+  // agreed on those before it), else the last applied.
+  const int64_t label_step = step_.applied + (step_end ? 1 : 0);
   const int64_t step = step_.applied + (step_end || step_.pending ? 1 : 0);
   std::vector<int> lost;
   const Status agreed = Agree(behind_loss_.empty() ? Status::Ok() : StateError(behind_loss_),
-                              "writes behind s" + std::to_string(step), &lost);
+                              "writes behind s" + std::to_string(label_step), &lost);
   if (agreed.ok()) return agreed;
   if (lost.empty())  // the all-gather itself failed
     return agreed.WithContext(std::string(call) + ": agreeing on the writes behind step " + std::to_string(step));
