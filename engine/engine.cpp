@@ -202,12 +202,20 @@ Status Engine::Impl::Init() {
   // Whether the CPU must copy into and out of the device tier: a GPU, or
   // the strict host arena standing in for one.
   lay_.device_on_gpu = device_->separate();
+  // The host tier's memory is registered with io_uring (fixed buffers:
+  // pinned, so faulted in at build, and counted against RLIMIT_MEMLOCK
+  // without CAP_IPC_LOCK) only where the config puts state or activations
+  // on NVMe, the I/O that moves through it every step. Elsewhere the ring
+  // moves only checkpoints, which need no fixed buffers.
+  const bool nvme_io = config_.zero.offload_param.device == OffloadDevice::kNvme ||
+                       config_.zero.offload_optimizer.device == OffloadDevice::kNvme ||
+                       config_.strata.grad_home == "nvme" || config_.strata.activation_nvme_bytes > 0;
   host_ = std::make_unique<HostTier>(HostTierOptions{.budget = host_budget,
                                                      .pin = gpu,
                                                      .numa_node = gpu ? placement_.gpu_node : -1,
                                                      .device = device,
                                                      .numa_bind = config_.strata.numa_bind != "off",
-                                                     .storage = storage_.get()});
+                                                     .storage = nvme_io ? storage_.get() : nullptr});
   placement_.memory_node = host_->numa_node();
   placement_.pinned = gpu;
   return Status::Ok();

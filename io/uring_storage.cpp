@@ -1,6 +1,7 @@
 // UringStorage: the batch bookkeeping, files and buffers tables.
 #include "io/uring_storage.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "base/check.h"
@@ -183,8 +184,18 @@ void UringStorage::RegisterBuffer(void* p, uint64_t len) {
   for (auto& r : rings_) {
     Status st = r->SetBuffer(slot, p, len);
     if (!st.ok()) {
-      WarnOnce("register-buffer", "could not register an I/O buffer with io_uring (" + st.message() +
-                                      "); using unregistered buffers");
+      // ENOMEM, as a rule: the pages count against RLIMIT_MEMLOCK unless
+      // the process has CAP_IPC_LOCK.
+      rlimit lim{};
+      const std::string limit =
+          getrlimit(RLIMIT_MEMLOCK, &lim) != 0 ? "unknown"
+          : lim.rlim_cur == RLIM_INFINITY      ? "unlimited"
+                                               : std::to_string(lim.rlim_cur >> 10) + " KiB";
+      WarnOnce("register-buffer", "could not register an I/O buffer of " + std::to_string(len >> 20) +
+                                      " MiB with io_uring (" + st.message() +
+                                      "); its I/O goes on with unregistered buffers. Registered buffers are pinned "
+                                      "memory: this process may lock " + limit +
+                                      " (ulimit -l); raise that limit, or give it CAP_IPC_LOCK, to register them");
       for (auto& r2 : rings_) r2->SetBuffer(slot, nullptr, 0).IgnoreError();
       return;
     }

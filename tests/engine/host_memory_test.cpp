@@ -3,10 +3,13 @@
 // among the ranks on the host; budgets in bytes are each rank's, and all
 // of them must fit.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "base/align.h"
@@ -182,6 +185,57 @@ TEST(HostMemory, TwoRanksWhoseBudgetsDoNotFitAreRefusedAtBuild) {
   for (const Status& st : built) {
     EXPECT_EQ(st.code(), Code::kConfig) << st.ToString();
     EXPECT_NE(st.message().find("for each of the 2 ranks on this host"), std::string::npos) << st.ToString();
+  }
+}
+
+// Pages pinned in this process (/proc/self/status VmPin, KiB): io_uring's
+// fixed buffers count there, with CAP_IPC_LOCK or without.
+uint64_t PinnedKiB() {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  uint64_t kib = 0;
+  while (f >> key) {
+    if (key == "VmPin:") {
+      f >> kib;
+      return kib;
+    }
+    f.ignore(1 << 20, '\n');
+  }
+  ADD_FAILURE() << "/proc/self/status has no VmPin";
+  return 0;
+}
+
+// The host tier's memory is registered with io_uring (pinned) only where the
+// config puts state on NVMe: with the optimizer offloaded to the CPU nothing
+// but checkpoints goes through the ring, and the host tier stays unpinned.
+TEST(HostMemory, PinnedForIoUringOnlyWithStateOnNvme) {
+  TempDir swap;
+  std::vector<float> w(1 << 20, 0.25f);  // 4 MiB a state
+  const std::string offload[] = {"cpu", "nvme"};
+  for (const std::string& device : offload) {
+    const uint64_t before = PinnedKiB();
+    auto cfg = ParseConfig(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": ")" + device +
+                           R"(", "nvme_path": ")" + swap.path() + R"("}}, "strata": {"device_budget": "64MiB",
+                           "host_budget": "256MiB"}})");
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    EngineOptions o;
+    o.force_no_gpu = true;
+    auto e = Engine::Create(*cfg, o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    ASSERT_TRUE((*e)->AddParam(0, "w", w.size(), w.data()).ok());
+    ASSERT_TRUE((*e)->Build().ok());
+    const uint64_t pinned = PinnedKiB() - before;
+    if (device == "cpu") {
+      EXPECT_EQ(pinned, 0u) << "offload_optimizer cpu: the host tier's W, M, V pinned for io_uring";
+    } else {
+      // The NVMe run's staging (W, M, V of the group) is registered: at
+      // least one state's 4 MiB, where this process may pin it (root, or a
+      // large RLIMIT_MEMLOCK; else registering fails, with a warning).
+      rlimit lim{};
+      const bool may_pin = geteuid() == 0 || (getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur >= (256u << 20));
+      if (!may_pin) GTEST_SKIP() << "this process may not pin 256 MiB (ulimit -l): the nvme half is unchecked";
+      EXPECT_GE(pinned, 4096u) << "offload_optimizer nvme: the staging registered with io_uring";
+    }
   }
 }
 
