@@ -206,10 +206,11 @@ Status Engine::Impl::Init() {
   // pinned, so faulted in at build, and counted against RLIMIT_MEMLOCK
   // without CAP_IPC_LOCK) only where the config puts state or activations
   // on NVMe, the I/O that moves through it every step. Elsewhere the ring
-  // moves only checkpoints, which need no fixed buffers.
+  // moves only checkpoints, which need no fixed buffers. (grad_home "nvme"
+  // needs the optimizer on NVMe: ValidateConfig, above.)
   const bool nvme_io = config_.zero.offload_param.device == OffloadDevice::kNvme ||
                        config_.zero.offload_optimizer.device == OffloadDevice::kNvme ||
-                       config_.strata.grad_home == "nvme" || config_.strata.activation_nvme_bytes > 0;
+                       config_.strata.activation_nvme_bytes > 0;
   host_ = std::make_unique<HostTier>(HostTierOptions{.budget = host_budget,
                                                      .pin = gpu,
                                                      .numa_node = gpu ? placement_.gpu_node : -1,
@@ -385,16 +386,18 @@ Status Engine::ReadMaster(int group, float* out) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_master", false, /*in_pass=*/impl_->FrozenGroup(group)));
   return impl_->ReadMaster(group, out);
 }
+// The state an OptimizerState names: W, M, V follow P in StateKind.
+static StateKind KindOf(Engine::OptimizerState which) { return static_cast<StateKind>(static_cast<int>(which) + 1); }
 Status Engine::ReadState(int group, OptimizerState which, float* out) {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("read_state"));
-  const StateKind kind = static_cast<StateKind>(static_cast<int>(which) + 1);
+  const StateKind kind = KindOf(which);
   if (impl_->ReadGathers(group, kind)) STRATA_RETURN_IF_ERROR(impl_->AgreeBehind("read_state"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("read_state", false));
   return impl_->ReadState(group, kind, out);
 }
 Status Engine::WriteState(int group, OptimizerState which, const float* in) {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("write_state"));
-  return impl_->WriteState(group, static_cast<StateKind>(static_cast<int>(which) + 1), in);
+  return impl_->WriteState(group, KindOf(which), in);
 }
 Status Engine::SetStepsApplied(int64_t steps) {
   if (steps < 0) return InvalidError("set_steps: " + std::to_string(steps) + " is negative");

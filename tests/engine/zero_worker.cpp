@@ -8,6 +8,8 @@
 //               [device-budget B]   (strata.device_budget, "64MiB")
 //               [gradless-at-step K]   (skip_groups_without_grads; at step K no rank gives the 53-element
 //                                       group gradients)
+//               [eio-rank-0-at-step K]   (as eio-rank-1-at-step, rank 0's disk: with behind-eio-rank-1-at-step
+//                                          K, the step fails on rank 0 while rank 1 loses a write behind it)
 //               [lone-frozen-read 1]   (after training, rank 0 alone reads exp_avg of frozen group G: refused
 //                                       at once, INVALID, no collective)
 // Rank 0 writes the gathered master weights (fp32) to OUT. With `load`, the
