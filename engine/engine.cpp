@@ -172,7 +172,7 @@ Status Engine::Impl::Init() {
   if (device_budget == 0)
     device_budget = gpu ? gpu::DeviceMemoryBytes(device) / 10 * 9 : machine_.host_ram_bytes / 4 / ranks_here;
   uint64_t host_budget = config_.strata.host_budget;
-  if (host_budget == 0) host_budget = machine_.host_ram_bytes / 2 / ranks_here;
+  if (host_budget == 0) host_budget = AutoHostBudget(machine_);
   // The "auto" budgets that a limit or other ranks made smaller, said once a process.
   std::string autos;
   if (config_.strata.host_budget == 0) autos = "host_budget " + FormatBytes(host_budget);
@@ -399,10 +399,25 @@ Status Engine::WriteState(int group, OptimizerState which, const float* in) {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("write_state"));
   return impl_->WriteState(group, KindOf(which), in);
 }
+// A step count a caller may set: the next step counts one more.
+static Status CheckStepCount(const std::string& what, int64_t steps) {
+  if (steps < 0) return InvalidError(what + ": " + std::to_string(steps) + " is negative");
+  if (steps == INT64_MAX) return InvalidError(what + ": " + std::to_string(steps) + " leaves no count for the next step");
+  return Status::Ok();
+}
+
 Status Engine::SetStepsApplied(int64_t steps) {
-  if (steps < 0) return InvalidError("set_steps: " + std::to_string(steps) + " is negative");
+  STRATA_RETURN_IF_ERROR(CheckStepCount("set_steps", steps));
+  // Before build there are no groups' counts to set, and build starts every
+  // count at 0: a count set then would be lost to the groups, not to
+  // get_steps.
+  if (!impl_->built_) return StateError("set_steps: the engine is not built");
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("set_steps"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_steps", false, /*in_pass=*/true));
+  // Mid-step, groups already updated early (overlap_step) counted the old
+  // count, and the reducer's and the overlap's threads read it.
+  for (const auto& gs : impl_->steps_)
+    if (gs.grad_calls > 0) return StateError("set_steps: gradients of this step are pending; set it between steps");
   impl_->step_.applied = steps;
   for (int g = 0; g < static_cast<int>(impl_->step_.group_steps.size()); ++g)
     if (!impl_->lay_.frozen(g)) impl_->step_.group_steps[static_cast<size_t>(g)] = steps;
@@ -416,7 +431,7 @@ Result<int64_t> Engine::GroupSteps(int group) const {
 Status Engine::SetGroupSteps(int group, int64_t steps) {
   const std::string what = "set_group_steps: group " + std::to_string(group);
   STRATA_RETURN_IF_ERROR(impl_->CheckGroup(group, "set_group_steps"));
-  if (steps < 0) return InvalidError(what + ": " + std::to_string(steps) + " is negative");
+  STRATA_RETURN_IF_ERROR(CheckStepCount(what, steps));
   if (impl_->lay_.frozen(group)) return InvalidError(what + " is frozen (freeze_group): it is never updated");
   if (!impl_->skips_gradless())
     return InvalidError(what + ": every group counts the engine's steps (set_steps) unless the engine skips groups "

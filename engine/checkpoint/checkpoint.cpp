@@ -211,6 +211,9 @@ Status Checkpointer::Save(const std::string& dir, const std::string& tag, const 
     local = InvalidError("checkpoint save: tag '" + tag + "' must be 1-200 of [A-Za-z0-9._-], not starting with '.', not 'latest'");
   else if (blob_bytes > 0 && !blob)
     local = InvalidError("checkpoint save: a blob length without a blob");
+  else if (blob_bytes > manifest::kMaxBlobBytes)
+    local = InvalidError("checkpoint save: a blob of " + std::to_string(blob_bytes) + " bytes; a checkpoint holds at most " +
+                         std::to_string(manifest::kMaxBlobBytes) + " (4 GiB); nothing was written");
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
   if (d_.layout.multi) {  // every rank must name the same checkpoint
     const uint64_t mine = XXH3_64bits((dir + "\n" + tag).data(), dir.size() + 1 + tag.size());
@@ -273,6 +276,7 @@ Status Checkpointer::Save(const std::string& dir, const std::string& tag, const 
 }
 
 static_assert(manifest::kMaxDims == kMaxShapeDims, "the manifest's and the engine's most dims differ");
+static_assert(manifest::kMaxAliases == kMaxTensorAliases, "the manifest's and the engine's most aliases differ");
 
 // Rank 0: the manifest from every shard's entry, then the renames.
 Status Checkpointer::WriteManifest(const std::string& dir, const std::string& tag, const std::string& part,

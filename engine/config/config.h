@@ -295,6 +295,12 @@ struct ConfigFacts {
   bool has_gpu = false;  // without one the device tier is a host arena
 };
 
+// The host budget that "auto" resolves to: half of host_ram_bytes, shared
+// among the ranks_on_host (the engine's, and the checks' below).
+inline uint64_t AutoHostBudget(const ConfigFacts& f) {
+  return f.host_ram_bytes / 2 / (f.ranks_on_host > 1 ? f.ranks_on_host : 1);
+}
+
 // Refuses contradictions between the config and the machine or the model:
 // an nvme offload without a path, a param swap buffer smaller than the largest
 // group, a host budget above RAM or (when pinned) the memlock limit, and a

@@ -105,10 +105,18 @@ Status CheckMemlock(const Config& c, const ConfigFacts& f) {
 // Without a GPU the device tier is an arena in host memory.
 Status CheckNoGpuArena(const Config& c, const ConfigFacts& f) {
   if (f.has_gpu || f.host_ram_bytes == 0 || c.strata.device_budget == 0) return Status::Ok();
-  const uint64_t total = SaturatingAdd(c.strata.device_budget, c.strata.host_budget);
+  // An "auto" host budget counts as what it resolves to.
+  const bool auto_host = c.strata.host_budget == 0;
+  const uint64_t host = auto_host ? AutoHostBudget(f) : c.strata.host_budget;
+  const uint64_t total = SaturatingAdd(c.strata.device_budget, host);
   if (SaturatingMul(total, std::max<uint32_t>(f.ranks_on_host, 1)) <= f.host_ram_bytes) return Status::Ok();
-  return ConfigError(EachRank("strata.device_budget + strata.host_budget", total, f) + " is above " + RamText(f) +
-                     "; without a GPU the device tier lives in host memory");
+  return ConfigError(EachRank(auto_host ? "strata.device_budget + strata.host_budget (\"auto\": " + FormatBytes(host) +
+                                              ", half the RAM shared among this host's ranks)"
+                                        : "strata.device_budget + strata.host_budget",
+                              total, f) +
+                     " is above " + RamText(f) +
+                     "; without a GPU the device tier lives in host memory: lower strata.device_budget, or give "
+                     "strata.host_budget in bytes");
 }
 
 }  // namespace

@@ -24,7 +24,6 @@ using Json = nlohmann::json;
 namespace {
 
 constexpr uint64_t kMaxGroups = 1'000'001, kMaxElements = 1ull << 40, kMaxWorld = 1 << 20;
-constexpr uint64_t kMaxBlob = 1ull << 32;
 constexpr const char* kChecksumKey = "manifest_xxh3";
 const std::set<std::string> kTopKeys = {"format", "version", "tag", "world_size", "shard_world", "stage",
                                         "compute_dtype", "optimizer", "state_format", "step", "save_seq", "loss_scaler",
@@ -138,7 +137,7 @@ Status ReadScalars(const Json& j, const Reader& r, Manifest* m) {
   STRATA_ASSIGN_OR_RETURN(const Json* blob, r.Field(j, "trainer_blob", "manifest"));
   STRATA_ASSIGN_OR_RETURN(m->blob_file, r.Str(*blob, "file", "trainer_blob"));
   if (!PlainName(m->blob_file)) return r.Bad("trainer_blob.file", "'" + m->blob_file + "' is not a file name");
-  STRATA_ASSIGN_OR_RETURN(m->blob_bytes, r.U64(*blob, "bytes", "trainer_blob", kMaxBlob));
+  STRATA_ASSIGN_OR_RETURN(m->blob_bytes, r.U64(*blob, "bytes", "trainer_blob", kMaxBlobBytes));
   STRATA_ASSIGN_OR_RETURN(m->blob_xxh3, r.Hash(*blob, "xxh3", "trainer_blob"));
   return Status::Ok();
 }

@@ -39,6 +39,8 @@ struct Tensor {
 inline constexpr size_t kMaxAliases = 64;
 // The most dims of a tensor's shape (the engine's kMaxShapeDims).
 inline constexpr size_t kMaxDims = 32;
+// The largest trainer blob a checkpoint holds (strata_checkpoint_save's).
+inline constexpr uint64_t kMaxBlobBytes = 1ull << 32;
 
 struct Group {
   uint64_t numel = 0, padded = 0, shard_numel = 0;

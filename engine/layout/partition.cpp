@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "base/align.h"
+#include "base/text.h"
 
 namespace strata {
 
@@ -13,6 +14,17 @@ uint64_t GroupLayout::RealInShard(int rank) const {
   return std::min(shard_numel, numel - lo);
 }
 
+// A tensor's name or alias is written into checkpoint manifests (JSON): it
+// must be UTF-8, and not empty (the manifest reader refuses both). Checked
+// here, when it is given, not at the first save.
+static Status CheckName(const char* call, const std::string& name) {
+  if (name.empty()) return InvalidError(std::string(call) + ": an empty name");
+  if (!IsUtf8(name))
+    return InvalidError(std::string(call) + " '" + name.substr(0, 64) +
+                        "': the name is not UTF-8 (names are written into checkpoint manifests, JSON)");
+  return Status::Ok();
+}
+
 Result<uint64_t> Partition::Add(int group, const std::string& name, uint64_t numel) {
   if (finalized_) return StateError("add_param '" + name + "': the engine is already built");
   if (group < 0 || group > 1'000'000)
@@ -20,10 +32,19 @@ Result<uint64_t> Partition::Add(int group, const std::string& name, uint64_t num
   if (numel == 0) return InvalidError("add_param '" + name + "': zero elements");
   if (numel > kMaxElements)
     return InvalidError("add_param '" + name + "': " + std::to_string(numel) + " elements is too many");
+  STRATA_RETURN_IF_ERROR(CheckName("add_param", name));
   if (static_cast<size_t>(group) >= groups_.size()) groups_.resize(static_cast<size_t>(group) + 1);
   GroupLayout& g = groups_[static_cast<size_t>(group)];
-  for (const auto& t : g.tensors)
+  for (const auto& t : g.tensors) {
     if (t.name == name) return InvalidError("add_param '" + name + "': name already used in group " + std::to_string(group));
+    if (std::find(t.aliases.begin(), t.aliases.end(), name) != t.aliases.end())
+      return InvalidError("add_param '" + name + "': name already used in group " + std::to_string(group) +
+                          ", as an alias of '" + t.name + "'");
+  }
+  if (numel > kMaxElements - g.numel)
+    return InvalidError("add_param '" + name + "': group " + std::to_string(group) + " would have " +
+                        std::to_string(g.numel + numel) + " elements; a group holds at most " +
+                        std::to_string(kMaxElements));
   const uint64_t offset = g.numel;
   g.tensors.push_back({name, offset, numel, false, {}, {}});
   g.numel += numel;
@@ -61,7 +82,7 @@ Result<uint64_t> Partition::AddShaped(int group, const std::string& name,
 Status Partition::AddAlias(int group, const std::string& alias, const std::string& of) {
   const std::string what = "add_alias '" + alias + "' of '" + of + "'";
   if (finalized_) return StateError(what + ": the engine is already built");
-  if (alias.empty()) return InvalidError(what + ": an empty name");
+  STRATA_RETURN_IF_ERROR(CheckName("add_alias", alias));
   if (group < 0 || static_cast<size_t>(group) >= groups_.size())
     return InvalidError(what + ": group " + std::to_string(group) + " has no tensors");
   GroupLayout& g = groups_[static_cast<size_t>(group)];
@@ -72,6 +93,9 @@ Status Partition::AddAlias(int group, const std::string& alias, const std::strin
     if (t.name == of) target = &t;
   }
   if (!target) return InvalidError(what + ": group " + std::to_string(group) + " has no tensor '" + of + "'");
+  if (target->aliases.size() >= kMaxTensorAliases)
+    return InvalidError(what + ": '" + of + "' has " + std::to_string(kMaxTensorAliases) +
+                        " aliases already, the most a tensor may have");
   target->aliases.push_back(alias);
   return Status::Ok();
 }

@@ -28,6 +28,9 @@ struct TensorSlot {
 
 // The most dims a registered shape may have.
 inline constexpr size_t kMaxShapeDims = 32;
+// The most aliases (other names) one tensor may have: the checkpoint
+// manifest's limit (checked equal where both are seen: checkpoint.cpp).
+inline constexpr size_t kMaxTensorAliases = 64;
 
 // "[3, 4]" ("[]" for a scalar): shapes in messages.
 std::string ShapeString(const std::vector<uint64_t>& shape);
@@ -44,15 +47,19 @@ struct GroupLayout {
 class Partition {
  public:
   static constexpr uint64_t kShardAlign = 2048;
-  static constexpr uint64_t kMaxElements = 1ull << 40;  // per tensor
+  static constexpr uint64_t kMaxElements = 1ull << 40;  // per tensor, and per group
 
-  // REQUIRES: numel > 0, group >= 0. Returns the tensor's offset in the group.
+  // REQUIRES: numel > 0, group >= 0, the group's elements within
+  // kMaxElements, and a name that is not empty, is UTF-8 (it is written into
+  // checkpoint manifests, JSON) and is not a name or alias in the group
+  // already. Returns the tensor's offset in the group.
   Result<uint64_t> Add(int group, const std::string& name, uint64_t numel);
   // Add with a shape: every dim at least 1, at most kMaxShapeDims dims, and a
   // product within Add's limit (checked without overflow). Errors name `name`.
   Result<uint64_t> AddShaped(int group, const std::string& name, const std::vector<uint64_t>& shape);
-  // `alias` names tensor `of` of `group` too. Refused when `of` is not there
-  // or `alias` is already a name or alias in the group.
+  // `alias` names tensor `of` of `group` too. Refused when `of` is not there,
+  // `alias` is empty, not UTF-8, or already a name or alias in the group, or
+  // `of` has kMaxTensorAliases aliases already.
   Status AddAlias(int group, const std::string& alias, const std::string& of);
   // Groups must be numbered 0..n-1 without gaps. Sets padding and shards.
   Status Finalize(int world_size);

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "base/log.h"
+#include "base/text.h"
 
 namespace strata {
 
@@ -65,29 +66,6 @@ void StatsRecorder::GroupSpan(Resource r, const char* name, int group, double st
   if (trace_path_.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
   Add(static_cast<int>(r), name, start_s, end_s, 0, group);
-}
-
-// Well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
-static bool IsUtf8(const std::string& s) {
-  static const uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80         ? 0
-                     : (c >> 5) == 6  ? 1
-                     : (c >> 4) == 14 ? 2
-                     : (c >> 3) == 30 ? 3
-                                      : 4;  // continuation bytes
-    if (n == 4 || n >= s.size() - i) return false;
-    uint32_t cp = n == 0 ? c : c & (0x3fu >> n);
-    for (size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xc0) != 0x80) return false;
-      cp = cp << 6 | (d & 0x3fu);
-    }
-    if (cp < kMin[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n + 1;
-  }
-  return true;
 }
 
 int StatsRecorder::TrackOfThisThread() {

@@ -211,8 +211,11 @@ STRATA_API strata_status_t strata_engine_destroy(strata_engine_t* engine);
  * zeros; it is copied during the call. On STRATA_OK, *offset_out (may be
  * NULL) receives the tensor's offset, in elements, inside its group's buffer.
  * The tensor has no shape: strata-export writes it flat (1-D); see
- * strata_engine_add_param_shaped. REQUIRES: before strata_engine_build.
- * Errors: INVALID, STATE. */
+ * strata_engine_add_param_shaped. A name is UTF-8, not empty, and used
+ * once in its group, as a tensor's name or an alias (it is recorded in
+ * checkpoints); a group holds at most 2^40 elements. REQUIRES: before
+ * strata_engine_build. Errors: INVALID naming the tensor (those rules, 0 or
+ * more than 2^40 elements), STATE. */
 STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int group, const char* name,
                                                    uint64_t numel, const float* init, uint64_t* offset_out);
 
@@ -232,7 +235,7 @@ STRATA_API strata_status_t strata_engine_add_param(strata_engine_t* engine, int 
  * (may be NULL) receives the tensor's offset, in elements, in its group.
  * REQUIRES: before strata_engine_build. Errors: INVALID naming the tensor
  * (NULL name or shape, ndim outside 0..STRATA_MAX_NDIM, a dim < 1, more than
- * 2^40 elements, a name already used in the group), STATE. */
+ * 2^40 elements, a name as strata_engine_add_param refuses it), STATE. */
 STRATA_API strata_status_t strata_engine_add_param_shaped(strata_engine_t* engine, int group,
                                                           const char* name, int ndim, const int64_t* shape,
                                                           const float* init, uint64_t* offset_out);
@@ -241,8 +244,9 @@ STRATA_API strata_status_t strata_engine_add_param_shaped(strata_engine_t* engin
  * between two modules (a GPT's embedding and head) is one tensor with one
  * master; checkpoints record the alias and strata-export writes the values
  * under both names, so the exported file loads into a model that has both.
- * REQUIRES: before strata_engine_build. Errors: INVALID (`of` not in the
- * group, `alias` already a name or alias there, NULL or empty names), STATE. */
+ * A tensor has at most 64 aliases. REQUIRES: before strata_engine_build.
+ * Errors: INVALID (`of` not in the group, `alias` already a name or alias
+ * there, NULL, empty or not UTF-8, a 65th alias), STATE. */
 STRATA_API strata_status_t strata_engine_add_alias(strata_engine_t* engine, int group, const char* alias,
                                                    const char* of);
 
@@ -553,7 +557,8 @@ STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, in
  * whatever tier they live in; a frozen group's parameters, in the compute
  * dtype), the step count, the loss scaler and the
  * caller's opaque `blob` (its data position, RNG, scheduler: `blob_bytes`
- * bytes, may be 0) to DIR/TAG, then points DIR/latest at it. DIR is
+ * bytes, may be 0, at most 4 GiB: more is INVALID before anything is
+ * written) to DIR/TAG, then points DIR/latest at it. DIR is
  * created if missing. An existing TAG is never overwritten: saving to it is
  * INVALID unless it already holds exactly this state and is the newest
  * checkpoint in DIR (a save killed before it moved `latest`, repeated),
@@ -599,7 +604,10 @@ STRATA_API strata_status_t strata_engine_read_state(strata_engine_t* engine, int
 STRATA_API strata_status_t strata_engine_write_state(strata_engine_t* engine, int group, strata_state_t which,
                                                      const float* in);
 /* The optimizer updates applied so far (steps that were not skipped). Set
- * also sets every group's own count (strata_engine_group_steps). */
+ * also sets every group's own count (strata_engine_group_steps), to a count
+ * in 0..INT64_MAX-1 (INVALID outside). Set works between steps (STATE while
+ * gradients of a step are pending). REQUIRES: after build (STATE before it:
+ * build starts every count at 0). Errors: INVALID, STATE. */
 STRATA_API strata_status_t strata_engine_get_steps(strata_engine_t* engine, int64_t* out);
 STRATA_API strata_status_t strata_engine_set_steps(strata_engine_t* engine, int64_t steps);
 /* The updates applied to `group`, which its bias correction counts from:

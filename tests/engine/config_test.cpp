@@ -588,7 +588,25 @@ TEST(ConfigValidate, NoGpuArenaMustFitInRam) {
   f.has_gpu = false;
   EXPECT_EQ(Refusal(ValidateConfig(c, f)),
             "strata.device_budget + strata.host_budget: 200.00 GiB is above this machine's RAM (128.00 GiB); "
-            "without a GPU the device tier lives in host memory");
+            "without a GPU the device tier lives in host memory: lower strata.device_budget, or give "
+            "strata.host_budget in bytes");
+}
+
+// An "auto" host budget counts as what the engine resolves it to (half the
+// RAM, shared among the ranks on the host), not as nothing.
+TEST(ConfigValidate, NoGpuArenaCountsAnAutoHostBudget) {
+  const Config c = MustParse(R"({"strata": {"device_budget": "64GiB"}})");
+  ConfigFacts f = Facts(1000);  // 128 GiB of RAM
+  f.has_gpu = false;
+  EXPECT_TRUE(ValidateConfig(c, f).ok());  // 64 + 64 GiB
+  const Config over = MustParse(R"({"strata": {"device_budget": "100GiB"}})");
+  EXPECT_EQ(Refusal(ValidateConfig(over, f)),
+            "strata.device_budget + strata.host_budget (\"auto\": 64.00 GiB, half the RAM shared among this host's "
+            "ranks): 164.00 GiB is above this machine's RAM (128.00 GiB); without a GPU the device tier lives in host "
+            "memory: lower strata.device_budget, or give strata.host_budget in bytes");
+  f.ranks_on_host = 2;  // 32 + 32 GiB "auto" each, 64 + 32 GiB each: 192 GiB in all
+  EXPECT_EQ(Refusal(ValidateConfig(c, f)).rfind("strata.device_budget + strata.host_budget (\"auto\": 32.00 GiB", 0), 0u);
+  EXPECT_TRUE(ValidateConfig(MustParse(R"({"strata": {"device_budget": "32GiB"}})"), f).ok());
 }
 
 TEST(ConfigValidate, ConfigBuiltInCodeIsHeldToTheParseRules) {
