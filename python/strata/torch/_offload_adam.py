@@ -111,6 +111,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
                 raise Error(INVALID, f"OffloadAdam: {flag}=True is not supported (the engine's AdamW kernel "
                             "computes torch's single-tensor/foreach AdamW, bitwise); leave it off")
         self._config = _with_state_format(_config_dict(config), state_format)
+        _check_config_optimizer(self._config, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         # fp16: the scaler is ours, one for every engine (see _Scaler); the
         # engines get unscaled gradients and a static scale of 1.
         fp16 = _fp16_section(self._config)
@@ -147,6 +148,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         return {id(p) for group in self.param_groups for p in group["params"]}
 
     def add_param_group(self, param_group):
+        _check_group_options(param_group, "OffloadAdam: a param group")  # before it is added
         super().add_param_group(param_group)
         index = len(self.param_groups) - 1
         _check_params(self.param_groups[index]["params"], self._param_names, "OffloadAdam",
@@ -249,8 +251,10 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         if self._world_size == 1 and self._scaler is None and all(g.dtype == torch.float32 for g in grads):
             # One rank, float32 gradients: this rank's, in .grad; torch's own
             # function clips them, bitwise as torch would.
-            return _torch_clip_grad_norm(params, max_norm, norm_type=norm_type,
-                                         error_if_nonfinite=error_if_nonfinite)
+            total = _torch_clip_grad_norm(params, max_norm, norm_type=norm_type,
+                                          error_if_nonfinite=error_if_nonfinite)
+            self._clip_next = 0.0  # clipped, in .grad: the step clips no more (not at gradient_clipping)
+            return total
         if self._world_size == 1:
             # One rank, fp16 (.grad holds the scaled gradients) or bf16
             # gradients (torch's own norm would be rounded to bf16): torch's
@@ -264,6 +268,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             if error_if_nonfinite and not torch.isfinite(total):
                 _clip_result(float("inf"), norm_type, True)
             self._clip_coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+            self._clip_next = 0.0  # the coefficient is the clipping: the step clips no more
             return total
         engines = self._regroup(0) if len(self.param_groups) == 1 else self._engines
         if len(self.param_groups) != 1 or len(engines) != 1:
@@ -357,6 +362,8 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         scaler = None
         if self._scaler is not None and "loss_scaler" in state_dict:
             scaler = _Scaler.parse_state(state_dict["loss_scaler"])  # refused before anything changes
+        for k, group in enumerate(state_dict.get("param_groups", [])):  # (e.g. torch AdamW(amsgrad=True)'s)
+            _check_group_options(group, f"OffloadAdam.load_state_dict: param group {k}")
         super().load_state_dict(state_dict)
         # torch casts floating-point state to its parameter's dtype: the
         # float32 masters and moments of bf16/fp16 parameters would be
@@ -395,6 +402,16 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         for p in list(self.state):  # the engine holds them now
             self.state[p] = {"step": self.state[p].get("step", torch.tensor(0.0))}
 
+    def __setstate__(self, state):
+        # torch's load_state_dict replaces each param group by the saved one:
+        # keys a dict saved by another optimizer lacks (torch AdamW's has no
+        # max_grad_norm) take this optimizer's defaults, as torch's own
+        # optimizers fill theirs, not None (which would stop the clipping).
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+
     def __deepcopy__(self, memo):
         raise Error(INVALID, "copy.deepcopy of an OffloadAdam: not supported (its state lives in the Strata engines, "
                     "which are not copied). Make a new OffloadAdam over the copy's parameters and "
@@ -411,6 +428,51 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             self.close()
         except Exception:
             pass
+
+
+_REFUSED_OPTIONS = ("amsgrad", "capturable", "differentiable", "fused")
+
+
+def _check_group_options(group, where):
+    """A param group (added, or loaded from a state_dict) that asks for an
+    AdamW option the engine does not compute is refused, as the arguments
+    are: it would train as plain AdamW without a word."""
+    if not isinstance(group, dict):
+        return  # (torch's own add_param_group says what is wrong)
+    for flag in _REFUSED_OPTIONS:
+        if group.get(flag):
+            raise Error(INVALID, f"{where} has {flag}={group[flag]!r}, which is not supported (the engine's "
+                        "AdamW kernel computes torch's single-tensor/foreach AdamW, bitwise); leave it off")
+
+
+def _check_config_optimizer(config, **arguments):
+    """OffloadAdam is AdamW, its hyperparameters its arguments (its param
+    groups'): a config's optimizer section that says otherwise (another
+    type, Adam with L2 decay, a value that differs from the argument's) is
+    refused, naming both, not overridden without a word. "auto" and absent
+    values agree with anything."""
+    opt = config.get("optimizer")
+    if not isinstance(opt, dict):
+        return  # absent, null or "auto": the arguments fill it
+    kind = opt.get("type", "AdamW")
+    params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
+    if kind != "auto" and (not isinstance(kind, str) or kind.lower() not in ("adamw", "adam")):
+        raise Error(INVALID, f"OffloadAdam: the config's optimizer.type is {kind!r}; OffloadAdam is AdamW. Use "
+                    "offload_module for the config's optimizer, or leave the optimizer section out")
+    if isinstance(kind, str) and kind.lower() == "adam" and params.get("adam_w_mode") is False:
+        raise Error(INVALID, "OffloadAdam: the config's optimizer is Adam with adam_w_mode false (L2 decay); "
+                    "OffloadAdam is AdamW (decoupled decay). Use offload_module for it, or leave the section out")
+    for key, arg in arguments.items():
+        given = params.get(key)
+        if given is None or given == "auto":
+            continue
+        same = (isinstance(given, (list, tuple)) and len(given) == len(arg) and
+                all(float(a) == float(b) for a, b in zip(given, arg))) if key == "betas" else \
+            (isinstance(given, (int, float)) and not isinstance(given, bool) and float(given) == float(arg))
+        if not same:
+            raise Error(INVALID, f"OffloadAdam: the config's optimizer.params.{key} is {given!r} and the argument "
+                        f"{key}={arg!r}; OffloadAdam's arguments (its param groups) give its hyperparameters: "
+                        f"make them agree, or leave {key} out of the config")
 
 
 def _filled_by_arguments(path):

@@ -1,0 +1,143 @@
+"""OffloadAdam's options that a review found honoured only in part, each
+against torch or against a run that says the same thing another way:
+clip_grad_norm_ under a config's gradient_clipping (clipped once, at the
+call's norm), a torch AdamW state_dict loaded (max_grad_norm kept), a param
+group asking for amsgrad/fused/capturable/differentiable (refused, as the
+arguments are), and a config optimizer section that disagrees with the
+arguments (refused, not overridden)."""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import strata  # noqa: E402
+import strata.torch as st  # noqa: E402
+
+nn = torch.nn
+
+
+def mlp(dtype=torch.float32):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).to(dtype)
+
+
+def batches(n, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(6, 8, generator=g) * 4).to(dtype) for _ in range(n)]
+
+
+def train(model, opt, xs, clip=None):
+    for x in xs:
+        model(x).float().square().sum().backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# ---- clip_grad_norm_ says the clipping; the config's gradient_clipping does not clip again ----
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("call_clip", [0.5, 1e6], ids=["call-clips", "call-never-clips"])
+def test_clip_grad_norm_overrides_the_configs_gradient_clipping(dtype, call_clip):
+    xs = batches(3, dtype)
+    bf16 = {"bf16": {"enabled": True}} if dtype == torch.bfloat16 else {}
+    runs = {}
+    # The config would clip hard (1e-3); the call says call_clip. Both runs
+    # must train as the one whose config does not clip at all: clipped once,
+    # at the call's norm.
+    for name, cfg_clip in (("config_clips", 1e-3), ("config_silent", None)):
+        model = mlp(dtype)
+        cfg = dict(bf16, **({"gradient_clipping": cfg_clip} if cfg_clip else {}))
+        opt = st.OffloadAdam(model.parameters(), lr=1e-2, config=cfg, force_no_gpu=True)
+        runs[name] = train(model, opt, xs, clip=call_clip)
+        opt.close()
+    for a, b in zip(runs["config_clips"], runs["config_silent"]):
+        assert torch.equal(a, b), (a - b).abs().max()
+    # The config's clipping alone does clip (what the call overrides is real).
+    model = mlp(dtype)
+    opt = st.OffloadAdam(model.parameters(), lr=1e-2, config=dict(bf16, gradient_clipping=1e-3), force_no_gpu=True)
+    clipped = train(model, opt, xs)
+    opt.close()
+    assert any(not torch.equal(a, b) for a, b in zip(clipped, runs["config_silent"]))
+
+
+# ---- a torch AdamW state_dict keeps OffloadAdam's max_grad_norm ----------------------
+
+def test_loading_a_torch_adamw_state_dict_keeps_max_grad_norm():
+    xs = batches(4)
+    start = mlp()
+    ref = torch.optim.AdamW(start.parameters(), lr=1e-2)
+    train(start, ref, xs[:1])
+    saved = copy.deepcopy(ref.state_dict())
+    assert "max_grad_norm" not in saved["param_groups"][0]
+    runs = {}
+    # torch's dict (no max_grad_norm), the same dict saying 1e-3, and the
+    # same dict saying 0 (no clipping): the first must train as the second.
+    for name, key in (("torch_dict", None), ("says_1e-3", 1e-3), ("says_0", 0.0)):
+        model = copy.deepcopy(start)
+        sd = copy.deepcopy(saved)
+        if key is not None:
+            sd["param_groups"][0]["max_grad_norm"] = key
+        opt = st.OffloadAdam(model.parameters(), lr=1e-2, max_grad_norm=1e-3, config={}, force_no_gpu=True)
+        opt.load_state_dict(sd)
+        runs[name] = (opt.param_groups[0]["max_grad_norm"], train(model, opt, xs[1:]))
+        opt.close()
+    assert runs["torch_dict"][0] == 1e-3
+    for a, b in zip(runs["torch_dict"][1], runs["says_1e-3"][1]):
+        assert torch.equal(a, b), (a - b).abs().max()
+    assert any(not torch.equal(a, b) for a, b in zip(runs["torch_dict"][1], runs["says_0"][1])), "must clip"
+
+
+# ---- refused, as the arguments are: a group asking for what the kernel does not compute ----
+
+@pytest.mark.parametrize("flag", ["amsgrad", "fused", "capturable", "differentiable"])
+def test_a_param_group_option_that_is_not_computed_is_refused(flag):
+    model = mlp()
+    groups = [{"params": [model[0].weight, model[0].bias]}, {"params": [model[2].weight], flag: True}]
+    with pytest.raises(strata.Error, match=f"a param group has {flag}=True, which is not supported"):
+        st.OffloadAdam(groups, config={}, force_no_gpu=True)
+    opt = st.OffloadAdam([model[0].weight], config={}, force_no_gpu=True)
+    with pytest.raises(strata.Error, match=f"{flag}=True"):
+        opt.add_param_group({"params": [model[2].weight], flag: True})
+    assert len(opt.param_groups) == 1  # nothing added
+    opt.add_param_group({"params": [model[2].weight]})
+    opt.close()
+
+
+def test_a_torch_amsgrad_state_dict_is_refused_before_anything_changes():
+    model = mlp()
+    ref = torch.optim.AdamW(model.parameters(), lr=1e-2, amsgrad=True)
+    train(model, ref, batches(1))
+    opt = st.OffloadAdam(model.parameters(), lr=1e-2, config={}, force_no_gpu=True)
+    before = opt.state_dict()
+    with pytest.raises(strata.Error, match="load_state_dict: param group 0 has amsgrad=True"):
+        opt.load_state_dict(ref.state_dict())
+    assert opt.state_dict()["param_groups"] == before["param_groups"]
+    opt.close()
+
+
+# ---- a config optimizer section that disagrees with the arguments ------------------
+
+@pytest.mark.parametrize("section, needle", [
+    ({"type": "Lion", "params": {"lr": 1e-3}}, "optimizer.type is 'Lion'; OffloadAdam is AdamW"),
+    ({"type": "Adam", "params": {"adam_w_mode": False}}, "adam_w_mode false"),
+    ({"type": "AdamW", "params": {"lr": 3e-4}}, "optimizer.params.lr is 0.0003 and the argument lr=0.001"),
+    ({"type": "AdamW", "params": {"betas": [0.9, 0.95]}}, "optimizer.params.betas is \\[0.9, 0.95\\]"),
+    ({"type": "AdamW", "params": {"eps": 1e-6}}, "optimizer.params.eps"),
+    ({"type": "AdamW", "params": {"weight_decay": 0.1}}, "optimizer.params.weight_decay is 0.1"),
+])
+def test_a_config_optimizer_that_disagrees_with_the_arguments_is_refused(section, needle):
+    with pytest.raises(strata.Error, match=needle):
+        st.OffloadAdam(mlp().parameters(), config={"optimizer": section}, force_no_gpu=True)
+
+
+@pytest.mark.parametrize("section", [
+    {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}},
+    {"type": "adam", "params": {"lr": "auto", "betas": "auto", "adam_w_mode": True}},
+    {"type": "AdamW", "params": "auto"}, "auto", None,
+])
+def test_a_config_optimizer_that_agrees_is_taken(section):
+    opt = st.OffloadAdam(mlp().parameters(), config={"optimizer": section}, force_no_gpu=True)
+    opt.close()
