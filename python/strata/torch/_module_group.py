@@ -58,6 +58,7 @@ class _ModuleGroup:
         self.ever_handed = False  # had a gradient in some step (torch would keep a zero .grad for it)
         self.handed_params = set()  # indices of parameters whose gradients went to the engine this step
         self.grad_accs = []  # AccumulateGrad nodes, kept alive so that their hooks stay
+        self.grad_hooks = []  # and the hooks' handles: close() removes them
         # Gradients go to the engine a parameter at a time (grads_part), where
         # it takes them (host memory; one rank: straight into its accumulator;
         # several: packed for the reduction, one group at a time): no staging
@@ -84,7 +85,7 @@ class _ModuleGroup:
             # The AccumulateGrad node of p: its hook runs once p.grad holds
             # this backward's gradient.
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
-            acc.register_hook(lambda *_, p=p: o.grad_ready(self, p))
+            self.grad_hooks.append(acc.register_hook(lambda *_, p=p: o.grad_ready(self, p)))
             self.grad_accs.append(acc)
         self.takes_parts = (not self.frozen and o.device.type == "cpu" and
                             o.engine.takes_grad_parts(self.index, o.engine.compute_dtype))

@@ -333,6 +333,10 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         for h in self._handles:
             h.remove()
         self._handles = []
+        for g in self._groups:  # a parameter that keeps its dtype keeps its AccumulateGrad node, and our hook on it
+            for h in g.grad_hooks:
+                h.remove()
+            g.grad_hooks, g.grad_accs = [], []
         self.module.__dict__.pop("load_state_dict", None)
         self.module.__dict__.pop("state_dict", None)
         self.module.__dict__.pop("__deepcopy__", None)

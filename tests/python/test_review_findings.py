@@ -1,10 +1,11 @@
-"""OffloadAdam's options that a review found honoured only in part, each
+"""What a review of strata.torch found honoured only in part, each
 against torch or against a run that says the same thing another way:
 clip_grad_norm_ under a config's gradient_clipping (clipped once, at the
 call's norm), a torch AdamW state_dict loaded (max_grad_norm kept), a param
 group asking for amsgrad/fused/capturable/differentiable (refused, as the
 arguments are), and a config optimizer section that disagrees with the
-arguments (refused, not overridden)."""
+arguments (refused, not overridden); and offload_module's close(), which left
+its gradient hooks on parameters that keep their AccumulateGrad node."""
 import copy
 
 import pytest
@@ -141,3 +142,36 @@ def test_a_config_optimizer_that_disagrees_with_the_arguments_is_refused(section
 def test_a_config_optimizer_that_agrees_is_taken(section):
     opt = st.OffloadAdam(mlp().parameters(), config={"optimizer": section}, force_no_gpu=True)
     opt.close()
+
+
+# ---- offload_module: close() leaves no hook behind ---------------------------------
+
+def test_backward_after_close_fills_grad_and_a_second_offload_takes_its_own():
+    model = mlp()
+    x = batches(1)[0]
+    off = st.offload_module(model, {"zero_optimization": {"stage": 3}}, force_no_gpu=True)
+    model(x).square().sum().backward()
+    off.optimizer.step()
+    off.optimizer.zero_grad()
+    off.close()
+    # Ordinary parameters again: backward fills .grad, as torch's would.
+    ref = copy.deepcopy(model)
+    for m in (model, ref):
+        m(x).square().sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert p.grad is not None and torch.equal(p.grad, q.grad)
+    model.zero_grad(set_to_none=True)
+    ref.zero_grad(set_to_none=True)
+    # Offloaded again: its gradients go to the new engine alone, and it trains as one fresh offload of ref.
+    off2 = st.offload_module(model, {"zero_optimization": {"stage": 3}}, force_no_gpu=True)
+    off3 = st.offload_module(ref, {"zero_optimization": {"stage": 3}}, force_no_gpu=True)
+    for m, o in ((model, off2), (ref, off3)):
+        m(x).square().sum().backward()
+        o.optimizer.step()
+        o.optimizer.zero_grad()
+    got, want = model.state_dict(), ref.state_dict()
+    assert list(got) == list(want)
+    for k in got:
+        assert torch.equal(got[k], want[k]), k
+    off2.close()
+    off3.close()
