@@ -127,7 +127,8 @@ TEST(HostMemory, BudgetsInBytesAreEachRanksAndMustAllFit) {
   f.has_gpu = false;
   EXPECT_EQ(Refusal(ValidateConfig(*both, f)),
             "strata.device_budget + strata.host_budget: 5.00 GiB for each of the 4 ranks on this host (20.00 GiB in "
-            "all) is above this machine's RAM (16.00 GiB); without a GPU the device tier lives in host memory");
+            "all) is above this machine's RAM (16.00 GiB); without a GPU the device tier lives in host memory: lower "
+            "strata.device_budget, or give strata.host_budget in bytes");
   f.ranks_on_host = 3;  // 15 GiB
   EXPECT_TRUE(ValidateConfig(*both, f).ok());
 }
