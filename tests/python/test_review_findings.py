@@ -5,7 +5,9 @@ call's norm), a torch AdamW state_dict loaded (max_grad_norm kept), a param
 group asking for amsgrad/fused/capturable/differentiable (refused, as the
 arguments are), and a config optimizer section that disagrees with the
 arguments (refused, not overridden); and offload_module's close(), which left
-its gradient hooks on parameters that keep their AccumulateGrad node."""
+its gradient hooks on parameters that keep their AccumulateGrad node, and
+its accumulation count, which ignored the ds_config's
+gradient_accumulation_steps (DeepSpeed averages over it)."""
 import copy
 
 import pytest
@@ -175,3 +177,46 @@ def test_backward_after_close_fills_grad_and_a_second_offload_takes_its_own():
         assert torch.equal(got[k], want[k]), k
     off2.close()
     off3.close()
+
+
+# ---- offload_module takes the ds_config's gradient_accumulation_steps ---------------
+
+def accumulate(cfg, micro, **kw):
+    model = mlp()
+    off = st.offload_module(model, dict(cfg, zero_optimization={"stage": 3}), force_no_gpu=True, **kw)
+    xs = batches(3 * micro)
+    for s in range(3):
+        for x in xs[s * micro:(s + 1) * micro]:
+            model(x).square().mean().backward()
+        off.optimizer.step()
+        off.optimizer.zero_grad()
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    off.close()
+    return sd
+
+
+def test_the_configs_gradient_accumulation_steps_is_the_divisor():
+    by_config = accumulate({"gradient_accumulation_steps": 2}, 2)
+    by_argument = accumulate({}, 2, grad_accumulation_steps=2)
+    by_both = accumulate({"gradient_accumulation_steps": 2}, 2, grad_accumulation_steps=2)
+    summed = accumulate({}, 2, grad_accumulation_steps=1)  # what the config's 2 trained as before
+    for k in by_argument:
+        assert torch.equal(by_config[k], by_argument[k]), k
+        assert torch.equal(by_both[k], by_argument[k]), k
+    assert any(not torch.equal(summed[k], by_argument[k]) for k in summed), "the divisor must show"
+    # "auto": the argument's (or 1).
+    auto = accumulate({"gradient_accumulation_steps": "auto"}, 2, grad_accumulation_steps=2)
+    for k in by_argument:
+        assert torch.equal(auto[k], by_argument[k]), k
+
+
+@pytest.mark.parametrize("cfg, kw, needle", [
+    ({"gradient_accumulation_steps": 2}, {"grad_accumulation_steps": 3},
+     "grad_accumulation_steps=3 and the config's gradient_accumulation_steps 2 differ"),
+    ({"gradient_accumulation_steps": 0}, {}, "the config's gradient_accumulation_steps is 0"),
+    ({"gradient_accumulation_steps": 2.0}, {}, "the config's gradient_accumulation_steps is 2.0"),
+    ({}, {"grad_accumulation_steps": 0}, "grad_accumulation_steps=0; an integer >= 1"),
+])
+def test_a_bad_or_disagreeing_accumulation_count_is_refused(cfg, kw, needle):
+    with pytest.raises(strata.Error, match=needle):
+        st.offload_module(mlp(), dict(cfg, zero_optimization={"stage": 3}), force_no_gpu=True, **kw)

@@ -2,7 +2,7 @@
 
 from .. import Error, INVALID
 from . import _fetch_on_use as _fou
-from ._config import _config_dict, _refuse_auto_lr, _with_state_format, _with_torch_moment
+from ._config import _accumulation_steps, _config_dict, _refuse_auto_lr, _with_state_format, _with_torch_moment
 from ._offloaded_module import OffloadedModule
 
 
@@ -16,7 +16,7 @@ def is_fetched(p):
     return ent[2].index in ent[1]._fetched
 
 
-def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1, *, rank=None, world_size=None,
+def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=None, *, rank=None, world_size=None,
                    state_format=None, overlap_step=None, loss_scaled=False):
     """ZeRO-3-style offload of `module`'s trainable parameters into a Strata
     engine configured by `config` (dict or JSON string): each module's direct
@@ -32,7 +32,9 @@ def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1
     launcher's variables) each rank runs its own batch; gradients are
     averaged over the ranks and the grad_accumulation_steps backward passes
     of a step (strata.grad_reduce "mean"), as torch DDP with a loss divided
-    by the accumulation steps.
+    by the accumulation steps. grad_accumulation_steps None (the default)
+    takes the config's gradient_accumulation_steps, as deepspeed.initialize
+    does (1 where it is absent or "auto"); given, it must agree with it.
 
     `state_format`: "compact" keeps the optimizer state in about 5 bytes a
     parameter instead of 12 (strata.state_format; needs bf16 in the config);
@@ -73,8 +75,9 @@ def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=1
     _refuse_offloaded_twice(module)
     config = _config_dict(config)
     _refuse_auto_lr(config, "offload_module")
+    accumulation = _accumulation_steps(config, grad_accumulation_steps, "offload_module")
     return OffloadedModule(module, _with_torch_moment(_with_state_format(config, state_format)), force_no_gpu,
-                           grad_accumulation_steps, rank, world_size, overlap_step, loss_scaled)
+                           accumulation, rank, world_size, overlap_step, loss_scaled)
 
 
 def _refuse_offloaded_twice(module):

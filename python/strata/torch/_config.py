@@ -87,6 +87,25 @@ def _autos(config, path=()):
             yield from _autos(value, path + (key,))
 
 
+def _accumulation_steps(config, given, who):
+    """The backward passes a step averages over: the argument, else the
+    config's gradient_accumulation_steps (DeepSpeed's key, which
+    deepspeed.initialize honours: a ds_config that says 8 must not train
+    with 1, the 8 gradients summed where DeepSpeed averages them), else 1.
+    "auto" is the argument's (or 1). Both given and different: refused."""
+    key = config.get("gradient_accumulation_steps")
+    if key is not None and not _is_auto(key) and (isinstance(key, bool) or not isinstance(key, int) or key < 1):
+        raise Error(INVALID, f"{who}: the config's gradient_accumulation_steps is {key!r}; an integer >= 1 or \"auto\"")
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+        raise Error(INVALID, f"{who}: grad_accumulation_steps={given!r}; an integer >= 1")
+    if key is None or _is_auto(key):
+        return 1 if given is None else given
+    if given is not None and given != key:
+        raise Error(INVALID, f"{who}: grad_accumulation_steps={given} and the config's gradient_accumulation_steps "
+                    f"{key} differ; give one, or make them agree")
+    return key
+
+
 def _refuse_auto_lr(config, who):
     """Refuses a config whose learning rate is "auto" (itself, or its
     section): nothing here fills it."""
