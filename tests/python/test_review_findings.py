@@ -9,6 +9,8 @@ its gradient hooks on parameters that keep their AccumulateGrad node, and
 its accumulation count, which ignored the ds_config's
 gradient_accumulation_steps (DeepSpeed averages over it)."""
 import copy
+import subprocess
+import sys
 
 import pytest
 
@@ -208,6 +210,19 @@ def test_the_configs_gradient_accumulation_steps_is_the_divisor():
     auto = accumulate({"gradient_accumulation_steps": "auto"}, 2, grad_accumulation_steps=2)
     for k in by_argument:
         assert torch.equal(auto[k], by_argument[k]), k
+
+
+def test_the_key_taken_is_not_called_left_to_the_trainer():
+    # In a fresh process: the engine says each such note once a process.
+    code = ("import torch, strata.torch as st\n"
+            "m = torch.nn.Linear(4, 2)\n"
+            "off = st.offload_module(m, {'gradient_accumulation_steps': 2, 'train_batch_size': 8,\n"
+            "                            'zero_optimization': {'stage': 3}}, force_no_gpu=True)\n"
+            "off.close()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "train_batch_size: left to the trainer" in run.stderr, run.stderr  # the engine's word on a key it leaves
+    assert "gradient_accumulation_steps" not in run.stderr, run.stderr
 
 
 @pytest.mark.parametrize("cfg, kw, needle", [

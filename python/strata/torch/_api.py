@@ -76,6 +76,7 @@ def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=N
     config = _config_dict(config)
     _refuse_auto_lr(config, "offload_module")
     accumulation = _accumulation_steps(config, grad_accumulation_steps, "offload_module")
+    config.pop("gradient_accumulation_steps", None)  # taken here: the engine would call it "left to the trainer"
     return OffloadedModule(module, _with_torch_moment(_with_state_format(config, state_format)), force_no_gpu,
                            accumulation, rank, world_size, overlap_step, loss_scaled)
 
