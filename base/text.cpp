@@ -27,4 +27,26 @@ bool IsUtf8(std::string_view s) {
   return true;
 }
 
+std::string ForMessage(std::string_view s, size_t max_bytes) {
+  const bool cut = s.size() > max_bytes;
+  if (cut) s = s.substr(0, max_bytes);
+  std::string out;
+  if (IsUtf8(s)) {
+    out.assign(s);
+  } else {
+    static const char kHex[] = "0123456789abcdef";
+    for (const char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c >= 0x20 && c < 0x7f) {
+        out += ch;
+      } else {
+        out += "\\x";
+        out += kHex[c >> 4];
+        out += kHex[c & 15];
+      }
+    }
+  }
+  return cut ? out + "..." : out;
+}
+
 }  // namespace strata

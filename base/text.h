@@ -1,6 +1,8 @@
 // Checks on text that leaves the process in JSON (names in manifests and traces).
 #pragma once
 
+#include <cstddef>
+#include <string>
 #include <string_view>
 
 namespace strata {
@@ -9,5 +11,11 @@ namespace strata {
 // U+10FFFF). JSON writers refuse anything else, so names that end up in a
 // manifest or a trace are checked with it when they are given.
 bool IsUtf8(std::string_view s);
+
+// `s` for a message: as it is where it is UTF-8; otherwise every byte
+// outside printable ASCII as \xNN, so that a message about a bad name is
+// itself UTF-8 (callers log it and put it in JSON). At most `max_bytes` of
+// `s` are shown, then "...".
+std::string ForMessage(std::string_view s, size_t max_bytes = 64);
 
 }  // namespace strata

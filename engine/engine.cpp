@@ -172,19 +172,21 @@ Status Engine::Impl::Init() {
   if (device_budget == 0)
     device_budget = gpu ? gpu::DeviceMemoryBytes(device) / 10 * 9 : machine_.host_ram_bytes / 4 / ranks_here;
   uint64_t host_budget = config_.strata.host_budget;
-  if (host_budget == 0) host_budget = AutoHostBudget(machine_);
+  if (host_budget == 0) host_budget = AutoHostBudget(machine_, gpu ? 0 : config_.strata.device_budget);
   // The "auto" budgets that a limit or other ranks made smaller, said once a process.
   std::string autos;
   if (config_.strata.host_budget == 0) autos = "host_budget " + FormatBytes(host_budget);
   if (!gpu && config_.strata.device_budget == 0)
     autos += (autos.empty() ? "" : ", ") + std::string("device_budget ") + FormatBytes(device_budget);
-  if (!autos.empty() && (ranks_here > 1 || !machine_.ram_limit.empty())) {
+  // (an "auto" host budget that the device arenas' budget in bytes shrank, too)
+  const bool shrunk = config_.strata.host_budget == 0 && host_budget < AutoHostBudget(machine_, 0);
+  if (!autos.empty() && (ranks_here > 1 || !machine_.ram_limit.empty() || shrunk)) {
     static std::once_flag said_shared;
     std::call_once(said_shared, [&] {
-      STRATA_LOG_INFO("host memory: {}{}{}: \"auto\" budgets are {}", FormatBytes(machine_.host_ram_bytes),
+      STRATA_LOG_INFO("host memory: {}{}{}: \"auto\" budgets are {}{}", FormatBytes(machine_.host_ram_bytes),
                       machine_.ram_limit.empty() ? "" : " (the memory limit of the cgroup " + machine_.ram_limit + ")",
                       ranks_here > 1 ? ", shared by the " + std::to_string(ranks_here) + " ranks on this host" : "",
-                      autos);
+                      autos, shrunk ? " (what the device arenas of strata.device_budget leave)" : "");
     });
   }
   STRATA_ASSIGN_OR_RETURN(const bool strict, StrictDeviceFromEnv());
@@ -406,6 +408,15 @@ static Status CheckStepCount(const std::string& what, int64_t steps) {
   return Status::Ok();
 }
 
+// Step counts are set between steps: mid-step, groups already updated early
+// (overlap_step) counted the old count, and the reducer's and the
+// overlap's threads read it.
+static Status CheckBetweenSteps(const std::vector<GroupStep>& steps, const std::string& what) {
+  for (const auto& gs : steps)
+    if (gs.grad_calls > 0) return StateError(what + ": gradients of this step are pending; set it between steps");
+  return Status::Ok();
+}
+
 Status Engine::SetStepsApplied(int64_t steps) {
   STRATA_RETURN_IF_ERROR(CheckStepCount("set_steps", steps));
   // Before build there are no groups' counts to set, and build starts every
@@ -414,10 +425,7 @@ Status Engine::SetStepsApplied(int64_t steps) {
   if (!impl_->built_) return StateError("set_steps: the engine is not built");
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("set_steps"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_steps", false, /*in_pass=*/true));
-  // Mid-step, groups already updated early (overlap_step) counted the old
-  // count, and the reducer's and the overlap's threads read it.
-  for (const auto& gs : impl_->steps_)
-    if (gs.grad_calls > 0) return StateError("set_steps: gradients of this step are pending; set it between steps");
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps(impl_->steps_, "set_steps"));
   impl_->step_.applied = steps;
   for (int g = 0; g < static_cast<int>(impl_->step_.group_steps.size()); ++g)
     if (!impl_->lay_.frozen(g)) impl_->step_.group_steps[static_cast<size_t>(g)] = steps;
@@ -438,8 +446,7 @@ Status Engine::SetGroupSteps(int group, int64_t steps) {
                         "without gradients (skip_groups_without_grads)");
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("set_group_steps"));
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("set_group_steps", false, /*in_pass=*/true));
-  for (const auto& gs : impl_->steps_)
-    if (gs.grad_calls > 0) return StateError(what + ": gradients of this step are pending; set it between steps");
+  STRATA_RETURN_IF_ERROR(CheckBetweenSteps(impl_->steps_, what));
   impl_->step_.group_steps[static_cast<size_t>(group)] = steps;
   return Status::Ok();
 }

@@ -295,11 +295,13 @@ struct ConfigFacts {
   bool has_gpu = false;  // without one the device tier is a host arena
 };
 
-// The host budget that "auto" resolves to: half of host_ram_bytes, shared
-// among the ranks_on_host (the engine's, and the checks' below).
-inline uint64_t AutoHostBudget(const ConfigFacts& f) {
-  return f.host_ram_bytes / 2 / (f.ranks_on_host > 1 ? f.ranks_on_host : 1);
-}
+// The host budget that "auto" resolves to (the engine's, and the checks'
+// below): half of host_ram_bytes, shared among the ranks_on_host. Without a
+// GPU and with a device budget given in bytes (`device_budget`, 0 for
+// "auto"), the device tier's arena is host memory too: "auto" then takes at
+// most what the ranks' arenas leave of RAM, so that both budgets fit in it
+// (0 where the arenas alone take it all: refused by the checks).
+uint64_t AutoHostBudget(const ConfigFacts& f, uint64_t device_budget);
 
 // Refuses contradictions between the config and the machine or the model:
 // an nvme offload without a path, a param swap buffer smaller than the largest

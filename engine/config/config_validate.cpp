@@ -105,18 +105,23 @@ Status CheckMemlock(const Config& c, const ConfigFacts& f) {
 // Without a GPU the device tier is an arena in host memory.
 Status CheckNoGpuArena(const Config& c, const ConfigFacts& f) {
   if (f.has_gpu || f.host_ram_bytes == 0 || c.strata.device_budget == 0) return Status::Ok();
-  // An "auto" host budget counts as what it resolves to.
-  const bool auto_host = c.strata.host_budget == 0;
-  const uint64_t host = auto_host ? AutoHostBudget(f) : c.strata.host_budget;
-  const uint64_t total = SaturatingAdd(c.strata.device_budget, host);
-  if (SaturatingMul(total, std::max<uint32_t>(f.ranks_on_host, 1)) <= f.host_ram_bytes) return Status::Ok();
-  return ConfigError(EachRank(auto_host ? "strata.device_budget + strata.host_budget (\"auto\": " + FormatBytes(host) +
-                                              ", half the RAM shared among this host's ranks)"
-                                        : "strata.device_budget + strata.host_budget",
-                              total, f) +
-                     " is above " + RamText(f) +
-                     "; without a GPU the device tier lives in host memory: lower strata.device_budget, or give "
-                     "strata.host_budget in bytes");
+  const uint64_t ranks = std::max<uint32_t>(f.ranks_on_host, 1);
+  if (c.strata.host_budget == 0) {
+    // "auto" takes what the arenas leave (AutoHostBudget): it must hold the
+    // largest group, as a host budget in bytes must (CheckHostBudget).
+    const uint64_t host = AutoHostBudget(f, c.strata.device_budget), need = MinHostBytes(c, f);
+    if (host > 0 && host >= need) return Status::Ok();
+    return ConfigError(EachRank("strata.device_budget", c.strata.device_budget, f) + " leaves " +
+                       FormatBytes(host) + " of " + RamText(f) + " to an \"auto\" strata.host_budget" +
+                       (ranks > 1 ? " (each rank's)" : "") + ", too little for the largest parameter group: it needs " +
+                       FormatBytes(need) + "; without a GPU the device tier lives in host memory: lower "
+                       "strata.device_budget");
+  }
+  const uint64_t total = SaturatingAdd(c.strata.device_budget, c.strata.host_budget);
+  if (SaturatingMul(total, ranks) <= f.host_ram_bytes) return Status::Ok();
+  return ConfigError(EachRank("strata.device_budget + strata.host_budget", total, f) + " is above " + RamText(f) +
+                     "; without a GPU the device tier lives in host memory: lower strata.device_budget or "
+                     "strata.host_budget");
 }
 
 }  // namespace
@@ -178,6 +183,16 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
     return ConfigError("aio.queue_depth: " + std::to_string(c.aio.queue_depth) + " is out of range; allowed: from 1 to " +
                        std::to_string(UringOptions::kMaxQueueDepth));
   return Status::Ok();
+}
+
+uint64_t AutoHostBudget(const ConfigFacts& f, uint64_t device_budget) {
+  const uint64_t ranks = std::max<uint32_t>(f.ranks_on_host, 1);
+  uint64_t host = f.host_ram_bytes / 2;
+  if (!f.has_gpu && device_budget > 0) {
+    const uint64_t arenas = SaturatingMul(device_budget, ranks);
+    host = arenas >= f.host_ram_bytes ? 0 : std::min(host, f.host_ram_bytes - arenas);
+  }
+  return host / ranks;
 }
 
 uint64_t MinHostBytes(const Config& c, const ConfigFacts& f) {

@@ -20,19 +20,19 @@ uint64_t GroupLayout::RealInShard(int rank) const {
 static Status CheckName(const char* call, const std::string& name) {
   if (name.empty()) return InvalidError(std::string(call) + ": an empty name");
   if (!IsUtf8(name))
-    return InvalidError(std::string(call) + " '" + name.substr(0, 64) +
+    return InvalidError(std::string(call) + " '" + ForMessage(name) +
                         "': the name is not UTF-8 (names are written into checkpoint manifests, JSON)");
   return Status::Ok();
 }
 
 Result<uint64_t> Partition::Add(int group, const std::string& name, uint64_t numel) {
+  STRATA_RETURN_IF_ERROR(CheckName("add_param", name));  // first: the messages below show it
   if (finalized_) return StateError("add_param '" + name + "': the engine is already built");
   if (group < 0 || group > 1'000'000)
     return InvalidError("add_param '" + name + "': group " + std::to_string(group) + " is not in 0..1000000");
   if (numel == 0) return InvalidError("add_param '" + name + "': zero elements");
   if (numel > kMaxElements)
     return InvalidError("add_param '" + name + "': " + std::to_string(numel) + " elements is too many");
-  STRATA_RETURN_IF_ERROR(CheckName("add_param", name));
   if (static_cast<size_t>(group) >= groups_.size()) groups_.resize(static_cast<size_t>(group) + 1);
   GroupLayout& g = groups_[static_cast<size_t>(group)];
   for (const auto& t : g.tensors) {
@@ -59,6 +59,7 @@ std::string ShapeString(const std::vector<uint64_t>& shape) {
 
 Result<uint64_t> Partition::AddShaped(int group, const std::string& name,
                                       const std::vector<uint64_t>& shape) {
+  STRATA_RETURN_IF_ERROR(CheckName("add_param", name));  // first: the messages below show it
   const std::string what = "add_param '" + name + "': shape " + ShapeString(shape);
   if (shape.size() > kMaxShapeDims)
     return InvalidError(what + " has " + std::to_string(shape.size()) + " dims; at most " +
@@ -80,9 +81,9 @@ Result<uint64_t> Partition::AddShaped(int group, const std::string& name,
 }
 
 Status Partition::AddAlias(int group, const std::string& alias, const std::string& of) {
-  const std::string what = "add_alias '" + alias + "' of '" + of + "'";
+  STRATA_RETURN_IF_ERROR(CheckName("add_alias", alias));  // first: the messages below show it
+  const std::string what = "add_alias '" + alias + "' of '" + ForMessage(of) + "'";
   if (finalized_) return StateError(what + ": the engine is already built");
-  STRATA_RETURN_IF_ERROR(CheckName("add_alias", alias));
   if (group < 0 || static_cast<size_t>(group) >= groups_.size())
     return InvalidError(what + ": group " + std::to_string(group) + " has no tensors");
   GroupLayout& g = groups_[static_cast<size_t>(group)];

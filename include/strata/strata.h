@@ -605,9 +605,10 @@ STRATA_API strata_status_t strata_engine_write_state(strata_engine_t* engine, in
                                                      const float* in);
 /* The optimizer updates applied so far (steps that were not skipped). Set
  * also sets every group's own count (strata_engine_group_steps), to a count
- * in 0..INT64_MAX-1 (INVALID outside). Set works between steps (STATE while
- * gradients of a step are pending). REQUIRES: after build (STATE before it:
- * build starts every count at 0). Errors: INVALID, STATE. */
+ * in 0..INT64_MAX-1 (INVALID outside). Get works at any time (0 before
+ * build). Set REQUIRES: after build (STATE before it: build starts every
+ * count at 0), between steps (STATE while gradients of a step are
+ * pending). Errors: INVALID, STATE. */
 STRATA_API strata_status_t strata_engine_get_steps(strata_engine_t* engine, int64_t* out);
 STRATA_API strata_status_t strata_engine_set_steps(strata_engine_t* engine, int64_t steps);
 /* The updates applied to `group`, which its bias correction counts from:

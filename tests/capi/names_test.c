@@ -26,7 +26,8 @@ static void name_refusals(void) {
   EXPECT(STRATA_INVALID, "add_param: an empty name", strata_engine_add_param(e, 0, "", 4, NULL, &off));
   /* A lone continuation byte, a byte that starts nothing, an overlong '/',
    * a surrogate (U+D800), and a sequence cut short. */
-  EXPECT(STRATA_INVALID, "the name is not UTF-8", strata_engine_add_param(e, 0, "w\x80", 4, NULL, &off));
+  /* The message shows the bad bytes escaped: it is UTF-8 itself. */
+  EXPECT(STRATA_INVALID, "add_param 'w\\x80': the name is not UTF-8", strata_engine_add_param(e, 0, "w\x80", 4, NULL, &off));
   EXPECT(STRATA_INVALID, "the name is not UTF-8", strata_engine_add_param(e, 0, "w\xff", 4, NULL, &off));
   EXPECT(STRATA_INVALID, "the name is not UTF-8", strata_engine_add_param(e, 0, "\xc0\xaf", 4, NULL, &off));
   EXPECT(STRATA_INVALID, "the name is not UTF-8", strata_engine_add_param(e, 0, "\xed\xa0\x80", 4, NULL, &off));

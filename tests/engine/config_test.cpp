@@ -588,25 +588,38 @@ TEST(ConfigValidate, NoGpuArenaMustFitInRam) {
   f.has_gpu = false;
   EXPECT_EQ(Refusal(ValidateConfig(c, f)),
             "strata.device_budget + strata.host_budget: 200.00 GiB is above this machine's RAM (128.00 GiB); "
-            "without a GPU the device tier lives in host memory: lower strata.device_budget, or give "
-            "strata.host_budget in bytes");
+            "without a GPU the device tier lives in host memory: lower strata.device_budget or "
+            "strata.host_budget");
 }
 
-// An "auto" host budget counts as what the engine resolves it to (half the
-// RAM, shared among the ranks on the host), not as nothing.
-TEST(ConfigValidate, NoGpuArenaCountsAnAutoHostBudget) {
-  const Config c = MustParse(R"({"strata": {"device_budget": "64GiB"}})");
-  ConfigFacts f = Facts(1000);  // 128 GiB of RAM
+// Without a GPU an "auto" host budget takes what the device arenas leave of
+// RAM (AutoHostBudget: the engine's and the check's), not half of it beside
+// them; where that is too little for the largest group, the config is refused.
+TEST(ConfigValidate, NoGpuAutoHostBudgetTakesWhatTheArenasLeave) {
+  ConfigFacts f = Facts(1 << 20);  // 128 GiB of RAM; the largest group needs 16 MiB
   f.has_gpu = false;
-  EXPECT_TRUE(ValidateConfig(c, f).ok());  // 64 + 64 GiB
-  const Config over = MustParse(R"({"strata": {"device_budget": "100GiB"}})");
-  EXPECT_EQ(Refusal(ValidateConfig(over, f)),
-            "strata.device_budget + strata.host_budget (\"auto\": 64.00 GiB, half the RAM shared among this host's "
-            "ranks): 164.00 GiB is above this machine's RAM (128.00 GiB); without a GPU the device tier lives in host "
-            "memory: lower strata.device_budget, or give strata.host_budget in bytes");
-  f.ranks_on_host = 2;  // 32 + 32 GiB "auto" each, 64 + 32 GiB each: 192 GiB in all
-  EXPECT_EQ(Refusal(ValidateConfig(c, f)).rfind("strata.device_budget + strata.host_budget (\"auto\": 32.00 GiB", 0), 0u);
-  EXPECT_TRUE(ValidateConfig(MustParse(R"({"strata": {"device_budget": "32GiB"}})"), f).ok());
+  EXPECT_EQ(AutoHostBudget(f, 0), 64 * kGiB);
+  EXPECT_EQ(AutoHostBudget(f, 32 * kGiB), 64 * kGiB);   // 32 + 64 fit
+  EXPECT_EQ(AutoHostBudget(f, 100 * kGiB), 28 * kGiB);  // what 100 leaves
+  EXPECT_EQ(AutoHostBudget(f, 128 * kGiB), 0u);
+  f.ranks_on_host = 2;  // 2 x 50 GiB of arenas leave 28 GiB: 14 each
+  EXPECT_EQ(AutoHostBudget(f, 50 * kGiB), 14 * kGiB);
+  f.ranks_on_host = 1;
+  auto with_device = [](const char* budget) {  // W, M, V on the CPU: the host tier holds a shard's state
+    return MustParse(std::string(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}},
+        "strata": {"device_budget": ")") + budget + "\"}}");
+  };
+  EXPECT_TRUE(ValidateConfig(with_device("100GiB"), f).ok());
+  EXPECT_TRUE(ValidateConfig(with_device("131055MiB"), f).ok());  // leaves 17 MiB: enough
+  EXPECT_EQ(Refusal(ValidateConfig(with_device("131057MiB"), f)),  // leaves 15 MiB
+            "strata.device_budget: 127.99 GiB leaves 15.00 MiB of this machine's RAM (128.00 GiB) to an \"auto\" "
+            "strata.host_budget, too little for the largest parameter group: it needs 16.00 MiB; without a GPU the "
+            "device tier lives in host memory: lower strata.device_budget");
+  EXPECT_EQ(Refusal(ValidateConfig(with_device("128GiB"), f)).rfind("strata.device_budget: 128.00 GiB leaves 0 B", 0),
+            0u);
+  f.has_gpu = true;  // the device budget is the GPU's: "auto" is half the RAM
+  EXPECT_EQ(AutoHostBudget(f, 128 * kGiB), 64 * kGiB);
+  EXPECT_TRUE(ValidateConfig(with_device("128GiB"), f).ok());
 }
 
 TEST(ConfigValidate, ConfigBuiltInCodeIsHeldToTheParseRules) {

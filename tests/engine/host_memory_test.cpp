@@ -128,7 +128,7 @@ TEST(HostMemory, BudgetsInBytesAreEachRanksAndMustAllFit) {
   EXPECT_EQ(Refusal(ValidateConfig(*both, f)),
             "strata.device_budget + strata.host_budget: 5.00 GiB for each of the 4 ranks on this host (20.00 GiB in "
             "all) is above this machine's RAM (16.00 GiB); without a GPU the device tier lives in host memory: lower "
-            "strata.device_budget, or give strata.host_budget in bytes");
+            "strata.device_budget or strata.host_budget");
   f.ranks_on_host = 3;  // 15 GiB
   EXPECT_TRUE(ValidateConfig(*both, f).ok());
 }

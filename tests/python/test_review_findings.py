@@ -125,17 +125,47 @@ def test_a_torch_amsgrad_state_dict_is_refused_before_anything_changes():
 
 # ---- a config optimizer section that disagrees with the arguments ------------------
 
-@pytest.mark.parametrize("section, needle", [
-    ({"type": "Lion", "params": {"lr": 1e-3}}, "optimizer.type is 'Lion'; OffloadAdam is AdamW"),
-    ({"type": "Adam", "params": {"adam_w_mode": False}}, "adam_w_mode false"),
-    ({"type": "AdamW", "params": {"lr": 3e-4}}, "optimizer.params.lr is 0.0003 and the argument lr=0.001"),
-    ({"type": "AdamW", "params": {"betas": [0.9, 0.95]}}, "optimizer.params.betas is \\[0.9, 0.95\\]"),
-    ({"type": "AdamW", "params": {"eps": 1e-6}}, "optimizer.params.eps"),
-    ({"type": "AdamW", "params": {"weight_decay": 0.1}}, "optimizer.params.weight_decay is 0.1"),
+@pytest.mark.parametrize("section, kw, needle", [
+    ({"type": "Lion", "params": {"lr": 1e-3}}, {}, "optimizer.type is 'Lion'; OffloadAdam is AdamW"),
+    ({"type": "Adam", "params": {"adam_w_mode": False}}, {}, "adam_w_mode false"),
+    ({"type": "AdamW", "params": {"lr": 3e-4}}, {"lr": 1e-3},
+     "optimizer.params.lr is 0.0003 and the argument lr=0.001"),
+    ({"type": "AdamW", "params": {"betas": [0.9, 0.95]}}, {"betas": (0.9, 0.999)},
+     "optimizer.params.betas is \\[0.9, 0.95\\] and the argument betas=\\(0.9, 0.999\\)"),
+    ({"type": "AdamW", "params": {"eps": 1e-6}}, {"eps": 1e-8}, "optimizer.params.eps"),
+    ({"type": "AdamW", "params": {"weight_decay": 0.1}}, {"weight_decay": 0.01},
+     "optimizer.params.weight_decay is 0.1 and the argument weight_decay=0.01"),
+    ({"type": "AdamW", "params": {"lr": "fast"}}, {}, "optimizer.params.lr is 'fast'; a number"),
 ])
-def test_a_config_optimizer_that_disagrees_with_the_arguments_is_refused(section, needle):
+def test_a_config_optimizer_that_disagrees_with_the_arguments_is_refused(section, kw, needle):
     with pytest.raises(strata.Error, match=needle):
-        st.OffloadAdam(mlp().parameters(), config={"optimizer": section}, force_no_gpu=True)
+        st.OffloadAdam(mlp().parameters(), config={"optimizer": section}, force_no_gpu=True, **kw)
+
+
+def test_the_configs_values_are_the_defaults_and_param_groups_still_set_their_own():
+    # The Hugging Face way: the config says the decay, the groups exempt some.
+    model = mlp()
+    decay = [model[0].weight, model[2].weight]
+    rest = [model[0].bias, model[2].bias]
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}}}
+    opt = st.OffloadAdam([{"params": decay}, {"params": rest, "weight_decay": 0.0}], config=cfg,
+                         force_no_gpu=True)
+    g0, g1 = opt.param_groups
+    assert (g0["lr"], g0["betas"], g0["eps"], g0["weight_decay"]) == (3e-4, (0.9, 0.95), 1e-8, 0.1)
+    assert (g1["lr"], g1["weight_decay"]) == (3e-4, 0.0)
+    opt.close()
+    # Trains as the same hyperparameters given as arguments, bitwise.
+    xs = batches(3)
+    runs = []
+    for c, kw in ((cfg, {}), ({}, {"lr": 3e-4, "betas": (0.9, 0.95), "weight_decay": 0.1})):
+        m = mlp()
+        o = st.OffloadAdam([{"params": [m[0].weight, m[2].weight]},
+                            {"params": [m[0].bias, m[2].bias], "weight_decay": 0.0}], config=c,
+                           force_no_gpu=True, **kw)
+        runs.append(train(m, o, xs))
+        o.close()
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("section", [
@@ -185,7 +215,9 @@ def test_backward_after_close_fills_grad_and_a_second_offload_takes_its_own():
 
 def accumulate(cfg, micro, **kw):
     model = mlp()
-    off = st.offload_module(model, dict(cfg, zero_optimization={"stage": 3}), force_no_gpu=True, **kw)
+    # eps 1e-3: Adam's update then depends on the gradient's scale (the divisor) in every element.
+    opt = {"type": "AdamW", "params": {"lr": 1e-2, "eps": 1e-3}}
+    off = st.offload_module(model, dict(cfg, zero_optimization={"stage": 3}, optimizer=opt), force_no_gpu=True, **kw)
     xs = batches(3 * micro)
     for s in range(3):
         for x in xs[s * micro:(s + 1) * micro]:
@@ -208,8 +240,14 @@ def test_the_configs_gradient_accumulation_steps_is_the_divisor():
     assert any(not torch.equal(summed[k], by_argument[k]) for k in summed), "the divisor must show"
     # "auto": the argument's (or 1).
     auto = accumulate({"gradient_accumulation_steps": "auto"}, 2, grad_accumulation_steps=2)
+    # DeepSpeed's derivation: train_batch_size / (micro batch x ranks), at one rank 12 / 6.
+    derived = accumulate({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 6}, 2)
+    import numpy as np  # an integer of numpy's is an integer
+    numpy_int = accumulate({}, 2, grad_accumulation_steps=np.int64(2))
     for k in by_argument:
         assert torch.equal(auto[k], by_argument[k]), k
+        assert torch.equal(derived[k], by_argument[k]), k
+        assert torch.equal(numpy_int[k], by_argument[k]), k
 
 
 def test_the_key_taken_is_not_called_left_to_the_trainer():
@@ -227,10 +265,16 @@ def test_the_key_taken_is_not_called_left_to_the_trainer():
 
 @pytest.mark.parametrize("cfg, kw, needle", [
     ({"gradient_accumulation_steps": 2}, {"grad_accumulation_steps": 3},
-     "grad_accumulation_steps=3 and the config's gradient_accumulation_steps 2 differ"),
-    ({"gradient_accumulation_steps": 0}, {}, "the config's gradient_accumulation_steps is 0"),
-    ({"gradient_accumulation_steps": 2.0}, {}, "the config's gradient_accumulation_steps is 2.0"),
-    ({}, {"grad_accumulation_steps": 0}, "grad_accumulation_steps=0; an integer >= 1"),
+     "grad_accumulation_steps=3 and the config's 2 backward passes"),
+    ({"gradient_accumulation_steps": 0}, {}, "the config's gradient_accumulation_steps is 0; an integer >= 1"),
+    ({"gradient_accumulation_steps": 2.0}, {}, "the config's gradient_accumulation_steps is 2.0; an integer >= 1"),
+    ({}, {"grad_accumulation_steps": 0}, "grad_accumulation_steps is 0; an integer >= 1"),
+    ({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 6}, {"grad_accumulation_steps": 1},
+     "grad_accumulation_steps=1 and the config's 2 backward passes"),
+    ({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 5}, {},
+     "train_batch_size 12 is not a multiple of train_micro_batch_size_per_gpu 5"),
+    ({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 6, "gradient_accumulation_steps": 3}, {},
+     "train_batch_size 12 is not train_micro_batch_size_per_gpu 6 x gradient_accumulation_steps 3"),
 ])
 def test_a_bad_or_disagreeing_accumulation_count_is_refused(cfg, kw, needle):
     with pytest.raises(strata.Error, match=needle):

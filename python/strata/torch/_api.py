@@ -2,7 +2,8 @@
 
 from .. import Error, INVALID
 from . import _fetch_on_use as _fou
-from ._config import _accumulation_steps, _config_dict, _refuse_auto_lr, _with_state_format, _with_torch_moment
+from ._config import (_accumulation_steps, _config_dict, _refuse_auto_lr, _resolve_ranks, _with_state_format,
+                      _with_torch_moment)
 from ._offloaded_module import OffloadedModule
 
 
@@ -33,8 +34,9 @@ def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=N
     averaged over the ranks and the grad_accumulation_steps backward passes
     of a step (strata.grad_reduce "mean"), as torch DDP with a loss divided
     by the accumulation steps. grad_accumulation_steps None (the default)
-    takes the config's gradient_accumulation_steps, as deepspeed.initialize
-    does (1 where it is absent or "auto"); given, it must agree with it.
+    takes the config's count, as deepspeed.initialize does:
+    gradient_accumulation_steps, else train_batch_size over
+    train_micro_batch_size_per_gpu x ranks, else 1; given, it must agree.
 
     `state_format`: "compact" keeps the optimizer state in about 5 bytes a
     parameter instead of 12 (strata.state_format; needs bf16 in the config);
@@ -75,7 +77,8 @@ def offload_module(module, config, force_no_gpu=False, grad_accumulation_steps=N
     _refuse_offloaded_twice(module)
     config = _config_dict(config)
     _refuse_auto_lr(config, "offload_module")
-    accumulation = _accumulation_steps(config, grad_accumulation_steps, "offload_module")
+    _, world = _resolve_ranks(rank, world_size, "offload_module")  # (OffloadedModule resolves them alike)
+    accumulation = _accumulation_steps(config, grad_accumulation_steps, world, "offload_module")
     config.pop("gradient_accumulation_steps", None)  # taken here: the engine would call it "left to the trainer"
     return OffloadedModule(module, _with_torch_moment(_with_state_format(config, state_format)), force_no_gpu,
                            accumulation, rank, world_size, overlap_step, loss_scaled)

@@ -6,6 +6,7 @@ and world size, one engine's rendezvous port and its own swap folders.
 import copy
 import itertools
 import json
+import operator
 import os
 import shutil
 import warnings
@@ -87,23 +88,51 @@ def _autos(config, path=()):
             yield from _autos(value, path + (key,))
 
 
-def _accumulation_steps(config, given, who):
-    """The backward passes a step averages over: the argument, else the
-    config's gradient_accumulation_steps (DeepSpeed's key, which
-    deepspeed.initialize honours: a ds_config that says 8 must not train
-    with 1, the 8 gradients summed where DeepSpeed averages them), else 1.
-    "auto" is the argument's (or 1). Both given and different: refused."""
-    key = config.get("gradient_accumulation_steps")
-    if key is not None and not _is_auto(key) and (isinstance(key, bool) or not isinstance(key, int) or key < 1):
-        raise Error(INVALID, f"{who}: the config's gradient_accumulation_steps is {key!r}; an integer >= 1 or \"auto\"")
-    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
-        raise Error(INVALID, f"{who}: grad_accumulation_steps={given!r}; an integer >= 1")
-    if key is None or _is_auto(key):
+def _count(value, what, who):
+    """value as an integer >= 1 (an int, numpy's, a 0-d tensor: operator.index), or INVALID naming it."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or n < 1:
+        raise Error(INVALID, f"{who}: {what} is {value!r}; an integer >= 1")
+    return n
+
+
+def _accumulation_steps(config, given, world, who):
+    """The backward passes a step averages over, as deepspeed.initialize
+    takes them (a ds_config that says 8 must not train with 1, the 8
+    gradients summed where DeepSpeed averages them): the argument, where
+    given; else the config's gradient_accumulation_steps; else, where the
+    config gives train_batch_size and train_micro_batch_size_per_gpu,
+    train_batch_size / (micro batch x ranks); else 1. "auto" is no value.
+    An argument that differs from the config's count, and batch sizes that
+    do not divide (or, with all three keys, do not multiply out), are
+    refused, as DeepSpeed refuses the latter."""
+    def key(name):
+        v = config.get(name)
+        return None if v is None or _is_auto(v) else _count(v, f"the config's {name}", who)
+    gas, tbs, micro = (key(k) for k in ("gradient_accumulation_steps", "train_batch_size",
+                                        "train_micro_batch_size_per_gpu"))
+    given = None if given is None else _count(given, "grad_accumulation_steps", who)
+    if tbs is not None and micro is not None:
+        if gas is None:
+            if tbs % (micro * world):
+                raise Error(INVALID, f"{who}: the config's train_batch_size {tbs} is not a multiple of "
+                            f"train_micro_batch_size_per_gpu {micro} x {world} rank(s); DeepSpeed refuses it too")
+            gas = tbs // (micro * world)
+        elif tbs != micro * gas * world:
+            raise Error(INVALID, f"{who}: the config's train_batch_size {tbs} is not train_micro_batch_size_per_gpu "
+                        f"{micro} x gradient_accumulation_steps {gas} x {world} rank(s); DeepSpeed refuses it too")
+    if gas is None:
         return 1 if given is None else given
-    if given is not None and given != key:
-        raise Error(INVALID, f"{who}: grad_accumulation_steps={given} and the config's gradient_accumulation_steps "
-                    f"{key} differ; give one, or make them agree")
-    return key
+    if given is not None and given != gas:
+        raise Error(INVALID, f"{who}: grad_accumulation_steps={given} and the config's {gas} backward passes a step "
+                    "(gradient_accumulation_steps, or train_batch_size over the micro batches) differ; give one, "
+                    "or make them agree")
+    return gas
 
 
 def _refuse_auto_lr(config, who):

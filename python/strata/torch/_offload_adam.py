@@ -99,19 +99,19 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     loss_scale).
     """
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+    def __init__(self, params, lr=None, betas=None, eps=None, weight_decay=None, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None, config=None,
                  bucket_numel=None, force_no_gpu=False, rank=None, world_size=None,
                  max_grad_norm=None, state_format=None, loss_scaled=False):
+        _check_group_options(dict(amsgrad=amsgrad, capturable=capturable, differentiable=differentiable,
+                                  fused=fused), "OffloadAdam(...)")
+        self._config = _with_state_format(_config_dict(config), state_format)
+        # Arguments not given take the config's optimizer values, else torch
+        # AdamW's defaults; one given must agree with the config's.
+        lr, betas, eps, weight_decay = _hyperparameters(self._config, lr=lr, betas=betas, eps=eps,
+                                                        weight_decay=weight_decay)
         if lr < 0 or eps < 0 or weight_decay < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
             raise ValueError(f"invalid hyperparameters lr={lr} betas={betas} eps={eps} weight_decay={weight_decay}")
-        for flag, value in (("amsgrad", amsgrad), ("capturable", capturable), ("differentiable", differentiable),
-                            ("fused", fused)):
-            if value:
-                raise Error(INVALID, f"OffloadAdam: {flag}=True is not supported (the engine's AdamW kernel "
-                            "computes torch's single-tensor/foreach AdamW, bitwise); leave it off")
-        self._config = _with_state_format(_config_dict(config), state_format)
-        _check_config_optimizer(self._config, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         # fp16: the scaler is ours, one for every engine (see _Scaler); the
         # engines get unscaled gradients and a static scale of 1.
         fp16 = _fp16_section(self._config)
@@ -445,15 +445,18 @@ def _check_group_options(group, where):
                         "AdamW kernel computes torch's single-tensor/foreach AdamW, bitwise); leave it off")
 
 
-def _check_config_optimizer(config, **arguments):
-    """OffloadAdam is AdamW, its hyperparameters its arguments (its param
-    groups'): a config's optimizer section that says otherwise (another
-    type, Adam with L2 decay, a value that differs from the argument's) is
-    refused, naming both, not overridden without a word. "auto" and absent
-    values agree with anything."""
+_ADAMW_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}  # torch AdamW's
+
+
+def _hyperparameters(config, **arguments):
+    """OffloadAdam is AdamW: (lr, betas, eps, weight_decay) from its
+    arguments, where given; else from the config's optimizer section, where
+    it has a value ("auto" is none); else torch AdamW's defaults. A config
+    optimizer of another type (or Adam with L2 decay, adam_w_mode false) is
+    refused, and so is an argument that differs from the config's value,
+    naming both: neither is overridden without a word."""
     opt = config.get("optimizer")
-    if not isinstance(opt, dict):
-        return  # absent, null or "auto": the arguments fill it
+    opt = opt if isinstance(opt, dict) else {}  # absent, null or "auto": the arguments and defaults fill it
     kind = opt.get("type", "AdamW")
     params = opt.get("params") if isinstance(opt.get("params"), dict) else {}
     if kind != "auto" and (not isinstance(kind, str) or kind.lower() not in ("adamw", "adam")):
@@ -462,17 +465,29 @@ def _check_config_optimizer(config, **arguments):
     if isinstance(kind, str) and kind.lower() == "adam" and params.get("adam_w_mode") is False:
         raise Error(INVALID, "OffloadAdam: the config's optimizer is Adam with adam_w_mode false (L2 decay); "
                     "OffloadAdam is AdamW (decoupled decay). Use offload_module for it, or leave the section out")
+    out = []
     for key, arg in arguments.items():
         given = params.get(key)
         if given is None or given == "auto":
+            out.append(_ADAMW_DEFAULTS[key] if arg is None else arg)
             continue
-        same = (isinstance(given, (list, tuple)) and len(given) == len(arg) and
-                all(float(a) == float(b) for a, b in zip(given, arg))) if key == "betas" else \
-            (isinstance(given, (int, float)) and not isinstance(given, bool) and float(given) == float(arg))
-        if not same:
-            raise Error(INVALID, f"OffloadAdam: the config's optimizer.params.{key} is {given!r} and the argument "
-                        f"{key}={arg!r}; OffloadAdam's arguments (its param groups) give its hyperparameters: "
-                        f"make them agree, or leave {key} out of the config")
+        if key == "betas":
+            ok = isinstance(given, (list, tuple)) and len(given) == 2 and all(
+                isinstance(b, (int, float)) and not isinstance(b, bool) for b in given)
+        else:
+            ok = isinstance(given, (int, float)) and not isinstance(given, bool)
+        if not ok:
+            raise Error(INVALID, f"OffloadAdam: the config's optimizer.params.{key} is {given!r}; "
+                        f"{'two numbers' if key == 'betas' else 'a number'} or \"auto\"")
+        value = tuple(float(b) for b in given) if key == "betas" else float(given)
+        if arg is not None:
+            mine = tuple(float(b) for b in arg) if key == "betas" else float(arg)
+            if mine != value:
+                raise Error(INVALID, f"OffloadAdam: the config's optimizer.params.{key} is {given!r} and the "
+                            f"argument {key}={arg!r}; give one, or make them agree (param groups may still set "
+                            "their own)")
+        out.append(value if arg is None else arg)
+    return tuple(out)
 
 
 def _filled_by_arguments(path):
