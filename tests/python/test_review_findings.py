@@ -279,3 +279,34 @@ def test_the_key_taken_is_not_called_left_to_the_trainer():
 def test_a_bad_or_disagreeing_accumulation_count_is_refused(cfg, kw, needle):
     with pytest.raises(strata.Error, match=needle):
         st.offload_module(mlp(), dict(cfg, zero_optimization={"stage": 3}), force_no_gpu=True, **kw)
+
+
+# ---- a sub-module's state_dict under offload_module: the masters, owned ----------------
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-config"])
+def test_a_sub_modules_state_dict_holds_its_masters_of_its_own(bf16):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 16), nn.Tanh()), nn.Linear(16, 4))
+    cfg = {"zero_optimization": {"stage": 3}, **({"bf16": {"enabled": True}} if bf16 else {})}
+    off = st.offload_module(model, cfg, force_no_gpu=True)
+    x = batches(1, torch.bfloat16 if bf16 else torch.float32)[0]  # (bf16: the fetched weights are bf16)
+
+    def step():
+        model(x).float().square().sum().backward()
+        off.optimizer.step()
+        off.optimizer.zero_grad()
+
+    step()
+    whole = model.state_dict()
+    sub = model[0].state_dict()
+    assert list(sub) == ["0.weight", "0.bias"]
+    for k, v in sub.items():  # the masters, in the parameter's dtype (float32), as the model's state_dict has them
+        assert v.dtype == torch.float32 and torch.equal(v, whole["0." + k]), k
+    kept = {k: v.clone() for k, v in sub.items()}
+    step()  # a snapshot: later steps do not change it
+    assert not torch.equal(model.state_dict()["0.0.weight"], whole["0.0.weight"]), "the step must train"
+    for k in sub:
+        assert torch.equal(sub[k], kept[k]), k
+    off.close()
+    for k in sub:  # nor does close() (the engine's memory is gone)
+        assert torch.equal(sub[k], kept[k]), k

@@ -19,14 +19,21 @@ class _ModuleStateDict:
     def master_parameters(self):
         """{qualified name: fp32 master weights} of every offloaded parameter
         (tied parameters under each of their names). A collective."""
+        masters = self._masters_of(self._groups)
+        return {name: masters[id(p)] for name, p in self._names}
+
+    def _masters_of(self, groups):
+        """{id(parameter): its fp32 master weights, a tensor of its own} of
+        these groups' parameters, read in group order (a collective: every
+        rank reads the same groups in the same order)."""
         self._between_passes()
         self._overlap.check_readable("master_parameters (state_dict, close)")
         masters = {}
-        for g in self._groups:
+        for g in sorted(groups, key=lambda g: g.index):
             m = self.engine.read_master(g.index)
             for p, off, n in zip(g.params, g.offsets, g.numels):
                 masters[id(p)] = m[off:off + n].view(g.shapes[p]).clone()
-        return {name: masters[id(p)] for name, p in self._names}
+        return masters
 
     def state_dict(self, *args, **kwargs):
         """The module's state_dict, with the offloaded parameters' master
@@ -39,8 +46,12 @@ class _ModuleStateDict:
         return self.module.load_state_dict(state_dict, strict=strict)
 
     def _module_state_dict(self, *args, **kwargs):
-        with _fou.quiet():  # the hook puts the masters in the placeholders' places
-            return type(self.module).state_dict(self.module, *args, **kwargs)
+        self._in_model_state_dict = True  # the root's hook reads every master, once
+        try:
+            with _fou.quiet():  # the hook puts the masters in the placeholders' places
+                return type(self.module).state_dict(self.module, *args, **kwargs)
+        finally:
+            self._in_model_state_dict = False
 
     def _module_load_state_dict(self, state_dict, strict=True):
         self._load_strict = bool(strict)
@@ -63,6 +74,23 @@ class _ModuleStateDict:
             if key in state_dict:
                 dtype, device = self._dtype_device(p)
                 state_dict[key] = masters[name].to(dtype=dtype, device=device)
+
+    def _sub_state_dict_hook(self, module, state_dict, prefix, local_metadata):
+        # A sub-module's own state_dict() (model.encoder.state_dict()): its
+        # parameters' fp32 masters in their own dtype, tensors of their own,
+        # as the model's state_dict gives them; not the fetched views of the
+        # engine's memory (the compute dtype, changed by later steps, freed
+        # by close()). Within the model's state_dict the root's hook does it.
+        if self.engine is None or self._in_model_state_dict:
+            return
+        named = [(n, p) for n, p in module.named_parameters(recurse=False)
+                 if id(p) in self._group_of and prefix + n in state_dict]
+        if not named:
+            return
+        masters = self._masters_of({self._group_of[id(p)] for _, p in named})
+        for n, p in named:
+            dtype, device = self._dtype_device(p)
+            state_dict[prefix + n] = masters[id(p)].to(dtype=dtype, device=device)
 
     def _load_pre_hook(self, module, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs):
         # The root's hook runs before any module loads: each offloaded

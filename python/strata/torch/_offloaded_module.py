@@ -149,6 +149,10 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             if not always:  # torch < 2.1: a forward that raises still ends its scope
                 self._handles.append(_EndScopeOnRaise(m, self._after_forward))
         self._handles.append(module._register_state_dict_hook(self._state_dict_hook))
+        self._in_model_state_dict = False  # within the model's own state_dict (the root's hook reads the masters)
+        for m, needs in users:  # a sub-module's own state_dict gives its masters too
+            if m is not module and needs:
+                self._handles.append(m._register_state_dict_hook(self._sub_state_dict_hook))
         self._handles.append(module._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True))
         self._handles.append(module.register_load_state_dict_post_hook(self._load_post_hook))
         self._load_ctx = None
