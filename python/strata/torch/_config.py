@@ -91,9 +91,7 @@ def _autos(config, path=()):
 def _count(value, what, who):
     """value as an integer >= 1 (an int, numpy's, a 0-d tensor: operator.index), or INVALID naming it."""
     try:
-        if isinstance(value, bool):
-            raise TypeError
-        n = operator.index(value)
+        n = None if isinstance(value, bool) else operator.index(value)
     except TypeError:
         n = None
     if n is None or n < 1:

@@ -68,12 +68,7 @@ class _ModuleStateDict:
     def _state_dict_hook(self, module, state_dict, prefix, local_metadata):
         if self.engine is None:
             return
-        masters = self.master_parameters()
-        for name, p in self._names:
-            key = prefix + name
-            if key in state_dict:
-                dtype, device = self._dtype_device(p)
-                state_dict[key] = masters[name].to(dtype=dtype, device=device)
+        self._put_masters(state_dict, [(prefix + name, p) for name, p in self._names], self._masters_of(self._groups))
 
     def _sub_state_dict_hook(self, module, state_dict, prefix, local_metadata):
         # A sub-module's own state_dict() (model.encoder.state_dict()): its
@@ -83,14 +78,18 @@ class _ModuleStateDict:
         # by close()). Within the model's state_dict the root's hook does it.
         if self.engine is None or self._in_model_state_dict:
             return
-        named = [(n, p) for n, p in module.named_parameters(recurse=False)
+        keyed = [(prefix + n, p) for n, p in module.named_parameters(recurse=False)
                  if id(p) in self._group_of and prefix + n in state_dict]
-        if not named:
-            return
-        masters = self._masters_of({self._group_of[id(p)] for _, p in named})
-        for n, p in named:
-            dtype, device = self._dtype_device(p)
-            state_dict[prefix + n] = masters[id(p)].to(dtype=dtype, device=device)
+        if keyed:
+            self._put_masters(state_dict, keyed, self._masters_of({self._group_of[id(p)] for _, p in keyed}))
+
+    def _put_masters(self, state_dict, keyed, masters):
+        """Each (key, parameter) of `keyed` that state_dict has: its master
+        (from _masters_of), in the parameter's own dtype and device."""
+        for key, p in keyed:
+            if key in state_dict:
+                dtype, device = self._dtype_device(p)
+                state_dict[key] = masters[id(p)].to(dtype=dtype, device=device)
 
     def _load_pre_hook(self, module, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs):
         # The root's hook runs before any module loads: each offloaded

@@ -465,27 +465,27 @@ def _hyperparameters(config, **arguments):
     if isinstance(kind, str) and kind.lower() == "adam" and params.get("adam_w_mode") is False:
         raise Error(INVALID, "OffloadAdam: the config's optimizer is Adam with adam_w_mode false (L2 decay); "
                     "OffloadAdam is AdamW (decoupled decay). Use offload_module for it, or leave the section out")
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    def floats(key, v):  # betas as a tuple of floats, the others a float
+        return tuple(float(b) for b in v) if key == "betas" else float(v)
+
     out = []
     for key, arg in arguments.items():
         given = params.get(key)
         if given is None or given == "auto":
             out.append(_ADAMW_DEFAULTS[key] if arg is None else arg)
             continue
-        if key == "betas":
-            ok = isinstance(given, (list, tuple)) and len(given) == 2 and all(
-                isinstance(b, (int, float)) and not isinstance(b, bool) for b in given)
-        else:
-            ok = isinstance(given, (int, float)) and not isinstance(given, bool)
-        if not ok:
+        if not (isinstance(given, (list, tuple)) and len(given) == 2 and all(map(number, given))
+                if key == "betas" else number(given)):
             raise Error(INVALID, f"OffloadAdam: the config's optimizer.params.{key} is {given!r}; "
                         f"{'two numbers' if key == 'betas' else 'a number'} or \"auto\"")
-        value = tuple(float(b) for b in given) if key == "betas" else float(given)
-        if arg is not None:
-            mine = tuple(float(b) for b in arg) if key == "betas" else float(arg)
-            if mine != value:
-                raise Error(INVALID, f"OffloadAdam: the config's optimizer.params.{key} is {given!r} and the "
-                            f"argument {key}={arg!r}; give one, or make them agree (param groups may still set "
-                            "their own)")
+        value = floats(key, given)
+        if arg is not None and floats(key, arg) != value:
+            raise Error(INVALID, f"OffloadAdam: the config's optimizer.params.{key} is {given!r} and the "
+                        f"argument {key}={arg!r}; give one, or make them agree (param groups may still set "
+                        "their own)")
         out.append(value if arg is None else arg)
     return tuple(out)
 
