@@ -220,6 +220,7 @@ void Engine::Impl::SettleLent(int group) {
 
 void Engine::Impl::SettleAllLent() {
   for (int g = 0; g < static_cast<int>(steps_.size()); ++g) SettleLent(g);
+  if (reducer_) reducer_->SettleLent();  // several ranks: a call in parts still open
 }
 
 Status Engine::Impl::GradsPart(int group, uint64_t first, uint64_t count, const void* src, DType dtype, bool lend) {
@@ -257,12 +258,12 @@ Status Engine::Impl::GradsPart(int group, uint64_t first, uint64_t count, const 
   if (lay_.reduces) {  // into the reduction's packed buffer (reducer.h), not G
     if (!h.open) {
       STRATA_RETURN_IF_ERROR(DrainComm(/*wait=*/false));  // an earlier background failure: now
-      STRATA_RETURN_IF_ERROR(reducer_->PartsBegin(group));
+      STRATA_RETURN_IF_ERROR(reducer_->PartsBegin(group, lend));
       h.open = true;
       h.given.clear();
     }
     if (count == 0) return Status::Ok();
-    STRATA_RETURN_IF_ERROR(reducer_->Part(group, first, count, src, dtype, again));
+    STRATA_RETURN_IF_ERROR(reducer_->Part(group, first, count, src, dtype, again, lend));
     if (!again) h.given.emplace(first, count);
     return Status::Ok();
   }

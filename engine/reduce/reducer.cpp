@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "base/log.h"
 #include "base/sizes.h"
 #include "base/worker.h"
 
@@ -151,7 +152,7 @@ void GradReducer::Run() {
     // After a failure nothing more is reduced: the ranks no longer agree.
     Status st = failed              ? Status::Ok()
                 : job.gather_ahead() ? GatherAhead(job.group)
-                                     : Reduce(job.group, job.packed);
+                                     : Reduce(job);
     if (traced && !failed) hooks_.span(job.gather_ahead() ? "gather ahead" : "reduce", job.group, start, hooks_.now());
     if (job.packed) ReleasePacked(job.packed);
     lock.lock();
@@ -165,7 +166,17 @@ void GradReducer::Run() {
 void GradReducer::DropParts() {
   if (parts_packed_) ReleasePacked(parts_packed_);
   parts_packed_ = nullptr;
+  parts_lent_.reset();
   parts_group_ = -1;
+}
+
+void GradReducer::SettleLent() {
+  if (!parts_lent_) return;
+  if (Status st = PackLent(); !st.ok()) {  // (fp32 pieces: copies, which do not fail)
+    STRATA_LOG_ERROR("grads_part: group {}: packing its lent parts failed ({}); the call in parts is dropped",
+                     parts_group_, st.ToString());
+    DropParts();
+  }
 }
 
 void GradReducer::Stop() {
@@ -197,18 +208,30 @@ std::vector<ReduceBucket> GradReducer::PlanOf(int g) const {
 }
 
 // The group's reduction and its accumulation into G, on the communication
-// thread or the caller's. `packed`: PackGradients' layout.
-Status GradReducer::Reduce(int g, float* packed) {
+// thread or the caller's. Its input: `packed` (PackGradients' layout), or
+// lent parts, read where they lie, in that layout's order.
+Status GradReducer::Reduce(const Job& job) {
+  const int g = job.group;
   const GroupLayout& L = layout_.group(g);
   const auto buckets = PlanOf(g);
   comm_.SetLabel("grads g" + std::to_string(g) + " s" + std::to_string(hooks_.step()) + " #" +
                  std::to_string(hooks_.grad_calls(g) + 1));
-  float* out = packed;
+  float* out = job.packed;
   void* host = nullptr;
   if (mem_->on_device()) out = static_cast<float*>(host = grad_staging_.Acquire());
   else if (float* t = hooks_.sums_target ? hooks_.sums_target(g) : nullptr) out = t;  // no copy after the sums
+  if (job.lent && (out == nullptr || mem_->on_device()))  // LendsParts said G takes the sums
+    return InternalError("grads: group " + std::to_string(g) + ": lent parts and nowhere to put the sums");
   const CollectiveClock clock(hooks_);
-  Status st = ReduceBuckets(comm_, *mem_, buckets, scatter_, L.shard_numel, layout_.srank, packed, out);
+  Status st;
+  if (job.lent) {  // PackGradients' bucket b of rank r: elements [r * shard + b.first, + b.columns)
+    for (const ReduceBucket& b : buckets) {
+      st = comm_.ReduceScatterPieces(*job.lent, L.shard_numel, b.first, out + b.first, b.columns);
+      if (!st.ok()) break;
+    }
+  } else {
+    st = ReduceBuckets(comm_, *mem_, buckets, scatter_, L.shard_numel, layout_.srank, job.packed, out);
+  }
   // The packed input: the padded group (every rank's shard, for a reduce-scatter).
   if (st.ok()) clock.Report(/*gather=*/false, L.padded * sizeof(float));
   if (st.ok()) st = hooks_.accumulate(g, out, L.shard_numel);
@@ -228,7 +251,7 @@ Status GradReducer::Grads(int g, const void* grads, DType dtype) {
     ReleasePacked(packed);
     return st.WithContext("grads: group " + std::to_string(g) + ": packing its gradients");
   }
-  return Queue(g, packed);
+  return Queue(Job{g, packed, nullptr});
 }
 
 std::string GradReducer::PartsRefused() const {
@@ -241,7 +264,14 @@ std::string GradReducer::PartsRefused() const {
   return "";
 }
 
-Status GradReducer::PartsBegin(int g) {
+bool GradReducer::LendsParts(int g) const {
+  // Read where they lie by the reduce-scatter, the sums written into G
+  // (sums_target): no buffer of the reducer's on either side.
+  return scatter_ && mem_ && !mem_->on_device() && thread_.joinable() && comm_.reads_pieces() &&
+         hooks_.sums_target && hooks_.sums_target(g) != nullptr;
+}
+
+Status GradReducer::PartsBegin(int g, bool lend) {
   if (const std::string why = PartsRefused(); !why.empty()) return InvalidError("grads_part: " + why);
   if (parts_group_ >= 0)
     return InvalidError("grads_part: group " + std::to_string(parts_group_) +
@@ -253,41 +283,69 @@ Status GradReducer::PartsBegin(int g) {
   parts_buckets_ = PlanOf(g);
   parts_n_ = scatter_ ? L.shard_numel : L.padded;
   parts_world_ = scatter_ ? comm_.world_size() : 1;
-  parts_packed_ = AcquirePacked();
+  if (lend && LendsParts(g)) parts_lent_ = std::make_shared<net::FloatPieces>();
+  else parts_packed_ = AcquirePacked();
   parts_group_ = g;
   return Status::Ok();
 }
 
-Status GradReducer::Part(int g, uint64_t first, uint64_t count, const void* src, DType dtype, bool again) {
-  if (g != parts_group_ || !parts_packed_)
+Status GradReducer::PackLent() {
+  float* packed = AcquirePacked();
+  for (const net::FloatPieces::Piece& p : parts_lent_->pieces()) {
+    Status st = PackPart(p.data, DType::kF32, p.first, p.count, parts_n_, parts_world_, parts_buckets_, scatter_,
+                         packed, /*add=*/false);
+    if (!st.ok()) {
+      ReleasePacked(packed);
+      return st;
+    }
+  }
+  parts_lent_.reset();
+  parts_packed_ = packed;
+  return Status::Ok();
+}
+
+Status GradReducer::Part(int g, uint64_t first, uint64_t count, const void* src, DType dtype, bool again, bool lend) {
+  if (g != parts_group_ || (!parts_packed_ && !parts_lent_))
     return InternalError("grads_part: group " + std::to_string(g) + " has no packed buffer open");
+  const std::string where = "grads_part: group " + std::to_string(g) + ": packing its gradients";
+  if (parts_lent_) {
+    if (lend && dtype == DType::kF32 && !again &&
+        parts_lent_->Add(first, count, static_cast<const float*>(src)))
+      return Status::Ok();
+    STRATA_RETURN_IF_ERROR(PackLent().WithContext(where));
+  }
   return PackPart(src, dtype, first, count, parts_n_, parts_world_, parts_buckets_, scatter_, parts_packed_, again)
-      .WithContext("grads_part: group " + std::to_string(g) + ": packing its gradients");
+      .WithContext(where);
 }
 
 Status GradReducer::PartsEnd(int g, const std::map<uint64_t, uint64_t>& given) {
-  if (g != parts_group_ || !parts_packed_)
+  if (g != parts_group_ || (!parts_packed_ && !parts_lent_))
     return InternalError("grads_end: group " + std::to_string(g) + " has no packed buffer open");
+  parts_group_ = -1;
+  if (parts_lent_) {  // what no part gave reads as zero (FloatPieces)
+    std::shared_ptr<const net::FloatPieces> lent = std::move(parts_lent_);
+    parts_lent_.reset();
+    return Queue(Job{g, nullptr, std::move(lent)});
+  }
   float* packed = parts_packed_;
   parts_packed_ = nullptr;
-  parts_group_ = -1;
   Status st = PackGaps(given, parts_n_, parts_world_, parts_buckets_, scatter_, packed);
   if (!st.ok()) {
     ReleasePacked(packed);
     return st.WithContext("grads_end: group " + std::to_string(g));
   }
-  return Queue(g, packed);
+  return Queue(Job{g, packed, nullptr});
 }
 
-Status GradReducer::Queue(int g, float* packed) {
+Status GradReducer::Queue(Job job) {
   if (!thread_.joinable()) {
-    Status st = Reduce(g, packed);
-    ReleasePacked(packed);
+    Status st = Reduce(job);
+    if (job.packed) ReleasePacked(job.packed);
     return st;
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Job{g, packed});
+    queue_.push_back(std::move(job));
   }
   cv_.notify_all();
   return Status::Ok();
@@ -310,7 +368,7 @@ Status GradReducer::GatherNow(int g, void* full) {
 void GradReducer::QueueGatherAhead(int g) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Job{g, nullptr});
+    queue_.push_back(Job{g, nullptr, nullptr});
   }
   cv_.notify_all();
 }

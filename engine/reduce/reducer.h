@@ -16,7 +16,12 @@
 // - At most max_packed host buffers are in use, so that the communication
 //   thread always finds a staging slot for G; device buffers: two with the
 //   thread, one without. A grads call in parts holds one from PartsBegin to
-//   PartsEnd, one group at a time, and only with the thread.
+//   PartsEnd, one group at a time, and only with the thread; parts lent and
+//   read where they lie hold none.
+// - Lent parts are read only by the job queued at PartsEnd: the engine
+//   drains the thread (Drain(true)) before the step or a load returns, and
+//   Stop drops a queued job unread, so none is read after the caller's
+//   promise (strata_engine_grads_part_lend) ends.
 // - After a background failure nothing more is reduced; the failure is
 //   returned once, by Drain, and the caller's step cannot finish.
 //
@@ -96,11 +101,21 @@ class GradReducer {
   // another. PartsRefused: why this reducer takes no parts ("" when it does):
   // device buffers, or no thread (overlap_comm off: one buffer, which parts
   // would hold while a whole group waits for it).
+  // Lent parts (`lend`: the caller keeps them alive and unchanged until the
+  // engine's next drain of this thread, Drain(true), or Stop) are not packed
+  // where the reduction can read them where they lie (LendsParts): then
+  // the group holds no packed buffer, and its reduce-scatter reads the
+  // parts on the thread (Communicator::ReduceScatterPieces). A part not lent,
+  // of another dtype, or given again packs the ones before it and the rest.
   std::string PartsRefused() const;
-  Status PartsBegin(int g);
-  Status Part(int g, uint64_t first, uint64_t count, const void* src, DType dtype, bool again);
+  bool LendsParts(int g) const;
+  Status PartsBegin(int g, bool lend);
+  Status Part(int g, uint64_t first, uint64_t count, const void* src, DType dtype, bool again, bool lend);
   Status PartsEnd(int g, const std::map<uint64_t, uint64_t>& given);
   void DropParts();  // a call in parts that will not end (a checkpoint load): its buffer back
+  // A call in parts still open when the caller's promise on its lent parts
+  // ends (a step or load returned): the parts lent so far are packed.
+  void SettleLent();
   // Waits for the thread's work (wait) or only looks (not); a background
   // failure is returned once.
   Status Drain(bool wait = true);
@@ -121,12 +136,14 @@ class GradReducer {
   // gather its parameters ahead of their fetch.
   struct Job {
     int group = -1;
-    float* packed = nullptr;  // Reduce's input; null for a gather ahead
-    bool gather_ahead() const { return group >= 0 && packed == nullptr; }
+    float* packed = nullptr;  // Reduce's input: packed,
+    std::shared_ptr<const net::FloatPieces> lent;  // or lent parts; neither for a gather ahead
+    bool gather_ahead() const { return group >= 0 && packed == nullptr && lent == nullptr; }
   };
   std::vector<ReduceBucket> PlanOf(int g) const;
-  Status Reduce(int g, float* packed);
-  Status Queue(int g, float* packed);  // queued on the thread; without it, reduced here
+  Status Reduce(const Job& job);
+  Status Queue(Job job);  // queued on the thread; without it, reduced here
+  Status PackLent();      // the open lent parts into a packed buffer: they are packed from here on
   Status GatherAhead(int g);
   float* AcquirePacked();
   void ReleasePacked(float* p);
@@ -143,7 +160,8 @@ class GradReducer {
   std::vector<Allocation> device_bufs_;  // the device's packed buffers (NCCL)
   int max_packed_ = 1;
   int parts_group_ = -1;           // the group whose parts are open (the caller's thread only)
-  float* parts_packed_ = nullptr;  // its packed buffer
+  float* parts_packed_ = nullptr;  // its packed buffer,
+  std::shared_ptr<net::FloatPieces> parts_lent_;  // or its lent parts (LendsParts)
   std::vector<ReduceBucket> parts_buckets_;  // its buckets (PlanOf), and PackPart's n and world
   uint64_t parts_n_ = 0;
   int parts_world_ = 1;

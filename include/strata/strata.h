@@ -409,9 +409,15 @@ STRATA_API strata_status_t strata_engine_grads_part(strata_engine_t* engine, int
  * the update reads it beside W, M and V. Anything else that needs the
  * group's accumulator whole (strata_engine_grads_view, a second grads call
  * of the group in the step, a part given again, a step that returns
- * unfinished, prepare_step's early updates) copies it in first. Where none
- * of that applies it is strata_engine_grads_part. The results are bitwise
- * those of strata_engine_grads_part. Errors: as strata_engine_grads_part. */
+ * unfinished, prepare_step's early updates) copies it in first. With several
+ * ranks, where the reduction is a reduce-scatter (stage 2-3) over shared
+ * memory (every rank on this host) and its sums go straight into the
+ * group's accumulator (float32, host memory), a float32 part is not packed:
+ * the reduce-scatter reads it where it is, on the communication thread, and
+ * the call in parts holds no reduction buffer. A part not lent, of another
+ * dtype or given again packs the ones lent before it. Where none of that
+ * applies it is strata_engine_grads_part. The results are bitwise those of
+ * strata_engine_grads_part. Errors: as strata_engine_grads_part. */
 STRATA_API strata_status_t strata_engine_grads_part_lend(strata_engine_t* engine, int group, uint64_t first,
                                                          uint64_t count, const void* grads, strata_dtype_t dtype);
 STRATA_API strata_status_t strata_engine_grads_end(strata_engine_t* engine, int group);

@@ -91,6 +91,25 @@ Status Communicator::ReduceScatter(const float* in, float* out, size_t n_per_ran
   });
 }
 
+Status Communicator::ReduceScatterPieces(const FloatPieces& in, uint64_t stride, uint64_t first, float* out,
+                                         size_t n_per_rank) {
+  return Run("reduce_scatter", Count(n_per_rank, "floats", " per rank"), n_per_rank * sizeof(float), -1, [&] {
+    if (!out && n_per_rank) return InvalidError("null buffer");
+    if (stride < n_per_rank)
+      return InvalidError("the ranks' parts overlap (" + std::to_string(stride) + " elements apart, " +
+                          std::to_string(n_per_rank) + " each)");
+    return n_per_rank ? DoReduceScatterPieces(in, stride, first, out, n_per_rank) : Status::Ok();
+  });
+}
+
+Status Communicator::DoReduceScatterPieces(const FloatPieces& in, uint64_t stride, uint64_t first, float* out,
+                                           size_t n) {
+  const size_t w = static_cast<size_t>(world_size());
+  std::vector<float> packed(w * n);
+  for (size_t r = 0; r < w; ++r) in.Read(r * stride + first, n, packed.data() + r * n);
+  return DoReduceScatter(packed.data(), out, n);
+}
+
 Status Communicator::AllGather(const void* in, void* out, size_t bytes_per_rank) {
   return Run("all_gather", Count(bytes_per_rank, "bytes", " per rank"), bytes_per_rank, -1, [&] {
     if ((!in || !out) && bytes_per_rank) return InvalidError("null buffer");

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "io/net/float_pieces.h"
 #include "io/net/launch_env.h"
 #include "io/net/store.h"
 
@@ -68,6 +69,9 @@ class Communicator {
   // true: all-gathers and reduce-scatters go through shared memory (Gloo,
   // every rank on this host; CommOptions::shared_memory).
   virtual bool shared_memory() const { return false; }
+  // true: ReduceScatterPieces reads the pieces where they lie (Gloo through
+  // shared memory); false: it gathers them into a buffer of its own first.
+  virtual bool reads_pieces() const { return false; }
 
   // buf[n] := sum over ranks of buf[n], in place. fp32 sums are bitwise equal
   // on every rank; the summation order depends on the world size.
@@ -76,6 +80,12 @@ class Communicator {
   // n*world_size floats. In place when out == in + rank*n. Sizes not divisible
   // by the world size are the caller's to pad.
   Status ReduceScatter(const float* in, float* out, size_t n_per_rank);
+  // The same collective (the same descriptor, the same bits) with an input
+  // in pieces: rank r's part is elements [r*stride + first, r*stride + first
+  // + n) of `in` (zeros where no piece holds them); stride >= n. `out` lies
+  // outside the pieces.
+  Status ReduceScatterPieces(const FloatPieces& in, uint64_t stride, uint64_t first, float* out,
+                             size_t n_per_rank);
   // out[r*bytes .. (r+1)*bytes) := rank r's in[bytes]; `out` holds
   // bytes*world_size. In place when in == out + rank*bytes.
   Status AllGather(const void* in, void* out, size_t bytes_per_rank);
@@ -100,6 +110,10 @@ class Communicator {
   // name (the wrappers add "backend op #seq (size) on rank r of w: ").
   virtual Status DoAllReduce(float* buf, size_t n) = 0;
   virtual Status DoReduceScatter(const float* in, float* out, size_t n_per_rank) = 0;
+  // Backends that read pieces in place (reads_pieces) override this one; by
+  // default the parts are gathered into one buffer for DoReduceScatter.
+  virtual Status DoReduceScatterPieces(const FloatPieces& in, uint64_t stride, uint64_t first, float* out,
+                                       size_t n_per_rank);
   virtual Status DoAllGather(const void* in, void* out, size_t bytes_per_rank) = 0;
   virtual Status DoBroadcast(void* buf, size_t bytes, int root) = 0;
   virtual Status DoBarrier() = 0;

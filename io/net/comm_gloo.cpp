@@ -366,6 +366,7 @@ class GlooComm final : public Communicator {
   const char* backend() const override { return "gloo"; }
   bool device_buffers() const override { return false; }
   bool shared_memory() const override { return shm_ != nullptr; }
+  bool reads_pieces() const override { return shm_ != nullptr; }
 
   // The barrier that ends creation: after it no rank needs the store.
   Status FirstBarrier() {
@@ -390,6 +391,11 @@ class GlooComm final : public Communicator {
   Status DoReduceScatter(const float* in, float* out, size_t n) override {
     if (shm_) return Guard([&] { return shm_->ReduceScatter(in, out, n, Clock::now() + timeout_); });
     return Guard([&] { RingReduceScatter(in, out, n); });
+  }
+  Status DoReduceScatterPieces(const FloatPieces& in, uint64_t stride, uint64_t first, float* out,
+                               size_t n) override {
+    if (!shm_) return Communicator::DoReduceScatterPieces(in, stride, first, out, n);
+    return Guard([&] { return shm_->ReduceScatter(in, stride, first, out, n, Clock::now() + timeout_); });
   }
   Status DoAllGather(const void* in, void* out, size_t bytes) override {
     if (shm_) return Guard([&] { return shm_->AllGather(in, out, bytes, Clock::now() + timeout_); });

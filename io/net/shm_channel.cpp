@@ -276,19 +276,33 @@ Status ShmChannel::AllGather(const void* in, void* out, size_t bytes, Deadline d
 }
 
 Status ShmChannel::ReduceScatter(const float* in, float* out, size_t n, Deadline deadline) {
+  FloatPieces whole;
+  whole.Add(0, static_cast<uint64_t>(world_) * n, in);
+  return ReduceScatter(whole, n, 0, out, n, deadline);
+}
+
+Status ShmChannel::ReduceScatter(const FloatPieces& in, uint64_t stride, uint64_t first, float* out, size_t n,
+                                 Deadline deadline) {
   const int w = world_, r = rank_;
   // Each slot holds one part per destination rank, 64-byte aligned.
   const size_t cap = (slot_bytes_ / static_cast<uint64_t>(w)) / sizeof(float) / 16 * 16;
+  auto at = [&](int q, size_t off) { return static_cast<uint64_t>(q) * stride + first + off; };
   for (size_t off = 0; off < n; off += cap) {
     const size_t c = std::min(cap, n - off);
     STRATA_ASSIGN_OR_RETURN(char* mine_slot, BeginRound(deadline));
     auto* mine = reinterpret_cast<float*>(mine_slot);
     for (int d = 0; d < w; ++d)
-      if (d != r) std::memcpy(mine + static_cast<size_t>(d) * cap, in + static_cast<size_t>(d) * n + off, c * 4);
+      if (d != r) in.Read(at(d, off), c, mine + static_cast<size_t>(d) * cap);
     Publish(/*arrived=*/true, round_);
-    // x(j): the part of rank r+j (mod w); x(w) is this rank's own.
-    const float* own = in + static_cast<size_t>(r) * n + off;
+    // x(j): the part of rank r+j (mod w); x(w) is this rank's own, read
+    // where it lies when one piece holds it.
     float* dst = out + off;
+    const float* own = in.Find(at(r, off), c);
+    if (!own || (own == dst && w > 2)) {  // across pieces, or in place (added last, after dst is written)
+      scratch_.resize(c);
+      in.Read(at(r, off), c, scratch_.data());
+      own = scratch_.data();
+    }
     auto x = [&](int j) -> const float* {
       const int q = (r + j) % w;
       return q == r ? own : reinterpret_cast<const float*>(slot(q, round_)) + static_cast<size_t>(r) * cap;
@@ -299,10 +313,6 @@ Status ShmChannel::ReduceScatter(const float* in, float* out, size_t n, Deadline
       const float* a = x(1);
       for (size_t i = 0; i < c; ++i) dst[i] = a[i] + own[i];
     } else {
-      if (own == dst) {  // in place: this rank's part is added last, after dst is written
-        scratch_.assign(own, own + c);
-        own = scratch_.data();
-      }
       const float *a = x(1), *b = x(2);
       for (size_t i = 0; i < c; ++i) dst[i] = a[i] + b[i];
       for (int j = 3; j <= w; ++j) {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "io/net/float_pieces.h"
 
 namespace strata::net {
 
@@ -67,6 +68,11 @@ class ShmChannel {
   // the ring's reduce-scatter, at any world size); in place when
   // out == in + rank*n.
   Status ReduceScatter(const float* in, float* out, size_t n, Deadline deadline);
+  // The same with an input in pieces, read where they lie
+  // (Communicator::ReduceScatterPieces): rank r's part is elements
+  // [r*stride + first, r*stride + first + n).
+  Status ReduceScatter(const FloatPieces& in, uint64_t stride, uint64_t first, float* out, size_t n,
+                       Deadline deadline);
 
  private:
   ShmChannel(int fd, void* base, uint64_t size, int rank, int world, uint64_t slot_bytes, std::string name);
@@ -88,7 +94,8 @@ class ShmChannel {
   const uint64_t slot_bytes_;
   std::string name_;  // until Unlink
   uint32_t round_ = 0;
-  std::vector<float> scratch_;  // reduce-scatter in place at 3+ ranks: this rank's own part
+  // A reduce-scatter's own part: in place at 3+ ranks, or across pieces.
+  std::vector<float> scratch_;
 };
 
 }  // namespace strata::net

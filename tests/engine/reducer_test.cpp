@@ -338,6 +338,107 @@ TEST(GradReducer, ThreeRanksReduceScatterIsBitwiseTheSameForEveryBucketSize) {
             << "rank " << r << " group " << g << ": bucket " << bucket << " vs " << buckets[0];
 }
 
+// ---- Parts lent (PartsBegin/Part with lend): read where they lie ------------
+
+// One part of a group's gradient as a test hands it: elements [first,
+// first + count), lent or not, given again (added), in bf16.
+struct TestPart {
+  uint64_t first, count;
+  bool lend = true, again = false, bf16 = false;
+};
+
+// Hands group g's gradient `grads` in `parts` (a bf16 part from `narrow`,
+// grads rounded) and ends the call. Returns whether the reducer lent them.
+void HandParts(RankRig& rig, int g, const std::vector<float>& grads, const std::vector<uint16_t>& narrow,
+               const std::vector<TestPart>& parts, const std::function<void()>& before_end = nullptr) {
+  ASSERT_TRUE(rig.reducer->PartsBegin(g, parts.front().lend).ok());
+  std::map<uint64_t, uint64_t> given;
+  for (const TestPart& p : parts) {
+    const void* src = p.bf16 ? static_cast<const void*>(narrow.data() + p.first)
+                             : static_cast<const void*>(grads.data() + p.first);
+    const Status st = rig.reducer->Part(g, p.first, p.count, src, p.bf16 ? DType::kBF16 : DType::kF32, p.again,
+                                        p.lend);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    given.emplace(p.first, p.count);
+  }
+  if (before_end) before_end();
+  const Status st = rig.reducer->PartsEnd(g, given);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+}
+
+// Over shared memory, where the sums go straight into their target (G),
+// parts lent are not packed: the reduce-scatter reads them where they lie
+// (a change the caller makes before the call's end is in the sums), and
+// the sums are bitwise those of the same parts packed — out of order, with
+// a gap (zeros), at every bucket size and stage 2-3. A part not lent, in
+// bf16 or given again packs what was lent before it: the same bits again;
+// so does SettleLent (a step or load returned while the call was open).
+// Over TCP, or without a target, parts are packed (nothing is read late).
+TEST(GradReducer, LentPartsAreReadWhereTheyLieAndSumAsThePackedParts) {
+  const uint64_t n = kNumel[0], h = n / 2;
+  const std::vector<std::pair<std::string, std::vector<TestPart>>> hands = {
+      {"lent", {{h, n - h}, {0, 7}, {9, h - 9}}},  // [7, 9): no part
+      {"one not lent", {{h, n - h}, {0, 7, false}, {9, h - 9}}},
+      {"one given again", {{h, n - h}, {0, 7}, {9, h - 9}, {0, 7, true, true}}},
+      {"one in bf16", {{h, n - h}, {0, 7}, {9, h - 9, true, false, true}}},
+      {"settled", {{h, n - h}, {0, 7}, {9, h - 9}}},  // SettleLent before the end: packed then
+  };
+  for (bool shm : {true, false})
+    OnRanks(
+        2,
+        [&](int r, net::Communicator& comm) {
+          for (int stage : {2, 3})
+            for (uint64_t bucket : {uint64_t{1000}, uint64_t{500'000'000}})
+              for (bool targets : {true, false})
+                for (const auto& [name, parts] : hands) {
+                  const Case c{stage, bucket, true};
+                  const std::string where = Where(c, shm, r, 0) + (targets ? "" : " (no target)") + ", " + name;
+                  RankRig lent(comm, c, targets), packed(comm, c, targets);
+                  const bool lends = shm && targets;
+                  EXPECT_EQ(lent.reducer->LendsParts(0), lends) << where;
+                  std::vector<float> grads = lent.Gradients(0);
+                  std::vector<uint16_t> narrow(n);
+                  for (uint64_t i = 0; i < n; ++i) narrow[i] = F32ToBF16(grads[i]);
+                  // The packed run: no part lent, each part's values as the lent run will have them.
+                  std::vector<float> changed = grads;
+                  const bool late = name == "lent" && lends;  // read at the reduction, so the change counts
+                  if (late) changed[h + 3] = 1024.0f + static_cast<float>(r);
+                  std::vector<TestPart> copied = parts;
+                  for (TestPart& p : copied) p.lend = false;
+                  // One rig's collectives at a time: they share the communicator.
+                  HandParts(packed, 0, changed, narrow, copied);
+                  if (HasFatalFailure()) return;
+                  Status st = packed.reducer->Drain();
+                  ASSERT_TRUE(st.ok()) << where << ": " << st.ToString();
+                  HandParts(lent, 0, grads, narrow, parts, [&] {
+                    if (name == "settled") lent.reducer->SettleLent();  // a step returned with the call open
+                    grads[h + 3] = 1024.0f + static_cast<float>(r);
+                  });
+                  if (HasFatalFailure()) return;
+                  st = lent.reducer->Drain();
+                  ASSERT_TRUE(st.ok()) << where << ": " << st.ToString();
+                  EXPECT_EQ(FirstDifference(lent.Received(0), packed.Received(0)), "") << where;
+                  // The gap is zeros, the change is in (or not) as said: element h+3
+                  // lies in rank (h+3)/shard's shard.
+                  const GroupLayout& L = lent.layout.group(0);
+                  const uint64_t e = h + 3, mine = static_cast<uint64_t>(r) * L.shard_numel;
+                  if (e >= mine && e < mine + L.shard_numel) {
+                    const float got = lent.Received(0)[e - mine];
+                    if (late) {
+                      EXPECT_EQ(got, 2049.0f) << where << ": the lent part was copied, not read late";
+                    } else if (name == "lent" || name == "settled") {
+                      EXPECT_NE(got, 2049.0f) << where << ": packed or settled, yet read late";
+                    }
+                  }
+                  if (mine == 0) {
+                    EXPECT_EQ(lent.Received(0)[7], 0.0f) << where << ": the gap";
+                    EXPECT_EQ(lent.Received(0)[8], 0.0f) << where << ": the gap";
+                  }
+                }
+        },
+        60, shm);
+}
+
 // Without the thread the hook's failure is the grads call's; with it, Drain
 // returns it once, nothing more is reduced until then, and afterwards the
 // reductions run again.

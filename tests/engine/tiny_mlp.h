@@ -27,7 +27,11 @@ struct TinyMlp {
   // that row; what no part gives is zeros (give `hole` to the whole hand
   // compared with). The first hand in parts also checks that a second group's parts
   // are refused while it is open, where the engine says so (several ranks).
-  bool hole = false, in_parts = false;
+  // `lend` (with in_parts): the parts are lent (GradsPart with lend), W's
+  // first rows given once, whole; their buffers stay alive in `lent` until
+  // the next TrainStep, which the caller makes after the engine's step.
+  bool hole = false, in_parts = false, lend = false;
+  mutable std::vector<std::vector<float>> lent;  // (TrainStep is const: the engine is what it changes)
   std::vector<std::vector<float>> init;  // per layer: W then b
   std::vector<float> x, y;
 
@@ -113,7 +117,9 @@ struct TinyMlp {
       loss += 0.5 * d * d / static_cast<double>(norm);
       dh[i] = d / norm;
     }
-    std::vector<std::vector<float>> grads(static_cast<size_t>(layers));
+    std::vector<std::vector<float>> own(static_cast<size_t>(layers));
+    if (lend) lent.assign(static_cast<size_t>(layers), {});  // the last step's: the engine has stepped
+    std::vector<std::vector<float>>& grads = lend ? lent : own;
     for (int l = layers - 1; l >= 0; --l) {
       auto p = e.Fetch(l);
       if (!p.ok()) return p.status();
@@ -150,19 +156,25 @@ struct TinyMlp {
       const uint64_t half_rows = (D - 1) / 2 * D;
       std::vector<float> halves(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(half_rows));
       for (float& v : halves) v *= 0.5f;
-      if (Status st = e.GradsPart(l, D * D, b_given, g.data() + D * D, DType::kF32); !st.ok()) return st;
-      if (Status st = e.GradsPart(l, 0, half_rows, halves.data(), DType::kF32); !st.ok()) return st;
+      if (Status st = e.GradsPart(l, D * D, b_given, g.data() + D * D, DType::kF32, lend); !st.ok()) return st;
+      if (lend) {
+        if (Status st = e.GradsPart(l, 0, half_rows, g.data(), DType::kF32, lend); !st.ok()) return st;
+      } else if (Status st = e.GradsPart(l, 0, half_rows, halves.data(), DType::kF32); !st.ok()) {
+        return st;
+      }
       if (l == layers - 1 && l > 0 && !e.group_frozen(l - 1) && e.world_size() > 1) {
         const Status other = e.GradsPart(l - 1, 0, 1, g.data(), DType::kF32);
         if (other.ok() || other.message().find("one group's parts at a time") == std::string::npos)
           return InternalError("a second group's parts while group " + std::to_string(l) +
                                "'s are open: expected the refusal, got: " + other.ToString());
       }
-      if (Status st = e.GradsPart(l, 0, half_rows, halves.data(), DType::kF32); !st.ok()) return st;
-      if (Status st = e.GradsPart(l, half_rows, hole_row * D - half_rows, g.data() + half_rows, DType::kF32); !st.ok())
+      if (!lend)
+        if (Status st = e.GradsPart(l, 0, half_rows, halves.data(), DType::kF32); !st.ok()) return st;
+      if (Status st = e.GradsPart(l, half_rows, hole_row * D - half_rows, g.data() + half_rows, DType::kF32, lend);
+          !st.ok())
         return st;
       if (Status st = e.GradsPart(l, hole_row * D + D, D * D - hole_row * D - D, g.data() + hole_row * D + D,
-                                  DType::kF32);
+                                  DType::kF32, lend);
           !st.ok())
         return st;
       if (Status st = e.GradsEnd(l); !st.ok()) return st;

@@ -14,7 +14,8 @@ bucket, all-reduce stages (0-1) stay within 1e-6 of the 1-rank run (at 2
 ranks; 4 ranks run 6 steps, compared among themselves), and
 overlap_comm never changes the bits (at stage 3 it also gathers the next
 group ahead, and does: the count is checked); gradients handed in parts
-(grads_part: packed as they come, one part given twice, a row and a tail
+(grads_part: packed as they come, or lent and read where they lie, one
+part given twice, a row and a tail
 left out) reduce to the bits of the whole hand at every stage, a second
 group's parts are refused while one is open, and without overlap_comm parts
 are refused naming it; a rank that dies mid-backward fails the
@@ -159,6 +160,13 @@ if sys.argv[3:] == ["buckets"]:
                 if hole is not None and parts is not None:
                     check(f"world {world} stage {stage}: gradients in parts == the whole hand, bitwise",
                           np.array_equal(hole, parts))
+                # Parts lent, the state in host memory: at stages 2-3 the
+                # reduce-scatter reads them where they lie (G takes the sums
+                # straight); at 0-1 they are packed. The same bits.
+                lent = run(world, stage, "host", f"blw{world}s{stage}", extra + ("parts", "1", "lend", "1"))
+                if hole is not None and lent is not None:
+                    check(f"world {world} stage {stage}: gradients in parts lent == the whole hand, bitwise",
+                          np.array_equal(hole, lent))
     # Without overlap_comm the reduction's one buffer takes whole groups:
     # parts are refused, saying why.
     p = run(2, 3, "device", "bpno", ("overlap", "0", "steps", "1", "parts", "1"), expect_fail=True)

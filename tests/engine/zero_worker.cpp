@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   // rank, changing nothing), before the step that then fails on every rank.
   std::string behind_first;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
-  bool tag_by_rank = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false;
+  bool tag_by_rank = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false, lend = false;
   std::string timeout = "60", save_dir, load_dir, zero_extra, strata_extra;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "bf16")) bf16 = true;
     if (!std::strcmp(argv[i], "hole")) hole = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "parts")) parts = std::strcmp(argv[i + 1], "0") != 0;
+    if (!std::strcmp(argv[i], "lend")) lend = std::strcmp(argv[i + 1], "0") != 0;  // parts lent
     if (!std::strcmp(argv[i], "dim")) dim = std::stoi(argv[i + 1]);  // the model's width (24)
     if (!std::strcmp(argv[i], "sub-group")) zero_extra += R"(, "sub_group_size": )" + std::string(argv[i + 1]);
     if (!std::strcmp(argv[i], "bucket")) zero_extra += R"(, "reduce_bucket_size": )" + std::string(argv[i + 1]);
@@ -132,6 +133,7 @@ int main(int argc, char** argv) {
   model.whole_batch_norm = uneven;
   model.hole = hole;
   model.in_parts = parts;
+  model.lend = lend;
   if (Status st = model.Register(eng); !st.ok()) return Die(st);
   std::vector<float> extra(53);
   for (int i = 0; i < 53; ++i) extra[static_cast<size_t>(i)] = 0.01f * static_cast<float>(i % 7);

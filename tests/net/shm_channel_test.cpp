@@ -94,6 +94,87 @@ TEST(ShmChannel, ReduceScatterAddsInTheRingsOrderAndAllGatherCopies) {
       }
 }
 
+// FloatPieces alone: pieces added in any order are kept sorted, one that
+// overlaps is refused and changes nothing, Read fills gaps with zeros
+// across piece ends, and Find answers only a range one piece holds whole.
+TEST(FloatPieces, ReadsAcrossPiecesAndGapsAndRefusesOverlaps) {
+  std::vector<float> a(10), b(5);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = 1.0f + static_cast<float>(i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = 100.0f + static_cast<float>(i);
+  FloatPieces p;
+  ASSERT_TRUE(p.Add(20, 5, b.data()));  // [20, 25)
+  ASSERT_TRUE(p.Add(3, 10, a.data()));  // [3, 13)
+  ASSERT_TRUE(p.Add(7, 0, a.data()));   // empty: not kept
+  EXPECT_FALSE(p.Add(12, 2, b.data()));  // overlaps [3, 13)'s end
+  EXPECT_FALSE(p.Add(0, 4, b.data()));   // overlaps its start
+  EXPECT_FALSE(p.Add(24, 9, a.data()));  // overlaps [20, 25)
+  ASSERT_EQ(p.pieces().size(), 2u);
+  EXPECT_EQ(p.pieces()[0].first, 3u);
+  EXPECT_EQ(p.pieces()[1].first, 20u);
+  std::vector<float> got(30, -1.0f), want(30, 0.0f);
+  for (int i = 0; i < 10; ++i) want[3 + i] = a[i];
+  for (int i = 0; i < 5; ++i) want[20 + i] = b[i];
+  for (uint64_t at : {0, 2, 3, 5, 12, 13, 19, 22, 25})
+    for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{4}, uint64_t{11}, 29 - at}) {
+      if (at + n > 29) continue;
+      std::fill(got.begin(), got.end(), -1.0f);
+      p.Read(at, n, got.data());
+      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[at + i]) << "Read(" << at << ", " << n << ")[" << i << "]";
+      EXPECT_EQ(got[n], -1.0f) << "Read(" << at << ", " << n << ") wrote past its end";
+    }
+  EXPECT_EQ(p.Find(3, 10), a.data());
+  EXPECT_EQ(p.Find(5, 2), a.data() + 2);
+  EXPECT_EQ(p.Find(21, 4), b.data() + 1);
+  EXPECT_EQ(p.Find(2, 2), nullptr);    // starts in a gap
+  EXPECT_EQ(p.Find(12, 2), nullptr);   // runs past the piece
+  EXPECT_EQ(p.Find(13, 1), nullptr);   // in a gap
+  EXPECT_EQ(p.Find(24, 2), nullptr);   // past the last piece
+}
+
+// A reduce-scatter of an input in pieces (a gradient lent a parameter at a
+// time, out of order, with gaps and rank parts that cross pieces) is the
+// same bits as the reduce-scatter of the same input packed, at 2-4 ranks,
+// over many rounds, with a stride wider than the parts (a bucket's columns).
+TEST(ShmChannel, ReduceScatterOfPiecesIsTheReduceScatterOfTheirPackingBitwise) {
+  for (int world : {2, 3, 4})
+    for (size_t n : {size_t{1}, size_t{53}, size_t{1000}, size_t{5000}}) {
+      const size_t stride = n + 37, first = 11, total = stride * world + first;
+      auto ch = Channels(world);
+      ASSERT_EQ(ch.size(), static_cast<size_t>(world));
+      // Rank r's array: every element but those in gaps (every 97th run of
+      // 13); its pieces cut at uneven places, added last to first.
+      std::vector<std::vector<float>> whole(world), packed(world), out(world), want(world);
+      std::vector<FloatPieces> pieces(world);
+      for (int r = 0; r < world; ++r) {
+        whole[r].resize(total);
+        for (size_t i = 0; i < total; ++i) whole[r][i] = (i % 97) < 13 ? 0.0f : Value(r, i);
+        std::vector<std::pair<size_t, size_t>> cuts;
+        for (size_t at = 0; at < total;) {
+          size_t len = std::min(total - at, size_t{1} + (at * 7 + 3 * r) % 211);
+          if (at % 97 < 13) len = std::min(len, 13 - at % 97);  // a gap: no piece
+          else cuts.push_back({at, len});
+          at += len;
+        }
+        for (auto c = cuts.rbegin(); c != cuts.rend(); ++c)
+          ASSERT_TRUE(pieces[r].Add(c->first, c->second, whole[r].data() + c->first));
+        packed[r].resize(n * world);
+        for (int d = 0; d < world; ++d)
+          std::memcpy(packed[r].data() + d * n, whole[r].data() + d * stride + first, n * 4);
+        out[r].assign(n, -1.0f);
+        want[r].assign(n, -2.0f);
+      }
+      std::vector<Status> st(world);
+      OnRanks(world, [&](int r) {
+        st[r] = ch[r]->ReduceScatter(pieces[r], stride, first, out[r].data(), n, In(20s));
+        if (st[r].ok()) st[r] = ch[r]->ReduceScatter(packed[r].data(), want[r].data(), n, In(20s));
+      });
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(st[r].ok()) << st[r].ToString();
+        ASSERT_EQ(std::memcmp(out[r].data(), want[r].data(), n * 4), 0) << "world " << world << " n " << n << " rank " << r;
+      }
+    }
+}
+
 TEST(ShmChannel, AllGatherOfBytesAcrossRoundsOutOfPlace) {
   const int world = 3;
   auto ch = Channels(world);

@@ -61,7 +61,8 @@ class _ModuleGroup:
         self.grad_hooks = []  # and the hooks' handles: close() removes them
         # Gradients go to the engine a parameter at a time (grads_part), where
         # it takes them (host memory; one rank: straight into its accumulator;
-        # several: packed for the reduction, one group at a time): no staging
+        # several: read by the reduction or packed for it, one group at a
+        # time): no staging
         # buffer of the group to fill and copy. in_parts: this hand is.
         self.takes_parts = False
         self.in_parts = False
@@ -159,11 +160,11 @@ class _ModuleGroup:
         if not flat.is_contiguous():
             flat = flat.contiguous()
         try:
-            # Lent at one rank with the optimizer state in host memory: the
-            # step reads it where it is instead of a copy in the middle of
-            # backward, and the binding holds the tensor until step() returns.
-            # (Several ranks pack parts for the reduction; with the state on
-            # NVMe the engine copies, and holding it would only cost memory.)
+            # Lent with the optimizer state in host memory: the step (one
+            # rank) or the reduce-scatter (several) reads it where it is
+            # instead of a copy in the middle of backward, and the binding
+            # holds the tensor until step() returns. (With the state on NVMe
+            # the engine copies, and holding it would only cost memory.)
             o.engine.grads_part(self.index, off, flat, lend=o._lends_grads)
         except Error as e:
             raise o._overlap.explain(e, self, "given more gradients") from None

@@ -61,9 +61,13 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             raise
         _say_autos(config, self.engine.config, "offload_module", set())
         # Gradient parts are lent (grads_part(lend=True)) where the engine
-        # reads them in place: one rank, the optimizer state in host memory.
-        opt_device = ((self.engine.config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device")
-        self._lends_grads = self.world_size == 1 and str(opt_device).lower() != "nvme"
+        # reads them in place, the optimizer state in host memory: at one
+        # rank the step reads them; at several (a reduce-scatter: stage 2-3)
+        # the reduction does, instead of packing them into its buffer.
+        zero = self.engine.config.get("zero_optimization") or {}
+        opt_device = (zero.get("offload_optimizer") or {}).get("device")
+        self._lends_grads = (str(opt_device).lower() != "nvme" and
+                             (self.world_size == 1 or int(zero.get("stage") or 0) >= 2))
         self._handles = []
         self._groups = []  # _ModuleGroup per module with direct trainable parameters of its own
         self._names = []  # (qualified name, parameter) of every offloaded name, tied ones included
