@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <thread>
 
@@ -76,7 +78,8 @@ TEST(GlooComm, OneRankWithoutAStore) {
 
 // Runs `body(rank, comm)` on `world` threads, each with a Gloo communicator
 // rendezvoused through one store on a free port.
-void OnThreads(int world, double timeout_s, const std::function<void(int, Communicator&)>& body) {
+void OnThreads(int world, double timeout_s, const std::function<void(int, Communicator&)>& body,
+               bool shared_memory = true) {
   auto server = StoreServer::Start("127.0.0.1", 0).value();
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
@@ -88,6 +91,7 @@ void OnThreads(int world, double timeout_s, const std::function<void(int, Commun
       o.backend = "gloo";
       o.timeout_s = timeout_s;
       o.store = client.get();
+      o.shared_memory = shared_memory;
       auto c = MakeCommunicator(o);
       ASSERT_TRUE(c.ok()) << c.status().ToString();
       body(r, **c);
@@ -109,6 +113,53 @@ TEST(GlooComm, ReduceScatterMatchesAScalarSum) {
       ASSERT_EQ(out[j], want) << "rank " << r << " element " << g;
     }
   });
+}
+
+// A reduce-scatter of an input in pieces (gaps read as zeros, a stride
+// wider than the parts, an offset) is the same bits as the reduce-scatter
+// of its packing, over shared memory (read in place: reads_pieces) and over
+// TCP (gathered first), and with the self backend; parts that overlap (a
+// stride below n) are refused, naming it.
+TEST(GlooComm, ReduceScatterOfPiecesIsTheReduceScatterOfTheirPacking) {
+  const size_t per = 1001, stride = per + 5, first = 3;
+  auto fill = [&](int r, int world, std::vector<float>& whole, FloatPieces& pieces, std::vector<float>& packed) {
+    whole.assign(stride * static_cast<size_t>(world) + first, 0.0f);
+    for (size_t i = 0; i < whole.size(); ++i)
+      if (i % 50 >= 4) whole[i] = static_cast<float>((i * 31 + static_cast<size_t>(r) * 7) % 97) / 3.0f;
+    for (size_t at = 0; at < whole.size(); at += 50)  // pieces [at + 4, at + 50): gaps of 4
+      ASSERT_TRUE(pieces.Add(at + 4, std::min<size_t>(46, whole.size() - std::min(whole.size(), at + 4)),
+                             whole.data() + std::min(whole.size(), at + 4)));
+    packed.assign(per * static_cast<size_t>(world), 0.0f);
+    for (int d = 0; d < world; ++d)
+      std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(d) * stride + first), per,
+                  packed.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(d) * per));
+  };
+  for (bool shm : {true, false})
+    OnThreads(
+        3, 10,
+        [&](int r, Communicator& c) {
+          EXPECT_EQ(c.reads_pieces(), shm);
+          std::vector<float> whole, packed, got(per, -1.0f), want(per, -2.0f);
+          FloatPieces pieces;
+          fill(r, 3, whole, pieces, packed);
+          Status st = c.ReduceScatterPieces(pieces, stride, first, got.data(), per);
+          ASSERT_TRUE(st.ok()) << st.ToString();
+          ASSERT_TRUE(c.ReduceScatter(packed.data(), want.data(), per).ok());
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), per * 4), 0) << (shm ? "shm" : "tcp") << " rank " << r;
+          st = c.ReduceScatterPieces(pieces, per - 1, first, got.data(), per);
+          EXPECT_EQ(st.code(), Code::kInvalid) << st.ToString();
+          EXPECT_NE(st.message().find("overlap"), std::string::npos) << st.ToString();
+        },
+        shm);
+  CommOptions o;
+  o.backend = "self";
+  auto c = MakeCommunicator(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<float> whole, packed, got(per, -1.0f);
+  FloatPieces pieces;
+  fill(0, 1, whole, pieces, packed);
+  ASSERT_TRUE((*c)->ReduceScatterPieces(pieces, stride, first, got.data(), per).ok());
+  EXPECT_EQ(std::memcmp(got.data(), packed.data(), per * 4), 0);
 }
 
 TEST(GlooComm, APeerThatLeavesBreaksTheCommunicator) {
