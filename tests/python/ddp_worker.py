@@ -9,7 +9,8 @@ gradient norms match the oracle's within TOL (fp32 sums in another order),
 every rank holds bitwise the same weights, and the model's state_dict holds
 the real weights; offload_module's overlapped step (the default) speculated
 and is bitwise overlap_step=False's; its gradients went in parts and are
-bitwise those staged whole; the engine's stats of its collectives (bytes
+bitwise those staged whole, and lent (the reduce-scatter reading them
+where autograd put them) with every state in host memory; the engine's stats of its collectives (bytes
 reduced and gathered, wall and CPU seconds) read through the binding; with
 P in host memory or on NVMe and W, M, V on NVMe in units, every step wrote
 behind by default (strata.write_behind "auto" at several ranks), bitwise
@@ -100,7 +101,7 @@ off.engine.grads_part = lambda *a, **k: in_parts.add(a[0]) or engine_part(*a, **
 norms = train(model, off.optimizer, torch.optim.lr_scheduler.LambdaLR(off.optimizer, lr_factor))
 trained = [g.index for g in off._groups if not g.frozen]
 # Several ranks, overlap_comm (stage 3's default): gradients go to the
-# reduction in parts, packed as they come, one group at a time.
+# reduction in parts, packed as they come (the state on NVMe), one group at a time.
 check("gradients went in parts", len(in_parts) > 1 and all(g.takes_parts for g in off._groups if not g.frozen),
       f"({len(in_parts)} of {len(trained)} groups)")
 masters = off.master_parameters()
@@ -143,6 +144,23 @@ staged_norms = train(model, off.optimizer, torch.optim.lr_scheduler.LambdaLR(off
 staged = off.master_parameters()
 check("gradients in parts == each group staged whole, bitwise",
       staged_norms == norms and all(torch.equal(staged[n], masters[n]) for n in masters))
+off.close()
+# Every state in host memory: the gradients are lent (grads_part with
+# lend=True), and the reduce-scatter reads them where autograd put them
+# (the ranks share this host); the numbers are every state on NVMe's, bitwise.
+cfg_host = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                  "offload_param": {"device": "cpu"}},
+            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}, "strata": {"timeout": 120}}
+model = TinyGpt(seed=seed)
+off = st.offload_module(model, cfg_host, force_no_gpu=True)
+lends, engine_part = [], off.engine.grads_part
+off.engine.grads_part = lambda *a, **k: lends.append(k.get("lend")) or engine_part(*a, **k)
+host_norms = train(model, off.optimizer, torch.optim.lr_scheduler.LambdaLR(off.optimizer, lr_factor))
+host = off.master_parameters()
+check("state in host memory: every gradient part was lent", len(lends) > 0 and all(lends),
+      f"{sum(bool(x) for x in lends)} of {len(lends)} parts lent")
+check("state in host memory, gradient parts lent == every state on NVMe, bitwise",
+      host_norms == norms and all(torch.equal(host[n], masters[n]) for n in masters))
 off.close()
 # W, M, V on NVMe stepped in units, P in host memory or on NVMe (whose
 # gathered copies then stay in memory from step to step): the defaults
