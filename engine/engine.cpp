@@ -279,6 +279,7 @@ EngineStats Engine::Impl::Stats() const {
   if (reducer_) {
     s.gathers_ahead = reducer_->gathers_ahead();
     s.gathers_ahead_declined = reducer_->gathers_ahead_declined();
+    s.lent_reduced_bytes = reducer_->lent_reduced_bytes();
   }
   s.host = {host_->budget(), host_->used(), host_->peak()};
   if (nvme_) s.nvme = {nvme_->budget(), nvme_->used(), nvme_->peak()};
@@ -346,6 +347,16 @@ Status Engine::GradsEnd(int group) {
 Result<const void*> Engine::GradsView(int group) {
   STRATA_RETURN_IF_ERROR(impl_->CheckUsable("grads_view", false, /*in_pass=*/true));
   return impl_->GradsView(group);
+}
+
+Result<bool> Engine::LentInUse(int group) {
+  STRATA_RETURN_IF_ERROR(impl_->CheckGroup(group, "grads_lent"));
+  return impl_->LentInUse(group);
+}
+
+void Engine::EndLoans() {
+  impl_->DrainComm().IgnoreError();  // (kept in step_.broken: the next step says it)
+  impl_->SettleAllLent();
 }
 
 std::string Engine::WhyNoGradParts(int group, DType dtype) const {

@@ -92,6 +92,14 @@ class Engine {
   // the engine's end.
   Status GradsPart(int group, uint64_t first, uint64_t count, const void* grads, DType dtype, bool lend = false);
   Status GradsEnd(int group);
+  // Whether the engine may still read parts lent to `group` in this step
+  // (strata_engine_grads_lent): false once they were copied or reduced.
+  Result<bool> LentInUse(int group);
+  // The loans end (strata_engine_grads_part_lend): the reductions that read
+  // lent parts are waited for (a failure stays for the next step to report)
+  // and what is still lent is copied in. Step and LoadCheckpoint do this as
+  // they return; the C API calls it where they return before reaching them.
+  void EndLoans();
   std::string WhyNoGradParts(int group, DType dtype) const;
   // This step's gradients of the group as accumulated (G: its elements in
   // G's dtype, host memory), for reading, where G is host memory and the

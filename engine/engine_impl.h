@@ -74,6 +74,9 @@ class Engine::Impl {
   // the step's update reads G, and before step returns without having used them.
   void SettleLent(int group);
   void SettleAllLent();
+  // Whether parts lent to `group` this step may still be read (its
+  // GroupStep::lent, or the reducer's ReadsLent).
+  bool LentInUse(int group);
   // G of `group` for reading, after this step's gradients of it (where
   // PartsRefused has no reason but the dtype); its lent parts copied in.
   Result<const void*> GradsView(int group);

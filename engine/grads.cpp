@@ -218,6 +218,11 @@ void Engine::Impl::SettleLent(int group) {
   gs.lent.clear();
 }
 
+bool Engine::Impl::LentInUse(int group) {
+  if (!steps_[static_cast<size_t>(group)].lent.empty()) return true;
+  return reducer_ && reducer_->ReadsLent(group);
+}
+
 void Engine::Impl::SettleAllLent() {
   for (int g = 0; g < static_cast<int>(steps_.size()); ++g) SettleLent(g);
   if (reducer_) reducer_->SettleLent();  // several ranks: a call in parts still open

@@ -233,6 +233,16 @@ strata_status_t strata_engine_grads_view(strata_engine_t* engine, int group, con
   });
 }
 
+strata_status_t strata_engine_grads_lent(strata_engine_t* engine, int group, int* out) {
+  return OnEngine("strata_engine_grads_lent", engine, [&]() -> Status {
+    if (out == nullptr) return strata::InvalidError("out must not be NULL");
+    STRATA_RETURN_IF_ERROR(CheckGroup(engine, group));
+    STRATA_ASSIGN_OR_RETURN(const bool in_use, engine->rep->LentInUse(group));
+    *out = in_use ? 1 : 0;
+    return Status::Ok();
+  });
+}
+
 strata_status_t strata_engine_takes_grad_parts(strata_engine_t* engine, int group, strata_dtype_t dtype, int* out) {
   return OnEngine("strata_engine_takes_grad_parts", engine, [&]() -> Status {
     if (out == nullptr) return strata::InvalidError("out must not be NULL");
@@ -285,11 +295,13 @@ strata_status_t strata_engine_prepare_step(strata_engine_t* engine, const strata
 
 strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_options_t* options,
                                    strata_step_result_t* result) {
-  return OnEngine("strata_engine_step", engine, [&]() -> Status {
+  bool stepped = false;  // Engine::Step ends the loans itself
+  const strata_status_t status = OnEngine("strata_engine_step", engine, [&]() -> Status {
     if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
     if (result && result->struct_size < sizeof(size_t))
       return strata::InvalidError("result.struct_size is " + std::to_string(result->struct_size));
     STRATA_ASSIGN_OR_RETURN(const strata::StepOptions so, ToStepOptions(options));
+    stepped = true;
     STRATA_ASSIGN_OR_RETURN(strata::StepResult r, engine->rep->Step(so));
     if (result == nullptr) return Status::Ok();
     strata_step_result_t full = STRATA_STEP_RESULT_INIT;
@@ -298,6 +310,8 @@ strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_op
     full.loss_scale = r.loss_scale;
     return WriteSized(full, "result", result);
   });
+  if (!stepped) EndLoans(engine);  // a refused step returns too: lent parts are the caller's again
+  return status;
 }
 
 strata_status_t strata_engine_grad_norm(strata_engine_t* engine, double* norm) {

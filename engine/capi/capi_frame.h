@@ -80,6 +80,16 @@ strata_status_t OnEngine(const char* fn, strata_engine_t* e, Body&& body) {
   return Fail(fn, s);
 }
 
+// Ends the loans of gradient parts (Engine::EndLoans) where step or load
+// returns before reaching the engine: a refused argument, a broken engine.
+inline void EndLoans(strata_engine_t* e) {
+  if (e == nullptr || !e->rep) return;
+  (void)Guarded([&] {
+    e->rep->EndLoans();
+    return Status::Ok();
+  });
+}
+
 // Copies the caller's sized struct over `*out` (which holds the defaults):
 // only the bytes the caller's struct_size covers, so older callers work.
 template <typename T>

@@ -8,10 +8,12 @@ using namespace strata_capi;  // NOLINT: the frame's helpers
 extern "C" {
 strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir, const char* tag, void* blob,
                                        uint64_t* blob_bytes) {
-  return OnEngine("strata_checkpoint_load", engine, [&]() -> Status {
+  bool loaded = false;  // Engine::LoadCheckpoint ends the loans itself
+  const strata_status_t status = OnEngine("strata_checkpoint_load", engine, [&]() -> Status {
     if (dir == nullptr || blob_bytes == nullptr) return strata::InvalidError("dir and blob_bytes must not be NULL");
     if (blob == nullptr && *blob_bytes > 0) return strata::InvalidError("blob is NULL with *blob_bytes > 0");
     std::vector<uint8_t> got;
+    loaded = true;
     STRATA_RETURN_IF_ERROR(engine->rep->LoadCheckpoint(dir, tag ? tag : "", &got));
     if (got.size() > *blob_bytes) {
       // The state is loaded; only the blob did not fit. Say how much is needed.
@@ -25,6 +27,8 @@ strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir,
     *blob_bytes = got.size();
     return Status::Ok();
   });
+  if (!loaded) EndLoans(engine);  // a refused load returns too: lent parts are the caller's again
+  return status;
 }
 
 strata_status_t strata_engine_loss_scale(strata_engine_t* engine, double* out) {
@@ -201,6 +205,7 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.reduced_bytes = s.reduced_bytes;
     f.gathered_bytes = s.gathered_bytes;
     f.behind_wait_s = s.behind_wait_s;
+    f.lent_reduced_bytes = s.lent_reduced_bytes;
     return WriteSized(f, "stats", stats);
   });
 }

@@ -132,6 +132,7 @@ void GradReducer::Run() {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (stop_) {  // what is queued is dropped: the engine is going away
       for (const Job& j : queue_) {
+        if (j.lent) EndLentJob(j.group);
         if (!j.packed) continue;
         lock.unlock();
         ReleasePacked(j.packed);
@@ -156,6 +157,7 @@ void GradReducer::Run() {
     if (traced && !failed) hooks_.span(job.gather_ahead() ? "gather ahead" : "reduce", job.group, start, hooks_.now());
     if (job.packed) ReleasePacked(job.packed);
     lock.lock();
+    if (job.lent) EndLentJob(job.group);
     busy_ = false;
     current_ = {};
     if (!st.ok() && error_.ok()) error_ = std::move(st);
@@ -168,6 +170,17 @@ void GradReducer::DropParts() {
   parts_packed_ = nullptr;
   parts_lent_.reset();
   parts_group_ = -1;
+}
+
+void GradReducer::EndLentJob(int g) {
+  auto it = lent_jobs_.find(g);
+  if (it != lent_jobs_.end() && --it->second == 0) lent_jobs_.erase(it);
+}
+
+bool GradReducer::ReadsLent(int g) {
+  if (parts_group_ == g && parts_lent_) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  return lent_jobs_.count(g) > 0;
 }
 
 void GradReducer::SettleLent() {
@@ -184,6 +197,7 @@ void GradReducer::Stop() {
   DropParts();  // a grads call in parts never ended
   std::lock_guard<std::mutex> lock(mu_);
   queue_.clear();
+  lent_jobs_.clear();
   error_ = Status::Ok();
   for (auto& a : device_bufs_) device_.Free(a);
   device_bufs_.clear();
@@ -217,11 +231,14 @@ Status GradReducer::Reduce(const Job& job) {
   comm_.SetLabel("grads g" + std::to_string(g) + " s" + std::to_string(hooks_.step()) + " #" +
                  std::to_string(hooks_.grad_calls(g) + 1));
   float* out = job.packed;
+  if (job.lent) {  // LendsParts said G takes the sums
+    out = hooks_.sums_target && !mem_->on_device() ? hooks_.sums_target(g) : nullptr;
+    if (out == nullptr)
+      return InternalError("grads: group " + std::to_string(g) + ": lent parts and nowhere to put the sums");
+  }
   void* host = nullptr;
   if (mem_->on_device()) out = static_cast<float*>(host = grad_staging_.Acquire());
   else if (float* t = hooks_.sums_target ? hooks_.sums_target(g) : nullptr) out = t;  // no copy after the sums
-  if (job.lent && (out == nullptr || mem_->on_device()))  // LendsParts said G takes the sums
-    return InternalError("grads: group " + std::to_string(g) + ": lent parts and nowhere to put the sums");
   const CollectiveClock clock(hooks_);
   Status st;
   if (job.lent) {  // PackGradients' bucket b of rank r: elements [r * shard + b.first, + b.columns)
@@ -234,6 +251,7 @@ Status GradReducer::Reduce(const Job& job) {
   }
   // The packed input: the padded group (every rank's shard, for a reduce-scatter).
   if (st.ok()) clock.Report(/*gather=*/false, L.padded * sizeof(float));
+  if (st.ok() && job.lent) lent_reduced_bytes_ += L.padded * sizeof(float);
   if (st.ok()) st = hooks_.accumulate(g, out, L.shard_numel);
   grad_staging_.Release(host);
   return st.WithContext("grads: group " + std::to_string(g) + " (" + std::to_string(buckets.size()) +
@@ -345,6 +363,7 @@ Status GradReducer::Queue(Job job) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (job.lent) ++lent_jobs_[job.group];
     queue_.push_back(std::move(job));
   }
   cv_.notify_all();

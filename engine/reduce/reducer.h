@@ -18,15 +18,17 @@
 //   thread, one without. A grads call in parts holds one from PartsBegin to
 //   PartsEnd, one group at a time, and only with the thread; parts lent and
 //   read where they lie hold none.
-// - Lent parts are read only by the job queued at PartsEnd: the engine
-//   drains the thread (Drain(true)) before the step or a load returns, and
-//   Stop drops a queued job unread, so none is read after the caller's
-//   promise (strata_engine_grads_part_lend) ends.
+// - Lent parts are read by the job queued at PartsEnd (or packed on the
+//   caller's thread: PackLent, SettleLent): the engine drains the thread
+//   (Drain(true)) before the step or a load returns, and Stop drops a
+//   queued job unread, so none is read after the caller's promise
+//   (strata_engine_grads_part_lend) ends. ReadsLent says when a group's are
+//   read no more (the caller may let them go earlier).
 // - After a background failure nothing more is reduced; the failure is
 //   returned once, by Drain, and the caller's step cannot finish.
 //
 // Lock: mu_ guards queue_, current_, busy_, stop_, error_, device_free_,
-// packed_in_use_. The communication thread is this component's own. It
+// packed_in_use_, lent_jobs_. The communication thread is this component's own. It
 // touches nothing of the others but through the Hooks the composition gives
 // it (G's accumulation, residency's pins for gathers ahead, labels).
 #pragma once
@@ -56,7 +58,8 @@ class GradReducer {
     // Where the reduction may write group g's n sums itself, so that
     // `accumulate` finds them in place (G, when the sums are all it will
     // hold: fp32, host memory, the step's first gradients of g), or null
-    // (a buffer of the reducer's). Asked on the thread that reduces g.
+    // (a buffer of the reducer's). Asked on the thread that reduces g, and
+    // at PartsBegin (LendsParts: lent parts need it).
     std::function<float*(int g)> sums_target;
     // The step number the labels name (the step in progress: applied + 1).
     std::function<int64_t()> step;
@@ -116,6 +119,9 @@ class GradReducer {
   // A call in parts still open when the caller's promise on its lent parts
   // ends (a step or load returned): the parts lent so far are packed.
   void SettleLent();
+  // Whether lent parts of group g may still be read here: its call in
+  // parts is open and lent, or its lent job is queued or running.
+  bool ReadsLent(int g);
   // Waits for the thread's work (wait) or only looks (not); a background
   // failure is returned once.
   Status Drain(bool wait = true);
@@ -130,6 +136,7 @@ class GradReducer {
 
   uint64_t gathers_ahead() const { return gathers_ahead_.load(); }
   uint64_t gathers_ahead_declined() const { return gathers_ahead_declined_.load(); }
+  uint64_t lent_reduced_bytes() const { return lent_reduced_bytes_.load(); }  // (counted as reduced_bytes too)
 
  private:
   // A job of the thread: reduce a group's packed gradients, or (stage 3)
@@ -144,6 +151,7 @@ class GradReducer {
   Status Reduce(const Job& job);
   Status Queue(Job job);  // queued on the thread; without it, reduced here
   Status PackLent();      // the open lent parts into a packed buffer: they are packed from here on
+  void EndLentJob(int g);  // (mu_ held) a lent job of g ran or was dropped
   Status GatherAhead(int g);
   float* AcquirePacked();
   void ReleasePacked(float* p);
@@ -165,12 +173,13 @@ class GradReducer {
   std::vector<ReduceBucket> parts_buckets_;  // its buckets (PlanOf), and PackPart's n and world
   uint64_t parts_n_ = 0;
   int parts_world_ = 1;
-  std::atomic<uint64_t> gathers_ahead_{0}, gathers_ahead_declined_{0};
+  std::atomic<uint64_t> gathers_ahead_{0}, gathers_ahead_declined_{0}, lent_reduced_bytes_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<float*> device_free_;
   int packed_in_use_ = 0;
+  std::map<int, int> lent_jobs_;  // group -> its lent jobs queued or running
   std::deque<Job> queue_;
   Job current_;  // the job running
   bool busy_ = false, stop_ = false;

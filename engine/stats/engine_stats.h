@@ -58,6 +58,9 @@ struct EngineStats {
   // step, an NVMe read's gate on any thread, checkpoints, state access),
   // cumulative; threads waiting at once count once.
   double behind_wait_s = 0;
+  // Of reduced_bytes, those reduce-scattered from lent gradient parts where
+  // they lay (GradReducer::LendsParts), without packing.
+  uint64_t lent_reduced_bytes = 0;
   // overlap_step: steps whose early updates were speculative (held until
   // the norm was known), and of those the ones committed, replayed (clipping
   // applied, or the options changed: redone after backward) and discarded

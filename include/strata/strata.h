@@ -415,12 +415,24 @@ STRATA_API strata_status_t strata_engine_grads_part(strata_engine_t* engine, int
  * group's accumulator (float32, host memory), a float32 part is not packed:
  * the reduce-scatter reads it where it is, on the communication thread, and
  * the call in parts holds no reduction buffer. A part not lent, of another
- * dtype or given again packs the ones lent before it. Where none of that
- * applies it is strata_engine_grads_part. The results are bitwise those of
+ * dtype or given again packs the ones lent before it and is packed (as is
+ * every later part of that call; a call whose first part is not lent packs
+ * all of them). strata_engine_grads_lent says when the engine is done with
+ * a group's lent parts (copied, or reduced), so that a caller may free
+ * them before the step. Where none of that applies it is
+ * strata_engine_grads_part. The results are bitwise those of
  * strata_engine_grads_part. Errors: as strata_engine_grads_part. */
 STRATA_API strata_status_t strata_engine_grads_part_lend(strata_engine_t* engine, int group, uint64_t first,
                                                          uint64_t count, const void* grads, strata_dtype_t dtype);
 STRATA_API strata_status_t strata_engine_grads_end(strata_engine_t* engine, int group);
+/* *out = 1 while the engine may still read gradient parts lent to the group
+ * in this step (strata_engine_grads_part_lend), 0 once it reads none of
+ * them: they were copied (one rank: where the update cannot read them in
+ * place; several: packed), or their reduction ran. From 0 on, those parts
+ * are the caller's again, before the step. 1 stays until strata_engine_step
+ * or strata_checkpoint_load returns where the step itself reads them (one
+ * rank, the state in host memory). Errors: INVALID (a bad group). */
+STRATA_API strata_status_t strata_engine_grads_lent(strata_engine_t* engine, int group, int* out);
 /* *out = 1 when the group takes gradients of `dtype` in parts, else 0; with
  * 0, strata_last_error says why not (the call itself returns OK). */
 STRATA_API strata_status_t strata_engine_takes_grad_parts(strata_engine_t* engine, int group, strata_dtype_t dtype,
@@ -742,12 +754,16 @@ typedef struct strata_stats {
    * threads waiting at once count once), cumulative: 0 where every write
    * landed before anything needed it. */
   double behind_wait_s;
+  /* Appended. Of reduced_bytes, those reduce-scattered from gradient parts
+   * lent (strata_engine_grads_part_lend) where they lay, without packing
+   * them first (several ranks on one host, stage 2-3). */
+  uint64_t lent_reduced_bytes;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
         0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0,    \
-        0.0                                                                                                \
+        0.0, 0                                                                                             \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

@@ -123,7 +123,9 @@ class Engine:
                  overlap_step=False, device=-1, skip_groups_without_grads=False):
         self._lib = _load()
         self._h = None
-        self._lent = []  # tensors lent by grads_part(lend=True): the engine may read them until step or a load
+        # Tensors lent by grads_part(lend=True), by group in the order lent:
+        # held until the engine reads none of a group's (grads_lent), step or a load.
+        self._lent = {}
         text = config if isinstance(config, str) else json.dumps(config)
         opts = _sized(_EngineOptions, rank=rank, world_size=world_size,
                       grad_accumulation_steps=grad_accumulation_steps, force_no_gpu=1 if force_no_gpu else 0,
@@ -139,7 +141,7 @@ class Engine:
         if self._h is not None:
             self._lib.strata_engine_destroy(self._h)
             self._h = None
-        self._lent = []
+        self._lent = {}
 
     def __enter__(self):
         return self
@@ -259,7 +261,8 @@ class Engine:
         lend=True (strata_engine_grads_part_lend): the engine may keep reading
         the part, unchanged, until the next step() or load_checkpoint()
         returns, or close(): the caller keeps it alive until then (a tensor:
-        a reference to it)."""
+        the binding holds a reference, dropped once the engine reads none of
+        the group's lent parts: grads_lent, asked at each grads_end)."""
         if isinstance(grads, tuple):
             address, count = grads
             code = _DTYPE_CODES[dtype]
@@ -271,12 +274,26 @@ class Engine:
         call = self._lib.strata_engine_grads_part_lend if lend else self._lib.strata_engine_grads_part
         _check(call(self.handle, group, first, count, address, code))
         if lend and not isinstance(grads, tuple):
-            self._lent.append(grads)
+            self._lent.setdefault(group, []).append(grads)
 
     def grads_end(self, group):
         """Completes the group's grads call in parts: as one grads() of the
         parts given (zeros elsewhere)."""
         _check(self._lib.strata_engine_grads_end(self.handle, group))
+        # The groups lent longest ago whose parts the engine no longer reads
+        # (copied, or reduced: in the order they were lent) are let go.
+        while self._lent:
+            first = next(iter(self._lent))
+            if self.grads_lent(first):
+                break
+            del self._lent[first]
+
+    def grads_lent(self, group):
+        """Whether the engine may still read gradient parts lent to the group
+        in this step (strata_engine_grads_lent)."""
+        out = ctypes.c_int()
+        _check(self._lib.strata_engine_grads_lent(self.handle, group, ctypes.byref(out)))
+        return bool(out.value)
 
     def grads_view(self, group):
         """This step's gradients of the group as accumulated: a tensor of
@@ -348,7 +365,7 @@ class Engine:
         try:
             _check(self._lib.strata_engine_step(self.handle, ctypes.byref(opts), ctypes.byref(res)))
         finally:
-            self._lent = []  # the engine reads none of them after step returns
+            self._lent = {}  # the engine reads none of them after step returns
         self.last_loss_scale = res.loss_scale
         return res.grad_norm, bool(res.skipped)
 
@@ -452,7 +469,7 @@ class Engine:
             want = ctypes.c_uint64(size.value)
             status = self._lib.strata_checkpoint_load(self.handle, os.fsencode(directory),
                                                       os.fsencode(tag) if tag else None, buf, ctypes.byref(want))
-            self._lent = []  # the engine reads none of them after a load returns
+            self._lent = {}  # the engine reads none of them after a load returns
             if status != OK and want.value > size.value:
                 size = want  # the state is loaded; only the blob needs a larger buffer
                 continue

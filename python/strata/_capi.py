@@ -74,7 +74,7 @@ class _Stats(ctypes.Structure):
                  ("write_behind_steps", ctypes.c_uint64)] +
                 [(n, ctypes.c_double) for n in ("comm_s", "comm_cpu_s")] +
                 [(n, ctypes.c_uint64) for n in ("reduced_bytes", "gathered_bytes")] +
-                [("behind_wait_s", ctypes.c_double)])
+                [("behind_wait_s", ctypes.c_double), ("lent_reduced_bytes", ctypes.c_uint64)])
 
 
 class _AdamOptions(ctypes.Structure):
@@ -132,6 +132,7 @@ def _load():
         "strata_engine_grads_part": ([P, I, U64, U64, P, I], S),
         "strata_engine_grads_part_lend": ([P, I, U64, U64, P, I], S),
         "strata_engine_grads_end": ([P, I], S),
+        "strata_engine_grads_lent": ([P, I, ctypes.POINTER(I)], S),
         "strata_engine_grads_view": ([P, I, ctypes.POINTER(P)], S),
         "strata_engine_takes_grad_parts": ([P, I, I, ctypes.POINTER(I)], S),
         "strata_engine_stash": ([P, P, U64, P, ctypes.POINTER(U64)], S),

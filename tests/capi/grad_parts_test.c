@@ -3,8 +3,9 @@
  * twice, a gap) trains bitwise as one strata_engine_grads call of what the
  * parts make; the view reads that gradient; each misuse is refused naming
  * it. strata_engine_grads_part_lend: parts over whole tiles lent, and the
- * caller's buffer overwritten once step returns: bitwise the copied parts'
- * step. */
+ * caller's buffer overwritten once step returns (or a step refused before
+ * it starts: the loan ends there too): bitwise the copied parts' step;
+ * strata_engine_grads_lent says which parts the engine still reads. */
 #include <stdint.h>
 #include <string.h>
 
@@ -57,6 +58,9 @@ static void lend(void) {
   strata_engine_t* co = make_n(w, NL);
   EXPECT(STRATA_INVALID, "engine is NULL", strata_engine_grads_part_lend(NULL, 0, 0, 1, g, STRATA_DTYPE_F32));
   EXPECT(STRATA_INVALID, "group 2", strata_engine_grads_part_lend(le, 2, 0, 1, g, STRATA_DTYPE_F32));
+  int flag = -1;
+  EXPECT(STRATA_INVALID, "group 2", strata_engine_grads_lent(le, 2, &flag));
+  EXPECT(STRATA_INVALID, "out must not be NULL", strata_engine_grads_lent(le, 0, NULL));
   strata_step_options_t opt = STRATA_STEP_OPTIONS_INIT;
   strata_step_result_t rl = STRATA_STEP_RESULT_INIT, rc = STRATA_STEP_RESULT_INIT;
   for (int step = 0; step < 2; ++step) {
@@ -67,7 +71,24 @@ static void lend(void) {
     OK(strata_engine_grads_part(co, 0, 0, 70000, g, STRATA_DTYPE_F32));
     OK(strata_engine_grads_part(co, 0, 70000, NL - 70000, g + 70000, STRATA_DTYPE_F32));
     OK(strata_engine_grads_end(co, 0));
+    int in_use = -1;
+    OK(strata_engine_grads_lent(le, 0, &in_use));
+    CHECK(in_use == 1); /* the step will read the whole tiles where they are */
+    OK(strata_engine_grads_lent(co, 0, &in_use));
+    CHECK(in_use == 0); /* copied */
+    if (step == 1) {
+      /* A step refused before it starts returns too: the loan ends there
+       * (the parts copied in), so the buffer may be scribbled over at once. */
+      strata_step_result_t bad = STRATA_STEP_RESULT_INIT;
+      bad.struct_size = 1;
+      EXPECT(STRATA_INVALID, "result.struct_size is 1", strata_engine_step(le, &opt, &bad));
+      OK(strata_engine_grads_lent(le, 0, &in_use));
+      CHECK(in_use == 0);
+      memset(lent, 0xff, sizeof lent);
+    }
     OK(strata_engine_step(le, &opt, &rl));
+    OK(strata_engine_grads_lent(le, 0, &in_use));
+    CHECK(in_use == 0);
     OK(strata_engine_step(co, &opt, &rc));
     memset(lent, 0xff, sizeof lent); /* NaNs: the caller's again */
     CHECK(rl.grad_norm == rc.grad_norm);

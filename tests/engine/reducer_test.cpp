@@ -373,6 +373,8 @@ void HandParts(RankRig& rig, int g, const std::vector<float>& grads, const std::
 // a gap (zeros), at every bucket size and stage 2-3. A part not lent, in
 // bf16 or given again packs what was lent before it: the same bits again;
 // so does SettleLent (a step or load returned while the call was open).
+// ReadsLent says whether the parts may still be read, and
+// lent_reduced_bytes counts the reductions that read them in place.
 // Over TCP, or without a target, parts are packed (nothing is read late).
 TEST(GradReducer, LentPartsAreReadWhereTheyLieAndSumAsThePackedParts) {
   const uint64_t n = kNumel[0], h = n / 2;
@@ -412,11 +414,15 @@ TEST(GradReducer, LentPartsAreReadWhereTheyLieAndSumAsThePackedParts) {
                   ASSERT_TRUE(st.ok()) << where << ": " << st.ToString();
                   HandParts(lent, 0, grads, narrow, parts, [&] {
                     if (name == "settled") lent.reducer->SettleLent();  // a step returned with the call open
+                    // Read later (the call's pieces) only where every part so far stayed lent.
+                    EXPECT_EQ(lent.reducer->ReadsLent(0), late) << where << ": before the end";
                     grads[h + 3] = 1024.0f + static_cast<float>(r);
                   });
                   if (HasFatalFailure()) return;
                   st = lent.reducer->Drain();
                   ASSERT_TRUE(st.ok()) << where << ": " << st.ToString();
+                  EXPECT_FALSE(lent.reducer->ReadsLent(0)) << where << ": after the drain";
+                  EXPECT_EQ(lent.reducer->lent_reduced_bytes(), late ? lent.layout.group(0).padded * 4 : 0) << where;
                   EXPECT_EQ(FirstDifference(lent.Received(0), packed.Received(0)), "") << where;
                   // The gap is zeros, the change is in (or not) as said: element h+3
                   // lies in rank (h+3)/shard's shard.

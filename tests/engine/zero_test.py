@@ -167,6 +167,16 @@ if sys.argv[3:] == ["buckets"]:
                 if hole is not None and lent is not None:
                     check(f"world {world} stage {stage}: gradients in parts lent == the whole hand, bitwise",
                           np.array_equal(hole, lent))
+                    # Read where they lay at stages 2-3: every layer's reduction (of
+                    # every step) from lent parts, all but the one group handed
+                    # whole (each group pads to the same 4096 elements here); at
+                    # 0-1 (an all-reduce in place) none.
+                    m = re.search(r"groups (\d+) .* reduced_bytes (\d+) .* lent_reduced_bytes (\d+)", last_err)
+                    n, red, lent_red = (int(x) for x in m.groups()) if m else (0, 0, -1)
+                    check(f"world {world} stage {stage}: the reductions read the lent parts where they lay "
+                          f"({'every layer' if stage >= 2 else 'none'})",
+                          red > 0 and lent_red * n == (red * (n - 1) if stage >= 2 else 0),
+                          m.group(0) if m else last_err.strip()[-200:])
     # Without overlap_comm the reduction's one buffer takes whole groups:
     # parts are refused, saying why.
     p = run(2, 3, "device", "bpno", ("overlap", "0", "steps", "1", "parts", "1"), expect_fail=True)

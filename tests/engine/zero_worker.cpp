@@ -307,7 +307,7 @@ int main(int argc, char** argv) {
                  "zero_worker: gathers_ahead %llu declined %llu p_gathers %llu groups %d steps %d "
                  "last_step_read %llu wmv %llu write_behind_steps %llu "
                  "comm_s %.6f comm_cpu_s %.6f reduced_bytes %llu gathered_bytes %llu padded %llu padded_one %llu "
-                 "speculated_steps %llu\n",
+                 "speculated_steps %llu lent_reduced_bytes %llu\n",
                  static_cast<unsigned long long>(st.gathers_ahead),
                  static_cast<unsigned long long>(st.gathers_ahead_declined),
                  static_cast<unsigned long long>(st.p_gathers), eng.num_groups(), steps,
@@ -315,7 +315,8 @@ int main(int argc, char** argv) {
                  static_cast<unsigned long long>(st.write_behind_steps), st.comm_s, st.comm_cpu_s,
                  static_cast<unsigned long long>(st.reduced_bytes),
                  static_cast<unsigned long long>(st.gathered_bytes), static_cast<unsigned long long>(padded),
-                 static_cast<unsigned long long>(padded_one), static_cast<unsigned long long>(st.speculated_steps));
+                 static_cast<unsigned long long>(padded_one), static_cast<unsigned long long>(st.speculated_steps),
+                 static_cast<unsigned long long>(st.lent_reduced_bytes));
     std::ofstream f(out, std::ios::binary);
     f.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * 4));
     if (!f) return Die(IoError("cannot write " + out));

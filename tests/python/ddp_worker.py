@@ -101,7 +101,7 @@ off.engine.grads_part = lambda *a, **k: in_parts.add(a[0]) or engine_part(*a, **
 norms = train(model, off.optimizer, torch.optim.lr_scheduler.LambdaLR(off.optimizer, lr_factor))
 trained = [g.index for g in off._groups if not g.frozen]
 # Several ranks, overlap_comm (stage 3's default): gradients go to the
-# reduction in parts, packed as they come (the state on NVMe), one group at a time.
+# reduction in parts, one group at a time (read where they lie: G is in host memory).
 check("gradients went in parts", len(in_parts) > 1 and all(g.takes_parts for g in off._groups if not g.frozen),
       f"({len(in_parts)} of {len(trained)} groups)")
 masters = off.master_parameters()
@@ -125,6 +125,8 @@ shard = 2048 * world
 padded = sum(-(-g.flat_numel // shard) * shard * 4 for g in off._groups if not g.frozen)
 comm = {k: stats[k] for k in ("comm_s", "comm_cpu_s", "reduced_bytes", "gathered_bytes")}
 # (P is fp32 here: forward gathers each group once a step at least.)
+check("W, M, V on NVMe, G in host memory: the gradients reduced from where they lay",
+      stats["lent_reduced_bytes"] == stats["reduced_bytes"], stats["lent_reduced_bytes"])
 check("the collectives' stats", comm["reduced_bytes"] == STEPS * padded and comm["gathered_bytes"] >= STEPS * padded and
       0 < comm["comm_cpu_s"] <= comm["comm_s"] * 1.02 + 0.005, f"{comm}, {STEPS} steps of {padded} bytes")
 off.close()
@@ -153,12 +155,13 @@ cfg_host = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "c
             "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}}, "strata": {"timeout": 120}}
 model = TinyGpt(seed=seed)
 off = st.offload_module(model, cfg_host, force_no_gpu=True)
-lends, engine_part = [], off.engine.grads_part
-off.engine.grads_part = lambda *a, **k: lends.append(k.get("lend")) or engine_part(*a, **k)
 host_norms = train(model, off.optimizer, torch.optim.lr_scheduler.LambdaLR(off.optimizer, lr_factor))
 host = off.master_parameters()
-check("state in host memory: every gradient part was lent", len(lends) > 0 and all(lends),
-      f"{sum(bool(x) for x in lends)} of {len(lends)} parts lent")
+host_stats = off.engine.stats()
+check("state in host memory: every reduction read the lent gradients where they lay",
+      host_stats["lent_reduced_bytes"] == host_stats["reduced_bytes"] == STEPS * padded,
+      {k: host_stats[k] for k in ("lent_reduced_bytes", "reduced_bytes")})
+check("state in host memory: no lent gradient held after the step", off.engine._lent == {}, off.engine._lent)
 check("state in host memory, gradient parts lent == every state on NVMe, bitwise",
       host_norms == norms and all(torch.equal(host[n], masters[n]) for n in masters))
 off.close()

@@ -154,3 +154,28 @@ def test_clip_grad_norm_from_the_accumulator_is_torchs():
     want = torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.05)
     assert torch.equal(got, want)
     off.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", "nvme"])
+def test_the_binding_holds_lent_gradients_only_while_the_engine_reads_them(device, tmp_path):
+    """One rank: with the state in host memory the step reads a lent
+    gradient's whole tiles where autograd put them, so the binding holds it
+    until step() returns; on NVMe the engine copies it, and the binding lets
+    it go as the group's grads_end returns (strata_engine_grads_lent)."""
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+           "zero_optimization": {"stage": 3, "offload_optimizer": {"device": device, "nvme_path": str(tmp_path)},
+                                 "offload_param": {"device": "cpu"}}}
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 512)  # 131072 weights: two whole 65536-element tiles
+    off = st.offload_module(model, cfg, force_no_gpu=True, overlap_step=False)
+    (g,) = off._groups
+    model(torch.randn(4, 256)).square().sum().backward()
+    if device == "cpu":
+        assert off.engine.grads_lent(g.index)
+        assert sorted(t.numel() for t in off.engine._lent[g.index]) == [512, 131072], off.engine._lent
+    else:
+        assert not off.engine.grads_lent(g.index)
+        assert off.engine._lent == {}
+    off.optimizer.step()
+    assert not off.engine.grads_lent(g.index) and off.engine._lent == {}
+    off.close()

@@ -310,3 +310,60 @@ def test_a_sub_modules_state_dict_holds_its_masters_of_its_own(bf16):
     off.close()
     for k in sub:  # nor does close() (the engine's memory is gone)
         assert torch.equal(sub[k], kept[k]), k
+
+
+# ---- a sub-module's own load_state_dict under offload_module: its masters ----------------
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-config"])
+def test_a_sub_modules_load_state_dict_makes_the_values_its_masters(bf16):
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Sequential(nn.Linear(8, 16), nn.Tanh()), nn.Linear(16, 4))
+
+    cfg = {"zero_optimization": {"stage": 3}, **({"bf16": {"enabled": True}} if bf16 else {})}
+    x = batches(1, torch.bfloat16 if bf16 else torch.float32)[0]
+
+    def step(model, off):
+        model(x).float().square().sum().backward()
+        off.optimizer.step()
+        off.optimizer.zero_grad()
+
+    model, ref = make(), make()
+    off, off_ref = st.offload_module(model, cfg, force_no_gpu=True), st.offload_module(ref, cfg, force_no_gpu=True)
+    step(model, off)
+    step(ref, off_ref)
+    torch.manual_seed(1)
+    new = {"0.weight": torch.randn(16, 8), "0.bias": torch.randn(16)}
+    before = off.master_parameters()
+    model[0].load_state_dict(new)
+    after = off.master_parameters()
+    for k, v in new.items():  # the values, as the masters (float32)
+        assert torch.equal(after["0." + k], v), k
+    for k in ("1.weight", "1.bias"):  # a group outside the sub-module: untouched
+        assert torch.equal(after[k], before[k]), k
+    # The model's own load of the same values: the same masters, and the same next step, bitwise.
+    ref.load_state_dict(dict(ref.state_dict(), **{"0." + k: v for k, v in new.items()}))
+    step(model, off)
+    step(ref, off_ref)
+    # Gradients still reach the engine after either load (under a bf16 config a
+    # load gave the parameters new AccumulateGrad nodes: their hooks were lost).
+    assert off.optimizer.last_result[0] > 0 and off.optimizer.last_result == off_ref.optimizer.last_result
+    got, want = off.master_parameters(), off_ref.master_parameters()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    # A refused load (strict, a key missing) raises and changes nothing; strict=False loads what it has.
+    kept = off.master_parameters()
+    with pytest.raises(RuntimeError, match="Missing key"):
+        model[0].load_state_dict({"0.weight": torch.zeros(16, 8)})
+    assert all(torch.equal(off.master_parameters()[k], kept[k]) for k in kept)
+    model[0].load_state_dict({"0.weight": torch.ones(16, 8)}, strict=False)
+    now = off.master_parameters()
+    assert torch.equal(now["0.0.weight"], torch.ones(16, 8)) and torch.equal(now["0.0.bias"], kept["0.0.bias"])
+    # A leaf's own load (model[1]), and assign=True refused naming it.
+    model[1].load_state_dict({"weight": torch.full((4, 16), 0.5), "bias": torch.zeros(4)})
+    assert torch.equal(off.master_parameters()["1.weight"], torch.full((4, 16), 0.5))
+    with pytest.raises(strata.Error, match="assign=True"):
+        model[0].load_state_dict(new, assign=True)
+    off.close()
+    off_ref.close()
+    assert "load_state_dict" not in model[0].__dict__ and "load_state_dict" not in model.__dict__

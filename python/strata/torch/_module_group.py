@@ -81,15 +81,32 @@ class _ModuleGroup:
             # new AccumulateGrad node, which would not have our hook.
             with _fou.quiet():
                 p.data = self.placeholders[p]
-            if self.frozen:
-                continue
-            # The AccumulateGrad node of p: its hook runs once p.grad holds
-            # this backward's gradient.
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
-            self.grad_hooks.append(acc.register_hook(lambda *_, p=p: o.grad_ready(self, p)))
-            self.grad_accs.append(acc)
+            if not self.frozen:
+                self._hook(p)
         self.takes_parts = (not self.frozen and o.device.type == "cpu" and
                             o.engine.takes_grad_parts(self.index, o.engine.compute_dtype))
+
+    def _hook(self, p):
+        # The AccumulateGrad node of p: its hook runs once p.grad holds
+        # this backward's gradient.
+        with _fou.quiet():
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        self.grad_hooks.append(acc.register_hook(lambda *_, p=p: self.owner.grad_ready(self, p)))
+        self.grad_accs.append(acc)
+
+    def rehook(self):
+        """After the parameters' data took another dtype and came back (a
+        load_state_dict of values in their own dtype under a bf16/fp16
+        config): autograd gave them new AccumulateGrad nodes, without our
+        hook, so their gradients would never reach the engine. They get it
+        again (the old nodes' removed)."""
+        if self.frozen:
+            return
+        for h in self.grad_hooks:
+            h.remove()
+        self.grad_hooks, self.grad_accs = [], []
+        for p in self.params:
+            self._hook(p)
 
     def stage(self, p):
         i = next(k for k, q in enumerate(self.params) if q is p)
@@ -160,11 +177,10 @@ class _ModuleGroup:
         if not flat.is_contiguous():
             flat = flat.contiguous()
         try:
-            # Lent with the optimizer state in host memory: the step (one
-            # rank) or the reduce-scatter (several) reads it where it is
-            # instead of a copy in the middle of backward, and the binding
-            # holds the tensor until step() returns. (With the state on NVMe
-            # the engine copies, and holding it would only cost memory.)
+            # Lent: the step (one rank, the state in host memory) or the
+            # reduce-scatter (several) reads it where it is instead of a copy
+            # in the middle of backward; the binding holds the tensor until
+            # the engine reads it no more (elsewhere: copied, let go at once).
             o.engine.grads_part(self.index, off, flat, lend=o._lends_grads)
         except Error as e:
             raise o._overlap.explain(e, self, "given more gradients") from None

@@ -53,11 +53,22 @@ class _ModuleStateDict:
         finally:
             self._in_model_state_dict = False
 
-    def _module_load_state_dict(self, state_dict, strict=True):
+    def _module_load_state_dict(self, state_dict, strict=True, **kwargs):
+        return self._load_into(self.module, state_dict, strict, kwargs)
+
+    def _load_into_kw(self, module, state_dict, strict=True, **kwargs):  # a sub-module's load_state_dict
+        return self._load_into(module, state_dict, strict, kwargs)
+
+    def _load_into(self, module, state_dict, strict, kwargs):
+        """`module`'s load_state_dict (the model's, or a sub-module's own:
+        model.encoder.load_state_dict), which the hooks see strict or not."""
+        if kwargs.get("assign"):
+            raise Error(INVALID, "load_state_dict(assign=True) would replace offloaded parameters by the given "
+                        "tensors; load the values (assign=False), or change the model before offload_module")
         self._load_strict = bool(strict)
         try:
             with _fou.quiet():  # torch copies the values into the parameters' real tensors (the pre hook's)
-                return type(self.module).load_state_dict(self.module, state_dict, strict=strict)
+                return type(module).load_state_dict(module, state_dict, strict=strict, **kwargs)
         finally:
             self._load_strict = True
 
@@ -91,11 +102,18 @@ class _ModuleStateDict:
                 dtype, device = self._dtype_device(p)
                 state_dict[key] = masters[id(p)].to(dtype=dtype, device=device)
 
+    def _groups_under(self, module):
+        """The groups of the offloaded parameters in `module` (recursively)."""
+        groups = {self._group_of[id(p)] for p in module.parameters() if id(p) in self._group_of}
+        return sorted(groups, key=lambda g: g.index)
+
     def _load_pre_hook(self, module, state_dict, prefix, local_metadata, strict, missing, unexpected, error_msgs):
-        # The root's hook runs before any module loads: each offloaded
-        # parameter gets a real tensor holding its master weights, which
-        # torch then copies the given values into; the post hook hands them
-        # to the engine, or (a refused load) drops them.
+        # The hook of the module whose load_state_dict was called (the
+        # model's, or a sub-module's own) runs before any module under it
+        # loads: each offloaded parameter of its groups gets a real tensor
+        # holding its master weights, which torch then copies the given
+        # values into; its post hook hands them to the engine, or (a refused
+        # load) drops them. Within a load the other modules' hooks do nothing.
         if self.engine is None or self._load_ctx is not None:
             return
         if self._scopes:
@@ -104,32 +122,35 @@ class _ModuleStateDict:
         for g in self._groups:
             if g.index in self._fetched or self._refs.get(g.index, 0) or g.pending():
                 raise Error(INVALID, "load_state_dict: a backward is running, or its gradients wait for the step")
-        masters = self.master_parameters()
+        groups = self._groups if module is self.module else self._groups_under(module)
+        masters = self._masters_of(groups)
         with _fou.quiet():
-            for name, p in self._names:
-                dtype, _ = self._dtype_device(p)
-                p.data = masters[name].to(dtype=dtype, device=self.device)
+            for g in groups:
+                for p in g.params:
+                    dtype, _ = self._dtype_device(p)
+                    p.data = masters[id(p)].to(dtype=dtype, device=self.device)
         # torch passes strict=True to every hook; the load's own is ours.
-        self._load_ctx = (self._load_strict, missing, unexpected, error_msgs)
+        self._load_ctx = (self._load_strict, missing, unexpected, error_msgs, module, groups)
 
     def _load_post_hook(self, module, incompatible):
-        if self._load_ctx is None:
+        if self._load_ctx is None or self._load_ctx[4] is not module:
             return
-        strict, missing, unexpected, error_msgs = self._load_ctx
+        strict, missing, unexpected, error_msgs, _, groups = self._load_ctx
         self._load_ctx = None
         refused = bool(error_msgs) or (strict and (missing or unexpected))
         with _fou.quiet():
-            self._load_commit(refused)
+            self._load_commit(refused, groups)
 
-    def _load_commit(self, refused):
+    def _load_commit(self, refused, groups):
         try:
             if not refused:
-                for g in self._groups:
+                for g in groups:
                     flat = torch.zeros(self.engine.group_numel(g.index), dtype=torch.float32)
                     for p, off, n in zip(g.params, g.offsets, g.numels):
                         flat[off:off + n] = p.data.reshape(-1).to(device="cpu", dtype=torch.float32)
                     self.engine.write_state(g.index, "master", flat)
         finally:
-            for g in self._groups:
+            for g in groups:
                 for p in g.params:
                     p.data = g.placeholders[p]
+                g.rehook()  # (the data's dtype changed and back: new AccumulateGrad nodes)

@@ -4,6 +4,7 @@ model. It builds the engine and the groups, installs the hooks
 state_dict is _module_state's.
 """
 
+import functools
 import math
 import os
 import warnings
@@ -60,14 +61,12 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             _remove_swap_folders(self._folders)
             raise
         _say_autos(config, self.engine.config, "offload_module", set())
-        # Gradient parts are lent (grads_part(lend=True)) where the engine
-        # reads them in place, the optimizer state in host memory: at one
-        # rank the step reads them; at several (a reduce-scatter: stage 2-3)
-        # the reduction does, instead of packing them into its buffer.
-        zero = self.engine.config.get("zero_optimization") or {}
-        opt_device = (zero.get("offload_optimizer") or {}).get("device")
-        self._lends_grads = (str(opt_device).lower() != "nvme" and
-                             (self.world_size == 1 or int(zero.get("stage") or 0) >= 2))
+        # Gradient parts are lent (grads_part(lend=True)): the engine reads
+        # them where autograd put them where it can (one rank, the state in
+        # host memory: the step; several: the reduce-scatter), else copies
+        # them, and the binding lets each group's go once the engine reads
+        # none of them (grads_lent).
+        self._lends_grads = True
         self._handles = []
         self._groups = []  # _ModuleGroup per module with direct trainable parameters of its own
         self._names = []  # (qualified name, parameter) of every offloaded name, tied ones included
@@ -157,12 +156,21 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         for m, needs in users:  # a sub-module's own state_dict gives its masters too
             if m is not module and needs:
                 self._handles.append(m._register_state_dict_hook(self._sub_state_dict_hook))
-        self._handles.append(module._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True))
-        self._handles.append(module.register_load_state_dict_post_hook(self._load_post_hook))
+        # The model's load_state_dict, and a sub-module's own
+        # (model.encoder.load_state_dict): the values given become the
+        # masters of the groups under the module it was called on.
+        self._loaders = [m for m in module.modules()
+                         if m is module or any(id(p) in owner_of for p in m.parameters())]
+        for m in self._loaders:
+            self._handles.append(m._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True))
+            self._handles.append(m.register_load_state_dict_post_hook(self._load_post_hook))
         self._load_ctx = None
-        # torch's hooks are not told whether a load is strict: the model's
-        # load_state_dict says it here (called otherwise, a load is strict).
+        # torch's hooks are not told whether a load is strict: each such
+        # module's load_state_dict says it here (called otherwise, a load is strict).
         self._load_strict = True
+        for m in self._loaders:
+            if m is not module:
+                m.load_state_dict = functools.partial(self._load_into_kw, m)
         module.load_state_dict = self._module_load_state_dict
         module.state_dict = self._module_state_dict
         module.__deepcopy__ = self.__deepcopy__  # copy.deepcopy(model) asks the instance first
@@ -345,7 +353,8 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             for h in g.grad_hooks:
                 h.remove()
             g.grad_hooks, g.grad_accs = [], []
-        self.module.__dict__.pop("load_state_dict", None)
+        for m in getattr(self, "_loaders", (self.module,)):
+            m.__dict__.pop("load_state_dict", None)
         self.module.__dict__.pop("state_dict", None)
         self.module.__dict__.pop("__deepcopy__", None)
         self.engine.close()
