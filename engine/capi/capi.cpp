@@ -310,7 +310,10 @@ strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_op
     full.loss_scale = r.loss_scale;
     return WriteSized(full, "result", result);
   });
-  if (!stepped) EndLoans(engine);  // a refused step returns too: lent parts are the caller's again
+  // Lent parts are the caller's again whatever step says: where it returned
+  // before Engine::Step (refused arguments, a broken engine) or out of it by
+  // an exception, the loans end here (after Engine::Step's own: no more).
+  if (!stepped || status != STRATA_OK) EndLoans(engine);
   return status;
 }
 

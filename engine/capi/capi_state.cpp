@@ -27,7 +27,7 @@ strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir,
     *blob_bytes = got.size();
     return Status::Ok();
   });
-  if (!loaded) EndLoans(engine);  // a refused load returns too: lent parts are the caller's again
+  if (!loaded || status != STRATA_OK) EndLoans(engine);  // (as strata_engine_step)
   return status;
 }
 

@@ -431,7 +431,8 @@ STRATA_API strata_status_t strata_engine_grads_end(strata_engine_t* engine, int 
  * place; several: packed), or their reduction ran. From 0 on, those parts
  * are the caller's again, before the step. 1 stays until strata_engine_step
  * or strata_checkpoint_load returns where the step itself reads them (one
- * rank, the state in host memory). Errors: INVALID (a bad group). */
+ * rank, the state in host memory). Errors: INVALID (a bad group), STATE
+ * (not built, or unusable after an earlier error). */
 STRATA_API strata_status_t strata_engine_grads_lent(strata_engine_t* engine, int group, int* out);
 /* *out = 1 when the group takes gradients of `dtype` in parts, else 0; with
  * 0, strata_last_error says why not (the call itself returns OK). */

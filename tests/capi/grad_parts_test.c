@@ -63,7 +63,7 @@ static void lend(void) {
   EXPECT(STRATA_INVALID, "out must not be NULL", strata_engine_grads_lent(le, 0, NULL));
   strata_step_options_t opt = STRATA_STEP_OPTIONS_INIT;
   strata_step_result_t rl = STRATA_STEP_RESULT_INIT, rc = STRATA_STEP_RESULT_INIT;
-  for (int step = 0; step < 2; ++step) {
+  for (int step = 0; step < 3; ++step) {
     memcpy(lent, g, sizeof lent);
     OK(strata_engine_grads_part_lend(le, 0, 0, 70000, lent, STRATA_DTYPE_F32));
     OK(strata_engine_grads_part_lend(le, 0, 70000, NL - 70000, lent + 70000, STRATA_DTYPE_F32));
@@ -82,6 +82,14 @@ static void lend(void) {
       strata_step_result_t bad = STRATA_STEP_RESULT_INIT;
       bad.struct_size = 1;
       EXPECT(STRATA_INVALID, "result.struct_size is 1", strata_engine_step(le, &opt, &bad));
+      OK(strata_engine_grads_lent(le, 0, &in_use));
+      CHECK(in_use == 0);
+      memset(lent, 0xff, sizeof lent);
+    }
+    if (step == 2) {
+      /* So does a load refused before it starts. */
+      uint64_t bytes = 0;
+      EXPECT(STRATA_INVALID, "dir and blob_bytes must not be NULL", strata_checkpoint_load(le, NULL, NULL, NULL, &bytes));
       OK(strata_engine_grads_lent(le, 0, &in_use));
       CHECK(in_use == 0);
       memset(lent, 0xff, sizeof lent);

@@ -367,3 +367,68 @@ def test_a_sub_modules_load_state_dict_makes_the_values_its_masters(bf16):
     off.close()
     off_ref.close()
     assert "load_state_dict" not in model[0].__dict__ and "load_state_dict" not in model.__dict__
+
+
+def test_a_load_under_no_grad_and_a_load_that_raises_midway_leave_training_whole():
+    """Under a bf16 config a load gives the parameters new AccumulateGrad
+    nodes (their data changes dtype and back): found again under
+    torch.no_grad() too. A load that raises between the model's hooks
+    writes nothing and leaves no load open: the next one works."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    off = st.offload_module(model, {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}},
+                            force_no_gpu=True)
+    x = batches(1, torch.bfloat16)[0]
+
+    def step():
+        model(x).float().square().sum().backward()
+        off.optimizer.step()
+        off.optimizer.zero_grad()
+        return off.optimizer.last_result[0]
+
+    step()
+    with torch.no_grad():
+        model.load_state_dict(model.state_dict())
+    assert step() > 0, "the gradients must reach the engine after a load under no_grad"
+
+    def boom(*args):
+        raise RuntimeError("a hook of the user's")
+
+    kept = off.master_parameters()
+    handle = model[2]._register_load_state_dict_pre_hook(boom)
+    with pytest.raises(RuntimeError, match="a hook of the user's"):
+        model.load_state_dict({k: torch.zeros_like(v) for k, v in model.state_dict().items()})
+    handle.remove()
+    now = off.master_parameters()
+    assert all(torch.equal(now[k], kept[k]) for k in kept), "the load that raised wrote nothing"
+    model.load_state_dict({k: torch.full_like(v, 0.25) for k, v in model.state_dict().items()})
+    assert all(torch.equal(v, torch.full_like(v, 0.25)) for v in off.master_parameters().values())
+    assert step() > 0
+    off.close()
+
+
+def test_a_partial_load_of_a_bf16_model_keeps_the_other_masters_exactly():
+    """A model in bf16: its state_dict gives its masters in bf16. Parameters
+    a load does not write (strict=False, or outside the sub-module loaded)
+    keep their fp32 masters bitwise, not rounded to bf16."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).to(torch.bfloat16)
+    off = st.offload_module(model, {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}},
+                            force_no_gpu=True)
+    x = batches(1, torch.bfloat16)[0]
+    for _ in range(2):
+        model(x).float().square().sum().backward()
+        off.optimizer.step()
+        off.optimizer.zero_grad()
+    before = off.master_parameters()
+    assert any(not torch.equal(v, v.bfloat16().float()) for v in before.values()), "fp32 masters beyond bf16"
+    model.load_state_dict({"0.weight": torch.ones(16, 8, dtype=torch.bfloat16)}, strict=False)
+    after = off.master_parameters()
+    assert torch.equal(after["0.weight"], torch.ones(16, 8))
+    for k in ("0.bias", "2.weight", "2.bias"):
+        assert torch.equal(after[k], before[k]), k
+    model[2].load_state_dict({"weight": torch.ones(4, 16, dtype=torch.bfloat16),
+                              "bias": torch.zeros(4, dtype=torch.bfloat16)})
+    last = off.master_parameters()
+    assert torch.equal(last["2.weight"], torch.ones(4, 16)) and torch.equal(last["0.bias"], before["0.bias"])
+    off.close()

@@ -86,11 +86,16 @@ class _ModuleGroup:
         self.takes_parts = (not self.frozen and o.device.type == "cpu" and
                             o.engine.takes_grad_parts(self.index, o.engine.compute_dtype))
 
-    def _hook(self, p):
+    @staticmethod
+    def _node(p):
         # The AccumulateGrad node of p: its hook runs once p.grad holds
-        # this backward's gradient.
-        with _fou.quiet():
-            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        # this backward's gradient. (Grad mode on: under no_grad the expand
+        # would have no grad_fn.)
+        with torch.enable_grad(), _fou.quiet():
+            return p.expand_as(p).grad_fn.next_functions[0][0]
+
+    def _hook(self, p, acc=None):
+        acc = acc if acc is not None else self._node(p)
         self.grad_hooks.append(acc.register_hook(lambda *_, p=p: self.owner.grad_ready(self, p)))
         self.grad_accs.append(acc)
 
@@ -102,11 +107,12 @@ class _ModuleGroup:
         again (the old nodes' removed)."""
         if self.frozen:
             return
+        nodes = [self._node(p) for p in self.params]  # (all found before any hook goes)
         for h in self.grad_hooks:
             h.remove()
         self.grad_hooks, self.grad_accs = [], []
-        for p in self.params:
-            self._hook(p)
+        for p, acc in zip(self.params, nodes):
+            self._hook(p, acc)
 
     def stage(self, p):
         i = next(k for k, q in enumerate(self.params) if q is p)

@@ -71,6 +71,11 @@ class _ModuleStateDict:
                 return type(module).load_state_dict(module, state_dict, strict=strict, **kwargs)
         finally:
             self._load_strict = True
+            ctx = self._load_ctx
+            if ctx is not None and ctx[4] is module:  # the load raised between its hooks: nothing written
+                self._load_ctx = None
+                with _fou.quiet():
+                    self._load_commit(True, *ctx[5:])
 
     def _dtype_device(self, p):
         g = self._group_of[id(p)]
@@ -124,30 +129,38 @@ class _ModuleStateDict:
                 raise Error(INVALID, "load_state_dict: a backward is running, or its gradients wait for the step")
         groups = self._groups if module is self.module else self._groups_under(module)
         masters = self._masters_of(groups)
+        versions = {}  # id(p) -> p's version once it holds its master: a load's copy moves it
         with _fou.quiet():
             for g in groups:
                 for p in g.params:
                     dtype, _ = self._dtype_device(p)
                     p.data = masters[id(p)].to(dtype=dtype, device=self.device)
+                    versions[id(p)] = p._version
         # torch passes strict=True to every hook; the load's own is ours.
-        self._load_ctx = (self._load_strict, missing, unexpected, error_msgs, module, groups)
+        self._load_ctx = (self._load_strict, missing, unexpected, error_msgs, module, groups, masters, versions)
 
     def _load_post_hook(self, module, incompatible):
         if self._load_ctx is None or self._load_ctx[4] is not module:
             return
-        strict, missing, unexpected, error_msgs, _, groups = self._load_ctx
+        strict, missing, unexpected, error_msgs, _, groups, masters, versions = self._load_ctx
         self._load_ctx = None
         refused = bool(error_msgs) or (strict and (missing or unexpected))
         with _fou.quiet():
-            self._load_commit(refused, groups)
+            self._load_commit(refused, groups, masters, versions)
 
-    def _load_commit(self, refused, groups):
+    def _load_commit(self, refused, groups, masters, versions):
         try:
             if not refused:
                 for g in groups:
                     flat = torch.zeros(self.engine.group_numel(g.index), dtype=torch.float32)
                     for p, off, n in zip(g.params, g.offsets, g.numels):
-                        flat[off:off + n] = p.data.reshape(-1).to(device="cpu", dtype=torch.float32)
+                        # A parameter the load did not write (missing with
+                        # strict=False, or a tied one outside the module
+                        # loaded) keeps its master exactly: its data holds
+                        # it in its own dtype, which may have rounded it.
+                        loaded = p._version != versions[id(p)]
+                        flat[off:off + n] = (p.data if loaded else masters[id(p)]).reshape(-1).to(
+                            device="cpu", dtype=torch.float32)
                     self.engine.write_state(g.index, "master", flat)
         finally:
             for g in groups:
