@@ -401,6 +401,10 @@ def test_a_load_under_no_grad_and_a_load_that_raises_midway_leave_training_whole
     handle.remove()
     now = off.master_parameters()
     assert all(torch.equal(now[k], kept[k]) for k in kept), "the load that raised wrote nothing"
+    model[0].load_state_dict({"weight": torch.full((16, 8), 0.5), "bias": torch.full((16,), 0.5)})
+    now = off.master_parameters()
+    assert torch.equal(now["0.weight"], torch.full((16, 8), 0.5)), "a later load of another module must not be lost"
+    assert torch.equal(now["2.weight"], kept["2.weight"])
     model.load_state_dict({k: torch.full_like(v, 0.25) for k, v in model.state_dict().items()})
     assert all(torch.equal(v, torch.full_like(v, 0.25)) for v in off.master_parameters().values())
     assert step() > 0
