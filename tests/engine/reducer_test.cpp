@@ -376,6 +376,7 @@ void HandParts(RankRig& rig, int g, const std::vector<float>& grads, const std::
 // ReadsLent says whether the parts may still be read, and
 // lent_reduced_bytes counts the reductions that read them in place.
 // Over TCP, or without a target, parts are packed (nothing is read late).
+// At 2 and 3 ranks (the channel's sum in place of one peer, and of more).
 TEST(GradReducer, LentPartsAreReadWhereTheyLieAndSumAsThePackedParts) {
   const uint64_t n = kNumel[0], h = n / 2;
   const std::vector<std::pair<std::string, std::vector<TestPart>>> hands = {
@@ -385,64 +386,69 @@ TEST(GradReducer, LentPartsAreReadWhereTheyLieAndSumAsThePackedParts) {
       {"one in bf16", {{h, n - h}, {0, 7}, {9, h - 9, true, false, true}}},
       {"settled", {{h, n - h}, {0, 7}, {9, h - 9}}},  // SettleLent before the end: packed then
   };
-  for (bool shm : {true, false})
-    OnRanks(
-        2,
-        [&](int r, net::Communicator& comm) {
-          for (int stage : {2, 3})
-            for (uint64_t bucket : {uint64_t{1000}, uint64_t{500'000'000}})
-              for (bool targets : {true, false})
-                for (const auto& [name, parts] : hands) {
-                  const Case c{stage, bucket, true};
-                  const std::string where = Where(c, shm, r, 0) + (targets ? "" : " (no target)") + ", " + name;
-                  RankRig lent(comm, c, targets), packed(comm, c, targets);
-                  const bool lends = shm && targets;
-                  EXPECT_EQ(lent.reducer->LendsParts(0), lends) << where;
-                  std::vector<float> grads = lent.Gradients(0);
-                  std::vector<uint16_t> narrow(n);
-                  for (uint64_t i = 0; i < n; ++i) narrow[i] = F32ToBF16(grads[i]);
-                  // The packed run: no part lent, each part's values as the lent run will have them.
-                  std::vector<float> changed = grads;
-                  const bool late = name == "lent" && lends;  // read at the reduction, so the change counts
-                  if (late) changed[h + 3] = 1024.0f + static_cast<float>(r);
-                  std::vector<TestPart> copied = parts;
-                  for (TestPart& p : copied) p.lend = false;
-                  // One rig's collectives at a time: they share the communicator.
-                  HandParts(packed, 0, changed, narrow, copied);
-                  if (HasFatalFailure()) return;
-                  Status st = packed.reducer->Drain();
-                  ASSERT_TRUE(st.ok()) << where << ": " << st.ToString();
-                  HandParts(lent, 0, grads, narrow, parts, [&] {
-                    if (name == "settled") lent.reducer->SettleLent();  // a step returned with the call open
-                    // Read later (the call's pieces) only where every part so far stayed lent.
-                    EXPECT_EQ(lent.reducer->ReadsLent(0), late) << where << ": before the end";
-                    grads[h + 3] = 1024.0f + static_cast<float>(r);
-                  });
-                  if (HasFatalFailure()) return;
-                  st = lent.reducer->Drain();
-                  ASSERT_TRUE(st.ok()) << where << ": " << st.ToString();
-                  EXPECT_FALSE(lent.reducer->ReadsLent(0)) << where << ": after the drain";
-                  EXPECT_EQ(lent.reducer->lent_reduced_bytes(), late ? lent.layout.group(0).padded * 4 : 0) << where;
-                  EXPECT_EQ(FirstDifference(lent.Received(0), packed.Received(0)), "") << where;
-                  // The gap is zeros, the change is in (or not) as said: element h+3
-                  // lies in rank (h+3)/shard's shard.
-                  const GroupLayout& L = lent.layout.group(0);
-                  const uint64_t e = h + 3, mine = static_cast<uint64_t>(r) * L.shard_numel;
-                  if (e >= mine && e < mine + L.shard_numel) {
-                    const float got = lent.Received(0)[e - mine];
-                    if (late) {
-                      EXPECT_EQ(got, 2049.0f) << where << ": the lent part was copied, not read late";
-                    } else if (name == "lent" || name == "settled") {
-                      EXPECT_NE(got, 2049.0f) << where << ": packed or settled, yet read late";
+  for (int world : {2, 3})
+    for (bool shm : {true, false})
+      OnRanks(
+          world,
+          [&](int r, net::Communicator& comm) {
+            // Element h+3 as every rank changed it: 1024 + r, summed.
+            const float changed_sum =
+                1024.0f * static_cast<float>(world) + static_cast<float>(world * (world - 1) / 2);
+            for (int stage : {2, 3})
+              for (uint64_t bucket : {uint64_t{1000}, uint64_t{500'000'000}})
+                for (bool targets : {true, false})
+                  for (const auto& [name, parts] : hands) {
+                    const Case c{stage, bucket, true};
+                    const std::string where = Where(c, shm, r, 0) + (targets ? "" : " (no target)") + ", " + name +
+                                              ", " + std::to_string(world) + " ranks";
+                    RankRig lent(comm, c, targets), packed(comm, c, targets);
+                    const bool lends = shm && targets;
+                    EXPECT_EQ(lent.reducer->LendsParts(0), lends) << where;
+                    std::vector<float> grads = lent.Gradients(0);
+                    std::vector<uint16_t> narrow(n);
+                    for (uint64_t i = 0; i < n; ++i) narrow[i] = F32ToBF16(grads[i]);
+                    // The packed run: no part lent, each part's values as the lent run will have them.
+                    std::vector<float> changed = grads;
+                    const bool late = name == "lent" && lends;  // read at the reduction, so the change counts
+                    if (late) changed[h + 3] = 1024.0f + static_cast<float>(r);
+                    std::vector<TestPart> copied = parts;
+                    for (TestPart& p : copied) p.lend = false;
+                    // One rig's collectives at a time: they share the communicator.
+                    HandParts(packed, 0, changed, narrow, copied);
+                    if (HasFatalFailure()) return;
+                    Status st = packed.reducer->Drain();
+                    ASSERT_TRUE(st.ok()) << where << ": " << st.ToString();
+                    HandParts(lent, 0, grads, narrow, parts, [&] {
+                      if (name == "settled") lent.reducer->SettleLent();  // a step returned with the call open
+                      // Read later (the call's pieces) only where every part so far stayed lent.
+                      EXPECT_EQ(lent.reducer->ReadsLent(0), late) << where << ": before the end";
+                      grads[h + 3] = 1024.0f + static_cast<float>(r);
+                    });
+                    if (HasFatalFailure()) return;
+                    st = lent.reducer->Drain();
+                    ASSERT_TRUE(st.ok()) << where << ": " << st.ToString();
+                    EXPECT_FALSE(lent.reducer->ReadsLent(0)) << where << ": after the drain";
+                    EXPECT_EQ(lent.reducer->lent_reduced_bytes(), late ? lent.layout.group(0).padded * 4 : 0) << where;
+                    EXPECT_EQ(FirstDifference(lent.Received(0), packed.Received(0)), "") << where;
+                    // The gap is zeros, the change is in (or not) as said: element h+3
+                    // lies in rank (h+3)/shard's shard.
+                    const GroupLayout& L = lent.layout.group(0);
+                    const uint64_t e = h + 3, mine = static_cast<uint64_t>(r) * L.shard_numel;
+                    if (e >= mine && e < mine + L.shard_numel) {
+                      const float got = lent.Received(0)[e - mine];
+                      if (late) {
+                        EXPECT_EQ(got, changed_sum) << where << ": the lent part was copied, not read late";
+                      } else if (name == "lent" || name == "settled") {
+                        EXPECT_NE(got, changed_sum) << where << ": packed or settled, yet read late";
+                      }
+                    }
+                    if (mine == 0) {
+                      EXPECT_EQ(lent.Received(0)[7], 0.0f) << where << ": the gap";
+                      EXPECT_EQ(lent.Received(0)[8], 0.0f) << where << ": the gap";
                     }
                   }
-                  if (mine == 0) {
-                    EXPECT_EQ(lent.Received(0)[7], 0.0f) << where << ": the gap";
-                    EXPECT_EQ(lent.Received(0)[8], 0.0f) << where << ": the gap";
-                  }
-                }
-        },
-        60, shm);
+          },
+          60, shm);
 }
 
 // Without the thread the hook's failure is the grads call's; with it, Drain

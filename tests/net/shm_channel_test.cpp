@@ -119,7 +119,8 @@ TEST(FloatPieces, ReadsAcrossPiecesAndGapsAndRefusesOverlaps) {
       if (at + n > 29) continue;
       std::fill(got.begin(), got.end(), -1.0f);
       p.Read(at, n, got.data());
-      for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], want[at + i]) << "Read(" << at << ", " << n << ")[" << i << "]";
+      for (uint64_t i = 0; i < n; ++i)
+        ASSERT_EQ(got[i], want[at + i]) << "Read(" << at << ", " << n << ")[" << i << "]";
       EXPECT_EQ(got[n], -1.0f) << "Read(" << at << ", " << n << ") wrote past its end";
     }
   EXPECT_EQ(p.Find(3, 10), a.data());
@@ -170,7 +171,8 @@ TEST(ShmChannel, ReduceScatterOfPiecesIsTheReduceScatterOfTheirPackingBitwise) {
       });
       for (int r = 0; r < world; ++r) {
         ASSERT_TRUE(st[r].ok()) << st[r].ToString();
-        ASSERT_EQ(std::memcmp(out[r].data(), want[r].data(), n * 4), 0) << "world " << world << " n " << n << " rank " << r;
+        ASSERT_EQ(std::memcmp(out[r].data(), want[r].data(), n * 4), 0)
+            << "world " << world << " n " << n << " rank " << r;
       }
     }
 }
