@@ -1,0 +1,90 @@
+"""Python values as the C API takes them: buffers' addresses, dtype codes,
+streams, shapes, counts, the step's options, and a device buffer for
+torch.as_tensor. The binding (__init__.py) calls these; nothing else does."""
+
+from ._capi import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, INVALID, Error, _DTYPE_NAMES, _StepOptions, _sized)
+
+
+def _address(x):
+    """The address of a buffer: a torch tensor (contiguous), a numpy array or an int."""
+    if x is None:
+        return None
+    if isinstance(x, int):
+        return x
+    if hasattr(x, "data_ptr"):  # torch.Tensor
+        if not x.is_contiguous():
+            raise Error(INVALID, "the tensor must be contiguous")
+        return x.data_ptr()
+    if hasattr(x, "ctypes"):  # numpy.ndarray
+        if not x.flags["C_CONTIGUOUS"]:
+            raise Error(INVALID, "the array must be contiguous")
+        return x.ctypes.data
+    raise TypeError(f"expected a tensor, an array or an address, not {type(x).__name__}")
+
+
+_DTYPE_CODES = {v: k for k, v in _DTYPE_NAMES.items()}  # "f32" -> DTYPE_F32, ...
+
+
+def _dtype_of(x):
+    name = str(getattr(x, "dtype", ""))
+    for key, code in (("bfloat16", DTYPE_BF16), ("float16", DTYPE_F16), ("half", DTYPE_F16),
+                      ("float32", DTYPE_F32)):
+        if name.endswith(key):
+            return code
+    raise TypeError(f"gradients must be float32, bfloat16 or float16, not {name or type(x).__name__}")
+
+
+def _stream_handle(stream):
+    if stream is None or isinstance(stream, int):
+        return stream
+    return getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
+
+
+def _shape_tuple(name, shape):
+    """`shape` (a sequence of ints, or a torch.Size) as a tuple of ints; anything
+    else is refused naming the tensor."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise Error(INVALID, f"add_param '{name}': shape {shape!r} is not a sequence of ints") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) and not hasattr(d, "__index__"):
+            raise Error(INVALID, f"add_param '{name}': shape {shape!r} holds {d!r}, not an int")
+    dims = tuple(int(d) for d in dims)
+    for i, d in enumerate(dims):
+        if d >= 1 << 62:  # ctypes would wrap it silently
+            raise Error(INVALID, f"add_param '{name}': dim {i} of shape {list(dims)} is too large")
+    return dims
+
+
+def _numel(x):
+    if isinstance(x, int):
+        return x
+    return int(x.numel()) if callable(getattr(x, "numel", None)) else int(x.size)
+
+
+def _step_options(lr, betas, eps, weight_decay, max_grad_norm=None):
+    def v(x):
+        return -1.0 if x is None else float(x)
+    b1, b2 = (None, None) if betas is None else betas
+    if max_grad_norm is not None and float(max_grad_norm) < 0:
+        raise Error(INVALID, f"max_grad_norm is {max_grad_norm}; allowed: 0 (no clipping) or more, or None")
+    return _sized(_StepOptions, lr=v(lr), beta1=v(b1), beta2=v(b2), eps=v(eps), weight_decay=v(weight_decay),
+                  max_grad_norm=v(max_grad_norm))
+
+
+class _CudaArray:
+    """A device buffer described by __cuda_array_interface__ (for torch.as_tensor)."""
+
+    def __init__(self, address, numel, typestr):
+        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": typestr, "data": (address, False),
+                                         "version": 2, "strides": None}
+
+
+def _as_f32_host(x):
+    """x as a contiguous float32 host buffer (torch tensor or numpy array)."""
+    if hasattr(x, "detach"):  # torch
+        import torch
+        return x.detach().to(device="cpu", dtype=torch.float32).contiguous()
+    import numpy as np
+    return np.ascontiguousarray(x, dtype=np.float32)
