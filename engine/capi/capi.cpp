@@ -295,13 +295,11 @@ strata_status_t strata_engine_prepare_step(strata_engine_t* engine, const strata
 
 strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_options_t* options,
                                    strata_step_result_t* result) {
-  bool stepped = false;  // Engine::Step ends the loans itself
   const strata_status_t status = OnEngine("strata_engine_step", engine, [&]() -> Status {
     if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
     if (result && result->struct_size < sizeof(size_t))
       return strata::InvalidError("result.struct_size is " + std::to_string(result->struct_size));
     STRATA_ASSIGN_OR_RETURN(const strata::StepOptions so, ToStepOptions(options));
-    stepped = true;
     STRATA_ASSIGN_OR_RETURN(strata::StepResult r, engine->rep->Step(so));
     if (result == nullptr) return Status::Ok();
     strata_step_result_t full = STRATA_STEP_RESULT_INIT;
@@ -313,7 +311,7 @@ strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_op
   // Lent parts are the caller's again whatever step says: where it returned
   // before Engine::Step (refused arguments, a broken engine) or out of it by
   // an exception, the loans end here (after Engine::Step's own: no more).
-  if (!stepped || status != STRATA_OK) EndLoans(engine);
+  if (status != STRATA_OK) EndLoans(engine);
   return status;
 }
 

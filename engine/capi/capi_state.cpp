@@ -8,12 +8,10 @@ using namespace strata_capi;  // NOLINT: the frame's helpers
 extern "C" {
 strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir, const char* tag, void* blob,
                                        uint64_t* blob_bytes) {
-  bool loaded = false;  // Engine::LoadCheckpoint ends the loans itself
   const strata_status_t status = OnEngine("strata_checkpoint_load", engine, [&]() -> Status {
     if (dir == nullptr || blob_bytes == nullptr) return strata::InvalidError("dir and blob_bytes must not be NULL");
     if (blob == nullptr && *blob_bytes > 0) return strata::InvalidError("blob is NULL with *blob_bytes > 0");
     std::vector<uint8_t> got;
-    loaded = true;
     STRATA_RETURN_IF_ERROR(engine->rep->LoadCheckpoint(dir, tag ? tag : "", &got));
     if (got.size() > *blob_bytes) {
       // The state is loaded; only the blob did not fit. Say how much is needed.
@@ -27,7 +25,7 @@ strata_status_t strata_checkpoint_load(strata_engine_t* engine, const char* dir,
     *blob_bytes = got.size();
     return Status::Ok();
   });
-  if (!loaded || status != STRATA_OK) EndLoans(engine);  // (as strata_engine_step)
+  if (status != STRATA_OK) EndLoans(engine);  // (as strata_engine_step)
   return status;
 }
 

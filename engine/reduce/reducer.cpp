@@ -132,7 +132,6 @@ void GradReducer::Run() {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (stop_) {  // what is queued is dropped: the engine is going away
       for (const Job& j : queue_) {
-        if (j.lent) EndLentJob(j.group);
         if (!j.packed) continue;
         lock.unlock();
         ReleasePacked(j.packed);
@@ -157,7 +156,6 @@ void GradReducer::Run() {
     if (traced && !failed) hooks_.span(job.gather_ahead() ? "gather ahead" : "reduce", job.group, start, hooks_.now());
     if (job.packed) ReleasePacked(job.packed);
     lock.lock();
-    if (job.lent) EndLentJob(job.group);
     busy_ = false;
     current_ = {};
     if (!st.ok() && error_.ok()) error_ = std::move(st);
@@ -172,15 +170,11 @@ void GradReducer::DropParts() {
   parts_group_ = -1;
 }
 
-void GradReducer::EndLentJob(int g) {
-  auto it = lent_jobs_.find(g);
-  if (it != lent_jobs_.end() && --it->second == 0) lent_jobs_.erase(it);
-}
-
 bool GradReducer::ReadsLent(int g) {
   if (parts_group_ == g && parts_lent_) return true;
+  const auto lent_of_g = [g](const Job& j) { return j.lent != nullptr && j.group == g; };
   std::lock_guard<std::mutex> lock(mu_);
-  return lent_jobs_.count(g) > 0;
+  return (busy_ && lent_of_g(current_)) || std::any_of(queue_.begin(), queue_.end(), lent_of_g);
 }
 
 void GradReducer::SettleLent() {
@@ -197,7 +191,6 @@ void GradReducer::Stop() {
   DropParts();  // a grads call in parts never ended
   std::lock_guard<std::mutex> lock(mu_);
   queue_.clear();
-  lent_jobs_.clear();
   error_ = Status::Ok();
   for (auto& a : device_bufs_) device_.Free(a);
   device_bufs_.clear();
@@ -230,15 +223,13 @@ Status GradReducer::Reduce(const Job& job) {
   const auto buckets = PlanOf(g);
   comm_.SetLabel("grads g" + std::to_string(g) + " s" + std::to_string(hooks_.step()) + " #" +
                  std::to_string(hooks_.grad_calls(g) + 1));
-  float* out = job.packed;
-  if (job.lent) {  // LendsParts said G takes the sums
-    out = hooks_.sums_target && !mem_->on_device() ? hooks_.sums_target(g) : nullptr;
-    if (out == nullptr)
-      return InternalError("grads: group " + std::to_string(g) + ": lent parts and nowhere to put the sums");
-  }
+  // Host memory: the sums straight into G where it takes them (no copy after).
+  float* const target = !mem_->on_device() && hooks_.sums_target ? hooks_.sums_target(g) : nullptr;
+  if (job.lent && target == nullptr)  // (LendsParts said G takes them)
+    return InternalError("grads: group " + std::to_string(g) + ": lent parts and nowhere to put the sums");
+  float* out = target ? target : job.packed;
   void* host = nullptr;
   if (mem_->on_device()) out = static_cast<float*>(host = grad_staging_.Acquire());
-  else if (float* t = hooks_.sums_target ? hooks_.sums_target(g) : nullptr) out = t;  // no copy after the sums
   const CollectiveClock clock(hooks_);
   Status st;
   if (job.lent) {  // PackGradients' bucket b of rank r: elements [r * shard + b.first, + b.columns)
@@ -341,9 +332,7 @@ Status GradReducer::PartsEnd(int g, const std::map<uint64_t, uint64_t>& given) {
     return InternalError("grads_end: group " + std::to_string(g) + " has no packed buffer open");
   parts_group_ = -1;
   if (parts_lent_) {  // what no part gave reads as zero (FloatPieces)
-    std::shared_ptr<const net::FloatPieces> lent = std::move(parts_lent_);
-    parts_lent_.reset();
-    return Queue(Job{g, nullptr, std::move(lent)});
+    return Queue(Job{g, nullptr, std::move(parts_lent_)});  // (a moved-from shared_ptr is null)
   }
   float* packed = parts_packed_;
   parts_packed_ = nullptr;
@@ -363,7 +352,6 @@ Status GradReducer::Queue(Job job) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (job.lent) ++lent_jobs_[job.group];
     queue_.push_back(std::move(job));
   }
   cv_.notify_all();

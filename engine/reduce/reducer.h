@@ -28,7 +28,7 @@
 //   returned once, by Drain, and the caller's step cannot finish.
 //
 // Lock: mu_ guards queue_, current_, busy_, stop_, error_, device_free_,
-// packed_in_use_, lent_jobs_. The communication thread is this component's own. It
+// packed_in_use_. The communication thread is this component's own. It
 // touches nothing of the others but through the Hooks the composition gives
 // it (G's accumulation, residency's pins for gathers ahead, labels).
 #pragma once
@@ -151,7 +151,6 @@ class GradReducer {
   Status Reduce(const Job& job);
   Status Queue(Job job);  // queued on the thread; without it, reduced here
   Status PackLent();      // the open lent parts into a packed buffer: they are packed from here on
-  void EndLentJob(int g);  // (mu_ held) a lent job of g ran or was dropped
   Status GatherAhead(int g);
   float* AcquirePacked();
   void ReleasePacked(float* p);
@@ -179,7 +178,6 @@ class GradReducer {
   std::condition_variable cv_;
   std::vector<float*> device_free_;
   int packed_in_use_ = 0;
-  std::map<int, int> lent_jobs_;  // group -> its lent jobs queued or running
   std::deque<Job> queue_;
   Job current_;  // the job running
   bool busy_ = false, stop_ = false;

@@ -13,10 +13,9 @@ std::vector<FloatPieces::Piece>::const_iterator FloatPieces::FirstEndingAfter(ui
 
 bool FloatPieces::Add(uint64_t first, uint64_t count, const float* data) {
   if (count == 0) return true;
-  auto next = std::upper_bound(pieces_.begin(), pieces_.end(), first,
-                               [](uint64_t f, const Piece& p) { return f < p.first; });
+  // The first piece ending after `first`: those before end at or before it.
+  const auto next = FirstEndingAfter(first);
   if (next != pieces_.end() && next->first < first + count) return false;
-  if (next != pieces_.begin() && std::prev(next)->first + std::prev(next)->count > first) return false;
   pieces_.insert(next, Piece{first, count, data});
   return true;
 }

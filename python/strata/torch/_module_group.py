@@ -99,6 +99,12 @@ class _ModuleGroup:
         self.grad_hooks.append(acc.register_hook(lambda *_, p=p: self.owner.grad_ready(self, p)))
         self.grad_accs.append(acc)
 
+    def unhook(self):
+        """Removes our hooks from the parameters' AccumulateGrad nodes."""
+        for h in self.grad_hooks:
+            h.remove()
+        self.grad_hooks, self.grad_accs = [], []
+
     def rehook(self):
         """After the parameters' data took another dtype and came back (a
         load_state_dict of values in their own dtype under a bf16/fp16
@@ -108,9 +114,7 @@ class _ModuleGroup:
         if self.frozen:
             return
         nodes = [self._node(p) for p in self.params]  # (all found before any hook goes)
-        for h in self.grad_hooks:
-            h.remove()
-        self.grad_hooks, self.grad_accs = [], []
+        self.unhook()
         for p, acc in zip(self.params, nodes):
             self._hook(p, acc)
 
@@ -187,7 +191,7 @@ class _ModuleGroup:
             # reduce-scatter (several) reads it where it is instead of a copy
             # in the middle of backward; the binding holds the tensor until
             # the engine reads it no more (elsewhere: copied, let go at once).
-            o.engine.grads_part(self.index, off, flat, lend=o._lends_grads)
+            o.engine.grads_part(self.index, off, flat, lend=True)
         except Error as e:
             raise o._overlap.explain(e, self, "given more gradients") from None
 

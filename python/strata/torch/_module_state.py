@@ -3,10 +3,19 @@ in the offloaded parameters' places, and loaded values written to the
 engine as the new masters (the moments stay).
 """
 
+import collections
+
 import torch
 
 from .. import Error, INVALID
 from . import _fetch_on_use as _fou
+
+
+# A load between its pre and post hooks: the load's strictness and torch's
+# lists, the module it was called on, its groups, their masters before it,
+# and each parameter's version once it held its master (a write moves it).
+_LoadContext = collections.namedtuple(
+    "_LoadContext", "strict missing unexpected error_msgs module groups masters versions")
 
 
 class _ModuleStateDict:
@@ -43,7 +52,7 @@ class _ModuleStateDict:
     def load_state_dict(self, state_dict, strict=True):
         """The module's load_state_dict: the offloaded parameters' values
         become the master weights (the moments stay)."""
-        return self.module.load_state_dict(state_dict, strict=strict)
+        return self.module.load_state_dict(state_dict, strict=strict)  # (_load_into)
 
     def _module_state_dict(self, *args, **kwargs):
         self._in_model_state_dict = True  # the root's hook reads every master, once
@@ -53,13 +62,7 @@ class _ModuleStateDict:
         finally:
             self._in_model_state_dict = False
 
-    def _module_load_state_dict(self, state_dict, strict=True, **kwargs):
-        return self._load_into(self.module, state_dict, strict, kwargs)
-
-    def _load_into_kw(self, module, state_dict, strict=True, **kwargs):  # a sub-module's load_state_dict
-        return self._load_into(module, state_dict, strict, kwargs)
-
-    def _load_into(self, module, state_dict, strict, kwargs):
+    def _load_into(self, module, state_dict, strict=True, **kwargs):
         """`module`'s load_state_dict (the model's, or a sub-module's own:
         model.encoder.load_state_dict), which the hooks see strict or not."""
         if kwargs.get("assign"):
@@ -72,10 +75,10 @@ class _ModuleStateDict:
         finally:
             self._load_strict = True
             ctx = self._load_ctx
-            if ctx is not None and ctx[4] is module:  # the load raised between its hooks: nothing written
+            if ctx is not None and ctx.module is module:  # the load raised between its hooks: nothing written
                 self._load_ctx = None
                 with _fou.quiet():
-                    self._load_commit(True, *ctx[5:])
+                    self._load_commit(True, ctx.groups, ctx.masters, ctx.versions)
 
     def _dtype_device(self, p):
         g = self._group_of[id(p)]
@@ -137,16 +140,17 @@ class _ModuleStateDict:
                     p.data = masters[id(p)].to(dtype=dtype, device=self.device)
                     versions[id(p)] = p._version
         # torch passes strict=True to every hook; the load's own is ours.
-        self._load_ctx = (self._load_strict, missing, unexpected, error_msgs, module, groups, masters, versions)
+        self._load_ctx = _LoadContext(self._load_strict, missing, unexpected, error_msgs, module, groups, masters,
+                                      versions)
 
     def _load_post_hook(self, module, incompatible):
-        if self._load_ctx is None or self._load_ctx[4] is not module:
+        ctx = self._load_ctx
+        if ctx is None or ctx.module is not module:
             return
-        strict, missing, unexpected, error_msgs, _, groups, masters, versions = self._load_ctx
         self._load_ctx = None
-        refused = bool(error_msgs) or (strict and (missing or unexpected))
+        refused = bool(ctx.error_msgs) or (ctx.strict and (ctx.missing or ctx.unexpected))
         with _fou.quiet():
-            self._load_commit(refused, groups, masters, versions)
+            self._load_commit(refused, ctx.groups, ctx.masters, ctx.versions)
 
     def _load_commit(self, refused, groups, masters, versions):
         try:

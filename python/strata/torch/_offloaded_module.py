@@ -61,12 +61,6 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             _remove_swap_folders(self._folders)
             raise
         _say_autos(config, self.engine.config, "offload_module", set())
-        # Gradient parts are lent (grads_part(lend=True)): the engine reads
-        # them where autograd put them where it can (one rank, the state in
-        # host memory: the step; several: the reduce-scatter), else copies
-        # them, and the binding lets each group's go once the engine reads
-        # none of them (grads_lent).
-        self._lends_grads = True
         self._handles = []
         self._groups = []  # _ModuleGroup per module with direct trainable parameters of its own
         self._names = []  # (qualified name, parameter) of every offloaded name, tied ones included
@@ -161,17 +155,14 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         # masters of the groups under the module it was called on.
         self._loaders = [m for m in module.modules()
                          if m is module or any(id(p) in owner_of for p in m.parameters())]
-        for m in self._loaders:
-            self._handles.append(m._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True))
-            self._handles.append(m.register_load_state_dict_post_hook(self._load_post_hook))
         self._load_ctx = None
         # torch's hooks are not told whether a load is strict: each such
         # module's load_state_dict says it here (called otherwise, a load is strict).
         self._load_strict = True
         for m in self._loaders:
-            if m is not module:
-                m.load_state_dict = functools.partial(self._load_into_kw, m)
-        module.load_state_dict = self._module_load_state_dict
+            self._handles.append(m._register_load_state_dict_pre_hook(self._load_pre_hook, with_module=True))
+            self._handles.append(m.register_load_state_dict_post_hook(self._load_post_hook))
+            m.load_state_dict = functools.partial(self._load_into, m)
         module.state_dict = self._module_state_dict
         module.__deepcopy__ = self.__deepcopy__  # copy.deepcopy(model) asks the instance first
         opt = self.engine.config["optimizer"]["params"]
@@ -350,9 +341,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             h.remove()
         self._handles = []
         for g in self._groups:  # a parameter that keeps its dtype keeps its AccumulateGrad node, and our hook on it
-            for h in g.grad_hooks:
-                h.remove()
-            g.grad_hooks, g.grad_accs = [], []
+            g.unhook()
         for m in getattr(self, "_loaders", (self.module,)):
             m.__dict__.pop("load_state_dict", None)
         self.module.__dict__.pop("state_dict", None)
