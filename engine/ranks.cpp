@@ -1,6 +1,7 @@
 // Engine: the ranks as a trainer sees them — which one this process is, and
 // sums of the trainer's own figures (its loss, its token counts) over all of
 // them, so that a data-parallel trainer logs the global figure, not rank 0's.
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ Status Engine::SumOverRanks(double* values, size_t n) {
                         " are pending; call it before the step's first grads or after its step");
   if (!m.lay_.multi || n == 0) return Status::Ok();
   const size_t w = static_cast<size_t>(m.comm_->world_size()), r = static_cast<size_t>(m.comm_->rank());
+  if (n > SIZE_MAX / sizeof(double) / w)
+    return InvalidError("sum_over_ranks: n " + std::to_string(n) + " values times " + std::to_string(w) +
+                        " ranks overflows the size of memory");
   std::vector<double> all(n * w);
   std::memcpy(all.data() + r * n, values, n * sizeof(double));
   m.comm_->SetLabel("sum_over_ranks");

@@ -6,6 +6,7 @@
  * Usage: capi_ranks_test            (one rank; sets and clears RANK itself)
  *        strata-launch --nproc 2 -- capi_ranks_test */
 #define _XOPEN_SOURCE 700
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,9 @@ static void ranks(int rank, int world) {
     want1 += 0.1 * (k + 1);
   }
   CHECK(v[0] == want0 && v[1] == want1);
+  /* A count whose gathered copy (n values from each rank) overflows size_t is
+   * refused on every rank before any collective runs (the same n everywhere). */
+  EXPECT(STRATA_INVALID, "overflows", strata_engine_sum_over_ranks(e, v, SIZE_MAX / 16 + 1));
   /* Ranks that ask for different counts fail, on every rank, naming the call. */
   double u[3] = {0, 0, 0};
   EXPECT(STRATA_COMM, "sum_over_ranks", strata_engine_sum_over_ranks(e, u, rank == 0 ? 2 : 3));
