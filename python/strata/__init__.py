@@ -225,8 +225,11 @@ class Engine:
         """Completes the group's grads call in parts: as one grads() of the
         parts given (zeros elsewhere)."""
         _check(self._lib.strata_engine_grads_end(self.handle, group))
-        # The groups lent longest ago whose parts the engine no longer reads
-        # (copied, or reduced: in the order they were lent) are let go.
+        # This group, where the engine copied its parts by now (one rank); then
+        # the groups lent longest ago that the engine no longer reads (several
+        # ranks: reduced in the order they were lent), are let go.
+        if group in self._lent and not self.grads_lent(group):
+            del self._lent[group]
         while self._lent:
             first = next(iter(self._lent))
             if self.grads_lent(first):

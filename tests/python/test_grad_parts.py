@@ -179,3 +179,23 @@ def test_the_binding_holds_lent_gradients_only_while_the_engine_reads_them(devic
     off.optimizer.step()
     assert not off.engine.grads_lent(g.index)
     off.close()
+
+
+def test_a_copied_group_is_let_go_though_a_group_lent_before_it_is_still_read():
+    """One rank, state in host memory: the large layer's gradient is read in
+    place by the step, so the binding holds it until step() returns. The small
+    layer's gradient, lent after it, is under one tile and so was copied: the
+    binding lets it go as its grads_end returns, not behind the large one."""
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+           "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                 "offload_param": {"device": "cpu"}}}
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 256), torch.nn.Linear(256, 512))  # 1280 and 131584
+    off = st.offload_module(model, cfg, force_no_gpu=True, overlap_step=False)
+    small, large = off._groups
+    model(torch.randn(4, 4)).square().sum().backward()  # the large layer's grads_end first
+    assert off.engine.grads_lent(large.index) and not off.engine.grads_lent(small.index)
+    assert list(off.engine._lent) == [large.index], off.engine._lent
+    off.optimizer.step()
+    assert off.engine._lent == {}
+    off.close()
