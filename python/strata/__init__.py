@@ -232,7 +232,7 @@ class Engine:
             del self._lent[group]
         while self._lent:
             first = next(iter(self._lent))
-            if self.grads_lent(first):
+            if first == group or self.grads_lent(first):  # (group is in use: asked above)
                 break
             del self._lent[first]
 
