@@ -143,9 +143,13 @@ for (mode, world, eng), rs in sorted(rows.items()):
     if not all("forward_cpu_s" in x for x in rs):
         continue  # (DeepSpeed's step is one call; a log from before the fields)
     med = lambda k: statistics.median(x[k] for x in rs)
+    # The update call's own median (a log from before the field: the step's
+    # median less the others', which mixes steps, said so).
+    update = lambda rs: (f"{statistics.median(x['update_s'] for x in rs):.3f} s" if all("update_s" in x for x in rs)
+                         else f"{statistics.median(x['step_part_s'] for x in rs):.3f} s (the step less the others)")
     print(f"phases {mode} {world}r {eng}: forward {med('forward_s'):.3f} s ({med('forward_cpu_s'):.3f} s of the "
-          f"caller's CPU), backward {med('backward_s'):.3f} s ({med('backward_cpu_s'):.3f}), the rest of the step "
-          f"{med('step_part_s'):.3f} s; every thread's CPU {med('cpu_s_per_step'):.3f} s a step of {med('step_s'):.3f}")
+          f"caller's CPU), backward {med('backward_s'):.3f} s ({med('backward_cpu_s'):.3f}), the update "
+          f"{update(rs)}; every thread's CPU {med('cpu_s_per_step'):.3f} s a step of {med('step_s'):.3f}")
 # STATS=1 at several ranks: Strata's collectives a step (rank 0; stats
 # lines from before the run's keys are left out): wall, the CPU of it, bytes.
 for s in (json.loads(l.split(" ", 1)[1]) for l in open(sys.argv[1]) if l.startswith("vs_deepspeed_stats ")):

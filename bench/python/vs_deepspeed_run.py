@@ -180,10 +180,10 @@ def main():
             # Every thread's CPU seconds (user and kernel) per timed step.
             "cpu_s_per_step": round((u1.ru_utime - u0.ru_utime + u1.ru_stime - u0.ru_stime) / STEPS, 4),
             "busiest_threads": busiest_threads()}
-    if phases:  # medians over the timed steps; torch's step is the rest of its step time
+    if phases:  # each phase's median over the timed steps (the update: optimizer step and zero_grad)
         ph = phases[WARMUP:]
-        line["forward_s"], line["backward_s"] = (round(statistics.median(p[k] for p in ph), 4) for k in (0, 1))
-        line["step_part_s"] = round(med - line["forward_s"] - line["backward_s"], 4)
+        line["forward_s"], line["backward_s"], line["update_s"] = (
+            round(statistics.median(p[k] for p in ph), 4) for k in (0, 1, 2))
         line["forward_cpu_s"], line["backward_cpu_s"] = (round(statistics.median(p[k] for p in ph), 4) for k in (3, 4))
     say("vs_deepspeed_run " + json.dumps(line))
     if ENGINE == "strata" and os.environ.get("STATS") == "1":
