@@ -65,7 +65,16 @@ static Status InitStaging(Engine::Impl& m) {
 Status Engine::Impl::Build() {
   if (built_) return StateError("build: already built");
   Status st = BuildOnce();
-  if (!st.ok()) UndoBuild();
+  if (!st.ok()) {
+    UndoBuild();  // (the initial values stay: a build may be called again)
+    return st;
+  }
+  // Written into the tiers: let them go only now that nothing can fail,
+  // for a build that failed in its last steps (its threads, the ranks'
+  // agreement on writing behind, write-behind's staging, the overlapped
+  // step's room) is called again from them.
+  init_.clear();
+  init_.shrink_to_fit();
   return st;
 }
 
@@ -346,8 +355,6 @@ Status Engine::Impl::BuildOnce() {
         STRATA_RETURN_IF_ERROR(FillBlock(*this, blocks_[static_cast<size_t>(g)][static_cast<size_t>(s)], zero, staging_.opt));
       }
   }
-  init_.clear();
-  init_.shrink_to_fit();
   step_.group_steps.assign(static_cast<size_t>(ngroups), 0);
   step_.scaler.Init(config_.fp16);
   STRATA_RETURN_IF_ERROR(StartComponents());

@@ -394,5 +394,27 @@ TEST(FailedBuild, LeavesNothingBehind) {
   EXPECT_TRUE(other.engine) << "the folder is still held by the failed engine";
 }
 
+// A build that fails in its last steps, after the initial state was written
+// (here the overlapped step's room, more than the host budget), may be
+// called again too: it fails the same way, from the initial values it kept
+// (before, it had let them go, and the second build read a freed vector).
+TEST(FailedBuild, InItsLastStepsMayBeCalledAgain) {
+  TinyMlp model;
+  const std::string json = R"({"optimizer": {"type": "AdamW"},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+    "strata": {"host_budget": "64MiB", "speculation": "always", "speculation_host_bytes": "1GiB"}})";
+  EngineOptions eo;
+  eo.overlap_step = true;
+  auto e = Engine::Create(MustParse(json), eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE(model.Register(**e).ok());
+  Status first = (*e)->Build();
+  ASSERT_FALSE(first.ok()) << "the host budget cannot hold a 1 GiB room";
+  EXPECT_NE(first.message().find("speculation"), std::string::npos) << first.ToString();
+  Status second = (*e)->Build();
+  EXPECT_EQ(second.code(), first.code()) << second.ToString();
+  EXPECT_EQ(second.message(), first.message());
+}
+
 }  // namespace
 }  // namespace strata
