@@ -126,8 +126,10 @@ Result<uint64_t> ActivationStore::Stash(const void* src, uint64_t bytes) {
   if (!arena_.ptr)
     return StateError("stash: no room for activations: strata.activation_host_bytes is 0 (set it, and "
                       "strata.activation_nvme_bytes to go on to NVMe; docs/config.md)");
-  const uint64_t padded = Padded(bytes);
-  if (padded > options_.host_bytes / 4096 * 4096)
+  // (bytes first: padding a count near 2^64 would wrap to a small one)
+  const uint64_t arena = options_.host_bytes / 4096 * 4096;
+  const uint64_t padded = bytes > arena ? arena + 1 : Padded(bytes);
+  if (padded > arena)
     return InvalidError("stash: an activation of " + FormatBytes(bytes) + " is larger than strata.activation_host_bytes (" +
                         FormatBytes(options_.host_bytes) + "), the arena every stash passes through");
   std::unique_lock<std::mutex> lock(mu_);

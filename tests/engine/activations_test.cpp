@@ -147,6 +147,13 @@ TEST(Activations, MisuseIsRefusedByName) {
   Status st = r.store->Stash(big.data(), big.size() * 4).status();
   EXPECT_EQ(st.code(), Code::kInvalid);
   EXPECT_NE(st.message().find("larger than strata.activation_host_bytes"), std::string::npos) << st.message();
+  // A count near 2^64 (a -1 through a binding) is too large as well, not
+  // padded round to a small one (and 2^64 bytes copied).
+  for (uint64_t huge : {~uint64_t{0}, ~uint64_t{0} - 4000}) {
+    st = r.store->Stash(v.data(), huge).status();
+    EXPECT_EQ(st.code(), Code::kInvalid) << huge;
+    EXPECT_NE(st.message().find("larger than strata.activation_host_bytes"), std::string::npos) << st.message();
+  }
   auto h = r.store->Stash(v.data(), v.size() * 4);
   ASSERT_TRUE(h.ok());
   std::vector<float> got(1000);
