@@ -44,8 +44,10 @@ Status ValidateAdamOptions(const AdamOptions& o) {
   STRATA_RETURN_IF_ERROR(CheckBeta("Adam", "beta1", o.beta1));
   STRATA_RETURN_IF_ERROR(CheckBeta("Adam", "beta2", o.beta2));
   if (o.step < 1) return InvalidError("Adam: step is 1-based and must be >= 1");
-  if (!(o.eps >= 0)) return InvalidError("Adam: eps must be >= 0");
-  if (!(o.weight_decay >= 0)) return InvalidError("Adam: weight_decay must be >= 0");
+  if (!(o.eps >= 0) || !std::isfinite(o.eps))
+    return InvalidError("Adam: eps must be finite and >= 0");
+  if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
+    return InvalidError("Adam: weight_decay must be finite and >= 0");
   if (o.mode != AdamMode::kAdam && o.mode != AdamMode::kAdamW)
     return InvalidError("Adam: unknown mode");
   if (o.moment_update != MomentUpdate::kMulAdd && o.moment_update != MomentUpdate::kLerp)
@@ -85,7 +87,8 @@ Status ValidateLionOptions(const LionOptions& o) {
   STRATA_RETURN_IF_ERROR(CheckCommon("Lion", o.lr, o.grad_scale, o.grad_dtype, o.param_copy_dtype));
   STRATA_RETURN_IF_ERROR(CheckBeta("Lion", "beta1", o.beta1));
   STRATA_RETURN_IF_ERROR(CheckBeta("Lion", "beta2", o.beta2));
-  if (!(o.weight_decay >= 0)) return InvalidError("Lion: weight_decay must be >= 0");
+  if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
+    return InvalidError("Lion: weight_decay must be finite and >= 0");
   return Status::Ok();
 }
 
@@ -105,9 +108,12 @@ Status ValidateAdagradOptions(const AdagradOptions& o) {
   STRATA_RETURN_IF_ERROR(
       CheckCommon("Adagrad", o.lr, o.grad_scale, o.grad_dtype, o.param_copy_dtype));
   if (o.step < 1) return InvalidError("Adagrad: step is 1-based and must be >= 1");
-  if (!(o.lr_decay >= 0)) return InvalidError("Adagrad: lr_decay must be >= 0");
-  if (!(o.eps >= 0)) return InvalidError("Adagrad: eps must be >= 0");
-  if (!(o.weight_decay >= 0)) return InvalidError("Adagrad: weight_decay must be >= 0");
+  if (!(o.lr_decay >= 0) || !std::isfinite(o.lr_decay))
+    return InvalidError("Adagrad: lr_decay must be finite and >= 0");
+  if (!(o.eps >= 0) || !std::isfinite(o.eps))
+    return InvalidError("Adagrad: eps must be finite and >= 0");
+  if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
+    return InvalidError("Adagrad: weight_decay must be finite and >= 0");
   return Status::Ok();
 }
 

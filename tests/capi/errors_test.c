@@ -2,6 +2,7 @@
  * what was wrong; a broken engine answers STATE to every call. Compiled as C;
  * linked with capi.cpp's objects directly for the test-only hook. */
 #define _XOPEN_SOURCE 700
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -266,6 +267,17 @@ static void adam_errors(void) {
   strata_status_t st = strata_adam_step(&o, 4, w, m, v, g, NULL);
   if (st != STRATA_INVALID || strstr(strata_last_error(), "strata_adam_step") == NULL)
     fprintf(stderr, "adam step 0: %s %s\n", strata_status_name(st), strata_last_error()), ++failures;
+  /* An infinite eps or weight_decay is refused (it would turn every
+   * parameter to infinity or NaN), and the arrays are left as they were. */
+  o = (strata_adam_options_t)STRATA_ADAM_OPTIONS_INIT;
+  o.weight_decay = INFINITY;
+  EXPECT(STRATA_INVALID, "weight_decay must be finite", strata_adam_step(&o, 4, w, m, v, g, NULL));
+  o.mode = STRATA_ADAM_MODE_ADAM;
+  EXPECT(STRATA_INVALID, "weight_decay must be finite", strata_adam_step(&o, 4, w, m, v, g, NULL));
+  o = (strata_adam_options_t)STRATA_ADAM_OPTIONS_INIT;
+  o.eps = INFINITY;
+  EXPECT(STRATA_INVALID, "eps must be finite", strata_adam_step(&o, 4, w, m, v, g, NULL));
+  CHECK(w[0] == 1.0f && m[0] == 0.0f && v[0] == 0.0f);
   o = (strata_adam_options_t)STRATA_ADAM_OPTIONS_INIT;
   OK(strata_adam_step(&o, 4, w, m, v, g, NULL));
   if (!(w[0] < 1.0f && w[0] > 0.99f)) fprintf(stderr, "adam step did not move w[0]: %g\n", w[0]), ++failures;
