@@ -354,8 +354,11 @@ Status Checkpointer::ResaveExisting(const std::string& dir, const std::string& t
     local = SameStateAs(*m, final_dir);
     if (!local.ok()) local = refuse(local.message());
   }
-  if (local.ok() && XXH3_64bits(blob, blob_bytes) != m->blob_xxh3)
-    STRATA_LOG_WARN("checkpoint save: {} holds this state but another trainer blob; keeping the saved one", final_dir);
+  // The trainer's blob is part of what the save writes (rank 0's): another
+  // one (a data position, an RNG) would be lost, and a load hand back the old.
+  if (local.ok() && d_.rank == 0 && XXH3_64bits(blob, blob_bytes) != m->blob_xxh3)
+    local = refuse("holds this state but another trainer blob (the saved one: " + std::to_string(m->blob_bytes) +
+                   " bytes; this save's: " + std::to_string(blob_bytes) + ")");
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
   if (d_.rank == 0)
     local = ReplaceFile(dir, "latest", tag + "\n").WithContext("checkpoint save: updating " + dir + "/latest");

@@ -185,7 +185,9 @@ typedef struct strata_engine_options {
   { sizeof(strata_engine_options_t), 0, 0, 1, 0, 0, -1, 0 }
 
 /* Creates an engine from a JSON config (DeepSpeed dialect plus a "strata"
- * section). `options` may be NULL (rank 0 of 1). On STRATA_OK *out owns the
+ * section). `options` may be NULL: STRATA_ENGINE_OPTIONS_INIT's values (the
+ * ranks from the launcher's variables; rank 0 of 1 without a launcher; set
+ * world_size 1 to run alone under one). On STRATA_OK *out owns the
  * engine; the caller frees it with strata_engine_destroy. `json` is read
  * only during the call. With a GPU, the engine's GPU (options->device, by
  * default the launcher's local rank) becomes the calling thread's current
@@ -579,7 +581,8 @@ STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, in
  * bytes, may be 0, at most 4 GiB: more is INVALID before anything is
  * written) to DIR/TAG, then points DIR/latest at it. DIR is
  * created if missing. An existing TAG is never overwritten: saving to it is
- * INVALID unless it already holds exactly this state and is the newest
+ * INVALID unless it already holds exactly this state (rank 0's blob
+ * included) and is the newest
  * checkpoint in DIR (a save killed before it moved `latest`, repeated),
  * which then only updates DIR/latest. Files are fsynced and renamed into place:
  * a crash leaves the previous or the new checkpoint whole.

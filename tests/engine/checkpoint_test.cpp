@@ -432,7 +432,18 @@ TEST_P(CorruptCheckpoint, LatestOneBehind) {
   ASSERT_TRUE(eng->LoadCheckpoint(ckpt.path(), "a", &blob).ok());
   ASSERT_TRUE(TrainOne(*eng));
   ASSERT_EQ(Master(), before);
-  Status st = eng->SaveCheckpoint(ckpt.path(), "b", "b", 1);
+  // The same state with another trainer blob is refused (it would be lost,
+  // and a load would hand back the saved one); `latest` stays at a.
+  Status st = eng->SaveCheckpoint(ckpt.path(), "b", "c", 1);
+  EXPECT_EQ(st.code(), Code::kInvalid) << st.ToString();
+  EXPECT_NE(st.message().find("another trainer blob"), std::string::npos) << st.message();
+  {
+    std::ifstream still(ckpt.path() + "/latest");
+    std::string at;
+    still >> at;
+    EXPECT_EQ(at, "a");
+  }
+  st = eng->SaveCheckpoint(ckpt.path(), "b", "b", 1);
   ASSERT_TRUE(st.ok()) << st.ToString();
   std::ifstream latest(ckpt.path() + "/latest");
   std::string tag;
