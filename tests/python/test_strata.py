@@ -356,7 +356,9 @@ def test_checkpoint_round_trip_and_corruption(tmp_path):
         assert not torch.equal(e.read_master(0), saved)
         assert e.load_checkpoint(tmp_path / "ckpt") == b"trainer-state" * 10000
         assert torch.equal(e.read_master(0), saved)
-        e.save_checkpoint(tmp_path / "ckpt", "one")  # the same state: nothing to write
+        with pytest.raises(strata.Error, match="another trainer blob"):
+            e.save_checkpoint(tmp_path / "ckpt", "one")  # the same state, but the blob would be lost
+        e.save_checkpoint(tmp_path / "ckpt", "one", blob=b"trainer-state" * 10000)  # the same: nothing to write
         e.grads(0, torch.ones(6))
         e.step()
         with pytest.raises(strata.Error) as err:

@@ -4,17 +4,18 @@ Strata's tiers, one _GroupEngine per set of parameters stepped together.
 
 import copy
 import itertools
+import math
 import os
 
 import torch
 
 from .. import Error, INVALID, STATE
 from . import _sizing
-from ._clip import (_OWNERS, _check_clip_args, _clip_result, _torch_clip_grad_norm, _torch_norm_of,
-                    _torch_total_norm)
+from ._clip import (_OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _torch_clip_grad_norm,
+                    _torch_norm_of, _torch_total_norm)
 from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _resolve_ranks, _say_autos, _separate_swap_folders,
                       _with_state_format)
-from ._group_engine import _GroupEngine, _check_params, _split_names
+from ._group_engine import _GroupEngine, _check_params, _param_label, _split_names
 from ._loss_scale import _LossScaling, _Scaler, _ScalesLoss, _fp16_section
 from ._offload_optimizer import _closure_loss
 
@@ -54,6 +55,15 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     become rank 0's values. `max_grad_norm=` clips as torch's
     clip_grad_norm_ would over the averaged gradient (or use
     clip_grad_norm_(), below, which also returns the norm).
+
+    Clipping by the step: `max_grad_norm` is a param group's option (the
+    argument is every group's default), and clips the norm of that group's
+    gradients, as torch's clip_grad_norm_ over the group's parameters; the
+    config's gradient_clipping clips the norm of every other group's
+    together (DeepSpeed's global norm). Either spans the group's engines
+    (one split because a parameter missed a step included). A step whose
+    gradients hold NaN or infinity anywhere is skipped whole (strata.nonfinite
+    "skip", the default: no parameter changes, the step counts stay).
 
     `config`: the engine's JSON config (dict or string), e.g.
     {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme",
@@ -133,36 +143,47 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         # parameter that never had a gradient (frozen) is in none: it has
         # no state and is never changed.
         self._cohorts = []
+        self._closed = False
         self._tags = itertools.count()
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False,
                         maximize=bool(maximize), foreach=foreach, capturable=False, differentiable=False,
                         fused=None, max_grad_norm=max_grad_norm)
         if _TORCH2:
             defaults["decoupled_weight_decay"] = True  # torch 2.x's AdamW says so in its groups
-        super().__init__(params, defaults)
-        for group in self.param_groups:
-            for p in group["params"]:
-                _OWNERS[id(p)] = self
+        super().__init__(params, defaults)  # (each group through add_param_group, below)
 
     def _clip_ids(self):
         return {id(p) for group in self.param_groups for p in group["params"]}
 
     def add_param_group(self, param_group):
+        """torch's add_param_group; a group refused (its options, its
+        parameters, the config) is not added."""
+        self._check_open("add_param_group")
         _check_group_options(param_group, "OffloadAdam: a param group")  # before it is added
         super().add_param_group(param_group)
         index = len(self.param_groups) - 1
-        _check_params(self.param_groups[index]["params"], self._param_names, "OffloadAdam",
-                      [p for g in self.param_groups[:index] for p in g["params"]])
-        # The trainable parameters' engine is made now, not at the first
-        # step, so that a bad config fails at construction; their initial
-        # master weights are their values now. A group with none gets its
-        # config checked by an engine of one element.
-        trainable = [p for p in self.param_groups[index]["params"] if p.requires_grad]
-        if trainable:
-            self._cohorts.append([self._new_engine(index, trainable)])
-        else:
-            self._new_engine(index, [torch.zeros(1)]).close()
-            self._cohorts.append([])
+        try:
+            _check_params(self.param_groups[index]["params"], self._param_names, "OffloadAdam",
+                          [p for g in self.param_groups[:index] for p in g["params"]])
+            # The trainable parameters' engine is made now, not at the first
+            # step, so that a bad config fails at construction; their initial
+            # master weights are their values now. A group with none gets its
+            # config checked by an engine of one element.
+            trainable = [p for p in self.param_groups[index]["params"] if p.requires_grad]
+            if trainable:
+                self._cohorts.append([self._new_engine(index, trainable)])
+            else:
+                self._new_engine(index, [torch.zeros(1)]).close()
+                self._cohorts.append([])
+        except BaseException:
+            self.param_groups.pop()
+            raise
+        for p in self.param_groups[index]["params"]:  # torch's clip_grad_norm_ over them comes here
+            _OWNERS[id(p)] = self
+
+    def _check_open(self, what):
+        if self._closed:
+            raise Error(STATE, f"OffloadAdam.{what}: the optimizer is closed (its state was freed); make a new one")
 
     def _new_engine(self, index, params):
         group = self.param_groups[index]
@@ -243,6 +264,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         own would see only this rank's): returns the total norm and clips at
         step(). With several ranks one param group only (the norm of several
         engines' gradients is not one engine's), and a collective."""
+        self._check_open("clip_grad_norm_")
         _check_clip_args(max_norm, norm_type)
         self._check_scaled("clip_grad_norm_")
         if params is None:
@@ -302,6 +324,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        self._check_open("step")
         loss = _closure_loss(closure)
         self._check_scaled("step()")
         results = []
@@ -309,16 +332,18 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         coef, self._clip_coef = self._clip_coef, None
         scale = self.loss_scale
         stepping = [(group, ge) for index, group in enumerate(self.param_groups) for ge in self._regroup(index)]
-        # fp16: a step is skipped whole when any gradient overflowed. Each
-        # engine skips on its own gradients; with several, one that
-        # overflowed here makes every other skip too (a NaN in its
-        # gradients; with several ranks that reaches every rank's).
-        poison = self._scaler is not None and len(stepping) > 1 and self._overflowed(
-            [ge for _, ge in stepping if not ge.handed])
+        # A step is skipped whole when any gradient overflowed (fp16) or is
+        # not finite (strata.nonfinite "skip", the default). Each engine
+        # skips on its own gradients; with several, one that is not finite
+        # here makes every other skip too (a NaN in its gradients; with
+        # several ranks that reaches every rank's).
+        poison = len(stepping) > 1 and (self._scaler is not None or _nonfinite(stepping[0][1]) == "skip") and \
+            self._overflowed([ge for _, ge in stepping if not ge.handed])
         for group, ge in stepping:
             if not ge.handed:
                 ge.hand_grads(negate=group.get("maximize", False), scale=scale, coef=coef, poison=poison)
-            clip = clip_next if clip_next is not None else group.get("max_grad_norm")
+        clips = self._joint_clips(stepping, clip_next)
+        for (group, ge), clip in zip(stepping, clips):
             norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
                                            weight_decay=group["weight_decay"], max_grad_norm=clip)
             ge.handed = False
@@ -337,10 +362,44 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self.last_results = results  # (grad_norm, skipped) per engine that stepped
         return loss
 
+    def _joint_clips(self, stepping, clip_next):
+        """The max_grad_norm each stepping engine gets. A clip bounds the
+        norm of a set of parameters together, as torch's clip_grad_norm_
+        over them: a param group's max_grad_norm, its group's; the config's
+        gradient_clipping (None here: as the engines resolved it), every
+        group's without one (DeepSpeed's global norm). Where such a set spans
+        several engines (several param groups, or one split because some of
+        its parameters missed a step), each engine's own norm is not the
+        set's: each gets the max_grad_norm that scales its gradients by the
+        set's coefficient, clip / (norm of the engines' norms + 1e-6), at
+        most 1 (0: unclipped). Their norms are collectives with several
+        ranks, taken in the same order on every rank. A set whose norm is
+        not finite keeps each engine's clip: its steps skip (strata.nonfinite
+        "skip": every engine's gradients were poisoned above), or apply or
+        fail as that policy says."""
+        clips, sets = [], {}
+        for k, (group, ge) in enumerate(stepping):
+            clip = clip_next if clip_next is not None else group.get("max_grad_norm")
+            clips.append(clip)
+            sets.setdefault("config" if clip is None else ("group", id(group), clip), []).append(k)
+        for key, ks in sets.items():
+            limit = stepping[ks[0]][1].engine.config.get("gradient_clipping") if key == "config" else key[2]
+            if len(ks) < 2 or not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0:
+                continue
+            norms = [stepping[k][1].engine.grad_norm() for k in ks]
+            total = math.sqrt(math.fsum(n * n for n in norms))
+            if not math.isfinite(total):
+                continue
+            coef = float(limit) / (total + 1e-6)
+            for k, n in zip(ks, norms):
+                clips[k] = _engine_clip_for(coef, n) if coef < 1.0 else 0.0
+        return clips
+
     def state_dict(self):
         """torch.optim.AdamW's format, per parameter that has been stepped:
         "step", "exp_avg", "exp_avg_sq", and "master_param" (its float32
         master weights; torch AdamW loads the dict and ignores it)."""
+        self._check_open("state_dict")
         for ge in self._engines:
             if ge.engine.steps == 0:
                 continue  # torch has no state for a parameter before its first step
@@ -358,7 +417,10 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     def load_state_dict(self, state_dict):
         """Restores param_groups, the master weights, both moments and the
         step count (and fp16's loss scaler), so training goes on as if it had
-        never stopped."""
+        never stopped. Each saved tensor must have its parameter's shape
+        (checked before anything changes, naming the parameter)."""
+        self._check_open("load_state_dict")
+        _check_saved_shapes(self.param_groups, state_dict, self._param_names)
         scaler = None
         if self._scaler is not None and "loss_scaler" in state_dict:
             scaler = _Scaler.parse_state(state_dict["loss_scaler"])  # refused before anything changes
@@ -376,7 +438,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
                     self.state[p][k] = v
         if scaler is not None:
             self._scaler.set_state(scaler)
-        self.close()
+        self._close_engines()
         with torch.no_grad():
             for group in self.param_groups:
                 for p in group["params"]:
@@ -418,7 +480,13 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
                     "load_state_dict(opt.state_dict()) into it")
 
     def close(self):
-        """Frees the engines (and their swap files). step() no longer works."""
+        """Frees the engines (and their swap files). After it, step(),
+        clip_grad_norm_, state_dict, load_state_dict and add_param_group
+        raise STATE."""
+        self._close_engines()
+        self._closed = True
+
+    def _close_engines(self):
         for ge in self._engines:
             ge.close()
         self._cohorts = [[] for _ in self._cohorts]
@@ -428,6 +496,33 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             self.close()
         except Exception:
             pass
+
+
+def _check_saved_shapes(groups, state_dict, names):
+    """A saved exp_avg, exp_avg_sq or master_param whose shape is not its
+    parameter's is refused, naming both (torch's own load would cut or
+    broadcast it, or fail only after the engines were freed)."""
+    saved_groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+    saved = state_dict.get("state") if isinstance(state_dict, dict) else None
+    if not isinstance(saved_groups, list) or not isinstance(saved, dict) or len(saved_groups) != len(groups):
+        return  # (torch's load_state_dict says what is wrong)
+    for k, (sg, g) in enumerate(zip(saved_groups, groups)):
+        ids = sg.get("params", []) if isinstance(sg, dict) else []
+        if len(ids) != len(g["params"]):
+            return
+        for i, p in zip(ids, g["params"]):
+            for key, v in (saved.get(i) or {}).items():
+                if key in ("exp_avg", "exp_avg_sq", "master_param") and isinstance(v, torch.Tensor) and \
+                        tuple(v.shape) != tuple(p.shape):
+                    raise Error(INVALID, f"OffloadAdam.load_state_dict: param group {k}: "
+                                f"{_param_label(p, names)}'s saved {key} has shape {tuple(v.shape)}, not the "
+                                f"parameter's {tuple(p.shape)}")
+
+
+def _nonfinite(ge):
+    """The engine's strata.nonfinite policy, as it resolved it."""
+    section = ge.engine.config.get("strata")
+    return section.get("nonfinite", "skip") if isinstance(section, dict) else "skip"
 
 
 _REFUSED_OPTIONS = ("amsgrad", "capturable", "differentiable", "fused")

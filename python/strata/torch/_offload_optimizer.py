@@ -97,7 +97,29 @@ class OffloadOptimizer(torch.optim.Optimizer):
                         f"{[len(g.get('params', ())) for g in groups] if isinstance(groups, list) else groups!r}")
         saved = state_dict["state"]
         order = groups[0]["params"]
-        for k in ("exp_avg", "exp_avg_sq"):  # check everything before changing anything
+        # Check everything before changing anything: options the step would
+        # not honour (a torch AdamW's amsgrad or maximize), each tensor's
+        # shape, and each group's state whole or absent (one step count and
+        # one set of moments per group, where torch keeps them per parameter).
+        from ._offload_adam import _check_group_options
+        _check_group_options(groups[0], "OffloadOptimizer.load_state_dict: the param group")
+        if groups[0].get("maximize"):
+            raise Error(INVALID, "OffloadOptimizer.load_state_dict: the param group has maximize=True, which "
+                        "offload_module's step does not do; leave it off")
+        i = 0
+        for params in self._group_params:
+            ids = order[i:i + len(params)]
+            i += len(params)
+            has = [bool(saved.get(pi)) for pi in ids]
+            if any(has) and not all(has):
+                raise Error(INVALID, f"load_state_dict: parameters {[j for j, h in zip(ids, has) if h]} have "
+                            f"state and {[j for j, h in zip(ids, has) if not h]} none, in one engine group (one "
+                            "module's parameters, stepped together): give all of them state, or none")
+            for pi in ids:
+                missing = [k for k in ("exp_avg", "exp_avg_sq") if saved.get(pi) and k not in saved[pi]]
+                if missing:
+                    raise Error(INVALID, f"load_state_dict: parameter {pi}'s state has no {' or '.join(missing)}")
+        for k in ("exp_avg", "exp_avg_sq"):
             for j, (pi, p) in enumerate(zip(order, (p for ps in self._group_params for p in ps))):
                 st = saved.get(pi, {})
                 if k in st and tuple(st[k].shape) != tuple(p.shape):
@@ -108,11 +130,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
             gi = g.index
             for k in ("exp_avg", "exp_avg_sq"):
                 ids = order[i:i + len(params)]
-                if not all(k in saved.get(pi, {}) for pi in ids):
-                    continue
                 flat = owner.engine.read_state(gi, k)
-                for pi, p, off, cnt in zip(ids, g.params, g.offsets, g.numels):
-                    flat[off:off + cnt] = saved[pi][k].reshape(-1).to(device="cpu", dtype=torch.float32)
+                if not any(saved.get(pi) for pi in ids):
+                    flat.zero_()  # no state: as torch starts a parameter's, from zero moments (and step 0)
+                else:
+                    for pi, p, off, cnt in zip(ids, g.params, g.offsets, g.numels):
+                        flat[off:off + cnt] = saved[pi][k].reshape(-1).to(device="cpu", dtype=torch.float32)
                 owner.engine.write_state(gi, k, flat)
             i += len(params)
         steps = [float(st["step"]) for st in saved.values() if "step" in st]
