@@ -199,7 +199,8 @@ def scenario_launcher(a):
         want = f"[rank {2 + local}] {2 + local} 6 {local} 2 1 3 10.213.0.1 29411"
         check(want in p.stdout.splitlines(), f"--nnodes 3 --node-rank 1: local rank {local} gets '{want}'")
     for bad, words in ((["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 is not below --nnodes 2"),
-                       (["--nnodes", "2", "--node-rank", "1", "--master-port", "0"], "works on one host only")):
+                       (["--nnodes", "2", "--node-rank", "1", "--master-port", "0"], "works on one host only"),
+                       (["--nnodes", "2", "--node-rank", "1", "--master-port", "29411"], "needs --master-addr")):
         p = subprocess.run([a.launch, "--nproc", "1", *bad, "--", "true"], capture_output=True, text=True, timeout=30)
         check(p.returncode == 2 and words in p.stderr, f"{' '.join(bad)} refused naming it: {p.stderr.strip()}")
 

@@ -140,8 +140,10 @@ elif [ "$MODE" = resume ]; then
   # the uninterrupted run, bitwise: losses of steps 7-8 and the final weights.
   run=("${common[@]}" --weights-hash)
   "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" "${run[@]}" >"$WORK/whole.out" 2>&1 || fail "2 ranks"
-  "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" "${run[@]}" --save "$WORK/ckpt" --save-every 6 >/dev/null 2>&1 ||
-    fail "2 ranks, saving"
+  # 6 steps, saved at 3 and at the last (--save-every saves it too); the
+  # learning rate of steps 1-6 (the warm-up) does not depend on --steps.
+  "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" --preset tiny --steps 6 --log-losses --print-every 100 \
+    --nvme "$WORK" --weights-hash --save "$WORK/ckpt" --save-every 3 >/dev/null 2>&1 || fail "2 ranks, saving"
   "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" "${run[@]}" --resume "$WORK/ckpt" >"$WORK/resumed.out" 2>&1 ||
     fail "2 ranks, resuming"
   grep -q 'resumed from .* at step 6' "$WORK/resumed.out" || fail "did not resume at step 6"

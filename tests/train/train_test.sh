@@ -62,10 +62,12 @@ last=$(sed -n 's/.*last_loss=\([0-9.]*\).*/\1/p' "$WORK/learn.out")
 /usr/bin/python3 -c "import sys; sys.exit(0 if float('$last') < 3.0 else 1)" || fail "loss $last not below 3.0 after 60 steps"
 echo; echo "ok: loss $last < 3.0 after 60 steps"
 
-fp=(--preset tiny --steps 12 --fp16 --log-losses --weights-hash --print-every 100 --nvme "$WORK" --device-budget 256KiB)
+fpx=(--preset tiny --fp16 --log-losses --weights-hash --print-every 100 --nvme "$WORK" --device-budget 256KiB)
+fp=("${fpx[@]}" --steps 12)
 "$TRAIN" "${fp[@]}" >"$WORK/whole.out"
-"$TRAIN" "${fp[@]}" --save "$WORK/ckpt" --save-every 5 >/dev/null
-# Resume from step 10's checkpoint; the first run's checkpoints at 5 and 10 exist.
+"$TRAIN" "${fpx[@]}" --steps 10 --save "$WORK/ckpt" --save-every 5 >/dev/null
+[ "$(ls "$WORK/ckpt" | grep -c '^step')" -eq 2 ] || fail "--save-every 5 over 10 steps: not 2 checkpoints"
+# Resume from step 10's checkpoint (the latest) to step 12.
 "$TRAIN" "${fp[@]}" --resume "$WORK/ckpt" >"$WORK/resumed.out"
 grep -q 'resumed from .* at step 10' "$WORK/resumed.out" || fail "did not resume at step 10"
 grep -E '^loss (11|12) ' "$WORK/whole.out" >"$WORK/c"
@@ -81,13 +83,14 @@ echo "ok: fp16 overlapped == --no-overlap-step"
 
 # strata.state_format compact: resident == offloaded, resume == continuous.
 mkdir -p "$WORK/cnvme"
-cf=(--preset tiny --steps 12 --state-format compact --log-losses --weights-hash --print-every 100)
+cfx=(--preset tiny --state-format compact --log-losses --weights-hash --print-every 100)
+cf=("${cfx[@]}" --steps 12)
 "$TRAIN" "${cf[@]}" --resident >"$WORK/cres.out"
 "$TRAIN" "${cf[@]}" --nvme "$WORK/cnvme" --device-budget 256KiB --host-budget 8MiB >"$WORK/cwhole.out"
 diff <(grep -E '^(loss|strata-train weights_hash)' "$WORK/cres.out") \
      <(grep -E '^(loss|strata-train weights_hash)' "$WORK/cwhole.out") || fail "compact: resident and offloaded differ"
 cmp -s <(grep weights_hash "$WORK/cwhole.out") <(grep weights_hash "$WORK/resident.out") && fail "compact gave fp32's weights"
-"$TRAIN" "${cf[@]}" --nvme "$WORK/cnvme" --device-budget 256KiB --host-budget 8MiB --save "$WORK/cckpt" --save-every 5 >/dev/null
+"$TRAIN" "${cfx[@]}" --steps 10 --nvme "$WORK/cnvme" --device-budget 256KiB --host-budget 8MiB --save "$WORK/cckpt" --save-every 5 >/dev/null
 "$TRAIN" "${cf[@]}" --nvme "$WORK/cnvme" --device-budget 256KiB --host-budget 8MiB --resume "$WORK/cckpt" >"$WORK/cres2.out"
 diff <(grep -E '^loss (11|12) ' "$WORK/cwhole.out") <(grep -E '^loss ' "$WORK/cres2.out") || fail "compact: resumed losses differ"
 diff <(grep weights_hash "$WORK/cwhole.out") <(grep weights_hash "$WORK/cres2.out") || fail "compact: resumed weights differ"
@@ -110,6 +113,26 @@ assert shapes["h0.attn.qkv.bias"] == [3 * c], shapes["h0.attn.qkv.bias"]
 assert all(len(s) in (1, 2) for s in shapes.values()), shapes
 print("ok: exported shapes", shapes["h0.attn.qkv.weight"], shapes["h0.ln1.weight"])
 PY
+# --save-every N saves after the last step too; what would train nothing, or
+# ignore a flag, is refused before the engine is built, naming it.
+"$TRAIN" --preset tiny --steps 6 --print-every 100 --nvme "$WORK" --save "$WORK/every" --save-every 4 >/dev/null
+[ -d "$WORK/every/step00000004" ] && [ -d "$WORK/every/step00000006" ] ||
+  { ls "$WORK/every" >&2; fail "--save-every 4 over 6 steps: not steps 4 and 6"; }
+refused() {  # WORDS ARGS...: strata-train ARGS fails, saying WORDS
+  local words=$1 rc=0
+  shift
+  "$TRAIN" --preset tiny --print-every 100 "$@" >"$WORK/refused.out" 2>&1 || rc=$?
+  [ "$rc" -ne 0 ] && grep -q -- "$words" "$WORK/refused.out" ||
+    { cat "$WORK/refused.out" >&2; fail "strata-train $* (rc $rc) was not refused saying '$words'"; }
+}
+refused "--save" --steps 2 --save-every 1
+refused "leaves nothing to train" --steps 6 --nvme "$WORK" --resume "$WORK/every"
+refused "no such folder" --steps 2 --resume "$WORK/nowhere"
+refused "excludes" --steps 2 --resident --nvme "$WORK"
+refused "excludes" --steps 2 --resident --device-budget 1MiB
+refused "finite" --steps 2 --lr nan
+echo "ok: --save-every saves the last step; a resume past --steps, --save-every without --save, --resident with budgets, --lr nan refused"
+
 # --offload-activations nvme: each block's input through the engine's
 # activation store (a 2-stash host arena, the rest on NVMe, read ahead of
 # backward), bitwise the run that keeps them (issue 34).

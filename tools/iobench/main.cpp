@@ -64,10 +64,24 @@ int Run(const Args& a) {
     std::fprintf(stderr, "strata-iobench: %s\n", (!fs.ok() ? fs : bs).status().ToString().c_str());
     return 2;
   }
-  const uint64_t block = *bs, file_size = AlignDown(*fs, block);
+  // Whole blocks (a block size need not be a power of two: any multiple of 4 KiB).
+  const uint64_t block = *bs, file_size = block ? *fs / block * block : 0;
   if (file_size == 0) {
     std::fprintf(stderr, "strata-iobench: --file-size must hold at least one block\n");
     return 2;
+  }
+  // The modes before any file is written (the layout pass writes all of it).
+  std::vector<std::string> modes;
+  for (std::string rest = a.modes + ","; !rest.empty();) {
+    const size_t p = rest.find(',');
+    const std::string m = rest.substr(0, p);
+    rest.erase(0, p + 1);
+    const std::string base = m.rfind("rand", 0) == 0 ? m.substr(4) : m;
+    if (base != "read" && base != "write") {
+      std::fprintf(stderr, "strata-iobench: --modes: '%s' is not read, write, randread or randwrite\n", m.c_str());
+      return 2;
+    }
+    modes.push_back(m);
   }
   UringOptions uo;
   uo.rings = a.rings;
@@ -85,6 +99,14 @@ int Run(const Args& a) {
     std::fprintf(stderr, "strata-iobench: %s\n", file.status().ToString().c_str());
     return 1;
   }
+  // The test file goes on every way out (unless --keep), a failed one's too.
+  struct RemoveFile {
+    const std::string& path;
+    bool keep;
+    ~RemoveFile() {
+      if (!keep) std::remove(path.c_str());
+    }
+  } remove_file{path, a.keep};
   const FileInfo& info = (*storage)->Info(*file);
   Status st = ReserveFileSpace(info.fd, path, file_size);
   const uint64_t nbufs = static_cast<uint64_t>(a.queue_depth) * static_cast<uint64_t>(a.rings);
@@ -106,15 +128,9 @@ int Run(const Args& a) {
     std::fprintf(stderr, "strata-iobench: %s\n", layout.status().ToString().c_str());
     return 1;
   }
-  std::string modes = a.modes + ",";
-  for (size_t p = 0; (p = modes.find(',')) != std::string::npos; modes.erase(0, p + 1)) {
-    const std::string m = modes.substr(0, p);
+  for (const std::string& m : modes) {
     const bool random = m.rfind("rand", 0) == 0;
     const std::string base = random ? m.substr(4) : m;
-    if (base != "read" && base != "write") {
-      std::fprintf(stderr, "strata-iobench: --modes: '%s' is not read, write, randread or randwrite\n", m.c_str());
-      return 2;
-    }
     for (int l = 0; l < a.loops; ++l) {
       auto secs = Pass(b, base == "read" ? IoOp::kRead : IoOp::kWrite, random, static_cast<uint64_t>(l) + 1);
       if (!secs.ok()) {
@@ -125,7 +141,6 @@ int Run(const Args& a) {
     }
   }
   host.Free(*mem);
-  if (!a.keep) std::remove(path.c_str());
   return 0;
 }
 

@@ -74,9 +74,10 @@ int main(int argc, char** argv) {
   app.add_option("--node-rank,--node_rank", spec.node_rank, "this host's index in [0, nnodes); host 0 runs rank 0")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--master-addr,--master_addr", spec.master_addr,
-                 "address of rank 0's host, as the other hosts reach it")
-      ->capture_default_str();
+  CLI::Option* addr = app.add_option("--master-addr,--master_addr", spec.master_addr,
+                                     "address of rank 0's host, as the other hosts reach it (needed with --nnodes "
+                                     "above 1)")
+                          ->capture_default_str();
   app.add_option("--master-port,--master_port", spec.master_port,
                  "rank 0's store port; 0 picks a free one (one host only)")
       ->capture_default_str()
@@ -95,6 +96,13 @@ int main(int argc, char** argv) {
                  "strata-launch: --master-port 0 (a free port) works on one host only: with --nnodes %d every "
                  "host must be given the same --master-port\n",
                  spec.nnodes);
+    return 2;
+  }
+  if (spec.nnodes > 1 && addr->count() == 0) {
+    std::fprintf(stderr,
+                 "strata-launch: --nnodes %d needs --master-addr, rank 0's host as the others reach it (the "
+                 "default, %s, is each host's own loopback)\n",
+                 spec.nnodes, spec.master_addr.c_str());
     return 2;
   }
   if (static_cast<int64_t>(spec.nnodes) * spec.nproc > (int64_t{1} << 20)) {

@@ -124,6 +124,9 @@ int Run(Args a) {
   if (a.batch == 0) a.batch = preset->batch;
   if (a.seq == 0) a.seq = preset->seq;
   if (a.seq > cfg.context) return Fail("--seq " + std::to_string(a.seq) + " is above the preset's context " + std::to_string(cfg.context));
+  // Before the build (minutes on a large preset), not after it.
+  if (!a.resume.empty() && !std::filesystem::is_directory(a.resume))
+    return Fail("--resume " + a.resume + ": no such folder");
 
   // Data parallelism over the launcher's ranks (strata-launch, torchrun,
   // OpenMPI, Slurm): each rank trains on its slice of every global batch.
@@ -237,6 +240,9 @@ int Run(Args a) {
     if (len != sizeof blob || static_cast<uint64_t>(blob[1]) != a.seed)
       return Fail("--resume " + a.resume + ": the checkpoint is not from a strata-train run with this --seed");
     start = blob[0];
+    if (start >= a.steps)
+      return Fail("--resume " + a.resume + ": the checkpoint is at step " + std::to_string(start) + "; --steps " +
+                  std::to_string(a.steps) + " leaves nothing to train (give more steps)");
     if (lead) std::printf("resumed from %s at step %lld\n", a.resume.c_str(), static_cast<long long>(start));
   }
 
@@ -310,8 +316,8 @@ int Run(Args a) {
     const double tps = static_cast<double>(a.batch) * a.seq / secs;
     if (lead) progress.Step(s + 1, loss, tps, secs * static_cast<double>(a.steps - s - 1), so.lr, r.skipped != 0);
     // --save alone checkpoints after the last step (it saved nothing before);
-    // with --save-every N, every N steps.
-    const bool due = a.save_every > 0 ? (s + 1) % a.save_every == 0 : s + 1 == a.steps;
+    // with --save-every N, every N steps and after the last.
+    const bool due = s + 1 == a.steps || (a.save_every > 0 && (s + 1) % a.save_every == 0);
     if (!a.save.empty() && due) {
       const int64_t blob[2] = {s + 1, static_cast<int64_t>(a.seed)};
       char tag[32];
@@ -366,16 +372,27 @@ int main(int argc, char** argv) {
   app.add_option("--steps", a.steps, "training steps")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--batch", a.batch, "sequences per step over all ranks, split evenly among them (default: the preset's)")->check(CLI::Range(1, 1 << 16));
   app.add_option("--seq", a.seq, "tokens per sequence (default: the preset's)")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--lr", a.lr, "peak learning rate (warm-up, then cosine decay)")->capture_default_str();
+  const CLI::Validator finite(
+      [](std::string& v) {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        return std::isfinite(x) && x >= 0 ? std::string() : "a finite number >= 0, not " + v;
+      },
+      "FINITE");
+  app.add_option("--lr", a.lr, "peak learning rate (warm-up, then cosine decay)")->capture_default_str()->check(finite);
   app.add_option("--warmup", a.warmup, "warm-up steps")->capture_default_str()->check(CLI::Range(1, 1 << 30));
   app.add_option("--seed", a.seed, "seed of the data, the initialization and the sampler")->capture_default_str();
   app.add_option("--data", a.data, "a text file (bytes are tokens); default: the built-in corpus");
-  app.add_option("--device-budget", a.device_budget,
+  CLI::Option* device_budget = app.add_option("--device-budget", a.device_budget,
                  "device tier budget (default: 2 MiB, or two of the largest parameter group's compute copies "
                  "when that is more, so that every preset offloads and builds)");
-  app.add_option("--host-budget", a.host_budget, "host tier budget")->capture_default_str();
-  app.add_option("--nvme", a.nvme, "swap folder (default: the config's nvme_path, else a fresh one under /var/tmp)");
-  app.add_flag("--resident", a.resident, "keep every state resident (no offload, automatic budgets)");
+  CLI::Option* host_budget = app.add_option("--host-budget", a.host_budget, "host tier budget")->capture_default_str();
+  CLI::Option* nvme =
+      app.add_option("--nvme", a.nvme, "swap folder (default: the config's nvme_path, else a fresh one under /var/tmp)");
+  app.add_flag("--resident", a.resident, "keep every state resident (no offload, automatic budgets)")
+      ->excludes(device_budget)
+      ->excludes(host_budget)
+      ->excludes(nvme);
   app.add_flag("--fp16", a.fp16, "fp16 with dynamic loss scaling instead of bf16");
   app.add_flag("--no-overlap-step", a.no_overlap_step,
                "update every group after backward instead of overlapping the update of each with the backward "
@@ -394,8 +411,10 @@ int main(int argc, char** argv) {
                  "strata.state_format: fp32, or compact (about 5 bytes a parameter of optimizer state instead of 12)")
       ->check(CLI::IsMember({"fp32", "compact"}));
   app.add_option("--trace", a.trace, "write rank 0's Chrome trace (Perfetto) here");
-  app.add_option("--save", a.save, "checkpoint folder (alone: one checkpoint after the last step)");
-  app.add_option("--save-every", a.save_every, "checkpoint every N steps instead")->check(CLI::Range(0, 1 << 30));
+  CLI::Option* save = app.add_option("--save", a.save, "checkpoint folder (alone: one checkpoint after the last step)");
+  app.add_option("--save-every", a.save_every, "with --save: checkpoint every N steps too")
+      ->check(CLI::Range(0, 1 << 30))
+      ->needs(save);
   app.add_option("--resume", a.resume, "resume from the latest checkpoint in this folder");
   app.add_option("--print-every", a.print_every, "log every N steps when not on a terminal")->capture_default_str();
   app.add_flag("--weights-hash", a.weights_hash, "print a hash of the final master weights");
