@@ -145,18 +145,22 @@ void UringRing::Complete(IoChunk* c, int res) {
     return;
   }
   if (res < 0) return Finish(c, PosixError(verb, owner_->Info(op.file).path, op.offset, op.len, -res));
-  if (res == 0) {
+  const auto done = static_cast<uint64_t>(res);
+  if (done >= op.len) return Finish(c, Status::Ok());
+  // Short: continue from the aligned offset at or below what was done. One
+  // shorter than the alignment (a direct read at a file's end off the
+  // alignment: the same few bytes each time) advances nothing: as 0 bytes.
+  const uint64_t advance = AlignDown(done, c->align);
+  if (advance == 0) {
     const std::string where = owner_->Info(op.file).path + " offset " + std::to_string(op.offset) +
                               " length " + std::to_string(op.len);
     if (op.kind == IoOp::kRead)
-      return Finish(c, CorruptError("read " + where + ": unexpected end of file (truncated?)"));
-    return Finish(c, IoError("write " + where + ": the kernel wrote 0 bytes"));
+      return Finish(c, CorruptError("read " + where + ": unexpected end of file after " + std::to_string(done) +
+                                    " bytes (truncated?)"));
+    return Finish(c, IoError("write " + where + ": the kernel wrote " + std::to_string(done) + " bytes, under the " +
+                             std::to_string(c->align) + "-byte alignment"));
   }
   c->retries = 0;
-  const auto done = static_cast<uint64_t>(res);
-  if (done >= op.len) return Finish(c, Status::Ok());
-  // Short: continue from the aligned offset at or below what was done.
-  const uint64_t advance = AlignDown(done, c->align);
   op.offset += advance;
   op.buf = static_cast<char*>(op.buf) + advance;
   op.len -= advance;
