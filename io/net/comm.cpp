@@ -20,7 +20,7 @@ struct Descriptor {
   char op[16];
   uint64_t bytes;
   int32_t root;
-  uint32_t reserved;
+  uint32_t refused;  // 1: this rank refused its own arguments (no data moves)
   char label[32];
 };
 static_assert(sizeof(Descriptor) == 64);
@@ -45,14 +45,23 @@ bool Same(const Descriptor& a, const Descriptor& b) { return std::memcmp(&a, &b,
 
 }  // namespace
 
-Status Communicator::AgreeOn(const char* op, uint64_t bytes, int root) {
+// `local`: this rank's check of its own arguments. A rank that refused them
+// still exchanges its descriptor, so that every rank fails (INVALID) before
+// any data moves, never one rank's next call meeting its peers' data phase.
+Status Communicator::AgreeOn(const char* op, uint64_t bytes, int root, const Status& local) {
   const int w = world_size(), r = rank();
-  if (w == 1) return Status::Ok();
+  if (w == 1) return local;
   std::vector<Descriptor> all(static_cast<size_t>(w));
-  const Descriptor mine = Describe(op, bytes, root, label_);
+  Descriptor mine = Describe(op, bytes, root, label_);
+  mine.refused = local.ok() ? 0 : 1;
   all[static_cast<size_t>(r)] = mine;
   STRATA_RETURN_IF_ERROR(DoExchangeDescriptors(&all[static_cast<size_t>(r)], all.data(), sizeof mine)
                              .WithContext("exchanging what the collective is"));
+  if (!local.ok()) return local;
+  for (int k = 0; k < w; ++k)
+    if (all[static_cast<size_t>(k)].refused)
+      return InvalidError("rank " + std::to_string(k) + " refused its arguments to " +
+                          Text(all[static_cast<size_t>(k)]) + " (its error says why); no rank ran it");
   for (int k = 0; k < w; ++k)
     if (!Same(all[static_cast<size_t>(k)], mine))
       return CommError("ranks disagree on this collective: rank " + std::to_string(r) + " is at " + Text(mine) +
@@ -61,45 +70,52 @@ Status Communicator::AgreeOn(const char* op, uint64_t bytes, int root) {
   return Status::Ok();
 }
 
-template <typename Fn>
-Status Communicator::Run(const char* op, const std::string& size, uint64_t bytes, int root, Fn&& fn) {
+template <typename Check, typename Fn>
+Status Communicator::Run(const char* op, const std::string& size, uint64_t bytes, int root, Check&& check,
+                         Fn&& fn) {
   ++seq_;
   std::string ctx = std::string(backend()) + " " + op + " #" + std::to_string(seq_) + " (" + size +
                     ") on rank " + std::to_string(rank()) + " of " + std::to_string(world_size());
   if (broken_) return CommError(ctx + ": not run, the communicator failed earlier: " + broken_->message());
-  Status s = AgreeOn(op, bytes, root);
-  if (s.ok()) s = fn();
+  Status s = AgreeOn(op, bytes, root, check());
+  const bool agreed = s.ok();
+  if (agreed) s = fn();
   if (s.ok()) return s;
   Status e = s.WithContext(ctx);
-  // Bad arguments are local and leave the communicator usable; anything else
-  // may have left peers mid-protocol.
-  if (s.code() != Code::kInvalid) broken_ = std::make_unique<Status>(e);
+  // Arguments refused (by any rank) before any data moved leave the
+  // communicator usable on every rank; anything else, and any failure once
+  // the ranks agreed (a backend's own refusal included), may have left
+  // peers mid-protocol.
+  if (agreed || s.code() != Code::kInvalid) broken_ = std::make_unique<Status>(e);
   return e;
 }
 
 Status Communicator::AllReduce(float* buf, size_t n) {
-  return Run("all_reduce", Count(n, "floats"), n * sizeof(float), -1, [&] {
-    if (!buf && n) return InvalidError("null buffer");
-    return n ? DoAllReduce(buf, n) : Status::Ok();
-  });
+  return Run(
+      "all_reduce", Count(n, "floats"), n * sizeof(float), -1,
+      [&] { return !buf && n ? InvalidError("null buffer") : Status::Ok(); },
+      [&] { return n ? DoAllReduce(buf, n) : Status::Ok(); });
 }
 
 Status Communicator::ReduceScatter(const float* in, float* out, size_t n_per_rank) {
-  return Run("reduce_scatter", Count(n_per_rank, "floats", " per rank"), n_per_rank * sizeof(float), -1, [&] {
-    if ((!in || !out) && n_per_rank) return InvalidError("null buffer");
-    return n_per_rank ? DoReduceScatter(in, out, n_per_rank) : Status::Ok();
-  });
+  return Run(
+      "reduce_scatter", Count(n_per_rank, "floats", " per rank"), n_per_rank * sizeof(float), -1,
+      [&] { return (!in || !out) && n_per_rank ? InvalidError("null buffer") : Status::Ok(); },
+      [&] { return n_per_rank ? DoReduceScatter(in, out, n_per_rank) : Status::Ok(); });
 }
 
 Status Communicator::ReduceScatterPieces(const FloatPieces& in, uint64_t stride, uint64_t first, float* out,
                                          size_t n_per_rank) {
-  return Run("reduce_scatter", Count(n_per_rank, "floats", " per rank"), n_per_rank * sizeof(float), -1, [&] {
-    if (!out && n_per_rank) return InvalidError("null buffer");
-    if (stride < n_per_rank)
-      return InvalidError("the ranks' parts overlap (" + std::to_string(stride) + " elements apart, " +
-                          std::to_string(n_per_rank) + " each)");
-    return n_per_rank ? DoReduceScatterPieces(in, stride, first, out, n_per_rank) : Status::Ok();
-  });
+  return Run(
+      "reduce_scatter", Count(n_per_rank, "floats", " per rank"), n_per_rank * sizeof(float), -1,
+      [&] {
+        if (!out && n_per_rank) return InvalidError("null buffer");
+        if (stride < n_per_rank)
+          return InvalidError("the ranks' parts overlap (" + std::to_string(stride) + " elements apart, " +
+                              std::to_string(n_per_rank) + " each)");
+        return Status::Ok();
+      },
+      [&] { return n_per_rank ? DoReduceScatterPieces(in, stride, first, out, n_per_rank) : Status::Ok(); });
 }
 
 Status Communicator::DoReduceScatterPieces(const FloatPieces& in, uint64_t stride, uint64_t first, float* out,
@@ -111,23 +127,24 @@ Status Communicator::DoReduceScatterPieces(const FloatPieces& in, uint64_t strid
 }
 
 Status Communicator::AllGather(const void* in, void* out, size_t bytes_per_rank) {
-  return Run("all_gather", Count(bytes_per_rank, "bytes", " per rank"), bytes_per_rank, -1, [&] {
-    if ((!in || !out) && bytes_per_rank) return InvalidError("null buffer");
-    return bytes_per_rank ? DoAllGather(in, out, bytes_per_rank) : Status::Ok();
-  });
+  return Run(
+      "all_gather", Count(bytes_per_rank, "bytes", " per rank"), bytes_per_rank, -1,
+      [&] { return (!in || !out) && bytes_per_rank ? InvalidError("null buffer") : Status::Ok(); },
+      [&] { return bytes_per_rank ? DoAllGather(in, out, bytes_per_rank) : Status::Ok(); });
 }
 
 Status Communicator::Broadcast(void* buf, size_t bytes, int root) {
-  return Run("broadcast", Count(bytes, "bytes from rank ") + std::to_string(root), bytes, root, [&] {
-    if (root < 0 || root >= world_size())
-      return InvalidError("root " + std::to_string(root) + " out of range");
-    if (!buf && bytes) return InvalidError("null buffer");
-    return bytes ? DoBroadcast(buf, bytes, root) : Status::Ok();
-  });
+  return Run(
+      "broadcast", Count(bytes, "bytes from rank ") + std::to_string(root), bytes, root,
+      [&] {
+        if (root < 0 || root >= world_size()) return InvalidError("root " + std::to_string(root) + " out of range");
+        return !buf && bytes ? InvalidError("null buffer") : Status::Ok();
+      },
+      [&] { return bytes ? DoBroadcast(buf, bytes, root) : Status::Ok(); });
 }
 
 Status Communicator::Barrier() {
-  return Run("barrier", "no data", 0, -1, [&] { return DoBarrier(); });
+  return Run("barrier", "no data", 0, -1, [] { return Status::Ok(); }, [&] { return DoBarrier(); });
 }
 
 bool NcclAvailable() {

@@ -123,9 +123,9 @@ class Communicator {
   uint64_t current_seq() const { return seq_; }  // number of the collective in progress
 
  private:
-  template <typename Fn>
-  Status Run(const char* op, const std::string& size, uint64_t bytes, int root, Fn&& fn);
-  Status AgreeOn(const char* op, uint64_t bytes, int root);
+  template <typename Check, typename Fn>
+  Status Run(const char* op, const std::string& size, uint64_t bytes, int root, Check&& check, Fn&& fn);
+  Status AgreeOn(const char* op, uint64_t bytes, int root, const Status& local);
 
   uint64_t seq_ = 0;
   std::string label_;

@@ -99,6 +99,29 @@ void OnThreads(int world, double timeout_s, const std::function<void(int, Commun
   for (auto& t : threads) t.join();
 }
 
+// One rank refusing its own arguments (a null buffer) makes every rank fail
+// before any data moves, and the next collective is whole on every rank
+// (before, the others went on into the data phase and met its next call).
+TEST(GlooComm, ArgumentsOneRankRefusesFailEveryRankAndLeaveItUsable) {
+  const int world = 3;
+  const size_t per = 100;
+  for (bool shm : {true, false})
+    OnThreads(
+        world, 10,
+        [&](int r, Communicator& c) {
+          std::vector<uint8_t> in(per, static_cast<uint8_t>(r + 1)), out(per * world, 0);
+          Status st = c.AllGather(r == 1 ? nullptr : in.data(), out.data(), per);
+          EXPECT_EQ(st.code(), Code::kInvalid) << st.ToString();
+          EXPECT_NE(st.message().find(r == 1 ? "null buffer" : "rank 1 refused"), std::string::npos) << st.ToString();
+          for (uint8_t& v : in) v = static_cast<uint8_t>(10 * (r + 1));
+          st = c.AllGather(in.data(), out.data(), per);
+          ASSERT_TRUE(st.ok()) << st.ToString();
+          for (int q = 0; q < world; ++q)
+            EXPECT_EQ(out[static_cast<size_t>(q) * per + per - 1], 10 * (q + 1)) << "rank " << r << " from " << q;
+        },
+        shm);
+}
+
 TEST(GlooComm, ReduceScatterMatchesAScalarSum) {
   const int world = 3;
   const size_t per = 1001;
