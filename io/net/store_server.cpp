@@ -6,6 +6,7 @@
 #include <map>
 #include <thread>
 
+#include "base/log.h"
 #include "io/net/asio.h"
 #include "io/net/store.h"
 #include "io/net/store_wire.h"
@@ -101,7 +102,17 @@ wire::Response Invalid(const std::string& msg) {
 
 void StoreServer::Impl::Accept() {
   acceptor.async_accept([this](boost::system::error_code ec, tcp::socket sock) {
-    if (ec) return;  // closed by Stop()
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;  // closed by Stop()
+      // Out of descriptors (EMFILE, ENFILE), buffers, or a connection that
+      // went before it was taken: the listener stays. Said, and accepted
+      // again shortly (clients wait in the backlog meanwhile), never left
+      // without an accept for the rest of the job.
+      STRATA_LOG_WARN("store server on port {}: accept failed ({}); accepting again in 50 ms", port, ec.message());
+      auto retry = std::make_shared<asio::steady_timer>(ioc, std::chrono::milliseconds(50));
+      retry->async_wait([this, retry](boost::system::error_code) { Accept(); });
+      return;
+    }
     boost::system::error_code ignored;
     sock.set_option(tcp::no_delay(true), ignored);
     auto s = std::make_shared<Session>(std::move(sock), this);

@@ -5,7 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 using namespace strata;
@@ -44,6 +53,48 @@ TEST(Store, SetGetAdd) {
   auto bad = f.client->Add("a", 1);  // "a" is empty, not an integer
   EXPECT_EQ(bad.status().code(), Code::kInvalid);
   EXPECT_TRUE(f.client->Wait({"a", "n"}, 1s).ok());
+}
+
+// An accept that fails for want of descriptors (EMFILE) does not stop the
+// server: once descriptors are free again a new client is served. This
+// process is held at its open descriptors while a child connects (the
+// server's accept fails), then let go.
+TEST(Store, AcceptFailingForWantOfDescriptorsResumes) {
+  auto server = StoreServer::Start("127.0.0.1", 0).value();
+  const int port = server->port();
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  int open_now = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++open_now;
+  rlimit tight = old;
+  tight.rlim_cur = static_cast<rlim_t>(open_now);  // (the iterator's own descriptor is closed again)
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {  // async-signal-safe calls only: a socket to the server, held a while
+    ::setrlimit(RLIMIT_NOFILE, &old);
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) ::_exit(3);
+    const timespec hold{1, 0};
+    ::nanosleep(&hold, nullptr);
+    ::_exit(0);
+  }
+  ASSERT_GT(child, 0);
+  std::this_thread::sleep_for(300ms);  // the server's accept of it fails meanwhile (EMFILE)
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  auto c = StoreClient::Connect("127.0.0.1", port, 5s);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Status st = (*c)->Set("after", {7});
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  auto v = (*c)->Get("after", 2s);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, (Bytes{7}));
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not connect";
 }
 
 TEST(Store, GetAndWaitBlockUntilSet) {
