@@ -5,6 +5,7 @@
 #include <list>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "base/log.h"
 #include "io/net/asio.h"
@@ -38,6 +39,7 @@ struct StoreServer::Impl {
   std::vector<std::weak_ptr<Session>> sessions;
   std::thread thread;
   bool stopped = false;
+  bool accept_failing = false;  // said once per run of failed accepts
   int port = 0;
 
   void Accept();
@@ -108,11 +110,13 @@ void StoreServer::Impl::Accept() {
       // went before it was taken: the listener stays. Said, and accepted
       // again shortly (clients wait in the backlog meanwhile), never left
       // without an accept for the rest of the job.
-      STRATA_LOG_WARN("store server on port {}: accept failed ({}); accepting again in 50 ms", port, ec.message());
+      if (!std::exchange(accept_failing, true))
+        STRATA_LOG_WARN("store server on port {}: accept failed ({}); trying again every 50 ms", port, ec.message());
       auto retry = std::make_shared<asio::steady_timer>(ioc, std::chrono::milliseconds(50));
       retry->async_wait([this, retry](boost::system::error_code) { Accept(); });
       return;
     }
+    if (std::exchange(accept_failing, false)) STRATA_LOG_INFO("store server on port {}: accepting again", port);
     boost::system::error_code ignored;
     sock.set_option(tcp::no_delay(true), ignored);
     auto s = std::make_shared<Session>(std::move(sock), this);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -13,9 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 using namespace strata;
 using namespace strata::net;
@@ -67,8 +70,11 @@ TEST(Store, AcceptFailingForWantOfDescriptorsResumes) {
   int open_now = 0;
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++open_now;
   rlimit tight = old;
-  tight.rlim_cur = static_cast<rlim_t>(open_now);  // (the iterator's own descriptor is closed again)
+  tight.rlim_cur = static_cast<rlim_t>(open_now + 8);
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  std::vector<int> fillers;  // every descriptor left taken: the next one is EMFILE
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY)) >= 0;) fillers.push_back(fd);
+  ASSERT_EQ(errno, EMFILE);
   const pid_t child = ::fork();
   if (child == 0) {  // async-signal-safe calls only: a socket to the server, held a while
     ::setrlimit(RLIMIT_NOFILE, &old);
@@ -84,6 +90,7 @@ TEST(Store, AcceptFailingForWantOfDescriptorsResumes) {
   }
   ASSERT_GT(child, 0);
   std::this_thread::sleep_for(300ms);  // the server's accept of it fails meanwhile (EMFILE)
+  for (int fd : fillers) ::close(fd);
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
   auto c = StoreClient::Connect("127.0.0.1", port, 5s);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
