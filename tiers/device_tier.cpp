@@ -197,6 +197,8 @@ bool DeviceTier::ReleaseLargestCached() {
 
 Result<Allocation> DeviceTier::Allocate(uint64_t bytes) {
   if (bytes == 0) return InvalidError("device tier: allocation of 0 bytes");
+  // Over the budget before rounding: a size near 2^64 would round to a small one.
+  if (bytes > budget()) STRATA_RETURN_IF_ERROR(Charge(bytes));
   const uint64_t len = AlignUp(bytes, 256);  // cudaMalloc's granularity
   std::lock_guard<std::mutex> lock(mu_);
   auto it = cache_.lower_bound(len);

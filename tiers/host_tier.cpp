@@ -93,6 +93,8 @@ void HostTier::Lock(void* p, uint64_t len, Mapping* m) {
 
 Result<Allocation> HostTier::Allocate(uint64_t bytes) {
   if (bytes == 0) return InvalidError("host tier: allocation of 0 bytes");
+  // Over the budget before rounding: a size near 2^64 would round to a small one.
+  if (bytes > budget()) STRATA_RETURN_IF_ERROR(Charge(bytes));
   const uint64_t len = AlignUp(bytes, 4096);
   STRATA_RETURN_IF_ERROR(Charge(len));
   void* p = MAP_FAILED;

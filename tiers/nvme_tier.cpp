@@ -198,6 +198,8 @@ uint64_t NvmeTier::PaddedSize(uint64_t bytes) const {
 
 Result<Allocation> NvmeTier::Allocate(uint64_t bytes) {
   if (bytes == 0) return InvalidError("nvme tier: allocation of 0 bytes");
+  // Over the budget before rounding: a size near 2^64 would round to a small one.
+  if (bytes > budget()) STRATA_RETURN_IF_ERROR(Charge(bytes, Code::kNoSpace));
   const uint64_t padded = PaddedSize(bytes);
   STRATA_RETURN_IF_ERROR(Charge(padded, Code::kNoSpace));
   std::lock_guard<std::mutex> lock(mu_);

@@ -48,6 +48,12 @@ TEST(HostTier, AlignedPinnedAndExact) {
   EXPECT_EQ(too_big.status().code(), Code::kNoMem);
   EXPECT_NE(too_big.status().message().find("host tier budget exceeded"), std::string::npos);
   EXPECT_NE(too_big.status().message().find("64.00 MiB"), std::string::npos) << too_big.status().message();
+  // A size near 2^64 is over the budget too, not rounded round to nothing.
+  for (uint64_t huge : {~uint64_t{0}, ~uint64_t{0} - 100}) {
+    auto wrapped = host.Allocate(huge);
+    ASSERT_FALSE(wrapped.ok()) << huge;
+    EXPECT_EQ(wrapped.status().code(), Code::kNoMem) << wrapped.status().ToString();
+  }
   host.Free(*a);
   EXPECT_EQ(host.used(), 0u);
   EXPECT_EQ(host.peak(), 5 * kMiB + 4096);
@@ -315,6 +321,17 @@ struct Fixture {
     ::close(fd);
   }
 };
+
+TEST(NvmeTier, ASizeNearTwoToThe64IsOverTheBudget) {
+  Fixture f;
+  const uint64_t used = f.nvme->used();
+  for (uint64_t huge : {~uint64_t{0}, ~uint64_t{0} - 100}) {
+    auto a = f.nvme->Allocate(huge);
+    ASSERT_FALSE(a.ok()) << huge << ": charged " << (a.ok() ? a->charged : 0);
+    EXPECT_EQ(a.status().code(), Code::kNoSpace) << a.status().ToString();
+  }
+  EXPECT_EQ(f.nvme->used(), used);
+}
 
 TEST(NvmeTier, FlippedByteIsCorruptNamingFileAndOffset) {
   Fixture f;
