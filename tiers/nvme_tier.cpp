@@ -64,9 +64,11 @@ Result<std::unique_ptr<NvmeTier>> NvmeTier::Create(const NvmeTierOptions& option
 Status NvmeTier::Open() {
   const uint64_t n = options_.dirs.size();
   per_file_capacity_ = AlignUp((options_.budget + options_.spare + n - 1) / n, kMiB);
+  // A killed engine's files go first: their space is this engine's to take
+  // (before, they counted against the free-space check below).
+  RemoveStaleSwapFiles();
   STRATA_RETURN_IF_ERROR(OpenGeneration(0, &files_, &paths_));
   extents_ = std::make_unique<ExtentAllocator>(per_file_capacity_, align_);
-  RemoveStaleSwapFiles();
   return Status::Ok();
 }
 
@@ -141,12 +143,6 @@ Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::v
   };
   for (uint64_t i = 0; i < options_.dirs.size(); ++i) {
     const std::string& dir = options_.dirs[i];
-    const uint64_t free = FreeBytesAt(dir);
-    if (free < per_file_capacity_) {
-      return undo(NoSpaceError("nvme tier: " + dir + " has " + FormatBytes(free) + " (" + std::to_string(free) +
-                               " bytes) free; its swap file needs " + FormatBytes(per_file_capacity_) + " (" +
-                               std::to_string(per_file_capacity_) + " bytes)"));
-    }
     const std::string path = dir + "/strata-swap.r" + std::to_string(options_.rank) + ".s" + std::to_string(i) +
                              (gen ? ".g" + std::to_string(gen) : "") + ".bin";
     // A file left at this name by an engine that died may be a checkpoint's
@@ -158,6 +154,13 @@ Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::v
       ::close(stale);
       if (!ours) return undo(InUse(path));
       if (::unlink(path.c_str()) != 0 && errno != ENOENT) return undo(PosixError("unlink stale swap file", path, errno));
+    }
+    // (after the stale file at this name went: its space counts as free)
+    const uint64_t free = FreeBytesAt(dir);
+    if (free < per_file_capacity_) {
+      return undo(NoSpaceError("nvme tier: " + dir + " has " + FormatBytes(free) + " (" + std::to_string(free) +
+                               " bytes) free; its swap file needs " + FormatBytes(per_file_capacity_) + " (" +
+                               std::to_string(per_file_capacity_) + " bytes)"));
     }
     auto f = options_.storage->Open(path, OpenMode::kCreate);
     if (!f.ok()) return undo(f.status());
