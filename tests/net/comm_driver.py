@@ -153,6 +153,14 @@ def scenario_torchrun(a):
         check(f"comm_worker rank {r}: gloo, 0 failures" in out, f"rank {r} ran every collective")
 
 
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def launch(a, nproc, script, *extra, limit=30):
     t0 = time.monotonic()
     p = subprocess.run([a.launch, "--nproc", str(nproc), "--master-port", "0", *extra, "--",
@@ -188,6 +196,16 @@ def scenario_launcher(a):
     p, took = launch(a, 2, 'if [ "$RANK" = 1 ]; then sleep 0.3; exit 5; fi; trap "" TERM; sleep 60',
                      "--grace", "1")
     check(p.returncode == 5 and took < 10, f"SIGKILL after the grace: rc {p.returncode}, {took:.1f} s")
+
+    # A rank whose own process dies while a child of it lives on (a shell
+    # wrapper killed): the child is stopped too, not left behind the launcher.
+    p, took = launch(a, 2, 'if [ "$RANK" = 0 ]; then sleep 317 & sleep 0.5; kill -9 $$; fi; exec sleep 60',
+                     "--grace", "1")
+    time.sleep(0.3)
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid) == b"sleep\x00317\x00"]
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
+    check(p.returncode == 137 and not left, f"a dead rank's child goes too: rc {p.returncode}, left {left}")
 
     # Once per host (--nnodes): node-major ranks, the node's index as torchrun names it.
     script = 'echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE $MASTER_ADDR $MASTER_PORT"'

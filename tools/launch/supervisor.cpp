@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <thread>
 
 extern char** environ;
 
@@ -53,8 +54,9 @@ struct Stream {
 struct Rank {
   int rank = 0;   // global: node_rank * nproc + local
   int local = 0;  // index on this node
-  pid_t pid = -1;
-  bool running = false;
+  pid_t pid = -1;           // also its process group's id
+  bool running = false;     // the rank's own process (the group's leader) not yet reaped
+  bool group_gone = false;  // no process of its group is left (kill says ESRCH)
   Stream streams[2];
 };
 
@@ -170,6 +172,7 @@ class Supervisor {
       }
     }
     while (Busy()) Step();
+    if (stop_at_) KillLeftovers();
     return code_;
   }
 
@@ -245,9 +248,28 @@ class Supervisor {
     Signal(SIGTERM);
   }
 
+  // Every process of each rank's group, its leader reaped or not (a shell
+  // wrapper killed while its python child lives on), until the group is gone.
   void Signal(int sig) {
     for (auto& r : ranks_)
-      if (r.running) kill(-r.pid, sig);
+      if (r.pid > 0 && !r.group_gone && kill(-r.pid, sig) != 0 && errno == ESRCH) r.group_gone = true;
+  }
+
+  // Stopping: what is left of the ranks' groups once their leaders are gone
+  // gets the rest of the grace after SIGTERM, then SIGKILL, so that nothing
+  // outlives the launcher.
+  void KillLeftovers() {
+    auto alive = [this] {
+      Signal(0);
+      return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.pid > 0 && !r.group_gone; });
+    };
+    while (!killed_ && alive() && Clock::now() - *stop_at_ < std::chrono::duration<double>(spec_.grace_s))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (alive()) {
+      Signal(SIGKILL);
+      while (alive() && Clock::now() - *stop_at_ < std::chrono::duration<double>(spec_.grace_s + 5))
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
 
   const LaunchSpec& spec_;
