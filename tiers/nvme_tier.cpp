@@ -65,10 +65,14 @@ Status NvmeTier::Open() {
   const uint64_t n = options_.dirs.size();
   per_file_capacity_ = AlignUp((options_.budget + options_.spare + n - 1) / n, kMiB);
   // A killed engine's files go first: their space is this engine's to take
-  // (before, they counted against the free-space check below).
+  // (before, they counted against the free-space check). A process that
+  // just died may still hold their locks a moment (OpenGeneration waits for
+  // the one at its own name): what this pass could not take, the pass after
+  // it removes, as before.
   RemoveStaleSwapFiles();
   STRATA_RETURN_IF_ERROR(OpenGeneration(0, &files_, &paths_));
   extents_ = std::make_unique<ExtentAllocator>(per_file_capacity_, align_);
+  RemoveStaleSwapFiles();
   return Status::Ok();
 }
 
