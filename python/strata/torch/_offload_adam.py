@@ -144,6 +144,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         # no state and is never changed.
         self._cohorts = []
         self._closed = False
+        self._broken = None  # why the optimizer cannot go on (a step that failed with gradients held), if so
         self._tags = itertools.count()
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False,
                         maximize=bool(maximize), foreach=foreach, capturable=False, differentiable=False,
@@ -184,6 +185,9 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     def _check_open(self, what):
         if self._closed:
             raise Error(STATE, f"OffloadAdam.{what}: the optimizer is closed (its state was freed); make a new one")
+        if self._broken and what != "load_state_dict":
+            raise Error(STATE, f"OffloadAdam.{what}: {self._broken}; load_state_dict a state saved before, or make "
+                        "a new optimizer")
 
     def _new_engine(self, index, params):
         group = self.param_groups[index]
@@ -339,13 +343,28 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         # several ranks that reaches every rank's).
         poison = len(stepping) > 1 and (self._scaler is not None or _nonfinite(stepping[0][1]) == "skip") and \
             self._overflowed([ge for _, ge in stepping if not ge.handed])
-        for group, ge in stepping:
+        def hand(group, ge):
             if not ge.handed:
                 ge.hand_grads(negate=group.get("maximize", False), scale=scale, coef=coef, poison=poison)
-        clips = self._joint_clips(stepping, clip_next)
-        for (group, ge), clip in zip(stepping, clips):
-            norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
-                                           weight_decay=group["weight_decay"], max_grad_norm=clip)
+
+        # A clip spanning several engines needs all their norms first, so
+        # their gradients are handed before any steps; every other engine's
+        # just before its own step, as always.
+        clips = self._joint_clips(stepping, clip_next, hand)
+        for k, ((group, ge), clip) in enumerate(zip(stepping, clips)):
+            hand(group, ge)
+            try:
+                norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                                               weight_decay=group["weight_decay"], max_grad_norm=clip)
+            except BaseException as e:
+                # Engines after this one that were handed their gradients
+                # (for a joint clip) hold them with no way to drop them: a
+                # later step would apply them. Refuse to go on, saying so.
+                held = [g for _, g in stepping[k + 1:] if g.handed]
+                if held:
+                    self._broken = (f"a step failed ({e}) after {len(held)} more engine(s) were handed their "
+                                    "gradients for a joint clip; they cannot be taken back")
+                raise
             ge.handed = False
             ge.copy_params_back()
             results.append((norm, skipped))
@@ -362,7 +381,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self.last_results = results  # (grad_norm, skipped) per engine that stepped
         return loss
 
-    def _joint_clips(self, stepping, clip_next):
+    def _joint_clips(self, stepping, clip_next, hand):
         """The max_grad_norm each stepping engine gets. A clip bounds the
         norm of a set of parameters together, as torch's clip_grad_norm_
         over them: a param group's max_grad_norm, its group's; the config's
@@ -376,7 +395,8 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         ranks, taken in the same order on every rank. A set whose norm is
         not finite keeps each engine's clip: its steps skip (strata.nonfinite
         "skip": every engine's gradients were poisoned above), or apply or
-        fail as that policy says."""
+        fail as that policy says. `hand(group, ge)` hands an engine its
+        gradients: called for the engines of a set that spans several."""
         clips, sets = [], {}
         for k, (group, ge) in enumerate(stepping):
             clip = clip_next if clip_next is not None else group.get("max_grad_norm")
@@ -386,6 +406,8 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             limit = stepping[ks[0]][1].engine.config.get("gradient_clipping") if key == "config" else key[2]
             if len(ks) < 2 or not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0:
                 continue
+            for k in ks:
+                hand(*stepping[k])
             norms = [stepping[k][1].engine.grad_norm() for k in ks]
             total = math.sqrt(math.fsum(n * n for n in norms))
             if not math.isfinite(total):
@@ -463,6 +485,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             self._cohorts.append(cohorts)
         for p in list(self.state):  # the engine holds them now
             self.state[p] = {"step": self.state[p].get("step", torch.tensor(0.0))}
+        self._broken = None  # fresh engines: nothing held
 
     def __setstate__(self, state):
         # torch's load_state_dict replaces each param group by the saved one:
