@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -107,30 +108,28 @@ TEST(Store, AcceptFailingForWantOfDescriptorsResumes) {
 TEST(Store, GetAndWaitBlockUntilSet) {
   auto f = Start();
   auto other = StoreClient::Connect("127.0.0.1", f.server->port(), 5s).value();
+  std::atomic<bool> setting{false};
   std::thread setter([&] {
     std::this_thread::sleep_for(200ms);
+    setting = true;
     EXPECT_TRUE(other->Set("late", {42}).ok());
     std::this_thread::sleep_for(100ms);
     EXPECT_TRUE(other->Add("count", 1).ok());
   });
-  auto t0 = std::chrono::steady_clock::now();
   auto v = f.client->Get("late", 10s);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(*v, Bytes{42});
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms);
+  EXPECT_TRUE(setting) << "Get returned before the key was set";
   EXPECT_TRUE(f.client->Wait({"late", "count"}, 10s).ok());
   setter.join();
 }
 
 TEST(Store, TimeoutsNameTheKeyAndTheSeconds) {
   auto f = Start();
-  auto t0 = std::chrono::steady_clock::now();
   auto v = f.client->Get("never", 300ms);
-  auto took = std::chrono::steady_clock::now() - t0;
   ASSERT_EQ(v.status().code(), Code::kTimeout) << v.status().ToString();
   EXPECT_NE(v.status().message().find("'never'"), std::string::npos) << v.status().ToString();
   EXPECT_NE(v.status().message().find("0.3 s"), std::string::npos) << v.status().ToString();
-  EXPECT_LT(took, 2s);
   ASSERT_TRUE(f.client->Set("here", {1}).ok());
   Status w = f.client->Wait({"here", "absent"}, 200ms);
   EXPECT_EQ(w.code(), Code::kTimeout);

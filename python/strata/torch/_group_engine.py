@@ -189,3 +189,30 @@ class _GroupEngine:
     def close(self):
         self.engine.close()
         _remove_swap_folders(self.folders)
+
+
+def _check_saved_shapes(groups, state_dict, names):
+    """A saved exp_avg, exp_avg_sq or master_param whose shape is not its
+    parameter's is refused, naming both (torch's own load would cut or
+    broadcast it, or fail only after the engines were freed)."""
+    saved_groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+    saved = state_dict.get("state") if isinstance(state_dict, dict) else None
+    if not isinstance(saved_groups, list) or not isinstance(saved, dict) or len(saved_groups) != len(groups):
+        return  # (torch's load_state_dict says what is wrong)
+    for k, (sg, g) in enumerate(zip(saved_groups, groups)):
+        ids = sg.get("params", []) if isinstance(sg, dict) else []
+        if len(ids) != len(g["params"]):
+            return
+        for i, p in zip(ids, g["params"]):
+            for key, v in (saved.get(i) or {}).items():
+                if key in ("exp_avg", "exp_avg_sq", "master_param") and isinstance(v, torch.Tensor) and \
+                        tuple(v.shape) != tuple(p.shape):
+                    raise Error(INVALID, f"OffloadAdam.load_state_dict: param group {k}: "
+                                f"{_param_label(p, names)}'s saved {key} has shape {tuple(v.shape)}, not the "
+                                f"parameter's {tuple(p.shape)}")
+
+
+def _nonfinite(ge):
+    """The engine's strata.nonfinite policy, as it resolved it."""
+    section = ge.engine.config.get("strata")
+    return section.get("nonfinite", "skip") if isinstance(section, dict) else "skip"

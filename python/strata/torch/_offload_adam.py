@@ -15,7 +15,7 @@ from ._clip import (_OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _
                     _torch_norm_of, _torch_total_norm)
 from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _resolve_ranks, _say_autos, _separate_swap_folders,
                       _with_state_format)
-from ._group_engine import _GroupEngine, _check_params, _param_label, _split_names
+from ._group_engine import _GroupEngine, _check_params, _check_saved_shapes, _nonfinite, _split_names
 from ._loss_scale import _LossScaling, _Scaler, _ScalesLoss, _fp16_section
 from ._offload_optimizer import _closure_loss
 
@@ -519,33 +519,6 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             self.close()
         except Exception:
             pass
-
-
-def _check_saved_shapes(groups, state_dict, names):
-    """A saved exp_avg, exp_avg_sq or master_param whose shape is not its
-    parameter's is refused, naming both (torch's own load would cut or
-    broadcast it, or fail only after the engines were freed)."""
-    saved_groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
-    saved = state_dict.get("state") if isinstance(state_dict, dict) else None
-    if not isinstance(saved_groups, list) or not isinstance(saved, dict) or len(saved_groups) != len(groups):
-        return  # (torch's load_state_dict says what is wrong)
-    for k, (sg, g) in enumerate(zip(saved_groups, groups)):
-        ids = sg.get("params", []) if isinstance(sg, dict) else []
-        if len(ids) != len(g["params"]):
-            return
-        for i, p in zip(ids, g["params"]):
-            for key, v in (saved.get(i) or {}).items():
-                if key in ("exp_avg", "exp_avg_sq", "master_param") and isinstance(v, torch.Tensor) and \
-                        tuple(v.shape) != tuple(p.shape):
-                    raise Error(INVALID, f"OffloadAdam.load_state_dict: param group {k}: "
-                                f"{_param_label(p, names)}'s saved {key} has shape {tuple(v.shape)}, not the "
-                                f"parameter's {tuple(p.shape)}")
-
-
-def _nonfinite(ge):
-    """The engine's strata.nonfinite policy, as it resolved it."""
-    section = ge.engine.config.get("strata")
-    return section.get("nonfinite", "skip") if isinstance(section, dict) else "skip"
 
 
 _REFUSED_OPTIONS = ("amsgrad", "capturable", "differentiable", "fused")
