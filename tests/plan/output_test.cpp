@@ -354,6 +354,41 @@ TEST(Output, CalibrationJsonRoundTrips) {
   EXPECT_FALSE(ParseClusterJson(R"({"gpus_per_nod": 8})").ok()) << "a misspelled key is refused";
 }
 
+// A plan divides by every rate and multiplies nodes by GPUs into a 32-bit
+// world: a zero rate, a fractional or wrapping count, or a size past 2^60 is
+// refused naming its key, in the file and on the command line.
+TEST(Output, ClusterValuesAreCheckedByKey) {
+  struct Case {
+    const char* json;
+    const char* names;
+  };
+  const Case refused[] = {
+      {R"({"nvme_read": 0})", "cluster.nvme_read: a rate must be above 0"},
+      {R"({"cpu_adam_rate": "0B"})", "cluster.cpu_adam_rate: a rate must be above 0"},
+      {R"({"gpu_tflops": 0})", "cluster.gpu_tflops"},
+      {R"({"gpu_efficiency": 0})", "cluster.gpu_efficiency"},
+      {R"({"nvme_mixed_factor": 0})", "cluster.nvme_mixed_factor"},
+      {R"({"nodes": 1.5})", "cluster.nodes: expected a whole number"},
+      {R"({"nvme_drives": 4294967297})", "cluster.nvme_drives: expected a whole number"},
+      {R"({"nodes": 65536, "gpus_per_node": 65537})", "65536 x 65537 = 4295032832 ranks"},
+      {R"({"device_memory": 1e30})", "cluster.device_memory: expected a size"},
+      {R"({"nvme_drives": 1024, "nvme_drive_capacity": 1152921504606846976})", "nvme_drives x nvme_drive_capacity"},
+      {R"({"cpu_layers": [{"hidden": 1e30, "block_flops": 1, "head_flops": 1}]})", "cpu_layers[0].hidden"},
+  };
+  for (const Case& c : refused) {
+    auto r = ParseClusterJson(c.json);
+    ASSERT_FALSE(r.ok()) << c.json << " was accepted";
+    EXPECT_NE(r.status().ToString().find(c.names), std::string::npos) << c.json << ": " << r.status().ToString();
+  }
+  // 0 for the compact Adam's rate means "unknown" (the presets); no NVMe drives is a machine.
+  auto ok = ParseClusterJson(R"({"cpu_compact_adam_rate": 0, "nvme_drives": 0, "nodes": 2, "gpus_per_node": 8})");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->world_size(), 16u);
+  std::string err;
+  EXPECT_NE(RunStatus("--model small --cluster local --nodes 65536 --gpus-per-node 65537", &err), 0) << err;
+  EXPECT_NE(err.find("4295032832 ranks"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace strata::plan
 

@@ -107,6 +107,51 @@ Result<double> Number(const nlohmann::json& v, const std::string& key) {
   return ConfigError("cluster." + key + ": expected a number or a size such as \"32GB\"");
 }
 
+constexpr uint64_t kMaxClusterRanks = 1u << 20;    // as a checkpoint's world (engine/format)
+constexpr uint64_t kMaxClusterBytes = 1ull << 60;  // per memory, per drive, and all of a node's drives
+constexpr uint32_t kMaxCount = 1u << 20;
+
+// What a cluster key's value may be. A plan divides by every rate and
+// multiplies the counts into 32-bit world sizes, so a zero rate (an infinite
+// time) or a count that would wrap is refused here, naming the key.
+enum class FieldKind { kCount, kPositiveCount, kBytes, kRate, kRateOrUnknown, kFactor };
+
+std::string Shown(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+Status CheckValue(const std::string& k, FieldKind kind, double v) {
+  const std::string at = "cluster." + k + ": ";
+  if (!std::isfinite(v)) return ConfigError(at + "not a finite number");
+  switch (kind) {
+    case FieldKind::kCount:
+    case FieldKind::kPositiveCount: {
+      const double lo = kind == FieldKind::kPositiveCount ? 1 : 0;
+      if (v != std::floor(v) || v < lo || v > kMaxCount)
+        return ConfigError(at + "expected a whole number in " + Shown(lo) + ".." + std::to_string(kMaxCount) +
+                           ", not " + Shown(v));
+      return Status::Ok();
+    }
+    case FieldKind::kBytes:
+      if (v < 0 || v > static_cast<double>(kMaxClusterBytes))
+        return ConfigError(at + "expected a size in 0.." + std::to_string(kMaxClusterBytes) + " bytes, not " +
+                           Shown(v));
+      return Status::Ok();
+    case FieldKind::kRateOrUnknown:  // 0: unknown, the related rate is taken
+      if (v == 0) return Status::Ok();
+      [[fallthrough]];
+    case FieldKind::kRate:
+      if (v <= 0) return ConfigError(at + "a rate must be above 0 (a plan divides by it), not " + Shown(v));
+      return Status::Ok();
+    case FieldKind::kFactor:
+      if (v <= 0) return ConfigError(at + "expected a factor above 0, not " + Shown(v));
+      return Status::Ok();
+  }
+  return InternalError(at + "unknown kind");
+}
+
 Status ReadLayerRates(const nlohmann::json& j, ClusterSpec* c) {
   if (!j.is_array())
     return ConfigError("cluster.cpu_layers: expected a list of {hidden, block_flops, head_flops}");
@@ -114,9 +159,13 @@ Status ReadLayerRates(const nlohmann::json& j, ClusterSpec* c) {
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string at = "cluster.cpu_layers[" + std::to_string(i) + "]";
     const auto& e = j[i];
-    for (const char* k : {"hidden", "block_flops", "head_flops"})
-      if (!e.is_object() || !e.contains(k) || !e[k].is_number() || e[k].get<double>() <= 0)
-        return ConfigError(at + "." + k + ": required, a positive number");
+    for (const std::string k : {"hidden", "block_flops", "head_flops"}) {
+      const bool hidden = k == "hidden";
+      const double v = e.is_object() && e.contains(k) && e[k].is_number() ? e[k].get<double>() : 0;
+      if (!(v > 0) || !std::isfinite(v) || (hidden && (v != std::floor(v) || v > kMaxCount)))
+        return ConfigError(at + "." + k + ": required, " +
+                           (hidden ? "a whole number in 1.." + std::to_string(kMaxCount) : "a positive number"));
+    }
     if (e.contains("free_cores") && !e["free_cores"].is_number())
       return ConfigError(at + ".free_cores: expected a number");
     c->cpu_layer_rates.push_back({static_cast<uint64_t>(e["hidden"].get<double>()),
@@ -164,32 +213,34 @@ Result<ClusterSpec> ParseClusterJson(const std::string& text) {
   if (j.contains("preset") && !j["preset"].is_string())
     return ConfigError("cluster.preset: expected a string");
   STRATA_ASSIGN_OR_RETURN(c, PresetCluster(j.value("preset", std::string("local"))));
+  using enum FieldKind;
   struct Field {
     const char* key;
     double scale;
+    FieldKind kind;
     std::function<void(ClusterSpec&, double)> set;
   };
   const Field fields[] = {
-      {"nodes", 1, [](ClusterSpec& s, double v) { s.nodes = static_cast<uint32_t>(v); }},
-      {"gpus_per_node", 1, [](ClusterSpec& s, double v) { s.gpus_per_node = static_cast<uint32_t>(v); }},
-      {"device_memory", 1, [](ClusterSpec& s, double v) { s.device_bytes = static_cast<uint64_t>(v); }},
-      {"host_memory", 1, [](ClusterSpec& s, double v) { s.host_bytes = static_cast<uint64_t>(v); }},
-      {"nvme_drives", 1, [](ClusterSpec& s, double v) { s.nvme_drives = static_cast<uint32_t>(v); }},
-      {"nvme_drive_capacity", 1,
+      {"nodes", 1, kPositiveCount, [](ClusterSpec& s, double v) { s.nodes = static_cast<uint32_t>(v); }},
+      {"gpus_per_node", 1, kPositiveCount, [](ClusterSpec& s, double v) { s.gpus_per_node = static_cast<uint32_t>(v); }},
+      {"device_memory", 1, kBytes, [](ClusterSpec& s, double v) { s.device_bytes = static_cast<uint64_t>(v); }},
+      {"host_memory", 1, kBytes, [](ClusterSpec& s, double v) { s.host_bytes = static_cast<uint64_t>(v); }},
+      {"nvme_drives", 1, kCount, [](ClusterSpec& s, double v) { s.nvme_drives = static_cast<uint32_t>(v); }},
+      {"nvme_drive_capacity", 1, kBytes,
        [](ClusterSpec& s, double v) { s.nvme_drive_bytes = static_cast<uint64_t>(v); }},
-      {"nvme_read", 1, [](ClusterSpec& s, double v) { s.nvme_read_Bps = v; }},
-      {"nvme_write", 1, [](ClusterSpec& s, double v) { s.nvme_write_Bps = v; }},
-      {"nvme_mixed_factor", 1, [](ClusterSpec& s, double v) { s.nvme_mixed_factor = v; }},
-      {"pcie", 1, [](ClusterSpec& s, double v) { s.pcie_Bps = v; }},
-      {"intra_node", 1, [](ClusterSpec& s, double v) { s.intra_node_Bps = v; }},
-      {"network", 1, [](ClusterSpec& s, double v) { s.network_Bps = v; }},
-      {"gpu_tflops", 1e12, [](ClusterSpec& s, double v) { s.gpu_flops = v; }},
-      {"gpu_efficiency", 1, [](ClusterSpec& s, double v) { s.gpu_efficiency = v; }},
-      {"device_mem_bw", 1, [](ClusterSpec& s, double v) { s.device_mem_Bps = v; }},
-      {"cpu_adam_rate", 1, [](ClusterSpec& s, double v) { s.cpu_adam_eps = v; }},
-      {"cpu_compact_adam_rate", 1, [](ClusterSpec& s, double v) { s.cpu_compact_adam_eps = v; }},
-      {"host_mem_bw", 1, [](ClusterSpec& s, double v) { s.host_mem_Bps = v; }},
-      {"checksum_rate", 1, [](ClusterSpec& s, double v) { s.checksum_Bps = v; }},
+      {"nvme_read", 1, kRate, [](ClusterSpec& s, double v) { s.nvme_read_Bps = v; }},
+      {"nvme_write", 1, kRate, [](ClusterSpec& s, double v) { s.nvme_write_Bps = v; }},
+      {"nvme_mixed_factor", 1, kFactor, [](ClusterSpec& s, double v) { s.nvme_mixed_factor = v; }},
+      {"pcie", 1, kRate, [](ClusterSpec& s, double v) { s.pcie_Bps = v; }},
+      {"intra_node", 1, kRate, [](ClusterSpec& s, double v) { s.intra_node_Bps = v; }},
+      {"network", 1, kRate, [](ClusterSpec& s, double v) { s.network_Bps = v; }},
+      {"gpu_tflops", 1e12, kRate, [](ClusterSpec& s, double v) { s.gpu_flops = v; }},
+      {"gpu_efficiency", 1, kFactor, [](ClusterSpec& s, double v) { s.gpu_efficiency = v; }},
+      {"device_mem_bw", 1, kRate, [](ClusterSpec& s, double v) { s.device_mem_Bps = v; }},
+      {"cpu_adam_rate", 1, kRate, [](ClusterSpec& s, double v) { s.cpu_adam_eps = v; }},
+      {"cpu_compact_adam_rate", 1, kRateOrUnknown, [](ClusterSpec& s, double v) { s.cpu_compact_adam_eps = v; }},
+      {"host_mem_bw", 1, kRate, [](ClusterSpec& s, double v) { s.host_mem_Bps = v; }},
+      {"checksum_rate", 1, kRate, [](ClusterSpec& s, double v) { s.checksum_Bps = v; }},
   };
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
@@ -211,14 +262,24 @@ Result<ClusterSpec> ParseClusterJson(const std::string& text) {
     auto f = std::find_if(std::begin(fields), std::end(fields), [&](const Field& x) { return k == x.key; });
     if (f == std::end(fields)) return ConfigError("cluster." + k + ": unknown key");
     STRATA_ASSIGN_OR_RETURN(double v, Number(*it, k));
-    if (v < 0) return ConfigError("cluster." + k + ": negative");
+    STRATA_RETURN_IF_ERROR(CheckValue(k, f->kind, v));
     f->set(c, v * f->scale);
   }
-  if (c.nodes == 0 || c.gpus_per_node == 0)
-    return ConfigError("cluster: nodes and gpus_per_node must be at least 1");
-  if (c.gpu_efficiency <= 0 || c.gpu_efficiency > 1)
-    return ConfigError("cluster.gpu_efficiency: not in (0, 1]");
+  if (c.gpu_efficiency > 1) return ConfigError("cluster.gpu_efficiency: not in (0, 1]");
+  STRATA_RETURN_IF_ERROR(CheckWorld(c));
+  if (c.nvme_drives > 0 && c.nvme_drive_bytes > kMaxClusterBytes / c.nvme_drives)
+    return ConfigError("cluster: nvme_drives x nvme_drive_capacity is over " + std::to_string(kMaxClusterBytes) +
+                       " bytes");
   return c;
+}
+
+Status CheckWorld(const ClusterSpec& c) {
+  const uint64_t ranks = uint64_t{c.nodes} * c.gpus_per_node;
+  if (ranks == 0 || ranks > kMaxClusterRanks)
+    return ConfigError("cluster: nodes x gpus_per_node is " + std::to_string(c.nodes) + " x " +
+                       std::to_string(c.gpus_per_node) + " = " + std::to_string(ranks) + " ranks; 1.." +
+                       std::to_string(kMaxClusterRanks) + " are planned");
+  return Status::Ok();
 }
 
 Result<ClusterSpec> ResolveCluster(const std::string& name_or_path) {

@@ -83,6 +83,10 @@ Result<ClusterSpec> PresetCluster(const std::string& name);
 // cpu_layers ([{"hidden": C, "block_flops": F, "head_flops": F,
 // "free_cores": N}, ...]).
 Result<ClusterSpec> ParseClusterJson(const std::string& text);
+// The world a plan is for, nodes x gpus_per_node, is 1..2^20 ranks (as a
+// checkpoint's; world_size() is 32-bit). ParseClusterJson checks it; so must
+// whoever overrides nodes or gpus_per_node afterwards.
+Status CheckWorld(const ClusterSpec& c);
 // A preset name, or a path to a JSON file.
 Result<ClusterSpec> ResolveCluster(const std::string& name_or_path);
 

@@ -73,6 +73,7 @@ Result<Report> MakeReport(const Args& a) {
   STRATA_ASSIGN_OR_RETURN(r.cluster, ResolveCluster(a.cluster));
   if (a.nodes) r.cluster.nodes = a.nodes;
   if (a.gpus_per_node) r.cluster.gpus_per_node = a.gpus_per_node;
+  STRATA_RETURN_IF_ERROR(CheckWorld(r.cluster));
   STRATA_ASSIGN_OR_RETURN(r.config,
                           a.config.empty() ? ParseConfig(kDefaultConfig) : LoadConfigFile(a.config));
   // The store sized to the model, as strata-train sizes it.
