@@ -208,7 +208,7 @@ Status Checkpointer::Save(const std::string& dir, const std::string& tag, const 
                                     uint64_t blob_bytes) {
   Status local;
   if (!ValidTag(tag))
-    local = InvalidError("checkpoint save: tag '" + tag + "' must be 1-200 of [A-Za-z0-9._-], not starting with '.', not 'latest'");
+    local = InvalidError("checkpoint save: tag '" + tag + "' must be 1-200 of [A-Za-z0-9._-], not starting with '.', not 'latest' or 'latest.tmp'");
   else if (blob_bytes > 0 && !blob)
     local = InvalidError("checkpoint save: a blob length without a blob");
   else if (blob_bytes > manifest::kMaxBlobBytes)
@@ -238,10 +238,8 @@ Status Checkpointer::Save(const std::string& dir, const std::string& tag, const 
   // The folder, by rank 0 (ranks share the file system), locked while we save.
   PartialLock part_lock;
   if (lead) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) local = IoError("checkpoint save: cannot create " + dir + ": " + ec.message());
-    else {
+    local = CreateDirsDurably(dir).WithContext("checkpoint save");
+    if (local.ok()) {
       if (const int n = RemoveAbandonedPartials(dir))  // killed saves' leftovers, ours included
         STRATA_LOG_INFO("checkpoint save: removed {} abandoned partial save(s) in {}", n, dir);
       if (::mkdir(part.c_str(), 0755) != 0)

@@ -84,6 +84,25 @@ Status WriteSmallFile(const std::string& path, const void* data, uint64_t bytes)
   return Status::Ok();
 }
 
+Status CreateDirsDurably(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> made;  // deepest first
+  std::error_code ec;
+  fs::path top = fs::path(dir).lexically_normal();
+  if (!top.has_filename()) top = top.parent_path();  // "ck/": "ck"
+  for (fs::path p = top; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    made.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(dir, ec);
+  if (ec) return IoError("cannot create " + dir + ": " + ec.message());
+  for (const fs::path& p : made) {
+    const fs::path parent = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    STRATA_RETURN_IF_ERROR(FsyncPath(parent.empty() ? "." : parent.string()));
+  }
+  return Status::Ok();
+}
+
 Status ReplaceFile(const std::string& folder, const std::string& name, const std::string& text) {
   const std::string tmp = folder + "/" + name + ".tmp", dst = folder + "/" + name;
   STRATA_RETURN_IF_ERROR(WriteSmallFile(tmp, text.data(), text.size()));
@@ -92,19 +111,39 @@ Status ReplaceFile(const std::string& folder, const std::string& name, const std
 }
 
 Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
+  // O_NONBLOCK: a FIFO in its place neither blocks the open nor is read (it is
+  // not a regular file); the size is checked before anything is read, so a
+  // file that is huge (or /dev/zero behind a link) costs no memory.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return NotFoundError("checkpoint: " + path + " does not exist");
     return CorruptError("checkpoint: cannot read " + path + " (" + std::strerror(err) + ")");
   }
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (s.size() > limit) return CorruptError("checkpoint: " + path + " is larger than " + FormatBytes(limit));
+  struct stat st {};
+  Status bad;
+  if (::fstat(fd, &st) != 0)
+    bad = CorruptError("checkpoint: cannot stat " + path + " (" + std::strerror(errno) + ")");
+  else if (!S_ISREG(st.st_mode))
+    bad = CorruptError("checkpoint: " + path + " is not a regular file");
+  else if (static_cast<uint64_t>(st.st_size) > limit)
+    bad = CorruptError("checkpoint: " + path + " is larger than " + FormatBytes(limit));
+  std::string s;
+  if (bad.ok()) {
+    s.resize(static_cast<size_t>(st.st_size));
+    bad = PreadFull(fd, s.data(), s.size(), 0, path);
+    char extra;  // grown since the fstat: its size is not the one checked
+    if (bad.ok() && ::pread(fd, &extra, 1, static_cast<off_t>(s.size())) > 0)
+      bad = CorruptError("checkpoint: " + path + " changed while it was read");
+  }
+  ::close(fd);
+  if (!bad.ok()) return bad;
   return s;
 }
 
 bool ValidTag(const std::string& t) {
-  if (t.empty() || t.size() > 200 || t == "latest" || t[0] == '.') return false;
+  // "latest" and "latest.tmp" (ReplaceFile's temporary for it) are DIR's own files.
+  if (t.empty() || t.size() > 200 || t == "latest" || t == "latest.tmp" || t[0] == '.') return false;
   for (char c : t)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
   return true;
@@ -163,6 +202,35 @@ std::string LatestTag(const std::string& dir) {
 
 bool Older(const manifest::Manifest& a, const manifest::Manifest& b) {
   return std::tie(a.save_seq, a.step) < std::tie(b.save_seq, b.step);
+}
+
+Status FindNewest(const std::string& dir, const std::string& who, std::string* tag, manifest::Manifest* m) {
+  const std::string latest = LatestTag(dir);
+  std::vector<Found> found = ScanCheckpoints(dir);
+  if (!latest.empty() && IsDir(dir + "/" + latest) && !Exists(dir + "/" + latest + "/manifest.json"))
+    return CorruptError(who + ": " + dir + "/" + latest + "/manifest.json (the checkpoint " + dir +
+                        "/latest names) is missing");
+  if (found.empty()) {
+    if (Exists(dir + "/latest"))
+      return CorruptError(who + ": " + dir + "/latest names '" + latest + "', but " + dir +
+                          " holds no checkpoint folder");
+    return NotFoundError(who + ": " + dir + " holds no checkpoint (no latest, no tag folder)");
+  }
+  const Found* best = nullptr;
+  for (const Found& f : found) {
+    if (!f.manifest.ok())  // it might be the newest: taking an older one would be a silent step back
+      return f.manifest.status().WithContext(who + ": cannot tell which checkpoint in " + dir +
+                                             " is the newest; name a tag or remove the damaged one");
+    if (!best || Older(best->manifest.value(), f.manifest.value()) ||
+        (!Older(f.manifest.value(), best->manifest.value()) && f.tag == latest))
+      best = &f;
+  }
+  if (best->tag != latest)
+    STRATA_LOG_WARN("{}: {}/latest names '{}', but '{}' was saved after it (a save was interrupted "
+                    "before it updated latest); taking '{}'", who, dir, latest, best->tag, best->tag);
+  *tag = best->tag;
+  *m = best->manifest.value();
+  return Status::Ok();
 }
 
 PartialLock::~PartialLock() {

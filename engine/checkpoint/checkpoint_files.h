@@ -19,6 +19,10 @@ void KillPoint(const char* name);
 Status FaultPoint(const char* name);
 
 Status FsyncPath(const std::string& path);
+// Creates `dir` and its missing parents, each new entry made durable (its
+// parent fsynced): a first save's folder must survive a power loss as its
+// checkpoint does, or the load finds nothing there and a trainer starts over.
+Status CreateDirsDurably(const std::string& dir);
 // Reads exactly `bytes` at `off` of `fd` (the file `path`); a short file is CORRUPT.
 Status PreadFull(int fd, void* buf, uint64_t bytes, uint64_t off, const std::string& path);
 Status WriteSmallFile(const std::string& path, const void* data, uint64_t bytes);
@@ -46,6 +50,15 @@ Result<manifest::Manifest> ReadManifestAt(const std::string& folder);
 std::string LatestTag(const std::string& dir);
 // True when a (save_seq, step) is older than b: the order of "newest".
 bool Older(const manifest::Manifest& a, const manifest::Manifest& b);
+// The newest complete checkpoint in the folder `dir`: by save order
+// (save_seq, which every save numbers one past the checkpoints already
+// there), then step (checkpoints of older Strata have no save_seq), then the
+// one `latest` names. `latest` alone would be one behind after a save killed
+// between its rename and the update of latest (warned when it is). NOT_FOUND
+// when `dir` holds none; CORRUPT when latest names a folder without a
+// manifest or names nothing there, or when any checkpoint's manifest is
+// damaged (it might be the newest). Errors begin with `who`.
+Status FindNewest(const std::string& dir, const std::string& who, std::string* tag, manifest::Manifest* m);
 
 // A save's .TAG.partial folder, flock'ed while the save runs so that a
 // cleanup never removes the folder of a live save.

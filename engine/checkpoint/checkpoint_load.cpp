@@ -45,6 +45,7 @@ Status Checkpointer::Load(const std::string& dir, const std::string& tag, std::v
     else btext = std::move(b).value();
   }
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint load").WithContext("checkpoint load " + folder + " (nothing changed)"));
+  if (d_.layout.multi) STRATA_RETURN_IF_ERROR(SameCheckpointOnEveryRank(m, folder));
   // Apply: each rank builds its shards from whichever saved shards cover them.
   // What can fail now is I/O, which leaves the state partly written.
   local = ApplyResharded(m, folder);
@@ -66,8 +67,38 @@ Status Checkpointer::Load(const std::string& dir, const std::string& tag, std::v
     const int64_t saved = m.groups[static_cast<size_t>(g)].steps;
     d_.step.group_steps[static_cast<size_t>(g)] = d_.layout.frozen(g) ? 0 : saved >= 0 ? saved : m.step;
   }
-  d_.step.scaler.set_state({m.loss_scale, m.hysteresis_left, m.clean_steps});
+  const bool saved_fp16 = m.compute_dtype == DTypeName(DType::kF16);
+  if (!d_.step.scaler.Restore({m.loss_scale, m.hysteresis_left, m.clean_steps}, saved_fp16) &&
+      m.loss_scale != d_.step.scaler.scale())
+    STRATA_LOG_WARN("checkpoint load {}: its loss scale {} ({}) is not taken; this engine's is {} ({})", folder,
+                    m.loss_scale, m.compute_dtype, d_.step.scaler.scale(),
+                    d_.step.scaler.dynamic() ? "dynamic fp16, from its config: the checkpoint is not fp16"
+                                             : "fixed by its config");
   if (blob) blob->assign(btext.begin(), btext.end());
+  return Status::Ok();
+}
+
+// Every rank found the same checkpoint: its identity (tag, step, save order,
+// the loss scaler, the blob's and every file's checksum and size) is the
+// same on all. Ranks that were given different folders or tags, or that
+// resolve "" differently (a shared folder seen out of date on one host),
+// would each load their shard of another state and return OK. The folder
+// itself may differ (each host's mount point).
+Status Checkpointer::SameCheckpointOnEveryRank(const manifest::Manifest& m, const std::string& folder) {
+  std::string id = m.tag + "\n" + std::to_string(m.step) + "\n" + std::to_string(m.save_seq) + "\n" +
+                   std::to_string(m.loss_scale) + "\n" + std::to_string(m.blob_bytes) + "\n" + Hex(m.blob_xxh3);
+  for (const manifest::File& f : m.files) id += "\n" + f.name + " " + std::to_string(f.bytes) + " " + Hex(f.xxh3);
+  const uint64_t mine = XXH3_64bits(id.data(), id.size());
+  std::vector<uint64_t> all(static_cast<size_t>(d_.comm->world_size()));
+  const size_t me = static_cast<size_t>(d_.comm->rank());
+  all[me] = mine;
+  STRATA_RETURN_IF_ERROR(d_.comm->AllGather(&all[me], all.data(), 8).WithContext("checkpoint load (nothing changed)"));
+  for (size_t k = 0; k < all.size(); ++k)
+    if (all[k] != mine)
+      return InvalidError("checkpoint load: rank " + std::to_string(k) + " found another checkpoint than rank " +
+                          std::to_string(me) + "'s " + folder + " (step " + std::to_string(m.step) +
+                          "): ranks were given different folders or tags, or see the folder differently; "
+                          "nothing changed");
   return Status::Ok();
 }
 
@@ -86,31 +117,9 @@ Status Checkpointer::FindCheckpoint(const std::string& dir, const std::string& t
     STRATA_ASSIGN_OR_RETURN(*m, ReadManifestAt(*folder));
     return Status::Ok();
   }
-  const std::string latest = LatestTag(dir);
-  std::vector<Found> found = ScanCheckpoints(dir);
-  if (!latest.empty() && IsDir(dir + "/" + latest) && !Exists(dir + "/" + latest + "/manifest.json"))
-    return CorruptError("checkpoint load: " + dir + "/" + latest + "/manifest.json (the checkpoint " + dir +
-                        "/latest names) is missing");
-  if (found.empty()) {
-    if (Exists(dir + "/latest"))
-      return CorruptError("checkpoint load: " + dir + "/latest names '" + latest + "', but " + dir +
-                          " holds no checkpoint folder");
-    return NotFoundError("checkpoint load: " + dir + " holds no checkpoint (no latest, no tag folder)");
-  }
-  const Found* best = nullptr;
-  for (const Found& f : found) {
-    if (!f.manifest.ok())  // it might be the newest: loading an older one would be a silent step back
-      return f.manifest.status().WithContext("checkpoint load: cannot tell which checkpoint in " + dir +
-                                             " is the newest; load a tag by name or remove the damaged one");
-    if (!best || Older(best->manifest.value(), f.manifest.value()) ||
-        (!Older(f.manifest.value(), best->manifest.value()) && f.tag == latest))
-      best = &f;
-  }
-  if (best->tag != latest)
-    STRATA_LOG_WARN("checkpoint load: {}/latest names '{}', but '{}' was saved after it (a save was interrupted "
-                    "before it updated latest); loading '{}'", dir, latest, best->tag, best->tag);
-  *folder = dir + "/" + best->tag;
-  *m = best->manifest.value();
+  std::string newest;
+  STRATA_RETURN_IF_ERROR(FindNewest(dir, "checkpoint load", &newest, m));
+  *folder = dir + "/" + newest;
   return Status::Ok();
 }
 

@@ -77,6 +77,7 @@ class Checkpointer {
                        uint64_t blob_bytes);
   Status ResaveExisting(const std::string& dir, const std::string& tag, const void* blob, uint64_t blob_bytes);
   Status SameStateAs(const manifest::Manifest& m, const std::string& folder);
+  Status SameCheckpointOnEveryRank(const manifest::Manifest& m, const std::string& folder);
   Status FindCheckpoint(const std::string& dir, const std::string& tag, std::string* folder, manifest::Manifest* m);
   Status CheckManifestLayout(const manifest::Manifest& m, const std::string& mpath);
   static std::string StatesOf(uint32_t bits);

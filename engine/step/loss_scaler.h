@@ -5,6 +5,7 @@
 // scale is 1.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -25,11 +26,21 @@ class LossScaler {
   // For checkpoints: the whole dynamic state.
   struct State { double scale; int hysteresis_left; int64_t clean_steps; };
   State state() const { return {scale_, hysteresis_left_, clean_steps_}; }
-  void set_state(const State& s) {
-    scale_ = s.scale;
-    hysteresis_left_ = s.hysteresis_left;
-    clean_steps_ = s.clean_steps;
+  // A checkpoint's state, taken only by a dynamic scaler and only from a
+  // checkpoint saved in fp16 (`saved_fp16`): a run in fp32 or bf16 saves a
+  // scale of 1, which is no fp16 state, and a static scale (or none, 1) is
+  // this engine's config's whatever a checkpoint says. The saved counters
+  // are bounded by this config's, which may have changed since the save.
+  // Returns whether the state was taken.
+  bool Restore(const State& s, bool saved_fp16) {
+    if (!dynamic_ || !saved_fp16) return false;
+    scale_ = std::max(s.scale, cfg_.min_loss_scale);
+    hysteresis_left_ = std::max(1, std::min(s.hysteresis_left, cfg_.hysteresis));
+    clean_steps_ = std::max<int64_t>(
+        0, std::min<int64_t>(s.clean_steps, static_cast<int64_t>(cfg_.loss_scale_window) - 1));
+    return true;
   }
+  bool dynamic() const { return dynamic_; }
   // Records the outcome of a step.
   void Update(bool overflow) {
     if (!dynamic_) return;

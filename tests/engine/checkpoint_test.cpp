@@ -327,6 +327,22 @@ TEST_P(CorruptCheckpoint, ExistingTagAndBadTagsAreRefused) {
   EXPECT_EQ(eng->SaveCheckpoint(ckpt.path(), "a", nullptr, 0).code(), Code::kInvalid);
   EXPECT_EQ(eng->SaveCheckpoint(ckpt.path(), "../x", nullptr, 0).code(), Code::kInvalid);
   EXPECT_EQ(eng->SaveCheckpoint(ckpt.path(), "latest", nullptr, 0).code(), Code::kInvalid);
+  // latest's own temporary: before, the save published DIR/latest.tmp and
+  // then failed (EISDIR) updating latest, and so did every later save there.
+  EXPECT_EQ(eng->SaveCheckpoint(ckpt.path(), "latest.tmp", nullptr, 0).code(), Code::kInvalid);
+  EXPECT_FALSE(std::filesystem::exists(ckpt.path() + "/latest.tmp"));
+  Status later = eng->SaveCheckpoint(ckpt.path(), "c", nullptr, 0);
+  EXPECT_TRUE(later.ok()) << later.ToString();
+}
+
+// The small files are checked before they are read: a FIFO in trainer.bin's
+// place is CORRUPT at once (before, the load blocked on it for good; a link
+// to /dev/zero read until memory ran out).
+TEST_P(CorruptCheckpoint, ASmallFileThatIsNoFileIsRefusedUnread) {
+  const std::string p = ckpt.path() + "/a/trainer.bin";
+  ASSERT_EQ(std::remove(p.c_str()), 0);
+  ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+  ExpectRefused("trainer.bin");
 }
 
 // Item: the manifest checks itself. One flipped digit of the step count
@@ -370,6 +386,22 @@ TEST_P(CorruptCheckpoint, ImpossibleFieldsAreRefused) {
   }
   std::ofstream(p) << orig;
   ExpectStepsAsFresh();
+}
+
+// A saved loss scale drives only a dynamic fp16 scaler: this engine (fp32,
+// or bf16 in compact) keeps its scale of 1 whatever the checkpoint says.
+// Before, a scale of 65536 from an fp16 run was taken and divided every
+// later gradient by it, silently, for good.
+TEST_P(CorruptCheckpoint, ASavedLossScaleDrivesOnlyADynamicScaler) {
+  EditManifest([](nlohmann::json& m) {
+    m["loss_scaler"]["scale"] = 65536.0;
+    m["loss_scaler"]["hysteresis_left"] = 2147483647;
+  });
+  std::vector<uint8_t> blob;
+  Status st = eng->LoadCheckpoint(ckpt.path(), "", &blob);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(eng->steps_applied(), 1);
+  EXPECT_EQ(eng->loss_scale(), 1.0) << "the checkpoint's scale was taken by an engine without fp16";
 }
 
 // A manifest written before manifests carried a checksum still loads.

@@ -586,6 +586,16 @@ check("ranks passing different tags: every rank fails, nothing written",
       p.returncode != 0 and "different folders or tags" in p.stderr and not os.path.exists(os.path.join(ck, "t0"))
       and not os.path.exists(os.path.join(ck, "t1")), p.stderr.strip()[-200:])
 
+# Ranks that find different checkpoints (rank R loads ckmix<R>: steps 1 and
+# 2) all refuse, naming it; before, each loaded its shard of another state
+# and returned OK.
+ck = os.path.join(work, "ckmix")
+run(2, 3, "device", "mixsave0", ("steps", "1", "save", ck + "0"))
+run(2, 3, "device", "mixsave1", ("steps", "2", "save", ck + "1"))
+p = run(2, 3, "device", "mixload", ("steps", "0", "load", ck, "load-by-rank", "1"), expect_fail=True)
+check("ranks loading different checkpoints: every rank fails, naming it",
+      p.returncode != 0 and p.stderr.count("found another checkpoint") >= 2, p.stderr.strip()[-300:])
+
 # A rank dies: the others fail within the timeout, naming the collective.
 port = free_port()
 procs = []

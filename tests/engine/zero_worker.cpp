@@ -2,7 +2,7 @@
 // the tiny MLP plus a 53-element group (uneven over 2, 4 or 8 ranks) on a
 // global batch split across the ranks, at a given stage and placement.
 //   zero_worker STAGE device|host|nvme SWAP OUT [kill-rank-1-at-step K] [timeout S]
-//               [steps N] [save DIR] [load DIR] [tag-by-rank 1]
+//               [steps N] [save DIR] [load DIR] [tag-by-rank 1] [load-by-rank 1]
 //               [bucket N] [overlap 0|1]   (reduce_bucket_size, overlap_comm)
 //               [frozen G] [frozen-on-rank R]   (FreezeGroup(G), on every rank or on rank R only)
 //               [device-budget B]   (strata.device_budget, "64MiB")
@@ -15,7 +15,8 @@
 // Rank 0 writes the gathered master weights (fp32) to OUT. With `load`, the
 // run resumes from DIR's latest checkpoint (saved by any number of ranks);
 // with `save`, it saves to DIR after its steps (tag "t", or "t<rank>" with
-// tag-by-rank, which every rank must refuse).
+// tag-by-rank, which every rank must refuse). With load-by-rank, rank R
+// loads DIR<R>: ranks that find different checkpoints must all refuse.
 #include <csignal>
 #include <cstdio>
 #include <cerrno>
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
   // rank, changing nothing), before the step that then fails on every rank.
   std::string behind_first;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
-  bool tag_by_rank = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false, lend = false;
+  bool tag_by_rank = false, load_by_rank = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false, lend = false;
   std::string timeout = "60", save_dir, load_dir, zero_extra, strata_extra;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "save")) save_dir = argv[i + 1];
     if (!std::strcmp(argv[i], "load")) load_dir = argv[i + 1];
     if (!std::strcmp(argv[i], "tag-by-rank")) tag_by_rank = true;
+    if (!std::strcmp(argv[i], "load-by-rank")) load_by_rank = true;
     if (!std::strcmp(argv[i], "eio-rank-1-at-step")) eio_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "eio-rank-0-at-step")) {  // (with a write lost behind it on rank 1)
       eio_at = std::stoi(argv[i + 1]);
@@ -145,7 +147,8 @@ int main(int argc, char** argv) {
   int first = 0;
   if (!load_dir.empty()) {
     std::vector<uint8_t> blob;
-    if (Status st = eng.LoadCheckpoint(load_dir, "", &blob); !st.ok()) return Die(st);
+    const std::string dir = load_by_rank ? load_dir + std::to_string(info->rank) : load_dir;
+    if (Status st = eng.LoadCheckpoint(dir, "", &blob); !st.ok()) return Die(st);
     if (blob.size() != sizeof first) return Die(CorruptError("trainer blob"));
     std::memcpy(&first, blob.data(), sizeof first);
   }

@@ -488,6 +488,29 @@ TEST(Export, ShapelessCheckpointLoadsIntoAShapedEngine) {
 }
 
 }  // namespace
+// DIR/latest is one behind after a save killed between its rename and
+// latest's update: the export takes the newest checkpoint by save order, as
+// the engine's load does (before, it read latest alone and exported the older).
+TEST(Export, AFolderOfCheckpointsMeansTheNewestNotLatest) {
+  Saved& s = Checkpoint();
+  const std::string dir = s.dir.path() + "/behind";
+  fs::create_directories(dir);
+  fs::copy(s.dir.path() + "/step2", dir + "/a", fs::copy_options::recursive);
+  fs::copy(s.dir.path() + "/step2", dir + "/b", fs::copy_options::recursive);
+  Json m = Json::parse(std::ifstream(dir + "/b/manifest.json"));
+  m["save_seq"] = m["save_seq"].get<uint64_t>() + 1;
+  m["step"] = 3;
+  m.erase("manifest_xxh3");
+  std::ofstream(dir + "/b/manifest.json") << manifest::Seal(m.dump());
+  std::ofstream(dir + "/latest") << "a\n";
+  const std::string out = dir + "/newest.safetensors";
+  const auto r = Export(dir, out, "f32");  // (Run, in a TEST, names the fixture's member)
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(ReadExport(out).first["__metadata__"]["step"], "3") << "exported the checkpoint latest names, not the newest";
+  EXPECT_NE(r.err.find("saved after it"), std::string::npos) << "the warning names the interrupted save: " << r.err;
+  fs::remove_all(dir);
+}
+
 }  // namespace strata
 
 int main(int argc, char** argv) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 
+#include "engine/checkpoint/checkpoint_files.h"
 #include "engine/format/manifest.h"
 
 namespace strata::exporter {
@@ -19,28 +20,27 @@ namespace {
 
 constexpr uint64_t kManifestLimit = 256ull << 20;
 
-Result<std::string> ReadText(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return IoError("strata-export: cannot read " + path + " (" + std::strerror(errno) + ")");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (s.size() > kManifestLimit) return CorruptError("strata-export: " + path + " is implausibly large");
-  return s;
-}
-
 bool IsFile(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-// DIR/TAG holds manifest.json; DIR holds `latest` naming TAG.
+// DIR/TAG holds manifest.json; DIR holds checkpoints, of which the newest
+// is taken as the engine's load takes it (ckpt::FindNewest): by save order,
+// not by `latest` alone, which is one behind after a save killed between its
+// rename and latest's update.
 Result<std::string> ResolveFolder(const std::string& path) {
   if (IsFile(path + "/manifest.json")) return path;
-  if (!IsFile(path + "/latest"))
-    return InvalidError("strata-export: " + path + " holds neither manifest.json (a checkpoint) nor latest (a checkpoint directory)");
-  STRATA_ASSIGN_OR_RETURN(std::string tag, ReadText(path + "/latest"));
-  while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
-  if (tag.empty() || tag.find('/') != std::string::npos || tag[0] == '.')
-    return CorruptError("strata-export: " + path + "/latest names an invalid tag '" + tag + "'");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return InvalidError("strata-export: " + path + " is not a folder (a checkpoint, or a folder of checkpoints)");
+  std::string tag;
+  manifest::Manifest m;
+  Status found = ckpt::FindNewest(path, "strata-export", &tag, &m);
+  if (found.code() == Code::kNotFound)
+    return InvalidError("strata-export: " + path +
+                        " holds neither manifest.json (a checkpoint) nor a checkpoint folder (a checkpoint directory)");
+  STRATA_RETURN_IF_ERROR(found);
   return path + "/" + tag;
 }
 
@@ -95,7 +95,9 @@ Result<CheckpointPlan> ReadCheckpointPlan(const std::string& path) {
   CheckpointPlan plan;
   STRATA_ASSIGN_OR_RETURN(plan.folder, ResolveFolder(path));
   const std::string mpath = plan.folder + "/manifest.json";
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadText(mpath));
+  auto read = ckpt::ReadSmallFile(mpath, kManifestLimit);  // a regular file within the limit, checked first
+  if (!read.ok()) return read.status().WithContext("strata-export");
+  const std::string text = std::move(read).value();
   auto m = manifest::Parse(text, mpath);
   if (!m.ok()) return m.status().WithContext("strata-export");
   Status st = Fill(*m, plan);
