@@ -268,8 +268,14 @@ Result<CopyTicket> DeviceTier::Copy(void* dst, const void* src, uint64_t bytes, 
   // The event is created on the current device and must be the stream's.
   STRATA_RETURN_IF_ERROR(UseDevice());
   STRATA_RETURN_IF_ERROR(gpu::MemcpyAsync(dst, src, bytes, to_device, s));
-  STRATA_ASSIGN_OR_RETURN(gpu::Event e, gpu::EventRecord(s));
-  return CopyTicket(std::make_shared<EventFence>(e));
+  Result<gpu::Event> e = gpu::EventRecord(s);
+  if (!e.ok()) {
+    // The copy is queued but has no fence: the caller, told it failed, may
+    // free or reuse both buffers at once, so it must have finished first.
+    (void)gpu::StreamSynchronize(s);
+    return e.status();
+  }
+  return CopyTicket(std::make_shared<EventFence>(*e));
 }
 
 Result<CopyTicket> DeviceTier::CopyIn(void* device_dst, const void* host_src, uint64_t bytes) {

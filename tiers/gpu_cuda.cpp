@@ -8,7 +8,11 @@
 
 namespace strata::gpu {
 
+// cudaGetLastError reports the calling thread's last error of any call, and
+// the kernels' launch checks read it: an error already turned into a Status
+// here is cleared, so that a later launch does not report it as its own.
 static Status CudaError(const char* call, cudaError_t e) {
+  (void)cudaGetLastError();
   return Status(e == cudaErrorMemoryAllocation ? Code::kNoMem : Code::kInternal,
                 std::string(call) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
@@ -113,6 +117,10 @@ Status EventSynchronize(Event ev) {
   if (r != cudaSuccess) return CudaError("cudaEventSynchronize", r);
   return Status::Ok();
 }
-bool EventQuery(Event ev) { return cudaEventQuery(static_cast<cudaEvent_t>(ev)) != cudaErrorNotReady; }
+bool EventQuery(Event ev) {
+  if (cudaEventQuery(static_cast<cudaEvent_t>(ev)) != cudaErrorNotReady) return true;  // an error: the wait names it
+  (void)cudaGetLastError();  // "not ready" is no error, but it is left as the thread's last one
+  return false;
+}
 
 }  // namespace strata::gpu

@@ -116,7 +116,11 @@ Status GpuUpdater::Update(int g, float* const at[kNumStates], const StepKernelOp
     if (st.ok() && copy_f32 && p_on_device)
       st = DeviceCopyF32(W, reinterpret_cast<float*>(p_dev), len, stream_);
     // The kernels' own errors surface here; once it is OK, W, M, V are new.
-    if (st.ok()) st = gpu::StreamSynchronize(stream_);
+    // On an error the stream is waited for all the same: a kernel that did
+    // launch still reads the scratch and writes W, M, V, which a load (on
+    // the tier's copy stream) or the scratch's next user must not meet.
+    Status drained = gpu::StreamSynchronize(stream_);
+    if (st.ok()) st = drained;
   } else {  // gpu_optimizer_twin: the host arena, the CPU kernels
     st = StepKernelCpu(ko, len, W, M, V, scratch, copy);
     if (st.ok() && copy_f32 && p_on_device) std::memcpy(p_dev, W, len * 4);
@@ -147,7 +151,9 @@ Status GpuUpdater::UpdateCompact(int g, float* const at[kNumStates], const StepK
   if (device_.on_gpu()) {
     st = CompactStepKernelCuda(ko, len, cs, scratch_.ptr, stream_);
     // The kernel's own errors surface here; once it is OK, the state is new.
-    if (st.ok()) st = gpu::StreamSynchronize(stream_);
+    // Waited for on an error too (see Update).
+    Status drained = gpu::StreamSynchronize(stream_);
+    if (st.ok()) st = drained;
   } else {  // gpu_optimizer_twin: the host arena, the CPU compact kernels
     st = CompactStepKernelCpu(ko, len, cs, scratch_.ptr);
   }

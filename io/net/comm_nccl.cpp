@@ -230,6 +230,9 @@ class NcclComm final : public Communicator {
       if (async == ncclSuccess) {
         cudaError_t e = stream ? cudaStreamQuery(stream_) : cudaSuccess;
         if (e == cudaSuccess) return Status::Ok();
+        // "Not ready" is left as the thread's last error, which the next
+        // kernel launch's check on this thread would report as its own.
+        if (e == cudaErrorNotReady) (void)cudaGetLastError();
         if (e != cudaErrorNotReady) {
           Abort();
           return CudaStatus(what, e);

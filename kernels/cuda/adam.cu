@@ -88,6 +88,7 @@ Status AdamStepCuda(const AdamOptions& opt, size_t n, float* param, float* exp_a
   const int copy = param_copy == nullptr ? 0 : (opt.param_copy_dtype == DType::kF16 ? 2 : 1);
   const bool l2 = opt.mode == AdamMode::kAdam && opt.weight_decay != 0;
   const bool lerp = opt.moment_update == MomentUpdate::kLerp;
+  cuda_detail::ClearLastErrorBeforeLaunch();
   PickAdam(opt.grad_dtype, copy, l2, lerp)<<<CudaGridFor(n, kThreads), kThreads, 0,
                                        static_cast<cudaStream_t>(stream)>>>(
       s, n, param, exp_avg, exp_avg_sq, grad, param_copy);

@@ -42,6 +42,7 @@ Status CastCuda(DType src_dtype, const void* src, DType dst_dtype, void* dst, si
                 void* stream) {
   if (n == 0) return Status::Ok();
   if (!src || !dst) return InvalidError("CastCuda: null array");
+  cuda_detail::ClearLastErrorBeforeLaunch();
   PickCast(src_dtype, dst_dtype)<<<CudaGridFor(n, kThreads), kThreads, 0,
                                    static_cast<cudaStream_t>(stream)>>>(src, dst, n);
   const cudaError_t e = cudaGetLastError();

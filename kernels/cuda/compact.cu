@@ -282,6 +282,7 @@ Status CompactAdamStepCuda(const AdamOptions& opt, size_t n, const CompactState&
   const bool lerp = opt.moment_update == MomentUpdate::kLerp;
   const CompactAdamKernelFn kernel =
       PickAdam(opt.grad_dtype, CopyKind(param_copy, opt.param_copy_dtype), l2, lerp);
+  cuda_detail::ClearLastErrorBeforeLaunch();
   kernel<<<GridFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(sc, n, s, grad, param_copy);
   return LaunchResult("CompactAdamStepCuda");
 }
@@ -298,6 +299,7 @@ Status CompactLionStepCuda(const LionOptions& opt, size_t n, const CompactState&
   lion.v_code = nullptr;
   lion.v_scale = nullptr;
   const CompactLionKernelFn kernel = PickLion(opt.grad_dtype, CopyKind(param_copy, opt.param_copy_dtype));
+  cuda_detail::ClearLastErrorBeforeLaunch();
   kernel<<<GridFor(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(sc, n, lion, grad, param_copy);
   return LaunchResult("CompactLionStepCuda");
 }

@@ -11,6 +11,12 @@
 
 namespace strata::kernels::cuda_detail {
 
+// Before a <<<...>>> launch whose check reads cudaGetLastError, which reports
+// the thread's last error of any call: clears what an earlier call left
+// there (a stream or event query's "not ready", an error already returned as
+// a Status), so that the check after the launch reports the launch's own.
+inline void ClearLastErrorBeforeLaunch() { (void)cudaGetLastError(); }
+
 // IEEE half -> f32 in integer arithmetic, as base F16ToF32: every NaN keeps
 // its payload and its signalling bit. (__half2float, cvt.f32.f16, returns the
 // canonical NaN for every NaN input, which made the f16 casts differ from

@@ -123,6 +123,7 @@ Status LionStepCuda(const LionOptions& opt, size_t n, float* param, float* exp_a
   const LionStepScalars s = MakeLionStepScalars(opt);
   const LionKernelFn kernel = PickLion(opt.grad_dtype, CopyKind(param_copy, opt.param_copy_dtype));
   const auto cs = static_cast<cudaStream_t>(stream);
+  cuda_detail::ClearLastErrorBeforeLaunch();
   kernel<<<CudaGridFor(n, kThreads), kThreads, 0, cs>>>(s, n, param, exp_avg, grad, param_copy);
   return LaunchResult("LionStepCuda");
 }
@@ -136,6 +137,7 @@ Status AdagradStepCuda(const AdagradOptions& opt, size_t n, float* param, float*
   const bool l2 = opt.weight_decay != 0;  // as AdagradStepOn
   const AdagradKernelFn kernel = PickAdagrad(opt.grad_dtype, CopyKind(param_copy, opt.param_copy_dtype), l2);
   const auto cs = static_cast<cudaStream_t>(stream);
+  cuda_detail::ClearLastErrorBeforeLaunch();
   kernel<<<CudaGridFor(n, kThreads), kThreads, 0, cs>>>(s, n, param, state_sum, grad, param_copy);
   return LaunchResult("AdagradStepCuda");
 }

@@ -4,6 +4,7 @@
 // formulas (MomentUpdate; lerp with each weight branch). Exits 77 with
 // "skipped: no GPU (...)" when cudaGetDeviceCount fails or finds none.
 #include <cuda_runtime.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -22,7 +23,7 @@ namespace strata::kernels::test {
 namespace {
 
 void CompareAdam(AdamMode mode, DType grad, int copy, float mag, size_t n,
-                 MomentUpdate moment = MomentUpdate::kMulAdd, double beta1 = 0.9) {
+                 MomentUpdate moment = MomentUpdate::kMulAdd, double beta1 = 0.9, int steps = 100) {
   std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), dp(n), dm(n), dv(n);
   std::vector<uint8_t> g(n * DTypeSize(grad)), c(n * 2), dc(n * 2);
   Rng rng(n + static_cast<int>(grad) * 7 + copy);
@@ -35,7 +36,7 @@ void CompareAdam(AdamMode mode, DType grad, int copy, float mag, size_t n,
                            " grad=" + DTypeName(grad) + " copy=" + std::to_string(copy) +
                            " mag=" + std::to_string(mag) + " n=" + std::to_string(n) +
                            " moment_update=" + MomentUpdateName(moment) + " beta1=" + std::to_string(beta1);
-  for (int t = 1; t <= 100; ++t) {
+  for (int t = 1; t <= steps; ++t) {
     AdamOptions opt;
     opt.mode = mode;
     opt.lr = 1e-3 * (1.0 + 0.5 * std::sin(t));
@@ -65,6 +66,34 @@ void CompareAdam(AdamMode mode, DType grad, int copy, float mag, size_t n,
     bc.Get(dc.data());
     Expect(std::memcmp(c.data(), dc.data(), n * 2) == 0, name + " param copy");
   }
+}
+
+// A stream query that finds work still running leaves "not ready" as the
+// thread's last error, which a launch's check (cudaGetLastError) read as its
+// own: "AdamStepCuda launch: device not ready" after the engine's NCCL
+// polls, and the engine broke. Launches after such a query are OK.
+void LaunchesAfterANotReadyQuery() {
+  cudaStream_t busy;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaLaunchHostFunc(busy, [](void*) { usleep(300 * 1000); }, nullptr));
+  Expect(cudaStreamQuery(busy) == cudaErrorNotReady, "a stream held by a 300 ms host function is not ready");
+  std::printf("after a not-ready query the thread's last error is %s\n", cudaGetErrorName(cudaPeekAtLastError()));
+  const size_t n = 1000;
+  std::vector<float> host(n, 0.5f);
+  DeviceBuffer p(n * 4), m(n * 4), v(n * 4), g(n * 4), c(n * 2);
+  p.Put(host.data());
+  m.Put(host.data());
+  v.Put(host.data());
+  g.Put(host.data());
+  AdamOptions opt;
+  opt.step = 1;
+  const Status adam = AdamStepCuda(opt, n, p.as<float>(), m.as<float>(), v.as<float>(), g.ptr, nullptr, nullptr);
+  Expect(adam.ok(), "AdamStepCuda after a not-ready query: " + adam.ToString());
+  const Status cast = CastCuda(DType::kF32, g.ptr, DType::kBF16, c.ptr, n, nullptr);
+  Expect(cast.ok(), "CastCuda after a not-ready query: " + cast.ToString());
+  CHECK_CUDA(cudaStreamSynchronize(busy));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaStreamDestroy(busy));
 }
 
 void CompareCasts() {
@@ -130,6 +159,11 @@ int main() {
             if (n > 4096 && copy != static_cast<int>(g)) continue;
             test::CompareAdam(mode, g, copy, 1.0f, n, MomentUpdate::kLerp, beta1);
           }
+  // Past one grid's worth of threads (65536 blocks of 256): the grid-stride
+  // loop's second pass, a few steps.
+  test::CompareAdam(AdamMode::kAdamW, strata::DType::kF32, 0, 1.0f, size_t{65536} * 256 + 33,
+                    MomentUpdate::kMulAdd, 0.9, 3);
+  test::LaunchesAfterANotReadyQuery();
   test::CompareCasts();
   std::printf("%s: %d failures\n", test::g_failures ? "FAIL" : "ok", test::g_failures);
   return test::g_failures ? 1 : 0;

@@ -14,6 +14,9 @@ namespace strata::layers::cuda_detail {
 
 inline Status CudaStatus(const char* op, cudaError_t e) {
   if (e == cudaSuccess) return Status::Ok();
+  // Returned as a Status: cleared, so that the next launch's check
+  // (LaunchStatus reads the thread's last error) does not report it again.
+  (void)cudaGetLastError();
   return Status(e == cudaErrorMemoryAllocation ? Code::kNoMem : Code::kInternal,
                 std::string(op) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
