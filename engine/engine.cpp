@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 #include <set>
 
 #include "io/net/launch_env.h"
@@ -235,19 +236,29 @@ Engine::~Engine() = default;
 
 // Keeps a registered tensor's initial values until Build. A group's values
 // past the end of its vector are zeros, so tensors registered without
-// `init` take no memory (a model larger than RAM registers).
-static uint64_t KeepInit(Engine::Impl& m, int group, uint64_t off, uint64_t numel, const float* init) {
-  if (static_cast<size_t>(group) >= m.init_.size()) m.init_.resize(static_cast<size_t>(group) + 1);
-  auto& v = m.init_[static_cast<size_t>(group)];
-  if (!init) return off;
-  v.resize(off + numel, 0.0f);
-  std::memcpy(v.data() + off, init, numel * sizeof(float));
-  return off;
+// `init` take no memory (a model larger than RAM registers). When the memory
+// cannot be had, the tensor just registered is dropped again (NOMEM names
+// it): the call did nothing, and the name may be added again.
+static Result<uint64_t> KeepInit(Engine::Impl& m, int group, const std::string& name, uint64_t off,
+                                 uint64_t numel, const float* init) {
+  try {
+    if (static_cast<size_t>(group) >= m.init_.size()) m.init_.resize(static_cast<size_t>(group) + 1);
+    auto& v = m.init_[static_cast<size_t>(group)];
+    if (!init) return off;
+    v.resize(off + numel, 0.0f);
+    std::memcpy(v.data() + off, init, numel * sizeof(float));
+    return off;
+  } catch (const std::bad_alloc&) {
+    m.lay_.part.DropLast(group);
+    return NoMemError("add_param '" + name + "': its initial values, with the zeros of the group's tensors before it (" +
+                      FormatBytes((off + numel) * sizeof(float)) +
+                      "), cannot be kept until build; nothing was registered");
+  }
 }
 
 Result<uint64_t> Engine::AddParam(int group, const std::string& name, uint64_t numel, const float* init) {
   STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->lay_.part.Add(group, name, numel));
-  return KeepInit(*impl_, group, off, numel, init);
+  return KeepInit(*impl_, group, name, off, numel, init);
 }
 
 Status Engine::AddAlias(int group, const std::string& alias, const std::string& of) {
@@ -257,7 +268,7 @@ Status Engine::AddAlias(int group, const std::string& alias, const std::string& 
 Result<uint64_t> Engine::AddShapedParam(int group, const std::string& name,
                                         const std::vector<uint64_t>& shape, const float* init) {
   STRATA_ASSIGN_OR_RETURN(uint64_t off, impl_->lay_.part.AddShaped(group, name, shape));
-  return KeepInit(*impl_, group, off, impl_->lay_.part.group(group).tensors.back().numel, init);
+  return KeepInit(*impl_, group, name, off, impl_->lay_.part.group(group).tensors.back().numel, init);
 }
 
 Status Engine::Impl::CheckGroup(int group, const char* call) const {
@@ -371,6 +382,12 @@ Result<StepResult> Engine::Step(const StepOptions& options) {
   // that did not finish (or did not start) still needs is copied into G.
   impl_->SettleAllLent();
   return r;
+}
+Status Engine::DiscardGrads() {
+  Status drained = impl_->DrainComm().WithContext("discard_grads");
+  Status st = drained.ok() ? impl_->DiscardGrads() : std::move(drained);
+  impl_->SettleAllLent();  // lent parts are the caller's again, as after Step
+  return st;
 }
 Result<double> Engine::GradNorm() {
   STRATA_RETURN_IF_ERROR(impl_->DrainComm().WithContext("grad_norm"));

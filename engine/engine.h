@@ -118,6 +118,13 @@ class Engine {
   // Runs the optimizer over every shard: global norm, clipping, fp16 loss
   // scaling (skip on overflow), update of W, M, V, new P to its home.
   Result<StepResult> Step(const StepOptions& options);
+  // Drops every gradient given since the last Step (a backward that failed
+  // part-way, a batch to skip), as torch's zero_grad does: nothing is
+  // updated (a speculative early update is discarded), the step count and
+  // the loss scale stay. Several ranks: a collective, called where each
+  // would call Step. STATE when an early update of this step is committed
+  // already (overlap_step without speculation), or a failed step is pending.
+  Status DiscardGrads();
   // The global L2 norm of this step's gradients so far, as Step will see it
   // (after strata.grad_reduce, without the fp16 loss scale); infinite when a
   // gradient is not finite. With several ranks every rank calls it, in the

@@ -88,6 +88,10 @@ class Engine::Impl {
   // would see half a gradient.
   Status CheckNoOpenParts(const char* call) const;
   Result<StepResult> Step(const StepOptions& options);
+  // Drops this step's gradients: Step's collectives and settling, updating
+  // nothing (a speculation discarded), the loss scale and counts unchanged.
+  Status DiscardGrads();
+  bool discarding_ = false;  // within DiscardGrads' Step
   Status ReadMaster(int group, float* out) { return ReadState(group, StateKind::kW, out); }
   Status ReadState(int group, StateKind kind, float* out);
   Status WriteState(int group, StateKind kind, const float* in);

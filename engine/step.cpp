@@ -332,6 +332,10 @@ Status Engine::Impl::ScaleGradients(const StepOptions& so, StepResult* r, double
   const double mean = GradMeanDivisor();
   const double scale = step_.scaler.scale();
   r->grad_norm = std::sqrt(sum) / scale / mean;
+  if (discarding_) {  // DiscardGrads: every rank took part in the norm; none updates
+    r->skipped = true;
+    return Status::Ok();
+  }
   if (HoldBackNonfinite(config_, steps_, finite, held)) {
     r->skipped = true;
     r->grad_norm = INFINITY;
@@ -435,7 +439,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     return InvalidError("step: a failed step is pending; finish it with the options it was called with (or load a "
                         "checkpoint); nothing was changed");
   residency_->WaitIdle();
-  if (!step_.pending && step_.overlap && step_.prepared && !step_.speculative &&
+  if (!discarding_ && !step_.pending && step_.overlap && step_.prepared && !step_.speculative &&
       !SameStepOptions(step_.prepared_opts, so))
     return InvalidError("step: options differ from those given to prepare_step, which the overlapped updates "
                         "already used (committed: with no clipping, no fp16 and strata.nonfinite \"apply\" they "
@@ -447,7 +451,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     char hash[24];
     std::snprintf(hash, sizeof hash, "%08llx",
                   static_cast<unsigned long long>(XXH3_64bits(&so, sizeof so) & 0xffffffffu));
-    comm_->SetLabel("step " + std::to_string(step_.applied + 1) + " opts " + hash);
+    comm_->SetLabel((discarding_ ? "discard of step " : "step ") + std::to_string(step_.applied + 1) + " opts " + hash);
     if (lay_.sworld == 1) STRATA_RETURN_IF_ERROR(comm_->Barrier().WithContext("step: agreeing with the other ranks"));
   }
   stats_->StepBegin();
@@ -461,7 +465,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   Status scaled = ScaleGradients(so, &r, &grad_scale, &held, &clipped);
   // What a speculation of this step would have met (whether or not it ran):
   // the policy's evidence for the next.
-  if (scaled.ok() && step_.overlap && !step_.pending) step_.policy.Record(!r.skipped && !clipped);
+  if (scaled.ok() && step_.overlap && !step_.pending && !discarding_) step_.policy.Record(!r.skipped && !clipped);
   if (worker_ && step_.speculative && (!scaled.ok() || !KeepsSpeculation(so, r, grad_scale))) worker_->Abandon();
   Status early = FinishOverlap();  // the early updates are done (or held)
   if (Status st = std::move(scaled); !st.ok()) {
@@ -477,7 +481,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   SettleOverlap(so, r, grad_scale);  // committed, discarded (skipped) or to be redone
   Status st = held;
   if (r.skipped) {
-    step_.scaler.Update(true);
+    if (!discarding_) step_.scaler.Update(true);  // an overflow (or a non-finite gradient); not a discard
     // P of discarded speculation, from the restored W (bitwise what it was).
     if (Status p = RepairStaleP(); !p.ok() && st.ok()) st = p;
   } else {
@@ -510,6 +514,25 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   }
   residency_->Prefetch(ahead);
   return r;
+}
+
+Status Engine::Impl::DiscardGrads() {
+  if (!built_) return StateError("discard_grads: the engine is not built");
+  if (step_.pending)
+    return StateError("discard_grads: a failed step is pending (its update has begun): finish it with step, with "
+                      "the options it was called with, or load a checkpoint");
+  if (worker_ && !step_.speculative)
+    for (int g = 0; g < lay_.part.num_groups(); ++g)
+      if (OverlapHasTaken(g) || steps_[static_cast<size_t>(g)].committed)
+        return StateError("discard_grads: group " + std::to_string(g) +
+                          " was updated early by the overlapped step already (final: with no clipping, no fp16 and "
+                          "strata.nonfinite \"apply\" nothing could change it); its gradients cannot be taken back: "
+                          "call step, or load a checkpoint");
+  discarding_ = true;
+  Result<StepResult> r = Step(StepOptions{});
+  discarding_ = false;
+  if (!r.ok()) return r.status().WithContext("discard_grads");
+  return Status::Ok();
 }
 
 int Engine::Impl::CountCommitted() const {

@@ -315,6 +315,15 @@ strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_op
   return status;
 }
 
+strata_status_t strata_engine_discard_grads(strata_engine_t* engine) {
+  const strata_status_t status = OnEngine("strata_engine_discard_grads", engine, [&]() -> Status {
+    if (!engine->built) return strata::StateError("the engine is not built yet (call strata_engine_build)");
+    return engine->rep->DiscardGrads();
+  });
+  if (status != STRATA_OK) EndLoans(engine);  // as step: lent parts are the caller's again
+  return status;
+}
+
 strata_status_t strata_engine_grad_norm(strata_engine_t* engine, double* norm) {
   return OnEngine("strata_engine_grad_norm", engine, [&]() -> Status {
     if (norm == nullptr) return strata::InvalidError("norm must not be NULL");

@@ -51,6 +51,13 @@ Result<uint64_t> Partition::Add(int group, const std::string& name, uint64_t num
   return offset;
 }
 
+void Partition::DropLast(int group) {
+  GroupLayout& g = groups_[static_cast<size_t>(group)];
+  g.numel -= g.tensors.back().numel;
+  g.tensors.pop_back();
+  while (!groups_.empty() && groups_.back().tensors.empty()) groups_.pop_back();
+}
+
 std::string ShapeString(const std::vector<uint64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);

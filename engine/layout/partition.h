@@ -72,6 +72,10 @@ class Partition {
   // After a failed build: parameters may be added again (Finalize recomputes
   // every layout from the tensors).
   void Reopen() { finalized_ = false; }
+  // Undoes the last Add to `group`, for a caller whose own part of adding it
+  // failed after (keeping its initial values): the name is free again, and a
+  // group that Add created and that is empty now is gone.
+  void DropLast(int group);
 
  private:
   std::vector<GroupLayout> groups_;

@@ -131,7 +131,17 @@ void Speculation::Fail(int g) {
   Record& r = records_[static_cast<size_t>(g)];
   if (!r.reserved) return;
   Undo(r);
+  // A failure part-way (a W, M or V store) may come after the update wrote
+  // P in place (a P copy of W, not backed up): as in Discard, P is marked to
+  // be rewritten from the restored W, which a step that is then skipped
+  // does (RepairStaleP), and an updating one overwrites.
+  MarkPStale(g);
   Release(r);
+}
+
+void Speculation::MarkPStale(int g) {
+  if (!layout_.compact && layout_.StateUsedBy(int(StateKind::kP), g) && layout_.home[int(StateKind::kP)] != TierKind::kNvme)
+    steps_[static_cast<size_t>(g)].p_stale = true;
 }
 
 void Speculation::FailUnready() {
@@ -157,9 +167,7 @@ void Speculation::Discard() {
   for (int g : ready_) {
     Record& r = records_[static_cast<size_t>(g)];
     Undo(r);
-    // fp32: P was rewritten from the new W; the restored W gives it back.
-    if (!layout_.compact && layout_.StateUsedBy(int(StateKind::kP), g) && layout_.home[int(StateKind::kP)] != TierKind::kNvme)
-      steps_[static_cast<size_t>(g)].p_stale = true;
+    MarkPStale(g);  // P was rewritten from the new W; the restored W gives it back
     Release(r);
   }
   ready_.clear();

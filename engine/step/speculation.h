@@ -118,6 +118,9 @@ class Speculation {
   };
   void FailUnready();  // reserved and never ready (a run that stopped): undone
   void Undo(Record& r);
+  // Not compact, P used and not on NVMe (where its store is held, not in
+  // place): P may hold the undone update; it is rewritten from W.
+  void MarkPStale(int g);
   void Release(Record& r);  // the room goes back (when nothing is reserved any more, the arena rewinds)
 
   const Layout& layout_;

@@ -558,6 +558,21 @@ STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
 STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_options_t* options,
                                               strata_step_result_t* result);
 
+/* Drops every gradient given since the last step, as torch's zero_grad
+ * does: for a backward that failed part-way, or a batch to skip after its
+ * gradients went in. Nothing is updated (with overlap_step, a speculative
+ * early update is discarded, exactly), and the step count, the groups'
+ * update counts and the loss scale stay as they were; the next step takes
+ * only the gradients given after this call. Lent parts are the caller's
+ * again. With several ranks it is a collective in the step's place: every
+ * rank calls it where it would call strata_engine_step (a rank that calls
+ * step instead fails both, COMM naming them). Errors: STATE (an early
+ * update of this step is committed already: overlap_step with no clipping,
+ * no fp16 and strata.nonfinite "apply"; a failed step is pending; a grads
+ * call in parts is open; a group is fetched), COMM, TIMEOUT. Counted in
+ * the stats as a skipped step. */
+STRATA_API strata_status_t strata_engine_discard_grads(strata_engine_t* engine);
+
 /* Sets *norm to the global L2 norm of this step's gradients so far, as
  * strata_engine_step will see it: after strata.grad_reduce, without the fp16
  * loss scale; infinite when a gradient is not finite. For a trainer that

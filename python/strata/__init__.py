@@ -23,8 +23,8 @@ from ._capi import (  # noqa: F401  (strata.INVALID, strata.Error, ...: the pack
     OK, STATE, STATUS_NAMES, TIMEOUT, UNSUPPORTED, Error, _AdamOptions, _DTYPE_NAMES, _EngineOptions, _Stats,
     _StepOptions, _StepResult, _TierStats, _check, _load, _sized)
 
-from ._args import (_DTYPE_CODES, _CudaArray, _address, _as_f32_host, _dtype_of, _numel, _shape_tuple,
-                    _step_options, _stream_handle)
+from ._args import (_DTYPE_CODES, _CudaArray, _address, _as_f32_host, _device_type, _dtype_of, _f32_host,
+                    _host_engine_takes, _numel, _shape_tuple, _step_options, _stream_handle)
 
 __all__ = ["Engine", "Error", "STATUS_NAMES", "adam_step", "host_memory", "version"]
 
@@ -191,6 +191,7 @@ class Engine:
         elements, float32/bfloat16/float16, on the engine's device; or an
         address with `dtype` one of "f32", "bf16", "f16")."""
         code = _dtype_of(grads) if dtype is None else _DTYPE_CODES[dtype]
+        _host_engine_takes("grads", "the gradients", grads, self)
         if not isinstance(grads, int) and _numel(grads) != self.group_numel(group):
             raise Error(INVALID, f"group {group} has {self.group_numel(group)} elements; "
                         f"grads has {_numel(grads)}")
@@ -271,6 +272,7 @@ class Engine:
         address (then `nbytes`) into the engine's activation store: host
         memory, or NVMe when its arena is full. Returns a handle for
         redeem(); `x` may be reused at once."""
+        _host_engine_takes("stash", "the tensor", x, self)
         if nbytes is None:
             if isinstance(x, int):
                 raise TypeError("stash(address) needs nbytes")
@@ -284,6 +286,7 @@ class Engine:
         """Copies stash `handle` back into `out` (a contiguous tensor or
         array of its bytes, on the engine's device; or an address with
         `nbytes`) and frees it. Returns `out`."""
+        _host_engine_takes("redeem", "out", out, self)
         if nbytes is None:
             nbytes = out.numel() * out.element_size() if hasattr(out, "element_size") else out.nbytes
         _check(self._lib.strata_engine_redeem(self.handle, int(handle), _address(out), int(nbytes),
@@ -338,6 +341,15 @@ class Engine:
         n = ctypes.c_double()
         _check(self._lib.strata_engine_grad_norm(self.handle, ctypes.byref(n)))
         return n.value
+
+    def discard_grads(self):
+        """Drops every gradient given since the last step (torch's zero_grad
+        after a backward that raised): nothing is updated, the step count
+        and loss scale stay. Several ranks: called where each would step."""
+        try:
+            _check(self._lib.strata_engine_discard_grads(self.handle))
+        finally:
+            self._lent = {}  # as after step: the engine reads none of them
 
     @property
     def config(self):
@@ -525,6 +537,11 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999
     """The optimizer alone: one Adam/AdamW step, in place, over contiguous host
     float32 tensors or arrays (grad may be bf16/f16; param_copy receives the
     new param as bf16/f16)."""
+    for name, a in (("param", param), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        _f32_host("adam_step", name, a)
+    for name, a in (("grad", grad), ("param_copy", param_copy)):
+        if a is not None and _device_type(a) != "cpu":
+            raise Error(INVALID, f"adam_step: {name} is on {a.device}; it takes host memory")
     n = _numel(param)
     for name, a in (("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         if _numel(a) != n:

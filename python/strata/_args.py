@@ -34,6 +34,33 @@ def _dtype_of(x):
     raise TypeError(f"gradients must be float32, bfloat16 or float16, not {name or type(x).__name__}")
 
 
+def _device_type(x):
+    """'cpu' for host memory (an array, an address, a CPU tensor), else the
+    tensor's device type ('cuda')."""
+    dev = getattr(x, "device", None)
+    return getattr(dev, "type", "cpu") if dev is not None and not isinstance(x, int) else "cpu"
+
+
+def _host_engine_takes(call, name, x, engine):
+    """An engine without a GPU reads and writes host memory: a CUDA tensor
+    given to it is refused (the engine takes addresses as given, and a CUDA
+    pointer read as host memory faults)."""
+    if _device_type(x) != "cpu" and not engine.on_gpu:
+        raise Error(INVALID, f"{call}: {name} is on {x.device}; this engine has no GPU: its memory is the host's")
+
+
+def _f32_host(call, name, x):
+    """`x` is float32 host memory (an address is taken as such)."""
+    if isinstance(x, int):
+        return
+    if _device_type(x) != "cpu":
+        raise Error(INVALID, f"{call}: {name} is on {x.device}; it takes host memory")
+    dtype = str(getattr(x, "dtype", ""))
+    if not dtype.endswith("float32"):
+        raise Error(INVALID, f"{call}: {name} is {dtype or type(x).__name__}; it must be float32 (the kernel "
+                    "reads and writes 4-byte floats there)")
+
+
 def _stream_handle(stream):
     if stream is None or isinstance(stream, int):
         return stream

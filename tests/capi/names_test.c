@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "strata/strata.h"
@@ -122,9 +124,65 @@ static void checkpoint_names(void) {
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* Initial values that cannot be kept are NOMEM and register nothing: the
+ * name may be added again. Before, the name stayed taken by a tensor whose
+ * values were lost ("name already used"). In a child, under an address-space
+ * limit of its own: 2^30 values (4 GiB) cannot be had, whatever the
+ * machine's overcommit setting. */
+static void add_param_out_of_memory(void) {
+  fflush(stdout);
+  fflush(stderr);
+  const pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    strata_engine_t* e = NULL;
+    OK(strata_engine_create(kConfig, NULL, &e));
+    float small[16] = {0};
+    uint64_t off = 77;
+    OK(strata_engine_add_param(e, 0, "first", 16, small, &off));
+    unsigned long vm_pages = 0;
+    FILE* f = fopen("/proc/self/statm", "r");
+    CHECK(f != NULL && fscanf(f, "%lu", &vm_pages) == 1);
+    if (f) fclose(f);
+    struct rlimit old, lim;
+    CHECK(getrlimit(RLIMIT_AS, &old) == 0);
+    lim = old;
+    lim.rlim_cur = (rlim_t)vm_pages * (rlim_t)sysconf(_SC_PAGESIZE) + ((rlim_t)512 << 20);
+    CHECK(setrlimit(RLIMIT_AS, &lim) == 0);
+    /* (the values are never read: keeping them fails first) */
+    CHECK(off == 0);
+    off = 77;
+    EXPECT(STRATA_NOMEM, "add_param 'w': its initial values",
+           strata_engine_add_param(e, 0, "w", UINT64_C(1) << 30, small, &off));
+    CHECK(setrlimit(RLIMIT_AS, &old) == 0);
+    CHECK(off == 77);
+    off = 77;
+    EXPECT(STRATA_OK, "", strata_engine_add_param(e, 0, "w", 16, small, &off));
+    CHECK(off == 16);
+    if (failures) _exit(1);  /* (what follows would build a 4 GiB group) */
+    /* A group that the failed call created is gone again: the build does not
+     * find an empty group 1. */
+    CHECK(setrlimit(RLIMIT_AS, &lim) == 0);
+    EXPECT(STRATA_NOMEM, "nothing was registered", strata_engine_add_param(e, 1, "v", UINT64_C(1) << 30, small, &off));
+    CHECK(setrlimit(RLIMIT_AS, &old) == 0);
+    if (failures) _exit(1);
+    EXPECT(STRATA_OK, "", strata_engine_build(e));
+    OK(strata_engine_destroy(e));
+    fflush(stderr);
+    _exit(failures ? 1 : 0);
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "add_param_out_of_memory: the child ended with status 0x%x\n", status);
+    ++failures;
+  }
+}
+
 int main(void) {
   name_refusals();
   checkpoint_names();
+  add_param_out_of_memory();
   if (failures) {
     fprintf(stderr, "%d failure(s)\n", failures);
     return 1;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <climits>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "base/sizes.h"
 #include "engine/engine.h"
 #include "engine/residency/prefetch.h"
+#include "engine/step/loss_scaler.h"
 #include "kernels/cpu/adam.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/tiny_mlp.h"
@@ -826,6 +828,112 @@ TEST(Engine, Fp16OverflowSkipsTheStepAndLowersTheScale) {
   EXPECT_TRUE(std::isfinite(r->grad_norm));
   ASSERT_TRUE(eng.ReadMaster(0, after.data()).ok());
   EXPECT_NE(0, std::memcmp(before.data(), after.data(), before.size() * 4));
+}
+
+// A checkpoint's scaler state is taken only by a dynamic fp16 scaler and only
+// from an fp16 checkpoint, with its counters bounded by this config: a saved
+// hysteresis of INT32_MAX would otherwise never let the scale halve again.
+TEST(LossScalerRestore, OnlyDynamicFromFp16AndBounded) {
+  Fp16Config dyn;
+  dyn.enabled = true;
+  dyn.hysteresis = 2;
+  dyn.loss_scale_window = 4;
+  dyn.min_loss_scale = 8;
+  LossScaler s;
+  s.Init(dyn);
+  EXPECT_FALSE(s.Restore({4, 2, 0}, /*saved_fp16=*/false)) << "a bf16/fp32 checkpoint's scale is no fp16 state";
+  EXPECT_EQ(s.scale(), 65536.0);  // 2^16, the config's initial scale
+  ASSERT_TRUE(s.Restore({1024, INT32_MAX, INT64_MAX}, true));
+  EXPECT_EQ(s.scale(), 1024.0);
+  s.Update(true);
+  s.Update(true);
+  EXPECT_EQ(s.scale(), 512.0) << "two overflows (this config's hysteresis) halve it";
+  ASSERT_TRUE(s.Restore({1024, 2, INT64_MAX}, true));
+  s.Update(false);
+  EXPECT_EQ(s.scale(), 2048.0) << "the saved clean steps are bounded by this config's window";
+  ASSERT_TRUE(s.Restore({1, 2, 0}, true));
+  EXPECT_EQ(s.scale(), 8.0) << "not below min_loss_scale";
+  for (double fixed : {0.0, 128.0}) {
+    Fp16Config c;
+    c.enabled = fixed > 0;
+    c.loss_scale = fixed;
+    LossScaler f;
+    f.Init(c);
+    EXPECT_FALSE(f.Restore({65536, 2, 0}, true));
+    EXPECT_EQ(f.scale(), fixed > 0 ? fixed : 1.0) << "a static scale, or none, is the config's";
+  }
+}
+
+// DiscardGrads drops the gradients given since the last step, as torch's
+// zero_grad: a run that discards a batch ends bitwise as one that never saw
+// it, step count and loss scale as they were; with overlap_step its
+// speculative early updates are undone. Where the early updates are final
+// (no clipping, no fp16, nonfinite "apply") it is STATE, and the step goes on.
+TEST(Engine, DiscardGradsIsAStepThatNeverSawThem) {
+  struct Case {
+    const char* name;
+    bool overlap;
+    const char* extra;  // more top-level keys
+    bool refused;
+  };
+  const Case cases[] = {{"plain", false, "", false},
+                        {"fp16", false, R"("fp16": {"enabled": true, "initial_scale_power": 8},)", false},
+                        {"overlap, clipping: speculative", true, R"("gradient_clipping": 1.0, "strata": {"speculation": "always"},)", false},
+                        {"overlap, nonfinite apply: final", true, R"("strata": {"nonfinite": "apply"},)", true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    TinyMlp model(3, 32);
+    auto make = [&]() {
+      EngineOptions eo;
+      eo.overlap_step = c.overlap;
+      auto e = Engine::Create(MustParse(std::string("{") + c.extra +
+                                        R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+          "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})"),
+                              eo);
+      EXPECT_TRUE(e.ok()) << e.status().ToString();
+      EXPECT_TRUE(model.Register(**e).ok());
+      EXPECT_TRUE((*e)->Build().ok());
+      return std::move(e).value();
+    };
+    auto train = [&](Engine& e) {
+      if (c.overlap) {
+        ASSERT_TRUE(e.PrepareStep({}).ok());
+      }
+      ASSERT_TRUE(model.TrainStep(e, nullptr, e.loss_scale()).ok());
+      ASSERT_TRUE(e.Step({}).ok());
+    };
+    auto twin = make(), e = make();
+    train(*twin);
+    train(*twin);
+    train(*e);
+    const double scale = e->loss_scale();
+    if (c.overlap) {
+      ASSERT_TRUE(e->PrepareStep({}).ok());
+    }
+    for (int g = e->num_groups() - 1; g >= 0; --g) {  // a batch to drop, last group first (as backward)
+      std::vector<float> junk(e->group_numel(g), 3.0f);
+      ASSERT_TRUE(e->Grads(g, junk.data(), DType::kF32).ok());
+    }
+    Status st = e->DiscardGrads();
+    if (c.refused) {
+      EXPECT_EQ(st.code(), Code::kState) << st.ToString();
+      EXPECT_NE(st.message().find("updated early by the overlapped step"), std::string::npos) << st.ToString();
+      EXPECT_TRUE(e->Step({}).ok()) << "the step goes on after the refusal";
+      continue;
+    }
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(e->steps_applied(), 1);
+    EXPECT_EQ(e->loss_scale(), scale);
+    train(*e);
+    for (int g = 0; g < e->num_groups(); ++g) {
+      std::vector<float> a(e->group_numel(g)), b(a.size());
+      ASSERT_TRUE(e->ReadMaster(g, a.data()).ok());
+      ASSERT_TRUE(twin->ReadMaster(g, b.data()).ok());
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "group " << g;
+    }
+    EXPECT_EQ(e->steps_applied(), twin->steps_applied());
+    EXPECT_EQ(e->loss_scale(), twin->loss_scale());
+  }
 }
 
 // Clipping to a norm far below eps makes the update far smaller than without.

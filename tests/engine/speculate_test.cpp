@@ -626,6 +626,39 @@ TEST(Speculation, ADiskFaultDuringSpeculationStaysExact) {
   EXPECT_GE(fired, 4) << "too few faults fired";
 }
 
+// A speculative update whose W, M or V store fails after it wrote P in
+// place (P in host memory, a copy of W), in a step that is then skipped (a
+// NaN in the group handed last): P must be rewritten from the restored W.
+// Before, the failed update's P stayed while W, M, V were the old ones, and
+// the next forward read parameters of an update that never happened.
+TEST(Speculation, AFailedSpeculationBeforeASkippedStepLeavesPAsW) {
+  Case c;
+  c.placement = "nvme";  // W, M, V on NVMe (their stores fail), P in host memory
+  c.steps = 3;
+  c.poison = [](int s) { return s == 2 ? 0 : -1; };  // group 0, handed last: the step is skipped
+  const Outcome clean = RunCase(c, false);
+  ASSERT_TRUE(clean.ok);
+  ASSERT_EQ(clean.results.back().rfind("ok ", 0), 0u) << clean.results.back();
+  int fired = 0;
+  // G is on NVMe too: a failed G store is retried by RunCase; the writes of
+  // the speculation (W, M, V of the groups handed first) fail among them.
+  for (uint64_t skip : {1, 2, 3, 4, 6}) {
+    auto faults = std::make_shared<FaultPlan>();
+    auto arm = [&](int s, FaultPlan& f) {
+      if (s == 2) f.Arm(FaultPlan::Ops::kWrites, EIO, skip, /*count=*/3);
+    };
+    const Outcome o = RunCase(c, true, faults, arm);
+    ASSERT_TRUE(o.ok);
+    fired += faults->fired() > 0;
+    const std::string name = "writes from " + std::to_string(skip);
+    EXPECT_NE(o.results.back().find(" 1 "), std::string::npos) << name << ": the last step is skipped: "
+                                                                << o.results.back();
+    ExpectBitwise(clean.w, o.w, "the master", name);
+    ExpectBitwise(clean.p, o.p, "P", name);
+  }
+  EXPECT_GE(fired, 1) << "no speculative write failed: the case tests nothing";
+}
+
 using testing::OnRanks;
 
 // Several ranks (Gloo): each rank speculates on its shard once that

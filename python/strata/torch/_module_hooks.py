@@ -121,17 +121,21 @@ class _ModuleHooks:
             raise self._overlap.explain(e, g, "fetched") from None
         # The same address as the last fetch (a group fetched where it lives,
         # or its copy where it was): the tensors that view it are reused.
-        if g.views is None or g.views[0] != address:
-            if g.flat_numel is None:
-                g.flat_numel = self.engine.group_numel(g.index)
-            flat = self.engine.as_tensor(address, g.flat_numel)
-            g.views = (address, flat, [flat[off:off + n].view(g.shapes[p])
-                                       for p, off, n in zip(g.params, g.offsets, g.numels)])
-        _, flat, views = g.views
-        self._fetched[g.index] = (flat, address, address + flat.numel() * flat.element_size())
-        with _fou.quiet():
-            for p, v in zip(g.params, views):
-                p.data = v
+        # Made outside inference_mode (a validation pass under it, as
+        # Lightning's): views made inside are inference tensors, and the
+        # parameters given them could not be saved for backward afterwards.
+        with torch.inference_mode(False):
+            if g.views is None or g.views[0] != address:
+                if g.flat_numel is None:
+                    g.flat_numel = self.engine.group_numel(g.index)
+                flat = self.engine.as_tensor(address, g.flat_numel)
+                g.views = (address, flat, [flat[off:off + n].view(g.shapes[p])
+                                           for p, off, n in zip(g.params, g.offsets, g.numels)])
+            _, flat, views = g.views
+            self._fetched[g.index] = (flat, address, address + flat.numel() * flat.element_size())
+            with _fou.quiet():
+                for p, v in zip(g.params, views):
+                    p.data = v
 
     def release(self, g):
         """Releases g unless something still holds it: a running forward, a

@@ -68,7 +68,15 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         users = []  # (module, [groups its forward needs])
         tied = []  # (qualified name, parameter) of a tied parameter's later names
         self._frozen_names = []  # (qualified name, parameter) of the frozen ones
-        for name, m in module.named_modules():
+        # Every name a module has (remove_duplicate=False): a module registered
+        # under two names (T5's and BART's shared embedding) has its
+        # parameters under both in state_dict, which torch walks by name; its
+        # later names are aliases of the first, like tied parameters, and its
+        # hooks are registered once.
+        seen = set()
+        for name, m in module.named_modules(remove_duplicate=False):
+            again = id(m) in seen
+            seen.add(id(m))
             own, frozen, needs = [], [], []
             for n, p in m.named_parameters(recurse=False):
                 qual = f"{name}.{n}" if name else n
@@ -92,7 +100,8 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
                     for _, p in named:
                         owner_of[id(p)] = g
                     needs.insert(0, g)
-            users.append((m, needs))  # every module: a scope for the parameters its forward reads
+            if not again:
+                users.append((m, needs))  # every module: a scope for the parameters its forward reads
         if not any(not g.frozen for g in self._groups):
             self.engine.close()
             _remove_swap_folders(self._folders)
@@ -240,6 +249,42 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         still updates it (decay, moments), as torch would; with True (torch
         2.x's default) it is skipped."""
         self._keep_zero_grads = not (_TORCH2 if set_to_none is None else bool(set_to_none))
+        if self._callback_queued or self._scaling.in_backward:
+            self._drop_raised_backward()
+
+    def _drop_raised_backward(self):
+        """A backward that raised part-way (a hook, a NaN check, an OOM)
+        never reaches its end: autograd runs no queued callback then. What
+        it gave goes, as torch's zero_grad drops .grad: the gradients staged
+        here, and those already handed to the engine (discard_grads; STATE
+        where overlap_step's early updates are final already); and the hooks
+        start the next backward afresh."""
+        self._callback_queued = False
+        self._scaling.in_backward = False
+        in_engine = bool(self._handed)
+        for g in self._groups:
+            if g.in_parts:  # an open hand in parts: closed, then dropped with the rest
+                g.end_parts()
+                self.engine.grads_end(g.index)
+                in_engine = True
+            g.staged, g.arrived = None, set()
+            g.refused.clear()
+        self._drop_holds()
+        for g in self._groups:
+            self.release(g)
+        if in_engine:
+            try:
+                self.engine.discard_grads()
+            except Error as e:
+                raise Error(e.status, f"offload_module: zero_grad after a backward that raised: the gradients it "
+                            f"gave the engine cannot be dropped ({e.message}); step() applies them, or load a checkpoint "
+                            "to go back") from None
+            self._handed = set()
+            for g in self._groups:
+                g.handed_params = set()
+            self._norms, self._norms_exact = {}, True
+            self._clip_next = None
+            self._overlap.after_discard()
 
     def _settle(self):
         """Between backward and step: a backward that ended without our
@@ -366,6 +411,10 @@ class _EndScopeOnRaise:
         self._old = module.__dict__.get("forward")
         inner = module.forward
 
+        # The model's own signature, name and docstring (functools.wraps):
+        # Hugging Face's Trainer reads inspect.signature(model.forward) to
+        # pick the batch's columns, and a bare (*args, **kwargs) dropped them.
+        @functools.wraps(inner)
         def forward(*args, **kwargs):
             try:
                 return inner(*args, **kwargs)

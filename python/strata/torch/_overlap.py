@@ -126,6 +126,11 @@ class _Overlap:
                      "(grad_accumulation_steps=), or pass overlap_step=False. Later steps are not overlapped. "
                      f"({err.message})")
 
+    def after_discard(self):
+        """The step's gradients were dropped (zero_grad after a backward that
+        raised): nothing of this step is learnt; the next begins afresh."""
+        self.prepared, self.hands, self.late, self.clip_unclipped, self.began = None, {}, None, None, False
+
     def after_step(self, opts, clipped):
         extra = [i for i, n in self.hands.items() if n > self.accumulation]
         if self.late is not None or extra:
