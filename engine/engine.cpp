@@ -197,7 +197,8 @@ Status Engine::Impl::Init() {
   STRATA_ASSIGN_OR_RETURN(device_, DeviceTier::Create({.budget = device_budget, .device = device,
                                                        .force_host_arena = !gpu,
                                                        .pool = config_.strata.device_pool,
-                                                       .strict = strict}));  // (the tier ignores it on a GPU)
+                                                       .strict = strict,  // (the tier ignores it on a GPU)
+                                                       .faults = options_.faults}));
   static std::once_flag said_strict;  // once a process: tests make many engines
   if (device_->strict())
     std::call_once(said_strict, [] { STRATA_LOG_INFO("STRATA_STRICT_DEVICE=1: the device tier is a strict host arena (lagging copies, NaN-poisoned "

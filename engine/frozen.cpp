@@ -28,13 +28,17 @@ bool Engine::group_frozen(int group) const { return group >= 0 && impl_->lay_.fr
 Status Engine::Impl::ReadFrozen(int g, float* out) {
   const GroupLayout& L = lay_.part.group(g);
   ShardBlocks sb;
-  STRATA_RETURN_IF_ERROR(shards_->LocateFrozenP(g, true, &sb));
-  const void* p = sb.at[int(StateKind::kP)];
+  Status st = shards_->LocateFrozenP(g, true, &sb);
   // Stages 0-2: every rank holds the whole group; nothing to gather.
-  if (!lay_.p_sharded) return kernels::Cast(lay_.dtype, p, DType::kF32, out, L.numel);
+  if (!lay_.p_sharded) {
+    STRATA_RETURN_IF_ERROR(st);
+    return kernels::Cast(lay_.dtype, sb.at[int(StateKind::kP)], DType::kF32, out, L.numel);
+  }
   std::vector<float> all(L.padded);
   float* mine = all.data() + static_cast<uint64_t>(lay_.srank) * L.shard_numel;
-  STRATA_RETURN_IF_ERROR(kernels::Cast(lay_.dtype, p, DType::kF32, mine, L.shard_numel));
+  if (st.ok()) st = kernels::Cast(lay_.dtype, sb.at[int(StateKind::kP)], DType::kF32, mine, L.shard_numel);
+  // Agreed before the gather: a rank that failed here would leave the others waiting in it.
+  STRATA_RETURN_IF_ERROR(Agree(st, "read P of frozen g" + std::to_string(g)));
   comm_->SetLabel("read P of frozen g" + std::to_string(g));
   STRATA_RETURN_IF_ERROR(comm_->AllGather(mine, all.data(), L.shard_numel * 4));
   std::memcpy(out, all.data(), L.numel * 4);

@@ -69,9 +69,15 @@ Status Engine::Impl::ReadState(int group, StateKind kind, float* out) {
     if (st.ok()) std::memcpy(mine, buf, take * 4);
     staging_.opt.Release(buf);
   }
-  if (st.ok() && lay_.sworld > 1) {
-    comm_->SetLabel(std::string("read ") + StateName(kind) + " of g" + std::to_string(group));
-    st = comm_->AllGather(mine, all.data(), L.shard_numel * 4);
+  if (lay_.sworld > 1) {
+    // The ranks agree first: a rank whose own read failed would leave the
+    // others in the gather until the timeout (each now names it at once).
+    const std::string what = std::string("read ") + StateName(kind) + " of g" + std::to_string(group);
+    st = Agree(st, what);
+    if (st.ok()) {
+      comm_->SetLabel(what);
+      st = comm_->AllGather(mine, all.data(), L.shard_numel * 4);
+    }
     if (st.ok()) std::memcpy(out, all.data(), n * 4);
   }
   return st.WithContext("read_state: group " + std::to_string(group));
@@ -104,8 +110,18 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
       std::memset(dst, 0, L.shard_numel * 4);
       std::memcpy(dst, in + lo, real * 4);
       st = shards_->WriteShardF32(group, wmv[0], wmv[1], v);
+      // P, W, M, V are stored one after another: a failure part-way can
+      // leave the new bf16 half of the master beside the old corrections.
+      if (!st.ok() && step_.broken.empty())
+        step_.broken = "write_state of group " + std::to_string(group) + " failed part-way (" + st.ToString() +
+                       "): its compact state (P, W, M, V, stored one after another) may be mixed";
     }
-    if (st.ok() && kind == StateKind::kW && lay_.p_gathered_after_step()) st = RecomputePGroup(group, nullptr, 0);
+    if (kind == StateKind::kW && lay_.multi && lay_.p_gathered_after_step())
+      st = Agree(st, "write_state of g" + std::to_string(group));
+    if (st.ok() && kind == StateKind::kW && lay_.p_gathered_after_step()) {
+      st = RecomputePGroup(group, nullptr, 0);
+      steps_[static_cast<size_t>(group)].p_stale = !st.ok();
+    }
     DropDeviceCopies();
     return st.WithContext("write_state: group " + std::to_string(group));
   }
@@ -117,7 +133,16 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
     std::memcpy(dst, in + lo, real * 4);
     if (!io_->Direct(b)) st = io_->Store(b, dst);
   }
-  if (st.ok() && kind == StateKind::kW) st = RecomputePGroup(group, slot, slot ? staging_.opt.bytes() : 0);
+  // Stages 1-2, several ranks: P's recompute gathers; the ranks agree on
+  // the store first (one that failed would leave the others waiting).
+  if (kind == StateKind::kW && lay_.multi && lay_.p_gathered_after_step()) st = Agree(st, "write_state of g" + std::to_string(group));
+  if (st.ok() && kind == StateKind::kW) {
+    st = RecomputePGroup(group, slot, slot ? staging_.opt.bytes() : 0);
+    // W is the new master now: a P that did not follow it is marked, so that
+    // no fetch reads the old P beside it (STATE) and the next step (or a
+    // write_state again) rewrites it.
+    steps_[static_cast<size_t>(group)].p_stale = !st.ok();
+  }
   staging_.opt.Release(slot);
   DropDeviceCopies();
   return st.WithContext("write_state: group " + std::to_string(group));

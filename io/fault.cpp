@@ -55,6 +55,27 @@ void FaultPlan::Arm(Ops ops, int err, uint64_t skip, int64_t count) {
 void FaultPlan::Disarm() {
   std::lock_guard<std::mutex> lock(mu_);
   armed_ = false;
+  copies_armed_ = false;
+}
+
+void FaultPlan::ArmDeviceCopies(bool to_device, uint64_t skip, int64_t count) {
+  std::lock_guard<std::mutex> lock(mu_);
+  copies_armed_ = count != 0;
+  copies_to_device_ = to_device;
+  copies_skip_ = skip;
+  copies_count_ = count;
+}
+
+bool FaultPlan::FailDeviceCopy(bool to_device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!copies_armed_ || to_device != copies_to_device_) return false;
+  if (copies_skip_ > 0) {
+    --copies_skip_;
+    return false;
+  }
+  if (copies_count_ > 0 && --copies_count_ == 0) copies_armed_ = false;
+  ++fired_;
+  return true;
 }
 
 int FaultPlan::fired() const {

@@ -39,6 +39,13 @@ class FaultPlan {
   // Every write's completion is held back this long before it is reported
   // (a slow disk), from now on; 0: none.
   void SlowWrites(int ms);
+  // The device tier's copies (DeviceTier::CopyIn / CopyOut, on a GPU or the
+  // host arena): from now on, after `skip` copies in that direction pass,
+  // the next `count` (< 0: every one until Disarm) fail with EIO. Disarm
+  // disarms these too.
+  void ArmDeviceCopies(bool to_device, uint64_t skip, int64_t count = 1);
+  // Whether this copy fails (counted in fired()). Thread-safe.
+  bool FailDeviceCopy(bool to_device);
 
  private:
   mutable std::mutex mu_;  // guards fired_ and the armed fault
@@ -50,6 +57,9 @@ class FaultPlan {
   uint64_t armed_skip_ = 0;
   int64_t armed_count_ = 0;
   int slow_write_ms_ = 0;
+  bool copies_armed_ = false, copies_to_device_ = false;
+  uint64_t copies_skip_ = 0;
+  int64_t copies_count_ = 0;
 };
 
 }  // namespace strata

@@ -132,6 +132,7 @@ Result<std::unique_ptr<DeviceTier>> DeviceTier::Create(const DeviceTierOptions& 
   std::unique_ptr<DeviceTier> t(new DeviceTier(options));
   t->on_gpu_ = !options.force_host_arena && gpu::Available();
   t->strict_ = options.strict && !t->on_gpu_;
+  t->faults_ = options.faults;
   if (t->on_gpu_) {
     STRATA_RETURN_IF_ERROR(t->UseDevice().WithContext("device tier"));
     STRATA_ASSIGN_OR_RETURN(t->in_stream_, gpu::StreamCreate());
@@ -263,6 +264,9 @@ DevicePoolStats DeviceTier::pool_stats() const {
 }
 
 Result<CopyTicket> DeviceTier::Copy(void* dst, const void* src, uint64_t bytes, bool to_device) {
+  if (faults_ && faults_->FailDeviceCopy(to_device))
+    return IoError(std::string("device tier: copy ") + (to_device ? "in" : "out") + " of " + FormatBytes(bytes) +
+                   " failed (an injected fault)");
   if (!on_gpu_) return (to_device ? in_queue_ : out_queue_)->Push(dst, src, bytes);
   gpu::Stream s = to_device ? in_stream_ : out_stream_;
   // The event is created on the current device and must be the stream's.

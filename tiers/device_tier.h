@@ -21,6 +21,7 @@
 #include <mutex>
 #include <thread>
 
+#include "io/fault.h"
 #include "tiers/gpu.h"
 #include "tiers/tier.h"
 
@@ -51,6 +52,8 @@ struct DeviceTierOptions {
   // (0xFF bytes: NaN as f32, bf16 and f16), and a freed block is the first
   // handed out again. Ignored on a GPU.
   bool strict = false;
+  // Tests: CopyIn / CopyOut fail where the plan says (FaultPlan::ArmDeviceCopies).
+  std::shared_ptr<FaultPlan> faults = nullptr;
 };
 
 struct DevicePoolStats {
@@ -97,6 +100,7 @@ class DeviceTier final : public Tier {
   DeviceTierOptions options_;
   bool on_gpu_ = false;
   bool strict_ = false;
+  std::shared_ptr<FaultPlan> faults_;  // tests
   gpu::Stream in_stream_ = nullptr, out_stream_ = nullptr;
   std::unique_ptr<CopyQueue> in_queue_, out_queue_;
   // Makes options_.device current on this thread (on a GPU; else nothing).

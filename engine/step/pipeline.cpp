@@ -69,6 +69,7 @@ struct Job {
   bool settled = false;  // finish_stores ran
   bool p_shadow = false;  // compact: a host-homed P updated in the slot, copied back at commit
   bool gpu = false;  // W, M, V (and a device-homed P) are updated in place on the GPU
+  bool p_copy_failed = false;  // (gpu) updated, but the copy of P to its host home failed
   StepKernelOptions ko;  // the group's options (its own update count)
   bool g_copy = false;   // G is the feed's copy (Feed::g_copy): handed back by g_done
   bool behind = false;   // RunBehind: committed at Updated, its writes after the run returned
@@ -241,7 +242,9 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     // P follows W: a committed group whose P did not reach home gets it
     // recomputed from W (fp32 format); one whose P landed is fresh again.
     const bool p_is_w = layout_.PIsW(j.group);
-    const bool p_stale = !layout_.compact && !p_is_w && !at_home(j, pb) && (!p_stored || !p_st.ok());
+    // (A GPU update whose copy of P home failed: P is at home, and stale.)
+    const bool p_stale =
+        j.p_copy_failed || (!layout_.compact && !p_is_w && !at_home(j, pb) && (!p_stored || !p_st.ok()));
     // Speculation (speculation.h) undoes a half-written group from its
     // backups: nothing is broken there.
     if (!spec && !commit && state_stores > 0 && on_device && broken->empty())
@@ -410,7 +413,8 @@ Status StepPipeline::RunFeed(const Feed& feed, double grad_scale, const StepOpti
     if (outcome == GpuUpdateOutcome::kUpdated) {
       j.updated = true;
       gs.committed = true;
-      if (!st.ok()) gs.p_stale = true;
+      j.p_copy_failed = !st.ok();
+      if (j.p_copy_failed) gs.p_stale = true;
     }
     keep(std::move(st));
     return first_error.ok();

@@ -1,6 +1,10 @@
 // CUDA twins of the CPU Adam/AdamW step and casts, bitwise equal to the scalar
-// reference (kernels/cpu/adam_scalar.cpp, base/dtype.h). Plain entry points over
-// device pointers; whether a GPU exists is decided at run time.
+// reference (kernels/cpu/adam_scalar.cpp, base/dtype.h), NaN payloads aside: a
+// NaN that the update makes (strata.nonfinite "apply" with a NaN gradient)
+// is a NaN on both, but the x86 FPU passes the first NaN operand's sign and
+// payload through (quieted) where CUDA gives its canonical 0x7FFFFFFF, so
+// the bits, and checksums over them, differ. Plain entry points over device
+// pointers; whether a GPU exists is decided at run time.
 //
 //   if (Result<int> gpus = CudaDeviceCount(); gpus.ok() && *gpus > 0)
 //     STRATA_RETURN_IF_ERROR(AdamStepCuda(opt, n, w, m, v, g, nullptr, stream));

@@ -1,6 +1,7 @@
 // CUDA twins of the CPU Lion and Adagrad steps (kernels/cpu/lion.h,
 // kernels/cpu/adagrad.h), bitwise equal to their scalar references
-// (kernels/cpu/lion_scalar.cpp, adagrad_scalar.cpp). Adam/AdamW, casts and
+// (kernels/cpu/lion_scalar.cpp, adagrad_scalar.cpp), NaN payloads aside (as
+// in adam_cuda.h). Adam/AdamW, casts and
 // CudaDeviceCount are in adam_cuda.h.
 //
 //   STRATA_RETURN_IF_ERROR(LionStepCuda(opt, n, w, m, g, w_bf16, stream));

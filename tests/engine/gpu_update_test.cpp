@@ -472,6 +472,54 @@ TEST(GpuOptimizerTwin, AFailedStoreOfPIsRewrittenFromW) {
   EXPECT_EQ(fired, 3);  // three groups, one P store each: every skip hit one
 }
 
+// P in host memory, W, M, V on the (twin) GPU: when the copy of a group's new
+// P home fails after its kernel ran, the step fails resumably and calling it
+// again rewrites P from the committed W; the run ends as the clean CPU run.
+// Before, the store bookkeeping cleared the mark (P "at home"), the retry
+// returned OK and the next forward read the old P.
+TEST(GpuOptimizerTwin, AFailedCopyOutOfPIsRewrittenFromW) {
+  const TinyMlp model(3, 24);
+  const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": "adamw", "params": {"lr": 0.01}},
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "cpu"}},
+      "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})";
+  auto run = [&](bool twin, int skip, int* fired) {
+    EngineOptions eo;
+    eo.force_no_gpu = true;
+    eo.gpu_optimizer_twin = twin;
+    eo.faults = std::make_shared<FaultPlan>();
+    auto e = Engine::Create(*ParseConfig(json), eo);
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_TRUE(model.Register(**e).ok());
+    EXPECT_TRUE((*e)->Build().ok());
+    for (int s = 0; s < 4; ++s) {
+      EXPECT_TRUE(model.TrainStep(**e).ok());
+      StepOptions so;
+      so.lr = 0.01 * (1 + s);
+      if (s == 2 && skip >= 0) eo.faults->ArmDeviceCopies(/*to_device=*/false, static_cast<uint64_t>(skip), 1);
+      auto r = (*e)->Step(so);
+      eo.faults->Disarm();
+      if (s == 2 && eo.faults->fired() > 0) {
+        ++*fired;
+        EXPECT_FALSE(r.ok()) << "skip " << skip;
+        r = (*e)->Step(so);  // finishes the step: P rewritten from the committed W
+      }
+      EXPECT_TRUE(r.ok()) << "skip " << skip << ": " << r.status().ToString();
+    }
+    return WeightsOf(**e);
+  };
+  int none = 0, fired = 0;
+  const Weights clean = run(false, -1, &none);
+  for (int skip : {0, 1, 2}) {
+    const Weights faulty = run(true, skip, &fired);
+    ASSERT_EQ(faulty.w.size(), clean.w.size());
+    for (size_t g = 0; g < clean.w.size(); ++g) {
+      EXPECT_EQ(faulty.w[g], clean.w[g]) << "skip " << skip << ": W of group " << g;
+      EXPECT_EQ(faulty.p[g], clean.p[g]) << "skip " << skip << ": P of group " << g;
+    }
+  }
+  EXPECT_GE(fired, 1) << "no copy out failed: the case tests nothing";
+}
+
 // The scratch comes out of the device budget the home blocks left: with one
 // byte too few the step falls back to the CPU path (same bits), never past
 // the budget.

@@ -596,6 +596,13 @@ p = run(2, 3, "device", "mixload", ("steps", "0", "load", ck, "load-by-rank", "1
 check("ranks loading different checkpoints: every rank fails, naming it",
       p.returncode != 0 and p.stderr.count("found another checkpoint") >= 2, p.stderr.strip()[-300:])
 
+# A read of the master that fails on rank 1 alone (its disk, W on NVMe,
+# stage 2): every rank fails at once, rank 0 naming rank 1; before, rank 0
+# waited in a gather rank 1 never joined, until the timeout.
+p = run(2, 2, "nvme", "readeio", ("steps", "1", "timeout", "120", "read-eio-rank-1", "1"), expect_fail=True)
+check("a read failing on one rank: every rank fails at once, naming it",
+      p.returncode != 0 and "failed on rank 1" in p.stderr and "timed out" not in p.stderr, p.stderr.strip()[-300:])
+
 # A rank dies: the others fail within the timeout, naming the collective.
 port = free_port()
 procs = []

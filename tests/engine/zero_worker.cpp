@@ -3,6 +3,7 @@
 // global batch split across the ranks, at a given stage and placement.
 //   zero_worker STAGE device|host|nvme SWAP OUT [kill-rank-1-at-step K] [timeout S]
 //               [steps N] [save DIR] [load DIR] [tag-by-rank 1] [load-by-rank 1]
+//               [read-eio-rank-1 1]   (rank 1's reads fail when the master is read at the end)
 //               [bucket N] [overlap 0|1]   (reduce_bucket_size, overlap_comm)
 //               [frozen G] [frozen-on-rank R]   (FreezeGroup(G), on every rank or on rank R only)
 //               [device-budget B]   (strata.device_budget, "64MiB")
@@ -54,7 +55,7 @@ int main(int argc, char** argv) {
   // rank, changing nothing), before the step that then fails on every rank.
   std::string behind_first;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
-  bool tag_by_rank = false, load_by_rank = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false, lend = false;
+  bool tag_by_rank = false, load_by_rank = false, read_eio = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false, lend = false;
   std::string timeout = "60", save_dir, load_dir, zero_extra, strata_extra;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "load")) load_dir = argv[i + 1];
     if (!std::strcmp(argv[i], "tag-by-rank")) tag_by_rank = true;
     if (!std::strcmp(argv[i], "load-by-rank")) load_by_rank = true;
+    if (!std::strcmp(argv[i], "read-eio-rank-1")) read_eio = true;
     if (!std::strcmp(argv[i], "eio-rank-1-at-step")) eio_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "eio-rank-0-at-step")) {  // (with a write lost behind it on rank 1)
       eio_at = std::stoi(argv[i + 1]);
@@ -287,6 +289,7 @@ int main(int argc, char** argv) {
     if (Status st = eng.SaveCheckpoint(save_dir, tag, &next, sizeof next); !st.ok()) return Die(st);
   }
   std::vector<float> all;
+  if (read_eio && info->rank == 1) eo.faults->Arm(FaultPlan::Ops::kReads, EIO, 0, -1);  // rank 1's reads of the master fail
   for (int g = 0; g < eng.num_groups(); ++g) {
     std::vector<float> w(eng.group_numel(g));
     if (Status st = eng.ReadMaster(g, w.data()); !st.ok()) return Die(st);

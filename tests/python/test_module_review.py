@@ -216,3 +216,37 @@ def test_a_host_engine_refuses_cuda_memory():
     with pytest.raises(strata.Error, match="this engine has no GPU"):
         e.stash(torch.zeros(16, device="cuda"))
     e.close()
+
+
+# ---- OffloadAdam: zero_grad after clip_grad_norm_ without a step ----------------
+
+def test_offload_adam_zero_grad_drops_a_clip_whose_step_never_came():
+    # clip_grad_norm_, then the batch is skipped (no step): zero_grad drops
+    # the clip with the gradients it was for, as torch's (which scaled .grad
+    # itself) would, and the next step clips at the config's
+    # gradient_clipping again. Before, it kept the skipped batch's clip: no
+    # clipping (float32: torch's function clipped .grad in place), or the old
+    # coefficient (bf16 or fp16 gradients).
+    torch.manual_seed(3)
+    shapes = [(6, 4), (4,)]
+    init = [torch.randn(s) for s in shapes]
+    g1 = [torch.randn(s) * 100 for s in shapes]  # clipped hard
+    g2 = [torch.randn(s) * 10 for s in shapes]  # clipped by the config too
+
+    def run(skip_a_clipped_batch):
+        ps = [torch.nn.Parameter(t.clone()) for t in init]
+        opt = st.OffloadAdam(ps, lr=1e-2, config={"gradient_clipping": 0.05}, force_no_gpu=True)
+        if skip_a_clipped_batch:
+            for p, g in zip(ps, g1):
+                p.grad = g.clone()
+            torch.nn.utils.clip_grad_norm_(ps, 0.1)
+            opt.zero_grad()
+        for p, g in zip(ps, g2):
+            p.grad = g.clone()
+        opt.step()
+        out = [p.detach().clone() for p in ps]
+        opt.close()
+        return out
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)

@@ -357,13 +357,33 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
                 norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
                                                weight_decay=group["weight_decay"], max_grad_norm=clip)
             except BaseException as e:
+                # This engine: what it was handed goes (discard_grads), so
+                # that the next step hands it fresh gradients; before, it
+                # stayed "handed" and the next step gave it none (its
+                # parameters silently missed that step). Not where the
+                # failed step is pending (discard_grads refuses: the same
+                # step again finishes it, with what it holds).
+                try:
+                    ge.engine.discard_grads()
+                    ge.handed = False
+                except Error:
+                    pass
                 # Engines after this one that were handed their gradients
                 # (for a joint clip) hold them with no way to drop them: a
                 # later step would apply them. Refuse to go on, saying so.
+                # They are dropped (discard_grads); where that fails too, the
+                # optimizer refuses to go on, saying so.
                 held = [g for _, g in stepping[k + 1:] if g.handed]
+                for g in held:
+                    try:
+                        g.engine.discard_grads()
+                        g.handed = False
+                    except Error:
+                        break
+                held = [g for g in held if g.handed]
                 if held:
                     self._broken = (f"a step failed ({e}) after {len(held)} more engine(s) were handed their "
-                                    "gradients for a joint clip; they cannot be taken back")
+                                    "gradients for a joint clip; they could not be dropped")
                 raise
             ge.handed = False
             ge.copy_params_back()
@@ -501,6 +521,21 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         raise Error(INVALID, "copy.deepcopy of an OffloadAdam: not supported (its state lives in the Strata engines, "
                     "which are not copied). Make a new OffloadAdam over the copy's parameters and "
                     "load_state_dict(opt.state_dict()) into it")
+
+    def zero_grad(self, *args, **kwargs):
+        """torch's zero_grad; and what clip_grad_norm_ prepared for a step
+        that did not come goes with the gradients it was for, as torch's
+        clip (which scales .grad itself) would: the clip, and gradients it
+        handed to an engine already (several ranks; discard_grads, a
+        collective where the step would have been). Before, the next step
+        took the old clip, or the old handed gradients instead of the new."""
+        self._clip_next, self._clip_coef = None, None
+        if not self._closed:
+            for ge in self._engines:
+                if ge.handed:
+                    ge.engine.discard_grads()
+                    ge.handed = False
+        super().zero_grad(*args, **kwargs)
 
     def close(self):
         """Frees the engines (and their swap files). After it, step(),
