@@ -43,7 +43,10 @@ float F16ToF32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t man = h & 0x3ffu;
-  if (exp == 0x1f) return BitsF32(sign | 0x7f800000u | (man << 13));
+  // Inf; a NaN keeps its sign and payload and is quieted (bit 22), as the
+  // F16C and AVX-512 conversions (vcvtph2ps) do: a signalling f16 NaN
+  // widened on every ISA gives the same bits.
+  if (exp == 0x1f) return BitsF32(sign | 0x7f800000u | (man << 13) | (man != 0 ? 0x00400000u : 0u));
   if (exp != 0) return BitsF32(sign | ((exp + 112u) << 23) | (man << 13));
   if (man == 0) return BitsF32(sign);
   // Subnormal: value = man * 2^-24.

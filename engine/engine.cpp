@@ -88,6 +88,7 @@ Status Engine::Impl::InitRanks() {
       co.timeout_s = config_.strata.timeout_s;
       co.shared_memory = config_.strata.comm_shared_memory;
       co.store = &store_->client();
+      co.device = options_.device;  // NCCL binds the GPU the engine is given (-1: the local rank's)
       STRATA_ASSIGN_OR_RETURN(own_comm_, net::MakeCommunicator(co));
       comm_ = own_comm_.get();
     }

@@ -451,7 +451,10 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     char hash[24];
     std::snprintf(hash, sizeof hash, "%08llx",
                   static_cast<unsigned long long>(XXH3_64bits(&so, sizeof so) & 0xffffffffu));
-    comm_->SetLabel((discarding_ ? "discard of step " : "step ") + std::to_string(step_.applied + 1) + " opts " + hash);
+    // (Labels are cut at 31 characters: "step N opts HASH" fits for N below
+    // 10^12; a discard, whose options are always the config's, is "discard N".)
+    comm_->SetLabel(discarding_ ? "discard " + std::to_string(step_.applied + 1)
+                                : "step " + std::to_string(step_.applied + 1) + " opts " + hash);
     if (lay_.sworld == 1) STRATA_RETURN_IF_ERROR(comm_->Barrier().WithContext("step: agreeing with the other ranks"));
   }
   stats_->StepBegin();

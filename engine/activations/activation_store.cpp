@@ -189,14 +189,17 @@ Result<uint64_t> ActivationStore::Stash(const void* src, uint64_t bytes) {
   it.seq = next_seq_++;
   it.arena = off;
   st_.live_bytes += bytes;
+  // Every stash is counted as stashed into host memory (it is copied into
+  // the arena first); those sent on to NVMe, here or by a later Spill, also
+  // as NVMe bytes (strata.h: act_host_bytes, act_nvme_bytes). Before, a
+  // stash sent at once counted as NVMe only, and a spilled one as both.
+  st_.stashed_host_bytes += bytes;
   if (to_disk) {
     it.where = Where::kWriting;
     it.disk = disk;
     st_.stashed_nvme_bytes += bytes;
     jobs_.push_back({h, true});
     cv_.notify_all();
-  } else {
-    st_.stashed_host_bytes += bytes;
   }
   return h;
 }

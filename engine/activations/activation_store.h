@@ -48,7 +48,9 @@ struct ActivationOptions {
 
 // Cumulative figures.
 struct ActivationStats {
-  uint64_t stashed_host_bytes = 0, stashed_nvme_bytes = 0;  // stashes kept in the arena / sent to NVMe
+  // Every stash's bytes (each is copied into the arena first) / those of
+  // them sent on to NVMe (at once, or spilled later): nvme <= host.
+  uint64_t stashed_host_bytes = 0, stashed_nvme_bytes = 0;
   uint64_t redeemed = 0;        // stashes redeemed
   uint64_t prefetch_hits = 0;   // NVMe stashes whose data was in the arena when redeemed
   uint64_t stalls = 0;          // redeems that waited for the disk

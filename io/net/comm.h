@@ -44,6 +44,9 @@ struct CommOptions {
   // loopback: the same bits, a fraction of the CPU. Where any rank cannot
   // open the segment, every rank keeps TCP (said in an info line).
   bool shared_memory = true;
+  // NCCL: the GPU its communicator and stream use (the engine's device,
+  // EngineOptions::device); -1: the local rank's (DeviceForLocalRank).
+  int device = -1;
   uint64_t shm_slot_bytes = uint64_t{2} << 20;
 };
 

@@ -274,8 +274,13 @@ Result<std::unique_ptr<Communicator>> MakeNcclComm(const CommOptions& o) {
   STRATA_RETURN_IF_ERROR(CudaStatus("cudaGetDeviceCount", cudaGetDeviceCount(&count)).WithContext(where));
   // One process per GPU: a local rank past the last GPU is refused, not
   // wrapped onto a GPU that another rank drives.
-  Result<int> device = DeviceForLocalRank(r.local_rank, count, r.source);
+  // The device the engine was given (a Slurm job with one GPU a task
+  // names device 0 on every rank), else the local rank's.
+  Result<int> device = o.device >= 0 ? Result<int>(o.device) : DeviceForLocalRank(r.local_rank, count, r.source);
   if (!device.ok()) return device.status().WithContext(where);
+  if (*device >= count)
+    return InvalidError(where + ": device " + std::to_string(*device) + " asked, but this process sees " +
+                        std::to_string(count) + " CUDA device(s)");
   if (*device < 0) return CommError(where + ": no CUDA device");
   ncclUniqueId id;
   const std::string key = o.prefix + "/nccl/unique_id";

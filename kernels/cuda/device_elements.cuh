@@ -18,14 +18,14 @@ namespace strata::kernels::cuda_detail {
 inline void ClearLastErrorBeforeLaunch() { (void)cudaGetLastError(); }
 
 // IEEE half -> f32 in integer arithmetic, as base F16ToF32: every NaN keeps
-// its payload and its signalling bit. (__half2float, cvt.f32.f16, returns the
-// canonical NaN for every NaN input, which made the f16 casts differ from
-// the CPU's on the 2046 NaN patterns.)
+// its sign and payload and is quieted (bit 22), as x86's vcvtph2ps does.
+// (__half2float, cvt.f32.f16, returns the canonical NaN for every NaN input,
+// which made the f16 casts differ from the CPU's on the 2046 NaN patterns.)
 __device__ __forceinline__ float F16BitsToF32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t man = h & 0x3ffu;
-  if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+  if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (man << 13) | (man != 0 ? 0x00400000u : 0u));
   if (exp != 0) return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
   if (man == 0) return __uint_as_float(sign);
   // Subnormal: man * 2^-24, exact in f32.
