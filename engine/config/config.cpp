@@ -50,9 +50,12 @@ Status ReadOffloadOptimizer(ObjectReader r, OffloadOptimizerConfig* o, std::vect
 }
 
 // Reads `names` (a stage3_ spelling and the bare one) into *out.
+// Element counts (bucket sizes, thresholds, live parameters): at most 2^56,
+// so that their products with an element's bytes never wrap (a wrapped
+// prefetch window silently shrank to one group).
 Status ReadAliasedUint(ObjectReader& r, std::initializer_list<std::string_view> names, uint64_t* out) {
   STRATA_ASSIGN_OR_RETURN(std::string key, r.Alias(names));
-  return r.Uint(key, out);
+  return r.Uint(key, out, 0, uint64_t{1} << 56);
 }
 
 // DeepSpeed's deprecated booleans: cpu_offload, cpu_offload_param, cpu_offload_use_pin_memory.

@@ -194,7 +194,8 @@ Status ObjectReader::ByteSize(std::string_view key, uint64_t* out, uint64_t min)
     if (!parsed.ok()) return ConfigError(KeyPath(key) + ": " + parsed.status().message());
     bytes = *parsed;
   } else if (v->is_number()) {
-    STRATA_RETURN_IF_ERROR(Uint(key, &bytes));
+    // Below 2^63, as a size string must be (and so never the "auto" sentinel, 2^64 - 1).
+    STRATA_RETURN_IF_ERROR(Uint(key, &bytes, 0, (uint64_t{1} << 63) - 1));
   } else {
     return TypeError(key, *v, expected);
   }

@@ -430,6 +430,16 @@ TEST(ConfigRefusal, NegativeAndFractionalIntegers) {
             "zero_optimization.offload_optimizer.ratio: 1.5 is out of range; allowed: from 0.0 to 1.0");
   EXPECT_EQ(Refusal(R"({"aio": {"block_size": 1000000}})"),
             "aio.block_size: 1000000 is not a multiple of 4096 (O_DIRECT alignment)");
+  // A byte size given as a number is below 2^63, as a size string must be:
+  // 2^64 - 1 was taken silently as "auto" (its sentinel).
+  EXPECT_NE(Refusal(R"({"strata": {"speculation_host_bytes": 18446744073709551615}})")
+                .find("strata.speculation_host_bytes: 18446744073709551615 is out of range"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"strata": {"device_budget": 1e19}})").find("strata.device_budget"), std::string::npos);
+  // Element counts at most 2^56: their bytes never wrap (the prefetch window did).
+  EXPECT_NE(Refusal(R"({"zero_optimization": {"stage3_prefetch_bucket_size": 9223372036854775808}})")
+                .find("zero_optimization.stage3_prefetch_bucket_size: 9223372036854775808 is out of range"),
+            std::string::npos);
 }
 
 TEST(ConfigRefusal, NvmeWithoutPath) {

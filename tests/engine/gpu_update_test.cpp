@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <functional>
 
 #include "engine/engine.h"
 #include "io/fault.h"
@@ -422,6 +423,54 @@ Weights WeightsOf(Engine& e) {
   return out;
 }
 
+// Four steps of `model` under `json`, on the CPU optimizer or (`twin`) the
+// GPU optimizer's CPU twin; at step 2 `arm` (a skip count) sets the faults,
+// and a step that fails then is called again, which must finish it. Adds 1
+// to *fired when a fault fired.
+Weights RunFaultedAtStep2(const std::string& json, const TinyMlp& model, bool twin,
+                          const std::function<void(FaultPlan&)>& arm, int* fired) {
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  eo.gpu_optimizer_twin = twin;
+  eo.faults = std::make_shared<FaultPlan>();
+  auto e = Engine::Create(*ParseConfig(json), eo);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_TRUE(model.Register(**e).ok());
+  EXPECT_TRUE((*e)->Build().ok());
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_TRUE(model.TrainStep(**e).ok());
+    StepOptions so;
+    so.lr = 0.01 * (1 + s);
+    if (s == 2 && arm) arm(*eo.faults);
+    auto r = (*e)->Step(so);
+    eo.faults->Disarm();
+    if (s == 2 && eo.faults->fired() > 0) {
+      ++*fired;
+      EXPECT_FALSE(r.ok()) << "the faulted step returned OK";
+      r = (*e)->Step(so);  // finishes the step: P rewritten from the committed W
+    }
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+  }
+  return WeightsOf(**e);
+}
+
+// Faulted twin runs, for skips 0, 1, 2, end as the clean CPU run, bit for bit.
+int ExpectFaultedRunsAsClean(const std::string& json, const TinyMlp& model,
+                             const std::function<void(FaultPlan&, int skip)>& arm) {
+  int none = 0, fired = 0;
+  const Weights clean = RunFaultedAtStep2(json, model, false, nullptr, &none);
+  for (int skip : {0, 1, 2}) {
+    SCOPED_TRACE("skip " + std::to_string(skip));
+    const Weights faulty = RunFaultedAtStep2(json, model, true, [&](FaultPlan& f) { arm(f, skip); }, &fired);
+    EXPECT_EQ(faulty.w.size(), clean.w.size());
+    for (size_t g = 0; g < clean.w.size() && g < faulty.w.size(); ++g) {
+      EXPECT_EQ(faulty.w[g], clean.w[g]) << "W of group " << g;
+      EXPECT_EQ(faulty.p[g], clean.p[g]) << "P of group " << g;
+    }
+  }
+  return fired;
+}
+
 // W, M, V updated in place on the (twin) GPU are committed before P's store
 // to NVMe: when that store fails the step fails resumably, and calling it
 // again rewrites P from W; the run ends as the clean CPU run, bit for bit.
@@ -434,41 +483,9 @@ TEST(GpuOptimizerTwin, AFailedStoreOfPIsRewrittenFromW) {
         "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},
       "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})";
   // clang-format on
-  auto run = [&](bool twin, int skip, int* fired) {
-    EngineOptions eo;
-    eo.force_no_gpu = true;
-    eo.gpu_optimizer_twin = twin;
-    eo.faults = std::make_shared<FaultPlan>();
-    auto e = Engine::Create(*ParseConfig(json), eo);
-    EXPECT_TRUE(e.ok()) << e.status().ToString();
-    EXPECT_TRUE(model.Register(**e).ok());
-    EXPECT_TRUE((*e)->Build().ok());
-    for (int s = 0; s < 4; ++s) {
-      EXPECT_TRUE(model.TrainStep(**e).ok());
-      StepOptions so;
-      so.lr = 0.01 * (1 + s);
-      if (s == 2 && skip >= 0) eo.faults->Arm(FaultPlan::Ops::kWrites, EIO, static_cast<uint64_t>(skip), 1);
-      auto r = (*e)->Step(so);
-      eo.faults->Disarm();
-      if (s == 2 && eo.faults->fired() > 0) {
-        ++*fired;
-        EXPECT_FALSE(r.ok()) << "skip " << skip;
-        r = (*e)->Step(so);  // finishes the step: P rewritten from the committed W
-      }
-      EXPECT_TRUE(r.ok()) << "skip " << skip << ": " << r.status().ToString();
-    }
-    return WeightsOf(**e);
-  };
-  int none = 0, fired = 0;
-  const Weights clean = run(false, -1, &none);
-  for (int skip : {0, 1, 2}) {
-    const Weights faulty = run(true, skip, &fired);
-    ASSERT_EQ(faulty.w.size(), clean.w.size());
-    for (size_t g = 0; g < clean.w.size(); ++g) {
-      EXPECT_EQ(faulty.w[g], clean.w[g]) << "skip " << skip << ": W of group " << g;
-      EXPECT_EQ(faulty.p[g], clean.p[g]) << "skip " << skip << ": P of group " << g;
-    }
-  }
+  const int fired = ExpectFaultedRunsAsClean(json, model, [](FaultPlan& f, int skip) {
+    f.Arm(FaultPlan::Ops::kWrites, EIO, static_cast<uint64_t>(skip), 1);
+  });
   EXPECT_EQ(fired, 3);  // three groups, one P store each: every skip hit one
 }
 
@@ -482,41 +499,9 @@ TEST(GpuOptimizerTwin, AFailedCopyOutOfPIsRewrittenFromW) {
   const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": "adamw", "params": {"lr": 0.01}},
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "cpu"}},
       "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})";
-  auto run = [&](bool twin, int skip, int* fired) {
-    EngineOptions eo;
-    eo.force_no_gpu = true;
-    eo.gpu_optimizer_twin = twin;
-    eo.faults = std::make_shared<FaultPlan>();
-    auto e = Engine::Create(*ParseConfig(json), eo);
-    EXPECT_TRUE(e.ok()) << e.status().ToString();
-    EXPECT_TRUE(model.Register(**e).ok());
-    EXPECT_TRUE((*e)->Build().ok());
-    for (int s = 0; s < 4; ++s) {
-      EXPECT_TRUE(model.TrainStep(**e).ok());
-      StepOptions so;
-      so.lr = 0.01 * (1 + s);
-      if (s == 2 && skip >= 0) eo.faults->ArmDeviceCopies(/*to_device=*/false, static_cast<uint64_t>(skip), 1);
-      auto r = (*e)->Step(so);
-      eo.faults->Disarm();
-      if (s == 2 && eo.faults->fired() > 0) {
-        ++*fired;
-        EXPECT_FALSE(r.ok()) << "skip " << skip;
-        r = (*e)->Step(so);  // finishes the step: P rewritten from the committed W
-      }
-      EXPECT_TRUE(r.ok()) << "skip " << skip << ": " << r.status().ToString();
-    }
-    return WeightsOf(**e);
-  };
-  int none = 0, fired = 0;
-  const Weights clean = run(false, -1, &none);
-  for (int skip : {0, 1, 2}) {
-    const Weights faulty = run(true, skip, &fired);
-    ASSERT_EQ(faulty.w.size(), clean.w.size());
-    for (size_t g = 0; g < clean.w.size(); ++g) {
-      EXPECT_EQ(faulty.w[g], clean.w[g]) << "skip " << skip << ": W of group " << g;
-      EXPECT_EQ(faulty.p[g], clean.p[g]) << "skip " << skip << ": P of group " << g;
-    }
-  }
+  const int fired = ExpectFaultedRunsAsClean(json, model, [](FaultPlan& f, int skip) {
+    f.ArmDeviceCopies(/*to_device=*/false, static_cast<uint64_t>(skip), 1);
+  });
   EXPECT_GE(fired, 1) << "no copy out failed: the case tests nothing";
 }
 
