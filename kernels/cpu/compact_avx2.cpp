@@ -46,14 +46,17 @@ struct Ints {
   __m256i abs, mul, c64, one, c7fff, hi16, quiet, inf, c16384, top, fmax, c127, c255, perm;
 };
 
-// Rebuild in compact_elements.h. w and hi share the sign bit, so adding the
-// signed magnitude difference to hi's bits adds it to the magnitude.
+// Rebuild in compact_elements.h: hi's sign, and the signed magnitude
+// difference added to hi's magnitude (as the scalar does: adding it to the
+// whole word differed only for a state Split never writes, hi = +-0 with a
+// negative correction, whose NaN then took the other sign).
 inline __m256 Rebuild(const Ints& c, const uint16_t* hi, const int8_t* lo) {
   const __m256i h =
       _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hi))), 16);
   const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo)));
   const __m256i d = _mm256_srai_epi32(_mm256_add_epi32(_mm256_mullo_epi32(q, c.mul), c.c64), 7);
-  return _mm256_castsi256_ps(_mm256_add_epi32(h, d));
+  return _mm256_castsi256_ps(
+      _mm256_or_si256(_mm256_andnot_si256(c.abs, h), _mm256_add_epi32(_mm256_and_si256(h, c.abs), d)));
 }
 
 // Split in compact_elements.h: bf16 lanes (low halves) and corrections. The

@@ -21,14 +21,15 @@ inline __m512i Set1(int32_t x) { return _mm512_set1_epi32(x); }
 
 inline __m128i Load16Bytes(const void* x) { return _mm_loadu_si128(static_cast<const __m128i*>(x)); }
 
-// Rebuild in compact_elements.h. w and hi share the sign bit, so adding the
-// signed magnitude difference to hi's bits adds it to the magnitude.
+// Rebuild in compact_elements.h: hi's sign, and the signed magnitude
+// difference added to hi's magnitude (as compact_avx2.cpp).
 inline __m512 Rebuild(const uint16_t* hi, const int8_t* lo) {
   const __m512i h =
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hi))), 16);
   const __m512i q = _mm512_cvtepi8_epi32(Load16Bytes(lo));
   const __m512i d = _mm512_srai_epi32(_mm512_add_epi32(_mm512_mullo_epi32(q, Set1(33026)), Set1(64)), 7);
-  return _mm512_castsi512_ps(_mm512_add_epi32(h, d));
+  const __m512i abs = Set1(0x7fffffff);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_andnot_si512(abs, h), _mm512_add_epi32(_mm512_and_si512(h, abs), d)));
 }
 
 // Split in compact_elements.h, as compact_avx2.cpp: bf16 (base F32ToBF16's

@@ -164,6 +164,30 @@ TEST(CompactPaths, PackAndUnpackEqualTheReference) {
         }
 }
 
+// A state Split never writes (a corrupt or foreign one): hi = +-0 with a
+// negative correction rebuilds to a NaN, the same bits on every path. The
+// scalar keeps hi's sign and adds to the magnitude; the SIMD paths added to
+// the whole word, and the NaN took the other sign.
+TEST(CompactPaths, RebuildOfAZeroWithANegativeCorrectionIsThePathsOwn) {
+  for (CpuIsa isa : CompactSimdPaths()) {
+    const size_t n = 96;
+    CompactBuffers a(n, 0), b(n, 3);
+    CompactState sa = a.state(), sb = b.state();
+    for (size_t i = 0; i < n; ++i) {
+      sa.w_hi[i] = sb.w_hi[i] = i % 2 ? 0x8000 : 0x0000;  // -0, +0
+      sa.w_lo[i] = sb.w_lo[i] = static_cast<int8_t>(-1 - static_cast<int>(i % 128));
+      sa.m_code[i] = sb.m_code[i] = 0;
+      sa.v_code[i] = sb.v_code[i] = 0;
+    }
+    for (size_t k = 0; k < CompactScaleCount(n); ++k) sa.m_scale[k] = sb.m_scale[k] = sa.v_scale[k] = sb.v_scale[k] = 1.0f;
+    std::vector<float> w1(n), m1(n), v1(n), w2(n), m2(n), v2(n);
+    ASSERT_TRUE(CompactUnpackOn(CpuIsa::kScalar, n, sa, w1.data(), m1.data(), v1.data()).ok());
+    ASSERT_TRUE(CompactUnpackOn(isa, n, sb, w2.data(), m2.data(), v2.data()).ok());
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_EQ(F32Bits(w1[i]), F32Bits(w2[i])) << CpuIsaName(isa) << " element " << i;
+  }
+}
+
 TEST(CompactPaths, SmallSizesAllVariantsMisaligned) {
   for (CpuIsa isa : CompactSimdPaths())
     for (const Variant& var : AllVariants())
