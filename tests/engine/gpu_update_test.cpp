@@ -200,6 +200,58 @@ TEST(StepKernelOptions, RefusedBeforeAnyLaunch) {
       Code::kInvalid);
 }
 
+// Masters and fetched parameters of every group.
+struct Weights {
+  std::vector<std::vector<float>> w;
+  std::vector<std::vector<uint8_t>> p;
+};
+
+Weights WeightsOf(Engine& e) {
+  Weights out;
+  for (int g = 0; g < e.num_groups(); ++g) {
+    out.w.emplace_back(e.group_numel(g));
+    EXPECT_TRUE(e.ReadMaster(g, out.w.back().data()).ok());
+    auto p = e.Fetch(g);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) continue;
+    const auto* bytes = static_cast<const uint8_t*>(*p);
+    out.p.emplace_back(bytes, bytes + e.group_numel(g) * DTypeSize(e.compute_dtype()));
+    EXPECT_TRUE(e.Release(g).ok());
+  }
+  return out;
+}
+
+// Four steps of `model` under `json`, on the CPU optimizer or (`twin`) the
+// GPU optimizer's CPU twin; at step 2 `arm` (a skip count) sets the faults,
+// and a step that fails then is called again, which must finish it. Adds 1
+// to *fired when a fault fired.
+Weights RunFaultedAtStep2(const std::string& json, const TinyMlp& model, bool twin,
+                          const std::function<void(FaultPlan&)>& arm, int* fired) {
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  eo.gpu_optimizer_twin = twin;
+  eo.faults = std::make_shared<FaultPlan>();
+  auto e = Engine::Create(*ParseConfig(json), eo);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_TRUE(model.Register(**e).ok());
+  EXPECT_TRUE((*e)->Build().ok());
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_TRUE(model.TrainStep(**e).ok());
+    StepOptions so;
+    so.lr = 0.01 * (1 + s);
+    if (s == 2 && arm) arm(*eo.faults);
+    auto r = (*e)->Step(so);
+    eo.faults->Disarm();
+    if (s == 2 && eo.faults->fired() > 0) {
+      ++*fired;
+      EXPECT_FALSE(r.ok()) << "the faulted step returned OK";
+      r = (*e)->Step(so);  // finishes the step: P rewritten from the committed W
+    }
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+  }
+  return WeightsOf(**e);
+}
+
 std::vector<std::vector<float>> TrainOnCpu(const std::string& optimizer, const std::string& setting) {
   // clang-format off
   const std::string json = R"({"bf16": {"enabled": true}, "optimizer": {"type": ")" + optimizer +
@@ -207,27 +259,9 @@ std::vector<std::vector<float>> TrainOnCpu(const std::string& optimizer, const s
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}},
       "strata": {"device_budget": "64MiB", "host_budget": "64MiB", "gpu_optimizer": ")" + setting + R"("}})";
   // clang-format on
-  auto config = ParseConfig(json);
-  EXPECT_TRUE(config.ok()) << config.status().ToString();
-  EngineOptions eo;
-  eo.force_no_gpu = true;
-  auto e = Engine::Create(*config, eo);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  TinyMlp model(3, 24);
-  EXPECT_TRUE(model.Register(**e).ok());
-  EXPECT_TRUE((*e)->Build().ok());
-  for (int s = 0; s < 4; ++s) {
-    EXPECT_TRUE(model.TrainStep(**e).ok());
-    StepOptions so;
-    so.lr = 0.01 * (1 + s);
-    EXPECT_TRUE((*e)->Step(so).ok());
-  }
-  std::vector<std::vector<float>> w;
-  for (int g = 0; g < (*e)->num_groups(); ++g) {
-    w.emplace_back((*e)->group_numel(g));
-    EXPECT_TRUE((*e)->ReadMaster(g, w.back().data()).ok());
-  }
-  return w;
+  EXPECT_TRUE(ParseConfig(json).ok()) << ParseConfig(json).status().ToString();
+  int none = 0;
+  return RunFaultedAtStep2(json, TinyMlp(3, 24), /*twin=*/false, nullptr, &none).w;
 }
 
 // Without a GPU both settings take the CPU path over the same kernel options.
@@ -402,57 +436,6 @@ TEST(GpuOptimizerTwin, CompactWithPElsewhereIsUpdatedOnTheCpu) {
   }
 }
 
-// Masters and fetched parameters of every group.
-struct Weights {
-  std::vector<std::vector<float>> w;
-  std::vector<std::vector<uint8_t>> p;
-};
-
-Weights WeightsOf(Engine& e) {
-  Weights out;
-  for (int g = 0; g < e.num_groups(); ++g) {
-    out.w.emplace_back(e.group_numel(g));
-    EXPECT_TRUE(e.ReadMaster(g, out.w.back().data()).ok());
-    auto p = e.Fetch(g);
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    if (!p.ok()) continue;
-    const auto* bytes = static_cast<const uint8_t*>(*p);
-    out.p.emplace_back(bytes, bytes + e.group_numel(g) * DTypeSize(e.compute_dtype()));
-    EXPECT_TRUE(e.Release(g).ok());
-  }
-  return out;
-}
-
-// Four steps of `model` under `json`, on the CPU optimizer or (`twin`) the
-// GPU optimizer's CPU twin; at step 2 `arm` (a skip count) sets the faults,
-// and a step that fails then is called again, which must finish it. Adds 1
-// to *fired when a fault fired.
-Weights RunFaultedAtStep2(const std::string& json, const TinyMlp& model, bool twin,
-                          const std::function<void(FaultPlan&)>& arm, int* fired) {
-  EngineOptions eo;
-  eo.force_no_gpu = true;
-  eo.gpu_optimizer_twin = twin;
-  eo.faults = std::make_shared<FaultPlan>();
-  auto e = Engine::Create(*ParseConfig(json), eo);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  EXPECT_TRUE(model.Register(**e).ok());
-  EXPECT_TRUE((*e)->Build().ok());
-  for (int s = 0; s < 4; ++s) {
-    EXPECT_TRUE(model.TrainStep(**e).ok());
-    StepOptions so;
-    so.lr = 0.01 * (1 + s);
-    if (s == 2 && arm) arm(*eo.faults);
-    auto r = (*e)->Step(so);
-    eo.faults->Disarm();
-    if (s == 2 && eo.faults->fired() > 0) {
-      ++*fired;
-      EXPECT_FALSE(r.ok()) << "the faulted step returned OK";
-      r = (*e)->Step(so);  // finishes the step: P rewritten from the committed W
-    }
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-  }
-  return WeightsOf(**e);
-}
 
 // Faulted twin runs, for skips 0, 1, 2, end as the clean CPU run, bit for bit.
 int ExpectFaultedRunsAsClean(const std::string& json, const TinyMlp& model,
