@@ -1,7 +1,9 @@
 // ShmChannel (shm_channel.h): the segment, its rounds and its waits.
 #include "io/net/shm_channel.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -133,11 +135,34 @@ static Result<void*> MapAndLock(int fd, uint64_t size, int rank, const std::stri
   return base;
 }
 
+int ShmChannel::RemoveStaleSegments() {
+  DIR* d = opendir("/dev/shm");
+  if (d == nullptr) return 0;
+  int removed = 0;
+  while (const dirent* e = readdir(d)) {
+    int pid = 0;
+    unsigned a = 0, b = 0;
+    char again[64];
+    // Exactly this scheme's names ("strata-PID-" and 16 hex digits), nothing else.
+    if (std::sscanf(e->d_name, "strata-%d-%8x%8x", &pid, &a, &b) != 3 || pid <= 0 || pid == getpid()) continue;
+    std::snprintf(again, sizeof again, "strata-%d-%08x%08x", pid, a, b);
+    if (std::strcmp(again, e->d_name) != 0) continue;
+    struct stat st {};
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != geteuid()) continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // its creator lives (EPERM: it lives, as another user)
+    if (shm_unlink((std::string("/") + e->d_name).c_str()) == 0) ++removed;
+  }
+  closedir(d);
+  return removed;
+}
+
 Result<std::unique_ptr<ShmChannel>> ShmChannel::Create(int world, uint64_t slot_bytes, std::string* name) {
   if (world < 2 || slot_bytes < kPage || slot_bytes % 64 != 0 || slot_bytes / uint64_t(world) < 64)
     return InvalidError("shared memory: world " + std::to_string(world) + ", slots of " + std::to_string(slot_bytes) +
                         " bytes (want 2+ ranks, slots of 4096+ bytes, a multiple of 64, 64+ bytes a rank)");
   const uint64_t size = SegmentBytes(world, slot_bytes);
+  if (const int stale = RemoveStaleSegments())
+    STRATA_LOG_INFO("shared memory: removed {} segment(s) in /dev/shm left by Strata processes that are gone", stale);
   std::random_device rd;
   char buf[64];
   std::snprintf(buf, sizeof buf, "/strata-%d-%08x%08x", static_cast<int>(getpid()), rd(), rd());

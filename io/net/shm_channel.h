@@ -46,7 +46,15 @@ class ShmChannel {
   // 64, at least 4096): made by rank 0 under a fresh name (returned in
   // *name), its memory reserved (posix_fallocate: a /dev/shm too small is
   // refused here, never a SIGBUS later).
+  // Before it, names of this scheme whose creator is gone (RemoveStaleSegments).
   static Result<std::unique_ptr<ShmChannel>> Create(int world, uint64_t slot_bytes, std::string* name);
+  // A creator killed between Create and the unlink that follows every rank's
+  // open (a launcher stopping the job then) leaves its name in /dev/shm, and
+  // the memory behind it: names of this scheme ("/strata-PID-..."), owned by
+  // this user, whose PID is gone (kill: ESRCH) are removed. A live
+  // creator's (another job's) are left; one whose PID was reused is left
+  // too, until that process is gone. Returns how many were removed.
+  static int RemoveStaleSegments();
   // Rank `rank` (1..world-1) opens rank 0's segment; refused when its
   // header does not say `world` and `slot_bytes` (another job's segment).
   static Result<std::unique_ptr<ShmChannel>> Open(const std::string& name, int rank, int world, uint64_t slot_bytes);

@@ -6,7 +6,9 @@
 #include "io/net/shm_channel.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -270,6 +272,39 @@ TEST(ShmChannel, ASegmentOfAnotherShapeOrNameIsRefusedAndNothingIsLeft) {
   auto gone = ShmChannel::Open(name, 1, 2, kSlot);
   EXPECT_EQ(gone.status().code(), Code::kComm);
   EXPECT_NE(gone.status().message().find("shm_open"), std::string::npos) << gone.status().ToString();
+}
+
+// A segment whose creator was killed before its unlink (a launcher stopping
+// the job then) is removed by the next Create; one whose creator lives (the
+// test's parent stands for another job's rank 0) is left, as is a name of
+// another scheme. Before, each such kill left its segment in /dev/shm.
+TEST(ShmChannel, ASegmentLeftByACreatorThatIsGoneIsRemovedAtTheNextCreate) {
+  const pid_t dead = fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) _exit(0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  auto make = [](const std::string& name) {
+    const int fd = shm_open(name.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    EXPECT_GE(fd, 0) << name;
+    if (fd >= 0) close(fd);
+  };
+  char stale[64], live[64];
+  std::snprintf(stale, sizeof stale, "/strata-%d-%08x%08x", static_cast<int>(dead), 0xdeadbeefu, 0x1234u);
+  std::snprintf(live, sizeof live, "/strata-%d-%08x%08x", static_cast<int>(getppid()), 0xfeedu, 0x1234u);
+  const std::string other = "/strata-" + std::to_string(dead) + "-not-ours";
+  make(stale);
+  make(live);
+  make(other);
+  std::string name;
+  auto c = ShmChannel::Create(2, kSlot, &name);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(std::filesystem::exists(std::string("/dev/shm") + stale)) << "left by a creator that is gone";
+  EXPECT_TRUE(std::filesystem::exists(std::string("/dev/shm") + live)) << "its creator lives";
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm" + other)) << "another scheme's name";
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm" + name));
+  shm_unlink(stale);
+  shm_unlink(live);
+  shm_unlink(other.c_str());
 }
 
 }  // namespace
