@@ -136,6 +136,21 @@ class _GroupEngine:
             del flat  # one bucket's at a time
         self.handed = True
 
+    def drop_handed(self, quiet=True):
+        """Drops the gradients this engine was handed for a step that did
+        not come (discard_grads). True when it holds none now. An engine
+        that refuses (its failed step is pending: the same step again
+        finishes it, with them) keeps them; `quiet=False` raises that."""
+        if self.handed:
+            try:
+                self.engine.discard_grads()
+            except Error:
+                if not quiet:
+                    raise
+                return False
+            self.handed = False
+        return True
+
     def copy_params_back(self):
         pending = {}  # param index -> flat copy of a non-contiguous parameter cut over groups
         for g, entries in self.buckets:
@@ -216,3 +231,14 @@ def _nonfinite(ge):
     """The engine's strata.nonfinite policy, as it resolved it."""
     section = ge.engine.config.get("strata")
     return section.get("nonfinite", "skip") if isinstance(section, dict) else "skip"
+
+
+def _overflowed(engines):
+    """Whether any of these engines' parameters has a gradient that is not
+    finite (this rank's): one read back per device."""
+    by_device = {}
+    for ge in engines:
+        for p in ge.params:
+            if p.grad is not None:
+                by_device.setdefault(p.grad.device, []).append(torch.isfinite(p.grad).all())
+    return not all(bool(torch.stack(flags).all()) for flags in by_device.values())

@@ -15,7 +15,7 @@ from ._clip import (_OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _
                     _torch_norm_of, _torch_total_norm)
 from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _resolve_ranks, _say_autos, _separate_swap_folders,
                       _with_state_format)
-from ._group_engine import _GroupEngine, _check_params, _check_saved_shapes, _nonfinite, _split_names
+from ._group_engine import _GroupEngine, _check_params, _check_saved_shapes, _nonfinite, _overflowed, _split_names
 from ._loss_scale import _LossScaling, _Scaler, _ScalesLoss, _fp16_section
 from ._offload_optimizer import _closure_loss
 
@@ -316,16 +316,6 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             raise self._scaling.refusal(f"{what} got the gradients of",
                                         "Call opt.backward(loss) (or opt.scale_loss(loss).backward())")
 
-    def _overflowed(self, engines):
-        """Whether any of these engines' parameters has a gradient that is
-        not finite (this rank's): one read back per device."""
-        by_device = {}
-        for ge in engines:
-            for p in ge.params:
-                if p.grad is not None:
-                    by_device.setdefault(p.grad.device, []).append(torch.isfinite(p.grad).all())
-        return not all(bool(torch.stack(flags).all()) for flags in by_device.values())
-
     @torch.no_grad()
     def step(self, closure=None):
         self._check_open("step")
@@ -342,7 +332,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         # here makes every other skip too (a NaN in its gradients; with
         # several ranks that reaches every rank's).
         poison = len(stepping) > 1 and (self._scaler is not None or _nonfinite(stepping[0][1]) == "skip") and \
-            self._overflowed([ge for _, ge in stepping if not ge.handed])
+            _overflowed([ge for _, ge in stepping if not ge.handed])
         def hand(group, ge):
             if not ge.handed:
                 ge.hand_grads(negate=group.get("maximize", False), scale=scale, coef=coef, poison=poison)
@@ -357,30 +347,16 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
                 norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
                                                weight_decay=group["weight_decay"], max_grad_norm=clip)
             except BaseException as e:
-                # This engine: what it was handed goes (discard_grads), so
-                # that the next step hands it fresh gradients; before, it
-                # stayed "handed" and the next step gave it none (its
-                # parameters silently missed that step). Not where the
-                # failed step is pending (discard_grads refuses: the same
-                # step again finishes it, with what it holds).
-                try:
-                    ge.engine.discard_grads()
-                    ge.handed = False
-                except Error:
-                    pass
-                # Engines after this one that were handed their gradients
-                # (for a joint clip) hold them with no way to drop them: a
-                # later step would apply them. Refuse to go on, saying so.
-                # They are dropped (discard_grads); where that fails too, the
+                # What the engines hold for this step goes (drop_handed):
+                # this one's, so that the next step hands it fresh gradients
+                # (before, it stayed "handed" and its parameters silently
+                # missed that step; not where its failed step is pending: the
+                # same step again finishes it), and those of the engines
+                # after it that were handed theirs for a joint clip (a later
+                # step would apply them). Where those cannot be dropped, the
                 # optimizer refuses to go on, saying so.
-                held = [g for _, g in stepping[k + 1:] if g.handed]
-                for g in held:
-                    try:
-                        g.engine.discard_grads()
-                        g.handed = False
-                    except Error:
-                        break
-                held = [g for g in held if g.handed]
+                ge.drop_handed()
+                held = [g for _, g in stepping[k + 1:] if not g.drop_handed()]
                 if held:
                     self._broken = (f"a step failed ({e}) after {len(held)} more engine(s) were handed their "
                                     "gradients for a joint clip; they could not be dropped")
@@ -532,9 +508,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self._clip_next, self._clip_coef = None, None
         if not self._closed:
             for ge in self._engines:
-                if ge.handed:
-                    ge.engine.discard_grads()
-                    ge.handed = False
+                ge.drop_handed(quiet=False)
         super().zero_grad(*args, **kwargs)
 
     def close(self):
