@@ -49,7 +49,7 @@ static Status FillBlock(Engine::Impl& m, const StateBlock& b, const std::functio
 // budget with the same sizes, less the NVMe tier's padding, which a refusal
 // here names too).
 static Status InitStaging(Engine::Impl& m) {
-  const StagingSizes z = PlanStaging(m.lay_, [&](uint64_t bytes) { return m.io_->NvmePadded(bytes); });
+  const StagingSizes z = PlanStaging(m.lay_, [&](uint64_t bytes) { return m.io_->NvmeBuffer(bytes); });
   std::copy(std::begin(z.opt_offsets), std::end(z.opt_offsets), std::begin(m.lay_.opt_slot_offsets));
   m.lay_.opt_piece_bytes = z.piece_bytes;
   Status st = m.staging_.opt.Init(m.host_.get(), z.opt_slots, z.opt_offsets[kNumStates]);

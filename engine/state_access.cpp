@@ -163,6 +163,10 @@ Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
                         " are pending; save or load between steps");
   }
   residency_->WaitIdle();
+  // A stash dropped or redeemed while its write was in flight still writes
+  // to the swap (the activation store's thread): a save's snapshot of the
+  // swap file, or a load's writes, come after it.
+  if (acts_) acts_->WaitIdle();
   return Status::Ok();
 }
 

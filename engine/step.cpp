@@ -178,6 +178,7 @@ Status Engine::Impl::PrepareStep(const StepOptions& so) {
   // A write lost here and not yet agreed: this step is not prepared (it
   // reads and updates nothing early); the step fails on every rank at once.
   if (!behind_loss_.empty()) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(CheckNoOpenParts("prepare_step"));
   STRATA_RETURN_IF_ERROR(pipeline_->Check(so).WithContext("prepare_step: the step's options (nothing was changed)"));
   for (const auto& gs : steps_)
     if (gs.grad_calls > 0 || gs.parts.open)
@@ -521,6 +522,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
 
 Status Engine::Impl::DiscardGrads() {
   if (!built_) return StateError("discard_grads: the engine is not built");
+  STRATA_RETURN_IF_ERROR(CheckNoOpenParts("discard_grads"));
   if (step_.pending)
     return StateError("discard_grads: a failed step is pending (its update has begun): finish it with step, with "
                       "the options it was called with, or load a checkpoint");

@@ -237,16 +237,22 @@ void NvmeTier::Free(const Allocation& a) {
 }
 
 // One op per stripe and range: stripe j of the buffer goes to file j at the
-// extent, its bytes over the extent's ranges in order.
+// extent, its bytes over the extent's ranges in order. Only the buffer's
+// first BufferSize(b.bytes) bytes move: the stripes' padding beyond them
+// (up to align * folders of it) stays on disk unread and unwritten, so a
+// buffer of the block's aligned size is enough at any number of folders.
 std::vector<IoOp> NvmeTier::Ops(const Block& b, void* buf, IoOp::Kind kind) const {
   const std::vector<FileId>& files = b.gen == gen_ ? files_ : old_.at(b.gen).files;
+  const uint64_t span = BufferSize(b.bytes);
   std::vector<IoOp> ops;
   ops.reserve(files.size() * b.at.size());
   for (size_t j = 0; j < files.size(); ++j) {
-    char* stripe = static_cast<char*>(buf) + j * b.per_file;
+    uint64_t at = j * b.per_file;  // the stripe's place in the buffer
     for (const NvmeExtent& e : b.at) {
-      ops.push_back(IoOp{kind, files[j], e.offset, stripe, e.len});
-      stripe += e.len;
+      if (at >= span) return ops;
+      const uint64_t len = std::min<uint64_t>(e.len, span - at);  // (both aligned)
+      ops.push_back(IoOp{kind, files[j], e.offset, static_cast<char*>(buf) + at, len});
+      at += e.len;
     }
   }
   return ops;
@@ -453,10 +459,22 @@ Status NvmeTier::Snapshot(const std::string& link_path, const std::vector<Alloca
   }
   const std::string& path = paths_[0];
   const int fd = options_.storage->Info(files_[0]).fd;
+  // A link needs one file system: elsewhere (the usual checkpoint disk) the
+  // caller copies, and no next swap file is reserved first only to go.
+  struct stat swap_st{}, dir_st{};
+  const size_t slash = link_path.rfind('/');
+  const std::string link_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : link_path.substr(0, slash);
+  if (::fstat(fd, &swap_st) == 0 && ::stat(link_dir.c_str(), &dir_st) == 0 && swap_st.st_dev != dir_st.st_dev)
+    return UnsupportedError("nvme tier: " + link_dir + " is on another file system than " + path);
   if (::fsync(fd) != 0) return PosixError("fsync", path, errno);  // the data and its extents, durable
   std::vector<FileId> next_files;
   std::vector<std::string> next_paths;
-  STRATA_RETURN_IF_ERROR(OpenGeneration(gen_ + 1, &next_files, &next_paths));
+  // The next swap file takes a whole reservation beside the linked one: no
+  // room for it is no reason to fail a save that a copy can make.
+  if (Status st = OpenGeneration(gen_ + 1, &next_files, &next_paths); !st.ok())
+    return st.code() == Code::kNoSpace
+               ? UnsupportedError("nvme tier: no room to link: " + st.message())
+               : st;
   if (::link(path.c_str(), link_path.c_str()) != 0) {
     const int err = errno;
     CloseAndRemove(next_files, next_paths);

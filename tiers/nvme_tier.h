@@ -77,13 +77,17 @@ class NvmeTier final : public Tier {
   void Free(const Allocation& a) override;
 
   // Alignment that buffers handed to Start* must have; they must also be
-  // at least PaddedSize(bytes) long (the padding is written, not checked).
+  // at least BufferSize(bytes) long: a block's I/O reads or writes no byte
+  // of the buffer beyond it (the padding up to it is written, not checked),
+  // however many folders the block is striped over.
   uint64_t align() const { return align_; }
+  uint64_t BufferSize(uint64_t bytes) const { return AlignUp(bytes, align_); }
+  // What a block of `bytes` takes on disk (and is charged): `bytes` cut over
+  // the folders' files, each stripe aligned. At least BufferSize(bytes).
   uint64_t PaddedSize(uint64_t bytes) const;
-  // The padding rule itself: `bytes` cut over `dirs` files, each stripe
-  // aligned. Before the files exist callers use the usual direct-I/O
-  // alignment (4 KiB; a drive that needs more is found at Allocate, as
-  // NoSpace naming the sizes) to size the reservation.
+  // The padding rule itself. Before the files exist callers use the usual
+  // direct-I/O alignment (4 KiB; a drive that needs more is found at
+  // Allocate, as NoSpace naming the sizes) to size the reservation.
   static uint64_t PaddedSizeFor(uint64_t bytes, uint64_t dirs, uint64_t align = 4096) {
     return AlignUp((bytes + dirs - 1) / dirs, align) * dirs;
   }

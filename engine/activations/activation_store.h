@@ -72,7 +72,7 @@ class ActivationStore {
   Result<uint64_t> Stash(const void* src, uint64_t bytes);
   Status Redeem(uint64_t handle, void* dst, uint64_t bytes);
   Status Drop(uint64_t handle);
-  // Waits until no write or read is in flight (tests).
+  // Waits until no write or read is in flight (tests; save, load and write_state).
   void WaitIdle();
   ActivationStats stats() const;
 

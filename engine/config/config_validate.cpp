@@ -209,13 +209,20 @@ uint64_t MinHostBytes(const Config& c, const ConfigFacts& f) {
     need = SaturatingMul(SaturatingMul(std::min<uint64_t>(p.buffer_count, 4), numel), p_size);
   else if (p.device == OffloadDevice::kCpu)
     need = SaturatingMul(numel, p_size);
-  // The optimizer: NVMe-homed W, M, V, G stream through at least three slots
-  // of a shard (read ahead, update, write behind); host-homed ones are a shard.
-  // Bytes an element: fp32 W, M, V, G 16; compact W, M, V (5.25) and G 4, at least 9.
+  // The optimizer: host-homed W, M, V, G are a shard. NVMe-homed W, M, V
+  // stream through step slots of a shard, at least three (read ahead,
+  // update, write behind), or two where fp32 state is stepped in units;
+  // G is a shard more, homed on the host or staged beside them. A lower
+  // bound (Build's CheckHostPlan has the exact sizes): it must never refuse
+  // a budget the engine would fit in. Bytes an element: fp32 W, M, V 12, G 4;
+  // compact W, M, V at least 5, G 4.
   const auto od = c.zero.offload_optimizer.device;
-  const uint64_t per = c.strata.state_format == "compact" ? 9 : 16;
-  if (od == OffloadDevice::kNvme) need = SaturatingAdd(need, SaturatingMul(shard, 3 * per));
-  else if (od == OffloadDevice::kCpu) need = SaturatingAdd(need, SaturatingMul(shard, per));
+  const bool compact = c.strata.state_format == "compact";
+  const uint64_t wmv = compact ? 5 : 12;
+  if (od == OffloadDevice::kNvme)
+    need = SaturatingAdd(need, SaturatingMul(shard, (compact ? 3 : 2) * wmv + 4));
+  else if (od == OffloadDevice::kCpu)
+    need = SaturatingAdd(need, SaturatingMul(shard, compact ? 9 : 16));
   return need;
 }
 

@@ -25,6 +25,12 @@ Result<StateBlock> BlockIo::Allocate(TierKind home, uint64_t bytes) {
 Result<StateBlock> BlockIo::AllocateParts(const std::vector<uint64_t>& part_bytes) {
   StateBlock b;
   b.home = TierKind::kNvme;
+  // The parts lie back to back in a buffer (Start): each but the last must
+  // end where the next one's aligned I/O begins.
+  for (size_t i = 0; nvme_ && i + 1 < part_bytes.size(); ++i)
+    if (part_bytes[i] % nvme_->align() != 0)
+      return InternalError("nvme block in parts: part " + std::to_string(i) + " of " + std::to_string(part_bytes[i]) +
+                           " bytes is not a multiple of the swap's alignment (" + std::to_string(nvme_->align()) + ")");
   for (uint64_t bytes : part_bytes) {
     auto p = Allocate(TierKind::kNvme, bytes);
     if (!p.ok()) {

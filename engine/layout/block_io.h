@@ -65,7 +65,7 @@ class BlockIo {
   }
   void* DirectPtr(const StateBlock& b) const { return b.alloc.ptr; }
 
-  // home -> dst (host memory, NVMe-aligned, at least PaddedSize bytes).
+  // home -> dst (host memory, NVMe-aligned, at least NvmeBuffer(b.bytes) bytes).
   Result<BlockMove> StartLoad(const StateBlock& b, void* dst);
   // An NVMe block's version (NvmeTier::Version): a load started at version v
   // (BlockMove::nvme.version) holds its contents while this is still v.
@@ -97,7 +97,11 @@ class BlockIo {
   Status Load(const StateBlock& b, void* dst);
   Status Store(const StateBlock& b, const void* src);
 
+  // An NVMe block of `bytes`: what it takes on disk (NvmeTier::PaddedSize),
+  // and what a buffer it is loaded into or stored from must hold
+  // (NvmeTier::BufferSize; no more at any number of swap folders).
   uint64_t NvmePadded(uint64_t bytes) const { return nvme_ ? nvme_->PaddedSize(bytes) : bytes; }
+  uint64_t NvmeBuffer(uint64_t bytes) const { return nvme_ ? nvme_->BufferSize(bytes) : bytes; }
 
   // Called before every move of an NVMe-homed block starts (a load or a
   // store, a block in parts once): the step's writes left behind

@@ -59,8 +59,8 @@ StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)
     z.opt_offsets[s] = off;
     if (!m.StagedInSlot(s)) continue;
     uint64_t largest = 0;  // bytes of this state on this rank, largest group that trains
-    for (int g = 0; g < ngroups; ++g)
-      if (!m.frozen(g)) largest = std::max(largest, m.StateBytes(s, g));
+    for (int g = 0; g < ngroups; ++g)  // (P that is W's bytes has no block: nothing of it is staged)
+      if (!m.frozen(g) && m.StateUsedBy(s, g)) largest = std::max(largest, m.StateBytes(s, g));
     if (largest > 0) off += AlignUp(padded(largest), 64 * kKiB);
   }
   z.opt_offsets[kNumStates] = off;
@@ -78,10 +78,17 @@ StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)
       z.opt_slots = std::max(2, static_cast<int>((static_cast<uint64_t>(want) + per - 1) / per));
     }
   }
-  const uint64_t shard = m.part.largest_shard_numel();
-  if (m.home[0] == TierKind::kNvme && gpu) {  // P: nvme -> host -> device
+  // P loaded into a device copy through host memory (PHome::Load): from
+  // NVMe, or at stage 3 over ranks from its shard homed on a separate
+  // device (a GPU, or the strict arena), copied out and into the gathered copy.
+  const bool p_through_host = m.home[0] == TierKind::kNvme || (m.home[0] == TierKind::kDevice && m.p_sharded);
+  if (p_through_host && gpu) {  // P: home -> host -> device
     z.param_slots = static_cast<int>(std::clamp<uint64_t>(m.config->zero.offload_param.buffer_count, 1, 4));
-    z.param_bytes = padded(shard * DTypeSize(m.dtype));
+    // P's block, loaded whole into a slot (PHome::Load): this rank's shard
+    // at stage 3 over ranks, else the whole group.
+    uint64_t largest = 0;
+    for (int g = 0; g < ngroups; ++g) largest = std::max(largest, m.StateBytes(int(StateKind::kP), g));
+    z.param_bytes = padded(largest);
   }
   // Gradients: only groups that train get them.
   uint64_t trained_shard = 0, trained_numel = 0, largest_padded = 0;

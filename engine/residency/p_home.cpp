@@ -24,7 +24,16 @@ Status PHome::Load(int g, void* copy) {
   }
   void* src = p.home == TierKind::kHost ? io_.DirectPtr(p) : nullptr;
   if (!src) {
+    // The block comes whole into a slot (a load writes its aligned size).
+    const uint64_t need = p.home == TierKind::kNvme ? io_.NvmeBuffer(p.bytes) : p.bytes;
+    if (need > staging_.bytes())
+      return InternalError("fetch of group " + std::to_string(g) + ": P's block of " + std::to_string(p.bytes) +
+                           " bytes in " + TierName(p.home) + " does not fit a parameter staging slot of " +
+                           std::to_string(staging_.bytes()) + " bytes");
     src = staging_.Acquire();
+    if (src == nullptr)
+      return InternalError("fetch of group " + std::to_string(g) + ": no parameter staging for P homed in " +
+                           TierName(p.home) + " (PlanStaging made none)");
     Status st = io_.Load(p, src);
     if (!st.ok()) {
       staging_.Release(src);

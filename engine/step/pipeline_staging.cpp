@@ -20,7 +20,7 @@ void* StepPipeline::Slot(int g, int u, bool wait) {
 }
 
 uint64_t StepPipeline::PieceBytes(int g, int u) const {
-  return StepPieceBytes(layout_, [this](uint64_t b) { return io_.NvmePadded(b); }, g, u, /*largest=*/false);
+  return StepPieceBytes(layout_, [this](uint64_t b) { return io_.NvmeBuffer(b); }, g, u, /*largest=*/false);
 }
 
 void StepPipeline::ReleaseSlot(void* slot) {
@@ -33,7 +33,7 @@ uint64_t StepPipeline::SlotOffset(int g, int u, int s) const {
   uint64_t at = 0;  // W, M, V back to back (StepPieceBytes)
   for (int k : {int(StateKind::kW), int(StateKind::kM), int(StateKind::kV)}) {
     if (k == s) return at;
-    if (layout_.StagedInSlot(k)) at += AlignUp(io_.NvmePadded(layout_.PartBytes(k, g, u)), 4096);
+    if (layout_.StagedInSlot(k)) at += AlignUp(io_.NvmeBuffer(layout_.PartBytes(k, g, u)), 4096);
   }
   return at;  // (no other state is staged in a piece)
 }
@@ -101,7 +101,7 @@ StepPipeline::~StepPipeline() {
 std::vector<uint64_t> StepPipeline::BehindPieces(const std::vector<int>& order) const {
   for (int g : order)
     if (gpu_.UpdatesOnGpu(g)) return {};
-  return strata::BehindPieces(layout_, [this](uint64_t b) { return io_.NvmePadded(b); }, order);
+  return strata::BehindPieces(layout_, [this](uint64_t b) { return io_.NvmeBuffer(b); }, order);
 }
 
 bool StepPipeline::CanRunBehind(const std::vector<int>& order) const {

@@ -6,8 +6,10 @@
  * Example (errors: every call returns a strata_status_t):
  *
  *   strata_engine_t* e = NULL;
- *   if (strata_engine_create(json, NULL, &e) != STRATA_OK)
+ *   if (strata_engine_create(json, NULL, &e) != STRATA_OK) {  // e is left NULL
  *     fprintf(stderr, "%s\n", strata_last_error());
+ *     return 1;
+ *   }
  *   uint64_t off;
  *   const int64_t dims[2] = {rows, cols};
  *   strata_engine_add_param_shaped(e, 0, "blk0.w", 2, dims, w_init, &off);  // ... every tensor
@@ -104,7 +106,8 @@ STRATA_API const char* strata_status_name(strata_status_t status);
 
 /* The message of the latest call on THIS thread that did not return
  * STRATA_OK ("" when none has failed yet); successful calls leave it as it
- * is. Owned by the library, valid until the next strata_* call on the same
+ * is, but one: strata_engine_takes_grad_parts sets it to why not when it
+ * answers 0. Owned by the library, valid until the next strata_* call on the same
  * thread. Never NULL. */
 STRATA_API const char* strata_last_error(void);
 
@@ -552,8 +555,12 @@ STRATA_API strata_status_t strata_engine_prepare_step(strata_engine_t* engine,
  * write that fails then is reported by the next call that waits
  * (prepare_step, step, checkpoint_save, read_state, write_state, a fetch
  * that reads NVMe): the engine is broken, as above, until a checkpoint is
- * loaded. With several ranks ("always") every rank's next step fails at
- * once (COMM, naming it), and the ranks are restarted from a checkpoint.
+ * loaded. With several ranks it writes behind under "auto" only where the
+ * ranks can agree on a lost write (P and G not on NVMe, or P's copies kept):
+ * then every rank's next step returns STATE naming it, the communicator
+ * intact, and a checkpoint_load recovers in place; under "always"
+ * otherwise every rank's next step fails at once (COMM, naming it), and the
+ * ranks are restarted from a checkpoint.
  * Errors: INVALID, STATE, IO, CORRUPT, NOSPACE, COMM, TIMEOUT. */
 STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const strata_step_options_t* options,
                                               strata_step_result_t* result);

@@ -56,7 +56,10 @@ class Formats : public ::testing::TestWithParam<const char*> {
 
 // Runs the worker with `args` (in the test's state format), `env_extra`
 // added, capturing stdout.
-WorkerRun Worker(const std::vector<std::string>& args, const std::string& env_extra = "", int kill_after_ms = -1) {
+// kill_after_ms >= 0: SIGKILL that long after the start, or, with
+// `after_file`, after that file appears (polled; at most 60 s).
+WorkerRun Worker(const std::vector<std::string>& args, const std::string& env_extra = "", int kill_after_ms = -1,
+                 const std::string& after_file = "") {
   WorkerRun r;
   const std::string out_path = std::filesystem::temp_directory_path() / ("ckw-" + std::to_string(::getpid()) + ".out");
   std::vector<std::string> argv_s = {WorkerPath()};
@@ -78,6 +81,8 @@ WorkerRun Worker(const std::vector<std::string>& args, const std::string& env_ex
   if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()) != 0) return r;
   posix_spawn_file_actions_destroy(&fa);
   if (kill_after_ms >= 0) {
+    for (int waited = 0; !after_file.empty() && !std::filesystem::exists(after_file) && waited < 60000; waited += 5)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::this_thread::sleep_for(std::chrono::milliseconds(kill_after_ms));
     ::kill(pid, SIGKILL);
   }
@@ -148,13 +153,17 @@ TEST_P(Checkpoint, KillPointsLeaveAWholeCheckpoint) {
   }
 }
 
+// The worker saves after every step, for good; each round kills it at a
+// random moment of the saves after its first one (the clock starts once
+// `latest` exists: a slow machine never makes a round check nothing).
 TEST_P(Checkpoint, SigkillAtRandomMomentsNeverLeavesAMix) {
   std::mt19937 rng(11);
   for (int round = 0; round < 6; ++round) {
     TempDir swap, ckpt;
-    const WorkerRun r = Worker({swap.path(), ckpt.path(), "train", "0", "0", "loop"}, "", 150 + static_cast<int>(rng() % 400));
-    ASSERT_EQ(r.code, 128 + SIGKILL);
-    if (!std::filesystem::exists(ckpt.path() + "/latest")) continue;  // killed before the first save finished
+    const WorkerRun r = Worker({swap.path(), ckpt.path(), "train", "0", "0", "loop"}, "",
+                               static_cast<int>(rng() % 400), ckpt.path() + "/latest");
+    ASSERT_EQ(r.code, 128 + SIGKILL) << r.out;
+    ASSERT_TRUE(std::filesystem::exists(ckpt.path() + "/latest")) << "round " << round << ": no first save";
     const WorkerRun resumed = Worker({swap.path(), ckpt.path(), "train", "0", "1", "resume"});
     EXPECT_TRUE(resumed.code == 0 || resumed.out.empty()) << resumed.out;
     EXPECT_EQ(resumed.code, 0) << "round " << round;

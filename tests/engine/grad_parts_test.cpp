@@ -189,6 +189,9 @@ TEST(GradParts, RefusesTheCallersErrorsAndTheStepWhileOpen) {
   EXPECT_TRUE(Says(e->GradsView(0).status(), Code::kInvalid, "parts open"));
   EXPECT_TRUE(Says(e->GradNorm().status(), Code::kInvalid, "group 0 has a grads call in parts open"));
   EXPECT_TRUE(Says(e->Step(StepOptions{}).status(), Code::kInvalid, "group 0 has a grads call in parts open"));
+  // As the C guide says: INVALID naming the open call, and named as the call made.
+  EXPECT_TRUE(Says(e->PrepareStep(StepOptions{}), Code::kInvalid, "prepare_step: group 0 has a grads call in parts open"));
+  EXPECT_TRUE(Says(e->DiscardGrads(), Code::kInvalid, "discard_grads: group 0 has a grads call in parts open"));
   ASSERT_TRUE(e->GradsPart(0, 0, 10, g0.data(), DType::kF32).ok());
   ASSERT_TRUE(e->GradsPart(0, 110, n0 - 110, g0.data() + 110, DType::kF32).ok());
   ASSERT_TRUE(e->GradsEnd(0).ok());

@@ -107,6 +107,26 @@ TEST(Preflight, HostBudgetTooSmallForStagingIsRefusedAtBuildStart) {
   EXPECT_EQ((*e)->stats().host.peak, 0u);  // refused before anything was allocated
 }
 
+// P on NVMe beside W in fp32 is W's bytes (Layout::PIsW): it has no block,
+// and the step's slots hold no region for it (each slot held one of a P
+// never staged: 5 states' regions, 320 KiB, where 4 are used).
+TEST(Preflight, StepSlotsHoldNoRegionForAPThatIsWsBytes) {
+  testing::TempDir swap;
+  const std::string json = R"({"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap.path() + R"("},
+      "offload_param": {"device": "nvme", "nvme_path": ")" + swap.path() + R"("}},
+      "strata": {"device_budget": "16MiB", "host_budget": "200KiB"}})";
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  auto e = Engine::Create(MustParse(json), eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  std::vector<float> init(2000, 0.5f);
+  ASSERT_TRUE((*e)->AddParam(0, "w", init.size(), init.data()).ok());
+  const Status st = (*e)->Build();
+  ASSERT_EQ(st.code(), Code::kConfig) << st.ToString();
+  EXPECT_NE(st.message().find("4 step staging slots of 256.00 KiB"), std::string::npos) << st.message();
+}
+
 // ---- Step options ----
 
 TEST(Preflight, NonFiniteStepOptionIsRefusedBeforeAnythingChanges) {

@@ -206,14 +206,20 @@ TEST(StepUnits, KeepTheSwapWithinHalfTheStateBeyondIt) {
 }
 
 TEST(StepUnits, NumericsDoNotDependOnThem) {
-  TempDir a, b, c, d;
+  TempDir a, b, c, d, e0, e1, e2;
   const auto whole = Train(Json(a.path(), kWhole), 5);
   const auto units = Train(Json(b.path(), 16384), 5);
   const auto odd = Train(Json(c.path(), 6144), 5);  // units of 3 x 2048, a short last one
   const auto host = Train(Json(d.path(), 16384, "cpu"), 5);
+  // Three swap folders: a unit's 8 KiB part takes 3 x 4 KiB stripes on disk,
+  // and its parts still lie back to back at 8 KiB in the buffers (read_state
+  // and the checkpoint load whole blocks in parts).
+  const std::string three = R"(, "nvme_paths": [")" + e0.path() + R"(", ")" + e1.path() + R"(", ")" + e2.path() + R"("])";
+  const auto striped = Train(Json(a.path(), 2048, "nvme", three), 5);
   ExpectSame(whole, units, "units of 16384 against whole groups");
   ExpectSame(whole, odd, "units of 6144 against whole groups");
   ExpectSame(whole, host, "host-homed state against whole groups on NVMe");
+  ExpectSame(whole, striped, "units of 2048 striped over three folders against whole groups");
 }
 
 TEST(StepUnits, OverlappedStepsAreTheSame) {
@@ -515,13 +521,13 @@ TEST(StepUnits, WritesGoOnBehindTheStepAndLandBeforeAnyRead) {
 
 // A step that updates after backward (speculation "never") reads its
 // pieces ahead during backward, then writes behind: the run cuts only what
-// the read-ahead did not. Groups of 3, 3 and 1 units: a slot holds four
-// units' pieces (a slot is W, M, V and P of the largest group), so the two
-// slots hold the step's seven pieces cut in order, [4][3], and nothing
-// more. Every step reads all seven ahead and writes behind, bitwise the
-// run without.
+// the read-ahead did not. Groups of 3, 2 and 1 units: a slot holds three
+// units' pieces (a slot is W, M, V of the largest group; P is W's bytes and
+// has no region), so the two slots hold the step's six pieces cut in order,
+// [3][3], and nothing more. Every step reads all six ahead and writes
+// behind, bitwise the run without.
 TEST(StepUnits, AStepReadAheadInTwoSlotsStillWritesBehind) {
-  const std::vector<uint64_t> numel = {196608, 196608, 65536};
+  const std::vector<uint64_t> numel = {196608, 131072, 65536};
   TempDir a, b;
   Built ref = Make(Json(a.path(), 65536, "nvme", R"(, "write_behind": "never")"), false, numel);
   Built wb = Make(Json(b.path(), 65536, "nvme", R"(, "speculation": "never")"), /*overlap=*/true, numel);
@@ -543,13 +549,14 @@ TEST(StepUnits, AStepReadAheadInTwoSlotsStillWritesBehind) {
 
 // skip_groups_without_grads: group 2 gets no gradients, so from step 1 on it
 // lags (no update yet, the others one or more) and comes first in
-// StepOrder. Groups of 2, 1 and 2 units (88064, 45056 and 69632 elements):
-// their pieces, cut in index order, fill the two slots (1.5 MiB: W, M, V and
-// P of group 0), [g0 g0 | g1 g2 g2]; with group 2 first they would need a
-// third. The read-ahead cuts in index order, the order the build counted,
-// so the steps of groups 0 and 1 all write behind, bitwise the run without.
+// StepOrder. Groups of 3, 1 and 2 units (163840, 49152 and 106496
+// elements): their pieces (768 + 768 + 384, 576, 768 + 480 KiB), cut in
+// index order, fill the two slots (1920 KiB: W, M, V of group 0),
+// [g0 g0 g0 | g1 g2 g2]; with group 2 first they would need a third. The
+// read-ahead cuts in index order, the order the build counted, so the
+// steps of groups 0 and 1 all write behind, bitwise the run without.
 TEST(StepUnits, AStepWithALaggingGroupStillWritesBehind) {
-  const std::vector<uint64_t> numel = {88064, 45056, 69632};
+  const std::vector<uint64_t> numel = {163840, 49152, 106496};
   TempDir a, b;
   Built ref = Make(Json(a.path(), 65536, "nvme", R"(, "write_behind": "never")"), false, numel, /*skip_gradless=*/true);
   Built wb = Make(Json(b.path(), 65536, "nvme", R"(, "speculation": "never")"), /*overlap=*/true, numel, true);
@@ -613,13 +620,13 @@ TEST(StepUnits, StagingGrowsForWriteBehindWithinTheHostBudget) {
   tight_json.replace(tight_json.find("\"256MiB\""), 8, std::to_string(base));  // the budget the two slots fill
   Built tight = Make(tight_json, false, equal);
   ASSERT_TRUE(grown.engine && tight.engine);
-  // A slot holds a group's W, M, V and P (each at a multiple of 64 KiB: 4 x
-  // 832 KiB); a group's pieces are three units' W, M, V of 768 KiB and one
-  // of 48 KiB. The sixteen pieces, cut in the step's order, fill three slots
-  // (9.19 MiB in 9.75): one more than the two. Counted for the worst order
-  // (a piece's room lost at each slot's end) it would be two more.
-  const uint64_t slot = 4 * 832 * 1024;
-  EXPECT_EQ(grown.engine->stats().host.used, base + slot) << "\"auto\" did not grow the step's staging by one slot";
+  // A slot holds a group's W, M, V (each at a multiple of 64 KiB: 3 x 832
+  // KiB; P is W's bytes, with no region); a group's pieces are three units'
+  // W, M, V of 768 KiB and one of 48 KiB, 2352 KiB. The sixteen pieces, cut
+  // in the step's order, fill four slots (a group each: the next group's
+  // first piece does not fit in the 144 KiB left): two more than the two.
+  const uint64_t slot = 3 * 832 * 1024;
+  EXPECT_EQ(grown.engine->stats().host.used, base + 2 * slot) << "\"auto\" did not grow the step's staging by two slots";
   EXPECT_EQ(tight.engine->stats().host.used, base) << "the staging grew with no room in the host budget";
   EXPECT_LE(tight.engine->stats().host.peak, tight.engine->stats().host.budget);
   for (int s = 0; s < 3; ++s)

@@ -47,13 +47,14 @@ def free_port():
     return free_port_block(2)
 
 
-def run(nproc, stage, place, tag, extra=(), expect_fail=False):
+def run(nproc, stage, place, tag, extra=(), expect_fail=False, env=None):
     out = os.path.join(work, tag + ".bin")
     swap = os.path.join(work, tag)
     os.makedirs(swap, exist_ok=True)
     cmd = [LAUNCH, "--nproc", str(nproc), "--master-port", str(free_port()), "--",
            WORKER, str(stage), place, swap, out, *extra]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env=None if env is None else {**os.environ, **env})
     global last_err
     last_err = p.stderr
     if expect_fail:
@@ -276,6 +277,13 @@ for stage in (1, 2, 3):
                       m.group(0) if m else last_err.strip()[-200:])
         if w is not None and (2, stage) in results:
             check(f"world 2 stage {stage} on {place} == on device, bitwise", np.array_equal(w, results[(2, stage)]))
+# The strict device arena (a GPU's stand-in: what is homed there is copied
+# in and out, never addressed): at stage 3 over 2 ranks P's shard homed on
+# the device goes into the gathered copy through host staging, which was
+# never made (every fetch copied into a null buffer and crashed).
+w = run(2, 3, "device", "w2s3strict", env={"STRATA_STRICT_DEVICE": "1"})
+check("world 2 stage 3, P homed on the strict device arena == on the host arena, bitwise",
+      w is not None and (2, 3) in results and np.array_equal(w, results[(2, 3)]), last_err.strip()[-300:])
 # Step units over ranks: a wider model (96: a shard of 6144 elements a
 # group at 2 ranks) on NVMe in units of 2048 gives the device run's bits;
 # at stage 3 the step still reads W, M, V alone (each unit's new P went into

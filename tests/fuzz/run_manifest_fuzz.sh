@@ -25,5 +25,7 @@ flags=$(pkg-config --cflags --libs libxxhash 2>/dev/null || echo -lxxhash)
 "$cxx" -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$src" \
   "$src/tests/fuzz/manifest_fuzz.cpp" "$src/engine/format/manifest.cpp" "$src/base/status.cpp" "$src/base/dtype.cpp" $flags -o "$work/manifest_fuzz"
 # The seeds stay as they are in the source tree; new inputs go to the work corpus.
+# libFuzzer's own failure code is 77, ctest's "skipped": make every failure 1.
 "$work/manifest_fuzz" -max_total_time="$seconds" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+  -error_exitcode=1 -timeout_exitcode=1 \
   -artifact_prefix="$work/" "$work/corpus" "$src/tests/fuzz/corpus/manifest"

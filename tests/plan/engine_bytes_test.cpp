@@ -157,12 +157,11 @@ TEST_P(WriteBehindTest, HostBytesAreTheEngines) {
               static_cast<unsigned long long>(*got), static_cast<unsigned long long>(cap->Used(TierKind::kHost)),
               cap->write_behind_slots);
   EXPECT_EQ(*got, cap->Used(TierKind::kHost));
-  // G (12 MiB) and two 4 MiB slots, and with the growth eight more: the 48
-  // units' W, M, V pieces (768 KiB), cut in order, five to a slot, fill ten
-  // (the worst case of any order, a piece's room lost at each slot's end,
-  // would be twelve).
-  EXPECT_EQ(*got, (12u + 8u + (k.grows ? 32u : 0u)) << 20);
-  EXPECT_EQ(cap->write_behind_slots, k.grows ? 8 : 0);
+  // G (12 MiB) and two 3 MiB slots (a group's W, M, V; its P is W's bytes
+  // and has no region), and with the growth ten more: the 48 units' W, M, V
+  // pieces (768 KiB), cut in order, four to a slot, fill twelve.
+  EXPECT_EQ(*got, (12u + 6u + (k.grows ? 30u : 0u)) << 20);
+  EXPECT_EQ(cap->write_behind_slots, k.grows ? 10 : 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -170,7 +169,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BehindCase{"auto", "256MiB", "auto", false, true},
                       BehindCase{"always", "256MiB", "auto", true, true},
                       BehindCase{"never", "256MiB", "auto", false, false},
-                      BehindCase{"auto", "40MiB", "auto", false, false},  // 20 MiB left of the 32 it needs
+                      BehindCase{"auto", "40MiB", "auto", false, false},  // 22 MiB left of the 30 it needs
                       BehindCase{"auto", "256MiB", "always", true, false}));
 
 }  // namespace

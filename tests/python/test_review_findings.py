@@ -168,13 +168,23 @@ def test_the_configs_values_are_the_defaults_and_param_groups_still_set_their_ow
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("section", [
-    {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}},
-    {"type": "adam", "params": {"lr": "auto", "betas": "auto", "adam_w_mode": True}},
-    {"type": "AdamW", "params": "auto"}, "auto", None,
+DEFAULTS = (1e-3, (0.9, 0.999), 1e-8, 0.01)
+
+
+@pytest.mark.parametrize("section, kw, want", [
+    ({"type": "AdamW", "params": {"lr": 2e-3, "betas": [0.8, 0.99], "eps": 1e-7, "weight_decay": 0.05}},
+     dict(lr=2e-3, betas=(0.8, 0.99), eps=1e-7, weight_decay=0.05), (2e-3, (0.8, 0.99), 1e-7, 0.05)),
+    ({"type": "AdamW", "params": {"lr": 2e-3, "betas": [0.8, 0.99], "eps": 1e-7, "weight_decay": 0.05}},
+     {}, (2e-3, (0.8, 0.99), 1e-7, 0.05)),
+    ({"type": "adam", "params": {"lr": "auto", "betas": "auto", "adam_w_mode": True}},
+     dict(lr=2e-3), (2e-3, (0.9, 0.999), 1e-8, 0.01)),
+    ({"type": "AdamW", "params": "auto"}, dict(weight_decay=0.05), (1e-3, (0.9, 0.999), 1e-8, 0.05)),
+    ("auto", {}, DEFAULTS), (None, {}, DEFAULTS),
 ])
-def test_a_config_optimizer_that_agrees_is_taken(section):
-    opt = st.OffloadAdam(mlp().parameters(), config={"optimizer": section}, force_no_gpu=True)
+def test_a_config_optimizer_that_agrees_is_taken(section, kw, want):
+    opt = st.OffloadAdam(mlp().parameters(), config={"optimizer": section}, force_no_gpu=True, **kw)
+    g = opt.param_groups[0]
+    assert (g["lr"], tuple(g["betas"]), g["eps"], g["weight_decay"]) == want
     opt.close()
 
 

@@ -2,7 +2,10 @@
 // and the NVMe tier's swap files, striping, checksums and refusals.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -259,13 +262,33 @@ TEST(DeviceTier, PoolReusesBlocksWithinTheBudget) {
   EXPECT_EQ(t.pool_stats().raw_frees, t.pool_stats().raw_allocs);
 }
 
+// A buffer of exactly `bytes` (a multiple of 4096) with an inaccessible page
+// right after it: an I/O that reads or writes past the end fails (EFAULT).
+class GuardedBuffer {
+ public:
+  explicit GuardedBuffer(uint64_t bytes) : bytes_(bytes) {
+    void* m = ::mmap(nullptr, bytes + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(m, MAP_FAILED);
+    EXPECT_EQ(::mprotect(static_cast<char*>(m) + bytes, 4096, PROT_NONE), 0);
+    ptr_ = m;
+  }
+  ~GuardedBuffer() { ::munmap(ptr_, bytes_ + 4096); }
+  void* get() const { return ptr_; }
+
+ private:
+  uint64_t bytes_;
+  void* ptr_;
+};
+
 class NvmeRoundTrip : public ::testing::TestWithParam<int> {};
 
+// Striped over 1, 2 or 3 folders, a block's I/O touches only its aligned
+// size of the caller's buffer (BufferSize), whatever each stripe's padding.
 TEST_P(NvmeRoundTrip, ByteSizesWithOffsetStampedPattern) {
   const int ndirs = GetParam();
-  TempDir d0, d1;
-  std::vector<std::string> dirs = {d0.path()};
-  if (ndirs == 2) dirs.push_back(d1.path());
+  TempDir d[3];
+  std::vector<std::string> dirs;
+  for (int i = 0; i < ndirs; ++i) dirs.push_back(d[i].path());
   auto storage = MakeStorage();
   auto t = NvmeTier::Create({.dirs = dirs, .budget = 16 * kMiB, .storage = storage.get()});
   ASSERT_TRUE(t.ok()) << t.status().ToString();
@@ -273,28 +296,30 @@ TEST_P(NvmeRoundTrip, ByteSizesWithOffsetStampedPattern) {
   ASSERT_EQ(nvme.paths().size(), static_cast<size_t>(ndirs));
   EXPECT_NE(nvme.paths()[0].find("strata-swap.r0.s0.bin"), std::string::npos);
   std::vector<Allocation> blocks;
-  const std::vector<uint64_t> sizes = {1, 511, 512, 4095, 4096, 4097, kMiB + 1};
+  const std::vector<uint64_t> sizes = {1, 511, 512, 4095, 4096, 4097, 8192, 12288 + 5, kMiB + 1};
   for (uint64_t n : sizes) {
     auto a = nvme.Allocate(n);
     ASSERT_TRUE(a.ok()) << a.status().ToString();
-    void* buf = testing::AlignedAlloc(nvme.PaddedSize(n), nvme.align());
-    FillPattern(buf, n, a->id * 1000003, n);
-    ASSERT_TRUE(nvme.Write(*a, buf).ok());
-    std::free(buf);
+    ASSERT_EQ(nvme.BufferSize(n), AlignUp(n, 4096));
+    ASSERT_GE(nvme.PaddedSize(n), nvme.BufferSize(n));
+    GuardedBuffer buf(nvme.BufferSize(n));
+    FillPattern(buf.get(), n, a->id * 1000003, n);
+    Status st = nvme.Write(*a, buf.get());
+    ASSERT_TRUE(st.ok()) << n << " bytes over " << ndirs << " folders: " << st.ToString();
     blocks.push_back(*a);
   }
   for (size_t i = 0; i < sizes.size(); ++i) {
-    void* buf = testing::AlignedAlloc(nvme.PaddedSize(sizes[i]), nvme.align());
-    Status st = nvme.Read(blocks[i], buf);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    EXPECT_EQ(CheckPattern(buf, sizes[i], blocks[i].id * 1000003, sizes[i]), -1) << sizes[i];
-    std::free(buf);
+    // Nothing is read past the aligned size (the guard page after it).
+    GuardedBuffer buf(nvme.BufferSize(sizes[i]));
+    Status st = nvme.Read(blocks[i], buf.get());
+    ASSERT_TRUE(st.ok()) << sizes[i] << " bytes over " << ndirs << " folders: " << st.ToString();
+    EXPECT_EQ(CheckPattern(buf.get(), sizes[i], blocks[i].id * 1000003, sizes[i]), -1) << sizes[i];
   }
   for (auto& a : blocks) nvme.Free(a);
   EXPECT_EQ(nvme.used(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dirs, NvmeRoundTrip, ::testing::Values(1, 2));
+INSTANTIATE_TEST_SUITE_P(Dirs, NvmeRoundTrip, ::testing::Values(1, 2, 3));
 
 struct Fixture {
   TempDir dir;
@@ -727,6 +752,58 @@ TEST(NvmeTier, SnapshotLinksTheFileAndWritesMoveOn) {
   ::close(fd);
   std::free(buf);
   for (auto& a : blocks) nvme.Free(a);
+}
+
+// A snapshot that cannot link says so (UNSUPPORTED: the checkpoint copies)
+// before it reserves the next swap file: a link folder on another file
+// system, and a swap disk without room for a second reservation (here the
+// file size limit below it), were a failed save (NOSPACE). In a child: the
+// limit is the process's.
+TEST(NvmeTier, ASnapshotThatCannotLinkIsUnsupportedNotNoSpace) {
+  TempDir dir, ck, shm("/dev/shm");
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int bad = 0;
+    auto storage = UringStorage::Create(UringOptions{});
+    if (!storage.ok()) ::_exit(100);
+    auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 8 * kMiB, .storage = storage->get()});
+    if (!t.ok()) ::_exit(101);
+    NvmeTier& nvme = **t;
+    const uint64_t n = 100000;
+    std::vector<Allocation> blocks;
+    void* buf = testing::AlignedAlloc(nvme.BufferSize(n), nvme.align());
+    for (uint64_t k = 0; k < 2; ++k) {
+      blocks.push_back(*nvme.Allocate(n));
+      FillPattern(buf, n, 0, k);
+      if (!nvme.Write(blocks.back(), buf).ok()) ::_exit(102);
+    }
+    std::vector<NvmeTier::SnapshotRef> refs;
+    struct stat a{}, b{};
+    if (::stat(dir.path().c_str(), &a) == 0 && ::stat(shm.path().c_str(), &b) == 0 && a.st_dev != b.st_dev &&
+        nvme.Snapshot(shm.path() + "/snap.bin", blocks, &refs).code() != Code::kUnsupported)
+      bad |= 1;
+    const rlimit limit{4 * kMiB, 4 * kMiB};  // below the next swap file's reservation
+    if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(103);
+    if (nvme.Snapshot(ck.path() + "/snap.bin", blocks, &refs).code() != Code::kUnsupported) bad |= 2;
+    for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+      if (e.path().filename().string().find(".g1.") != std::string::npos) bad |= 4;
+    if (std::filesystem::exists(ck.path() + "/snap.bin")) bad |= 8;
+    if (!nvme.Read(blocks[1], buf).ok() || CheckPattern(buf, n, 0, 1) != -1) bad |= 16;  // the tier goes on
+    std::free(buf);
+    for (auto& x : blocks) nvme.Free(x);
+    ::_exit(bad);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "child killed by signal " << WTERMSIG(status);
+  const int bad = WEXITSTATUS(status);
+  EXPECT_EQ(bad & 1, 0) << "a link folder on another file system was not UNSUPPORTED";
+  EXPECT_EQ(bad & 2, 0) << "no room for the next swap file was not UNSUPPORTED";
+  EXPECT_EQ(bad & 4, 0) << "a next-generation swap file was left";
+  EXPECT_EQ(bad & 8, 0) << "a link was made although the snapshot failed";
+  EXPECT_EQ(bad & 16, 0) << "the tier did not go on after the refusal";
+  EXPECT_LT(bad, 100) << "setup failed in the child (" << bad << ")";
 }
 
 // A killed engine's swap files (its first generation's name, and a later

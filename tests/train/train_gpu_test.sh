@@ -15,10 +15,17 @@ WORK=$(mktemp -d /var/tmp/strata-train-gpu-test-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# Whether a GPU is here, asked of the driver, not of the tool under test: a
+# --gpu that quietly ran on the CPU would otherwise skip this test.
+gpu_here() { [ -e /dev/nvidia0 ] || nvidia-smi -L >/dev/null 2>&1; }
 "$TRAIN" --gpu --preset tiny --steps 1 --print-every 100 >"$WORK/probe.out" 2>"$WORK/probe.err"
 rc=$?
 if [ "$MODE" = refused ]; then
-  [ $rc -eq 0 ] && { echo "skipped: a GPU is present (--gpu ran)"; exit 77; }
+  if [ $rc -eq 0 ]; then
+    gpu_here || fail "--gpu ran where no GPU is (no /dev/nvidia0, no nvidia-smi): $(head -5 "$WORK/probe.out")"
+    echo "skipped: a GPU is present (--gpu ran)"
+    exit 77
+  fi
   [ $rc -eq 1 ] || fail "--gpu without a GPU exited $rc (want 1): $(cat "$WORK/probe.err")"
   grep -q '^strata-train: --gpu: no usable GPU: .\+' "$WORK/probe.err" || fail "unclear error: $(cat "$WORK/probe.err")"
   echo "ok: $(cat "$WORK/probe.err")"
@@ -28,6 +35,9 @@ if [ $rc -ne 0 ]; then
   grep -q 'no usable GPU' "$WORK/probe.err" && { echo "skipped: $(cat "$WORK/probe.err")"; exit 77; }
   fail "--gpu failed: $(cat "$WORK/probe.err")"
 fi
+# It ran where it says: on a GPU (the placement line), not on the CPU layers.
+grep -q '^strata-train: rank 0/1: GPU [0-9]' "$WORK/probe.out" ||
+  fail "--gpu ran, but not on a GPU: $(grep -m1 'rank 0/1' "$WORK/probe.out")"
 set -e
 
 common=(--preset tiny --steps 5 --log-losses --print-every 100)

@@ -116,6 +116,8 @@ elif [ "$MODE" = refusals ]; then
   rc=$?
   set -e
   if [ "$rc" -eq 0 ]; then
+    # (asked of the driver, not of the tool: a --gpu quietly on the CPU fails here)
+    [ -e /dev/nvidia0 ] || nvidia-smi -L >/dev/null 2>&1 || fail "--gpu on 2 ranks ran where no GPU is"
     echo "note: --gpu on 2 ranks ran (a GPU is here: NCCL); its refusal is not checked"
   else
     grep -q -- '--gpu: no usable GPU: .' "$WORK/gpu.out" || fail "unclear refusal: $(cat "$WORK/gpu.out")"
@@ -134,7 +136,13 @@ elif [ "$MODE" = refusals ]; then
   grep -q '^  placement         rank 0/1: no GPU (force_no_gpu)' "$WORK/banner.out" ||
     fail "no placement in the summary: $(cat "$WORK/banner.out")"
   echo "ok: $(grep -m1 '^strata-train: rank 0/1' "$WORK/banner.out")"
-  echo "4 passed, 0 failed"
+  # A "strata" section "auto" (the engine's default one) on 2 ranks: rank 1
+  # dropped its trace_path from it as from an object, and aborted.
+  echo '{"strata": "auto"}' >"$WORK/auto.json"
+  "$LAUNCH" --nproc 2 --master-port 0 -- "$TRAIN" --preset tiny --steps 1 --print-every 100 --nvme "$WORK" \
+    --config "$WORK/auto.json" >"$WORK/auto.out" 2>&1 || fail "{\"strata\": \"auto\"} on 2 ranks: $(tail -5 "$WORK/auto.out")"
+  echo "ok: {\"strata\": \"auto\"} trains on 2 ranks"
+  echo "5 passed, 0 failed"
 elif [ "$MODE" = resume ]; then
   # Saved and resumed on 2 ranks (each saves and loads its own shards) ==
   # the uninterrupted run, bitwise: losses of steps 7-8 and the final weights.

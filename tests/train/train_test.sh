@@ -5,7 +5,8 @@
 # tiny preset's loss falls below 3.0 within 60 steps; (3) --save-every and
 # --resume reproduce the uninterrupted run exactly (fp16 loss scaling, lr schedule);
 # the medium preset builds on its default device budget; the overlapped step
-# (the default) is bitwise --no-overlap-step's, bf16 and fp16.
+# (the default) is bitwise --no-overlap-step's, bf16 and fp16; --config's lr
+# is the peak unless --lr is given.
 # Usage: train_test.sh STRATA_TRAIN
 set -euo pipefail
 TRAIN=${1:?usage: train_test.sh path/to/strata-train path/to/strata-export}
@@ -132,6 +133,33 @@ refused "excludes" --steps 2 --resident --nvme "$WORK"
 refused "excludes" --steps 2 --resident --device-budget 1MiB
 refused "finite" --steps 2 --lr nan
 echo "ok: --save-every saves the last step; a resume past --steps, --save-every without --save, --resident with budgets, --lr nan refused"
+
+# --config's optimizer.params.lr is the schedule's peak where --lr is not
+# given (it was ignored: --lr's default won); a --lr given wins, saying so.
+short=(--preset tiny --steps 3 --weights-hash --print-every 100 --resident)
+hash_of() { sed -n 's/^strata-train weights_hash=//p' "$WORK/$1.out"; }
+echo '{"optimizer": {"params": {"lr": 0.001}}}' >"$WORK/lr.json"
+echo '{"optimizer": {"params": {"lr": 0.01}}}' >"$WORK/lr2.json"
+"$TRAIN" "${short[@]}" --config "$WORK/lr.json" >"$WORK/lr-config.out"
+"$TRAIN" "${short[@]}" --lr 0.001 >"$WORK/lr-flag.out"
+"$TRAIN" "${short[@]}" >"$WORK/lr-default.out"
+"$TRAIN" "${short[@]}" --lr 0.001 --config "$WORK/lr2.json" >"$WORK/lr-both.out"
+[ -n "$(hash_of lr-config)" ] && [ "$(hash_of lr-config)" = "$(hash_of lr-flag)" ] ||
+  fail "--config's lr 0.001 did not train as --lr 0.001 ($(hash_of lr-config) against $(hash_of lr-flag))"
+[ "$(hash_of lr-config)" != "$(hash_of lr-default)" ] || fail "--config's lr 0.001 trained as the default lr"
+[ "$(hash_of lr-both)" = "$(hash_of lr-flag)" ] || fail "--lr 0.001 did not win over --config's lr 0.01"
+grep -q "^strata-train: --lr 0.001 overrides --config's optimizer.params.lr 0.01" "$WORK/lr-both.out" ||
+  fail "--lr over --config's lr was not said: $(head -3 "$WORK/lr-both.out")"
+refused "optimizer.params.lr must be a finite number" --steps 1 --resident --config <(echo '{"optimizer": {"params": {"lr": -1}}}')
+# A "strata" section that --config makes "auto" or null is the engine's
+# default one: the activations' swap folder joins it (it crashed).
+for v in auto null; do
+  echo "{\"strata\": $([ $v = auto ] && echo '"auto"' || echo null)}" >"$WORK/strata.json"
+  "$TRAIN" "${short[@]}" --offload-activations nvme --config "$WORK/strata.json" >"$WORK/strata-$v.out" 2>&1 ||
+    { cat "$WORK/strata-$v.out" >&2; fail "--config {\"strata\": $v} with --offload-activations nvme"; }
+  [ "$(hash_of "strata-$v")" = "$(hash_of lr-default)" ] || fail "--config {\"strata\": $v} changed the run"
+done
+echo "ok: --config's lr drives the schedule, --lr wins saying so; \"strata\": \"auto\" or null with --offload-activations nvme"
 
 # --offload-activations nvme: each block's input through the engine's
 # activation store (a 2-stash host arena, the rest on NVMe, read ahead of

@@ -30,6 +30,7 @@ struct Args {
   uint64_t seed = 1337;
   bool resident = false, fp16 = false, weights_hash = false, log_losses = false, gpu = false;
   bool no_overlap_step = false;  // --no-overlap-step: every group updated after backward
+  bool lr_given = false;         // --lr on the command line (else --config's lr, when it has one)
 };
 
 // "strata-train", or "strata-train rank 1 of 2" with several ranks: every
@@ -70,19 +71,22 @@ double LrAt(const Args& a, int64_t step) {  // linear warm-up, cosine decay to m
   return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * cosine);
 }
 
-uint64_t WeightsHash(strata_engine_t* e) {  // FNV-1a over every master weight
+// FNV-1a over every master weight. false (strata_last_error says why) where
+// any call fails: a hash of what could not be read would compare equal.
+bool WeightsHash(strata_engine_t* e, uint64_t* hash) {
   uint64_t h = 1469598103934665603ull;
   int groups = 0;
-  strata_engine_num_groups(e, &groups);
+  if (strata_engine_num_groups(e, &groups) != STRATA_OK) return false;
   for (int g = 0; g < groups; ++g) {
     uint64_t n = 0;
-    strata_engine_group_numel(e, g, &n);
+    if (strata_engine_group_numel(e, g, &n) != STRATA_OK) return false;
     std::vector<float> w(n);
-    if (strata_engine_read_master(e, g, w.data()) != STRATA_OK) return 0;
+    if (strata_engine_read_master(e, g, w.data()) != STRATA_OK) return false;
     const auto* b = reinterpret_cast<const unsigned char*>(w.data());
     for (size_t i = 0; i < n * 4; ++i) h = (h ^ b[i]) * 1099511628211ull;
   }
-  return h;
+  *hash = h;
+  return true;
 }
 
 // Where the state lives, for the banner: the folders the merged config
@@ -152,6 +156,7 @@ int Run(Args a) {
   }
   ConfigInputs ci;
   ci.lr = a.lr;
+  ci.lr_given = a.lr_given;
   ci.weight_decay = a.weight_decay;
   ci.clip = a.clip;
   ci.fp16 = a.fp16;
@@ -175,6 +180,9 @@ int Run(Args a) {
     ~Cleanup() { if (!dir.empty()) { std::error_code ec; std::filesystem::remove_all(dir, ec); } }
   } cleanup{tc.own_swap};
   if (!MakeTrainConfig(ci, &tc, &error)) return Fail(error);
+  a.lr = tc.lr;  // the schedule's peak: --lr, else --config's
+  for (const std::string& note : tc.notes)
+    if (lead) std::printf("strata-train: %s\n", note.c_str());
   // strata.grad_reduce "sum": the engine adds the ranks' gradients, so each
   // hands 1/world of its local mean's; "mean" (the default) divides itself.
   const double grad_factor = tc.grad_sum ? 1.0 / world : 1.0;
@@ -325,7 +333,8 @@ int Run(Args a) {
       if (strata_checkpoint_save(e, a.save.c_str(), tag, blob, sizeof blob) != STRATA_OK) return Fail(strata_last_error());
     }
   }
-  const uint64_t hash = a.weights_hash ? WeightsHash(e) : 0;  // every rank: the shards are gathered
+  uint64_t hash = 0;  // every rank: the shards are gathered
+  if (a.weights_hash && !WeightsHash(e, &hash)) return Fail("--weights-hash: " + std::string(strata_last_error()));
   if (!lead) return 0;
   progress.Done();
   fig.steps = a.steps - start;
@@ -379,7 +388,10 @@ int main(int argc, char** argv) {
         return std::isfinite(x) && x >= 0 ? std::string() : "a finite number >= 0, not " + v;
       },
       "FINITE");
-  app.add_option("--lr", a.lr, "peak learning rate (warm-up, then cosine decay)")->capture_default_str()->check(finite);
+  CLI::Option* lr = app.add_option("--lr", a.lr,
+                                    "peak learning rate (warm-up, then cosine decay); default: --config's "
+                                    "optimizer.params.lr, else 3e-3")
+                        ->check(finite);
   app.add_option("--warmup", a.warmup, "warm-up steps")->capture_default_str()->check(CLI::Range(1, 1 << 30));
   app.add_option("--seed", a.seed, "seed of the data, the initialization and the sampler")->capture_default_str();
   app.add_option("--data", a.data, "a text file (bytes are tokens); default: the built-in corpus");
@@ -421,5 +433,6 @@ int main(int argc, char** argv) {
   app.add_flag("--log-losses", a.log_losses,
                "print every step's loss and gradient norm in full precision (and each rank's loss)");
   CLI11_PARSE(app, argc, argv);
+  a.lr_given = lr->count() > 0;
   return strata::train::Run(a);
 }

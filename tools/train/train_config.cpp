@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +15,8 @@ namespace strata::train {
 namespace {
 
 using Json = nlohmann::json;
+
+void ApplyActivationFlags(const ConfigInputs& in, Json& j);
 
 Json BuiltinConfig(const ConfigInputs& in) {
   Json j = {{"optimizer",
@@ -38,18 +42,7 @@ Json BuiltinConfig(const ConfigInputs& in) {
   }
   if (!in.trace.empty()) j["strata"]["trace_path"] = in.trace;
   if (!in.state_format.empty()) j["strata"]["state_format"] = in.state_format;
-  if (!in.offload_activations.empty()) {
-    // Each stash takes its size rounded to 4 KiB (and to the swap's stripes: 64 KiB covers 16 folders).
-    const uint64_t item = (in.activation_bytes + 65535) / 65536 * 65536;
-    const uint64_t all = item * std::max<uint64_t>(in.activation_count, 1);
-    if (in.offload_activations == "host") {
-      j["strata"]["activation_host_bytes"] = all;
-    } else {  // an arena of two stashes: one on its way to or from the disk, one read ahead
-      j["strata"]["activation_host_bytes"] = 2 * item;
-      j["strata"]["activation_prefetch_bytes"] = item;
-      j["strata"]["activation_nvme_bytes"] = all;
-    }
-  }
+  ApplyActivationFlags(in, j);
   return j;
 }
 
@@ -87,6 +80,31 @@ std::string Lower(const Json* v) {
 // A key the engine reads as absent: missing, "" or "auto".
 bool Unset(const Json* v) {
   return v == nullptr || (v->is_string() && (Lower(v).empty() || Lower(v) == "auto"));
+}
+
+// --offload-activations: the store's sizes follow the model. Applied to the
+// built-in config, and after --config's merge whatever the file removed:
+// the file's own values win, but a "strata" it made "auto" or null (the
+// engine's default section) still gets the store the flag asks for. A
+// non-object is left for the engine to refuse, naming it.
+void ApplyActivationFlags(const ConfigInputs& in, Json& j) {
+  if (in.offload_activations.empty()) return;
+  if (Json* s = Member(j, "strata"); s == nullptr || s->is_null() || Unset(s)) j["strata"] = Json::object();
+  Json& strata = j["strata"];
+  if (!strata.is_object()) return;
+  auto set = [&](const char* key, uint64_t v) {
+    if (!strata.contains(key)) strata[key] = v;
+  };
+  // Each stash takes its size rounded to 4 KiB (and to the swap's stripes: 64 KiB covers 16 folders).
+  const uint64_t item = (in.activation_bytes + 65535) / 65536 * 65536;
+  const uint64_t all = item * std::max<uint64_t>(in.activation_count, 1);
+  if (in.offload_activations == "host") {
+    set("activation_host_bytes", all);
+  } else {  // an arena of two stashes: one on its way to or from the disk, one read ahead
+    set("activation_host_bytes", 2 * item);
+    set("activation_prefetch_bytes", item);
+    set("activation_nvme_bytes", all);
+  }
 }
 
 void AddOnce(std::vector<std::string>* list, const std::string& s) {
@@ -146,8 +164,34 @@ bool ResolveSwapFolders(const ConfigInputs& in, Json& j, TrainConfig* out, std::
   if (in.offload_activations == "nvme" && out->swap_folders.empty()) {
     std::string dir;
     if (!SwapFolder(in, out, &dir, error)) return false;
-    (*Member(j, "strata"))["nvme_paths"] = Json::array({dir});
+    // (ApplyActivationFlags made "strata" an object, unless --config made it another non-object.)
+    if (Json* strata = Member(j, "strata"); strata && strata->is_object()) (*strata)["nvme_paths"] = Json::array({dir});
     out->swap_folders.push_back(dir);
+  }
+  return true;
+}
+
+// The peak learning rate: --lr where given (a config's other lr is noted),
+// else the merged optimizer.params.lr ("auto" or none: --lr's default).
+bool ResolveLr(const ConfigInputs& in, Json& j, TrainConfig* out, std::string* error) {
+  out->lr = in.lr;
+  Json* opt = Member(j, "optimizer");
+  Json* params = opt ? Member(*opt, "params") : nullptr;
+  Json* lr = params ? Member(*params, "lr") : nullptr;
+  if (Unset(lr) || lr->is_null()) return true;
+  if (!lr->is_number() || !std::isfinite(lr->get<double>()) || lr->get<double>() < 0) {
+    if (in.lr_given) return true;  // --lr's value is used; the engine names the config's bad one
+    *error = "--config: optimizer.params.lr must be a finite number >= 0 (or \"auto\"), not " + lr->dump();
+    return false;
+  }
+  const double v = lr->get<double>();
+  if (!in.lr_given) {
+    out->lr = v;
+  } else if (v != in.lr) {
+    char note[160];
+    std::snprintf(note, sizeof note, "--lr %g overrides --config's optimizer.params.lr %g", in.lr, v);
+    out->notes.push_back(note);
+    *lr = in.lr;
   }
   return true;
 }
@@ -157,13 +201,15 @@ bool ResolveSwapFolders(const ConfigInputs& in, Json& j, TrainConfig* out, std::
 bool MakeTrainConfig(const ConfigInputs& in, TrainConfig* out, std::string* error) {
   Json j = BuiltinConfig(in);
   if (!in.config_path.empty() && !MergeFile(in.config_path, &j, error)) return false;
+  ApplyActivationFlags(in, j);
   if (!ResolveSwapFolders(in, j, out, error)) return false;
+  if (!ResolveLr(in, j, out, error)) return false;
   Json* zero = Member(j, "zero_optimization");
   const Json* stage = zero ? Member(*zero, "stage") : nullptr;
   out->stage = Unset(stage) ? 0 : stage->is_number_integer() ? stage->get<int>() : -1;
   Json* strata = Member(j, "strata");
   out->grad_sum = strata && Lower(Member(*strata, "grad_reduce")) == "sum";
-  if (!in.lead && strata) strata->erase("trace_path");  // one rank writes reports
+  if (!in.lead && strata && strata->is_object()) strata->erase("trace_path");  // one rank writes reports
   out->json = j.dump();
   return true;
 }

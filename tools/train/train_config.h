@@ -11,6 +11,9 @@ namespace strata::train {
 
 struct ConfigInputs {
   double lr = 3e-3, weight_decay = 0.0, clip = 1.0;
+  // --lr was given: it wins over --config's optimizer.params.lr (said in a
+  // note where they differ). Not given: the config's lr is the peak.
+  bool lr_given = true;
   bool fp16 = false, resident = false;
   std::string device_budget, host_budget;
   std::string nvme;         // --nvme: the swap folder; "" = a fresh one under /var/tmp when one is needed
@@ -30,12 +33,17 @@ struct TrainConfig {
   std::string own_swap;                   // a folder made here, to remove at the end; "" when none
   int stage = -1;                         // zero_optimization.stage (absent: 0); -1 when not an integer
   bool grad_sum = false;                  // strata.grad_reduce "sum": the ranks' gradients are added
+  double lr = 0;                          // the peak learning rate: --lr, else the config's (ConfigInputs::lr_given)
+  std::vector<std::string> notes;         // what the lead rank says of the merge (a setting overridden)
 };
 
 // Builds the config. An offloaded section (device "nvme") without a folder of
 // its own and without strata.nvme_paths gets --nvme, or a fresh folder under
 // /var/tmp, made only then. false with `error` when --config cannot be read
-// or parsed, or the folder cannot be made. The engine checks everything else.
+// or parsed, its optimizer.params.lr is no finite number >= 0 (nor "auto")
+// while --lr is not given, or the folder cannot be made. The engine checks
+// everything else. A section "auto" or null in --config is the engine's
+// default section, as the engine reads it.
 bool MakeTrainConfig(const ConfigInputs& in, TrainConfig* out, std::string* error);
 
 }  // namespace strata::train
