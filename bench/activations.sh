@@ -5,12 +5,14 @@
 # alternating order, with --offload-activations nvme (a two-stash host arena,
 # the rest on NVMe in DIR, read ahead of backward) and without (the trainer
 # keeps every block input). Same seed, same steps: the weights hash must be
-# equal (else exit 1). Prints each run's step time (the summary's
-# steps-in-seconds over its steps), the activation figures, and last
+# equal (else exit 1). Prints each run's step time (batch x seq tokens over
+# the summary's tokens_per_s: the steps after the first, unrounded; neither
+# timed run writes a trace), the activation figures, and last
 #   activations offload_step_ratio=R
 # R = median step time with offload / without (1.0: the disk traffic is
-# hidden behind compute). The trace of the last offloaded run is left in
-# DIR/activations-trace.json ("activation write"/"read" on the disk track).
+# hidden behind compute). An offloaded run after the timed ones, untimed,
+# leaves its trace in DIR/activations-trace.json ("activation write"/"read"
+# on the disk track).
 # Usage: bench/activations.sh DIR   env: BUILD_DIR, ROUNDS (3), BATCH (192), SEQ (128), STEPS (4)
 set -euo pipefail
 DIR=${1:?usage: bench/activations.sh DIR}
@@ -29,19 +31,21 @@ echo "activations: $(( acts >> 20 )) MiB of block inputs a step; host budget $HO
 run() {  # name args...
   local name=$1; shift
   "$TRAIN" "${common[@]}" "$@" >"$DIR/$name.out" 2>&1 || { cat "$DIR/$name.out" >&2; exit 1; }
-  local secs
-  secs=$(sed -n 's/.*steps *[0-9]* in \([0-9.]*\) s.*/\1/p' "$DIR/$name.out")
-  echo "$(awk -v s="$secs" -v n="$STEPS" 'BEGIN{printf "%.4f", s/n}')"
+  local tps
+  tps=$(sed -n 's/^strata-train first_loss=.* tokens_per_s=\([0-9.]*\).*/\1/p' "$DIR/$name.out")
+  [ -n "$tps" ] && [ "$tps" != 0 ] || { echo "activations: no tokens_per_s in $name's summary" >&2; exit 1; }
+  echo "$(awk -v t="$tps" -v n="$(( BATCH * SEQ ))" 'BEGIN{printf "%.4f", n/t}')"
 }
 keep=() off=()
 for r in $(seq 1 "$ROUNDS"); do
   if [ $((r % 2)) -eq 1 ]; then
-    keep+=("$(run keep)"); off+=("$(run offload --offload-activations nvme --trace "$DIR/activations-trace.json")")
+    keep+=("$(run keep)"); off+=("$(run offload --offload-activations nvme)")
   else
-    off+=("$(run offload --offload-activations nvme --trace "$DIR/activations-trace.json")"); keep+=("$(run keep)")
+    off+=("$(run offload --offload-activations nvme)"); keep+=("$(run keep)")
   fi
   echo "round $r: step without offload ${keep[-1]} s, with ${off[-1]} s"
 done
+run traced --offload-activations nvme --trace "$DIR/activations-trace.json" >/dev/null
 h1=$(grep -o 'weights_hash=[0-9a-f]*' "$DIR/keep.out"); h2=$(grep -o 'weights_hash=[0-9a-f]*' "$DIR/offload.out")
 grep -E 'activations  |host    budget|device  budget|nvme    budget' "$DIR/offload.out"
 [ "$h1" = "$h2" ] || { echo "activations: offloaded run differs: $h2 vs $h1" >&2; exit 1; }

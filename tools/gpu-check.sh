@@ -109,11 +109,13 @@ build() {
     export STRATA_TORCH2_PYTHON
   fi
   echo "== GPU tests ($GPU_TESTS; python: ${STRATA_TORCH2_PYTHON:-none})"
+  # (the tail keeps the log short; ctest's own status is kept for the verdict at the end)
   (cd "$BUILD" && timeout 200 ctest --output-on-failure -j4 -R "$GPU_TESTS" -E 'rehearsal|python_gpu_test' 2>&1 |
-    tail -25) || true
+    tail -25; echo "${PIPESTATUS[0]}" >"$OUT/gpu-tests.rc") || true
   echo "== Python GPU tests (strata.torch on CUDA against torch; a line of figures each)"
   (cd "$BUILD" && timeout 240 ctest -V -R python_gpu_test_torch2 2>&1 |
-    grep -E 'gpu_case|run_gpu|skipped|passed|failed|FAILED|Error|^E ' | sed 's/^[0-9]*: //' | tail -40) || true
+    grep -E 'gpu_case|run_gpu|skipped|passed|failed|FAILED|Error|^E ' | sed 's/^[0-9]*: //' | tail -40
+    echo "${PIPESTATUS[0]}" >"$OUT/python-gpu-tests.rc") || true
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   if [ "${gpus:-0}" -ge 2 ]; then
     echo "== two GPUs: NCCL through the engine at 2 ranks (== one CPU engine, bitwise)"
@@ -217,3 +219,9 @@ build() {
   fi
   echo "== done in $(( $(date +%s) - start )) s"
 } 2>&1 | tee "$OUT/gpu-check.txt"
+# The verdict: the GPU tests' ctest status (and the Python GPU tests'), not
+# tee's: everything above goes on past failures to collect what it can.
+rc=$(cat "$OUT/gpu-tests.rc" 2>/dev/null || echo 1)
+prc=$(cat "$OUT/python-gpu-tests.rc" 2>/dev/null || echo 1)
+echo "gpu-check: GPU tests: ctest exit status $rc; Python GPU tests: $prc" | tee -a "$OUT/gpu-check.txt"
+[ "$rc" -eq 0 ] && [ "$prc" -eq 0 ]

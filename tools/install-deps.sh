@@ -18,7 +18,14 @@ for p in "${PKGS[@]}"; do
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 SUDO=""
-[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || {
+    echo "install-deps: missing ${missing[*]}; installing them needs root: run as root, or install sudo" >&2
+    exit 1
+  }
+  SUDO="sudo"
+fi
 echo "install-deps: installing ${missing[*]}" >&2
 $SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# (env: sudo resets the environment, and would drop DEBIAN_FRONTEND)
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -91,7 +91,7 @@ got=$("$BUILD/bin/python" -c 'import torch, torchvision, transformers, peft, acc
 echo "$KEY" >"$BUILD/$MARK"
 # Publish: a link renamed onto the final name (atomic), relative so that it
 # names the folder the venv was built in (its scripts' #! lines name that path).
-ln -s "$(basename "$BUILD")" "$CACHE/.$NAME.link"
+ln -sfn "$(basename "$BUILD")" "$CACHE/.$NAME.link"
 mv -T "$CACHE/.$NAME.link" "$VENV"
 trap - EXIT
 for l in "$CACHE"/venv-torch2-*; do

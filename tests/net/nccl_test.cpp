@@ -1,5 +1,7 @@
 // The NCCL communicator with one rank on the first GPU: every collective on
 // device buffers. Skipped (77) without NCCL in the build or without a GPU.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -40,28 +42,50 @@ int main() {
   auto ok = [&](const Status& s) {
     if (!s.ok()) std::fprintf(stderr, "FAILED: %s\n", s.ToString().c_str()), ++failures;
   };
+  // At one rank every collective's output equals its input: each output
+  // that is not its input is filled with NaN first and checked after its
+  // own collective, so one that writes nothing back fails.
+  auto check_device = [&](const float* p, const char* what) {
+    cudaMemcpy(back.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n; ++i)
+      if (back[i] != host[i]) {
+        std::fprintf(stderr, "FAILED: %s: element %zu = %g\n", what, i, back[i]), ++failures;
+        return;
+      }
+  };
   ok(comm.AllReduce(d, n));
+  check_device(d, "all-reduce");
+  cudaMemset(e, 0xff, n * sizeof(float));
   ok(comm.ReduceScatter(d, e, n));
+  check_device(e, "reduce-scatter");
+  cudaMemset(d, 0xff, n * sizeof(float));
   ok(comm.AllGather(e, d, n * sizeof(float)));
+  check_device(d, "all-gather");
   ok(comm.Broadcast(d, n * sizeof(float), 0));
   ok(comm.Barrier());
-  cudaMemcpy(back.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost);
-  for (size_t i = 0; i < n; ++i)
-    if (back[i] != host[i]) std::fprintf(stderr, "FAILED: element %zu = %g\n", i, back[i]), ++failures;
+  check_device(d, "broadcast");
   // Host buffers, staged through the communicator's device buffer: 5 M
   // floats, more than one 16 MiB piece, so the pieces' seams are crossed.
   const size_t big = 5u << 20;
-  std::vector<float> h(big), h2(big);
+  std::vector<float> h(big), h2(big, std::nanf(""));
   for (size_t i = 0; i < big; ++i) h[i] = static_cast<float>(i % 1021) - 510.0f;
   const std::vector<float> want = h;
+  auto check_host = [&](const std::vector<float>& v, const char* what) {
+    size_t wrong = 0;
+    for (size_t i = 0; i < big; ++i) wrong += v[i] != want[i];  // (NaN never equals)
+    if (wrong) std::fprintf(stderr, "FAILED: %s: %zu host-buffer elements differ\n", what, wrong), ++failures;
+  };
   ok(comm.AllReduce(h.data(), big));
+  check_host(h, "host all-reduce");
   ok(comm.ReduceScatter(h.data(), h2.data(), big));
+  check_host(h2, "host reduce-scatter");
+  std::fill(h.begin(), h.end(), std::nanf(""));
   ok(comm.AllGather(h2.data(), h.data(), big * sizeof(float)));
+  check_host(h, "host all-gather");
   ok(comm.Broadcast(h.data(), big * sizeof(float), 0));
+  check_host(h, "host broadcast");
   ok(comm.AllGather(h.data(), h.data(), big * sizeof(float)));  // in place
-  size_t wrong = 0;
-  for (size_t i = 0; i < big; ++i) wrong += h[i] != want[i] || h2[i] != want[i];
-  if (wrong) std::fprintf(stderr, "FAILED: %zu host-buffer elements differ\n", wrong), ++failures;
+  check_host(h, "host all-gather in place");
   cudaFree(d);
   cudaFree(e);
   std::printf("nccl one rank: %d failures\n", failures);
