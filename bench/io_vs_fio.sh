@@ -3,7 +3,8 @@
 # out as Strata lays out its swap files (reserved with fallocate, then written
 # whole), since a file that fio writes piece by piece reads and writes at
 # another speed — same size (4 GiB), block size (1 MiB) and queue depth (32),
-# alternating, three rounds.
+# three rounds, the order of the three runs turned each round; the file is
+# laid out once, and no run's timed pass follows an untimed write of it.
 # fio runs as it comes and with huge-page buffers (--iomem=mmap plus the
 # bench/io/thp_shim.c preload); Strata is held to the faster of the two.
 # Last line: io_vs_fio read_ratio=R write_ratio=W (medians, strata / best fio).
@@ -33,19 +34,29 @@ fio_mbs() {  # $1 = read|write, $2 = plain|thp -> MB/s
     /usr/bin/python3 -c "import json,sys; j=json.load(sys.stdin)['jobs'][0]['$1']; print(j['bw_bytes']/1e6)"
 }
 strata_mbs() {  # $1 = read|write -> MB/s
+  # --reuse: the file laid out once below is used as it is (no untimed
+  # whole-file write before each timed pass, which fio's passes do not get).
   "$BUILD_DIR/tools/strata-iobench" --dir "$DIR" --file-size "${SIZE}iB" --block-size 1MiB \
-    --queue-depth 32 --modes "$1" --keep | sed -n 's/.*(\([0-9.]*\)MB\/s).*/\1/p'
+    --queue-depth 32 --modes "$1" --keep --reuse | sed -n 's/.*(\([0-9.]*\)MB\/s).*/\1/p'
 }
 
 # Strata lays its file out (fallocate, one write pass); fio then reads and
 # writes that same file, never one of its own.
 strata_mbs write >/dev/null
 [ -f "$FIOFILE" ] || { echo "io_vs_fio: strata-iobench left no $FIOFILE" >&2; exit 1; }
+one() {  # $1 = read|write, $2 = who
+  case "$2" in
+    fio_plain) echo "$1 fio_plain $(fio_mbs "$1" plain)" ;;
+    fio_thp) echo "$1 fio_thp $(fio_mbs "$1" thp)" ;;
+    strata) echo "$1 strata $(strata_mbs "$1")" ;;
+  esac >>"$RESULTS"
+}
+who=(fio_plain fio_thp strata)
 for r in $(seq "$ROUNDS"); do
   for rw in write read; do
-    echo "$rw fio_plain $(fio_mbs $rw plain)" >>"$RESULTS"
-    echo "$rw fio_thp $(fio_mbs $rw thp)" >>"$RESULTS"
-    echo "$rw strata $(strata_mbs $rw)" >>"$RESULTS"
+    # The order turns each round: whoever follows a write pass (or goes
+    # first) is not always the same one.
+    for k in 0 1 2; do one "$rw" "${who[$(( (k + r) % 3 ))]}"; done
   done
   echo "round $r of $ROUNDS done" >&2
 done

@@ -145,8 +145,9 @@ class NvmeTier final : public Tier {
   // once it holds nothing live. Fills, per block, where it is in the linked
   // file and its checksum. Unsupported with several swap folders, without
   // checksums, for blocks not all in the current file (a snapshot since
-  // they were last written) or across file systems; NoSpace when the new
-  // file cannot be reserved. On any error nothing changed.
+  // they were last written), across file systems, or without room to
+  // reserve the next file (the caller copies instead). On any error
+  // nothing changed.
   // REQUIRES: no I/O in flight on `blocks`.
   struct SnapshotRef { uint64_t offset, bytes, checksum; };
   Status Snapshot(const std::string& link_path, const std::vector<Allocation>& blocks, std::vector<SnapshotRef>* out);
@@ -158,7 +159,18 @@ class NvmeTier final : public Tier {
     bool valid;
     uint32_t gen;
     uint64_t version = 0;
+    uint32_t in_place_writes = 0;  // writes to its own extent started and not settled
   };
+  // A block freed while writes to its own extent were in flight: the extent
+  // (and its charge) go back when the last of them settles, not before,
+  // so that no other block's data lands where such a write still goes.
+  struct FreedInFlight {
+    uint32_t gen;
+    NvmeExtents at;
+    uint64_t charged;
+    uint32_t writes;
+  };
+  std::unordered_map<uint64_t, FreedInFlight> freed_in_flight_;  // by block id (mu_)
   // A swap file replaced by a snapshot, still holding blocks not yet rewritten.
   struct OldFiles {
     std::vector<FileId> files;

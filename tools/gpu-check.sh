@@ -49,6 +49,7 @@ BUILD=${STRATA_GPU_BUILD:-$ROOT/build-gpu}
 DEBS=${STRATA_GPU_DEBS:-$ROOT/.gpu-debs}
 PREFIX=${STRATA_GPU_PREFIX:-$ROOT/build-gpu-deps}
 start=$(date +%s)
+rm -f "$OUT/gpu-tests.rc" "$OUT/python-gpu-tests.rc"  # (this run's verdict, never an earlier run's)
 
 # Unpacks the packed Debian packages (if any) and builds; nonzero on failure.
 build() {
@@ -219,6 +220,10 @@ build() {
   fi
   echo "== done in $(( $(date +%s) - start )) s"
 } 2>&1 | tee "$OUT/gpu-check.txt"
+block=${PIPESTATUS[0]}
+# No build (or --build-only): the block's own status; nothing ran to judge.
+[ "$block" -eq 0 ] || exit "$block"
+[ "$build_only" -eq 0 ] || exit 0
 # The verdict: the GPU tests' ctest status (and the Python GPU tests'), not
 # tee's: everything above goes on past failures to collect what it can.
 rc=$(cat "$OUT/gpu-tests.rc" 2>/dev/null || echo 1)

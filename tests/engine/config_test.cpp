@@ -591,6 +591,26 @@ TEST(ConfigValidate, HostBudgetTooSmallForLargestGroup) {
   EXPECT_TRUE(ValidateConfig(c, f).ok());
 }
 
+// The create-time bound is a lower bound of Build's plan: it never refuses a
+// budget the engine fits in. Lion keeps no V; fp32 P beside W on the host
+// is W's bytes; NVMe-homed state in units streams through two slots.
+TEST(ConfigValidate, HostBudgetBoundIsNoMoreThanBuildNeeds) {
+  ConfigFacts f = Facts(1 << 20);
+  f.has_gpu = false;
+  // Lion, W and M on NVMe in units: two slots of W, M (8 MiB each) and G (4 MiB).
+  const Config lion = MustParse(R"({"optimizer": {"type": "Lion"}, "zero_optimization": {"stage": 1,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}, "strata": {"host_budget": "20MiB"}})");
+  EXPECT_TRUE(ValidateConfig(lion, f).ok()) << Refusal(ValidateConfig(lion, f));
+  // AdamW, fp32, P and W, M, V, G on the host: P is W's bytes (16 MiB in all).
+  const Config host = MustParse(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"},
+      "offload_param": {"device": "cpu"}}, "strata": {"host_budget": "16MiB"}})");
+  EXPECT_TRUE(ValidateConfig(host, f).ok()) << Refusal(ValidateConfig(host, f));
+  // bf16 gradients: G is 2 bytes an element (14 MiB with W, M, V on the host).
+  const Config bf16g = MustParse(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}},
+      "data_types": {"grad_accum_dtype": "bf16"}, "bf16": {"enabled": true}, "strata": {"host_budget": "14MiB"}})");
+  EXPECT_TRUE(ValidateConfig(bf16g, f).ok()) << Refusal(ValidateConfig(bf16g, f));
+}
+
 TEST(ConfigValidate, NoGpuArenaMustFitInRam) {
   const Config c = MustParse(R"({"strata": {"device_budget": "100GiB", "host_budget": "100GiB"}})");
   ConfigFacts f = Facts(1000);

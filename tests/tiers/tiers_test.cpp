@@ -754,6 +754,41 @@ TEST(NvmeTier, SnapshotLinksTheFileAndWritesMoveOn) {
   for (auto& a : blocks) nvme.Free(a);
 }
 
+// A block freed while its first write (in place: its own extent) is in
+// flight keeps that extent, and its charge, until the write settles: a
+// block allocated meanwhile gets another one, so the late write cannot land
+// on its data (it got the same offset).
+TEST(NvmeTier, AFreedBlocksExtentWaitsForItsWriteInFlight) {
+  TempDir dir;
+  auto storage = MakeStorage();
+  auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 4 * kMiB, .storage = storage.get()});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  NvmeTier& nvme = **t;
+  const uint64_t n = kMiB;
+  void* a_buf = testing::AlignedAlloc(nvme.BufferSize(n), nvme.align());
+  void* b_buf = testing::AlignedAlloc(nvme.BufferSize(n), nvme.align());
+  FillPattern(a_buf, n, 0, 1);
+  FillPattern(b_buf, n, 0, 2);
+  Allocation a = *nvme.Allocate(n);
+  auto wa = nvme.StartWrite(a, a_buf);
+  ASSERT_TRUE(wa.ok()) << wa.status().ToString();
+  ASSERT_TRUE(wa->in_place);
+  nvme.Free(a);
+  EXPECT_GT(nvme.used(), 0u) << "the freed block's charge went before its write settled";
+  Allocation b = *nvme.Allocate(n);
+  auto wb = nvme.StartWrite(b, b_buf);
+  ASSERT_TRUE(wb.ok()) << wb.status().ToString();
+  EXPECT_NE(wb->offset, wa->offset) << "a new block was given the extent a freed block's write still goes to";
+  EXPECT_TRUE(nvme.Finish(*wb).ok());
+  (void)nvme.Finish(*wa);
+  ASSERT_TRUE(nvme.Read(b, b_buf).ok());
+  EXPECT_EQ(CheckPattern(b_buf, n, 0, 2), -1);
+  nvme.Free(b);
+  EXPECT_EQ(nvme.used(), 0u);
+  std::free(a_buf);
+  std::free(b_buf);
+}
+
 // A snapshot that cannot link says so (UNSUPPORTED: the checkpoint copies)
 // before it reserves the next swap file: a link folder on another file
 // system, and a swap disk without room for a second reservation (here the

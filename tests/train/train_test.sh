@@ -95,7 +95,20 @@ cmp -s <(grep weights_hash "$WORK/cwhole.out") <(grep weights_hash "$WORK/reside
 "$TRAIN" "${cf[@]}" --nvme "$WORK/cnvme" --device-budget 256KiB --host-budget 8MiB --resume "$WORK/cckpt" >"$WORK/cres2.out"
 diff <(grep -E '^loss (11|12) ' "$WORK/cwhole.out") <(grep -E '^loss ' "$WORK/cres2.out") || fail "compact: resumed losses differ"
 diff <(grep weights_hash "$WORK/cwhole.out") <(grep weights_hash "$WORK/cres2.out") || fail "compact: resumed weights differ"
-echo "ok: compact resident == offloaded, resume == continuous"
+# The banner's state follows --state-format: bf16 P, W, M, V, G are 18 bytes
+# a parameter in fp32 state, about 11.25 compact (it said 18 for both).
+/usr/bin/python3 - "$WORK/cwhole.out" "$WORK/offload.out" <<'PY' || fail "the banner's state bytes"
+import re, sys
+units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+def per_param(path):
+    m = re.search(r"preset \w+, (\d+) parameters, ([\d.]+) (B|KiB|MiB|GiB) of state", open(path).read())
+    assert m, f"no banner in {path}"
+    return float(m.group(2)) * units[m.group(3)] / int(m.group(1))
+c, f = per_param(sys.argv[1]), per_param(sys.argv[2])
+# (the banner rounds to a tenth of its unit: within 3%)
+assert abs(c / 11.25 - 1) < 0.03 and abs(f / 18 - 1) < 0.03, f"state bytes a parameter: compact {c:.2f}, fp32 {f:.2f}"
+PY
+echo "ok: compact resident == offloaded, resume == continuous; the banner's state bytes follow the format"
 
 # --save alone checkpoints after the last step, with the tensors' shapes:
 # strata-export writes them as torch holds them.
@@ -152,12 +165,16 @@ grep -q "^strata-train: --lr 0.001 overrides --config's optimizer.params.lr 0.01
   fail "--lr over --config's lr was not said: $(head -3 "$WORK/lr-both.out")"
 refused "optimizer.params.lr must be a finite number" --steps 1 --resident --config <(echo '{"optimizer": {"params": {"lr": -1}}}')
 # A "strata" section that --config makes "auto" or null is the engine's
-# default one: the activations' swap folder joins it (it crashed).
+# default one: the activations' swap folder joins it (it crashed), and the
+# flags given (--offload-activations, --trace) still hold.
 for v in auto null; do
   echo "{\"strata\": $([ $v = auto ] && echo '"auto"' || echo null)}" >"$WORK/strata.json"
-  "$TRAIN" "${short[@]}" --offload-activations nvme --config "$WORK/strata.json" >"$WORK/strata-$v.out" 2>&1 ||
+  "$TRAIN" "${short[@]}" --offload-activations nvme --trace "$WORK/trace-$v.json" --config "$WORK/strata.json" \
+    >"$WORK/strata-$v.out" 2>&1 ||
     { cat "$WORK/strata-$v.out" >&2; fail "--config {\"strata\": $v} with --offload-activations nvme"; }
   [ "$(hash_of "strata-$v")" = "$(hash_of lr-default)" ] || fail "--config {\"strata\": $v} changed the run"
+  [ -s "$WORK/trace-$v.json" ] || fail "--config {\"strata\": $v} dropped --trace"
+  grep -Eq '^  activations .*redeemed' "$WORK/strata-$v.out" || fail "--config {\"strata\": $v} dropped --offload-activations"
 done
 echo "ok: --config's lr drives the schedule, --lr wins saying so; \"strata\": \"auto\" or null with --offload-activations nvme"
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -27,6 +28,7 @@ struct Args {
   std::string modes = "write,read";
   int loops = 1;
   bool buffered = false, keep = false;
+  bool reuse = false;  // --reuse: a kept file of the full size is not laid out again
 };
 
 struct Bench {
@@ -94,6 +96,9 @@ int Run(const Args& a) {
     return 1;
   }
   const std::string path = a.dir + "/strata-iobench.bin";
+  // A file this tool laid out and kept (--keep) holds data to its full size.
+  std::error_code ec;
+  const bool laid_out = a.reuse && std::filesystem::file_size(path, ec) >= file_size && !ec;
   auto file = (*storage)->Open(path, OpenMode::kCreate);
   if (!file.ok()) {
     std::fprintf(stderr, "strata-iobench: %s\n", file.status().ToString().c_str());
@@ -122,11 +127,16 @@ int Run(const Args& a) {
   std::printf("strata-iobench: %s, file %s, block %s, depth %u, rings %d, %s\n", path.c_str(),
               FormatBytes(file_size).c_str(), FormatBytes(block).c_str(), a.queue_depth, a.rings,
               info.direct ? "O_DIRECT" : "buffered");
-  // Lay the file out once so that timed writes overwrite, as fio's do.
-  auto layout = Pass(b, IoOp::kWrite, false, 0);
-  if (!layout.ok()) {
-    std::fprintf(stderr, "strata-iobench: %s\n", layout.status().ToString().c_str());
-    return 1;
+  // Lay the file out once so that timed writes overwrite, as fio's do; with
+  // --reuse, a kept file already laid out is not (its peer's passes do not
+  // follow a whole write of the file either).
+  if (!laid_out) {
+    if (a.reuse) std::printf("strata-iobench: --reuse: no laid-out file of that size; laying it out\n");
+    auto layout = Pass(b, IoOp::kWrite, false, 0);
+    if (!layout.ok()) {
+      std::fprintf(stderr, "strata-iobench: %s\n", layout.status().ToString().c_str());
+      return 1;
+    }
   }
   for (const std::string& m : modes) {
     const bool random = m.rfind("rand", 0) == 0;
@@ -159,6 +169,7 @@ int main(int argc, char** argv) {
   app.add_option("--loops", a.loops, "passes per mode")->capture_default_str()->check(CLI::Range(1, 1000));
   app.add_flag("--buffered", a.buffered, "buffered I/O instead of O_DIRECT");
   app.add_flag("--keep", a.keep, "keep the test file");
+  app.add_flag("--reuse", a.reuse, "a kept test file of the full size is used as it is, not laid out again");
   CLI11_PARSE(app, argc, argv);
   return strata::Run(a);
 }

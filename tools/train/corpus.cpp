@@ -38,7 +38,7 @@ bool ReadCorpus(const std::string& path, size_t min_bytes, std::string* out, std
   *out = ss.str();
   if (out->size() < min_bytes) {
     *error = "--data " + path + " has " + std::to_string(out->size()) + " bytes; at least " +
-             std::to_string(min_bytes) + " are needed (context + 1)";
+             std::to_string(min_bytes) + " are needed (--seq + 1: a sequence and its next-token targets)";
     return false;
   }
   return true;

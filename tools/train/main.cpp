@@ -148,7 +148,7 @@ int Run(Args a) {
 
   std::string corpus, error;
   if (a.data.empty()) corpus = BuiltinCorpus(a.seed, 1 << 20);
-  else if (!ReadCorpus(a.data, static_cast<size_t>(a.seq) + 2, &corpus, &error)) return Fail(error);
+  else if (!ReadCorpus(a.data, static_cast<size_t>(a.seq) + 1, &corpus, &error)) return Fail(error);
 
   if (a.gpu) {
     const std::string why = GpuUnavailableReason();
@@ -259,7 +259,9 @@ int Run(Args a) {
   strata_engine_compute_dtype(e, &dt);
   RunFigures fig;
   fig.params = params;
-  fig.state_bytes = params * ((dt == STRATA_DTYPE_F32 ? 4 : 2) + 16);
+  // P in the compute dtype, W, M, V (fp32: 12 bytes; compact: about 5.25), G (fp32).
+  fig.state_bytes = static_cast<uint64_t>(static_cast<double>(params) *
+                                          ((dt == STRATA_DTYPE_F32 ? 4 : 2) + (tc.compact ? 5.25 : 12.0) + 4));
   if (lead)
     std::printf("strata-train: preset %s, %llu parameters, %s of state, batch %d x %d tokens%s, %lld steps, %s%s\n",
                 preset->name, static_cast<unsigned long long>(params), HumanBytes(fig.state_bytes).c_str(), a.batch,

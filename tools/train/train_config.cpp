@@ -16,7 +16,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-void ApplyActivationFlags(const ConfigInputs& in, Json& j);
+void ApplyStrataFlags(const ConfigInputs& in, Json& j);
 
 Json BuiltinConfig(const ConfigInputs& in) {
   Json j = {{"optimizer",
@@ -42,7 +42,7 @@ Json BuiltinConfig(const ConfigInputs& in) {
   }
   if (!in.trace.empty()) j["strata"]["trace_path"] = in.trace;
   if (!in.state_format.empty()) j["strata"]["state_format"] = in.state_format;
-  ApplyActivationFlags(in, j);
+  ApplyStrataFlags(in, j);
   return j;
 }
 
@@ -82,19 +82,25 @@ bool Unset(const Json* v) {
   return v == nullptr || (v->is_string() && (Lower(v).empty() || Lower(v) == "auto"));
 }
 
-// --offload-activations: the store's sizes follow the model. Applied to the
-// built-in config, and after --config's merge whatever the file removed:
-// the file's own values win, but a "strata" it made "auto" or null (the
-// engine's default section) still gets the store the flag asks for. A
-// non-object is left for the engine to refuse, naming it.
-void ApplyActivationFlags(const ConfigInputs& in, Json& j) {
-  if (in.offload_activations.empty()) return;
+// --offload-activations (the store's sizes follow the model), --trace and
+// --state-format. Applied to the built-in config, and after --config's
+// merge whatever the file removed: the file's own values win, but a
+// "strata" it made "auto" or null (the engine's default section) still gets
+// what the flags ask for. A non-object is left for the engine to refuse,
+// naming it.
+void ApplyStrataFlags(const ConfigInputs& in, Json& j) {
+  if (in.offload_activations.empty() && in.trace.empty() && in.state_format.empty()) return;
   if (Json* s = Member(j, "strata"); s == nullptr || s->is_null() || Unset(s)) j["strata"] = Json::object();
   Json& strata = j["strata"];
   if (!strata.is_object()) return;
-  auto set = [&](const char* key, uint64_t v) {
+  auto set = [&](const char* key, const Json& v) {
     if (!strata.contains(key)) strata[key] = v;
   };
+  // --trace and --state-format, given, as well (the budgets' defaults are
+  // the trainer's, not flags: a section removed takes the engine's).
+  if (!in.trace.empty()) set("trace_path", in.trace);
+  if (!in.state_format.empty()) set("state_format", in.state_format);
+  if (in.offload_activations.empty()) return;
   // Each stash takes its size rounded to 4 KiB (and to the swap's stripes: 64 KiB covers 16 folders).
   const uint64_t item = (in.activation_bytes + 65535) / 65536 * 65536;
   const uint64_t all = item * std::max<uint64_t>(in.activation_count, 1);
@@ -164,7 +170,7 @@ bool ResolveSwapFolders(const ConfigInputs& in, Json& j, TrainConfig* out, std::
   if (in.offload_activations == "nvme" && out->swap_folders.empty()) {
     std::string dir;
     if (!SwapFolder(in, out, &dir, error)) return false;
-    // (ApplyActivationFlags made "strata" an object, unless --config made it another non-object.)
+    // (ApplyStrataFlags made "strata" an object, unless --config made it another non-object.)
     if (Json* strata = Member(j, "strata"); strata && strata->is_object()) (*strata)["nvme_paths"] = Json::array({dir});
     out->swap_folders.push_back(dir);
   }
@@ -201,7 +207,7 @@ bool ResolveLr(const ConfigInputs& in, Json& j, TrainConfig* out, std::string* e
 bool MakeTrainConfig(const ConfigInputs& in, TrainConfig* out, std::string* error) {
   Json j = BuiltinConfig(in);
   if (!in.config_path.empty() && !MergeFile(in.config_path, &j, error)) return false;
-  ApplyActivationFlags(in, j);
+  ApplyStrataFlags(in, j);
   if (!ResolveSwapFolders(in, j, out, error)) return false;
   if (!ResolveLr(in, j, out, error)) return false;
   Json* zero = Member(j, "zero_optimization");
@@ -209,6 +215,7 @@ bool MakeTrainConfig(const ConfigInputs& in, TrainConfig* out, std::string* erro
   out->stage = Unset(stage) ? 0 : stage->is_number_integer() ? stage->get<int>() : -1;
   Json* strata = Member(j, "strata");
   out->grad_sum = strata && Lower(Member(*strata, "grad_reduce")) == "sum";
+  out->compact = strata && Lower(Member(*strata, "state_format")) == "compact";
   if (!in.lead && strata && strata->is_object()) strata->erase("trace_path");  // one rank writes reports
   out->json = j.dump();
   return true;

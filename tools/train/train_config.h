@@ -33,6 +33,7 @@ struct TrainConfig {
   std::string own_swap;                   // a folder made here, to remove at the end; "" when none
   int stage = -1;                         // zero_optimization.stage (absent: 0); -1 when not an integer
   bool grad_sum = false;                  // strata.grad_reduce "sum": the ranks' gradients are added
+  bool compact = false;                   // strata.state_format "compact" (the banner's state bytes)
   double lr = 0;                          // the peak learning rate: --lr, else the config's (ConfigInputs::lr_given)
   std::vector<std::string> notes;         // what the lead rank says of the merge (a setting overridden)
 };
