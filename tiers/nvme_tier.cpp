@@ -231,6 +231,10 @@ void NvmeTier::Free(const Allocation& a) {
     STRATA_CHECK_MSG(it != blocks_.end(), "nvme tier: freeing an unknown block");
     const Block b = it->second;
     blocks_.erase(it);
+    if (b.in_place_writes > 0) {  // its extent is still being written: Settle gives it back
+      freed_in_flight_[a.id] = FreedInFlight{b.gen, b.at, a.charged, b.in_place_writes};
+      return;
+    }
     ReleaseExtent(b.gen, b.at);
   }
   Uncharge(a.charged);
@@ -278,6 +282,7 @@ Result<NvmePending> NvmeTier::StartWrite(const Allocation& a, const void* src, c
     // A block that holds nothing yet (never written, or its first write
     // failed) has nothing to protect: it is written where it is.
     p.in_place = !fresh.valid && fresh.gen == gen_;
+    if (p.in_place) ++it->second.in_place_writes;
     if (!p.in_place) {
       // One free range of its size (best fit), else several (the holes the
       // old versions left are smaller, or apart), else (the free ranges
@@ -370,11 +375,21 @@ void NvmeTier::Settle(NvmePending& p, bool publish) {
   std::lock_guard<std::mutex> lock(mu_);
   --writes_unsettled_;
   auto it = blocks_.find(p.id);
-  if (p.in_place) {  // the block's own extent: nothing to release either way
-    if (publish && it != blocks_.end()) {
-      it->second.checksum = p.checksum;
-      it->second.valid = true;
-      ++it->second.version;
+  if (p.in_place) {  // the block's own extent: released only if the block was freed meanwhile
+    if (it != blocks_.end()) {
+      --it->second.in_place_writes;
+      if (publish) {
+        it->second.checksum = p.checksum;
+        it->second.valid = true;
+        ++it->second.version;
+      }
+      return;
+    }
+    auto f = freed_in_flight_.find(p.id);
+    if (f != freed_in_flight_.end() && --f->second.writes == 0) {
+      ReleaseExtent(f->second.gen, f->second.at);
+      Uncharge(f->second.charged);
+      freed_in_flight_.erase(f);
     }
     return;
   }
@@ -464,7 +479,9 @@ Status NvmeTier::Snapshot(const std::string& link_path, const std::vector<Alloca
   struct stat swap_st{}, dir_st{};
   const size_t slash = link_path.rfind('/');
   const std::string link_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : link_path.substr(0, slash);
-  if (::fstat(fd, &swap_st) == 0 && ::stat(link_dir.c_str(), &dir_st) == 0 && swap_st.st_dev != dir_st.st_dev)
+  // (folder against folder: on overlayfs a file and a folder may report different devices)
+  if (::stat(options_.dirs[0].c_str(), &swap_st) == 0 && ::stat(link_dir.c_str(), &dir_st) == 0 &&
+      swap_st.st_dev != dir_st.st_dev)
     return UnsupportedError("nvme tier: " + link_dir + " is on another file system than " + path);
   if (::fsync(fd) != 0) return PosixError("fsync", path, errno);  // the data and its extents, durable
   std::vector<FileId> next_files;

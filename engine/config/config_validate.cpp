@@ -205,24 +205,27 @@ uint64_t MinHostBytes(const Config& c, const ConfigFacts& f) {
   // What the engine allocates: with a GPU, NVMe-homed P passes through up to
   // four pinned buffers of a group (without one the disk reads straight into
   // the device tier's host arena); host-homed P is one group at least.
+  const auto od = c.zero.offload_optimizer.device;
+  const bool compact = c.strata.state_format == "compact";
   if (p.device == OffloadDevice::kNvme && f.has_gpu)
     need = SaturatingMul(SaturatingMul(std::min<uint64_t>(p.buffer_count, 4), numel), p_size);
-  else if (p.device == OffloadDevice::kCpu)
+  else if (p.device == OffloadDevice::kCpu &&
+           !(c.compute_dtype() == DType::kF32 && !compact && od == OffloadDevice::kCpu))  // (else P may be W's bytes)
     need = SaturatingMul(numel, p_size);
   // The optimizer: host-homed W, M, V, G are a shard. NVMe-homed W, M, V
   // stream through step slots of a shard, at least three (read ahead,
   // update, write behind), or two where fp32 state is stepped in units;
   // G is a shard more, homed on the host or staged beside them. A lower
   // bound (Build's CheckHostPlan has the exact sizes): it must never refuse
-  // a budget the engine would fit in. Bytes an element: fp32 W, M, V 12, G 4;
-  // compact W, M, V at least 5, G 4.
-  const auto od = c.zero.offload_optimizer.device;
-  const bool compact = c.strata.state_format == "compact";
-  const uint64_t wmv = compact ? 5 : 12;
+  // a budget the engine would fit in. Bytes an element: fp32 W, M, V 4 each
+  // (V: Adam's only), compact at least 1 each; G its dtype's.
+  const std::string& type = c.optimizer.type;
+  const uint64_t states = (type == "adam" || type == "adamw") ? 3 : 2;
+  const uint64_t wmv = states * (compact ? 1 : 4), g = DTypeSize(c.grad_dtype());
   if (od == OffloadDevice::kNvme)
-    need = SaturatingAdd(need, SaturatingMul(shard, (compact ? 3 : 2) * wmv + 4));
+    need = SaturatingAdd(need, SaturatingMul(shard, (compact ? 3 : 2) * wmv + g));
   else if (od == OffloadDevice::kCpu)
-    need = SaturatingAdd(need, SaturatingMul(shard, compact ? 9 : 16));
+    need = SaturatingAdd(need, SaturatingMul(shard, wmv + g));
   return need;
 }
 
