@@ -84,27 +84,38 @@ TEST(Preflight, ConfigBuiltInCodeIsHeldToTheParsersLimits) {
   EXPECT_EQ(e.status().message(), "aio.queue_depth: 65536 is out of range; allowed: from 1 to 4096");
 }
 
-TEST(Preflight, HostBudgetTooSmallForStagingIsRefusedAtBuildStart) {
-  testing::TempDir swap;
-  // Validation's lower bound (a shard's W, M, V, G three times) fits in 200 KiB;
-  // Build's 4 slots of four 64 KiB-aligned states do not.
+// A 2000-element group with W, M, V (and P, with `p_on_nvme`) on NVMe in
+// `swap` under a 200 KiB host budget, built: the engine, and Build's status.
+std::unique_ptr<Engine> TightBuild(const std::string& swap, bool p_on_nvme, Status* built) {
+  const std::string nvme = R"({"device": "nvme", "nvme_path": ")" + swap + R"("})";
   const std::string json = R"({"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 3,
-      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap.path() + R"("}},
+      "offload_optimizer": )" + nvme + (p_on_nvme ? R"(, "offload_param": )" + nvme : std::string()) + R"(},
       "strata": {"device_budget": "16MiB", "host_budget": "200KiB"}})";
   EngineOptions eo;
   eo.force_no_gpu = true;
   auto e = Engine::Create(MustParse(json), eo);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (!e.ok()) return nullptr;
   std::vector<float> init(2000, 0.5f);
-  ASSERT_TRUE((*e)->AddParam(0, "w", init.size(), init.data()).ok());
-  const Status st = (*e)->Build();
+  EXPECT_TRUE((*e)->AddParam(0, "w", init.size(), init.data()).ok());
+  *built = (*e)->Build();
+  return std::move(e).value();
+}
+
+TEST(Preflight, HostBudgetTooSmallForStagingIsRefusedAtBuildStart) {
+  testing::TempDir swap;
+  // Validation's lower bound (two slots of a shard's W, M, V, and G) fits in
+  // 200 KiB; Build's 4 slots of four 64 KiB-aligned states do not.
+  Status st;
+  auto e = TightBuild(swap.path(), false, &st);
+  ASSERT_TRUE(e);
   ASSERT_EQ(st.code(), Code::kConfig) << st.ToString();
   EXPECT_EQ(st.message().rfind("strata.host_budget: 200.00 KiB is too small for this model; Build needs at least 1.0", 0),
             0u)
       << st.message();
   EXPECT_NE(st.message().find("4 step staging slots of 256.00 KiB"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("offload_optimizer.buffer_count"), std::string::npos) << st.message();
-  EXPECT_EQ((*e)->stats().host.peak, 0u);  // refused before anything was allocated
+  EXPECT_EQ(e->stats().host.peak, 0u);  // refused before anything was allocated
 }
 
 // P on NVMe beside W in fp32 is W's bytes (Layout::PIsW): it has no block,
@@ -112,17 +123,9 @@ TEST(Preflight, HostBudgetTooSmallForStagingIsRefusedAtBuildStart) {
 // never staged: 5 states' regions, 320 KiB, where 4 are used).
 TEST(Preflight, StepSlotsHoldNoRegionForAPThatIsWsBytes) {
   testing::TempDir swap;
-  const std::string json = R"({"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 3,
-      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + swap.path() + R"("},
-      "offload_param": {"device": "nvme", "nvme_path": ")" + swap.path() + R"("}},
-      "strata": {"device_budget": "16MiB", "host_budget": "200KiB"}})";
-  EngineOptions eo;
-  eo.force_no_gpu = true;
-  auto e = Engine::Create(MustParse(json), eo);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  std::vector<float> init(2000, 0.5f);
-  ASSERT_TRUE((*e)->AddParam(0, "w", init.size(), init.data()).ok());
-  const Status st = (*e)->Build();
+  Status st;
+  auto e = TightBuild(swap.path(), true, &st);
+  ASSERT_TRUE(e);
   ASSERT_EQ(st.code(), Code::kConfig) << st.ToString();
   EXPECT_NE(st.message().find("4 step staging slots of 256.00 KiB"), std::string::npos) << st.message();
 }
