@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <cstring>
 
 #include "base/align.h"
@@ -477,8 +478,7 @@ Status NvmeTier::Snapshot(const std::string& link_path, const std::vector<Alloca
   // A link needs one file system: elsewhere (the usual checkpoint disk) the
   // caller copies, and no next swap file is reserved first only to go.
   struct stat swap_st{}, dir_st{};
-  const size_t slash = link_path.rfind('/');
-  const std::string link_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : link_path.substr(0, slash);
+  const std::string link_dir = std::filesystem::path(link_path).parent_path().string();
   // (folder against folder: on overlayfs a file and a folder may report different devices)
   if (::stat(options_.dirs[0].c_str(), &swap_st) == 0 && ::stat(link_dir.c_str(), &dir_st) == 0 &&
       swap_st.st_dev != dir_st.st_dev)

@@ -40,9 +40,7 @@ Json BuiltinConfig(const ConfigInputs& in) {
     j["strata"]["device_budget"] = "auto";
     j["strata"]["host_budget"] = "auto";
   }
-  if (!in.trace.empty()) j["strata"]["trace_path"] = in.trace;
-  if (!in.state_format.empty()) j["strata"]["state_format"] = in.state_format;
-  ApplyStrataFlags(in, j);
+  ApplyStrataFlags(in, j);  // --trace, --state-format, --offload-activations
   return j;
 }
 
