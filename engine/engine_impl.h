@@ -144,6 +144,11 @@ class Engine::Impl {
   // Ends the step (one that finished, or any after a successful load):
   // nothing pending or broken, every group's gradients and flags reset.
   void AbandonStep(bool keep_p_stale = false);
+  // The part of AbandonStep that touches the state: the read-ahead dropped,
+  // the overlap worker's queued updates dropped and its running one waited
+  // for, its G copies dropped, its speculation undone. A load calls it
+  // before it writes the state (and AbandonStep again after: a no-op then).
+  void StopStep();
   // Waits for the last step's writes left behind (strata.write_behind); a
   // failed one breaks the engine, naming it. `recovers` (a load): the
   // failure is then cleared, the load rewriting every block.

@@ -131,7 +131,15 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
   if (st.ok()) {
     std::memset(dst, 0, L.shard_numel * 4);
     std::memcpy(dst, in + lo, real * 4);
-    if (!io_->Direct(b)) st = io_->Store(b, dst);
+    size_t stored = 0;
+    if (!io_->Direct(b)) st = io_->Store(b, dst, &stored);
+    // Stored in units, each published as written: a failure after the first
+    // leaves this state part new, part old. No later call may read it as
+    // one state (the compact path's rule above).
+    if (!st.ok() && stored > 0 && step_.broken.empty())
+      step_.broken = "write_state of group " + std::to_string(group) + "'s " + StateName(kind) + " failed after " +
+                     std::to_string(stored) + " of its " + std::to_string(b.parts.size()) + " units were written (" +
+                     st.ToString() + "): it is part new, part old";
   }
   // Stages 1-2, several ranks: P's recompute gathers; the ranks agree on
   // the store first (one that failed would leave the others waiting).

@@ -239,13 +239,18 @@ Status Engine::Impl::CheckUsable(const char* call, bool pending_ok, bool in_pass
   return Status::Ok();
 }
 
-void Engine::Impl::AbandonStep(bool keep_p_stale) {
+void Engine::Impl::StopStep() {
   if (pipeline_) pipeline_->DropReadAhead();
   if (worker_) {
+    worker_->Abandon();  // (queued updates: none is wanted now)
     (void)worker_->WaitIdle();  // (a load: its failures do not matter now)
     DropGCopies();
     DiscardSpeculation();  // (made with the worker)
   }
+}
+
+void Engine::Impl::AbandonStep(bool keep_p_stale) {
+  StopStep();
   if (reducer_) reducer_->DropParts();  // a grads call in parts never ended: its packed buffer
   step_.pending.reset();
   step_.broken.clear();

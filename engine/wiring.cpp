@@ -91,6 +91,7 @@ Status Engine::Impl::StartComponents() {
   Checkpointer::Hooks ch;
   ch.recompute_p = [this](void* buf, uint64_t bytes) { return RecomputeP(buf, bytes); };
   ch.drop_copies = [this] { DropDeviceCopies(); };
+  ch.stop_step = [this] { StopStep(); };
   ch.abandon_step = [this] { AbandonStep(); };
   checkpointer_ = std::make_unique<Checkpointer>(
       Checkpointer::Deps{config_, lay_, blocks_, *shards_, *io_, staging_, *storage_, nvme_.get(), comm_,

@@ -41,9 +41,11 @@ Status ActivationStore::Init() {
   return Status::Ok();
 }
 
-uint64_t ActivationStore::Padded(uint64_t bytes) const {
-  return AlignUp(nvme_ ? nvme_->PaddedSize(bytes) : bytes, 4096);
+uint64_t ActivationStore::ArenaBytes(uint64_t bytes) const {
+  return AlignUp(nvme_ ? nvme_->BufferSize(bytes) : bytes, 4096);
 }
+
+uint64_t ActivationStore::DiskBytes(uint64_t bytes) const { return nvme_->PaddedSize(bytes); }
 
 uint64_t ActivationStore::TakeArena(std::unique_lock<std::mutex>& lock, uint64_t bytes) {
   for (;;) {
@@ -63,7 +65,7 @@ uint64_t ActivationStore::TakeArena(std::unique_lock<std::mutex>& lock, uint64_t
       if (it.where == Where::kArena && !it.dropped && !kept) kept = h;
     }
     if (!writing && read) {
-      extents_->Free(read->arena, Padded(read->bytes));
+      extents_->Free(read->arena, ArenaBytes(read->bytes));
       read->arena = ~uint64_t{0};
       read->where = Where::kDisk;
       continue;
@@ -79,9 +81,10 @@ uint64_t ActivationStore::TakeArena(std::unique_lock<std::mutex>& lock, uint64_t
 
 bool ActivationStore::Spill(uint64_t handle, bool first) {
   Item& it = items_.at(handle);
-  const uint64_t p = Padded(it.bytes);
-  if (!nvme_ || nvme_used_ + p > options_.nvme_bytes) return false;
-  auto d = nvme_->Allocate(p);
+  if (!nvme_) return false;
+  const uint64_t p = DiskBytes(it.bytes);
+  if (nvme_used_ + p > options_.nvme_bytes) return false;
+  auto d = nvme_->Allocate(it.bytes);
   if (!d.ok()) return false;
   it.disk = *d;
   nvme_used_ += p;
@@ -93,11 +96,11 @@ bool ActivationStore::Spill(uint64_t handle, bool first) {
 }
 
 void ActivationStore::FreeItem(Item& it) {
-  if (it.arena != ~uint64_t{0}) extents_->Free(it.arena, Padded(it.bytes));
+  if (it.arena != ~uint64_t{0}) extents_->Free(it.arena, ArenaBytes(it.bytes));
   it.arena = ~uint64_t{0};
   if (it.disk.charged) {
     nvme_->Free(it.disk);
-    nvme_used_ -= Padded(it.bytes);
+    nvme_used_ -= DiskBytes(it.bytes);
     it.disk = {};
   }
 }
@@ -128,7 +131,7 @@ Result<uint64_t> ActivationStore::Stash(const void* src, uint64_t bytes) {
                       "strata.activation_nvme_bytes to go on to NVMe; docs/config.md)");
   // (bytes first: padding a count near 2^64 would wrap to a small one)
   const uint64_t arena = options_.host_bytes / 4096 * 4096;
-  const uint64_t padded = bytes > arena ? arena + 1 : Padded(bytes);
+  const uint64_t padded = bytes > arena ? arena + 1 : ArenaBytes(bytes);  // its room in the arena
   if (padded > arena)
     return InvalidError("stash: an activation of " + FormatBytes(bytes) + " is larger than strata.activation_host_bytes (" +
                         FormatBytes(options_.host_bytes) + "), the arena every stash passes through");
@@ -146,13 +149,13 @@ Result<uint64_t> ActivationStore::Stash(const void* src, uint64_t bytes) {
       if (extents_->free_bytes() + freeing >= padded + reserve) break;
       if (it.where != Where::kArena || it.dropped) continue;
       if (!Spill(h, /*first=*/false)) break;
-      freeing += Padded(it.bytes);
+      freeing += ArenaBytes(it.bytes);
     }
     cv_.notify_all();
     room = extents_->free_bytes() + freeing >= padded + reserve;
   }
   const bool to_disk = nvme_ && !room;
-  if (to_disk && nvme_used_ + padded > options_.nvme_bytes)
+  if (to_disk && nvme_used_ + DiskBytes(bytes) > options_.nvme_bytes)
     return NoMemError("stash of " + FormatBytes(bytes) + ": the activations' swap (strata.activation_nvme_bytes " +
                       FormatBytes(options_.nvme_bytes) + ") holds " + FormatBytes(nvme_used_) +
                       " and the arena (strata.activation_host_bytes " + FormatBytes(options_.host_bytes) +
@@ -164,13 +167,13 @@ Result<uint64_t> ActivationStore::Stash(const void* src, uint64_t bytes) {
                       (nvme_ ? "" : " and there is no swap for them (strata.activation_nvme_bytes 0)"));
   Allocation disk;
   if (to_disk) {
-    auto d = nvme_->Allocate(padded);
+    auto d = nvme_->Allocate(bytes);
     if (!d.ok()) {
       extents_->Free(off, padded);
       return d.status().WithContext("stash: the activations' swap");
     }
     disk = *d;
-    nvme_used_ += padded;
+    nvme_used_ += DiskBytes(bytes);
   }
   lock.unlock();
   Status copied = CopyIn(src, ArenaAt(off), bytes);
@@ -179,7 +182,7 @@ Result<uint64_t> ActivationStore::Stash(const void* src, uint64_t bytes) {
     extents_->Free(off, padded);
     if (disk.charged) {
       nvme_->Free(disk);
-      nvme_used_ -= padded;
+      nvme_used_ -= DiskBytes(bytes);
     }
     return copied.WithContext("stash");
   }
@@ -216,7 +219,7 @@ void ActivationStore::QueueReadsBefore(uint64_t handle) {
       continue;
     }
     if (x.where != Where::kDisk) continue;
-    const uint64_t off = extents_->Allocate(Padded(x.bytes));
+    const uint64_t off = extents_->Allocate(ArenaBytes(x.bytes));
     if (off == ~uint64_t{0}) break;  // the arena is full: the redeem reads it itself
     x.arena = off;
     x.where = Where::kReading;
@@ -241,7 +244,7 @@ Status ActivationStore::Redeem(uint64_t handle, void* dst, uint64_t bytes) {
   bool stalled = false;
   const double t0 = stats_.Now();
   if (it.where == Where::kDisk) {
-    const uint64_t off = TakeArena(lock, Padded(it.bytes));
+    const uint64_t off = TakeArena(lock, ArenaBytes(it.bytes));
     if (off == ~uint64_t{0})
       return NoMemError("redeem: no room in the activations' arena (strata.activation_host_bytes " +
                         FormatBytes(options_.host_bytes) + ") to read stash " + std::to_string(handle) + " back");
@@ -338,7 +341,7 @@ void ActivationStore::Run() {
     if (job.write) {
       if (st.ok()) {
         stats_.AddMoved(TierKind::kHost, TierKind::kNvme, x.bytes);
-        extents_->Free(x.arena, Padded(x.bytes));  // on the disk now: the arena room goes back
+        extents_->Free(x.arena, ArenaBytes(x.bytes));  // on the disk now: the arena room goes back
         x.arena = ~uint64_t{0};
         x.where = Where::kDisk;
       } else {
@@ -346,7 +349,7 @@ void ActivationStore::Run() {
         WarnOnce("activation-write", "activations: a write to NVMe failed (" + st.ToString() +
                                          "); the stash stays in host memory");
         nvme_->Free(x.disk);
-        nvme_used_ -= Padded(x.bytes);
+        nvme_used_ -= DiskBytes(x.bytes);
         x.disk = {};
         x.where = Where::kArena;
         x.io = Status::Ok();

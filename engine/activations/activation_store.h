@@ -92,7 +92,12 @@ class ActivationStore {
     bool write;
   };
 
-  uint64_t Padded(uint64_t bytes) const;
+  // A stash's room in the arena: the bytes its NVMe I/O moves
+  // (NvmeTier::BufferSize), page-aligned; no more at any number of folders.
+  uint64_t ArenaBytes(uint64_t bytes) const;
+  // What a stash takes of the activations' swap (NvmeTier::PaddedSize: the
+  // stripes over the folders, each aligned), counted against nvme_bytes.
+  uint64_t DiskBytes(uint64_t bytes) const;
   char* ArenaAt(uint64_t off) const { return static_cast<char*>(arena_.ptr) + off; }
   // REQUIRES: mu_. Room for `bytes` in the arena, waiting for writes to
   // finish when some are in flight; UINT64_MAX when there is none.

@@ -229,7 +229,8 @@ Status Checkpointer::Save(const std::string& dir, const std::string& tag, const 
   const std::string final_dir = dir + "/" + tag, part = dir + "/." + tag + ".partial";
   // The tag exists (ranks share the file system): a save that was killed
   // before it updated `latest`, repeated with the same state, completes it.
-  if (Exists(final_dir)) return ResaveExisting(dir, tag, blob, blob_bytes);
+  STRATA_ASSIGN_OR_RETURN(const bool exists, Exists(final_dir));
+  if (exists) return ResaveExisting(dir, tag, blob, blob_bytes);
   const bool lead = d_.rank == 0;
   auto cleanup = [&] {
     std::error_code e2;
@@ -303,8 +304,11 @@ Status Checkpointer::WriteManifest(const std::string& dir, const std::string& ta
     groups.push_back(std::move(gj));
   }
   // The order of saves in this folder: one more than any checkpoint there.
+  // A folder that cannot be read fails the save: a number below a checkpoint
+  // there would make a later load take the older one.
   uint64_t seq = 0;
-  for (const Found& f : ScanCheckpoints(dir))
+  STRATA_ASSIGN_OR_RETURN(const std::vector<Found> there, ScanCheckpoints(dir));
+  for (const Found& f : there)
     if (f.manifest.ok()) seq = std::max(seq, f.manifest->save_seq);
   const LossScaler::State ls = d_.step.scaler.state();
   Json m = {{"format", "strata-checkpoint"}, {"version", manifest::kFormatVersion}, {"tag", tag},
@@ -323,9 +327,12 @@ Status Checkpointer::WriteManifest(const std::string& dir, const std::string& ta
   STRATA_RETURN_IF_ERROR(ReplaceFile(part, "manifest.json", text));
   KillPoint("manifest");
   if (::rename(part.c_str(), final_dir.c_str()) != 0) return PosixError("rename " + part + " to", final_dir, errno);
-  STRATA_RETURN_IF_ERROR(FsyncPath(dir).WithContext("checkpoint save " + final_dir));
+  // Published: a load finds it (the newest by save order) even where what
+  // follows fails, and a save of the same state again completes it.
+  const std::string published = "checkpoint save: " + final_dir + " is complete and loads as the newest, but ";
+  STRATA_RETURN_IF_ERROR(FsyncPath(dir).WithContext(published + "its folder's entry may not survive a crash"));
   KillPoint("rename");
-  STRATA_RETURN_IF_ERROR(ReplaceFile(dir, "latest", tag + "\n").WithContext("checkpoint save: updating " + dir + "/latest"));
+  STRATA_RETURN_IF_ERROR(ReplaceFile(dir, "latest", tag + "\n").WithContext(published + dir + "/latest was not updated"));
   KillPoint("latest");
   return Status::Ok();
 }
@@ -343,8 +350,10 @@ Status Checkpointer::ResaveExisting(const std::string& dir, const std::string& t
   Status local;
   auto m = ReadManifestAt(final_dir);
   if (!m.ok()) local = refuse("cannot be read (" + m.status().message() + ")");
+  auto there = local.ok() ? ScanCheckpoints(dir) : Result<std::vector<Found>>(std::vector<Found>{});
+  if (!there.ok()) local = there.status().WithContext("checkpoint save");
   if (local.ok()) {
-    for (const Found& f : ScanCheckpoints(dir))
+    for (const Found& f : *there)
       if (f.tag != tag && f.manifest.ok() && Older(*m, f.manifest.value()))
         local = refuse("is not the newest checkpoint there (" + f.tag + " was saved after it)");
   }

@@ -118,12 +118,12 @@ Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return NotFoundError("checkpoint: " + path + " does not exist");
-    return CorruptError("checkpoint: cannot read " + path + " (" + std::strerror(err) + ")");
+    return PosixError("checkpoint: open", path, err);
   }
   struct stat st {};
   Status bad;
   if (::fstat(fd, &st) != 0)
-    bad = CorruptError("checkpoint: cannot stat " + path + " (" + std::strerror(errno) + ")");
+    bad = PosixError("checkpoint: fstat", path, errno);
   else if (!S_ISREG(st.st_mode))
     bad = CorruptError("checkpoint: " + path + " is not a regular file");
   else if (static_cast<uint64_t>(st.st_size) > limit)
@@ -155,14 +155,18 @@ std::string RankFile(int rank) {
   return b;
 }
 
-bool Exists(const std::string& path) {
+Result<bool> Exists(const std::string& path) {
   struct stat st {};
-  return ::lstat(path.c_str(), &st) == 0;
+  if (::lstat(path.c_str(), &st) == 0) return true;
+  if (errno == ENOENT || errno == ENOTDIR) return false;
+  return PosixError("checkpoint: lstat", path, errno);
 }
 
-bool IsDir(const std::string& path) {
+Result<bool> IsDir(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  if (::stat(path.c_str(), &st) == 0) return S_ISDIR(st.st_mode);
+  if (errno == ENOENT || errno == ENOTDIR) return false;
+  return PosixError("checkpoint: stat", path, errno);
 }
 
 Result<manifest::Manifest> ReadManifestAt(const std::string& folder) {
@@ -178,13 +182,27 @@ Result<manifest::Manifest> ReadManifestAt(const std::string& folder) {
   return m;
 }
 
-std::vector<Found> ScanCheckpoints(const std::string& dir) {
+Result<std::vector<Found>> ScanCheckpoints(const std::string& dir) {
   std::vector<std::string> tags;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (const dirent* e = ::readdir(d))
-      if (ValidTag(e->d_name) && IsDir(dir + "/" + e->d_name) && Exists(dir + "/" + e->d_name + "/manifest.json"))
-        tags.emplace_back(e->d_name);
-    ::closedir(d);
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) {
+    if (errno == ENOENT) return std::vector<Found>{};
+    return PosixError("checkpoint: opendir", dir, errno);
+  }
+  struct Closer { DIR* d; ~Closer() { ::closedir(d); } } closer{d};
+  for (;;) {
+    errno = 0;
+    const dirent* e = ::readdir(d);
+    if (!e) {
+      if (errno != 0) return PosixError("checkpoint: readdir", dir, errno);
+      break;
+    }
+    if (!ValidTag(e->d_name)) continue;
+    const std::string folder = dir + "/" + e->d_name;
+    STRATA_ASSIGN_OR_RETURN(bool is_dir, IsDir(folder));
+    if (!is_dir) continue;
+    STRATA_ASSIGN_OR_RETURN(bool has_manifest, Exists(folder + "/manifest.json"));
+    if (has_manifest) tags.emplace_back(e->d_name);
   }
   std::sort(tags.begin(), tags.end());
   std::vector<Found> found;
@@ -192,9 +210,10 @@ std::vector<Found> ScanCheckpoints(const std::string& dir) {
   return found;
 }
 
-std::string LatestTag(const std::string& dir) {
+Result<std::string> LatestTag(const std::string& dir) {
   auto t = ReadSmallFile(dir + "/latest", 4096);
-  if (!t.ok()) return "";
+  if (!t.ok() && t.status().code() != Code::kNotFound && t.status().code() != Code::kCorrupt) return t.status();
+  if (!t.ok()) return std::string();
   std::string tag = std::move(t).value();
   while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
   return ValidTag(tag) ? tag : "";
@@ -205,13 +224,26 @@ bool Older(const manifest::Manifest& a, const manifest::Manifest& b) {
 }
 
 Status FindNewest(const std::string& dir, const std::string& who, std::string* tag, manifest::Manifest* m) {
-  const std::string latest = LatestTag(dir);
-  std::vector<Found> found = ScanCheckpoints(dir);
-  if (!latest.empty() && IsDir(dir + "/" + latest) && !Exists(dir + "/" + latest + "/manifest.json"))
-    return CorruptError(who + ": " + dir + "/" + latest + "/manifest.json (the checkpoint " + dir +
-                        "/latest names) is missing");
+  auto in = [&](Status st) { return st.WithContext(who); };
+  auto latest_or = LatestTag(dir);
+  if (!latest_or.ok()) return in(latest_or.status());
+  const std::string latest = *latest_or;
+  auto found_or = ScanCheckpoints(dir);
+  if (!found_or.ok()) return in(found_or.status());
+  std::vector<Found> found = std::move(found_or).value();
+  if (!latest.empty()) {
+    auto is_dir = IsDir(dir + "/" + latest);
+    if (!is_dir.ok()) return in(is_dir.status());
+    auto has_manifest = *is_dir ? Exists(dir + "/" + latest + "/manifest.json") : Result<bool>(true);
+    if (!has_manifest.ok()) return in(has_manifest.status());
+    if (!*has_manifest)
+      return CorruptError(who + ": " + dir + "/" + latest + "/manifest.json (the checkpoint " + dir +
+                          "/latest names) is missing");
+  }
   if (found.empty()) {
-    if (Exists(dir + "/latest"))
+    auto has_latest = Exists(dir + "/latest");
+    if (!has_latest.ok()) return in(has_latest.status());
+    if (*has_latest)
       return CorruptError(who + ": " + dir + "/latest names '" + latest + "', but " + dir +
                           " holds no checkpoint folder");
     return NotFoundError(who + ": " + dir + " holds no checkpoint (no latest, no tag folder)");
@@ -225,7 +257,9 @@ Status FindNewest(const std::string& dir, const std::string& who, std::string* t
         (!Older(f.manifest.value(), best->manifest.value()) && f.tag == latest))
       best = &f;
   }
-  if (best->tag != latest)
+  if (best->tag != latest && latest.empty())
+    STRATA_LOG_WARN("{}: {}/latest is missing or damaged; taking '{}', the newest by save order", who, dir, best->tag);
+  else if (best->tag != latest)
     STRATA_LOG_WARN("{}: {}/latest names '{}', but '{}' was saved after it (a save was interrupted "
                     "before it updated latest); taking '{}'", who, dir, latest, best->tag, best->tag);
   *tag = best->tag;

@@ -28,26 +28,34 @@ Status PreadFull(int fd, void* buf, uint64_t bytes, uint64_t off, const std::str
 Status WriteSmallFile(const std::string& path, const void* data, uint64_t bytes);
 // Writes `text` to folder/name.tmp, fsyncs, renames to folder/name, fsyncs the folder.
 Status ReplaceFile(const std::string& folder, const std::string& name, const std::string& text);
-// CORRUPT when unreadable, NOT_FOUND when absent.
+// NOT_FOUND when absent; CORRUPT when not a regular file, too large, short
+// or changing; an error of the machine's (EACCES, EMFILE, EIO...) is IO (or
+// NOSPACE, NOMEM...) naming it: "there but damaged" would have a trainer
+// throw a good checkpoint away.
 Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit);
 
 bool ValidTag(const std::string& t);
 std::string RankFile(int rank);  // rank00007.bin
-bool Exists(const std::string& path);
-bool IsDir(const std::string& path);
+// Whether `path` exists (lstat) / is a folder (stat). Absent (ENOENT,
+// ENOTDIR) is false; any other error is IO naming it: a folder that cannot
+// be looked at is not one without checkpoints (a load would start afresh).
+Result<bool> Exists(const std::string& path);
+Result<bool> IsDir(const std::string& path);
 
 // The checkpoints in `dir`: folders with a valid tag name that hold a
 // manifest.json (a save in progress is a hidden .TAG.partial; a folder
 // without a manifest is not a checkpoint), each with its parsed manifest
-// or the error parsing it. Sorted by tag.
+// or the error parsing it. Sorted by tag. None when `dir` does not exist;
+// IO when it, or an entry in it, cannot be read.
 struct Found {
   std::string tag;
   Result<manifest::Manifest> manifest;
 };
-std::vector<Found> ScanCheckpoints(const std::string& dir);
+Result<std::vector<Found>> ScanCheckpoints(const std::string& dir);
 Result<manifest::Manifest> ReadManifestAt(const std::string& folder);
-// The tag DIR/latest names ("" when there is no such file or it is damaged).
-std::string LatestTag(const std::string& dir);
+// The tag DIR/latest names ("" when there is no such file or it is damaged;
+// IO when it cannot be read).
+Result<std::string> LatestTag(const std::string& dir);
 // True when a (save_seq, step) is older than b: the order of "newest".
 bool Older(const manifest::Manifest& a, const manifest::Manifest& b);
 // The newest complete checkpoint in the folder `dir`: by save order
@@ -57,7 +65,8 @@ bool Older(const manifest::Manifest& a, const manifest::Manifest& b);
 // between its rename and the update of latest (warned when it is). NOT_FOUND
 // when `dir` holds none; CORRUPT when latest names a folder without a
 // manifest or names nothing there, or when any checkpoint's manifest is
-// damaged (it might be the newest). Errors begin with `who`.
+// damaged (it might be the newest); IO when the folder, latest or an
+// entry cannot be read. Errors begin with `who`.
 Status FindNewest(const std::string& dir, const std::string& who, std::string* tag, manifest::Manifest* m);
 
 // A save's .TAG.partial folder, flock'ed while the save runs so that a

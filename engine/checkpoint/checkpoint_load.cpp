@@ -39,7 +39,9 @@ Status Checkpointer::Load(const std::string& dir, const std::string& tag, std::v
   if (local.ok()) {
     const std::string bpath = folder + "/" + m.blob_file;
     auto b = ReadSmallFile(bpath, m.blob_bytes);
-    if (!b.ok()) local = CorruptError("checkpoint load: " + b.status().message());
+    if (!b.ok() && b.status().code() != Code::kNotFound && b.status().code() != Code::kCorrupt)
+      local = b.status().WithContext("checkpoint load");  // the machine's error (EACCES, EIO...), not the file's
+    else if (!b.ok()) local = CorruptError("checkpoint load: " + b.status().message());
     else if (b->size() != m.blob_bytes || XXH3_64bits(b->data(), b->size()) != m.blob_xxh3)
       local = CorruptError("checkpoint load: " + bpath + " is truncated or corrupt (size or checksum differs)");
     else btext = std::move(b).value();
@@ -47,7 +49,10 @@ Status Checkpointer::Load(const std::string& dir, const std::string& tag, std::v
   STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint load").WithContext("checkpoint load " + folder + " (nothing changed)"));
   if (d_.layout.multi) STRATA_RETURN_IF_ERROR(SameCheckpointOnEveryRank(m, folder));
   // Apply: each rank builds its shards from whichever saved shards cover them.
-  // What can fail now is I/O, which leaves the state partly written.
+  // What can fail now is I/O, which leaves the state partly written. The
+  // step in progress stops first: an update of it (or its speculation's
+  // undo) must not land on the loaded state.
+  hooks_.stop_step();
   local = ApplyResharded(m, folder);
   if (local.ok()) local = FaultPoint("recompute");
   void* buf = d_.staging.opt.Acquire();
@@ -109,11 +114,13 @@ Status Checkpointer::SameCheckpointOnEveryRank(const manifest::Manifest& m, cons
 // behind after a save killed between its rename and the update of latest.
 Status Checkpointer::FindCheckpoint(const std::string& dir, const std::string& tag, std::string* folder,
                                     manifest::Manifest* m) {
-  if (!IsDir(dir)) return NotFoundError("checkpoint load: " + dir + " does not exist (no checkpoint saved there)");
+  STRATA_ASSIGN_OR_RETURN(const bool is_dir, IsDir(dir));
+  if (!is_dir) return NotFoundError("checkpoint load: " + dir + " does not exist (no checkpoint saved there)");
   if (!tag.empty()) {
     if (!ValidTag(tag)) return InvalidError("checkpoint load: '" + tag + "' is not a valid tag");
     *folder = dir + "/" + tag;
-    if (!Exists(*folder)) return NotFoundError("checkpoint load: " + *folder + " does not exist (no checkpoint of that tag)");
+    STRATA_ASSIGN_OR_RETURN(const bool exists, Exists(*folder));
+    if (!exists) return NotFoundError("checkpoint load: " + *folder + " does not exist (no checkpoint of that tag)");
     STRATA_ASSIGN_OR_RETURN(*m, ReadManifestAt(*folder));
     return Status::Ok();
   }
@@ -178,7 +185,8 @@ Status Checkpointer::VerifyFile(const manifest::File& file, const std::string& f
   if (posix_memalign(&buf, 4096, buf_bytes) != 0) return NoMemError("checkpoint load: no memory for a read buffer");
   std::unique_ptr<void, void (*)(void*)> own(buf, std::free);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return CorruptError("checkpoint load: cannot open " + path + " (" + std::strerror(errno) + ")");
+  if (fd < 0 && errno == ENOENT) return CorruptError("checkpoint load: " + path + " is missing");
+  if (fd < 0) return PosixError("checkpoint load: open", path, errno);
   struct Closer { int fd; ~Closer() { ::close(fd); } } closer{fd};
   XXH3_state_t* hs = XXH3_createState();
   struct Free { XXH3_state_t* h; ~Free() { XXH3_freeState(h); } } free_state{hs};

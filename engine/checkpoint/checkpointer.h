@@ -56,10 +56,14 @@ class Checkpointer {
     bool skips_gradless;  // each group keeps its own update count (saved per group)
     StatsRecorder& stats;
   };
-  // What a load asks of the composition once the state is in: P recomputed
-  // from W (`buf`: a staging slot of `bytes`, or null), the device copies
-  // dropped, the step in progress abandoned.
+  // What a load asks of the composition: before it writes the state (once
+  // every check passed), the step in progress stopped, so that no update of
+  // it runs beside the load or lands after it (the overlapped step's queued
+  // updates dropped, its held speculation undone first); once the state is
+  // in, P recomputed from W (`buf`: a staging slot of `bytes`, or null), the
+  // device copies dropped, the step in progress abandoned.
   struct Hooks {
+    std::function<void()> stop_step;
     std::function<Status(void* buf, uint64_t bytes)> recompute_p;
     std::function<void()> drop_copies;
     std::function<void()> abandon_step;

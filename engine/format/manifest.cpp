@@ -373,8 +373,10 @@ Result<Manifest> Parse(std::string_view text, const std::string& path) {
 Status CheckFiles(const Manifest& m, const std::string& folder) {
   auto size_of = [](const std::string& p, uint64_t* size) -> Status {
     struct stat st {};
-    if (::stat(p.c_str(), &st) != 0)
-      return CorruptError("checkpoint: " + p + " is missing (" + std::strerror(errno) + ")");
+    if (::stat(p.c_str(), &st) != 0) {
+      if (errno == ENOENT) return CorruptError("checkpoint: " + p + " is missing");
+      return PosixError("checkpoint: stat", p, errno);  // the machine's error (EACCES, EIO...), not the file's
+    }
     if (!S_ISREG(st.st_mode)) return CorruptError("checkpoint: " + p + " is not a regular file");
     *size = static_cast<uint64_t>(st.st_size);
     return Status::Ok();

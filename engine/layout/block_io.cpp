@@ -185,12 +185,14 @@ Status BlockIo::Load(const StateBlock& b, void* dst) {
   return Finish(m);
 }
 
-Status BlockIo::Store(const StateBlock& b, const void* src) {
+Status BlockIo::Store(const StateBlock& b, const void* src, size_t* parts_stored) {
+  if (parts_stored) *parts_stored = 0;
   if (!b.parts.empty()) {  // one part at a time: the swap's copy-on-write room holds a part, not the block
     uint64_t at = 0;
     for (const StateBlock& p : b.parts) {
       STRATA_RETURN_IF_ERROR(Store(p, static_cast<const char*>(src) + at));
       at += p.bytes;
+      if (parts_stored) ++*parts_stored;
     }
     return Status::Ok();
   }

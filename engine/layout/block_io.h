@@ -95,7 +95,11 @@ class BlockIo {
   Status WaitStore(BlockMove& m);
   void SettleStore(BlockMove& m, bool publish);
   Status Load(const StateBlock& b, void* dst);
-  Status Store(const StateBlock& b, const void* src);
+  // A block in parts (a group stepped in units) is stored one part at a
+  // time, each published as it is written: a failure at part k leaves parts
+  // before k new and the rest old. *parts_stored (where given) says how many
+  // were published: 0 on a failure means nothing changed.
+  Status Store(const StateBlock& b, const void* src, size_t* parts_stored = nullptr);
 
   // An NVMe block of `bytes`: what it takes on disk (NvmeTier::PaddedSize),
   // and what a buffer it is loaded into or stored from must hold

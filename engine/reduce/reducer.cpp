@@ -359,7 +359,17 @@ Status GradReducer::Queue(Job job) {
 }
 
 Status GradReducer::Gather(int g, void* full) {
-  STRATA_RETURN_IF_ERROR(Drain().WithContext("gathering the parameters of group " + std::to_string(g)));
+  {
+    // The queue's collectives first (one order on every rank). A failure
+    // among them is left for DrainComm, not taken: it breaks the engine
+    // there. Taken here, it failed one fetch and the next step went on
+    // with the groups queued after it, whose gradients were never reduced.
+    std::unique_lock<std::mutex> lock(mu_);
+    if (thread_.joinable()) cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+    if (!error_.ok())
+      return error_.WithContext("gathering the parameters of group " + std::to_string(g) +
+                                ": a background gradient reduction failed before it");
+  }
   return GatherNow(g, full);
 }
 

@@ -123,7 +123,8 @@ class GradReducer {
   // parts is open and lent, or its lent job is queued or running.
   bool ReadsLent(int g);
   // Waits for the thread's work (wait) or only looks (not); a background
-  // failure is returned once.
+  // failure is returned once (the composition's DrainComm takes it, and
+  // breaks the engine: the groups queued after it got no gradients).
   Status Drain(bool wait = true);
   // Stage 3: all-gathers group g's P into `full` (this rank's slice at its
   // offset), after the thread's work (GatherNow: without waiting for it).

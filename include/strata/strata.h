@@ -614,6 +614,11 @@ STRATA_API strata_status_t strata_engine_read_master(strata_engine_t* engine, in
  * was. NOT_FOUND means nothing was saved there: DIR does not exist, holds
  * neither `latest` nor a tag folder, or the named TAG does not exist (a
  * trainer starts fresh); a checkpoint that is there but damaged is CORRUPT.
+ * What the machine cannot read (DIR, `latest` or a checkpoint's file: no
+ * permission, no file descriptor left, an I/O error) is IO naming why, never
+ * NOT_FOUND or CORRUPT; a save that cannot read DIR fails the same way
+ * (its save order would be wrong). A save that fails after its checkpoint is
+ * published (the folder's fsync, `latest`) says so: it loads as the newest.
  * Its blob is copied into `blob` (capacity `*blob_bytes` in, length
  * out). When the blob does not fit, the state is still loaded and the call
  * returns INVALID with the needed length in *blob_bytes.

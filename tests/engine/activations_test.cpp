@@ -5,11 +5,13 @@
 // the engine: the config keys and their refusals, and under the strict
 // device tier (copies through the device tier that lag).
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/activations/activation_store.h"
@@ -32,12 +34,17 @@ struct Rig {
   std::unique_ptr<StatsRecorder> stats;
   std::unique_ptr<ActivationStore> store;
 
-  Rig(uint64_t arena, uint64_t swap, uint64_t window, bool strict = false) {
+  Rig(uint64_t arena, uint64_t swap, uint64_t window, bool strict = false, int folders = 1) {
     storage = std::move(UringStorage::Create({})).value();
     device = std::move(DeviceTier::Create({.budget = 64 * kMiB, .force_host_arena = true, .strict = strict})).value();
     host = std::make_unique<HostTier>(HostTierOptions{.budget = arena + 8 * kMiB, .pin = false,
                                                       .storage = storage.get()});
-    if (swap) nvme = std::move(NvmeTier::Create({.dirs = {dir.path()}, .budget = swap, .storage = storage.get()})).value();
+    std::vector<std::string> dirs = {dir.path()};
+    for (int i = 1; i < folders; ++i) {
+      dirs.push_back(dir.path() + "/f" + std::to_string(i));
+      EXPECT_EQ(0, ::mkdir(dirs.back().c_str(), 0700));
+    }
+    if (swap) nvme = std::move(NvmeTier::Create({.dirs = dirs, .budget = swap, .storage = storage.get()})).value();
     stats = std::make_unique<StatsRecorder>(0, "");
     store = std::make_unique<ActivationStore>(ActivationOptions{.host_bytes = arena, .nvme_bytes = swap, .window = window},
                                               *device, *host, nvme.get(), *stats);
@@ -128,6 +135,29 @@ TEST(Activations, NvmeSpillIsReadAheadOfTheRedeems) {
   EXPECT_GT(a.prefetch_hits, 0u) << "no redeem found its stash read ahead";
   EXPECT_EQ(a.redeemed, 48u);
   EXPECT_EQ(a.live_bytes, 0u);
+  EXPECT_LE(r.host->peak(), r.host->budget());
+  EXPECT_LE(r.nvme->peak(), r.nvme->budget());
+  r.store->WaitIdle();
+  EXPECT_EQ(r.nvme->used(), 0u) << "a redeemed stash left its swap taken";
+}
+
+// With several swap folders a block on NVMe is striped, each stripe
+// aligned, but its I/O moves only the block's aligned bytes: a stash takes
+// that of the arena, not the stripes' padding. Before, at 3 folders a 4 KiB
+// stash took 12 KiB of the arena, so 12 of them sent 8 on to NVMe.
+TEST(Activations, AStashTakesItsAlignedBytesOfTheArenaAtAnyNumberOfFolders) {
+  Rig r(48 * kKiB, 16 * kMiB, 0, /*strict=*/false, /*folders=*/3);
+  ForwardBackward(*r.store, 12, 1024 - 12, 3);  // 4 KiB each, less a few floats
+  const ActivationStats a = r.store->stats();
+  EXPECT_EQ(a.stashed_nvme_bytes, 0u) << "twelve 4 KiB stashes fit a 48 KiB arena";
+  EXPECT_EQ(a.redeemed, 12u);
+  // Beyond it they go through three folders' stripes and come back bitwise
+  // (odd sizes: each block's last stripe is short), the swap charged by what
+  // they take on disk and given back.
+  for (int step = 0; step < 2; ++step) ForwardBackward(*r.store, 20, 3000 + 7 * static_cast<size_t>(step), 20 * step);
+  const ActivationStats b = r.store->stats();
+  EXPECT_GT(b.stashed_nvme_bytes, 0u) << "forty 12 KiB stashes should not all fit a 48 KiB arena";
+  EXPECT_EQ(b.live_bytes, 0u);
   EXPECT_LE(r.host->peak(), r.host->budget());
   EXPECT_LE(r.nvme->peak(), r.nvme->budget());
   r.store->WaitIdle();

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -292,6 +293,33 @@ TEST_P(CorruptCheckpoint, MissingManifest) {
 TEST_P(CorruptCheckpoint, GarbledManifest) {
   std::ofstream(ckpt.path() + "/a/manifest.json") << "{\"format\": \"strata-checkpoint\", \"version\": 1}";
   ExpectRefused("manifest");
+}
+
+// A checkpoint folder that cannot be read (no file descriptor left here:
+// EMFILE; EACCES or EIO alike) is an I/O error naming why: not NOT_FOUND,
+// which a trainer takes for "start afresh", nor CORRUPT, which has it throw
+// a good checkpoint away. Nothing changes; once readable, it loads.
+TEST_P(CorruptCheckpoint, AFolderThatCannotBeReadIsIoNotNotFoundOrCorrupt) {
+  std::filesystem::remove(ckpt.path() + "/latest");  // (the newest by its manifest all the same)
+  const int probe = ::dup(0);
+  ASSERT_GE(probe, 0);
+  ::close(probe);
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit none = old;
+  none.rlim_cur = static_cast<rlim_t>(probe);  // no new descriptor
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
+  std::vector<uint8_t> blob;
+  const Status newest = eng->LoadCheckpoint(ckpt.path(), "", &blob);
+  const Status tagged = eng->LoadCheckpoint(ckpt.path(), "a", &blob);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  for (const Status& st : {newest, tagged}) {
+    EXPECT_EQ(st.code(), Code::kIo) << st.ToString();
+    EXPECT_NE(st.message().find(std::strerror(EMFILE)), std::string::npos) << st.message();
+  }
+  EXPECT_EQ(Master(), before) << "a refused load changed the state";
+  ASSERT_TRUE(eng->LoadCheckpoint(ckpt.path(), "", &blob).ok());
+  EXPECT_EQ(std::string(blob.begin(), blob.end()), "xy");
 }
 
 // A full disk during save (the file size limit stands in for it): a clear

@@ -488,6 +488,28 @@ TEST(GradReducer, AnAccumulateFailureIsReturnedOnceThenReductionsResume) {
   });
 }
 
+// Stage 3 with overlap: a gather after a failed background reduction fails,
+// and leaves the failure for the drain (the engine's DrainComm, which breaks
+// the engine: the groups queued after it got no gradients). Before, the
+// gather took it: the fetch failed once and the next step found nothing
+// wrong, updating those groups with no gradients.
+TEST(GradReducer, AGatherAfterAFailedReductionLeavesTheFailureForTheDrain) {
+  OnRanks(2, [&](int r, net::Communicator& comm) {
+    RankRig rig(comm, {3, 1000, true});
+    rig.fail_group = 0;  // on both ranks alike
+    std::vector<std::vector<float>> grads;
+    for (int g = 0; g < 2; ++g) grads.push_back(rig.Gradients(g));
+    for (int g = 0; g < 2; ++g) ASSERT_TRUE(rig.reducer->Grads(g, grads[g].data(), DType::kF32).ok());
+    std::vector<float> full(rig.layout.group(2).padded, 0.0f);
+    Status st = rig.reducer->Gather(2, full.data());
+    EXPECT_EQ(st.code(), Code::kIo) << "rank " << r << ": " << st.ToString();
+    EXPECT_NE(st.message().find("injected: accumulate of group 0"), std::string::npos) << st.ToString();
+    st = rig.reducer->Drain();
+    EXPECT_EQ(st.code(), Code::kIo) << "rank " << r << ": the gather took the failure: " << st.ToString();
+    EXPECT_TRUE(rig.reducer->Drain().ok()) << "returned once";
+  });
+}
+
 // Stage 3: Gather fills every rank's slice of P; a gather ahead runs only
 // when every rank has its copy pinned (else none gathers and the pins are
 // given back), and then leaves the whole group in the copy.

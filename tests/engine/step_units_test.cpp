@@ -274,6 +274,45 @@ TEST(StepUnits, AStepFailingPartWayThroughAGroupIsFinishedExactly) {
   }
 }
 
+// write_state stores a group in units one at a time, each published as it
+// is written. A write failing at the first unit changes nothing: the error,
+// and the old state whole. One failing after some units were written leaves
+// the state part new, part old: every later call is refused (STATE, naming
+// it) until a checkpoint is loaded. Before, the calls after it returned OK
+// on the mixed state.
+TEST(StepUnits, AWriteStateFailingPartWayThroughUnitsBreaksTheEngine) {
+  TempDir dir, ckpt;
+  Built r = Make(Json(dir.path(), 16384));  // group 0: 19 units
+  ASSERT_TRUE(r.engine);
+  Engine& e = *r.engine;
+  HandGrads(e, 0);
+  ASSERT_TRUE(e.Step(OptionsOf(0)).ok());
+  ASSERT_TRUE(e.SaveCheckpoint(ckpt.path(), "before", nullptr, 0).ok());
+  const auto before = State(e);
+  const std::vector<float> fresh = Values(e.group_numel(0), 77);
+  // The first unit's write fails: nothing changed, nothing broken.
+  r.faults->Arm(FaultPlan::Ops::kWrites, EIO, /*skip=*/0, 1);
+  Status st = e.WriteState(0, Engine::OptimizerState::kMaster, fresh.data());
+  ASSERT_GT(r.faults->fired(), 0u);
+  r.faults->Disarm();
+  EXPECT_EQ(st.code(), Code::kIo) << st.ToString();
+  ExpectSame(before, State(e), "a write_state that failed at its first unit");
+  // The sixth unit's write fails: five are new.
+  r.faults->Arm(FaultPlan::Ops::kWrites, EIO, /*skip=*/5, 1);
+  st = e.WriteState(0, Engine::OptimizerState::kMaster, fresh.data());
+  ASSERT_GT(r.faults->fired(), 0u);
+  r.faults->Disarm();
+  EXPECT_EQ(st.code(), Code::kIo) << st.ToString();
+  std::vector<float> w(e.group_numel(0));
+  st = e.ReadMaster(0, w.data());
+  ASSERT_EQ(st.code(), Code::kState) << "a master part new, part old was read: " << st.ToString();
+  EXPECT_NE(st.message().find("failed after 5 of its 19 units"), std::string::npos) << st.message();
+  const std::vector<float> grad = Values(e.group_numel(0), 5);
+  EXPECT_EQ(e.Grads(0, grad.data(), DType::kF32).code(), Code::kState) << "a broken engine took gradients";
+  ASSERT_TRUE(e.LoadCheckpoint(ckpt.path(), "before", nullptr).ok());
+  ExpectSame(before, State(e), "the checkpoint loaded after a write_state failed part-way");
+}
+
 TEST(StepUnits, CheckpointsMoveBetweenUnitsAndWholeGroups) {
   TempDir a, b, ckpt;
   Built units = Make(Json(a.path(), 16384));

@@ -6,7 +6,7 @@
 # --resume reproduce the uninterrupted run exactly (fp16 loss scaling, lr schedule);
 # the medium preset builds on its default device budget; the overlapped step
 # (the default) is bitwise --no-overlap-step's, bf16 and fp16; --config's lr
-# is the peak unless --lr is given.
+# is the peak unless --lr is given; SIGINT stops cleanly and resumes exactly.
 # Usage: train_test.sh STRATA_TRAIN
 set -euo pipefail
 TRAIN=${1:?usage: train_test.sh path/to/strata-train path/to/strata-export}
@@ -190,4 +190,29 @@ diff <(grep -E '^(loss|strata-train weights_hash)' "$WORK/keep.out") \
 grep -Eq 'activations .* [1-9][0-9.]* [KMG]iB sent to NVMe; 12 redeemed' "$WORK/acts.out" ||
   { grep 'activations' "$WORK/acts.out" >&2; fail "--offload-activations nvme sent nothing to NVMe"; }
 echo "ok: --offload-activations nvme == keeping them ($(grep -o '[0-9.]* [KMG]iB sent to NVMe' "$WORK/acts.out"))"
+
+# SIGINT: the run stops at the end of the step in flight, saves a checkpoint
+# there (--save), removes the swap folder it made (no --nvme) and exits 130;
+# --resume goes on from it bitwise. In warm-up the lr does not depend on
+# --steps, so a run of S + 2 steps is the continuous reference.
+sig=(--preset tiny --fp16 --log-losses --print-every 1 --warmup 1000000 --device-budget 256KiB --host-budget 8MiB)
+set -m  # (job control: a background job of a script ignores SIGINT otherwise, and strata-train keeps it so)
+"$TRAIN" "${sig[@]}" --steps 1000000 --save "$WORK/int" >"$WORK/int.out" 2>&1 &
+pid=$!
+set +m
+for _ in $(seq 1 1200); do grep -q '^loss 3 ' "$WORK/int.out" && break; sleep 0.05; done
+kill -INT "$pid"
+rc=0; wait "$pid" || rc=$?
+[ "$rc" -eq 130 ] || { cat "$WORK/int.out" >&2; fail "SIGINT: exit $rc, not 130"; }
+S=$(sed -n 's/^strata-train: stopped by a signal after step \([0-9]*\) of .*/\1/p' "$WORK/int.out")
+[ -n "$S" ] && [ "$S" -ge 3 ] || { cat "$WORK/int.out" >&2; fail "SIGINT: no stop line naming a step of 3 or more"; }
+own=$(sed -n 's/.*state on NVMe in \(\/var\/tmp\/strata-train-[A-Za-z0-9]*\).*/\1/p' "$WORK/int.out")
+[ -n "$own" ] || { cat "$WORK/int.out" >&2; fail "SIGINT: the run made no swap folder of its own"; }
+[ ! -e "$own" ] || fail "SIGINT: the swap folder $own was left behind"
+[ -d "$WORK/int/step$(printf %08d "$S")" ] || fail "SIGINT: no checkpoint at step $S: $(ls "$WORK/int")"
+"$TRAIN" "${sig[@]}" --steps $((S + 2)) --resume "$WORK/int" >"$WORK/int-resumed.out"
+"$TRAIN" "${sig[@]}" --steps $((S + 2)) >"$WORK/int-whole.out"
+diff <(grep '^loss ' "$WORK/int-whole.out") <(grep '^loss ' "$WORK/int.out" "$WORK/int-resumed.out" -h) ||
+  fail "SIGINT at step $S, then --resume: not the continuous run"
+echo "ok: SIGINT stops after step $S, saved, its swap folder removed, exit 130; --resume == continuous"
 echo "1 passed, 0 failed"

@@ -1,8 +1,10 @@
 // strata-train: trains a GPT-2-style model larger than the device budget
 // through Strata's C API (its first embedding customer), on byte-level text.
 #include <CLI/CLI.hpp>
+#include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -40,6 +42,35 @@ std::string g_who = "strata-train";
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "%s: %s\n", g_who.c_str(), msg.c_str());
   return 1;
+}
+
+// SIGINT or SIGTERM: the run stops at the end of the step in flight (or
+// before the first, once built), every rank at the same step (the request
+// rides on the step's sum over ranks), saves a checkpoint there when --save
+// is given, removes the swap folder it made and exits 128 + the signal. A
+// second signal takes the default action at once (a swap folder made here
+// is then left behind: the message says so).
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void OnStopSignal(int sig) {
+  g_stop_signal = sig;
+  static const char kMsg[] =
+      "\nstrata-train: stopping at the end of this step (a second signal stops at once, leaving the swap folder)\n";
+  const ssize_t n = ::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+  (void)n;
+}
+
+void CatchStopSignals() {
+  struct sigaction sa = {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM}) {
+    struct sigaction was = {};
+    // Ignored by whoever started the run (a shell's background job): it stays so.
+    if (::sigaction(sig, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) continue;
+    ::sigaction(sig, &sa, nullptr);
+  }
 }
 
 // Model FLOPs of one token's forward and backward (PaLM's count, as nanoGPT's
@@ -275,10 +306,16 @@ int Run(Args a) {
   if (strata_engine_loss_scale(e, &loss_scale) != STRATA_OK) return Fail(strata_last_error());
   std::vector<int32_t> inputs, targets;
   std::vector<double> rank_losses(static_cast<size_t>(world));
+  // Each rank's loss in its place, and last whether any rank was asked to stop.
+  std::vector<double> sums(static_cast<size_t>(world) + 1);
+  // A stop asked for during start-up: every rank agrees before the first step.
+  double stop_asked = g_stop_signal != 0 ? 1.0 : 0.0;
+  if (strata_engine_sum_over_ranks(e, &stop_asked, 1) != STRATA_OK) return Fail(strata_last_error());
+  int64_t stopped_at = stop_asked > 0 ? start : -1;  // the step the run stopped after (-1: none)
   double busy_cpu = 0, busy_disk = 0, wall = 0, compute_before = 0, compute_timed = 0, exposed = 0;
   const auto t_run = std::chrono::steady_clock::now();
   int64_t timed_steps = 0;
-  for (int64_t s = start; s < a.steps; ++s) {
+  for (int64_t s = start; s < a.steps && stopped_at < 0; ++s) {
     const auto t0 = std::chrono::steady_clock::now();
     SampleRankBatch(corpus, a.seed, s, a.batch, a.seq, rank, world, &inputs, &targets);
     double loss = 0;
@@ -301,10 +338,12 @@ int Run(Args a) {
     // The logged loss: the mean of the ranks' local means, which (equal
     // slices) is the global batch's mean loss. One sum brings rank 0 every
     // rank's own loss too (each fills its place, the others are zeros).
-    std::fill(rank_losses.begin(), rank_losses.end(), 0.0);
-    rank_losses[static_cast<size_t>(rank)] = loss;
-    if (strata_engine_sum_over_ranks(e, rank_losses.data(), rank_losses.size()) != STRATA_OK)
-      return Fail(strata_last_error());
+    std::fill(sums.begin(), sums.end(), 0.0);
+    sums[static_cast<size_t>(rank)] = loss;
+    sums.back() = g_stop_signal != 0 ? 1.0 : 0.0;
+    if (strata_engine_sum_over_ranks(e, sums.data(), sums.size()) != STRATA_OK) return Fail(strata_last_error());
+    std::copy(sums.begin(), sums.end() - 1, rank_losses.begin());
+    if (sums.back() > 0 && s + 1 < a.steps) stopped_at = s + 1;
     loss = 0;
     for (double l : rank_losses) loss += l;
     loss /= world;
@@ -327,13 +366,26 @@ int Run(Args a) {
     if (lead) progress.Step(s + 1, loss, tps, secs * static_cast<double>(a.steps - s - 1), so.lr, r.skipped != 0);
     // --save alone checkpoints after the last step (it saved nothing before);
     // with --save-every N, every N steps and after the last.
-    const bool due = s + 1 == a.steps || (a.save_every > 0 && (s + 1) % a.save_every == 0);
+    const bool due = s + 1 == a.steps || stopped_at == s + 1 || (a.save_every > 0 && (s + 1) % a.save_every == 0);
     if (!a.save.empty() && due) {
       const int64_t blob[2] = {s + 1, static_cast<int64_t>(a.seed)};
       char tag[32];
       std::snprintf(tag, sizeof tag, "step%08lld", static_cast<long long>(s + 1));
       if (strata_checkpoint_save(e, a.save.c_str(), tag, blob, sizeof blob) != STRATA_OK) return Fail(strata_last_error());
     }
+  }
+  if (stopped_at >= 0) {
+    const int sig = g_stop_signal != 0 ? static_cast<int>(g_stop_signal) : SIGINT;  // (another rank's, else)
+    if (lead) {
+      progress.Done();
+      const bool saved = !a.save.empty() && stopped_at > start;
+      std::printf("strata-train: stopped by a signal after step %lld of %lld; %s\n", static_cast<long long>(stopped_at),
+                  static_cast<long long>(a.steps),
+                  saved ? ("checkpoint saved: go on with --resume " + a.save).c_str()
+                        : a.save.empty() ? "nothing saved (no --save)" : "nothing new to save");
+      std::fflush(stdout);
+    }
+    return 128 + sig;
   }
   uint64_t hash = 0;  // every rank: the shards are gathered
   if (a.weights_hash && !WeightsHash(e, &hash)) return Fail("--weights-hash: " + std::string(strata_last_error()));
@@ -436,5 +488,6 @@ int main(int argc, char** argv) {
                "print every step's loss and gradient norm in full precision (and each rank's loss)");
   CLI11_PARSE(app, argc, argv);
   a.lr_given = lr->count() > 0;
+  strata::train::CatchStopSignals();
   return strata::train::Run(a);
 }

@@ -20,6 +20,7 @@ void Progress::Step(int64_t step, double loss, double tps, double eta, double lr
   if (step == 1 || step % every_ == 0 || step == total_ || skipped)
     std::printf("step %lld/%lld loss %.4f tokens/s %.0f lr %.3e eta %.0fs%s\n", static_cast<long long>(step),
                 static_cast<long long>(total_), loss, tps, lr, eta, skipped ? " skipped (fp16 overflow)" : "");
+  std::fflush(stdout);  // a log file or a pipe shows each line as it comes, not a buffer's worth later
 }
 
 void Progress::Done() {
