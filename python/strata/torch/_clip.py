@@ -1,7 +1,8 @@
 """clip_grad_norm_ for OffloadAdam and OffloadedModule: torch's norms
 (per gradient, total) as this torch takes them, the engine's clip for
 torch's coefficient, and torch.nn.utils.clip_grad_norm_ patched to send
-their parameters to them (_OWNERS says whose a parameter is).
+their parameters to them (_OWNERS says whose a parameter is);
+clip_grad_value_ patched to refuse offload_module's.
 """
 
 import weakref
@@ -9,6 +10,7 @@ import weakref
 import torch
 
 from .. import Error, INVALID
+from . import _fetch_on_use as _fou
 from ._config import _TORCH2
 
 # id(parameter) -> its OffloadAdam or OffloadedModule (weakly): the patched
@@ -95,3 +97,27 @@ def _clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fal
 
 torch.nn.utils.clip_grad_norm_ = _clip_grad_norm_
 torch.nn.utils.clip_grad.clip_grad_norm_ = _clip_grad_norm_
+
+
+# ---- torch.nn.utils.clip_grad_value_ --------------------------------------------
+
+_torch_clip_grad_value = torch.nn.utils.clip_grad_value_
+
+
+def _clip_grad_value_(parameters, clip_value, *args, **kwargs):
+    """torch.nn.utils.clip_grad_value_, which refuses the trainable
+    parameters of an offload_module: their gradients go to the engine and
+    never stay in .grad, so torch's would clip nothing, without a word. Any
+    other parameters (OffloadAdam's keep .grad) go to torch's own."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    for p in params:
+        if _fou.is_offloaded(p) and p.requires_grad:
+            raise Error(INVALID, f"clip_grad_value_: parameter '{_fou._OFFLOADED[id(p)][3]}' is under "
+                        "strata.torch.offload_module, whose gradients go to the engine and never to .grad: "
+                        "nothing would be clipped. Clip by norm instead: the config's gradient_clipping, or "
+                        "torch.nn.utils.clip_grad_norm_ (which offload_module clips with)")
+    return _torch_clip_grad_value(params, clip_value, *args, **kwargs)
+
+
+torch.nn.utils.clip_grad_value_ = _clip_grad_value_
+torch.nn.utils.clip_grad.clip_grad_value_ = _clip_grad_value_

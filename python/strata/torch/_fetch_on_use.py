@@ -123,24 +123,25 @@ def _same_device(want, have):
     return want.index is None or want.index == have.index
 
 
+_DTYPE_OF = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
+
+
 def _noop_conversion(key, t, args, kwargs):
-    """True when t.<key>(...) would return t itself (torch does): no values are read."""
+    """True when t.<key>(...) would return t itself (torch does): no values
+    are read. Also the dtype it asks for (None: none)."""
     rest = args[1:]
     if key == "to":
         try:
             device, dtype, _, fmt = torch._C._nn._parse_to(*rest, **kwargs)
         except Exception:
-            return False
+            return False, None
         return (device is None or _same_device(torch.device(device), t.device)) and (dtype is None or dtype == t.dtype) \
-            and fmt is None and not kwargs.get("copy", False)
+            and fmt is None and not kwargs.get("copy", False), dtype
     if key == "cpu":
-        return t.device.type == "cpu" and not rest and not kwargs
-    if key == "cuda":
-        return False
-    if key == "type":
-        return False
-    want = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
-    return want.get(key) == t.dtype and not rest and not kwargs
+        return t.device.type == "cpu" and not rest and not kwargs, None
+    if key in ("cuda", "type"):
+        return False, None
+    return _DTYPE_OF.get(key) == t.dtype and not rest and not kwargs, _DTYPE_OF.get(key)
 
 
 class _OffloadedParameter(torch.nn.Parameter):
@@ -179,6 +180,9 @@ def _use(func, key, mine, args, kwargs):
     arguments, or refuses the call. Returns (result,) when the call is
     answered here, else None (the caller runs it)."""
     owners = []
+    # The no-op conversion of the call just before, if that was one: only
+    # the call right after it (Module._apply's p.data = p) reads it.
+    asked, _tls.converted = getattr(_tls, "converted", None), None
     for t in mine:
         ent = _OFFLOADED.get(id(t))
         if ent is None or ent[0]() is not t:
@@ -186,10 +190,26 @@ def _use(func, key, mine, args, kwargs):
         owner, group, name = ent[1], ent[2], ent[3]
         target = args[0] if args else None
         if target is t:
-            if key in _CONVERSIONS and _noop_conversion(key, t, args, kwargs):
-                return (t,)
+            if key in _CONVERSIONS:
+                noop, dtype = _noop_conversion(key, t, args, kwargs)
+                if noop:
+                    _tls.converted = (id(t), dtype)  # (Module._apply's p.data = p, next, reads it)
+                    return (t,)
             if key == "data.__set__" and len(args) > 1 and args[1] is t:
-                return (None,)  # p.data = p (Module._apply on a no-op conversion)
+                # p.data = p: Module._apply after a no-op conversion of p
+                # (model.half(), model.to(torch.bfloat16)). The placeholder
+                # is in the compute dtype, so converting to it looked like a
+                # no-op; but a parameter of another dtype (float32 under a
+                # bf16/fp16 config: mixed precision) keeps its own in
+                # state_dict, save_pretrained and close(): the model would
+                # not become that dtype, without a word. (A forward's
+                # p.to(dtype) is a no-op as before: only _apply sets .data.)
+                if asked is not None and asked[0] == id(t) and asked[1] is not None and asked[1] != group.dtypes[t]:
+                    raise Error(INVALID, f"{name}: converting the model to {asked[1]} under offload_module: the "
+                                f"parameter is {group.dtypes[t]} (the config computes in {asked[1]} already), "
+                                f"and state_dict and close() would keep it {group.dtypes[t]}; convert the model "
+                                "before offload_module, or after close()")
+                return (None,)
             if key == "data.__set__" or key == "__setitem__" or key in ("set_", "resize_", "resize_as_") or (
                     key.endswith("_") and not key.endswith("__") and "." not in key and key not in _INPLACE_METADATA):
                 raise Error(INVALID, f"{name}: '{key}' would change an offloaded parameter in place, behind the "

@@ -105,9 +105,39 @@ class _GroupEngine:
             self.buckets.append((g, entries))
         self.engine.build()
         self.device = "cuda" if self.engine.on_gpu else "cpu"
+        self._remember()
         if world_size > 1:
             with torch.no_grad():
                 self.copy_params_back()  # every rank starts from rank 0's values
+
+    def _remember(self):
+        """What each parameter holds now is its master (in its own dtype): a
+        later write into it shows as another version (an in-place op, a
+        copy_, the model's load_state_dict) or other memory (p.data = ...)."""
+        self._seen = [(p._version, p.data_ptr()) for p in self.params]
+
+    def take_written(self):
+        """The values written into parameters since the engine last set them
+        become their masters (write_state), as torch's AdamW steps from
+        whatever a parameter holds: a model's load_state_dict after the
+        optimizer was made, an in-place change between steps. Before, the
+        next step went on from the old masters and overwrote the new values
+        without a word. A write through p.data (p.data.copy_(...)) is not
+        seen: .data has a version counter of its own."""
+        changed = {i for i, (p, seen) in enumerate(zip(self.params, self._seen)) if (p._version, p.data_ptr()) != seen}
+        if not changed:
+            return
+        with torch.no_grad():
+            for g, entries in self.buckets:
+                if not any(i in changed for i, _, _, _ in entries):
+                    continue
+                flat = self.engine.read_state(g, "master")  # the others keep theirs exactly (bf16 parameters)
+                for i, start, count, off in entries:
+                    if i in changed:
+                        flat[off:off + count] = self.params[i].detach().reshape(-1)[start:start + count].to(
+                            device="cpu", dtype=torch.float32)
+                self.engine.write_state(g, "master", flat)
+        self._remember()
 
     def hand_grads(self, negate=False, scale=1.0, coef=None, poison=False):
         """Hands .grad to the engine, divided by fp16's loss `scale` and
@@ -168,6 +198,7 @@ class _GroupEngine:
                     if start + count == p.numel():
                         p.copy_(pending.pop(i).view(p.shape))
             self.engine.release(g, stream=stream)
+        self._remember()  # (our copies moved the versions)
 
     def _per_param(self, reads):
         """Per parameter, shaped like it: {key: values} from `reads(group)`,

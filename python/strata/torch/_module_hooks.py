@@ -83,6 +83,17 @@ class _ModuleHooks:
                     self._loose[idx] = g
             self.release(g)
 
+    def _end_stale_scopes(self):
+        """Where no forward of the model runs (step, zero_grad, a load): a
+        scope still open is one whose forward a BaseException that is not an
+        Exception ended (KeyboardInterrupt, SystemExit), for which torch
+        2.1+ runs no always-called forward hook. It ends now, innermost
+        first, as its forward's end would have: its groups let go and its
+        saved-tensor hooks exited. Before, its groups stayed fetched and
+        every later step failed ("group N is fetched and not released")."""
+        while self._scopes:
+            self._after_forward(None)
+
     def _hold(self, scope, g):
         if g.index not in scope.held:
             scope.held[g.index] = g

@@ -124,8 +124,7 @@ class _ModuleStateDict:
         # load) drops them. Within a load the other modules' hooks do nothing.
         if self.engine is None or self._load_ctx is not None:
             return
-        if self._scopes:
-            raise Error(INVALID, "load_state_dict: a forward is running")
+        self._end_stale_scopes()  # (a forward that a KeyboardInterrupt ended)
         self._drop_holds()
         for g in self._groups:
             if g.index in self._fetched or self._refs.get(g.index, 0) or g.pending():

@@ -23,7 +23,10 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     """AdamW (decoupled weight decay, as torch.optim.AdamW) whose fp32 master
     weights and moments live in Strata's tiers (host memory or NVMe, as the
     config says). The parameters stay ordinary tensors: step() hands each
-    gradient to the engine, steps, and copies the new weights back.
+    gradient to the engine, steps, and copies the new weights back. Values
+    written into a parameter since (the model's load_state_dict after the
+    optimizer was made) are what the next step starts from, as with torch's
+    AdamW; not a write through p.data, which torch does not count.
 
     Hyperparameters are read from param_groups at every step, so LR schedulers
     work. A parameter whose .grad is None is skipped, as torch skips it: a
@@ -168,8 +171,10 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
                           [p for g in self.param_groups[:index] for p in g["params"]])
             # The trainable parameters' engine is made now, not at the first
             # step, so that a bad config fails at construction; their initial
-            # master weights are their values now. A group with none gets its
-            # config checked by an engine of one element.
+            # master weights are their values now, and values written into
+            # them later (the model's load_state_dict) are taken at the next
+            # step (_take_written). A group with none gets its config
+            # checked by an engine of one element.
             trainable = [p for p in self.param_groups[index]["params"] if p.requires_grad]
             if trainable:
                 self._cohorts.append([self._new_engine(index, trainable)])
@@ -211,6 +216,14 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         ge = _GroupEngine(cfg, params, bucket, self._force_no_gpu, self._rank, self._world_size, self._param_names)
         _say_autos(self._config, ge.engine.config, "OffloadAdam", self._autos_said, _filled_by_arguments)
         return ge
+
+    def _take_written(self):
+        """Values written into the parameters since the engines last set
+        them (the model's load_state_dict after the optimizer was made, an
+        in-place change between steps) become their masters, as torch's
+        AdamW steps from what a parameter holds (_GroupEngine.take_written)."""
+        for ge in self._engines:
+            ge.take_written()
 
     @property
     def _engines(self):
@@ -271,6 +284,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self._check_open("clip_grad_norm_")
         _check_clip_args(max_norm, norm_type)
         self._check_scaled("clip_grad_norm_")
+        self._take_written()  # (before any gradient is handed: the masters are written between steps)
         if params is None:
             params = [p for group in self.param_groups for p in group["params"]]
         grads = [p.grad for p in params if p.grad is not None]
@@ -321,6 +335,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self._check_open("step")
         loss = _closure_loss(closure)
         self._check_scaled("step()")
+        self._take_written()
         results = []
         clip_next, self._clip_next = self._clip_next, None
         coef, self._clip_coef = self._clip_coef, None
@@ -418,6 +433,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         "step", "exp_avg", "exp_avg_sq", and "master_param" (its float32
         master weights; torch AdamW loads the dict and ignores it)."""
         self._check_open("state_dict")
+        self._take_written()
         for ge in self._engines:
             if ge.engine.steps == 0:
                 continue  # torch has no state for a parameter before its first step

@@ -10,8 +10,9 @@ from .. import Error, INVALID
 class OffloadOptimizer(torch.optim.Optimizer):
     """The optimizer of an OffloadedModule (its `optimizer`): one param group
     whose lr, betas, eps, weight_decay (the config's at first) each step()
-    uses, so torch LR schedulers drive it. zero_grad() does nothing (the
-    gradients are in the engine). state_dict() gives torch's format
+    uses, so torch LR schedulers drive it. zero_grad() drops the gradients
+    the engine was given since the last step, as torch's drops .grad
+    (OffloadedModule.zero_grad). state_dict() gives torch's format
     ({"state": {i: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": ...},
     read from the engine's tiers: a collective) and load_state_dict() puts
     it back, bitwise."""
@@ -48,7 +49,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none=None):
         """See OffloadedModule.zero_grad: gradients are in the engine; the
-        call says what torch would keep in .grad."""
+        call drops those given since the last step and says what torch
+        would keep in .grad."""
         self._owner.zero_grad(set_to_none)
 
     @property

@@ -212,6 +212,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         None (but see zero_grad). Gradients are
         averaged over the ranks and the grad_accumulation_steps backward
         passes (strata.grad_reduce "mean"). Returns (grad_norm, skipped)."""
+        self._end_stale_scopes()
         self._settle()
         if self._keep_zero_grads:
             for g in self._groups:  # torch would step their zero .grad
@@ -247,18 +248,25 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         set_to_none=False (torch 1.x's default) a parameter that had a
         gradient keeps a zero one, so a step it gets no new gradient in
         still updates it (decay, moments), as torch would; with True (torch
-        2.x's default) it is skipped."""
+        2.x's default) it is skipped. Gradients given since the last step
+        (a batch skipped after its backward, a backward that raised) are
+        dropped, with clip_grad_norm_'s clip for them, as torch's zero_grad
+        drops .grad."""
+        self._end_stale_scopes()
         self._keep_zero_grads = not (_TORCH2 if set_to_none is None else bool(set_to_none))
-        if self._callback_queued or self._scaling.in_backward:
-            self._drop_raised_backward()
+        self._drop_grads()
 
-    def _drop_raised_backward(self):
-        """A backward that raised part-way (a hook, a NaN check, an OOM)
-        never reaches its end: autograd runs no queued callback then. What
-        it gave goes, as torch's zero_grad drops .grad: the gradients staged
-        here, and those already handed to the engine (discard_grads; STATE
-        where overlap_step's early updates are final already); and the hooks
-        start the next backward afresh."""
+    def _drop_grads(self):
+        """What the backward passes since the last step gave goes, as torch's
+        zero_grad drops .grad: the gradients staged here, and those already
+        handed to the engine (discard_grads; STATE where overlap_step's
+        early updates are final already), with the clip and the norms
+        clip_grad_norm_ took of them. A backward that raised part-way (a
+        hook, a NaN check, an OOM) never reaches its end, where autograd
+        runs our queued callback: its groups are let go here, and the hooks
+        start the next backward afresh. Before, a backward that completed
+        kept its gradients: the next step summed a skipped batch's in."""
+        raised = self._callback_queued or self._scaling.in_backward
         self._callback_queued = False
         self._scaling.in_backward = False
         in_engine = bool(self._handed)
@@ -269,22 +277,24 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
                 in_engine = True
             g.staged, g.arrived = None, set()
             g.refused.clear()
-        self._drop_holds()
+        self._drop_holds()  # (the engine drops nothing while a group is fetched)
         for g in self._groups:
             self.release(g)
         if in_engine:
             try:
                 self.engine.discard_grads()
             except Error as e:
-                raise Error(e.status, f"offload_module: zero_grad after a backward that raised: the gradients it "
-                            f"gave the engine cannot be dropped ({e.message}); step() applies them, or load a checkpoint "
-                            "to go back") from None
+                when = "after a backward that raised" if raised else "before step()"
+                raise Error(e.status, f"offload_module: zero_grad {when}: the gradients it gave the engine cannot "
+                            f"be dropped ({e.message}); step() applies them, or load a checkpoint to go back "
+                            "(with offload_module(overlap_step=False) zero_grad can always drop them)") from None
             self._handed = set()
             for g in self._groups:
                 g.handed_params = set()
-            self._norms, self._norms_exact = {}, True
-            self._clip_next = None
-            self._overlap.after_discard()
+        # (Kept where the engine kept the gradients: step() applies them.)
+        self._clip_next = None
+        self._norms, self._norms_exact = {}, True
+        self._overlap.after_discard()  # (after a step: nothing of the next began, this changes nothing)
 
     def _settle(self):
         """Between backward and step: a backward that ended without our

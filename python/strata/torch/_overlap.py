@@ -127,8 +127,9 @@ class _Overlap:
                      f"({err.message})")
 
     def after_discard(self):
-        """The step's gradients were dropped (zero_grad after a backward that
-        raised): nothing of this step is learnt; the next begins afresh."""
+        """The step's gradients were dropped (zero_grad before step(), after
+        a backward that completed or raised): nothing of this step is
+        learnt; the next begins afresh."""
         self.prepared, self.hands, self.late, self.clip_unclipped, self.began = None, {}, None, None, False
 
     def after_step(self, opts, clipped):
