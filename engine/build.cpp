@@ -115,16 +115,35 @@ Status Engine::Impl::BuildOnce() {
                        std::to_string(config_.zero.stage) + " keeps every parameter on every rank");
   ConfigFacts facts = machine_;
   facts.largest_group_numel = lay_.part.largest_group_numel();
+  for (int g = 0; g < lay_.part.num_groups(); ++g)
+    if (!lay_.frozen(g)) facts.largest_trainable_numel = std::max(facts.largest_trainable_numel, lay_.part.group(g).numel);
+  if (facts.largest_trainable_numel == 0) facts.largest_trainable_numel = 1;  // (all frozen: no W, M, V, G at all)
   facts.world_size = static_cast<uint32_t>(lay_.sworld);
   facts.has_gpu = device_->on_gpu();
   STRATA_RETURN_IF_ERROR(ValidateConfig(config_, facts));
   // Several ranks start from rank 0's initial values, as torch DDP does: a
   // rank whose model was initialized from another seed still trains the
   // same model. (A rank that registered other groups fails here, naming it.)
+  // Only the values rank 0 was given move (a group's values past the end of
+  // its vector are zeros): a model registered without values (larger than
+  // RAM, written after build) takes no memory here on any rank. Before,
+  // every rank grew every group to its whole fp32 size for the broadcast.
+  init_.resize(std::max(init_.size(), static_cast<size_t>(lay_.part.num_groups())));
   if (lay_.multi)
     for (int g = 0; g < lay_.part.num_groups(); ++g) {
       std::vector<float>& w0 = init_[static_cast<size_t>(g)];
-      w0.resize(lay_.part.group(g).numel, 0.0f);  // zeros registered without values, on every rank alike
+      uint64_t given = w0.size();  // (rank 0's count is the one that holds)
+      comm_->SetLabel("init count g" + std::to_string(g));
+      STRATA_RETURN_IF_ERROR(comm_->Broadcast(&given, sizeof given, 0)
+                                 .WithContext("build: how many initial values rank 0 has of group " + std::to_string(g)));
+      if (given > lay_.part.group(g).numel)
+        return InternalError("build: rank 0 has " + std::to_string(given) + " initial values of group " +
+                             std::to_string(g) + ", which holds " + std::to_string(lay_.part.group(g).numel));
+      w0.resize(given, 0.0f);
+      if (given == 0) {
+        w0.shrink_to_fit();  // (this rank's own values, if any, are not rank 0's)
+        continue;
+      }
       comm_->SetLabel("init g" + std::to_string(g));
       STRATA_RETURN_IF_ERROR(comm_->Broadcast(w0.data(), w0.size() * sizeof(float), 0)
                                  .WithContext("build: rank 0's initial values of group " + std::to_string(g)));
@@ -216,7 +235,10 @@ Status Engine::Impl::BuildOnce() {
       const uint64_t others = cow_spare - in_flight + 3 * kMiB, half = nvme_bytes / 2;
       room = std::min(room, std::max(in_flight, half > others ? half - others : 0));
       uint64_t free_min = ~uint64_t{0};
-      for (const auto& d : dirs) free_min = std::min(free_min, FreeBytesAt(d));
+      for (const auto& d : dirs) {  // (one that cannot be told: no room beyond the step's; the tier says why)
+        auto f = FreeBytesAt(d);
+        free_min = std::min(free_min, f.ok() ? *f : 0);
+      }
       const uint64_t usable = free_min / 100 * 99 * dirs.size(), own = nvme_bytes + kMiB + cow_spare;
       room = std::min(room, usable > own ? in_flight + (usable - own) : in_flight);
     }

@@ -57,9 +57,9 @@ Status OpenDirectFile(const std::string& path, OpenMode mode, FileInfo* info, bo
   return Status::Ok();
 }
 
-uint64_t FreeBytesAt(const std::string& path) {
+Result<uint64_t> FreeBytesAt(const std::string& path) {
   struct statvfs vfs {};
-  if (::statvfs(path.c_str(), &vfs) != 0) return 0;
+  if (::statvfs(path.c_str(), &vfs) != 0) return PosixError("statvfs", path, errno);
   return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
 }
 
@@ -86,7 +86,8 @@ Status ReserveFileSpace(int fd, const std::string& path, uint64_t bytes) {
   if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT) {
     return NoSpaceError("reserving " + FormatBytes(bytes) + " (" + std::to_string(bytes) +
                         " bytes) for " + path + " failed: " + std::strerror(rc) + "; " +
-                        FormatBytes(FreeBytesAt(dir)) + " free in " + dir +
+                        [&] { auto f = FreeBytesAt(dir); return f.ok() ? FormatBytes(*f) : f.status().message(); }() +
+                        " free in " + dir +
                         (rc == EFBIG ? " (the file size limit, RLIMIT_FSIZE, may be lower)" : ""));
   }
   return PosixError("fallocate", path, 0, bytes, rc);

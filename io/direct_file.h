@@ -20,7 +20,9 @@ Status OpenDirectFile(const std::string& path, OpenMode mode, FileInfo* info,
 // found now. Errors name the path, the bytes wanted and the bytes free.
 Status ReserveFileSpace(int fd, const std::string& path, uint64_t bytes);
 
-// Free bytes on the file system holding `path` (statvfs), 0 on error.
-uint64_t FreeBytesAt(const std::string& path);
+// Free bytes on the file system holding `path` for an unprivileged writer
+// (statvfs); IO naming the path and errno where statvfs fails (a file
+// system without statfs), never a made-up 0 ("no space").
+Result<uint64_t> FreeBytesAt(const std::string& path);
 
 }  // namespace strata

@@ -161,7 +161,9 @@ Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::v
       if (::unlink(path.c_str()) != 0 && errno != ENOENT) return undo(PosixError("unlink stale swap file", path, errno));
     }
     // (after the stale file at this name went: its space counts as free)
-    const uint64_t free = FreeBytesAt(dir);
+    auto free_or = FreeBytesAt(dir);
+    if (!free_or.ok()) return undo(free_or.status().WithContext("nvme tier: the free space of " + dir));
+    const uint64_t free = *free_or;
     if (free < per_file_capacity_) {
       return undo(NoSpaceError("nvme tier: " + dir + " has " + FormatBytes(free) + " (" + std::to_string(free) +
                                " bytes) free; its swap file needs " + FormatBytes(per_file_capacity_) + " (" +

@@ -277,6 +277,9 @@ Result<Config> LoadConfigFile(const std::string& path);
 // the checks that need it.
 struct ConfigFacts {
   uint64_t largest_group_numel = 0;  // elements of the largest parameter group
+  // Of the largest group that trains (not frozen: frozen groups keep P
+  // alone, no W, M, V or G). Left 0: largest_group_numel stands for it.
+  uint64_t largest_trainable_numel = 0;
   uint32_t world_size = 1;           // ranks sharing each group (stage >= 1 shards state)
   // The memory this process may use: physical RAM, or less where a cgroup's
   // memory limit (a container's, a job's) says so; `ram_limit` then names

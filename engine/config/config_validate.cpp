@@ -196,10 +196,13 @@ uint64_t AutoHostBudget(const ConfigFacts& f, uint64_t device_budget) {
 }
 
 uint64_t MinHostBytes(const Config& c, const ConfigFacts& f) {
-  const uint64_t numel = f.largest_group_numel;
+  const uint64_t numel = f.largest_group_numel;  // P: frozen groups keep theirs too
+  const uint64_t trained = f.largest_trainable_numel ? f.largest_trainable_numel : numel;  // W, M, V, G
   const uint64_t p_size = DTypeSize(c.compute_dtype());
   const uint64_t world = std::max<uint32_t>(f.world_size, 1);
-  const uint64_t shard = c.zero.stage >= 1 ? (numel + world - 1) / world : numel;
+  const uint64_t shard = c.zero.stage >= 1 ? (trained + world - 1) / world : trained;
+  // P's home holds this rank's shard at stage 3 (the whole group's copy is the device tier's).
+  const uint64_t p_home = c.zero.stage == 3 ? (numel + world - 1) / world : numel;
   uint64_t need = 0;
   const auto& p = c.zero.offload_param;
   // What the engine allocates: with a GPU, NVMe-homed P passes through up to
@@ -211,7 +214,7 @@ uint64_t MinHostBytes(const Config& c, const ConfigFacts& f) {
     need = SaturatingMul(SaturatingMul(std::min<uint64_t>(p.buffer_count, 4), numel), p_size);
   else if (p.device == OffloadDevice::kCpu &&
            !(c.compute_dtype() == DType::kF32 && !compact && od == OffloadDevice::kCpu))  // (else P may be W's bytes)
-    need = SaturatingMul(numel, p_size);
+    need = SaturatingMul(p_home, p_size);
   // The optimizer: host-homed W, M, V, G are a shard. NVMe-homed W, M, V
   // stream through step slots of a shard, at least three (read ahead,
   // update, write behind), or two where fp32 state is stepped in units;

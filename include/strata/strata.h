@@ -213,7 +213,12 @@ STRATA_API strata_status_t strata_engine_destroy(strata_engine_t* engine);
 
 /* Registers `numel` parameters named `name` in `group` (0-based; groups must
  * have no gaps at build). `init` holds numel fp32 values, or is NULL for
- * zeros; it is copied during the call. On STRATA_OK, *offset_out (may be
+ * zeros; it is copied during the call and kept (fp32, outside the budgets)
+ * until build ends: a group's values up to its last tensor given `init`.
+ * With several ranks every rank starts from rank 0's values, which build
+ * sends to the others (only as many as rank 0 was given). A model larger
+ * than RAM registers with NULL and writes its weights after build
+ * (strata_engine_write_state). On STRATA_OK, *offset_out (may be
  * NULL) receives the tensor's offset, in elements, inside its group's buffer.
  * The tensor has no shape: strata-export writes it flat (1-D); see
  * strata_engine_add_param_shaped. A name is UTF-8, not empty, and used
@@ -642,6 +647,11 @@ STRATA_API strata_status_t strata_engine_loss_scale(strata_engine_t* engine, dou
  * refreshes the parameters; it works between steps. EXP_AVG_SQ exists for
  * Adam and AdamW only. A frozen group has MASTER alone (its parameters: see
  * strata_engine_freeze_group). The step count drives bias correction.
+ * Memory beyond the budgets, for the call: with several ranks a read takes
+ * the group's padded fp32 (4 bytes an element); with strata.state_format
+ * "compact" a read or write unpacks W, M and V of this rank's shard (12
+ * bytes an element of it). A write in a group stepped in units that fails
+ * after some units were written breaks the engine (STATE until a load).
  * Errors: INVALID, STATE, IO, CORRUPT, COMM. */
 typedef enum strata_state {
   STRATA_STATE_MASTER = 0,    /* fp32 master weights */

@@ -189,22 +189,56 @@ TEST(HostMemory, TwoRanksWhoseBudgetsDoNotFitAreRefusedAtBuild) {
   }
 }
 
-// Pages pinned in this process (/proc/self/status VmPin, KiB): io_uring's
-// fixed buffers count there, with CAP_IPC_LOCK or without.
-uint64_t PinnedKiB() {
+// A field of /proc/self/status in KiB (VmHWM: the peak resident set).
+uint64_t StatusKiB(const std::string& field) {
   std::ifstream f("/proc/self/status");
   std::string key;
   uint64_t kib = 0;
   while (f >> key) {
-    if (key == "VmPin:") {
+    if (key == field + ":") {
       f >> kib;
       return kib;
     }
     f.ignore(1 << 20, '\n');
   }
-  ADD_FAILURE() << "/proc/self/status has no VmPin";
+  ADD_FAILURE() << "/proc/self/status has no " << field;
   return 0;
 }
+
+// Ranks that register a model without values (one larger than RAM, written
+// after build) take no memory for them at build: only the values rank 0 was
+// given are broadcast. Before, every rank grew every group to its whole
+// fp32 size for the broadcast (here 128 MiB a rank, outside every budget).
+// The resident peak over the build stays within what the tiers took.
+TEST(HostMemory, RanksRegisteredWithoutValuesTakeNoMemoryForThemAtBuild) {
+  constexpr uint64_t kNumel = uint64_t{32} << 20;  // 128 MiB of fp32
+  auto cfg = ParseConfig(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+      "offload_param": {"device": "cpu"}}, "strata": {"device_budget": "256MiB", "host_budget": "512MiB"}})");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  std::ofstream("/proc/self/clear_refs") << "5";  // the peak starts again from here (Linux 4.0+)
+  const uint64_t before = StatusKiB("VmHWM");
+  std::vector<uint64_t> tiers(2);
+  OnRanks(2, [&](int rank, net::Communicator& comm) {
+    EngineOptions o;
+    o.comm = &comm;
+    o.force_no_gpu = true;
+    auto e = Engine::Create(*cfg, o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    ASSERT_TRUE((*e)->AddParam(0, "w", kNumel, nullptr).ok());
+    Status st = (*e)->Build();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    const EngineStats s = (*e)->stats();
+    tiers[static_cast<size_t>(rank)] = s.host.peak + s.device.peak;
+  });
+  const uint64_t rise = (StatusKiB("VmHWM") - std::min(before, StatusKiB("VmHWM"))) * 1024;
+  const uint64_t allowed = tiers[0] + tiers[1] + 64 * kMiB;  // (the ranks' threads, Gloo's buffers, the test's own)
+  EXPECT_LE(rise, allowed) << "the resident peak rose by " << rise / kMiB << " MiB over the build; the tiers took "
+                           << (tiers[0] + tiers[1]) / kMiB << " MiB";
+}
+
+// Pages pinned in this process (/proc/self/status VmPin, KiB): io_uring's
+// fixed buffers count there, with CAP_IPC_LOCK or without.
+uint64_t PinnedKiB() { return StatusKiB("VmPin"); }
 
 // The host tier's memory is registered with io_uring (pinned) only where the
 // config puts state on NVMe: with the optimizer offloaded to the CPU nothing

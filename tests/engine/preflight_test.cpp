@@ -130,6 +130,29 @@ TEST(Preflight, StepSlotsHoldNoRegionForAPThatIsWsBytes) {
   EXPECT_NE(st.message().find("4 step staging slots of 256.00 KiB"), std::string::npos) << st.message();
 }
 
+// A large frozen group keeps P alone: the create-time lower bound of host
+// memory (MinHostBytes) counts W, M, V and G for the largest group that
+// trains, not for it, and P at stage 3 as this rank's shard. Before, a
+// 64 Mi-element frozen group asked for its fp32 W, M, V and G (about 1 GiB)
+// and a budget that held everything (its 128 MiB of bf16 P, the small
+// group's state) was refused.
+TEST(Preflight, AFrozenGroupIsNotCountedAsTrainingAtBuildStart) {
+  auto cfg = ParseConfig(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 1,
+      "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
+      "strata": {"device_budget": "256MiB", "host_budget": "256MiB"}})");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EngineOptions o;
+  o.force_no_gpu = true;
+  auto e = Engine::Create(*cfg, o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE((*e)->AddParam(0, "base", uint64_t{64} << 20, nullptr).ok());
+  ASSERT_TRUE((*e)->AddParam(1, "adapter", uint64_t{1} << 20, nullptr).ok());
+  ASSERT_TRUE((*e)->FreezeGroup(0).ok());
+  Status st = (*e)->Build();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_LE((*e)->stats().host.peak, (*e)->stats().host.budget);
+}
+
 // ---- Step options ----
 
 TEST(Preflight, NonFiniteStepOptionIsRefusedBeforeAnythingChanges) {
