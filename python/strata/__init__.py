@@ -180,7 +180,8 @@ class Engine:
 
     def fetch_tensor(self, group, stream=None):
         """fetch() as a torch tensor (1-D, group_numel elements, compute dtype)
-        that views the engine's buffer: valid until release(group)."""
+        that views the engine's buffer: valid until release(group) (it keeps
+        the Engine object alive, not the buffer: see as_tensor)."""
         return self.as_tensor(self.fetch(group, stream), self.group_numel(group))
 
     def release(self, group, stream=None):
@@ -496,19 +497,36 @@ class Engine:
 
     def as_tensor(self, address, numel):
         """A torch tensor of `numel` compute-dtype elements viewing `address`
-        (device memory when on_gpu, else host memory). It does not own it."""
+        (device memory when on_gpu, else host memory). It does not own the
+        memory, but it (and every view of it) keeps this Engine object alive,
+        so that the engine is not freed under it by going out of scope; it is
+        still invalid after what frees the memory (release() of a fetched
+        group, the next step for grads_view, close())."""
         import torch
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[self.compute_dtype]
         if numel == 0:
             return torch.empty(0, dtype=dtype, device="cuda" if self.on_gpu else "cpu")
+        typestr = "<f4" if dtype == torch.float32 else "<i2"
+        # The object described is what the tensor's storage holds a
+        # reference to (torch's deleter for a __cuda_array_interface__; the
+        # numpy array's base for from_numpy): it holds the engine.
         if self.on_gpu:
-            raw = torch.as_tensor(_CudaArray(address, numel, "<f4" if dtype == torch.float32 else "<i2"),
-                                  device="cuda")
+            described = _CudaArray(address, numel, typestr)
+            described.engine = self
+            raw = torch.as_tensor(described, device="cuda")
         else:
             import numpy as np
-            ctype = ctypes.c_float if dtype == torch.float32 else ctypes.c_int16
-            raw = torch.from_numpy(np.ctypeslib.as_array((ctype * numel).from_address(address)))
+            raw = torch.from_numpy(np.asarray(_HostArray(address, numel, typestr, self)))
         return raw if dtype == torch.float32 else raw.view(dtype)
+
+
+class _HostArray:
+    """Host memory of an engine described by __array_interface__ (for
+    numpy.asarray, whose array keeps it as its base), holding the engine."""
+
+    def __init__(self, address, numel, typestr, engine):
+        self.__array_interface__ = {"shape": (numel,), "typestr": typestr, "data": (address, False), "version": 3}
+        self.engine = engine
 
 
 class _Span:

@@ -15,9 +15,11 @@ method and attribute access that involves it. One that reads values
 fetches the parameter's group first (its owner decides how long it stays);
 one that only reads metadata (shape, dtype, .grad, requires_grad) passes;
 one that would change the values behind the engine's back (in-place ops,
-.data = ..., out=) raises, naming the parameter. A placeholder therefore
-never takes part in arithmetic: a read either sees the real values or
-fails loudly.
+.data = ..., out=) raises, naming the parameter; a write through what a
+call outside every forward handed out (p.data, p.detach(), p.t()) is
+refused when the owner next lets the group go (_ModuleHooks.handed_out).
+A placeholder therefore never takes part in arithmetic: a read either sees
+the real values or fails loudly.
 
 Why not a placeholder tensor subclass (the issue's sketch): .data cannot
 change a parameter's Python type, and autograd, optimizers and hooks hold
@@ -180,6 +182,7 @@ def _use(func, key, mine, args, kwargs):
     arguments, or refuses the call. Returns (result,) when the call is
     answered here, else None (the caller runs it)."""
     owners = []
+    outside = None  # (owner, parameter, name) of those whose owner runs no forward: handed out, see below
     # The no-op conversion of the call just before, if that was one: only
     # the call right after it (Module._apply's p.data = p) reads it.
     asked, _tls.converted = getattr(_tls, "converted", None), None
@@ -224,18 +227,48 @@ def _use(func, key, mine, args, kwargs):
         owner.use(group, name)
         if owner not in owners:
             owners.append(owner)
-    if not owners or not torch.is_grad_enabled():
+        if not owner._scopes:
+            outside = outside or []
+            outside.append((owner, t, name))
+    if not owners:
+        return None
+    if outside is not None:
+        # Outside every forward of its owner (the training loop, a logging
+        # hook, weight clipping): what the call returns may view the group's
+        # fetched copy (p.data, p.detach(), p.t(), p[0]), where a write would
+        # change that copy behind the engine, kept or lost depending on
+        # placement. The owner records the parameter and checks its version
+        # counter, which such tensors share with it, when it lets the group
+        # go (handed_out). p.data is p.detach() here, whose counter is
+        # shared (p.data's own is not: a write through it went unseen).
+        if key == "data.__get__" and args and any(t is args[0] for _, t, _ in outside):
+            func, args, kwargs = torch.Tensor.detach, (args[0],), {}
+        result = _call(func, args, kwargs, owners[0])
+        for owner, t, name in outside:
+            owner.handed_out(t, name, result)
+        return (result,)
+    if not torch.is_grad_enabled():
         return None
     top = _saved.top()
     if _saved.owner_of(top) is owners[0]:
         return None
-    # Used outside the owner's forwards, or under a pair of saved-tensor
-    # hooks entered inside one (torch.utils.checkpoint around a function):
-    # what autograd saves passes the owner's pack first, so that a view of
-    # the group comes back by fetch and no other hook keeps it.
-    with _saved.owner_hooks(owners[0], top):
-        with _NoTorchFunction():
-            return (func(*args, **kwargs),)
+    return (_call(func, args, kwargs, owners[0], top),)
+
+
+def _call(func, args, kwargs, owner, top=None):
+    """Runs a call that reads offloaded parameters of `owner`. With grad
+    enabled, outside the owner's forwards or under a pair of saved-tensor
+    hooks entered inside one (torch.utils.checkpoint around a function),
+    what autograd saves passes the owner's pack first, so that a view of
+    the group comes back by fetch and no other hook keeps it."""
+    if torch.is_grad_enabled():
+        top = _saved.top() if top is None else top
+        if _saved.owner_of(top) is not owner:
+            with _saved.owner_hooks(owner, top):
+                with _NoTorchFunction():
+                    return func(*args, **kwargs)
+    with _NoTorchFunction():
+        return func(*args, **kwargs)
 
 
 def adopt(p, owner, group, name):

@@ -4,9 +4,11 @@ through _fetch_on_use), saved tensors packed as places in a group, and
 each gradient staged and handed to the engine as autograd produces it.
 """
 
+import weakref
+
 import torch
 
-from .. import Error, STATE
+from .. import Error, INVALID, STATE
 from . import _fetch_on_use as _fou
 from ._config import _current_stream
 from . import _activations as _acts
@@ -163,12 +165,68 @@ class _ModuleHooks:
     def _between_passes(self):
         """Before reading or writing the engine's state outside a pass: a
         group held by a use outside every forward is let go (no forward runs;
-        a backward in flight keeps its pinned groups)."""
+        a backward in flight keeps its pinned groups); a write through what
+        such a use handed out is refused."""
         if not self._scopes:
             held = list(self._loose.values())
             self._loose.clear()
             for g in held:
                 self.release(g)
+        self._refuse_writes()
+
+    # -- tensors handed out outside every forward (p.data, p.detach(), p.t(),
+    # p[0]): they view the group's fetched copy, until it is released. An
+    # in-place op on p itself is refused by _fetch_on_use; one on such a
+    # tensor reaches no torch function of p's, but moves the version counter
+    # it shares with p (p.data is p.detach() there). So each such parameter
+    # is recorded with its version, and checked where the engine's state is
+    # read or stepped and loose groups are let go: a write is refused then,
+    # naming the parameter. Where it lands depends on placement (without a
+    # GPU, in float32, on one rank the fetch hands out the masters' own
+    # memory: it changed them behind the optimizer; elsewhere the copy: lost
+    # at the next fetch), so silently it was wrong either way.
+    def handed_out(self, p, name, result):
+        """_fetch_on_use: a call outside every forward read parameter p and
+        returned `result` (p.data, p.detach(), a view, or anything else)."""
+        h = self._handed_out.get(id(p))
+        if h is None:
+            h = self._handed_out[id(p)] = _HandedOut(p, name)
+        h.track(result)
+
+    def _writes(self):
+        """The Error for the parameters written through a tensor handed out
+        since the last check (None: none); each is said once. A parameter
+        whose handed-out tensors are all gone is no longer watched."""
+        written = []
+        for key, h in list(self._handed_out.items()):
+            version = h.param._version
+            if version != h.version:
+                written.append(h.name)
+                h.version = version
+            if not h.alive():
+                del self._handed_out[key]
+        if not written:
+            return None
+        return Error(INVALID, f"{', '.join(written)}: written in place through a tensor taken from the offloaded "
+                     "parameter outside a forward (p.data, p.detach(), or a view such as p.t() or p[i]); that "
+                     "tensor views the engine's fetched copy of the parameter, not its master weights, so the "
+                     "write was lost or changed the masters behind the optimizer, depending on placement. An "
+                     "offloaded parameter changes only through the optimizer's step and load_state_dict: to "
+                     "change weights (WGAN's weight clipping), change the values of state_dict() and "
+                     "load_state_dict them; to clip gradients, clip_grad_norm_ or gradient_clipping")
+
+    def _refuse_writes(self):
+        if self._handed_out:
+            err = self._writes()
+            if err is not None:
+                raise err
+
+    def _rewatch(self, params):
+        """A load wrote `params` (its copy moved their version counters)."""
+        for p in params:
+            h = self._handed_out.get(id(p))
+            if h is not None:
+                h.version = p._version
 
     def _drop_holds(self):
         """Backward has ended (or the step came): nothing is pinned or loose."""
@@ -212,10 +270,17 @@ class _ModuleHooks:
         self.fetch(g)  # backward: bring the group back
         flat = self._fetched[g.index][0]
         view = flat.as_strided(saved.shape, saved.stride, saved.offset)
-        if g.frozen and not held:
-            # No gradient will say when a frozen group is done with: the
-            # backward op gets its own copy, and the group goes at once.
+        # A backward with create_graph=True (a gradient penalty, whose graph
+        # is differentiated again) runs with grad mode on: the nodes it
+        # records save what they are given as it is (no hooks of ours run
+        # in a backward), and the group is released when it ends, so the
+        # second backward would read a view of released memory (another
+        # group's values, or NaN): they get a copy of their own. So does a
+        # frozen group's op, as no gradient will say when the group is done
+        # with: it goes at once.
+        if torch.is_grad_enabled() or (g.frozen and not held):
             view = view.clone()
+        if g.frozen and not held:
             self.release(g)
         elif not g.frozen:
             # Pinned until its gradients are in: a forward that runs inside
@@ -310,6 +375,27 @@ class _ModuleHooks:
         self._drop_holds()
         for g in self._groups:
             self.release(g)
+        self._refuse_writes()
+
+
+class _HandedOut:
+    """A parameter whose tensors were handed out outside every forward: its
+    version when recorded (or last checked), and weak references to what
+    was handed out (while one lives, a write through it may still come)."""
+    __slots__ = ("param", "name", "version", "refs")
+
+    def __init__(self, p, name):
+        self.param, self.name, self.version, self.refs = p, name, p._version, []
+
+    def track(self, result):
+        if len(self.refs) >= 16:
+            self.refs = [r for r in self.refs if r() is not None]
+        with _fou.quiet():
+            for t in _fou._each_tensor(result, []):
+                self.refs.append(weakref.ref(t))
+
+    def alive(self):
+        return any(r() is not None for r in self.refs)
 
 
 class _Scope:

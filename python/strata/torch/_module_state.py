@@ -22,7 +22,7 @@ class _ModuleStateDict:
     """OffloadedModule's model state (a mixin over OffloadedModule's
     engine, module, device, _groups, _names, _group_of, _fetched, _refs,
     _scopes, _overlap, _load_ctx and _load_strict, and _ModuleHooks'
-    _between_passes and _drop_holds; its __init__ registers the hooks)."""
+    _between_passes, _drop_holds and _rewatch; its __init__ registers the hooks)."""
 
     # -- the model's state
     def master_parameters(self):
@@ -170,3 +170,4 @@ class _ModuleStateDict:
                 for p in g.params:
                     p.data = g.placeholders[p]
                 g.rehook()  # (the data's dtype changed and back: new AccumulateGrad nodes)
+                self._rewatch(g.params)  # (the load's copy moved their versions: not a write behind the engine)

@@ -122,6 +122,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         _saved.register(self)  # told when saved-tensor hooks other than ours are entered inside a forward
         self._pinned = {}  # group index -> group, held until its gradients are in or backward ends
         self._loose = {}  # group index -> group, used outside any forward: held until backward ends or step
+        self._handed_out = {}  # id(param) -> _HandedOut: tensors of it handed out outside every forward
         self._callback_queued = False
         # Activation offload (offload_activations): tensors of at least this
         # many bytes that autograd saves in a forward go to the engine's
@@ -267,6 +268,12 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         start the next backward afresh. Before, a backward that completed
         kept its gradients: the next step summed a skipped batch's in."""
         raised = self._callback_queued or self._scaling.in_backward
+        given = raised or bool(self._handed) or any(g.in_parts or g.staged is not None or g.arrived
+                                                      for g in self._groups)
+        if not given:  # (after a step, or between a forward and its backward: nothing to drop, nothing held to let go)
+            self._clip_next = None
+            self._norms, self._norms_exact = {}, True
+            return
         self._callback_queued = False
         self._scaling.in_backward = False
         in_engine = bool(self._handed)
@@ -376,6 +383,10 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         the master weights (in their original dtype); the engine is freed."""
         if self.engine is None:
             return
+        # A write through a tensor handed out outside every forward is said
+        # once the model is closed (raised before, it would leave it open).
+        written = self._writes() if self._handed_out else None
+        self._handed_out = {}
         while self._scopes:  # a forward that raised: its scopes never ended
             scope = self._scopes.pop()
             if scope.ctx is not None:
@@ -404,6 +415,8 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         self.engine.close()
         self.engine = None
         _remove_swap_folders(self._folders)
+        if written is not None:
+            raise written
 
 
 class _EndScopeOnRaise:
