@@ -113,6 +113,10 @@ Status Engine::Impl::BuildOnce() {
   if (lay_.multi && !lay_.p_sharded && config_.zero.offload_param.device == OffloadDevice::kNvme)
     return ConfigError("zero_optimization.offload_param.device: nvme needs stage 3 (as in DeepSpeed); stage " +
                        std::to_string(config_.zero.stage) + " keeps every parameter on every rank");
+  // Several ranks agree on the frozen groups first: the facts below count
+  // only the groups that train, and a rank refused by them alone would
+  // leave the others waiting in the broadcasts that follow.
+  if (lay_.multi) STRATA_RETURN_IF_ERROR(AgreeOnFrozen());
   ConfigFacts facts = machine_;
   facts.largest_group_numel = lay_.part.largest_group_numel();
   for (int g = 0; g < lay_.part.num_groups(); ++g)
@@ -132,13 +136,21 @@ Status Engine::Impl::BuildOnce() {
   if (lay_.multi)
     for (int g = 0; g < lay_.part.num_groups(); ++g) {
       std::vector<float>& w0 = init_[static_cast<size_t>(g)];
-      uint64_t given = w0.size();  // (rank 0's count is the one that holds)
+      const uint64_t numel = lay_.part.group(g).numel;
+      uint64_t first[2] = {w0.size(), numel};  // rank 0's: how many values it has, and the group's size
       comm_->SetLabel("init count g" + std::to_string(g));
-      STRATA_RETURN_IF_ERROR(comm_->Broadcast(&given, sizeof given, 0)
+      STRATA_RETURN_IF_ERROR(comm_->Broadcast(first, sizeof first, 0)
                                  .WithContext("build: how many initial values rank 0 has of group " + std::to_string(g)));
-      if (given > lay_.part.group(g).numel)
-        return InternalError("build: rank 0 has " + std::to_string(given) + " initial values of group " +
-                             std::to_string(g) + ", which holds " + std::to_string(lay_.part.group(g).numel));
+      Status local;
+      if (first[1] != numel)
+        local = InvalidError("build: group " + std::to_string(g) + " holds " + std::to_string(numel) + " elements on rank " +
+                             std::to_string(options_.rank) + " but " + std::to_string(first[1]) +
+                             " on rank 0; every rank must register the same tensors");
+      else if (first[0] > numel)
+        local = InternalError("build: rank 0 has " + std::to_string(first[0]) + " initial values of group " +
+                              std::to_string(g) + ", which holds " + std::to_string(numel));
+      STRATA_RETURN_IF_ERROR(Agree(local, "build: group " + std::to_string(g) + "'s size"));
+      const uint64_t given = first[0];
       w0.resize(given, 0.0f);
       if (given == 0) {
         w0.shrink_to_fit();  // (this rank's own values, if any, are not rank 0's)
@@ -148,7 +160,6 @@ Status Engine::Impl::BuildOnce() {
       STRATA_RETURN_IF_ERROR(comm_->Broadcast(w0.data(), w0.size() * sizeof(float), 0)
                                  .WithContext("build: rank 0's initial values of group " + std::to_string(g)));
     }
-  if (lay_.multi) STRATA_RETURN_IF_ERROR(AgreeOnFrozen());
 
   lay_.home[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
   const TierKind opt_home = HomeOf(config_.zero.offload_optimizer.device);

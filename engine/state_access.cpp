@@ -99,6 +99,19 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
                         StateName(kind));
   const GroupLayout& L = lay_.part.group(group);
   const uint64_t lo = static_cast<uint64_t>(lay_.srank) * L.shard_numel, real = L.RealInShard(lay_.srank);
+  // Several ranks: a state left part new, part old on any rank breaks every
+  // rank's engine at once (a lone broken rank would refuse the next call
+  // while the others wait for it in a collective). Every rank calls
+  // write_state alike, so this agreement is a collective like its others.
+  auto break_together = [&](bool part_way_here, Status st) {
+    if (!lay_.multi) return st;
+    Status all = Agree(part_way_here ? StateError("a store left part new, part old") : Status::Ok(),
+                       "write_state of g" + std::to_string(group) + " whole");
+    if (!all.ok() && step_.broken.empty())
+      step_.broken = "write_state of group " + std::to_string(group) + " failed part-way on another rank (" +
+                     all.message() + ")";
+    return st.ok() ? all : st;
+  };
   if (lay_.compact) {  // unpack all three, replace one, pack all three (M's codes depend on V's)
     std::vector<float> f(3 * L.shard_numel);
     float* wmv[3] = {f.data(), f.data() + L.shard_numel, f.data() + 2 * L.shard_numel};
@@ -116,6 +129,7 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
         step_.broken = "write_state of group " + std::to_string(group) + " failed part-way (" + st.ToString() +
                        "): its compact state (P, W, M, V, stored one after another) may be mixed";
     }
+    st = break_together(!st.ok() && !step_.broken.empty(), st);
     if (kind == StateKind::kW && lay_.multi && lay_.p_gathered_after_step())
       st = Agree(st, "write_state of g" + std::to_string(group));
     if (st.ok() && kind == StateKind::kW && lay_.p_gathered_after_step()) {
@@ -141,6 +155,7 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
                      std::to_string(stored) + " of its " + std::to_string(b.parts.size()) + " units were written (" +
                      st.ToString() + "): it is part new, part old";
   }
+  st = break_together(!st.ok() && !step_.broken.empty(), st);
   // Stages 1-2, several ranks: P's recompute gathers; the ranks agree on
   // the store first (one that failed would leave the others waiting).
   if (kind == StateKind::kW && lay_.multi && lay_.p_gathered_after_step()) st = Agree(st, "write_state of g" + std::to_string(group));

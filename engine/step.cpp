@@ -428,8 +428,8 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   SettleBehind();  // the last step's writes left behind are done (or broke the engine)
   if (Status agreed = AgreeBehind("step"); !agreed.ok()) {  // several ranks: one that lost a write fails every one's
     // This rank's overlap may still be updating early (final updates are
-    // committed as they finish): it stops, and waits, before the load that
-    // follows writes the state (the load waits for it only after writing).
+    // committed as they finish): it stops, and waits, now (a load that
+    // follows stops it too, before it writes: StopStep).
     if (worker_) worker_->Abandon();
     (void)FinishOverlap();
     return agreed;

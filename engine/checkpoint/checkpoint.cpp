@@ -229,8 +229,10 @@ Status Checkpointer::Save(const std::string& dir, const std::string& tag, const 
   const std::string final_dir = dir + "/" + tag, part = dir + "/." + tag + ".partial";
   // The tag exists (ranks share the file system): a save that was killed
   // before it updated `latest`, repeated with the same state, completes it.
-  STRATA_ASSIGN_OR_RETURN(const bool exists, Exists(final_dir));
-  if (exists) return ResaveExisting(dir, tag, blob, blob_bytes);
+  // (One rank's failure to look is every rank's: the others would wait in the collectives that follow.)
+  Result<bool> exists = Exists(final_dir);
+  STRATA_RETURN_IF_ERROR(Agree(exists.ok() ? Status::Ok() : exists.status(), "checkpoint save"));
+  if (*exists) return ResaveExisting(dir, tag, blob, blob_bytes);
   const bool lead = d_.rank == 0;
   auto cleanup = [&] {
     std::error_code e2;

@@ -32,6 +32,7 @@
 #include "engine/engine.h"
 #include "engine/layout/staging.h"
 #include "io/fault.h"
+#include "tests/util/on_ranks.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {
@@ -311,6 +312,66 @@ TEST(StepUnits, AWriteStateFailingPartWayThroughUnitsBreaksTheEngine) {
   EXPECT_EQ(e.Grads(0, grad.data(), DType::kF32).code(), Code::kState) << "a broken engine took gradients";
   ASSERT_TRUE(e.LoadCheckpoint(ckpt.path(), "before", nullptr).ok());
   ExpectSame(before, State(e), "the checkpoint loaded after a write_state failed part-way");
+}
+
+// Two ranks: rank 1's write_state fails after some units; both engines are
+// broken at once (STATE on every rank, none left waiting in a collective
+// for the other). Before, rank 1 alone was broken: its next call refused
+// while rank 0 went into the collective and waited out strata.timeout.
+TEST(StepUnits, AWriteStateFailingPartWayOnOneRankBreaksEveryRank) {
+  TempDir dir;
+  std::vector<Status> wrote(2), read(2);
+  testing::OnRanks(2, [&](int rank, net::Communicator& comm) {
+    TempDir mine;
+    auto c = ParseConfig(Json(mine.path(), 16384));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EngineOptions eo;
+    eo.comm = &comm;
+    eo.force_no_gpu = true;
+    auto faults = std::make_shared<FaultPlan>();
+    eo.faults = faults;
+    auto e = Engine::Create(*c, eo);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    for (size_t g = 0; g < kGroupNumel.size(); ++g) {
+      const std::vector<float> init = Values(kGroupNumel[g], 100 + g);
+      ASSERT_TRUE((*e)->AddParam(static_cast<int>(g), "g" + std::to_string(g), kGroupNumel[g], init.data()).ok());
+    }
+    ASSERT_TRUE((*e)->Build().ok());
+    const std::vector<float> fresh = Values((*e)->group_numel(0), 77);
+    if (rank == 1) faults->Arm(FaultPlan::Ops::kWrites, EIO, /*skip=*/3, 1);
+    wrote[static_cast<size_t>(rank)] = (*e)->WriteState(0, Engine::OptimizerState::kExpAvg, fresh.data());
+    faults->Disarm();
+    std::vector<float> m((*e)->group_numel(0));
+    read[static_cast<size_t>(rank)] = (*e)->ReadState(0, Engine::OptimizerState::kExpAvg, m.data());
+  }, /*timeout_s=*/20);
+  EXPECT_EQ(wrote[1].code(), Code::kIo) << wrote[1].ToString();
+  EXPECT_FALSE(wrote[0].ok()) << "rank 0's write_state returned OK beside rank 1's failure";
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(read[static_cast<size_t>(r)].code(), Code::kState) << "rank " << r << ": " << read[static_cast<size_t>(r)].ToString();
+    EXPECT_NE(read[static_cast<size_t>(r)].message().find("part"), std::string::npos) << read[static_cast<size_t>(r)].message();
+  }
+}
+
+// Ranks that registered groups of different sizes are refused at build on
+// every rank, naming the group and both sizes. (The broadcast of the initial
+// values caught it by its byte count; it now sends only rank 0's values.)
+TEST(StepUnits, RanksWithGroupsOfDifferentSizesAreRefusedAtBuildByName) {
+  std::vector<Status> built(2);
+  testing::OnRanks(2, [&](int rank, net::Communicator& comm) {
+    auto c = ParseConfig(R"({"zero_optimization": {"stage": 2}, "strata": {"device_budget": "64MiB", "host_budget": "64MiB"}})");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EngineOptions eo;
+    eo.comm = &comm;
+    eo.force_no_gpu = true;
+    auto e = Engine::Create(*c, eo);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    ASSERT_TRUE((*e)->AddParam(0, "w", 4096 + static_cast<uint64_t>(rank), nullptr).ok());
+    built[static_cast<size_t>(rank)] = (*e)->Build();
+  }, /*timeout_s=*/20);
+  EXPECT_EQ(built[1].code(), Code::kInvalid) << built[1].ToString();
+  EXPECT_NE(built[1].message().find("group 0 holds 4097 elements on rank 1 but 4096 on rank 0"), std::string::npos)
+      << built[1].message();
+  EXPECT_FALSE(built[0].ok()) << "rank 0 built beside rank 1's refusal";
 }
 
 TEST(StepUnits, CheckpointsMoveBetweenUnitsAndWholeGroups) {

@@ -51,9 +51,15 @@ int Fail(const std::string& msg) {
 // second signal takes the default action at once (a swap folder made here
 // is then left behind: the message says so).
 volatile std::sig_atomic_t g_stop_signal = 0;
+bool g_caught[2] = {false, false};  // SIGINT, SIGTERM: whether CatchStopSignals took them (set before any arrives)
 
 void OnStopSignal(int sig) {
   g_stop_signal = sig;
+  // The second signal, of either kind, takes the default action at once.
+  struct sigaction dfl = {};
+  dfl.sa_handler = SIG_DFL;
+  if (g_caught[0]) ::sigaction(SIGINT, &dfl, nullptr);
+  if (g_caught[1]) ::sigaction(SIGTERM, &dfl, nullptr);
   static const char kMsg[] =
       "\nstrata-train: stopping at the end of this step (a second signal stops at once, leaving the swap folder)\n";
   const ssize_t n = ::write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
@@ -65,11 +71,13 @@ void CatchStopSignals() {
   sa.sa_handler = OnStopSignal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESETHAND | SA_RESTART;
-  for (int sig : {SIGINT, SIGTERM}) {
+  const int sigs[2] = {SIGINT, SIGTERM};
+  for (int i = 0; i < 2; ++i) {
     struct sigaction was = {};
     // Ignored by whoever started the run (a shell's background job): it stays so.
-    if (::sigaction(sig, nullptr, &was) == 0 && was.sa_handler == SIG_IGN) continue;
-    ::sigaction(sig, &sa, nullptr);
+    if (::sigaction(sigs[i], nullptr, &was) == 0 && was.sa_handler == SIG_IGN) continue;
+    g_caught[i] = true;
+    ::sigaction(sigs[i], &sa, nullptr);
   }
 }
 
