@@ -165,6 +165,20 @@ TEST(HostMemory, RanksOnThisHostShareTheAutoBudgets) {
   }
 }
 
+// A rank's engine (no GPU) with one group "w" of `numel` elements (`init`,
+// or zeros where null), built: Build's status in *built (null: not made).
+std::unique_ptr<Engine> BuildOnRank(const Config& cfg, net::Communicator& comm, uint64_t numel, const float* init,
+                                    Status* built) {
+  EngineOptions o;
+  o.comm = &comm;
+  o.force_no_gpu = true;
+  auto e = Engine::Create(cfg, o);
+  *built = e.ok() ? (*e)->AddParam(0, "w", numel, init).status() : e.status();
+  if (!built->ok()) return nullptr;
+  *built = (*e)->Build();
+  return std::move(e).value();
+}
+
 // A budget in bytes that one rank's RAM holds, but not two ranks': refused
 // at build on every rank, naming the count.
 TEST(HostMemory, TwoRanksWhoseBudgetsDoNotFitAreRefusedAtBuild) {
@@ -174,14 +188,8 @@ TEST(HostMemory, TwoRanksWhoseBudgetsDoNotFitAreRefusedAtBuild) {
   ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
   std::vector<Status> built(2);
   OnRanks(2, [&](int rank, net::Communicator& comm) {
-    EngineOptions o;
-    o.comm = &comm;
-    o.force_no_gpu = true;
-    auto e = Engine::Create(*cfg, o);
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    std::vector<float> w(4096, 0.5f);
-    ASSERT_TRUE((*e)->AddParam(0, "w", w.size(), w.data()).ok());
-    built[static_cast<size_t>(rank)] = (*e)->Build();
+    const std::vector<float> w(4096, 0.5f);
+    BuildOnRank(*cfg, comm, w.size(), w.data(), &built[static_cast<size_t>(rank)]);
   });
   for (const Status& st : built) {
     EXPECT_EQ(st.code(), Code::kConfig) << st.ToString();
@@ -225,15 +233,10 @@ TEST(HostMemory, RanksRegisteredWithoutValuesTakeNoMemoryForThemAtBuild) {
     GTEST_SKIP() << "the resident peak was not reset (" << before << " KiB against " << StatusKiB("VmRSS") << " resident)";
   std::vector<uint64_t> tiers(2);
   OnRanks(2, [&](int rank, net::Communicator& comm) {
-    EngineOptions o;
-    o.comm = &comm;
-    o.force_no_gpu = true;
-    auto e = Engine::Create(*cfg, o);
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    ASSERT_TRUE((*e)->AddParam(0, "w", kNumel, nullptr).ok());
-    Status st = (*e)->Build();
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    const EngineStats s = (*e)->stats();
+    Status st;
+    auto e = BuildOnRank(*cfg, comm, kNumel, nullptr, &st);
+    ASSERT_TRUE(e && st.ok()) << st.ToString();
+    const EngineStats s = e->stats();
     tiers[static_cast<size_t>(rank)] = s.host.peak + s.device.peak;
   });
   const uint64_t rise = (StatusKiB("VmHWM") - std::min(before, StatusKiB("VmHWM"))) * 1024;
