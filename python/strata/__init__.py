@@ -343,6 +343,20 @@ class Engine:
         _check(self._lib.strata_engine_grad_norm(self.handle, ctypes.byref(n)))
         return n.value
 
+    def sum_over_ranks(self, values):
+        """`values` (numbers) summed over the engine's ranks, in float64,
+        added in rank order (every rank gets the same bits), as a list. A
+        collective: every rank calls it with as many values, at the same
+        point among the engine's other collectives, with no gradients
+        pending (before a step's first grads, or after its step). One rank:
+        the values as they are."""
+        values = [float(v) for v in values]
+        if not values:
+            return []
+        buf = (ctypes.c_double * len(values))(*values)
+        _check(self._lib.strata_engine_sum_over_ranks(self.handle, buf, len(values)))
+        return list(buf)
+
     def discard_grads(self):
         """Drops every gradient given since the last step (torch's zero_grad
         after a backward that raised): nothing is updated, the step count

@@ -141,6 +141,7 @@ def _load():
         "strata_engine_prepare_step": ([P, ctypes.POINTER(_StepOptions)], S),
         "strata_engine_step": ([P, ctypes.POINTER(_StepOptions), ctypes.POINTER(_StepResult)], S),
         "strata_engine_grad_norm": ([P, ctypes.POINTER(ctypes.c_double)], S),
+        "strata_engine_sum_over_ranks": ([P, ctypes.POINTER(ctypes.c_double), ctypes.c_size_t], S),
         "strata_engine_loss_scale": ([P, ctypes.POINTER(ctypes.c_double)], S),
         "strata_engine_config": ([P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)], S),
         "strata_engine_read_master": ([P, I, P], S),

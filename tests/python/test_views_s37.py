@@ -242,3 +242,97 @@ def test_reading_outside_a_forward_and_loading_are_not_writes():
     with pytest.raises(strata.Error, match=r"INVALID: 0\.bias: written in place"):
         off.state_dict()
     off.close()
+
+
+# ---- 4. what is watched: views of the fetched copy only, once each ------------
+
+def _watched(off):
+    return sum(len(h.refs) for h in off._handed_out.values())
+
+
+def test_an_ema_loop_outside_the_forward_watches_nothing():
+    """An EMA of the weights (ema.lerp_(p, w) every step), a foreach over
+    the parameters, p.contiguous() (p itself): none of them is a view of the
+    fetched copy, so none is watched, and the watch stays empty however
+    long the loop. Before: each call added what it returned (the EMA tensor
+    every step: a list that grew forever; each parameter every foreach
+    result: N^2; p itself: watched for good), scanned at every step."""
+    model = linear_model()
+    off = st.offload_module(model, config(), force_no_gpu=True)
+    params = list(model.parameters())
+    with torch.no_grad():
+        ema = [p.detach().clone() for p in params]
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(2))
+    for step in range(100):
+        model(x).square().mean().backward()
+        off.optimizer.step()
+        off.optimizer.zero_grad()
+        with torch.no_grad():
+            for e, p in zip(ema, params):
+                e.lerp_(p, 0.01)
+            diffs = torch._foreach_sub(ema, params)
+            same = [p.contiguous() for p in params]
+        assert all(s is p for s, p in zip(same, params))
+        assert _watched(off) == 0, f"step {step}: {_watched(off)} tensors watched"
+        del diffs, same
+    assert not off._handed_out
+    masters = off.state_dict()
+    for e, (k, v) in zip(ema, masters.items()):
+        assert e.shape == v.shape and torch.isfinite(e).all(), k
+    off.close()
+
+
+def test_views_handed_out_are_watched_once_each_while_they_live():
+    """p.detach() kept and asked again (the same tensor comes back from a
+    tuple of views): watched once; dropped, the parameter is watched no
+    more after the next check."""
+    model = linear_model()
+    off = st.offload_module(model, config(), force_no_gpu=True)
+    w = model[0].weight
+    kept = w.detach()
+    for _ in range(50):
+        pieces = torch.split(w, 2)  # views, a tuple
+        rows = w.unbind(0)
+        del pieces, rows
+    assert _watched(off) == 1  # kept alone lives
+    model(torch.randn(3, 4)).sum().backward()
+    off.optimizer.step()
+    with torch.no_grad():
+        kept.mul_(2)
+    with pytest.raises(strata.Error, match=r"0\.weight: written in place"):
+        off.state_dict()
+    del kept
+    off.optimizer.step()  # (said once) and nothing watched lives: dropped
+    assert not off._handed_out
+    off.close()
+
+
+def test_a_plain_training_loop_does_no_watching(monkeypatch):
+    """The hot loop (forward, backward, clip_grad_norm_, step, zero_grad)
+    never reaches the outside-a-forward path: nothing handed out, watched,
+    or walked for stale forwards, whatever the number of steps."""
+    from strata.torch import _module_hooks
+    from strata.torch._offloaded_module import OffloadedModule
+    calls = {"views_of": 0, "handed_out": 0, "_modules_running": 0}
+
+    def counted(name, fn):
+        def wrapper(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return wrapper
+
+    monkeypatch.setattr(OffloadedModule, "views_of", counted("views_of", OffloadedModule.views_of))
+    monkeypatch.setattr(OffloadedModule, "handed_out", counted("handed_out", OffloadedModule.handed_out))
+    monkeypatch.setattr(_module_hooks, "_modules_running",
+                        counted("_modules_running", _module_hooks._modules_running))
+    model = linear_model()
+    off = st.offload_module(model, config(), force_no_gpu=True)
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(2))
+    for _ in range(5):
+        model(x).square().mean().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        off.optimizer.step()
+        off.optimizer.zero_grad()
+    assert calls == {"views_of": 0, "handed_out": 0, "_modules_running": 0}, calls
+    assert not off._handed_out
+    off.close()

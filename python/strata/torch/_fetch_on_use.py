@@ -128,22 +128,42 @@ def _same_device(want, have):
 _DTYPE_OF = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _noop_conversion(key, t, args, kwargs):
-    """True when t.<key>(...) would return t itself (torch does): no values
-    are read. Also the dtype it asks for (None: none)."""
+def _conversion(key, t, args, kwargs):
+    """What t.<key>(...) asks: (in place, dtype). In place: t stays where it
+    is (its device, no memory format, no copy=True), so that the call
+    returns t itself where the dtype is t's too (torch does: no values are
+    read). dtype: the one asked for (None: none)."""
     rest = args[1:]
     if key == "to":
         try:
             device, dtype, _, fmt = torch._C._nn._parse_to(*rest, **kwargs)
         except Exception:
             return False, None
-        return (device is None or _same_device(torch.device(device), t.device)) and (dtype is None or dtype == t.dtype) \
-            and fmt is None and not kwargs.get("copy", False), dtype
+        return (device is None or _same_device(torch.device(device), t.device)) and fmt is None \
+            and not kwargs.get("copy", False), dtype
     if key == "cpu":
         return t.device.type == "cpu" and not rest and not kwargs, None
     if key in ("cuda", "type"):
         return False, None
-    return _DTYPE_OF.get(key) == t.dtype and not rest and not kwargs, _DTYPE_OF.get(key)
+    return not rest and not kwargs, _DTYPE_OF.get(key)
+
+
+_APPLY_CODE = torch.nn.Module._apply.__code__
+
+
+def _in_module_apply():
+    """Whether the call being handled comes from nn.Module._apply's fn
+    (model.to(dtype), model.half(), model.float(), a subclass's to() that
+    calls torch's): _apply sets p.data to what fn returned, next."""
+    import sys
+    f = sys._getframe(2)
+    for _ in range(6):
+        if f is None:
+            return False
+        if f.f_code is _APPLY_CODE:
+            return True
+        f = f.f_back
+    return False
 
 
 class _OffloadedParameter(torch.nn.Parameter):
@@ -194,24 +214,25 @@ def _use(func, key, mine, args, kwargs):
         target = args[0] if args else None
         if target is t:
             if key in _CONVERSIONS:
-                noop, dtype = _noop_conversion(key, t, args, kwargs)
-                if noop:
-                    _tls.converted = (id(t), dtype)  # (Module._apply's p.data = p, next, reads it)
+                in_place, dtype = _conversion(key, t, args, kwargs)
+                # A conversion that returns t itself: one to its own dtype
+                # (a forward's p.to(compute dtype) reads no values), or to
+                # another where Module._apply asks it (model.to(dtype),
+                # model.half()): no values are read; _apply's p.data = p,
+                # next, records the dtype asked for.
+                if in_place and (dtype is None or dtype == t.dtype or (not owner._scopes and _in_module_apply())):
+                    _tls.converted = (id(t), dtype)
                     return (t,)
             if key == "data.__set__" and len(args) > 1 and args[1] is t:
-                # p.data = p: Module._apply after a no-op conversion of p
-                # (model.half(), model.to(torch.bfloat16)). The placeholder
-                # is in the compute dtype, so converting to it looked like a
-                # no-op; but a parameter of another dtype (float32 under a
-                # bf16/fp16 config: mixed precision) keeps its own in
-                # state_dict, save_pretrained and close(): the model would
-                # not become that dtype, without a word. (A forward's
-                # p.to(dtype) is a no-op as before: only _apply sets .data.)
-                if asked is not None and asked[0] == id(t) and asked[1] is not None and asked[1] != group.dtypes[t]:
-                    raise Error(INVALID, f"{name}: converting the model to {asked[1]} under offload_module: the "
-                                f"parameter is {group.dtypes[t]} (the config computes in {asked[1]} already), "
-                                f"and state_dict and close() would keep it {group.dtypes[t]}; convert the model "
-                                "before offload_module, or after close()")
+                # p.data = p: Module._apply after a conversion of p answered
+                # above (model.half(), model.to(torch.bfloat16)). The model
+                # becomes that dtype as torch's would: the parameter's own
+                # dtype, which state_dict, save_pretrained and close() give
+                # its master in; the placeholder stays in the compute dtype.
+                # (Before, a conversion to the compute dtype changed nothing,
+                # without a word: state_dict kept float32.)
+                if asked is not None and asked[0] == id(t) and asked[1] is not None:
+                    owner.convert(group, t, name, asked[1])
                 return (None,)
             if key == "data.__set__" or key == "__setitem__" or key in ("set_", "resize_", "resize_as_") or (
                     key.endswith("_") and not key.endswith("__") and "." not in key and key not in _INPLACE_METADATA):
@@ -229,7 +250,7 @@ def _use(func, key, mine, args, kwargs):
             owners.append(owner)
         if not owner._scopes:
             outside = outside or []
-            outside.append((owner, t, name))
+            outside.append((owner, t, group, name))
     if not owners:
         return None
     if outside is not None:
@@ -241,11 +262,18 @@ def _use(func, key, mine, args, kwargs):
         # counter, which such tensors share with it, when it lets the group
         # go (handed_out). p.data is p.detach() here, whose counter is
         # shared (p.data's own is not: a write through it went unseen).
-        if key == "data.__get__" and args and any(t is args[0] for _, t, _ in outside):
+        # Only a result that views the group's memory is recorded: a new
+        # tensor (p * 2, p.norm(), torch._foreach_sub(ema, params)), an
+        # in-place op's own target (ema.lerp_(p, w)) or p itself
+        # (p.contiguous()) never is, so an EMA or logging loop adds nothing.
+        if key == "data.__get__" and args and any(t is args[0] for _, t, _, _ in outside):
             func, args, kwargs = torch.Tensor.detach, (args[0],), {}
         result = _call(func, args, kwargs, owners[0])
-        for owner, t, name in outside:
-            owner.handed_out(t, name, result)
+        if isinstance(result, (torch.Tensor, list, tuple)):
+            for owner, t, group, name in outside:
+                views = owner.views_of(group, result)
+                if views:
+                    owner.handed_out(t, name, views)
         return (result,)
     if not torch.is_grad_enabled():
         return None

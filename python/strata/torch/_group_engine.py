@@ -10,6 +10,10 @@ from .. import Error, INVALID
 from . import _sizing
 from ._config import _current_stream, _new_engine, _remove_swap_folders, _swap_folders, _torch_dtype
 
+# An integer dtype as wide as a floating one: its bits, compared exactly.
+_SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _param_label(p, names, where=""):
     name = (names or {}).get(id(p))
     return f"parameter '{name}'" if name else f"parameter{where} of shape {tuple(p.shape)}"
@@ -116,26 +120,44 @@ class _GroupEngine:
         copy_, the model's load_state_dict) or other memory (p.data = ...)."""
         self._seen = [(p._version, p.data_ptr()) for p in self.params]
 
-    def take_written(self):
-        """The values written into parameters since the engine last set them
-        become their masters (write_state), as torch's AdamW steps from
-        whatever a parameter holds: a model's load_state_dict after the
-        optimizer was made, an in-place change between steps. Before, the
-        next step went on from the old masters and overwrote the new values
-        without a word. A write through p.data (p.data.copy_(...)) is not
-        seen: .data has a version counter of its own."""
-        changed = {i for i, (p, seen) in enumerate(zip(self.params, self._seen)) if (p._version, p.data_ptr()) != seen}
-        if not changed:
-            return
+    def written(self):
+        """Indices of the parameters written since the engine last set them
+        (their version or memory moved): a list, empty for none."""
+        return [i for i, (p, seen) in enumerate(zip(self.params, self._seen))
+                if p._version != seen[0] or p.data_ptr() != seen[1]]
+
+    def take_written(self, changed):
+        """The values written into parameters `changed` (indices, from
+        written()) since the engine last set them become their masters
+        (write_state), as torch's AdamW steps from whatever a parameter
+        holds: a model's load_state_dict after the optimizer was made, an
+        in-place change between steps. Before, the next step went on from
+        the old masters and overwrote the new values without a word. Only
+        the elements that differ from the master in the parameter's dtype
+        (bit for bit) are taken: a parameter of bf16 or fp16 written with
+        the values it held (p.copy_(saved) after an EMA swap, a load of the
+        weights it has, nn.Embedding(max_norm) renormalising rows it leaves
+        alone) keeps its float32 master, not its rounding. A write through
+        p.data (p.data.copy_(...)) is not seen: .data has a version counter
+        of its own."""
+        changed = set(changed)
         with torch.no_grad():
             for g, entries in self.buckets:
                 if not any(i in changed for i, _, _, _ in entries):
                     continue
-                flat = self.engine.read_state(g, "master")  # the others keep theirs exactly (bf16 parameters)
+                flat = self.engine.read_state(g, "master")
                 for i, start, count, off in entries:
-                    if i in changed:
-                        flat[off:off + count] = self.params[i].detach().reshape(-1)[start:start + count].to(
-                            device="cpu", dtype=torch.float32)
+                    if i not in changed:
+                        continue
+                    p = self.params[i]
+                    new = p.detach().reshape(-1)[start:start + count].to("cpu")
+                    old = flat[off:off + count]
+                    if p.dtype == torch.float32:
+                        old.copy_(new)
+                        continue
+                    ints = _SAME_WIDTH_INT[p.element_size()]
+                    differ = new.view(ints) != old.to(p.dtype).view(ints)
+                    old.copy_(torch.where(differ, new.to(torch.float32), old))
                 self.engine.write_state(g, "master", flat)
         self._remember()
 
@@ -183,6 +205,7 @@ class _GroupEngine:
 
     def copy_params_back(self):
         pending = {}  # param index -> flat copy of a non-contiguous parameter cut over groups
+        seen = self._seen
         for g, entries in self.buckets:
             stream = _current_stream(self.device)
             buf = self.engine.fetch_tensor(g, stream=stream)
@@ -197,8 +220,8 @@ class _GroupEngine:
                     flat[start:start + count].copy_(buf[off:off + count])
                     if start + count == p.numel():
                         p.copy_(pending.pop(i).view(p.shape))
+                seen[i] = (p._version, p.data_ptr())  # (our copy moved it: not a write)
             self.engine.release(g, stream=stream)
-        self._remember()  # (our copies moved the versions)
 
     def _per_param(self, reads):
         """Per parameter, shaped like it: {key: values} from `reads(group)`,

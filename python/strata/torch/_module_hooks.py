@@ -43,10 +43,10 @@ class _ModuleHooks:
     # runs (checkpoint around a function inside it) sees the tensors saved
     # under it first: the groups held by the forwards then running stay
     # "pinned" until their gradients are in or backward ends.
-    def _before_forward(self, needs):
+    def _before_forward(self, needs, module=None):
         if _fou.compiling():
             _fou.refuse_compile(type(self.module).__name__)
-        scope = _Scope()
+        scope = _Scope(module)
         below = _saved.top()
         if _saved.owner_of(below) is not self:
             scope.ctx = _saved.owner_hooks(self, below)
@@ -85,14 +85,26 @@ class _ModuleHooks:
                     self._loose[idx] = g
             self.release(g)
 
-    def _end_stale_scopes(self):
-        """Where no forward of the model runs (step, zero_grad, a load): a
-        scope still open is one whose forward a BaseException that is not an
-        Exception ended (KeyboardInterrupt, SystemExit), for which torch
-        2.1+ runs no always-called forward hook. It ends now, innermost
-        first, as its forward's end would have: its groups let go and its
-        saved-tensor hooks exited. Before, its groups stayed fetched and
-        every later step failed ("group N is fetched and not released")."""
+    def _end_stale_scopes(self, what):
+        """Where no forward of the model may run (`what`: step, zero_grad, a
+        load): a scope still open is a forward running (one of its hooks,
+        or another thread, called `what`: refused, INVALID, as it would pull
+        the groups from under it), or one that a BaseException that is not
+        an Exception ended (KeyboardInterrupt, SystemExit), for which torch
+        2.1+ runs no always-called forward hook: its module's call is on no
+        thread's stack any more. Those end now, innermost first, as their
+        forwards' ends would have: their groups let go and their
+        saved-tensor hooks exited. Before, their groups stayed fetched and
+        every later step failed ("group N is fetched and not released").
+        Costs nothing while no scope is open (every step of a plain loop)."""
+        if not self._scopes:
+            return
+        running = _modules_running()
+        for scope in self._scopes:
+            if scope.module is not None and id(scope.module) in running:
+                raise Error(INVALID, f"{what}: a forward is running (the model's {type(scope.module).__name__}); "
+                            f"call {what} outside the model's forward: not from the forward itself or one of its "
+                            "hooks, nor while another thread runs one")
         while self._scopes:
             self._after_forward(None)
 
@@ -185,13 +197,36 @@ class _ModuleHooks:
     # GPU, in float32, on one rank the fetch hands out the masters' own
     # memory: it changed them behind the optimizer; elsewhere the copy: lost
     # at the next fetch), so silently it was wrong either way.
-    def handed_out(self, p, name, result):
+    def views_of(self, g, result):
+        """The tensors of `result` (a tensor, or tensors in a list or
+        tuple) that view group g's fetched memory: those a write could
+        reach it through. Not an offloaded parameter itself (an in-place op
+        on one is refused where it is called)."""
+        f = self._fetched.get(g.index)
+        if f is None:
+            return []
+        _, start, end = f
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        out = []
+        for t in result:
+            if isinstance(t, torch.Tensor):
+                if type(t) is not _fou._OffloadedParameter and t.device == self.device and \
+                        start <= _data_ptr(t) < end:
+                    out.append(t)
+            elif isinstance(t, (list, tuple)):
+                out.extend(self.views_of(g, t))
+        return out
+
+    def handed_out(self, p, name, views):
         """_fetch_on_use: a call outside every forward read parameter p and
-        returned `result` (p.data, p.detach(), a view, or anything else)."""
+        returned `views` of its group's fetched memory (p.data, p.detach(),
+        p.t(), p[0]): p is watched while one of them lives."""
         h = self._handed_out.get(id(p))
         if h is None:
             h = self._handed_out[id(p)] = _HandedOut(p, name)
-        h.track(result)
+        for t in views:
+            h.track(t)
 
     def _writes(self):
         """The Error for the parameters written through a tensor handed out
@@ -378,35 +413,71 @@ class _ModuleHooks:
         self._refuse_writes()
 
 
+def _data_ptr(t):
+    """t's first byte (-1: it has no storage of its own: sparse, meta)."""
+    try:
+        return t.data_ptr()
+    except RuntimeError:
+        return -1
+
+
 class _HandedOut:
     """A parameter whose tensors were handed out outside every forward: its
-    version when recorded (or last checked), and weak references to what
-    was handed out (while one lives, a write through it may still come)."""
+    version when recorded (or last checked), and weak references to the
+    views of its memory handed out, once each (id -> reference, dropped as
+    each dies: as many as are alive; while one is, a write through it may
+    still come)."""
     __slots__ = ("param", "name", "version", "refs")
 
     def __init__(self, p, name):
-        self.param, self.name, self.version, self.refs = p, name, p._version, []
+        self.param, self.name, self.version, self.refs = p, name, p._version, {}
 
-    def track(self, result):
-        if len(self.refs) >= 16:
-            self.refs = [r for r in self.refs if r() is not None]
-        with _fou.quiet():
-            for t in _fou._each_tensor(result, []):
-                self.refs.append(weakref.ref(t))
+    def track(self, t):
+        key = id(t)
+        r = self.refs.get(key)
+        if r is not None and r() is t:
+            return
+        refs = self.refs
+
+        def gone(ref, key=key, refs=refs):
+            if refs.get(key) is ref:
+                del refs[key]
+
+        refs[key] = weakref.ref(t, gone)
 
     def alive(self):
-        return any(r() is not None for r in self.refs)
+        return bool(self.refs)
 
 
 class _Scope:
-    """One module forward running: the groups it holds (index -> group),
-    the saved-tensor hooks it entered (where ours were not on top), and
-    whether its groups stay pinned after it (hooks other than ours were
-    entered while it ran)."""
-    __slots__ = ("held", "ctx", "pin")
+    """One module forward running: its module, the groups it holds
+    (index -> group), the saved-tensor hooks it entered (where ours were not
+    on top), and whether its groups stay pinned after it (hooks other than
+    ours were entered while it ran)."""
+    __slots__ = ("module", "held", "ctx", "pin")
 
-    def __init__(self):
-        self.held, self.ctx, self.pin = {}, None, False
+    def __init__(self, module=None):
+        self.module, self.held, self.ctx, self.pin = module, {}, None, False
+
+
+_CALL_CODES = frozenset(c for c in (getattr(getattr(torch.nn.Module, n, None), "__code__", None)
+                                    for n in ("_call_impl", "_wrapped_call_impl")) if c is not None)
+
+
+def _modules_running():
+    """ids of the modules whose call (nn.Module._call_impl, where the
+    forward hooks run) is on some thread's stack now."""
+    import sys
+    out = set()
+    for top in sys._current_frames().values():
+        f = top
+        while f is not None:
+            if f.f_code in _CALL_CODES:
+                m = f.f_locals.get("self")
+                if m is not None:
+                    out.add(id(m))
+            f = f.f_back
+    return out
 
 
 def _forward_hooks_always_called():

@@ -80,6 +80,24 @@ class _ModuleStateDict:
                 with _fou.quiet():
                     self._load_commit(True, ctx.groups, ctx.masters, ctx.versions)
 
+    def convert(self, g, p, name, dtype):
+        """_fetch_on_use: Module._apply converts parameter p of group g to
+        `dtype` (model.to(dtype), model.half(), HF's bf16_full_eval,
+        diffusers' vae.to(device, dtype=...)): it becomes p's own dtype, in
+        which state_dict, save_pretrained and close() give its master, as
+        torch's conversion would make the model that dtype. The engine goes
+        on with its float32 master and computes in its compute dtype, as
+        before; a dtype that is neither (float64, fp16 under a bf16 config)
+        is refused, naming the parameter, as offload_module refuses it."""
+        if dtype == g.dtypes[p]:
+            return
+        if dtype not in (self.dtype, torch.float32):
+            raise Error(INVALID, f"{name}: converting the model to {dtype} under offload_module, whose config "
+                        f"computes in {self.dtype}: a parameter there is {self.dtype} or float32 (mixed "
+                        "precision; its master weights are float32 either way). Convert the model before "
+                        "offload_module (with the matching bf16/fp16 section), or after close()")
+        g.dtypes[p] = dtype
+
     def _dtype_device(self, p):
         g = self._group_of[id(p)]
         return g.dtypes[p], g.devices[p]
@@ -124,7 +142,7 @@ class _ModuleStateDict:
         # load) drops them. Within a load the other modules' hooks do nothing.
         if self.engine is None or self._load_ctx is not None:
             return
-        self._end_stale_scopes()  # (a forward that a KeyboardInterrupt ended)
+        self._end_stale_scopes("load_state_dict")  # (a running one: INVALID)
         self._drop_holds()
         for g in self._groups:
             if g.index in self._fetched or self._refs.get(g.index, 0) or g.pending():

@@ -15,7 +15,8 @@ from ._clip import (_OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _
                     _torch_norm_of, _torch_total_norm)
 from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _resolve_ranks, _say_autos, _separate_swap_folders,
                       _with_state_format)
-from ._group_engine import _GroupEngine, _check_params, _check_saved_shapes, _nonfinite, _overflowed, _split_names
+from ._group_engine import (_GroupEngine, _check_params, _check_saved_shapes, _nonfinite, _overflowed, _param_label,
+                            _split_names)
 from ._loss_scale import _LossScaling, _Scaler, _ScalesLoss, _fp16_section
 from ._offload_optimizer import _closure_loss
 
@@ -217,13 +218,57 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         _say_autos(self._config, ge.engine.config, "OffloadAdam", self._autos_said, _filled_by_arguments)
         return ge
 
-    def _take_written(self):
+    def _take_written(self, where):
         """Values written into the parameters since the engines last set
         them (the model's load_state_dict after the optimizer was made, an
         in-place change between steps) become their masters, as torch's
-        AdamW steps from what a parameter holds (_GroupEngine.take_written)."""
+        AdamW steps from what a parameter holds (_GroupEngine.take_written).
+        An engine handed this step's gradients already (clip_grad_norm_ with
+        several ranks) cannot take values until its step: a write into its
+        parameters since is refused, naming one. With several ranks taking
+        is a collective, so the decision is every rank's: one sum over the
+        ranks of whether each wrote (and where some did, of each parameter's
+        flag); a parameter written on some ranks only is refused on every
+        rank, naming it (before: the ranks that wrote read and wrote the
+        state alone, and the others' next collective hung)."""
+        open_, written = [], []
         for ge in self._engines:
-            ge.take_written()
+            changed = ge.written()
+            if ge.handed:
+                if changed:
+                    raise Error(INVALID, f"OffloadAdam.{where}: {_param_label(ge.params[changed[0]], ge.names)} "
+                                "was written after clip_grad_norm_ handed this step's gradients to the engine, "
+                                "which takes new values between steps only: write before clip_grad_norm_, or "
+                                "after step()")
+                continue
+            open_.append(ge)
+            written.append(changed)
+        if not open_:
+            return
+        if self._world_size > 1:
+            anyone = open_[0].engine.sum_over_ranks([1.0 if any(written) else 0.0])[0]
+            if anyone == 0:
+                return
+            flags = []
+            for ge, changed in zip(open_, written):
+                mine = [0.0] * len(ge.params)
+                for i in changed:
+                    mine[i] = 1.0
+                flags += mine
+            counts = iter(open_[0].engine.sum_over_ranks(flags))
+            for ge in open_:
+                for p in ge.params:
+                    n = next(counts)
+                    if 0 < n < self._world_size:
+                        raise Error(INVALID, f"OffloadAdam.{where}: {_param_label(p, ge.names)} was written "
+                                    f"on {int(n)} of {self._world_size} ranks since the last step; its master "
+                                    "is one for every rank: write on every rank alike (each rank's "
+                                    "load_state_dict, not rank 0's alone)")
+            # (Each parameter now written on every rank or on none: the
+            # ranks read and write the same buckets below.)
+        for ge, changed in zip(open_, written):
+            if changed:
+                ge.take_written(changed)
 
     @property
     def _engines(self):
@@ -284,7 +329,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self._check_open("clip_grad_norm_")
         _check_clip_args(max_norm, norm_type)
         self._check_scaled("clip_grad_norm_")
-        self._take_written()  # (before any gradient is handed: the masters are written between steps)
+        self._take_written("clip_grad_norm_")  # (before any gradient is handed: the masters are written between steps)
         if params is None:
             params = [p for group in self.param_groups for p in group["params"]]
         grads = [p.grad for p in params if p.grad is not None]
@@ -335,7 +380,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self._check_open("step")
         loss = _closure_loss(closure)
         self._check_scaled("step()")
-        self._take_written()
+        self._take_written("step")
         results = []
         clip_next, self._clip_next = self._clip_next, None
         coef, self._clip_coef = self._clip_coef, None
@@ -433,7 +478,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         "step", "exp_avg", "exp_avg_sq", and "master_param" (its float32
         master weights; torch AdamW loads the dict and ignores it)."""
         self._check_open("state_dict")
-        self._take_written()
+        self._take_written("state_dict")
         for ge in self._engines:
             if ge.engine.steps == 0:
                 continue  # torch has no state for a parameter before its first step

@@ -150,7 +150,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         always = _forward_hooks_always_called()
         for m, needs in users:
             self._handles.append(m.register_forward_pre_hook(
-                lambda mod, inp, needs=needs: self._before_forward(needs)))
+                lambda mod, inp, needs=needs: self._before_forward(needs, mod)))
             self._handles.append(m.register_forward_hook(
                 lambda mod, inp, out: self._after_forward(out), **always))
             if not always:  # torch < 2.1: a forward that raises still ends its scope
@@ -213,7 +213,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         None (but see zero_grad). Gradients are
         averaged over the ranks and the grad_accumulation_steps backward
         passes (strata.grad_reduce "mean"). Returns (grad_norm, skipped)."""
-        self._end_stale_scopes()
+        self._end_stale_scopes("step")
         self._settle()
         if self._keep_zero_grads:
             for g in self._groups:  # torch would step their zero .grad
@@ -253,7 +253,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         (a batch skipped after its backward, a backward that raised) are
         dropped, with clip_grad_norm_'s clip for them, as torch's zero_grad
         drops .grad."""
-        self._end_stale_scopes()
+        self._end_stale_scopes("zero_grad")
         self._keep_zero_grads = not (_TORCH2 if set_to_none is None else bool(set_to_none))
         self._drop_grads()
 
