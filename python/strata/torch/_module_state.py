@@ -5,6 +5,8 @@ engine as the new masters (the moments stay).
 
 import collections
 
+import warnings
+
 import torch
 
 from .. import Error, INVALID
@@ -97,6 +99,18 @@ class _ModuleStateDict:
                         "precision; its master weights are float32 either way). Convert the model before "
                         "offload_module (with the matching bf16/fp16 section), or after close()")
         g.dtypes[p] = dtype
+        said = getattr(self, "_conversions_said", None)
+        if said is None:
+            said = self._conversions_said = set()
+        if dtype not in said:
+            # Said once a dtype: the conversion changes what the model gives
+            # out, not how it computes (an upcast for fp32 arithmetic, e.g.
+            # diffusers' upcast_vae, does not happen), and `model.to(model.dtype)`
+            # is one too (a placeholder reports the compute dtype).
+            said.add(dtype)
+            warnings.warn(f"offload_module: the model was converted to {dtype} ({name} and others): state_dict(), "
+                          f"save_pretrained and close() now give {dtype}; the forward still computes in the "
+                          f"config's {self.dtype} and the master weights stay float32")
 
     def _dtype_device(self, p):
         g = self._group_of[id(p)]
