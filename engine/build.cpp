@@ -179,7 +179,13 @@ Status Engine::Impl::BuildOnce() {
   if (config_.strata.grad_home == "auto" && opt_home == TierKind::kNvme && !host_holds_g)
     STRATA_LOG_INFO("build: G on NVMe beside W, M, V: strata.host_budget ({}) cannot hold it beside the staging "
                     "(strata.grad_home \"auto\")", FormatBytes(host_->budget()));
-  STRATA_RETURN_IF_ERROR(CheckHostPlan(lay_, host_->budget()));  // before anything is allocated
+  // Before anything is allocated, with what build takes besides (before,
+  // an arena that did not fit beside the plan was NOMEM at its allocation).
+  std::string taken_what;
+  if (config_.strata.activation_host_bytes) taken_what = "the activations' arena (strata.activation_host_bytes)";
+  if (taken > config_.strata.activation_host_bytes)
+    taken_what += std::string(taken_what.empty() ? "" : " and ") + "speculation room (strata.speculation_host_bytes)";
+  STRATA_RETURN_IF_ERROR(CheckHostPlan(lay_, host_->budget(), taken, taken_what));
   const int ngroups = lay_.part.num_groups();
   auto used = [&](int s) { return lay_.StateUsed(s); };
   auto used_by = [&](int s, int g) { return lay_.StateUsedBy(s, g); };

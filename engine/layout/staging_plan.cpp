@@ -119,7 +119,7 @@ StagingSizes PlanStaging(const Layout& m, const std::function<uint64_t(uint64_t)
 }
 
 // The host tier charges whole pages per allocation (HostTier::Allocate).
-Status CheckHostPlan(const Layout& m, uint64_t host_budget) {
+Status CheckHostPlan(const Layout& m, uint64_t host_budget, uint64_t taken, const std::string& taken_what) {
   uint64_t homed = 0;
   for (int g = 0; g < m.part.num_groups(); ++g)
     for (int s = 0; s < kNumStates; ++s)
@@ -130,7 +130,7 @@ Status CheckHostPlan(const Layout& m, uint64_t host_budget) {
   const uint64_t param = z.param_slots * AlignUp(z.param_bytes, 4096);
   const uint64_t grad = z.grad_slots * AlignUp(z.grad_bytes, 4096);
   const uint64_t frozen = z.frozen_slots * AlignUp(z.frozen_bytes, 4096);
-  const uint64_t need = homed + step + param + grad + frozen, budget = host_budget;
+  const uint64_t need = homed + step + param + grad + frozen + taken, budget = host_budget;
   if (need <= budget) return Status::Ok();
   const std::string setting = m.config->strata.host_budget ? "" : " (\"auto\": half of RAM)";
   return ConfigError("strata.host_budget: " + FormatBytes(budget) + setting + " is too small for this model; Build needs at least " +
@@ -141,7 +141,8 @@ Status CheckHostPlan(const Layout& m, uint64_t host_budget) {
                      "stages units in pieces of them), " +
                      FormatBytes(param) + " of parameter staging" +
                      (frozen ? ", " + FormatBytes(frozen) + " of staging for the frozen groups' parameters" : "") +
-                     " and " + FormatBytes(grad) + " of gradient staging");
+                     " and " + FormatBytes(grad) + " of gradient staging" +
+                     (taken ? ", and " + FormatBytes(taken) + " of " + taken_what : ""));
 }
 
 }  // namespace strata

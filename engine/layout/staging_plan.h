@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "engine/layout/layout.h"
@@ -78,6 +79,8 @@ std::vector<uint64_t> BehindPieces(const Layout& m, const std::function<uint64_t
 // At Build's start, with homes chosen and nothing allocated: CONFIG naming
 // strata.host_budget, the least host memory Build needs and what for, when
 // `host_budget` cannot hold the host-homed blocks and the staging pools.
-Status CheckHostPlan(const Layout& m, uint64_t host_budget);
+// `taken`: what else build takes from the host budget by number (the
+// activations' arena, a speculation room in bytes), named by `taken_what`.
+Status CheckHostPlan(const Layout& m, uint64_t host_budget, uint64_t taken = 0, const std::string& taken_what = "");
 
 }  // namespace strata

@@ -267,6 +267,15 @@ TEST(Activations, ThroughTheEngine) {
   Status st = plain->Stash(v.data(), 40).status();
   EXPECT_EQ(st.code(), Code::kState);
   EXPECT_NE(st.message().find("strata.activation_host_bytes is 0"), std::string::npos) << st.message();
+  // An arena that does not fit the host budget beside the staging: CONFIG
+  // before anything is allocated, naming it with the plan (it was NOMEM at
+  // the arena's allocation, after the state was built).
+  TempDir dir4;
+  auto big = EngineWith(R"("activation_host_bytes": "64MiB", )", dir4.path(), &built);
+  EXPECT_EQ(built.code(), Code::kConfig) << built.ToString();
+  EXPECT_NE(built.message().find("64.00 MiB of the activations' arena (strata.activation_host_bytes)"), std::string::npos)
+      << built.message();
+  EXPECT_EQ(big->stats().host.peak, 0u) << "refused after allocating";
   // NVMe swap without the arena it passes through: refused at build, by name.
   TempDir dir3;
   auto bad = EngineWith(R"("activation_nvme_bytes": "8MiB", )", dir3.path(), &built);
