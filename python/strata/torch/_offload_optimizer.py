@@ -103,7 +103,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         # not honour (a torch AdamW's amsgrad or maximize), each tensor's
         # shape, and each group's state whole or absent (one step count and
         # one set of moments per group, where torch keeps them per parameter).
-        from ._offload_adam import _check_group_options
+        from ._adam_options import _check_group_options
         _check_group_options(groups[0], "OffloadOptimizer.load_state_dict: the param group")
         if groups[0].get("maximize"):
             raise Error(INVALID, "OffloadOptimizer.load_state_dict: the param group has maximize=True, which "
