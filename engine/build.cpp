@@ -119,9 +119,8 @@ Status Engine::Impl::BuildOnce() {
   if (lay_.multi) STRATA_RETURN_IF_ERROR(AgreeOnFrozen());
   ConfigFacts facts = machine_;
   facts.largest_group_numel = lay_.part.largest_group_numel();
-  for (int g = 0; g < lay_.part.num_groups(); ++g)
-    if (!lay_.frozen(g)) facts.largest_trainable_numel = std::max(facts.largest_trainable_numel, lay_.part.group(g).numel);
-  if (facts.largest_trainable_numel == 0) facts.largest_trainable_numel = 1;  // (all frozen: no W, M, V, G at all)
+  // (All frozen: no W, M, V, G at all; 1, for 0 stands for "not known": ConfigFacts.)
+  facts.largest_trainable_numel = std::max<uint64_t>(lay_.LargestTrainable(Layout::Size::kNumel), 1);
   facts.world_size = static_cast<uint32_t>(lay_.sworld);
   facts.has_gpu = device_->on_gpu();
   STRATA_RETURN_IF_ERROR(ValidateConfig(config_, facts));

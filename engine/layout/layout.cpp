@@ -14,10 +14,13 @@ bool Layout::any_trainable() const {
   return false;
 }
 
-uint64_t Layout::LargestTrainable(bool padded) const {
+uint64_t Layout::LargestTrainable(Size size) const {
   uint64_t m = 0;
-  for (int g = 0; g < part.num_groups(); ++g)
-    if (!frozen(g)) m = std::max(m, padded ? part.group(g).padded : part.group(g).shard_numel);
+  for (int g = 0; g < part.num_groups(); ++g) {
+    if (frozen(g)) continue;
+    const GroupLayout& L = part.group(g);
+    m = std::max(m, size == Size::kPadded ? L.padded : size == Size::kNumel ? L.numel : L.shard_numel);
+  }
   return m;
 }
 

@@ -54,10 +54,12 @@ struct Layout {
     return static_cast<size_t>(g) < frozen_groups.size() && frozen_groups[static_cast<size_t>(g)] != 0;
   }
   bool any_trainable() const;  // a group that is not frozen exists
-  // The largest shard (or, `padded`, the largest padded group) among the
-  // groups that train; 0 when every group is frozen. Sizes what only they use
-  // (G, W, M, V, their staging, the GPU update's scratch, reduce buffers).
-  uint64_t LargestTrainable(bool padded) const;
+  // The largest shard (kShard), padded group (kPadded) or group (kNumel)
+  // among the groups that train; 0 when every group is frozen. Sizes what
+  // only they use (G, W, M, V, their staging, the GPU update's scratch,
+  // reduce buffers, the host memory's lower bound).
+  enum class Size { kShard, kPadded, kNumel };
+  uint64_t LargestTrainable(Size size) const;
   // The device copy holds the whole group; P's home holds the whole group
   // (stages 0-2: every rank keeps all parameters) or this rank's shard (stage 3).
   uint64_t PBytes(int g) const { return part.group(g).padded * DTypeSize(dtype); }

@@ -108,7 +108,7 @@ Status GradReducer::Init() {
   packed_in_use_ = 0;
   const bool overlap = layout_.config->zero.overlap_comm;
   if (device) {
-    const uint64_t largest = layout_.LargestTrainable(true);  // frozen groups take no gradients
+    const uint64_t largest = layout_.LargestTrainable(Layout::Size::kPadded);  // frozen groups take no gradients
     const int count = largest == 0 ? 0 : overlap ? 2 : 1;
     for (int i = 0; i < count; ++i) {
       auto a = device_.Allocate(largest * 4);
@@ -198,10 +198,11 @@ void GradReducer::Stop() {
   mem_.reset();
 }
 
-Status GradReducer::Drain(bool wait) {
+Status GradReducer::Drain(bool wait, bool take) {
   if (!thread_.joinable()) return Status::Ok();
   std::unique_lock<std::mutex> lock(mu_);
   if (wait) cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
+  if (!take) return error_;
   Status st = std::move(error_);
   error_ = Status::Ok();
   return st;
@@ -359,17 +360,13 @@ Status GradReducer::Queue(Job job) {
 }
 
 Status GradReducer::Gather(int g, void* full) {
-  {
-    // The queue's collectives first (one order on every rank). A failure
-    // among them is left for DrainComm, not taken: it breaks the engine
-    // there. Taken here, it failed one fetch and the next step went on
-    // with the groups queued after it, whose gradients were never reduced.
-    std::unique_lock<std::mutex> lock(mu_);
-    if (thread_.joinable()) cv_.wait(lock, [&] { return queue_.empty() && !busy_; });
-    if (!error_.ok())
-      return error_.WithContext("gathering the parameters of group " + std::to_string(g) +
-                                ": a background gradient reduction failed before it");
-  }
+  // The queue's collectives first (one order on every rank). A failure
+  // among them is left for DrainComm, not taken: it breaks the engine
+  // there. Taken here, it failed one fetch and the next step went on with
+  // the groups queued after it, whose gradients were never reduced.
+  STRATA_RETURN_IF_ERROR(Drain(/*wait=*/true, /*take=*/false)
+                             .WithContext("gathering the parameters of group " + std::to_string(g) +
+                                          ": a background gradient reduction failed before it"));
   return GatherNow(g, full);
 }
 

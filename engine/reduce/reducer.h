@@ -125,7 +125,8 @@ class GradReducer {
   // Waits for the thread's work (wait) or only looks (not); a background
   // failure is returned once (the composition's DrainComm takes it, and
   // breaks the engine: the groups queued after it got no gradients).
-  Status Drain(bool wait = true);
+  // `take` false: the failure stays for the next Drain (Gather's look).
+  Status Drain(bool wait = true, bool take = true);
   // Stage 3: all-gathers group g's P into `full` (this rank's slice at its
   // offset), after the thread's work (GatherNow: without waiting for it).
   Status Gather(int g, void* full);

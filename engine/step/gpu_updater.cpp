@@ -36,7 +36,7 @@ void GpuUpdater::SetUp() {
   }
   const bool p_on_device = layout_.home[int(StateKind::kP)] == TierKind::kDevice;
   // The groups the step updates (frozen ones never reach it).
-  const GpuScratchPlan plan = PlanGpuScratch(layout_.LargestTrainable(false), layout_.gdtype, layout_.dtype, p_on_device);
+  const GpuScratchPlan plan = PlanGpuScratch(layout_.LargestTrainable(Layout::Size::kShard), layout_.gdtype, layout_.dtype, p_on_device);
   uint64_t reserve = 0;  // a fetch's device copy of the largest group, when P lives elsewhere
   for (int g = 0; !p_on_device && g < layout_.part.num_groups(); ++g)
     reserve = std::max(reserve, AlignUp(layout_.PBytes(g), kDeviceGrain));

@@ -205,7 +205,9 @@ def _use(func, key, mine, args, kwargs):
     outside = None  # (owner, parameter, name) of those whose owner runs no forward: handed out, see below
     # The no-op conversion of the call just before, if that was one: only
     # the call right after it (Module._apply's p.data = p) reads it.
-    asked, _tls.converted = getattr(_tls, "converted", None), None
+    asked = getattr(_tls, "converted", None)
+    if asked is not None:
+        _tls.converted = None
     for t in mine:
         ent = _OFFLOADED.get(id(t))
         if ent is None or ent[0]() is not t:
@@ -280,17 +282,18 @@ def _use(func, key, mine, args, kwargs):
     top = _saved.top()
     if _saved.owner_of(top) is owners[0]:
         return None
-    return (_call(func, args, kwargs, owners[0], top),)
+    with _saved.owner_hooks(owners[0], top):
+        with _NoTorchFunction():
+            return (func(*args, **kwargs),)
 
 
-def _call(func, args, kwargs, owner, top=None):
-    """Runs a call that reads offloaded parameters of `owner`. With grad
-    enabled, outside the owner's forwards or under a pair of saved-tensor
-    hooks entered inside one (torch.utils.checkpoint around a function),
-    what autograd saves passes the owner's pack first, so that a view of
-    the group comes back by fetch and no other hook keeps it."""
+def _call(func, args, kwargs, owner):
+    """Runs a call that reads offloaded parameters of `owner` outside its
+    forwards. With grad enabled, what autograd saves passes the owner's
+    pack first (unless its hooks are on top already), so that a view of the
+    group comes back by fetch and no other hook keeps it."""
     if torch.is_grad_enabled():
-        top = _saved.top() if top is None else top
+        top = _saved.top()
         if _saved.owner_of(top) is not owner:
             with _saved.owner_hooks(owner, top):
                 with _NoTorchFunction():

@@ -43,7 +43,7 @@ class _ModuleHooks:
     # runs (checkpoint around a function inside it) sees the tensors saved
     # under it first: the groups held by the forwards then running stay
     # "pinned" until their gradients are in or backward ends.
-    def _before_forward(self, needs, module=None):
+    def _before_forward(self, needs, module):
         if _fou.compiling():
             _fou.refuse_compile(type(self.module).__name__)
         scope = _Scope(module)
@@ -101,7 +101,7 @@ class _ModuleHooks:
             return
         running = _modules_running()
         for scope in self._scopes:
-            if scope.module is not None and id(scope.module) in running:
+            if id(scope.module) in running:
                 raise Error(INVALID, f"{what}: a forward is running (the model's {type(scope.module).__name__}); "
                             f"call {what} outside the model's forward: not from the forward itself or one of its "
                             "hooks, nor while another thread runs one")
@@ -456,7 +456,7 @@ class _Scope:
     ours were entered while it ran)."""
     __slots__ = ("module", "held", "ctx", "pin")
 
-    def __init__(self, module=None):
+    def __init__(self, module):
         self.module, self.held, self.ctx, self.pin = module, {}, None, False
 
 

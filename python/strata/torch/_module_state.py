@@ -99,9 +99,7 @@ class _ModuleStateDict:
                         "precision; its master weights are float32 either way). Convert the model before "
                         "offload_module (with the matching bf16/fp16 section), or after close()")
         g.dtypes[p] = dtype
-        said = getattr(self, "_conversions_said", None)
-        if said is None:
-            said = self._conversions_said = set()
+        said = self._conversions_said
         if dtype not in said:
             # Said once a dtype: the conversion changes what the model gives
             # out, not how it computes (an upcast for fp32 arithmetic, e.g.

@@ -123,6 +123,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         self._pinned = {}  # group index -> group, held until its gradients are in or backward ends
         self._loose = {}  # group index -> group, used outside any forward: held until backward ends or step
         self._handed_out = {}  # id(param) -> _HandedOut: tensors of it handed out outside every forward
+        self._conversions_said = set()  # the dtypes a conversion of the model was warned of (_ModuleState.convert)
         self._callback_queued = False
         # Activation offload (offload_activations): tensors of at least this
         # many bytes that autograd saves in a forward go to the engine's
