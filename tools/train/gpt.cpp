@@ -98,7 +98,19 @@ bool RegisterGpt(const layers::GptConfig& cfg, strata_engine_t* e, uint64_t seed
   return true;
 }
 
+uint64_t Gpt::HostBufferBytes() const {
+  // What Setup allocates, in floats.
+  const uint64_t B = static_cast<uint64_t>(B_), T = static_cast<uint64_t>(T_), N = B * T;
+  const uint64_t C = static_cast<uint64_t>(cfg_.channels), V = static_cast<uint64_t>(cfg_.vocab);
+  const uint64_t inputs = offload_ ? 3 : static_cast<uint64_t>(cfg_.layers) + 1;
+  const uint64_t floats = (inputs + 2) * N * C + 2 * layers::EmbedParamCount(cfg_) +
+                          2 * layers::BlockParamCount(cfg_) + layers::BlockActsFloats(cfg_, B, T) + 2 * N * C + 3 * N +
+                          std::min<uint64_t>(N, layers::kHeadChunkRows) * V;
+  return floats * sizeof(float);
+}
+
 void Gpt::Setup() {
+  if (ready_) return;
   const size_t BTC = static_cast<size_t>(B_) * T_ * cfg_.channels;
   x_.assign(offload_ ? 3 : static_cast<size_t>(cfg_.layers) + 1, std::vector<float>(BTC));
   stashed_.assign(static_cast<size_t>(cfg_.layers), 0);
@@ -122,10 +134,11 @@ bool Gpt::FetchF32(strata_engine_t* e, int group, std::vector<float>* out, std::
 
 bool Gpt::TrainStep(strata_engine_t* e, const int32_t* inputs, const int32_t* targets, double loss_scale,
                     double* loss, std::string* error) {
-  if (!ready_) {
+  if (!dtype_known_) {
     if (!Ok(strata_engine_compute_dtype(e, &dtype_), "compute_dtype", error)) return false;
-    Setup();
+    dtype_known_ = true;
   }
+  Setup();
   const size_t B = static_cast<size_t>(B_), T = static_cast<size_t>(T_), C = static_cast<size_t>(cfg_.channels);
   const int L = cfg_.layers;
   const size_t V = static_cast<size_t>(cfg_.vocab);

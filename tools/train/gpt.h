@@ -38,6 +38,11 @@ class GptModel {
   // for its backward (strata_engine_redeem), so the model keeps three of
   // them instead of one a layer. false: this model cannot.
   virtual bool OffloadActivations() { return false; }
+  // The host memory the model's own buffers take (activations, the host
+  // copies of a fetched group and its gradients), allocated by Allocate (or
+  // at the first TrainStep); 0 where they are not in host memory.
+  virtual uint64_t HostBufferBytes() const { return 0; }
+  virtual void Allocate() {}
 };
 
 // The CPU model: fp32 CPU layers over host copies of the fetched groups.
@@ -52,6 +57,8 @@ class Gpt : public GptModel {
     return true;
   }
   uint64_t param_count() const;
+  uint64_t HostBufferBytes() const override;
+  void Allocate() override { Setup(); }
 
  private:
   bool FetchF32(strata_engine_t* e, int group, std::vector<float>* out, std::string* error);
@@ -59,7 +66,8 @@ class Gpt : public GptModel {
 
   layers::GptConfig cfg_;
   int B_, T_;
-  bool ready_ = false;
+  bool ready_ = false;  // Setup done
+  bool dtype_known_ = false;
   strata_dtype_t dtype_ = STRATA_DTYPE_F32;
   std::vector<std::vector<float>> x_;  // block inputs (B, T, C), L + 1 of them (offloaded: 3, see TrainStep)
   bool offload_ = false;

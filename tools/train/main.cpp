@@ -3,13 +3,17 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "strata/strata.h"
 #include "tools/train/corpus.h"
@@ -147,6 +151,60 @@ std::string RanksNote(int local_batch, int world, int stage) {
 
 // --log-losses: "loss STEP MEAN grad_norm NORM", and with several ranks
 // "ranks L0 L1 ..." (each rank's loss on its own slice), in full precision.
+// What this host can give now: MemAvailable plus SwapFree (/proc/meminfo);
+// 0 where it cannot be read (then only the host's memory is checked).
+uint64_t HostAvailableBytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, rest;
+  uint64_t kib = 0, avail = 0, swap = 0;
+  bool found = false;
+  while (f >> key >> kib) {
+    std::getline(f, rest);
+    if (key == "MemAvailable:") avail = kib * 1024, found = true;
+    else if (key == "SwapFree:") swap = kib * 1024;
+  }
+  return found ? avail + swap : 0;
+}
+
+// The model's own host buffers (its activations at --batch x --seq) against
+// this host's memory and what it has free, agreed over the ranks (every rank
+// calls it at the same point): a batch that cannot fit is refused by every
+// rank, naming each rank short of memory, instead of a bad_alloc or the OOM
+// killer once the engine is built. `when` says at which point.
+bool CheckModelMemory(strata_engine_t* e, const Args& a, int local_batch, uint64_t bytes, int rank, int world,
+                      const char* when, std::string* error) {
+  uint64_t ram = 0;
+  int local = 1;
+  if (strata_host_memory(&ram, &local) != STRATA_OK) return *error = strata_last_error(), false;
+  const uint64_t need = bytes * static_cast<uint64_t>(std::max(local, 1));
+  const uint64_t free_now = HostAvailableBytes();
+  const bool short_here = (ram != 0 && need > ram) || (free_now != 0 && need > free_now);
+  // Per rank: its need where short (else 0), its memory, what it has free.
+  std::vector<double> v(3 * static_cast<size_t>(world), 0.0);
+  const size_t r = static_cast<size_t>(rank);
+  v[3 * r] = short_here ? static_cast<double>(need) : 0.0;
+  v[3 * r + 1] = static_cast<double>(ram);
+  v[3 * r + 2] = static_cast<double>(free_now);
+  if (strata_engine_sum_over_ranks(e, v.data(), v.size()) != STRATA_OK) return *error = strata_last_error(), false;
+  std::string shortfalls;
+  for (size_t k = 0; k < static_cast<size_t>(world); ++k) {
+    if (v[3 * k] == 0) continue;
+    shortfalls += std::string(shortfalls.empty() ? "" : "; ") + (world > 1 ? "rank " + std::to_string(k) + ": " : "") +
+                  HumanBytes(static_cast<uint64_t>(v[3 * k])) + " needed, the host has " +
+                  HumanBytes(static_cast<uint64_t>(v[3 * k + 1])) + " of memory and " +
+                  HumanBytes(static_cast<uint64_t>(v[3 * k + 2])) + " free " + when +
+                  " (MemAvailable + SwapFree)";
+  }
+  if (shortfalls.empty()) return true;
+  *error = "--batch " + std::to_string(a.batch) + " x --seq " + std::to_string(a.seq) + ": the model's activations and "
+           "buffers take " + HumanBytes(bytes) + " a rank (" + std::to_string(local_batch) + " sequences" +
+           (local > 1 ? ", " + std::to_string(local) + " ranks on the host" : std::string()) + "), more than the host "
+           "can give: " + shortfalls + ". Lower --batch or --seq" +
+           (a.offload_activations.empty() ? ", or give --offload-activations (3 block inputs kept, not one a layer)"
+                                          : std::string());
+  return false;
+}
+
 void LogLoss(int64_t step, double loss, double grad_norm, const std::vector<double>& rank_losses) {
   std::printf("loss %lld %.9g grad_norm %.9g", static_cast<long long>(step), loss, grad_norm);
   if (rank_losses.size() > 1) {
@@ -265,15 +323,26 @@ int Run(Args a) {
   GptModel& gpt = *model;
   if (!a.offload_activations.empty() && !gpt.OffloadActivations())
     return Fail("--offload-activations: this model cannot stash its activations");
+  // The model's buffers, checked before the build (minutes on a large
+  // preset) and again after it (the engine's state now taken), then
+  // allocated: a batch too large fails here, naming it.
+  const uint64_t model_bytes = gpt.HostBufferBytes();
+  if (model_bytes != 0 &&
+      !CheckModelMemory(e, a, local_batch, model_bytes, rank, world, "before the engine's build", &error))
+    return Fail(error);
   const double t_model = since(t_start) - t_register;
   if (lead) {
-    std::printf("strata-train: start-up: %.1f s drawing, %.1f s the model's buffers; building the engine (every "
+    std::printf("strata-train: start-up: %.1f s drawing, %.1f s making the model; building the engine (every "
                 "block allocated in its tier and its initial state written)\n",
                 t_register, t_model);
     std::fflush(stdout);
   }
   const auto t_build0 = std::chrono::steady_clock::now();
   if (strata_engine_build(e) != STRATA_OK) return Fail(strata_last_error());
+  if (model_bytes != 0 &&
+      !CheckModelMemory(e, a, local_batch, model_bytes, rank, world, "after the engine's build", &error))
+    return Fail(error);
+  gpt.Allocate();
   if (lead) {
     std::printf("strata-train: start-up: built in %.1f s (%.1f s in all)\n", since(t_build0), since(t_start));
     std::fflush(stdout);
