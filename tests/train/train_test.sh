@@ -191,6 +191,42 @@ echo '{"optimizer": {"params": {"lr": 0.01}}}' >"$WORK/lr2.json"
 grep -q "^strata-train: --lr 0.001 overrides --config's optimizer.params.lr 0.01" "$WORK/lr-both.out" ||
   fail "--lr over --config's lr was not said: $(head -3 "$WORK/lr-both.out")"
 refused "optimizer.params.lr must be a finite number" --steps 1 --resident --config <(echo '{"optimizer": {"params": {"lr": -1}}}')
+# The flags given win over --config's keys (they lost without a word: a
+# strata-plan --write-config file names every key), each said; the built-in
+# values the file changes are said too; what strata-train does not do
+# (a scheduler, gradient accumulation, another batch) is refused.
+cat >"$WORK/over.json" <<'JSON'
+{"fp16": {"enabled": false}, "bf16": {"enabled": true}, "gradient_clipping": 1.0,
+ "strata": {"trace_path": "", "state_format": "compact", "host_budget": "auto", "device_budget": "auto"},
+ "zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/nonexistent"},
+                       "offload_optimizer": {"device": "nvme", "nvme_path": "/nonexistent"}}}
+JSON
+flags=(--preset tiny --steps 3 --weights-hash --print-every 100 --fp16 --state-format fp32 --device-budget 256KiB
+       --host-budget 8MiB --nvme "$WORK")
+"$TRAIN" "${flags[@]}" --trace "$WORK/over-trace.json" --config "$WORK/over.json" >"$WORK/over.out" 2>&1 ||
+  { cat "$WORK/over.out" >&2; fail "the flags over --config's keys did not run"; }
+"$TRAIN" "${flags[@]}" >"$WORK/over-flags.out"
+[ -n "$(hash_of over)" ] && [ "$(hash_of over)" = "$(hash_of over-flags)" ] ||
+  { cat "$WORK/over.out" >&2; fail "the flags given did not win over --config's keys"; }
+[ -s "$WORK/over-trace.json" ] || fail "--trace lost to --config's strata.trace_path \"\""
+for said in "--fp16 overrides --config's fp16.enabled false" "--fp16 overrides --config's bf16.enabled true" \
+  "--state-format overrides --config's strata.state_format \"compact\"" "--trace overrides --config's strata.trace_path" \
+  "--device-budget overrides --config's strata.device_budget \"auto\"" "--host-budget overrides --config's strata.host_budget" \
+  "--nvme overrides --config's zero_optimization.offload_param.nvme_path \"/nonexistent\""; do
+  grep -qF -- "strata-train: $said" "$WORK/over.out" || { cat "$WORK/over.out" >&2; fail "not said: $said"; }
+done
+echo '{"gradient_clipping": 0, "optimizer": {"params": {"betas": [0.9, 0.999]}}}' >"$WORK/defaults.json"
+"$TRAIN" "${short[@]}" --config "$WORK/defaults.json" >"$WORK/defaults.out"
+grep -qF "strata-train: --config changes strata-train's gradient_clipping 1.0 to 0" "$WORK/defaults.out" &&
+  grep -qF "strata-train: --config changes strata-train's optimizer.params.betas [0.9,0.95] to [0.9,0.999]" "$WORK/defaults.out" ||
+  { cat "$WORK/defaults.out" >&2; fail "the built-in values --config changes were not said"; }
+refused "gradient_accumulation_steps 8: strata-train takes one micro-batch" --steps 1 --resident --config <(echo '{"gradient_accumulation_steps": 8}')
+refused "train_batch_size 16: strata-train takes 8 sequences" --steps 1 --resident --config <(echo '{"train_batch_size": 16}')
+refused "train_micro_batch_size_per_gpu 2: strata-train trains 8 sequences" --steps 1 --resident --config <(echo '{"train_micro_batch_size_per_gpu": 2}')
+refused "scheduler: strata-train runs its own schedule" --steps 1 --resident --config <(echo '{"scheduler": {"type": "WarmupLR"}}')
+"$TRAIN" "${short[@]}" --config <(echo '{"train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1, "scheduler": null}') \
+  >"$WORK/agree.out" || fail "--config's batch keys agreeing with --batch were refused"
+echo "ok: the flags given win over --config's keys, saying so; built-in values changed by --config said; a scheduler, accumulation or another batch refused"
 # A "strata" section that --config makes "auto" or null is the engine's
 # default one: the activations' swap folder joins it (it crashed), and the
 # flags given (--offload-activations, --trace) still hold.

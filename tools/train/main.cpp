@@ -37,6 +37,7 @@ struct Args {
   bool resident = false, fp16 = false, weights_hash = false, log_losses = false, gpu = false;
   bool no_overlap_step = false;  // --no-overlap-step: every group updated after backward
   bool lr_given = false;         // --lr on the command line (else --config's lr, when it has one)
+  bool host_budget_given = false;  // --host-budget on the command line (it wins over --config's)
 };
 
 // "strata-train", or "strata-train rank 1 of 2" with several ranks: every
@@ -267,6 +268,10 @@ int Run(Args a) {
   ci.activation_bytes = static_cast<uint64_t>(local_batch) * static_cast<uint64_t>(a.seq) *
                         static_cast<uint64_t>(cfg.channels) * sizeof(float);
   ci.activation_count = static_cast<uint64_t>(cfg.layers);
+  ci.device_budget_given = !a.device_budget.empty();
+  ci.host_budget_given = a.host_budget_given;
+  ci.batch = a.batch;
+  ci.local_batch = local_batch;
   ci.lead = lead;
   ci.config_path = a.config;
   TrainConfig tc;
@@ -565,6 +570,7 @@ int main(int argc, char** argv) {
                "print every step's loss and gradient norm in full precision (and each rank's loss)");
   CLI11_PARSE(app, argc, argv);
   a.lr_given = lr->count() > 0;
+  a.host_budget_given = host_budget->count() > 0;
   strata::train::CatchStopSignals();
   return strata::train::Run(a);
 }

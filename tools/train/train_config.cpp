@@ -200,14 +200,121 @@ bool ResolveLr(const ConfigInputs& in, Json& j, TrainConfig* out, std::string* e
   return true;
 }
 
+// at[key] := v for a flag given on the command line, noting where --config
+// had another value there (`path` names the key as the file spells it).
+void Override(Json& at, const char* key, const Json& v, const std::string& flag, const std::string& path,
+              TrainConfig* out) {
+  if (Json* had = Member(at, key); had != nullptr && *had != v)
+    out->notes.push_back(flag + " overrides --config's " + path + " " + had->dump());
+  at[key] = v;
+}
+
+// j[key] as an object (made one where absent, null or "auto"); null when the
+// file made it another non-object (the engine refuses that, naming it).
+Json* Section(Json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  Json* s = Member(j, key);
+  if (s == nullptr || s->is_null() || Unset(s)) {
+    j[key] = Json::object();
+    s = &j[key];
+  }
+  return s->is_object() ? s : nullptr;
+}
+
+// The flags given win over --config's keys: the budgets, --nvme, --fp16,
+// --resident, --trace and --state-format (--lr: ResolveLr).
+void ApplyGivenFlags(const ConfigInputs& in, Json& j, TrainConfig* out) {
+  const bool strata_flags = in.device_budget_given || in.host_budget_given || in.resident || !in.trace.empty() ||
+                            !in.state_format.empty() || !in.nvme.empty();
+  if (Json* strata = strata_flags ? Section(j, "strata") : nullptr) {
+    if (in.device_budget_given) Override(*strata, "device_budget", in.device_budget, "--device-budget", "strata.device_budget", out);
+    if (in.host_budget_given) Override(*strata, "host_budget", in.host_budget, "--host-budget", "strata.host_budget", out);
+    if (in.resident) {
+      Override(*strata, "device_budget", "auto", "--resident", "strata.device_budget", out);
+      Override(*strata, "host_budget", "auto", "--resident", "strata.host_budget", out);
+    }
+    if (!in.trace.empty()) Override(*strata, "trace_path", in.trace, "--trace", "strata.trace_path", out);
+    if (!in.state_format.empty())
+      Override(*strata, "state_format", in.state_format, "--state-format", "strata.state_format", out);
+    if (!in.nvme.empty() && Member(*strata, "nvme_paths") != nullptr && !Member(*strata, "nvme_paths")->is_null())
+      Override(*strata, "nvme_paths", Json::array({in.nvme}), "--nvme", "strata.nvme_paths", out);
+  }
+  if (in.fp16) {
+    if (Json* fp16 = Section(j, "fp16")) Override(*fp16, "enabled", true, "--fp16", "fp16.enabled", out);
+    if (Json* bf16 = Member(j, "bf16"); bf16 != nullptr && bf16->is_object())
+      Override(*bf16, "enabled", false, "--fp16", "bf16.enabled", out);
+  }
+  Json* zero = Member(j, "zero_optimization");
+  if (zero == nullptr || !zero->is_object()) return;
+  for (const char* name : {"offload_param", "offload_optimizer"}) {
+    const std::string path = std::string("zero_optimization.") + name;
+    if (in.resident) {
+      if (Json* sec = Member(*zero, name); sec != nullptr && sec->is_object() && Lower(Member(*sec, "device")) != "none")
+        Override(*sec, "device", "none", "--resident", path + ".device", out);
+      continue;
+    }
+    Json* sec = Member(*zero, name);
+    if (!in.nvme.empty() && sec != nullptr && sec->is_object() && Lower(Member(*sec, "device")) == "nvme" &&
+        !Unset(Member(*sec, "nvme_path")))
+      Override(*sec, "nvme_path", in.nvme, "--nvme", path + ".nvme_path", out);
+  }
+}
+
+// Every built-in value --config changed (a leaf of `base` that differs in, or
+// is gone from, `j`), said in a note: strata-train's defaults (clipping 1.0,
+// betas (0.9, 0.95), bf16, ...) are not what a config written for another
+// trainer, or strata-plan's --write-config, keeps.
+void NoteChanges(const Json& base, const Json& j, const std::string& path, TrainConfig* out) {
+  if (base.is_object() && j.is_object()) {
+    for (auto it = base.begin(); it != base.end(); ++it) {
+      auto there = j.find(it.key());
+      const std::string p = path.empty() ? it.key() : path + "." + it.key();
+      if (there == j.end()) out->notes.push_back("--config removes strata-train's " + p + " " + it.value().dump());
+      else NoteChanges(it.value(), *there, p, out);
+    }
+    return;
+  }
+  if (base != j) out->notes.push_back("--config changes strata-train's " + path + " " + base.dump() + " to " + j.dump());
+}
+
+// What strata-train does not do, asked for by --config: refused, naming it
+// (the engine leaves these keys to the trainer, and strata-train is it).
+bool CheckTrainerKeys(const ConfigInputs& in, Json& j, std::string* error) {
+  auto count = [&](const char* key, int64_t want, const char* flag) {
+    const Json* v = Member(j, key);
+    if (Unset(v) || v->is_null()) return true;
+    if (v->is_number() && v->get<double>() == static_cast<double>(want)) return true;
+    *error = std::string("--config's ") + key + " " + v->dump() + ": strata-train " + flag;
+    return false;
+  };
+  if (!count("train_batch_size", in.batch, ("takes " + std::to_string(in.batch) + " sequences a step from --batch (or the preset); give --batch instead").c_str()))
+    return false;
+  if (!count("train_micro_batch_size_per_gpu", in.local_batch, ("trains " + std::to_string(in.local_batch) + " sequences a rank a step (--batch over the ranks); give --batch instead").c_str()))
+    return false;
+  if (!count("gradient_accumulation_steps", 1, "takes one micro-batch a step (no gradient accumulation); give a larger --batch instead"))
+    return false;
+  if (const Json* sched = Member(j, "scheduler"); sched != nullptr && !sched->is_null() && !Unset(sched)) {
+    *error = "--config's scheduler: strata-train runs its own schedule (--warmup steps of linear warm-up to the peak lr, "
+             "then cosine decay to a tenth of it); remove the scheduler section";
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool MakeTrainConfig(const ConfigInputs& in, TrainConfig* out, std::string* error) {
   Json j = BuiltinConfig(in);
-  if (!in.config_path.empty() && !MergeFile(in.config_path, &j, error)) return false;
+  const Json base = j;
+  if (!in.config_path.empty()) {
+    if (!MergeFile(in.config_path, &j, error)) return false;
+    if (!CheckTrainerKeys(in, j, error)) return false;
+    ApplyGivenFlags(in, j, out);
+  }
   ApplyStrataFlags(in, j);
   if (!ResolveSwapFolders(in, j, out, error)) return false;
   if (!ResolveLr(in, j, out, error)) return false;
+  if (!in.config_path.empty()) NoteChanges(base, j, "", out);
   Json* zero = Member(j, "zero_optimization");
   const Json* stage = zero ? Member(*zero, "stage") : nullptr;
   out->stage = Unset(stage) ? 0 : stage->is_number_integer() ? stage->get<int>() : -1;

@@ -25,6 +25,13 @@ struct ConfigInputs {
   // model: activation_count stashes a step of activation_bytes each.
   std::string offload_activations;
   uint64_t activation_bytes = 0, activation_count = 0;
+  // --device-budget, --host-budget given on the command line: they win over
+  // --config's (said in a note where they differ), as --nvme, --fp16,
+  // --resident, --trace and --state-format do when given.
+  bool device_budget_given = false, host_budget_given = false;
+  // The batch (global, and this rank's): --config's train_batch_size and
+  // train_micro_batch_size_per_gpu must agree with them where set.
+  int64_t batch = 0, local_batch = 0;
 };
 
 struct TrainConfig {
@@ -40,11 +47,15 @@ struct TrainConfig {
 
 // Builds the config. An offloaded section (device "nvme") without a folder of
 // its own and without strata.nvme_paths gets --nvme, or a fresh folder under
-// /var/tmp, made only then. false with `error` when --config cannot be read
-// or parsed, its optimizer.params.lr is no finite number >= 0 (nor "auto")
-// while --lr is not given, or the folder cannot be made. The engine checks
-// everything else. A section "auto" or null in --config is the engine's
-// default section, as the engine reads it.
+// /var/tmp, made only then. The flags given win over --config (each
+// difference said in a note), and every built-in value --config changes is
+// said in a note too. false with `error` when --config cannot be read or
+// parsed, its optimizer.params.lr is no finite number >= 0 (nor "auto")
+// while --lr is not given, it asks for what strata-train does not do (a
+// scheduler, gradient accumulation, a batch other than --batch's), or the
+// folder cannot be made. The engine checks everything else. A section
+// "auto" or null in --config is the engine's default section, as the engine
+// reads it.
 bool MakeTrainConfig(const ConfigInputs& in, TrainConfig* out, std::string* error);
 
 }  // namespace strata::train
