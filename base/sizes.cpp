@@ -5,6 +5,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <string>
 
 namespace strata {
 namespace {
@@ -15,41 +19,75 @@ std::string Lower(std::string_view s) {
   return out;
 }
 
-// Multiplier for a lower-cased suffix, 0 when unknown.
-double SuffixMultiplier(const std::string& s) {
-  struct Entry { const char* name; double mult; };
+// A lower-cased suffix's unit: 10^dec * 2^bin bytes; false when unknown.
+bool SuffixUnit(const std::string& s, int* dec, int* bin) {
+  struct Entry { const char* name; int dec, bin; };
   static const Entry kTable[] = {
-      {"", 1}, {"b", 1},
-      {"k", 1e3}, {"kb", 1e3}, {"kib", 1024.0},
-      {"m", 1e6}, {"mb", 1e6}, {"mib", 1048576.0},
-      {"g", 1e9}, {"gb", 1e9}, {"gib", 1073741824.0},
-      {"t", 1e12}, {"tb", 1e12}, {"tib", 1099511627776.0},
+      {"", 0, 0}, {"b", 0, 0},
+      {"k", 3, 0}, {"kb", 3, 0}, {"kib", 0, 10},
+      {"m", 6, 0}, {"mb", 6, 0}, {"mib", 0, 20},
+      {"g", 9, 0}, {"gb", 9, 0}, {"gib", 0, 30},
+      {"t", 12, 0}, {"tb", 12, 0}, {"tib", 0, 40},
   };
-  for (const auto& e : kTable) if (s == e.name) return e.mult;
-  return 0;
+  for (const auto& e : kTable)
+    if (s == e.name) return *dec = e.dec, *bin = e.bin, true;
+  return false;
 }
 
 }  // namespace
 
+// Exact: the number's decimal digits as an integer M and a power of ten E
+// (no floating point: "4.1GB" is 4100000000, "9007199254740993" itself).
 Result<uint64_t> ParseByteSize(std::string_view text) {
   const std::string s = Lower(text);
   const std::string quoted = "'" + std::string(text) + "'";
   if (s.empty()) return InvalidError("byte size " + quoted + " is empty");
   if (s[0] == '-') return InvalidError("byte size " + quoted + " is negative");
-  char* end = nullptr;
-  errno = 0;
-  const double number = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || errno == ERANGE || !std::isfinite(number))
-    return InvalidError("byte size " + quoted + " is not a number with an optional unit (e.g. 64MiB, 2GB, 1e8)");
-  const double mult = SuffixMultiplier(std::string(end));
-  if (mult == 0)
-    return InvalidError("byte size " + quoted + " has an unknown unit '" + std::string(end) +
+  size_t i = 0;
+  std::string digits;  // significant digits of the mantissa
+  int64_t e10 = 0;     // value = digits * 10^e10 * unit
+  bool any = false;
+  for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) digits += s[i], any = true;
+  if (i < s.size() && s[i] == '.') {
+    for (++i; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) digits += s[i], --e10, any = true;
+  }
+  const std::string kNotANumber = " is not a number with an optional unit (e.g. 64MiB, 2GB, 1e8, 4.1GB)";
+  if (!any) return InvalidError("byte size " + quoted + kNotANumber);
+  if (i < s.size() && s[i] == 'e' && (i + 1 < s.size() && (std::isdigit(static_cast<unsigned char>(s[i + 1])) ||
+                                                           ((s[i + 1] == '+' || s[i + 1] == '-') && i + 2 < s.size() &&
+                                                            std::isdigit(static_cast<unsigned char>(s[i + 2])))))) {
+    ++i;
+    const bool neg = s[i] == '-';
+    if (s[i] == '+' || s[i] == '-') ++i;
+    int64_t x = 0;
+    for (; i < s.size() && std::isdigit(static_cast<unsigned char>(s[i])); ++i) x = std::min<int64_t>(x * 10 + (s[i] - '0'), 100000);
+    e10 += neg ? -x : x;
+  }
+  int dec = 0, bin = 0;
+  if (!SuffixUnit(s.substr(i), &dec, &bin))
+    return InvalidError("byte size " + quoted + " has an unknown unit '" + s.substr(i) +
                         "' (use B, KB, KiB, MB, MiB, GB, GiB, TB, TiB)");
-  const double bytes = number * mult;
-  if (bytes >= 9.2e18) return InvalidError("byte size " + quoted + " is too large");
-  if (bytes != std::floor(bytes))
-    return InvalidError("byte size " + quoted + " is not a whole number of bytes");
-  return static_cast<uint64_t>(bytes);
+  e10 += dec;
+  const size_t first = digits.find_first_not_of('0');
+  if (first == std::string::npos) return uint64_t{0};
+  digits.erase(0, first);
+  while (digits.back() == '0') digits.pop_back(), ++e10;
+  const Status too_large = InvalidError("byte size " + quoted + " is too large");
+  const Status not_whole = InvalidError("byte size " + quoted + " is not a whole number of bytes");
+  constexpr unsigned __int128 kMax = static_cast<unsigned __int128>(INT64_MAX);
+  if (digits.size() > 19) return e10 + static_cast<int64_t>(digits.size()) > 0 ? too_large : not_whole;
+  unsigned __int128 v = std::stoull(digits);
+  if (e10 > 19) return too_large;
+  for (; e10 > 0; --e10)
+    if ((v *= 10) > kMax) return too_large;
+  v <<= bin;  // v < 2^64, bin <= 40: fits
+  if (e10 < -38) return not_whole;  // 10^39 > v: no whole number (and d would overflow)
+  unsigned __int128 d = 1;
+  for (; e10 < 0; ++e10) d *= 10;
+  if (v % d != 0) return not_whole;
+  v /= d;
+  if (v > kMax) return too_large;
+  return static_cast<uint64_t>(v);
 }
 
 std::string FormatBytes(uint64_t bytes) {

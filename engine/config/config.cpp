@@ -158,7 +158,7 @@ Status ReadFp16(ObjectReader r, Fp16Config* f, std::vector<std::string>* warning
   STRATA_RETURN_IF_ERROR(r.Bool("enabled", &f->enabled));
   STRATA_RETURN_IF_ERROR(r.Double("loss_scale", &f->loss_scale, 0, std::numeric_limits<double>::max()));
   STRATA_RETURN_IF_ERROR(r.Int("initial_scale_power", &f->initial_scale_power, 0, 64));
-  STRATA_RETURN_IF_ERROR(r.Uint("loss_scale_window", &f->loss_scale_window, 1));
+  STRATA_RETURN_IF_ERROR(r.Uint("loss_scale_window", &f->loss_scale_window, 1, uint64_t{1} << 62));
   STRATA_RETURN_IF_ERROR(r.Int("hysteresis", &f->hysteresis, 1, 1 << 30));
   STRATA_RETURN_IF_ERROR(r.Double("min_loss_scale", &f->min_loss_scale, 0, std::numeric_limits<double>::max()));
   r.Unimplemented({"auto_cast", "consecutive_hysteresis", "fp16_master_weights_and_grads"}, warnings);

@@ -55,10 +55,23 @@ TEST(Sizes, Parses) {
   EXPECT_EQ(*ParseByteSize("1.5 GiB"), 3ull << 29);
   EXPECT_EQ(*ParseByteSize("8gib"), 8ull << 30);
   EXPECT_EQ(*ParseByteSize("0"), 0ull);
+  // Exact, not through a double: these were refused as "not a whole number of
+  // bytes" (4.1 * 1e9 is 4099999999.9999995 in doubles), or rounded.
+  EXPECT_EQ(*ParseByteSize("4.1GB"), 4100000000ull);
+  EXPECT_EQ(*ParseByteSize("8.2TB"), 8200000000000ull);
+  EXPECT_EQ(*ParseByteSize("2.01KB"), 2010ull);
+  EXPECT_EQ(*ParseByteSize("32.2GB"), 32200000000ull);
+  EXPECT_EQ(*ParseByteSize("9007199254740993"), 9007199254740993ull);
+  EXPECT_EQ(*ParseByteSize("0.25KiB"), 256ull);
+  EXPECT_EQ(*ParseByteSize("1e-3KB"), 1ull);
+  EXPECT_EQ(*ParseByteSize(".5kb"), 500ull);
+  EXPECT_EQ(*ParseByteSize("1.50000000000000000000000000000000000000000GiB"), 3ull << 29);
+  EXPECT_EQ(*ParseByteSize("9223372036854775807"), 9223372036854775807ull);
 }
 
 TEST(Sizes, RefusesWithTheText) {
-  for (const char* bad : {"", "abc", "-1", "12XB", "0.5", "1e30", "nan"}) {
+  for (const char* bad : {"", "abc", "-1", "12XB", "0.5", "1e30", "nan", "inf", "9223372036854775808", "0.1KiB",
+                          "1e", "1.2.3", "1e-50", "18446744073709551616000"}) {
     auto r = ParseByteSize(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), Code::kInvalid);

@@ -436,6 +436,11 @@ TEST(ConfigRefusal, NegativeAndFractionalIntegers) {
                 .find("strata.speculation_host_bytes: 18446744073709551615 is out of range"),
             std::string::npos);
   EXPECT_NE(Refusal(R"({"strata": {"device_budget": 1e19}})").find("strata.device_budget"), std::string::npos);
+  // A loss-scale window of 2^63 or more was taken, and read as negative: the
+  // scale doubled at every clean step.
+  const std::string window = Refusal(R"({"fp16": {"enabled": true, "loss_scale_window": 1e19}})");
+  EXPECT_NE(window.find("fp16.loss_scale_window: "), std::string::npos) << window;
+  EXPECT_NE(window.find("out of range"), std::string::npos) << window;
   // Element counts at most 2^56: their bytes never wrap (the prefetch window did).
   EXPECT_NE(Refusal(R"({"zero_optimization": {"stage3_prefetch_bucket_size": 9223372036854775808}})")
                 .find("zero_optimization.stage3_prefetch_bucket_size: 9223372036854775808 is out of range"),

@@ -53,6 +53,47 @@ uint64_t Dev(const Capacity& c) { return c.ModelStates(TierKind::kDevice); }
 uint64_t Host(const Capacity& c) { return c.ModelStates(TierKind::kHost); }
 uint64_t Nvme(const Capacity& c) { return c.ModelStates(TierKind::kNvme); }
 
+// A model file's counts are whole numbers within what the sizes can hold,
+// refused by name where not: 2048.7 was 2048, a hidden of 2^32 wrapped its
+// groups' sizes to 6.4e10 parameters, 1e9 layers ran out of memory.
+TEST(ModelFile, CountsAreWholeAndBounded) {
+  for (const char* bad : {R"({"layers": 1, "hidden": 4294967296, "vocab": 1, "context": 1})",
+                          R"({"layers": 2, "hidden": 64, "seq": 2048.7})",
+                          R"({"groups": [{"name": "a", "numel": 2.5}]})",
+                          R"({"groups": [{"name": "a", "numel": 1e13}]})",
+                          R"({"layers": 1e9, "hidden": 64})",
+                          R"({"layers": 2, "hidden": 64, "micro_batch": -1})",
+                          R"({"layers": 2, "hidden": 64, "vocab": 1e30})"}) {
+    auto m = ParseModelJson(bad);
+    EXPECT_FALSE(m.ok()) << bad;
+    if (!m.ok()) {
+      EXPECT_NE(m.status().message().find("model."), std::string::npos) << m.status().message();
+    }
+  }
+  auto ok = ParseModelJson(R"({"layers": 2, "hidden": 64, "seq": 2048.0, "groups": [{"numel": 1e6}]})");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->seq, 2048u);
+  EXPECT_EQ(ok->groups[0].numel, 1000000u);
+}
+
+// An activation estimate past 2^64 bytes (a 1T model at a 1 Mi-token context,
+// 256 sequences, no checkpointing: 2.9e19) saturates: the plan does not fit.
+// It converted to 0 and the plan fit.
+TEST(Activations, AnEstimatePast64BitsDoesNotFit) {
+  ModelSpec m = PresetModel("1t").value();
+  m.seq = 1 << 20;
+  m.micro_batch = 256;
+  m.checkpointing = false;
+  EXPECT_EQ(ActivationBytes(m), UINT64_MAX);
+  const ClusterSpec c = PresetCluster("dgx-h100").value();
+  const Config base = ParseConfig(R"({"bf16": {"enabled": true}})").value();
+  const Layout l = MakeLayout(m, c.world_size()).value();
+  const Config cfg = WithPlacement(base, 3, OffloadDevice::kNvme, OffloadDevice::kNvme, "/nvme", l, nullptr);
+  const Capacity cap = ComputeCapacity(m, l, c, cfg);
+  EXPECT_FALSE(cap.Fits());
+  EXPECT_EQ(cap.Used(TierKind::kDevice), UINT64_MAX);
+}
+
 // ZeRO paper, Figure 1 / section 5: per-device model states, K = 12.
 TEST(ZeroPaper, StagesWithoutOffload) {
   EXPECT_EQ(Dev(Cap(0, "none", "none")), (2 + 2 + 12) * kPsi);

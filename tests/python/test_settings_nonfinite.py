@@ -4,6 +4,7 @@ gradients fails the step before any engine steps, naming the parameter, so
 nothing is updated (docs/config.md: "error: nothing is updated"). Before,
 the engines stepped in turn and those ahead of the NaN's were updated."""
 import os
+import re
 import subprocess
 import sys
 
@@ -41,12 +42,13 @@ def test_a_nan_in_the_second_groups_gradients_updates_no_group(clip):
     before_a, before_b = snapshot(opt, a), snapshot(opt, b)
     grads(a, b, 2)
     b.grad[1] = float("nan")
-    with pytest.raises(strata.Error, match=r"param group 1.*parameter of shape \(3,\)") as e:
+    with pytest.raises(strata.Error) as e:
         opt.step()
-    assert e.value.status == strata.INVALID
     for p, (value, step) in ((a, before_a), (b, before_b)):
         assert torch.equal(p.detach(), value), "a parameter changed on a step that failed"
         assert torch.equal(opt.state[p]["step"], step), "a step count moved on a step that failed"
+    assert e.value.status == strata.INVALID
+    assert re.search(r"param group 1.*parameter of shape \(3,\)", str(e.value)), str(e.value)
     # The failed step's gradients are gone: the next one trains on fresh
     # ones, bitwise a twin that never saw the failed batch.
     ta, tb = params()
@@ -72,10 +74,11 @@ def test_a_nan_in_a_later_cohort_of_one_group_updates_no_cohort():
     grads(a, b, 2)
     b.grad[0] = float("inf")
     before = snapshot(opt, a)
-    with pytest.raises(strata.Error, match="parameter 'b'"):
+    with pytest.raises(strata.Error) as e:
         opt.step()
     assert torch.equal(a.detach(), before[0]) and torch.equal(opt.state[a]["step"], before[1])
     assert float(opt.state[b].get("step", 0)) == 0
+    assert "parameter 'b'" in str(e.value), str(e.value)
     opt.close()
 
 
@@ -94,8 +97,8 @@ try:
     opt.step()
     sys.exit(f"rank {rank}: the step did not fail")
 except strata.Error as e:
+    assert torch.equal(a.detach(), before), f"rank {rank}: a changed"
     assert e.status == strata.INVALID and "param group 1" in str(e), str(e)
-assert torch.equal(a.detach(), before), f"rank {rank}: a changed"
 a.grad, b.grad = torch.ones(8, 4), torch.ones(3)
 opt.step()  # the ranks go on together
 opt.close()

@@ -41,8 +41,13 @@ TierKind HomeOf(OffloadDevice d) {
 constexpr uint64_t kNvmeBlock = 4096;
 uint64_t NvmePadded(uint64_t bytes) { return (bytes + kNvmeBlock - 1) / kNvmeBlock * kNvmeBlock; }
 
+// Sums saturate: an estimate past 2^64 (an activation set of a long context)
+// stays "too much" instead of wrapping to a small number that fits.
+uint64_t SatAdd(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+
 void Add(Capacity& c, PlanState s, TierKind t, uint64_t bytes) {
-  c.bytes[static_cast<size_t>(s)][static_cast<size_t>(t)] += bytes;
+  uint64_t& cell = c.bytes[static_cast<size_t>(s)][static_cast<size_t>(t)];
+  cell = SatAdd(cell, bytes);
 }
 
 }  // namespace
@@ -100,14 +105,14 @@ double Speculation::Fraction() const {
 
 uint64_t Capacity::Used(TierKind t) const {
   uint64_t n = 0;
-  for (const auto& row : bytes) n += row[static_cast<size_t>(t)];
+  for (const auto& row : bytes) n = SatAdd(n, row[static_cast<size_t>(t)]);
   return n;
 }
 
 uint64_t Capacity::ModelStates(TierKind t) const {
   uint64_t n = 0;
   for (int s = 0; s <= static_cast<int>(PlanState::kV); ++s)
-    n += bytes[static_cast<size_t>(s)][static_cast<size_t>(t)];
+    n = SatAdd(n, bytes[static_cast<size_t>(s)][static_cast<size_t>(t)]);
   return n;
 }
 
@@ -331,7 +336,7 @@ Capacity CapacityWith(const ModelSpec& model, const Layout& l, const ClusterSpec
   Add(c, PlanState::kActivations, TierKind::kHost, store_host);
   if (store_host > 0 && store_nvme > 0) Add(c, PlanState::kActivations, TierKind::kNvme, NvmePadded(store_nvme));
   if (cluster.has_gpu) Add(c, PlanState::kWork, TierKind::kDevice, l.largest_group * dp);
-  const uint64_t activations = cluster.has_gpu ? trainer + l.largest_group * dp : 0;
+  const uint64_t activations = cluster.has_gpu ? SatAdd(trainer, l.largest_group * dp) : 0;
 
   // The engine's device working buffers: the group in use plus the prefetch
   // window when P is fetched. Prefetching never passes the budget (it stops

@@ -2,6 +2,8 @@
 #include "tools/plan/model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -114,17 +116,52 @@ Result<ModelSpec> PresetModel(const std::string& name) {
 
 namespace {
 
+// The largest value each count may take: the model's sizes stay within
+// what a uint64 holds (12 * hidden^2 at 2^24 is 3.4e15), every layer is a
+// group of at most Partition's 10^6, and a group at most 2^40 elements.
+uint64_t MaxOf(const char* key) {
+  const std::string k = key;
+  if (k == "layers") return 1000000;
+  if (k == "hidden" || k == "heads") return uint64_t{1} << 24;
+  if (k == "seq" || k == "context") return uint64_t{1} << 26;
+  if (k == "vocab") return uint64_t{1} << 32;
+  if (k == "micro_batch") return uint64_t{1} << 20;
+  return uint64_t{1} << 30;  // grad_accum
+}
+
+// A whole number in [0, max] (a JSON float too, when whole), named when not:
+// 2048.7 was 2048, 2^64 undefined, a hidden of 2^32 wrapped its groups' sizes.
+Status ReadCount(const nlohmann::json& v, const std::string& at, uint64_t max, uint64_t* out) {
+  if (v.is_number_unsigned() || v.is_number_integer()) {
+    if (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0)
+      return ConfigError(at + ": " + v.dump() + " is negative; expected a whole number from 0 to " + std::to_string(max));
+    if (v.get<uint64_t>() > max)
+      return ConfigError(at + ": " + v.dump() + " is out of range; expected a whole number from 0 to " + std::to_string(max));
+    *out = v.get<uint64_t>();
+    return Status::Ok();
+  }
+  if (!v.is_number()) return ConfigError(at + ": expected a non-negative whole number");
+  const double d = v.get<double>();
+  if (!(d >= 0) || d != std::floor(d) || d > static_cast<double>(max))
+    return ConfigError(at + ": " + v.dump() + " is not a whole number from 0 to " + std::to_string(max));
+  *out = static_cast<uint64_t>(d);
+  return Status::Ok();
+}
+
 template <typename T>
 Status Read(const nlohmann::json& j, const char* key, T* out) {
   if (!j.contains(key)) return Status::Ok();
   const auto& v = j.at(key);
   if constexpr (std::is_same_v<T, bool>) {
     if (!v.is_boolean()) return ConfigError(std::string("model.") + key + ": expected true or false");
-  } else if (!v.is_number_unsigned() && !(v.is_number() && v.get<double>() >= 0)) {
-    return ConfigError(std::string("model.") + key + ": expected a non-negative number");
+    *out = v.get<bool>();
+    return Status::Ok();
+  } else {
+    uint64_t n = 0;
+    STRATA_RETURN_IF_ERROR(ReadCount(v, std::string("model.") + key, MaxOf(key), &n));
+    *out = static_cast<T>(n);
+    return Status::Ok();
   }
-  *out = v.get<T>();
-  return Status::Ok();
 }
 
 Status ReadGroups(const nlohmann::json& j, ModelSpec* m) {
@@ -132,14 +169,17 @@ Status ReadGroups(const nlohmann::json& j, ModelSpec* m) {
   for (size_t i = 0; i < j.size(); ++i) {
     const auto& g = j[i];
     const std::string at = "model.groups[" + std::to_string(i) + "]";
-    if (!g.is_object() || !g.contains("numel") || !g["numel"].is_number() || g["numel"].get<double>() < 1)
+    if (!g.is_object() || !g.contains("numel"))
       return ConfigError(at + ".numel: required, a positive element count");
+    uint64_t numel = 0;
+    STRATA_RETURN_IF_ERROR(ReadCount(g["numel"], at + ".numel", uint64_t{1} << 40, &numel));
+    if (numel == 0) return ConfigError(at + ".numel: 0; expected a positive element count");
     if ((g.contains("name") && !g["name"].is_string()) ||
         (g.contains("attention") && !g["attention"].is_boolean()))
       return ConfigError(at + ": name must be a string and attention true or false");
     GroupSpec s;
     s.name = g.value("name", "group" + std::to_string(i));
-    s.numel = static_cast<uint64_t>(g["numel"].get<double>());
+    s.numel = numel;
     s.attention = g.value("attention", false);
     m->groups.push_back(std::move(s));
   }
@@ -218,6 +258,15 @@ Result<ModelSpec> ResolveModel(const std::string& name_or_path) {
   return PresetModel(name_or_path);
 }
 
+namespace {
+// A byte estimate as a uint64: saturated at its largest (a plan that far
+// over never fits), where a plain conversion of 2^64 or more is undefined
+// (0 on x86-64 GCC: a 28 EB shortfall planned as fitting).
+uint64_t Saturated(double bytes) {
+  return bytes >= 18446744073709551615.0 || std::isnan(bytes) ? UINT64_MAX : static_cast<uint64_t>(bytes);
+}
+}  // namespace
+
 uint64_t StashableActivationBytes(const ModelSpec& m, uint64_t* layer_out) {
   if (layer_out) *layer_out = 0;
   if (m.hidden == 0 || m.layers == 0) return 0;
@@ -225,8 +274,8 @@ uint64_t StashableActivationBytes(const ModelSpec& m, uint64_t* layer_out) {
   const double h = static_cast<double>(m.hidden), a = static_cast<double>(m.heads ? m.heads : 1);
   const double one = m.checkpointing ? 2.0 * s * b * h : s * b * h * (34.0 + 5.0 * a * s / h);
   const double layers = static_cast<double>(m.checkpointing ? m.layers : m.layers - 1);
-  if (layer_out) *layer_out = static_cast<uint64_t>(one);
-  return static_cast<uint64_t>(layers * one);
+  if (layer_out) *layer_out = Saturated(one);
+  return Saturated(layers * one);
 }
 
 uint64_t ActivationBytes(const ModelSpec& m) {
@@ -237,7 +286,7 @@ uint64_t ActivationBytes(const ModelSpec& m) {
   const double logits = s * b * static_cast<double>(m.vocab) * 4.0;  // fp32 logits and their gradient
   const double total = m.checkpointing ? static_cast<double>(m.layers) * 2.0 * s * b * h + layer
                                        : static_cast<double>(m.layers) * layer;
-  return static_cast<uint64_t>(total + 2.0 * logits);
+  return Saturated(total + 2.0 * logits);
 }
 
 }  // namespace strata::plan
