@@ -123,7 +123,8 @@ Status Engine::Impl::BuildOnce() {
   facts.largest_trainable_numel = std::max<uint64_t>(lay_.LargestTrainable(Layout::Size::kNumel), 1);
   facts.world_size = static_cast<uint32_t>(lay_.sworld);
   facts.has_gpu = device_->on_gpu();
-  STRATA_RETURN_IF_ERROR(ValidateConfig(config_, facts));
+  // (This machine's facts: RAM, cgroup, ranks on the host. Agreed, as below.)
+  STRATA_RETURN_IF_ERROR(Agree(ValidateConfig(config_, facts), "build: the config's checks against each machine"));
   // Several ranks start from rank 0's initial values, as torch DDP does: a
   // rank whose model was initialized from another seed still trains the
   // same model. (A rank that registered other groups fails here, naming it.)
@@ -160,6 +161,35 @@ Status Engine::Impl::BuildOnce() {
                                  .WithContext("build: rank 0's initial values of group " + std::to_string(g)));
     }
 
+  // Rank-local from here to the components (the machine's memory and disks,
+  // the state allocated and written): the ranks agree on the outcome before
+  // the next collective, so a rank that fails alone fails every rank at
+  // once, each naming it (the others waited in that collective until
+  // strata.timeout, then failed naming only it).
+  STRATA_RETURN_IF_ERROR(Agree(BuildState(), "build: the state allocated and written"));
+  STRATA_RETURN_IF_ERROR(StartComponents());
+  // Several ranks: whether the step writes behind, on all or none (after
+  // residency: whether P's copies stay). Before StartOverlap: "auto"
+  // speculation asks WritesBehind.
+  STRATA_RETURN_IF_ERROR(AgreeWriteBehind());
+  // Rank-local again (write-behind's staging, the overlapped step's room),
+  // and agreed: one rank failing here alone left the others' build OK, and
+  // they trained into a collective their peer never entered.
+  Status last = GrowStagingBehind();
+  if (last.ok() && options_.overlap_step) last = StartOverlap();  // overlap.cpp
+  STRATA_RETURN_IF_ERROR(Agree(last, "build: the step's staging and speculation room"));
+  built_ = true;
+  const TierKind opt_home = lay_.home[int(StateKind::kW)];
+  STRATA_LOG_DEBUG("built {} groups ({} frozen), {} parameters; P on {}, W/M/V on {}, G on {}", lay_.part.num_groups(),
+                   std::count(lay_.frozen_groups.begin(), lay_.frozen_groups.end(), 1), lay_.part.total_numel(), TierName(lay_.home[0]),
+                   TierName(opt_home), TierName(lay_.home[int(StateKind::kG)]));
+  return Status::Ok();
+}
+
+// Build's rank-local part: the homes, the host plan, the NVMe tier, every
+// block in its home tier, the staging, the activation store and the
+// initial state written. No collective: BuildOnce agrees on its outcome.
+Status Engine::Impl::BuildState() {
   lay_.home[int(StateKind::kP)] = HomeOf(config_.zero.offload_param.device);
   const TierKind opt_home = HomeOf(config_.zero.offload_optimizer.device);
   lay_.home[int(StateKind::kW)] = lay_.home[int(StateKind::kM)] = lay_.home[int(StateKind::kV)] = opt_home;
@@ -395,17 +425,6 @@ Status Engine::Impl::BuildOnce() {
   }
   step_.group_steps.assign(static_cast<size_t>(ngroups), 0);
   step_.scaler.Init(config_.fp16);
-  STRATA_RETURN_IF_ERROR(StartComponents());
-  // Several ranks: whether the step writes behind, on all or none (after
-  // residency: whether P's copies stay). Before StartOverlap: "auto"
-  // speculation asks WritesBehind.
-  STRATA_RETURN_IF_ERROR(AgreeWriteBehind());
-  STRATA_RETURN_IF_ERROR(GrowStagingBehind());
-  if (options_.overlap_step) STRATA_RETURN_IF_ERROR(StartOverlap());  // overlap.cpp
-  built_ = true;
-  STRATA_LOG_DEBUG("built {} groups ({} frozen), {} parameters; P on {}, W/M/V on {}, G on {}", ngroups,
-                   std::count(lay_.frozen_groups.begin(), lay_.frozen_groups.end(), 1), lay_.part.total_numel(), TierName(lay_.home[0]),
-                   TierName(opt_home), TierName(lay_.home[int(StateKind::kG)]));
   return Status::Ok();
 }
 

@@ -51,6 +51,7 @@ class Engine::Impl {
   std::string RankTracePath(const std::string& path) const;
   Status Build();
   Status BuildOnce();
+  Status BuildState();  // build.cpp: its rank-local part
   void UndoBuild();
   // INVALID unless the engine is built and `group` is one of its groups.
   Status CheckGroup(int group, const char* call) const;

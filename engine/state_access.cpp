@@ -91,7 +91,12 @@ Status Engine::Impl::WriteState(int group, StateKind kind, const float* in) {
   // rank writes it, and agrees first.
   if (lay_.multi && kind == StateKind::kW && !lay_.frozen(group) && lay_.p_gathered_after_step())
     STRATA_RETURN_IF_ERROR(AgreeBehind("write_state"));
-  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("write_state"));
+  // Several ranks (every one calls it): a refusal of one rank's own (a group
+  // still fetched, gradients pending, a write left behind that was lost)
+  // is every rank's, before the collectives below.
+  Status between = CheckBetweenSteps("write_state");
+  if (lay_.multi && !lay_.frozen(group)) between = Agree(between, "write_state: between steps on every rank");
+  STRATA_RETURN_IF_ERROR(between);
   if (lay_.frozen(group)) return WriteFrozen(group, in).WithContext("write_state: frozen group " + std::to_string(group));
   const StateBlock& b = blocks_[static_cast<size_t>(group)][static_cast<size_t>(kind)];
   if (!b.alloc.charged)
@@ -196,7 +201,8 @@ Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
 Status Engine::Impl::SaveCheckpoint(const std::string& dir, const std::string& tag, const void* blob,
                                     uint64_t blob_bytes) {
   STRATA_RETURN_IF_ERROR(AgreeBehind("checkpoint save"));  // several ranks: a write one lost fails every one's save
-  STRATA_RETURN_IF_ERROR(CheckBetweenSteps("checkpoint save"));
+  // A refusal of one rank's own is every rank's (the save's collectives follow).
+  STRATA_RETURN_IF_ERROR(Agree(CheckBetweenSteps("checkpoint save"), "checkpoint save: between steps on every rank"));
   return checkpointer_->Save(dir, tag, blob, blob_bytes);
 }
 
@@ -208,8 +214,25 @@ Status Engine::Impl::LoadCheckpoint(const std::string& dir, const std::string& t
 // P = W in the compute dtype, as after every step: this rank's shard, then
 // (stages 1-2 with several ranks) the other ranks' slices gathered.
 Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
-  for (int g = 0; g < lay_.part.num_groups(); ++g)
-    if (!lay_.frozen(g)) STRATA_RETURN_IF_ERROR(RecomputePGroup(g, buf, buf_bytes));  // a frozen P is loaded as saved
+  // Every group's own slice first (a frozen P is loaded as saved), then,
+  // where P is gathered after the step (stages 1-2, several ranks), the
+  // gathers, once the ranks agreed: a rank whose read failed part-way
+  // skipped the gathers its peers were in (COMM on every rank, the
+  // communicator broken, so no load could ever mend the state).
+  Status local;
+  for (int g = 0; g < lay_.part.num_groups() && local.ok(); ++g)
+    if (!lay_.frozen(g)) local = RecomputePGroup(g, buf, buf_bytes, /*gather=*/false);
+  if (!lay_.multi || !lay_.p_gathered_after_step()) return local;
+  STRATA_RETURN_IF_ERROR(Agree(local, "P recomputed from the master"));
+  for (int g = 0; g < lay_.part.num_groups(); ++g) {
+    if (lay_.frozen(g) || (!lay_.compact && lay_.PIsW(g))) continue;
+    const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
+    if (!io_->Direct(p)) {
+      if (lay_.compact) return InternalError("several ranks in stages 1-2 with P off the host");
+      continue;  // (stored whole by RecomputePGroup: no slice to gather)
+    }
+    STRATA_RETURN_IF_ERROR(reducer_->Gather(g, io_->DirectPtr(p)));
+  }
   return Status::Ok();
 }
 

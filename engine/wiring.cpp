@@ -80,6 +80,7 @@ Status Engine::Impl::StartComponents() {
   Gatherer ga;
   if (lay_.p_sharded) {
     ga.gather = [this](int g, void* copy) { return reducer_->Gather(g, copy); };
+    ga.refuse = [this](int g, const Status& why) { return reducer_->RefuseGather(g, why); };
     ga.before_fetch = [this](int g) {
       reducer_->WaitAheadOf(g);
       return DrainComm(/*wait=*/false).WithContext("fetch");

@@ -232,6 +232,22 @@ Status Checkpointer::Save(const std::string& dir, const std::string& tag, const 
   // (One rank's failure to look is every rank's: the others would wait in the collectives that follow.)
   Result<bool> exists = Exists(final_dir);
   STRATA_RETURN_IF_ERROR(Agree(exists.ok() ? Status::Ok() : exists.status(), "checkpoint save"));
+  // And on its answer: a rank that sees the tag (a relative folder from
+  // another working directory, a file system cached out of date) resaved
+  // while the others saved afresh, their collectives paired wrongly.
+  if (d_.layout.multi) {
+    const size_t me = static_cast<size_t>(d_.comm->rank());
+    std::vector<uint64_t> seen(static_cast<size_t>(d_.comm->world_size()));
+    seen[me] = *exists ? 1 : 0;
+    d_.comm->SetLabel("checkpoint save: tag exists");
+    STRATA_RETURN_IF_ERROR(d_.comm->AllGather(&seen[me], seen.data(), 8).WithContext("checkpoint save"));
+    for (size_t k = 0; k < seen.size(); ++k)
+      if (seen[k] != seen[me])
+        return InvalidError("checkpoint save: " + final_dir + (seen[me] ? " exists" : " does not exist") + " on rank " +
+                            std::to_string(me) + " but " + (seen[k] ? "exists" : "does not") + " on rank " +
+                            std::to_string(k) + ": the ranks see the folder differently (a relative path from " +
+                            "another working directory, a file system cached out of date); nothing was written");
+  }
   if (*exists) return ResaveExisting(dir, tag, blob, blob_bytes);
   const bool lead = d_.rank == 0;
   auto cleanup = [&] {

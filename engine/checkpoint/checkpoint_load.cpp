@@ -55,10 +55,16 @@ Status Checkpointer::Load(const std::string& dir, const std::string& tag, std::v
   hooks_.stop_step();
   local = ApplyResharded(m, folder);
   if (local.ok()) local = FaultPoint("recompute");
-  void* buf = d_.staging.opt.Acquire();
-  if (local.ok()) local = hooks_.recompute_p(buf, buf ? d_.staging.opt.bytes() : 0);
-  d_.staging.opt.Release(buf);
-  Status st = Agree(local, "checkpoint load");
+  // Agreed before P is recomputed, which gathers at stages 1-2: a rank
+  // whose apply failed skipped the gathers its peers were in (COMM on
+  // every rank, the communicator broken: "load again" could never work).
+  Status st = Agree(local, "checkpoint load: the state written");
+  if (st.ok()) {
+    void* buf = d_.staging.opt.Acquire();
+    st = hooks_.recompute_p(buf, buf ? d_.staging.opt.bytes() : 0);
+    d_.staging.opt.Release(buf);
+    st = Agree(st, "checkpoint load: P recomputed");
+  }
   hooks_.drop_copies();
   if (!st.ok()) {
     d_.step.broken = "the engine's state is partly loaded: a checkpoint load from " + folder + " failed while writing it (" +

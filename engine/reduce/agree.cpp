@@ -16,6 +16,8 @@ Status AgreeOverRanks(net::Communicator* comm, const Status& local, const std::s
   codes[static_cast<size_t>(r)] = local.ok() ? 0 : 1 + static_cast<int32_t>(local.code());
   comm->SetLabel(what);
   Status st = comm->AllGather(&codes[static_cast<size_t>(r)], codes.data(), sizeof(int32_t));
+  if (!st.ok() && !local.ok())  // this rank's own cause first: it says what went wrong here
+    return Status(local.code(), local.message() + " (and " + what + " over the ranks failed: " + st.message() + ")");
   if (!st.ok()) return st.WithContext(what);
   if (failed) {
     failed->clear();

@@ -379,6 +379,15 @@ Status GradReducer::GatherNow(int g, void* full) {
   return st.WithContext("gathering the parameters of group " + std::to_string(g));
 }
 
+Status GradReducer::RefuseGather(int g, const Status& why) {
+  // The queue first, as Gather: the peers' gather comes after theirs.
+  Status drained = Drain(/*wait=*/true, /*take=*/false);
+  if (!drained.ok()) return why;  // (DrainComm breaks the engine; the peers fail there too)
+  const uint64_t slice = layout_.group(g).shard_numel * DTypeSize(layout_.dtype);
+  comm_.SetLabel("P of g" + std::to_string(g) + " s" + std::to_string(hooks_.step() - 1));
+  return comm_.AllGatherRefused(slice, why);
+}
+
 void GradReducer::QueueGatherAhead(int g) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -131,6 +131,10 @@ class GradReducer {
   // offset), after the thread's work (GatherNow: without waiting for it).
   Status Gather(int g, void* full);
   Status GatherNow(int g, void* full);
+  // This rank cannot take part in group g's gather (its copy could not be
+  // allocated or loaded: `why`): enters it refusing, so that every rank's
+  // fetch fails at once (INVALID naming this rank), the communicator intact.
+  Status RefuseGather(int g, const Status& why);
   // Queues a gather ahead of group g on the thread; waits until none of g is
   // queued or running.
   void QueueGatherAhead(int g);

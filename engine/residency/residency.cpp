@@ -212,9 +212,20 @@ Result<void*> Residency::Fetch(int g) {
     }
     // Absent: load it now, in this thread.
     stalled = true;
-    STRATA_RETURN_IF_ERROR(Allocate(g, lock, /*demand=*/true));
-    if (c.state != Copy::kAbsent) continue;
-    if (Status st = LoadAllocated(g, lock); !st.ok()) return st.WithContext("fetch: group " + std::to_string(g));
+    Status st = Allocate(g, lock, /*demand=*/true);
+    if (st.ok() && c.state != Copy::kAbsent) continue;
+    if (st.ok()) st = LoadAllocated(g, lock).WithContext("fetch: group " + std::to_string(g));
+    if (st.ok()) continue;
+    // Sharded, the peers are entering this group's gather (a copy that
+    // could not be allocated or loaded is this rank's alone: its device
+    // budget, its disk): this rank enters it refusing, so that they fail at
+    // once instead of waiting for it until strata.timeout.
+    if (options_.sharded && gatherer_.refuse && !c.gathered) {
+      lock.unlock();
+      st = gatherer_.refuse(g, st);
+      lock.lock();
+    }
+    return st;
   }
   // Gathered ahead: the communication thread's pin becomes this fetch's.
   const bool took_ahead_pin = c.ahead;

@@ -72,6 +72,9 @@ struct ResidencyOptions {
 // these to the gradient reduction's communication thread.
 struct Gatherer {
   std::function<Status(int g, void* copy)> gather;  // all-gather the shards into the copy, now
+  // This rank's copy of g could not be made (`why`): enters the gather its
+  // peers are in, refusing it (they fail at once), and returns `why`.
+  std::function<Status(int g, const Status& why)> refuse;
   std::function<Status(int g)> before_fetch;        // waits for gathers ahead of g; reports a background failure
   std::function<void(int g)> queue_ahead;           // null: no gathers ahead (no communication thread)
 };

@@ -133,6 +133,17 @@ Status Communicator::AllGather(const void* in, void* out, size_t bytes_per_rank)
       [&] { return bytes_per_rank ? DoAllGather(in, out, bytes_per_rank) : Status::Ok(); });
 }
 
+Status Communicator::AllGatherRefused(size_t bytes_per_rank, const Status& why) {
+  if (why.ok()) return InternalError("all_gather refused without a reason");
+  // Refused as arguments are (INVALID): that leaves the communicator usable
+  // on every rank, which any other code would not.
+  Status s = Run(
+      "all_gather", Count(bytes_per_rank, "bytes", " per rank"), bytes_per_rank, -1,
+      [&] { return InvalidError(why.message()); }, [&] { return InternalError("a refused all_gather ran"); });
+  if (s.code() == Code::kInvalid) return why;
+  return Status(why.code(), why.message() + " (and the all_gather it refused failed: " + s.message() + ")");
+}
+
 Status Communicator::Broadcast(void* buf, size_t bytes, int root) {
   return Run(
       "broadcast", Count(bytes, "bytes from rank ") + std::to_string(root), bytes, root,

@@ -92,6 +92,12 @@ class Communicator {
   // out[r*bytes .. (r+1)*bytes) := rank r's in[bytes]; `out` holds
   // bytes*world_size. In place when in == out + rank*bytes.
   Status AllGather(const void* in, void* out, size_t bytes_per_rank);
+  // Enters the all-gather the other ranks are in (the same bytes) refusing
+  // it for `why` (a failure of this rank's own, non-OK): no data moves, every
+  // rank fails INVALID naming this one, and the communicator stays usable.
+  // Returns `why`. Where a rank's part could not be made, its peers fail at
+  // once instead of waiting for it until the timeout.
+  Status AllGatherRefused(size_t bytes_per_rank, const Status& why);
   // buf[bytes] := root's buf[bytes].
   Status Broadcast(void* buf, size_t bytes, int root);
   Status Barrier();

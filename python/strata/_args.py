@@ -2,6 +2,8 @@
 streams, shapes, counts, the step's options, and a device buffer for
 torch.as_tensor. The binding (__init__.py) calls these; nothing else does."""
 
+import math
+
 from ._capi import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, INVALID, Error, _DTYPE_NAMES, _StepOptions, _sized)
 
 
@@ -91,13 +93,21 @@ def _numel(x):
 
 
 def _step_options(lr, betas, eps, weight_decay, max_grad_norm=None):
-    def v(x):
-        return -1.0 if x is None else float(x)
+    """The step's options as the C API takes them: None is "the config's
+    value" (the C API's -1). A negative value, NaN or infinity is refused,
+    naming it: the C API reads any negative as the config's value, so an LR
+    schedule gone below 0 would have trained at the config's lr silently."""
     b1, b2 = (None, None) if betas is None else betas
-    if max_grad_norm is not None and float(max_grad_norm) < 0:
-        raise Error(INVALID, f"max_grad_norm is {max_grad_norm}; allowed: 0 (no clipping) or more, or None")
-    return _sized(_StepOptions, lr=v(lr), beta1=v(b1), beta2=v(b2), eps=v(eps), weight_decay=v(weight_decay),
-                  max_grad_norm=v(max_grad_norm))
+    values = dict(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm)
+    for name, x in values.items():
+        if x is None:
+            values[name] = -1.0
+            continue
+        values[name] = f = float(x)
+        if not (0 <= f < math.inf):
+            allowed = "0 (no clipping) or more" if name == "max_grad_norm" else "a finite number, 0 or more"
+            raise Error(INVALID, f"step option {name} is {f!r}; allowed: {allowed}, or None (the config's value)")
+    return _sized(_StepOptions, **values)
 
 
 class _CudaArray:

@@ -1,23 +1,104 @@
 """OffloadAdam's options: its arguments and param groups against the
 AdamW it computes, and against the config's optimizer section (which of
-them gives each hyperparameter, and what is refused)."""
+them gives each hyperparameter, and what is refused); and what step()
+checks of them, and of the gradients, before any engine steps."""
+
+import torch
 
 from .. import Error, INVALID
+from .._args import _step_options
+from ._group_engine import _overflowed, _param_label
 
 
 _REFUSED_OPTIONS = ("amsgrad", "capturable", "differentiable", "fused")
 
 
-def _check_group_options(group, where):
+def _check_group_options(group, where, decoupled=True, engine=None, defaults=None):
     """A param group (added, or loaded from a state_dict) that asks for an
     AdamW option the engine does not compute is refused, as the arguments
-    are: it would train as plain AdamW without a word."""
+    are: it would train as plain AdamW without a word. So is one whose
+    decoupled_weight_decay (torch 2.x's Adam and AdamW say it in each group:
+    False is Adam's L2 decay) is not the engine's, `decoupled`, with a
+    weight_decay other than 0 (where the two agree; None: the engine's
+    optimizer has no such mode, nothing to compare). A group without the
+    key (torch's Adam had none before 2.x: 1.13's Adam and AdamW state_dicts
+    hold the same keys) cannot say: it is taken as the engine's. `engine`:
+    the engine's optimizer, as the refusal names it (None: OffloadAdam);
+    `defaults`: the optimizer's, which the group's absent keys take."""
     if not isinstance(group, dict):
         return  # (torch's own add_param_group says what is wrong)
+    group = dict(defaults or {}, **group)
     for flag in _REFUSED_OPTIONS:
         if group.get(flag):
             raise Error(INVALID, f"{where} has {flag}={group[flag]!r}, which is not supported (the engine's "
                         "AdamW kernel computes torch's single-tensor/foreach AdamW, bitwise); leave it off")
+    flag, decay = group.get("decoupled_weight_decay"), group.get("weight_decay")
+    if flag is None or decoupled is None or bool(flag) == decoupled or not decay:
+        return
+    said = f"{where} has decoupled_weight_decay={flag!r} with weight_decay={decay!r}"
+    if engine is None:
+        raise Error(INVALID, f"{said}: Adam's L2 decay (added to the gradient); OffloadAdam is AdamW (decoupled "
+                    "decay) and would train it as AdamW. For L2 decay use offload_module with the config's "
+                    "optimizer {\"type\": \"Adam\", \"params\": {\"adam_w_mode\": false}}; else set "
+                    "decoupled_weight_decay=True (torch.optim.AdamW's) or weight_decay=0")
+    other = ("{\"type\": \"Adam\", \"params\": {\"adam_w_mode\": false}}" if decoupled else
+             "{\"type\": \"AdamW\"} (or Adam with adam_w_mode true)")
+    raise Error(INVALID, f"{said}, and the engine's optimizer is {engine} with adam_w_mode {str(decoupled).lower()} "
+                f"({'decoupled' if decoupled else 'L2'} decay), which it would step with: load a state of torch.optim."
+                f"{'AdamW' if decoupled else 'Adam'}, or make the config's optimizer {other}")
+
+
+def _check_step_groups(groups, where):
+    """Before any engine steps: each param group that steps (a parameter
+    has a gradient) gives the engine options it takes, so that a refusal
+    changes nothing (each engine refuses its own options only after those
+    before it stepped). A negative lr, beta, eps or weight_decay (an LR
+    schedule gone below 0), NaN or infinity is refused (_step_options), a
+    beta of 1 or more too (the kernels' range, [0, 1)), and the group's
+    options as they are now (_check_group_options), each naming the group."""
+    for k, group in enumerate(groups):
+        if not any(p.grad is not None for p in group["params"]):
+            continue
+        try:
+            _step_options(group["lr"], group["betas"], group["eps"], group["weight_decay"], group.get("max_grad_norm"))
+        except Error as e:
+            raise Error(INVALID, f"{where}: param group {k}: {e.message}") from None
+        for name, beta in zip(("beta1", "beta2"), group["betas"]):
+            if not float(beta) < 1:
+                raise Error(INVALID, f"{where}: param group {k}: step option {name} is {float(beta)!r}; allowed: "
+                            "0 or more, below 1")
+        _check_group_options(group, f"{where}: param group {k}")
+
+
+def _refuse_nonfinite(stepping, groups, world_size, where):
+    """strata.nonfinite "error" with several engines stepping (several param
+    groups, or one split into cohorts): each engine refuses only its own
+    gradients, after those before it stepped. So before any steps, a
+    gradient that is not finite anywhere (on any rank: sums over the ranks,
+    collectives every rank makes at this point) fails the step, INVALID
+    naming its parameter and param group: nothing is updated, as the policy
+    says. `stepping`: (param group, _GroupEngine) pairs."""
+    engines = [ge for _, ge in stepping]
+    seen = 1.0 if _overflowed(engines) else 0.0  # this rank's: one read back per device
+    if world_size > 1:
+        seen = engines[0].engine.sum_over_ranks([seen])[0]
+    if not seen:
+        return
+    flags = [0.0 if p.grad is None or bool(torch.isfinite(p.grad).all()) else 1.0 for ge in engines for p in ge.params]
+    if world_size > 1:
+        flags = engines[0].engine.sum_over_ranks(flags)
+    at = first = next(i for i, n in enumerate(flags) if n)
+    for group, ge in stepping:
+        if first < len(ge.params):
+            break
+        first -= len(ge.params)
+    index = next(k for k, g in enumerate(groups) if g is group)
+    ranks = f" on {int(flags[at])} of {world_size} ranks" if world_size > 1 else ""
+    for other in engines:
+        other.drop_handed()  # (gradients clip_grad_norm_ handed: the next step hands fresh ones)
+    raise Error(INVALID, f"{where}: param group {index}'s {_param_label(ge.params[first], ge.names)} has a gradient "
+                f"that is not finite (NaN or infinity){ranks}; strata.nonfinite is \"error\": nothing was updated "
+                "(\"skip\" skips such a step whole)")
 
 
 _ADAMW_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}  # torch AdamW's

@@ -11,7 +11,8 @@ import torch
 
 from .. import Error, INVALID, STATE
 from . import _sizing
-from ._adam_options import _check_group_options, _filled_by_arguments, _hyperparameters
+from ._adam_options import (_check_group_options, _check_step_groups, _filled_by_arguments, _hyperparameters,
+                            _refuse_nonfinite)
 from ._clip import (_OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _torch_clip_grad_norm,
                     _torch_norm_of, _torch_total_norm)
 from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _resolve_ranks, _say_autos, _separate_swap_folders,
@@ -43,7 +44,9 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     negates the gradients as torch does; `foreach` is accepted (torch's
     foreach and single-tensor AdamW compute the same arithmetic, which the
     engine's kernel reproduces); `fused=True` is refused (torch's fused
-    kernel rounds differently). On one rank clip_grad_norm_ is torch's own
+    kernel rounds differently); a group with decoupled_weight_decay=False
+    (torch Adam's L2 decay) and weight_decay other than 0 is refused (a torch
+    Adam state_dict's too). On one rank clip_grad_norm_ is torch's own
     for float32 gradients; for bf16/fp16 ones it is torch's over float32
     masters whose .grad is .grad.float() (a float32 norm, never a bf16 one),
     and the step applies the coefficient (.grad keeps its values).
@@ -68,7 +71,8 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     together (DeepSpeed's global norm). Either spans the group's engines
     (one split because a parameter missed a step included). A step whose
     gradients hold NaN or infinity anywhere is skipped whole (strata.nonfinite
-    "skip", the default: no parameter changes, the step counts stay).
+    "skip", the default: no parameter changes, the step counts stay);
+    "error" raises INVALID naming the parameter, and none changes either.
 
     `config`: the engine's JSON config (dict or string), e.g.
     {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme",
@@ -165,7 +169,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         """torch's add_param_group; a group refused (its options, its
         parameters, the config) is not added."""
         self._check_open("add_param_group")
-        _check_group_options(param_group, "OffloadAdam: a param group")  # before it is added
+        _check_group_options(param_group, "OffloadAdam: a param group", defaults=self.defaults)  # before it is added
         super().add_param_group(param_group)
         index = len(self.param_groups) - 1
         try:
@@ -381,6 +385,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self._check_open("step")
         loss = _closure_loss(closure)
         self._check_scaled("step()")
+        _check_step_groups(self.param_groups, "OffloadAdam.step")  # (before any engine steps, or is made)
         self._take_written("step")
         results = []
         clip_next, self._clip_next = self._clip_next, None
@@ -391,9 +396,11 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         # not finite (strata.nonfinite "skip", the default). Each engine
         # skips on its own gradients; with several, one that is not finite
         # here makes every other skip too (a NaN in its gradients; with
-        # several ranks that reaches every rank's).
+        # several ranks that reaches every rank's); "error" checks them all before any steps.
         poison = len(stepping) > 1 and (self._scaler is not None or _nonfinite(stepping[0][1]) == "skip") and \
             _overflowed([ge for _, ge in stepping if not ge.handed])
+        if len(stepping) > 1 and self._scaler is None and _nonfinite(stepping[0][1]) == "error":
+            _refuse_nonfinite(stepping, self.param_groups, self._world_size, "OffloadAdam.step")
         def hand(group, ge):
             if not ge.handed:
                 ge.hand_grads(negate=group.get("maximize", False), scale=scale, coef=coef, poison=poison)
@@ -505,7 +512,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         if self._scaler is not None and "loss_scaler" in state_dict:
             scaler = _Scaler.parse_state(state_dict["loss_scaler"])  # refused before anything changes
         for k, group in enumerate(state_dict.get("param_groups", [])):  # (e.g. torch AdamW(amsgrad=True)'s)
-            _check_group_options(group, f"OffloadAdam.load_state_dict: param group {k}")
+            _check_group_options(group, f"OffloadAdam.load_state_dict: param group {k}", defaults=self.defaults)
         super().load_state_dict(state_dict)
         # torch casts floating-point state to its parameter's dtype: the
         # float32 masters and moments of bf16/fp16 parameters would be

@@ -6,6 +6,8 @@ its state in torch's format.
 import torch
 
 from .. import Error, INVALID
+from ._adam_options import _check_group_options
+from ._config import _TORCH2
 
 class OffloadOptimizer(torch.optim.Optimizer):
     """The optimizer of an OffloadedModule (its `optimizer`): one param group
@@ -15,7 +17,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
     (OffloadedModule.zero_grad). state_dict() gives torch's format
     ({"state": {i: {"step", "exp_avg", "exp_avg_sq"}}, "param_groups": ...},
     read from the engine's tiers: a collective) and load_state_dict() puts
-    it back, bitwise."""
+    it back, bitwise. With Adam or AdamW the group says the engine's decay
+    (torch 2.x's decoupled_weight_decay: the config's adam_w_mode); a group
+    loaded or edited to say the other, with a weight_decay, is refused."""
 
     def __init__(self, owner, groups, opt):
         self._strata_offloaded_ok = True  # its parameters are offload_module's (see _fetch_on_use)
@@ -26,6 +30,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         params = [p for ps in group_params for p in ps]
         betas = tuple(opt.get("betas", (0.9, 0.999)))
         defaults = dict(lr=opt["lr"], betas=betas, eps=opt["eps"], weight_decay=opt["weight_decay"])
+        # The engine's decay, where torch's Adam and AdamW have one to say:
+        # decoupled (AdamW, adam_w_mode true) or L2. None: neither optimizer.
+        self._kind = str(owner.engine.config["optimizer"]["type"]).lower()
+        self._decoupled = (self._kind == "adamw" or bool(opt.get("adam_w_mode", True))
+                           if self._kind in ("adam", "adamw") else None)
+        if _TORCH2 and self._decoupled is not None:
+            defaults["decoupled_weight_decay"] = self._decoupled
         super().__init__(params, defaults)
         self.last_result = None
 
@@ -42,6 +53,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = _closure_loss(closure)
         g = self.param_groups[0]
+        _check_group_options(g, "OffloadOptimizer.step: the param group", self._decoupled, self._kind)  # (as edited)
         self.last_result = self._owner.step(lr=g["lr"], betas=g["betas"], eps=g["eps"],
                                             weight_decay=g["weight_decay"])
         self._owner._overlap.via_optimizer = True  # the next step's options: the group's (after a scheduler)
@@ -103,8 +115,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         # not honour (a torch AdamW's amsgrad or maximize), each tensor's
         # shape, and each group's state whole or absent (one step count and
         # one set of moments per group, where torch keeps them per parameter).
-        from ._adam_options import _check_group_options
-        _check_group_options(groups[0], "OffloadOptimizer.load_state_dict: the param group")
+        _check_group_options(groups[0], "OffloadOptimizer.load_state_dict: the param group", self._decoupled,
+                             self._kind)
         if groups[0].get("maximize"):
             raise Error(INVALID, "OffloadOptimizer.load_state_dict: the param group has maximize=True, which "
                         "offload_module's step does not do; leave it off")

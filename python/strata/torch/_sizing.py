@@ -34,6 +34,9 @@ slots). And P alone is half of torch's 8 N. Hence the three parts here:
 """
 
 import copy
+import re
+
+from .. import CONFIG, Error
 
 DEFAULT_BUCKET_NUMEL = 1 << 22  # the largest group: 16 MiB a fp32 state block
 MIN_BUCKET_NUMEL = 1 << 16  # the smallest: 256 KiB blocks still keep a disk busy
@@ -67,22 +70,91 @@ def _slots(config):
         return 4  # the engine refuses it, naming it
 
 
+def _choice(config, section, key):
+    """A choice as the engine reads it: lower-cased (ObjectReader::Choice)."""
+    v = _section(config, *section).get(key)
+    return v.lower() if isinstance(v, str) else v
+
+
+def _half(config):
+    """Whether P is 2 bytes: bf16 (or its other spelling, bfloat16) or fp16
+    enabled. Only true is: the engine reads "auto" (or null) as absent,
+    false by default; anything else it refuses, naming it."""
+    return any(_section(config, key).get("enabled") is True for key in ("bf16", "bfloat16", "fp16"))
+
+
 def _staged_bytes_per_element(config):
     """Host bytes a group's element costs at the step when the optimizer
     state is on NVMe: the staging slots (W, M, V, G and P, each in every
     slot), the gradient staging, hand_grads' flat tensor and the device
     tier's copies of P."""
-    compact = _section(config, "strata").get("state_format") == "compact"
-    bf16 = bool(_section(config, "bf16").get("enabled")) or bool(_section(config, "fp16").get("enabled"))
-    p = 2 if bf16 else 4
+    compact = _choice(config, ("strata",), "state_format") == "compact"
+    p = 2 if _half(config) else 4
     state = 6 if compact else 12  # W, M, V
-    g = 2 if _section(config, "data_types").get("grad_accum_dtype") == "bf16" else 4
+    g = 2 if _choice(config, ("data_types",), "grad_accum_dtype") == "bf16" else 4
     return _slots(config) * (state + g + p) + g + 4 + P_COPIES * p
 
 
+# base/sizes.cpp ParseByteSize's grammar (docs/config.md): ASCII whitespace
+# anywhere is dropped and letters lower-cased; digits, an optional fraction,
+# an optional exponent (e, a sign, digits: else the e is the unit's), a unit.
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6, "mb": 10**6, "mib": 1 << 20,
+          "g": 10**9, "gb": 10**9, "gib": 1 << 30, "t": 10**12, "tb": 10**12, "tib": 1 << 40}
+_SIZE = re.compile(r"([0-9]*)(?:\.([0-9]*))?(?:e([+-]?[0-9]+))?(.*)", re.S)
+_MAX_BYTES = (1 << 63) - 1
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _byte_size(text):
+    """The bytes a size string says, exactly as the engine reads it; a str
+    saying why not where the engine refuses it."""
+    if len(text.encode("utf-8", "surrogatepass")) > 64:
+        return "expected a byte size (a number of bytes or a string like \"8GiB\") or \"auto\""
+    s = "".join(c for c in text if c not in " \t\n\v\f\r").translate(_ASCII_LOWER)
+    if s.startswith("-"):
+        return f"byte size '{text}' is negative"
+    whole, frac, exp, unit = _SIZE.fullmatch(s).groups()
+    if not whole and not frac:
+        return f"byte size '{text}' is not a number with an optional unit (e.g. 64MiB, 2GB, 1e8, 4.1GB)"
+    if unit not in _UNITS:
+        return f"byte size '{text}' has an unknown unit '{unit}' (use B, KB, KiB, MB, MiB, GB, GiB, TB, TiB)"
+    e10 = max(min(int(exp or 0), 100000), -100000) - len(frac or "")  # (the engine's exponent saturates)
+    digits = int((whole or "") + (frac or "") or "0") * _UNITS[unit]
+    if digits == 0:
+        return 0
+    if e10 > 40:  # at least 10^40 bytes: too large without computing it
+        return f"byte size '{text}' is too large"
+    num, den = (digits * 10**e10, 1) if e10 >= 0 else (digits, 10**-e10)
+    if num % den:
+        return f"byte size '{text}' is not a whole number of bytes"
+    return num // den if num // den <= _MAX_BYTES else f"byte size '{text}' is too large"
+
+
 def _host_budget(config):
+    """strata.host_budget in bytes as the engine reads it (a number, or a
+    size string such as "1GiB"); None for "auto" (absent, null). What the
+    engine refuses is refused here, CONFIG naming the key, as the engine's
+    would: the bucket is not sized by a budget the engine does not have."""
     b = _section(config, "strata").get("host_budget")
-    return b if isinstance(b, int) and not isinstance(b, bool) and b > 0 else None  # else "auto" (auto_bucket_numel)
+    if b is None or b == "auto":
+        return None
+    if isinstance(b, str):
+        n = _byte_size(b)
+    elif isinstance(b, bool) or not isinstance(b, (int, float)):
+        n = "expected a byte size (a number of bytes or a string like \"8GiB\") or \"auto\", got " + repr(b)
+    elif not b >= 0:  # (NaN too)
+        n = f"{b!r} is negative; expected a non-negative integer"
+    elif b > _MAX_BYTES:  # (exact: a float is compared with the int as it is)
+        n = f"{b!r} is out of range; allowed: from 0 to {_MAX_BYTES}"
+    elif b != int(b):
+        n = f"{b!r} is not a whole number; expected a non-negative integer"
+    else:
+        n = int(b)
+    if isinstance(n, str):
+        raise Error(CONFIG, f"strata.host_budget: {n}")
+    if n < 1:
+        raise Error(CONFIG, f"strata.host_budget: {b!r} is too small; allowed: at least 1 bytes, or \"auto\"")
+    return n
 
 
 def auto_bucket_numel(total_numel, config, *, host_ram_bytes=None, ranks_on_host=None):
@@ -94,7 +166,9 @@ def auto_bucket_numel(total_numel, config, *, host_ram_bytes=None, ranks_on_host
     docstring), so the group is sized to keep that staging at about
     STAGING_SHARE of the parameters' fp32 bytes (1.5 bytes a parameter with
     the default 4 slots; torch AdamW adds 8) and at most BUDGET_SHARE of the
-    host budget (strata.host_budget when given in bytes, else the engine's
+    host budget (strata.host_budget when given, in bytes or as a size
+    string such as "1GiB", read as the engine reads it, CONFIG where the
+    engine would refuse it; else the engine's
     "auto": half of `host_ram_bytes` shared by `ranks_on_host`; None reads
     them as the engine does, strata.host_memory(): RAM under any cgroup
     memory limit, and the launcher's ranks on this host),
@@ -185,15 +259,17 @@ def lean_host_config(config, bucket_numel, *, on_gpu, world_size):
     can home P on NVMe: the optimizer state is on NVMe, no GPU (`on_gpu`
     False: with one, P is on the GPU), one rank (below stage 3 several ranks
     keep every parameter: nvme is refused), and the config says nothing of
-    offload_param or strata.device_budget. P then goes to the optimizer's
-    swap folder and the device tier gets P_COPIES groups of P. The stage
+    offload_param (nor of DeepSpeed's deprecated cpu_offload_param, which
+    the engine reads as offload_param cpu) or strata.device_budget. P then
+    goes to the optimizer's swap folder and the device tier gets P_COPIES
+    groups of P. The stage
     becomes 3: with one rank the engine partitions nothing at any stage, and
     below 3 it warns that DeepSpeed would ignore offload_param (a key the
     caller never wrote)."""
     if on_gpu or world_size > 1 or _device(config, "offload_optimizer") != "nvme":
         return config
     zero = _section(config, "zero_optimization")
-    if "offload_param" in zero or "cpu_offload_params" in zero or "device_budget" in _section(config, "strata"):
+    if "offload_param" in zero or "cpu_offload_param" in zero or "device_budget" in _section(config, "strata"):
         return config
     path = _section(config, "zero_optimization", "offload_optimizer").get("nvme_path")
     if not path and not _section(config, "strata").get("nvme_paths"):
@@ -202,6 +278,5 @@ def lean_host_config(config, bucket_numel, *, on_gpu, world_size):
     z = cfg["zero_optimization"]
     z["offload_param"] = {"device": "nvme", "nvme_path": path} if path else {"device": "nvme"}
     z["stage"] = 3
-    bf16 = bool(_section(cfg, "bf16").get("enabled")) or bool(_section(cfg, "fp16").get("enabled"))
-    cfg.setdefault("strata", {})["device_budget"] = P_COPIES * int(bucket_numel) * (2 if bf16 else 4) + (1 << 20)
+    cfg.setdefault("strata", {})["device_budget"] = P_COPIES * int(bucket_numel) * (2 if _half(cfg) else 4) + (1 << 20)
     return cfg
