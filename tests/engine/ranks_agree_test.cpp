@@ -9,8 +9,10 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -33,11 +35,36 @@ struct Outcome {
   std::vector<double> secs = std::vector<double>(2, 0.0);
 };
 
+// The two rank threads meet here after each call: a rank that failed stays
+// alive (its communicator open, as a trainer that handles the error) while
+// the other may still wait in a collective. (A rank that returned would
+// close its sockets, and its peer would fail at once for that reason.)
+class Meet {
+ public:
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const int gen = gen_;
+    if (++count_ == 2) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return gen_ != gen; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int count_ = 0, gen_ = 0;
+};
+
 template <typename Fn>
-void Timed(Outcome& o, int rank, Fn&& fn) {
+void Timed(Outcome& o, int rank, Meet& meet, Fn&& fn) {
   const auto t0 = Clock::now();
   o.st[static_cast<size_t>(rank)] = fn();
   o.secs[static_cast<size_t>(rank)] = std::chrono::duration<double>(Clock::now() - t0).count();
+  meet.Wait();
 }
 
 // Every rank failed, fast; rank 0 names rank 1 as the one that failed.
@@ -96,11 +123,12 @@ TEST(RanksAgree, ABuildThatFailsOnOneRankFailsEveryRankAtOnce) {
   const std::string not_a_folder = d1.path() + "/file";
   std::ofstream(not_a_folder) << "x";
   Outcome o;
+  Meet meet;
   testing::OnRanks(2, [&](int rank, net::Communicator& comm) {
     auto e = MakeEngine(Stage2(rank == 0 ? d0.path() : not_a_folder), comm);
     ASSERT_TRUE(e);
     ASSERT_TRUE(AddGroups(*e).ok());
-    Timed(o, rank, [&] { return e->Build(); });
+    Timed(o, rank, meet, [&] { return e->Build(); });
   }, kTimeoutS);
   ExpectAllFailFastNamingRank1(o, "build");
   EXPECT_NE(o.st[1].message().find(not_a_folder), std::string::npos) << o.st[1].ToString();
@@ -112,6 +140,7 @@ TEST(RanksAgree, ABuildThatFailsOnOneRankFailsEveryRankAtOnce) {
 TEST(RanksAgree, ASaveOrWriteStateOneRankRefusesIsRefusedOnEveryRankAndTheRanksGoOn) {
   TempDir d0, d1, ckpt;
   Outcome save, write, save_after, write_after;
+  Meet meet;
   testing::OnRanks(2, [&](int rank, net::Communicator& comm) {
     auto e = MakeEngine(Stage2(rank == 0 ? d0.path() : d1.path()), comm);
     ASSERT_TRUE(e);
@@ -120,14 +149,14 @@ TEST(RanksAgree, ASaveOrWriteStateOneRankRefusesIsRefusedOnEveryRankAndTheRanksG
     if (rank == 1) {
       ASSERT_TRUE(e->Fetch(0).ok());  // (stage 2: a fetch gathers nothing)
     }
-    Timed(save, rank, [&] { return e->SaveCheckpoint(ckpt.path(), "t", nullptr, 0); });
+    Timed(save, rank, meet, [&] { return e->SaveCheckpoint(ckpt.path(), "t", nullptr, 0); });
     const std::vector<float> m = Values(e->group_numel(1), 3.0f);
-    Timed(write, rank, [&] { return e->WriteState(1, Engine::OptimizerState::kExpAvg, m.data()); });
+    Timed(write, rank, meet, [&] { return e->WriteState(1, Engine::OptimizerState::kExpAvg, m.data()); });
     if (rank == 1) {
       ASSERT_TRUE(e->Release(0).ok());
     }
-    Timed(save_after, rank, [&] { return e->SaveCheckpoint(ckpt.path(), "t", nullptr, 0); });
-    Timed(write_after, rank, [&] { return e->WriteState(1, Engine::OptimizerState::kExpAvg, m.data()); });
+    Timed(save_after, rank, meet, [&] { return e->SaveCheckpoint(ckpt.path(), "t", nullptr, 0); });
+    Timed(write_after, rank, meet, [&] { return e->WriteState(1, Engine::OptimizerState::kExpAvg, m.data()); });
   }, kTimeoutS);
   ExpectAllFailFastNamingRank1(save, "checkpoint save");
   ExpectAllFailFastNamingRank1(write, "write_state");
@@ -146,6 +175,7 @@ TEST(RanksAgree, ASaveOrWriteStateOneRankRefusesIsRefusedOnEveryRankAndTheRanksG
 TEST(RanksAgree, ALoadFailingOnOneRankLeavesTheRanksAbleToLoadAgain) {
   TempDir d0, d1, ckpt;
   Outcome bad, good;
+  Meet meet;
   std::vector<std::vector<float>> saved(2), loaded(2);
   testing::OnRanks(2, [&](int rank, net::Communicator& comm) {
     auto faults = std::make_shared<FaultPlan>();
@@ -160,9 +190,9 @@ TEST(RanksAgree, ALoadFailingOnOneRankLeavesTheRanksAbleToLoadAgain) {
     const std::vector<float> other = Values(n, 9.0f);
     ASSERT_TRUE(e->WriteState(0, Engine::OptimizerState::kMaster, other.data()).ok());
     if (rank == 1) faults->Arm(FaultPlan::Ops::kWrites, EIO, /*skip=*/0, 1);
-    Timed(bad, rank, [&] { return e->LoadCheckpoint(ckpt.path(), "t", nullptr); });
+    Timed(bad, rank, meet, [&] { return e->LoadCheckpoint(ckpt.path(), "t", nullptr); });
     faults->Disarm();
-    Timed(good, rank, [&] { return e->LoadCheckpoint(ckpt.path(), "t", nullptr); });
+    Timed(good, rank, meet, [&] { return e->LoadCheckpoint(ckpt.path(), "t", nullptr); });
     loaded[static_cast<size_t>(rank)].resize(n);
     ASSERT_TRUE(e->ReadState(0, Engine::OptimizerState::kMaster, loaded[static_cast<size_t>(rank)].data()).ok());
   }, kTimeoutS);
@@ -180,6 +210,7 @@ TEST(RanksAgree, ALoadFailingOnOneRankLeavesTheRanksAbleToLoadAgain) {
 // once the group is released both fetch.
 TEST(RanksAgree, AStage3FetchOneRankCannotMakeFailsEveryRankAtOnceAndTheRanksGoOn) {
   Outcome fetch, again;
+  Meet meet;
   testing::OnRanks(2, [&](int rank, net::Communicator& comm) {
     // Room for one group's copy (P fp32: 256 KiB), not two.
     auto e = MakeEngine(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
@@ -195,14 +226,14 @@ TEST(RanksAgree, AStage3FetchOneRankCannotMakeFailsEveryRankAtOnceAndTheRanksGoO
     if (rank == 0) {
       ASSERT_TRUE(e->Release(0).ok());
     }
-    Timed(fetch, rank, [&] { return e->Fetch(1).status(); });
+    Timed(fetch, rank, meet, [&] { return e->Fetch(1).status(); });
     if (fetch.st[static_cast<size_t>(rank)].ok()) {
       ASSERT_TRUE(e->Release(1).ok());
     }
     if (rank == 1) {
       ASSERT_TRUE(e->Release(0).ok());
     }
-    Timed(again, rank, [&] { return e->Fetch(1).status(); });
+    Timed(again, rank, meet, [&] { return e->Fetch(1).status(); });
     if (again.st[static_cast<size_t>(rank)].ok()) {
       ASSERT_TRUE(e->Release(1).ok());
     }
