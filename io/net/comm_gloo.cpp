@@ -610,6 +610,53 @@ Result<std::unique_ptr<ShmChannel>> ShareMemory(const CommOptions& o, Millis tim
   return ch;
 }
 
+bool IsLoopbackAddress(const std::string& addr) {
+  in_addr a{};
+  return inet_pton(AF_INET, addr.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+// Every rank said its host and the address it listens on: one that listens
+// on a loopback address while a rank runs on another host can never be
+// reached (the full mesh waited for it until strata.timeout, then failed
+// naming a connection). The common cause: MASTER_ADDR is this host's name,
+// which Debian's /etc/hosts maps to 127.0.1.1, so the route to it is the
+// loopback. Refused at once, on every rank, naming the address and the way
+// out.
+Status CheckReachable(const CommOptions& o, const std::string& local, const std::string& why, Millis timeout) {
+  const RankInfo& r = o.rank;
+  std::vector<std::string> hosts(static_cast<size_t>(r.world_size)), addrs(hosts.size());
+  for (int k = 0; k < r.world_size; ++k) {
+    auto v = o.store->Get(o.prefix + "/host/" + std::to_string(k), timeout);
+    if (!v.ok()) return v.status();
+    const std::string said(v->begin(), v->end());
+    const size_t nl = said.find('\n');
+    hosts[static_cast<size_t>(k)] = said.substr(0, nl);
+    addrs[static_cast<size_t>(k)] = nl == std::string::npos ? "" : said.substr(nl + 1);
+  }
+  // Rank 0 serves the store: it refuses only once every rank has read what
+  // it needs to refuse too (else they would see the store gone, not why).
+  const std::string seen = "1";
+  STRATA_RETURN_IF_ERROR(o.store->Set(o.prefix + "/host_seen/" + std::to_string(r.rank), Bytes(seen.begin(), seen.end())));
+  auto refuse = [&](Status st) {
+    for (int k = 0; r.rank == 0 && k < r.world_size; ++k) (void)o.store->Get(o.prefix + "/host_seen/" + std::to_string(k), timeout);
+    return st;
+  };
+  for (int k = 0; k < r.world_size; ++k) {
+    if (!IsLoopbackAddress(addrs[static_cast<size_t>(k)])) continue;
+    for (int j = 0; j < r.world_size; ++j) {
+      if (hosts[static_cast<size_t>(j)] == hosts[static_cast<size_t>(k)]) continue;
+      return refuse(InvalidError(
+          "rank " + std::to_string(k) + " listens on " + addrs[static_cast<size_t>(k)] +
+          ", a loopback address, but rank " + std::to_string(j) + " runs on another host and cannot reach it" +
+          (k == r.rank ? " (this rank's address: " + why + ", " + local + ")" : "") +
+          ". MASTER_ADDR '" + r.master_addr + "' may resolve to a loopback address on rank " + std::to_string(k) +
+          "'s host (Debian's /etc/hosts maps the host's name to 127.0.1.1): give MASTER_ADDR as an address the "
+          "other hosts reach, or STRATA_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME) naming the interface to listen on"));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
@@ -630,6 +677,10 @@ Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
     STRATA_RETURN_IF_ERROR(o.store->Set(o.prefix + "/alive/" + std::to_string(r.rank),
                                         Bytes(alive_at.begin(), alive_at.end()))
                                .WithContext(where));
+    const std::string host = HostKey() + "\n" + local;
+    STRATA_RETURN_IF_ERROR(o.store->Set(o.prefix + "/host/" + std::to_string(r.rank), Bytes(host.begin(), host.end()))
+                               .WithContext(where));
+    STRATA_RETURN_IF_ERROR(CheckReachable(o, local, why, timeout).WithContext(where));
   }
   gloo::rendezvous::HashStore private_store;  // one rank, no store given
   std::unique_ptr<GlooStoreAdapter> adapter;

@@ -427,6 +427,19 @@ addr)
   grep -q 'STRATA_SOCKET_IFNAME=eth7: this host has no interface of that name with an IPv4 address (it has: lo 127.0.0.1, eth0 10.213.0.1, eth1 10.213.0.129)' \
     "$WORK/eth7.h0" || fail "eth7: $(grep -m1 'rank 0' "$WORK/eth7.h0")"
   echo "ok: $(grep -m1 -o 'STRATA_SOCKET_IFNAME=eth7: .*' "$WORK/eth7.h0")"
+  # A rank listening on a loopback address beside a rank on another host
+  # (MASTER_ADDR given as the host's name on Debian, which /etc/hosts maps to
+  # 127.0.1.1): refused on both hosts, naming the address and the way out
+  # (the full mesh waited for it until strata.timeout, then named a connection).
+  (
+    export STRATA_SOCKET_IFNAME=lo
+    on_hosts 2 1 "$WORK/lo" "${run[@]}" 2>/dev/null
+  ) && fail "STRATA_SOCKET_IFNAME=lo on 2 hosts ran"
+  for h in 0 1; do
+    grep -q 'rank [01] listens on 127.0.0.1, a loopback address, but rank [01] runs on another host and cannot reach it.*STRATA_SOCKET_IFNAME' \
+      "$WORK/lo.h$h" || fail "lo on host $h: $(grep -m1 'strata-train' "$WORK/lo.h$h")"
+  done
+  echo "ok: $(grep -m1 -o 'rank [01] listens on 127.0.0.1, a loopback address, but rank [01] runs on another host' "$WORK/lo.h0")"
   # create HOST OUT VARS...: a Strata engine made on HOST through the Python
   # binding (which gives the status code) with VARS; prints "CODE: message".
   create() {

@@ -38,6 +38,18 @@ def test_lean_host_config_leaves_p_where_cpu_offload_param_put_it(tmp_path):
     assert lean is cfg
 
 
+@pytest.mark.parametrize("key,value", [("offload_param", "auto"), ("offload_param", None),
+                                       ("cpu_offload_param", "auto"), ("device_budget", "auto")])
+def test_lean_host_config_reads_auto_as_unsaid_as_the_engine_does(tmp_path, key, value):
+    cfg = nvme(tmp_path, strata={})
+    (cfg["strata"] if key == "device_budget" else cfg["zero_optimization"])[key] = value
+    assert engine_config(cfg)["zero_optimization"]["offload_param"]["device"] == "none"  # the default: unsaid
+    lean = sz.lean_host_config(cfg, 1 << 17, on_gpu=False, world_size=1)
+    assert lean["zero_optimization"]["offload_param"]["device"] == "nvme"
+    assert lean["strata"]["device_budget"] == sz.P_COPIES * (1 << 17) * 4 + (1 << 20)
+    assert engine_config(lean)["zero_optimization"]["offload_param"]["device"] == "nvme"
+
+
 @pytest.mark.parametrize("given", ["1GiB", "1.5 GiB", "8e9", "512mib", "4 k b", ".5K", "1.e3", "4.1GB", "2TB",
                                    "9007199254740993", "1e-3MB", "0.5KiB", "9223372036854775807", "8E+9",
                                    1 << 30, 8e9, 3.0, "auto", None])

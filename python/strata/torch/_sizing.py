@@ -260,16 +260,17 @@ def lean_host_config(config, bucket_numel, *, on_gpu, world_size):
     False: with one, P is on the GPU), one rank (below stage 3 several ranks
     keep every parameter: nvme is refused), and the config says nothing of
     offload_param (nor of DeepSpeed's deprecated cpu_offload_param, which
-    the engine reads as offload_param cpu) or strata.device_budget. P then
-    goes to the optimizer's swap folder and the device tier gets P_COPIES
-    groups of P. The stage
-    becomes 3: with one rank the engine partitions nothing at any stage, and
-    below 3 it warns that DeepSpeed would ignore offload_param (a key the
-    caller never wrote)."""
+    the engine reads as offload_param cpu) or strata.device_budget ("auto"
+    or null says nothing: the engine reads it as absent). P then goes to the
+    optimizer's swap folder and the device tier gets P_COPIES groups of P.
+    The stage becomes 3: with one rank the engine partitions nothing at any
+    stage, and below 3 it warns that DeepSpeed would ignore offload_param (a
+    key the caller never wrote)."""
     if on_gpu or world_size > 1 or _device(config, "offload_optimizer") != "nvme":
         return config
-    zero = _section(config, "zero_optimization")
-    if "offload_param" in zero or "cpu_offload_param" in zero or "device_budget" in _section(config, "strata"):
+    zero, own = _section(config, "zero_optimization"), _section(config, "strata")
+    if any(d.get(k, "auto") not in ("auto", None) for d, k in ((zero, "offload_param"), (zero, "cpu_offload_param"),
+                                                               (own, "device_budget"))):
         return config
     path = _section(config, "zero_optimization", "offload_optimizer").get("nvme_path")
     if not path and not _section(config, "strata").get("nvme_paths"):
