@@ -43,7 +43,9 @@ Status Engine::Impl::StartComponents() {
       };
     const bool g_staged = !BlockIo::DirectAt(lay_.home[int(StateKind::kG)], lay_.device_on_gpu);
     reducer_ = std::make_unique<GradReducer>(lay_, *comm_, *device_, staging_.grad, g_staged, std::move(h));
-    STRATA_RETURN_IF_ERROR(reducer_->Init());
+    // Its buffers (NCCL: from this rank's device budget) agreed: a rank that
+    // could not make them left its peers in the next collective.
+    STRATA_RETURN_IF_ERROR(Agree(reducer_->Init(), "build: the gradient reduction's buffers"));
   }
   // P that is W's bytes (Layout::PIsW) is read from W's block: the step does not store P.
   p_home_ = std::make_unique<PHome>(

@@ -16,8 +16,11 @@ Status AgreeOverRanks(net::Communicator* comm, const Status& local, const std::s
   codes[static_cast<size_t>(r)] = local.ok() ? 0 : 1 + static_cast<int32_t>(local.code());
   comm->SetLabel(what);
   Status st = comm->AllGather(&codes[static_cast<size_t>(r)], codes.data(), sizeof(int32_t));
-  if (!st.ok() && !local.ok())  // this rank's own cause first: it says what went wrong here
-    return Status(local.code(), local.message() + " (and " + what + " over the ranks failed: " + st.message() + ")");
+  // The agreement's own failure keeps its code (COMM, TIMEOUT: a load's
+  // NOT_FOUND here must not read as "start fresh" while the ranks could
+  // not agree), with this rank's own cause in the message.
+  if (!st.ok() && !local.ok())
+    return Status(st.code(), what + ": " + st.message() + " (this rank had failed before it: " + local.ToString() + ")");
   if (!st.ok()) return st.WithContext(what);
   if (failed) {
     failed->clear();

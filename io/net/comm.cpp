@@ -20,7 +20,7 @@ struct Descriptor {
   char op[16];
   uint64_t bytes;
   int32_t root;
-  uint32_t refused;  // 1: this rank refused its own arguments (no data moves)
+  uint32_t refused;  // 1 + the code of this rank's refusal (its arguments, or its part it could not make); 0: none
   char label[32];
 };
 static_assert(sizeof(Descriptor) == 64);
@@ -48,20 +48,31 @@ bool Same(const Descriptor& a, const Descriptor& b) { return std::memcmp(&a, &b,
 // `local`: this rank's check of its own arguments. A rank that refused them
 // still exchanges its descriptor, so that every rank fails (INVALID) before
 // any data moves, never one rank's next call meeting its peers' data phase.
-Status Communicator::AgreeOn(const char* op, uint64_t bytes, int root, const Status& local) {
+Status Communicator::AgreeOn(const char* op, uint64_t bytes, int root, const Status& local, bool* refused) {
   const int w = world_size(), r = rank();
+  *refused = !local.ok();
   if (w == 1) return local;
   std::vector<Descriptor> all(static_cast<size_t>(w));
   Descriptor mine = Describe(op, bytes, root, label_);
-  mine.refused = local.ok() ? 0 : 1;
+  mine.refused = local.ok() ? 0 : 1 + static_cast<uint32_t>(local.code());
   all[static_cast<size_t>(r)] = mine;
-  STRATA_RETURN_IF_ERROR(DoExchangeDescriptors(&all[static_cast<size_t>(r)], all.data(), sizeof mine)
-                             .WithContext("exchanging what the collective is"));
+  Status exchanged = DoExchangeDescriptors(&all[static_cast<size_t>(r)], all.data(), sizeof mine)
+                         .WithContext("exchanging what the collective is");
+  if (!exchanged.ok()) {
+    *refused = false;
+    return exchanged;
+  }
   if (!local.ok()) return local;
+  // Another rank's refusal, with its code (a trainer treats every rank's
+  // failure alike: NOMEM on one rank is NOMEM on all).
   for (int k = 0; k < w; ++k)
-    if (all[static_cast<size_t>(k)].refused)
-      return InvalidError("rank " + std::to_string(k) + " refused its arguments to " +
-                          Text(all[static_cast<size_t>(k)]) + " (its error says why); no rank ran it");
+    if (const uint32_t code = all[static_cast<size_t>(k)].refused) {
+      Descriptor d = all[static_cast<size_t>(k)];
+      d.refused = 0;
+      *refused = true;
+      return Status(static_cast<Code>(code - 1), "rank " + std::to_string(k) + " refused " + Text(d) +
+                                                     " (its error says why); no rank ran it");
+    }
   for (int k = 0; k < w; ++k)
     if (!Same(all[static_cast<size_t>(k)], mine))
       return CommError("ranks disagree on this collective: rank " + std::to_string(r) + " is at " + Text(mine) +
@@ -77,16 +88,17 @@ Status Communicator::Run(const char* op, const std::string& size, uint64_t bytes
   std::string ctx = std::string(backend()) + " " + op + " #" + std::to_string(seq_) + " (" + size +
                     ") on rank " + std::to_string(rank()) + " of " + std::to_string(world_size());
   if (broken_) return CommError(ctx + ": not run, the communicator failed earlier: " + broken_->message());
-  Status s = AgreeOn(op, bytes, root, check());
+  bool refused = false;
+  Status s = AgreeOn(op, bytes, root, check(), &refused);
   const bool agreed = s.ok();
   if (agreed) s = fn();
   if (s.ok()) return s;
   Status e = s.WithContext(ctx);
-  // Arguments refused (by any rank) before any data moved leave the
+  // A collective refused (by any rank) before any data moved leaves the
   // communicator usable on every rank; anything else, and any failure once
   // the ranks agreed (a backend's own refusal included), may have left
   // peers mid-protocol.
-  if (agreed || s.code() != Code::kInvalid) broken_ = std::make_unique<Status>(e);
+  if (!refused) broken_ = std::make_unique<Status>(e);
   return e;
 }
 
@@ -135,12 +147,12 @@ Status Communicator::AllGather(const void* in, void* out, size_t bytes_per_rank)
 
 Status Communicator::AllGatherRefused(size_t bytes_per_rank, const Status& why) {
   if (why.ok()) return InternalError("all_gather refused without a reason");
-  // Refused as arguments are (INVALID): that leaves the communicator usable
-  // on every rank, which any other code would not.
+  // Refused before any data moves: the communicator stays usable on every
+  // rank, and the peers fail with why's code.
   Status s = Run(
-      "all_gather", Count(bytes_per_rank, "bytes", " per rank"), bytes_per_rank, -1,
-      [&] { return InvalidError(why.message()); }, [&] { return InternalError("a refused all_gather ran"); });
-  if (s.code() == Code::kInvalid) return why;
+      "all_gather", Count(bytes_per_rank, "bytes", " per rank"), bytes_per_rank, -1, [&] { return why; },
+      [&] { return InternalError("a refused all_gather ran"); });
+  if (s.code() == why.code() && s.message().find(why.message()) != std::string::npos) return why;
   return Status(why.code(), why.message() + " (and the all_gather it refused failed: " + s.message() + ")");
 }
 

@@ -134,7 +134,9 @@ class Communicator {
  private:
   template <typename Check, typename Fn>
   Status Run(const char* op, const std::string& size, uint64_t bytes, int root, Check&& check, Fn&& fn);
-  Status AgreeOn(const char* op, uint64_t bytes, int root, const Status& local);
+  // `*refused`: the collective was refused (by this rank or another) before
+  // any data moved: the communicator stays usable.
+  Status AgreeOn(const char* op, uint64_t bytes, int root, const Status& local, bool* refused);
 
   uint64_t seq_ = 0;
   std::string label_;

@@ -1,6 +1,7 @@
 """Python values as the C API takes them: buffers' addresses, dtype codes,
 streams, shapes, counts, the step's options, and a device buffer for
-torch.as_tensor. The binding (__init__.py) calls these; nothing else does."""
+torch.as_tensor. The binding (__init__.py) calls these (and OffloadAdam,
+_step_options over its param groups before any engine steps)."""
 
 import math
 

@@ -26,8 +26,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using testing::TempDir;
-constexpr double kTimeoutS = 20;  // strata.timeout of every collective here
-constexpr double kFastS = 8;      // a failure agreed over the ranks comes well before it
+constexpr double kTimeoutS = 30;          // strata.timeout of every collective here
+constexpr double kFastS = kTimeoutS / 2;  // a failure agreed over the ranks comes well before it
 
 // Both ranks' results of one call, and how long each took.
 struct Outcome {
@@ -50,7 +50,10 @@ class Meet {
       cv_.notify_all();
       return;
     }
-    cv_.wait(lock, [&] { return gen_ != gen; });
+    // A rank whose assertion failed left its body: its peer goes on after
+    // the bound (the test has failed already) instead of hanging the join.
+    if (!cv_.wait_for(lock, std::chrono::duration<double>(3 * kTimeoutS), [&] { return gen_ != gen; }))
+      ADD_FAILURE() << "the other rank never came (its body ended early: see its failure)";
   }
 
  private:
@@ -239,8 +242,10 @@ TEST(RanksAgree, AStage3FetchOneRankCannotMakeFailsEveryRankAtOnceAndTheRanksGoO
     }
   }, kTimeoutS);
   ExpectAllFailFastNamingRank1(fetch, "stage-3 fetch");
+  // Every rank fails with the refusing rank's code (a trainer that retries a
+  // NOMEM does so on every rank alike).
   EXPECT_EQ(fetch.st[1].code(), Code::kNoMem) << fetch.st[1].ToString();
-  EXPECT_EQ(fetch.st[0].code(), Code::kInvalid) << fetch.st[0].ToString();
+  EXPECT_EQ(fetch.st[0].code(), Code::kNoMem) << fetch.st[0].ToString();
   for (int r = 0; r < 2; ++r)
     EXPECT_TRUE(again.st[static_cast<size_t>(r)].ok()) << "rank " << r << ": " << again.st[static_cast<size_t>(r)].ToString();
 }

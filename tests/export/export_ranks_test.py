@@ -8,7 +8,6 @@ Usage: export_ranks_test.py STRATA_LAUNCH ZERO_WORKER STRATA_EXPORT CHECK_SAFETE
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,17 +22,14 @@ work = tempfile.mkdtemp(prefix="strata-export-ranks-", dir="/var/tmp")
 failures = []
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def case(nproc, stage):
     tag = f"n{nproc}s{stage}"
     swap, ck, out = (os.path.join(work, tag + x) for x in ("-swap", "-ckpt", "-master.bin"))
     os.makedirs(swap)
-    p = subprocess.run([LAUNCH, "--nproc", str(nproc), "--master-port", str(free_port()), "--", WORKER, str(stage),
+    # --master-port 0: strata-launch picks a free port outside the kernel's
+    # ephemeral range (a port from bind(0) could be some connection's local
+    # port by the time rank 0 listens: tests/free_ports.py).
+    p = subprocess.run([LAUNCH, "--nproc", str(nproc), "--master-port", "0", "--", WORKER, str(stage),
                         "nvme", swap, out, "steps", "2", "save", ck], capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         failures.append(f"{tag}: training exit {p.returncode}\n{p.stdout}\n{p.stderr}")

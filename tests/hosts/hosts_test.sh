@@ -47,8 +47,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/hosts.sh"
 PY=/usr/bin/python3
 PORT=29500      # every run has its own network stacks: a fixed port never collides
-TIMEOUT_S=3     # strata.timeout in the fault cases
-MARGIN_S=3      # fail within TIMEOUT_S + MARGIN_S: a step in flight, a probe after the failure (<= 1 s), the exit
+TIMEOUT_S=10    # strata.timeout in the fault cases: it also bounds the 4-rank rendezvous and every
+                # collective before the fault, so it must outlast a slow step on a loaded machine
+MARGIN_S=10     # fail within TIMEOUT_S + MARGIN_S: a step in flight, a probe after the failure (<= 1 s), the exit
 GUARD_S=120     # a rank still running after this is killed and the test fails (a hang)
 WORK=$(mktemp -d "/var/tmp/strata-hosts-test-st$$-XXXXXX")  # named for hosts_sweep
 HOSTS_EXTRA_CLEANUP='rm -rf "$WORK"'

@@ -19,6 +19,7 @@ Every process is bounded by a timeout and killed at the end.
 import argparse
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -65,8 +66,29 @@ def finish(p, limit):
     return p.returncode, out + err, time.monotonic() - t0
 
 
+def wait_lines(p, want, limit):
+    """True once p's stdout has had every line in `want`, False if p exits
+    or `limit` seconds pass first. Reads the pipe's descriptor directly (the
+    file object's buffer stays empty for a later communicate())."""
+    fd, seen, buf = p.stdout.fileno(), set(), b""
+    deadline = time.monotonic() + limit
+    while not set(want) <= seen:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return False
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return False
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        seen.update(l.decode(errors="replace") for l in lines)
+    return True
+
+
 def scenario_victim(a, mode):
-    world, timeout, victim = 4, 3, 1
+    # The timeout bounds the 4 processes' rendezvous and the three good
+    # iterations too: generous, for a slow and loaded machine.
+    world, timeout, victim = 4, 10, 1
     args = ["--mode", mode, "--timeout", str(timeout), "--victim", str(victim), "--hang-s", "60"]
     procs = start_ranks(a.worker, world, args)
     t0 = time.monotonic()
@@ -84,7 +106,7 @@ def scenario_victim(a, mode):
             # Its own timeout, or (the survivors' timers fire within
             # milliseconds of each other: on a loaded machine one may exit
             # first) the connection that survivor closed on its way out.
-            own = "TIMEOUT:" in out and "timed out after 3 s" in out
+            own = "TIMEOUT:" in out and f"timed out after {timeout} s" in out
             timed_out += own
             check(own or ("COMM:" in out and "closed its connection" in out),
                   f"rank {r} reports a timeout, or a survivor's closed connection after it")
@@ -222,13 +244,18 @@ def scenario_launcher(a):
         p = subprocess.run([a.launch, "--nproc", "1", *bad, "--", "true"], capture_output=True, text=True, timeout=30)
         check(p.returncode == 2 and words in p.stderr, f"{' '.join(bad)} refused naming it: {p.stderr.strip()}")
 
+    # SIGTERM once the launcher forwards both ranks' first line: it installs
+    # its handler before it starts a rank, so it is in place by then (a fixed
+    # sleep could signal a launcher not yet that far on a loaded machine).
+    q = subprocess.Popen([a.launch, "--nproc", "2", "--", "sh", "-c", "echo up; exec sleep 60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    up = wait_lines(q, ["[rank 0] up", "[rank 1] up"], 30)
+    check(up, "the launcher forwards both ranks' first line")
     t0 = time.monotonic()
-    q = subprocess.Popen([a.launch, "--nproc", "2", "--", "sleep", "60"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
     q.send_signal(signal.SIGTERM)
     rc, _, _ = finish(q, 20)
-    check(rc == 128 + signal.SIGTERM and time.monotonic() - t0 < 10, f"SIGTERM to the launcher: rc {rc}")
+    took = time.monotonic() - t0
+    check(rc == 128 + signal.SIGTERM and took < 10, f"SIGTERM to the launcher: rc {rc}, {took:.1f} s")
 
 
 def main():

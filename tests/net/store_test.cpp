@@ -17,7 +17,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -31,6 +33,43 @@ struct Fixture {
   std::unique_ptr<StoreServer> server;
   std::unique_ptr<StoreClient> client;
 };
+
+// Whether a listener could bind `port` on every interface now.
+bool Binds(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  close(fd);
+  return ok;
+}
+
+// A port nobody listens on now, for a test that binds it (or connects to it)
+// later. Not from bind(0): that port is in the kernel's ephemeral range, which
+// also gives every outgoing connection its local port, so by the time the
+// test uses it some connection on this (loaded, shared) machine may hold it;
+// below or above that range only another listener can (as strata-launch's
+// --master-port 0 and tests/free_ports.py choose). 0 when none is found.
+int FreePort() {
+  int lo = 32768, hi = 60999;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
+    std::fclose(f);
+  }
+  int spans[2][2] = {{20000, lo - 1}, {hi + 1, 65535}};
+  std::mt19937 gen(std::random_device{}());
+  for (int tries = 0; tries < 200; ++tries) {
+    auto& sp = spans[tries % 2];
+    if (sp[1] < sp[0]) continue;
+    int port = std::uniform_int_distribution<int>(sp[0], sp[1])(gen);
+    if (Binds(port)) return port;
+  }
+  ADD_FAILURE() << "no free port outside the ephemeral range " << lo << "-" << hi;
+  return 0;
+}
 
 Fixture Start() {
   Fixture f;
@@ -153,7 +192,8 @@ TEST(Store, ServerGoneIsCommNamingStoreAndKey) {
 
 TEST(Store, ConnectRetriesUntilTheServerListens) {
   // Find a free port, then start the server on it a little after the client.
-  int port = StoreServer::Start("127.0.0.1", 0).value()->port();
+  int port = FreePort();
+  ASSERT_NE(port, 0);
   std::unique_ptr<StoreServer> server;
   std::thread later([&] {
     std::this_thread::sleep_for(300ms);
@@ -166,7 +206,8 @@ TEST(Store, ConnectRetriesUntilTheServerListens) {
 }
 
 TEST(Store, UnreachableIsCommNamingTheAddress) {
-  int port = StoreServer::Start("127.0.0.1", 0).value()->port();  // closed again
+  int port = FreePort();  // nobody listens there
+  ASSERT_NE(port, 0);
   auto c = StoreClient::Connect("127.0.0.1", port, 300ms);
   ASSERT_EQ(c.status().code(), Code::kComm);
   EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos);
@@ -186,7 +227,8 @@ TEST(Store, PortInUseIsNamed) {
 TEST(Store, RendezvousStoreOnRankZeroAndOne) {
   RankInfo r0;
   r0.world_size = 2;
-  r0.store_port = StoreServer::Start("127.0.0.1", 0).value()->port();
+  r0.store_port = FreePort();
+  ASSERT_NE(r0.store_port, 0);
   RankInfo r1 = r0;
   r1.rank = 1;
   auto s0 = RendezvousStore::Open(r0, 5s);

@@ -7,7 +7,8 @@
 #include <hwloc.h>
 #include <sched.h>
 
-#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 namespace strata {
@@ -59,17 +60,37 @@ TEST(Numa, BindsEveryThreadToTheNodesCpus) {
     }
   ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
   ASSERT_EQ(AffinityCount(), 1);
-  int in_thread = -1;
-  std::thread early([&] {  // started before the binding (on one CPU): bound too, process-wide
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // A thread running before the binding (on one CPU) is bound too, process-
+  // wide: it reads its affinity once before the binding and once after it
+  // returned (told so, not after a guessed sleep).
+  std::mutex mu;
+  std::condition_variable cv;
+  bool started = false, bound = false;
+  int in_thread_before = -1, in_thread = -1;
+  std::thread early([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    in_thread_before = AffinityCount();
+    started = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return bound; });
     in_thread = AffinityCount();
   });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return started; });
+  }
   const NumaCpuBinding b = BindProcessToNumaNode(f.os_index);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    bound = true;
+  }
+  cv.notify_all();
+  early.join();
   ASSERT_TRUE(b.bound) << b.error;
   EXPECT_FALSE(b.cpus.empty());
   EXPECT_EQ(b.error, "");
   EXPECT_EQ(AffinityCount(), f.cpus);
-  early.join();
+  EXPECT_EQ(in_thread_before, 1);
   EXPECT_EQ(in_thread, f.cpus);
 }
 
