@@ -82,10 +82,11 @@ bool Unset(const Json* v) {
 
 // --offload-activations (the store's sizes follow the model), --trace and
 // --state-format. Applied to the built-in config, and after --config's
-// merge whatever the file removed: the file's own values win, but a
-// "strata" it made "auto" or null (the engine's default section) still gets
-// what the flags ask for. A non-object is left for the engine to refuse,
-// naming it.
+// merge whatever the file removed (ApplyGivenFlags has already made the
+// flags given win over the file's keys; the activation store's sizes the
+// file gives are kept): a "strata" it made "auto" or null (the engine's
+// default section) still gets what the flags ask for. A non-object is left
+// for the engine to refuse, naming it.
 void ApplyStrataFlags(const ConfigInputs& in, Json& j) {
   if (in.offload_activations.empty() && in.trace.empty() && in.state_format.empty()) return;
   if (Json* s = Member(j, "strata"); s == nullptr || s->is_null() || Unset(s)) j["strata"] = Json::object();
@@ -236,13 +237,16 @@ void ApplyGivenFlags(const ConfigInputs& in, Json& j, TrainConfig* out) {
     if (!in.trace.empty()) Override(*strata, "trace_path", in.trace, "--trace", "strata.trace_path", out);
     if (!in.state_format.empty())
       Override(*strata, "state_format", in.state_format, "--state-format", "strata.state_format", out);
-    if (!in.nvme.empty() && Member(*strata, "nvme_paths") != nullptr && !Member(*strata, "nvme_paths")->is_null())
+    // (An empty list, as strata-plan --write-config writes it, names no folder.)
+    if (const Json* paths = Member(*strata, "nvme_paths"); !in.nvme.empty() && paths != nullptr && paths->is_array() &&
+                                                           !paths->empty())
       Override(*strata, "nvme_paths", Json::array({in.nvme}), "--nvme", "strata.nvme_paths", out);
   }
   if (in.fp16) {
     if (Json* fp16 = Section(j, "fp16")) Override(*fp16, "enabled", true, "--fp16", "fp16.enabled", out);
-    if (Json* bf16 = Member(j, "bf16"); bf16 != nullptr && bf16->is_object())
-      Override(*bf16, "enabled", false, "--fp16", "bf16.enabled", out);
+    for (const char* name : {"bf16", "bfloat16"})  // (the engine reads either spelling)
+      if (Json* bf16 = Member(j, name); bf16 != nullptr && bf16->is_object())
+        Override(*bf16, "enabled", false, "--fp16", std::string(name) + ".enabled", out);
   }
   Json* zero = Member(j, "zero_optimization");
   if (zero == nullptr || !zero->is_object()) return;
@@ -274,6 +278,8 @@ void NoteChanges(const Json& base, const Json& j, const std::string& path, Train
     }
     return;
   }
+  // (Names the engine reads in any case, "AdamW" and "adamw", are the same.)
+  if (base.is_string() && j.is_string() && Lower(&base) == Lower(&j)) return;
   if (base != j) out->notes.push_back("--config changes strata-train's " + path + " " + base.dump() + " to " + j.dump());
 }
 
