@@ -75,17 +75,34 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   const Status too_large = InvalidError("byte size " + quoted + " is too large");
   const Status not_whole = InvalidError("byte size " + quoted + " is not a whole number of bytes");
   constexpr unsigned __int128 kMax = static_cast<unsigned __int128>(INT64_MAX);
-  if (digits.size() > 19) return e10 + static_cast<int64_t>(digits.size()) > 0 ? too_large : not_whole;
-  unsigned __int128 v = std::stoull(digits);
-  if (e10 > 19) return too_large;
-  for (; e10 > 0; --e10)
-    if ((v *= 10) > kMax) return too_large;
-  v <<= bin;  // v < 2^64, bin <= 40: fits
-  if (e10 < -38) return not_whole;  // 10^39 > v: no whole number (and d would overflow)
-  unsigned __int128 d = 1;
-  for (; e10 < 0; ++e10) d *= 10;
-  if (v % d != 0) return not_whole;
-  v /= d;
+  // Exact up to 38 significant digits (10^38 < 2^127); beyond, whatever the
+  // digits, the value is at least 10^19 (too large) or has a fraction far
+  // below a byte (refused as not whole: no real size needs such digits).
+  if (digits.size() > 38) return e10 + static_cast<int64_t>(digits.size()) > 19 ? too_large : not_whole;
+  unsigned __int128 v = 0;
+  for (char c : digits) v = v * 10 + static_cast<unsigned>(c - '0');
+  if (e10 >= 0) {  // v * 10^e10 * 2^bin
+    for (; e10 > 0; --e10)
+      if ((v *= 10) > kMax) return too_large;
+    if (v > (kMax >> bin)) return too_large;
+    v <<= bin;
+  } else {  // v * 2^bin / (5^k * 2^k), k = -e10: whole when 5^k and 2^(k-bin) divide v
+    const int64_t k = -e10;
+    if (k > 54) return not_whole;  // 5^55 > 2^127 > v: 5^k cannot divide it
+    unsigned __int128 p5 = 1;
+    for (int64_t j = 0; j < k; ++j) p5 *= 5;
+    if (v % p5 != 0) return not_whole;
+    v /= p5;
+    if (bin >= k) {
+      const int shift = bin - static_cast<int>(k);
+      if (v > (kMax >> shift)) return too_large;
+      v <<= shift;
+    } else {
+      const int shift = static_cast<int>(k) - bin;
+      if ((v & ((static_cast<unsigned __int128>(1) << shift) - 1)) != 0) return not_whole;
+      v >>= shift;
+    }
+  }
   if (v > kMax) return too_large;
   return static_cast<uint64_t>(v);
 }

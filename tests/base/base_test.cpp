@@ -67,11 +67,14 @@ TEST(Sizes, Parses) {
   EXPECT_EQ(*ParseByteSize(".5kb"), 500ull);
   EXPECT_EQ(*ParseByteSize("1.50000000000000000000000000000000000000000GiB"), 3ull << 29);
   EXPECT_EQ(*ParseByteSize("9223372036854775807"), 9223372036854775807ull);
+  EXPECT_EQ(*ParseByteSize("9.094947017729282379150390625e-13TiB"), 1ull);  // 5^40 / 10^40 * 2^40, exactly
+  EXPECT_EQ(*ParseByteSize("0.0009765625KiB"), 1ull);
 }
 
 TEST(Sizes, RefusesWithTheText) {
   for (const char* bad : {"", "abc", "-1", "12XB", "0.5", "1e30", "nan", "inf", "9223372036854775808", "0.1KiB",
-                          "1e", "1.2.3", "1e-50", "18446744073709551616000"}) {
+                          "1e", "1.2.3", "1e-50", "18446744073709551616000", "1.0000000000000000001",
+                          "0.0009765626KiB", "123456789012345678901234567890123456789012345"}) {
     auto r = ParseByteSize(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), Code::kInvalid);

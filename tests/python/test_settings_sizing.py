@@ -52,6 +52,7 @@ def test_lean_host_config_reads_auto_as_unsaid_as_the_engine_does(tmp_path, key,
 
 @pytest.mark.parametrize("given", ["1GiB", "1.5 GiB", "8e9", "512mib", "4 k b", ".5K", "1.e3", "4.1GB", "2TB",
                                    "9007199254740993", "1e-3MB", "0.5KiB", "9223372036854775807", "8E+9",
+                                   "9.094947017729282379150390625e-13TiB", "0.0009765625KiB", "8.2TB",
                                    1 << 30, 8e9, 3.0, "auto", None])
 def test_a_host_budget_the_engine_takes_is_the_same_bytes(given):
     cfg = {"strata": {"host_budget": given}}
@@ -62,7 +63,9 @@ def test_a_host_budget_the_engine_takes_is_the_same_bytes(given):
 @pytest.mark.parametrize("given", ["0", 0, "abc", "-1", "0.5", "12XB", "1e30", "nan", "inf", "1e", "", "0x", True,
                                    "+64MiB", "0x10", "1e-7MB", "9223372036854775808", "1e+", ".", "1..5", "1e999999",
                                    "00", {"a": 1}, -5, 1.5, float("nan"), 1 << 63, "9.3e18", [1], "1" * 65,
-                                   "1\u212a", "\u0661"])
+                                   "1\u212a", "\u0661", "1.0000000000000000001", "0.0009765626KiB",
+                                   "123456789012345678901234567890123456789012345",
+                                   "1.23456789012345678901234567890123456789012345KiB"])
 def test_a_host_budget_the_engine_refuses_is_refused_naming_it(given):
     cfg = {"strata": {"host_budget": given}}
     assert isinstance(engine_config(cfg), strata.Error), "the engine takes it: the test's premise is wrong"

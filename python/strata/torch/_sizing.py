@@ -119,9 +119,14 @@ def _byte_size(text):
     if unit not in _UNITS:
         return f"byte size '{text}' has an unknown unit '{unit}' (use B, KB, KiB, MB, MiB, GB, GiB, TB, TiB)"
     e10 = max(min(int(exp or 0), 100000), -100000) - len(frac or "")  # (the engine's exponent saturates)
-    digits = int((whole or "") + (frac or "") or "0") * _UNITS[unit]
+    raw = (whole or "") + (frac or "")
+    digits = int(raw or "0") * _UNITS[unit]
     if digits == 0:
         return 0
+    significant = raw.strip("0")
+    if len(significant) > 38:  # as the engine: exact up to 38 significant digits
+        magnitude = len(raw.lstrip("0")) + e10 + (len(str(_UNITS[unit])) - 1 if _UNITS[unit] % 10 == 0 else 0)
+        return f"byte size '{text}' is {'too large' if magnitude > 19 else 'not a whole number of bytes'}"
     if e10 > 40:  # at least 10^40 bytes: too large without computing it
         return f"byte size '{text}' is too large"
     num, den = (digits * 10**e10, 1) if e10 >= 0 else (digits, 10**-e10)
