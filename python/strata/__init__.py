@@ -16,6 +16,7 @@ Error, the structs, the functions' signatures) is _capi.py's.
 
 import ctypes
 import json
+import operator
 import os
 
 from ._capi import (  # noqa: F401  (strata.INVALID, strata.Error, ...: the package's names)
@@ -35,6 +36,18 @@ def version():
     """The loaded library's version as (major, minor, patch)."""
     v = _load().strata_version()
     return (v // 10000, v // 100 % 100, v % 100)
+
+
+def _group(group, what):
+    """`group` as the C int the library takes; INVALID naming it outside the C API's 0..1000000 (ctypes
+    would wrap 2**32 to group 0 silently, int() cut 1.5 to 1)."""
+    try:
+        g = None if isinstance(group, bool) else operator.index(group)
+    except TypeError:
+        g = None
+    if g is None or not 0 <= g <= 1_000_000:
+        raise Error(INVALID, f"{what}: group {group!r} is not a group index (an integer in 0..1000000)")
+    return g
 
 
 def host_memory():
@@ -115,7 +128,7 @@ class Engine:
         `shape` is given) or an element count (zeros unless `init`; flat
         unless `shape`). The shape is recorded in checkpoints, so that
         strata-export writes the tensor in it."""
-        numel = _numel(tensor_or_numel)
+        group, numel = _group(group, f"add_param '{name}'"), _numel(tensor_or_numel)
         if shape is None and not isinstance(tensor_or_numel, int):
             shape = tuple(tensor_or_numel.shape)
         if shape is not None:
@@ -146,7 +159,7 @@ class Engine:
     def add_alias(self, group, alias, of):
         """Names tensor `of` of `group` also `alias` (a tied weight):
         checkpoints record it and strata-export writes both names."""
-        _check(self._lib.strata_engine_add_alias(self.handle, group, alias.encode(), of.encode()))
+        _check(self._lib.strata_engine_add_alias(self.handle, _group(group, "add_alias"), alias.encode(), of.encode()))
 
     def freeze_group(self, group):
         """Marks `group` frozen, before build(): parameters that forward and
@@ -158,12 +171,12 @@ class Engine:
         unchanged; read_master()/read_state("master") give its parameters as
         fp32 and write_state(group, "master", values) sets them; "exp_avg" and
         "exp_avg_sq" raise INVALID; checkpoints save and load it."""
-        _check(self._lib.strata_engine_freeze_group(self.handle, int(group)))
+        _check(self._lib.strata_engine_freeze_group(self.handle, _group(group, "freeze_group")))
 
     def group_frozen(self, group):
         """Whether freeze_group() marked `group`."""
         out = ctypes.c_int()
-        _check(self._lib.strata_engine_group_frozen(self.handle, int(group), ctypes.byref(out)))
+        _check(self._lib.strata_engine_group_frozen(self.handle, _group(group, "group_frozen"), ctypes.byref(out)))
         return bool(out.value)
 
     def build(self):
@@ -174,7 +187,7 @@ class Engine:
     def fetch(self, group, stream=None):
         """The group's full parameters in the compute dtype: a device address
         (an int; host memory without a GPU), valid until release(group)."""
-        p = ctypes.c_void_p()
+        p, group = ctypes.c_void_p(), _group(group, "fetch")
         _check(self._lib.strata_engine_fetch(self.handle, group, _stream_handle(stream), ctypes.byref(p)))
         return p.value
 
@@ -185,13 +198,13 @@ class Engine:
         return self.as_tensor(self.fetch(group, stream), self.group_numel(group))
 
     def release(self, group, stream=None):
-        _check(self._lib.strata_engine_release(self.handle, group, _stream_handle(stream)))
+        _check(self._lib.strata_engine_release(self.handle, _group(group, "release"), _stream_handle(stream)))
 
     def grads(self, group, grads, dtype=None, stream=None):
         """Hands the group's full gradients (a contiguous tensor of group_numel
         elements, float32/bfloat16/float16, on the engine's device; or an
         address with `dtype` one of "f32", "bf16", "f16")."""
-        code = _dtype_of(grads) if dtype is None else _DTYPE_CODES[dtype]
+        group, code = _group(group, "grads"), _dtype_of(grads) if dtype is None else _DTYPE_CODES[dtype]
         _host_engine_takes("grads", "the gradients", grads, self)
         if not isinstance(grads, int) and _numel(grads) != self.group_numel(group):
             raise Error(INVALID, f"group {group} has {self.group_numel(group)} elements; "
@@ -210,6 +223,7 @@ class Engine:
         returns, or close(): the caller keeps it alive until then (a tensor:
         the binding holds a reference, dropped once the engine reads none of
         the group's lent parts: grads_lent, asked at each grads_end)."""
+        group = _group(group, "grads_part")
         if isinstance(grads, tuple):
             address, count = grads
             code = _DTYPE_CODES[dtype]
@@ -226,7 +240,7 @@ class Engine:
     def grads_end(self, group):
         """Completes the group's grads call in parts: as one grads() of the
         parts given (zeros elsewhere)."""
-        _check(self._lib.strata_engine_grads_end(self.handle, group))
+        _check(self._lib.strata_engine_grads_end(self.handle, _group(group, "grads_end")))
         # This group, where the engine copied its parts by now (one rank); then
         # the groups lent longest ago that the engine no longer reads (several
         # ranks: reduced in the order they were lent), are let go.
@@ -242,7 +256,7 @@ class Engine:
         """Whether the engine may still read gradient parts lent to the group
         in this step (strata_engine_grads_lent)."""
         out = ctypes.c_int()
-        _check(self._lib.strata_engine_grads_lent(self.handle, group, ctypes.byref(out)))
+        _check(self._lib.strata_engine_grads_lent(self.handle, _group(group, "grads_lent"), ctypes.byref(out)))
         return bool(out.value)
 
     def grads_view(self, group):
@@ -252,7 +266,7 @@ class Engine:
         valid until step(), the group's next gradients or a checkpoint load.
         Read it only."""
         out = ctypes.c_void_p()
-        _check(self._lib.strata_engine_grads_view(self.handle, group, ctypes.byref(out)))
+        _check(self._lib.strata_engine_grads_view(self.handle, _group(group, "grads_view"), ctypes.byref(out)))
         if not self.takes_grad_parts(group, self.compute_dtype):
             raise Error(INVALID, f"grads_view: group {group}'s accumulator is not of the compute dtype "
                         f"({self.compute_dtype}); read it with strata_engine_grads_view and its own dtype")
@@ -262,8 +276,7 @@ class Engine:
         """Whether the group takes gradients of `dtype` ("f32", "bf16", "f16")
         in parts (no GPU; one rank: its accumulator in host memory and of
         that dtype; several: overlap_comm on, one group's parts at a time)."""
-        code = _DTYPE_CODES[dtype]
-        out = ctypes.c_int()
+        group, code, out = _group(group, "takes_grad_parts"), _DTYPE_CODES[dtype], ctypes.c_int()
         _check(self._lib.strata_engine_takes_grad_parts(self.handle, group, code, ctypes.byref(out)))
         return bool(out.value)
 
@@ -391,13 +404,14 @@ class Engine:
     def read_state(self, group, which):
         """The group's "master", "exp_avg" or "exp_avg_sq" as a new fp32 tensor."""
         import torch
-        out = torch.empty(self.group_numel(group), dtype=torch.float32)
+        out = torch.empty(self.group_numel(group := _group(group, "read_state")), dtype=torch.float32)
         _check(self._lib.strata_engine_read_state(self.handle, group, self.STATES[which], out.data_ptr()))
         return out
 
     def write_state(self, group, which, values):
         """Sets the group's "master", "exp_avg" or "exp_avg_sq" (group_numel floats)."""
         import torch
+        group = _group(group, "write_state")
         v = torch.as_tensor(values, dtype=torch.float32).reshape(-1).contiguous().cpu()
         if v.numel() != self.group_numel(group):
             raise Error(INVALID, f"write_state: {v.numel()} values for a group of {self.group_numel(group)}")
@@ -420,12 +434,12 @@ class Engine:
         where a group counts only the steps it got gradients in (torch's
         per-parameter state["step"]); 0 for a frozen group."""
         n = ctypes.c_int64()
-        _check(self._lib.strata_engine_group_steps(self.handle, int(group), ctypes.byref(n)))
+        _check(self._lib.strata_engine_group_steps(self.handle, _group(group, "group_steps"), ctypes.byref(n)))
         return n.value
 
     def set_group_steps(self, group, value):
         """Sets group_steps(group), between steps (skip_groups_without_grads only)."""
-        _check(self._lib.strata_engine_set_group_steps(self.handle, int(group), int(value)))
+        _check(self._lib.strata_engine_set_group_steps(self.handle, _group(group, "set_group_steps"), int(value)))
 
     # -- checkpoints
     def save_checkpoint(self, directory, tag, blob=b""):
@@ -455,7 +469,7 @@ class Engine:
     def read_master(self, group):
         """The group's fp32 master weights as a new 1-D torch tensor (host)."""
         import torch
-        out = torch.empty(self.group_numel(group), dtype=torch.float32)
+        out = torch.empty(self.group_numel(group := _group(group, "read_master")), dtype=torch.float32)
         _check(self._lib.strata_engine_read_master(self.handle, group, out.data_ptr()))
         return out
 
@@ -467,7 +481,7 @@ class Engine:
 
     def group_numel(self, group):
         n = ctypes.c_uint64()
-        _check(self._lib.strata_engine_group_numel(self.handle, group, ctypes.byref(n)))
+        _check(self._lib.strata_engine_group_numel(self.handle, _group(group, "group_numel"), ctypes.byref(n)))
         return n.value
 
     @property
