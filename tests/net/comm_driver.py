@@ -244,6 +244,29 @@ def scenario_launcher(a):
         p = subprocess.run([a.launch, "--nproc", "1", *bad, "--", "true"], capture_output=True, text=True, timeout=30)
         check(p.returncode == 2 and words in p.stderr, f"{' '.join(bad)} refused naming it: {p.stderr.strip()}")
 
+    # A progress bar ('\r' redraws, no newline until it closes) is forwarded
+    # as it goes, each redraw with the prefix (it was held, unseen, until the
+    # rank's exit, the launcher's buffer growing all run); a line longer than
+    # 64 KiB goes on in pieces, none lost.
+    q = subprocess.Popen([a.launch, "--nproc", "1", "--", "sh", "-c",
+                          "printf 'step 1\\r'; printf 'step 2\\r'; sleep 60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    fd, got, deadline = q.stdout.fileno(), b"", time.monotonic() + 30
+    while b"step 2\r" not in got and time.monotonic() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            got += chunk
+    q.kill()
+    q.communicate()
+    check(got == b"[rank 0] step 1\r[rank 0] step 2\r", f"the progress bar's redraws forwarded as they come: {got!r}")
+    p, _ = launch(a, 1, "head -c 200000 /dev/zero | tr '\\0' x")
+    pieces = p.stdout.split("\n")
+    check(p.returncode == 0 and "".join(l.removeprefix("[rank 0] ") for l in pieces) == "x" * 200000
+          and all(l.startswith("[rank 0] ") and len(l) <= 65536 + 9 for l in pieces if l),
+          f"a 200000-byte line in prefixed pieces of at most 64 KiB: {[len(l) for l in pieces]}")
+
     # SIGTERM once the launcher forwards both ranks' first line: it installs
     # its handler before it starts a rank, so it is in place by then (a fixed
     # sleep could signal a launcher not yet that far on a loaded machine).

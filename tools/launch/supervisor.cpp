@@ -44,7 +44,9 @@ void WriteAll(int fd, const std::string& s) {
 
 void Say(const std::string& msg) { WriteAll(2, "[strata-launch] " + msg + "\n"); }
 
-// One of a rank's output streams: its pipe and the unfinished last line.
+// One of a rank's output streams: its pipe and the unfinished last line
+// (never more than kMaxPartial: Drain).
+constexpr size_t kMaxPartial = 64 * 1024;
 struct Stream {
   int fd = -1;  // read end; -1 once closed
   int out = 1;  // where its lines go: 1 or 2
@@ -123,18 +125,27 @@ bool Spawn(const LaunchSpec& spec, Rank* r) {
   return true;
 }
 
-// Reads what is there; forwards complete lines (and the rest at EOF).
+// Reads what is there; forwards complete lines (and the rest at EOF). A
+// line ends at '\n' or '\r' (a progress bar redraws its line with '\r' and
+// writes no newline until it closes: it was held, unseen, for the whole run,
+// and rescanned at every read); a line longer than kMaxPartial goes on in
+// pieces of that size, each with the prefix.
 void Drain(int rank, Stream* s) {
   char buf[65536];
   ssize_t n = read(s->fd, buf, sizeof buf);
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  const size_t old = s->partial.size();  // (no line end before it: only the new bytes are searched)
   if (n > 0) s->partial.append(buf, static_cast<size_t>(n));
   const std::string prefix = "[rank " + std::to_string(rank) + "] ";
   std::string lines;
-  size_t start = 0, nl;
-  while ((nl = s->partial.find('\n', start)) != std::string::npos) {
+  size_t start = 0, nl = old;
+  while ((nl = s->partial.find_first_of("\n\r", nl)) != std::string::npos) {
     lines += prefix + s->partial.substr(start, nl - start + 1);
-    start = nl + 1;
+    start = ++nl;
+  }
+  while (s->partial.size() - start >= kMaxPartial) {
+    lines += prefix + s->partial.substr(start, kMaxPartial) + "\n";
+    start += kMaxPartial;
   }
   s->partial.erase(0, start);
   if (n <= 0) {  // EOF or error: the last line without its newline
