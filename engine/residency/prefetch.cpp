@@ -8,6 +8,12 @@
 namespace strata {
 
 bool PrefetchSchedule::OnFetch(int group) {
+  // Bounded without steps (a model only evaluated: fetches for days, no
+  // OnStep): the fetches held are what a departure would record from; past
+  // the bound the oldest go (a trace recorded then starts later in the pass,
+  // and a later departure records it again: numerics are unaffected).
+  const size_t bound = std::max<size_t>(kMinHeld, 4 * trace_.size());
+  if (current_.size() >= bound) current_.erase(current_.begin(), current_.begin() + static_cast<std::ptrdiff_t>(bound / 2));
   current_.push_back(group);
   if (recording_) return true;
   // A pass may start again from the trace's first fetch (an eval pass

@@ -28,6 +28,9 @@ class PrefetchSchedule {
   // The pass of the trace in progress: a new one (a step, a restart from
   // the trace's first fetch, a departure) counts up.
   uint64_t pass() const { return pass_; }
+  // The fetches held since the last step (bounded: OnFetch).
+  size_t held() const { return current_.size(); }
+  static constexpr size_t kMinHeld = size_t{1} << 16;
 
  private:
   std::vector<int> trace_;    // the replayed step

@@ -1218,6 +1218,23 @@ TEST(PrefetchSchedule, NextUseMatchesAScanOfTheTrace) {
 // An eval pass (forward only) between training steps, or an extra pass,
 // starts again from the trace's first fetch: the schedule follows it and
 // keeps the recorded trace; a fetch that is neither next nor first departs.
+// Fetches without steps (evaluation only, for days) are held in a bounded
+// list: it grew by every fetch until the next step, which never came.
+TEST(PrefetchSchedule, FetchesWithoutStepsAreHeldBounded) {
+  PrefetchSchedule s;
+  for (int g : {0, 1, 2}) s.OnFetch(g);
+  s.OnStep();
+  for (int pass = 0; pass < 400000; ++pass)
+    for (int g : {0, 1, 2}) EXPECT_TRUE(s.OnFetch(g) || pass == 0);
+  EXPECT_LE(s.held(), PrefetchSchedule::kMinHeld);
+  EXPECT_TRUE(s.has_trace());
+  PrefetchSchedule r;  // recording, never stepped
+  for (int i = 0; i < 1000000; ++i) r.OnFetch(i % 7);
+  EXPECT_LE(r.held(), PrefetchSchedule::kMinHeld);
+  r.OnStep();  // what was held becomes the trace
+  EXPECT_TRUE(r.has_trace());
+}
+
 TEST(PrefetchSchedule, APassFromTheStartIsNoDeparture) {
   const std::vector<int> train = {0, 1, 2, 2, 1, 0};
   PrefetchSchedule s;
