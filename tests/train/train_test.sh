@@ -140,6 +140,19 @@ refused() {  # WORDS ARGS...: strata-train ARGS fails, saying WORDS
     { cat "$WORK/refused.out" >&2; fail "strata-train $* (rc $rc) was not refused saying '$words'"; }
 }
 refused "--save" --steps 2 --save-every 1
+refused "--save" --steps 2 --keep-last 1
+# --keep-last 2: after every save only the newest two of the run's
+# checkpoints are left (a long run filled the disk), another tag untouched;
+# the newest resumes.
+mkdir -p "$WORK/keep/mine"
+"$TRAIN" --preset tiny --steps 6 --print-every 100 --nvme "$WORK" --save "$WORK/keep" --save-every 1 --keep-last 2 \
+  >"$WORK/keep.out" || { cat "$WORK/keep.out" >&2; fail "--keep-last 2"; }
+[ "$(cd "$WORK/keep" && ls | tr '\n' ' ')" = "latest mine step00000005 step00000006 " ] ||
+  { ls -la "$WORK/keep" >&2; fail "--keep-last 2 over 6 saves: not the newest two left (and mine)"; }
+grep -q 'removed 1 older checkpoint(s), the last step00000004' "$WORK/keep.out" || { cat "$WORK/keep.out" >&2; fail "--keep-last not said"; }
+"$TRAIN" --preset tiny --steps 7 --print-every 100 --nvme "$WORK" --resume "$WORK/keep" >"$WORK/keep-resume.out" ||
+  fail "resume after --keep-last"
+grep -q 'resumed from .* at step 6' "$WORK/keep-resume.out" || fail "did not resume at step 6 after --keep-last"
 refused "leaves nothing to train" --steps 6 --nvme "$WORK" --resume "$WORK/every"
 refused "no such folder" --steps 2 --resume "$WORK/nowhere"
 refused "excludes" --steps 2 --resident --nvme "$WORK"

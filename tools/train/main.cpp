@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "strata/strata.h"
+#include "tools/train/checkpoints.h"
 #include "tools/train/corpus.h"
 #include "tools/train/gpt.h"
 #include "tools/train/gpt_cuda.h"
@@ -31,7 +32,7 @@ struct Args {
   std::string offload_activations;  // --offload-activations: "", host or nvme
   std::string device_budget, host_budget = "256MiB";  // device: see DefaultDeviceBudget
   int64_t steps = 100;
-  int batch = 0, seq = 0, print_every = 10, save_every = 0, warmup = 10;
+  int batch = 0, seq = 0, print_every = 10, save_every = 0, warmup = 10, keep_last = 0;
   double lr = 3e-3, min_lr_frac = 0.1, weight_decay = 0.0, clip = 1.0;
   uint64_t seed = 1337;
   bool resident = false, fp16 = false, weights_hash = false, log_losses = false, gpu = false;
@@ -454,6 +455,11 @@ int Run(Args a) {
       char tag[32];
       std::snprintf(tag, sizeof tag, "step%08lld", static_cast<long long>(s + 1));
       if (strata_checkpoint_save(e, a.save.c_str(), tag, blob, sizeof blob) != STRATA_OK) return Fail(strata_last_error());
+      std::vector<std::string> gone;  // --keep-last: rank 0, once the new one is latest (ranks share the folder)
+      if (lead && a.keep_last > 0 && !PruneCheckpoints(a.save, a.keep_last, &gone, &error)) return Fail(error);
+      if (!gone.empty())
+        std::printf("strata-train: --keep-last %d: removed %zu older checkpoint(s), the last %s\n", a.keep_last,
+                    gone.size(), gone.back().c_str());
     }
   }
   if (stopped_at >= 0) {
@@ -562,6 +568,11 @@ int main(int argc, char** argv) {
   CLI::Option* save = app.add_option("--save", a.save, "checkpoint folder (alone: one checkpoint after the last step)");
   app.add_option("--save-every", a.save_every, "with --save: checkpoint every N steps too")
       ->check(CLI::Range(0, 1 << 30))
+      ->needs(save);
+  app.add_option("--keep-last", a.keep_last,
+                 "with --save: keep only the newest N of this run's checkpoints (stepNNNNNNNN), removing older ones "
+                 "after each save (never the one `latest` names); default: keep all")
+      ->check(CLI::Range(1, 1 << 30))
       ->needs(save);
   app.add_option("--resume", a.resume, "resume from the latest checkpoint in this folder");
   app.add_option("--print-every", a.print_every, "log every N steps when not on a terminal")->capture_default_str();
