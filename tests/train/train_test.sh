@@ -201,6 +201,29 @@ for r in 0 1; do
 done
 echo "ok: a batch too large for the host is refused before the build, by every rank, naming the rank short of it"
 
+# The CPU kernels' path (STRATA_CPU_ISA) never changes a bit, end to end:
+# 6 offloaded steps in fp32 and compact state on every path this CPU has
+# (CI machines differ: AVX-512, AVX2 only; each kernel is compared with
+# scalar in its own test, this is the whole run).
+isa_hash() { sed -n 's/^strata-train weights_hash=//p' "$WORK/$1.out"; }
+isa_args=(--preset tiny --steps 6 --weights-hash --print-every 100 --nvme "$WORK" --device-budget 256KiB --host-budget 8MiB)
+for fmt in fp32 compact; do
+  STRATA_CPU_ISA=scalar "$TRAIN" "${isa_args[@]}" --state-format $fmt >"$WORK/isa-scalar-$fmt.out" ||
+    fail "STRATA_CPU_ISA=scalar, $fmt"
+  for isa in avx2 avx512; do
+    rc=0
+    STRATA_CPU_ISA=$isa "$TRAIN" "${isa_args[@]}" --state-format $fmt >"$WORK/isa-$isa-$fmt.out" 2>&1 || rc=$?
+    if [ "$rc" != 0 ]; then
+      grep -q 'UNSUPPORTED' "$WORK/isa-$isa-$fmt.out" || { cat "$WORK/isa-$isa-$fmt.out" >&2; fail "STRATA_CPU_ISA=$isa, $fmt"; }
+      echo "note: this CPU has no $isa path: not compared"
+      continue
+    fi
+    [ "$(isa_hash "isa-$isa-$fmt")" = "$(isa_hash "isa-scalar-$fmt")" ] && [ -n "$(isa_hash "isa-scalar-$fmt")" ] ||
+      fail "STRATA_CPU_ISA=$isa trains other bits than scalar ($fmt): $(isa_hash "isa-$isa-$fmt") against $(isa_hash "isa-scalar-$fmt")"
+    echo "ok: STRATA_CPU_ISA=$isa == scalar, $fmt: $(isa_hash "isa-scalar-$fmt")"
+  done
+done
+
 # --config's optimizer.params.lr is the schedule's peak where --lr is not
 # given (it was ignored: --lr's default won); a --lr given wins, saying so.
 short=(--preset tiny --steps 3 --weights-hash --print-every 100 --resident)
