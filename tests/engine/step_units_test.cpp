@@ -32,6 +32,7 @@
 #include "engine/engine.h"
 #include "engine/layout/staging.h"
 #include "io/fault.h"
+#include "kernels/cpu/cast.h"
 #include "tests/util/on_ranks.h"
 #include "tests/util/temp_dir.h"
 
@@ -221,6 +222,62 @@ TEST(StepUnits, NumericsDoNotDependOnThem) {
   ExpectSame(whole, odd, "units of 6144 against whole groups");
   ExpectSame(whole, host, "host-homed state against whole groups on NVMe");
   ExpectSame(whole, striped, "units of 2048 striped over three folders against whole groups");
+}
+
+// bf16 compute with P homed in host memory, W, M, V on NVMe in units: P is
+// its own block, updated in place unit by unit by the step (fp32 runs, where
+// P is W's bytes, never take that path). The state is bitwise whole groups',
+// and every fetched P is its master rounded to bf16, after every step, with
+// and without the overlapped step (clipping at 0.05: it clips, so "auto"
+// does not speculate; "always" speculates and discards, and is exact too).
+std::string Bf16Json(const std::string& dir, uint64_t sub_group, const std::string& speculation = "auto") {
+  return R"({"optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}}, "gradient_clipping": 0.05,
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir + R"("}, "sub_group_size": )" +
+         std::to_string(sub_group) + R"(},
+    "strata": {"device_budget": "64MiB", "host_budget": "256MiB", "grad_home": "host", "speculation": ")" +
+         speculation + R"("}})";
+}
+
+std::vector<std::vector<float>> TrainBf16(const std::string& json, int steps, bool overlap) {
+  Built r = Make(json, overlap);
+  if (!r.engine) return {};
+  Engine& e = *r.engine;
+  for (int s = 0; s < steps; ++s) {
+    HandGrads(e, s, overlap);
+    auto st = e.Step(OptionsOf(s));
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    for (int g = 0; g < e.num_groups(); ++g) {
+      const uint64_t n = e.group_numel(g);
+      std::vector<float> master(n);
+      EXPECT_TRUE(e.ReadMaster(g, master.data()).ok());
+      std::vector<uint16_t> want(n);
+      EXPECT_TRUE(kernels::Cast(DType::kF32, master.data(), DType::kBF16, want.data(), n).ok());
+      auto p = e.Fetch(g);
+      if (!p.ok()) {
+        ADD_FAILURE() << p.status().ToString();
+        return {};
+      }
+      EXPECT_EQ(0, std::memcmp(*p, want.data(), n * 2)) << "step " << s << ": group " << g
+                                                         << "'s fetched P is not its master in bf16";
+      EXPECT_TRUE(e.Release(g).ok());
+    }
+  }
+  return State(e);
+}
+
+TEST(StepUnits, Bf16PInItsOwnBlockFollowsTheMasterUnitByUnit) {
+  TempDir a, b, c, d, f;
+  const auto whole = TrainBf16(Bf16Json(a.path(), kWhole), 5, false);
+  const auto units = TrainBf16(Bf16Json(b.path(), 16384), 5, false);
+  const auto odd = TrainBf16(Bf16Json(c.path(), 6144), 5, false);
+  const auto overlapped = TrainBf16(Bf16Json(d.path(), 16384), 5, true);
+  const auto speculated = TrainBf16(Bf16Json(f.path(), 16384, "always"), 5, true);
+  ExpectSame(whole, units, "bf16, units of 16384 against whole groups");
+  ExpectSame(whole, odd, "bf16, units of 6144 against whole groups");
+  ExpectSame(whole, overlapped, "bf16, units, overlap_step against whole groups");
+  ExpectSame(whole, speculated, "bf16, units, speculation always against whole groups");
 }
 
 TEST(StepUnits, OverlappedStepsAreTheSame) {
