@@ -175,6 +175,63 @@ TEST(Engine, PlacementNeverChangesNumerics) {
   CheckPlacements(dir.path(), model, "");
 }
 
+// Steps [first, last) of Train's run, from checkpoint `load` (in `ckpt`,
+// when given) and saved as `save` at the end (when given).
+RunResult TrainSpan(const std::string& json, int first, int last, const TinyMlp& model, const std::string& ckpt,
+                    const std::string& load, const std::string& save) {
+  RunResult out;
+  std::unique_ptr<Engine> built = BuiltEngine(json, model, false);
+  if (!built) return out;
+  Engine& eng = *built;
+  if (!load.empty()) {
+    Status st = eng.LoadCheckpoint(ckpt, load, nullptr);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    if (!st.ok()) return out;
+  }
+  for (int s = first; s < last; ++s) {
+    StepOptions so;
+    so.lr = 0.01 * (1.0 + 0.1 * s);  // as Train's
+    auto loss = model.TrainStep(eng, nullptr);
+    EXPECT_TRUE(loss.ok()) << loss.status().ToString();
+    if (!loss.ok()) return out;
+    out.losses.push_back(*loss);
+    auto r = eng.Step(so);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+  }
+  if (!save.empty()) {
+    Status st = eng.SaveCheckpoint(ckpt, save, nullptr, 0);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+  }
+  out.master = ReadMasters(eng);
+  return out;
+}
+
+// A checkpoint saved in one placement and loaded into another trains on
+// bitwise as the run that never stopped (the save's paths differ by
+// placement: a linked snapshot of the swap or a copy; the load writes
+// into host or NVMe homes and drops the kept copies of P), in fp32 and
+// compact state.
+TEST(Engine, ACheckpointMovesBetweenPlacementsExactly) {
+  TinyMlp model;
+  for (const char* format : {"", R"(, "state_format": "compact")"}) {
+    TempDir dir, ckpt;
+    const RunResult whole = Train(PlacementJson("device", dir.path(), format), 20, model);
+    ASSERT_EQ(whole.losses.size(), 20u);
+    const char* places[] = {"device", "host", "nvme_opt", "nvme_all"};
+    for (const char* from : places) {
+      const std::string tag = std::string("from_") + from;
+      const RunResult first = TrainSpan(PlacementJson(from, dir.path(), format), 0, 10, model, ckpt.path(), "", tag);
+      for (const char* to : places) {
+        if (std::string(from) == to) continue;
+        RunResult second = TrainSpan(PlacementJson(to, dir.path(), format), 10, 20, model, ckpt.path(), tag, "");
+        RunResult joined{second.master, first.losses, {}};
+        joined.losses.insert(joined.losses.end(), second.losses.begin(), second.losses.end());
+        ExpectBitwiseEqual(whole, joined, std::string("saved in ") + from + ", loaded in " + to + format);
+      }
+    }
+  }
+}
+
 // The other optimizers, whose state differs (Lion and Adagrad keep no V:
 // the layout's used states, the staging slots' regions, the speculation's
 // backups and the units' parts all skip it): the same placement parity.
