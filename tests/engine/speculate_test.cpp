@@ -455,6 +455,54 @@ TEST(Speculation, Fp16OverflowDiscardsAndLowersTheScale) {
   }
 }
 
+// fp16's loss scale, skipped steps, clipping and accumulation give the same
+// bits in every placement (each test above compares overlapped with plain
+// within one): the plain runs against each other, and the overlapped step
+// where P is f16 on NVMe too (nvme_all).
+TEST(Speculation, Fp16SkipsClipsAndAccumulationAreTheSameInEveryPlacement) {
+  std::vector<Named> cases;
+  {
+    Case c;
+    c.compute = "fp16";
+    c.steps = 6;
+    c.poison = [](int s) { return s == 1 || s == 4 ? 0 : -1; };
+    c.poison_value = INFINITY;
+    c.clip = [](int s) { return s == 2 ? 1e-3 : 1e6; };
+    cases.push_back({"fp16 overflow and a clip", c});
+  }
+  {
+    Case c;
+    c.poison = [](int s) { return s == 2 ? 1 : -1; };
+    cases.push_back({"bf16, a NaN skipped", c});
+  }
+  {
+    Case c;
+    c.accumulation = 2;
+    c.clip = [](int s) { return s % 2 ? 1e-3 : 1e6; };
+    cases.push_back({"accumulation 2, clipping every other step", c});
+  }
+  for (const Named& n : cases) {
+    Case c = n.c;
+    const Outcome host = RunCase(c, false);
+    ASSERT_TRUE(host.ok) << n.name;
+    // (The cases do what they say: the overflows and the NaN skip steps.)
+    const uint64_t skips = n.name.find("overflow") != std::string::npos ? 2 : n.name.find("NaN") != std::string::npos ? 1 : 0;
+    EXPECT_EQ(host.stats.skipped_steps, skips) << n.name;
+    for (std::string placement : {"nvme", "nvme_all"}) {
+      c.placement = placement;
+      const std::string name = n.name + ", " + placement + " against host";
+      const Outcome o = RunCase(c, false);
+      ASSERT_TRUE(o.ok) << name;
+      ExpectBitwise(host.w, o.w, "the master", name);
+      ExpectBitwise(host.m, o.m, "exp_avg", name);
+      ExpectBitwise(host.v, o.v, "exp_avg_sq", name);
+      ExpectBitwise(host.p, o.p, "P", name);
+      EXPECT_EQ(host.results, o.results) << name;
+    }
+    Compare(c, n.name + ", nvme_all overlapped");  // (c.placement is nvme_all here)
+  }
+}
+
 // Gradient accumulation: only the last micro-batch's gradients complete a
 // group, and the updates are still exact.
 TEST(Speculation, GradientAccumulation) {
