@@ -218,10 +218,14 @@ TEST(StepUnits, NumericsDoNotDependOnThem) {
   // and the checkpoint load whole blocks in parts).
   const std::string three = R"(, "nvme_paths": [")" + e0.path() + R"(", ")" + e1.path() + R"(", ")" + e2.path() + R"("])";
   const auto striped = Train(Json(a.path(), 2048, "nvme", three), 5);
+  // Three io_uring rings, each request's chunks handed to them in turn (no
+  // other test trains through more than one).
+  const auto rings = Train(Json(d.path(), 2048, "nvme", three + R"(, "io_rings": 3)"), 5);
   ExpectSame(whole, units, "units of 16384 against whole groups");
   ExpectSame(whole, odd, "units of 6144 against whole groups");
   ExpectSame(whole, host, "host-homed state against whole groups on NVMe");
   ExpectSame(whole, striped, "units of 2048 striped over three folders against whole groups");
+  ExpectSame(whole, rings, "three io_uring rings, units striped over three folders, against whole groups");
 }
 
 // bf16 compute with P homed in host memory, W, M, V on NVMe in units: P is
@@ -281,10 +285,20 @@ TEST(StepUnits, Bf16PInItsOwnBlockFollowsTheMasterUnitByUnit) {
 }
 
 TEST(StepUnits, OverlappedStepsAreTheSame) {
-  TempDir a, b;
+  TempDir a, b, c;
   const auto plain = Train(Json(a.path(), 16384), 5);
   const auto overlapped = Train(Json(b.path(), 16384), 5, /*overlap=*/true);
   ExpectSame(plain, overlapped, "overlap_step with units");
+  // Speculating at every step (the run clips at every step: each speculation
+  // is replayed), small groups speculated beside large ones stepped in units.
+  Built r = Make(Json(c.path(), 16384, "nvme", R"(, "speculation": "always")"), /*overlap=*/true);
+  ASSERT_TRUE(r.engine);
+  for (int s = 0; s < 5; ++s) {
+    HandGrads(*r.engine, s, /*prepare=*/true);
+    ASSERT_TRUE(r.engine->Step(OptionsOf(s)).ok());
+  }
+  EXPECT_GT(r.engine->stats().replayed_steps, 0u) << "nothing was speculated and replayed: the case is off";
+  ExpectSame(plain, State(*r.engine), "overlap_step with units, speculation always (replayed)");
 }
 
 // Every write of step 3 failing in turn, once: the step fails, the next Step
