@@ -280,6 +280,17 @@ for stage in (1, 2, 3):
                       m.group(0) if m else last_err.strip()[-200:])
         if w is not None and (2, stage) in results:
             check(f"world 2 stage {stage} on {place} == on device, bitwise", np.array_equal(w, results[(2, stage)]))
+# bf16 compute, clipping that clips, and G homed on NVMe (the reduction's
+# staged-G path) over 2 ranks: placement never changes the bits either
+# (the loop above is fp32, G in host memory, no clipping).
+for stage in (2, 3):
+    opts = ("bf16", "1", "clip", "0.05")
+    device = run(2, stage, "device", f"w2s{stage}bf16clip", opts)
+    for place, home in (("host", "host"), ("nvme", "nvme"), ("nvme", "host")):
+        w = run(2, stage, place, f"w2s{stage}bf16clip{place}{home}", opts + ("grad-home", home))
+        if w is not None and device is not None:
+            check(f"world 2 stage {stage}, bf16, clipping, on {place} with G on {home} == on device, bitwise",
+                  np.array_equal(w.view(np.uint32), device.view(np.uint32)))
 # The strict device arena (a GPU's stand-in: what is homed there is copied
 # in and out, never addressed): at stage 3 over 2 ranks P's shard homed on
 # the device goes into the gathered copy through host staging, which was

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   std::string behind_first;
   std::string diverge;  // "lr": rank 1 steps with another lr; "grads": rank 1 skips a group's grads
   bool tag_by_rank = false, load_by_rank = false, read_eio = false, compact = false, bf16 = false, tcp = false, hole = false, parts = false, lend = false;
-  std::string timeout = "60", save_dir, load_dir, zero_extra, strata_extra;
+  std::string timeout = "60", save_dir, load_dir, zero_extra, strata_extra, clip_json;
   for (int i = 5; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "kill-rank-1-at-step")) kill_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "timeout")) timeout = argv[i + 1];
@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "behind-reload")) behind_reload = std::strcmp(argv[i + 1], "0") != 0;
     if (!std::strcmp(argv[i], "speculation")) strata_extra += R"(, "speculation": ")" + std::string(argv[i + 1]) + "\"";
     if (!std::strcmp(argv[i], "write-behind")) strata_extra += R"(, "write_behind": ")" + std::string(argv[i + 1]) + "\"";
+    if (!std::strcmp(argv[i], "grad-home")) strata_extra += R"(, "grad_home": ")" + std::string(argv[i + 1]) + "\"";
+    if (!std::strcmp(argv[i], "clip")) clip_json = R"("gradient_clipping": )" + std::string(argv[i + 1]) + ", ";
     if (!std::strcmp(argv[i], "diverge-rank-1-at-step")) diverge_at = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "diverge")) diverge = argv[i + 1];
     if (!std::strcmp(argv[i], "compact")) compact = true;
@@ -115,7 +117,7 @@ int main(int argc, char** argv) {
   std::string format = compact ? R"(, "state_format": "compact")" : "";
   if (tcp) format += R"(, "comm_shared_memory": false)";  // collectives over TCP, not /dev/shm
   format += strata_extra;
-  auto cfg = ParseConfig(std::string(compact || bf16 ? R"({"bf16": {"enabled": true}, )" : "{") +
+  auto cfg = ParseConfig(std::string(compact || bf16 ? R"({"bf16": {"enabled": true}, )" : "{") + clip_json +
                          R"("optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
       "zero_optimization": {"stage": )" + stage + R"(,
         "offload_optimizer": {"device": ")" + opt + R"(", "nvme_path": ")" + rank_swap + R"("},
