@@ -3,10 +3,13 @@ AdamW it computes, and against the config's optimizer section (which of
 them gives each hyperparameter, and what is refused); and what step()
 checks of them, and of the gradients, before any engine steps."""
 
+import math
+
 import torch
 
 from .. import Error, INVALID
 from .._args import _step_options
+from ._clip import _engine_clip_for
 from ._group_engine import _overflowed, _param_label
 
 
@@ -48,16 +51,37 @@ def _check_group_options(group, where, decoupled=True, engine=None, defaults=Non
                 f"{'AdamW' if decoupled else 'Adam'}, or make the config's optimizer {other}")
 
 
-def _check_step_groups(groups, where):
+def _with_grads(groups, engines, world_size):
+    """The ids of the parameters that step now: those whose .grad is set;
+    with several ranks, those whose .grad is set on any rank — one sum over
+    the ranks of each parameter's flag, on the first of `engines` (the
+    optimizer's, in every rank's order) not handed this step's gradients
+    (a collective, where every rank steps). A rank without one hands zeros
+    in its place (_GroupEngine.hand_grads), so the parameter is updated
+    with the ranks' mean gradient, as under torch DDP, whose all-reduce
+    averages in the zeros of a rank that did not use it. Before, each rank
+    stepped its own parameters: the one that missed a gradient split its
+    engine alone (state read, new engines at new rendezvous ports) while the
+    others handed theirs, and the ranks' collectives paired wrongly."""
+    params = [p for g in groups for p in g["params"]]
+    flags = [0.0 if p.grad is None else 1.0 for p in params]
+    open_ = [ge for ge in engines if not ge.handed]
+    if world_size > 1 and open_:
+        flags = open_[0].engine.sum_over_ranks(flags)
+    return {id(p) for p, n in zip(params, flags) if n}
+
+
+def _check_step_groups(groups, where, stepping=None):
     """Before any engine steps: each param group that steps (a parameter
-    has a gradient) gives the engine options it takes, so that a refusal
+    has a gradient; `stepping`, where given: the ids of those that step,
+    from _with_grads) gives the engine options it takes, so that a refusal
     changes nothing (each engine refuses its own options only after those
     before it stepped). A negative lr, beta, eps or weight_decay (an LR
     schedule gone below 0), NaN or infinity is refused (_step_options), a
     beta of 1 or more too (the kernels' range, [0, 1)), and the group's
     options as they are now (_check_group_options), each naming the group."""
     for k, group in enumerate(groups):
-        if not any(p.grad is not None for p in group["params"]):
+        if not any(p.grad is not None if stepping is None else id(p) in stepping for p in group["params"]):
             continue
         try:
             _step_options(group["lr"], group["betas"], group["eps"], group["weight_decay"], group.get("max_grad_norm"))
@@ -99,6 +123,43 @@ def _refuse_nonfinite(stepping, groups, world_size, where):
     raise Error(INVALID, f"{where}: param group {index}'s {_param_label(ge.params[first], ge.names)} has a gradient "
                 f"that is not finite (NaN or infinity){ranks}; strata.nonfinite is \"error\": nothing was updated "
                 "(\"skip\" skips such a step whole)")
+
+
+def _joint_clips(stepping, clip_next, hand):
+    """The max_grad_norm each stepping engine gets. A clip bounds the
+    norm of a set of parameters together, as torch's clip_grad_norm_
+    over them: a param group's max_grad_norm, its group's; the config's
+    gradient_clipping (None here: as the engines resolved it), every
+    group's without one (DeepSpeed's global norm). Where such a set spans
+    several engines (several param groups, or one split because some of
+    its parameters missed a step), each engine's own norm is not the
+    set's: each gets the max_grad_norm that scales its gradients by the
+    set's coefficient, clip / (norm of the engines' norms + 1e-6), at
+    most 1 (0: unclipped). Their norms are collectives with several
+    ranks, taken in the same order on every rank. A set whose norm is
+    not finite keeps each engine's clip: its steps skip (strata.nonfinite
+    "skip": every engine's gradients were poisoned above), or apply or
+    fail as that policy says. `hand(group, ge)` hands an engine its
+    gradients: called for the engines of a set that spans several."""
+    clips, sets = [], {}
+    for k, (group, ge) in enumerate(stepping):
+        clip = clip_next if clip_next is not None else group.get("max_grad_norm")
+        clips.append(clip)
+        sets.setdefault("config" if clip is None else ("group", id(group), clip), []).append(k)
+    for key, ks in sets.items():
+        limit = stepping[ks[0]][1].engine.config.get("gradient_clipping") if key == "config" else key[2]
+        if len(ks) < 2 or not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0:
+            continue
+        for k in ks:
+            hand(*stepping[k])
+        norms = [stepping[k][1].engine.grad_norm() for k in ks]
+        total = math.sqrt(math.fsum(n * n for n in norms))
+        if not math.isfinite(total):
+            continue
+        coef = float(limit) / (total + 1e-6)
+        for k, n in zip(ks, norms):
+            clips[k] = _engine_clip_for(coef, n) if coef < 1.0 else 0.0
+    return clips
 
 
 _ADAMW_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}  # torch AdamW's

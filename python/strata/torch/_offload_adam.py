@@ -4,7 +4,6 @@ Strata's tiers, one _GroupEngine per set of parameters stepped together.
 
 import copy
 import itertools
-import math
 import os
 
 import torch
@@ -12,9 +11,9 @@ import torch
 from .. import Error, INVALID, STATE
 from . import _sizing
 from ._adam_options import (_check_group_options, _check_step_groups, _filled_by_arguments, _hyperparameters,
-                            _refuse_nonfinite)
-from ._clip import (_OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _torch_clip_grad_norm,
-                    _torch_norm_of, _torch_total_norm)
+                            _joint_clips, _refuse_nonfinite, _with_grads)
+from ._clip import (_OWNERS, _check_clip_args, _clip_result, _torch_clip_grad_norm, _torch_norm_of,
+                    _torch_total_norm)
 from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _resolve_ranks, _say_autos, _separate_swap_folders,
                       _with_state_format)
 from ._group_engine import (_GroupEngine, _check_params, _check_saved_shapes, _nonfinite, _overflowed, _param_label,
@@ -62,7 +61,10 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     the step with the same parameters. At construction the parameters
     become rank 0's values. `max_grad_norm=` clips as torch's
     clip_grad_norm_ would over the averaged gradient (or use
-    clip_grad_norm_(), below, which also returns the norm).
+    clip_grad_norm_(), below, which also returns the norm). A parameter
+    steps when its .grad is set on any rank (the ranks agree at each step),
+    with the mean over the ranks, zeros for a rank whose .grad is None (one
+    whose batch did not use it), as torch DDP's all-reduce averages it.
 
     Clipping by the step: `max_grad_norm` is a param group's option (the
     argument is every group's default), and clips the norm of that group's
@@ -145,6 +147,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self._force_no_gpu = force_no_gpu
         self._rank, self._world_size = _resolve_ranks(rank, world_size, "OffloadAdam")
         self._clip_next = None  # from clip_grad_norm_, for the coming step
+        self._stepping = None  # several ranks: clip_grad_norm_'s _with_grads, for the coming step
         self._autos_said = set()  # the config's "auto" keys warned of (_config._say_autos)
         # Per param group, its cohorts: _GroupEngines whose parameters have
         # been stepped together since each first had a gradient (so they
@@ -279,17 +282,19 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     def _engines(self):
         return [ge for cohorts in self._cohorts for ge in cohorts]
 
-    def _regroup(self, index):
+    def _regroup(self, index, with_grads):
         """The cohorts of param group `index` that step now, as torch
-        AdamW's rule has it: a parameter whose .grad is None is skipped (no
+        AdamW's rule has it: a parameter without a gradient is skipped (no
         decay, moments and step count kept); one with a gradient is
-        stepped. A cohort whose parameters disagree is split (its state
-        read out and written into two engines); parameters with a gradient
-        for the first time form a new cohort, at step 0."""
+        stepped. `with_grads`: the ids of those with one (_with_grads: on
+        any rank, so that every rank regroups alike). A cohort whose
+        parameters disagree is split (its state read out and written into
+        two engines); parameters with a gradient for the first time form a
+        new cohort, at step 0."""
         group = self.param_groups[index]
         stepping, kept = [], []
         for ge in self._cohorts[index]:
-            have = [p.grad is not None for p in ge.params]
+            have = [id(p) in with_grads for p in ge.params]
             if all(have):
                 stepping.append(ge)
             elif not any(have):
@@ -308,7 +313,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
                 stepping.append(parts[0])
                 kept.append(parts[1])
         known = {id(p) for ge in self._cohorts[index] for p in ge.params}
-        new = [p for p in group["params"] if id(p) not in known and p.grad is not None]
+        new = [p for p in group["params"] if id(p) not in known and id(p) in with_grads]
         if new:
             stepping.append(self._new_engine(index, new))
         self._cohorts[index] = stepping + kept
@@ -360,7 +365,11 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             self._clip_coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
             self._clip_next = 0.0  # the coefficient is the clipping: the step clips no more
             return total
-        engines = self._regroup(0) if len(self.param_groups) == 1 else self._engines
+        # The parameters with a gradient on any rank, agreed by all (kept
+        # for the step): every rank regroups alike, and refuses alike.
+        if self._stepping is None:
+            self._stepping = _with_grads(self.param_groups, self._engines, self._world_size)
+        engines = self._regroup(0, self._stepping) if len(self.param_groups) == 1 else self._engines
         if len(self.param_groups) != 1 or len(engines) != 1:
             raise Error(INVALID, f"clip_grad_norm_ with several ranks: {len(self.param_groups)} param groups, "
                         f"{len(engines)} engines with gradients; one only (each has its own norm): pass "
@@ -385,13 +394,18 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self._check_open("step")
         loss = _closure_loss(closure)
         self._check_scaled("step()")
-        _check_step_groups(self.param_groups, "OffloadAdam.step")  # (before any engine steps, or is made)
         self._take_written("step")
+        # Which parameters step: one agreement of the ranks (clip_grad_norm_'s, where it made it).
+        agreed, self._stepping = self._stepping, None
+        with_grads = agreed if agreed is not None else _with_grads(self.param_groups, self._engines,
+                                                                    self._world_size)
+        _check_step_groups(self.param_groups, "OffloadAdam.step", with_grads)  # (before any engine steps, or is made)
         results = []
         clip_next, self._clip_next = self._clip_next, None
         coef, self._clip_coef = self._clip_coef, None
         scale = self.loss_scale
-        stepping = [(group, ge) for index, group in enumerate(self.param_groups) for ge in self._regroup(index)]
+        stepping = [(group, ge) for index, group in enumerate(self.param_groups)
+                    for ge in self._regroup(index, with_grads)]
         # A step is skipped whole when any gradient overflowed (fp16) or is
         # not finite (strata.nonfinite "skip", the default). Each engine
         # skips on its own gradients; with several, one that is not finite
@@ -408,7 +422,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         # A clip spanning several engines needs all their norms first, so
         # their gradients are handed before any steps; every other engine's
         # just before its own step, as always.
-        clips = self._joint_clips(stepping, clip_next, hand)
+        clips = _joint_clips(stepping, clip_next, hand)
         for k, ((group, ge), clip) in enumerate(zip(stepping, clips)):
             hand(group, ge)
             try:
@@ -444,42 +458,6 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self._scaling.stepped()
         self.last_results = results  # (grad_norm, skipped) per engine that stepped
         return loss
-
-    def _joint_clips(self, stepping, clip_next, hand):
-        """The max_grad_norm each stepping engine gets. A clip bounds the
-        norm of a set of parameters together, as torch's clip_grad_norm_
-        over them: a param group's max_grad_norm, its group's; the config's
-        gradient_clipping (None here: as the engines resolved it), every
-        group's without one (DeepSpeed's global norm). Where such a set spans
-        several engines (several param groups, or one split because some of
-        its parameters missed a step), each engine's own norm is not the
-        set's: each gets the max_grad_norm that scales its gradients by the
-        set's coefficient, clip / (norm of the engines' norms + 1e-6), at
-        most 1 (0: unclipped). Their norms are collectives with several
-        ranks, taken in the same order on every rank. A set whose norm is
-        not finite keeps each engine's clip: its steps skip (strata.nonfinite
-        "skip": every engine's gradients were poisoned above), or apply or
-        fail as that policy says. `hand(group, ge)` hands an engine its
-        gradients: called for the engines of a set that spans several."""
-        clips, sets = [], {}
-        for k, (group, ge) in enumerate(stepping):
-            clip = clip_next if clip_next is not None else group.get("max_grad_norm")
-            clips.append(clip)
-            sets.setdefault("config" if clip is None else ("group", id(group), clip), []).append(k)
-        for key, ks in sets.items():
-            limit = stepping[ks[0]][1].engine.config.get("gradient_clipping") if key == "config" else key[2]
-            if len(ks) < 2 or not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0:
-                continue
-            for k in ks:
-                hand(*stepping[k])
-            norms = [stepping[k][1].engine.grad_norm() for k in ks]
-            total = math.sqrt(math.fsum(n * n for n in norms))
-            if not math.isfinite(total):
-                continue
-            coef = float(limit) / (total + 1e-6)
-            for k, n in zip(ks, norms):
-                clips[k] = _engine_clip_for(coef, n) if coef < 1.0 else 0.0
-        return clips
 
     def state_dict(self):
         """torch.optim.AdamW's format, per parameter that has been stepped:
@@ -574,7 +552,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         handed to an engine already (several ranks; discard_grads, a
         collective where the step would have been). Before, the next step
         took the old clip, or the old handed gradients instead of the new."""
-        self._clip_next, self._clip_coef = None, None
+        self._clip_next, self._clip_coef, self._stepping = None, None, None
         if not self._closed:
             for ge in self._engines:
                 ge.drop_handed(quiet=False)
