@@ -8,7 +8,6 @@ import torch
 
 from .. import Error, INVALID
 from . import _fetch_on_use as _fou
-from . import _ranks
 from ._clip import _torch_norm_of
 
 class _SavedView:
@@ -132,7 +131,7 @@ class _ModuleGroup:
             # (a step's first gradients of the group, one backward a step).
             self.in_parts = (self.takes_parts and not o.engine_accumulates and self.index not in o._handed
                              and grad.dtype == o.dtype and grad.device == o.device
-                             and (o.world_size == 1 or (o._parts_open is None and not _ranks.deferring(o))))
+                             and (o.world_size == 1 or o._parts_open is None))
             if self.in_parts:
                 o._overlap.before_grads(self, count=False)  # (prepare_step comes before any gradient)
                 if o.world_size > 1:
@@ -166,15 +165,12 @@ class _ModuleGroup:
         # the gradient itself: no staging buffer to fill and copy. The
         # engine reads it before grads returns on the CPU; on a GPU, on the
         # stream it is given, so the tensor stays referenced until the hand.
-        # A step of several ranks that stages its gradients until step()
-        # (_ranks) sums its backward passes' in float32, as the engine would.
-        deferred = o.world_size > 1 and _ranks.deferring(o)
         whole = (self.staged is None and len(self.params) == 1 and grad.dtype == o.dtype and
-                 grad.device == o.device and grad.is_contiguous() and not deferred)
+                 grad.device == o.device and grad.is_contiguous())
         if self.staged is None and not whole:
             # Every element is written below or zeroed at the hand
             # (take_staged): no zero fill of the whole group first.
-            self.staged = torch.empty(self.numel, dtype=torch.float32 if deferred else o.dtype, device=o.device)
+            self.staged = torch.empty(self.numel, dtype=o.dtype, device=o.device)
         if whole:
             self.staged = grad.reshape(-1)
         elif i in self.arrived:  # another backward reached it (a reentrant checkpoint's, a second loss)

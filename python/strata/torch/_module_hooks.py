@@ -12,7 +12,6 @@ from .. import Error, INVALID, STATE
 from . import _fetch_on_use as _fou
 from ._config import _current_stream
 from . import _activations as _acts
-from . import _ranks
 from ._module_group import _SavedView
 from . import _saved_tensors as _saved
 
@@ -330,27 +329,18 @@ class _ModuleHooks:
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             self._callback_queued = True
-            if self.world_size > 1:
-                _ranks.new_pass(self)
 
     def grad_ready(self, g, p):
         """A parameter's gradient is in .grad (a tied one's summed over its
         uses; once more for each backward that reaches it, e.g. a reentrant
         checkpoint's): stage it; a group whose every gradient is in goes to
-        the engine and is released. With several ranks the step's first
-        makes the ranks agree on the groups they hand (_ranks); where they
-        foresee different ones, the step's gradients are staged until
-        step()."""
+        the engine and is released."""
         if self._scaling.checked and not self._scaling.in_backward:
             self._refuse_unscaled(g, p)
             return
         self._queue_end_of_backward()
-        if self.world_size > 1:
-            _ranks.at_gradient(self)
         g.stage(p)
-        if self.world_size > 1 and _ranks.deferring(self):
-            _ranks.staged(self, g, p)
-        elif g.complete():
+        if g.complete():
             self._hand(g)
 
     def _refuse_unscaled(self, g, p):
@@ -409,23 +399,13 @@ class _ModuleHooks:
 
     def _end_of_backward(self):
         self._callback_queued = False
-        self._let_go(hand=not _ranks.deferring(self))
+        self._hand_pending_and_let_go()
 
     def _hand_pending_and_let_go(self):
-        """Before step() or clip_grad_norm_ (OffloadedModule._settle): with
-        several ranks, the ranks' agreement on the groups handed (_ranks);
-        then as at the end of a backward."""
-        if self.world_size > 1:
-            _ranks.settle(self)
-        self._let_go()
-
-    def _let_go(self, hand=True):
         # A group with a parameter that got no gradient (unused in this
-        # forward) goes with zeros there (`hand`: not while a step of
-        # several ranks stages its gradients until step()); groups still
-        # fetched are released.
+        # forward) goes with zeros there; groups still fetched are released.
         for g in self._groups:
-            if hand and g.pending():
+            if g.pending():
                 self._hand(g)
         self._drop_holds()
         for g in self._groups:
