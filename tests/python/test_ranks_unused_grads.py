@@ -22,7 +22,6 @@ refused, not wrapped by ctypes into another group.
 Run as a script (CASE OUT), it is one rank of a two-rank test."""
 import copy
 import os
-import subprocess
 import sys
 import time
 
@@ -37,6 +36,7 @@ import strata.torch as st  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import oracle  # noqa: E402
+from two_ranks import run_two_ranks  # noqa: E402
 
 TIMEOUT = 20  # strata.timeout of the ranks' engines: a wait shows as a failure after it
 BOUND = 8.0  # seconds a step may take on a rank: well below TIMEOUT
@@ -225,22 +225,8 @@ def _module_rank(stage, out):
 
 
 def _run_ranks(tmp_path, case):
-    sys.path.insert(0, os.path.dirname(HERE))
-    from free_ports import free_port_block
-    port = free_port_block(64)
-    env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               STRATA_STORE_PORT=str(port + 1))
     outs = [tmp_path / f"rank{r}.pt" for r in range(2)]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), case, str(outs[r])],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    try:
-        logs = [p.communicate(timeout=300)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], logs
+    logs = run_two_ranks(lambda r: [sys.executable, os.path.abspath(__file__), case, str(outs[r])], 300, block=64)
     return [torch.load(o) for o in outs], logs
 
 

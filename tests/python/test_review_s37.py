@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import oracle  # noqa: E402
 
 from test_module_review import ADAMW, bits, config, same_bits  # noqa: E402,F401  (the same helpers)
+from two_ranks import run_two_ranks  # noqa: E402
 
 
 def _two_layers():
@@ -326,22 +327,7 @@ def _two_rank_worker(out):
 
 
 def test_offload_adam_on_two_ranks_decides_writes_together(tmp_path):
-    import subprocess
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from free_ports import free_port_block
-    port = free_port_block(8)
-    env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               STRATA_STORE_PORT=str(port + 1))
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), str(tmp_path / f"rank{r}.pt")],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=240)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert [p.returncode for p in procs] == [0, 0], outs
+    run_two_ranks(lambda r: [sys.executable, os.path.abspath(__file__), str(tmp_path / f"rank{r}.pt")], 240)
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for r in range(2):
         (b0, m0), (b1, m1) = got[r]["clip-made-after-False"], got[r]["clip-made-after-True"]
