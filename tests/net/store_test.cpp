@@ -2,6 +2,7 @@
 // until another client sets the key, timeouts naming the key, and a server
 // that goes away (kComm naming the store and the key).
 #include "io/net/store.h"
+#include "io/net/free_port.h"
 
 #include <gtest/gtest.h>
 
@@ -34,41 +35,12 @@ struct Fixture {
   std::unique_ptr<StoreClient> client;
 };
 
-// Whether a listener could bind `port` on every interface now.
-bool Binds(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return ok;
-}
-
 // A port nobody listens on now, for a test that binds it (or connects to it)
-// later. Not from bind(0): that port is in the kernel's ephemeral range, which
-// also gives every outgoing connection its local port, so by the time the
-// test uses it some connection on this (loaded, shared) machine may hold it;
-// below or above that range only another listener can (as strata-launch's
-// --master-port 0 and tests/free_ports.py choose). 0 when none is found.
+// later (net::FreeListenPort: outside the ephemeral range).
 int FreePort() {
-  int lo = 32768, hi = 60999;
-  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
-    std::fclose(f);
-  }
-  int spans[2][2] = {{20000, lo - 1}, {hi + 1, 65535}};
-  std::mt19937 gen(std::random_device{}());
-  for (int tries = 0; tries < 200; ++tries) {
-    auto& sp = spans[tries % 2];
-    if (sp[1] < sp[0]) continue;
-    int port = std::uniform_int_distribution<int>(sp[0], sp[1])(gen);
-    if (Binds(port)) return port;
-  }
-  ADD_FAILURE() << "no free port outside the ephemeral range " << lo << "-" << hi;
-  return 0;
+  const int port = net::FreeListenPort(/*pair=*/false);
+  if (port < 0) ADD_FAILURE() << "no free port outside the ephemeral range";
+  return port < 0 ? 0 : port;
 }
 
 Fixture Start() {

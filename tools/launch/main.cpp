@@ -11,50 +11,9 @@
 #include <cstdio>
 #include <random>
 
+#include "io/net/free_port.h"
 #include "tools/launch/supervisor.h"
 
-namespace {
-
-bool Binds(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-  close(fd);
-  return ok;
-}
-
-// A port nobody listens on now, with the one above it free too (a rank that
-// runs torch.distributed leaves MASTER_PORT to torch's store and Strata's
-// takes MASTER_PORT + 1). Chosen below the kernel's ephemeral range: a port
-// from bind(0) is one the kernel also gives outgoing connections as their
-// local port, so any connection on the machine could hold it (or the one
-// above) by the time rank 0 listens. Another process may still take it
-// first; good enough for one machine. -1 with errno set when none is found.
-int FreePort() {
-  int lo = 32768, hi = 60999;
-  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
-    std::fclose(f);
-  }
-  // Candidates: [20000, lo - 2] and [hi + 1, 65534], whichever hold any.
-  int spans[2][2] = {{20000, lo - 2}, {hi + 1, 65534}};
-  std::random_device rd;
-  std::mt19937 gen(rd());
-  for (int tries = 0; tries < 200; ++tries) {
-    auto& s = spans[tries % 2];
-    if (s[1] < s[0]) continue;
-    int port = std::uniform_int_distribution<int>(s[0], s[1])(gen);
-    if (Binds(port) && Binds(port + 1)) return port;
-  }
-  errno = EADDRINUSE;
-  return -1;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   strata::launch::LaunchSpec spec;
@@ -109,7 +68,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "strata-launch: --nnodes %d x --nproc %d ranks is too many\n", spec.nnodes, spec.nproc);
     return 2;
   }
-  if (spec.master_port == 0 && (spec.master_port = FreePort()) < 0) {
+  if (spec.master_port == 0 && (spec.master_port = strata::net::FreeListenPort(/*pair=*/true)) < 0) {
     std::perror("strata-launch: find a free port");
     return 1;
   }
