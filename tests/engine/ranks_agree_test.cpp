@@ -24,15 +24,12 @@
 namespace strata {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using testing::TempDir;
 constexpr double kTimeoutS = 30;          // strata.timeout of every collective here
-constexpr double kFastS = kTimeoutS / 2;  // a failure agreed over the ranks comes well before it
 
-// Both ranks' results of one call, and how long each took.
+// Both ranks' results of one call.
 struct Outcome {
   std::vector<Status> st = std::vector<Status>(2);
-  std::vector<double> secs = std::vector<double>(2, 0.0);
 };
 
 // The two rank threads meet here after each call: a rank that failed stays
@@ -64,9 +61,7 @@ class Meet {
 
 template <typename Fn>
 void Timed(Outcome& o, int rank, Meet& meet, Fn&& fn) {
-  const auto t0 = Clock::now();
   o.st[static_cast<size_t>(rank)] = fn();
-  o.secs[static_cast<size_t>(rank)] = std::chrono::duration<double>(Clock::now() - t0).count();
   meet.Wait();
 }
 
@@ -74,9 +69,9 @@ void Timed(Outcome& o, int rank, Meet& meet, Fn&& fn) {
 void ExpectAllFailFastNamingRank1(const Outcome& o, const char* what) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_FALSE(o.st[static_cast<size_t>(r)].ok()) << what << ": rank " << r << " returned OK beside rank 1's failure";
-    EXPECT_LT(o.secs[static_cast<size_t>(r)], kFastS)
-        << what << ": rank " << r << " took " << o.secs[static_cast<size_t>(r)] << " s (waited for its peer): "
-        << o.st[static_cast<size_t>(r)].ToString();
+    // Fast: by the agreement, not by the timeout (no time compared: CI is loaded).
+    EXPECT_NE(o.st[static_cast<size_t>(r)].code(), Code::kTimeout)
+        << what << ": rank " << r << " waited for its peer: " << o.st[static_cast<size_t>(r)].ToString();
   }
   EXPECT_NE(o.st[0].message().find("rank 1"), std::string::npos) << what << ": " << o.st[0].ToString();
 }

@@ -235,15 +235,11 @@ TEST(ShmChannel, APeerThatExitedFailsTheWaitAtOnce) {
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child could not open " << name;
   (*c0)->Unlink();
   std::vector<float> buf(2 * 100, 1.0f);
-  // "At once": well before the deadline (its half), however slow this machine.
-  const auto deadline = 20s;
-  const auto t0 = std::chrono::steady_clock::now();
-  Status st = (*c0)->AllGather(buf.data(), buf.data(), 400, In(deadline));
-  const auto took = std::chrono::steady_clock::now() - t0;
-  EXPECT_EQ(st.code(), Code::kComm) << st.ToString();
+  // "At once": found by the lock (COMM naming the exit), not by the deadline
+  // (TIMEOUT), which no time comparison needs to tell on a loaded machine.
+  Status st = (*c0)->AllGather(buf.data(), buf.data(), 400, In(20s));
+  EXPECT_EQ(st.code(), Code::kComm) << st.ToString() << " (TIMEOUT: the rank's child kept its lock?)";
   EXPECT_NE(st.message().find("rank 1 closed its shared memory (it exited)"), std::string::npos) << st.ToString();
-  EXPECT_LT(took, deadline / 2) << "found after " << std::chrono::duration<double>(took).count()
-                                << " s, near the 20 s deadline, not at once (the rank's child kept its lock?)";
   kill(grandchild, SIGKILL);
 }
 
