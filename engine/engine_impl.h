@@ -206,6 +206,7 @@ class Engine::Impl {
     return AgreeOverRanks(comm_, local, what, failed);
   }
   Status RecomputeP(void* buf, uint64_t buf_bytes);
+  Status GatherPGroup(int g);  // state_access.cpp
 
   Status PrepareStep(const StepOptions& so);
 

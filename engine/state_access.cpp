@@ -224,26 +224,27 @@ Status Engine::Impl::RecomputeP(void* buf, uint64_t buf_bytes) {
     if (!lay_.frozen(g)) local = RecomputePGroup(g, buf, buf_bytes, /*gather=*/false);
   if (!lay_.multi || !lay_.p_gathered_after_step()) return local;
   STRATA_RETURN_IF_ERROR(Agree(local, "P recomputed from the master"));
-  for (int g = 0; g < lay_.part.num_groups(); ++g) {
-    if (lay_.frozen(g) || (!lay_.compact && lay_.PIsW(g))) continue;
-    const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
-    if (!io_->Direct(p)) {
-      if (lay_.compact) return InternalError("several ranks in stages 1-2 with P off the host");
-      continue;  // (stored whole by RecomputePGroup: no slice to gather)
-    }
-    STRATA_RETURN_IF_ERROR(reducer_->Gather(g, io_->DirectPtr(p)));
-  }
+  for (int g = 0; g < lay_.part.num_groups(); ++g)
+    if (!lay_.frozen(g)) STRATA_RETURN_IF_ERROR(GatherPGroup(g));
   return Status::Ok();
+}
+
+// The other ranks' slices of group g's P gathered into its block, where P
+// is gathered after the step (stages 1-2, several ranks) and is a block of
+// its own in host-addressable memory (P stored whole, or read from W's
+// block, has no slice to gather).
+Status Engine::Impl::GatherPGroup(int g) {
+  if (!lay_.p_gathered_after_step() || (!lay_.compact && lay_.PIsW(g))) return Status::Ok();
+  const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
+  if (!io_->Direct(p))
+    return lay_.compact ? InternalError("several ranks in stages 1-2 with P off the host") : Status::Ok();
+  return reducer_->Gather(g, io_->DirectPtr(p));
 }
 
 Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes, bool gather) {
   if (lay_.frozen(g)) return InternalError("P of frozen group " + std::to_string(g) + " recomputed from a master it has not");
-  if (lay_.compact) {  // this rank's slice of P is the master's bf16 half: only the others' slices to gather
-    const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
-    if (!lay_.p_gathered_after_step() || !gather) return Status::Ok();
-    if (!io_->Direct(p)) return InternalError("several ranks in stages 1-2 with P off the host");
-    return reducer_->Gather(g, io_->DirectPtr(p));
-  }
+  if (lay_.compact)  // this rank's slice of P is the master's bf16 half: only the others' slices to gather
+    return gather ? GatherPGroup(g) : Status::Ok();
   if (lay_.PIsW(g)) return Status::Ok();  // P's copies are read from W's block
   const uint64_t n = lay_.part.group(g).shard_numel;
   const StateBlock& wb = blocks_[static_cast<size_t>(g)][int(StateKind::kW)];
@@ -253,8 +254,7 @@ Status Engine::Impl::RecomputePGroup(int g, void* buf, uint64_t buf_bytes, bool 
   const StateBlock& p = blocks_[static_cast<size_t>(g)][int(StateKind::kP)];
   if (io_->Direct(p)) {  // our slice (or all of it), then the other ranks' slices
     STRATA_RETURN_IF_ERROR(kernels::Cast(DType::kF32, w, lay_.dtype, static_cast<char*>(io_->DirectPtr(p)) + lay_.PSliceOffset(g), n));
-    if (lay_.p_gathered_after_step() && gather) STRATA_RETURN_IF_ERROR(reducer_->Gather(g, io_->DirectPtr(p)));
-    return Status::Ok();
+    return gather ? GatherPGroup(g) : Status::Ok();
   }
   const uint64_t at = w == buf ? AlignUp(n * 4, 4096) : 0;  // after W when W is in the buffer
   if (!buf || at + p.bytes > buf_bytes) return InternalError("the staging slot cannot hold W and P");

@@ -2,14 +2,9 @@
 // ranks of CMD with torchrun's variables set (see supervisor.h). On many
 // hosts, once per host: --nnodes H --node-rank K --master-addr HOST0
 // --master-port P.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
-#include <random>
 
 #include "io/net/free_port.h"
 #include "tools/launch/supervisor.h"
