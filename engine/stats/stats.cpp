@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 
 #include "base/log.h"
@@ -15,7 +16,8 @@ namespace strata {
 
 static const char* kTrackNames[] = {"disk", "copy", "cpu optimizer", "caller", "comm"};
 
-StatsRecorder::StatsRecorder(int rank, std::string trace_path) : rank_(rank), trace_path_(std::move(trace_path)) {}
+StatsRecorder::StatsRecorder(int rank, std::string trace_path, size_t max_events)
+    : rank_(rank), trace_path_(std::move(trace_path)), max_events_(std::max<size_t>(1, max_events)) {}
 
 StatsRecorder::~StatsRecorder() {
   if (Status st = WriteTrace(); !st.ok()) STRATA_LOG_WARN("trace: not written at close: {}", st.message());
@@ -23,19 +25,48 @@ StatsRecorder::~StatsRecorder() {
 
 void StatsRecorder::Add(int track, const std::string& name, double start, double end, uint64_t bytes,
                         int64_t group) {
-  if (events_.size() >= kMaxEvents) {
-    if (dropped_++ == 0)
-      STRATA_LOG_WARN(
-          "trace: {} holds its most events ({}); later spans are dropped (counted in its otherData)",
-          trace_path_, kMaxEvents);
-    return;
-  }
   auto it = name_ids_.find(name);
   if (it == name_ids_.end()) {
+    // Past twice as many names as spans, half or more are held by no span
+    // (a trainer's spans named by step, overwritten long ago): let them go
+    // (at most once every max_events_ new names).
+    if (names_.size() >= 2 * max_events_) {
+      CompactNames();
+    }
     it = name_ids_.emplace(name, static_cast<uint32_t>(names_.size())).first;
     names_.push_back(name);
   }
-  events_.push_back({track, it->second, start, end, bytes, group});
+  const Event e{track, it->second, start, end, bytes, group};
+  if (events_.size() < max_events_) {
+    events_.push_back(e);
+    return;
+  }
+  if (dropped_++ == 0)
+    STRATA_LOG_WARN("trace: {} holds its most spans ({}); from now on each new one replaces the oldest "
+                    "(their count is in its otherData.dropped_events)",
+                    trace_path_, max_events_);
+  events_[next_] = e;
+  next_ = (next_ + 1) % max_events_;
+}
+
+void StatsRecorder::CompactNames() {
+  std::vector<uint32_t> renumber(names_.size(), UINT32_MAX);
+  std::vector<std::string> kept;
+  for (Event& e : events_) {
+    if (renumber[e.name] == UINT32_MAX) {
+      renumber[e.name] = static_cast<uint32_t>(kept.size());
+      kept.push_back(std::move(names_[e.name]));
+    }
+    e.name = renumber[e.name];
+  }
+  names_ = std::move(kept);
+  name_ids_.clear();
+  for (uint32_t i = 0; i < names_.size(); ++i) name_ids_.emplace(names_[i], i);
+}
+
+StatsRecorder::TraceHeld StatsRecorder::Held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {events_.size(), names_.size(), dropped_};
 }
 
 double StatsRecorder::Now() const {
@@ -254,7 +285,10 @@ Status StatsRecorder::WriteTrace() const {
     // Taken under the lock: every span recorded or opened before it started
     // and ended by then, so open spans cut here still hold their children.
     const double now = Now();
-    events = events_;
+    // Oldest first: once the ring is full, from next_ round to it.
+    events.reserve(events_.size() + open_.size());
+    events.insert(events.end(), events_.begin() + static_cast<std::ptrdiff_t>(next_), events_.end());
+    events.insert(events.end(), events_.begin(), events_.begin() + static_cast<std::ptrdiff_t>(next_));
     first_open = events.size();
     names = names_;
     for (const auto& stack : open_stacks_)

@@ -26,7 +26,9 @@ enum class Resource : int { kDisk = 0, kCopy = 1, kCpuOptimizer = 2, kCaller = 3
 
 class StatsRecorder {
  public:
-  StatsRecorder(int rank, std::string trace_path);
+  // max_events: how many spans the trace holds (the newest; kMaxEvents
+  // unless a test asks for fewer).
+  StatsRecorder(int rank, std::string trace_path, size_t max_events = kMaxEvents);
   ~StatsRecorder();  // writes the trace a last time (a failure is logged)
 
   // Busy intervals: overlapping intervals of one resource count once.
@@ -85,10 +87,14 @@ class StatsRecorder {
   // are written as ending now, with args.unfinished. No trace path: nothing.
   Status WriteTrace() const;
   bool tracing() const { return !trace_path_.empty(); }
+  // What the trace holds now: spans, their distinct names (at most twice
+  // max_events: names no held span uses are let go), spans overwritten.
+  struct TraceHeld { size_t events, names; uint64_t dropped; };
+  TraceHeld Held() const;
+  static constexpr size_t kMaxEvents = 4'000'000;
 
  private:
   static constexpr int kUserTrack0 = 5;  // tid of the first trainer thread's track
-  static constexpr size_t kMaxEvents = 4'000'000;
   struct Clock { int active = 0; double since = 0, total = 0; };
   struct Event {
     int track;
@@ -105,6 +111,8 @@ class StatsRecorder {
   // Records a span (its name interned only then, so that names of spans not
   // recorded take no memory). REQUIRES: mu_ held.
   void Add(int track, const std::string& name, double start, double end, uint64_t bytes, int64_t group);
+  // Keeps only the names the held spans use (renumbered). REQUIRES: mu_ held.
+  void CompactNames();
   int TrackOfThisThread();  // REQUIRES: mu_ held
   void GroupSpan(Resource r, const char* name, int group, double start_s, double end_s);
 
@@ -115,8 +123,12 @@ class StatsRecorder {
   Clock clocks_[5];
   double step_start_ = 0;
   EngineStats stats_;
+  // A ring of the newest max_events_ spans: once full, events_[next_] is
+  // the oldest, overwritten by the next span.
+  const size_t max_events_;
   std::vector<Event> events_;
-  uint64_t dropped_ = 0;  // events past kMaxEvents (said in the trace and a warning)
+  size_t next_ = 0;
+  uint64_t dropped_ = 0;  // spans overwritten (said in the trace and a warning)
   std::vector<std::string> names_;
   std::unordered_map<std::string, uint32_t> name_ids_;
   std::map<std::thread::id, int> thread_tracks_;    // trainer thread -> its track (0-based)
