@@ -62,7 +62,7 @@ uint64_t ActivationStore::TakeArena(std::unique_lock<std::mutex>& lock, uint64_t
       writing = writing || it.where == Where::kWriting;
       reading = reading || it.where == Where::kReading;
       if (it.where == Where::kRead && !it.dropped && it.io.ok() && !read) read = &it;
-      if (it.where == Where::kArena && !it.dropped && !kept) kept = h;
+      if (it.where == Where::kArena && !it.dropped && !it.spill_failed && !kept) kept = h;
     }
     if (!writing && read) {
       extents_->Free(read->arena, ArenaBytes(read->bytes));
@@ -93,6 +93,12 @@ bool ActivationStore::Spill(uint64_t handle, bool first) {
   if (first) jobs_.push_front({handle, true});
   else jobs_.push_back({handle, true});
   return true;
+}
+
+std::string ActivationStore::SpillFailure() const {
+  return spill_error_.ok() ? std::string()
+                           : "; stashes whose write to NVMe failed stay in the arena until redeemed or dropped (the "
+                             "last failure: " + spill_error_.ToString() + ")";
 }
 
 void ActivationStore::FreeItem(Item& it) {
@@ -147,7 +153,7 @@ Result<uint64_t> ActivationStore::Stash(const void* src, uint64_t bytes) {
     uint64_t freeing = 0;
     for (auto& [h, it] : items_) {  // in stash order
       if (extents_->free_bytes() + freeing >= padded + reserve) break;
-      if (it.where != Where::kArena || it.dropped) continue;
+      if (it.where != Where::kArena || it.dropped || it.spill_failed) continue;
       if (!Spill(h, /*first=*/false)) break;
       freeing += ArenaBytes(it.bytes);
     }
@@ -164,7 +170,8 @@ Result<uint64_t> ActivationStore::Stash(const void* src, uint64_t bytes) {
   if (off == ~uint64_t{0})
     return NoMemError("stash of " + FormatBytes(bytes) + ": the activations' arena (strata.activation_host_bytes " +
                       FormatBytes(options_.host_bytes) + ") holds " + FormatBytes(st_.live_bytes) + " of stashes" +
-                      (nvme_ ? "" : " and there is no swap for them (strata.activation_nvme_bytes 0)"));
+                      (nvme_ ? "" : " and there is no swap for them (strata.activation_nvme_bytes 0)") +
+                      SpillFailure());
   Allocation disk;
   if (to_disk) {
     auto d = nvme_->Allocate(bytes);
@@ -247,7 +254,8 @@ Status ActivationStore::Redeem(uint64_t handle, void* dst, uint64_t bytes) {
     const uint64_t off = TakeArena(lock, ArenaBytes(it.bytes));
     if (off == ~uint64_t{0})
       return NoMemError("redeem: no room in the activations' arena (strata.activation_host_bytes " +
-                        FormatBytes(options_.host_bytes) + ") to read stash " + std::to_string(handle) + " back");
+                        FormatBytes(options_.host_bytes) + ") to read stash " + std::to_string(handle) + " back" +
+                        SpillFailure());
     it.arena = off;
     it.where = Where::kReading;
     jobs_.push_front({handle, false});
@@ -353,6 +361,8 @@ void ActivationStore::Run() {
         x.disk = {};
         x.where = Where::kArena;
         x.io = Status::Ok();
+        x.spill_failed = true;
+        spill_error_ = st;
       }
     } else {
       if (st.ok()) {

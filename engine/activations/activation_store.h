@@ -86,6 +86,9 @@ class ActivationStore {
     Allocation disk;       // kWriting, kDisk, kReading, kRead
     Status io;             // a failed write or read, reported at redeem
     bool dropped = false;  // dropped while its I/O ran: freed by the thread
+    // Its write to NVMe failed (it stays in the arena): never spilled again,
+    // else a failing disk would have TakeArena spill it and wait forever.
+    bool spill_failed = false;
   };
   struct Job {
     uint64_t handle;
@@ -103,6 +106,8 @@ class ActivationStore {
   // finish when some are in flight; UINT64_MAX when there is none.
   uint64_t TakeArena(std::unique_lock<std::mutex>& lock, uint64_t bytes);
   void FreeItem(Item& it);  // REQUIRES: mu_
+  // "" or, once a spill failed, the words saying so (for a refusal). REQUIRES: mu_
+  std::string SpillFailure() const;
   // REQUIRES: mu_. A stash kept in the arena goes on to NVMe (its write is
   // queued, first or last); false when the swap has no room for it.
   bool Spill(uint64_t handle, bool first);
@@ -127,6 +132,7 @@ class ActivationStore {
   int in_flight_ = 0;  // jobs taken by the thread and not done
   uint64_t next_handle_ = 1, next_seq_ = 0;
   uint64_t nvme_used_ = 0;
+  Status spill_error_;  // the last failed write of a stash to NVMe
   bool stop_ = false;
   ActivationStats st_;
 };

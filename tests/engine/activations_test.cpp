@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <random>
 #include <string>
 #include <vector>
@@ -314,6 +316,58 @@ TEST(Activations, ASaveWaitsForTheWriteOfADroppedStash) {
   const Status st = (*e)->SaveCheckpoint(ckpt.path(), "t", nullptr, 0);
   EXPECT_TRUE(st.ok()) << st.ToString();
   eo.faults->SlowWrites(0);
+}
+
+// The disk fails every write: a stash that needs the arena's room (its
+// earliest stashes spilled to make it) fails at once, naming the failed
+// write; it waited forever before, spilling the same stash again and again.
+// Nothing is lost: the stashes kept in the arena redeem bitwise.
+TEST(Activations, AFailingDiskRefusesTheStashNotHangs) {
+  TempDir dir;
+  auto cfg = ParseConfig(R"({"strata": {"activation_host_bytes": "256KiB", "activation_nvme_bytes": "8MiB", )"
+                         R"("activation_prefetch_bytes": "64KiB", "host_budget": "64MiB", "nvme_paths": [")" +
+                         dir.path() + R"("]}})");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  eo.faults = std::make_shared<FaultPlan>();
+  auto e = Engine::Create(*cfg, eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  std::vector<float> w(1000, 0.5f);
+  ASSERT_TRUE((*e)->AddParam(0, "w", w.size(), w.data()).ok());
+  ASSERT_TRUE((*e)->Build().ok());
+  eo.faults->Arm(FaultPlan::Ops::kWrites, EIO);
+  std::vector<uint64_t> hs;
+  Status refused;
+  auto stashing = std::async(std::launch::async, [&] {
+    for (int i = 0; i < 8 && refused.ok(); ++i) {  // 80 KB each through a 256 KiB arena
+      const std::vector<float> v = Values(20000, i);
+      auto h = (*e)->Stash(v.data(), v.size() * 4);
+      if (h.ok()) hs.push_back(*h);
+      else refused = h.status();
+    }
+  });
+  if (stashing.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    ADD_FAILURE() << "a stash waited 20 s on a disk whose writes fail";
+    std::_Exit(1);  // (the stash never returns: nothing to join)
+  }
+  ASSERT_FALSE(refused.ok()) << "8 stashes of 80 KB fit a 256 KiB arena with every write failing";
+  EXPECT_EQ(refused.code(), Code::kNoMem) << refused.ToString();
+  EXPECT_NE(refused.message().find("write to NVMe failed"), std::string::npos) << refused.ToString();
+  eo.faults->Disarm();
+  for (size_t i = hs.size(); i-- > 0;) {
+    std::vector<float> got(20000);
+    ASSERT_TRUE((*e)->Redeem(hs[i], got.data(), got.size() * 4).ok()) << i;
+    const std::vector<float> want = Values(20000, static_cast<int>(i));
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << i;
+  }
+  // The disk back, the arena empty: stashes go on to NVMe again.
+  for (int i = 0; i < 6; ++i) {
+    const std::vector<float> v = Values(20000, i);
+    auto h = (*e)->Stash(v.data(), v.size() * 4);
+    ASSERT_TRUE(h.ok()) << i << ": " << h.status().ToString();
+  }
+  EXPECT_GT((*e)->stats().act_nvme_bytes, 0u);
 }
 
 }  // namespace
