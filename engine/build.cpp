@@ -11,7 +11,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <new>
 #include <set>
 
 #include "io/direct_file.h"
@@ -64,7 +66,17 @@ static Status InitStaging(Engine::Impl& m) {
 // staging), so that build may be called again.
 Status Engine::Impl::Build() {
   if (built_) return StateError("build: already built");
-  Status st = BuildOnce();
+  // A C++ exception (an allocation failing: std::bad_alloc) is undone as a
+  // failed Status is: the capi's guard would turn it into NOMEM, and the
+  // half-built engine kept its swap files locked, its blocks charged.
+  Status st;
+  try {
+    st = BuildOnce();
+  } catch (const std::bad_alloc&) {
+    st = NoMemError("build: out of memory (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    st = InternalError(std::string("build: ") + e.what());
+  }
   if (!st.ok()) {
     UndoBuild();  // (the initial values stay: a build may be called again)
     return st;
@@ -83,6 +95,13 @@ void Engine::Impl::UndoBuild() {
   checkpointer_.reset();
   reducer_.reset();
   worker_.reset();
+  // The overlapped step's room (StartOverlap, build's last step: a rank
+  // whose peer failed there or at the last agreement had built it).
+  spec_.reset();
+  g_copies_.Clear();
+  g_copy_.clear();
+  spec_host_later_ = spec_disk_later_ = 0;
+  step_.overlap = false;
   residency_.reset();
   p_home_.reset();
   for (auto& blocks : blocks_)

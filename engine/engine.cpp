@@ -221,7 +221,8 @@ Status Engine::Impl::Init() {
                                                      .numa_node = gpu ? placement_.gpu_node : -1,
                                                      .device = device,
                                                      .numa_bind = config_.strata.numa_bind != "off",
-                                                     .storage = nvme_io ? storage_.get() : nullptr});
+                                                     .storage = nvme_io ? storage_.get() : nullptr,
+                                                     .faults = options_.faults});
   placement_.memory_node = host_->numa_node();
   placement_.pinned = gpu;
   return Status::Ok();

@@ -56,6 +56,24 @@ void FaultPlan::Disarm() {
   std::lock_guard<std::mutex> lock(mu_);
   armed_ = false;
   copies_armed_ = false;
+  allocs_armed_ = false;
+}
+
+void FaultPlan::ArmHostAllocations(uint64_t bytes, int64_t count, bool throws) {
+  std::lock_guard<std::mutex> lock(mu_);
+  allocs_armed_ = count != 0;
+  allocs_bytes_ = bytes;
+  allocs_count_ = count;
+  allocs_throw_ = throws;
+}
+
+bool FaultPlan::FailHostAllocation(uint64_t bytes, bool* throws) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!allocs_armed_ || bytes != allocs_bytes_) return false;
+  if (allocs_count_ > 0 && --allocs_count_ == 0) allocs_armed_ = false;
+  ++fired_;
+  *throws = allocs_throw_;
+  return true;
 }
 
 void FaultPlan::ArmDeviceCopies(bool to_device, uint64_t skip, int64_t count) {

@@ -46,6 +46,13 @@ class FaultPlan {
   void ArmDeviceCopies(bool to_device, uint64_t skip, int64_t count = 1);
   // Whether this copy fails (counted in fired()). Thread-safe.
   bool FailDeviceCopy(bool to_device);
+  // The host tier's allocations of exactly `bytes` (HostTier::Allocate):
+  // from now on the next `count` (< 0: every one until Disarm) fail, with
+  // NOMEM, or by throwing std::bad_alloc where `throws` (a C++ allocation
+  // failing inside the engine). Disarm disarms these too.
+  void ArmHostAllocations(uint64_t bytes, int64_t count = 1, bool throws = false);
+  // Whether this allocation fails (counted in fired()); *throws: how. Thread-safe.
+  bool FailHostAllocation(uint64_t bytes, bool* throws);
 
  private:
   mutable std::mutex mu_;  // guards fired_ and the armed fault
@@ -60,6 +67,9 @@ class FaultPlan {
   bool copies_armed_ = false, copies_to_device_ = false;
   uint64_t copies_skip_ = 0;
   int64_t copies_count_ = 0;
+  bool allocs_armed_ = false, allocs_throw_ = false;
+  uint64_t allocs_bytes_ = 0;
+  int64_t allocs_count_ = 0;
 };
 
 }  // namespace strata

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <fstream>
+#include <new>
 
 #include "base/align.h"
 #include "base/check.h"
@@ -23,8 +24,9 @@ static bool HugePagesReserved() {
 HostTier::HostTier(const HostTierOptions& options)
     : Tier(TierKind::kHost, options.budget), options_(options) {
   hwloc_topology_t topo;
-  if (hwloc_topology_init(&topo) == 0 && hwloc_topology_load(topo) == 0) {
-    topology_ = topo;
+  if (hwloc_topology_init(&topo) == 0) {
+    if (hwloc_topology_load(topo) == 0) topology_ = topo;
+    else hwloc_topology_destroy(topo);
   }
   if (!options.numa_bind) return;  // node_ stays -1: nothing is bound
   node_ = options.numa_node;
@@ -93,6 +95,10 @@ void HostTier::Lock(void* p, uint64_t len, Mapping* m) {
 
 Result<Allocation> HostTier::Allocate(uint64_t bytes) {
   if (bytes == 0) return InvalidError("host tier: allocation of 0 bytes");
+  if (bool throws = false; options_.faults && options_.faults->FailHostAllocation(bytes, &throws)) {
+    if (throws) throw std::bad_alloc();
+    return NoMemError("host tier: an allocation of " + FormatBytes(bytes) + " failed (injected)");
+  }
   // Over the budget before rounding: a size near 2^64 would round to a small one.
   if (bytes > budget()) STRATA_RETURN_IF_ERROR(Charge(bytes));
   const uint64_t len = AlignUp(bytes, 4096);

@@ -10,8 +10,10 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <mutex>
 
+#include "io/fault.h"
 #include "io/storage.h"
 #include "tiers/tier.h"
 
@@ -25,6 +27,7 @@ struct HostTierOptions {
   int device = 0;               // the GPU: pinned for it (made current first), its node for numa_node -1
   bool numa_bind = true;        // false: no binding at all (the OS places pages)
   Storage* storage = nullptr;   // registers buffers with it when set
+  std::shared_ptr<FaultPlan> faults = nullptr;  // tests: allocations that fail
 };
 
 class HostTier final : public Tier {

@@ -77,7 +77,7 @@ void ExpectAllFailFastNamingRank1(const Outcome& o, const char* what) {
 }
 
 std::unique_ptr<Engine> MakeEngine(const std::string& json, net::Communicator& comm,
-                                   std::shared_ptr<FaultPlan> faults = nullptr) {
+                                   std::shared_ptr<FaultPlan> faults = nullptr, bool overlap_step = false) {
   auto c = ParseConfig(json);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   if (!c.ok()) return nullptr;
@@ -85,6 +85,7 @@ std::unique_ptr<Engine> MakeEngine(const std::string& json, net::Communicator& c
   eo.comm = &comm;
   eo.force_no_gpu = true;
   eo.faults = std::move(faults);
+  eo.overlap_step = overlap_step;
   auto e = Engine::Create(*c, eo);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? std::move(e).value() : nullptr;
@@ -130,6 +131,37 @@ TEST(RanksAgree, ABuildThatFailsOnOneRankFailsEveryRankAtOnce) {
   }, kTimeoutS);
   ExpectAllFailFastNamingRank1(o, "build");
   EXPECT_NE(o.st[1].message().find(not_a_folder), std::string::npos) << o.st[1].ToString();
+}
+
+// Build's last steps (the overlapped step's room: its allocation fails on
+// rank 1, injected) failed on rank 1 alone: rank 0 had built its room and
+// copies of G, and its failed build kept them, charged to its host budget (a
+// failed build must leave nothing behind: a build called again found its
+// budget short).
+TEST(RanksAgree, ABuildFailingInItsLastStepsLeavesNothingBehind) {
+  Outcome o;
+  Meet meet;
+  std::vector<uint64_t> used_after(2, 1);
+  std::vector<int> fired(2, 0);
+  testing::OnRanks(2, [&](int rank, net::Communicator& comm) {
+    auto faults = std::make_shared<FaultPlan>();
+    if (rank == 1) faults->ArmHostAllocations(1 << 20);  // the room's
+    auto e = MakeEngine(R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, )"
+                        R"("gradient_clipping": 1.0, "strata": {"host_budget": "64MiB", "speculation": "always", )"
+                        R"("speculation_host_bytes": "1MiB", "timeout": )" +
+                            std::to_string(static_cast<int>(kTimeoutS)) + "}}",
+                        comm, faults, /*overlap_step=*/true);
+    ASSERT_TRUE(e);
+    ASSERT_TRUE(AddGroups(*e).ok());
+    Timed(o, rank, meet, [&] { return e->Build(); });
+    used_after[static_cast<size_t>(rank)] = e->stats().host.used;
+    fired[static_cast<size_t>(rank)] = faults->fired();
+  }, kTimeoutS);
+  ASSERT_EQ(fired[1], 1) << "rank 1's room was not allocated: the case is not made";
+  ExpectAllFailFastNamingRank1(o, "build");
+  EXPECT_NE(o.st[1].message().find("speculation_host_bytes"), std::string::npos) << o.st[1].ToString();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(used_after[static_cast<size_t>(r)], 0u) << "rank " << r << "'s failed build left host memory charged";
 }
 
 // A save, or a write_state, that one rank refuses (it still holds a group it

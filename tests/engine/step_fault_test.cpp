@@ -453,5 +453,35 @@ TEST(FailedBuild, InItsLastStepsMayBeCalledAgain) {
   EXPECT_EQ(second.message(), first.message());
 }
 
+// A C++ exception inside build (an allocation failing: std::bad_alloc,
+// injected here at the overlapped step's room, after the swap files exist)
+// is undone as a failed status is: NOMEM, nothing charged, no swap file
+// left, and the build called again succeeds. The half-built engine kept its
+// swap files locked: the next build waited, then failed "in use by another
+// Strata engine".
+TEST(FailedBuild, ByAnExceptionLeavesNothingBehind) {
+  TempDir dir;
+  TinyMlp model;
+  const std::string json = R"({"optimizer": {"type": "AdamW"}, "gradient_clipping": 1.0,
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}},
+    "strata": {"host_budget": "64MiB", "speculation": "always", "speculation_host_bytes": "1MiB"}})";
+  EngineOptions eo;
+  eo.overlap_step = true;
+  eo.faults = std::make_shared<FaultPlan>();
+  auto e = Engine::Create(MustParse(json), eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE(model.Register(**e).ok());
+  eo.faults->ArmHostAllocations(1 << 20, 1, /*throws=*/true);
+  const Status first = (*e)->Build();
+  ASSERT_EQ(eo.faults->fired(), 1) << "the room's allocation was not reached: the case is not made";
+  EXPECT_EQ(first.code(), Code::kNoMem) << first.ToString();
+  EXPECT_EQ((*e)->stats().host.used, 0u) << "the failed build left host memory charged";
+  int swap_files = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir.path())) swap_files += f.is_regular_file();
+  EXPECT_EQ(swap_files, 0) << "the failed build left its swap files";
+  const Status second = (*e)->Build();
+  EXPECT_TRUE(second.ok()) << second.ToString();
+}
+
 }  // namespace
 }  // namespace strata
