@@ -163,9 +163,6 @@ Status Engine::Impl::Init() {
     return UnsupportedError(std::string("the communicator (") + comm_->backend() + ") moves device buffers, but " +
                             (options_.force_no_gpu ? "force_no_gpu is set" : "no GPU is usable") +
                             ": the device tier is host memory; use a Gloo communicator");
-  // Threads first (the tiers' threads start bound), then the host tier's
-  // memory on the GPU's node.
-  PlaceOnNumaNode(config_.strata.numa_bind, &placement_);
   // "auto": half of the memory this process may use (RAM, or its cgroup's
   // limit) for the host tier and, without a GPU, a quarter for the device
   // tier's arena, shared among the ranks that draw on the same memory.
@@ -207,6 +204,11 @@ Status Engine::Impl::Init() {
   // Whether the CPU must copy into and out of the device tier: a GPU, or
   // the strict host arena standing in for one.
   lay_.device_on_gpu = device_->separate();
+  // The process's CPUs bound to the GPU's node only now that nothing in
+  // create can fail (a failed create left the whole process bound: the
+  // trainer's threads, its data loader's), before the host tier's memory
+  // is placed there. (Process-wide: threads started earlier are bound too.)
+  PlaceOnNumaNode(config_.strata.numa_bind, &placement_);
   // The host tier's memory is registered with io_uring (fixed buffers:
   // pinned, so faulted in at build, and counted against RLIMIT_MEMLOCK
   // without CAP_IPC_LOCK) only where the config puts state or activations

@@ -256,6 +256,7 @@ Status Checkpointer::Save(const std::string& dir, const std::string& tag, const 
   };
   // The folder, by rank 0 (ranks share the file system), locked while we save.
   PartialLock part_lock;
+  bool made = false;  // rank 0 made `part` (then a failure before the data removes it)
   if (lead) {
     local = CreateDirsDurably(dir).WithContext("checkpoint save");
     if (local.ok()) {
@@ -264,10 +265,16 @@ Status Checkpointer::Save(const std::string& dir, const std::string& tag, const 
       if (::mkdir(part.c_str(), 0755) != 0)
         local = errno == EEXIST ? InvalidError("checkpoint save: " + part + " is being written by another live save")
                                 : PosixError("mkdir", part, errno);
-      else local = part_lock.Lock(part);
+      else {
+        made = true;
+        local = part_lock.Lock(part);
+      }
     }
   }
-  STRATA_RETURN_IF_ERROR(Agree(local, "checkpoint save"));
+  if (Status agreed = Agree(local, "checkpoint save"); !agreed.ok()) {
+    if (made) cleanup();  // (not another live save's folder: EEXIST above)
+    return agreed;
+  }
   // Data: each shard's owner writes it (stage 0 keeps whole copies: rank 0 alone).
   const bool writer = d_.layout.sworld > 1 || lead;
   if (writer) {
