@@ -86,9 +86,17 @@ Result<FileId> UringStorage::Open(const std::string& path, OpenMode mode) {
     id = static_cast<FileId>(files_.size());
     files_.push_back({});
   }
-  for (auto& r : rings_) {
-    Status st = r->SetFile(id, info.fd);
-    if (!st.ok()) { ::close(info.fd); return st.WithContext("register " + path); }
+  for (size_t k = 0; k < rings_.size(); ++k) {
+    Status st = rings_[k]->SetFile(id, info.fd);
+    if (!st.ok()) {
+      // The rings that took it let go of it again: a registered file holds
+      // the open file (its lock, an unlinked file's space) past close.
+      for (size_t j = 0; j < k; ++j)
+        if (Status undo = rings_[j]->SetFile(id, -1); !undo.ok())
+          STRATA_LOG_WARN("register {}: ring {} keeps the file until its slot is reused: {}", path, j, undo.ToString());
+      ::close(info.fd);
+      return st.WithContext("register " + path);
+    }
   }
   files_[id] = info;
   return id;
@@ -98,9 +106,13 @@ Status UringStorage::Close(FileId file) {
   std::unique_lock<std::shared_mutex> lock(files_mu_);
   if (file < 0 || static_cast<size_t>(file) >= files_.size() || files_[file].fd < 0)
     return InvalidError("close: file id " + std::to_string(file) + " is not open");
-  for (auto& r : rings_) r->SetFile(file, -1).IgnoreError();  // best effort: the fd closes anyway
-  const int rc = ::close(files_[file].fd);
   const std::string path = files_[file].path;
+  // The fd closes anyway; a ring that could not let go of it holds the open
+  // file (its lock, an unlinked file's space) until the slot is reused.
+  for (size_t k = 0; k < rings_.size(); ++k)
+    if (Status st = rings_[k]->SetFile(file, -1); !st.ok())
+      STRATA_LOG_WARN("close {}: ring {} keeps the file until its slot is reused: {}", path, k, st.ToString());
+  const int rc = ::close(files_[file].fd);
   files_[file] = FileInfo{};
   if (rc != 0) return PosixError("close", path, errno);
   return Status::Ok();
