@@ -161,6 +161,18 @@ Status ReadFp16(ObjectReader r, Fp16Config* f, std::vector<std::string>* warning
   STRATA_RETURN_IF_ERROR(r.Uint("loss_scale_window", &f->loss_scale_window, 1, uint64_t{1} << 62));
   STRATA_RETURN_IF_ERROR(r.Int("hysteresis", &f->hysteresis, 1, 1 << 30));
   STRATA_RETURN_IF_ERROR(r.Double("min_loss_scale", &f->min_loss_scale, 0, std::numeric_limits<double>::max()));
+  // The step multiplies the gradients by 1/scale in float: a scale halved
+  // far enough (min_loss_scale 0) or given that small makes it infinite, and
+  // the next finite step writes NaN into every weight. Below 2^-24 (fp16's
+  // smallest value) every scaled fp16 gradient is 0 anyway.
+  constexpr double kMinScale = 0x1p-24;
+  for (const auto& [key, value] : {std::pair<const char*, double>{"min_loss_scale", f->min_loss_scale},
+                                   {"loss_scale", f->loss_scale}})
+    if (value < kMinScale && !(value == 0 && std::string_view(key) == "loss_scale"))
+      return ConfigError(r.KeyPath(key) + ": " + config_internal::BriefJson(Json(value)) + " is below 2^-24 (5.96e-08): the step's "
+                         "unscale factor 1/scale would overflow float and write NaN into the weights" +
+                         std::string(key[0] == 'l' ? "" : " (DeepSpeed's default is 1)") + "; allowed: 2^-24 or more" +
+                         (key[0] == 'l' ? " (0: dynamic)" : ""));
   r.Unimplemented({"auto_cast", "consecutive_hysteresis", "fp16_master_weights_and_grads"}, warnings);
   return r.CheckUnknownKeys();
 }

@@ -176,6 +176,12 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
     return ConfigError(std::string("strata.state_format: \"compact\" needs bf16.enabled true (the compute dtype is ") +
                        DTypeName(c.compute_dtype()) + "): the parameters are the master's bf16 half, so P has no "
                        "storage of its own; use \"fp32\" with fp32 or fp16 compute");
+  // An element whose v rounds to code 0 in its block has its m zeroed
+  // too: with eps 0 its update is 0/0, NaN in the master for good (fp32
+  // keeps the tiny m and v apart and stays finite).
+  if (sf == "compact" && c.optimizer.type != "lion" && c.optimizer.eps == 0)
+    return ConfigError("optimizer.params.eps: 0 with strata.state_format \"compact\": an element whose moments "
+                       "round to 0 in their block would update by 0/0 (NaN); give eps > 0, or use \"fp32\"");
   if (c.aio.block_size > UringOptions::kMaxBlockSize)
     return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) + " is out of range; allowed: from 4096 to " +
                        std::to_string(UringOptions::kMaxBlockSize));

@@ -45,11 +45,13 @@ class LossScaler {
   void Update(bool overflow) {
     if (!dynamic_) return;
     if (overflow) {
+      // As DeepSpeed's DynamicLossScaler: the first hysteresis - 1
+      // overflows only count down; from then on every overflow halves,
+      // until a doubling gives the counter back (not each halving: that
+      // halved on every second overflow of a burst, skipping more steps).
       clean_steps_ = 0;
-      if (--hysteresis_left_ <= 0) {
-        scale_ = std::max(scale_ / 2, cfg_.min_loss_scale);
-        hysteresis_left_ = cfg_.hysteresis;
-      }
+      if (hysteresis_left_ > 1) --hysteresis_left_;
+      else scale_ = std::max(scale_ / 2, cfg_.min_loss_scale);
       return;
     }
     if (++clean_steps_ >= static_cast<int64_t>(cfg_.loss_scale_window)) {

@@ -116,7 +116,13 @@ StepKernelOptions StepPipeline::KernelOptions(const StepOptions& so, double grad
 }
 
 Status StepPipeline::Check(const StepOptions& so) const {
-  return ValidateStepKernelOptions(KernelOptions(so, 1.0, 1));
+  const StepKernelOptions o = KernelOptions(so, 1.0, 1);
+  const OptimizerConfig& oc = layout_.config->optimizer;
+  // (as the config's check: an element whose moments round to 0 updates by 0/0)
+  if (layout_.config->strata.state_format == "compact" && oc.type != "lion" && (so.eps >= 0 ? so.eps : oc.eps) == 0)
+    return InvalidError("step option eps 0 with strata.state_format \"compact\": an element whose moments round to 0 "
+                        "in their block would update by 0/0 (NaN); give eps > 0");
+  return ValidateStepKernelOptions(o);
 }
 
 Status StepPipeline::Run(const std::vector<int>& order, double grad_scale, const StepOptions& so, int64_t step,

@@ -487,6 +487,26 @@ TEST(Config, SpeculationRooms) {
   EXPECT_EQ(Refusal(R"({"strata": {"speculation_host_bytes": -1}})").rfind("strata.speculation_host_bytes", 0), 0u);
 }
 
+// A loss scale whose reciprocal overflows float would write NaN into every
+// weight at the next finite step (min_loss_scale 0 lets a run of overflows
+// halve the scale that far); compact with eps 0 updates by 0/0 where both
+// moments round to 0 in their block.
+TEST(ConfigRefusal, NumbersThatMakeNaNOfFiniteSteps) {
+  EXPECT_NE(Refusal(R"({"fp16": {"enabled": true, "min_loss_scale": 0}})").find("fp16.min_loss_scale: 0.0 is below 2^-24"),
+            std::string::npos);
+  EXPECT_NE(Refusal(R"({"fp16": {"enabled": true, "loss_scale": 1e-30}})").find("fp16.loss_scale: 1e-30 is below"),
+            std::string::npos);
+  EXPECT_EQ(MustParse(R"({"fp16": {"enabled": true, "min_loss_scale": 5.9604644775390625e-08}})").fp16.min_loss_scale,
+            0x1p-24);
+  EXPECT_EQ(MustParse(R"({"fp16": {"enabled": true, "loss_scale": 0}})").fp16.loss_scale, 0.0) << "0: dynamic";
+  const std::string compact = R"({"bf16": {"enabled": true}, "strata": {"state_format": "compact"}, )";
+  EXPECT_NE(Refusal(compact + R"("optimizer": {"type": "AdamW", "params": {"eps": 0}}})").find("optimizer.params.eps: 0"),
+            std::string::npos);
+  EXPECT_EQ(MustParse(compact + R"("optimizer": {"type": "Lion", "params": {"eps": 0}}})").optimizer.type, "lion")
+      << "Lion has no eps";
+  EXPECT_EQ(MustParse(R"({"optimizer": {"type": "AdamW", "params": {"eps": 0}}})").optimizer.eps, 0.0) << "fp32 keeps m, v";
+}
+
 TEST(ConfigRefusal, Bf16AndFp16Together) {
   EXPECT_EQ(Refusal(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
             "bf16.enabled and fp16.enabled: both true; enable at most one");

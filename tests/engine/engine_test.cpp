@@ -908,6 +908,31 @@ TEST(Engine, Fp16OverflowSkipsTheStepAndLowersTheScale) {
   EXPECT_NE(0, std::memcmp(before.data(), after.data(), before.size() * 4));
 }
 
+// DeepSpeed's DynamicLossScaler (runtime/fp16/loss_scaler.py): hysteresis
+// counts down the first overflows only; from then on every overflow halves,
+// until a doubling gives the counter back. (The counter was refilled at each
+// halving: a burst of overflows halved on every second one.)
+TEST(LossScaler, AfterHysteresisEveryOverflowHalvesUntilADoubling) {
+  Fp16Config dyn;
+  dyn.enabled = true;
+  dyn.hysteresis = 2;
+  dyn.loss_scale_window = 3;
+  LossScaler s;
+  s.Init(dyn);
+  std::vector<double> scales;
+  for (int i = 0; i < 6; ++i) {
+    s.Update(true);
+    scales.push_back(s.scale());
+  }
+  EXPECT_EQ(scales, (std::vector<double>{65536, 32768, 16384, 8192, 4096, 2048}));
+  for (int i = 0; i < 3; ++i) s.Update(false);
+  EXPECT_EQ(s.scale(), 4096.0) << "3 clean steps (the window) double it";
+  s.Update(true);
+  EXPECT_EQ(s.scale(), 4096.0) << "the doubling gave the counter back: the next overflow counts down";
+  s.Update(true);
+  EXPECT_EQ(s.scale(), 2048.0);
+}
+
 // A checkpoint's scaler state is taken only by a dynamic fp16 scaler and only
 // from an fp16 checkpoint, with its counters bounded by this config: a saved
 // hysteresis of INT32_MAX would otherwise never let the scale halve again.

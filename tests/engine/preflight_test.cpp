@@ -185,6 +185,27 @@ TEST(Preflight, NonFiniteStepOptionIsRefusedBeforeAnythingChanges) {
   }
 }
 
+// Compact state with eps 0 updates by 0/0 where both moments round to 0 in
+// their block (the config refuses eps 0 there; a step option may not bring it).
+TEST(Preflight, CompactRefusesAStepOptionEpsOfZero) {
+  auto cfg = ParseConfig(R"({"bf16": {"enabled": true}, "strata": {"state_format": "compact", "host_budget": "64MiB"}})");
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EngineOptions o;
+  o.force_no_gpu = true;
+  auto e = Engine::Create(*cfg, o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  ASSERT_TRUE((*e)->AddParam(0, "w", 4096, nullptr).ok());
+  ASSERT_TRUE((*e)->Build().ok());
+  StepOptions so;
+  so.eps = 0;
+  const Status prep = (*e)->PrepareStep(so);
+  EXPECT_EQ(prep.code(), Code::kInvalid) << prep.ToString();
+  EXPECT_NE(prep.message().find("step option eps 0 with strata.state_format \"compact\""), std::string::npos)
+      << prep.ToString();
+  so.eps = 1e-12;
+  EXPECT_TRUE((*e)->PrepareStep(so).ok());
+}
+
 // ---- Non-finite gradients: strata.nonfinite ----
 
 TEST(Preflight, NonFiniteGradientsAreSkippedByDefault) {
