@@ -14,10 +14,12 @@ libstrata.so.0 on the loader's path. No compile step. strata.torch holds the PyT
 Error, the structs, the functions' signatures) is _capi.py's.
 """
 
+import atexit
 import ctypes
 import json
 import operator
 import os
+import weakref
 
 from ._capi import (  # noqa: F401  (strata.INVALID, strata.Error, ...: the package's names)
     COMM, CONFIG, CORRUPT, DTYPE_BF16, DTYPE_F16, DTYPE_F32, INTERNAL, INVALID, IO, NOMEM, NOSPACE, NOT_FOUND,
@@ -61,15 +63,78 @@ def host_memory():
     return b.value, n.value
 
 
+# This process's id, kept current in forked children (os.register_at_fork):
+# Engine.handle compares it with its engine's without a system call.
+_this_pid = os.getpid()
+
+
+def _after_fork_in_child():
+    global _this_pid
+    _this_pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_NATIVES = weakref.WeakSet()  # every _NativeEngine of the process (and those a fork copied)
+
+
+def _live_native_engines():
+    """How many native engines this process made are not destroyed yet
+    (a debugging aid: a closed Engine whose views live counts until they go)."""
+    return sum(1 for n in list(_NATIVES) if n.h is not None and n.pid == os.getpid())
+
+
+class _NativeEngine:
+    """The native engine (strata_engine_t*), shared by its Engine and by each
+    tensor that views the engine's memory (as_tensor): each holds a
+    reference, and the last one to go destroys it (Python's reference count
+    is the lease count, atomic under the GIL, so that the last holder may be
+    a tensor freed on any thread). In a process forked from the one that made
+    it, it is dropped without being destroyed: the engine's threads, files and
+    device memory are the parent's (the child has none of its threads; joining
+    them aborts or hangs)."""
+
+    def __init__(self, lib, h):
+        self.lib, self.h, self.pid = lib, h, os.getpid()
+        self.getpid = os.getpid  # (bound now: __del__ may run at shutdown, after the module's globals went)
+        self.views = weakref.WeakSet()  # the objects as_tensor's tensors hold (their lease)
+        self.closed = False  # its Engine was closed: destroyed with the last view, at exit at the latest
+        _NATIVES.add(self)
+
+    def destroy(self):
+        h, self.h = self.h, None
+        if h is not None and self.pid == self.getpid():
+            self.lib.strata_engine_destroy(h)  # joins its threads, removes its swap files, writes the trace
+
+    def __del__(self):
+        try:
+            self.destroy()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+@atexit.register
+def _destroy_closed_engines():
+    """A closed Engine whose views are still referenced at exit: destroyed
+    now, so that its swap files go (a view read after this, in a finalizer
+    at shutdown, would read freed memory)."""
+    for native in list(_NATIVES):
+        if native.closed:
+            native.destroy()
+
+
 class Engine:
     """One Strata engine: parameter groups whose fp32 master weights and
     optimizer state live in the device / host / NVMe tiers.
 
     `config` is the JSON config (a dict or a string). Every failure raises
     strata.Error. Use it as a context manager, or call close(). One thread at
-    a time drives an engine. world_size 0 (the default) takes the ranks from
-    the launcher's variables (torchrun, OpenMPI, Slurm; one rank without
-    them); 1 runs alone. `device` is the GPU this process drives (one process
+    a time drives an engine, in the process that made it: a process forked
+    from it (a DataLoader worker with the fork start method) may drop it
+    (garbage collection, close()), which leaves the parent's engine alone,
+    and any other call there raises STATE. world_size 0 (the default) takes
+    the ranks from the launcher's variables (torchrun, OpenMPI, Slurm; one
+    rank without them); 1 runs alone. `device` is the GPU this process drives (one process
     per GPU): -1 (the default) takes the launcher's local rank (LOCAL_RANK).
     `skip_groups_without_grads`: a group that got no grads() in a step is
     left untouched (torch's rule for a parameter whose .grad is None: no
@@ -80,7 +145,9 @@ class Engine:
     def __init__(self, config, rank=0, world_size=0, grad_accumulation_steps=1, force_no_gpu=False,
                  overlap_step=False, device=-1, skip_groups_without_grads=False):
         self._lib = _load()
-        self._h = None
+        self._h = None  # the native handle (a c_void_p) while open; None once closed
+        self._native = None  # the _NativeEngine that destroys it (its Engine's lease)
+        self._pid = _this_pid
         # Tensors lent by grads_part(lend=True), by group in the order lent:
         # held until the engine reads none of a group's (grads_lent), step or a load.
         self._lent = {}
@@ -91,15 +158,35 @@ class Engine:
                       skip_groups_without_grads=1 if skip_groups_without_grads else 0)
         h = ctypes.c_void_p()
         _check(self._lib.strata_engine_create(text.encode(), ctypes.byref(opts), ctypes.byref(h)))
+        self._native = _NativeEngine(self._lib, h)
         self._h = h
 
     # -- lifetime
     def close(self):
-        """Frees the engine and its swap files. Idempotent."""
-        if self._h is not None:
-            self._lib.strata_engine_destroy(self._h)
-            self._h = None
+        """Closes the engine: every later call raises STATE. Idempotent.
+
+        The native engine is destroyed now (its threads joined, its memory
+        freed, its swap files deleted, the trace written) unless tensors from
+        as_tensor, fetch_tensor or grads_view still live: they keep it, with
+        the values it held, until the last of them goes (or the interpreter
+        exits), so that reading or writing one never touches freed memory.
+        The trace is written now either way. In a process forked from the one
+        that made the engine, close() only drops it: the parent's engine,
+        threads and swap files stay the parent's."""
+        native, self._native, self._h = self._native, None, None
         self._lent = {}
+        if native is None:
+            return
+        native.closed = True
+        if native.views and native.pid == native.getpid():
+            self._lib.strata_engine_write_trace(native.h)  # (destroy writes it again, when the views go)
+        del native  # the last reference, but for the views': the engine is destroyed here
+
+    @property
+    def forked(self):
+        """True in a process forked from the one that made this engine: there
+        it can only be dropped (close(), garbage collection), never used."""
+        return self._pid != _this_pid
 
     def __enter__(self):
         return self
@@ -118,6 +205,11 @@ class Engine:
     def handle(self):
         if self._h is None:
             raise Error(STATE, "the engine is closed")
+        if self._pid != _this_pid:
+            raise Error(STATE, f"the engine was made in process {self._pid} and this process ({os.getpid()}) "
+                        "was forked from it: the engine's threads are not here, so it can only be dropped "
+                        "here. Make engines in the child itself, or start workers with the 'spawn' or "
+                        "'forkserver' method")
         return self._h
 
     # -- registration
@@ -526,10 +618,12 @@ class Engine:
     def as_tensor(self, address, numel):
         """A torch tensor of `numel` compute-dtype elements viewing `address`
         (device memory when on_gpu, else host memory). It does not own the
-        memory, but it (and every view of it) keeps this Engine object alive,
-        so that the engine is not freed under it by going out of scope; it is
-        still invalid after what frees the memory (release() of a fetched
-        group, the next step for grads_view, close())."""
+        memory, but it (and every view of it) keeps this Engine object and
+        the native engine alive: neither going out of scope nor close()
+        frees the engine under it (close() leaves the native engine to the
+        last such tensor). What the engine does with the memory it views
+        still applies: release() of a fetched group or the next step for
+        grads_view make it stale (the engine may reuse the memory)."""
         import torch
         dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[self.compute_dtype]
         if numel == 0:
@@ -537,24 +631,29 @@ class Engine:
         typestr = "<f4" if dtype == torch.float32 else "<i2"
         # The object described is what the tensor's storage holds a
         # reference to (torch's deleter for a __cuda_array_interface__; the
-        # numpy array's base for from_numpy): it holds the engine.
+        # numpy array's base for from_numpy): it holds the engine and its
+        # native engine's lease.
         if self.on_gpu:
             described = _CudaArray(address, numel, typestr)
-            described.engine = self
+        else:
+            described = _HostArray(address, numel, typestr)
+        described.engine, described.native = self, self._native
+        self._native.views.add(described)
+        if self.on_gpu:
             raw = torch.as_tensor(described, device="cuda")
         else:
             import numpy as np
-            raw = torch.from_numpy(np.asarray(_HostArray(address, numel, typestr, self)))
+            raw = torch.from_numpy(np.asarray(described))
         return raw if dtype == torch.float32 else raw.view(dtype)
 
 
 class _HostArray:
     """Host memory of an engine described by __array_interface__ (for
-    numpy.asarray, whose array keeps it as its base), holding the engine."""
+    numpy.asarray, whose array keeps it as its base); as_tensor gives it the
+    engine and its native engine to hold."""
 
-    def __init__(self, address, numel, typestr, engine):
+    def __init__(self, address, numel, typestr):
         self.__array_interface__ = {"shape": (numel,), "typestr": typestr, "data": (address, False), "version": 3}
-        self.engine = engine
 
 
 class _Span:

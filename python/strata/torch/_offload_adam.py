@@ -139,8 +139,11 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         self._scaler = _Scaler(fp16) if fp16.get("enabled") is True else None
         if self._scaler is not None:
             fp16["loss_scale"] = 1.0
+        # (The scaler, not self, in the function: the optimizer holds
+        # _scaling, and a reference back would make a cycle that keeps a
+        # dropped optimizer's engines until the cyclic collector runs.)
         self._scaling = _LossScaling("OffloadAdam", self._scaler is not None, loss_scaled,
-                                     lambda: self._scaler.scale)
+                                     lambda scaler=self._scaler: scaler.scale)
         self._clip_coef = None  # fp16 on one rank: torch's clip coefficient, applied to the unscaled gradients
         params, self._param_names = _split_names(params)
         self._bucket_numel = bucket_numel
@@ -483,7 +486,9 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         """Restores param_groups, the master weights, both moments and the
         step count (and fp16's loss scaler), so training goes on as if it had
         never stopped. Each saved tensor must have its parameter's shape
-        (checked before anything changes, naming the parameter)."""
+        (checked before anything changes, naming the parameter). New engines
+        are built for the loaded state before the old are closed: a load
+        that fails (NOSPACE, NOMEM) leaves the optimizer as it was."""
         self._check_open("load_state_dict")
         _check_saved_shapes(self.param_groups, state_dict, self._param_names)
         scaler = None
@@ -491,6 +496,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             scaler = _Scaler.parse_state(state_dict["loss_scaler"])  # refused before anything changes
         for k, group in enumerate(state_dict.get("param_groups", [])):  # (e.g. torch AdamW(amsgrad=True)'s)
             _check_group_options(group, f"OffloadAdam.load_state_dict: param group {k}", defaults=self.defaults)
+        old_state, old_groups = self.state, self.param_groups
         super().load_state_dict(state_dict)
         # torch casts floating-point state to its parameter's dtype: the
         # float32 masters and moments of bf16/fp16 parameters would be
@@ -501,34 +507,76 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             for k, v in saved.get(i, {}).items():
                 if k in ("master_param", "exp_avg", "exp_avg_sq") and isinstance(v, torch.Tensor):
                     self.state[p][k] = v
+        # The new engines are built beside the old ones, which are closed
+        # only once all the new exist: a failure building one (NOSPACE,
+        # NOMEM) closes those built and leaves the optimizer as it was (its
+        # engines, param_groups, state, the parameters' values and the loss
+        # scale). Before, the old were closed first and such a failure lost
+        # their state. The cost: both sets of engines, for that moment.
+        overwritten = []  # (what _copy_masters_into_params changes: it undoes itself when it raises)
+        try:
+            overwritten = self._copy_masters_into_params()
+            cohorts = self._build_cohorts()
+        except BaseException:
+            # torch's load_state_dict gave the optimizer new state and group
+            # objects; the old ones are as they were.
+            self.state, self.param_groups = old_state, old_groups
+            with torch.no_grad():
+                for p, value in overwritten:
+                    p.copy_(value)
+            raise
+        self._close_engines()
+        self._cohorts = cohorts
         if scaler is not None:
             self._scaler.set_state(scaler)
-        self._close_engines()
-        with torch.no_grad():
+        for p in list(self.state):  # the engine holds them now
+            self.state[p] = {"step": self.state[p].get("step", torch.tensor(0.0))}
+        self._broken = None  # fresh engines: nothing held
+
+    @torch.no_grad()
+    def _copy_masters_into_params(self):
+        """Each parameter whose loaded state has a master (bf16/fp16 ones)
+        gets its value, before the engines are built over the parameters.
+        Returns [(parameter, its value before)], for a load that fails."""
+        overwritten = []
+        try:
             for group in self.param_groups:
                 for p in group["params"]:
                     master = self.state[p].get("master_param")
                     if master is not None:
+                        overwritten.append((p, p.detach().clone()))
                         p.copy_(master.to(p.dtype))
-        # Cohorts again: the parameters with state, by their step count;
-        # those without (never stepped) join one at their first gradient.
-        self._cohorts = []
-        for index, group in enumerate(self.param_groups):
-            by_step = {}
-            for p in group["params"]:
-                st = self.state.get(p, {})
-                if "exp_avg" in st or "master_param" in st:
-                    by_step.setdefault(int(float(st.get("step", 0))), []).append(p)
-            cohorts = []
-            for steps, ps in sorted(by_step.items()):
-                ge = self._new_engine(index, ps)
-                ge.write_states([self.state[p] for p in ps])
-                ge.engine.steps = steps
-                cohorts.append(ge)
-            self._cohorts.append(cohorts)
-        for p in list(self.state):  # the engine holds them now
-            self.state[p] = {"step": self.state[p].get("step", torch.tensor(0.0))}
-        self._broken = None  # fresh engines: nothing held
+        except BaseException:
+            for p, value in overwritten:
+                p.copy_(value)
+            raise
+        return overwritten
+
+    def _build_cohorts(self):
+        """Cohorts for the loaded state: the parameters with state, by their
+        step count, one new engine each; those without (never stepped) join
+        one at their first gradient. All built or, on a failure, none (those
+        built are closed, their swap folders removed)."""
+        built, cohorts = [], []
+        try:
+            for index, group in enumerate(self.param_groups):
+                by_step = {}
+                for p in group["params"]:
+                    st = self.state.get(p, {})
+                    if "exp_avg" in st or "master_param" in st:
+                        by_step.setdefault(int(float(st.get("step", 0))), []).append(p)
+                cohorts.append([])
+                for steps, ps in sorted(by_step.items()):
+                    ge = self._new_engine(index, ps)
+                    built.append(ge)
+                    ge.write_states([self.state[p] for p in ps])
+                    ge.engine.steps = steps
+                    cohorts[-1].append(ge)
+        except BaseException:
+            for ge in built:
+                ge.close()
+            raise
+        return cohorts
 
     def __setstate__(self, state):
         # torch's load_state_dict replaces each param group by the saved one:
@@ -567,7 +615,13 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
 
     def _close_engines(self):
         for ge in self._engines:
-            ge.close()
+            if ge.engine.forked:
+                # A process forked from the optimizer's (a DataLoader worker):
+                # the engines and their swap folders are the parent's, still
+                # in use there. Only the handle is dropped (never destroyed here).
+                ge.engine.close()
+            else:
+                ge.close()
         self._cohorts = [[] for _ in self._cohorts]
 
     def __del__(self):
