@@ -254,15 +254,34 @@ def _new_engine(cfg, rank, world_size, **kw):
 
 def _separate_swap_folders(cfg, tag):
     """Gives one engine its own swap subfolders: engines in one process must
-    not share swap files."""
-    zero = cfg.get("zero_optimization", {})
-    for section in ("offload_optimizer", "offload_param"):
-        sec = zero.get(section)
-        if isinstance(sec, dict) and sec.get("nvme_path"):
-            sec["nvme_path"] = _subfolder(sec["nvme_path"], tag)
-    st = cfg.get("strata", {})
-    if st.get("nvme_paths"):
-        st["nvme_paths"] = [_subfolder(p, tag) for p in st["nvme_paths"]]
+    not share swap files. Returns cfg with new dicts for the sections it
+    changes: a section dict shared by offload_param and offload_optimizer
+    (the docs' Hugging Face example) was given the subfolder twice
+    (strata-X/strata-X, the outer one left after close). One subfolder per
+    distinct path."""
+    made = {}  # configured path -> the engine's folder under it
+
+    def own(path):
+        key = os.path.normpath(path)
+        if key not in made:
+            made[key] = _subfolder(path, tag)
+        return made[key]
+
+    cfg = dict(cfg)
+    try:
+        zero = cfg.get("zero_optimization")
+        if isinstance(zero, dict):
+            zero = cfg["zero_optimization"] = dict(zero)
+            for section in ("offload_optimizer", "offload_param"):
+                sec = zero.get(section)
+                if isinstance(sec, dict) and sec.get("nvme_path"):
+                    zero[section] = dict(sec, nvme_path=own(sec["nvme_path"]))
+        st = cfg.get("strata")
+        if isinstance(st, dict) and st.get("nvme_paths"):
+            cfg["strata"] = dict(st, nvme_paths=[own(p) for p in st["nvme_paths"]])
+    except BaseException:  # (a later path refused: the folders made before it go)
+        _remove_swap_folders(made.values())
+        raise
     return cfg
 
 

@@ -28,6 +28,7 @@ isinstance(p, nn.Parameter) and the AccumulateGrad node, and costs one
 Python call per torch call that involves an offloaded parameter.
 """
 
+import collections
 import threading
 import weakref
 
@@ -43,8 +44,18 @@ except AttributeError:
 
 _tls = threading.local()  # .quiet: strata's own code is handling parameters
 
-# id(parameter) -> (weakref to it, its owner, its group, its qualified name)
+# id(parameter) -> _Entry. The owner and group are held weakly, so that a
+# model dropped without close() is collected with its engine (the owner's
+# finalizer, which then moves its live parameters to _ORPHANED). _api and
+# _clip read entries by index: [0] the parameter's weakref, [1] its owner and
+# [2] its group (weak proxies), [3] its name.
+_Entry = collections.namedtuple("_Entry", "param owner group name owner_ref group_ref")
 _OFFLOADED = {}
+
+# id(parameter) -> (weakref to it, its name): parameters that outlived their
+# collected owner (one kept from a model dropped without close()): they hold
+# a placeholder, so a read raises STATE, never computes with it.
+_ORPHANED = {}
 
 # Attributes and methods that read no values: a released parameter answers
 # them itself. Getters and setters are named "<attribute>.__get__"/"__set__".
@@ -210,9 +221,12 @@ def _use(func, key, mine, args, kwargs):
         _tls.converted = None
     for t in mine:
         ent = _OFFLOADED.get(id(t))
-        if ent is None or ent[0]() is not t:
+        if ent is None or ent.param() is not t:
+            _refuse_orphaned(t)
             continue  # a parameter of a closed offload_module, or a copy
-        owner, group, name = ent[1], ent[2], ent[3]
+        owner, group, name = ent.owner_ref(), ent.group_ref(), ent.name
+        if owner is None:  # (collected; orphan_collected() has not run yet)
+            _refuse_orphaned(t, name)
         target = args[0] if args else None
         if target is t:
             if key in _CONVERSIONS:
@@ -303,8 +317,10 @@ def _call(func, args, kwargs, owner):
 
 
 def adopt(p, owner, group, name):
-    """Makes p an offloaded parameter of `owner`."""
-    _OFFLOADED[id(p)] = (weakref.ref(p), owner, group, name)
+    """Makes p an offloaded parameter of `owner` (held weakly)."""
+    _OFFLOADED[id(p)] = _Entry(weakref.ref(p), weakref.proxy(owner), weakref.proxy(group), name,
+                               weakref.ref(owner), weakref.ref(group))
+    _ORPHANED.pop(id(p), None)
     if type(p) is torch.nn.Parameter:
         p.__class__ = _OffloadedParameter
     elif type(p) is not _OffloadedParameter:
@@ -316,6 +332,35 @@ def disown(p):
     _OFFLOADED.pop(id(p), None)
     if type(p) is _OffloadedParameter:
         p.__class__ = torch.nn.Parameter
+
+
+def orphan_collected():
+    """An owner was collected (its finalizer): its parameters' entries go,
+    and those still alive are orphaned (a read raises STATE). Entries of
+    parameters gone are dropped too."""
+    for key, ent in list(_OFFLOADED.items()):
+        if ent.owner_ref() is None or ent.param() is None:
+            del _OFFLOADED[key]
+            if ent.param() is not None:
+                _ORPHANED[key] = (ent.param, ent.name)
+    for key, (ref, _) in list(_ORPHANED.items()):
+        if ref() is None:
+            del _ORPHANED[key]
+
+
+def orphaned_name(p):
+    """p's name where p outlived its collected owner, else None."""
+    ent = _ORPHANED.get(id(p))
+    return ent[1] if ent is not None and ent[0]() is p else None
+
+
+def _refuse_orphaned(t, name=None):
+    name = name or orphaned_name(t)
+    if name is not None:
+        raise Error(STATE, f"{name}: its offload_module was collected (its model dropped without close()) while "
+                    "this parameter was kept: it holds no values, only a placeholder. close() "
+                    "the OffloadedModule before dropping the model to keep ordinary parameters holding the "
+                    "master weights")
 
 
 def is_offloaded(p):

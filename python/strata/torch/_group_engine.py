@@ -76,16 +76,25 @@ class _GroupEngine:
         self.handed = False  # this step's gradients are in the engine (clip_grad_norm_)
         try:
             self.engine = _new_engine(cfg, rank, world_size, force_no_gpu=force_no_gpu)
-        except Error:
+        except BaseException:
             _remove_swap_folders(self.folders)
             raise
+        # Anything that raises once the engine exists (a refusal, a failed
+        # build, Ctrl-C) closes it and removes its folders, then propagates.
+        try:
+            self._register(bucket_numel, world_size, names)
+        except BaseException:
+            self.close()
+            raise
+
+    def _register(self, bucket_numel, world_size, names):
+        """The parameters into the engine's groups, built; with several
+        ranks every rank starts from rank 0's values."""
         self.names = names or {}
         dtype = _torch_dtype(self.engine.compute_dtype)
         if dtype != torch.float32:
             for p in self.params:
                 if p.dtype != dtype:
-                    self.engine.close()
-                    _remove_swap_folders(self.folders)
                     raise Error(INVALID, f"OffloadAdam: the config computes in {dtype} (bf16/fp16 enabled) but "
                                 f"{_param_label(p, names)} is {p.dtype}: the parameters must be that dtype (convert "
                                 "the model), or leave bf16/fp16 off (float32 masters of any parameter dtype)")

@@ -178,7 +178,8 @@ class _ModuleHooks:
         """Before reading or writing the engine's state outside a pass: a
         group held by a use outside every forward is let go (no forward runs;
         a backward in flight keeps its pinned groups); a write through what
-        such a use handed out is refused."""
+        such a use handed out is refused. After close(): STATE."""
+        self._check_open("a read or write of the engine's state")
         if not self._scopes:
             held = list(self._loose.values())
             self._loose.clear()

@@ -30,6 +30,7 @@ class _ModuleStateDict:
     def master_parameters(self):
         """{qualified name: fp32 master weights} of every offloaded parameter
         (tied parameters under each of their names). A collective."""
+        self._check_open("master_parameters")
         masters = self._masters_of(self._groups)
         return {name: masters[id(p)] for name, p in self._names}
 

@@ -7,7 +7,9 @@ state_dict is _module_state's.
 import functools
 import math
 import os
+import sys
 import warnings
+import weakref
 
 import torch
 
@@ -36,6 +38,17 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
                  overlap_step=None, loss_scaled=False):
         self.module = module
         self.engine = None
+        # What close() and a failed construction undo, empty until set.
+        self._handles = []
+        self._groups = []  # _ModuleGroup per module with direct trainable parameters of its own
+        self._names = []  # (qualified name, parameter) of every offloaded name, tied ones included
+        self._loaders = []
+        self._fetched = {}  # group index -> (flat tensor, first byte address, end address)
+        self._refs = {}  # group index -> running forwards (scopes) that hold it
+        self._scopes = []  # _Scope per module forward running, innermost last
+        self._pinned = {}  # group index -> group, held until its gradients are in or backward ends
+        self._loose = {}  # group index -> group, used outside any forward: held until backward ends or step
+        self._handed_out = {}  # id(param) -> _HandedOut: tensors of it handed out outside every forward
         self._scaling = _LossScaling("offload_module", _fp16_section(config).get("enabled") is True, loss_scaled,
                                      self._engine_loss_scale)
         self.rank, self.world_size = _resolve_ranks(rank, world_size, "offload_module")
@@ -51,19 +64,29 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             self.engine = _new_engine(config, self.rank, self.world_size, force_no_gpu=force_no_gpu,
                                       grad_accumulation_steps=grad_accumulation_steps, skip_groups_without_grads=True,
                                       overlap_step=overlap_step is not False)
-        except Error:
+        except BaseException:
             _remove_swap_folders(self._folders)
             raise
+        # The engine is closed and its folders removed by close(), or when
+        # this is collected (a model dropped without close(): the module's
+        # hooks and this form a cycle the collector frees), or at exit. Not
+        # a method of self: the finalizer must not hold it.
+        self._finalizer = weakref.finalize(self, _release_engine, self.engine, self._folders, os.getpid())
+        originals = {}  # id(parameter) -> its tensor before offload_module: what a failure gives back
         try:
-            self._check_module(module)
-        except Exception:
-            self.engine.close()
-            _remove_swap_folders(self._folders)
+            self._offload(module, config, grad_accumulation_steps, overlap_step, originals)
+        except BaseException:
+            # A refusal (_check_module, 64 aliases), a failed build, Ctrl-C:
+            # the model as it was, the engine closed, its folders removed.
+            self._teardown(originals)
             raise
+
+    def _offload(self, module, config, grad_accumulation_steps, overlap_step, originals):
+        """The groups, the hooks and the optimizer over the engine (see
+        __init__); `originals` gets each parameter's tensor before its
+        placeholder replaces it."""
+        self._check_module(module)
         _say_autos(config, self.engine.config, "offload_module", set())
-        self._handles = []
-        self._groups = []  # _ModuleGroup per module with direct trainable parameters of its own
-        self._names = []  # (qualified name, parameter) of every offloaded name, tied ones included
         owner_of = {}  # id(parameter) -> its group
         users = []  # (module, [groups its forward needs])
         tied = []  # (qualified name, parameter) of a tied parameter's later names
@@ -103,8 +126,6 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             if not again:
                 users.append((m, needs))  # every module: a scope for the parameters its forward reads
         if not any(not g.frozen for g in self._groups):
-            self.engine.close()
-            _remove_swap_folders(self._folders)
             raise Error(INVALID, "offload_module: the module has no trainable parameters")
         for qual, p in tied:  # strata-export writes a tied weight under each name
             g = owner_of[id(p)]
@@ -116,13 +137,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         # pack, and backward read released buffers).
         self.device = _engine_device(self.engine)
         self.dtype = _torch_dtype(self.engine.compute_dtype)
-        self._fetched = {}  # group index -> (flat tensor, first byte address, end address)
-        self._refs = {}  # group index -> running forwards (scopes) that hold it
-        self._scopes = []  # _Scope per module forward running, innermost last
         _saved.register(self)  # told when saved-tensor hooks other than ours are entered inside a forward
-        self._pinned = {}  # group index -> group, held until its gradients are in or backward ends
-        self._loose = {}  # group index -> group, used outside any forward: held until backward ends or step
-        self._handed_out = {}  # id(param) -> _HandedOut: tensors of it handed out outside every forward
         self._conversions_said = set()  # the dtypes a conversion of the model was warned of (_ModuleState.convert)
         self._callback_queued = False
         # Activation offload (offload_activations): tensors of at least this
@@ -141,6 +156,8 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         self._overlap = _Overlap(self, overlap_step, grad_accumulation_steps)
         self._group_of = owner_of
         for g in self._groups:
+            for p in g.params:
+                originals[id(p)] = p.data
             g.install()
             for p, qual in zip(g.params, g.names):
                 if not g.frozen:
@@ -190,6 +207,10 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
                 raise Error(INVALID, f"offload_module: {name or type(m).__name__}.weight would get sparse gradients "
                             "(sparse=True); offload_module takes dense gradients only")
         for name, p in module.named_parameters():
+            if _fou.orphaned_name(p) is not None:
+                raise Error(STATE, f"offload_module: parameter '{name}' was '{_fou.orphaned_name(p)}' of a model "
+                            "dropped without close(): it holds no values, only a placeholder. close() an "
+                            "OffloadedModule before dropping its model to keep its parameters' weights")
             if p.dtype == torch.float64:
                 raise Error(INVALID, f"offload_module: parameter '{name}' is float64; the engine keeps float32 "
                             "master weights and would train it in float32: convert the model with .float()")
@@ -214,6 +235,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         None (but see zero_grad). Gradients are
         averaged over the ranks and the grad_accumulation_steps backward
         passes (strata.grad_reduce "mean"). Returns (grad_norm, skipped)."""
+        self._check_open("step")
         self._end_stale_scopes("step")
         self._settle()
         if self._keep_zero_grads:
@@ -332,6 +354,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         backward per step it is torch's arithmetic, bitwise (`params`: the
         order torch was given them); else the engine's norm (in double). A
         collective."""
+        self._check_open("clip_grad_norm_")
         _check_clip_args(max_norm, norm_type)
         self._settle()
         norm = self.engine.grad_norm()
@@ -381,43 +404,155 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
 
     def close(self):
         """Removes the hooks; the parameters become ordinary tensors holding
-        the master weights (in their original dtype); the engine is freed."""
+        the master weights (in their original dtype); the engine is freed,
+        or, while a tensor handed out outside every forward (p.detach(),
+        p.data, p.t()) still views its memory, when the last one goes.
+        Everything is undone even where a master cannot be read: those
+        parameters then hold NaN, and close() raises STATE after, naming
+        them."""
         if self.engine is None:
             return
         # A write through a tensor handed out outside every forward is said
         # once the model is closed (raised before, it would leave it open).
         written = self._writes() if self._handed_out else None
+        viewed = any(h.alive() for h in self._handed_out.values())
         self._handed_out = {}
-        while self._scopes:  # a forward that raised: its scopes never ended
-            scope = self._scopes.pop()
-            if scope.ctx is not None:
-                scope.ctx.__exit__(None, None, None)
-        masters = self.master_parameters()
-        named = dict((id(p), name) for name, p in self._names)
-        self._pinned.clear()
-        self._loose.clear()
-        for g in self._groups:
-            self._refs[g.index] = 0
-            self.release(g)
-            with _fou.quiet():
-                for p in g.params:
-                    p.data = masters[named[id(p)]].to(dtype=g.dtypes[p], device=g.devices[p])
-                    _OWNERS.pop(id(p), None)
-                    _fou.disown(p)
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        for g in self._groups:  # a parameter that keeps its dtype keeps its AccumulateGrad node, and our hook on it
-            g.unhook()
-        for m in getattr(self, "_loaders", (self.module,)):
-            m.__dict__.pop("load_state_dict", None)
-        self.module.__dict__.pop("state_dict", None)
-        self.module.__dict__.pop("__deepcopy__", None)
-        self.engine.close()
-        self.engine = None
-        _remove_swap_folders(self._folders)
+        values, lost = {}, None
+        try:
+            while self._scopes:  # a forward that raised: its scopes never ended
+                scope = self._scopes.pop()
+                if scope.ctx is not None:
+                    scope.ctx.__exit__(None, None, None)
+            values, lost = self._masters_for_close()
+        finally:
+            self._teardown(values, keep_engine=viewed, nan_elsewhere=True)
+        if lost is not None:
+            raise lost
         if written is not None:
             raise written
+
+    def _masters_for_close(self):
+        """{id(parameter): its master in its own dtype and device} of every
+        group whose masters can be read, and the Error naming the others'
+        parameters (None: none). A group updated early by the overlapped
+        step, whose update is final (strata.nonfinite "apply"), cannot be
+        read until step()."""
+        self._between_passes()
+        values, names, why = {}, [], None
+        for g in self._groups:
+            try:
+                masters = self._masters_of([g])
+            except Error as e:
+                why = why or e.message
+                names += g.names
+                continue
+            for p in g.params:
+                values[id(p)] = masters[id(p)].to(dtype=g.dtypes[p], device=g.devices[p])
+        if not names:
+            return values, None
+        return values, Error(STATE, f"offload_module: close(): the master weights of {', '.join(names[:5])}"
+                             f"{', ...' if len(names) > 5 else ''} could not be read ({why}); the model was closed "
+                             "and its engine freed all the same, and these parameters hold NaN: their weights are "
+                             "lost. Call step() before close() (a backward's gradients, once the overlapped step "
+                             "applied them early, leave the masters readable only after it), or zero_grad() where "
+                             "it can drop them (always with offload_module(overlap_step=False)); or load a "
+                             "checkpoint into the model now")
+
+    def _teardown(self, values, keep_engine=False, nan_elsewhere=False):
+        """Undoes offload_module (the engine is freed whatever fails on the
+        way): each parameter gets values[id(p)] as its data (not given: it keeps
+        its data, or with nan_elsewhere gets NaN, never its placeholder) and
+        is an ordinary nn.Parameter again, the hooks go, and the engine is
+        closed with its folders removed (keep_engine: when the last tensor
+        viewing its memory goes, see _close_when_unviewed)."""
+        self._pinned.clear()
+        self._loose.clear()
+        try:
+            for g in self._groups:
+                self._refs[g.index] = 0
+                try:
+                    self.release(g)
+                except Error:
+                    pass  # (the engine is freed below: nothing stays held)
+                self._fetched.pop(g.index, None)
+                g.views = None  # (tensors of the fetched memory: they would keep the engine alive)
+                with _fou.quiet():
+                    for p in g.params:
+                        if id(p) in values:
+                            p.data = values[id(p)]
+                        elif nan_elsewhere:
+                            p.data = torch.full(g.shapes[p], float("nan"), dtype=g.dtypes[p], device=g.devices[p])
+                        _OWNERS.pop(id(p), None)
+                        _fou.disown(p)
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            for g in self._groups:  # a parameter that keeps its dtype keeps its AccumulateGrad node, and our hook on it
+                g.unhook()
+            for m in self._loaders:
+                m.__dict__.pop("load_state_dict", None)
+            self.module.__dict__.pop("state_dict", None)
+            self.module.__dict__.pop("__deepcopy__", None)
+        finally:
+            self._fetched.clear()
+            engine, self.engine = self.engine, None
+            if keep_engine:
+                self._finalizer.detach()
+                _close_when_unviewed(engine, self._folders)
+            else:
+                self._finalizer()  # (engine.close(), the folders removed)
+
+    def _check_open(self, what):
+        """STATE after close(), naming the call (the optimizer's where it
+        came through it)."""
+        if self.engine is None:
+            raise Error(STATE, f"offload_module: {self._called_as(what)} after close(): the module was closed (its "
+                        "engine freed; the model holds ordinary parameters again). offload_module the model again "
+                        "to train it offloaded, or use a torch optimizer on it")
+
+    def _called_as(self, what):
+        opt = getattr(self, "optimizer", None)
+        f = sys._getframe(2)
+        for _ in range(6):  # (torch's optimizer wrappers and no_grad sit between)
+            if f is None:
+                break
+            if opt is not None and f.f_locals.get("self") is opt:
+                return f"optimizer.{f.f_code.co_name}"
+            f = f.f_back
+        return what
+
+
+def _release_engine(engine, folders, pid):
+    """An OffloadedModule's engine closed and its swap folders removed: by
+    close(), when the OffloadedModule is collected, or at exit. In a forked
+    child (a DataLoader worker) the engine and folders are the parent's:
+    left alone, and the Engine object kept so that nothing destroys the
+    parent's engine from the child, whose copy has none of its threads."""
+    _fou.orphan_collected()
+    if os.getpid() != pid:
+        _FORKED_COPIES.append(engine)
+        return
+    engine.close()
+    _remove_swap_folders(folders)
+
+
+_FORKED_COPIES = []  # engines a forked child inherited (_release_engine)
+
+
+def _close_when_unviewed(engine, folders):
+    """close() while tensors handed out outside every forward view the
+    engine's memory: the engine is freed when the last tensor viewing it
+    goes (each holds the Engine object: Engine.as_tensor; its __del__
+    closes it), its folders removed then; or at exit."""
+    weakref.finalize(engine, _release_unviewed, weakref.ref(engine), folders, os.getpid())
+
+
+def _release_unviewed(engine_ref, folders, pid):
+    engine = engine_ref()
+    if engine is not None:  # at exit
+        _release_engine(engine, folders, pid)
+    elif os.getpid() == pid:  # the Engine object went (closed by its __del__)
+        _remove_swap_folders(folders)
 
 
 class _EndScopeOnRaise:
