@@ -46,9 +46,14 @@ namespace strata::kernels {
 //      2^-149 steps); NaN stays NaN (payload's top bits, as F32ToBF16); a
 //      finite w beyond bf16's range (|w| >= 0x1.ff8p127) keeps hi = ±inf (P is
 //      inf, as AdamStep's copy would be) and a finite master, within 258 ULPs.
-//   m, v: a block holding a NaN or an infinity (or a negative v) stores scale
-//      NaN and codes 0: the whole block reads back NaN. A block of m with
-//      A < kCompactMinScale is stored as zeros. -0 reads back +0.
+//   m, v: a block holding a NaN, an infinite m (or a negative v) stores
+//      scale NaN and codes 0: the whole block reads back NaN. An infinite v
+//      (a finite gradient's square overflowed: fp32's update of that element
+//      is then 0, its neighbours' as usual) is quantized as sqrt(v) = the
+//      largest float: its code is the top one and reads back infinite, the
+//      block's others read back 0 (their m codes too) and stay finite. A
+//      block of m with A < kCompactMinScale is stored as zeros. -0 reads
+//      back +0.
 //   A zero v code forces the element's m code to 0 (else m/(sqrt(v)+eps)
 //   would turn a tiny m into a huge step).
 // Why 32 and these compandings: on the moments of a 300-step AdamW run over

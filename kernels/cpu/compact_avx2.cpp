@@ -109,6 +109,12 @@ inline __m256i Codes(const Ints& c, __m256 x, __m256 k, __m256i cap) {
   return _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_sqrt_ps(y)), cap);
 }
 
+// SaturateRoot (compact_scale.h) of 8 lanes: +inf -> the largest float.
+inline __m256 SaturateRoot(const Ints& c, __m256 r) {
+  return _mm256_blendv_ps(r, _mm256_castsi256_ps(c.fmax),
+                          _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_castps_si256(r), c.inf)));
+}
+
 // Four vectors of 8 int32 (each fitting the byte type) -> 32 bytes in order.
 inline __m256i PackBytes(const Ints& c, const __m256i (&q)[kVectors], bool is_signed) {
   const __m256i ab = is_signed ? _mm256_packs_epi32(q[0], q[1]) : _mm256_packus_epi32(q[0], q[1]);
@@ -273,6 +279,7 @@ struct CompactAdamAvx2 {
         SplitUsual(c, x.p[j], &hi[v], &lo[v], &big);
         StoreCopy<C>(a.param_copy, ib + v * kAvx2Lanes, x.p[j]);
         m_max = _mm256_max_epi32(m_max, _mm256_and_si256(_mm256_castps_si256(x.m[j]), c.abs));
+        x.r[j] = SaturateRoot(c, x.r[j]);  // (pass 2's update used it as it was)
         r_max = _mm256_max_epi32(r_max, _mm256_and_si256(_mm256_castps_si256(x.r[j]), c.abs));
       }
       if (NeedsSplitSpecials(big)) [[unlikely]] {
@@ -391,7 +398,7 @@ void CompactPackRangeAvx2(const float* w, const float* m, const float* v, const 
       const size_t e = i + k * kAvx2Lanes;
       Split(c, _mm256_loadu_ps(w + e), &hi[k], &lo[k]);
       mv[k] = _mm256_loadu_ps(m + e);
-      if (v) rv[k] = _mm256_sqrt_ps(_mm256_loadu_ps(v + e));
+      if (v) rv[k] = SaturateRoot(c, _mm256_sqrt_ps(_mm256_loadu_ps(v + e)));
     }
     Store32(s.w_hi + i, _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[0], hi[1]), 0xd8));
     Store32(s.w_hi + i + 16, _mm256_permute4x64_epi64(_mm256_packus_epi32(hi[2], hi[3]), 0xd8));

@@ -136,7 +136,8 @@ struct CompactAdamAvx512 {
     const __m512 r = _mm512_sqrt_ps(v);
     const __m512 denom = _mm512_add_ps(DivideBySqrtBc2(k, r), k.eps);
     *m_out = m;
-    *r_out = r;
+    *r_out = _mm512_mask_mov_ps(r, _mm512_cmpeq_epi32_mask(_mm512_castps_si512(r), Set1(0x7f800000)),
+                                _mm512_castsi512_ps(Set1(0x7f7fffff)));  // SaturateRoot (compact_scale.h)
     return _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(k.neg_step_size, m), denom));
   }
 

@@ -49,7 +49,7 @@ struct CompactAdamScalar {
       a.s.w_lo[e] = w.lo;
       StoreCompactCopy<C>(a.param_copy, e, p, w.hi);
       new_m[j] = m;
-      new_r[j] = r;
+      new_r[j] = SaturateRoot(r);
     }
     StoreMoments(a.s, i, len, new_m, new_r);
   }
@@ -110,7 +110,7 @@ void CompactPackRange(const float* w, const float* m, const float* v, const Comp
       const SplitMaster sp = Split(w[i + j]);
       s.w_hi[i + j] = sp.hi;
       s.w_lo[i + j] = sp.lo;
-      if (v) r[j] = std::sqrt(v[i + j]);
+      if (v) r[j] = SaturateRoot(std::sqrt(v[i + j]));
     }
     if (v) {
       StoreMoments(s, i, len, m + i, r);

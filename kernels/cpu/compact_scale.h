@@ -37,6 +37,11 @@ inline BlockScale MBlockScale(uint32_t amax_bits) {
                  kMCodeSquared);
 }
 
+// r = sqrt(v) as quantized: +inf (v overflowed from a finite gradient) is
+// the largest float, so that the block stays live rather than NaN (compact.h);
+// NaN stays NaN. Every path quantizes SaturateRoot(r), the update uses r.
+inline float SaturateRoot(float r) { return F32Bits(r) == kScaleInfBits ? BitsF32(0x7f7fffffu) : r; }
+
 // v's block, by r = sqrt(v): live when its largest r is finite and above 0.
 inline BlockScale VBlockScale(uint32_t rmax_bits) {
   return ScaleOf(rmax_bits, rmax_bits < kScaleInfBits && BitsF32(rmax_bits) > 0.0f, kVCodeSquared);

@@ -101,6 +101,7 @@ __device__ __forceinline__ float QuantizeM(float m, bool active, int8_t* code) {
 
 // QuantizeV for this lane's r = sqrt(v).
 __device__ __forceinline__ float QuantizeV(float r, bool active, uint8_t* code) {
+  if (__float_as_uint(r) == kInfBits) r = __uint_as_float(0x7f7fffffu);  // SaturateRoot (compact_scale.h)
   const uint32_t rmax = WarpMaxAbsBits(r, active);
   const float big = __uint_as_float(rmax);
   const bool finite = rmax < kInfBits, live = finite && big > 0.0f;

@@ -5,6 +5,7 @@
 // counts. Both first-moment formulas (MomentUpdate), both lerp branches.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
@@ -294,6 +295,36 @@ TEST(CompactPaths, MixedBlocksInOneGroup) {
           ASSERT_EQ(CompactDiff(ref, simd), "")
               << CpuIsaName(isa) << " n " << n << " shift " << shift << " step " << t;
         }
+      }
+    }
+  }
+}
+
+// A finite gradient whose square overflows (g = 1e21: v = 1e-3 g^2 is inf):
+// fp32 updates that element by 0 and its neighbours as usual. Its block's v
+// was stored as NaN, and after the next step the block's masters were NaN
+// for good; now sqrt(v) saturates (compact.h): every master stays finite,
+// bitwise on every path, through several steps.
+TEST(CompactPaths, AnExplodedFiniteGradientKeepsItsBlockFinite) {
+  const size_t n = 3 * kCompactBlock + 5;
+  for (CpuIsa isa : CompactSimdPaths()) {
+    CompactBuffers ref(n, 0), simd(n, 3);
+    ASSERT_NO_FATAL_FAILURE(FillState(ref, n, 11));
+    simd.CopyFrom(ref);
+    Buffer g(n, 4, 0);
+    for (int t = 1; t <= 4; ++t) {
+      FillGrad(g, n, DType::kF32, 1.0f, 100 + t);
+      if (t == 1) StoreAs(DType::kF32, g.data(), kCompactBlock + 7, 1e21f);
+      AdamOptions opt = Options({AdamMode::kAdamW, DType::kF32, 0, 1.0f}, t);
+      opt.grad_scale = 1.0;
+      ASSERT_TRUE(CompactAdamStepOn(CpuIsa::kScalar, opt, n, ref.state(), g.data(), nullptr).ok());
+      ASSERT_TRUE(CompactAdamStepOn(isa, opt, n, simd.state(), g.data(), nullptr).ok());
+      ASSERT_EQ(CompactDiff(ref, simd), "") << CpuIsaName(isa) << " step " << t;
+      std::vector<float> w(n), m(n), v(n);
+      ASSERT_TRUE(CompactUnpack(n, ref.state(), w.data(), m.data(), v.data()).ok());
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(std::isfinite(w[i])) << "master " << i << " after step " << t << ": " << w[i];
+        ASSERT_FALSE(std::isnan(v[i])) << "v " << i << " after step " << t;
       }
     }
   }
