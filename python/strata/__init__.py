@@ -430,9 +430,10 @@ class Engine:
     def loss_scale(self):
         """The scale to multiply the next loss by, at any time (before the
         first step too): with fp16 the dynamic loss scale (2^
-        fp16.initial_scale_power at first, halved after fp16.hysteresis
-        overflows, doubled after fp16.loss_scale_window clean steps) or the
-        static fp16.loss_scale; 1 without fp16. With fp16 every step divides
+        fp16.initial_scale_power at first, halved at each overflow from the
+        fp16.hysteresis-th since the start or the last doubling on, doubled
+        after fp16.loss_scale_window clean steps) or the static
+        fp16.loss_scale; 1 without fp16. With fp16 every step divides
         the gradients it was handed by it (DeepSpeed's semantics): they must
         be those of the loss times this scale, or the update is that much
         too small."""

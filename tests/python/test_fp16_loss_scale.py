@@ -6,8 +6,9 @@ refused unless `loss_scaled=True` says the code scales it itself.
 
 Oracle: torch's own fp16 training — an fp16 model, float32 masters stepped
 by torch.optim.AdamW (its sqrt correctly rounded: oracle.py) with .grad =
-fp16 grad.float() / scale, the step skipped when a gradient overflowed,
-DeepSpeed's dynamic scaler (written here from docs/config.md) — bitwise:
+fp16 grad.float() times the float32 1/scale (GradScaler's unscale), the
+step skipped when a gradient overflowed, DeepSpeed's dynamic scaler
+(written here from docs/config.md) — bitwise:
 masters, fp16 parameters, moments, clip norms, the scale before every step
 and which steps were skipped. The models: an MLP over an embedding written
 with broadcast products (torch 1.13 has no fp16 matmul, tanh or relu on the
@@ -91,18 +92,24 @@ def nonzero_wd(model):
 
 
 class RefScaler:
-    """DeepSpeed's dynamic loss scaler as docs/config.md states it."""
+    """DeepSpeed's dynamic loss scaler (DynamicLossScaler.update_scale,
+    consecutive_hysteresis False) as docs/config.md states it: the first
+    hysteresis - 1 overflows only count down, every later one halves, until
+    a doubling gives the counter back."""
 
     def __init__(self, fp16):
         self.scale = 2.0 ** fp16.get("initial_scale_power", 16)
         self.window, self.hysteresis = fp16.get("loss_scale_window", 1000), fp16.get("hysteresis", 2)
+        self.min_scale = fp16.get("min_loss_scale", 1.0)
         self.left, self.clean = self.hysteresis, 0
 
     def update(self, overflow):
         if overflow:
-            self.clean, self.left = 0, self.left - 1
-            if self.left <= 0:
-                self.scale, self.left = max(self.scale / 2, 1.0), self.hysteresis
+            self.clean = 0
+            if self.left > 1:
+                self.left -= 1
+            else:
+                self.scale = max(self.scale / 2, self.min_scale)
         else:
             self.clean += 1
             if self.clean >= self.window:
@@ -136,7 +143,7 @@ def torch_fp16(case, clip=None, groups=None, inf_at=()):
         overflow = not all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
         if not overflow:
             for p, m in masters.items():
-                m.grad = p.grad.float() / scaler.scale
+                m.grad = unscaled(p.grad, scaler.scale)
             if clip is not None:
                 run.norms.append(float(torch.nn.utils.clip_grad_norm_(list(masters.values()), clip)))
             opt.step()
@@ -262,15 +269,25 @@ def test_engine_loss_scale_before_the_first_step_and_after_overflows():
     with engine_fp16({"enabled": True, "initial_scale_power": 12, "hysteresis": 2, "loss_scale_window": 3}) as e:
         assert e.loss_scale == 2.0 ** 12, "the first loss's scale, before any step"
         scales = []
-        for g in (float("inf"), float("inf"), 1.0, 1.0, 1.0, float("nan")):
+        inf, nan = float("inf"), float("nan")
+        for g in (inf, inf, inf, 1.0, 1.0, 1.0, nan, inf, inf):
             e.grads(0, torch.full((8,), g, dtype=torch.float16))
             _, skipped = e.step()
             assert skipped == (not math.isfinite(g))
             assert e.loss_scale == e.last_loss_scale
             scales.append(e.loss_scale)
-        # hysteresis 2: the second overflow halves; 3 clean steps double;
-        # the next overflow only counts down.
-        assert scales == [4096.0, 2048.0, 2048.0, 2048.0, 4096.0, 4096.0], scales
+        # hysteresis 2: the first overflow only counts down, the second and
+        # every one after it halves (DeepSpeed's); 3 clean steps double and
+        # give the counter back: the next overflow only counts down again,
+        # the ones after it halve. (The old rule refilled the counter at each
+        # halving: 4096, 2048, 2048, ..., 4096, 4096, 2048, 2048.)
+        assert scales == [4096.0, 2048.0, 1024.0, 1024.0, 1024.0, 2048.0, 2048.0, 1024.0, 512.0], scales
+        ref = RefScaler({"initial_scale_power": 12, "hysteresis": 2, "loss_scale_window": 3})
+        oracle_scales = []
+        for g in (inf, inf, inf, 1.0, 1.0, 1.0, nan, inf, inf):
+            ref.update(not math.isfinite(g))
+            oracle_scales.append(ref.scale)
+        assert oracle_scales == scales, "the test's oracle is the engine's rule"
         assert e.steps == 3
 
 
@@ -300,6 +317,135 @@ def test_loss_scale_before_the_first_step_and_halved_by_an_overflow(entry):
     else:
         assert opt.state_dict()["loss_scaler"] == {"scale": 2.0 ** 12, "hysteresis_left": 1, "clean_steps": 1}
         opt.close()
+
+
+@pytest.mark.parametrize("entry", ["offload_module", "OffloadAdam"])
+def test_hysteresis_2_halves_every_overflow_after_the_first_until_a_doubling(entry):
+    # DeepSpeed's DynamicLossScaler: 6 overflows in a row from 2^16 with
+    # hysteresis 2: the first only counts down, each later one halves (the
+    # old rule, refilling the counter at each halving, gave 2^16, 2^15,
+    # 2^15, 2^14, 2^14, 2^13). A doubling (2 clean steps) gives the counter
+    # back: the next overflow counts down, the one after halves.
+    # offload_module runs the engine's C++ scaler, OffloadAdam its own.
+    fp16 = {"enabled": True, "hysteresis": 2, "loss_scale_window": 2}
+    model = HalfMlp().half()
+    if entry == "offload_module":
+        off = st.offload_module(model, {"fp16": fp16, "optimizer": copy.deepcopy(ADAMW)}, force_no_gpu=True)
+        owner, opt = off, off.optimizer
+    else:
+        opt = owner = st.OffloadAdam(model.parameters(), lr=LR, config={"fp16": fp16}, force_no_gpu=True)
+    x, y = mlp_batches(1)[0]
+    plan = [True] * 6 + [False, False, True, True]
+    scales, skipped = [], []
+    for overflow in plan:
+        hook = with_inf(model, "fc1.bias", overflow)
+        owner.backward(mlp_loss(model, x, y))
+        if hook is not None:
+            hook.remove()
+        opt.step()
+        skipped.append(opt.last_result[1] if entry == "offload_module" else opt.last_results[0][1])
+        opt.zero_grad()
+        scales.append(owner.loss_scale)
+    assert skipped == plan, skipped
+    expected = [2.0 ** k for k in (16, 15, 14, 13, 12, 11)] + [2.0 ** 11, 2.0 ** 12, 2.0 ** 12, 2.0 ** 11]
+    assert scales == expected, [math.log2(s) for s in scales]
+    ref = RefScaler(fp16)
+    for overflow in plan:
+        ref.update(overflow)
+    assert ref.scale == expected[-1]
+    if entry == "offload_module":
+        off.close()
+    else:
+        assert opt.state_dict()["loss_scaler"] == {"scale": 2.0 ** 11, "hysteresis_left": 1, "clean_steps": 0}
+        opt.close()
+
+
+TINY = 2.0 ** -24  # the smallest loss scale the engine takes: 1/scale stays finite in float
+
+
+@pytest.mark.parametrize("entry", ["offload_module", "OffloadAdam"])
+@pytest.mark.parametrize("key,value", [("min_loss_scale", 0), ("min_loss_scale", 0.0), ("min_loss_scale", 1e-9),
+                                       ("loss_scale", 1e-9), ("loss_scale", TINY / 2)])
+def test_a_loss_scale_below_2_to_the_minus_24_is_refused(entry, key, value):
+    # With min_loss_scale 0 a run of overflows halves the scale until
+    # 1/scale overflows float, and the next finite step writes NaN into
+    # every weight; a static scale that small does so at once. The engine's
+    # config refuses both (offload_module); OffloadAdam's own scaler (its
+    # engines run at a static scale of 1) refuses them in the same words.
+    fp16 = {"enabled": True, key: value}
+    model = HalfMlp().half()
+    with pytest.raises(strata.Error) as e:
+        if entry == "offload_module":
+            st.offload_module(model, {"fp16": fp16, "optimizer": copy.deepcopy(ADAMW)}, force_no_gpu=True)
+        else:
+            st.OffloadAdam(model.parameters(), lr=LR, config={"fp16": fp16}, force_no_gpu=True)
+    msg = str(e.value)
+    assert e.value.status_name == "CONFIG", (e.value.status_name, msg)
+    head, _, tail = msg.partition(f"fp16.{key}: ")
+    shown, _, tail = tail.partition(" ")
+    assert float(shown) == value, msg  # (the engine's shortest form may end otherwise than repr's)
+    assert tail.startswith("is below 2^-24 (5.96e-08): the step's unscale factor 1/scale would overflow float and "
+                           "write NaN into the weights"), msg
+    assert "allowed: 2^-24 or more" in tail, msg
+    assert ("(0: dynamic)" in msg) == (key == "loss_scale"), msg
+
+
+@pytest.mark.parametrize("entry", ["offload_module", "OffloadAdam"])
+@pytest.mark.parametrize("fp16", [{"min_loss_scale": TINY}, {"loss_scale": TINY}, {"loss_scale": 0}],
+                         ids=["min_loss_scale=2^-24", "loss_scale=2^-24", "loss_scale=0"])
+def test_a_loss_scale_of_2_to_the_minus_24_and_a_dynamic_one_are_taken(entry, fp16):
+    fp16 = dict(fp16, enabled=True)
+    model = HalfMlp().half()
+    if entry == "offload_module":
+        off = st.offload_module(model, {"fp16": fp16, "optimizer": copy.deepcopy(ADAMW)}, force_no_gpu=True)
+        assert off.loss_scale == (TINY if fp16.get("loss_scale") else 2.0 ** 16)
+        off.close()
+    else:
+        opt = st.OffloadAdam(model.parameters(), lr=LR, config={"fp16": fp16}, force_no_gpu=True)
+        assert opt.loss_scale == (TINY if fp16.get("loss_scale") else 2.0 ** 16)
+        opt.close()
+
+
+def unscaled(grad, scale):
+    """An fp16 gradient of the loss times `scale`, unscaled as the engine,
+    DeepSpeed and torch's GradScaler do: times the float32 reciprocal."""
+    return grad.float() * torch.tensor(1.0 / scale, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("scale", [1000, 96, 3])
+def test_a_static_loss_scale_unscales_alike_in_offload_adam_and_offload_module(scale):
+    # The engine (offload_module) multiplies the gradients by float(1/scale);
+    # OffloadAdam divided .grad.float() by the scale: for a scale that is no
+    # power of two, 1 ulp apart in a third to a half of the values, and the
+    # weights apart after a step. Both now multiply by the float32
+    # reciprocal (torch's GradScaler's and DeepSpeed's unscale).
+    fp16 = {"enabled": True, "loss_scale": scale}
+    a, b = HalfMlp().half(), HalfMlp().half()
+    off = st.offload_module(a, {"fp16": fp16, "optimizer": copy.deepcopy(ADAMW)}, force_no_gpu=True)
+    opt = st.OffloadAdam(b.parameters(), lr=LR, weight_decay=WD, config={"fp16": fp16}, force_no_gpu=True)
+    names = [n for n, _ in b.named_parameters()]
+    apart = 0
+    for x, y in mlp_batches(2):
+        off.backward(mlp_loss(a, x, y))
+        off.optimizer.step()
+        off.optimizer.zero_grad()
+        opt.backward(mlp_loss(b, x, y))
+        for p in b.parameters():
+            apart += int((p.grad.float() / scale != unscaled(p.grad, scale)).sum())
+        opt.step()
+        opt.zero_grad()
+        assert off.optimizer.last_result[1] is False and opt.last_results[0][1] is False
+    assert apart > 0, "the gradients must tell division from the reciprocal's product"
+    mine = opt.state_dict()["state"]
+    assert_same({names[i]: s["master_param"] for i, s in mine.items()}, off.master_parameters(),
+                "OffloadAdam's masters")
+    assert_same(dict(b.named_parameters()), dict(a.named_parameters()), "fp16 parameters")
+    theirs = off.optimizer.state_dict()["state"]
+    for i in theirs:
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(mine[i][k].reshape(-1), theirs[i][k].reshape(-1)), (names[i], k)
+    opt.close()
+    off.close()
 
 
 def test_without_fp16_nothing_is_scaled():
@@ -432,7 +578,7 @@ def test_offload_adam_fp16_on_two_ranks_skips_together_and_is_torch_fp16_bitwise
             (mlp_loss(model, *data[r][s]).float() * scaler.scale).backward()
             if hook is not None:
                 hook.remove()
-            grads.append({p: p.grad.float() / scaler.scale for p in model.parameters()})
+            grads.append({p: unscaled(p.grad, scaler.scale) for p in model.parameters()})
             model.zero_grad(set_to_none=True)
         overflow = not all(bool(torch.isfinite(g).all()) for gr in grads for g in gr.values())
         if not overflow:

@@ -5,6 +5,7 @@ their parameters to them (_OWNERS says whose a parameter is);
 clip_grad_value_ patched to refuse offload_module's.
 """
 
+import math
 import weakref
 
 import torch
@@ -54,13 +55,40 @@ def _torch_total_norm(norms):
     return torch.linalg.vector_norm(stacked, 2.0) if _TORCH2 else torch.norm(stacked, 2.0)
 
 
+# The smallest positive double. As the engine's max_grad_norm it clips, and
+# its coefficient clip / (norm + 1e-6) is at most 5e-324 / 1e-6, which the
+# kernels' float32 factor (coefficient / (loss scale * mean), the loss scale
+# >= 2^-24) rounds to exactly 0: torch's coefficient at max_norm 0. (0 itself
+# is the engine's "no clipping".)
+_ZERO_CLIP = math.ulp(0.0)
+
+
+def _engine_max_norm(max_norm):
+    """The engine's max_grad_norm for clip_grad_norm_'s max_norm where the
+    engine takes the norm itself (several ranks, several backward passes a
+    step), so that it clips as torch: max_norm 0 zeroes the gradients
+    (torch's coefficient 0 / (norm + 1e-6) = 0; the engine would read 0 as
+    no clipping), infinity clips nothing (torch's coefficient clamps to 1;
+    the engine refuses an infinite max_grad_norm)."""
+    m = float(max_norm)
+    if m == 0:
+        return _ZERO_CLIP
+    if m == math.inf:
+        return 0.0
+    return m
+
+
 def _engine_clip_for(coef, engine_norm):
     """The max_grad_norm that makes the engine scale the gradients by
     exactly `coef` (a float32 value below 1): the engine takes
     clip / (norm + 1e-6) in double and its kernels multiply by it in
-    float32, as torch multiplies by its float32 clip_coef."""
+    float32, as torch multiplies by its float32 clip_coef. A coefficient of
+    0 (torch's at max_norm 0) is the smallest positive max_grad_norm: 0 is
+    the engine's "no clipping"."""
     import numpy as np
     target = np.float32(coef)
+    if target == 0:
+        return _ZERO_CLIP
     clip = float(target) * (engine_norm + 1e-6)
     for _ in range(4):
         got = np.float32(clip / (engine_norm + 1e-6))

@@ -9,6 +9,7 @@ import torch
 from .. import Error, INVALID
 from . import _sizing
 from ._config import _current_stream, _new_engine, _remove_swap_folders, _swap_folders, _torch_dtype
+from ._loss_scale import _unscale_factor
 
 # An integer dtype as wide as a floating one: its bits, compared exactly.
 _SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -171,8 +172,9 @@ class _GroupEngine:
         self._remember()
 
     def hand_grads(self, negate=False, scale=1.0, coef=None, poison=False):
-        """Hands .grad to the engine, divided by fp16's loss `scale` and
-        multiplied by torch's clip coefficient `coef` (a float32 tensor;
+        """Hands .grad to the engine, unscaled by fp16's loss `scale` (times
+        the float32 1/scale, as the engine and torch's GradScaler unscale)
+        and multiplied by torch's clip coefficient `coef` (a float32 tensor;
         None: 1), in float32, as torch would over float32 masters;
         `poison`: with a NaN, so that the engine skips the step."""
         for g, entries in self.buckets:
@@ -186,7 +188,7 @@ class _GroupEngine:
                                     "(e.g. nn.Embedding(sparse=True)); dense gradients only")
                     flat[off:off + count].copy_(p.grad.reshape(-1)[start:start + count])
             if scale != 1.0:
-                flat.div_(scale)
+                flat.mul_(_unscale_factor(scale))
             if coef is not None:
                 flat.mul_(coef.to(flat.device))
             if poison:

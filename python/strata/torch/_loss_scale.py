@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .. import Error, INVALID
+from .. import CONFIG, Error, INVALID
 
 
 # ---- fp16 loss scaling, shared by OffloadAdam and OffloadedModule ----------------
@@ -104,30 +104,59 @@ class _ScalesLoss:
         self.scale_loss(loss).backward(**kwargs)
 
 
+_MIN_SCALE = 2.0 ** -24  # the smallest loss scale (fp16's smallest value): 1/scale stays finite in float
+
+
+def _unscale_factor(scale):
+    """What unscales a gradient of the loss times `scale`: 1/scale rounded
+    to float32, as the engine multiplies by it (float(1 / scale)), as
+    torch's GradScaler (inv_scale) and DeepSpeed (grad.mul_(1 / scale)) do.
+    Not a division by the scale: for a scale that is no power of two that
+    rounds a third to a half of the values 1 ulp apart. A Python float that
+    float32 holds exactly: tensor.mul_(it) is one float32 product."""
+    return float(torch.tensor(1.0 / scale, dtype=torch.float32))
+
+
 class _Scaler:
     """OffloadAdam's fp16 loss scaler, one for all its engines: the engine's
-    rule (DeepSpeed's; engine/step/loss_scaler.h, docs/config.md): on an
-    overflow the step is skipped and, after `hysteresis` overflows, the
-    scale halves (not below min_loss_scale); after loss_scale_window clean
-    steps it doubles. A static loss_scale (> 0) never changes. Its engines
-    run with a static scale of 1 and get the unscaled gradients: their own
-    scalers would drift apart (a step one engine skips, another takes)."""
+    rule (DeepSpeed's DynamicLossScaler; engine/step/loss_scaler.h,
+    docs/config.md): on an overflow the step is skipped; the first
+    `hysteresis - 1` overflows only count down, every later one halves the
+    scale (not below min_loss_scale); after loss_scale_window clean steps it
+    doubles and the count starts again. A static loss_scale (> 0) never
+    changes; one below 2^-24, or such a min_loss_scale, is refused. Its
+    engines run with a static scale of 1 and get the unscaled gradients:
+    their own scalers would drift apart (a step one engine skips, another
+    takes)."""
 
     def __init__(self, fp16):
-        def number(key, default, low, integer=False):
+        def number(key, default, low, integer=False, allowed=None):
             v = fp16.get(key, default)
             if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or
                     (integer and v != int(v)) or v < low):
                 kind = "an integer" if integer else "a number"
-                raise Error(INVALID, f"OffloadAdam: fp16.{key} is {v!r}; allowed: {kind} >= {low}")
+                raise Error(INVALID, f"OffloadAdam: fp16.{key} is {v!r}; allowed: {allowed or f'{kind} >= {low}'}")
             return int(v) if integer else float(v)
 
-        static = number("loss_scale", 0, 0)
+        def not_tiny(key, v, dynamic_zero):
+            # As the engine's config: its engines (static scale 1) never see
+            # these, so they are refused here, in its words. The step
+            # multiplies the gradients by 1/scale in float (_unscale_factor):
+            # a scale below 2^-24 (min_loss_scale 0 after a run of
+            # overflows) makes that infinite, NaN in every weight.
+            if v < _MIN_SCALE and not (dynamic_zero and v == 0):
+                raise Error(CONFIG, f"OffloadAdam: fp16.{key}: {v!r} is below 2^-24 (5.96e-08): the step's unscale "
+                            "factor 1/scale would overflow float and write NaN into the weights" +
+                            ("; allowed: 2^-24 or more (0: dynamic)" if dynamic_zero else
+                             " (DeepSpeed's default is 1); allowed: 2^-24 or more"))
+            return v
+
+        static = not_tiny("loss_scale", number("loss_scale", 0, 0, allowed="0 (dynamic), or 2^-24 or more"), True)
         self.dynamic = static == 0
         self.power = number("initial_scale_power", 16, 0, True)
         self.window = number("loss_scale_window", 1000, 1, True)
         self.hysteresis = number("hysteresis", 2, 1, True)
-        self.min_scale = number("min_loss_scale", 1, 0)
+        self.min_scale = not_tiny("min_loss_scale", number("min_loss_scale", 1, 0, allowed="2^-24 or more"), False)
         self.scale = math.ldexp(1.0, self.power) if self.dynamic else static
         self.hysteresis_left, self.clean_steps = self.hysteresis, 0
 
@@ -135,11 +164,15 @@ class _Scaler:
         if not self.dynamic:
             return
         if overflow:
+            # As DeepSpeed's DynamicLossScaler (and the engine's): the first
+            # hysteresis - 1 overflows only count down; from then on every
+            # overflow halves, until a doubling gives the counter back (not
+            # each halving: that halved on every second overflow of a burst).
             self.clean_steps = 0
-            self.hysteresis_left -= 1
-            if self.hysteresis_left <= 0:
+            if self.hysteresis_left > 1:
+                self.hysteresis_left -= 1
+            else:
                 self.scale = max(self.scale / 2, self.min_scale)
-                self.hysteresis_left = self.hysteresis
             return
         self.clean_steps += 1
         if self.clean_steps >= self.window:

@@ -12,13 +12,13 @@ from .. import Error, INVALID, STATE
 from . import _sizing
 from ._adam_options import (_check_group_options, _check_step_groups, _filled_by_arguments, _hyperparameters,
                             _joint_clips, _refuse_nonfinite, _with_grads)
-from ._clip import (_OWNERS, _check_clip_args, _clip_result, _torch_clip_grad_norm, _torch_norm_of,
-                    _torch_total_norm)
+from ._clip import (_OWNERS, _check_clip_args, _clip_result, _engine_max_norm, _torch_clip_grad_norm,
+                    _torch_norm_of, _torch_total_norm)
 from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _resolve_ranks, _say_autos, _separate_swap_folders,
                       _with_state_format)
 from ._group_engine import (_GroupEngine, _check_params, _check_saved_shapes, _nonfinite, _overflowed, _param_label,
                             _split_names)
-from ._loss_scale import _LossScaling, _Scaler, _ScalesLoss, _fp16_section
+from ._loss_scale import _LossScaling, _Scaler, _ScalesLoss, _fp16_section, _unscale_factor
 from ._offload_optimizer import _closure_loss
 
 class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
@@ -109,15 +109,15 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
     `opt.scale_loss(loss).backward()` (loss.float() * loss_scale) — and
     step() raises INVALID when no backward since the last step went through
     scale_loss, unless `loss_scaled=True` says the code multiplies each loss
-    by `opt.loss_scale` itself. step() divides the gradients by the scale
-    (in float32), skips the whole step when any gradient overflowed (no
+    by `opt.loss_scale` itself. step() unscales the gradients (times the
+    float32 1/scale, as the engine and torch's GradScaler do), skips the whole step when any gradient overflowed (no
     parameter changes, the step count stays) and updates the scale: one
     dynamic scale for every engine of the optimizer (the config's
     initial_scale_power, loss_scale_window, hysteresis, min_loss_scale),
     kept in state_dict() as "loss_scaler". .grad keeps the scaled values;
     clip_grad_norm_ clips the unscaled ones (on one rank bitwise torch's
-    clip_grad_norm_ over float32 masters whose .grad is .grad.float() /
-    loss_scale).
+    clip_grad_norm_ over float32 masters whose .grad is .grad.float() times
+    the float32 1 / loss_scale).
     """
 
     def __init__(self, params, lr=None, betas=None, eps=None, weight_decay=None, amsgrad=False, *,
@@ -357,12 +357,13 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             # One rank, fp16 (.grad holds the scaled gradients) or bf16
             # gradients (torch's own norm would be rounded to bf16): torch's
             # arithmetic over the float32 gradients the step gets, as over
-            # float32 masters (.grad.float() / loss_scale): its norms, and its
-            # coefficient, which step() applies.
-            scale = self.loss_scale
+            # float32 masters (.grad.float() times the float32 1 / loss_scale,
+            # as step() unscales): its norms, and its coefficient, which
+            # step() applies.
+            inv = _unscale_factor(self.loss_scale)
             if not grads:
                 return torch.tensor(0.0)
-            total = _torch_total_norm([_torch_norm_of(g.float() / scale) for g in grads])
+            total = _torch_total_norm([_torch_norm_of(g.float() * inv) for g in grads])
             if error_if_nonfinite and not torch.isfinite(total):
                 _clip_result(float("inf"), norm_type, True)
             self._clip_coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
@@ -382,7 +383,7 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             ge.hand_grads(negate=self.param_groups[0].get("maximize", False), scale=self.loss_scale)
         norm = ge.engine.grad_norm()
         result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
-        self._clip_next = float(max_norm)
+        self._clip_next = _engine_max_norm(max_norm)  # (0 clips to exact zeros, infinity not at all, as torch's)
         return result
 
     # -- fp16 loss scaling (see the class docstring): _ScalesLoss

@@ -16,7 +16,7 @@ import torch
 from .. import Error, INVALID, STATE
 from . import _fetch_on_use as _fou
 from . import _saved_tensors as _saved
-from ._clip import _OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _torch_total_norm
+from ._clip import _OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _engine_max_norm, _torch_total_norm
 from ._config import (_TORCH2, _current_stream, _engine_device, _new_engine, _remove_swap_folders, _resolve_ranks,
                       _say_autos, _separate_swap_folders, _swap_folders, _torch_dtype)
 from ._loss_scale import _LossScaling, _ScalesLoss, _fp16_section
@@ -376,8 +376,8 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             self._overlap.clip_unclipped = 0.0  # what this path gives a step it does not clip
             return total
         result = _clip_result(norm, norm_type, error_if_nonfinite)  # raises before anything is set
-        self._clip_next = float(max_norm)
-        self._overlap.clip_unclipped = float(max_norm)
+        # (0 clips to exact zeros, infinity not at all, as torch's: _engine_max_norm)
+        self._clip_next = self._overlap.clip_unclipped = _engine_max_norm(max_norm)
         return result
 
     def _exact_norms(self, params):
