@@ -51,6 +51,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        self._owner._check_open("optimizer.step")
         loss = _closure_loss(closure)
         g = self.param_groups[0]
         _check_group_options(g, "OffloadOptimizer.step: the param group", self._decoupled, self._kind)  # (as edited)
@@ -80,6 +81,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def state_dict(self):
         owner = self._owner
+        owner._check_open("optimizer.state_dict")
         owner._between_passes()
         owner._overlap.check_readable("optimizer.state_dict")
         state, i = {}, 0
@@ -103,6 +105,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         owner = self._owner
+        owner._check_open("optimizer.load_state_dict")
         owner._between_passes()
         groups = state_dict.get("param_groups")
         n = sum(len(ps) for ps in self._group_params)

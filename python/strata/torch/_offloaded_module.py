@@ -7,7 +7,6 @@ state_dict is _module_state's.
 import functools
 import math
 import os
-import sys
 import warnings
 import weakref
 
@@ -503,23 +502,11 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
                 self._finalizer()  # (engine.close(), the folders removed)
 
     def _check_open(self, what):
-        """STATE after close(), naming the call (the optimizer's where it
-        came through it)."""
+        """STATE after close(), naming the call."""
         if self.engine is None:
-            raise Error(STATE, f"offload_module: {self._called_as(what)} after close(): the module was closed (its "
+            raise Error(STATE, f"offload_module: {what} after close(): the module was closed (its "
                         "engine freed; the model holds ordinary parameters again). offload_module the model again "
                         "to train it offloaded, or use a torch optimizer on it")
-
-    def _called_as(self, what):
-        opt = getattr(self, "optimizer", None)
-        f = sys._getframe(2)
-        for _ in range(6):  # (torch's optimizer wrappers and no_grad sit between)
-            if f is None:
-                break
-            if opt is not None and f.f_locals.get("self") is opt:
-                return f"optimizer.{f.f_code.co_name}"
-            f = f.f_back
-        return what
 
 
 def _release_engine(engine, folders, pid):
