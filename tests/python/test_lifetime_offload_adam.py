@@ -127,3 +127,55 @@ def test_load_failing_to_build_an_engine_keeps_the_optimizer(tmp_path, monkeypat
     opt.close()
     twin_opt.close()
     assert os.listdir(swap_a) == []
+
+
+# ---- A cohort split that fails changes nothing ---------------------------------
+
+@pytest.mark.parametrize("fails", [0, 1])
+def test_a_split_failing_to_build_an_engine_keeps_the_optimizer(tmp_path, monkeypatch, fails):
+    """A step where some parameters of a cohort got no gradient splits it in
+    two engines (and gives parameters stepped for the first time one more).
+    Before, the cohort was closed once its two parts were made: a part, or
+    the new cohort's engine, failing to build (NOSPACE) leaked the first
+    part (engine and folder) or lost the split cohort's state. Now the new
+    engines are made first: a failure closes them and leaves the cohorts."""
+    swap_a, swap_b = tmp_path / "a", tmp_path / "b"
+    swap_a.mkdir(), swap_b.mkdir()
+    model, opt = _make(swap_a, False)
+    twin, twin_opt = _make(swap_b, False)
+    _train(model, opt, 1, seed=1)
+    _train(twin, twin_opt, 1, seed=1)
+    before = opt.state_dict()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    folders = sorted(os.listdir(swap_a))
+
+    built = []
+    real = offload_adam.OffloadAdam._new_engine
+
+    def flaky(self, index, params):
+        if len(built) == fails:
+            raise strata.Error(strata.NOSPACE, "simulated: no space for the swap file")
+        built.append(index)
+        return real(self, index, params)
+
+    # The bias of the first layer gets no gradient: its cohort splits.
+    opt.zero_grad()
+    model(torch.randn(2, 32)).sum().backward()
+    model[0].bias.grad = None
+    monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", flaky)
+    with pytest.raises(strata.Error) as err:
+        opt.step()
+    assert err.value.status == strata.NOSPACE
+    monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", real)
+    assert built, "no engine was made before the failure: the case is not made"
+    assert sorted(os.listdir(swap_a)) == folders, "the engines made for the failed split left their folders"
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, weights[k]), f"{k} changed by a step that failed"
+    _states_equal(opt.state_dict(), before)
+    _train(model, opt, 2, seed=3)  # steps on as if the failed step had not been tried
+    _train(twin, twin_opt, 2, seed=3)
+    for (k, v), w in zip(model.state_dict().items(), twin.state_dict().values()):
+        assert torch.equal(v, w), k
+    opt.close()
+    twin_opt.close()
+    assert os.listdir(swap_a) == []

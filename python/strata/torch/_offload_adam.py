@@ -14,8 +14,8 @@ from ._adam_options import (_check_group_options, _check_step_groups, _filled_by
                             _joint_clips, _refuse_nonfinite, _with_grads)
 from ._clip import (_OWNERS, _check_clip_args, _clip_result, _engine_max_norm, _torch_clip_grad_norm,
                     _torch_norm_of, _torch_total_norm)
-from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _resolve_ranks, _say_autos, _separate_swap_folders,
-                      _with_state_format)
+from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _remove_swap_folders, _resolve_ranks, _say_autos,
+                      _separate_swap_folders, _swap_folders, _with_state_format)
 from ._group_engine import (_GroupEngine, _check_params, _check_saved_shapes, _nonfinite, _overflowed, _param_label,
                             _split_names)
 from ._loss_scale import _LossScaling, _Scaler, _ScalesLoss, _fp16_section, _unscale_factor
@@ -210,6 +210,14 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         group = self.param_groups[index]
         tag = f"strata-{os.getpid()}-{id(self)}-{index}-{next(self._tags)}"
         cfg = _separate_swap_folders(copy.deepcopy(self._config), tag)
+        try:
+            return self._new_engine_in(cfg, group, params)
+        except BaseException:
+            _remove_swap_folders(_swap_folders(cfg))  # (_GroupEngine removes them itself where it fails)
+            raise
+
+    def _new_engine_in(self, cfg, group, params):
+        """_new_engine's engine, its swap folders made (cfg names them)."""
         if not isinstance(cfg.get("optimizer"), dict):  # "auto" or null: the section's defaults, filled below
             cfg["optimizer"] = {}
         opt = cfg["optimizer"]
@@ -295,30 +303,42 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         two engines); parameters with a gradient for the first time form a
         new cohort, at step 0."""
         group = self.param_groups[index]
-        stepping, kept = [], []
-        for ge in self._cohorts[index]:
-            have = [id(p) in with_grads for p in ge.params]
-            if all(have):
-                stepping.append(ge)
-            elif not any(have):
-                kept.append(ge)
-            else:
-                states = ge.read_states()
-                parts = []
-                for flag in (True, False):
-                    ps = [p for p, h in zip(ge.params, have) if h == flag]
-                    sts = [st for st, h in zip(states, have) if h == flag]
-                    part = self._new_engine(index, ps)
-                    part.write_states(sts)
-                    part.engine.steps = ge.engine.steps
-                    parts.append(part)
-                ge.close()
-                stepping.append(parts[0])
-                kept.append(parts[1])
-        known = {id(p) for ge in self._cohorts[index] for p in ge.params}
-        new = [p for p in group["params"] if id(p) not in known and id(p) in with_grads]
-        if new:
-            stepping.append(self._new_engine(index, new))
+        # Every new engine is made before an old one is closed: a failure
+        # (NOSPACE, NOMEM) closes the new ones and leaves the cohorts as
+        # they were (it leaked the first part, or lost the split cohort).
+        stepping, kept, made, retired = [], [], [], []
+        try:
+            for ge in self._cohorts[index]:
+                have = [id(p) in with_grads for p in ge.params]
+                if all(have):
+                    stepping.append(ge)
+                elif not any(have):
+                    kept.append(ge)
+                else:
+                    states = ge.read_states()
+                    parts = []
+                    for flag in (True, False):
+                        ps = [p for p, h in zip(ge.params, have) if h == flag]
+                        sts = [st for st, h in zip(states, have) if h == flag]
+                        part = self._new_engine(index, ps)
+                        made.append(part)
+                        part.write_states(sts)
+                        part.engine.steps = ge.engine.steps
+                        parts.append(part)
+                    retired.append(ge)
+                    stepping.append(parts[0])
+                    kept.append(parts[1])
+            known = {id(p) for ge in self._cohorts[index] for p in ge.params}
+            new = [p for p in group["params"] if id(p) not in known and id(p) in with_grads]
+            if new:
+                made.append(self._new_engine(index, new))
+                stepping.append(made[-1])
+        except BaseException:
+            for part in made:
+                part.close()
+            raise
+        for ge in retired:
+            ge.close()
         self._cohorts[index] = stepping + kept
         return stepping
 
