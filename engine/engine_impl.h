@@ -92,6 +92,7 @@ class Engine::Impl {
   // Drops this step's gradients: Step's collectives and settling, updating
   // nothing (a speculation discarded), the loss scale and counts unchanged.
   Status DiscardGrads();
+  std::string AgainOrRestart() const;  // step.cpp: a failed step's way on
   bool discarding_ = false;  // within DiscardGrads' Step
   Status ReadMaster(int group, float* out) { return ReadState(group, StateKind::kW, out); }
   Status ReadState(int group, StateKind kind, float* out);

@@ -484,8 +484,7 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     stats_->StepEnd(false);
     if (step_.broken.empty()) step_.pending = so;
     return st.WithContext("step " + std::to_string(step_.applied + 1) + " is not finished (0 of " +
-                          std::to_string(lay_.part.num_groups()) +
-                          " groups updated); call step again with the same options to finish it");
+                          std::to_string(lay_.part.num_groups()) + " groups updated); " + AgainOrRestart());
   }
   SettleOverlap(so, r, grad_scale);  // committed, discarded (skipped) or to be redone
   Status st = held;
@@ -519,10 +518,20 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
     if (!step_.broken.empty() || r.skipped) return st;
     return st.WithContext("step " + std::to_string(step_.applied + 1) + " is not finished (" +
                           std::to_string(CountCommitted()) + " of " + std::to_string(lay_.part.num_groups()) +
-                          " groups updated); call step again with the same options to finish it");
+                          " groups updated); " + AgainOrRestart());
   }
   residency_->Prefetch(ahead);
   return r;
+}
+
+// What a failed step's caller can do: call it again, unless the ranks'
+// communicator failed for good (a lost peer, a timeout), where no
+// collective can run again: every rank must restart.
+std::string Engine::Impl::AgainOrRestart() const {
+  if (comm_ && comm_->broken())
+    return "the ranks' communicator failed (a lost peer or a timeout: every later collective fails), so no rank can "
+           "finish it: restart every rank and load the last checkpoint";
+  return "call step again with the same options to finish it";
 }
 
 Status Engine::Impl::DiscardGrads() {

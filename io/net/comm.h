@@ -72,6 +72,9 @@ class Communicator {
   // true: all-gathers and reduce-scatters go through shared memory (Gloo,
   // every rank on this host; CommOptions::shared_memory).
   virtual bool shared_memory() const { return false; }
+  // Whether a failure left this communicator unusable (a lost peer, a
+  // timeout, a failure once data moved): every later collective fails.
+  bool broken() const { return broken_ != nullptr; }
   // true: ReduceScatterPieces reads the pieces where they lie (Gloo through
   // shared memory); false: it gathers them into a buffer of its own first.
   virtual bool reads_pieces() const { return false; }

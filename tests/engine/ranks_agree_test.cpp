@@ -164,6 +164,30 @@ TEST(RanksAgree, ABuildFailingInItsLastStepsLeavesNothingBehind) {
     EXPECT_EQ(used_after[static_cast<size_t>(r)], 0u) << "rank " << r << "'s failed build left host memory charged";
 }
 
+// A step whose peer is gone (its communicator closed: the process died)
+// cannot be finished by calling it again, as its error said: no collective
+// can run on the broken communicator. The error says to restart every rank.
+TEST(RanksAgree, AStepWhosePeerIsGoneSaysRestartNotCallAgain) {
+  TempDir d0, d1;
+  Status step;
+  testing::OnRanks(2, [&](int rank, net::Communicator& comm) {
+    auto e = MakeEngine(Stage2(rank == 0 ? d0.path() : d1.path()), comm);
+    ASSERT_TRUE(e);
+    ASSERT_TRUE(AddGroups(*e).ok());
+    ASSERT_TRUE(e->Build().ok());
+    for (int g = 0; g < 2; ++g) {
+      const std::vector<float> grads = Values(e->group_numel(g), 0.01f);
+      ASSERT_TRUE(e->Grads(g, grads.data(), DType::kF32).ok());
+    }
+    if (rank == 1) return;  // rank 1 leaves: its sockets close
+    auto r = e->Step({});
+    step = r.ok() ? Status::Ok() : r.status();
+  }, kTimeoutS);
+  ASSERT_FALSE(step.ok()) << "rank 0's step went through without its peer";
+  EXPECT_NE(step.message().find("restart every rank"), std::string::npos) << step.ToString();
+  EXPECT_EQ(step.message().find("call step again"), std::string::npos) << step.ToString();
+}
+
 // A save, or a write_state, that one rank refuses (it still holds a group it
 // fetched) is refused on every rank at once; the communicator is intact, so
 // once the group is released both go through.
