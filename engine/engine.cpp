@@ -446,7 +446,8 @@ static Status CheckStepCount(const std::string& what, int64_t steps) {
 // overlap's threads read it.
 static Status CheckBetweenSteps(const std::vector<GroupStep>& steps, const std::string& what) {
   for (const auto& gs : steps)
-    if (gs.grad_calls > 0) return StateError(what + ": gradients of this step are pending; set it between steps");
+    if (gs.grad_calls > 0 || gs.parts.open)
+      return StateError(what + ": gradients of this step are pending; set it between steps");
   return Status::Ok();
 }
 

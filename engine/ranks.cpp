@@ -25,7 +25,7 @@ Status Engine::SumOverRanks(double* values, size_t n) {
   STRATA_RETURN_IF_ERROR(m.CheckUsable("sum_over_ranks", /*pending_ok=*/false, /*in_pass=*/true));
   // Mid-step, the overlapped step's thread may be running collectives of its own.
   for (int g = 0; g < m.lay_.part.num_groups() && m.built_; ++g)
-    if (m.steps_[static_cast<size_t>(g)].grad_calls > 0)
+    if (m.steps_[static_cast<size_t>(g)].grad_calls > 0 || m.steps_[static_cast<size_t>(g)].parts.open)
       return StateError("sum_over_ranks: gradients of group " + std::to_string(g) +
                         " are pending; call it before the step's first grads or after its step");
   if (!m.lay_.multi || n == 0) return Status::Ok();

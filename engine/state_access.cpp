@@ -182,6 +182,7 @@ Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
   if (!built_) return StateError(std::string(call) + ": the engine is not built");
   SettleBehind(recovers);
   if (!recovers) STRATA_RETURN_IF_ERROR(CheckUsable(call, false));
+  STRATA_RETURN_IF_ERROR(CheckNoOpenParts(call));  // (a group's grads_part without its grads_end is pending too)
   residency_->DropAheadPins();
   for (int g = 0; g < lay_.part.num_groups(); ++g) {
     const GroupStep& gs = steps_[static_cast<size_t>(g)];

@@ -62,7 +62,8 @@ bool HoldBackNonfinite(const Config& config, const std::vector<GroupStep>& group
   std::string what = "gradients of " + GroupText(FirstNonfiniteGroup(groups)) + " are not finite (NaN or infinite)";
   const std::string done = "nothing was updated";
   if (policy == "error") {
-    *error = InvalidError("step: " + what + "; " + done + " (strata.nonfinite is \"error\")");
+    *error = InvalidError("step: " + what + "; " + done + " (strata.nonfinite is \"error\") and this step's gradients "
+                          "were dropped: hand new ones before the next step (a step now updates with none)");
     return true;
   }
   STRATA_LOG_WARN("step: {}; skipped: {} (strata.nonfinite is \"skip\")", what, done);

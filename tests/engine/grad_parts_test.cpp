@@ -192,6 +192,15 @@ TEST(GradParts, RefusesTheCallersErrorsAndTheStepWhileOpen) {
   // As the C guide says: INVALID naming the open call, and named as the call made.
   EXPECT_TRUE(Says(e->PrepareStep(StepOptions{}), Code::kInvalid, "prepare_step: group 0 has a grads call in parts open"));
   EXPECT_TRUE(Says(e->DiscardGrads(), Code::kInvalid, "discard_grads: group 0 has a grads call in parts open"));
+  // The calls made between steps only: an open call is a step's gradients
+  // pending, as a whole grads call is (they went through).
+  TempDir ckpt;
+  EXPECT_TRUE(Says(e->SaveCheckpoint(ckpt.path(), "t", nullptr, 0), Code::kInvalid, "parts open"));
+  const std::vector<float> w = Read(*e, 1, Engine::OptimizerState::kMaster);
+  EXPECT_TRUE(Says(e->WriteState(1, Engine::OptimizerState::kMaster, w.data()), Code::kInvalid, "parts open"));
+  EXPECT_TRUE(Says(e->SetStepsApplied(7), Code::kState, "pending"));
+  double one = 1;
+  EXPECT_TRUE(Says(e->SumOverRanks(&one, 1), Code::kState, "pending"));
   ASSERT_TRUE(e->GradsPart(0, 0, 10, g0.data(), DType::kF32).ok());
   ASSERT_TRUE(e->GradsPart(0, 110, n0 - 110, g0.data() + 110, DType::kF32).ok());
   ASSERT_TRUE(e->GradsEnd(0).ok());

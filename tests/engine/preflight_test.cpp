@@ -243,8 +243,10 @@ TEST(Preflight, NonFiniteGradientsCanBeAnError) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Code::kInvalid);
   EXPECT_EQ(r.status().message(), "step: gradients of group 1 are not finite (NaN or infinite); nothing was updated "
-                                  "(strata.nonfinite is \"error\")");
+                                  "(strata.nonfinite is \"error\") and this step's gradients were dropped: hand new "
+                                  "ones before the next step (a step now updates with none)");
   EXPECT_EQ(e->steps_applied(), 0);
+  EXPECT_TRUE(e->SetStepsApplied(0).ok()) << "the message says the gradients were dropped: none is pending";
   EXPECT_EQ(Master(*e, 0), w0);
   EXPECT_EQ(Master(*e, 1), w1);
 }
