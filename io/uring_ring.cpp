@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "base/align.h"
@@ -32,7 +33,16 @@ static Status UringError(const char* call, int neg_errno) {
 
 Status UringRing::Init(bool register_files, bool register_buffers) {
   int rc = io_uring_queue_init(queue_depth_ + 2, &ring_, 0);  // +1 for the wake read
-  if (rc < 0) return UringError("io_uring_queue_init", rc);
+  if (rc == -EPERM || rc == -ENOSYS)  // the kernel or a container refuses io_uring itself
+    return UringError("io_uring_queue_init", rc)
+        .WithContext("io_uring is unavailable here (sysctl kernel.io_uring_disabled, or a container's seccomp "
+                     "profile such as Docker's default, which blocks io_uring_setup); Strata needs it for its "
+                     "NVMe tier and checkpoints: allow io_uring for this process");
+  if (rc == -ENOMEM)  // the ring's memory is locked memory on kernels before 5.12
+    return UringError("io_uring_queue_init", rc)
+        .WithContext("a ring of " + std::to_string(queue_depth_ + 2) + " entries: its memory counts against " +
+                     "RLIMIT_MEMLOCK (ulimit -l) on older kernels; raise it, or lower aio.queue_depth or "
+                     "strata.io_rings");
   ring_ok_ = true;
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) return PosixError("eventfd", "io ring " + std::to_string(index_), errno);

@@ -1,8 +1,17 @@
 // io/: UringStorage on a real file with a real io_uring, and injected faults.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <string>
 
 #include <memory>
 #include <vector>
@@ -44,6 +53,48 @@ void RoundTrip(Storage& s, FileId f, uint64_t off, uint64_t len, uint64_t seed) 
   Status st = s.Run({&rop, 1});
   ASSERT_TRUE(st.ok()) << st.ToString();
   ASSERT_EQ(CheckPattern(r.get(), len, off, seed), -1) << "len " << len;
+}
+
+// Where io_uring is refused (sysctl kernel.io_uring_disabled, a container's
+// seccomp profile: io_uring_setup returns EPERM or ENOSYS), creating the
+// storage says so and what to do, not only "Operation not permitted". A
+// forked child installs a seccomp filter failing io_uring_setup, creates
+// the storage and writes its message back.
+TEST(Storage, IoUringRefusedIsNamed) {
+  for (int err : {EPERM, ENOSYS}) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::close(fds[0]);
+      sock_filter filter[] = {
+          BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+          BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+          BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | static_cast<uint32_t>(err)),
+          BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      };
+      sock_fprog prog{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+        ::_exit(3);
+      auto r = UringStorage::Create(UringOptions{});
+      const std::string msg = r.ok() ? std::string("(created)") : r.status().ToString();
+      if (::write(fds[1], msg.data(), msg.size()) < 0) ::_exit(4);
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    std::string msg;
+    char buf[512];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<size_t>(n));
+    ::close(fds[0]);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
+    if (WEXITSTATUS(status) == 3) GTEST_SKIP() << "this machine allows no seccomp filter (nothing to test)";
+    ASSERT_EQ(WEXITSTATUS(status), 0) << "the child could not write its message";
+    EXPECT_NE(msg.find("io_uring is unavailable here"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("kernel.io_uring_disabled"), std::string::npos) << msg;
+  }
 }
 
 TEST(Storage, RoundTripsAlignedSizesDirect) {
