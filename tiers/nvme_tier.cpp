@@ -486,18 +486,25 @@ Status NvmeTier::Snapshot(const std::string& link_path, const std::vector<Alloca
       swap_st.st_dev != dir_st.st_dev)
     return UnsupportedError("nvme tier: " + link_dir + " is on another file system than " + path);
   if (::fsync(fd) != 0) return PosixError("fsync", path, errno);  // the data and its extents, durable
+  // The swap file deleted under the engine (another process cleaning the
+  // folder): it is still open, so training goes on, but it has no name to
+  // link: the caller copies (every save failed before).
+  if (struct stat st{}; ::fstat(fd, &st) == 0 && st.st_nlink == 0) {
+    WarnOnce("swap-deleted", "nvme tier: the swap file " + path + " was deleted while in use (by another process?); "
+                             "training goes on from the open file, checkpoints copy the state instead of linking it");
+    return UnsupportedError("nvme tier: the swap file " + path + " was deleted while in use");
+  }
   std::vector<FileId> next_files;
   std::vector<std::string> next_paths;
   // The next swap file takes a whole reservation beside the linked one: no
   // room for it is no reason to fail a save that a copy can make.
+  // Nor is a next file that cannot be made (the folder full, or removed).
   if (Status st = OpenGeneration(gen_ + 1, &next_files, &next_paths); !st.ok())
-    return st.code() == Code::kNoSpace
-               ? UnsupportedError("nvme tier: no room to link: " + st.message())
-               : st;
+    return UnsupportedError("nvme tier: no next swap file to link beside: " + st.message());
   if (::link(path.c_str(), link_path.c_str()) != 0) {
     const int err = errno;
     CloseAndRemove(next_files, next_paths);
-    if (err == EXDEV || err == EPERM || err == EOPNOTSUPP)
+    if (err == EXDEV || err == EPERM || err == EOPNOTSUPP || err == ENOENT)
       return UnsupportedError("nvme tier: cannot link " + path + " to " + link_path + ": " + std::strerror(err));
     return PosixError("link " + path + " to", link_path, err);
   }

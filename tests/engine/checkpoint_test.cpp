@@ -569,6 +569,45 @@ TEST(CheckpointSwap, StaleGenerationsRemovedAtStart) {
   ::close(fd);
 }
 
+// The swap file deleted under the engine (another process cleaning the
+// folder), or its whole folder: training goes on from the open file, and a
+// save copies the state instead of linking the file (every save failed:
+// "link ...: No such file or directory", or "statvfs ...").
+TEST(CheckpointSwap, ASwapFileDeletedUnderTheEngineIsCopied) {
+  for (bool whole_folder : {false, true}) {
+    TempDir swap, ckpt;
+    const std::string folder = swap.path() + "/swap";
+    std::filesystem::create_directories(folder);
+    auto cfg = ParseConfig(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                           folder + R"("}}})");
+    ASSERT_TRUE(cfg.ok());
+    auto e = Engine::Create(*cfg, {});
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    testing::TinyMlp model{2, 16};
+    ASSERT_TRUE(model.Register(**e).ok());
+    ASSERT_TRUE((*e)->Build().ok());
+    ASSERT_TRUE(model.TrainStep(**e).ok());
+    ASSERT_TRUE((*e)->Step({}).ok());
+    if (whole_folder) {
+      std::filesystem::remove_all(folder);
+    } else {
+      for (const auto& f : std::filesystem::directory_iterator(folder)) std::filesystem::remove(f.path());
+    }
+    ASSERT_TRUE(model.TrainStep(**e).ok());
+    ASSERT_TRUE((*e)->Step({}).ok()) << "training goes on from the open file";
+    std::vector<float> saved(static_cast<size_t>((*e)->group_numel(0)));
+    ASSERT_TRUE((*e)->ReadMaster(0, saved.data()).ok());
+    const Status st = (*e)->SaveCheckpoint(ckpt.path(), "t", nullptr, 0);
+    ASSERT_TRUE(st.ok()) << (whole_folder ? "folder removed: " : "file removed: ") << st.ToString();
+    ASSERT_TRUE(model.TrainStep(**e).ok());
+    ASSERT_TRUE((*e)->Step({}).ok());
+    ASSERT_TRUE((*e)->LoadCheckpoint(ckpt.path(), "t", nullptr).ok());
+    std::vector<float> loaded(saved.size());
+    ASSERT_TRUE((*e)->ReadMaster(0, loaded.data()).ok());
+    EXPECT_EQ(std::memcmp(saved.data(), loaded.data(), saved.size() * 4), 0) << "the copied checkpoint";
+  }
+}
+
 // Item: a snapshot (the swap file linked) holds the state, not the swap
 // file's reservation: its free ranges are punched out.
 TEST_P(CorruptCheckpoint, SnapshotHoldsOnlyTheState) {
