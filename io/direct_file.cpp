@@ -77,17 +77,20 @@ static void IgnoreSigxfszOnce() {
 Status ReserveFileSpace(int fd, const std::string& path, uint64_t bytes) {
   if (bytes == 0) return Status::Ok();
   IgnoreSigxfszOnce();
+  const std::string dir = path.substr(0, path.rfind('/'));
+  // The free space as it was: a fallocate that fails part-way has taken
+  // some (the message said "0 B free" of a disk that had most of it).
+  Result<uint64_t> free_before = FreeBytesAt(dir);
   int rc;
   do {
     rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   } while (rc == EINTR);
   if (rc == 0) return Status::Ok();
-  const std::string dir = path.substr(0, path.rfind('/'));
   if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT) {
     return NoSpaceError("reserving " + FormatBytes(bytes) + " (" + std::to_string(bytes) +
                         " bytes) for " + path + " failed: " + std::strerror(rc) + "; " +
-                        [&] { auto f = FreeBytesAt(dir); return f.ok() ? FormatBytes(*f) : f.status().message(); }() +
-                        " free in " + dir +
+                        (free_before.ok() ? FormatBytes(*free_before) : free_before.status().message()) +
+                        " free in " + dir + " before it" +
                         (rc == EFBIG ? " (the file size limit, RLIMIT_FSIZE, may be lower)" : ""));
   }
   return PosixError("fallocate", path, 0, bytes, rc);

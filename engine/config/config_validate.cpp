@@ -113,9 +113,10 @@ Status CheckNoGpuArena(const Config& c, const ConfigFacts& f) {
     if (host > 0 && host >= need) return Status::Ok();
     return ConfigError(EachRank("strata.device_budget", c.strata.device_budget, f) + " leaves " +
                        FormatBytes(host) + " of " + RamText(f) + " to an \"auto\" strata.host_budget" +
-                       (ranks > 1 ? " (each rank's)" : "") + ", too little for the largest parameter group: it needs " +
-                       FormatBytes(need) + "; without a GPU the device tier lives in host memory: lower "
-                       "strata.device_budget");
+                       (ranks > 1 ? " (each rank's)" : "") +
+                       (need > 0 ? ", too little for the largest parameter group: it needs " + FormatBytes(need)
+                                 : ": nothing for the host tier") +
+                       "; without a GPU the device tier lives in host memory: lower strata.device_budget");
   }
   const uint64_t total = SaturatingAdd(c.strata.device_budget, c.strata.host_budget);
   if (SaturatingMul(total, ranks) <= f.host_ram_bytes) return Status::Ok();
