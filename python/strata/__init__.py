@@ -101,6 +101,14 @@ class _NativeEngine:
         self.closed = False  # its Engine was closed: destroyed with the last view, at exit at the latest
         _NATIVES.add(self)
 
+    # ctypes passes it as its handle, and the call's arguments hold it: an
+    # Engine closed by another thread while a call of its runs (a trainer's
+    # watchdog, a signal handler) no longer destroys the engine under that
+    # call (a segfault): the call's end lets go of the last reference.
+    @property
+    def _as_parameter_(self):
+        return self.h
+
     def destroy(self):
         h, self.h = self.h, None
         if h is not None and self.pid == self.getpid():
@@ -210,7 +218,7 @@ class Engine:
                         "was forked from it: the engine's threads are not here, so it can only be dropped "
                         "here. Make engines in the child itself, or start workers with the 'spawn' or "
                         "'forkserver' method")
-        return self._h
+        return self._native
 
     # -- registration
     def add_param(self, group, name, tensor_or_numel, init=None, shape=None):

@@ -257,3 +257,40 @@ def test_dataloader_fork_worker_collecting_an_optimizer():
         assert [x.shape for (x,) in dl] == [torch.Size([4, 32])] * 2
     finally:
         gc.enable()
+
+
+def test_close_from_another_thread_waits_for_the_running_call():
+    """A call running on one thread (a step of 16 Mi parameters) while another
+    thread closes the Engine (a watchdog, a signal handler): the call's
+    arguments hold the native engine, so it is destroyed when the call
+    returns, not under it (a segfault before); later calls raise STATE.
+    In a fresh interpreter: a crash there fails this test, not the run."""
+    out = run_script(textwrap.dedent("""
+        import ctypes, threading, time, strata
+        e = strata.Engine({"optimizer": {"type": "AdamW"}}, world_size=1, force_no_gpu=True)
+        N = 1 << 22
+        for k in range(4):
+            e.add_param(k, f"p{k}", N)
+        e.build()
+        g = (ctypes.c_float * N)()
+        errs, steps = [], [0]
+        def worker():
+            try:
+                while True:
+                    for k in range(4):
+                        e.grads(k, ctypes.addressof(g), dtype="f32")
+                    e.step()
+                    steps[0] += 1
+            except strata.Error as ex:
+                errs.append(ex.status)
+        th = threading.Thread(target=worker)
+        th.start()
+        while steps[0] < 2:
+            time.sleep(0.01)
+        for _ in range(20):  # close at some moment inside a call
+            time.sleep(0.003)
+        e.close()
+        th.join()
+        print("done", steps[0] >= 2, errs == [strata.STATE], strata._live_native_engines())
+        """), timeout=120)
+    assert "done True True 0" in out, out
