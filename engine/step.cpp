@@ -440,16 +440,18 @@ Result<StepResult> Engine::Impl::Step(const StepOptions& so) {
   residency_->DropAheadPins();
   for (int g = 0; g < lay_.part.num_groups(); ++g)
     if (residency_->pins(g) > 0)
-      return StateError("step: group " + std::to_string(g) + " is fetched and not released");
+      return StateError(std::string(discarding_ ? "discard_grads" : "step") + ": group " + std::to_string(g) +
+                        " is fetched and not released: release it first");
   if (step_.pending && !SameStepOptions(*step_.pending, so))
     return InvalidError("step: a failed step is pending; finish it with the options it was called with (or load a "
                         "checkpoint); nothing was changed");
   residency_->WaitIdle();
   if (!discarding_ && !step_.pending && step_.overlap && step_.prepared && !step_.speculative &&
       !SameStepOptions(step_.prepared_opts, so))
-    return InvalidError("step: options differ from those given to prepare_step, which the overlapped updates "
-                        "already used (committed: with no clipping, no fp16 and strata.nonfinite \"apply\" they "
-                        "are not speculative); nothing more was changed");
+    return InvalidError("step: options differ from those given to prepare_step, with which the overlapped step "
+                        "updates groups as their gradients arrive (committed: with no clipping, no fp16 and "
+                        "strata.nonfinite \"apply\" they are not speculative): call step with prepare_step's "
+                        "options; nothing more was changed");
   if (lay_.multi) {
     // Ranks agree on the step and its options before anything changes: the
     // label rides on the step's first collective, the norm's all-gather
@@ -538,15 +540,15 @@ Status Engine::Impl::DiscardGrads() {
   if (!built_) return StateError("discard_grads: the engine is not built");
   STRATA_RETURN_IF_ERROR(CheckNoOpenParts("discard_grads"));
   if (step_.pending)
-    return StateError("discard_grads: a failed step is pending (its update has begun): finish it with step, with "
-                      "the options it was called with, or load a checkpoint");
+    return StateError("discard_grads: a failed step is pending: finish it with step, with the options it was "
+                      "called with, or load a checkpoint");
   if (worker_ && !step_.speculative)
     for (int g = 0; g < lay_.part.num_groups(); ++g)
       if (OverlapHasTaken(g) || steps_[static_cast<size_t>(g)].committed)
         return StateError("discard_grads: group " + std::to_string(g) +
                           " was updated early by the overlapped step already (final: with no clipping, no fp16 and "
                           "strata.nonfinite \"apply\" nothing could change it); its gradients cannot be taken back: "
-                          "call step, or load a checkpoint");
+                          "call step (it applies them), then load a checkpoint saved before to undo them");
   discarding_ = true;
   Result<StepResult> r = Step(StepOptions{});
   discarding_ = false;
