@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <sys/file.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -49,6 +51,15 @@ static Status CheckDir(const std::string& dir) {
   if (::stat(dir.c_str(), &st) != 0) return PosixError("nvme tier: stat directory", dir, errno);
   if (!S_ISDIR(st.st_mode)) return InvalidError("nvme tier: " + dir + " is not a directory");
   if (::access(dir.c_str(), W_OK) != 0) return PosixError("nvme tier: directory not writable:", dir, errno);
+  // A swap folder in memory (tmpfs, ramfs: /tmp, /dev/shm in many
+  // containers) takes RAM that no budget counts; in a cgroup with a memory
+  // limit it counts against that, and the OOM killer ends the build silently.
+  if (struct statfs fs{}; ::statfs(dir.c_str(), &fs) == 0 &&
+                          (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC))
+    WarnOnce("swap-in-ram:" + dir, "nvme tier: " + dir + " is on " + (fs.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs") +
+                                ": its swap files are RAM, which strata.host_budget does not count (a cgroup's memory "
+                                "limit does); give a folder on a disk" +
+                                (fs.f_type == RAMFS_MAGIC ? " (ramfs reports no free space: the build is refused)" : ""));
   return Status::Ok();
 }
 

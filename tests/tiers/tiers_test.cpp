@@ -2,7 +2,9 @@
 // and the NVMe tier's swap files, striping, checksums and refusals.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -12,8 +14,10 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <sstream>
 
 #include "base/align.h"
+#include "base/log.h"
 #include "io/uring_storage.h"
 #include "tests/util/temp_dir.h"
 #include "tiers/device_tier.h"
@@ -151,6 +155,29 @@ TEST(HostTier, NumaBindFalseBindsNothing) {
   unbound.Free(*a);
   HostTier bound({.budget = 4 * kMiB, .pin = false});
   EXPECT_GE(bound.numa_node(), 0) << "where this process runs";
+}
+
+// A swap folder in memory (tmpfs: /dev/shm, /tmp in many containers) takes
+// RAM that no budget counts: said once, naming the folder (it was silent,
+// and in a memory-limited cgroup the OOM killer ended the build).
+TEST(Tiers, ASwapFolderOnTmpfsIsSaid) {
+  struct statfs fs {};
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != 0x01021994 /* TMPFS_MAGIC */)
+    GTEST_SKIP() << "/dev/shm is not a tmpfs here";
+  char tmpl[] = "/dev/shm/strata-tiers-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+  Logger().sinks().push_back(sink);
+  {
+    auto storage = MakeStorage();
+    auto nvme = NvmeTier::Create({.dirs = {dir}, .budget = 4 * kMiB, .storage = storage.get()});
+    EXPECT_TRUE(nvme.ok()) << nvme.status().ToString();
+  }
+  Logger().sinks().pop_back();
+  std::filesystem::remove_all(dir);
+  EXPECT_NE(out.str().find("nvme tier: " + dir + " is on tmpfs"), std::string::npos) << out.str();
 }
 
 // Random allocate/free on every tier: the peak never passes the budget.
