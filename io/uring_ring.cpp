@@ -43,6 +43,7 @@ Status UringRing::Init(bool register_files, bool register_buffers) {
         .WithContext("a ring of " + std::to_string(queue_depth_ + 2) + " entries: its memory counts against " +
                      "RLIMIT_MEMLOCK (ulimit -l) on older kernels; raise it, or lower aio.queue_depth or "
                      "strata.io_rings");
+  if (rc < 0) return UringError("io_uring_queue_init", rc);  // any other (EMFILE, EINVAL, ENFILE)
   ring_ok_ = true;
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) return PosixError("eventfd", "io ring " + std::to_string(index_), errno);
