@@ -182,7 +182,10 @@ Status Engine::Impl::CheckBetweenSteps(const char* call, bool recovers) {
   if (!built_) return StateError(std::string(call) + ": the engine is not built");
   SettleBehind(recovers);
   if (!recovers) STRATA_RETURN_IF_ERROR(CheckUsable(call, false));
-  STRATA_RETURN_IF_ERROR(CheckNoOpenParts(call));  // (a group's grads_part without its grads_end is pending too)
+  // A group's grads_part without its grads_end is pending too; a load
+  // abandons it (AbandonStep), as it does a failed step: the way out of a
+  // broken engine mid-backward.
+  if (!recovers) STRATA_RETURN_IF_ERROR(CheckNoOpenParts(call));
   residency_->DropAheadPins();
   for (int g = 0; g < lay_.part.num_groups(); ++g) {
     const GroupStep& gs = steps_[static_cast<size_t>(g)];

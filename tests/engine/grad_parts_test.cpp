@@ -214,6 +214,23 @@ TEST(GradParts, RefusesTheCallersErrorsAndTheStepWhileOpen) {
   EXPECT_TRUE(SameBits(Read(*e, 0, Engine::OptimizerState::kMaster), Read(*clean, 0, Engine::OptimizerState::kMaster)));
 }
 
+// A load abandons a grads call in parts left open (a backward that raised
+// part-way, or an engine broken mid-backward: the load is its way out), as
+// it abandons a failed step; the engine then takes gradients whole again.
+TEST(GradParts, ALoadAbandonsAnOpenCall) {
+  TempDir dir, ckpt;
+  auto e = Make(dir.path(), false);
+  ASSERT_TRUE(e);
+  const std::vector<float> g0 = GradOf(*e, 0, 0), g1 = GradOf(*e, 1, 0);
+  ASSERT_TRUE(e->SaveCheckpoint(ckpt.path(), "t", nullptr, 0).ok());
+  ASSERT_TRUE(e->GradsPart(0, 10, 100, g0.data() + 10, DType::kF32).ok());
+  const Status load = e->LoadCheckpoint(ckpt.path(), "t", nullptr);
+  ASSERT_TRUE(load.ok()) << load.ToString();
+  ASSERT_TRUE(e->Grads(0, g0.data(), DType::kF32).ok());
+  ASSERT_TRUE(e->Grads(1, g1.data(), DType::kF32).ok());
+  EXPECT_TRUE(e->Step(StepOptions{}).ok());
+}
+
 // Where G is not host memory of the parts' dtype, the group says why and a
 // part is refused with it (grads takes the group whole).
 TEST(GradParts, SaysWhyAGroupTakesNoParts) {
