@@ -73,13 +73,13 @@ Status Communicator::AgreeOn(const char* op, uint64_t bytes, int root, const Sta
       return Status(static_cast<Code>(code - 1), "rank " + std::to_string(k) + " refused " + Text(d) +
                                                      " (its error says why); no rank ran it");
     }
-  // Ranks at different collectives: every rank saw every descriptor of
-  // this one exchange, so each fails here, before any data moves, and
-  // their next exchanges pair again: the communicator stays usable (a
-  // trainer that corrects the order goes on; it was broken for good).
+  // Ranks at different collectives: every rank fails here, before any data
+  // moves. The communicator is then failed on every rank (Run): the ranks'
+  // engines may no longer be alike (a background reduction that met the
+  // disagreement broke one rank's engine, which its peers cannot know), so
+  // none goes on as if nothing happened; their errors say to restart.
   for (int k = 0; k < w; ++k)
     if (!Same(all[static_cast<size_t>(k)], mine)) {
-      *refused = true;
       return CommError("ranks disagree on this collective: rank " + std::to_string(r) + " is at " + Text(mine) +
                        ", rank " + std::to_string(k) + " at " + Text(all[static_cast<size_t>(k)]) +
                        "; every rank must make the same calls in the same order (nothing moved)");
