@@ -406,27 +406,26 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         the master weights (in their original dtype); the engine is freed,
         or, while a tensor handed out outside every forward (p.detach(),
         p.data, p.t()) still views its memory, when the last one goes.
-        Everything is undone even where a master cannot be read: those
-        parameters then hold NaN, and close() raises STATE after, naming
-        them."""
+        Where a master cannot be read now (a failed step pending, or early
+        updates of a step not made yet) close() raises STATE naming them and
+        closes nothing: the weights are kept for step() (or a checkpoint
+        load), then close(). (A model dropped without close() is freed all
+        the same, by the collector or at exit.)"""
         if self.engine is None:
             return
+        while self._scopes:  # a forward that raised: its scopes never ended
+            scope = self._scopes.pop()
+            if scope.ctx is not None:
+                scope.ctx.__exit__(None, None, None)
+        values, lost = self._masters_for_close()
+        if lost is not None:
+            raise lost
         # A write through a tensor handed out outside every forward is said
         # once the model is closed (raised before, it would leave it open).
         written = self._writes() if self._handed_out else None
         viewed = any(h.alive() for h in self._handed_out.values())
         self._handed_out = {}
-        values, lost = {}, None
-        try:
-            while self._scopes:  # a forward that raised: its scopes never ended
-                scope = self._scopes.pop()
-                if scope.ctx is not None:
-                    scope.ctx.__exit__(None, None, None)
-            values, lost = self._masters_for_close()
-        finally:
-            self._teardown(values, keep_engine=viewed, nan_elsewhere=True)
-        if lost is not None:
-            raise lost
+        self._teardown(values, keep_engine=viewed)
         if written is not None:
             raise written
 
@@ -450,17 +449,16 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         if not names:
             return values, None
         return values, Error(STATE, f"offload_module: close(): the master weights of {', '.join(names[:5])}"
-                             f"{', ...' if len(names) > 5 else ''} could not be read ({why}); the model was closed "
-                             "and its engine freed all the same, and these parameters hold NaN: their weights are "
-                             "lost. Call step() before close() (a backward's gradients, once the overlapped step "
-                             "applied them early, leave the masters readable only after it), or zero_grad() where "
-                             "it can drop them (always with offload_module(overlap_step=False)); or load a "
-                             "checkpoint into the model now")
+                             f"{', ...' if len(names) > 5 else ''} cannot be read now ({why}); nothing was closed, "
+                             "the weights are kept: call step() (a backward's gradients, once the overlapped step "
+                             "applied them early, leave the masters readable only after it; a failed step is "
+                             "finished by step() too), or zero_grad() where it can drop them (always with "
+                             "offload_module(overlap_step=False)), or load a checkpoint; then close()")
 
-    def _teardown(self, values, keep_engine=False, nan_elsewhere=False):
+    def _teardown(self, values, keep_engine=False):
         """Undoes offload_module (the engine is freed whatever fails on the
         way): each parameter gets values[id(p)] as its data (not given: it keeps
-        its data, or with nan_elsewhere gets NaN, never its placeholder) and
+        its data) and
         is an ordinary nn.Parameter again, the hooks go, and the engine is
         closed with its folders removed (keep_engine: when the last tensor
         viewing its memory goes, see _close_when_unviewed)."""
@@ -479,8 +477,6 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
                     for p in g.params:
                         if id(p) in values:
                             p.data = values[id(p)]
-                        elif nan_elsewhere:
-                            p.data = torch.full(g.shapes[p], float("nan"), dtype=g.dtypes[p], device=g.devices[p])
                         _OWNERS.pop(id(p), None)
                         _fou.disown(p)
             for h in self._handles:
