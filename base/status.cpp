@@ -2,6 +2,8 @@
 #include "base/status.h"
 
 #include <cstring>
+#include <new>
+#include <system_error>
 
 namespace strata {
 
@@ -70,6 +72,16 @@ Status PosixError(const std::string& op, const std::string& path, uint64_t offse
   return Status(CodeForErrno(err), op + " " + path + " offset " + std::to_string(offset) +
                                        " length " + std::to_string(length) + ": " +
                                        std::strerror(err) + " (errno " + std::to_string(err) + ")");
+}
+
+Status StatusOfException(const std::exception& e, const std::string& where) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return NoMemError(where + "out of memory (std::bad_alloc)");
+  const auto* se = dynamic_cast<const std::system_error*>(&e);
+  const bool thread_limit = se != nullptr && se->code() == std::errc::resource_unavailable_try_again;
+  return InternalError(where + "uncaught exception: " + e.what() +
+                       (thread_limit ? " (a thread could not start: the process is at its thread limit, the "
+                                       "cgroup's pids.max or RLIMIT_NPROC (ulimit -u); raise it)"
+                                     : ""));
 }
 
 }  // namespace strata

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,6 +78,11 @@ inline Status NotFoundError(std::string m) { return {Code::kNotFound, std::move(
 Status PosixError(const std::string& op, const std::string& path, int err);
 Status PosixError(const std::string& op, const std::string& path, uint64_t offset,
                   uint64_t length, int err);
+
+// An exception caught at a boundary (the C API's guard, build's undo):
+// NOMEM for std::bad_alloc; INTERNAL otherwise, naming the process's thread
+// limit where std::thread could not start one (EAGAIN). `where` prefixes it.
+Status StatusOfException(const std::exception& e, const std::string& where);
 
 // Result<T>: a value or an error Status.
 template <typename T>

@@ -72,10 +72,8 @@ Status Engine::Impl::Build() {
   Status st;
   try {
     st = BuildOnce();
-  } catch (const std::bad_alloc&) {
-    st = NoMemError("build: out of memory (std::bad_alloc)");
   } catch (const std::exception& e) {
-    st = InternalError(std::string("build: ") + e.what());
+    st = StatusOfException(e, "build: ");
   }
   if (!st.ok()) {
     UndoBuild();  // (the initial values stay: a build may be called again)

@@ -11,7 +11,6 @@
 #include <memory>
 #include <new>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -59,17 +58,8 @@ template <typename Body>
 Status Guarded(Body&& body) {
   try {
     return body();
-  } catch (const std::bad_alloc&) {
-    return strata::NoMemError("out of memory (std::bad_alloc)");
-  } catch (const std::system_error& ex) {
-    // std::thread's failure to start one (EAGAIN): name the limit.
-    const bool thread_limit = ex.code() == std::errc::resource_unavailable_try_again;
-    return strata::InternalError(std::string("uncaught exception: ") + ex.what() +
-                                 (thread_limit ? " (a thread could not start: the process is at its thread limit, "
-                                                 "the cgroup's pids.max or RLIMIT_NPROC (ulimit -u); raise it)"
-                                               : ""));
   } catch (const std::exception& ex) {
-    return strata::InternalError(std::string("uncaught exception: ") + ex.what());
+    return strata::StatusOfException(ex, "");
   } catch (...) {
     return strata::InternalError("uncaught exception of unknown type");
   }

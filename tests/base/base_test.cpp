@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <limits>
+#include <new>
+#include <stdexcept>
+#include <system_error>
 
 #include "base/align.h"
 #include "base/dtype.h"
@@ -11,6 +14,22 @@
 
 namespace strata {
 namespace {
+
+// An exception caught at a boundary: NOMEM for bad_alloc; a thread that
+// could not start names the thread limit (it said only "Resource
+// temporarily unavailable"); others are INTERNAL with their text.
+TEST(Status, OfAnExceptionNamesTheThreadLimit) {
+  const Status mem = StatusOfException(std::bad_alloc(), "build: ");
+  EXPECT_EQ(mem.code(), Code::kNoMem);
+  EXPECT_EQ(mem.message().rfind("build: out of memory", 0), 0u) << mem.message();
+  const Status threads =
+      StatusOfException(std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again)), "");
+  EXPECT_EQ(threads.code(), Code::kInternal);
+  EXPECT_NE(threads.message().find("pids.max or RLIMIT_NPROC"), std::string::npos) << threads.message();
+  const Status other = StatusOfException(std::runtime_error("boom"), "x: ");
+  EXPECT_EQ(other.code(), Code::kInternal);
+  EXPECT_EQ(other.message(), "x: uncaught exception: boom");
+}
 
 TEST(Status, OkIsCheapAndErrorsCarryMessages) {
   Status ok;
