@@ -318,3 +318,37 @@ def test_calls_after_close_raise_state(call):
     assert err.value.status == strata.STATE
     name = call.split(".")[-1]
     assert name in str(err.value) and "closed" in str(err.value), str(err.value)
+
+
+def test_a_forked_child_dropping_an_offloaded_model_leaves_the_parents(tmp_path):
+    """A DataLoader worker forked from a trainer drops its copy of the model
+    (its collector, its exit): the parent's engine and swap folder stay, and
+    the parent trains on bitwise as a run that never forked."""
+    def run(fork):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+        swap = tmp_path / ("forked" if fork else "plain")
+        swap.mkdir()
+        off = st.offload_module(model, config(swap), force_no_gpu=True)
+        torch.manual_seed(1)
+        train_step(model, off)
+        if fork:
+            pid = os.fork()
+            if pid == 0:  # the child: drop everything, collect, exit
+                code = 0
+                try:
+                    del off, model
+                    gc.collect()
+                except BaseException:
+                    code = 1
+                os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+            assert os.listdir(swap), "the child removed the parent's swap folder"
+        train_step(model, off)
+        masters = off.master_parameters()
+        off.close()
+        return masters
+    forked, plain = run(True), run(False)
+    for name, w in plain.items():
+        assert torch.equal(forked[name], w), name

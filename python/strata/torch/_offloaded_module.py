@@ -509,17 +509,12 @@ def _release_engine(engine, folders, pid):
     """An OffloadedModule's engine closed and its swap folders removed: by
     close(), when the OffloadedModule is collected, or at exit. In a forked
     child (a DataLoader worker) the engine and folders are the parent's:
-    left alone, and the Engine object kept so that nothing destroys the
-    parent's engine from the child, whose copy has none of its threads."""
+    the folders are left alone, and the Engine's close() only drops its
+    handle there (the child's copy has none of the engine's threads)."""
     _fou.orphan_collected()
-    if os.getpid() != pid:
-        _FORKED_COPIES.append(engine)
-        return
-    engine.close()
-    _remove_swap_folders(folders)
-
-
-_FORKED_COPIES = []  # engines a forked child inherited (_release_engine)
+    engine.close()  # (in a forked child the Engine only drops its handle: strata.Engine.close)
+    if os.getpid() == pid:
+        _remove_swap_folders(folders)
 
 
 def _close_when_unviewed(engine, folders):
