@@ -83,8 +83,10 @@ def _train(model, opt, steps, seed):
 @pytest.mark.parametrize("fails", [0, 1])
 def test_load_failing_to_build_an_engine_keeps_the_optimizer(tmp_path, monkeypatch, bf16, fails):
     """/tmp/review-py/loadfail.py: before, the old engines were closed before
-    the new were built; a failure (NOSPACE, NOMEM) lost their state, left
-    _cohorts short (step: IndexError) and state_dict missing groups."""
+    the new were built; a failure lost their state, left _cohorts short
+    (step: IndexError) and state_dict missing groups. Now the new engines
+    are built beside the old: a failure that is not for want of room (here
+    an I/O error) leaves the optimizer as it was."""
     swap_a, swap_b = tmp_path / "a", tmp_path / "b"
     swap_a.mkdir(), swap_b.mkdir()
     model, opt = _make(swap_a, bf16)
@@ -103,14 +105,14 @@ def test_load_failing_to_build_an_engine_keeps_the_optimizer(tmp_path, monkeypat
 
     def flaky(self, index, params):
         if len(built) == fails:
-            raise strata.Error(strata.NOSPACE, "simulated: no space for the swap file")
+            raise strata.Error(strata.IO, "simulated: the swap folder's disk failed")
         built.append(index)
         return real(self, index, params)
 
     monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", flaky)
     with pytest.raises(strata.Error) as err:
         opt.load_state_dict(older)
-    assert err.value.status == strata.NOSPACE
+    assert err.value.status == strata.IO
     monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", real)
 
     assert sorted(os.listdir(swap_a)) == folders, "the engines built for the failed load left their folders"
@@ -127,6 +129,48 @@ def test_load_failing_to_build_an_engine_keeps_the_optimizer(tmp_path, monkeypat
     opt.close()
     twin_opt.close()
     assert os.listdir(swap_a) == []
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_load_without_room_for_both_lets_the_old_state_go_first(tmp_path, monkeypatch, persistent):
+    """Building the loaded state's engines beside the old needs room for
+    both: where that fails for want of room (NOSPACE, NOMEM) the old engines
+    go first and the build is tried again: the load goes through. Where it
+    fails again, the optimizer holds no state and says so (STATE naming the
+    failure) until a load succeeds."""
+    swap = tmp_path / "a"
+    swap.mkdir()
+    model, opt = _make(swap, False)
+    _train(model, opt, 1, seed=1)
+    older = opt.state_dict()
+    _train(model, opt, 2, seed=2)
+    tries = []
+    real = offload_adam.OffloadAdam._new_engine
+
+    def short(self, index, params):
+        if persistent or not tries:
+            tries.append(index)
+            raise strata.Error(strata.NOSPACE, "simulated: no room beside the old swap files")
+        return real(self, index, params)
+
+    monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", short)
+    if not persistent:
+        opt.load_state_dict(older)
+        monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", real)
+        _states_equal(opt.state_dict(), older)
+        _train(model, opt, 1, seed=3)
+    else:
+        with pytest.raises(strata.Error) as err:
+            opt.load_state_dict(older)
+        assert err.value.status == strata.NOSPACE and "holds no state" in str(err.value), str(err.value)
+        monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", real)
+        with pytest.raises(strata.Error) as refused:
+            opt.step()
+        assert refused.value.status == strata.STATE
+        opt.load_state_dict(older)  # the way out
+        _states_equal(opt.state_dict(), older)
+    opt.close()
+    assert os.listdir(swap) == []
 
 
 # ---- A cohort split that fails changes nothing ---------------------------------

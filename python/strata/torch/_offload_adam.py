@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from .. import Error, INVALID, STATE
+from .. import Error, INVALID, NOMEM, NOSPACE, STATE
 from . import _sizing
 from ._adam_options import (_check_group_options, _check_step_groups, _filled_by_arguments, _hyperparameters,
                             _joint_clips, _refuse_nonfinite, _with_grads)
@@ -535,16 +535,29 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         # scale). Before, the old were closed first and such a failure lost
         # their state. The cost: both sets of engines, for that moment.
         overwritten = []  # (what _copy_masters_into_params changes: it undoes itself when it raises)
+        cohorts = None
         try:
             overwritten = self._copy_masters_into_params()
             cohorts = self._build_cohorts()
+        except Error as e:
+            if e.status not in (NOSPACE, NOMEM) or not self._engines:
+                self._undo_load(old_state, old_groups, overwritten)
+                raise
+            # No room for both sets (every rank agreed: building is
+            # collective): the old engines go first, the loaded state is
+            # in hand; if the build still fails the optimizer is broken
+            # until a load succeeds, and says so.
+            self._close_engines()
+            try:
+                cohorts = self._build_cohorts()
+            except Error as again:
+                self._cohorts = [[] for _ in self.param_groups]
+                self._broken = (f"load_state_dict could not build the loaded state's engines ({again.message}), "
+                                "even after letting the old state go for room: the optimizer holds no state")
+                raise Error(again.status, f"OffloadAdam.load_state_dict: {self._broken}; load_state_dict again "
+                            "once there is room") from None
         except BaseException:
-            # torch's load_state_dict gave the optimizer new state and group
-            # objects; the old ones are as they were.
-            self.state, self.param_groups = old_state, old_groups
-            with torch.no_grad():
-                for p, value in overwritten:
-                    p.copy_(value)
+            self._undo_load(old_state, old_groups, overwritten)
             raise
         self._close_engines()
         self._cohorts = cohorts
@@ -553,6 +566,15 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         for p in list(self.state):  # the engine holds them now
             self.state[p] = {"step": self.state[p].get("step", torch.tensor(0.0))}
         self._broken = None  # fresh engines: nothing held
+
+    def _undo_load(self, old_state, old_groups, overwritten):
+        """A load that failed with the old engines open: torch's
+        load_state_dict gave the optimizer new state and group objects; the
+        old ones, and the parameters' values, are put back."""
+        self.state, self.param_groups = old_state, old_groups
+        with torch.no_grad():
+            for p, value in overwritten:
+                p.copy_(value)
 
     @torch.no_grad()
     def _copy_masters_into_params(self):
