@@ -417,14 +417,17 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
             scope = self._scopes.pop()
             if scope.ctx is not None:
                 scope.ctx.__exit__(None, None, None)
+        # A write through a tensor handed out outside every forward is said
+        # once the model is closed (raised before, it would leave it open):
+        # the reads of the masters below must not refuse it.
+        handed = self._handed_out
+        written = self._writes() if handed else None
+        viewed = any(h.alive() for h in handed.values())
+        self._handed_out = {}
         values, lost = self._masters_for_close()
         if lost is not None:
+            self._handed_out = handed  # (open still: its writes are watched as before)
             raise lost
-        # A write through a tensor handed out outside every forward is said
-        # once the model is closed (raised before, it would leave it open).
-        written = self._writes() if self._handed_out else None
-        viewed = any(h.alive() for h in self._handed_out.values())
-        self._handed_out = {}
         self._teardown(values, keep_engine=viewed)
         if written is not None:
             raise written
