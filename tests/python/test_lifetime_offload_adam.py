@@ -79,6 +79,23 @@ def _train(model, opt, steps, seed):
         opt.step()
 
 
+def _failing_new_engine(monkeypatch, fails, status, text):
+    """OffloadAdam._new_engine made to raise strata.Error(status, text) once
+    `fails` engines were made (and on every call after). Returns the list of
+    the groups of the engines made; undo with monkeypatch.undo()."""
+    built = []
+    real = offload_adam.OffloadAdam._new_engine
+
+    def flaky(self, index, params):
+        if len(built) == fails:
+            raise strata.Error(status, text)
+        built.append(index)
+        return real(self, index, params)
+
+    monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", flaky)
+    return built
+
+
 @pytest.mark.parametrize("bf16", [False, True])
 @pytest.mark.parametrize("fails", [0, 1])
 def test_load_failing_to_build_an_engine_keeps_the_optimizer(tmp_path, monkeypatch, bf16, fails):
@@ -100,20 +117,11 @@ def test_load_failing_to_build_an_engine_keeps_the_optimizer(tmp_path, monkeypat
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     folders = sorted(os.listdir(swap_a))
 
-    built = []
-    real = offload_adam.OffloadAdam._new_engine
-
-    def flaky(self, index, params):
-        if len(built) == fails:
-            raise strata.Error(strata.IO, "simulated: the swap folder's disk failed")
-        built.append(index)
-        return real(self, index, params)
-
-    monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", flaky)
+    _failing_new_engine(monkeypatch, fails, strata.IO, "simulated: the swap folder's disk failed")
     with pytest.raises(strata.Error) as err:
         opt.load_state_dict(older)
     assert err.value.status == strata.IO
-    monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", real)
+    monkeypatch.undo()
 
     assert sorted(os.listdir(swap_a)) == folders, "the engines built for the failed load left their folders"
     for k, v in model.state_dict().items():
@@ -193,24 +201,15 @@ def test_a_split_failing_to_build_an_engine_keeps_the_optimizer(tmp_path, monkey
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     folders = sorted(os.listdir(swap_a))
 
-    built = []
-    real = offload_adam.OffloadAdam._new_engine
-
-    def flaky(self, index, params):
-        if len(built) == fails:
-            raise strata.Error(strata.NOSPACE, "simulated: no space for the swap file")
-        built.append(index)
-        return real(self, index, params)
-
     # The bias of the first layer gets no gradient: its cohort splits.
     opt.zero_grad()
     model(torch.randn(2, 32)).sum().backward()
     model[0].bias.grad = None
-    monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", flaky)
+    built = _failing_new_engine(monkeypatch, fails, strata.NOSPACE, "simulated: no space for the swap file")
     with pytest.raises(strata.Error) as err:
         opt.step()
     assert err.value.status == strata.NOSPACE
-    monkeypatch.setattr(offload_adam.OffloadAdam, "_new_engine", real)
+    monkeypatch.undo()
     assert len(built) == fails, "the split did not make its engines: the case is not made"
     assert sorted(os.listdir(swap_a)) == folders, "the engines made for the failed split left their folders"
     for k, v in model.state_dict().items():
