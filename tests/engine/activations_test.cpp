@@ -285,37 +285,49 @@ TEST(Activations, ThroughTheEngine) {
   EXPECT_NE(built.message().find("activation_host_bytes"), std::string::npos) << built.message();
 }
 
+// An engine of `json` with `faults`, one parameter group of 1000 halves, built.
+std::unique_ptr<Engine> BuiltWithFaults(const std::string& json, std::shared_ptr<FaultPlan> faults) {
+  auto cfg = ParseConfig(json);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
+  if (!cfg.ok()) return nullptr;
+  EngineOptions eo;
+  eo.force_no_gpu = true;
+  eo.faults = std::move(faults);
+  auto e = Engine::Create(*cfg, eo);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  if (!e.ok()) return nullptr;
+  std::vector<float> w(1000, 0.5f);
+  const Status added = (*e)->AddParam(0, "w", w.size(), w.data()).status();
+  const Status built = added.ok() ? (*e)->Build() : added;
+  EXPECT_TRUE(built.ok()) << built.ToString();
+  return built.ok() ? std::move(e).value() : nullptr;
+}
+
 // A stash dropped while its write to the swap is in flight: the write goes
 // on in the store's thread. A checkpoint save then links the swap file (W,
 // M, V on NVMe, one folder): it waits for the write, where it failed
 // ("snapshot with writes in flight", INTERNAL).
 TEST(Activations, ASaveWaitsForTheWriteOfADroppedStash) {
   TempDir dir, ckpt;
-  auto cfg = ParseConfig(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ")" +
-                         dir.path() + R"("}}, "strata": {"activation_host_bytes": "256KiB",
-      "activation_nvme_bytes": "8MiB", "activation_prefetch_bytes": "128KiB", "host_budget": "64MiB"}})");
-  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  EngineOptions eo;
-  eo.force_no_gpu = true;
-  eo.faults = std::make_shared<FaultPlan>();
-  auto e = Engine::Create(*cfg, eo);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  std::vector<float> w(1000, 0.5f);
-  ASSERT_TRUE((*e)->AddParam(0, "w", w.size(), w.data()).ok());
-  ASSERT_TRUE((*e)->Build().ok());
-  eo.faults->SlowWrites(300);
+  auto faults = std::make_shared<FaultPlan>();
+  auto e = BuiltWithFaults(R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                               dir.path() + R"("}}, "strata": {"activation_host_bytes": "256KiB",
+      "activation_nvme_bytes": "8MiB", "activation_prefetch_bytes": "128KiB", "host_budget": "64MiB"}})",
+                           faults);
+  ASSERT_TRUE(e);
+  faults->SlowWrites(300);
   std::vector<uint64_t> hs;
   for (int i = 0; i < 6; ++i) {  // 480 KB through a 256 KiB arena: the first ones go on to NVMe
     const std::vector<float> v = Values(20000, i);
-    auto h = (*e)->Stash(v.data(), v.size() * 4);
+    auto h = e->Stash(v.data(), v.size() * 4);
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     hs.push_back(*h);
   }
-  for (uint64_t h : hs) ASSERT_TRUE((*e)->DropStash(h).ok());
-  ASSERT_GT((*e)->stats().act_nvme_bytes, 0u) << "nothing went to NVMe: the case is not made";
-  const Status st = (*e)->SaveCheckpoint(ckpt.path(), "t", nullptr, 0);
+  for (uint64_t h : hs) ASSERT_TRUE(e->DropStash(h).ok());
+  ASSERT_GT(e->stats().act_nvme_bytes, 0u) << "nothing went to NVMe: the case is not made";
+  const Status st = e->SaveCheckpoint(ckpt.path(), "t", nullptr, 0);
   EXPECT_TRUE(st.ok()) << st.ToString();
-  eo.faults->SlowWrites(0);
+  faults->SlowWrites(0);
 }
 
 // The disk fails every write: a stash that needs the arena's room (its
@@ -324,25 +336,19 @@ TEST(Activations, ASaveWaitsForTheWriteOfADroppedStash) {
 // Nothing is lost: the stashes kept in the arena redeem bitwise.
 TEST(Activations, AFailingDiskRefusesTheStashNotHangs) {
   TempDir dir;
-  auto cfg = ParseConfig(R"({"strata": {"activation_host_bytes": "256KiB", "activation_nvme_bytes": "8MiB", )"
-                         R"("activation_prefetch_bytes": "64KiB", "host_budget": "64MiB", "nvme_paths": [")" +
-                         dir.path() + R"("]}})");
-  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
-  EngineOptions eo;
-  eo.force_no_gpu = true;
-  eo.faults = std::make_shared<FaultPlan>();
-  auto e = Engine::Create(*cfg, eo);
-  ASSERT_TRUE(e.ok()) << e.status().ToString();
-  std::vector<float> w(1000, 0.5f);
-  ASSERT_TRUE((*e)->AddParam(0, "w", w.size(), w.data()).ok());
-  ASSERT_TRUE((*e)->Build().ok());
-  eo.faults->Arm(FaultPlan::Ops::kWrites, EIO);
+  auto faults = std::make_shared<FaultPlan>();
+  auto e = BuiltWithFaults(R"({"strata": {"activation_host_bytes": "256KiB", "activation_nvme_bytes": "8MiB", )"
+                           R"("activation_prefetch_bytes": "64KiB", "host_budget": "64MiB", "nvme_paths": [")" +
+                               dir.path() + R"("]}})",
+                           faults);
+  ASSERT_TRUE(e);
+  faults->Arm(FaultPlan::Ops::kWrites, EIO);
   std::vector<uint64_t> hs;
   Status refused;
   auto stashing = std::async(std::launch::async, [&] {
     for (int i = 0; i < 8 && refused.ok(); ++i) {  // 80 KB each through a 256 KiB arena
       const std::vector<float> v = Values(20000, i);
-      auto h = (*e)->Stash(v.data(), v.size() * 4);
+      auto h = e->Stash(v.data(), v.size() * 4);
       if (h.ok()) hs.push_back(*h);
       else refused = h.status();
     }
@@ -354,20 +360,20 @@ TEST(Activations, AFailingDiskRefusesTheStashNotHangs) {
   ASSERT_FALSE(refused.ok()) << "8 stashes of 80 KB fit a 256 KiB arena with every write failing";
   EXPECT_EQ(refused.code(), Code::kNoMem) << refused.ToString();
   EXPECT_NE(refused.message().find("write to NVMe failed"), std::string::npos) << refused.ToString();
-  eo.faults->Disarm();
+  faults->Disarm();
   for (size_t i = hs.size(); i-- > 0;) {
     std::vector<float> got(20000);
-    ASSERT_TRUE((*e)->Redeem(hs[i], got.data(), got.size() * 4).ok()) << i;
+    ASSERT_TRUE(e->Redeem(hs[i], got.data(), got.size() * 4).ok()) << i;
     const std::vector<float> want = Values(20000, static_cast<int>(i));
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << i;
   }
   // The disk back, the arena empty: stashes go on to NVMe again.
   for (int i = 0; i < 6; ++i) {
     const std::vector<float> v = Values(20000, i);
-    auto h = (*e)->Stash(v.data(), v.size() * 4);
+    auto h = e->Stash(v.data(), v.size() * 4);
     ASSERT_TRUE(h.ok()) << i << ": " << h.status().ToString();
   }
-  EXPECT_GT((*e)->stats().act_nvme_bytes, 0u);
+  EXPECT_GT(e->stats().act_nvme_bytes, 0u);
 }
 
 }  // namespace
