@@ -138,12 +138,15 @@ Status Engine::Impl::Init() {
   lay_.compact = config_.strata.state_format == "compact";
   lay_.gdtype = config_.grad_dtype();
   stats_ = std::make_unique<StatsRecorder>(options_.rank, RankTracePath(config_.strata.trace_path));
-  UringOptions uo;
+  StorageOptions uo;
   uo.rings = config_.strata.io_rings;
+  uo.backend = config_.strata.io_backend == "threads"    ? IoBackend::kThreads
+               : config_.strata.io_backend == "io_uring" ? IoBackend::kUring
+                                                         : IoBackend::kAuto;  // validated above
   uo.queue_depth = static_cast<uint32_t>(config_.aio.queue_depth);  // in 1..kMaxQueueDepth: validated above
   uo.block_size = config_.aio.block_size;
   uo.faults = options_.faults;
-  STRATA_ASSIGN_OR_RETURN(storage_, UringStorage::Create(uo));
+  STRATA_ASSIGN_OR_RETURN(storage_, FileStorage::Create(uo));
   placement_.rank = options_.rank;
   placement_.world_size = options_.world_size;
   STRATA_RETURN_IF_ERROR(PlaceOnGpu(options_.force_no_gpu, options_.device, &placement_));

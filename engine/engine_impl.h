@@ -33,7 +33,7 @@
 #include "engine/stats/stats.h"
 #include "io/net/comm.h"
 #include "io/net/store.h"
-#include "io/uring_storage.h"
+#include "io/file_storage.h"
 #include "kernels/cpu/compact.h"
 
 namespace strata {
@@ -241,7 +241,7 @@ class Engine::Impl {
   Placement placement_;  // set by Init, constant after
   ConfigFacts machine_;  // RAM, its cgroup limit, ranks_on_host: set by Init, constant after
   std::unique_ptr<StatsRecorder> stats_;
-  std::unique_ptr<UringStorage> storage_;
+  std::unique_ptr<FileStorage> storage_;
   std::unique_ptr<DeviceTier> device_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<NvmeTier> nvme_;

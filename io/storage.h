@@ -1,5 +1,5 @@
 // The storage seam: the one interface through which Strata reads and writes
-// files. The real implementation is UringStorage (io_uring, O_DIRECT); tests
+// files. The real implementation is FileStorage (io_uring, O_DIRECT); tests
 // give it a FaultPlan to inject the faults a real disk won't produce on demand.
 #pragma once
 

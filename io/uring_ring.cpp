@@ -13,11 +13,11 @@
 #include "base/align.h"
 #include "base/check.h"
 #include "base/log.h"
-#include "io/uring_storage.h"
+#include "io/file_storage.h"
 
 namespace strata {
 
-UringRing::UringRing(UringStorage* owner, int index, uint32_t queue_depth)
+UringRing::UringRing(FileStorage* owner, int index, uint32_t queue_depth)
     : owner_(owner), index_(index), queue_depth_(queue_depth) {}
 
 UringRing::~UringRing() {
@@ -31,13 +31,10 @@ static Status UringError(const char* call, int neg_errno) {
                                std::to_string(-neg_errno) + ")");
 }
 
-Status UringRing::Init(bool register_files, bool register_buffers) {
+Status UringRing::Init(bool register_files, bool register_buffers, bool* refused) {
   int rc = io_uring_queue_init(queue_depth_ + 2, &ring_, 0);  // +1 for the wake read
-  if (rc == -EPERM || rc == -ENOSYS)  // the kernel or a container refuses io_uring itself
-    return UringError("io_uring_queue_init", rc)
-        .WithContext("io_uring is unavailable here (sysctl kernel.io_uring_disabled, or a container's seccomp "
-                     "profile such as Docker's default, which blocks io_uring_setup); Strata needs it for its "
-                     "NVMe tier and checkpoints: allow io_uring for this process");
+  *refused = rc == -EPERM || rc == -ENOSYS;  // the kernel or a container refuses io_uring itself
+  if (*refused) return UringError("io_uring_queue_init", rc);  // FileStorage::Create says what then
   if (rc == -ENOMEM)  // the ring's memory is locked memory on kernels before 5.12
     return UringError("io_uring_queue_init", rc)
         .WithContext("a ring of " + std::to_string(queue_depth_ + 2) + " entries: its memory counts against " +
@@ -139,42 +136,10 @@ void UringRing::Prep(IoChunk* c) {
   ++in_flight_;
 }
 
-void UringRing::Finish(IoChunk* c, Status st) {
-  if (!st.ok()) c->batch->Fail(std::move(st));
-  c->batch->PartDone();  // may free the batch and `c` with it
-}
-
 void UringRing::Complete(IoChunk* c, int res) {
-  IoOp& op = c->op;
-  if (const auto& faults = owner_->options().faults) res = faults->Apply(c->seq, op.kind == IoOp::kWrite, res, op.len, c->align);
-  const char* verb = op.kind == IoOp::kRead ? "read" : "write";
-  if (res == -EINTR || res == -EAGAIN) {
-    if (++c->retries > kMaxRetries)
-      return Finish(c, PosixError(verb, owner_->Info(op.file).path, op.offset, op.len, -res));
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_front(c);
-    return;
-  }
-  if (res < 0) return Finish(c, PosixError(verb, owner_->Info(op.file).path, op.offset, op.len, -res));
-  const auto done = static_cast<uint64_t>(res);
-  if (done >= op.len) return Finish(c, Status::Ok());
-  // Short: continue from the aligned offset at or below what was done. One
-  // shorter than the alignment (a direct read at a file's end off the
-  // alignment: the same few bytes each time) advances nothing: as 0 bytes.
-  const uint64_t advance = AlignDown(done, c->align);
-  if (advance == 0) {
-    const std::string where = owner_->Info(op.file).path + " offset " + std::to_string(op.offset) +
-                              " length " + std::to_string(op.len);
-    if (op.kind == IoOp::kRead)
-      return Finish(c, CorruptError("read " + where + ": unexpected end of file after " + std::to_string(done) +
-                                    " bytes (truncated?)"));
-    return Finish(c, IoError("write " + where + ": the kernel wrote " + std::to_string(done) + " bytes, under the " +
-                             std::to_string(c->align) + "-byte alignment"));
-  }
-  c->retries = 0;
-  op.offset += advance;
-  op.buf = static_cast<char*>(op.buf) + advance;
-  op.len -= advance;
+  Status st;
+  if (SettleChunk(c, res, owner_->options().faults.get(), *owner_, &st) == ChunkNext::kDone)
+    return FinishChunk(c, std::move(st));
   std::lock_guard<std::mutex> lock(mu_);
   pending_.push_front(c);
 }

@@ -1,5 +1,5 @@
 // UringRing: one io_uring, the thread that drives it and its queue of chunks.
-// Internal to UringStorage.
+// Internal to FileStorage.
 #pragma once
 
 #include <liburing.h>
@@ -9,52 +9,25 @@
 #include <thread>
 #include <vector>
 
-#include "io/storage.h"
+#include "io/io_worker.h"
 
 namespace strata {
 
-class UringStorage;
+class FileStorage;
 
-// One request of at most block_size bytes; continued in place when short.
-struct IoChunk {
-  IoBatch* batch = nullptr;  // owns this chunk (UringBatch::chunks)
-  IoOp op;
-  int fd = -1;
-  uint64_t align = 1;
-  int buf_index = -1;  // registered buffer holding op.buf (and any short continuation), or -1
-  uint64_t seq = 0;  // number of the SQE last submitted for it
-  int retries = 0;
-};
-
-// A batch of UringStorage: its chunks live in it, and it holds itself until
-// the last one completes.
-struct UringBatch final : IoBatch {
-  explicit UringBatch(int64_t parts) : IoBatch(parts) {}
-  std::vector<IoChunk> chunks;
-  std::shared_ptr<IoBatch> self;
-
- protected:
-  void OnAllDone() override {
-    auto last = std::move(self);  // may free *this when `last` goes: touch nothing after
-  }
-};
-
-class UringRing {
+class UringRing final : public IoWorker {
  public:
-  static constexpr unsigned kMaxFiles = 1024;
-  static constexpr unsigned kMaxBuffers = 1024;
-  static constexpr int kMaxRetries = 1000;  // EINTR/EAGAIN in a row
-
-  UringRing(UringStorage* owner, int index, uint32_t queue_depth);
-  ~UringRing();
-  Status Init(bool register_files, bool register_buffers);
-  void Start();
-  void Stop();  // drains what is queued, then joins
-  void Enqueue(const std::vector<IoChunk*>& chunks);
-  // Registered-table updates; -1 / nullptr clears the slot.
-  Status SetFile(int slot, int fd);
-  Status SetBuffer(int slot, void* p, uint64_t len);
-  bool fixed_buffers() const { return fixed_buffers_; }
+  UringRing(FileStorage* owner, int index, uint32_t queue_depth);
+  ~UringRing() override;
+  // *refused: io_uring itself is refused here (EPERM, ENOSYS: a sysctl or a
+  // seccomp profile), as against a ring that could not be made.
+  Status Init(bool register_files, bool register_buffers, bool* refused);
+  void Start() override;
+  void Stop() override;
+  void Enqueue(const std::vector<IoChunk*>& chunks) override;
+  Status SetFile(int slot, int fd) override;
+  Status SetBuffer(int slot, void* p, uint64_t len) override;
+  bool fixed_buffers() const override { return fixed_buffers_; }
 
  private:
   void Loop();
@@ -62,9 +35,8 @@ class UringRing {
   void ArmWake();
   void Prep(IoChunk* c);
   void Complete(IoChunk* c, int res);
-  void Finish(IoChunk* c, Status st);
 
-  UringStorage* owner_;
+  FileStorage* owner_;
   int index_;
   uint32_t queue_depth_;
   io_uring ring_{};

@@ -34,7 +34,7 @@
 #include "engine/step/shard_store.h"
 #include "engine/step/step_state.h"
 #include "io/net/comm.h"
-#include "io/uring_storage.h"
+#include "io/file_storage.h"
 #include "tiers/nvme_tier.h"
 
 namespace strata {
@@ -48,7 +48,7 @@ class Checkpointer {
     ShardStore& shards;
     BlockIo& io;
     StagingPools& staging;
-    UringStorage& storage;
+    FileStorage& storage;
     NvmeTier* nvme;              // null without state on NVMe
     net::Communicator* comm;     // null alone
     int rank, world_size;        // of the run (stage 0 shards nothing: rank 0 writes)

@@ -11,7 +11,7 @@
 
 #include "base/log.h"
 #include "engine/config/config_reader.h"
-#include "io/uring_storage.h"
+#include "io/file_storage.h"
 
 namespace strata {
 
@@ -140,12 +140,12 @@ Status ReadZero(ObjectReader& top, Config* c) {
 }
 
 Status ReadAio(ObjectReader r, AioConfig* a, std::vector<std::string>* warnings) {
-  STRATA_RETURN_IF_ERROR(r.Uint("block_size", &a->block_size, 4096, UringOptions::kMaxBlockSize));
+  STRATA_RETURN_IF_ERROR(r.Uint("block_size", &a->block_size, 4096, StorageOptions::kMaxBlockSize));
   if (a->block_size % 4096 != 0)
     return ConfigError(r.KeyPath("block_size") + ": " + std::to_string(a->block_size) +
                        " is not a multiple of 4096 (O_DIRECT alignment)");
   // The storage's own limit: one number, so the engine never refuses what the config accepted.
-  STRATA_RETURN_IF_ERROR(r.Uint("queue_depth", &a->queue_depth, 1, UringOptions::kMaxQueueDepth));
+  STRATA_RETURN_IF_ERROR(r.Uint("queue_depth", &a->queue_depth, 1, StorageOptions::kMaxQueueDepth));
   STRATA_ASSIGN_OR_RETURN(std::string threads, r.Alias({"intra_op_parallelism", "thread_count"}));
   STRATA_RETURN_IF_ERROR(r.Uint(threads, &a->thread_count, 1, 1024));
   STRATA_RETURN_IF_ERROR(r.Bool("single_submit", &a->single_submit));
@@ -261,6 +261,7 @@ Status ReadStrata(ObjectReader r, StrataConfig* s) {
   STRATA_RETURN_IF_ERROR(r.Double("timeout", &s->timeout_s, 0.001, 1e7));
   STRATA_RETURN_IF_ERROR(r.Bool("comm_shared_memory", &s->comm_shared_memory));
   STRATA_RETURN_IF_ERROR(r.Int("io_rings", &s->io_rings, 1, 64));
+  STRATA_RETURN_IF_ERROR(r.Choice("io_backend", &s->io_backend, {"auto", "io_uring", "threads"}));
   STRATA_RETURN_IF_ERROR(r.Choice("step_io", &s->step_io, {"alternate", "concurrent"}));
   STRATA_RETURN_IF_ERROR(r.Choice("write_behind", &s->write_behind, {"auto", "always", "never"}));
   STRATA_RETURN_IF_ERROR(r.Choice("nonfinite", &s->nonfinite, {"skip", "error", "apply"}));
@@ -464,6 +465,7 @@ std::string ConfigToJson(const Config& c) {
         {"nvme_paths", c.strata.nvme_paths}, {"trace_path", c.strata.trace_path},
         {"checksums", c.strata.checksums}, {"timeout", c.strata.timeout_s},
         {"comm_shared_memory", c.strata.comm_shared_memory}, {"io_rings", c.strata.io_rings},
+        {"io_backend", c.strata.io_backend},
         {"step_io", c.strata.step_io}, {"write_behind", c.strata.write_behind}, {"nonfinite", c.strata.nonfinite},
         {"grad_reduce", c.strata.grad_reduce}, {"state_format", c.strata.state_format},
         {"device_pool", c.strata.device_pool},

@@ -125,7 +125,11 @@ struct StrataConfig {
   bool checksums = true;                // checksum swap blocks, verify on read
   double timeout_s = 300;               // collectives and store waits
   bool comm_shared_memory = true;       // Gloo, every rank on this host: bulk collectives through /dev/shm
-  int io_rings = 1;                     // io_uring worker rings
+  int io_rings = 1;                     // I/O workers: io_uring rings, or thread pools
+  // How files are read and written: "auto" (io_uring; pread and pwrite on
+  // threads, with one warning, where io_uring is refused), "io_uring" (or
+  // fail), "threads".
+  std::string io_backend = "auto";
   // The optimizer step's disk schedule over NVMe-homed state:
   //   "alternate"  the disk reads or writes, never both at once: shard i+1 is
   //                read after shard i-1's writes finish and before shard i's

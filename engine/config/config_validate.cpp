@@ -15,7 +15,7 @@
 #include "base/log.h"
 #include "engine/config/config.h"
 #include "engine/config/config_reader.h"
-#include "io/uring_storage.h"
+#include "io/file_storage.h"
 
 namespace strata {
 namespace {
@@ -164,6 +164,9 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   const std::string& nb = c.strata.numa_bind;
   if (nb != "auto" && nb != "off")
     return ConfigError("strata.numa_bind: \"" + nb + "\" is not one of auto, off");
+  const std::string& ib = c.strata.io_backend;
+  if (ib != "auto" && ib != "io_uring" && ib != "threads")
+    return ConfigError("strata.io_backend: \"" + ib + "\" is not one of auto, io_uring, threads");
   const std::string& sf = c.strata.state_format;
   if (sf != "fp32" && sf != "compact")
     return ConfigError("strata.state_format: \"" + sf + "\" is not one of fp32, compact");
@@ -183,12 +186,12 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   if (sf == "compact" && c.optimizer.type != "lion" && c.optimizer.eps == 0)
     return ConfigError("optimizer.params.eps: 0 with strata.state_format \"compact\": an element whose moments "
                        "round to 0 in their block would update by 0/0 (NaN); give eps > 0, or use \"fp32\"");
-  if (c.aio.block_size > UringOptions::kMaxBlockSize)
+  if (c.aio.block_size > StorageOptions::kMaxBlockSize)
     return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) + " is out of range; allowed: from 4096 to " +
-                       std::to_string(UringOptions::kMaxBlockSize));
-  if (c.aio.queue_depth < 1 || c.aio.queue_depth > UringOptions::kMaxQueueDepth)
+                       std::to_string(StorageOptions::kMaxBlockSize));
+  if (c.aio.queue_depth < 1 || c.aio.queue_depth > StorageOptions::kMaxQueueDepth)
     return ConfigError("aio.queue_depth: " + std::to_string(c.aio.queue_depth) + " is out of range; allowed: from 1 to " +
-                       std::to_string(UringOptions::kMaxQueueDepth));
+                       std::to_string(StorageOptions::kMaxQueueDepth));
   return Status::Ok();
 }
 

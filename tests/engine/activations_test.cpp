@@ -19,7 +19,7 @@
 #include "engine/activations/activation_store.h"
 #include "engine/engine.h"
 #include "io/fault.h"
-#include "io/uring_storage.h"
+#include "io/file_storage.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {
@@ -29,7 +29,7 @@ using testing::TempDir;
 
 struct Rig {
   TempDir dir;
-  std::unique_ptr<UringStorage> storage;
+  std::unique_ptr<FileStorage> storage;
   std::unique_ptr<DeviceTier> device;
   std::unique_ptr<HostTier> host;
   std::unique_ptr<NvmeTier> nvme;
@@ -37,7 +37,7 @@ struct Rig {
   std::unique_ptr<ActivationStore> store;
 
   Rig(uint64_t arena, uint64_t swap, uint64_t window, bool strict = false, int folders = 1) {
-    storage = std::move(UringStorage::Create({})).value();
+    storage = std::move(FileStorage::Create({})).value();
     device = std::move(DeviceTier::Create({.budget = 64 * kMiB, .force_host_arena = true, .strict = strict})).value();
     host = std::make_unique<HostTier>(HostTierOptions{.budget = arena + 8 * kMiB, .pin = false,
                                                       .storage = storage.get()});

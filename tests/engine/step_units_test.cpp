@@ -23,6 +23,9 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -33,6 +36,7 @@
 #include "engine/layout/staging.h"
 #include "io/fault.h"
 #include "kernels/cpu/cast.h"
+#include "tests/util/no_uring.h"
 #include "tests/util/on_ranks.h"
 #include "tests/util/temp_dir.h"
 
@@ -219,13 +223,62 @@ TEST(StepUnits, NumericsDoNotDependOnThem) {
   const std::string three = R"(, "nvme_paths": [")" + e0.path() + R"(", ")" + e1.path() + R"(", ")" + e2.path() + R"("])";
   const auto striped = Train(Json(a.path(), 2048, "nvme", three), 5);
   // Three io_uring rings, each request's chunks handed to them in turn (no
-  // other test trains through more than one).
+  // other test trains through more than one); and two pools of threads with
+  // pread and pwrite (the backend where io_uring is refused).
   const auto rings = Train(Json(d.path(), 2048, "nvme", three + R"(, "io_rings": 3)"), 5);
+  const auto threads = Train(Json(d.path(), 2048, "nvme", three + R"(, "io_rings": 2, "io_backend": "threads")"), 5);
   ExpectSame(whole, units, "units of 16384 against whole groups");
   ExpectSame(whole, odd, "units of 6144 against whole groups");
   ExpectSame(whole, host, "host-homed state against whole groups on NVMe");
   ExpectSame(whole, striped, "units of 2048 striped over three folders against whole groups");
   ExpectSame(whole, rings, "three io_uring rings, units striped over three folders, against whole groups");
+  ExpectSame(whole, threads, "pread and pwrite on threads, units striped over three folders, against whole groups");
+}
+
+// FNV-1a over every value's bits, as hex: two runs' state compared across processes.
+std::string Digest(const std::vector<std::vector<float>>& state) {
+  uint64_t h = 1469598103934665603ull;
+  size_t n = 0;
+  for (const auto& v : state)
+    for (float x : v) {
+      uint32_t bits;
+      std::memcpy(&bits, &x, sizeof bits);
+      for (int k = 0; k < 4; ++k) h = (h ^ ((bits >> (8 * k)) & 0xff)) * 1099511628211ull;
+      ++n;
+    }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%016llx over %zu values", static_cast<unsigned long long>(h), n);
+  return buf;
+}
+
+// Where io_uring is refused (a container's seccomp profile, as Docker's
+// default; kernel.io_uring_disabled), an engine with its state on NVMe
+// trains all the same with strata.io_backend "auto" (the default): pread
+// and pwrite on threads, one warning saying so, the state bitwise io_uring's.
+// "io_uring" is refused at create, naming why and the way out. The part
+// without io_uring runs in a fresh process of this program (seccomp).
+TEST(StepUnits, TrainsWhereIoUringIsRefused) {
+  if (std::getenv(testing::kNoUringChildEnv)) {  // the child's part
+    TempDir d;
+    std::printf("state %s\n", Digest(Train(Json(d.path(), 2048), 5)).c_str());
+    auto c = ParseConfig(Json(d.path(), 2048, "nvme", R"(, "io_backend": "io_uring")"));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto e = Engine::Create(*c, EngineOptions{});
+    std::printf("with io_uring required: %s\n", e.ok() ? "created" : e.status().ToString().c_str());
+    return;
+  }
+  TempDir d;
+  const std::string want = Digest(Train(Json(d.path(), 2048), 5));
+  const auto child = testing::ExecWithoutIoUring(EPERM, "StepUnits.TrainsWhereIoUringIsRefused");
+  if (!child.filtered) GTEST_SKIP() << "this machine allows no seccomp filter (nothing to test)";
+  ASSERT_TRUE(child.exited) << child.out;
+  EXPECT_NE(child.out.find("state " + want + "\n"), std::string::npos) << "want state " << want << "; the child:\n"
+                                                                     << child.out;
+  EXPECT_NE(child.out.find("pread and pwrite on threads instead"), std::string::npos) << child.out;
+  EXPECT_NE(child.out.find("with io_uring required: IO: io_uring is unavailable here"), std::string::npos)
+      << child.out;
+  EXPECT_NE(child.out.find("io_uring_queue_init: Operation not permitted"), std::string::npos) << child.out;
+  EXPECT_NE(child.out.find("strata.io_backend to \"threads\""), std::string::npos) << child.out;
 }
 
 // bf16 compute with P homed in host memory, W, M, V on NVMe in units: P is

@@ -1,24 +1,21 @@
-// io/: UringStorage on a real file with a real io_uring, and injected faults.
+// io/: FileStorage on a real file with a real io_uring, and injected faults.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include <memory>
 #include <vector>
 
 #include "io/direct_file.h"
-#include "io/uring_storage.h"
+#include "io/file_storage.h"
+#include "tests/util/no_uring.h"
 #include "tests/util/temp_dir.h"
 
 namespace strata {
@@ -30,8 +27,8 @@ using testing::CheckPattern;
 using testing::FillPattern;
 using testing::TempDir;
 
-std::unique_ptr<UringStorage> MakeStorage(UringOptions o = {}) {
-  auto r = UringStorage::Create(o);
+std::unique_ptr<FileStorage> MakeStorage(StorageOptions o = {}) {
+  auto r = FileStorage::Create(o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? std::move(r).value() : nullptr;
 }
@@ -57,54 +54,65 @@ void RoundTrip(Storage& s, FileId f, uint64_t off, uint64_t len, uint64_t seed) 
 }
 
 // Where io_uring is refused (sysctl kernel.io_uring_disabled, a container's
-// seccomp profile: io_uring_setup returns EPERM or ENOSYS), creating the
-// storage says so and what to do, not only "Operation not permitted". A
-// forked child installs a seccomp filter failing io_uring_setup, creates
-// the storage and writes its message back.
-TEST(Storage, IoUringRefusedIsNamed) {
+// seccomp profile: io_uring_setup returns EPERM or ENOSYS), "auto" moves its
+// files with pread and pwrite on threads, and "io_uring" says why it cannot
+// and what to do, not only "Operation not permitted". Any other failure to
+// make a ring is an error either way. Each case in a child whose
+// io_uring_setup fails with that errno.
+TEST(Storage, IoUringRefused) {
   for (int err : {EPERM, ENOSYS, EINVAL, EMFILE}) {
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(fds[0]);
-      sock_filter filter[] = {
-          BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-          BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
-          BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | static_cast<uint32_t>(err)),
-          BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      };
-      sock_fprog prog{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
-      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
-        ::_exit(3);
-      auto r = UringStorage::Create(UringOptions{});
-      const std::string msg = r.ok() ? std::string("(created)") : r.status().ToString();
-      if (::write(fds[1], msg.data(), msg.size()) < 0) ::_exit(4);
-      ::_exit(0);
-    }
-    ::close(fds[1]);
-    std::string msg;
-    char buf[512];
-    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<size_t>(n));
-    ::close(fds[0]);
-    int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status)) << "the child died: status " << status;
-    if (WEXITSTATUS(status) == 3) GTEST_SKIP() << "this machine allows no seccomp filter (nothing to test)";
-    ASSERT_EQ(WEXITSTATUS(status), 0) << "the child could not write its message";
-    if (err == EPERM || err == ENOSYS) {
-      EXPECT_NE(msg.find("io_uring is unavailable here"), std::string::npos) << msg;
-      EXPECT_NE(msg.find("kernel.io_uring_disabled"), std::string::npos) << msg;
-    } else {  // any other failure: refused with its errno, never a ring used unmade (a crash)
-      EXPECT_NE(msg.find("io_uring_queue_init: " + std::string(std::strerror(err))), std::string::npos) << msg;
+    for (IoBackend b : {IoBackend::kAuto, IoBackend::kUring}) {
+      const auto r = testing::RunWithoutIoUring(err, [b] {
+        StorageOptions o;
+        o.backend = b;
+        auto s = FileStorage::Create(o);
+        if (!s.ok()) return s.status().ToString();
+        TempDir dir;
+        auto f = (*s)->Open(dir.path() + "/r.swap", OpenMode::kCreate);
+        if (!f.ok()) return f.status().ToString();
+        const uint64_t len = 3 << 20;
+        Buf w(len), rd(len);
+        FillPattern(w.get(), len, 0, 5);
+        IoOp ops[] = {{IoOp::kWrite, *f, 0, w.get(), len}};
+        Status st = (*s)->Run(ops);
+        IoOp back{IoOp::kRead, *f, 0, rd.get(), len};
+        if (st.ok()) st = (*s)->Run({&back, 1});
+        if (!st.ok()) return st.ToString();
+        return std::string("created ") + IoBackendName((*s)->backend()) +
+               (CheckPattern(rd.get(), len, 0, 5) == -1 ? ", read back exact" : ", READ BACK WRONG");
+      });
+      if (!r.filtered) GTEST_SKIP() << "this machine allows no seccomp filter (nothing to test)";
+      ASSERT_TRUE(r.exited) << r.out;
+      const std::string& msg = r.out;
+      if ((err == EPERM || err == ENOSYS) && b == IoBackend::kAuto) {
+        EXPECT_EQ(msg, "created threads, read back exact");
+      } else if (err == EPERM || err == ENOSYS) {
+        EXPECT_NE(msg.find("io_uring is unavailable here"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("kernel.io_uring_disabled"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("strata.io_backend"), std::string::npos) << msg;
+      } else {  // any other failure: refused with its errno, never a ring used unmade (a crash)
+        EXPECT_NE(msg.find("io_uring_queue_init: " + std::string(std::strerror(err))), std::string::npos) << msg;
+      }
     }
   }
 }
 
-TEST(Storage, RoundTripsAlignedSizesDirect) {
+// Every test below runs on both backends: io_uring, and pread and pwrite on threads.
+class StorageOn : public ::testing::TestWithParam<IoBackend> {
+ protected:
+  std::unique_ptr<FileStorage> Make(StorageOptions o = {}) {
+    o.backend = GetParam();
+    auto s = MakeStorage(o);
+    if (s) {
+      EXPECT_EQ(s->backend(), GetParam());
+    }
+    return s;
+  }
+};
+
+TEST_P(StorageOn, RoundTripsAlignedSizesDirect) {
   TempDir dir;
-  auto s = MakeStorage();
+  auto s = Make();
   auto f = s->Open(dir.path() + "/a.swap", OpenMode::kCreate);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   const uint64_t a = s->Info(*f).align;
@@ -114,7 +122,7 @@ TEST(Storage, RoundTripsAlignedSizesDirect) {
   }
 }
 
-TEST(Storage, BufferedFallbackOnTmpfsTakesAnySize) {
+TEST_P(StorageOn, BufferedFallbackOnTmpfsTakesAnySize) {
   struct stat st {};
   if (::stat("/dev/shm", &st) != 0) GTEST_SKIP() << "no /dev/shm";
   TempDir dir("/dev/shm");
@@ -124,9 +132,9 @@ TEST(Storage, BufferedFallbackOnTmpfsTakesAnySize) {
   FileInfo probe;
   ASSERT_TRUE(OpenDirectFile(dir.path() + "/probe", OpenMode::kCreate, &probe).ok());
   ::close(probe.fd);
-  UringOptions o;
+  StorageOptions o;
   o.direct = !probe.direct;
-  auto s = MakeStorage(o);
+  auto s = Make(o);
   auto f = s->Open(dir.path() + "/b.swap", OpenMode::kCreate);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_FALSE(s->Info(*f).direct);
@@ -135,13 +143,13 @@ TEST(Storage, BufferedFallbackOnTmpfsTakesAnySize) {
     RoundTrip(*s, *f, 7, n, n);
 }
 
-TEST(Storage, ManyChunksOverManyRingsBeyondQueueDepth) {
+TEST_P(StorageOn, ManyChunksOverManyRingsBeyondQueueDepth) {
   TempDir dir;
-  UringOptions o;
+  StorageOptions o;
   o.rings = 3;
   o.queue_depth = 4;
   o.block_size = 64 << 10;
-  auto s = MakeStorage(o);
+  auto s = Make(o);
   auto f = s->Open(dir.path() + "/c.swap", OpenMode::kCreate);
   ASSERT_TRUE(f.ok());
   const uint64_t len = 8 << 20;  // 128 chunks over 3 rings of depth 4
@@ -152,9 +160,9 @@ TEST(Storage, ManyChunksOverManyRingsBeyondQueueDepth) {
   EXPECT_GE(s->ops_submitted(), 256u);
 }
 
-TEST(Storage, MisalignedDirectIoIsRefusedBeforeSubmission) {
+TEST_P(StorageOn, MisalignedDirectIoIsRefusedBeforeSubmission) {
   TempDir dir;
-  auto s = MakeStorage();
+  auto s = Make();
   auto f = s->Open(dir.path() + "/d.swap", OpenMode::kCreate);
   ASSERT_TRUE(f.ok());
   Buf b(8192);
@@ -169,17 +177,17 @@ TEST(Storage, MisalignedDirectIoIsRefusedBeforeSubmission) {
   EXPECT_EQ(s->Run({&bad_file, 1}).code(), Code::kInvalid);
 }
 
-TEST(Storage, OpenNamesThePath) {
-  auto s = MakeStorage();
+TEST_P(StorageOn, OpenNamesThePath) {
+  auto s = Make();
   auto f = s->Open("/nonexistent-dir/x.swap", OpenMode::kCreate);
   ASSERT_FALSE(f.ok());
   EXPECT_NE(f.status().message().find("/nonexistent-dir/x.swap"), std::string::npos);
   EXPECT_NE(f.status().message().find("errno 2"), std::string::npos);
 }
 
-TEST(Storage, TruncatedFileReadIsCorrupt) {
+TEST_P(StorageOn, TruncatedFileReadIsCorrupt) {
   TempDir dir;
-  auto s = MakeStorage();
+  auto s = Make();
   const std::string path = dir.path() + "/t.swap";
   auto f = s->Open(path, OpenMode::kCreate);
   ASSERT_TRUE(f.ok());
@@ -200,6 +208,9 @@ TEST(Storage, TruncatedFileReadIsCorrupt) {
   EXPECT_NE(st.message().find("offset 4096"), std::string::npos) << st.message();
 }
 
+INSTANTIATE_TEST_SUITE_P(Backends, StorageOn, ::testing::Values(IoBackend::kUring, IoBackend::kThreads),
+                         [](const auto& info) { return std::string(IoBackendName(info.param)); });
+
 // Faults: retried ones leave the data exact; hard ones fail with a message.
 struct FaultCase {
   const char* name;
@@ -208,17 +219,18 @@ struct FaultCase {
   bool hard;
 };
 
-class StorageFault : public ::testing::TestWithParam<FaultCase> {};
+class StorageFault : public ::testing::TestWithParam<std::tuple<FaultCase, IoBackend>> {};
 
 TEST_P(StorageFault, AtEveryOpOfAWriteAndARead) {
-  const FaultCase fc = GetParam();
+  const FaultCase fc = std::get<0>(GetParam());
   TempDir dir;
   const uint64_t len = 256 << 10;  // 4 chunks of 64 KiB
   for (uint64_t k = 0; k < 8; ++k) {  // ops 0..3 are the write, 4..7 the read
-    UringOptions o;
+    StorageOptions o;
     o.block_size = 64 << 10;
     o.queue_depth = 2;
     o.faults = std::make_shared<FaultPlan>(std::vector<Fault>{{k, fc.kind, fc.err}});
+    o.backend = std::get<1>(GetParam());
     auto s = MakeStorage(o);
     auto f = s->Open(dir.path() + "/f" + std::to_string(k), OpenMode::kCreate);
     ASSERT_TRUE(f.ok());
@@ -248,21 +260,27 @@ TEST_P(StorageFault, AtEveryOpOfAWriteAndARead) {
 
 INSTANTIATE_TEST_SUITE_P(
     Faults, StorageFault,
-    ::testing::Values(FaultCase{"short", Fault::kShort, 0, false},
-                      FaultCase{"EAGAIN", Fault::kErrno, EAGAIN, false},
-                      FaultCase{"EINTR", Fault::kErrno, EINTR, false},
-                      FaultCase{"EIO", Fault::kErrno, EIO, true},
-                      FaultCase{"ENOSPC", Fault::kErrno, ENOSPC, true},
-                      FaultCase{"EFBIG", Fault::kErrno, EFBIG, true}),
-    [](const auto& info) { return std::string(info.param.name); });
+    ::testing::Combine(::testing::Values(FaultCase{"short", Fault::kShort, 0, false},
+                                         FaultCase{"EAGAIN", Fault::kErrno, EAGAIN, false},
+                                         FaultCase{"EINTR", Fault::kErrno, EINTR, false},
+                                         FaultCase{"EIO", Fault::kErrno, EIO, true},
+                                         FaultCase{"ENOSPC", Fault::kErrno, ENOSPC, true},
+                                         FaultCase{"EFBIG", Fault::kErrno, EFBIG, true}),
+                       ::testing::Values(IoBackend::kUring, IoBackend::kThreads)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param).name) + "_" + IoBackendName(std::get<1>(info.param));
+    });
 
 TEST(Storage, RefusesBadOptions) {
-  UringOptions o;
+  StorageOptions o;
   o.queue_depth = 0;
-  EXPECT_EQ(UringStorage::Create(o).status().code(), Code::kInvalid);
+  EXPECT_EQ(FileStorage::Create(o).status().code(), Code::kInvalid);
+  o = {};
+  o.backend = static_cast<IoBackend>(7);
+  EXPECT_NE(FileStorage::Create(o).status().message().find("io backend 7"), std::string::npos);
   o = {};
   o.block_size = 1000;
-  auto r = UringStorage::Create(o);
+  auto r = FileStorage::Create(o);
   EXPECT_NE(r.status().message().find("block size 1000"), std::string::npos);
 }
 

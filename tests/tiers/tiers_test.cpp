@@ -18,7 +18,7 @@
 
 #include "base/align.h"
 #include "base/log.h"
-#include "io/uring_storage.h"
+#include "io/file_storage.h"
 #include "tests/util/temp_dir.h"
 #include "tiers/device_tier.h"
 #include "tiers/extent_allocator.h"
@@ -33,10 +33,10 @@ using testing::CheckPattern;
 using testing::FillPattern;
 using testing::TempDir;
 
-std::unique_ptr<UringStorage> MakeStorage(std::shared_ptr<FaultPlan> faults = nullptr) {
-  UringOptions o;
+std::unique_ptr<FileStorage> MakeStorage(std::shared_ptr<FaultPlan> faults = nullptr) {
+  StorageOptions o;
   o.faults = std::move(faults);
-  auto r = UringStorage::Create(o);
+  auto r = FileStorage::Create(o);
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return std::move(r).value();
 }
@@ -350,7 +350,7 @@ INSTANTIATE_TEST_SUITE_P(Dirs, NvmeRoundTrip, ::testing::Values(1, 2, 3));
 
 struct Fixture {
   TempDir dir;
-  std::unique_ptr<UringStorage> storage;
+  std::unique_ptr<FileStorage> storage;
   std::unique_ptr<NvmeTier> nvme;
   Allocation block;
   void* buf = nullptr;
@@ -579,7 +579,7 @@ struct TwoWrittenBlocks {
 
   const uint64_t n;
   TempDir dir;
-  std::unique_ptr<UringStorage> storage = MakeStorage();
+  std::unique_ptr<FileStorage> storage = MakeStorage();
   std::unique_ptr<NvmeTier> tier;
   Allocation a, b;
   void* buf = nullptr;
@@ -827,7 +827,7 @@ TEST(NvmeTier, ASnapshotThatCannotLinkIsUnsupportedNotNoSpace) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     int bad = 0;
-    auto storage = UringStorage::Create(UringOptions{});
+    auto storage = FileStorage::Create(StorageOptions{});
     if (!storage.ok()) ::_exit(100);
     auto t = NvmeTier::Create({.dirs = {dir.path()}, .budget = 8 * kMiB, .storage = storage->get()});
     if (!t.ok()) ::_exit(101);

@@ -14,7 +14,7 @@
 #include "base/align.h"
 #include "base/sizes.h"
 #include "io/direct_file.h"
-#include "io/uring_storage.h"
+#include "io/file_storage.h"
 #include "tiers/host_tier.h"
 
 namespace strata {
@@ -25,6 +25,7 @@ struct Args {
   std::string file_size = "4GiB", block_size = "1MiB";
   uint32_t queue_depth = 32;
   int rings = 1;
+  std::string backend = "io_uring";
   std::string modes = "write,read";
   int loops = 1;
   bool buffered = false, keep = false;
@@ -32,7 +33,7 @@ struct Args {
 };
 
 struct Bench {
-  UringStorage* storage;
+  FileStorage* storage;
   FileId file;
   uint64_t file_size, block;
   std::vector<char*> bufs;
@@ -85,12 +86,13 @@ int Run(const Args& a) {
     }
     modes.push_back(m);
   }
-  UringOptions uo;
+  StorageOptions uo;
   uo.rings = a.rings;
+  uo.backend = a.backend == "threads" ? IoBackend::kThreads : a.backend == "auto" ? IoBackend::kAuto : IoBackend::kUring;
   uo.queue_depth = a.queue_depth;
   uo.block_size = block;
   uo.direct = !a.buffered;
-  auto storage = UringStorage::Create(uo);
+  auto storage = FileStorage::Create(uo);
   if (!storage.ok()) {
     std::fprintf(stderr, "strata-iobench: %s\n", storage.status().ToString().c_str());
     return 1;
@@ -124,9 +126,9 @@ int Run(const Args& a) {
   std::memset(mem->ptr, 0x5A, nbufs * block);
   Bench b{storage->get(), *file, file_size, block, {}};
   for (uint64_t i = 0; i < nbufs; ++i) b.bufs.push_back(static_cast<char*>(mem->ptr) + i * block);
-  std::printf("strata-iobench: %s, file %s, block %s, depth %u, rings %d, %s\n", path.c_str(),
-              FormatBytes(file_size).c_str(), FormatBytes(block).c_str(), a.queue_depth, a.rings,
-              info.direct ? "O_DIRECT" : "buffered");
+  std::printf("strata-iobench: %s, file %s, block %s, depth %u, %s workers %d, %s\n", path.c_str(),
+              FormatBytes(file_size).c_str(), FormatBytes(block).c_str(), a.queue_depth,
+              IoBackendName((*storage)->backend()), a.rings, info.direct ? "O_DIRECT" : "buffered");
   // Lay the file out once so that timed writes overwrite, as fio's do; with
   // --reuse, a kept file already laid out is not (its peer's passes do not
   // follow a whole write of the file either).
@@ -164,7 +166,10 @@ int main(int argc, char** argv) {
   app.add_option("--file-size", a.file_size, "test file size (e.g. 4GiB)")->capture_default_str();
   app.add_option("--block-size", a.block_size, "request size (e.g. 1MiB)")->capture_default_str();
   app.add_option("--queue-depth", a.queue_depth, "requests in flight per ring")->capture_default_str()->check(CLI::Range(1, 4096));
-  app.add_option("--rings", a.rings, "io_uring worker rings")->capture_default_str()->check(CLI::Range(1, 64));
+  app.add_option("--rings", a.rings, "workers: io_uring rings, or thread pools")->capture_default_str()->check(CLI::Range(1, 64));
+  app.add_option("--backend", a.backend, "io_uring, threads (pread and pwrite), or auto (io_uring where allowed)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"io_uring", "threads", "auto"}));
   app.add_option("--modes", a.modes, "comma-separated: write, read, randwrite, randread")->capture_default_str();
   app.add_option("--loops", a.loops, "passes per mode")->capture_default_str()->check(CLI::Range(1, 1000));
   app.add_flag("--buffered", a.buffered, "buffered I/O instead of O_DIRECT");

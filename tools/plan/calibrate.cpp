@@ -17,7 +17,7 @@
 
 #include "base/align.h"
 #include "io/direct_file.h"
-#include "io/uring_storage.h"
+#include "io/file_storage.h"
 #include "kernels/cpu/adam.h"
 #include "kernels/cpu/compact.h"
 #include "kernels/cpu/layers/block.h"
@@ -79,10 +79,10 @@ Result<double> MedianSeconds(int repeats, F&& f) {
 
 // Sequential writes then reads of one file, `queue_depth` requests in flight.
 Status MeasureDisk(const CalibrateOptions& o, Calibration* out) {
-  UringOptions uo;
+  StorageOptions uo;
   uo.queue_depth = o.queue_depth;
   uo.block_size = o.block_bytes;
-  STRATA_ASSIGN_OR_RETURN(auto storage, UringStorage::Create(uo));
+  STRATA_ASSIGN_OR_RETURN(auto storage, FileStorage::Create(uo));
   const std::string path = o.dir + "/strata-plan-calibrate.bin";
   STRATA_ASSIGN_OR_RETURN(FileId file, storage->Open(path, OpenMode::kCreate));
   const uint64_t size = AlignDown(o.file_bytes, o.block_bytes);
