@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/cgroup.h"
 #include "base/sizes.h"
 #include "base/log.h"
 #include "engine/config/config.h"
@@ -253,14 +254,6 @@ Status ValidateConfig(const Config& config, const ConfigFacts& facts) {
 
 namespace {
 
-// The first line of a small file, trimmed; false when it cannot be read.
-bool ReadLine(const std::string& path, std::string* out) {
-  std::ifstream f(path);
-  if (!f || !std::getline(f, *out)) return false;
-  while (!out->empty() && (out->back() == '\n' || out->back() == ' ' || out->back() == '\r')) out->pop_back();
-  return true;
-}
-
 // A limit file's value: bytes, or 0 for none ("max"; v1's "unlimited" is
 // PAGE_COUNTER_MAX pages, above 2^62) or for a value that is not a number.
 uint64_t LimitValue(const std::string& text) {
@@ -276,38 +269,12 @@ uint64_t LimitValue(const std::string& text) {
 
 CgroupLimit CgroupMemoryLimit(std::string_view proc_self_cgroup, const std::string& fs_root) {
   CgroupLimit best;
-  // Every directory from `base + path` up to `base` that has `file`.
-  auto walk = [&](const std::string& base, std::string path, const char* file) {
-    while (!path.empty() && path.back() == '/') path.pop_back();
-    for (;;) {
-      const std::string dir = base + path;
-      std::string text;
-      if (ReadLine(dir + "/" + file, &text)) {
-        const uint64_t v = LimitValue(text);
-        if (v != 0 && (best.bytes == 0 || v < best.bytes)) best = {v, dir};
-      }
-      if (path.empty()) break;
-      path.resize(path.rfind('/'));
-    }
-  };
-  std::istringstream lines{std::string(proc_self_cgroup)};
-  for (std::string line; std::getline(lines, line);) {
-    // "hierarchy-id:controllers:path"; v2's is "0::path".
-    const size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
-    if (b == std::string::npos) continue;
-    const std::string id = line.substr(0, a), controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-    if (path.empty() || path[0] != '/') continue;
-    if (id == "0" && controllers.empty()) {
-      // Unified: mounted at the root (v2 alone) or at unified/ (hybrid).
-      struct stat st {};
-      const bool alone = ::stat((fs_root + "/cgroup.controllers").c_str(), &st) == 0;
-      walk(alone ? fs_root : fs_root + "/unified", path, "memory.max");
-      continue;
-    }
-    std::istringstream names(controllers);
-    for (std::string name; std::getline(names, name, ',');)
-      if (name == "memory") walk(fs_root + "/memory", path, "memory.limit_in_bytes");
-  }
+  ForEachCgroupDir(proc_self_cgroup, fs_root, "memory", [&](const std::string& dir, bool v2) {
+    std::string text;
+    if (!ReadFirstLine(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes"), &text)) return;
+    const uint64_t v = LimitValue(text);
+    if (v != 0 && (best.bytes == 0 || v < best.bytes)) best = {v, dir};
+  });
   return best;
 }
 
@@ -317,12 +284,9 @@ ConfigFacts ProbeMachineFacts() {
   const long page_size = sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page_size > 0)
     facts.host_ram_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
-  std::ifstream cg("/proc/self/cgroup");
-  std::stringstream text;
-  text << cg.rdbuf();
-  const CgroupLimit cgroup = CgroupMemoryLimit(text.str(), "/sys/fs/cgroup");
+  const CgroupLimit cgroup = CgroupMemoryLimit(ProcSelfCgroup(), "/sys/fs/cgroup");
   std::string boot;
-  ReadLine("/proc/sys/kernel/random/boot_id", &boot);
+  ReadFirstLine("/proc/sys/kernel/random/boot_id", &boot);
   facts.memory_key = boot;
   if (cgroup.bytes != 0 && (facts.host_ram_bytes == 0 || cgroup.bytes < facts.host_ram_bytes)) {
     facts.host_ram_bytes = cgroup.bytes;

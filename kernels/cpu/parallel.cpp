@@ -1,4 +1,4 @@
-// The kernels' oneTBB arena, sized from the affinity mask.
+// The kernels' oneTBB arena, sized from the affinity mask and the cgroup CPU limit.
 #include "kernels/cpu/parallel.h"
 
 #include <sched.h>
@@ -7,11 +7,14 @@
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <thread>
 
+#include "base/cgroup.h"
 #include "base/check.h"
+#include "base/log.h"
 
 namespace strata::kernels {
 namespace {
@@ -23,7 +26,15 @@ int g_threads = 0;
 tbb::task_arena& Arena() {
   std::lock_guard<std::mutex> lock(g_arena_mu);
   if (!g_arena) {
-    if (g_threads <= 0) g_threads = AffinityCpuCount();
+    if (g_threads <= 0) {
+      const int mask = AffinityCpuCount();
+      std::string dir;
+      const double limit = CgroupCpuLimit(ProcSelfCgroup(), "/sys/fs/cgroup", &dir);
+      g_threads = CpuKernelThreadsFor(mask, limit);
+      if (g_threads < mask)
+        STRATA_LOG_INFO("CPU kernels: {} threads, not {}: the cgroup {} allows {:.2f} CPUs", g_threads, mask, dir,
+                        limit);
+    }
     g_arena = std::make_unique<tbb::task_arena>(g_threads);
   }
   return *g_arena;
@@ -43,6 +54,13 @@ int AffinityCpuCount() {
   }
   const unsigned hw = std::thread::hardware_concurrency();
   return hw > 0 ? static_cast<int>(hw) : 1;
+}
+
+int CpuKernelThreadsFor(int affinity_cpus, double cgroup_cpus) {
+  const int mask = affinity_cpus > 0 ? affinity_cpus : 1;
+  if (!(cgroup_cpus > 0)) return mask;
+  const double up = std::ceil(cgroup_cpus);
+  return up < mask ? std::max(1, static_cast<int>(up)) : mask;
 }
 
 int CpuKernelThreads() {

@@ -1,6 +1,8 @@
 // Runs the CPU kernels over fixed, cache-sized tiles in one oneTBB arena whose
-// size is the number of CPUs this process may run on (sched_getaffinity), not
-// OMP_NUM_THREADS. Tiles are fixed by the element count alone, so results never
+// size is the number of CPUs this process may run on (sched_getaffinity), at
+// most its cgroup's CPU limit rounded up (a container's --cpus, a
+// Kubernetes CPU limit: more threads than that only queue for the quota),
+// not OMP_NUM_THREADS. Tiles are fixed by the element count alone, so results never
 // depend on the thread count.
 #pragma once
 
@@ -17,7 +19,12 @@ inline constexpr size_t kReduceTile = 65536;
 
 // CPUs in this process's affinity mask (at least 1).
 int AffinityCpuCount();
-// Threads the kernels use: AffinityCpuCount() unless SetCpuKernelThreads set it.
+// Threads for `affinity_cpus` CPUs in the mask under a cgroup limit of
+// `cgroup_cpus` CPUs (0: none): the mask's count, at most the limit rounded
+// up, at least 1.
+int CpuKernelThreadsFor(int affinity_cpus, double cgroup_cpus);
+// Threads the kernels use: CpuKernelThreadsFor(AffinityCpuCount(), this
+// process's cgroup CPU limit) unless SetCpuKernelThreads set it.
 int CpuKernelThreads();
 // 0 restores the default. For tests and benchmarks; REQUIRES: no kernel is
 // running in another thread at the time.

@@ -1,0 +1,128 @@
+// The CPU kernels' thread count: the affinity mask, at most the cgroup's CPU
+// limit. The limit read from made-up cgroup trees (v1, v2, hybrid), and from
+// a real cgroup with a CPU quota that a child process joins.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "base/cgroup.h"
+#include "kernels/cpu/parallel.h"
+#include "tests/util/temp_dir.h"
+
+namespace strata::kernels {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+void Write(const fs::path& file, const std::string& text) {
+  fs::create_directories(file.parent_path());
+  std::ofstream(file) << text << "\n";
+}
+
+TEST(CgroupCpuLimit, V2TakesTheTightestQuotaOnThePathUp) {
+  TempDir root;
+  const fs::path r(root.path());
+  Write(r / "cgroup.controllers", "cpu memory");
+  Write(r / "cpu.max", "max 100000");
+  Write(r / "kubepods" / "cpu.max", "400000 100000");
+  Write(r / "kubepods" / "pod1" / "cpu.max", "150000 100000");
+  Write(r / "kubepods" / "pod1" / "c1" / "cpu.max", "max 100000");
+  std::string dir;
+  EXPECT_DOUBLE_EQ(CgroupCpuLimit("0::/kubepods/pod1/c1\n", root.path(), &dir), 1.5);
+  EXPECT_EQ(dir, (r / "kubepods" / "pod1").string());
+  EXPECT_DOUBLE_EQ(CgroupCpuLimit("0::/kubepods\n", root.path(), nullptr), 4.0);
+  dir.clear();
+  EXPECT_EQ(CgroupCpuLimit("0::/\n", root.path(), &dir), 0.0) << "max is no limit";
+  EXPECT_EQ(dir, "");
+}
+
+TEST(CgroupCpuLimit, V1QuotaOverPeriodMinusOneIsNone) {
+  TempDir root;
+  const fs::path cpu = fs::path(root.path()) / "cpu";
+  Write(cpu / "cpu.cfs_quota_us", "-1");
+  Write(cpu / "cpu.cfs_period_us", "100000");
+  Write(cpu / "docker" / "abc" / "cpu.cfs_quota_us", "250000");
+  Write(cpu / "docker" / "abc" / "cpu.cfs_period_us", "100000");
+  // The memory hierarchy's limits are not the CPU's.
+  Write(fs::path(root.path()) / "memory" / "docker" / "cpu.cfs_quota_us", "1000");
+  const std::string proc = "4:memory:/docker\n1:cpu,cpuacct:/docker/abc\n";
+  std::string dir;
+  EXPECT_DOUBLE_EQ(CgroupCpuLimit(proc, root.path(), &dir), 2.5);
+  EXPECT_EQ(dir, (cpu / "docker" / "abc").string());
+  EXPECT_EQ(CgroupCpuLimit("1:cpu:/\n", root.path(), nullptr), 0.0);
+  EXPECT_EQ(CgroupCpuLimit("garbage\n1:cpu:relative\n", root.path(), nullptr), 0.0);
+}
+
+TEST(CgroupCpuLimit, HybridReadsTheUnifiedMount) {
+  TempDir root;
+  const fs::path r(root.path());
+  Write(r / "unified" / "job" / "cpu.max", "50000 100000");
+  EXPECT_DOUBLE_EQ(CgroupCpuLimit("0::/job\n", root.path(), nullptr), 0.5);
+}
+
+TEST(CpuKernelThreads, AtMostTheLimitRoundedUpAtLeastOne) {
+  EXPECT_EQ(CpuKernelThreadsFor(64, 0), 64);
+  EXPECT_EQ(CpuKernelThreadsFor(64, 4.0), 4);
+  EXPECT_EQ(CpuKernelThreadsFor(64, 1.5), 2);
+  EXPECT_EQ(CpuKernelThreadsFor(4, 0.1), 1);
+  EXPECT_EQ(CpuKernelThreadsFor(2, 8.0), 2);
+  EXPECT_EQ(CpuKernelThreadsFor(0, 0), 1);
+}
+
+// A real cgroup (v1's cpu hierarchy, where this machine has one we may
+// write) with a quota of one CPU: a child that joins it runs its kernels on
+// one thread; this process, outside it, on its whole mask.
+TEST(CpuKernelThreads, FollowARealCgroupQuota) {
+  if (AffinityCpuCount() < 2) GTEST_SKIP() << "one CPU in the mask: a quota of one changes nothing";
+  std::string own;
+  for (std::string line, text = ProcSelfCgroup(); !text.empty();) {
+    const size_t nl = text.find('\n');
+    line = text.substr(0, nl);
+    text = nl == std::string::npos ? "" : text.substr(nl + 1);
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
+    if (controllers.find(",cpu,") != std::string::npos) own = line.substr(b + 1);
+  }
+  const std::string base = "/sys/fs/cgroup/cpu" + (own == "/" ? std::string() : own);
+  const std::string dir = base + "/strata-test-" + std::to_string(::getpid());
+  if (own.empty() || ::mkdir(dir.c_str(), 0755) != 0)
+    GTEST_SKIP() << "no v1 cpu cgroup to make here (" << base << "): nothing to test";
+  struct Remove {
+    std::string dir;
+    ~Remove() { ::rmdir(dir.c_str()); }
+  } remove{dir};
+  {
+    std::ofstream(dir + "/cpu.cfs_period_us") << "100000\n";
+    std::ofstream q(dir + "/cpu.cfs_quota_us");
+    q << "100000\n";
+    q.flush();
+    ASSERT_TRUE(q.good()) << "could not set the quota of " << dir;
+  }
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::ofstream procs(dir + "/cgroup.procs");
+    procs << "0\n";
+    procs.flush();
+    if (!procs.good()) ::_exit(100);
+    ::_exit(CpuKernelThreads());
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  ASSERT_NE(WEXITSTATUS(status), 100) << "the child could not join " << dir;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << "threads in a cgroup of one CPU";
+  EXPECT_EQ(CpuKernelThreadsFor(AffinityCpuCount(), CgroupCpuLimit(ProcSelfCgroup(), "/sys/fs/cgroup", nullptr)),
+            AffinityCpuCount())
+      << "this process, outside the cgroup, has no limit here";
+}
+
+}  // namespace
+}  // namespace strata::kernels
