@@ -1,5 +1,7 @@
 #include "base/text.h"
 
+#include <cstdio>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -47,6 +49,12 @@ std::string ForMessage(std::string_view s, size_t max_bytes) {
     }
   }
   return cut ? out + "..." : out;
+}
+
+std::string ShortDouble(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
 }
 
 }  // namespace strata

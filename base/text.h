@@ -18,4 +18,7 @@ bool IsUtf8(std::string_view s);
 // `s` are shown, then "...".
 std::string ForMessage(std::string_view s, size_t max_bytes = 64);
 
+// `v` as printf's %g writes it, for messages: 1e-50, not to_string's 0.000000.
+std::string ShortDouble(double v);
+
 }  // namespace strata

@@ -22,23 +22,29 @@ static Status CudaError(const char* call, cudaError_t e) {
     if (e_ != cudaSuccess) return CudaError(#call, e_);      \
   } while (0)
 
+// Asked once a process (a function-local static: thread-safe, as
+// strata_engine_create, which reaches it, is documented to be).
 int DeviceCount(std::string* why) {
-  static int count = -1;
-  static std::string reason;
-  if (count < 0) {
+  struct Probe {
+    int count = 0;
+    std::string reason;
+  };
+  static const Probe probe = [] {
+    Probe p;
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
-      reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+      p.reason = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
       n = 0;
       cudaGetLastError();  // clear the sticky error
     } else if (n == 0) {
-      reason = "no CUDA device";
+      p.reason = "no CUDA device";
     }
-    count = n;
-  }
-  if (why) *why = reason;
-  return count;
+    p.count = n;
+    return p;
+  }();
+  if (why) *why = probe.reason;
+  return probe.count;
 }
 bool Available() { return DeviceCount() > 0; }
 uint64_t DeviceMemoryBytes(int device) {

@@ -13,6 +13,7 @@
 
 #include "base/cgroup.h"
 #include "base/sizes.h"
+#include "base/text.h"
 #include "base/log.h"
 #include "engine/config/config.h"
 #include "engine/config/config_reader.h"
@@ -183,9 +184,10 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
                        "storage of its own; use \"fp32\" with fp32 or fp16 compute");
   // An element whose v rounds to code 0 in its block has its m zeroed
   // too: with eps 0 its update is 0/0, NaN in the master for good (fp32
-  // keeps the tiny m and v apart and stays finite).
-  if (sf == "compact" && c.optimizer.type != "lion" && c.optimizer.eps == 0)
-    return ConfigError("optimizer.params.eps: 0 with strata.state_format \"compact\": an element whose moments "
+  // keeps the tiny m and v apart and stays finite). The kernels take eps as
+  // a float: one that rounds to 0 there (below 7e-46) is 0.
+  if (sf == "compact" && c.optimizer.type != "lion" && static_cast<float>(c.optimizer.eps) == 0.0f)
+    return ConfigError("optimizer.params.eps: " + ShortDouble(c.optimizer.eps) + " (0 as a float) with strata.state_format \"compact\": an element whose moments "
                        "round to 0 in their block would update by 0/0 (NaN); give eps > 0, or use \"fp32\"");
   if (c.aio.block_size > StorageOptions::kMaxBlockSize)
     return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) + " is out of range; allowed: from 4096 to " +

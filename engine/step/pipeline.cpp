@@ -19,6 +19,8 @@
 // in G. P follows W: when only P's store fails, P is recomputed from W.
 #include "engine/step/pipeline.h"
 
+#include "base/text.h"
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -118,9 +120,12 @@ StepKernelOptions StepPipeline::KernelOptions(const StepOptions& so, double grad
 Status StepPipeline::Check(const StepOptions& so) const {
   const StepKernelOptions o = KernelOptions(so, 1.0, 1);
   const OptimizerConfig& oc = layout_.config->optimizer;
-  // (as the config's check: an element whose moments round to 0 updates by 0/0)
-  if (layout_.config->strata.state_format == "compact" && oc.type != "lion" && (so.eps >= 0 ? so.eps : oc.eps) == 0)
-    return InvalidError("step option eps 0 with strata.state_format \"compact\": an element whose moments round to 0 "
+  // (as the config's check: an element whose moments round to 0 updates by
+  // 0/0; the kernels take eps as a float, and the C API passes a 0 asked
+  // for as the least positive double: 0 there)
+  const double eps = so.eps >= 0 ? so.eps : oc.eps;
+  if (layout_.config->strata.state_format == "compact" && oc.type != "lion" && static_cast<float>(eps) == 0.0f)
+    return InvalidError("step option eps " + ShortDouble(eps) + " (0 as a float) with strata.state_format \"compact\": an element whose moments round to 0 "
                         "in their block would update by 0/0 (NaN); give eps > 0");
   return ValidateStepKernelOptions(o);
 }

@@ -199,7 +199,9 @@ typedef struct strata_engine_options {
  * (strata_engine_placement says what was done).
  * Errors: INVALID (null json/out, bad options, a device or local rank past
  * the last GPU, naming both numbers), CONFIG (a bad key or value,
- * named in the message), UNSUPPORTED (a feature this build lacks), NOMEM, IO.
+ * named in the message), UNSUPPORTED (a feature this build lacks), NOMEM, IO
+ * (io_uring refused with strata.io_backend "io_uring", say), and with
+ * several ranks COMM (the rendezvous store unreachable) or TIMEOUT.
  * Thread-safe. */
 STRATA_API strata_status_t strata_engine_create(const char* json, const strata_engine_options_t* options,
                                                 strata_engine_t** out);
@@ -580,8 +582,9 @@ STRATA_API strata_status_t strata_engine_step(strata_engine_t* engine, const str
  * rank calls it where it would call strata_engine_step (a rank that calls
  * step instead fails both, COMM naming them). Errors: STATE (an early
  * update of this step is committed already: overlap_step with no clipping,
- * no fp16 and strata.nonfinite "apply"; a failed step is pending; a grads
- * call in parts is open; a group is fetched), COMM, TIMEOUT. Counted in
+ * no fp16 and strata.nonfinite "apply"; a failed step is pending; a group
+ * is fetched), INVALID (a grads call in parts is open), COMM, TIMEOUT.
+ * Counted in
  * the stats as a skipped step. */
 STRATA_API strata_status_t strata_engine_discard_grads(strata_engine_t* engine);
 

@@ -502,6 +502,11 @@ TEST(ConfigRefusal, NumbersThatMakeNaNOfFiniteSteps) {
   const std::string compact = R"({"bf16": {"enabled": true}, "strata": {"state_format": "compact"}, )";
   EXPECT_NE(Refusal(compact + R"("optimizer": {"type": "AdamW", "params": {"eps": 0}}})").find("optimizer.params.eps: 0"),
             std::string::npos);
+  EXPECT_NE(Refusal(compact + R"("optimizer": {"type": "AdamW", "params": {"eps": 1e-50}}})")
+                .find("optimizer.params.eps: 1e-50 (0 as a float)"),
+            std::string::npos)
+      << "an eps the kernels' float rounds to 0 is 0";
+  EXPECT_EQ(MustParse(compact + R"("optimizer": {"type": "AdamW", "params": {"eps": 1e-44}}})").optimizer.eps, 1e-44);
   EXPECT_EQ(MustParse(compact + R"("optimizer": {"type": "Lion", "params": {"eps": 0}}})").optimizer.type, "lion")
       << "Lion has no eps";
   EXPECT_EQ(MustParse(R"({"optimizer": {"type": "AdamW", "params": {"eps": 0}}})").optimizer.eps, 0.0) << "fp32 keeps m, v";

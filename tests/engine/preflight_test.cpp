@@ -197,11 +197,17 @@ TEST(Preflight, CompactRefusesAStepOptionEpsOfZero) {
   ASSERT_TRUE((*e)->AddParam(0, "w", 4096, nullptr).ok());
   ASSERT_TRUE((*e)->Build().ok());
   StepOptions so;
-  so.eps = 0;
-  const Status prep = (*e)->PrepareStep(so);
-  EXPECT_EQ(prep.code(), Code::kInvalid) << prep.ToString();
-  EXPECT_NE(prep.message().find("step option eps 0 with strata.state_format \"compact\""), std::string::npos)
-      << prep.ToString();
+  // 0, the least positive double (what the C API passes for a 0 asked for),
+  // and any eps that is 0 as the kernels' float.
+  for (double eps : {0.0, 4.9406564584124654e-324, 1e-50}) {
+    so.eps = eps;
+    const Status prep = (*e)->PrepareStep(so);
+    EXPECT_EQ(prep.code(), Code::kInvalid) << eps << ": " << prep.ToString();
+    EXPECT_NE(prep.message().find("(0 as a float) with strata.state_format \"compact\""), std::string::npos)
+        << prep.ToString();
+  }
+  so.eps = 1e-44;  // a float denormal: the update of an element with v and m 0 is 0/1e-44, 0
+  EXPECT_TRUE((*e)->PrepareStep(so).ok());
   so.eps = 1e-12;
   EXPECT_TRUE((*e)->PrepareStep(so).ok());
 }

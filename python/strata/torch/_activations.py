@@ -10,7 +10,9 @@ read ahead in reverse order (engine/activations/activation_store.h).
 
 or, without offload_module, on an engine of its own:
 
-    acts = st.offload_activations(strata.Engine(cfg))   # built here
+    e = strata.Engine(cfg)
+    e.add_param(0, "unused", torch.zeros(4))            # an engine has a group
+    acts = st.offload_activations(e)                    # built here
     with acts:
         loss = model(x)
     loss.backward()
