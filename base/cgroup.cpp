@@ -52,8 +52,16 @@ void ForEachCgroupDir(std::string_view proc_self_cgroup, const std::string& fs_r
       continue;
     }
     std::istringstream names(controllers);
-    for (std::string name; std::getline(names, name, ',');)
-      if (name == v1_controller) walk(fs_root + "/" + v1_controller, path, false);
+    for (std::string name; std::getline(names, name, ',');) {
+      if (name != v1_controller) continue;
+      // Co-mounted controllers ("cpu,cpuacct") are mounted under the list's
+      // name; a link by the controller's own name (cpu -> cpu,cpuacct) is
+      // usual but not everywhere.
+      struct stat st {};
+      const std::string listed = fs_root + "/" + controllers;
+      const bool comounted = controllers != v1_controller && ::stat(listed.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+      walk(comounted ? listed : fs_root + "/" + v1_controller, path, false);
+    }
   }
 }
 

@@ -72,11 +72,12 @@ Result<std::unique_ptr<FileStorage>> FileStorage::Create(const StorageOptions& o
     bool refused = false;
     Status st = ring->Init(options.register_files, options.register_buffers, &refused);
     if (!st.ok() && refused) {
-      const std::string why = std::string("io_uring is unavailable here (sysctl kernel.io_uring_disabled, or a ") +
-                              "container's seccomp profile: Docker's default since 25.0, containerd's since 2.0)";
+      const std::string why = std::string("io_uring is unavailable here (sysctl kernel.io_uring_disabled, a ") +
+                              "container's seccomp profile: Docker's default since 25.0, containerd's since 2.0; or a " +
+                              "kernel without io_uring)";
       if (options.backend == IoBackend::kUring)
-        return st.WithContext(why + "; allow io_uring for this process, or set strata.io_backend to \"threads\" "
-                                    "(or \"auto\") for pread and pwrite on threads");
+        return st.WithContext(why + "; allow io_uring for this process, or use pread and pwrite on threads "
+                                    "(strata.io_backend \"threads\" or \"auto\"; strata-iobench --backend threads)");
       WarnOnce("uring-refused", why + ": " + st.message() + "; Strata reads and writes its files with pread and "
                                 "pwrite on threads instead (strata.io_backend \"auto\"): a thread per request in "
                                 "flight, more CPU time on the NVMe tier");

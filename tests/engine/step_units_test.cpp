@@ -278,7 +278,7 @@ TEST(StepUnits, TrainsWhereIoUringIsRefused) {
   EXPECT_NE(child.out.find("with io_uring required: IO: io_uring is unavailable here"), std::string::npos)
       << child.out;
   EXPECT_NE(child.out.find("io_uring_queue_init: Operation not permitted"), std::string::npos) << child.out;
-  EXPECT_NE(child.out.find("strata.io_backend to \"threads\""), std::string::npos) << child.out;
+  EXPECT_NE(child.out.find("strata.io_backend \"threads\""), std::string::npos) << child.out;
 }
 
 // bf16 compute with P homed in host memory, W, M, V on NVMe in units: P is

@@ -97,9 +97,20 @@ TEST(Storage, IoUringRefused) {
   }
 }
 
-// Every test below runs on both backends: io_uring, and pread and pwrite on threads.
+// Whether io_uring may be used here (a container may refuse it).
+bool UringAllowed() {
+  StorageOptions o;
+  o.backend = IoBackend::kUring;
+  return FileStorage::Create(o).ok();
+}
+
+// Every test below runs on both backends: io_uring (skipped where it is
+// refused), and pread and pwrite on threads.
 class StorageOn : public ::testing::TestWithParam<IoBackend> {
  protected:
+  void SetUp() override {
+    if (GetParam() == IoBackend::kUring && !UringAllowed()) GTEST_SKIP() << "io_uring is refused here";
+  }
   std::unique_ptr<FileStorage> Make(StorageOptions o = {}) {
     o.backend = GetParam();
     auto s = MakeStorage(o);
@@ -219,7 +230,12 @@ struct FaultCase {
   bool hard;
 };
 
-class StorageFault : public ::testing::TestWithParam<std::tuple<FaultCase, IoBackend>> {};
+class StorageFault : public ::testing::TestWithParam<std::tuple<FaultCase, IoBackend>> {
+ protected:
+  void SetUp() override {
+    if (std::get<1>(GetParam()) == IoBackend::kUring && !UringAllowed()) GTEST_SKIP() << "io_uring is refused here";
+  }
+};
 
 TEST_P(StorageFault, AtEveryOpOfAWriteAndARead) {
   const FaultCase fc = std::get<0>(GetParam());
