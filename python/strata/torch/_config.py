@@ -1,19 +1,28 @@
 """strata.torch's configs, ranks and engines: the config as the engines get
 it (state format, torch's first-moment arithmetic), this process's rank
-and world size, one engine's rendezvous port and its own swap folders.
+and world size, one engine's rendezvous port and its own swap folders
+(and the swap folders of killed engines, removed).
+
+"auto" and null mean the default for every key and every section, as the
+engine reads them (docs/config.md): what is read here takes them as
+absent (_absent, _section), never calling a method on them.
 """
 
 import copy
+import fcntl
 import itertools
 import json
 import operator
 import os
+import re
 import shutil
+import stat
+import time
 import warnings
 
 import torch
 
-from .. import Engine, Error, INVALID
+from .. import CONFIG, Engine, Error, INVALID
 
 _TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 # The first moment as this torch's AdamW computes it: 1.x exp_avg.mul_(b1).add_(g, alpha=1-b1),
@@ -29,8 +38,10 @@ def _with_state_format(config, state_format):
         return config
     if state_format not in ("fp32", "compact"):
         raise ValueError(f"state_format={state_format!r}: not one of 'fp32', 'compact'")
-    strata_keys = config.setdefault("strata", {})
-    if strata_keys.get("state_format", state_format) != state_format:
+    strata_keys = _own_section(config, "strata")
+    if strata_keys is None:  # (not an object: the engine refuses it, naming it)
+        return config
+    if not _absent(strata_keys.get("state_format")) and strata_keys["state_format"] != state_format:
         raise ValueError(f"state_format={state_format!r} differs from the config's strata.state_format "
                          f"{strata_keys['state_format']!r}; give one")
     strata_keys["state_format"] = state_format
@@ -38,17 +49,58 @@ def _with_state_format(config, state_format):
 
 
 def _config_dict(config):
+    """A copy of the user's config (a dict, a JSON string or None) that the
+    functions here may change. Invalid JSON, or a top level that is not an
+    object, is CONFIG, as the engine says it."""
     if config is None:
         return {}
-    return copy.deepcopy(json.loads(config) if isinstance(config, str) else config)
+    if isinstance(config, (str, bytes, bytearray)):
+        try:
+            config = json.loads(config)
+        except ValueError as e:
+            raise Error(CONFIG, f"config: invalid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise Error(CONFIG, f"config: the top level must be a JSON object, got {type(config).__name__} "
+                    f"{json.dumps(config, default=repr)[:80]}")
+    return copy.deepcopy(config)
+
+
+def _absent(value):
+    """Whether a config value means "the default": missing, null or "auto"."""
+    return value is None or _is_auto(value)
+
+
+def _section(config, *path):
+    """The section at a key path of the config, {} where it or one above it
+    is missing, null, "auto" (its defaults) or not an object (the engine
+    refuses that, naming it). Read only: not the config's own dict where
+    there is none."""
+    for key in path:
+        config = config.get(key) if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def _own_section(config, key):
+    """config[key] to change in place: a new {} where it is missing, null or
+    "auto"; None where it is something else (the engine refuses it)."""
+    sec = config.get(key)
+    if _absent(sec):
+        sec = config[key] = {}
+    return sec if isinstance(sec, dict) else None
 
 
 def _with_torch_moment(config):
     """config whose Adam/AdamW (the default optimizer) computes the first
-    moment as this torch does, unless the config says otherwise."""
-    opt = config.setdefault("optimizer", {})
-    if str(opt.get("type", "AdamW")).lower() in ("adam", "adamw"):
-        opt.setdefault("params", {}).setdefault("moment_update", _MOMENT_UPDATE)
+    moment as this torch does, unless the config says otherwise ("auto" or
+    null: not otherwise)."""
+    opt = _own_section(config, "optimizer")
+    if opt is None:
+        return config
+    kind = opt.get("type")
+    if _absent(kind) or str(kind).lower() in ("adam", "adamw"):
+        params = _own_section(opt, "params")
+        if params is not None and _absent(params.get("moment_update")):
+            params["moment_update"] = _MOMENT_UPDATE
     return config
 
 
@@ -77,6 +129,15 @@ def _at(config, path):
             return None
         config = config.get(key)
     return config
+
+
+def _given(config, path):
+    """Whether the key path is in the config (its value null included)."""
+    for key in path:
+        if not isinstance(config, dict) or key not in config:
+            return False
+        config = config[key]
+    return True
 
 
 def _autos(config, path=()):
@@ -134,11 +195,13 @@ def _accumulation_steps(config, given, world, who):
 
 
 def _refuse_auto_lr(config, who):
-    """Refuses a config whose learning rate is "auto" (itself, or its
-    section): nothing here fills it."""
+    """Refuses a config whose learning rate is "auto" or null (itself, or
+    its section): the engine reads both as its default, and nothing here
+    fills them."""
     for path in _LR_PATHS:
-        if _is_auto(_at(config, path)):
-            raise Error(INVALID, f"{who}: the config's {'.'.join(path)} is \"auto\", and nothing fills the learning "
+        if _given(config, path) and _absent(_at(config, path)):
+            raise Error(INVALID, f"{who}: the config's {'.'.join(path)} is {json.dumps(_at(config, path))}, and "
+                        "nothing fills the learning "
                         "rate here: the engine would take its default lr 0.001, where the Hugging Face Trainer's "
                         "learning_rate defaults to 5e-05 (a Trainer given optimizers= hands its arguments to no "
                         "one). Give the learning rate itself: optimizer.params.lr (e.g. your "
@@ -274,33 +337,184 @@ def _separate_swap_folders(cfg, tag):
             zero = cfg["zero_optimization"] = dict(zero)
             for section in ("offload_optimizer", "offload_param"):
                 sec = zero.get(section)
-                if isinstance(sec, dict) and sec.get("nvme_path"):
+                if isinstance(sec, dict) and _a_path(sec.get("nvme_path")):
                     zero[section] = dict(sec, nvme_path=own(sec["nvme_path"]))
         st = cfg.get("strata")
-        if isinstance(st, dict) and st.get("nvme_paths"):
-            cfg["strata"] = dict(st, nvme_paths=[own(p) for p in st["nvme_paths"]])
+        if isinstance(st, dict) and isinstance(st.get("nvme_paths"), list):
+            cfg["strata"] = dict(st, nvme_paths=[own(p) if _a_path(p) else p for p in st["nvme_paths"]])
     except BaseException:  # (a later path refused: the folders made before it go)
         _remove_swap_folders(made.values())
         raise
     return cfg
 
 
+def _a_path(value):
+    """Whether a configured nvme_path names a folder ("auto", null, "" and
+    non-strings do not: the engine's default, or its refusal)."""
+    return isinstance(value, str) and value != "" and not _is_auto(value)
+
+
 def _subfolder(path, tag):
     """The engine's own folder under a configured nvme_path, which must
     exist: a mistyped mount point is refused, never created (the swap files
-    would land on whatever disk holds the new folder)."""
+    would land on whatever disk holds the new folder). Killed engines'
+    folders beside it go first (_remove_dead_swap_folders)."""
     if not os.path.isdir(path):
         raise Error(INVALID, f"nvme_path {path!r} does not exist or is not a folder: the swap files go there; "
                     "create it (on the NVMe drive) or fix the path")
+    if _ENGINE_FOLDER.match(tag):
+        _remove_dead_swap_folders(path, tag)
     sub = os.path.join(path, tag)
     os.makedirs(sub, exist_ok=True)
     return sub
 
 
 def _swap_folders(cfg):
-    zero = cfg.get("zero_optimization", {})
-    out = [zero.get(s, {}).get("nvme_path") for s in ("offload_optimizer", "offload_param")]
-    return sorted({p for p in out + list(cfg.get("strata", {}).get("nvme_paths", [])) if p})
+    """The engine's swap folders that cfg names (after _separate_swap_folders:
+    the ones made for it)."""
+    zero = _section(cfg, "zero_optimization")
+    out = [_section(zero, s).get("nvme_path") for s in ("offload_optimizer", "offload_param")]
+    paths = _section(cfg, "strata").get("nvme_paths")
+    return sorted({p for p in out + (paths if isinstance(paths, list) else []) if _a_path(p)})
+
+
+# ---- Swap folders: a killed engine's ----------------------------------------------
+#
+# An engine killed (SIGKILL, the OOM killer, torchrun stopping its workers,
+# scancel) leaves its folder under the nvme_path, and the fallocated swap
+# files in it (about 12 bytes per parameter): the engine sweeps only its own
+# folder, and the next run's has another name. A new engine's folder made
+# under an nvme_path removes, first, the ones beside it that no engine uses:
+# named by this scheme exactly, holding nothing but swap files, made by a
+# process that is gone, and each swap file's flock free (the engine holds
+# an exclusive flock on its swap files for its life, tiers/nvme_tier.cpp:
+# a live one in another pid namespace or on another host keeps it). A
+# process just killed may hold its flocks a moment longer (its io_uring is
+# torn down asynchronously): a held one is retried for up to 3 s, once per
+# folder in a process. A folder with no swap file goes only an hour after
+# its last change (its engine may be about to make them, its pid unknown
+# here).
+
+# offload_module's strata-<pid>-<id>, OffloadAdam's strata-<pid>-<id>-<group>-<n>
+_ENGINE_FOLDER = re.compile(r"strata-([1-9][0-9]{0,9})-[0-9]{1,20}(?:-[0-9]{1,9}-[0-9]{1,20})?\Z")
+# The engine's swap files: strata-swap.r<rank>.s<i>.bin, strata-swap.r<rank>.s<i>.g<gen>.bin
+_SWAP_FILE = re.compile(r"strata-swap\.r[0-9]{1,9}\.s[0-9]{1,9}(?:\.g[0-9]{1,9})?\.bin\Z")
+_EMPTY_FOLDER_AGE_S = 3600
+_LOCK_GRACE_S = 3.0
+_BUSY = object()  # _remove_if_dead: a swap file's flock is held
+_held_after_grace = set()  # (nvme_path, folder) whose flock stayed held for a grace: not waited for again
+
+
+def _boot_time():
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime "):
+                return int(line.split()[1])
+    raise ValueError("no btime in /proc/stat")
+
+
+def _creator_gone(pid, changed):
+    """Whether process `pid`, which made a folder last changed at `changed`
+    (epoch seconds), is gone: no such process, a zombie, or a process that
+    started after the change (the pid reused). Where unsure: not gone."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # (another user's: it lives)
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        if fields[0] in (b"Z", b"X"):
+            return True
+        started = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+        return started > changed + 2  # (btime is whole seconds)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _remove_if_dead(parent, name):
+    """Removes folder `name` under the open folder `parent` where no engine
+    uses it; the bytes of the swap files it held, or None where it stays
+    (_BUSY: a swap file's flock is held, by a live engine or one dying)."""
+    pid = int(_ENGINE_FOLDER.match(name).group(1))
+    fds = []
+    try:
+        folder = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        fds.append(folder)
+        st = os.fstat(folder)
+        files = os.listdir(folder)
+        if st.st_uid != os.geteuid() or not all(_SWAP_FILE.match(f) for f in files):
+            return None
+        if not _creator_gone(pid, st.st_mtime):
+            return None
+        if not files and time.time() - st.st_mtime < _EMPTY_FOLDER_AGE_S:
+            return None
+        size = 0
+        for f in files:
+            fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+            fds.append(fd)
+            held = os.fstat(fd)
+            if not stat.S_ISREG(held.st_mode):
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _BUSY
+            named = os.stat(f, dir_fd=folder, follow_symlinks=False)
+            if (named.st_ino, named.st_dev) != (held.st_ino, held.st_dev):
+                return None
+            size += held.st_size
+        for f in files:  # (a checkpoint that links a swap file keeps its data: only this name goes)
+            os.unlink(f, dir_fd=folder)
+        os.rmdir(name, dir_fd=parent)  # (fails where a file came in since: the folder stays)
+        return size
+    except OSError:
+        return None
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+def _remove_dead_swap_folders(path, keep):
+    """Removes the folders of killed engines under nvme_path `path` (keeping
+    `keep`, the new engine's), saying so in one warning. Never raises an
+    OSError: what cannot be read or removed stays."""
+    removed, size = [], 0
+    where = os.path.abspath(path)
+    try:
+        parent = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        names = sorted(n for n in os.listdir(parent) if n != keep and _ENGINE_FOLDER.match(n))
+        deadline = time.monotonic() + _LOCK_GRACE_S
+        while names:
+            busy = []
+            for name in names:
+                freed = _remove_if_dead(parent, name)
+                if freed is _BUSY:
+                    busy.append(name)
+                elif freed is not None:
+                    removed.append(name)
+                    size += freed
+            names = [n for n in busy if (where, n) not in _held_after_grace]
+            if names and time.monotonic() >= deadline:
+                _held_after_grace.update((where, n) for n in names)
+                break
+            if names:
+                time.sleep(0.02)
+    except OSError:
+        pass
+    finally:
+        os.close(parent)
+    if removed:
+        warnings.warn(f"strata.torch: removed {len(removed)} swap folder(s) under {path} left by engines whose "
+                      f"process is gone (killed before they closed), with {size} bytes of swap files: "
+                      f"{', '.join(removed)}", stacklevel=2)
 
 
 def _remove_swap_folders(folders):
