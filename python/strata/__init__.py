@@ -24,7 +24,7 @@ from ._capi import (  # noqa: F401  (strata.INVALID, strata.Error, ...: the pack
     OK, STATE, STATUS_NAMES, TIMEOUT, UNSUPPORTED, Error, _AdamOptions, _DTYPE_NAMES, _EngineOptions, _Stats,
     _StepOptions, _StepResult, _TierStats, _check, _load, _sized)
 
-from ._args import (_DTYPE_CODES, _CudaArray, _address, _as_f32_host, _device_type, _dtype_of, _f32_host,
+from ._args import (_CudaArray, _address, _as_f32_host, _device_type, _dtype_code, _dtype_of, _f32_host,
                     _host_engine_takes, _numel, _shape_tuple, _step_options, _stream_handle)
 
 __all__ = ["Engine", "Error", "STATUS_NAMES", "adam_step", "host_memory", "version"]
@@ -36,6 +36,11 @@ def version():
     """The loaded library's version as (major, minor, patch)."""
     v = _load().strata_version()
     return (v // 10000, v // 100 % 100, v % 100)
+
+
+# Engine.fetch's address before the call: the library writes it only on
+# success, and never this (an odd address).
+_UNWRITTEN = 1
 
 
 def _group(group, what):
@@ -98,8 +103,20 @@ class Engine:
                       overlap_step=1 if overlap_step else 0, device=device,
                       skip_groups_without_grads=1 if skip_groups_without_grads else 0)
         h = ctypes.c_void_p()
-        _check(self._lib.strata_engine_create(text.encode(), ctypes.byref(opts), ctypes.byref(h)))
-        self._native = _NativeEngine(self._lib, h)
+        try:
+            _check(self._lib.strata_engine_create(text.encode(), ctypes.byref(opts), ctypes.byref(h)))
+            self._native = _NativeEngine(self._lib, h)
+        except BaseException:
+            # Ctrl-C while strata_engine_create runs (with ranks: the
+            # rendezvous) is delivered as it returns, before _NativeEngine
+            # holds the handle: the engine (its threads, memory,
+            # communicator) would stay for the life of the process. h is set
+            # only on success. (h.value cleared first: a _NativeEngine made
+            # part-way shares h, and its destroy then gets NULL, a no-op.)
+            if self._native is None and h.value is not None:
+                made, h.value = h.value, None
+                self._lib.strata_engine_destroy(ctypes.c_void_p(made))
+            raise
         self._h = h
 
     # -- lifetime
@@ -220,24 +237,60 @@ class Engine:
     def fetch(self, group, stream=None):
         """The group's full parameters in the compute dtype: a device address
         (an int; host memory without a GPU), valid until release(group)."""
-        p, group = ctypes.c_void_p(), _group(group, "fetch")
-        _check(self._lib.strata_engine_fetch(self.handle, group, _stream_handle(stream), ctypes.byref(p)))
+        group = _group(group, "fetch")
+        # The library writes the address only on success: still _UNWRITTEN,
+        # the call did not fetch (it failed, or never ran).
+        p = ctypes.c_void_p(_UNWRITTEN)
+        try:
+            _check(self._lib.strata_engine_fetch(self.handle, group, _stream_handle(stream), ctypes.byref(p)))
+        except BaseException:
+            # Ctrl-C during the native fetch (an NVMe read) is delivered as it
+            # returns: the group is fetched but its address never reaches the
+            # caller, who could never release it (every later step: STATE
+            # "group N is fetched and not released"). That fetch is undone.
+            if p.value != _UNWRITTEN:
+                self.release(group, stream)
+            raise
         return p.value
 
     def fetch_tensor(self, group, stream=None):
         """fetch() as a torch tensor (1-D, group_numel elements, compute dtype)
         that views the engine's buffer: valid until release(group) (it keeps
         the Engine object alive, not the buffer: see as_tensor)."""
-        return self.as_tensor(self.fetch(group, stream), self.group_numel(group))
+        address = self.fetch(group, stream)
+        try:
+            return self.as_tensor(address, self.group_numel(group))
+        except BaseException:  # (Ctrl-C among these calls: the caller never gets the tensor to release)
+            self.release(group, stream)
+            raise
 
     def release(self, group, stream=None):
         _check(self._lib.strata_engine_release(self.handle, _group(group, "release"), _stream_handle(stream)))
+
+    def _release_held(self, group, stream=None):
+        """release() of a group the caller fetched once and holds alone (its
+        fetch count 1), also where a KeyboardInterrupt lands in the call:
+        CPython delivers it at the entry of a Python function (then the
+        native release never ran) or as the native call returns (then it
+        ran), with no way to tell which; so the group is released again,
+        and the STATE of one released already (its count 0) ignored."""
+        try:
+            self.release(group, stream)
+        except Error:
+            raise
+        except BaseException:
+            try:
+                self.release(group, stream)
+            except Error:
+                pass
+            raise
 
     def grads(self, group, grads, dtype=None, stream=None):
         """Hands the group's full gradients (a contiguous tensor of group_numel
         elements, float32/bfloat16/float16, on the engine's device; or an
         address with `dtype` one of "f32", "bf16", "f16")."""
-        group, code = _group(group, "grads"), _dtype_of(grads) if dtype is None else _DTYPE_CODES[dtype]
+        group = _group(group, "grads")
+        code = _dtype_of(grads, "grads: grads") if dtype is None else _dtype_code(dtype, "grads")
         _host_engine_takes("grads", "the gradients", grads, self)
         if not isinstance(grads, int) and _numel(grads) != self.group_numel(group):
             raise Error(INVALID, f"group {group} has {self.group_numel(group)} elements; "
@@ -259,16 +312,29 @@ class Engine:
         group = _group(group, "grads_part")
         if isinstance(grads, tuple):
             address, count = grads
-            code = _DTYPE_CODES[dtype]
+            code = _dtype_code(dtype, "grads_part")
         else:
             if getattr(grads, "device", None) is not None and grads.device.type != "cpu":
                 raise Error(INVALID, f"grads_part: the gradients are on {grads.device}; parts are host memory")
             address, count = _address(grads), _numel(grads)
-            code = _dtype_of(grads) if dtype is None else _DTYPE_CODES[dtype]
+            code = _dtype_of(grads, "grads_part: grads") if dtype is None else _dtype_code(dtype, "grads_part")
         call = self._lib.strata_engine_grads_part_lend if lend else self._lib.strata_engine_grads_part
-        _check(call(self.handle, group, first, count, address, code))
-        if lend and not isinstance(grads, tuple):
+        lent = lend and not isinstance(grads, tuple)
+        if lent:
+            # Held before the call: a Ctrl-C delivered as the native call
+            # returns would otherwise leave a tensor the engine reads, held by
+            # nothing (freed under it). One the engine refused is let go.
             self._lent.setdefault(group, []).append(grads)
+        try:
+            _check(call(self.handle, group, first, count, address, code))
+        except Error:
+            if lent:
+                held = self._lent.get(group, [])
+                if held and held[-1] is grads:
+                    held.pop()
+                if not held:
+                    self._lent.pop(group, None)
+            raise
 
     def grads_end(self, group):
         """Completes the group's grads call in parts: as one grads() of the
@@ -309,7 +375,7 @@ class Engine:
         """Whether the group takes gradients of `dtype` ("f32", "bf16", "f16")
         in parts (no GPU; one rank: its accumulator in host memory and of
         that dtype; several: overlap_comm on, one group's parts at a time)."""
-        group, code, out = _group(group, "takes_grad_parts"), _DTYPE_CODES[dtype], ctypes.c_int()
+        group, code, out = _group(group, "takes_grad_parts"), _dtype_code(dtype, "takes_grad_parts"), ctypes.c_int()
         _check(self._lib.strata_engine_takes_grad_parts(self.handle, group, code, ctypes.byref(out)))
         return bool(out.value)
 
@@ -322,7 +388,7 @@ class Engine:
         _host_engine_takes("stash", "the tensor", x, self)
         if nbytes is None:
             if isinstance(x, int):
-                raise TypeError("stash(address) needs nbytes")
+                raise Error(INVALID, "stash: an address needs nbytes (the bytes to copy from it)")
             nbytes = x.numel() * x.element_size() if hasattr(x, "element_size") else x.nbytes
         h = ctypes.c_uint64()
         _check(self._lib.strata_engine_stash(self.handle, _address(x), int(nbytes), _stream_handle(stream),
@@ -435,21 +501,28 @@ class Engine:
     # -- optimizer state (for state_dict / load_state_dict)
     STATES = {"master": 0, "exp_avg": 1, "exp_avg_sq": 2}
 
+    def _state_code(self, which, call):
+        code = self.STATES.get(which) if isinstance(which, str) else None
+        if code is None:
+            raise Error(INVALID, f"{call}: which is {which!r}; one of {', '.join(map(repr, self.STATES))}")
+        return code
+
     def read_state(self, group, which):
         """The group's "master", "exp_avg" or "exp_avg_sq" as a new fp32 tensor."""
         import torch
+        code = self._state_code(which, "read_state")
         out = torch.empty(self.group_numel(group := _group(group, "read_state")), dtype=torch.float32)
-        _check(self._lib.strata_engine_read_state(self.handle, group, self.STATES[which], out.data_ptr()))
+        _check(self._lib.strata_engine_read_state(self.handle, group, code, out.data_ptr()))
         return out
 
     def write_state(self, group, which, values):
         """Sets the group's "master", "exp_avg" or "exp_avg_sq" (group_numel floats)."""
         import torch
-        group = _group(group, "write_state")
+        group, code = _group(group, "write_state"), self._state_code(which, "write_state")
         v = torch.as_tensor(values, dtype=torch.float32).reshape(-1).contiguous().cpu()
         if v.numel() != self.group_numel(group):
             raise Error(INVALID, f"write_state: {v.numel()} values for a group of {self.group_numel(group)}")
-        _check(self._lib.strata_engine_write_state(self.handle, group, self.STATES[which], v.data_ptr()))
+        _check(self._lib.strata_engine_write_state(self.handle, group, code, v.data_ptr()))
 
     @property
     def steps(self):
@@ -531,6 +604,14 @@ class Engine:
         g = ctypes.c_int()
         _check(self._lib.strata_engine_device_is_gpu(self.handle, ctypes.byref(g)))
         return bool(g.value)
+
+    def _step_counts(self):
+        """(steps finished, skipped ones) as stats() counts them: a step()
+        that raised (Ctrl-C delivered as the native step returns) stepped
+        where the first moved."""
+        s = _sized(_Stats)
+        _check(self._lib.strata_engine_stats(self.handle, ctypes.byref(s)))
+        return s.steps, s.skipped_steps
 
     def stats(self):
         """Tier use, bytes moved and timings, as a dict."""
@@ -634,7 +715,8 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999
         if _numel(a) != n:
             raise Error(INVALID, f"{name} has {_numel(a)} elements, param {n}")
     opts = _sized(_AdamOptions, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=weight_decay,
-                  step=step, mode=0 if adamw else 1, grad_scale=grad_scale, grad_dtype=_dtype_of(grad),
-                  param_copy_dtype=DTYPE_BF16 if param_copy is None else _dtype_of(param_copy))
+                  step=step, mode=0 if adamw else 1, grad_scale=grad_scale,
+                  grad_dtype=_dtype_of(grad, "adam_step: grad"),
+                  param_copy_dtype=DTYPE_BF16 if param_copy is None else _dtype_of(param_copy, "adam_step: param_copy"))
     _check(_load().strata_adam_step(ctypes.byref(opts), n, _address(param), _address(exp_avg),
                                     _address(exp_avg_sq), _address(grad), _address(param_copy)))

@@ -22,19 +22,29 @@ def _address(x):
         if not x.flags["C_CONTIGUOUS"]:
             raise Error(INVALID, "the array must be contiguous")
         return x.ctypes.data
-    raise TypeError(f"expected a tensor, an array or an address, not {type(x).__name__}")
+    raise Error(INVALID, f"expected a tensor, an array or an address, not {type(x).__name__}")
 
 
 _DTYPE_CODES = {v: k for k, v in _DTYPE_NAMES.items()}  # "f32" -> DTYPE_F32, ...
 
 
-def _dtype_of(x):
+def _dtype_of(x, what="gradients"):
+    """The C dtype of a tensor or array; INVALID naming `what` (the call and
+    argument) for another dtype."""
     name = str(getattr(x, "dtype", ""))
     for key, code in (("bfloat16", DTYPE_BF16), ("float16", DTYPE_F16), ("half", DTYPE_F16),
                       ("float32", DTYPE_F32)):
         if name.endswith(key):
             return code
-    raise TypeError(f"gradients must be float32, bfloat16 or float16, not {name or type(x).__name__}")
+    raise Error(INVALID, f"{what} is {name or type(x).__name__}; it must be float32, bfloat16 or float16")
+
+
+def _dtype_code(dtype, call):
+    """The C dtype of a dtype name ("f32", "bf16", "f16"); INVALID naming the call otherwise."""
+    code = _DTYPE_CODES.get(dtype) if isinstance(dtype, str) else None
+    if code is None:
+        raise Error(INVALID, f"{call}: dtype {dtype!r} is not one of {', '.join(map(repr, _DTYPE_CODES))}")
+    return code
 
 
 def _device_type(x):

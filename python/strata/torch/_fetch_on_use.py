@@ -108,6 +108,18 @@ class quiet:
         return False
 
 
+def unstick_quiet():
+    """Turns quiet off where no strata code is inside a quiet() block on
+    this thread: an offloaded module's forward starting, step(), zero_grad().
+    CPython checks for signals at the start of a Python function, so a
+    Ctrl-C can be delivered on entry to quiet.__exit__, before it restores
+    the flag: it stayed on for good, and every later read of an offloaded
+    parameter outside its module's forward computed with the placeholder
+    (zeros) instead of fetching it, silently. Now it holds until one of
+    those."""
+    _tls.quiet = False
+
+
 def compiling():
     c = getattr(torch, "compiler", None)
     if c is not None and hasattr(c, "is_compiling"):

@@ -176,7 +176,22 @@ class _GroupEngine:
         the float32 1/scale, as the engine and torch's GradScaler unscale)
         and multiplied by torch's clip coefficient `coef` (a float32 tensor;
         None: 1), in float32, as torch would over float32 masters;
-        `poison`: with a NaN, so that the engine skips the step."""
+        `poison`: with a NaN, so that the engine skips the step. All the
+        buckets or none: one that raises part-way (Ctrl-C delivered as a
+        native grads call returns, a refusal) drops those handed before it."""
+        # Marked before the first grads call: a raise after it (a Ctrl-C
+        # delivered as bucket 0's native call returns) left gradients in the
+        # engine that nothing recorded, so zero_grad() kept them and the next
+        # step added them to its own. (A discard_grads with none pending, for
+        # a raise before it, changes nothing.)
+        self.handed = True
+        try:
+            self._hand_buckets(negate, scale, coef, poison)
+        except BaseException:
+            self.drop_handed()
+            raise
+
+    def _hand_buckets(self, negate, scale, coef, poison):
         for g, entries in self.buckets:
             numel = self.engine.group_numel(g)
             flat = torch.zeros(numel, dtype=torch.float32, device=self.device)
@@ -197,7 +212,6 @@ class _GroupEngine:
                 flat.neg_()
             self.engine.grads(g, flat, stream=_current_stream(self.device))
             del flat  # one bucket's at a time
-        self.handed = True
 
     def drop_handed(self, quiet=True):
         """Drops the gradients this engine was handed for a step that did
@@ -215,24 +229,31 @@ class _GroupEngine:
         return True
 
     def copy_params_back(self):
+        """The engine's new weights into the parameters. Idempotent: a copy
+        that raised part-way (Ctrl-C) may be run again whole."""
         pending = {}  # param index -> flat copy of a non-contiguous parameter cut over groups
         seen = self._seen
         for g, entries in self.buckets:
             stream = _current_stream(self.device)
-            buf = self.engine.fetch_tensor(g, stream=stream)
-            for i, start, count, off in entries:
-                p = self.params[i]
-                if count == p.numel():
-                    p.copy_(buf[off:off + count].view_as(p))
-                elif p.is_contiguous():
-                    p.view(-1)[start:start + count].copy_(buf[off:off + count])
-                else:
-                    flat = pending.setdefault(i, torch.empty(p.numel(), dtype=p.dtype, device=p.device))
-                    flat[start:start + count].copy_(buf[off:off + count])
-                    if start + count == p.numel():
-                        p.copy_(pending.pop(i).view(p.shape))
-                seen[i] = (p._version, p.data_ptr())  # (our copy moved it: not a write)
-            self.engine.release(g, stream=stream)
+            buf = self.engine.fetch_tensor(g, stream=stream)  # (released by fetch_tensor itself if it raises)
+            # Released whatever raises from here (Ctrl-C among the copies):
+            # a group left fetched fails every later step ("group N is
+            # fetched and not released").
+            try:
+                for i, start, count, off in entries:
+                    p = self.params[i]
+                    if count == p.numel():
+                        p.copy_(buf[off:off + count].view_as(p))
+                    elif p.is_contiguous():
+                        p.view(-1)[start:start + count].copy_(buf[off:off + count])
+                    else:
+                        flat = pending.setdefault(i, torch.empty(p.numel(), dtype=p.dtype, device=p.device))
+                        flat[start:start + count].copy_(buf[off:off + count])
+                        if start + count == p.numel():
+                            p.copy_(pending.pop(i).view(p.shape))
+                    seen[i] = (p._version, p.data_ptr())  # (our copy moved it: not a write)
+            finally:
+                self.engine._release_held(g, stream=stream)
 
     def _per_param(self, reads):
         """Per parameter, shaped like it: {key: values} from `reads(group)`,

@@ -46,6 +46,11 @@ class _ModuleHooks:
     def _before_forward(self, needs, module):
         if _fou.compiling():
             _fou.refuse_compile(type(self.module).__name__)
+        # No module's forward starts inside strata's own quiet() blocks: a
+        # flag left on here is one an interrupt left (see unstick_quiet).
+        # (Not only at the outermost forward: with torch 2.1+ a forward
+        # ended by Ctrl-C leaves its scope open until step or zero_grad.)
+        _fou.unstick_quiet()
         scope = _Scope(module)
         below = _saved.top()
         if _saved.owner_of(below) is not self:
@@ -140,27 +145,40 @@ class _ModuleHooks:
         if g.index in self._fetched:
             return
         self._overlap.before_fetch(g)
+        stream = _current_stream(self.device.type)
         try:
-            address = self.engine.fetch(g.index, stream=_current_stream(self.device.type))
+            address = self.engine.fetch(g.index, stream=stream)  # (undone by Engine.fetch if it raises)
         except Error as e:
             raise self._overlap.explain(e, g, "fetched") from None
-        # The same address as the last fetch (a group fetched where it lives,
-        # or its copy where it was): the tensors that view it are reused.
-        # Made outside inference_mode (a validation pass under it, as
-        # Lightning's): views made inside are inference tensors, and the
-        # parameters given them could not be saved for backward afterwards.
-        with torch.inference_mode(False):
-            if g.views is None or g.views[0] != address:
-                if g.flat_numel is None:
-                    g.flat_numel = self.engine.group_numel(g.index)
-                flat = self.engine.as_tensor(address, g.flat_numel)
-                g.views = (address, flat, [flat[off:off + n].view(g.shapes[p])
-                                           for p, off, n in zip(g.params, g.offsets, g.numels)])
-            _, flat, views = g.views
-            self._fetched[g.index] = (flat, address, address + flat.numel() * flat.element_size())
+        # From here the group is fetched: anything that raises before it is
+        # recorded in _fetched (a Ctrl-C delivered as a call below returns)
+        # undoes the fetch, or nothing would ever release it (every later
+        # step: STATE "group N is fetched and not released").
+        try:
+            # The same address as the last fetch (a group fetched where it lives,
+            # or its copy where it was): the tensors that view it are reused.
+            # Made outside inference_mode (a validation pass under it, as
+            # Lightning's): views made inside are inference tensors, and the
+            # parameters given them could not be saved for backward afterwards.
+            with torch.inference_mode(False):
+                if g.views is None or g.views[0] != address:
+                    if g.flat_numel is None:
+                        g.flat_numel = self.engine.group_numel(g.index)
+                    flat = self.engine.as_tensor(address, g.flat_numel)
+                    g.views = (address, flat, [flat[off:off + n].view(g.shapes[p])
+                                               for p, off, n in zip(g.params, g.offsets, g.numels)])
+                _, flat, views = g.views
+                with _fou.quiet():
+                    for p, v in zip(g.params, views):
+                        p.data = v
+                self._fetched[g.index] = (flat, address, address + flat.numel() * flat.element_size())
+        except BaseException:
             with _fou.quiet():
-                for p, v in zip(g.params, views):
-                    p.data = v
+                for p in g.params:
+                    p.data = g.placeholders[p]
+            self._fetched.pop(g.index, None)
+            self.engine._release_held(g.index, stream=stream)
+            raise
 
     def release(self, g):
         """Releases g unless something still holds it: a running forward, a
@@ -171,8 +189,14 @@ class _ModuleHooks:
         with _fou.quiet():
             for p in g.params:
                 p.data = g.placeholders[p]
-        del self._fetched[idx]
-        self.engine.release(idx, stream=_current_stream(self.device.type))
+        # Released in the engine, then no longer recorded, whatever raises
+        # between: the record went first before, and a Ctrl-C delivered at
+        # the release's start left the group fetched with nothing recording
+        # it (every later step: STATE "group N is fetched and not released").
+        try:
+            self.engine._release_held(idx, stream=_current_stream(self.device.type))
+        finally:
+            del self._fetched[idx]
 
     def _between_passes(self):
         """Before reading or writing the engine's state outside a pass: a

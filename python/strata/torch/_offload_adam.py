@@ -337,9 +337,12 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             for part in made:
                 part.close()
             raise
+        # The new cohorts first, then the old engines closed: an interrupt
+        # while one is closed (its threads joined, its swap folder removed)
+        # left the cohorts holding closed engines (every later call: STATE).
+        self._cohorts[index] = stepping + kept
         for ge in retired:
             ge.close()
-        self._cohorts[index] = stepping + kept
         return stepping
 
     @property
@@ -419,14 +422,34 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         loss = _closure_loss(closure)
         self._check_scaled("step()")
         self._take_written("step")
+        # What clip_grad_norm_ prepared for this step (the ranks' agreement
+        # on which parameters step, its clip, torch's coefficient) is taken
+        # now, and put back where the step raises before any engine stepped
+        # (Ctrl-C in _regroup, a refusal): a step() run again (a notebook
+        # cell) is clipped, as after torch's clip_grad_norm_, which scaled
+        # .grad itself. Before, the re-run stepped unclipped.
+        prepared = self._stepping, self._clip_next, self._clip_coef
+        self._stepping = self._clip_next = self._clip_coef = None
+        results = []  # (grad_norm, skipped) per engine that stepped, in order
+        try:
+            self._step_engines(*prepared, results)
+        except BaseException:
+            if not results:
+                self._stepping, self._clip_next, self._clip_coef = prepared
+            else:  # (the engines that stepped did: the loss scale counts their step)
+                self._after_engines(results)
+            raise
+        self._after_engines(results)
+        return loss
+
+    def _step_engines(self, agreed, clip_next, coef, results):
+        """step()'s engines: each is handed its gradients and steps, and its
+        new weights go into the parameters; (grad_norm, skipped) goes into
+        `results` per engine as it steps."""
         # Which parameters step: one agreement of the ranks (clip_grad_norm_'s, where it made it).
-        agreed, self._stepping = self._stepping, None
         with_grads = agreed if agreed is not None else _with_grads(self.param_groups, self._engines,
                                                                     self._world_size)
         _check_step_groups(self.param_groups, "OffloadAdam.step", with_grads)  # (before any engine steps, or is made)
-        results = []
-        clip_next, self._clip_next = self._clip_next, None
-        coef, self._clip_coef = self._clip_coef, None
         scale = self.loss_scale
         stepping = [(group, ge) for index, group in enumerate(self.param_groups)
                     for ge in self._regroup(index, with_grads)]
@@ -448,30 +471,61 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         # just before its own step, as always.
         clips = _joint_clips(stepping, clip_next, hand)
         for k, ((group, ge), clip) in enumerate(zip(stepping, clips)):
-            hand(group, ge)
+            counts = ge.engine._step_counts()
             try:
-                norm, skipped = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
-                                               weight_decay=group["weight_decay"], max_grad_norm=clip)
+                hand(group, ge)  # (all its buckets or none: hand_grads)
+                result = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                                        weight_decay=group["weight_decay"], max_grad_norm=clip)
+                self._engine_stepped(ge)
+                results.append(result)
             except BaseException as e:
-                # What the engines hold for this step goes (drop_handed):
-                # this one's, so that the next step hands it fresh gradients
-                # (before, it stayed "handed" and its parameters silently
-                # missed that step; not where its failed step is pending: the
-                # same step again finishes it), and those of the engines
-                # after it that were handed theirs for a joint clip (a later
-                # step would apply them). Where those cannot be dropped, the
-                # optimizer refuses to go on, saying so.
-                ge.drop_handed()
-                held = [g for _, g in stepping[k + 1:] if not g.drop_handed()]
-                if held:
-                    self._broken = (f"a step failed ({e}) after {len(held)} more engine(s) were handed their "
-                                    "gradients for a joint clip; they could not be dropped")
+                skipped = _skipped_if_stepped(ge, counts)
+                if skipped is None:  # the engine did not step
+                    # What the engines hold for this step goes (drop_handed):
+                    # this one's, so that the next step hands it fresh gradients
+                    # (before, it stayed "handed" and its parameters silently
+                    # missed that step; not where its failed step is pending: the
+                    # same step again finishes it), and those of the engines
+                    # after it that were handed theirs for a joint clip (a later
+                    # step would apply them). Where those cannot be dropped, the
+                    # optimizer refuses to go on, saying so.
+                    ge.drop_handed()
+                    held = [g for _, g in stepping[k + 1:] if not g.drop_handed()]
+                    if held:
+                        self._broken = (f"a step failed ({e}) after {len(held)} more engine(s) were handed their "
+                                        "gradients for a joint clip; they could not be dropped")
+                    raise
+                # The engine stepped, and then this raised: a Ctrl-C
+                # delivered as the native step (or a fetch of its copy back)
+                # returned. Its step is finished before the interrupt goes on
+                # (its new weights into the parameters, again whole; its step
+                # count), so that the model's weights are its masters and
+                # training goes on bitwise as if its step had completed
+                # (before, the weights stayed a step behind, silently). The
+                # engines after it have not stepped: as if the step had not
+                # started for them, what they were handed goes (zero_grad
+                # then drops .grad; a step() run again steps them from .grad).
+                try:
+                    self._engine_stepped(ge)
+                    if len(results) == k:
+                        results.append((float("nan"), skipped))  # (its norm was lost with the call)
+                finally:
+                    for _, later in stepping[k + 1:]:
+                        later.drop_handed()
                 raise
-            ge.handed = False
-            ge.copy_params_back()
-            results.append((norm, skipped))
-            for p in ge.params:
-                self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
+
+    def _engine_stepped(self, ge):
+        """An engine stepped: its new weights into the parameters and its
+        step count into the state (idempotent: run again, it changes
+        nothing more)."""
+        ge.handed = False
+        ge.copy_params_back()
+        for p in ge.params:
+            self.state[p]["step"] = torch.tensor(float(ge.engine.steps))
+
+    def _after_engines(self, results):
+        """The step's end, once some engine stepped: fp16's scale updated by
+        whether they skipped, the backward count reset."""
         if self._scaler is not None and results:
             skipped = [k for _, k in results]
             if any(skipped) and not all(skipped):
@@ -481,7 +535,6 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
             self._scaler.update(all(skipped))
         self._scaling.stepped()
         self.last_results = results  # (grad_norm, skipped) per engine that stepped
-        return loss
 
     def state_dict(self):
         """torch.optim.AdamW's format, per parameter that has been stepped:
@@ -559,13 +612,17 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         except BaseException:
             self._undo_load(old_state, old_groups, overwritten)
             raise
-        self._close_engines()
+        # The loaded state in place first, then the old engines closed: an
+        # interrupt while one is closed left the cohorts holding closed
+        # engines and the loaded ones dropped.
+        old = self._engines
         self._cohorts = cohorts
         if scaler is not None:
             self._scaler.set_state(scaler)
         for p in list(self.state):  # the engine holds them now
             self.state[p] = {"step": self.state[p].get("step", torch.tensor(0.0))}
         self._broken = None  # fresh engines: nothing held
+        _close(old)
 
     def _undo_load(self, old_state, old_groups, overwritten):
         """A load that failed with the old engines open: torch's
@@ -653,22 +710,39 @@ class OffloadAdam(_ScalesLoss, torch.optim.Optimizer):
         """Frees the engines (and their swap files). After it, step(),
         clip_grad_norm_, state_dict, load_state_dict and add_param_group
         raise STATE."""
-        self._close_engines()
         self._closed = True
+        self._close_engines()
 
     def _close_engines(self):
-        for ge in self._engines:
-            if ge.engine.forked:
-                # A process forked from the optimizer's (a DataLoader worker):
-                # the engines and their swap folders are the parent's, still
-                # in use there. Only the handle is dropped (never destroyed here).
-                ge.engine.close()
-            else:
-                ge.close()
+        # (The cohorts emptied first: an interrupt during a close leaves none
+        # that holds a closed engine.)
+        old = self._engines
         self._cohorts = [[] for _ in self._cohorts]
+        _close(old)
 
     def __del__(self):
         try:
             self.close()
         except Exception:
             pass
+
+
+def _skipped_if_stepped(ge, before):
+    """Whether the engine's step since its _step_counts() were `before` was
+    skipped (a bool), or None where it did not step (or cannot say)."""
+    try:
+        steps, skipped = ge.engine._step_counts()
+    except Error:
+        return None
+    return None if steps == before[0] else skipped != before[1]
+
+
+def _close(engines):
+    for ge in engines:
+        if ge.engine.forked:
+            # A process forked from the optimizer's (a DataLoader worker):
+            # the engines and their swap folders are the parent's, still
+            # in use there. Only the handle is dropped (never destroyed here).
+            ge.engine.close()
+        else:
+            ge.close()

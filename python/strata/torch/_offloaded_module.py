@@ -235,29 +235,56 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         averaged over the ranks and the grad_accumulation_steps backward
         passes (strata.grad_reduce "mean"). Returns (grad_norm, skipped)."""
         self._check_open("step")
+        _fou.unstick_quiet()  # (no strata code runs on this thread: see unstick_quiet)
         self._end_stale_scopes("step")
         self._settle()
         if self._keep_zero_grads:
             for g in self._groups:  # torch would step their zero .grad
                 if not g.frozen and g.ever_handed and g.index not in self._handed:
+                    self._handed.add(g.index)  # (before the call: zero_grad then drops them with the rest)
                     self.engine.grads(g.index, torch.zeros(g.numel, dtype=self.dtype, device=self.device),
                                       stream=_current_stream(self.device.type))
         clipped = max_grad_norm is None and self._clip_next is not None
         if max_grad_norm is None:
             max_grad_norm = self._clip_next
+        # The options as the engine will take them, None as the config's
+        # value, so that prepare_step's and step's compare equal.
+        opts = self._overlap.options(lr, betas, eps, weight_decay, max_grad_norm)
+        # What this step consumes (the gradients handed, the clip and norms,
+        # the scaled-loss check) is reset once the engine's step is over,
+        # not before: a raise before it steps (Ctrl-C in the Python on the
+        # way) leaves it as it was, so that zero_grad() drops the handed
+        # gradients (before, it believed none were given and the next step
+        # added them to its own) and a step() run again clips. An Error from
+        # the engine's step ends the step as before; another raise (Ctrl-C
+        # delivered as the native step returns) ends it where the engine
+        # stepped (its counts moved).
+        counts = self.engine._step_counts()
+        try:
+            result = self.engine.step(**opts)
+        except Error:
+            self._end_step(opts, clipped)
+            raise
+        except BaseException:
+            try:
+                stepped = self.engine._step_counts()[0] != counts[0]
+            except Error:
+                stepped = False
+            if stepped:
+                self._end_step(opts, clipped)
+            raise
+        self._end_step(opts, clipped)
+        return result
+
+    def _end_step(self, opts, clipped):
+        """What a step consumed, reset once the engine stepped (or its step failed)."""
         self._clip_next = None
         self._norms, self._norms_exact = {}, True
         self._handed = set()
         for g in self._groups:
             g.handed_params = set()
-        # The options as the engine will take them, None as the config's
-        # value, so that prepare_step's and step's compare equal.
-        opts = self._overlap.options(lr, betas, eps, weight_decay, max_grad_norm)
         self._scaling.stepped()
-        try:
-            return self.engine.step(**opts)
-        finally:
-            self._overlap.after_step(opts, clipped)
+        self._overlap.after_step(opts, clipped)
 
     # -- fp16 loss scaling (see offload_module)
     def _engine_loss_scale(self):
@@ -275,6 +302,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         (a batch skipped after its backward, a backward that raised) are
         dropped, with clip_grad_norm_'s clip for them, as torch's zero_grad
         drops .grad."""
+        _fou.unstick_quiet()  # (no strata code runs on this thread: see unstick_quiet)
         self._end_stale_scopes("zero_grad")
         self._keep_zero_grads = not (_TORCH2 if set_to_none is None else bool(set_to_none))
         self._drop_grads()
