@@ -32,24 +32,42 @@ static int OpenFlags(OpenMode mode) {
     case OpenMode::kReadOnly: return O_RDONLY | O_CLOEXEC;
     case OpenMode::kReadWrite: return O_RDWR | O_CLOEXEC;
     case OpenMode::kCreate: return O_RDWR | O_CREAT | O_CLOEXEC;
+    case OpenMode::kCreateNew: return O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   }
   return O_RDWR | O_CLOEXEC;
 }
 
 Status OpenDirectFile(const std::string& path, OpenMode mode, FileInfo* info, bool try_direct) {
   const int flags = OpenFlags(mode);
-  int fd = try_direct ? ::open(path.c_str(), flags | O_DIRECT, 0644) : -1;
-  bool direct = true;
-  if (!try_direct || (fd < 0 && errno == EINVAL)) {  // the file system has no O_DIRECT
-    fd = ::open(path.c_str(), flags, 0644);
-    direct = false;
-    if (fd >= 0) {
-      WarnOnce("no-odirect:" + path.substr(0, path.rfind('/')),
-               "the file system holding " + path +
-                   " does not support O_DIRECT (tmpfs?); using buffered I/O there");
+  const mode_t perms = mode == OpenMode::kCreateNew ? 0600 : 0666;  // (less the umask)
+  bool direct = try_direct;
+  int fd = -1;
+  if (mode == OpenMode::kCreateNew) {
+    // Created first, O_DIRECT set after: an open with O_CREAT and O_DIRECT
+    // makes the file before it finds the file system without O_DIRECT
+    // (EINVAL), and O_EXCL would refuse the retry.
+    fd = ::open(path.c_str(), flags, perms);
+    if (fd < 0) return PosixError("open", path, errno);
+    if (direct && ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_DIRECT) != 0) {
+      if (errno != EINVAL) {
+        const int err = errno;
+        ::close(fd);
+        ::unlink(path.c_str());
+        return PosixError("fcntl O_DIRECT", path, err);
+      }
+      direct = false;
     }
+  } else {
+    fd = direct ? ::open(path.c_str(), flags | O_DIRECT, perms) : -1;
+    if (!direct || (fd < 0 && errno == EINVAL)) {  // the file system has no O_DIRECT
+      fd = ::open(path.c_str(), flags, perms);
+      direct = false;
+    }
+    if (fd < 0) return PosixError("open", path, errno);
   }
-  if (fd < 0) return PosixError("open", path, errno);
+  if (try_direct && !direct)
+    WarnOnce("no-odirect:" + path.substr(0, path.rfind('/')),
+             "the file system holding " + path + " does not support O_DIRECT (tmpfs?); using buffered I/O there");
   info->path = path;
   info->fd = fd;
   info->direct = direct;

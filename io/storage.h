@@ -24,7 +24,12 @@ struct FileInfo {
   int fd = -1;
 };
 
-enum class OpenMode { kReadWrite, kCreate /* create or open, read-write */, kReadOnly };
+enum class OpenMode {
+  kReadWrite,
+  kCreate,     // create or open, read-write (mode 0666 less the umask)
+  kReadOnly,
+  kCreateNew,  // create, read-write, mode 0600: refused where the name exists, a symlink included (private files)
+};
 
 struct IoOp {
   enum Kind : uint8_t { kRead, kWrite };

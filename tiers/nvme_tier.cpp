@@ -180,7 +180,10 @@ Status NvmeTier::OpenGeneration(uint32_t gen, std::vector<FileId>* files, std::v
                                " bytes) free; its swap file needs " + FormatBytes(per_file_capacity_) + " (" +
                                std::to_string(per_file_capacity_) + " bytes)"));
     }
-    auto f = options_.storage->Open(path, OpenMode::kCreate);
+    // A new file, readable by this user alone (the model's weights and
+    // moments), never through a name someone put there since the unlink
+    // above (a symlink to another file: EEXIST, refused).
+    auto f = options_.storage->Open(path, OpenMode::kCreateNew);
     if (!f.ok()) return undo(f.status());
     files->push_back(*f);
     const FileInfo& info = options_.storage->Info(*f);

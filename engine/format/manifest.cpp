@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 #include "base/dtype.h"
 #include "kernels/cpu/compact.h"
@@ -352,9 +353,23 @@ std::string Seal(const std::string& json_text) {
 Result<Manifest> Parse(std::string_view text, const std::string& path) {
   Reader r{path};
   Json j;
+  // A manifest nests a few levels (groups, tensors, shapes); one nested
+  // thousands deep (damaged, or made to harm) would overflow the stack in
+  // the recursive dump() of the seal check: refused while parsing.
+  constexpr int kMaxDepth = 32;
+  bool too_deep = false;
   try {
-    j = Json::parse(text.begin(), text.end());
+    j = Json::parse(text.begin(), text.end(), [&](int depth, Json::parse_event_t, const Json&) {
+      if (depth > kMaxDepth) {
+        too_deep = true;
+        throw std::length_error("nested too deep");
+      }
+      return true;
+    });
   } catch (const std::exception& e) {
+    if (too_deep)
+      return CorruptError("checkpoint manifest " + path + " nests deeper than " + std::to_string(kMaxDepth) +
+                          " levels: not a manifest");
     return CorruptError("checkpoint manifest " + path + " is not valid JSON: " + e.what());
   }
   if (!j.is_object()) return r.Bad("manifest", "is not a JSON object");

@@ -295,6 +295,16 @@ TEST_P(CorruptCheckpoint, GarbledManifest) {
   ExpectRefused("manifest");
 }
 
+// A manifest nested 200,000 deep, sealed (the seal is read first): refused
+// as CORRUPT, never a stack overflow in the seal's check (a crash at load,
+// and at every later save in the folder, which reads its siblings).
+TEST_P(CorruptCheckpoint, DeeplyNestedManifest) {
+  std::string text = "{\"manifest_xxh3\": \"0000000000000000\", \"a\": ";
+  text += std::string(200000, '[') + std::string(200000, ']') + "}";
+  std::ofstream(ckpt.path() + "/a/manifest.json") << text;
+  ExpectRefused("nests deeper than 32 levels");
+}
+
 // A checkpoint folder that cannot be read (no file descriptor left here:
 // EMFILE; EACCES or EIO alike) is an I/O error naming why: not NOT_FOUND,
 // which a trainer takes for "start afresh", nor CORRUPT, which has it throw

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <tuple>
 
@@ -286,6 +287,42 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) {
       return std::string(std::get<0>(info.param).name) + "_" + IoBackendName(std::get<1>(info.param));
     });
+
+// kCreateNew (swap files): a new file of this user's alone, whatever the
+// umask; never through a name that exists, a symlink to another file above
+// all; buffered, not refused, where the file system has no O_DIRECT.
+TEST(Storage, CreateNewIsPrivateAndNeverFollowsAName) {
+  TempDir dir;
+  auto s = MakeStorage();
+  ASSERT_NE(s, nullptr);
+  const mode_t old_umask = ::umask(0);
+  auto f = s->Open(dir.path() + "/new.swap", OpenMode::kCreateNew);
+  ::umask(old_umask);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  struct stat st {};
+  ASSERT_EQ(::stat((dir.path() + "/new.swap").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_TRUE(s->Info(*f).direct);
+  RoundTrip(*s, *f, 0, 8192, 3);
+  const std::string victim = dir.path() + "/victim", link = dir.path() + "/link.swap";
+  { std::ofstream(victim) << "keep me"; }
+  ASSERT_EQ(::symlink(victim.c_str(), link.c_str()), 0);
+  auto through = s->Open(link, OpenMode::kCreateNew);
+  ASSERT_FALSE(through.ok());
+  EXPECT_NE(through.status().message().find("errno " + std::to_string(EEXIST)), std::string::npos)
+      << through.status().ToString();
+  std::string text;
+  std::getline(std::ifstream(victim), text);
+  EXPECT_EQ(text, "keep me");
+  EXPECT_FALSE(s->Open(dir.path() + "/new.swap", OpenMode::kCreateNew).ok()) << "an existing file is refused";
+  struct stat shm {};
+  if (::stat("/dev/shm", &shm) == 0) {
+    TempDir tmpfs("/dev/shm");
+    auto t = s->Open(tmpfs.path() + "/t.swap", OpenMode::kCreateNew);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();  // buffered where tmpfs has no O_DIRECT; either way, open
+    RoundTrip(*s, *t, 0, 8192, 4);
+  }
+}
 
 TEST(Storage, RefusesBadOptions) {
   StorageOptions o;

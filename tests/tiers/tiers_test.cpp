@@ -322,6 +322,11 @@ TEST_P(NvmeRoundTrip, ByteSizesWithOffsetStampedPattern) {
   NvmeTier& nvme = **t;
   ASSERT_EQ(nvme.paths().size(), static_cast<size_t>(ndirs));
   EXPECT_NE(nvme.paths()[0].find("strata-swap.r0.s0.bin"), std::string::npos);
+  for (const std::string& path : nvme.paths()) {  // the weights and moments: this user's alone, whatever the umask
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0) << path;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << path;
+  }
   std::vector<Allocation> blocks;
   const std::vector<uint64_t> sizes = {1, 511, 512, 4095, 4096, 4097, 8192, 12288 + 5, kMiB + 1};
   for (uint64_t n : sizes) {
