@@ -2,11 +2,14 @@
 NVMe, the way a PyTorch user trains: torch.distributed, an LR schedule,
 clip_grad_norm_, a tied head, torch.save of model and optimizer.
 
-    torchrun --nproc_per_node 2 --redirects 1 --tee 1 python/examples/torchrun_gpt.py /var/tmp/strata-swap
+    torchrun --nproc_per_node 2 --redirects 1 --tee 1 python/examples/torchrun_gpt.py [SWAP_FOLDER]
 
+SWAP_FOLDER: by default strata-swap-<user> in the temp folder, made mode 0700.
 (--redirects/--tee: Debian 12's torch 1.13 needs them under Python 3.11.)"""
+import getpass
 import os
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -14,10 +17,12 @@ import torch.nn.functional as F
 
 import strata.torch
 
-swap = sys.argv[1] if len(sys.argv) > 1 else "/var/tmp/strata-swap"
+swap = sys.argv[1] if len(sys.argv) > 1 else os.path.join(tempfile.gettempdir(), f"strata-swap-{getpass.getuser()}")
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-os.makedirs(swap, exist_ok=True)
+os.makedirs(swap, mode=0o700, exist_ok=True)
+if len(sys.argv) == 1 and os.stat(swap).st_uid != os.getuid():
+    sys.exit(f"{swap} is another user's: name a folder of yours")
 
 vocab, dim = 96, 64
 model = torch.nn.Sequential(torch.nn.Embedding(vocab, dim), torch.nn.LayerNorm(dim), torch.nn.Linear(dim, 4 * dim),
@@ -49,6 +54,6 @@ for step in range(20):
 state = {"model": model.state_dict(), "optimizer": opt.state_dict()}  # every rank calls these
 if rank == 0:
     torch.save(state, os.path.join(swap, "gpt.pt"))
-    print("saved", sum(t.numel() for t in state["model"].values()), "model values")
+    print("saved", sum(t.numel() for t in state["model"].values()), "model values to", os.path.join(swap, "gpt.pt"))
 off.close()
 dist.destroy_process_group()

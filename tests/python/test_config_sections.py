@@ -276,8 +276,9 @@ def gone_pid():
 
 def test_the_sweep_removes_only_what_the_scheme_names_and_nobody_holds(tmp_path, monkeypatch):
     """Beside the engine's own folder, the sweep removes a folder named
-    strata-<pid>-<id> (offload_module's) or strata-<pid>-<id>-<group>-<n>
-    (OffloadAdam's) whose creating process is gone and that holds only
+    strata-<key>-<pid>-<id> (offload_module's) or
+    strata-<key>-<pid>-<id>-<group>-<n> (OffloadAdam's), <key> this host's,
+    whose creating process is gone and that holds only
     unlocked swap files, or nothing and is an hour old. It keeps: a folder
     whose swap file someone holds the flock of (a live engine of another
     pid namespace or host), an empty one made recently (an engine about to
@@ -286,6 +287,7 @@ def test_the_sweep_removes_only_what_the_scheme_names_and_nobody_holds(tmp_path,
     nothing was removed."""
     monkeypatch.setattr(_config, "_LOCK_GRACE_S", 0.2)  # (the held flock below is waited for that long)
     dead, live = gone_pid(), os.getppid()
+    k = _config._host_key()
     old = time.time() - 7200
 
     def folder(name, *files, age=None):
@@ -297,27 +299,26 @@ def test_the_sweep_removes_only_what_the_scheme_names_and_nobody_holds(tmp_path,
             os.utime(f, (age, age))
         return f
 
-    goes = [folder(f"strata-{dead}-140000000000", "strata-swap.r0.s0.bin", "strata-swap.r0.s1.g2.bin"),
-            folder(f"strata-{dead}-140000000001-0-3", "strata-swap.r3.s0.bin"),
-            folder(f"strata-{dead}-140000000002", age=old)]
-    held = folder(f"strata-{dead}-140000000003", "strata-swap.r0.s0.bin")
+    goes = [folder(f"strata-{k}-{dead}-140000000000", "strata-swap.r0.s0.bin", "strata-swap.r0.s1.g2.bin"),
+            folder(f"strata-{k}-{dead}-140000000001-0-3", "strata-swap.r3.s0.bin"),
+            folder(f"strata-{k}-{dead}-140000000002", age=old)]
+    held = folder(f"strata-{k}-{dead}-140000000003", "strata-swap.r0.s0.bin")
     stays = [held,
-             folder(f"strata-{dead}-140000000004"),  # empty, recent
-             folder(f"strata-{live}-140000000005", "strata-swap.r0.s0.bin"),  # its creator lives
-             folder(f"strata-{dead}-140000000006", "strata-swap.r0.s0.bin", "notes.txt"),
-             folder(f"strata-{dead}-1400x", "strata-swap.r0.s0.bin", age=old),
-             folder(f"strata-{dead}-14-0", "strata-swap.r0.s0.bin", age=old),
-             folder(f"strata-{dead}-1-2-3-4", "strata-swap.r0.s0.bin", age=old),
-             folder(f"strata-{dead}-1-", age=old),
-             folder(f"xstrata-{dead}-1", age=old),
-             folder(f"strata-{dead}-2", "strata-swap.r0.s0.bin.tmp", age=old),
-             folder(f"strata-{dead}-3", "strata-swap.rx.s0.bin", age=old)]
-    (tmp_path / f"strata-{dead}-7").write_bytes(b"x")  # a file
-    os.symlink(goes[0], tmp_path / f"strata-{dead}-8")  # a link (to a folder that goes)
+             folder(f"strata-{k}-{dead}-140000000004"),  # empty, recent
+             folder(f"strata-{k}-{live}-140000000005", "strata-swap.r0.s0.bin"),  # its creator lives
+             folder(f"strata-{k}-{dead}-140000000006", "strata-swap.r0.s0.bin", "notes.txt"),
+             folder(f"strata-{k}-{dead}-1400x", "strata-swap.r0.s0.bin", age=old),
+             folder(f"strata-{k}-{dead}-14-0", "strata-swap.r0.s0.bin", age=old),
+             folder(f"strata-{k}-{dead}-1-2-3-4", "strata-swap.r0.s0.bin", age=old),
+             folder(f"strata-{k}-{dead}-1-", age=old),
+             folder(f"xstrata-{k}-{dead}-1", age=old),
+             folder(f"strata-{k}-{dead}-2", "strata-swap.r0.s0.bin.tmp", age=old),
+             folder(f"strata-{k}-{dead}-3", "strata-swap.rx.s0.bin", age=old)]
+    (tmp_path / f"strata-{k}-{dead}-7").write_bytes(b"x")  # a file
+    os.symlink(goes[0], tmp_path / f"strata-{k}-{dead}-8")  # a link (to a folder that goes)
     elsewhere = folder("elsewhere", "strata-swap.r0.s0.bin", age=old)
-    os.symlink(elsewhere, tmp_path / f"strata-{dead}-9")  # a link (to a folder that stays)
-    kept = {*stays, tmp_path / f"strata-{dead}-7", tmp_path / f"strata-{dead}-8", tmp_path / f"strata-{dead}-9",
-            elsewhere}
+    os.symlink(elsewhere, tmp_path / f"strata-{k}-{dead}-9")  # a link (to a folder that stays)
+    kept = {*stays, *(tmp_path / f"strata-{k}-{dead}-{n}" for n in (7, 8, 9)), elsewhere}
 
     fd = os.open(held / "strata-swap.r0.s0.bin", os.O_RDONLY)
     try:
@@ -325,7 +326,7 @@ def test_the_sweep_removes_only_what_the_scheme_names_and_nobody_holds(tmp_path,
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             made = _config._separate_swap_folders({"strata": {"nvme_paths": [str(tmp_path)]}},
-                                                  f"strata-{os.getpid()}-1-0-0")
+                                                  _config._engine_tag(1, 0, 0))
         mine = made["strata"]["nvme_paths"][0]
         assert os.path.isdir(mine)
         assert [str(f) for f in goes if os.path.lexists(f)] == []
@@ -338,7 +339,92 @@ def test_the_sweep_removes_only_what_the_scheme_names_and_nobody_holds(tmp_path,
         os.close(fd)
 
     # A tag outside the scheme sweeps nothing.
-    (tmp_path / f"strata-{dead}-10").mkdir()
-    os.utime(tmp_path / f"strata-{dead}-10", (old, old))
+    (tmp_path / f"strata-{k}-{dead}-10").mkdir()
+    os.utime(tmp_path / f"strata-{k}-{dead}-10", (old, old))
     _config._remove_swap_folders([_config._subfolder(str(tmp_path), "mine")])
-    assert os.path.isdir(tmp_path / f"strata-{dead}-10")
+    assert os.path.isdir(tmp_path / f"strata-{k}-{dead}-10")
+
+
+def test_the_sweep_keeps_the_folders_of_another_host_or_pid_namespace(tmp_path):
+    """On a file system several hosts share (BeeGFS, Lustre with
+    localflock, NFS with local_lock=flock) flock is the host's own and a pid
+    of another host looks gone here: the sweep removes only folders whose
+    name carries this host's key (boot id and pid namespace), never one with
+    another key or none (made before keys; or by another host). Before, a
+    dead pid and free flocks were enough: another host's live engine lost
+    its swap files."""
+    dead, k = gone_pid(), _config._host_key()
+    other = "0123456789ab" if k != "0123456789ab" else "ba9876543210"
+    old = time.time() - 7200
+
+    def folder(name):
+        f = tmp_path / name
+        f.mkdir()
+        (f / "strata-swap.r0.s0.bin").write_bytes(b"x" * 4096)
+        os.utime(f, (old, old))
+        return f
+
+    ours = [folder(f"strata-{k}-{dead}-140000000000"), folder(f"strata-{k}-{dead}-140000000001-0-3")]
+    kept = [folder(f"strata-{other}-{dead}-140000000002"), folder(f"strata-{other}-{dead}-140000000003-1-2"),
+            folder(f"strata-{dead}-140000000004"), folder(f"strata-{dead}-140000000005-0-3"),  # keyless
+            folder(f"strata-{k[:-1]}-{dead}-140000000006"), folder(f"strata-{k}0-{dead}-140000000007")]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        made = _config._separate_swap_folders({"strata": {"nvme_paths": [str(tmp_path)]}}, _config._engine_tag(1))
+    assert [str(f) for f in ours if os.path.lexists(f)] == []
+    assert [str(f) for f in kept if not os.path.isdir(f)] == []
+    sweeps = [str(w.message) for w in said]
+    assert len(sweeps) == 1 and f"{2 * 4096} bytes" in sweeps[0], sweeps
+    assert all(f.name in sweeps[0] for f in ours) and not any(f.name in sweeps[0] for f in kept), sweeps
+    _config._remove_swap_folders(made["strata"]["nvme_paths"])
+
+
+def test_engine_folders_are_named_with_this_hosts_key(tmp_path):
+    """OffloadAdam's and offload_module's swap folders are named
+    strata-<key>-<pid>-<id>[-<group>-<n>], the key this host's (short hex,
+    the same in another process here), so that the sweep knows its own."""
+    k = _config._host_key()
+    assert len(k) == 12 and all(c in "0123456789abcdef" for c in k)
+    other = subprocess.run([sys.executable, "-c", "from strata.torch import _config; print(_config._host_key())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert other == k
+    model = nn.Linear(8, 8)
+    opt = st.OffloadAdam(model.parameters(), lr=1e-2, force_no_gpu=True,
+                         config={"zero_optimization": {"stage": 1, "offload_optimizer": nvme(tmp_path)}})
+    off = st.offload_module(nn.Linear(8, 8), {"zero_optimization": {"stage": 3, "offload_param": nvme(tmp_path)},
+                                              "optimizer": LR}, force_no_gpu=True)
+    try:
+        names = sorted(os.listdir(tmp_path))
+        assert len(names) == 2, names
+        assert all(_config._ENGINE_FOLDER.match(n) and n.startswith(f"strata-{k}-{os.getpid()}-") for n in names)
+        assert sorted(n.count("-") for n in names) == [3, 5], names
+    finally:
+        opt.close()
+        off.close()
+
+
+def test_engine_swap_folders_are_the_users_own(tmp_path):
+    """The engine's swap subfolder is made mode 0700 (under umask 022 it was
+    0755: any local user could list it); the user's nvme_path keeps its
+    mode."""
+    os.chmod(tmp_path, 0o755)
+    mask = os.umask(0o022)
+    try:
+        model = nn.Linear(8, 8)
+        opt = st.OffloadAdam(model.parameters(), lr=1e-2, force_no_gpu=True,
+                             config={"zero_optimization": {"stage": 1, "offload_optimizer": nvme(tmp_path)}})
+        off = st.offload_module(nn.Linear(8, 8), {"zero_optimization": {"stage": 3, "offload_param": nvme(tmp_path)},
+                                                  "optimizer": LR}, force_no_gpu=True)
+        made = _config._separate_swap_folders({"strata": {"nvme_paths": [str(tmp_path)]}}, "mine")
+    finally:
+        os.umask(mask)
+    try:
+        train(model, opt, 1)
+        folders = [tmp_path / n for n in os.listdir(tmp_path)]
+        assert len(folders) == 3
+        assert {oct(os.stat(f).st_mode & 0o777) for f in folders} == {oct(0o700)}
+        assert os.stat(tmp_path).st_mode & 0o777 == 0o755
+    finally:
+        opt.close()
+        off.close()
+        _config._remove_swap_folders(made["strata"]["nvme_paths"])

@@ -10,6 +10,7 @@ absent (_absent, _section), never calling a method on them.
 
 import copy
 import fcntl
+import hashlib
 import itertools
 import json
 import operator
@@ -365,7 +366,11 @@ def _subfolder(path, tag):
     if _ENGINE_FOLDER.match(tag):
         _remove_dead_swap_folders(path, tag)
     sub = os.path.join(path, tag)
-    os.makedirs(sub, exist_ok=True)
+    try:
+        os.mkdir(sub, 0o700)  # (the user's alone: other users may not list the swap files)
+    except FileExistsError:
+        if not os.path.isdir(sub):
+            raise
     return sub
 
 
@@ -394,15 +399,50 @@ def _swap_folders(cfg):
 # folder in a process. A folder with no swap file goes only an hour after
 # its last change (its engine may be about to make them, its pid unknown
 # here).
+#
+# Only this host's folders, of this pid namespace: the name carries a key of
+# both (_host_key), and a folder with another key, or none, is never
+# touched. On a file system several hosts share (BeeGFS by default, Lustre
+# with localflock, NFS with local_lock=flock) flock is each host's own and
+# another host's pid looks gone here: without the key, a live engine of
+# another host lost its swap files.
 
-# offload_module's strata-<pid>-<id>, OffloadAdam's strata-<pid>-<id>-<group>-<n>
-_ENGINE_FOLDER = re.compile(r"strata-([1-9][0-9]{0,9})-[0-9]{1,20}(?:-[0-9]{1,9}-[0-9]{1,20})?\Z")
+# offload_module's strata-<key>-<pid>-<id>, OffloadAdam's strata-<key>-<pid>-<id>-<group>-<n>
+# (<key>: _host_key())
+_ENGINE_FOLDER = re.compile(r"strata-([0-9a-f]{12})-([1-9][0-9]{0,9})-[0-9]{1,20}(?:-[0-9]{1,9}-[0-9]{1,20})?\Z")
 # The engine's swap files: strata-swap.r<rank>.s<i>.bin, strata-swap.r<rank>.s<i>.g<gen>.bin
 _SWAP_FILE = re.compile(r"strata-swap\.r[0-9]{1,9}\.s[0-9]{1,9}(?:\.g[0-9]{1,9})?\.bin\Z")
 _EMPTY_FOLDER_AGE_S = 3600
 _LOCK_GRACE_S = 3.0
 _BUSY = object()  # _remove_if_dead: a swap file's flock is held
 _held_after_grace = set()  # (nvme_path, folder) whose flock stayed held for a grace: not waited for again
+
+
+_HOST_KEY = None
+
+
+def _host_key():
+    """This host's and pid namespace's key in the engines' folder names: 12
+    hex digits of a hash of the boot id and the pid namespace, the parts
+    io/net/gloo_addresses.cpp's HostKey() reads (it: the net namespace).
+    "0" where either cannot be read: no folder with it is ever swept (the
+    scheme wants 12 hex digits), nor does its engine sweep."""
+    global _HOST_KEY
+    if _HOST_KEY is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                boot = f.read().strip()
+            ns = os.readlink("/proc/self/ns/pid").encode()
+        except OSError:
+            boot = ns = b""
+        _HOST_KEY = hashlib.sha256(boot + b"/" + ns).hexdigest()[:12] if boot and ns else "0"
+    return _HOST_KEY
+
+
+def _engine_tag(*parts):
+    """The name of an engine's swap folder: strata-<key>-<pid>-<parts...>
+    (offload_module's parts: its id; OffloadAdam's: its id, group, count)."""
+    return "-".join(["strata", _host_key(), str(os.getpid()), *map(str, parts)])
 
 
 def _boot_time():
@@ -440,7 +480,7 @@ def _remove_if_dead(parent, name):
     """Removes folder `name` under the open folder `parent` where no engine
     uses it; the bytes of the swap files it held, or None where it stays
     (_BUSY: a swap file's flock is held, by a live engine or one dying)."""
-    pid = int(_ENGINE_FOLDER.match(name).group(1))
+    pid = int(_ENGINE_FOLDER.match(name).group(2))
     fds = []
     try:
         folder = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
@@ -490,7 +530,9 @@ def _remove_dead_swap_folders(path, keep):
     except OSError:
         return
     try:
-        names = sorted(n for n in os.listdir(parent) if n != keep and _ENGINE_FOLDER.match(n))
+        key = _host_key()
+        names = sorted(n for n in os.listdir(parent)
+                       if n != keep and (m := _ENGINE_FOLDER.match(n)) and m.group(1) == key)
         deadline = time.monotonic() + _LOCK_GRACE_S
         while names:
             busy = []

@@ -328,3 +328,15 @@ def _overflowed(engines):
             if p.grad is not None:
                 by_device.setdefault(p.grad.device, []).append(torch.isfinite(p.grad).all())
     return not all(bool(torch.stack(flags).all()) for flags in by_device.values())
+
+
+def _close_all(engines):
+    """Closes each _GroupEngine of `engines` (in a forked child, drops its handle only)."""
+    for ge in engines:
+        if ge.engine.forked:
+            # A process forked from the optimizer's (a DataLoader worker):
+            # the engines and their swap folders are the parent's, still
+            # in use there. Only the handle is dropped (never destroyed here).
+            ge.engine.close()
+        else:
+            ge.close()

@@ -16,8 +16,8 @@ from .. import Error, INVALID, STATE
 from . import _fetch_on_use as _fou
 from . import _saved_tensors as _saved
 from ._clip import _OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _engine_max_norm, _torch_total_norm
-from ._config import (_TORCH2, _current_stream, _engine_device, _new_engine, _remove_swap_folders, _resolve_ranks,
-                      _say_autos, _separate_swap_folders, _swap_folders, _torch_dtype)
+from ._config import (_TORCH2, _current_stream, _engine_device, _engine_tag, _new_engine, _remove_swap_folders,
+                      _resolve_ranks, _say_autos, _separate_swap_folders, _swap_folders, _torch_dtype)
 from ._loss_scale import _LossScaling, _ScalesLoss, _fp16_section
 from ._module_group import _LazyNorm, _ModuleGroup
 from ._module_hooks import _ModuleHooks, _forward_hooks_always_called
@@ -54,7 +54,7 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         if overlap_step not in (None, True, False):
             raise Error(INVALID, f"offload_module: overlap_step={overlap_step!r}; one of None (on, the default), "
                         "True, False")
-        config = _separate_swap_folders(config, f"strata-{os.getpid()}-{id(self)}")
+        config = _separate_swap_folders(config, _engine_tag(id(self)))
         self._folders = _swap_folders(config)
         try:
             # A group that got no gradient in a step (a module unused in it,
