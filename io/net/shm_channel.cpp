@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -210,6 +211,17 @@ Result<std::unique_ptr<ShmChannel>> ShmChannel::Open(const std::string& name, in
     close(fd);
     return CommError("shared memory " + name + ": " + std::to_string(s.st_size) + " bytes, want " +
                      std::to_string(size));
+  }
+  // Rank 0 of this job is this user and makes its segment 0600: one of
+  // another user's, or that others may open (a name someone put in the
+  // store to read or change the gradients), is not this job's.
+  if (s.st_uid != geteuid() || (s.st_mode & 077) != 0) {
+    close(fd);
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(s.st_mode & 07777));
+    return CommError("shared memory " + name + ": owned by uid " + std::to_string(s.st_uid) + " with mode " + mode +
+                     "; rank 0 of this job makes its segment as uid " + std::to_string(geteuid()) +
+                     ", mode 0600: not this job's");
   }
   auto base = MapAndLock(fd, size, rank, name);
   if (!base.ok()) {

@@ -6,6 +6,7 @@
 #include "io/net/shm_channel.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -271,6 +272,20 @@ TEST(ShmChannel, ASegmentOfAnotherShapeOrNameIsRefusedAndNothingIsLeft) {
   auto gone = ShmChannel::Open(name, 1, 2, kSlot);
   EXPECT_EQ(gone.status().code(), Code::kComm);
   EXPECT_NE(gone.status().message().find("shm_open"), std::string::npos) << gone.status().ToString();
+}
+
+// A segment others may open (another user's, or one made 0666 to read or
+// change what the ranks write) is refused, whatever its header says.
+TEST(ShmChannel, ASegmentOthersMayOpenIsRefused) {
+  std::string name;
+  auto c0 = ShmChannel::Create(2, kSlot, &name);
+  ASSERT_TRUE(c0.ok()) << c0.status().ToString();
+  ASSERT_EQ(::chmod(("/dev/shm" + name).c_str(), 0666), 0);
+  auto opened = ShmChannel::Open(name, 1, 2, kSlot);
+  EXPECT_EQ(opened.status().code(), Code::kComm);
+  EXPECT_NE(opened.status().message().find("mode 0666"), std::string::npos) << opened.status().ToString();
+  ASSERT_EQ(::chmod(("/dev/shm" + name).c_str(), 0600), 0);
+  EXPECT_TRUE(ShmChannel::Open(name, 1, 2, kSlot).ok()) << "the same segment, 0600: this job's";
 }
 
 // A segment whose creator was killed before its unlink (a launcher stopping
