@@ -24,18 +24,14 @@ namespace {
 namespace fs = std::filesystem;
 using testing::OnRanks;
 using testing::TempDir;
-
-void Write(const fs::path& file, const std::string& text) {
-  fs::create_directories(file.parent_path());
-  std::ofstream(file) << text << "\n";
-}
+using testing::WriteLine;
 
 TEST(CgroupMemoryLimit, V1TakesTheTightestLimitOnThePathUp) {
   TempDir root;
   const fs::path mem = fs::path(root.path()) / "memory";
-  Write(mem / "memory.limit_in_bytes", "9223372036854771712");  // unlimited
-  Write(mem / "jobs" / "memory.limit_in_bytes", "8589934592");
-  Write(mem / "jobs" / "rank0" / "memory.limit_in_bytes", "17179869184");  // looser than its parent
+  WriteLine(mem / "memory.limit_in_bytes", "9223372036854771712");  // unlimited
+  WriteLine(mem / "jobs" / "memory.limit_in_bytes", "8589934592");
+  WriteLine(mem / "jobs" / "rank0" / "memory.limit_in_bytes", "17179869184");  // looser than its parent
   const std::string proc = "12:pids:/jobs/rank0\n4:memory:/jobs/rank0\n0::/\n";
   const CgroupLimit l = CgroupMemoryLimit(proc, root.path());
   EXPECT_EQ(l.bytes, 8 * kGiB);
@@ -45,8 +41,8 @@ TEST(CgroupMemoryLimit, V1TakesTheTightestLimitOnThePathUp) {
 TEST(CgroupMemoryLimit, V1UnlimitedIsNoLimit) {
   TempDir root;
   const fs::path mem = fs::path(root.path()) / "memory";
-  Write(mem / "memory.limit_in_bytes", "9223372036854771712");
-  Write(mem / "a" / "memory.limit_in_bytes", "9223372036854771712");
+  WriteLine(mem / "memory.limit_in_bytes", "9223372036854771712");
+  WriteLine(mem / "a" / "memory.limit_in_bytes", "9223372036854771712");
   const CgroupLimit l = CgroupMemoryLimit("4:memory:/a\n", root.path());
   EXPECT_EQ(l.bytes, 0u);
   EXPECT_EQ(l.dir, "");
@@ -57,7 +53,7 @@ TEST(CgroupMemoryLimit, V1UnlimitedIsNoLimit) {
 TEST(CgroupMemoryLimit, AContainerSeesItsCgroupAtTheMountRoot) {
   TempDir root;
   const fs::path mem = fs::path(root.path()) / "memory";
-  Write(mem / "memory.limit_in_bytes", "4294967296");
+  WriteLine(mem / "memory.limit_in_bytes", "4294967296");
   const CgroupLimit l = CgroupMemoryLimit("9:cpu,memory:/docker/0123abcd\n", root.path());
   EXPECT_EQ(l.bytes, 4 * kGiB);
   EXPECT_EQ(l.dir, mem.string());
@@ -66,9 +62,9 @@ TEST(CgroupMemoryLimit, AContainerSeesItsCgroupAtTheMountRoot) {
 TEST(CgroupMemoryLimit, V2AloneAndHybrid) {
   TempDir alone;
   const fs::path a = alone.path();
-  Write(a / "cgroup.controllers", "cpu memory");
-  Write(a / "user.slice" / "memory.max", "max");
-  Write(a / "user.slice" / "job.scope" / "memory.max", "3221225472");
+  WriteLine(a / "cgroup.controllers", "cpu memory");
+  WriteLine(a / "user.slice" / "memory.max", "max");
+  WriteLine(a / "user.slice" / "job.scope" / "memory.max", "3221225472");
   CgroupLimit l = CgroupMemoryLimit("0::/user.slice/job.scope\n", alone.path());
   EXPECT_EQ(l.bytes, 3 * kGiB);
   EXPECT_EQ(l.dir, (a / "user.slice" / "job.scope").string());
@@ -77,8 +73,8 @@ TEST(CgroupMemoryLimit, V2AloneAndHybrid) {
 
   TempDir hybrid;  // v2 at unified/, memory on v1: the tighter of both
   const fs::path h = hybrid.path();
-  Write(h / "unified" / "job" / "memory.max", "2147483648");
-  Write(h / "memory" / "job" / "memory.limit_in_bytes", "1073741824");
+  WriteLine(h / "unified" / "job" / "memory.max", "2147483648");
+  WriteLine(h / "memory" / "job" / "memory.limit_in_bytes", "1073741824");
   l = CgroupMemoryLimit("4:memory:/job\n0::/job\n", hybrid.path());
   EXPECT_EQ(l.bytes, 1 * kGiB);
   EXPECT_EQ(l.dir, (h / "memory" / "job").string());
@@ -89,7 +85,7 @@ TEST(CgroupMemoryLimit, V2AloneAndHybrid) {
 TEST(CgroupMemoryLimit, MalformedLinesAndValuesAreSkipped) {
   TempDir root;
   const fs::path mem = fs::path(root.path()) / "memory";
-  Write(mem / "x" / "memory.limit_in_bytes", "lots");
+  WriteLine(mem / "x" / "memory.limit_in_bytes", "lots");
   EXPECT_EQ(CgroupMemoryLimit("garbage\n4:memory:relative\n4:memory:/x\n", root.path()).bytes, 0u);
   EXPECT_EQ(CgroupMemoryLimit("", root.path()).bytes, 0u);
 }

@@ -19,20 +19,16 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::TempDir;
-
-void Write(const fs::path& file, const std::string& text) {
-  fs::create_directories(file.parent_path());
-  std::ofstream(file) << text << "\n";
-}
+using testing::WriteLine;
 
 TEST(CgroupCpuLimit, V2TakesTheTightestQuotaOnThePathUp) {
   TempDir root;
   const fs::path r(root.path());
-  Write(r / "cgroup.controllers", "cpu memory");
-  Write(r / "cpu.max", "max 100000");
-  Write(r / "kubepods" / "cpu.max", "400000 100000");
-  Write(r / "kubepods" / "pod1" / "cpu.max", "150000 100000");
-  Write(r / "kubepods" / "pod1" / "c1" / "cpu.max", "max 100000");
+  WriteLine(r / "cgroup.controllers", "cpu memory");
+  WriteLine(r / "cpu.max", "max 100000");
+  WriteLine(r / "kubepods" / "cpu.max", "400000 100000");
+  WriteLine(r / "kubepods" / "pod1" / "cpu.max", "150000 100000");
+  WriteLine(r / "kubepods" / "pod1" / "c1" / "cpu.max", "max 100000");
   std::string dir;
   EXPECT_DOUBLE_EQ(CgroupCpuLimit("0::/kubepods/pod1/c1\n", root.path(), &dir), 1.5);
   EXPECT_EQ(dir, (r / "kubepods" / "pod1").string());
@@ -45,12 +41,12 @@ TEST(CgroupCpuLimit, V2TakesTheTightestQuotaOnThePathUp) {
 TEST(CgroupCpuLimit, V1QuotaOverPeriodMinusOneIsNone) {
   TempDir root;
   const fs::path cpu = fs::path(root.path()) / "cpu";
-  Write(cpu / "cpu.cfs_quota_us", "-1");
-  Write(cpu / "cpu.cfs_period_us", "100000");
-  Write(cpu / "docker" / "abc" / "cpu.cfs_quota_us", "250000");
-  Write(cpu / "docker" / "abc" / "cpu.cfs_period_us", "100000");
+  WriteLine(cpu / "cpu.cfs_quota_us", "-1");
+  WriteLine(cpu / "cpu.cfs_period_us", "100000");
+  WriteLine(cpu / "docker" / "abc" / "cpu.cfs_quota_us", "250000");
+  WriteLine(cpu / "docker" / "abc" / "cpu.cfs_period_us", "100000");
   // The memory hierarchy's limits are not the CPU's.
-  Write(fs::path(root.path()) / "memory" / "docker" / "cpu.cfs_quota_us", "1000");
+  WriteLine(fs::path(root.path()) / "memory" / "docker" / "cpu.cfs_quota_us", "1000");
   const std::string proc = "4:memory:/docker\n1:cpu,cpuacct:/docker/abc\n";
   std::string dir;
   EXPECT_DOUBLE_EQ(CgroupCpuLimit(proc, root.path(), &dir), 2.5);
@@ -63,8 +59,8 @@ TEST(CgroupCpuLimit, V1QuotaOverPeriodMinusOneIsNone) {
 TEST(CgroupCpuLimit, V1CoMountedUnderTheListsName) {
   TempDir root;
   const fs::path cpu = fs::path(root.path()) / "cpu,cpuacct";
-  Write(cpu / "docker" / "abc" / "cpu.cfs_quota_us", "200000");
-  Write(cpu / "docker" / "abc" / "cpu.cfs_period_us", "100000");
+  WriteLine(cpu / "docker" / "abc" / "cpu.cfs_quota_us", "200000");
+  WriteLine(cpu / "docker" / "abc" / "cpu.cfs_period_us", "100000");
   std::string dir;
   EXPECT_DOUBLE_EQ(CgroupCpuLimit("3:cpu,cpuacct:/docker/abc\n", root.path(), &dir), 2.0);
   EXPECT_EQ(dir, (cpu / "docker" / "abc").string());
@@ -73,7 +69,7 @@ TEST(CgroupCpuLimit, V1CoMountedUnderTheListsName) {
 TEST(CgroupCpuLimit, HybridReadsTheUnifiedMount) {
   TempDir root;
   const fs::path r(root.path());
-  Write(r / "unified" / "job" / "cpu.max", "50000 100000");
+  WriteLine(r / "unified" / "job" / "cpu.max", "50000 100000");
   EXPECT_DOUBLE_EQ(CgroupCpuLimit("0::/job\n", root.path(), nullptr), 0.5);
 }
 

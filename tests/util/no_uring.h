@@ -20,7 +20,7 @@ namespace strata::testing {
 
 struct ChildResult {
   bool filtered = false;  // false: this machine allows no seccomp filter (nothing tested)
-  bool exited = false;    // the child ran to its end (ExecWithoutIoUring: exit status 0)
+  bool exited = false;    // the child ran to its end (exit status 0)
   std::string out;        // what the function returned
 };
 
@@ -35,6 +35,21 @@ inline bool DenyIoUring(int err) {
   };
   sock_fprog prog{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
   return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0;
+}
+
+// The parent's half: reads what the child at `pid` writes to `read_fd` until
+// it closes, then waits for it (exit 3: no filter; 0: ran to its end).
+inline ChildResult CollectChild(int read_fd, pid_t pid) {
+  ChildResult r;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(read_fd, buf, sizeof buf)) > 0;) r.out.append(buf, static_cast<size_t>(n));
+  ::close(read_fd);
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return r;
+  r.filtered = !(WIFEXITED(status) && WEXITSTATUS(status) == 3);
+  r.exited = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (!r.exited) r.out += "\n(the child failed: status " + std::to_string(status) + ")";
+  return r;
 }
 
 // Set in a child of ExecWithoutIoUring: the test it runs does its part.
@@ -60,15 +75,7 @@ inline ChildResult ExecWithoutIoUring(int err, const std::string& gtest_filter) 
     ::_exit(5);
   }
   ::close(fds[1]);
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) r.out.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  if (::waitpid(pid, &status, 0) != pid) return r;
-  r.filtered = !(WIFEXITED(status) && WEXITSTATUS(status) == 3);
-  r.exited = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  if (!r.exited) r.out += "\n(the child failed: status " + std::to_string(status) + ")";
-  return r;
+  return CollectChild(fds[0], pid);
 }
 
 // Runs `fn` in a child in which io_uring_setup fails with `err`. Keep `fn`
@@ -91,15 +98,7 @@ inline ChildResult RunWithoutIoUring(int err, const std::function<std::string()>
     ::_exit(0);
   }
   ::close(fds[1]);
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) r.out.append(buf, static_cast<size_t>(n));
-  ::close(fds[0]);
-  int status = 0;
-  if (::waitpid(pid, &status, 0) != pid) return r;
-  r.exited = WIFEXITED(status) && WEXITSTATUS(status) != 4;
-  r.filtered = !(WIFEXITED(status) && WEXITSTATUS(status) == 3);
-  if (!r.exited) r.out += " (the child died or could not write: status " + std::to_string(status) + ")";
-  return r;
+  return CollectChild(fds[0], pid);
 }
 
 }  // namespace strata::testing

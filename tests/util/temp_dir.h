@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 namespace strata::testing {
@@ -56,6 +57,13 @@ inline void* AlignedAlloc(uint64_t len, uint64_t align = 4096) {
   void* p = nullptr;
   if (posix_memalign(&p, align, len ? len : align) != 0) return nullptr;
   return p;
+}
+
+// Writes `text` and a newline to `file`, making its folders (made-up /proc
+// and /sys trees).
+inline void WriteLine(const std::filesystem::path& file, const std::string& text) {
+  std::filesystem::create_directories(file.parent_path());
+  std::ofstream(file) << text << "\n";
 }
 
 }  // namespace strata::testing
