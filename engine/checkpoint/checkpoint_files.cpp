@@ -61,7 +61,11 @@ Status PreadFull(int fd, void* buf, uint64_t bytes, uint64_t off, const std::str
 }
 
 Status WriteSmallFile(const std::string& path, const void* data, uint64_t bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A file left at the name (a save that died) goes first; the new one is
+  // created new, never written through a name someone put there since (a
+  // symlink to another of the user's files, in a folder others may write).
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return PosixError("remove the old", path, errno);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);  // (less the umask)
   if (fd < 0) return PosixError("create", path, errno);
   const char* p = static_cast<const char*>(data);
   uint64_t done = 0;

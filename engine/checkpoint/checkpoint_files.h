@@ -25,6 +25,8 @@ Status FsyncPath(const std::string& path);
 Status CreateDirsDurably(const std::string& dir);
 // Reads exactly `bytes` at `off` of `fd` (the file `path`); a short file is CORRUPT.
 Status PreadFull(int fd, void* buf, uint64_t bytes, uint64_t off, const std::string& path);
+// Writes `path` anew: a file at the name is removed first, and the new one
+// is created O_EXCL|O_NOFOLLOW (never written through a name put there).
 Status WriteSmallFile(const std::string& path, const void* data, uint64_t bytes);
 // Writes `text` to folder/name.tmp, fsyncs, renames to folder/name, fsyncs the folder.
 Status ReplaceFile(const std::string& folder, const std::string& name, const std::string& text);

@@ -1,6 +1,8 @@
 // Counters, busy clocks, the trainer's spans and the Chrome trace writer.
 #include "engine/stats/stats.h"
 
+#include <fcntl.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -301,9 +303,18 @@ Status StatsRecorder::WriteTrace() const {
     tracks = open_stacks_.size();
     dropped = dropped_;
   }
+  // The temporary is made new: a file left at its name goes first, and a
+  // link put there since is never written through (O_EXCL|O_NOFOLLOW).
   const std::string tmp = trace_path_ + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) return PosixError("open trace", tmp, errno);
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) return PosixError("remove the old trace", tmp, errno);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);  // (less the umask)
+  if (fd < 0) return PosixError("open trace", tmp, errno);
+  std::FILE* f = ::fdopen(fd, "w");
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    return PosixError("open trace", tmp, err);
+  }
   std::fprintf(
       f,
       "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"rank\":%d,\"dropped_events\":%llu},\"traceEvents\":[\n",

@@ -382,6 +382,25 @@ TEST_P(CorruptCheckpoint, ExistingTagAndBadTagsAreRefused) {
   EXPECT_TRUE(later.ok()) << later.ToString();
 }
 
+// latest's temporary left as a symlink to another of the user's files (a
+// folder others may write, or a stale link): the save replaces the link,
+// never writes through it (before, O_TRUNC emptied the target and wrote the
+// tag into it).
+TEST_P(CorruptCheckpoint, ASaveNeverWritesThroughALinkAtItsTemporaryName) {
+  TempDir other;
+  const std::string victim = other.path() + "/notes.txt";
+  std::ofstream(victim) << "keep me\n";
+  ASSERT_EQ(::symlink(victim.c_str(), (ckpt.path() + "/latest.tmp").c_str()), 0);
+  Status st = eng->SaveCheckpoint(ckpt.path(), "c", nullptr, 0);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  std::string text;
+  std::getline(std::ifstream(victim), text);
+  EXPECT_EQ(text, "keep me");
+  std::string latest;
+  std::getline(std::ifstream(ckpt.path() + "/latest"), latest);
+  EXPECT_EQ(latest, "c");
+}
+
 // The small files are checked before they are read: a FIFO in trainer.bin's
 // place is CORRUPT at once (before, the load blocked on it for good; a link
 // to /dev/zero read until memory ran out).

@@ -53,6 +53,28 @@ TEST(TraceRing, KeepsTheNewestSpansOldestFirst) {
   ::rmdir(path.substr(0, path.rfind('/')).c_str());
 }
 
+// The trace's temporary left as a symlink to another file: replaced, never
+// written through (before, fopen "w" emptied the target and wrote into it).
+TEST(TraceRing, NeverWritesThroughALinkAtItsTemporaryName) {
+  const std::string path = TempPath();
+  const std::string dir = path.substr(0, path.rfind('/')), victim = dir + "/notes.txt";
+  std::ofstream(victim) << "keep me\n";
+  ASSERT_EQ(::symlink(victim.c_str(), (path + ".tmp").c_str()), 0);
+  {
+    StatsRecorder stats(0, path, 8);
+    stats.CallSpan("step 0", -1, 0, 0.5);
+    ASSERT_TRUE(stats.WriteTrace().ok());
+  }
+  std::string text;
+  std::getline(std::ifstream(victim), text);
+  EXPECT_EQ(text, "keep me");
+  uint64_t dropped = 0;
+  EXPECT_EQ(CallerSpans(path, &dropped).size(), 1u);
+  std::remove(victim.c_str());
+  std::remove(path.c_str());
+  ::rmdir(dir.c_str());
+}
+
 TEST(TraceRing, NamesOfOverwrittenSpansAreLetGo) {
   const std::string path = TempPath();
   {
