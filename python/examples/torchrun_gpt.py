@@ -4,12 +4,10 @@ clip_grad_norm_, a tied head, torch.save of model and optimizer.
 
     torchrun --nproc_per_node 2 --redirects 1 --tee 1 python/examples/torchrun_gpt.py [SWAP_FOLDER]
 
-SWAP_FOLDER: by default strata-swap-<user> in the temp folder, made mode 0700.
+SWAP_FOLDER: by default /var/tmp/strata-swap-<uid> (on disk: /tmp is often tmpfs, memory), made mode 0700.
 (--redirects/--tee: Debian 12's torch 1.13 needs them under Python 3.11.)"""
-import getpass
 import os
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
@@ -17,7 +15,7 @@ import torch.nn.functional as F
 
 import strata.torch
 
-swap = sys.argv[1] if len(sys.argv) > 1 else os.path.join(tempfile.gettempdir(), f"strata-swap-{getpass.getuser()}")
+swap = sys.argv[1] if len(sys.argv) > 1 else f"/var/tmp/strata-swap-{os.getuid()}"
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 os.makedirs(swap, mode=0o700, exist_ok=True)

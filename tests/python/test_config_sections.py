@@ -428,3 +428,62 @@ def test_engine_swap_folders_are_the_users_own(tmp_path):
         opt.close()
         off.close()
         _config._remove_swap_folders(made["strata"]["nvme_paths"])
+
+
+# ---- "auto" is exactly "auto", as the engine reads it ------------------------------
+
+@pytest.mark.parametrize("value", ["Auto", "AUTO"])
+def test_auto_is_exactly_auto_as_the_engine_reads_it(value, tmp_path):
+    """The engine takes only "auto" (and null) as the default: "Auto" is no
+    default in strata.torch either (before: the section replaced with {} and
+    accepted here while the engine refuses it; an nvme_path "AUTO" taken
+    as absent)."""
+    assert not _config._absent(value) and _config._absent("auto") and _config._absent(None)
+    assert _config._a_path(value)
+    with pytest.raises(strata.Error):
+        st.OffloadAdam(nn.Linear(4, 4).parameters(), lr=0.1, force_no_gpu=True, config={"strata": value})
+    with pytest.raises(strata.Error) as err:
+        st.OffloadAdam(nn.Linear(4, 4).parameters(), lr=0.1, force_no_gpu=True,
+                       config={"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme",
+                                                                                      "nvme_path": value}}})
+    assert value in str(err.value), err.value
+
+
+@pytest.mark.parametrize("value", ["auto", None])
+def test_offload_adam_moment_update_auto_is_torchs(value, monkeypatch):
+    """OffloadAdam's moment_update "auto" or null is this torch's first
+    moment, as when it is absent and as offload_module's (before: left in
+    place, the engine's mul_add under torch 2's lerp). Made "lerp" here, so
+    that the check bites under either torch."""
+    import strata.torch._offload_adam as offload_adam
+    monkeypatch.setattr(offload_adam, "_MOMENT_UPDATE", "lerp")
+    opt = st.OffloadAdam(nn.Linear(4, 4).parameters(), lr=0.1, force_no_gpu=True,
+                         config={"optimizer": {"params": {"moment_update": value}}})
+    assert opt._engines[0].engine.config["optimizer"]["params"]["moment_update"] == "lerp"
+    opt.close()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "group_writable"])
+def test_an_existing_engine_folder_must_be_the_users_own(planted, tmp_path):
+    """The engine's folder name already there: taken only where it is a real
+    folder of this user, mode 0700 (os.lstat); a symbolic link to another
+    folder, or a folder others may use, is refused naming it (before:
+    os.path.isdir followed the link and took it)."""
+    tag = _config._engine_tag(12345)
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    (tmp_path / "swap").mkdir()
+    sub = tmp_path / "swap" / tag
+    if planted == "symlink":
+        os.symlink(other, sub)
+    else:
+        sub.mkdir()
+        os.chmod(sub, 0o770)
+    with pytest.raises(strata.Error) as err:
+        _config._subfolder(str(tmp_path / "swap"), tag)
+    assert err.value.status == strata.INVALID and str(sub) in str(err.value), err.value
+    os.chmod(other, 0o700)
+    ok = tmp_path / "swap2"
+    ok.mkdir()
+    (ok / tag).mkdir(mode=0o700)
+    assert _config._subfolder(str(ok), tag) == str(ok / tag)

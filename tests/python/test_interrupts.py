@@ -422,3 +422,131 @@ def test_bad_arguments_raise_strata_error_naming_them():
             call()
         assert info.value.status == strata.INVALID and named in str(info.value), str(info.value)
     e.close()
+
+
+# ---- 13. a refused or failed step is not a step ----------------------------------
+# The engine's stats count discard_grads (a skipped step to it) and a failed
+# step (left pending) as steps: they are read only where step() raised other
+# than with the engine's Error, after its native call returned.
+
+FP16 = {"fp16": {"enabled": True, "initial_scale_power": 4, "loss_scale_window": 1000}}
+
+
+def _fp16_backward(m, opt, n=8):
+    loss = F.linear(torch.randn(4, n), m.weight.float(), m.bias.float()).pow(2).sum()
+    opt.backward(loss)
+
+
+@pytest.mark.parametrize("how", ["refused", "interrupted"])
+def test_a_step_refused_handing_gradients_leaves_the_fp16_scale(how):
+    """A step that fails handing the gradients (a sparse one, or a Ctrl-C as
+    bucket 0's native grads returns: hand_grads drops them, discard_grads)
+    is no step: no result, the loss scale and its hysteresis unchanged
+    however often it repeats (before: a skipped step each, 16 -> 8 -> 4)."""
+    torch.manual_seed(0)
+    m = nn.Linear(8, 8).half()
+    opt = OffloadAdam(m.parameters(), lr=0.1, force_no_gpu=True, bucket_numel=40, config=FP16)
+    before = opt._scaler.state_dict()
+    for _ in range(3):
+        opt.zero_grad()
+        _fp16_backward(m, opt)
+        if how == "refused":
+            m.bias.grad = m.bias.grad.to_sparse()
+            with pytest.raises(strata.Error):
+                opt.step()
+        else:
+            with interrupt_after_native("strata_engine_grads", 1):
+                interrupted(opt.step)
+        assert opt._scaler.state_dict() == before
+        assert getattr(opt, "last_results", None) is None
+        assert not opt._engines[0].handed
+
+
+def test_ctrl_c_handing_the_second_engines_gradients_is_what_propagates():
+    """Two engines, fp16: engine 0 steps, then a Ctrl-C as engine 1's native
+    grads returns. The KeyboardInterrupt goes on (before: strata.Error STATE
+    "1 of 2 engines skipped", the interrupt only its __context__); engine 0's
+    clean step counts, engine 1 holds nothing and did not step."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)).half()
+    opt = OffloadAdam([{"params": m[0].parameters()}, {"params": m[1].parameters()}], lr=0.1,
+                      force_no_gpu=True, config=FP16)
+    h = F.linear(torch.randn(2, 4), m[0].weight.float(), m[0].bias.float())
+    opt.backward(F.linear(h, m[1].weight.float(), m[1].bias.float()).pow(2).sum())
+    with interrupt_after_native("strata_engine_grads", 2):
+        interrupted(opt.step)
+    assert [ge.engine.steps for ge in opt._engines] == [1, 0]
+    assert [skipped for _, skipped in opt.last_results] == [False]
+    assert opt._scaler.state_dict()["scale"] == 16.0
+    assert not opt._engines[1].handed
+
+
+def test_a_nonfinite_error_from_the_engine_records_no_step():
+    """strata.nonfinite "error": the engine refuses the step (INVALID,
+    "nothing was updated"). As before the step counters were read: no
+    result (last_results stays the last step's), and a step() run again
+    with fresh gradients steps."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 4)
+    opt = OffloadAdam(m.parameters(), lr=0.1, force_no_gpu=True, config={"strata": {"nonfinite": "error"}})
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    last = opt.last_results
+    opt.zero_grad()
+    m(torch.randn(2, 4)).sum().backward()
+    m.weight.grad[0, 0] = float("nan")
+    with pytest.raises(strata.Error) as err:
+        opt.step()
+    assert err.value.status == strata.INVALID, err.value
+    assert opt.last_results == last
+    assert not opt._engines[0].handed
+    opt.zero_grad()
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    assert opt._engines[0].engine.steps == 2 and not opt.last_results[0][1]
+
+
+def _pending_run(tmp_path, fail):
+    """Two steps on NVMe; with `fail`, the first's writes fail (RLIMIT_FSIZE
+    0: EFBIG, NOSPACE) and it is left pending, then step() is called again."""
+    import resource
+    import signal
+    swap = tmp_path / ("fail" if fail else "clean")
+    swap.mkdir()
+    torch.manual_seed(0)
+    m = nn.Linear(8, 8)
+    cfg = {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": str(swap)}},
+           "strata": {"io_backend": "threads"}}
+    opt = OffloadAdam(m.parameters(), lr=0.1, force_no_gpu=True, config=cfg)
+    xs = [torch.randn(2, 8) for _ in range(2)]
+    for i, x in enumerate(xs):
+        opt.zero_grad()
+        m(x).pow(2).sum().backward()
+        if fail and i == 0:
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+            sig = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (0, limit[1]))
+            err = None
+            try:
+                try:
+                    opt.step()
+                finally:
+                    resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+                    signal.signal(signal.SIGXFSZ, sig)
+            except strata.Error as e:
+                err = e
+            assert err is not None and "not finished" in str(err), err
+            assert opt._engines[0].handed, "the pending step's gradients are the engine's still"
+        opt.step()
+    out = params(m), opt.state_dict(), opt.last_results
+    opt.close()
+    return out
+
+
+def test_a_failed_step_left_pending_finishes_when_step_is_called_again(tmp_path):
+    """A step whose writes fail (NOSPACE) is pending in the engine: the
+    documented recovery, step() again with the same options, finishes it,
+    bitwise as a run where it never failed. Before, the failure read as a
+    step (the counters moved): handed cleared, and the re-run's grads
+    refused ("a failed step is pending")."""
+    assert_same(_pending_run(tmp_path, True), _pending_run(tmp_path, False))

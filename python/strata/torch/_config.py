@@ -120,7 +120,9 @@ _LR_PATHS = (("optimizer",), ("optimizer", "params"), ("optimizer", "params", "l
 
 
 def _is_auto(value):
-    return isinstance(value, str) and value.lower() == "auto"
+    """Exactly "auto", as the engine reads it (its IsAuto): "Auto" or
+    "AUTO" is no default there, and is not here either."""
+    return isinstance(value, str) and value == "auto"
 
 
 def _at(config, path):
@@ -369,9 +371,23 @@ def _subfolder(path, tag):
     try:
         os.mkdir(sub, 0o700)  # (the user's alone: other users may not list the swap files)
     except FileExistsError:
-        if not os.path.isdir(sub):
-            raise
+        _check_own_folder(sub)
     return sub
+
+
+def _check_own_folder(sub):
+    """An engine folder that exists already under its name: taken only where
+    it is a real folder (not a link: os.lstat) of this user with no group or
+    other permission bits, as _subfolder makes them; anything else (a link
+    to another folder, another user's, a folder others may list) is
+    refused, naming it."""
+    st = os.lstat(sub)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else \
+            "not a folder" if not stat.S_ISDIR(st.st_mode) else \
+            f"owned by uid {st.st_uid}" if st.st_uid != os.getuid() else f"mode {stat.S_IMODE(st.st_mode):o}"
+        raise Error(INVALID, f"swap folder {sub!r} exists and is {kind}: an engine's swap folder must be a real "
+                    f"folder of this user (uid {os.getuid()}) with mode 0700; remove it (or fix the nvme_path)")
 
 
 def _swap_folders(cfg):

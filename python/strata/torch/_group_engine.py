@@ -340,3 +340,31 @@ def _close_all(engines):
             ge.engine.close()
         else:
             ge.close()
+
+
+def _step_marks(engine):
+    """What tells whether `engine` stepped, read right before its step():
+    its stats' step counters (finished steps, skipped ones) and the updates
+    it applied. For _skipped_since, where step() raised other than with the
+    engine's Error (a Ctrl-C delivered as the native call returned)."""
+    steps, skipped = engine._step_counts()
+    return steps, skipped, engine.steps
+
+
+def _skipped_since(engine, before):
+    """Whether the engine's step since _step_marks() gave `before` was
+    skipped (a bool), or None where it did not step (or cannot say). The
+    stats' step counter moves on every step that got as far as its
+    gradients, a failed one too (left pending: IO, NOSPACE, a lost peer;
+    or the engine's discard_grads, a skipped step to it): a step finished
+    where it moved and either an update was applied or the skipped counter
+    moved. (A refusal after the gradients were read, strata.nonfinite
+    "error", reads as skipped: its gradients are dropped as a skip's.)"""
+    try:
+        steps, skipped, applied = _step_marks(engine)
+    except Error:
+        return None
+    if steps == before[0] or (applied == before[2] and skipped == before[1]):
+        return None
+    return skipped != before[1]
+

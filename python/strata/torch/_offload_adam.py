@@ -4,6 +4,7 @@ Strata's tiers, one _GroupEngine per set of parameters stepped together.
 
 import copy
 import itertools
+import warnings
 
 import torch
 
@@ -13,9 +14,10 @@ from ._adam_options import (_check_group_options, _check_step_groups, _filled_by
                             _joint_clips, _refuse_nonfinite, _with_grads)
 from ._clip import (_OWNERS, _check_clip_args, _clip_result, _engine_max_norm, _torch_clip_grad_norm,
                     _torch_norm_of, _torch_total_norm)
-from ._config import (_MOMENT_UPDATE, _TORCH2, _config_dict, _engine_tag, _remove_swap_folders, _resolve_ranks,
-                      _say_autos, _separate_swap_folders, _swap_folders, _with_state_format)
-from ._group_engine import _GroupEngine, _check_params, _close_all, _nonfinite, _overflowed, _param_label, _split_names
+from ._config import (_MOMENT_UPDATE, _TORCH2, _absent, _config_dict, _engine_tag, _remove_swap_folders,
+                      _resolve_ranks, _say_autos, _separate_swap_folders, _swap_folders, _with_state_format)
+from ._group_engine import (_GroupEngine, _check_params, _close_all, _nonfinite, _overflowed, _param_label,
+                            _skipped_since, _split_names, _step_marks)
 from ._loss_scale import _LossScaling, _Scaler, _ScalesLoss, _fp16_section, _unscale_factor
 from ._offload_adam_state import _AdamStateDict
 from ._offload_optimizer import _closure_loss
@@ -225,7 +227,8 @@ class OffloadAdam(_ScalesLoss, _AdamStateDict, torch.optim.Optimizer):
             opt["params"] = {}
         hyper = opt["params"]
         hyper.update(lr=group["lr"], betas=list(group["betas"]), eps=group["eps"], weight_decay=group["weight_decay"])
-        hyper.setdefault("moment_update", _MOMENT_UPDATE)  # as this torch's AdamW computes the first moment
+        if _absent(hyper.get("moment_update")):  # (missing, null or "auto": as this torch's AdamW computes the first moment)
+            hyper["moment_update"] = _MOMENT_UPDATE
         # The groups' size from the model and the host budget, and the
         # engine's copy of the parameters on NVMe where it would be a second
         # one in host memory (_sizing.py says why and what it costs).
@@ -432,11 +435,14 @@ class OffloadAdam(_ScalesLoss, _AdamStateDict, torch.optim.Optimizer):
         results = []  # (grad_norm, skipped) per engine that stepped, in order
         try:
             self._step_engines(*prepared, results)
-        except BaseException:
+        except BaseException as e:
             if not results:
                 self._stepping, self._clip_next, self._clip_coef = prepared
             else:  # (the engines that stepped did: the loss scale counts their step)
-                self._after_engines(results)
+                try:
+                    self._after_engines(results)
+                except Exception as late:  # (the exception being handled is the one that goes on)
+                    _note(f"OffloadAdam.step: ending the step after {type(e).__name__}: {late}", e)
             raise
         self._after_engines(results)
         return loss
@@ -470,48 +476,78 @@ class OffloadAdam(_ScalesLoss, _AdamStateDict, torch.optim.Optimizer):
         # just before its own step, as always.
         clips = _joint_clips(stepping, clip_next, hand)
         for k, ((group, ge), clip) in enumerate(zip(stepping, clips)):
-            counts = ge.engine._step_counts()
             try:
                 hand(group, ge)  # (all its buckets or none: hand_grads)
+                # Read right before the step, after the gradients are
+                # handed: a failure handing them (discard_grads, which the
+                # engine runs as a skipped step) must not read as a step.
+                counts = _step_marks(ge.engine)
+            except BaseException as e:
+                self._drop_from(stepping, k, e)
+                raise
+            try:
                 result = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
                                         weight_decay=group["weight_decay"], max_grad_norm=clip)
-                self._engine_stepped(ge)
-                results.append(result)
-            except BaseException as e:
-                skipped = _skipped_if_stepped(ge, counts)
-                if skipped is None:  # the engine did not step
-                    # What the engines hold for this step goes (drop_handed):
-                    # this one's, so that the next step hands it fresh gradients
-                    # (before, it stayed "handed" and its parameters silently
-                    # missed that step; not where its failed step is pending: the
-                    # same step again finishes it), and those of the engines
-                    # after it that were handed theirs for a joint clip (a later
-                    # step would apply them). Where those cannot be dropped, the
-                    # optimizer refuses to go on, saying so.
-                    ge.drop_handed()
-                    held = [g for _, g in stepping[k + 1:] if not g.drop_handed()]
-                    if held:
-                        self._broken = (f"a step failed ({e}) after {len(held)} more engine(s) were handed their "
-                                        "gradients for a joint clip; they could not be dropped")
-                    raise
-                # The engine stepped, and then this raised: a Ctrl-C
-                # delivered as the native step (or a fetch of its copy back)
-                # returned. Its step is finished before the interrupt goes on
-                # (its new weights into the parameters, again whole; its step
-                # count), so that the model's weights are its masters and
-                # training goes on bitwise as if its step had completed
-                # (before, the weights stayed a step behind, silently). The
-                # engines after it have not stepped: as if the step had not
-                # started for them, what they were handed goes (zero_grad
-                # then drops .grad; a step() run again steps them from .grad).
-                try:
-                    self._engine_stepped(ge)
-                    if len(results) == k:
-                        results.append((float("nan"), skipped))  # (its norm was lost with the call)
-                finally:
-                    for _, later in stepping[k + 1:]:
-                        later.drop_handed()
+            except Error as e:
+                # The engine refused the step or it failed (strata.nonfinite
+                # "error", a failed step left pending: IO, NOSPACE, a lost
+                # peer): as ever, nothing is recorded as stepped. (The
+                # engine's step counters move on such a step too: they
+                # cannot tell a failure from a step.)
+                self._drop_from(stepping, k, e)
                 raise
+            except BaseException as e:
+                # Not the engine's error: a Ctrl-C, delivered as the native
+                # step returned (it stepped: its counters moved) or before
+                # it ran (they did not).
+                skipped = _skipped_since(ge.engine, counts)
+                if skipped is None:  # the engine did not step
+                    self._drop_from(stepping, k, e)
+                    raise
+                self._finish_stepped(stepping, k, results, (float("nan"), skipped), e)  # (its norm was lost with the call)
+                raise
+            try:
+                self._engine_stepped(ge)
+            except BaseException as e:
+                self._finish_stepped(stepping, k, results, result, e)
+                raise
+            results.append(result)
+
+    def _drop_from(self, stepping, k, e):
+        """Engine k did not step: what the engines hold for this step goes
+        (drop_handed): engine k's, so that the next step hands it fresh
+        gradients (before, it stayed "handed" and its parameters silently
+        missed that step; not where its failed step is pending: the same
+        step again finishes it, with them), and those of the engines after
+        it that were handed theirs for a joint clip (a later step would
+        apply them). Where those cannot be dropped, the optimizer refuses to
+        go on, saying so."""
+        stepping[k][1].drop_handed()
+        held = [g for _, g in stepping[k + 1:] if not g.drop_handed()]
+        if held:
+            self._broken = (f"a step failed ({e}) after {len(held)} more engine(s) were handed their "
+                            "gradients for a joint clip; they could not be dropped")
+
+    def _finish_stepped(self, stepping, k, results, result, e):
+        """Engine k stepped, and then something raised (a Ctrl-C delivered
+        as the native step, or a fetch of its copy back, returned). Its step
+        is finished before the exception goes on (its new weights into the
+        parameters, again whole; its step count; `result` counted), so that
+        the model's weights are its masters and training goes on bitwise as
+        if its step had completed (before, the weights stayed a step behind,
+        silently). The engines after it have not stepped: as if the step had
+        not started for them, what they were handed goes (zero_grad then
+        drops .grad; a step() run again steps them from .grad). Whatever
+        raises here, the exception being handled is the one that goes on."""
+        if len(results) == k:
+            results.append(result)
+        try:
+            self._engine_stepped(stepping[k][1])
+        except Exception as late:
+            _note(f"OffloadAdam.step: copying engine {k}'s stepped weights back failed again: {late}", e)
+        finally:
+            for _, later in stepping[k + 1:]:
+                later.drop_handed()
 
     def _engine_stepped(self, ge):
         """An engine stepped: its new weights into the parameters and its
@@ -584,12 +620,10 @@ class OffloadAdam(_ScalesLoss, _AdamStateDict, torch.optim.Optimizer):
             pass
 
 
-def _skipped_if_stepped(ge, before):
-    """Whether the engine's step since its _step_counts() were `before` was
-    skipped (a bool), or None where it did not step (or cannot say)."""
-    try:
-        steps, skipped = ge.engine._step_counts()
-    except Error:
-        return None
-    return None if steps == before[0] else skipped != before[1]
-
+def _note(message, exc):
+    """`message` on the exception `exc` that goes on (another raised while
+    it was handled, which would have replaced it)."""
+    if hasattr(exc, "add_note"):  # (Python 3.11)
+        exc.add_note(message)
+    else:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
