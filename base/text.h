@@ -18,6 +18,11 @@ bool IsUtf8(std::string_view s);
 // `s` are shown, then "...".
 std::string ForMessage(std::string_view s, size_t max_bytes = 64);
 
+// The largest double that rounds to 0 as a float (half the least float
+// denormal, 2^-150, rounds to even: 0). Compared in double: a cast of a
+// double beyond float's range is undefined.
+inline constexpr double kZeroAsFloat = 0x1p-150;
+
 // `v` as printf's %g writes it, for messages: 1e-50, not to_string's 0.000000.
 std::string ShortDouble(double v);
 

@@ -186,7 +186,7 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   // too: with eps 0 its update is 0/0, NaN in the master for good (fp32
   // keeps the tiny m and v apart and stays finite). The kernels take eps as
   // a float: one that rounds to 0 there (below 7e-46) is 0.
-  if (sf == "compact" && c.optimizer.type != "lion" && static_cast<float>(c.optimizer.eps) == 0.0f)
+  if (sf == "compact" && c.optimizer.type != "lion" && c.optimizer.eps <= kZeroAsFloat)
     return ConfigError("optimizer.params.eps: " + ShortDouble(c.optimizer.eps) + " (0 as a float) with strata.state_format \"compact\": an element whose moments "
                        "round to 0 in their block would update by 0/0 (NaN); give eps > 0, or use \"fp32\"");
   if (c.aio.block_size > StorageOptions::kMaxBlockSize)

@@ -125,7 +125,7 @@ Status StepPipeline::Check(const StepOptions& so) const {
   // 0/0; the kernels take eps as a float, and the C API passes a 0 asked
   // for as the least positive double: 0 there)
   const double eps = so.eps >= 0 ? so.eps : oc.eps;
-  if (layout_.config->strata.state_format == "compact" && oc.type != "lion" && static_cast<float>(eps) == 0.0f)
+  if (layout_.config->strata.state_format == "compact" && oc.type != "lion" && eps <= kZeroAsFloat)
     return InvalidError("step option eps " + ShortDouble(eps <= DBL_TRUE_MIN ? 0.0 : eps) + " (0 as a float) with strata.state_format \"compact\": an element whose moments round to 0 "
                         "in their block would update by 0/0 (NaN); give eps > 0");
   return ValidateStepKernelOptions(o);
