@@ -317,6 +317,13 @@ uint64_t AutoHostBudget(const ConfigFacts& f, uint64_t device_budget);
 // ParseConfig checks, so that a Config built in code is held to the same rules.
 Status ValidateConfig(const Config& config, const ConfigFacts& facts);
 
+// Whether Adam's `eps` makes compact state update by 0/0: an element whose
+// moments round to 0 in its block has its m zeroed too, and eps 0 as the
+// kernels' float (at most 2^-150) gives 0/0, NaN in the master for good
+// (fp32 keeps the tiny m and v apart). The config's check and the step
+// option's both ask this.
+bool CompactEpsMakesNaN(const Config& config, double eps);
+
 // Least host memory the engine needs for the largest group: the pinned param
 // swap buffers (nvme), one gathered group of P (cpu) and one shard's fp32
 // W, M, V, G when the optimizer is offloaded. A lower bound, not a plan.

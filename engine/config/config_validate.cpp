@@ -182,11 +182,7 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
     return ConfigError(std::string("strata.state_format: \"compact\" needs bf16.enabled true (the compute dtype is ") +
                        DTypeName(c.compute_dtype()) + "): the parameters are the master's bf16 half, so P has no "
                        "storage of its own; use \"fp32\" with fp32 or fp16 compute");
-  // An element whose v rounds to code 0 in its block has its m zeroed
-  // too: with eps 0 its update is 0/0, NaN in the master for good (fp32
-  // keeps the tiny m and v apart and stays finite). The kernels take eps as
-  // a float: one that rounds to 0 there (below 7e-46) is 0.
-  if (sf == "compact" && c.optimizer.type != "lion" && c.optimizer.eps <= kZeroAsFloat)
+  if (CompactEpsMakesNaN(c, c.optimizer.eps))
     return ConfigError("optimizer.params.eps: " + ShortDouble(c.optimizer.eps) + " (0 as a float) with strata.state_format \"compact\": an element whose moments "
                        "round to 0 in their block would update by 0/0 (NaN); give eps > 0, or use \"fp32\"");
   if (c.aio.block_size > StorageOptions::kMaxBlockSize)
@@ -278,6 +274,10 @@ CgroupLimit CgroupMemoryLimit(std::string_view proc_self_cgroup, const std::stri
     if (v != 0 && (best.bytes == 0 || v < best.bytes)) best = {v, dir};
   });
   return best;
+}
+
+bool CompactEpsMakesNaN(const Config& config, double eps) {
+  return config.strata.state_format == "compact" && config.optimizer.type != "lion" && eps <= kZeroAsFloat;
 }
 
 ConfigFacts ProbeMachineFacts() {

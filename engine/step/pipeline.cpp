@@ -121,11 +121,8 @@ StepKernelOptions StepPipeline::KernelOptions(const StepOptions& so, double grad
 Status StepPipeline::Check(const StepOptions& so) const {
   const StepKernelOptions o = KernelOptions(so, 1.0, 1);
   const OptimizerConfig& oc = layout_.config->optimizer;
-  // (as the config's check: an element whose moments round to 0 updates by
-  // 0/0; the kernels take eps as a float, and the C API passes a 0 asked
-  // for as the least positive double: 0 there)
-  const double eps = so.eps >= 0 ? so.eps : oc.eps;
-  if (layout_.config->strata.state_format == "compact" && oc.type != "lion" && eps <= kZeroAsFloat)
+  const double eps = so.eps >= 0 ? so.eps : oc.eps;  // (the C API passes a 0 asked for as the least positive double)
+  if (CompactEpsMakesNaN(*layout_.config, eps))
     return InvalidError("step option eps " + ShortDouble(eps <= DBL_TRUE_MIN ? 0.0 : eps) + " (0 as a float) with strata.state_format \"compact\": an element whose moments round to 0 "
                         "in their block would update by 0/0 (NaN); give eps > 0");
   return ValidateStepKernelOptions(o);
