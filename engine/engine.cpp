@@ -26,7 +26,9 @@
 #include "engine/step/step_checks.h"
 #include "kernels/cpu/cast.h"
 #include "kernels/cpu/norm.h"
+#include "kernels/cpu/parallel.h"
 #include "tiers/gpu.h"
+#include "tiers/numa.h"
 
 namespace strata {
 
@@ -67,6 +69,31 @@ Result<uint32_t> Engine::Impl::CountRanksOnHost(const std::string& memory_key) {
   STRATA_RETURN_IF_ERROR(comm_->AllGather(&mine, all.data(), sizeof mine)
                              .WithContext("create: which ranks share this host's memory"));
   return static_cast<uint32_t>(std::count(all.begin(), all.end(), mine));
+}
+
+Status Engine::Impl::CountCpuSharers() {
+  if (!lay_.multi) return Status::Ok();
+  // The CPUs: the NUMA node the process is about to be bound to, else its
+  // affinity mask (ranks a launcher bound to CPUs of their own share none).
+  const NumaChoice numa =
+      ChooseNumaNode(config_.strata.numa_bind, placement_.device, placement_.gpu_node, NumaNodeCount());
+  struct Mine {
+    uint64_t memory, pid, cpus;
+  } mine{XXH3_64bits(machine_.memory_key.data(), machine_.memory_key.size()), static_cast<uint64_t>(::getpid()),
+         numa.node >= 0 ? ~static_cast<uint64_t>(numa.node) : kernels::AffinityMaskKey()};
+  std::vector<Mine> all(static_cast<size_t>(comm_->world_size()));
+  comm_->SetLabel("CPU sharers");
+  STRATA_RETURN_IF_ERROR(comm_->AllGather(&mine, all.data(), sizeof mine)
+                             .WithContext("create: which processes share this host's CPUs"));
+  std::set<uint64_t> on_limit, on_cpus;
+  for (const Mine& m : all) {
+    if (m.memory != mine.memory) continue;
+    on_limit.insert(m.pid);
+    if (m.cpus == mine.cpus) on_cpus.insert(m.pid);
+  }
+  cpu_mask_sharers_ = static_cast<int>(on_cpus.size());
+  cpu_limit_sharers_ = static_cast<int>(on_limit.size());
+  return Status::Ok();
 }
 
 // Ranks: a given communicator, or one made from the launcher's variables.
@@ -150,6 +177,7 @@ Status Engine::Impl::Init() {
   placement_.rank = options_.rank;
   placement_.world_size = options_.world_size;
   STRATA_RETURN_IF_ERROR(PlaceOnGpu(options_.force_no_gpu, options_.device, &placement_));
+  STRATA_RETURN_IF_ERROR(CountCpuSharers());
   const bool gpu = placement_.device >= 0;
   const int device = gpu ? placement_.device : 0;
   // With a GPU device tier the gradients, and fetched parameters, are
@@ -212,6 +240,10 @@ Status Engine::Impl::Init() {
   // trainer's threads, its data loader's), before the host tier's memory
   // is placed there. (Process-wide: threads started earlier are bound too.)
   PlaceOnNumaNode(config_.strata.numa_bind, &placement_);
+  // The kernels' share of the CPUs they run on now.
+  kernels::ShareCpuKernels(cpu_mask_sharers_, cpu_limit_sharers_);
+  placement_.cpu_kernel_threads = kernels::CpuKernelThreads();
+  placement_.cpu_sharers = cpu_mask_sharers_;
   // The host tier's memory is registered with io_uring (fixed buffers:
   // pinned, so faulted in at build, and counted against RLIMIT_MEMLOCK
   // without CAP_IPC_LOCK) only where the config puts state or activations

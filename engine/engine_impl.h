@@ -48,6 +48,12 @@ class Engine::Impl {
   // The ranks of this job that share this process's memory (ConfigFacts::
   // ranks_on_host): one collective on every rank, at create.
   Result<uint32_t> CountRanksOnHost(const std::string& memory_key);
+  // The processes of this job on this host whose kernels run on the CPUs
+  // this one's will (after the NUMA binding to come, where there is one),
+  // and under the same cgroup CPU limit: ranks that are threads of one
+  // process share its kernels' arena, and count once. One collective on
+  // every rank, at create (before anything that cannot be undone).
+  Status CountCpuSharers();
   std::string RankTracePath(const std::string& path) const;
   Status Build();
   Status BuildOnce();
@@ -240,6 +246,7 @@ class Engine::Impl {
 
   Placement placement_;  // set by Init, constant after
   ConfigFacts machine_;  // RAM, its cgroup limit, ranks_on_host: set by Init, constant after
+  int cpu_mask_sharers_ = 1, cpu_limit_sharers_ = 1;  // CountCpuSharers's: set by Init, constant after
   std::unique_ptr<StatsRecorder> stats_;
   std::unique_ptr<FileStorage> storage_;
   std::unique_ptr<DeviceTier> device_;

@@ -22,6 +22,7 @@
 #include "engine/layout/partition.h"
 #include "io/net/launch_env.h"
 #include "kernels/cpu/adam.h"
+#include "kernels/cpu/parallel.h"
 #include "strata/strata.h"
 #include "tiers/gpu.h"
 

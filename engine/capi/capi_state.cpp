@@ -204,6 +204,7 @@ strata_status_t strata_engine_stats(strata_engine_t* engine, strata_stats_t* sta
     f.gathered_bytes = s.gathered_bytes;
     f.behind_wait_s = s.behind_wait_s;
     f.lent_reduced_bytes = s.lent_reduced_bytes;
+    f.cpu_kernel_threads = strata::kernels::CpuKernelThreads();
     return WriteSized(f, "stats", stats);
   });
 }

@@ -25,6 +25,10 @@ std::string DescribePlacement(const Placement& p) {
     s += std::string("; ") + memory + " on node " + std::to_string(p.memory_node);
   else
     s += std::string("; ") + memory + " not NUMA-bound";
+  if (p.cpu_kernel_threads > 0) {
+    s += "; CPU kernels: " + std::to_string(p.cpu_kernel_threads) + (p.cpu_kernel_threads == 1 ? " thread" : " threads");
+    if (p.cpu_sharers > 1) s += " (" + std::to_string(p.cpu_sharers) + " processes share these CPUs)";
+  }
   return s;
 }
 

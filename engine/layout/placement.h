@@ -24,11 +24,15 @@ struct Placement {
   std::string no_bind_why;           // with cpu_node -1: why not
   int memory_node = -1;              // node the host tier's memory is bound to, -1: none
   bool pinned = false;               // the host tier's memory is pinned (with a GPU)
+  int cpu_kernel_threads = 0;        // the CPU kernels' threads (0: not set yet)
+  int cpu_sharers = 1;               // processes of the job running their kernels on these CPUs
 };
 
 // "rank 1/4: GPU 1 (NVIDIA H200, NUMA node 0); cores 0-15 bound to node 0;
-// pinned memory on node 0", or "rank 0/1: no GPU (built without CUDA):
-// device tier is a host arena; no NUMA binding (no GPU); host memory on node 0".
+// pinned memory on node 0; CPU kernels: 4 threads (4 processes share these
+// CPUs)", or "rank 0/1: no GPU (built without CUDA): device tier is a host
+// arena; no NUMA binding (no GPU); host memory on node 0; CPU kernels: 16
+// threads".
 std::string DescribePlacement(const Placement& p);
 
 // The GPU index: `requested` (>= 0, EngineOptions::device) or, with -1, the

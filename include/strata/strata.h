@@ -802,12 +802,19 @@ typedef struct strata_stats {
    * lent (strata_engine_grads_part_lend) where they lay, without packing
    * them first (several ranks on one host, stage 2-3). */
   uint64_t lent_reduced_bytes;
+  /* Appended. Threads the CPU kernels (the optimizer's update, casts, norms)
+   * run on in this process: its CPUs (the affinity mask), at most its
+   * cgroup's CPU limit, each rounded up to a share where several processes
+   * of the job run on the same CPUs (ranks on one host; ranks that are
+   * threads of one process count once). strata_engine_placement says it in
+   * words. */
+  int cpu_kernel_threads;
 } strata_stats_t;
 #define STRATA_STATS_INIT                                                                                  \
   {                                                                                                        \
     sizeof(strata_stats_t), {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, \
         0.0, 0, 0, 0, 0, 0, -1, -1, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0, 0,    \
-        0.0, 0                                                                                             \
+        0.0, 0, 0                                                                                          \
   }
 
 /* Fills the fields of *stats that stats->struct_size covers. Errors: INVALID. */

@@ -7,7 +7,11 @@
 #include <tbb/partitioner.h>
 #include <tbb/task_arena.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -19,25 +23,50 @@
 namespace strata::kernels {
 namespace {
 
-std::mutex g_arena_mu;  // guards g_arena and g_threads while they are replaced
-std::unique_ptr<tbb::task_arena> g_arena;
-int g_threads = 0;
+std::mutex g_arena_mu;  // guards the four below
+// Replaced whole (a new size); a kernel holds the arena it runs in.
+std::shared_ptr<tbb::task_arena> g_arena;
+int g_threads = 0;                             // g_arena's size (0: not made yet)
+int g_forced = 0;                              // SetCpuKernelThreads's, 0: none
+int g_mask_sharers = 1, g_limit_sharers = 1;  // ShareCpuKernels's
 
-tbb::task_arena& Arena() {
+// The arena's size from the mask, the limit and the sharers, said once at
+// INFO where it is below the mask's CPUs. Under g_arena_mu.
+int ThreadsNow() {
+  if (g_forced > 0) return g_forced;
+  const int mask = AffinityCpuCount();
+  std::string dir;
+  const double limit = CgroupCpuLimit(ProcSelfCgroup(), "/sys/fs/cgroup", &dir);
+  const int threads = CpuKernelThreadsFor(mask, limit, g_mask_sharers, g_limit_sharers);
+  if (threads < mask && threads != g_threads) {
+    std::string why;
+    if (g_mask_sharers > 1) why = std::to_string(g_mask_sharers) + " processes run on these CPUs";
+    if (limit > 0 && std::ceil(limit / std::max(g_limit_sharers, 1)) < mask) {
+      if (!why.empty()) why += "; ";
+      char cpus[32];
+      std::snprintf(cpus, sizeof cpus, "%.2f", limit);
+      why += "the cgroup " + dir + " allows " + cpus + " CPUs" +
+             (g_limit_sharers > 1 ? " to " + std::to_string(g_limit_sharers) + " processes" : "");
+    }
+    STRATA_LOG_INFO("CPU kernels: {} threads, not {}: {}", threads, mask, why);
+  }
+  return threads;
+}
+
+std::shared_ptr<tbb::task_arena> Arena() {
   std::lock_guard<std::mutex> lock(g_arena_mu);
   if (!g_arena) {
-    if (g_threads <= 0) {
-      const int mask = AffinityCpuCount();
-      std::string dir;
-      const double limit = CgroupCpuLimit(ProcSelfCgroup(), "/sys/fs/cgroup", &dir);
-      g_threads = CpuKernelThreadsFor(mask, limit);
-      if (g_threads < mask)
-        STRATA_LOG_INFO("CPU kernels: {} threads, not {}: the cgroup {} allows {:.2f} CPUs", g_threads, mask, dir,
-                        limit);
-    }
-    g_arena = std::make_unique<tbb::task_arena>(g_threads);
+    if (g_threads <= 0) g_threads = ThreadsNow();
+    g_arena = std::make_shared<tbb::task_arena>(g_threads);
   }
-  return *g_arena;
+  return g_arena;
+}
+
+// A new arena where the size changes (under g_arena_mu): the next kernel
+// makes it.
+void Resize(int threads) {
+  if (threads != g_threads) g_arena.reset();
+  g_threads = threads;
 }
 
 }  // namespace
@@ -56,23 +85,51 @@ int AffinityCpuCount() {
   return hw > 0 ? static_cast<int>(hw) : 1;
 }
 
-int CpuKernelThreadsFor(int affinity_cpus, double cgroup_cpus) {
+uint64_t AffinityMaskKey() {
+  for (int cpus = 1024; cpus <= (1 << 16); cpus *= 4) {
+    cpu_set_t* set = CPU_ALLOC(cpus);
+    const size_t bytes = CPU_ALLOC_SIZE(cpus);
+    CPU_ZERO_S(bytes, set);
+    const int rc = sched_getaffinity(0, bytes, set);
+    uint64_t key = 1469598103934665603ull;  // FNV-1a over the mask's bytes, trailing zeros left out
+    if (rc == 0) {
+      const auto* b = reinterpret_cast<const unsigned char*>(set);
+      size_t n = bytes;
+      while (n > 0 && b[n - 1] == 0) --n;
+      for (size_t i = 0; i < n; ++i) key = (key ^ b[i]) * 1099511628211ull;
+    }
+    CPU_FREE(set);
+    if (rc == 0) return key;
+    if (errno != EINVAL) break;
+  }
+  return 0;
+}
+
+int CpuKernelThreadsFor(int affinity_cpus, double cgroup_cpus, int mask_sharers, int limit_sharers) {
   const int mask = affinity_cpus > 0 ? affinity_cpus : 1;
-  if (!(cgroup_cpus > 0)) return mask;
-  const double up = std::ceil(cgroup_cpus);
-  return up < mask ? std::max(1, static_cast<int>(up)) : mask;
+  const int on_mask = (mask + std::max(mask_sharers, 1) - 1) / std::max(mask_sharers, 1);
+  if (!(cgroup_cpus > 0)) return on_mask;
+  const double up = std::ceil(cgroup_cpus / std::max(limit_sharers, 1));
+  return up < on_mask ? std::max(1, static_cast<int>(up)) : on_mask;
 }
 
 int CpuKernelThreads() {
-  Arena();
+  const auto arena = Arena();
+  return arena->max_concurrency();
+}
+
+void ShareCpuKernels(int mask_sharers, int limit_sharers) {
   std::lock_guard<std::mutex> lock(g_arena_mu);
-  return g_threads;
+  g_mask_sharers = std::max(mask_sharers, 1);
+  g_limit_sharers = std::max(limit_sharers, 1);
+  Resize(ThreadsNow());
 }
 
 void SetCpuKernelThreads(int threads) {
   std::lock_guard<std::mutex> lock(g_arena_mu);
+  g_forced = std::max(threads, 0);
+  g_threads = 0;  // (the default's size is worked out again, and said, when next made)
   g_arena.reset();
-  g_threads = threads;
 }
 
 void ParallelForTiles(size_t n, size_t tile, const std::function<void(size_t, size_t)>& fn) {
@@ -82,7 +139,7 @@ void ParallelForTiles(size_t n, size_t tile, const std::function<void(size_t, si
     return;
   }
   const size_t tiles = (n + tile - 1) / tile;
-  Arena().execute([&] {
+  Arena()->execute([&] {
     tbb::parallel_for(
         tbb::blocked_range<size_t>(0, tiles, 1),
         [&](const tbb::blocked_range<size_t>& r) {
@@ -97,7 +154,7 @@ void ParallelForEach(size_t n, const std::function<void(size_t)>& fn) {
     if (n == 1) fn(0);
     return;
   }
-  Arena().execute([&] {
+  Arena()->execute([&] {
     tbb::parallel_for(
         tbb::blocked_range<size_t>(0, n, 1),
         [&](const tbb::blocked_range<size_t>& r) {

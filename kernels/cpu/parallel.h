@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 namespace strata::kernels {
@@ -19,15 +20,27 @@ inline constexpr size_t kReduceTile = 65536;
 
 // CPUs in this process's affinity mask (at least 1).
 int AffinityCpuCount();
+// The affinity mask's bits hashed: processes with equal keys run on the
+// same CPUs (0 where the mask cannot be read).
+uint64_t AffinityMaskKey();
 // Threads for `affinity_cpus` CPUs in the mask under a cgroup limit of
-// `cgroup_cpus` CPUs (0: none): the mask's count, at most the limit rounded
-// up, at least 1.
-int CpuKernelThreadsFor(int affinity_cpus, double cgroup_cpus);
+// `cgroup_cpus` CPUs (0: none), where `mask_sharers` processes (this one
+// among them) run on the same CPUs and `limit_sharers` under the same
+// limit (ranks on one host, each with kernels of its own): this process's
+// share of each, rounded up, the smaller, at least 1. Sharers below 1 count
+// as 1.
+int CpuKernelThreadsFor(int affinity_cpus, double cgroup_cpus, int mask_sharers = 1, int limit_sharers = 1);
 // Threads the kernels use: CpuKernelThreadsFor(AffinityCpuCount(), this
-// process's cgroup CPU limit) unless SetCpuKernelThreads set it.
+// process's cgroup CPU limit, the sharers ShareCpuKernels last said) unless
+// SetCpuKernelThreads set it.
 int CpuKernelThreads();
-// 0 restores the default. For tests and benchmarks; REQUIRES: no kernel is
-// running in another thread at the time.
+// This process shares its CPUs with other processes (the engine says so at
+// create, from the ranks on its host). Re-reads the mask and the limit
+// (the engine may have bound the process to a NUMA node since). Kernels
+// running on other threads at the time finish on the arena they started in.
+void ShareCpuKernels(int mask_sharers, int limit_sharers);
+// 0 restores the default. For tests and benchmarks. Kernels running on
+// other threads at the time finish on the arena they started in.
 void SetCpuKernelThreads(int threads);
 
 // Calls fn(begin, end) once per tile [k*tile, min(n, (k+1)*tile)), tiles in

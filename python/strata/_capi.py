@@ -74,7 +74,8 @@ class _Stats(ctypes.Structure):
                  ("write_behind_steps", ctypes.c_uint64)] +
                 [(n, ctypes.c_double) for n in ("comm_s", "comm_cpu_s")] +
                 [(n, ctypes.c_uint64) for n in ("reduced_bytes", "gathered_bytes")] +
-                [("behind_wait_s", ctypes.c_double), ("lent_reduced_bytes", ctypes.c_uint64)])
+                [("behind_wait_s", ctypes.c_double), ("lent_reduced_bytes", ctypes.c_uint64)] +
+                [("cpu_kernel_threads", ctypes.c_int)])
 
 
 class _AdamOptions(ctypes.Structure):

@@ -146,6 +146,7 @@ TEST(HostMemory, RanksOnThisHostShareTheAutoBudgets) {
 
   for (const int world : {2, 3}) {
     std::vector<EngineStats> stats(static_cast<size_t>(world));
+    std::vector<int> sharers(static_cast<size_t>(world));
     OnRanks(world, [&](int rank, net::Communicator& comm) {
       EngineOptions o;
       o.comm = &comm;
@@ -153,7 +154,11 @@ TEST(HostMemory, RanksOnThisHostShareTheAutoBudgets) {
       auto e = Engine::Create(*cfg, o);
       ASSERT_TRUE(e.ok()) << e.status().ToString();
       stats[static_cast<size_t>(rank)] = (*e)->stats();
+      sharers[static_cast<size_t>(rank)] = (*e)->placement().cpu_sharers;
     });
+    // Ranks that are threads of one process share its CPU kernels' arena:
+    // one process on these CPUs (tests/python/test_cpu_share.py: several).
+    EXPECT_EQ(sharers, std::vector<int>(static_cast<size_t>(world), 1)) << world << " ranks";
     for (int r = 0; r < world; ++r) {
       EXPECT_EQ(stats[static_cast<size_t>(r)].host.budget, machine.host_ram_bytes / 2 / world) << world << " ranks";
       EXPECT_EQ(stats[static_cast<size_t>(r)].device.budget, machine.host_ram_bytes / 4 / world) << world << " ranks";

@@ -3,6 +3,7 @@
 // a real cgroup with a CPU quota that a child process joins.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -80,6 +81,59 @@ TEST(CpuKernelThreads, AtMostTheLimitRoundedUpAtLeastOne) {
   EXPECT_EQ(CpuKernelThreadsFor(4, 0.1), 1);
   EXPECT_EQ(CpuKernelThreadsFor(2, 8.0), 2);
   EXPECT_EQ(CpuKernelThreadsFor(0, 0), 1);
+}
+
+// Processes on the same CPUs (ranks on one host) each take their share of
+// the mask, and of the limit among those under it, rounded up.
+TEST(CpuKernelThreads, ProcessesOnTheSameCpusShareThem) {
+  EXPECT_EQ(CpuKernelThreadsFor(2, 0, 2, 2), 1);
+  EXPECT_EQ(CpuKernelThreadsFor(64, 0, 8, 8), 8);
+  EXPECT_EQ(CpuKernelThreadsFor(64, 0, 3, 3), 22);
+  EXPECT_EQ(CpuKernelThreadsFor(4, 0, 8, 8), 1);
+  // Ranks bound to CPUs of their own (the mask is their share already)
+  // under one limit: the limit's share.
+  EXPECT_EQ(CpuKernelThreadsFor(16, 8.0, 1, 4), 2);
+  EXPECT_EQ(CpuKernelThreadsFor(16, 64.0, 1, 4), 16);
+  EXPECT_EQ(CpuKernelThreadsFor(64, 6.0, 2, 4), 2);
+  EXPECT_EQ(CpuKernelThreadsFor(64, 0, 0, -1), 64);  // (below 1: alone)
+}
+
+// ShareCpuKernels resizes the arena: the count follows, and 1 and 1 give
+// the whole mask back.
+TEST(CpuKernelThreads, ShareCpuKernelsResizesTheArena) {
+  const int mask = AffinityCpuCount();
+  if (CgroupCpuLimit(ProcSelfCgroup(), "/sys/fs/cgroup", nullptr) > 0) GTEST_SKIP() << "a cgroup CPU limit here";
+  ShareCpuKernels(2, 2);
+  EXPECT_EQ(CpuKernelThreads(), (mask + 1) / 2);
+  ShareCpuKernels(1, 1);
+  EXPECT_EQ(CpuKernelThreads(), mask);
+  SetCpuKernelThreads(3);
+  ShareCpuKernels(mask, mask);
+  EXPECT_EQ(CpuKernelThreads(), 3) << "SetCpuKernelThreads's count stands";
+  SetCpuKernelThreads(0);
+  ShareCpuKernels(1, 1);
+  EXPECT_EQ(CpuKernelThreads(), mask);
+  SetCpuKernelThreads(0);  // no arena left: a later test's child makes its own
+}
+
+// A process with another affinity mask has another key.
+TEST(CpuKernelThreads, TheMaskKeyFollowsTheMask) {
+  if (AffinityCpuCount() < 2) GTEST_SKIP() << "one CPU in the mask";
+  const uint64_t all = AffinityMaskKey();
+  EXPECT_NE(all, 0u);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0) ::_exit(2);
+    ::_exit(AffinityMaskKey() != all && AffinityMaskKey() == AffinityMaskKey() ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 // A real cgroup (v1's cpu hierarchy, where this machine has one we may
