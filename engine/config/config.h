@@ -323,6 +323,10 @@ Status ValidateConfig(const Config& config, const ConfigFacts& facts);
 // (fp32 keeps the tiny m and v apart). The config's check and the step
 // option's both ask this.
 bool CompactEpsMakesNaN(const Config& config, double eps);
+// The update's refusal (kernels/cpu/step_scalars.h) of the optimizer's
+// hyperparameters at step 1: beyond float's range, an eps that is 0 as a
+// float. OK where it takes them.
+Status OptimizerScalarsRefused(const OptimizerConfig& optimizer);
 
 // Least host memory the engine needs for the largest group: the pinned param
 // swap buffers (nvme), one gathered group of P (cpu) and one shard's fp32

@@ -18,6 +18,7 @@
 #include "engine/config/config.h"
 #include "engine/config/config_reader.h"
 #include "io/file_storage.h"
+#include "kernels/cpu/step_scalars.h"
 
 namespace strata {
 namespace {
@@ -185,6 +186,8 @@ Status config_internal::CheckConfigConsistency(const Config& c) {
   if (CompactEpsMakesNaN(c, c.optimizer.eps))
     return ConfigError("optimizer.params.eps: " + ShortDouble(c.optimizer.eps) + " (0 as a float) with strata.state_format \"compact\": an element whose moments "
                        "round to 0 in their block would update by 0/0 (NaN); give eps > 0, or use \"fp32\"");
+  if (Status st = OptimizerScalarsRefused(c.optimizer); !st.ok())
+    return ConfigError("optimizer.params: " + st.message());
   if (c.aio.block_size > StorageOptions::kMaxBlockSize)
     return ConfigError("aio.block_size: " + std::to_string(c.aio.block_size) + " is out of range; allowed: from 4096 to " +
                        std::to_string(StorageOptions::kMaxBlockSize));
@@ -274,6 +277,27 @@ CgroupLimit CgroupMemoryLimit(std::string_view proc_self_cgroup, const std::stri
     if (v != 0 && (best.bytes == 0 || v < best.bytes)) best = {v, dir};
   });
   return best;
+}
+
+// The kernels' own refusal of the config's hyperparameters at step 1 (where
+// lr / (1 - beta1^step) is largest): a value whose float the update cannot
+// take (beyond float's range, an eps that is 0 as a float) is refused at
+// create, not at the first step.
+Status OptimizerScalarsRefused(const OptimizerConfig& o) {
+  if (o.type == "lion") {
+    kernels::LionOptions l;
+    l.lr = o.lr, l.beta1 = o.beta1, l.beta2 = o.beta2, l.weight_decay = o.weight_decay;
+    return kernels::ValidateLionOptions(l);
+  }
+  if (o.type == "adagrad") {
+    kernels::AdagradOptions a;
+    a.lr = o.lr, a.eps = o.eps, a.weight_decay = o.weight_decay;
+    return kernels::ValidateAdagradOptions(a);
+  }
+  kernels::AdamOptions a;
+  a.lr = o.lr, a.beta1 = o.beta1, a.beta2 = o.beta2, a.eps = o.eps, a.weight_decay = o.weight_decay;
+  a.mode = o.type == "adamw" || o.adam_w_mode ? kernels::AdamMode::kAdamW : kernels::AdamMode::kAdam;
+  return kernels::ValidateAdamOptions(a);
 }
 
 bool CompactEpsMakesNaN(const Config& config, double eps) {

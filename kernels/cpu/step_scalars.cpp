@@ -1,7 +1,9 @@
 // Validation of optimizer options and their per-step scalars.
 #include "kernels/cpu/step_scalars.h"
 
+#include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 namespace strata::kernels {
@@ -21,6 +23,33 @@ Status CheckCommon(const char* who, double lr, double grad_scale, DType grad, DT
 Status CheckBeta(const char* who, const char* name, double beta) {
   if (beta >= 0 && beta < 1) return Status::Ok();
   return InvalidError(std::string(who) + ": " + name + " must be in [0, 1)");
+}
+
+std::string Num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+// A scalar the kernels take as a float (they compute in float): beyond
+// float's range its cast is undefined (inf in practice: every master
+// weight it touches goes inf or NaN).
+Status CheckFloat(const char* who, const std::string& what, double v) {
+  if (std::fabs(v) <= static_cast<double>(FLT_MAX)) return Status::Ok();
+  return InvalidError(std::string(who) + ": " + what + " is " + Num(v) + ", beyond float's range (" +
+                      Num(static_cast<double>(FLT_MAX)) + "): the update computes in float");
+}
+
+// An eps asked for (> 0) that is 0 as a float: an element whose gradient
+// and moments are 0 would update by 0/0 (NaN).
+Status CheckEps(const char* who, double eps) {
+  STRATA_RETURN_IF_ERROR(CheckFloat(who, "eps", eps));
+  // (The C API passes an eps of 0 asked for as the least positive double.)
+  if (eps > DBL_TRUE_MIN && static_cast<float>(eps) == 0.0f)
+    return InvalidError(std::string(who) + ": eps " + Num(eps) +
+                        " is 0 as a float: an element whose gradient and moments are 0 would update by 0/0 (NaN); "
+                        "give at least 1.5e-45 (or 0, as asked)");
+  return Status::Ok();
 }
 
 }  // namespace
@@ -57,7 +86,15 @@ Status ValidateAdamOptions(const AdamOptions& o) {
   const double sqrt_bc2 = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(o.step)));
   if (static_cast<float>(sqrt_bc2) < 0x1p-60f)
     return InvalidError("Adam: beta2 too close to 1 (sqrt(1 - beta2^step) < 2^-60)");
-  return Status::Ok();
+  // MakeAdamStepScalars's casts.
+  STRATA_RETURN_IF_ERROR(CheckFloat("Adam", "grad_scale", o.grad_scale));
+  STRATA_RETURN_IF_ERROR(CheckEps("Adam", o.eps));
+  if (o.mode == AdamMode::kAdamW)
+    STRATA_RETURN_IF_ERROR(CheckFloat("Adam", "1 - lr * weight_decay", 1.0 - o.lr * o.weight_decay));
+  else
+    STRATA_RETURN_IF_ERROR(CheckFloat("Adam", "weight_decay", o.weight_decay));
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
+  return CheckFloat("Adam", "lr / (1 - beta1^step) at step " + std::to_string(o.step), o.lr / bc1);
 }
 
 AdamStepScalars MakeAdamStepScalars(const AdamOptions& o) {
@@ -89,7 +126,10 @@ Status ValidateLionOptions(const LionOptions& o) {
   STRATA_RETURN_IF_ERROR(CheckBeta("Lion", "beta2", o.beta2));
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
     return InvalidError("Lion: weight_decay must be finite and >= 0");
-  return Status::Ok();
+  // MakeLionStepScalars's casts.
+  STRATA_RETURN_IF_ERROR(CheckFloat("Lion", "grad_scale", o.grad_scale));
+  STRATA_RETURN_IF_ERROR(CheckFloat("Lion", "lr", o.lr));
+  return CheckFloat("Lion", "1 - lr * weight_decay", 1.0 - o.lr * o.weight_decay);
 }
 
 LionStepScalars MakeLionStepScalars(const LionOptions& o) {
@@ -114,7 +154,12 @@ Status ValidateAdagradOptions(const AdagradOptions& o) {
     return InvalidError("Adagrad: eps must be finite and >= 0");
   if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay))
     return InvalidError("Adagrad: weight_decay must be finite and >= 0");
-  return Status::Ok();
+  // MakeAdagradStepScalars's casts.
+  STRATA_RETURN_IF_ERROR(CheckFloat("Adagrad", "grad_scale", o.grad_scale));
+  STRATA_RETURN_IF_ERROR(CheckFloat("Adagrad", "weight_decay", o.weight_decay));
+  STRATA_RETURN_IF_ERROR(CheckEps("Adagrad", o.eps));
+  return CheckFloat("Adagrad", "lr / (1 + (step - 1) * lr_decay) at step " + std::to_string(o.step),
+                    o.lr / (1.0 + static_cast<double>(o.step - 1) * o.lr_decay));
 }
 
 AdagradStepScalars MakeAdagradStepScalars(const AdagradOptions& o) {

@@ -278,6 +278,15 @@ static void adam_errors(void) {
   o.eps = INFINITY;
   EXPECT(STRATA_INVALID, "eps must be finite", strata_adam_step(&o, 4, w, m, v, g, NULL));
   CHECK(w[0] == 1.0f && m[0] == 0.0f && v[0] == 0.0f);
+  /* Finite, but beyond float's range, which the update computes in. */
+  o = (strata_adam_options_t)STRATA_ADAM_OPTIONS_INIT;
+  o.grad_scale = 1e39;
+  EXPECT(STRATA_INVALID, "grad_scale is 1e+39, beyond float's range", strata_adam_step(&o, 4, w, m, v, g, NULL));
+  o = (strata_adam_options_t)STRATA_ADAM_OPTIONS_INIT;
+  o.mode = STRATA_ADAM_MODE_ADAM;
+  o.weight_decay = 1e39;
+  EXPECT(STRATA_INVALID, "weight_decay is 1e+39", strata_adam_step(&o, 4, w, m, v, g, NULL));
+  CHECK(w[0] == 1.0f && m[0] == 0.0f && v[0] == 0.0f);
   o = (strata_adam_options_t)STRATA_ADAM_OPTIONS_INIT;
   OK(strata_adam_step(&o, 4, w, m, v, g, NULL));
   if (!(w[0] < 1.0f && w[0] > 0.99f)) fprintf(stderr, "adam step did not move w[0]: %g\n", w[0]), ++failures;

@@ -512,6 +512,42 @@ TEST(ConfigRefusal, NumbersThatMakeNaNOfFiniteSteps) {
   EXPECT_EQ(MustParse(R"({"optimizer": {"type": "AdamW", "params": {"eps": 0}}})").optimizer.eps, 0.0) << "fp32 keeps m, v";
 }
 
+// The update computes in float: a hyperparameter whose float the kernels
+// cannot take (beyond float's range: undefined, inf in practice, every
+// master inf or NaN with OK; an eps asked for that is 0 as a float) is
+// refused at create, naming it, in every state format and optimizer.
+TEST(ConfigRefusal, HyperparametersTheFloatUpdateCannotTake) {
+  const struct {
+    const char* optimizer;
+    const char* says;
+  } refused[] = {
+      {R"("AdamW", "params": {"lr": 1e39})", "optimizer.params: Adam: lr / (1 - beta1^step) at step 1 is 1e+40, "
+                                             "beyond float's range"},
+      {R"("AdamW", "params": {"lr": 1e38})", "lr / (1 - beta1^step) at step 1 is 1e+39"},  // lr alone is a float
+      {R"("AdamW", "params": {"lr": 1e-3, "weight_decay": 1e300})", "Adam: 1 - lr * weight_decay is -1e+297"},
+      {R"("Adam", "params": {"weight_decay": 1e39, "adam_w_mode": false})", "Adam: weight_decay is 1e+39"},
+      {R"("AdamW", "params": {"eps": 1e39})", "Adam: eps is 1e+39"},
+      {R"("AdamW", "params": {"eps": 1e-50})", "Adam: eps 1e-50 is 0 as a float"},
+      {R"("Lion", "params": {"lr": 1e39})", "Lion: lr is 1e+39"},
+      {R"("Lion", "params": {"lr": 1, "weight_decay": 1e39})", "Lion: 1 - lr * weight_decay is -1e+39"},
+      {R"("Adagrad", "params": {"weight_decay": 1e39})", "Adagrad: weight_decay is 1e+39"},
+      {R"("Adagrad", "params": {"eps": 1e-50})", "Adagrad: eps 1e-50 is 0 as a float"},
+      {R"("Adagrad", "params": {"lr": 1e39})", "Adagrad: lr / (1 + (step - 1) * lr_decay) at step 1 is 1e+39"},
+  };
+  for (const auto& r : refused) {
+    const std::string json = std::string(R"({"optimizer": {"type": )") + r.optimizer + "}}";
+    const std::string why = Refusal(json);
+    EXPECT_NE(why.find(r.says), std::string::npos) << json << ": " << why;
+  }
+  // At the edges: taken.
+  EXPECT_EQ(MustParse(R"({"optimizer": {"type": "AdamW", "params": {"lr": 3e37}}})").optimizer.lr, 3e37);
+  EXPECT_EQ(MustParse(R"({"optimizer": {"type": "AdamW", "params": {"eps": 1.5e-45}}})").optimizer.eps, 1.5e-45);
+  EXPECT_EQ(MustParse(R"({"optimizer": {"type": "Lion", "params": {"lr": 3e38}}})").optimizer.lr, 3e38);
+  EXPECT_EQ(MustParse(R"({"optimizer": {"type": "AdamW", "params": {"lr": 1, "weight_decay": 3e38}}})")
+                .optimizer.weight_decay,
+            3e38);
+}
+
 TEST(ConfigRefusal, Bf16AndFp16Together) {
   EXPECT_EQ(Refusal(R"({"bf16": {"enabled": true}, "fp16": {"enabled": true}})"),
             "bf16.enabled and fp16.enabled: both true; enable at most one");

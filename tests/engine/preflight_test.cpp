@@ -185,6 +185,40 @@ TEST(Preflight, NonFiniteStepOptionIsRefusedBeforeAnythingChanges) {
   }
 }
 
+// A finite step option whose float the update cannot take is refused as the
+// non-finite ones are: before anything changes, naming it.
+TEST(Preflight, StepOptionsBeyondFloatAreRefusedBeforeAnythingChanges) {
+  auto e = MakeBuilt();
+  ASSERT_TRUE(e);
+  const std::vector<float> before = Master(*e, 0);
+  const struct {
+    double lr, eps, weight_decay;
+    const char* says;
+  } bad[] = {{1e39, -1, -1, "lr / (1 - beta1^step) at step 1 is 1e+40"},
+             {1e20, -1, 1e20, "1 - lr * weight_decay is -1e+40"},
+             {-1, 1e39, -1, "eps is 1e+39"},
+             {-1, 1e-50, -1, "eps 1e-50 is 0 as a float"}};
+  for (const auto& b : bad) {
+    StepOptions so;
+    so.lr = b.lr, so.eps = b.eps, so.weight_decay = b.weight_decay;
+    const Status prep = e->PrepareStep(so);
+    EXPECT_EQ(prep.code(), Code::kInvalid) << b.says;
+    EXPECT_NE(prep.message().find(b.says), std::string::npos) << prep.ToString();
+    GiveGrads(*e, -1);
+    auto r = e->Step(so);
+    ASSERT_FALSE(r.ok()) << b.says;
+    EXPECT_NE(r.status().message().find(b.says), std::string::npos) << r.status().ToString();
+    EXPECT_EQ(e->steps_applied(), 0);
+    EXPECT_EQ(Master(*e, 0), before) << b.says;
+    ASSERT_TRUE(e->Step(StepOptions{}).ok());  // the gradients given are still pending: step them away
+    ASSERT_TRUE(e->SetStepsApplied(0).ok());
+    ASSERT_TRUE(e->WriteState(0, Engine::OptimizerState::kMaster, before.data()).ok());
+  }
+  StepOptions zero;  // an eps of 0 asked for (the C API: the least positive double) stays torch's
+  zero.eps = 4.9406564584124654e-324;
+  EXPECT_TRUE(e->PrepareStep(zero).ok());
+}
+
 // Compact state with eps 0 updates by 0/0 where both moments round to 0 in
 // their block (the config refuses eps 0 there; a step option may not bring it).
 TEST(Preflight, CompactRefusesAStepOptionEpsOfZero) {

@@ -31,7 +31,7 @@ SPDLOG=$(pkg-config --cflags --libs spdlog fmt 2>/dev/null || echo "-DSPDLOG_FMT
   "$ROOT/tests/fuzz/config_fuzz.cpp" "$ROOT/engine/config/config.cpp" "$ROOT/engine/config/config_json.cpp" \
   "$ROOT/engine/config/config_reader.cpp" "$ROOT/engine/config/config_validate.cpp" \
   "$ROOT/base/status.cpp" "$ROOT/base/check.cpp" "$ROOT/base/log.cpp" "$ROOT/base/sizes.cpp" \
-  "$ROOT/base/dtype.cpp" "$ROOT/base/text.cpp" "$ROOT/base/cgroup.cpp" $SPDLOG -pthread -o "$WORK/config_fuzz"
+  "$ROOT/base/dtype.cpp" "$ROOT/base/text.cpp" "$ROOT/base/cgroup.cpp" "$ROOT/kernels/cpu/step_scalars.cpp" $SPDLOG -pthread -o "$WORK/config_fuzz"
 cd "$WORK"
 # Warnings of accepted documents would flood the log; the checks abort loudly.
 # libFuzzer's own failure code is 77, ctest's "skipped": make every failure 1.
