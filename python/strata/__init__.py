@@ -24,8 +24,8 @@ from ._capi import (  # noqa: F401  (strata.INVALID, strata.Error, ...: the pack
     OK, STATE, STATUS_NAMES, TIMEOUT, UNSUPPORTED, Error, _AdamOptions, _DTYPE_NAMES, _EngineOptions, _Stats,
     _StepOptions, _StepResult, _TierStats, _check, _load, _sized)
 
-from ._args import (_CudaArray, _address, _as_f32_host, _device_type, _dtype_code, _dtype_of, _f32_host,
-                    _host_engine_takes, _numel, _shape_tuple, _step_options, _stream_handle)
+from ._args import (_CudaArray, _address, _as_f32_host, _c_integer, _device_type, _dtype_code, _dtype_of, _f32_host,
+                    _host_engine_takes, _numel, _option_ints, _shape_tuple, _step_count, _step_options, _stream_handle)
 
 __all__ = ["Engine", "Error", "STATUS_NAMES", "adam_step", "host_memory", "version"]
 
@@ -98,9 +98,9 @@ class Engine:
         # held until the engine reads none of a group's (grads_lent), step or a load.
         self._lent = {}
         text = config if isinstance(config, str) else json.dumps(config)
-        opts = _sized(_EngineOptions, rank=rank, world_size=world_size,
-                      grad_accumulation_steps=grad_accumulation_steps, force_no_gpu=1 if force_no_gpu else 0,
-                      overlap_step=1 if overlap_step else 0, device=device,
+        opts = _sized(_EngineOptions, **_option_ints(rank=rank, world_size=world_size, device=device,
+                                                     grad_accumulation_steps=grad_accumulation_steps),
+                      force_no_gpu=1 if force_no_gpu else 0, overlap_step=1 if overlap_step else 0,
                       skip_groups_without_grads=1 if skip_groups_without_grads else 0)
         h = ctypes.c_void_p()
         try:
@@ -178,7 +178,7 @@ class Engine:
         `shape` is given) or an element count (zeros unless `init`; flat
         unless `shape`). The shape is recorded in checkpoints, so that
         strata-export writes the tensor in it."""
-        group, numel = _group(group, f"add_param '{name}'"), _numel(tensor_or_numel)
+        group, numel = _group(group, f"add_param '{name}'"), _numel(tensor_or_numel, f"add_param '{name}'")
         if shape is None and not isinstance(tensor_or_numel, int):
             shape = tuple(tensor_or_numel.shape)
         if shape is not None:
@@ -237,12 +237,12 @@ class Engine:
     def fetch(self, group, stream=None):
         """The group's full parameters in the compute dtype: a device address
         (an int; host memory without a GPU), valid until release(group)."""
-        group = _group(group, "fetch")
+        group, s = _group(group, "fetch"), _stream_handle(stream, "fetch")
         # The library writes the address only on success: still _UNWRITTEN,
         # the call did not fetch (it failed, or never ran).
         p = ctypes.c_void_p(_UNWRITTEN)
         try:
-            _check(self._lib.strata_engine_fetch(self.handle, group, _stream_handle(stream), ctypes.byref(p)))
+            _check(self._lib.strata_engine_fetch(self.handle, group, s, ctypes.byref(p)))
         except BaseException:
             # Ctrl-C during the native fetch (an NVMe read) is delivered as it
             # returns: the group is fetched but its address never reaches the
@@ -265,7 +265,8 @@ class Engine:
             raise
 
     def release(self, group, stream=None):
-        _check(self._lib.strata_engine_release(self.handle, _group(group, "release"), _stream_handle(stream)))
+        _check(self._lib.strata_engine_release(self.handle, _group(group, "release"),
+                                               _stream_handle(stream, "release")))
 
     def _release_held(self, group, stream=None):
         """release() of a group the caller fetched once and holds alone (its
@@ -295,7 +296,8 @@ class Engine:
         if not isinstance(grads, int) and _numel(grads) != self.group_numel(group):
             raise Error(INVALID, f"group {group} has {self.group_numel(group)} elements; "
                         f"grads has {_numel(grads)}")
-        _check(self._lib.strata_engine_grads(self.handle, group, _address(grads), code, _stream_handle(stream)))
+        _check(self._lib.strata_engine_grads(self.handle, group, _address(grads, "grads", "grads"), code,
+                                             _stream_handle(stream, "grads")))
 
     def grads_part(self, group, first, grads, dtype=None, lend=False):
         """One part of a grads call given in parts (strata_engine_grads_part):
@@ -309,14 +311,16 @@ class Engine:
         returns, or close(): the caller keeps it alive until then (a tensor:
         the binding holds a reference, dropped once the engine reads none of
         the group's lent parts: grads_lent, asked at each grads_end)."""
-        group = _group(group, "grads_part")
+        group, first = _group(group, "grads_part"), _c_integer(first, "grads_part", "first")
         if isinstance(grads, tuple):
             address, count = grads
+            address = _address(address, "grads_part", "address")
+            count = _c_integer(count, "grads_part", "count")
             code = _dtype_code(dtype, "grads_part")
         else:
             if getattr(grads, "device", None) is not None and grads.device.type != "cpu":
                 raise Error(INVALID, f"grads_part: the gradients are on {grads.device}; parts are host memory")
-            address, count = _address(grads), _numel(grads)
+            address, count = _address(grads, "grads_part", "grads"), _numel(grads, "grads_part")
             code = _dtype_of(grads, "grads_part: grads") if dtype is None else _dtype_code(dtype, "grads_part")
         call = self._lib.strata_engine_grads_part_lend if lend else self._lib.strata_engine_grads_part
         lent = lend and not isinstance(grads, tuple)
@@ -390,9 +394,9 @@ class Engine:
             if isinstance(x, int):
                 raise Error(INVALID, "stash: an address needs nbytes (the bytes to copy from it)")
             nbytes = x.numel() * x.element_size() if hasattr(x, "element_size") else x.nbytes
-        h = ctypes.c_uint64()
-        _check(self._lib.strata_engine_stash(self.handle, _address(x), int(nbytes), _stream_handle(stream),
-                                             ctypes.byref(h)))
+        nbytes, h = _c_integer(nbytes, "stash", "nbytes", allowed=(1, 2**64 - 1)), ctypes.c_uint64()
+        _check(self._lib.strata_engine_stash(self.handle, _address(x, "stash", "x"), nbytes,
+                                             _stream_handle(stream, "stash"), ctypes.byref(h)))
         return h.value
 
     def redeem(self, handle, out, nbytes=None, stream=None):
@@ -402,13 +406,14 @@ class Engine:
         _host_engine_takes("redeem", "out", out, self)
         if nbytes is None:
             nbytes = out.numel() * out.element_size() if hasattr(out, "element_size") else out.nbytes
-        _check(self._lib.strata_engine_redeem(self.handle, int(handle), _address(out), int(nbytes),
-                                              _stream_handle(stream)))
+        handle, nbytes = (_c_integer(v, "redeem", n) for n, v in (("handle", handle), ("nbytes", nbytes)))
+        _check(self._lib.strata_engine_redeem(self.handle, handle, _address(out, "redeem", "out"), nbytes,
+                                              _stream_handle(stream, "redeem")))
         return out
 
     def drop_stash(self, handle):
         """Frees stash `handle` unread."""
-        _check(self._lib.strata_engine_drop_stash(self.handle, int(handle)))
+        _check(self._lib.strata_engine_drop_stash(self.handle, _c_integer(handle, "drop_stash", "handle")))
 
     def prepare_step(self, lr=None, betas=None, eps=None, weight_decay=None, max_grad_norm=None):
         """With overlap_step: the coming step's options, before its first
@@ -533,7 +538,7 @@ class Engine:
 
     @steps.setter
     def steps(self, value):
-        _check(self._lib.strata_engine_set_steps(self.handle, int(value)))
+        _check(self._lib.strata_engine_set_steps(self.handle, _step_count(value, "set_steps")))
 
     def group_steps(self, group):
         """The updates applied to `group` (its bias correction counts from it):
@@ -546,7 +551,8 @@ class Engine:
 
     def set_group_steps(self, group, value):
         """Sets group_steps(group), between steps (skip_groups_without_grads only)."""
-        _check(self._lib.strata_engine_set_group_steps(self.handle, _group(group, "set_group_steps"), int(value)))
+        group, value = _group(group, "set_group_steps"), _step_count(value, "set_group_steps")
+        _check(self._lib.strata_engine_set_group_steps(self.handle, group, value))
 
     # -- checkpoints
     def save_checkpoint(self, directory, tag, blob=b""):
@@ -715,8 +721,9 @@ def adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=1e-3, betas=(0.9, 0.999
         if _numel(a) != n:
             raise Error(INVALID, f"{name} has {_numel(a)} elements, param {n}")
     opts = _sized(_AdamOptions, lr=lr, beta1=betas[0], beta2=betas[1], eps=eps, weight_decay=weight_decay,
-                  step=step, mode=0 if adamw else 1, grad_scale=grad_scale,
+                  step=_step_count(step, "adam_step", "step", (1, 2**63 - 1)), mode=0 if adamw else 1,
+                  grad_scale=grad_scale,
                   grad_dtype=_dtype_of(grad, "adam_step: grad"),
                   param_copy_dtype=DTYPE_BF16 if param_copy is None else _dtype_of(param_copy, "adam_step: param_copy"))
-    _check(_load().strata_adam_step(ctypes.byref(opts), n, _address(param), _address(exp_avg),
-                                    _address(exp_avg_sq), _address(grad), _address(param_copy)))
+    _check(_load().strata_adam_step(ctypes.byref(opts), n, *(_address(a, "adam_step", k) for k, a in zip(
+        ("param", "exp_avg", "exp_avg_sq", "grad", "param_copy"), (param, exp_avg, exp_avg_sq, grad, param_copy)))))

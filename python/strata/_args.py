@@ -1,19 +1,81 @@
-"""Python values as the C API takes them: buffers' addresses, dtype codes,
-streams, shapes, counts, the step's options, and a device buffer for
-torch.as_tensor. The binding (__init__.py) calls these (and OffloadAdam,
-_step_options over its param groups before any engine steps)."""
+"""Python values as the C API takes them: integers checked against their C
+types, buffers' addresses, dtype codes, streams, shapes, counts, the step's
+options, and a device buffer for torch.as_tensor. The binding (__init__.py)
+calls these (and OffloadAdam, _step_options over its param groups before any
+engine steps)."""
 
+import ctypes
 import math
+import operator
 
 from ._capi import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, INVALID, Error, _DTYPE_NAMES, _StepOptions, _sized)
 
+# The C integer types the binding hands the library, as (lowest, highest):
+# ctypes wraps a Python int outside them silently (2**64 + 5 to 5, 2**32 + 1
+# to 1), so _c_integer refuses it first.
+C_INT = (-2**31, 2**31 - 1)
+INT64 = (-2**63, 2**63 - 1)
+UINT64 = (0, 2**64 - 1)
+POINTER = (0, 2**(8 * ctypes.sizeof(ctypes.c_void_p)) - 1)  # an address, a CUDA stream
 
-def _address(x):
-    """The address of a buffer: a torch tensor (contiguous), a numpy array or an int."""
+
+def _bound_text(b):
+    """A range's bound as a message says it: 2^64-1, -2^31, 2^40, else the number."""
+    for k in (64, 63, 40, 32, 31):
+        for text, v in ((f"2^{k}", 2**k), (f"2^{k}-1", 2**k - 1), (f"2^{k}-2", 2**k - 2), (f"-2^{k}", -2**k)):
+            if b == v:
+                return text
+    return str(b)
+
+
+def _c_integer(value, call, name, ctype=UINT64, allowed=None):
+    """`value` as the Python int that `call` hands the library as `name`, a C
+    integer of type `ctype` ((lowest, highest): C_INT, INT64, UINT64,
+    POINTER). As _group (__init__.py): what operator.index takes (an int,
+    numpy's and torch's integer scalars) and nothing else (a float, a numeric
+    string, a bool: int() would cut 2.9 to 2), and only what the type holds
+    (ctypes would wrap the rest); else INVALID naming the call, the argument
+    and the value, with the range the API takes (`allowed`, (lowest,
+    highest); the type's by default). A value the type holds but the API
+    does not take (world_size -1, steps 2^63-1) is the library's to refuse,
+    with its own message."""
+    try:
+        v = (None if isinstance(value, bool) or str(getattr(value, "dtype", "")).endswith("bool")
+             else operator.index(value))
+    except TypeError:
+        v = None
+    if v is None:
+        raise Error(INVALID, f"{call}: {name} {value!r} is not an integer")
+    if not ctype[0] <= v <= ctype[1]:
+        lo, hi = allowed or ctype
+        raise Error(INVALID, f"{call}: {name} {v} is outside {_bound_text(lo)}..{_bound_text(hi)}")
+    return v
+
+
+_OPTION_LOWEST = {"rank": 0, "world_size": 0, "grad_accumulation_steps": 1, "device": -1}
+
+
+def _option_ints(**values):
+    """strata.Engine's integer options (C ints in strata_engine_options_t),
+    checked; the library refuses the rest of the type (world_size -1, a rank
+    past the world size), as before."""
+    return {n: _c_integer(v, "Engine", n, C_INT, (_OPTION_LOWEST[n], C_INT[1])) for n, v in values.items()}
+
+
+def _step_count(value, call, name="steps", allowed=(0, INT64[1] - 1)):
+    """A step count (an int64_t): set_steps' and set_group_steps' (the API
+    takes 0..2^63-2 and refuses the rest of the type itself), adam_step's
+    options.step (1-based: `allowed` (1, 2^63-1))."""
+    return _c_integer(value, call, name, INT64, allowed)
+
+
+def _address(x, call="address", name="address"):
+    """The address of a buffer: a torch tensor (contiguous), a numpy array or
+    an int (in 0..2^64-1: INVALID naming `call` and `name` otherwise)."""
     if x is None:
         return None
     if isinstance(x, int):
-        return x
+        return _c_integer(x, call, name, POINTER)
     if hasattr(x, "data_ptr"):  # torch.Tensor
         if not x.is_contiguous():
             raise Error(INVALID, "the tensor must be contiguous")
@@ -74,9 +136,9 @@ def _f32_host(call, name, x):
                     "reads and writes 4-byte floats there)")
 
 
-def _stream_handle(stream):
+def _stream_handle(stream, call="stream"):
     if stream is None or isinstance(stream, int):
-        return stream
+        return None if stream is None else _c_integer(stream, call, "stream", POINTER)
     return getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
 
 
@@ -97,9 +159,11 @@ def _shape_tuple(name, shape):
     return dims
 
 
-def _numel(x):
+def _numel(x, call="numel"):
+    """A tensor's or array's element count, or an int as add_param's numel
+    (a uint64_t: INVALID naming `call` beyond it; the API takes 1..2^40)."""
     if isinstance(x, int):
-        return x
+        return _c_integer(x, call, "numel", UINT64, (1, 2**40))
     return int(x.numel()) if callable(getattr(x, "numel", None)) else int(x.size)
 
 
