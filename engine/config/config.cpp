@@ -173,6 +173,15 @@ Status ReadFp16(ObjectReader r, Fp16Config* f, std::vector<std::string>* warning
                          "unscale factor 1/scale would overflow float and write NaN into the weights" +
                          std::string(key[0] == 'l' ? "" : " (DeepSpeed's default is 1)") + "; allowed: 2^-24 or more" +
                          (key[0] == 'l' ? " (0: dynamic)" : ""));
+  // Above 2^127 the scale is no float (torch's GradScaler grows it only
+  // while it is one): the scaled loss overflows at once, and the unscale
+  // factor is below float's.
+  for (const auto& [key, value] : {std::pair<const char*, double>{"min_loss_scale", f->min_loss_scale},
+                                   {"loss_scale", f->loss_scale}})
+    if (value > kMaxLossScale)
+      return ConfigError(r.KeyPath(key) + ": " + config_internal::BriefJson(Json(value)) +
+                         " is above 2^127 (1.7e+38), the largest scale a float holds as a power of two; allowed: up "
+                         "to 2^127");
   r.Unimplemented({"auto_cast", "consecutive_hysteresis", "fp16_master_weights_and_grads"}, warnings);
   return r.CheckUnknownKeys();
 }

@@ -88,6 +88,10 @@ struct AioConfig {
 };
 
 // fp16: loss_scale 0 means dynamic loss scaling.
+// The largest fp16 loss scale: a float's largest power of two (torch's
+// GradScaler grows its scale only while it stays a finite float).
+inline constexpr double kMaxLossScale = 0x1p127;
+
 struct Fp16Config {
   bool enabled = false;
   double loss_scale = 0;

@@ -34,7 +34,7 @@ class LossScaler {
   // Returns whether the state was taken.
   bool Restore(const State& s, bool saved_fp16) {
     if (!dynamic_ || !saved_fp16) return false;
-    scale_ = std::max(s.scale, cfg_.min_loss_scale);
+    scale_ = std::min(std::max(s.scale, cfg_.min_loss_scale), kMaxLossScale);
     hysteresis_left_ = std::max(1, std::min(s.hysteresis_left, cfg_.hysteresis));
     clean_steps_ = std::max<int64_t>(
         0, std::min<int64_t>(s.clean_steps, static_cast<int64_t>(cfg_.loss_scale_window) - 1));
@@ -55,7 +55,7 @@ class LossScaler {
       return;
     }
     if (++clean_steps_ >= static_cast<int64_t>(cfg_.loss_scale_window)) {
-      scale_ *= 2;
+      scale_ = std::min(scale_ * 2, kMaxLossScale);  // (as torch's: grown only while a float holds it)
       clean_steps_ = 0;
       hysteresis_left_ = cfg_.hysteresis;
     }

@@ -499,6 +499,12 @@ TEST(ConfigRefusal, NumbersThatMakeNaNOfFiniteSteps) {
   EXPECT_EQ(MustParse(R"({"fp16": {"enabled": true, "min_loss_scale": 5.9604644775390625e-08}})").fp16.min_loss_scale,
             0x1p-24);
   EXPECT_EQ(MustParse(R"({"fp16": {"enabled": true, "loss_scale": 0}})").fp16.loss_scale, 0.0) << "0: dynamic";
+  EXPECT_NE(Refusal(R"({"fp16": {"enabled": true, "loss_scale": 1e300}})").find("fp16.loss_scale: 1e+300 is above 2^127"),
+            std::string::npos)
+      << "its unscale factor is 0 as a float: no learning";
+  EXPECT_NE(Refusal(R"({"fp16": {"enabled": true, "min_loss_scale": 1e39}})").find("fp16.min_loss_scale: 1e+39 is above"),
+            std::string::npos);
+  EXPECT_EQ(MustParse(R"({"fp16": {"enabled": true, "loss_scale": 1.7014118346046923e38}})").fp16.loss_scale, 0x1p127);
   const std::string compact = R"({"bf16": {"enabled": true}, "strata": {"state_format": "compact"}, )";
   EXPECT_NE(Refusal(compact + R"("optimizer": {"type": "AdamW", "params": {"eps": 0}}})").find("optimizer.params.eps: 0"),
             std::string::npos);

@@ -933,6 +933,25 @@ TEST(LossScaler, AfterHysteresisEveryOverflowHalvesUntilADoubling) {
   EXPECT_EQ(s.scale(), 2048.0);
 }
 
+// The scale grows only while a float holds it (torch's GradScaler): at 2^127
+// it stays, where doubling on went to inf (every later step an overflow,
+// halving inf to inf: skipped for good), as does a checkpoint's above it.
+TEST(LossScaler, GrowsNoFurtherThanAFloatHolds) {
+  Fp16Config dyn;
+  dyn.enabled = true;
+  dyn.initial_scale_power = 64;
+  dyn.loss_scale_window = 1;
+  LossScaler s;
+  s.Init(dyn);
+  for (int i = 0; i < 100; ++i) s.Update(false);
+  EXPECT_EQ(s.scale(), 0x1p127);
+  s.Update(true);
+  s.Update(true);
+  EXPECT_EQ(s.scale(), 0x1p126) << "an overflow (after the hysteresis) halves it";
+  ASSERT_TRUE(s.Restore({1e300, 2, 0}, true));
+  EXPECT_EQ(s.scale(), 0x1p127) << "a checkpoint's scale above a float's, bounded";
+}
+
 // A checkpoint's scaler state is taken only by a dynamic fp16 scaler and only
 // from an fp16 checkpoint, with its counters bounded by this config: a saved
 // hysteresis of INT32_MAX would otherwise never let the scale halve again.
