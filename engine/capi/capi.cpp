@@ -93,6 +93,10 @@ strata_status_t strata_engine_create(const char* json, const strata_engine_optio
 }
 
 strata_status_t strata_engine_destroy(strata_engine_t* engine) {
+  // In a child of fork the engine is the parent's: its threads are not
+  // here to join, and its swap files and trace are the parent's. Nothing is
+  // done (the child's copy of its memory goes with the child).
+  if (engine != nullptr && engine->pid != ::getpid()) return STRATA_OK;
   // The engine's destructor joins its threads and removes its swap files; a
   // throw from it is a bug that we can only swallow here.
   try {

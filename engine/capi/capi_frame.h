@@ -3,6 +3,8 @@
 // capi_state.cpp implement include/strata/strata.h over it.
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -31,6 +33,7 @@ using strata::Status;
 
 struct strata_engine {
   std::unique_ptr<strata::Engine> rep;
+  pid_t pid = ::getpid();  // the process that created it: the only one it works in
   bool built = false;
   bool gpu = false;    // the device tier is a GPU: caller streams are honoured
   int device = -1;     // that GPU (the engine's placement)
@@ -66,11 +69,21 @@ Status Guarded(Body&& body) {
   }
 }
 
-// The frame of every call on an engine: null and broken checks, the guard,
-// and marking the engine broken after an internal error.
+// An engine used in a process other than its creator's (a fork's child): its
+// threads, rings, sockets and arenas are not there, and its memory is a copy.
+inline Status ForkedError(const strata_engine_t* e) {
+  return strata::StateError("this engine was created by process " + std::to_string(e->pid) + ", and this is process " +
+                            std::to_string(::getpid()) +
+                            " (a child of fork): an engine works only in the process that created it (its threads "
+                            "and I/O are not here); create one in this process");
+}
+
+// The frame of every call on an engine: null, process and broken checks,
+// the guard, and marking the engine broken after an internal error.
 template <typename Body>
 strata_status_t OnEngine(const char* fn, strata_engine_t* e, Body&& body) {
   if (e == nullptr) return Fail(fn, strata::InvalidError("engine is NULL"));
+  if (e->pid != ::getpid()) return Fail(fn, ForkedError(e));
   if (!e->broken.empty())
     return Fail(fn, strata::StateError("engine is unusable after an earlier error: " + e->broken));
   Status s = Guarded(std::forward<Body>(body));
@@ -172,6 +185,7 @@ inline strata::Result<strata::StepOptions> ToStepOptions(const strata_step_optio
 template <typename Body>
 strata_status_t OnTrace(const char* fn, strata_engine_t* e, Body&& body) {
   if (e == nullptr) return Fail(fn, strata::InvalidError("engine is NULL"));
+  if (e->pid != ::getpid()) return Fail(fn, ForkedError(e));
   Status s = Guarded(std::forward<Body>(body));
   return s.ok() ? STRATA_OK : Fail(fn, s);
 }

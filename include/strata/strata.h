@@ -39,6 +39,9 @@
  *     strata_engine_destroy still works. A step that cannot be finished
  *     (see strata_engine_step) also breaks it, but there a checkpoint load
  *     brings it back.
+ *   - An engine works only in the process that created it: in a child of
+ *     fork every call on it returns STRATA_STATE, naming both processes,
+ *     and strata_engine_destroy does nothing. The child may create its own.
  *   - One thread at a time drives an engine (the caller serializes); distinct
  *     engines may be driven from distinct threads. (The trace calls,
  *     strata_engine_span_begin/_end and strata_engine_write_trace, are the
@@ -210,7 +213,8 @@ STRATA_API strata_status_t strata_engine_create(const char* json, const strata_e
  * (swap is scratch: only checkpoints outlive the engine; a checkpoint that
  * links a swap file keeps its data), and writes the trace when
  * strata.trace_path is set. NULL is a no-op. The engine must not be in use
- * by another thread. Always returns STRATA_OK. */
+ * by another thread. In a child of fork it does nothing: the engine, its
+ * swap files and its trace are the parent's. Always returns STRATA_OK. */
 STRATA_API strata_status_t strata_engine_destroy(strata_engine_t* engine);
 
 /* Registers `numel` parameters named `name` in `group` (0-based; groups must

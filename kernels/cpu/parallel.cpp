@@ -1,6 +1,7 @@
 // The kernels' oneTBB arena, sized from the affinity mask and the cgroup CPU limit.
 #include "kernels/cpu/parallel.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -53,8 +54,29 @@ int ThreadsNow() {
   return threads;
 }
 
+// A child of fork whose parent had an arena: oneTBB's workers are the
+// parent's (not here), and the arena may have been busy on another thread
+// at the fork: a kernel entering it would wait for good. The child's
+// kernels run on the calling thread alone (the same tiles: the same bits).
+bool g_forked = false;
+
+void BeforeFork() { g_arena_mu.lock(); }
+void AfterForkInParent() { g_arena_mu.unlock(); }
+void AfterForkInChild() {
+  if (g_arena) {
+    // Never destroyed here (its destructor would wait for the parent's threads).
+    new std::shared_ptr<tbb::task_arena>(std::move(g_arena));
+    g_forked = true;
+  }
+  g_arena_mu.unlock();  // (locked by this thread in BeforeFork)
+}
+
+// The arena, or null in a forked child that runs its kernels serially.
 std::shared_ptr<tbb::task_arena> Arena() {
+  static const int fork_handlers = pthread_atfork(BeforeFork, AfterForkInParent, AfterForkInChild);
+  (void)fork_handlers;
   std::lock_guard<std::mutex> lock(g_arena_mu);
+  if (g_forked) return nullptr;
   if (!g_arena) {
     if (g_threads <= 0) g_threads = ThreadsNow();
     g_arena = std::make_shared<tbb::task_arena>(g_threads);
@@ -115,7 +137,7 @@ int CpuKernelThreadsFor(int affinity_cpus, double cgroup_cpus, int mask_sharers,
 
 int CpuKernelThreads() {
   const auto arena = Arena();
-  return arena->max_concurrency();
+  return arena ? arena->max_concurrency() : 1;
 }
 
 void ShareCpuKernels(int mask_sharers, int limit_sharers) {
@@ -139,7 +161,12 @@ void ParallelForTiles(size_t n, size_t tile, const std::function<void(size_t, si
     return;
   }
   const size_t tiles = (n + tile - 1) / tile;
-  Arena()->execute([&] {
+  const auto arena = Arena();
+  if (!arena) {
+    for (size_t t = 0; t < tiles; ++t) fn(t * tile, std::min(n, (t + 1) * tile));
+    return;
+  }
+  arena->execute([&] {
     tbb::parallel_for(
         tbb::blocked_range<size_t>(0, tiles, 1),
         [&](const tbb::blocked_range<size_t>& r) {
@@ -154,7 +181,12 @@ void ParallelForEach(size_t n, const std::function<void(size_t)>& fn) {
     if (n == 1) fn(0);
     return;
   }
-  Arena()->execute([&] {
+  const auto arena = Arena();
+  if (!arena) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  arena->execute([&] {
     tbb::parallel_for(
         tbb::blocked_range<size_t>(0, n, 1),
         [&](const tbb::blocked_range<size_t>& r) {

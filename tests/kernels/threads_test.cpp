@@ -7,9 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "base/cgroup.h"
 #include "kernels/cpu/parallel.h"
@@ -180,6 +185,46 @@ TEST(CpuKernelThreads, FollowARealCgroupQuota) {
   ASSERT_TRUE(WIFEXITED(status)) << status;
   ASSERT_NE(WEXITSTATUS(status), 100) << "the child could not join " << dir;
   EXPECT_EQ(WEXITSTATUS(status), 1) << "threads in a cgroup of one CPU";
+}
+
+
+// A child forked while a kernel runs on another thread (an overlapped step,
+// a data loader's worker started then): the arena it inherits is busy and
+// its workers are the parent's; its kernels run on its own thread, to the
+// end, with the same tiles. (Entering the inherited arena waited for good
+// in about half of such forks.)
+TEST(CpuKernelThreads, AChildForkedDuringAKernelRunsItsOwn) {
+  if (AffinityCpuCount() < 2) GTEST_SKIP() << "one CPU: the arena has no worker to be busy";
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    std::atomic<bool> started{false};
+    std::thread busy([&] {
+      ParallelForTiles(64 * 400, 64, [&](size_t, size_t) {
+        started = true;
+        std::this_thread::sleep_for(std::chrono::microseconds(500));
+      });
+    });
+    while (!started) std::this_thread::yield();
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::alarm(20);  // a wait for good ends the child by SIGALRM
+      std::vector<int> seen(1000, 0);
+      ParallelForTiles(64 * 1000, 64, [&](size_t a, size_t) { ++seen[a / 64]; });
+      ParallelForEach(1000, [&](size_t i) { ++seen[i]; });
+      const bool all = std::all_of(seen.begin(), seen.end(), [](int v) { return v == 2; });
+      ::_exit(all && CpuKernelThreads() == 1 ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    busy.join();
+    ASSERT_TRUE(WIFEXITED(status)) << "attempt " << attempt << ": the child ended by signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "attempt " << attempt;
+  }
+  // The parent's arena is whole.
+  std::atomic<int> tiles{0};
+  ParallelForTiles(64 * 100, 64, [&](size_t, size_t) { ++tiles; });
+  EXPECT_EQ(tiles.load(), 100);
+  EXPECT_GE(CpuKernelThreads(), 1);
 }
 
 }  // namespace
