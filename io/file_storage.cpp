@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "base/fork_close.h"
 #include "base/check.h"
 #include "base/log.h"
 #include "io/direct_file.h"
@@ -103,7 +104,10 @@ FileStorage::~FileStorage() {
   for (auto& w : workers_) w->Stop();
   workers_.clear();
   for (auto& f : files_)
-    if (f.fd >= 0) ::close(f.fd);
+    if (f.fd >= 0) {
+      ForgetInForkChild(f.fd);
+      ::close(f.fd);
+    }
 }
 
 Result<FileId> FileStorage::Open(const std::string& path, OpenMode mode) {
@@ -135,6 +139,7 @@ Result<FileId> FileStorage::Open(const std::string& path, OpenMode mode) {
     }
   }
   files_[id] = info;
+  CloseInForkChild(info.fd);  // (a child's copy would hold the swap file's lock and space past our close)
   return id;
 }
 
@@ -148,6 +153,7 @@ Status FileStorage::Close(FileId file) {
   for (size_t k = 0; k < workers_.size(); ++k)
     if (Status st = workers_[k]->SetFile(file, -1); !st.ok())
       STRATA_LOG_WARN("close {}: ring {} keeps the file until its slot is reused: {}", path, k, st.ToString());
+  ForgetInForkChild(files_[file].fd);
   const int rc = ::close(files_[file].fd);
   files_[file] = FileInfo{};
   if (rc != 0) return PosixError("close", path, errno);

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/fork_close.h"
 #include "base/align.h"
 #include "base/check.h"
 #include "base/log.h"
@@ -22,7 +23,10 @@ UringRing::UringRing(FileStorage* owner, int index, uint32_t queue_depth)
 
 UringRing::~UringRing() {
   Stop();
-  if (ring_ok_) io_uring_queue_exit(&ring_);
+  if (ring_ok_) {
+    ForgetInForkChild(ring_.ring_fd);
+    io_uring_queue_exit(&ring_);
+  }
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
@@ -42,6 +46,11 @@ Status UringRing::Init(bool register_files, bool register_buffers, bool* refused
                      "strata.io_rings");
   if (rc < 0) return UringError("io_uring_queue_init", rc);  // any other (EMFILE, EINVAL, ENFILE)
   ring_ok_ = true;
+  // Not in a child of fork: a child's mappings would keep the ring, and the
+  // files registered in it (their locks, a deleted swap file's space), past
+  // our close. (The child cannot use the engine anyway.)
+  if (int d = io_uring_ring_dontfork(&ring_); d < 0) return UringError("io_uring_ring_dontfork", d);
+  CloseInForkChild(ring_.ring_fd);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) return PosixError("eventfd", "io ring " + std::to_string(index_), errno);
   if (register_files) {

@@ -1,12 +1,14 @@
 // The rendezvous store's server: Boost.Asio on one thread of its own. All
 // state (keys, waiters, sessions) is touched only by that thread, so it needs
 // no lock; Stop() joins the thread before touching anything.
+#include <fcntl.h>
 #include <charconv>
 #include <list>
 #include <map>
 #include <thread>
 #include <utility>
 
+#include "base/fork_close.h"
 #include "base/log.h"
 #include "io/net/asio.h"
 #include "io/net/store.h"
@@ -52,10 +54,25 @@ struct StoreServer::Impl {
 
 namespace {
 
+// The server's sockets: not in an exec'd program (FD_CLOEXEC; asio sets
+// none), and closed in a child of fork (base/fork_close.h): a child's copy
+// of the listener kept the port, and the next job's store was refused it.
+void KeepFromChildren(int fd) {
+  if (fd < 0) return;
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  CloseInForkChild(fd);
+}
+
 // One client connection: read a frame, answer it (maybe later), repeat.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket sock, StoreServer::Impl* srv) : sock_(std::move(sock)), srv_(srv) {}
+  Session(tcp::socket sock, StoreServer::Impl* srv) : sock_(std::move(sock)), srv_(srv), fd_(sock_.native_handle()) {
+    KeepFromChildren(fd_);
+  }
+  ~Session() {
+    if (fd_ >= 0) ForgetInForkChild(fd_);  // (the socket closes after)
+  }
   void ReadHeader() {
     auto self = shared_from_this();
     asio::async_read(sock_, asio::buffer(header_), [self](boost::system::error_code ec, size_t) {
@@ -75,6 +92,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   void Close() {
     boost::system::error_code ignored;
+    if (fd_ >= 0) ForgetInForkChild(std::exchange(fd_, -1));
     sock_.shutdown(tcp::socket::shutdown_both, ignored);
     sock_.close(ignored);
   }
@@ -92,6 +110,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   tcp::socket sock_;
   StoreServer::Impl* srv_;
+  int fd_;  // sock_'s, while open
   uint8_t header_[4] = {};
   std::vector<uint8_t> body_;
 };
@@ -221,6 +240,7 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& bind_
                      " is in use on this host (another job, or a rank of an earlier run still alive); give another "
                      "MASTER_PORT, or STRATA_STORE_PORT");
   if (ec) return CommError(where + ": cannot listen: " + ec.message());
+  KeepFromChildren(impl->acceptor.native_handle());
   impl->Accept();
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->ioc.run(); });
@@ -237,6 +257,7 @@ void StoreServer::Stop() {
   // The thread is gone: closing from here races with nothing. Clients blocked
   // in a call see the connection close (kComm) at once.
   boost::system::error_code ignored;
+  ForgetInForkChild(impl_->acceptor.native_handle());
   impl_->acceptor.close(ignored);
   for (auto& w : impl_->sessions)
     if (auto s = w.lock()) s->Close();

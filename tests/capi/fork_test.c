@@ -3,6 +3,8 @@
  * nothing (the swap files and the trace are the parent's), and the parent
  * trains on. */
 #define _GNU_SOURCE
+#include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,25 @@ static int swap_files(const char* dir) {
   int n = -1;
   if (f == NULL || fscanf(f, "%d", &n) != 1) n = -1;
   if (f) pclose(f);
+  return n;
+}
+
+/* Descriptors of process `pid` whose target names `what`. */
+static int held_by(pid_t pid, const char* what) {
+  char path[64], link[512], target[512];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR* d = opendir(path);
+  if (d == NULL) return -1;
+  int n = 0;
+  for (struct dirent* de; (de = readdir(d)) != NULL;) {
+    if (de->d_name[0] == '.') continue;
+    snprintf(link, sizeof link, "%s/%s", path, de->d_name);
+    const ssize_t len = readlink(link, target, sizeof target - 1);
+    if (len <= 0) continue;
+    target[len] = 0;
+    if (strstr(target, what) != NULL) ++n;
+  }
+  closedir(d);
   return n;
 }
 
@@ -69,6 +90,28 @@ int main(void) {
   int status = 0;
   if (waitpid(pid, &status, 0) != pid) return perror("waitpid"), 1;
   CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+  /* A child that lives on (a data loader's worker) holds none of the
+   * engine's swap files or rings: its copies would keep a file's lock and,
+   * once the parent deletes it, its space, for as long as the child lives. */
+  int ready[2];
+  if (pipe(ready) != 0) return perror("pipe"), 1;
+  const pid_t idle = fork();
+  if (idle < 0) return perror("fork"), 1;
+  if (idle == 0) {
+    if (write(ready[1], "x", 1) != 1) _exit(1); /* (fork has returned here: the fork handlers ran) */
+    pause();
+    _exit(0);
+  }
+  char x = 0;
+  CHECK(read(ready[0], &x, 1) == 1);
+  close(ready[0]);
+  close(ready[1]);
+  CHECK(held_by(idle, "strata-swap") == 0);
+  CHECK(held_by(idle, "io_uring") == 0);
+  CHECK(held_by(getpid(), "strata-swap") > 0); /* (the parent's, as a check of the check) */
+  kill(idle, SIGKILL);
+  waitpid(idle, NULL, 0);
   CHECK(swap_files(dir) == files);
   OK(strata_engine_grads(e, 0, g, STRATA_DTYPE_F32, NULL));
   OK(strata_engine_step(e, NULL, NULL));

@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -184,6 +185,37 @@ TEST(Store, UnreachableIsCommNamingTheAddress) {
   ASSERT_EQ(c.status().code(), Code::kComm);
   EXPECT_NE(c.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos);
   EXPECT_NE(c.status().message().find("no answer within 0.3 s"), std::string::npos) << c.status().ToString();
+}
+
+// A child of fork (a data loader's worker) or a program it runs keeps no
+// copy of the server's sockets: a rank's store stopped while such a child
+// lives leaves the port free for the next job (a child's listener kept it:
+// "port ... is in use"), and its clients see the connection close.
+TEST(Store, AChildOfForkKeepsNoneOfTheServersSockets) {
+  auto f = Start();
+  ASSERT_TRUE(f.client->Set("a", {1}).ok());  // a session open on the server
+  const int port = f.server->port();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    (void)!::write(ready[1], "x", 1);  // (fork has returned here: the fork handlers ran)
+    ::pause();
+    ::_exit(0);
+  }
+  char x = 0;
+  ASSERT_EQ(::read(ready[0], &x, 1), 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  f.server.reset();  // stopped while the child lives
+  auto again = StoreServer::Start("127.0.0.1", port);
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+  // The old session's peer saw its connection close, not a silent server.
+  auto gone = f.client->Get("a", 2s);
+  EXPECT_FALSE(gone.ok());
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
 }
 
 TEST(Store, PortInUseIsNamed) {
