@@ -44,22 +44,39 @@ static int held_by(pid_t pid, const char* what) {
   return n;
 }
 
+/* The private, written memory of process `pid` in MiB (-1 if unknown). */
+static long long private_mib(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/smaps_rollup", (int)pid);
+  FILE* f = fopen(path, "r");
+  if (f == NULL) return -1;
+  long long kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "Private_Dirty: %lld kB", &kib) == 1) break;
+  fclose(f);
+  return kib < 0 ? -1 : kib >> 10;
+}
+
 int main(void) {
   char dir[] = "/tmp/strata-fork-test-XXXXXX";
   if (mkdtemp(dir) == NULL) return perror("mkdtemp"), 1;
   char json[512];
   snprintf(json, sizeof json,
            "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"%s\"}},"
-           " \"strata\": {\"host_budget\": \"64MiB\", \"device_budget\": \"16MiB\"}}",
+           " \"strata\": {\"host_budget\": \"1GiB\", \"device_budget\": \"64MiB\"}}",
            dir);
   strata_engine_options_t o = STRATA_ENGINE_OPTIONS_INIT;
   o.force_no_gpu = 1;
   o.world_size = 1;
   strata_engine_t* e = NULL;
   OK(strata_engine_create(json, &o, &e));
-  float w[4096], g[4096], back[4096];
-  for (int i = 0; i < 4096; ++i) w[i] = 0.5f, g[i] = 0.25f;
-  OK(strata_engine_add_param(e, 0, "w", 4096, w, NULL));
+  enum { N = 1 << 22 };
+  float* w = malloc(N * sizeof(float));
+  float* g = malloc(N * sizeof(float));
+  float* back = malloc(N * sizeof(float));
+  if (!w || !g || !back) return perror("malloc"), 1;
+  for (int i = 0; i < N; ++i) w[i] = 0.5f, g[i] = 0.25f;
+  OK(strata_engine_add_param(e, 0, "w", N, w, NULL));
   OK(strata_engine_build(e));
   OK(strata_engine_grads(e, 0, g, STRATA_DTYPE_F32, NULL));
   OK(strata_engine_step(e, NULL, NULL));
@@ -107,6 +124,15 @@ int main(void) {
   CHECK(read(ready[0], &x, 1) == 1);
   close(ready[0]);
   close(ready[1]);
+  /* Nor a copy of its pinned host memory (io_uring's fixed buffers: the
+   * kernel copies pinned pages at fork instead of sharing them). */
+  strata_stats_t st = STRATA_STATS_INIT;
+  OK(strata_engine_stats(e, &st));
+  const long long host_mib = (long long)(st.host.used >> 20), child_mib = private_mib(idle);
+  CHECK(host_mib >= 64);
+  CHECK(child_mib >= 0 && child_mib < 16);
+  if (!(child_mib >= 0 && child_mib < 16))
+    fprintf(stderr, "the idle child's private memory: %lld MiB (the host tier's: %lld MiB)\n", child_mib, host_mib);
   CHECK(held_by(idle, "strata-swap") == 0);
   CHECK(held_by(idle, "io_uring") == 0);
   CHECK(held_by(getpid(), "strata-swap") > 0); /* (the parent's, as a check of the check) */
@@ -123,6 +149,7 @@ int main(void) {
   OK(strata_engine_destroy(e));
   CHECK(swap_files(dir) == 0);
   rmdir(dir);
+  free(w), free(g), free(back);
   if (failures) fprintf(stderr, "%d failures\n", failures);
   return failures == 0 ? 0 : 1;
 }
