@@ -1,31 +1,41 @@
 // The registry of descriptors closed in a child of fork (fork_close.h).
 #include "base/fork_close.h"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <mutex>
-#include <set>
+#include <map>
+#include <utility>
 
 namespace strata {
 namespace {
 
-std::mutex g_mu;  // held across fork (prepare to after), so the set is whole in the child
-std::set<int>* g_fds = nullptr;  // (never destroyed: a child may fork during static destruction)
+std::mutex g_mu;  // held across fork (prepare to after), so the map is whole in the child
+// fd -> the file it named when registered (device, inode): a number whose
+// file changed since (closed, and the number reused, without
+// ForgetInForkChild) is left alone.
+// (Never destroyed: a child may fork during static destruction.)
+std::map<int, std::pair<dev_t, ino_t>>* g_fds = nullptr;
 
 void Prepare() { g_mu.lock(); }
 void InParent() { g_mu.unlock(); }
 void InChild() {
   if (g_fds) {
-    for (const int fd : *g_fds) ::close(fd);
+    for (const auto& [fd, id] : *g_fds) {
+      struct stat st {};
+      if (::fstat(fd, &st) == 0 && st.st_dev == id.first && st.st_ino == id.second) ::close(fd);
+    }
     g_fds->clear();
   }
   g_mu.unlock();  // (locked by this thread in Prepare)
 }
 
-std::set<int>& Fds() {  // under g_mu
+std::map<int, std::pair<dev_t, ino_t>>& Fds() {  // under g_mu
   if (!g_fds) {
-    g_fds = new std::set<int>();
+    g_fds = new std::map<int, std::pair<dev_t, ino_t>>();
     ::pthread_atfork(Prepare, InParent, InChild);
   }
   return *g_fds;
@@ -35,8 +45,17 @@ std::set<int>& Fds() {  // under g_mu
 
 void CloseInForkChild(int fd) {
   if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return;  // (not open: nothing to close)
   std::lock_guard<std::mutex> lock(g_mu);
-  Fds().insert(fd);
+  Fds()[fd] = {st.st_dev, st.st_ino};
+}
+
+void KeepFromForkAndExec(int fd) {
+  if (fd < 0) return;
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  CloseInForkChild(fd);
 }
 
 void ForgetInForkChild(int fd) {

@@ -5,13 +5,17 @@
 // listening socket, which refuses the next job's store on that port; a
 // peer connection, which hides the parent's death from the other ranks).
 // Those registered here are closed in the child at fork (pthread_atfork),
-// before fork returns there.
+// before fork returns there: each only where its number still names the
+// file it named when registered.
 #pragma once
 
 namespace strata {
 
 // `fd` is closed in every child forked from now on, until ForgetInForkChild.
 void CloseInForkChild(int fd);
+// The same, and FD_CLOEXEC set (a program a child executes keeps none
+// either): for sockets made by libraries that set neither (asio, Gloo).
+void KeepFromForkAndExec(int fd);
 // Before `fd` is closed in this process (the number may be reused).
 void ForgetInForkChild(int fd);
 // Whether `fd` is registered (for tests).

@@ -2,6 +2,7 @@
 // through our store. Gloo reports failures by throwing; every entry point
 // here catches and returns a Status, so nothing escapes the Communicator.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <poll.h>
@@ -25,11 +26,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <cstring>
 #include <exception>
 #include <thread>
 #include <type_traits>
 
+#include "base/fork_close.h"
 #include "base/log.h"
 #include "base/sizes.h"
 #include "io/net/comm_backends.h"
@@ -203,7 +206,10 @@ class Watchdog {
       thread_.join();
     }
     if (wake_ >= 0) close(wake_);
-    if (fd_ >= 0) close(fd_);
+    if (fd_ >= 0) {
+      ForgetInForkChild(fd_);
+      close(fd_);
+    }
   }
   // Listens on `addr`; "addr:port", or "" when no socket could be made
   // (then nobody probes this rank, and it probes nobody ahead).
@@ -219,6 +225,7 @@ class Watchdog {
       fd_ = -1;
       return "";
     }
+    KeepFromForkAndExec(fd_);  // (a child's copy would answer "alive" for this rank after it died)
     return addr + ":" + std::to_string(ntohs(a.sin_port));
   }
   // Starts the thread once the peers are known.
@@ -290,18 +297,38 @@ void SumFloats(void* c, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
+// The sockets among this process's descriptors.
+std::set<int> SocketFds() {
+  std::set<int> out;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return out;
+  char link[300], target[64];
+  for (dirent* e; (e = readdir(d)) != nullptr;) {
+    if (e->d_name[0] == '.') continue;
+    std::snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+    const ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n > 7 && std::strncmp(target, "socket:", 7) == 0) out.insert(std::atoi(e->d_name));
+  }
+  closedir(d);
+  return out;
+}
+
 class GlooComm final : public Communicator {
  public:
   GlooComm(std::shared_ptr<gloo::transport::Device> dev, std::shared_ptr<gloo::rendezvous::Context> ctx,
            Millis timeout, std::unique_ptr<Watchdog> watchdog, std::vector<std::string> peers,
-           std::unique_ptr<ShmChannel> shm)
-      : dev_(std::move(dev)),
+           std::unique_ptr<ShmChannel> shm, std::vector<int> gloo_sockets)
+      : gloo_sockets_(std::move(gloo_sockets)),
+        dev_(std::move(dev)),
         ctx_(std::move(ctx)),
         timeout_(timeout),
         watchdog_(std::move(watchdog)),
         peers_(std::move(peers)),
         shm_(std::move(shm)) {
     watchdog_->Start(peers_, ctx_->rank, timeout_);
+  }
+  ~GlooComm() override {
+    for (const int fd : gloo_sockets_) ForgetInForkChild(fd);  // (closed by ctx_ and dev_, after)
   }
 
   int rank() const override { return ctx_->rank; }
@@ -463,6 +490,7 @@ class GlooComm final : public Communicator {
     if (recv ? !buf.waitRecv(left) : !buf.waitSend(left)) throw gloo::IoException("wait aborted");
   }
 
+  std::vector<int> gloo_sockets_;  // Gloo's sockets, closed in children of fork (base/fork_close.h)
   std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   Millis timeout_;
@@ -569,10 +597,19 @@ Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = local;
+    // Gloo's sockets to the peers, which Gloo makes without FD_CLOEXEC:
+    // kept from children of fork and the programs they run (a child's
+    // copy of a dead rank's connections hid its death from the others,
+    // who waited out the whole timeout). Those made during the connect
+    // (the engine makes no others meanwhile: create is one thread's).
+    const std::set<int> before = SocketFds();
     auto dev = gloo::transport::tcp::CreateDevice(attr);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(r.rank, r.world_size);
     ctx->setTimeout(timeout);
     ctx->connectFullMesh(store, dev);
+    std::vector<int> gloo_sockets;
+    for (const int fd : SocketFds())
+      if (!before.count(fd)) gloo_sockets.push_back(fd);
     std::vector<std::string> peers;
     for (int k = 0; o.store && r.world_size > 1 && k < r.world_size; ++k) {
       auto v = o.store->Get(o.prefix + "/alive/" + std::to_string(k), timeout);
@@ -581,8 +618,9 @@ Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
     }
     auto shm = ShareMemory(o, timeout);
     if (!shm.ok()) return shm.status().WithContext(where + ": sharing memory");
+    for (const int fd : gloo_sockets) KeepFromForkAndExec(fd);  // (forgotten by the comm, which closes them)
     comm = std::make_unique<GlooComm>(std::move(dev), std::move(ctx), timeout, std::move(watchdog), std::move(peers),
-                                      std::move(*shm));
+                                      std::move(*shm), std::move(gloo_sockets));
   } catch (const std::exception& e) {
     if (adapter && !adapter->first_error().ok()) return adapter->first_error().WithContext(where);
     return FromGloo(e, timeout).WithContext(where + " (listening on " + local + ", from " + why + ")");

@@ -4,7 +4,9 @@
 // together for one rank.
 #include <charconv>
 #include <thread>
+#include <utility>
 
+#include "base/fork_close.h"
 #include "io/net/asio.h"
 #include "io/net/deadline.h"
 #include "io/net/store.h"
@@ -19,6 +21,11 @@ using boost::system::error_code;
 struct StoreClient::Conn {
   asio::io_context ioc;
   tcp::socket sock{ioc};
+  int fd = -1;  // sock's once connected: kept from children of fork (base/fork_close.h)
+  ~Conn() { Forget(); }
+  void Forget() {
+    if (fd >= 0) ForgetInForkChild(std::exchange(fd, -1));
+  }
 
   // Runs queued operations until they finish (true) or `limit` passes
   // (false: the socket is closed and the aborted handlers drained).
@@ -27,6 +34,7 @@ struct StoreClient::Conn {
     ioc.run_for(limit);
     if (ioc.stopped()) return true;
     error_code ignored;
+    Forget();
     sock.close(ignored);
     ioc.restart();
     ioc.run();
@@ -50,6 +58,7 @@ error_code TryConnect(StoreClient::Conn& c, const tcp::resolver::results_type& e
   asio::async_connect(c.sock, eps, [&](const error_code& ec, const tcp::endpoint&) { result = ec; });
   if (!c.RunFor(limit)) return asio::error::timed_out;
   if (!result) c.sock.set_option(tcp::no_delay(true), result);
+  if (!result) KeepFromForkAndExec(c.fd = c.sock.native_handle());
   return result;
 }
 
@@ -80,6 +89,7 @@ Result<std::unique_ptr<StoreClient>> StoreClient::Connect(const std::string& add
       return c;
     }
     error_code ignored;
+    conn->Forget();
     conn->sock.close(ignored);  // a failed attempt leaves the socket open
     std::this_thread::sleep_for(std::min(left, Millis(100)));
   }

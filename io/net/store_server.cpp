@@ -1,7 +1,6 @@
 // The rendezvous store's server: Boost.Asio on one thread of its own. All
 // state (keys, waiters, sessions) is touched only by that thread, so it needs
 // no lock; Stop() joins the thread before touching anything.
-#include <fcntl.h>
 #include <charconv>
 #include <list>
 #include <map>
@@ -54,21 +53,11 @@ struct StoreServer::Impl {
 
 namespace {
 
-// The server's sockets: not in an exec'd program (FD_CLOEXEC; asio sets
-// none), and closed in a child of fork (base/fork_close.h): a child's copy
-// of the listener kept the port, and the next job's store was refused it.
-void KeepFromChildren(int fd) {
-  if (fd < 0) return;
-  const int flags = ::fcntl(fd, F_GETFD);
-  if (flags >= 0) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
-  CloseInForkChild(fd);
-}
-
 // One client connection: read a frame, answer it (maybe later), repeat.
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket sock, StoreServer::Impl* srv) : sock_(std::move(sock)), srv_(srv), fd_(sock_.native_handle()) {
-    KeepFromChildren(fd_);
+    KeepFromForkAndExec(fd_);  // (asio sets no FD_CLOEXEC; a child's copy hides the close from the client)
   }
   ~Session() {
     if (fd_ >= 0) ForgetInForkChild(fd_);  // (the socket closes after)
@@ -240,7 +229,9 @@ Result<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& bind_
                      " is in use on this host (another job, or a rank of an earlier run still alive); give another "
                      "MASTER_PORT, or STRATA_STORE_PORT");
   if (ec) return CommError(where + ": cannot listen: " + ec.message());
-  KeepFromChildren(impl->acceptor.native_handle());
+  // Not in a child of fork, nor a program it runs: their copy of the
+  // listener kept the port past Stop (the next job's store refused it).
+  KeepFromForkAndExec(impl->acceptor.native_handle());
   impl->Accept();
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->ioc.run(); });

@@ -1,6 +1,10 @@
 // base/: Status, byte sizes, dtype conversions, alignment.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <limits>
 #include <new>
@@ -8,6 +12,7 @@
 #include <system_error>
 
 #include "base/align.h"
+#include "base/fork_close.h"
 #include "base/dtype.h"
 #include "base/sizes.h"
 #include "base/status.h"
@@ -158,6 +163,56 @@ TEST(DType, Names) {
   EXPECT_FALSE(ParseDType("int8").ok());
   EXPECT_EQ(DTypeSize(DType::kF32), 4u);
 }
+
+
+// ---- descriptors closed in a child of fork (base/fork_close.h) ----
+
+namespace fork_close_test {
+
+// In a child of fork: 1 where `fd` is open, 0 where not (-1: fork failed).
+int OpenInChild(int fd) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) ::_exit(::fcntl(fd, F_GETFD) >= 0 ? 1 : 0);
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+TEST(ForkClose, ARegisteredDescriptorIsClosedInTheChildOnly) {
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  EXPECT_EQ(OpenInChild(p[0]), 1);
+  KeepFromForkAndExec(p[0]);
+  EXPECT_TRUE(ClosedInForkChild(p[0]));
+  EXPECT_NE(::fcntl(p[0], F_GETFD) & FD_CLOEXEC, 0);
+  EXPECT_EQ(OpenInChild(p[0]), 0);
+  EXPECT_EQ(OpenInChild(p[1]), 1) << "one not registered stays";
+  EXPECT_GE(::fcntl(p[0], F_GETFD), 0) << "the parent's stays open";
+  ForgetInForkChild(p[0]);
+  EXPECT_EQ(OpenInChild(p[0]), 1);
+  ::close(p[0]);
+  ::close(p[1]);
+}
+
+// A registered number closed and reused without ForgetInForkChild names
+// another file: the child leaves it alone (closing it would close what
+// someone else opened).
+TEST(ForkClose, ANumberReusedForAnotherFileIsLeftAlone) {
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  CloseInForkChild(p[0]);
+  const int number = p[0];
+  ::close(p[0]);
+  ::close(p[1]);
+  const int again = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_EQ(again, number) << "the lowest free number is reused";
+  EXPECT_EQ(OpenInChild(again), 1);
+  ForgetInForkChild(again);
+  ::close(again);
+}
+
+}  // namespace fork_close_test
 
 }  // namespace
 }  // namespace strata

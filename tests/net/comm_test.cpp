@@ -4,6 +4,10 @@
 #include "io/net/comm.h"
 
 #include <gtest/gtest.h>
+#include <atomic>
+#include <filesystem>
+#include <unistd.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
@@ -97,6 +101,40 @@ void OnThreads(int world, double timeout_s, const std::function<void(int, Commun
       body(r, **c);
     });
   for (auto& t : threads) t.join();
+}
+
+// A child of fork (a data loader's worker, a program run with system())
+// keeps none of the ranks' sockets: Gloo's connections, its listener, the
+// watchdog's, the store's. (Its copies hid a dead rank from the others,
+// who waited out the whole timeout, and kept a stopped store's port.)
+TEST(GlooComm, AChildOfForkKeepsNoneOfTheRanksSockets) {
+  std::atomic<int> made{0};
+  int sockets_in_child = -1;
+  OnThreads(2, 20, [&](int rank, Communicator& comm) {
+    ++made;
+    while (made < 2) std::this_thread::yield();
+    if (rank == 0) {
+      const pid_t pid = ::fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        int n = 0;
+        for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+          std::error_code ec;
+          const auto target = std::filesystem::read_symlink(e.path(), ec).string();
+          if (!ec && target.rfind("socket:", 0) == 0) ++n;
+        }
+        ::_exit(n);
+      }
+      int status = 0;
+      ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+      ASSERT_TRUE(WIFEXITED(status));
+      sockets_in_child = WEXITSTATUS(status);
+    }
+    float x = 1;
+    ASSERT_TRUE(comm.AllReduce(&x, 1).ok());  // the ranks' own connections are whole
+    EXPECT_EQ(x, 2);
+  });
+  EXPECT_EQ(sockets_in_child, 0);
 }
 
 // One rank refusing its own arguments (a null buffer) makes every rank fail
