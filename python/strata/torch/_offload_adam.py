@@ -5,10 +5,12 @@ Strata's tiers, one _GroupEngine per set of parameters stepped together.
 import copy
 import itertools
 import warnings
+import weakref
 
 import torch
 
 from .. import Error, INVALID, STATE
+from .._native import at_child_exit
 from . import _sizing
 from ._adam_options import (_check_group_options, _check_step_groups, _filled_by_arguments, _hyperparameters,
                             _joint_clips, _refuse_nonfinite, _with_grads)
@@ -236,6 +238,9 @@ class OffloadAdam(_ScalesLoss, _AdamStateDict, torch.optim.Optimizer):
         on_gpu = not self._force_no_gpu and torch.cuda.is_available()
         cfg = _sizing.lean_host_config(cfg, bucket, on_gpu=on_gpu, world_size=self._world_size)
         ge = _GroupEngine(cfg, params, bucket, self._force_no_gpu, self._rank, self._world_size, self._param_names)
+        # In a multiprocessing child, closed (its swap folder removed) at the
+        # child's exit, which skips the __del__ of what is still referenced.
+        at_child_exit(ge, _close_at_child_exit, weakref.ref(ge))
         _say_autos(self._config, ge.engine.config, "OffloadAdam", self._autos_said, _filled_by_arguments)
         return ge
 
@@ -618,6 +623,12 @@ class OffloadAdam(_ScalesLoss, _AdamStateDict, torch.optim.Optimizer):
             self.close()
         except Exception:
             pass
+
+
+def _close_at_child_exit(ref):
+    ge = ref()
+    if ge is not None:  # (None: collected, after its OffloadAdam closed it)
+        ge.close()
 
 
 def _note(message, exc):

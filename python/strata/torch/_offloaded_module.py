@@ -13,6 +13,7 @@ import weakref
 import torch
 
 from .. import Error, INVALID, STATE
+from .._native import at_child_exit
 from . import _fetch_on_use as _fou
 from . import _saved_tensors as _saved
 from ._clip import _OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _engine_max_norm, _torch_total_norm
@@ -69,8 +70,11 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         # The engine is closed and its folders removed by close(), or when
         # this is collected (a model dropped without close(): the module's
         # hooks and this form a cycle the collector frees), or at exit. Not
-        # a method of self: the finalizer must not hold it.
+        # a method of self: the finalizer must not hold it. In a
+        # multiprocessing child, at its exit too (its os._exit skips
+        # weakref.finalize's exit hook): the same finalizer, which runs once.
         self._finalizer = weakref.finalize(self, _release_engine, self.engine, self._folders, os.getpid())
+        at_child_exit(self, self._finalizer)
         originals = {}  # id(parameter) -> its tensor before offload_module: what a failure gives back
         try:
             self._offload(module, config, grad_accumulation_steps, overlap_step, originals)
@@ -552,8 +556,9 @@ def _close_when_unviewed(engine, folders):
     """close() while tensors handed out outside every forward view the
     engine's memory: the engine is freed when the last tensor viewing it
     goes (each holds the Engine object: Engine.as_tensor; its __del__
-    closes it), its folders removed then; or at exit."""
-    weakref.finalize(engine, _release_unviewed, weakref.ref(engine), folders, os.getpid())
+    closes it), its folders removed then; or at exit (a multiprocessing
+    child's too: at_child_exit)."""
+    at_child_exit(engine, weakref.finalize(engine, _release_unviewed, weakref.ref(engine), folders, os.getpid()))
 
 
 def _release_unviewed(engine_ref, folders, pid):
