@@ -308,13 +308,34 @@ Result<std::string> FirstSlurmHost(const std::string& nodelist) {
   return host;
 }
 
-Result<RankInfo> RankInfoFromEnv(const GetEnvFn& getenv) {
-  Env env(getenv);
+namespace {
+
+std::string JobOf(const Env& env) {
+  if (env.Has("STRATA_JOB_ID")) return "STRATA_JOB_ID=" + env.Get("STRATA_JOB_ID");
+  if (env.Has("SLURM_JOB_ID"))
+    return "SLURM_JOB_ID=" + env.Get("SLURM_JOB_ID") +
+           (env.Has("SLURM_STEP_ID") ? " SLURM_STEP_ID=" + env.Get("SLURM_STEP_ID") : "");
+  if (env.Has("OMPI_MCA_ess_base_jobid")) return "OMPI_MCA_ess_base_jobid=" + env.Get("OMPI_MCA_ess_base_jobid");
+  if (env.Has("TORCHELASTIC_RUN_ID") && env.Get("TORCHELASTIC_RUN_ID") != "none")
+    return "TORCHELASTIC_RUN_ID=" + env.Get("TORCHELASTIC_RUN_ID");
+  return "";
+}
+
+Result<RankInfo> RanksOf(const Env& env) {
   if (AnySet(env, kTorchrun)) return FromTorchrun(env);
   if (AnySet(env, kOpenMpi)) return FromOpenMpi(env);
   if (AnySet(env, kSlurm)) return FromSlurm(env);
   RankInfo r;
   STRATA_RETURN_IF_ERROR(ReadMaster(env, &r));
+  return r;
+}
+
+}  // namespace
+
+Result<RankInfo> RankInfoFromEnv(const GetEnvFn& getenv) {
+  Env env(getenv);
+  STRATA_ASSIGN_OR_RETURN(RankInfo r, RanksOf(env));
+  r.job = JobOf(env);
   return r;
 }
 

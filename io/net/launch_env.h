@@ -23,6 +23,12 @@ struct RankInfo {
   // overrides both.
   int store_port = 29500;
   std::string source = "none";  // "torchrun", "openmpi", "slurm" or "none"
+  // The job this rank is of, as the environment names it ("" where it does
+  // not): STRATA_JOB_ID, Slurm's SLURM_JOB_ID (and step), Open MPI's job id,
+  // torchrun's TORCHELASTIC_RUN_ID (its --rdzv-id; not its default "none").
+  // Ranks of two jobs given the same store address meet at one store: the
+  // store tells them apart by it (RendezvousStore::Open).
+  std::string job;
 
   std::string ToString() const;  // "rank 1 of 4 (local 1 of 4) via torchrun, store 127.0.0.1:29500"
 };

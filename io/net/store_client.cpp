@@ -180,6 +180,25 @@ Result<std::unique_ptr<RendezvousStore>> RendezvousStore::Open(const RankInfo& i
     STRATA_ASSIGN_OR_RETURN(s->server_, StoreServer::Start(bind, info.store_port));
   }
   STRATA_ASSIGN_OR_RETURN(s->client_, StoreClient::Connect(info.master_addr, info.store_port, timeout));
+  // Whose store this is: two jobs given the same MASTER_ADDR and port meet
+  // at the first one's store (the second's rank 0 is refused the port,
+  // named; its other ranks would join the first job's rendezvous and wait
+  // out its timeout, or take its ranks' addresses). Rank 0 says its job and
+  // world size; each other rank compares them with its own before it writes
+  // anything there.
+  const std::string mine = (info.job.empty() ? std::string("an unnamed job") : "job " + info.job) + " of " +
+                           std::to_string(info.world_size) + " ranks";
+  constexpr const char* kKey = "strata/job";
+  if (info.rank == 0) {
+    STRATA_RETURN_IF_ERROR(s->client_->Set(kKey, Bytes(mine.begin(), mine.end())));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(Bytes theirs, s->client_->Get(kKey, timeout));
+    if (std::string(theirs.begin(), theirs.end()) != mine)
+      return CommError("the store at " + info.master_addr + ":" + std::to_string(info.store_port) + " is rank 0's of " +
+                       std::string(theirs.begin(), theirs.end()) + "; this rank (" + std::to_string(info.rank) +
+                       ") is of " + mine + ": two jobs were given the same MASTER_ADDR and MASTER_PORT (or "
+                       "STRATA_STORE_PORT); give each its own");
+  }
   return s;
 }
 

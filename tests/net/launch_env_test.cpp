@@ -34,6 +34,28 @@ void ExpectError(const Result<RankInfo>& r, std::initializer_list<const char*> w
     EXPECT_NE(r.status().message().find(w), std::string::npos) << r.status().ToString();
 }
 
+// The job a rank is of, as its launcher names it: the store tells two jobs
+// at one address apart by it. torchrun's default run id ("none") names none.
+TEST(LaunchEnv, TheJobAsTheLauncherNamesIt) {
+  auto job = [](std::map<std::string, std::string> env) {
+    auto r = From(env);
+    return r.ok() ? r->job : "error: " + r.status().ToString();
+  };
+  auto t = Torchrun();
+  EXPECT_EQ(job(t), "");
+  t["TORCHELASTIC_RUN_ID"] = "none";
+  EXPECT_EQ(job(t), "");
+  t["TORCHELASTIC_RUN_ID"] = "a1b2";
+  EXPECT_EQ(job(t), "TORCHELASTIC_RUN_ID=a1b2");
+  t["SLURM_JOB_ID"] = "77";
+  t["SLURM_STEP_ID"] = "3";
+  EXPECT_EQ(job(t), "SLURM_JOB_ID=77 SLURM_STEP_ID=3");
+  t["STRATA_JOB_ID"] = "mine";
+  EXPECT_EQ(job(t), "STRATA_JOB_ID=mine") << "the user's first";
+  EXPECT_EQ(job({{"OMPI_MCA_ess_base_jobid", "123"}}), "OMPI_MCA_ess_base_jobid=123");
+  EXPECT_EQ(job({}), "");
+}
+
 TEST(LaunchEnv, NoneIsOneRank) {
   auto r = From({});
   ASSERT_TRUE(r.ok()) << r.status().ToString();

@@ -245,4 +245,39 @@ TEST(Store, RendezvousStoreOnRankZeroAndOne) {
   EXPECT_EQ((*s0)->client().Get("from1", 1s).value(), Bytes{9});
 }
 
+// Two jobs given the same store address: a rank of the second, at the
+// first's store, is refused there at once, naming both jobs, before it
+// writes anything (it joined the first job's rendezvous); so is a rank
+// whose world size is another. The same job is let in.
+TEST(Store, ARankOfAnotherJobIsRefusedAtTheStore) {
+  RankInfo r0;
+  r0.world_size = 2;
+  r0.store_port = FreePort();
+  r0.job = "SLURM_JOB_ID=100";
+  ASSERT_NE(r0.store_port, 0);
+  auto s0 = RendezvousStore::Open(r0, 5s);
+  ASSERT_TRUE(s0.ok()) << s0.status().ToString();
+  RankInfo other = r0;
+  other.rank = 1;
+  other.job = "SLURM_JOB_ID=200";
+  auto refused = RendezvousStore::Open(other, 5s);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kComm);
+  EXPECT_NE(refused.status().message().find("is rank 0's of job SLURM_JOB_ID=100 of 2 ranks; this rank (1) is of "
+                                            "job SLURM_JOB_ID=200 of 2 ranks: two jobs were given the same "
+                                            "MASTER_ADDR and MASTER_PORT"),
+            std::string::npos)
+      << refused.status().ToString();
+  RankInfo bigger = r0;
+  bigger.rank = 1;
+  bigger.world_size = 4;
+  EXPECT_FALSE(RendezvousStore::Open(bigger, 5s).ok()) << "another world size";
+  RankInfo same = r0;
+  same.rank = 1;
+  auto s1 = RendezvousStore::Open(same, 5s);
+  ASSERT_TRUE(s1.ok()) << s1.status().ToString();
+  auto keys = (*s0)->client().Get("from1", 100ms);
+  EXPECT_FALSE(keys.ok()) << "nothing written by the refused ranks";
+}
+
 }  // namespace
