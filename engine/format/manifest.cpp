@@ -121,7 +121,9 @@ Status ReadScalars(const Json& j, const Reader& r, Manifest* m) {
     if (m->state_format != "fp32" && m->state_format != "compact")
       return r.Bad("state_format", "'" + m->state_format + "' is not one of fp32, compact");
   }
-  STRATA_ASSIGN_OR_RETURN(uint64_t step, r.U64(j, "step", "manifest", INT64_MAX));
+  // (At most INT64_MAX - 1: the next step's count must be one, as set_steps
+  // refuses INT64_MAX; the step after a load of INT64_MAX overflowed.)
+  STRATA_ASSIGN_OR_RETURN(uint64_t step, r.U64(j, "step", "manifest", INT64_MAX - 1));
   m->step = static_cast<int64_t>(step);
   if (j.contains("save_seq")) {
     STRATA_ASSIGN_OR_RETURN(m->save_seq, r.U64(j, "save_seq", "manifest", UINT64_MAX));
@@ -187,7 +189,7 @@ Status ReadGroups(const Json& j, const Reader& r, Manifest* m) {
       G.frozen = e["frozen"].get<bool>();
     }
     if (e.contains("steps")) {
-      STRATA_ASSIGN_OR_RETURN(uint64_t steps, r.U64(e, "steps", where, INT64_MAX));
+      STRATA_ASSIGN_OR_RETURN(uint64_t steps, r.U64(e, "steps", where, INT64_MAX - 1));
       G.steps = static_cast<int64_t>(steps);
     }
     STRATA_ASSIGN_OR_RETURN(const Json* tj, r.Array(e, "tensors", where, G.numel));

@@ -436,6 +436,9 @@ TEST_P(CorruptCheckpoint, ImpossibleFieldsAreRefused) {
   const std::vector<Case> cases = {
       {"loss_scaler.scale", [](nlohmann::json& m) { m["loss_scaler"]["scale"] = 0.0; }},
       {"step", [](nlohmann::json& m) { m["step"] = -4; }},
+      // (the next step's count would overflow int64)
+      {"step", [](nlohmann::json& m) { m["step"] = uint64_t{9223372036854775807u}; }},
+      {"steps", [](nlohmann::json& m) { m["groups"][0]["steps"] = uint64_t{9223372036854775807u}; }},
       {"blocks", [](nlohmann::json& m) { m["files"][0]["blocks"][0]["offset"] = m["files"][0]["bytes"].get<uint64_t>(); }},
       {"blocks", [](nlohmann::json& m) { m["files"][0]["blocks"][1]["offset"] = m["files"][0]["blocks"][0]["offset"]; }},
       {"shard_numel", [](nlohmann::json& m) { m["groups"][1]["shard_numel"] = 8; }},
