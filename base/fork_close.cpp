@@ -28,7 +28,8 @@ void InChild() {
       struct stat st {};
       if (::fstat(fd, &st) == 0 && st.st_dev == id.first && st.st_ino == id.second) ::close(fd);
     }
-    g_fds->clear();
+    // (Not cleared here: no allocator call in a fork handler. The child's
+    // later registrations overwrite, and the file check covers the rest.)
   }
   g_mu.unlock();  // (locked by this thread in Prepare)
 }
@@ -59,8 +60,15 @@ void KeepFromForkAndExec(int fd) {
 }
 
 void ForgetInForkChild(int fd) {
+  // Only its own entry: where the number was closed by another (a library
+  // closing its socket on an error) and reused, the new file's stays.
+  struct stat st {};
+  const bool open = ::fstat(fd, &st) == 0;
   std::lock_guard<std::mutex> lock(g_mu);
-  if (g_fds) g_fds->erase(fd);
+  if (!g_fds) return;
+  auto it = g_fds->find(fd);
+  if (it != g_fds->end() && (!open || (it->second.first == st.st_dev && it->second.second == st.st_ino)))
+    g_fds->erase(it);
 }
 
 bool ClosedInForkChild(int fd) {

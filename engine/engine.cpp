@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -20,6 +21,7 @@
 #include "io/net/launch_env.h"
 
 #include "base/align.h"
+#include "base/cgroup.h"
 #include "base/log.h"
 #include "base/sizes.h"
 #include "engine/layout/staging_plan.h"
@@ -73,23 +75,40 @@ Result<uint32_t> Engine::Impl::CountRanksOnHost(const std::string& memory_key) {
 
 Status Engine::Impl::CountCpuSharers() {
   if (!lay_.multi) return Status::Ok();
+  // The host (its boot id), and the process on it (pid and pid namespace:
+  // containers' pid 1s differ).
+  std::string boot, pidns;
+  ReadFirstLine("/proc/sys/kernel/random/boot_id", &boot);
+  struct stat ns {};
+  if (::stat("/proc/self/ns/pid", &ns) == 0) pidns = std::to_string(ns.st_dev) + ":" + std::to_string(ns.st_ino);
+  const std::string process = std::to_string(::getpid()) + "@" + pidns;
   // The CPUs: the NUMA node the process is about to be bound to, else its
   // affinity mask (ranks a launcher bound to CPUs of their own share none).
   const NumaChoice numa =
       ChooseNumaNode(config_.strata.numa_bind, placement_.device, placement_.gpu_node, NumaNodeCount());
+  // The CPU limit: the cgroup that sets it (containers each with their own
+  // --cpus share none), or none.
+  std::string limit_dir;
+  std::string limit_key = "none";
+  if (CgroupCpuLimit(ProcSelfCgroup(), "/sys/fs/cgroup", &limit_dir) > 0) {
+    struct stat st {};
+    limit_key = ::stat(limit_dir.c_str(), &st) == 0 ? std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino)
+                                                    : limit_dir;
+  }
   struct Mine {
-    uint64_t memory, pid, cpus;
-  } mine{XXH3_64bits(machine_.memory_key.data(), machine_.memory_key.size()), static_cast<uint64_t>(::getpid()),
-         numa.node >= 0 ? ~static_cast<uint64_t>(numa.node) : kernels::AffinityMaskKey()};
+    uint64_t host, process, cpus, limit;
+  } mine{XXH3_64bits(boot.data(), boot.size()), XXH3_64bits(process.data(), process.size()),
+         numa.node >= 0 ? ~static_cast<uint64_t>(numa.node) : kernels::AffinityMaskKey(),
+         XXH3_64bits(limit_key.data(), limit_key.size())};
   std::vector<Mine> all(static_cast<size_t>(comm_->world_size()));
   comm_->SetLabel("CPU sharers");
   STRATA_RETURN_IF_ERROR(comm_->AllGather(&mine, all.data(), sizeof mine)
                              .WithContext("create: which processes share this host's CPUs"));
   std::set<uint64_t> on_limit, on_cpus;
   for (const Mine& m : all) {
-    if (m.memory != mine.memory) continue;
-    on_limit.insert(m.pid);
-    if (m.cpus == mine.cpus) on_cpus.insert(m.pid);
+    if (m.host != mine.host) continue;
+    if (m.limit == mine.limit) on_limit.insert(m.process);
+    if (m.cpus == mine.cpus) on_cpus.insert(m.process);
   }
   cpu_mask_sharers_ = static_cast<int>(on_cpus.size());
   cpu_limit_sharers_ = static_cast<int>(on_limit.size());

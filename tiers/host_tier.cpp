@@ -125,12 +125,6 @@ Result<Allocation> HostTier::Allocate(uint64_t bytes) {
   Bind(p, len);
   Lock(p, len, &m);
   if (options_.storage) options_.storage->RegisterBuffer(p, len);
-  // Pinned pages (an io_uring fixed buffer, cudaHostRegister) are copied
-  // into a child of fork at once, not shared until written: every data
-  // loader worker forked took a copy of them (1.8 GiB a worker for 64M
-  // parameters on NVMe). A child cannot use the engine (the C API refuses
-  // it there): it gets no mapping, and a read of one faults, never a copy.
-  if (options_.storage || m.cuda_registered) (void)::madvise(p, len, MADV_DONTFORK);  // advisory: a copy if refused
   {
     std::lock_guard<std::mutex> lock(mu_);
     maps_[p] = m;

@@ -19,6 +19,7 @@
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@
 #include <exception>
 #include <thread>
 #include <type_traits>
+#include <utility>
 
 #include "base/fork_close.h"
 #include "base/log.h"
@@ -297,6 +299,25 @@ void SumFloats(void* c, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
+// Whether `fd` is a TCP socket whose local address is `local` (Gloo's: it
+// binds every pair to the device's address), not another thread's socket
+// made meanwhile (a socketpair, a client elsewhere).
+bool GlooSocket(int fd, const std::string& local) {
+  sockaddr_storage a{};
+  socklen_t len = sizeof a;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) return false;
+  char host[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET)
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr, host, sizeof host);
+  else if (a.ss_family == AF_INET6)
+    inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr, host, sizeof host);
+  else
+    return false;
+  int type = 0;
+  socklen_t tlen = sizeof type;
+  return getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) == 0 && type == SOCK_STREAM && local == host;
+}
+
 // The sockets among this process's descriptors.
 std::set<int> SocketFds() {
   std::set<int> out;
@@ -317,7 +338,7 @@ class GlooComm final : public Communicator {
  public:
   GlooComm(std::shared_ptr<gloo::transport::Device> dev, std::shared_ptr<gloo::rendezvous::Context> ctx,
            Millis timeout, std::unique_ptr<Watchdog> watchdog, std::vector<std::string> peers,
-           std::unique_ptr<ShmChannel> shm, std::vector<int> gloo_sockets)
+           std::unique_ptr<ShmChannel> shm, std::vector<std::pair<int, ino_t>> gloo_sockets)
       : gloo_sockets_(std::move(gloo_sockets)),
         dev_(std::move(dev)),
         ctx_(std::move(ctx)),
@@ -328,7 +349,13 @@ class GlooComm final : public Communicator {
     watchdog_->Start(peers_, ctx_->rank, timeout_);
   }
   ~GlooComm() override {
-    for (const int fd : gloo_sockets_) ForgetInForkChild(fd);  // (closed by ctx_ and dev_, after)
+    // (Closed by ctx_ and dev_, after.) Only the numbers that still name
+    // the socket registered: a pair closes its own on an error, and the
+    // number may be another's registered file since.
+    for (const auto& [fd, ino] : gloo_sockets_) {
+      struct stat st {};
+      if (fstat(fd, &st) == 0 && st.st_ino == ino) ForgetInForkChild(fd);
+    }
   }
 
   int rank() const override { return ctx_->rank; }
@@ -490,7 +517,8 @@ class GlooComm final : public Communicator {
     if (recv ? !buf.waitRecv(left) : !buf.waitSend(left)) throw gloo::IoException("wait aborted");
   }
 
-  std::vector<int> gloo_sockets_;  // Gloo's sockets, closed in children of fork (base/fork_close.h)
+  // Gloo's sockets (and their inodes), closed in children of fork (base/fork_close.h).
+  std::vector<std::pair<int, ino_t>> gloo_sockets_;
   std::shared_ptr<gloo::transport::Device> dev_;
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   Millis timeout_;
@@ -607,9 +635,11 @@ Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
     auto ctx = std::make_shared<gloo::rendezvous::Context>(r.rank, r.world_size);
     ctx->setTimeout(timeout);
     ctx->connectFullMesh(store, dev);
-    std::vector<int> gloo_sockets;
-    for (const int fd : SocketFds())
-      if (!before.count(fd)) gloo_sockets.push_back(fd);
+    std::vector<std::pair<int, ino_t>> gloo_sockets;
+    for (const int fd : SocketFds()) {
+      struct stat st {};
+      if (!before.count(fd) && GlooSocket(fd, local) && fstat(fd, &st) == 0) gloo_sockets.emplace_back(fd, st.st_ino);
+    }
     std::vector<std::string> peers;
     for (int k = 0; o.store && r.world_size > 1 && k < r.world_size; ++k) {
       auto v = o.store->Get(o.prefix + "/alive/" + std::to_string(k), timeout);
@@ -618,7 +648,7 @@ Result<std::unique_ptr<Communicator>> MakeGlooComm(const CommOptions& o) {
     }
     auto shm = ShareMemory(o, timeout);
     if (!shm.ok()) return shm.status().WithContext(where + ": sharing memory");
-    for (const int fd : gloo_sockets) KeepFromForkAndExec(fd);  // (forgotten by the comm, which closes them)
+    for (const auto& [fd, ino] : gloo_sockets) KeepFromForkAndExec(fd);  // (forgotten by the comm, which closes them)
     comm = std::make_unique<GlooComm>(std::move(dev), std::move(ctx), timeout, std::move(watchdog), std::move(peers),
                                       std::move(*shm), std::move(gloo_sockets));
   } catch (const std::exception& e) {

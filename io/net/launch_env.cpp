@@ -310,13 +310,17 @@ Result<std::string> FirstSlurmHost(const std::string& nodelist) {
 
 namespace {
 
-std::string JobOf(const Env& env) {
+// As the launcher that gave the ranks names it (mpirun inside an sbatch
+// gives its ranks on other nodes another SLURM_STEP_ID than its own: the
+// launcher's own id, not the first variable found, is the job's).
+std::string JobOf(const Env& env, const std::string& source) {
   if (env.Has("STRATA_JOB_ID")) return "STRATA_JOB_ID=" + env.Get("STRATA_JOB_ID");
-  if (env.Has("SLURM_JOB_ID"))
+  if (source == "slurm" && env.Has("SLURM_JOB_ID"))
     return "SLURM_JOB_ID=" + env.Get("SLURM_JOB_ID") +
            (env.Has("SLURM_STEP_ID") ? " SLURM_STEP_ID=" + env.Get("SLURM_STEP_ID") : "");
-  if (env.Has("OMPI_MCA_ess_base_jobid")) return "OMPI_MCA_ess_base_jobid=" + env.Get("OMPI_MCA_ess_base_jobid");
-  if (env.Has("TORCHELASTIC_RUN_ID") && env.Get("TORCHELASTIC_RUN_ID") != "none")
+  if (source == "openmpi" && env.Has("OMPI_MCA_ess_base_jobid"))
+    return "OMPI_MCA_ess_base_jobid=" + env.Get("OMPI_MCA_ess_base_jobid");
+  if (source == "torchrun" && env.Has("TORCHELASTIC_RUN_ID") && env.Get("TORCHELASTIC_RUN_ID") != "none")
     return "TORCHELASTIC_RUN_ID=" + env.Get("TORCHELASTIC_RUN_ID");
   return "";
 }
@@ -335,7 +339,7 @@ Result<RankInfo> RanksOf(const Env& env) {
 Result<RankInfo> RankInfoFromEnv(const GetEnvFn& getenv) {
   Env env(getenv);
   STRATA_ASSIGN_OR_RETURN(RankInfo r, RanksOf(env));
-  r.job = JobOf(env);
+  r.job = JobOf(env, r.source);
   return r;
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "base/cgroup.h"
@@ -64,8 +65,11 @@ void BeforeFork() { g_arena_mu.lock(); }
 void AfterForkInParent() { g_arena_mu.unlock(); }
 void AfterForkInChild() {
   if (g_arena) {
-    // Never destroyed here (its destructor would wait for the parent's threads).
-    new std::shared_ptr<tbb::task_arena>(std::move(g_arena));
+    // Never destroyed here (its destructor would wait for the parent's
+    // threads), and no allocator call in a fork handler: moved into static
+    // storage that is never destructed.
+    alignas(std::shared_ptr<tbb::task_arena>) static unsigned char kept[sizeof(std::shared_ptr<tbb::task_arena>)];
+    new (kept) std::shared_ptr<tbb::task_arena>(std::move(g_arena));
     g_forked = true;
   }
   g_arena_mu.unlock();  // (locked by this thread in BeforeFork)

@@ -44,19 +44,6 @@ static int held_by(pid_t pid, const char* what) {
   return n;
 }
 
-/* The private, written memory of process `pid` in MiB (-1 if unknown). */
-static long long private_mib(pid_t pid) {
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%d/smaps_rollup", (int)pid);
-  FILE* f = fopen(path, "r");
-  if (f == NULL) return -1;
-  long long kib = -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "Private_Dirty: %lld kB", &kib) == 1) break;
-  fclose(f);
-  return kib < 0 ? -1 : kib >> 10;
-}
-
 int main(void) {
   char dir[] = "/tmp/strata-fork-test-XXXXXX";
   if (mkdtemp(dir) == NULL) return perror("mkdtemp"), 1;
@@ -116,6 +103,7 @@ int main(void) {
   const pid_t idle = fork();
   if (idle < 0) return perror("fork"), 1;
   if (idle == 0) {
+    alarm(60); /* (gone even if the parent fails before its kill) */
     if (write(ready[1], "x", 1) != 1) _exit(1); /* (fork has returned here: the fork handlers ran) */
     pause();
     _exit(0);
@@ -124,15 +112,6 @@ int main(void) {
   CHECK(read(ready[0], &x, 1) == 1);
   close(ready[0]);
   close(ready[1]);
-  /* Nor a copy of its pinned host memory (io_uring's fixed buffers: the
-   * kernel copies pinned pages at fork instead of sharing them). */
-  strata_stats_t st = STRATA_STATS_INIT;
-  OK(strata_engine_stats(e, &st));
-  const long long host_mib = (long long)(st.host.used >> 20), child_mib = private_mib(idle);
-  CHECK(host_mib >= 64);
-  CHECK(child_mib >= 0 && child_mib < 16);
-  if (!(child_mib >= 0 && child_mib < 16))
-    fprintf(stderr, "the idle child's private memory: %lld MiB (the host tier's: %lld MiB)\n", child_mib, host_mib);
   CHECK(held_by(idle, "strata-swap") == 0);
   CHECK(held_by(idle, "io_uring") == 0);
   CHECK(held_by(getpid(), "strata-swap") > 0); /* (the parent's, as a check of the check) */

@@ -4,6 +4,8 @@
 #include "io/net/comm.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include "base/fork_close.h"
 #include <atomic>
 #include <filesystem>
 #include <unistd.h>
@@ -135,6 +137,35 @@ TEST(GlooComm, AChildOfForkKeepsNoneOfTheRanksSockets) {
     EXPECT_EQ(x, 2);
   });
   EXPECT_EQ(sockets_in_child, 0);
+}
+
+// Sockets another thread makes while the ranks connect (a socketpair of a
+// multiprocessing.Pipe, a client elsewhere) are not taken for Gloo's: they
+// stay open in children of fork, and keep no FD_CLOEXEC they did not ask for.
+TEST(GlooComm, OtherThreadsSocketsMadeMeanwhileAreNotTakenForGloos) {
+  std::atomic<bool> done{false};
+  std::vector<int> theirs;
+  std::thread app([&] {
+    while (!done) {
+      int sv[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0) theirs.insert(theirs.end(), {sv[0], sv[1]});
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  OnThreads(2, 20, [&](int, Communicator& comm) {
+    float x = 1;
+    ASSERT_TRUE(comm.AllReduce(&x, 1).ok());
+    done = true;
+  });
+  done = true;
+  app.join();
+  ASSERT_FALSE(theirs.empty());
+  int taken = 0;
+  for (const int fd : theirs) {
+    taken += ClosedInForkChild(fd) ? 1 : 0;
+    ::close(fd);
+  }
+  EXPECT_EQ(taken, 0) << "of " << theirs.size() << " sockets of another thread";
 }
 
 // One rank refusing its own arguments (a null buffer) makes every rank fail

@@ -49,10 +49,19 @@ TEST(LaunchEnv, TheJobAsTheLauncherNamesIt) {
   EXPECT_EQ(job(t), "TORCHELASTIC_RUN_ID=a1b2");
   t["SLURM_JOB_ID"] = "77";
   t["SLURM_STEP_ID"] = "3";
-  EXPECT_EQ(job(t), "SLURM_JOB_ID=77 SLURM_STEP_ID=3");
+  EXPECT_EQ(job(t), "TORCHELASTIC_RUN_ID=a1b2") << "the launcher that gave the ranks names the job (torchrun in an sbatch)";
   t["STRATA_JOB_ID"] = "mine";
   EXPECT_EQ(job(t), "STRATA_JOB_ID=mine") << "the user's first";
-  EXPECT_EQ(job({{"OMPI_MCA_ess_base_jobid", "123"}}), "OMPI_MCA_ess_base_jobid=123");
+  // mpirun inside an sbatch: its ranks on other nodes see another
+  // SLURM_STEP_ID (orted started by srun); Open MPI's job id is the job's.
+  std::map<std::string, std::string> mpi = {{"OMPI_COMM_WORLD_RANK", "1"},       {"OMPI_COMM_WORLD_SIZE", "2"},
+                                            {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"},
+                                            {"MASTER_ADDR", "10.0.0.5"},         {"MASTER_PORT", "29600"},
+                                            {"OMPI_MCA_ess_base_jobid", "123"},  {"SLURM_JOB_ID", "900"},
+                                            {"SLURM_STEP_ID", "0"}};
+  EXPECT_EQ(job(mpi), "OMPI_MCA_ess_base_jobid=123");
+  mpi.erase("SLURM_STEP_ID");
+  EXPECT_EQ(job(mpi), "OMPI_MCA_ess_base_jobid=123");
   EXPECT_EQ(job({}), "");
 }
 

@@ -200,6 +200,7 @@ TEST(Store, AChildOfForkKeepsNoneOfTheServersSockets) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
+    ::alarm(60);  // (gone even if the parent fails before its kill)
     (void)!::write(ready[1], "x", 1);  // (fork has returned here: the fork handlers ran)
     ::pause();
     ::_exit(0);
