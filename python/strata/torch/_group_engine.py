@@ -7,7 +7,7 @@ names of the parameters OffloadAdam is given.
 import torch
 
 from .. import Error, INVALID
-from . import _sizing
+from . import _signals, _sizing
 from ._config import _current_stream, _new_engine, _remove_swap_folders, _swap_folders, _torch_dtype
 from ._loss_scale import _unscale_factor
 
@@ -78,15 +78,17 @@ class _GroupEngine:
         try:
             self.engine = _new_engine(cfg, rank, world_size, force_no_gpu=force_no_gpu)
         except BaseException:
-            _remove_swap_folders(self.folders)
-            raise
+            with _signals.deferred():  # (a second Ctrl-C waits until the undo is done: _signals)
+                _remove_swap_folders(self.folders)
+                raise
         # Anything that raises once the engine exists (a refusal, a failed
         # build, Ctrl-C) closes it and removes its folders, then propagates.
         try:
             self._register(bucket_numel, world_size, names)
         except BaseException:
-            self.close()
-            raise
+            with _signals.deferred():
+                self.close()
+                raise
 
     def _register(self, bucket_numel, world_size, names):
         """The parameters into the engine's groups, built; with several
@@ -188,8 +190,9 @@ class _GroupEngine:
         try:
             self._hand_buckets(negate, scale, coef, poison)
         except BaseException:
-            self.drop_handed()
-            raise
+            with _signals.deferred():  # (a second Ctrl-C waits until they are dropped)
+                self.drop_handed()
+                raise
 
     def _hand_buckets(self, negate, scale, coef, poison):
         for g, entries in self.buckets:
@@ -235,7 +238,9 @@ class _GroupEngine:
         seen = self._seen
         for g, entries in self.buckets:
             stream = _current_stream(self.device)
-            buf = self.engine.fetch_tensor(g, stream=stream)  # (released by fetch_tensor itself if it raises)
+            # (Released where it raises, also where a second Ctrl-C cuts
+            # Engine's own undo short: _signals.fetch.)
+            buf = _signals.fetch(self.engine, g, stream, tensor=True)
             # Released whatever raises from here (Ctrl-C among the copies):
             # a group left fetched fails every later step ("group N is
             # fetched and not released").
@@ -253,7 +258,7 @@ class _GroupEngine:
                             p.copy_(pending.pop(i).view(p.shape))
                     seen[i] = (p._version, p.data_ptr())  # (our copy moved it: not a write)
             finally:
-                self.engine._release_held(g, stream=stream)
+                _signals.release_held(self.engine, g, stream)
 
     def _per_param(self, reads):
         """Per parameter, shaped like it: {key: values} from `reads(group)`,

@@ -10,6 +10,7 @@ import torch
 
 from .. import Error, INVALID, STATE
 from . import _fetch_on_use as _fou
+from . import _signals
 from ._config import _current_stream
 from . import _activations as _acts
 from ._module_group import _SavedView
@@ -62,8 +63,9 @@ class _ModuleHooks:
                 self._hold(scope, g)
                 self.fetch(g)
         except BaseException:
-            self._after_forward(None)  # a fetch refused: the scope ends with the forward that will not run
-            raise
+            with _signals.deferred():  # (a second Ctrl-C waits until the scope is ended: _signals)
+                self._after_forward(None)  # a fetch refused: the scope ends with the forward that will not run
+                raise
 
     def foreign_hooks_entered(self):
         """_saved_tensors: saved-tensor hooks other than ours were entered
@@ -110,8 +112,9 @@ class _ModuleHooks:
                 raise Error(INVALID, f"{what}: a forward is running (the model's {type(scope.module).__name__}); "
                             f"call {what} outside the model's forward: not from the forward itself or one of its "
                             "hooks, nor while another thread runs one")
-        while self._scopes:
-            self._after_forward(None)
+        with _signals.deferred():  # (a Ctrl-C waits until they are ended: _signals)
+            while self._scopes:
+                self._after_forward(None)
 
     def _hold(self, scope, g):
         if g.index not in scope.held:
@@ -147,7 +150,9 @@ class _ModuleHooks:
         self._overlap.before_fetch(g)
         stream = _current_stream(self.device.type)
         try:
-            address = self.engine.fetch(g.index, stream=stream)  # (undone by Engine.fetch if it raises)
+            # (Undone by Engine.fetch if it raises; again where a second
+            # Ctrl-C cuts that undo short: _signals.fetch.)
+            address = _signals.fetch(self.engine, g.index, stream)
         except Error as e:
             raise self._overlap.explain(e, g, "fetched") from None
         # From here the group is fetched: anything that raises before it is
@@ -173,12 +178,13 @@ class _ModuleHooks:
                         p.data = v
                 self._fetched[g.index] = (flat, address, address + flat.numel() * flat.element_size())
         except BaseException:
-            with _fou.quiet():
-                for p in g.params:
-                    p.data = g.placeholders[p]
-            self._fetched.pop(g.index, None)
-            self.engine._release_held(g.index, stream=stream)
-            raise
+            with _signals.deferred():  # (a second Ctrl-C waits until the fetch is undone: _signals)
+                with _fou.quiet():
+                    for p in g.params:
+                        p.data = g.placeholders[p]
+                self._fetched.pop(g.index, None)
+                self.engine._release_held(g.index, stream=stream)
+                raise
 
     def release(self, g):
         """Releases g unless something still holds it: a running forward, a
@@ -193,8 +199,10 @@ class _ModuleHooks:
         # between: the record went first before, and a Ctrl-C delivered at
         # the release's start left the group fetched with nothing recording
         # it (every later step: STATE "group N is fetched and not released").
+        # (release_held releases again where a second Ctrl-C cuts short
+        # Engine's own second try.)
         try:
-            self.engine._release_held(idx, stream=_current_stream(self.device.type))
+            _signals.release_held(self.engine, idx, _current_stream(self.device.type))
         finally:
             del self._fetched[idx]
 

@@ -11,7 +11,7 @@ import torch
 
 from .. import Error, INVALID, STATE
 from .._native import at_child_exit
-from . import _sizing
+from . import _signals, _sizing
 from ._adam_options import (_check_group_options, _check_step_groups, _filled_by_arguments, _hyperparameters,
                             _joint_clips, _refuse_nonfinite, _with_grads)
 from ._clip import (_OWNERS, _check_clip_args, _clip_result, _engine_max_norm, _torch_clip_grad_norm,
@@ -216,8 +216,9 @@ class OffloadAdam(_ScalesLoss, _AdamStateDict, torch.optim.Optimizer):
         try:
             return self._new_engine_in(cfg, group, params)
         except BaseException:
-            _remove_swap_folders(_swap_folders(cfg))  # (_GroupEngine removes them itself where it fails)
-            raise
+            with _signals.deferred():  # (a second Ctrl-C waits until the undo is done: _signals)
+                _remove_swap_folders(_swap_folders(cfg))  # (_GroupEngine removes them itself where it fails)
+                raise
 
     def _new_engine_in(self, cfg, group, params):
         """_new_engine's engine, its swap folders made (cfg names them)."""
@@ -341,9 +342,10 @@ class OffloadAdam(_ScalesLoss, _AdamStateDict, torch.optim.Optimizer):
                 made.append(self._new_engine(index, new))
                 stepping.append(made[-1])
         except BaseException:
-            for part in made:
-                part.close()
-            raise
+            with _signals.deferred():
+                for part in made:
+                    part.close()
+                raise
         # The new cohorts first, then the old engines closed: an interrupt
         # while one is closed (its threads joined, its swap folder removed)
         # left the cohorts holding closed engines (every later call: STATE).
@@ -441,15 +443,17 @@ class OffloadAdam(_ScalesLoss, _AdamStateDict, torch.optim.Optimizer):
         try:
             self._step_engines(*prepared, results)
         except BaseException as e:
-            if not results:
-                self._stepping, self._clip_next, self._clip_coef = prepared
-            else:  # (the engines that stepped did: the loss scale counts their step)
-                try:
-                    self._after_engines(results)
-                except Exception as late:  # (the exception being handled is the one that goes on)
-                    _note(f"OffloadAdam.step: ending the step after {type(e).__name__}: {late}", e)
-            raise
-        self._after_engines(results)
+            with _signals.deferred():  # (a second Ctrl-C waits until the step is put back or ended: _signals)
+                if not results:
+                    self._stepping, self._clip_next, self._clip_coef = prepared
+                else:  # (the engines that stepped did: the loss scale counts their step)
+                    try:
+                        self._after_engines(results)
+                    except Exception as late:  # (the exception being handled is the one that goes on)
+                        _note(f"OffloadAdam.step: ending the step after {type(e).__name__}: {late}", e)
+                raise
+        with _signals.deferred():  # (a Ctrl-C in the step's end waits until it is done)
+            self._after_engines(results)
         return loss
 
     def _step_engines(self, agreed, clip_next, coef, results):
@@ -488,34 +492,30 @@ class OffloadAdam(_ScalesLoss, _AdamStateDict, torch.optim.Optimizer):
                 # engine runs as a skipped step) must not read as a step.
                 counts = _step_marks(ge.engine)
             except BaseException as e:
-                self._drop_from(stepping, k, e)
-                raise
+                with _signals.deferred():  # (a second Ctrl-C waits until the undo is done: _signals)
+                    self._drop_from(stepping, k, e)
+                    raise
             try:
                 result = ge.engine.step(lr=group["lr"], betas=group["betas"], eps=group["eps"],
                                         weight_decay=group["weight_decay"], max_grad_norm=clip)
-            except Error as e:
-                # The engine refused the step or it failed (strata.nonfinite
-                # "error", a failed step left pending: IO, NOSPACE, a lost
-                # peer): as ever, nothing is recorded as stepped. (The
-                # engine's step counters move on such a step too: they
-                # cannot tell a failure from a step.)
-                self._drop_from(stepping, k, e)
-                raise
             except BaseException as e:
-                # Not the engine's error: a Ctrl-C, delivered as the native
-                # step returned (it stepped: its counters moved) or before
-                # it ran (they did not).
-                skipped = _skipped_since(ge.engine, counts)
-                if skipped is None:  # the engine did not step
-                    self._drop_from(stepping, k, e)
+                # The engine's Error (it refused the step, strata.nonfinite "error", or the
+                # step failed and is left pending: IO, NOSPACE, a lost peer): nothing is recorded
+                # as stepped (its counters move on such a step too). Another (a Ctrl-C): as the
+                # native step returned (it stepped: its counters moved) or before it ran.
+                with _signals.deferred():
+                    skipped = None if isinstance(e, Error) else _skipped_since(ge.engine, counts)
+                    if skipped is None:  # the engine did not step
+                        self._drop_from(stepping, k, e)
+                    else:  # (its norm was lost with the call)
+                        self._finish_stepped(stepping, k, results, (float("nan"), skipped), e)
                     raise
-                self._finish_stepped(stepping, k, results, (float("nan"), skipped), e)  # (its norm was lost with the call)
-                raise
             try:
                 self._engine_stepped(ge)
             except BaseException as e:
-                self._finish_stepped(stepping, k, results, result, e)
-                raise
+                with _signals.deferred():
+                    self._finish_stepped(stepping, k, results, result, e)
+                    raise
             results.append(result)
 
     def _drop_from(self, stepping, k, e):

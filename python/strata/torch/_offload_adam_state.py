@@ -7,6 +7,7 @@ Optimizer's).
 import torch
 
 from .. import Error, NOMEM, NOSPACE
+from . import _signals
 from ._adam_options import _check_group_options
 from ._group_engine import _check_saved_shapes, _close_all
 from ._loss_scale import _Scaler
@@ -71,8 +72,9 @@ class _AdamStateDict:
             cohorts = self._build_cohorts()
         except Error as e:
             if e.status not in (NOSPACE, NOMEM) or not self._engines:
-                self._undo_load(old_state, old_groups, overwritten)
-                raise
+                with _signals.deferred():
+                    self._undo_load(old_state, old_groups, overwritten)
+                    raise
             # No room for both sets (every rank agreed: building is
             # collective): the old engines go first, the loaded state is
             # in hand; if the build still fails the optimizer is broken
@@ -87,8 +89,9 @@ class _AdamStateDict:
                 raise Error(again.status, f"OffloadAdam.load_state_dict: {self._broken}; load_state_dict again "
                             "once there is room") from None
         except BaseException:
-            self._undo_load(old_state, old_groups, overwritten)
-            raise
+            with _signals.deferred():  # (a second Ctrl-C waits until the undo is done: _signals)
+                self._undo_load(old_state, old_groups, overwritten)
+                raise
         # The loaded state in place first, then the old engines closed: an
         # interrupt while one is closed left the cohorts holding closed
         # engines and the loaded ones dropped.
@@ -124,9 +127,10 @@ class _AdamStateDict:
                         overwritten.append((p, p.detach().clone()))
                         p.copy_(master.to(p.dtype))
         except BaseException:
-            for p, value in overwritten:
-                p.copy_(value)
-            raise
+            with _signals.deferred():
+                for p, value in overwritten:
+                    p.copy_(value)
+                raise
         return overwritten
 
     def _build_cohorts(self):
@@ -150,7 +154,8 @@ class _AdamStateDict:
                     ge.engine.steps = steps
                     cohorts[-1].append(ge)
         except BaseException:
-            for ge in built:
-                ge.close()
-            raise
+            with _signals.deferred():
+                for ge in built:
+                    ge.close()
+                raise
         return cohorts

@@ -14,8 +14,7 @@ import torch
 
 from .. import Error, INVALID, STATE
 from .._native import at_child_exit
-from . import _fetch_on_use as _fou
-from . import _saved_tensors as _saved
+from . import _fetch_on_use as _fou, _saved_tensors as _saved, _signals
 from ._clip import _OWNERS, _check_clip_args, _clip_result, _engine_clip_for, _engine_max_norm, _torch_total_norm
 from ._config import (_TORCH2, _current_stream, _engine_device, _engine_tag, _new_engine, _remove_swap_folders,
                       _resolve_ranks, _say_autos, _separate_swap_folders, _swap_folders, _torch_dtype)
@@ -65,8 +64,9 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
                                       grad_accumulation_steps=grad_accumulation_steps, skip_groups_without_grads=True,
                                       overlap_step=overlap_step is not False)
         except BaseException:
-            _remove_swap_folders(self._folders)
-            raise
+            with _signals.deferred():  # (a second Ctrl-C waits until the undo is done: _signals)
+                _remove_swap_folders(self._folders)
+                raise
         # The engine is closed and its folders removed by close(), or when
         # this is collected (a model dropped without close(): the module's
         # hooks and this form a cycle the collector frees), or at exit. Not
@@ -81,8 +81,9 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         except BaseException:
             # A refusal (_check_module, 64 aliases), a failed build, Ctrl-C:
             # the model as it was, the engine closed, its folders removed.
-            self._teardown(originals)
-            raise
+            with _signals.deferred():
+                self._teardown(originals)
+                raise
 
     def _offload(self, module, config, grad_accumulation_steps, overlap_step, originals):
         """The groups, the hooks and the optimizer over the engine (see
@@ -258,37 +259,35 @@ class OffloadedModule(_ScalesLoss, _ModuleHooks, _ModuleStateDict):
         # the scaled-loss check) is reset once the engine's step is over,
         # not before: a raise before it steps (Ctrl-C in the Python on the
         # way) leaves it as it was, so that zero_grad() drops the handed
-        # gradients (before, it believed none were given and the next step
-        # added them to its own) and a step() run again clips. An Error from
-        # the engine's step ends the step as before; another raise (Ctrl-C
-        # delivered as the native step returns) ends it where the engine
+        # gradients (before, it believed none were given and the next step added them to its own)
+        # and a step() run again clips. An Error from the engine's step ends the step as before;
+        # another raise (Ctrl-C delivered as the native step returns) ends it where the engine
         # stepped (its counts moved).
         counts = self.engine._step_counts()
         try:
             result = self.engine.step(**opts)
-        except Error:
-            self._end_step(opts, clipped)
-            raise
-        except BaseException:
-            try:
-                stepped = self.engine._step_counts()[0] != counts[0]
-            except Error:
-                stepped = False
-            if stepped:
-                self._end_step(opts, clipped)
-            raise
+        except BaseException as e:
+            with _signals.deferred():  # (a second Ctrl-C waits until the step is ended: _signals)
+                try:
+                    stepped = isinstance(e, Error) or self.engine._step_counts()[0] != counts[0]
+                except Error:
+                    stepped = False
+                if stepped:
+                    self._end_step(opts, clipped)
+                raise
         self._end_step(opts, clipped)
         return result
 
     def _end_step(self, opts, clipped):
-        """What a step consumed, reset once the engine stepped (or its step failed)."""
-        self._clip_next = None
-        self._norms, self._norms_exact = {}, True
-        self._handed = set()
-        for g in self._groups:
-            g.handed_params = set()
-        self._scaling.stepped()
-        self._overlap.after_step(opts, clipped)
+        """What a step consumed, reset (whole: _signals) once the engine stepped (or its step failed)."""
+        with _signals.deferred():
+            self._clip_next = None
+            self._norms, self._norms_exact = {}, True
+            self._handed = set()
+            for g in self._groups:
+                g.handed_params = set()
+            self._scaling.stepped()
+            self._overlap.after_step(opts, clipped)
 
     # -- fp16 loss scaling (see offload_module)
     def _engine_loss_scale(self):
@@ -592,8 +591,9 @@ class _EndScopeOnRaise:
             try:
                 return inner(*args, **kwargs)
             except BaseException:
-                end(None)
-                raise
+                with _signals.deferred():  # (a second Ctrl-C waits until the scope is ended: _signals)
+                    end(None)
+                    raise
 
         module.forward = forward
 
