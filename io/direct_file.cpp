@@ -65,6 +65,20 @@ Status OpenDirectFile(const std::string& path, OpenMode mode, FileInfo* info, bo
     }
     if (fd < 0) return PosixError("open", path, errno);
   }
+  // Never at 0, 1 or 2: where the process started with them closed (a
+  // supervisor's `cmd <&- >&- 2>&-`), a file opened there took stderr's
+  // number, and every log line went into it (a swap file: the state
+  // corrupt).
+  if (fd <= 2) {
+    const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    const int err = errno;
+    ::close(fd);
+    if (moved < 0) {
+      if (mode == OpenMode::kCreateNew) ::unlink(path.c_str());
+      return PosixError("fcntl F_DUPFD_CLOEXEC", path, err);
+    }
+    fd = moved;
+  }
   if (try_direct && !direct)
     WarnOnce("no-odirect:" + path.substr(0, path.rfind('/')),
              "the file system holding " + path + " does not support O_DIRECT (tmpfs?); using buffered I/O there");

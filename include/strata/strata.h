@@ -39,6 +39,13 @@
  *     strata_engine_destroy still works. A step that cannot be finished
  *     (see strata_engine_step) also breaks it, but there a checkpoint load
  *     brings it back.
+ *   - Process-wide: the first engine sets SIGXFSZ to ignored where it had
+ *     its default action (a swap file past RLIMIT_FSIZE is then NOSPACE,
+ *     not a kill), and with several ranks SIGPIPE likewise (a write to a
+ *     peer that died is then COMM); programs a child executes inherit both.
+ *     The engine's threads are started with the creating thread's signal
+ *     mask: block the signals a program waits for with sigwait or signalfd
+ *     before strata_engine_create.
  *   - An engine works only in the process that created it: in a child of
  *     fork every call on it returns STRATA_STATE, naming both processes,
  *     and strata_engine_destroy does nothing. The child may create its own.

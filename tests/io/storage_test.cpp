@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -60,6 +61,27 @@ void RoundTrip(Storage& s, FileId f, uint64_t off, uint64_t len, uint64_t seed) 
 // and what to do, not only "Operation not permitted". Any other failure to
 // make a ring is an error either way. Each case in a child whose
 // io_uring_setup fails with that errno.
+// A process started with stdin, stdout and stderr closed: a file the
+// storage opens never takes their numbers (it took 2, and every log line
+// went into the swap file: its blocks' checksums failed).
+TEST(Storage, FilesNeverTakeTheStandardStreamsNumbers) {
+  TempDir dir;
+  const std::string path = dir.path() + "/f.bin";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(0), ::close(1), ::close(2);
+    FileInfo a, b;
+    if (!OpenDirectFile(path, OpenMode::kCreateNew, &a, true).ok()) ::_exit(10);
+    if (!OpenDirectFile(path, OpenMode::kReadWrite, &b, true).ok()) ::_exit(11);
+    ::_exit(a.fd > 2 && b.fd > 2 && (::fcntl(a.fd, F_GETFD) & FD_CLOEXEC) && ::fcntl(0, F_GETFD) < 0 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
 TEST(Storage, IoUringRefused) {
   for (int err : {EPERM, ENOSYS, EINVAL, EMFILE}) {
     for (IoBackend b : {IoBackend::kAuto, IoBackend::kUring}) {
