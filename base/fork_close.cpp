@@ -72,8 +72,13 @@ void ForgetInForkChild(int fd) {
 }
 
 bool ClosedInForkChild(int fd) {
+  // As the child's handler decides: only where the number names the file registered.
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
   std::lock_guard<std::mutex> lock(g_mu);
-  return g_fds && g_fds->count(fd) > 0;
+  if (!g_fds) return false;
+  auto it = g_fds->find(fd);
+  return it != g_fds->end() && it->second.first == st.st_dev && it->second.second == st.st_ino;
 }
 
 }  // namespace strata
